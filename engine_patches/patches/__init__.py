@@ -1,0 +1,1 @@
+"""One module per patch; each defines PATCH = registry.Patch(...)."""

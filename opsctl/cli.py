@@ -1,0 +1,73 @@
+"""Root Typer app: one sub-app per command group.
+
+Importing this module must stay cheap: no torch, no vllm (a test checks sys.modules).
+Command modules import heavy dependencies inside their functions.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from opsctl.errors import OpsctlError
+from opsctl.exit_codes import ExitCode
+
+
+def report_error(err: OpsctlError) -> None:
+    print(f"opsctl: error: {err.message}", file=sys.stderr)
+    if err.hint:
+        print(f"hint: {err.hint}", file=sys.stderr)
+
+
+class OpsctlGroup(TyperGroup):
+    """Maps typed errors to exit codes in one place (also under Typer's CliRunner)."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except OpsctlError as err:
+            report_error(err)
+            raise click.exceptions.Exit(int(err.exit_code)) from None
+        except KeyboardInterrupt:
+            print("opsctl: interrupted", file=sys.stderr)
+            raise click.exceptions.Exit(int(ExitCode.INTERRUPTED)) from None
+
+
+def build_app() -> typer.Typer:
+    from opsctl.commands import diag, engram, models, patches, serve, status
+
+    app = typer.Typer(
+        cls=OpsctlGroup,
+        name="opsctl",
+        help="Operator's command line and dashboard for vLLM.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    for module in (serve, status, patches, models, engram, diag):
+        module.register(app)
+    return app
+
+
+app = build_app()
+
+
+def run(argv: list[str] | None = None) -> int:
+    try:
+        rv = app(args=argv, prog_name="opsctl", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        return int(ExitCode.USAGE)
+    except click.exceptions.Abort:
+        print("opsctl: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except OpsctlError as err:
+        report_error(err)
+        return int(err.exit_code)
+    return int(rv) if isinstance(rv, int) else 0

@@ -1,0 +1,1 @@
+"""Collectors do I/O only (psutil, /proc, /dev/shm, HTTP) and return frozen snapshots."""

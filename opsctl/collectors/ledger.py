@@ -1,0 +1,63 @@
+"""Read the per-process patch ledger that engine_patches writes into a run directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    pid: int
+    role: str
+    vllm_version: str
+    name: str
+    status: str
+    detail: str
+    reason: str
+    target: str
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    out = []
+    for f in sorted((run_dir / "ledger").glob("*.json")):
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue  # being written; the next poll sees it
+    return sorted(out, key=lambda r: (r.get("time", 0), r.get("pid", 0)))
+
+
+def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
+    rows = []
+    for r in records:
+        for p in r.get("patches", []):
+            rows.append(
+                LedgerEntry(
+                    int(r.get("pid", 0)), str(r.get("role", "?")), str(r.get("vllm_version", "?")),
+                    str(p.get("name")), str(p.get("status")), str(p.get("detail", "")).splitlines()[0] if p.get("detail") else "",
+                    str(p.get("reason", "")), str(p.get("target", "")),
+                )
+            )
+    return tuple(rows)
+
+
+def read_events(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "events" / f"{kind}.jsonl"
+    out = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def latest_run(runs_root: Path) -> Path | None:
+    runs = [p for p in runs_root.glob("*") if (p / "ledger").is_dir()]
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None

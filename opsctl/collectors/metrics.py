@@ -1,0 +1,74 @@
+"""HTTP collectors for a vLLM server: /health, /version, /v1/models, /metrics.
+
+/metrics is parsed with prometheus_client's text parser, never with regexes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    taken_at: float
+    # vllm:* sample name -> value summed over label sets (e.g. over model_name)
+    values: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSnapshot:
+    url: str
+    taken_at: float
+    healthy: bool
+    status_code: int | None
+    version: str | None
+    models: tuple[str, ...]
+    error: str | None = None
+
+
+def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:"):
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return MetricsSnapshot(taken_at if taken_at is not None else time.time(), values)
+
+
+def fetch_metrics(client: httpx.Client, base_url: str) -> MetricsSnapshot:
+    now = time.time()
+    try:
+        r = client.get(f"{base_url}/metrics")
+        r.raise_for_status()
+    except httpx.HTTPError as exc:
+        return MetricsSnapshot(now, {}, f"{type(exc).__name__}: {exc}")
+    return parse_metrics(r.text, now)
+
+
+def fetch_health(client: httpx.Client, base_url: str) -> HealthSnapshot:
+    now = time.time()
+    try:
+        r = client.get(f"{base_url}/health")
+    except httpx.HTTPError as exc:
+        return HealthSnapshot(base_url, now, False, None, None, (), f"{type(exc).__name__}: {exc}")
+    version = None
+    models: tuple[str, ...] = ()
+    if r.status_code == 200:
+        try:
+            version = client.get(f"{base_url}/version").json().get("version")
+        except (httpx.HTTPError, ValueError):
+            pass
+        try:
+            models = tuple(m["id"] for m in client.get(f"{base_url}/v1/models").json().get("data", []))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+    return HealthSnapshot(base_url, now, r.status_code == 200, r.status_code, version, models)

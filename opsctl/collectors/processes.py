@@ -1,0 +1,128 @@
+"""Process-tree snapshots via psutil. A process that vanishes or denies access while
+being read becomes a field with a reason, never a crash."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    name: str
+    role: str
+    cmdline: str
+    cpu_percent: float | None
+    rss: int | None
+    pss: int | None
+    status: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTree:
+    root_pid: int
+    taken_at: float
+    processes: tuple[ProcInfo, ...]
+
+    @property
+    def total_rss(self) -> int:
+        return sum(p.rss or 0 for p in self.processes)
+
+    @property
+    def total_pss(self) -> int | None:
+        if any(p.pss is None for p in self.processes):
+            return None
+        return sum(p.pss or 0 for p in self.processes)
+
+
+def classify(name: str, cmdline: str, is_root: bool) -> str:
+    text = f"{name} {cmdline}"
+    if "EngineCore" in text:
+        return "EngineCore"
+    if "Worker" in text:
+        return "Worker"
+    if is_root:
+        return "APIServer"
+    if "resource_tracker" in cmdline:
+        return "resource tracker"
+    if "g++" in name or "cc1plus" in name or name in ("c++", "cc", "gcc", "ld", "as"):
+        return "compiler"
+    return name or "process"
+
+
+_CPU_CACHE: dict[int, psutil.Process] = {}
+
+
+def _proc(pid: int) -> psutil.Process:
+    """Reuse Process objects so cpu_percent() measures since the previous snapshot."""
+    p = _CPU_CACHE.get(pid)
+    if p is None or not p.is_running():
+        p = psutil.Process(pid)
+        _CPU_CACHE[pid] = p
+    return p
+
+
+def read_proc(p: psutil.Process, is_root: bool) -> ProcInfo:
+    pid = p.pid
+    try:
+        with p.oneshot():
+            name = p.name()
+            cmdline = " ".join(p.cmdline())
+            ppid = p.ppid()
+            status = p.status()
+            cpu = p.cpu_percent(None)
+            rss = p.memory_info().rss
+    except psutil.NoSuchProcess:
+        return ProcInfo(pid, 0, "?", "gone", "", None, None, None, "gone", "process exited during read")
+    except psutil.AccessDenied as exc:
+        return ProcInfo(pid, 0, "?", "?", "", None, None, None, "?", f"access denied: {exc}")
+    pss: int | None = None
+    error = None
+    try:
+        pss = int(getattr(p.memory_full_info(), "pss", 0)) or None
+    except psutil.AccessDenied:
+        error = "PSS: access denied (/proc/PID/smaps_rollup)"
+    except psutil.NoSuchProcess:
+        error = "process exited during read"
+    role = classify(name, cmdline, is_root)
+    return ProcInfo(pid, ppid, name, role, cmdline[:200], cpu, rss, pss, status, error)
+
+
+def snapshot_tree(root_pid: int) -> ProcessTree:
+    """The root process and all its descendants (empty when the root is gone)."""
+    try:
+        root = _proc(root_pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return ProcessTree(root_pid, time.time(), ())
+    procs = []
+    for p in members:
+        try:
+            cached = _proc(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+        procs.append(read_proc(cached, is_root=p.pid == root_pid))
+    return ProcessTree(root_pid, time.time(), tuple(x for x in procs if x.status != "gone"))
+
+
+def descendants(root_pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(root_pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

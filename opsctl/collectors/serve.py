@@ -1,0 +1,103 @@
+"""One dashboard snapshot of a supervised server: state, load progress, process tree,
+key metrics, patch ledger and log tail. Read once, frozen; the CLI and the TUI render
+the same snapshot (and recorded JSONL snapshots replay into the TUI)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from opsctl.collectors import ledger
+from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
+from opsctl.collectors.processes import ProcessTree, snapshot_tree
+from opsctl.domain import serve_state
+from opsctl.domain.metrics import KeyMetrics, key_metrics
+from opsctl.domain.serverlog import LoadProgress, decisive_lines, load_progress
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSnapshot:
+    taken_at: float
+    url: str
+    model: str
+    load_format: str
+    run_dir: str
+    state: str
+    elapsed_s: float
+    time_to_healthy_s: float | None
+    progress: LoadProgress
+    tree: ProcessTree
+    metrics: KeyMetrics | None
+    ledger: tuple[ledger.LedgerEntry, ...]
+    log_tail: tuple[str, ...]
+    death_reason: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def from_dict(d: dict) -> ServeSnapshot:
+    """Rebuild a snapshot from its JSON form (recordings, UI tests)."""
+    from opsctl.collectors.processes import ProcInfo
+
+    tree = d["tree"]
+    return ServeSnapshot(
+        taken_at=d["taken_at"], url=d["url"], model=d["model"], load_format=d["load_format"],
+        run_dir=d["run_dir"], state=d["state"], elapsed_s=d["elapsed_s"],
+        time_to_healthy_s=d.get("time_to_healthy_s"),
+        progress=LoadProgress(**d["progress"]),
+        tree=ProcessTree(tree["root_pid"], tree["taken_at"], tuple(ProcInfo(**p) for p in tree["processes"])),
+        metrics=KeyMetrics(**d["metrics"]) if d.get("metrics") else None,
+        ledger=tuple(ledger.LedgerEntry(**e) for e in d.get("ledger", [])),
+        log_tail=tuple(d.get("log_tail", [])),
+        death_reason=tuple(d.get("death_reason", [])),
+    )
+
+
+class ServeCollector:
+    """Collects ServeSnapshots of an EngineServer; keeps the previous /metrics for rates."""
+
+    def __init__(self, server, client: httpx.Client | None = None) -> None:
+        self.server = server
+        self.client = client or httpx.Client(timeout=2.0)
+        self.prev_metrics: MetricsSnapshot | None = None
+        self.stopping = False
+
+    def collect(self) -> ServeSnapshot:
+        s = self.server
+        log = s.log_text()
+        progress = load_progress(log)
+        exit_code = s.exited()
+        healthy = exit_code is None and s.health(self.client)
+        if healthy and s.healthy_at is None:
+            s.healthy_at = time.time()
+        metrics = None
+        if healthy:
+            cur = fetch_metrics(self.client, s.url)
+            if cur.error is None:
+                metrics = key_metrics(cur, self.prev_metrics)
+                self.prev_metrics = cur
+        if exit_code is None:
+            s.track()
+        state = serve_state.derive_state(exit_code, healthy, progress, self.stopping)
+        return ServeSnapshot(
+            taken_at=time.time(),
+            url=s.url,
+            model=s.opts.model.name,
+            load_format=s.opts.load_format,
+            run_dir=str(s.run_dir),
+            state=state,
+            elapsed_s=round(time.time() - s.started_at, 1),
+            time_to_healthy_s=round(s.healthy_at - s.started_at, 2) if s.healthy_at else None,
+            progress=progress,
+            tree=snapshot_tree(s.pid),
+            metrics=metrics,
+            ledger=ledger.entries(ledger.read_records(s.run_dir)),
+            log_tail=tuple(log.splitlines()[-12:]),
+            death_reason=tuple(decisive_lines(log)) if state == serve_state.DEAD else (),
+        )
+
+    def close(self) -> None:
+        self.client.close()

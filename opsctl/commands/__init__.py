@@ -1,0 +1,1 @@
+"""CLI commands. Each module exposes ``register(app)`` and keeps heavy imports inside functions."""

@@ -1,0 +1,13 @@
+"""`opsctl diag invariance` (not yet built)."""
+
+from __future__ import annotations
+
+import typer
+
+from opsctl.errors import BadInput
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("invariance", help="(not yet available)")
+    def _cmd() -> None:
+        raise BadInput("opsctl diag invariance is not available in this build")

@@ -1,0 +1,61 @@
+"""`opsctl models build | list`: the embedded tiny models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    models_app = typer.Typer(help="Embedded tiny models (generated offline).", no_args_is_help=True)
+    app.add_typer(models_app, name="models")
+
+    @models_app.command("build")
+    def build(
+        names: list[str] = typer.Argument(None, help="models to build (default: all)"),
+        out: Path | None = typer.Option(None, "--out", help="directory to build into (default: $OPSCTL_HOME/models)"),
+        force: bool = typer.Option(False, "--force", help="rebuild even if present"),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Write the embedded models: tokenizer, config.json, seeded safetensors."""
+        from opsctl.embedded import catalog
+        from opsctl.output import document, emit
+
+        specs = [catalog.get(n) for n in names] if names else list(catalog.CATALOG.values())
+        rows = []
+        for spec in specs:
+            path = catalog.build(spec, out, force=force)
+            rows.append({"name": spec.name, "archetype": spec.archetype, "path": str(path),
+                         "size_bytes": catalog.dir_size(path)})
+
+        def render(console) -> None:
+            for r in rows:
+                console.print(f"built {r['name']:<14} {r['path']}")
+
+        emit(document("models.build", models=rows), as_json=as_json, render=render)
+
+    @models_app.command("list")
+    def list_(as_json: bool = typer.Option(False, "--json")) -> None:
+        """Show the embedded models: name, archetype, path, size, built or not."""
+        from rich.table import Table
+
+        from opsctl.embedded import catalog
+        from opsctl.output import document, emit, human_bytes
+
+        rows = []
+        for spec in catalog.CATALOG.values():
+            path = catalog.model_path(spec.name)
+            built = catalog.is_built(spec)
+            rows.append({"name": spec.name, "archetype": spec.archetype, "description": spec.description,
+                         "path": str(path), "built": built,
+                         "size_bytes": catalog.dir_size(path) if built else None})
+
+        def render(console) -> None:
+            t = Table("name", "archetype", "path", "size", "description")
+            for r in rows:
+                t.add_row(r["name"], r["archetype"], r["path"] if r["built"] else "(built on first use)",
+                          human_bytes(r["size_bytes"]), r["description"])
+            console.print(t)
+
+        emit(document("models.list", models=rows), as_json=as_json, render=render)

@@ -1,0 +1,81 @@
+"""Reading a vLLM server log: load phases with their timings, and the decisive lines
+that explain a death."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# (phase name, substring that marks it) in the order a healthy start passes them
+PHASES: tuple[tuple[str, str], ...] = (
+    ("api server up", "vLLM API server version"),
+    ("engine core init", "Initializing a V1 LLM engine"),
+    ("loading model", "Starting to load model"),
+    ("weights loaded", "Loading weights took"),
+    ("kv cache sized", "KV cache size"),
+    ("engine initialised", "init engine (profile, create kv cache, warmup model) took"),
+    ("http listening", "Starting vLLM server on"),
+    ("ready", "Application startup complete"),
+)
+
+_SECONDS = re.compile(r"took ([0-9.]+) ?s")
+_ERROR_LINE = re.compile(
+    r"\b(\w*(Error|Exception)|Traceback|CRITICAL|ERROR|killed|Killed|error:)\b"
+)
+_NOISE = ("DeprecationWarning", "UserWarning", "warnings.warn", "resource_tracker", "nanobind")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProgress:
+    phase: str  # last phase reached ("starting" before any)
+    step: int  # 0..len(PHASES)
+    total: int
+    weights_seconds: float | None
+    engine_init_seconds: float | None
+
+
+def load_progress(log: str) -> LoadProgress:
+    step = 0
+    phase = "starting"
+    weights = init = None
+    for i, (name, marker) in enumerate(PHASES, start=1):
+        idx = log.find(marker)
+        if idx < 0:
+            continue
+        step, phase = max(step, i), name if i > step else phase
+        line = log[idx : log.find("\n", idx) if log.find("\n", idx) >= 0 else None]
+        m = _SECONDS.search(line)
+        if m and name == "weights loaded":
+            weights = float(m.group(1))
+        if m and name == "engine initialised":
+            init = float(m.group(1))
+    return LoadProgress(phase, step, len(PHASES), weights, init)
+
+
+def decisive_lines(log: str, limit: int = 3) -> list[str]:
+    """The last distinct error lines (exception messages, argparse errors), most
+    recent last. Traceback frames and warnings are skipped."""
+    found: list[str] = []
+    for raw in log.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("File ") or any(n in line for n in _NOISE):
+            continue
+        if line.startswith("Traceback"):
+            continue
+        if _ERROR_LINE.search(line):
+            text = re.sub(r"^\((\w+) pid=\d+\)\s*", r"\1: ", line)
+            if text in found:
+                found.remove(text)
+            found.append(text[:300])
+    return found[-limit:]
+
+
+def argparse_error(log: str) -> str | None:
+    """The argparse 'error:' line vLLM prints for invalid server arguments."""
+    for line in reversed(log.splitlines()):
+        m = re.search(r"(?:api_server\.py|vllm|usage:.*?): error: (.*)$", line)
+        if m:
+            return m.group(1).strip()
+        if ": error: " in line and ("unrecognized arguments" in line or "argument " in line or "invalid choice" in line):
+            return line.split(": error: ", 1)[1].strip()
+    return None

@@ -1,0 +1,1 @@
+"""Embedded tiny models, generated offline (no downloads), deterministic byte for byte."""

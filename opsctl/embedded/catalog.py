@@ -1,0 +1,104 @@
+"""The catalog of embedded models and their on-disk cache.
+
+A model is built on first use into ``$OPSCTL_HOME/models/<name>`` (atomically: built
+in a temporary directory, then renamed) and rebuilt when its builder version changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl import paths
+from opsctl.errors import BadInput
+
+MARKER = ".opsctl-model.json"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedModel:
+    name: str
+    archetype: str
+    description: str
+    builder: str  # "module:function", imported lazily
+    version: int = 1
+
+    def build_fn(self) -> Callable[[Path], None]:
+        import importlib
+
+        module, fn = self.builder.split(":")
+        return getattr(importlib.import_module(module), fn)
+
+
+CATALOG: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in [
+        EmbeddedModel("tiny-llama", "decoder", "Llama, 2 layers, one KV cache group",
+                      "opsctl.embedded.llama:build_tiny_llama"),
+        EmbeddedModel("tiny-hybrid", "hybrid-decoder",
+                      "Llama, 4 layers, sliding-window + full attention (2 KV cache groups)",
+                      "opsctl.embedded.llama:build_tiny_hybrid"),
+    ]
+}
+
+DEFAULT_MODEL = "tiny-llama"
+
+
+def register(model: EmbeddedModel) -> None:
+    CATALOG[model.name] = model
+
+
+def get(name: str) -> EmbeddedModel:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise BadInput(
+            f"unknown embedded model {name!r}; known: {', '.join(sorted(CATALOG))}",
+            hint="pass an embedded model name or a model directory",
+        ) from None
+
+
+def model_path(name: str, root: Path | None = None) -> Path:
+    return (root or paths.models_dir()) / name
+
+
+def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
+    marker = model_path(model.name, root) / MARKER
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("version") == model.version
+
+
+def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -> Path:
+    dest = model_path(model.name, root)
+    if not force and is_built(model, root):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=dest.parent))
+    try:
+        model.build_fn()(tmp)
+        (tmp / MARKER).write_text(
+            json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version}) + "\n"
+        )
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def ensure(name: str, root: Path | None = None) -> Path:
+    return build(get(name), root)
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,2 @@
+"""Starting and supervising vLLM's OpenAI API server as a child process (serve's
+machinery, shared by every diag that starts its own engine)."""

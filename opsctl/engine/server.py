@@ -1,0 +1,395 @@
+"""One vLLM OpenAI API server child process: start, wait for health, stop cleanly.
+
+The server runs in its own session (process group). ``stop()`` sends SIGTERM to the
+API server (vLLM then shuts its EngineCore and workers down and its resource tracker
+unlinks the shm_broadcast ring buffers), escalates to SIGTERM/SIGKILL of every
+descendant and the group within ``grace`` seconds, verifies with psutil that nothing
+is left, and removes /dev/shm segments the run created that no live process maps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from opsctl import paths
+from opsctl.collectors import shm
+from opsctl.domain import serverlog
+from opsctl.engine.model import ResolvedModel
+from opsctl.errors import BadInput, EngineDied, OpsTimeout
+
+API_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class LaunchOptions:
+    model: ResolvedModel
+    load_format: str = "auto"
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    disable_patches: list[str] = field(default_factory=list)
+    max_model_len: int = 256
+    max_num_seqs: int = 8
+    run_dir: Path | None = None
+    label: str = "serve"
+
+
+@dataclass(frozen=True)
+class StopReport:
+    seconds: float
+    signals: list[str]
+    leftover_pids: list[int]
+    shm_removed: list[str]
+    shm_kept: list[str]
+    exit_code: int | None
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def has_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd")
+
+
+def new_run_dir(label: str, model: str, port: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = paths.runs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    for i in range(1000):
+        d = base / (f"{stamp}-{label}-{model}-{port}" + ("" if i == 0 else f"-{i}"))
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise BadInput(f"cannot create a run directory under {base}")
+
+
+def build_argv(opts: LaunchOptions, port: int) -> list[str]:
+    argv = [
+        sys.executable, "-m", API_MODULE,
+        "--model", str(opts.model.path),
+        "--served-model-name", opts.model.name,
+        "--load-format", opts.load_format,
+        "--max-model-len", str(opts.max_model_len),
+        "--max-num-seqs", str(opts.max_num_seqs),
+        "--enforce-eager",
+        "--host", opts.host,
+        "--port", str(port),
+    ]
+    if not has_gpu():
+        argv += ["--dtype", "float32", "--gpu-memory-utilization", "0.5"]
+    return argv + list(opts.extra_args)
+
+
+def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(
+        {
+            "OPSCTL_RUN_DIR": str(run_dir),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    if opts.disable_patches:
+        env["OPSCTL_DISABLE_PATCHES"] = ",".join(opts.disable_patches)
+    env.update(opts.env)
+    return env
+
+
+class EngineServer:
+    """A supervised vLLM API server. Use as a context manager to guarantee stop()."""
+
+    def __init__(self, opts: LaunchOptions) -> None:
+        self.opts = opts
+        self.proc: subprocess.Popen | None = None
+        self.port: int = 0
+        self.run_dir: Path | None = None
+        self.started_at: float = 0.0
+        self.healthy_at: float | None = None
+        self.shm_before: set[str] = set()
+        self.shm_seen: set[str] = set()  # segments our processes were seen mapping
+        self.known_pids: set[int] = set()
+        self._log_fh = None
+        self.stop_report: StopReport | None = None
+        self._lock_fh = None
+
+    # ---- start ---------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = f"[{self.opts.host}]" if ":" in self.opts.host else self.opts.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    @property
+    def log_path(self) -> Path:
+        assert self.run_dir is not None
+        return self.run_dir / "server.log"
+
+    def _take_engine_lock(self) -> None:
+        """Development aid: with OPSCTL_ENGINE_LOCK=path, engines started by concurrent
+        test runs on one small machine queue up instead of competing for two cores."""
+        path = os.environ.get("OPSCTL_ENGINE_LOCK")
+        if not path or self._lock_fh is not None:
+            return
+        import fcntl
+
+        self._lock_fh = open(path, "a")  # noqa: SIM115 - held until stop()
+        fcntl.flock(self._lock_fh, fcntl.LOCK_EX)
+
+    def _release_engine_lock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    def start(self) -> EngineServer:
+        opts = self.opts
+        if opts.port is not None:
+            if not 0 < opts.port < 65536:
+                raise BadInput(f"port {opts.port} is out of range 1..65535")
+            if not port_free(opts.host, opts.port):
+                raise BadInput(f"port {opts.port} on {opts.host} is already in use")
+            self.port = opts.port
+        else:
+            self.port = free_port(opts.host)
+        self.run_dir = opts.run_dir or new_run_dir(opts.label, opts.model.name, self.port)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        argv = build_argv(opts, self.port)
+        self._take_engine_lock()
+        self.shm_before = {f.name for f in shm.list_files()}
+        self._log_fh = open(self.log_path, "ab")
+        self.started_at = time.time()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            env=build_env(opts, self.run_dir),
+            start_new_session=True,
+            cwd=str(self.run_dir),
+        )
+        self.known_pids.add(self.proc.pid)
+        self._write_meta(argv=argv)
+        return self
+
+    def _write_meta(self, **extra) -> None:
+        assert self.run_dir is not None
+        meta_path = self.run_dir / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        meta.update(
+            {
+                "url": self.url,
+                "pid": self.pid,
+                "model": self.opts.model.name,
+                "model_path": str(self.opts.model.path),
+                "load_format": self.opts.load_format,
+                "started_at": self.started_at,
+                "healthy_at": self.healthy_at,
+                **extra,
+            }
+        )
+        meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    # ---- observe -------------------------------------------------------------
+    def exited(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        return self.log_text().splitlines()[-n:]
+
+    def track(self) -> None:
+        """Remember our descendants and the /dev/shm segments they map (for cleanup)."""
+        if not self.proc:
+            return
+        pids = [self.proc.pid]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            pids += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        self.known_pids.update(pids)
+        scan = shm.scan_mappings(pids)
+        self.shm_seen.update(os.path.basename(m.path) for m in scan.mappings)
+
+    def health(self, client: httpx.Client) -> bool:
+        try:
+            return client.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def death_error(self) -> Exception:
+        log = self.log_text()
+        rc = self.exited()
+        bad_args = serverlog.argparse_error(log)
+        if bad_args is not None:
+            return BadInput(f"vLLM rejected the server arguments: {bad_args}")
+        lines = serverlog.decisive_lines(log)
+        reason = " | ".join(lines) if lines else "no error line in the log"
+        return EngineDied(
+            f"engine exited with code {rc} before becoming healthy: {reason}",
+            hint=f"full log: {self.log_path}",
+        )
+
+    def wait_healthy(self, timeout: float, on_tick: Callable[[EngineServer], None] | None = None) -> float:
+        """Block until /health is 200; returns seconds since start. Raises EngineDied /
+        BadInput when the server exits first, OpsTimeout after ``timeout`` seconds."""
+        deadline = self.started_at + timeout
+        with httpx.Client() as client:
+            while True:
+                if self.exited() is not None:
+                    raise self.death_error()
+                self.track()
+                if self.health(client):
+                    self.healthy_at = time.time()
+                    self._write_meta()
+                    return self.healthy_at - self.started_at
+                if on_tick:
+                    on_tick(self)
+                if time.time() > deadline:
+                    raise OpsTimeout(
+                        f"server did not become healthy within {timeout:g} s",
+                        hint=f"log: {self.log_path}",
+                    )
+                time.sleep(0.5)
+
+    # ---- stop ----------------------------------------------------------------
+    def _all_pids(self) -> list[int]:
+        pids = set(self.known_pids)
+        if self.proc:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                pids.update(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))
+        # anything still in our process group (children re-parented to init)
+        pgid = self.proc.pid if self.proc else None
+        if pgid:
+            for p in psutil.process_iter(["pid"]):
+                with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+                    if os.getpgid(p.pid) == pgid:
+                        pids.add(p.pid)
+        return sorted(pids)
+
+    def _living(self, pids: list[int]) -> list[psutil.Process]:
+        out = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE and (
+                    p.create_time() <= time.time() and pid != os.getpid()
+                ):
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    def stop(self, grace: float = 15.0) -> StopReport:
+        if self.stop_report is not None:
+            return self.stop_report
+        t0 = time.time()
+        signals: list[str] = []
+        if self.proc is None:
+            self._release_engine_lock()
+            self.stop_report = StopReport(0.0, [], [], [], [], None)
+            return self.stop_report
+        with contextlib.suppress(Exception):
+            self.track()
+        pids = self._all_pids()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            signals.append("SIGTERM api-server")
+        # vLLM's own shutdown: give it most of the grace period
+        polite_deadline = t0 + grace * 0.6
+        while time.time() < polite_deadline and self._living(pids):
+            time.sleep(0.1)
+        if self._living(pids):
+            for p in self._living(pids):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.terminate()
+            signals.append("SIGTERM descendants")
+            term_deadline = t0 + grace * 0.8
+            while time.time() < term_deadline and self._living(pids):
+                time.sleep(0.1)
+        if self._living(pids):
+            for p in self._living(pids):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            signals.append("SIGKILL")
+            kill_deadline = t0 + grace
+            while time.time() < kill_deadline and self._living(pids):
+                time.sleep(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=1)
+        leftover = [p.pid for p in self._living(pids)]
+        removed: list[str] = []
+        kept: list[str] = []
+        if not leftover:
+            new = {f.name for f in shm.list_files()} - self.shm_before
+            candidates = {n for n in new if n in self.shm_seen or n.startswith(("psm_", "sem.mp-"))}
+            removed, kept = shm.remove_unmapped(candidates)
+        if self._log_fh:
+            self._log_fh.close()
+        self._release_engine_lock()
+        self.stop_report = StopReport(
+            round(time.time() - t0, 3), signals, leftover, removed, kept, self.proc.returncode
+        )
+        if self.run_dir:
+            with contextlib.suppress(OSError):
+                self._write_meta(stopped_at=time.time(), stop=asdict(self.stop_report))
+        return self.stop_report
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(opts: LaunchOptions, timeout: float = 300.0,
+           on_tick: Callable[[EngineServer], None] | None = None) -> EngineServer:
+    """Start a server and wait until healthy; on any failure nothing is left running."""
+    server = EngineServer(opts)
+    try:
+        server.start()
+        server.wait_healthy(timeout, on_tick)
+    except BaseException:
+        server.stop()
+        raise
+    return server

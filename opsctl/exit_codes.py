@@ -1,0 +1,12 @@
+"""The one place exit codes are defined (see README: exit codes)."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    CHECK_FAILED = 1
+    USAGE = 2
+    UNREACHABLE = 3
+    TIMEOUT = 4
+    INTERRUPTED = 130

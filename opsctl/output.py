@@ -1,0 +1,57 @@
+"""One emitter for command results.
+
+stdout carries results only: a schema-versioned JSON document with ``--json``,
+otherwise rich tables (plain text when stdout is not a terminal). Progress, warnings
+and hints go to stderr through :func:`info` / :func:`warn`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+SCHEMA_PREFIX = "opsctl."
+
+
+def stdout_console() -> Console:
+    return Console(file=sys.stdout, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)
+
+
+def document(schema: str, version: int = 1, **fields: Any) -> dict[str, Any]:
+    """A JSON result document: ``{"schema": "opsctl.<name>/<version>", ...}``."""
+    return {"schema": f"{SCHEMA_PREFIX}{schema}/{version}", **fields}
+
+
+def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        render(stdout_console())
+
+
+def info(message: str) -> None:
+    stderr_console().print(message, highlight=False)
+
+
+def warn(message: str) -> None:
+    stderr_console().print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -1,0 +1,23 @@
+"""Where opsctl keeps its files: OPSCTL_HOME, else $XDG_CACHE_HOME/opsctl, else ~/.cache/opsctl."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def opsctl_home() -> Path:
+    env = os.environ.get("OPSCTL_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "opsctl"
+
+
+def models_dir() -> Path:
+    return opsctl_home() / "models"
+
+
+def runs_dir() -> Path:
+    return opsctl_home() / "runs"
