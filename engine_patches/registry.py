@@ -91,6 +91,16 @@ def vllm_version() -> str:
         return f"unknown ({exc!r})"
 
 
+def platform_name() -> str:
+    """vLLM's current_platform device type (cpu, cuda, rocm, xpu, ...)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return str(getattr(current_platform, "device_type", None) or current_platform.device_name)
+    except Exception as exc:  # pragma: no cover
+        return f"unknown ({exc!r})"
+
+
 def _disabled() -> set[str]:
     raw = os.environ.get("OPSCTL_DISABLE_PATCHES", "")
     return {p.strip() for p in raw.split(",") if p.strip()}
@@ -132,6 +142,7 @@ def apply_all(run_dir: str | None = None) -> dict:
             "role": role,
             "argv": sys.argv[:4],
             "vllm_version": vllm_version(),
+            "platform": platform_name(),
             "time": time.time(),
             "patches": list(_STATE.results.values()),
         }

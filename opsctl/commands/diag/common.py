@@ -1,0 +1,123 @@
+"""Shared plumbing for `opsctl diag ...`: a target that is either an external URL or an
+engine started with serve's machinery, reachability checks, and the run-or-TUI switch.
+
+Every diag follows one pipeline: ``run(...)`` yields progress snapshots (dicts) and
+returns a final report dict; ``--json`` prints the report, a terminal gets rich tables,
+``--tui`` feeds the same snapshots into a reusable panel (opsctl.ui.panels.diag).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsctl.errors import BadInput, EngineUnreachable
+
+
+@dataclass
+class Target:
+    url: str
+    server: object | None = None  # EngineServer when opsctl started it
+    run_dir: Path | None = None
+    external: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def check_url(url: str) -> str:
+    from opsctl.commands.status import validate_url
+
+    return validate_url(url)
+
+
+def require_reachable(url: str, timeout: float = 5.0) -> None:
+    import httpx
+
+    try:
+        with httpx.Client(timeout=timeout) as c:
+            c.get(f"{url}/health")
+    except httpx.HTTPError as exc:
+        raise EngineUnreachable(f"no server answered at {url}: {type(exc).__name__}") from None
+
+
+@contextlib.contextmanager
+def engine_target(
+    url: str | None,
+    model: str | None,
+    *,
+    default_model: str | None = None,
+    load_format: str = "auto",
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    disable_patches: list[str] | None = None,
+    label: str = "diag",
+    timeout: float = 300.0,
+    max_model_len: int = 256,
+    max_num_seqs: int = 8,
+) -> Iterator[Target]:
+    """Yield a Target: the given URL (checked reachable) or a freshly started engine,
+    stopped (with every child process and shm segment) when the block exits."""
+    if url and model:
+        raise BadInput("give either a URL or --model, not both")
+    if url:
+        base = check_url(url)
+        require_reachable(base)
+        yield Target(base)
+        return
+    from opsctl import output
+    from opsctl.engine.model import resolve
+    from opsctl.engine.server import EngineServer, LaunchOptions
+
+    resolved = resolve(model or default_model)
+    opts = LaunchOptions(
+        model=resolved, load_format=load_format, extra_args=list(extra_args or []),
+        env=dict(env or {}), disable_patches=list(disable_patches or []), label=label,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+    )
+    server = EngineServer(opts)
+    try:
+        server.start()
+        output.info(f"starting engine {resolved.name} for {label} (run dir {server.run_dir})")
+        secs = server.wait_healthy(timeout)
+        output.info(f"engine healthy after {secs:.1f} s at {server.url}")
+        yield Target(server.url, server, server.run_dir, external=False)
+    finally:
+        server.stop()
+
+
+def plain_emitter(title: str):
+    """An emit() for non-TUI runs: phase changes and events go to stderr."""
+    from opsctl import output
+
+    state = {"phase": None}
+
+    def emit(snap: dict) -> None:
+        phase = snap.get("phase")
+        if phase and phase != state["phase"]:
+            state["phase"] = phase
+            output.info(f"[{title}] {phase}")
+        for line in snap.get("events", []):
+            output.info(f"  {line}")
+
+    return emit
+
+
+def run_pipeline(title: str, pipeline, *, tui: bool | None, as_json: bool) -> dict:
+    """Run ``pipeline(emit) -> report`` plainly or under the dashboard; return the report."""
+    import sys
+
+    use_tui = bool(tui)
+    if use_tui and not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise BadInput("the dashboard needs a terminal", hint="drop --tui (or use --json) for plain output")
+    if not use_tui:
+        return pipeline(plain_emitter(title))
+    from opsctl.ui.diag_app import DiagApp
+
+    app = DiagApp(title, pipeline)
+    app.run()
+    if app.error is not None:
+        raise app.error
+    if app.report is None:
+        raise KeyboardInterrupt
+    return app.report

@@ -1,0 +1,1 @@
+"""Textual UI: apps, reusable panels (fed by the same snapshots/findings as --json)."""

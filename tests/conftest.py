@@ -1,0 +1,45 @@
+"""Shared test setup.
+
+- OPSCTL_HOME defaults to <repo>/.opsctl-home so embedded models are built once and
+  reused across test modules (CI sets it the same way).
+- OPSCTL_ENGINE_LOCK serialises engine starts across concurrent pytest runs on this
+  2-core machine (CI runs sequentially anyway).
+- ``running_engine`` starts a real vLLM server with serve's machinery and always stops
+  it (no process, no shm segment left behind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
+os.environ.setdefault("OPSCTL_ENGINE_LOCK", "/tmp/opsctl-engine.lock")
+OPSCTL = [sys.executable, "-m", "opsctl"]
+
+
+@contextlib.contextmanager
+def running_engine(model: str = "tiny-llama", *, load_format: str = "auto", timeout: float = 400.0,
+                   **launch_kwargs) -> Iterator:
+    from opsctl.engine.model import resolve
+    from opsctl.engine.server import EngineServer, LaunchOptions
+
+    opts = LaunchOptions(model=resolve(model), load_format=load_format, label="test", **launch_kwargs)
+    server = EngineServer(opts)
+    try:
+        server.start()
+        server.wait_healthy(timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def opsctl_home() -> Path:
+    return Path(os.environ["OPSCTL_HOME"])
