@@ -1,0 +1,86 @@
+"""Probe: record what the EngineCore really runs with, for opsctl to show the truth.
+
+Wraps ``Scheduler.__init__`` (EngineCore process) and appends one JSON line to
+``<run>/events/engine_info.jsonl``: KV cache groups (spec type, layers, block size,
+sliding window), number of blocks, and the engine settings diagnostics depend on
+(prefix caching, mm processor cache, KV transfer config, eager mode, platform).
+Read it with ``opsctl.collectors.ledger.read_events(run_dir, "engine_info")``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from engine_patches.registry import APPLIED, Outcome, Patch, platform_name, record_event
+
+ORIGINALS: dict[str, Any] = {}
+
+
+def _safe(fn, default=None):
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def describe(scheduler) -> dict:
+    kv = scheduler.kv_cache_config
+    groups = []
+    for g in kv.kv_cache_groups:
+        spec = g.kv_cache_spec
+        groups.append(
+            {
+                "spec": type(spec).__name__,
+                "layers": len(g.layer_names),
+                "block_size": getattr(spec, "block_size", None),
+                "sliding_window": getattr(spec, "sliding_window", None),
+            }
+        )
+    vc = scheduler.vllm_config
+    ktc = vc.kv_transfer_config
+    return {
+        "kv_cache_groups": groups,
+        "num_blocks": _safe(lambda: kv.num_blocks),
+        "platform": platform_name(),
+        "model": _safe(lambda: vc.model_config.model),
+        "enable_prefix_caching": _safe(lambda: vc.cache_config.enable_prefix_caching),
+        "mm_processor_cache_gb": _safe(lambda: vc.model_config.multimodal_config.mm_processor_cache_gb),
+        "enforce_eager": _safe(lambda: vc.model_config.enforce_eager),
+        "compilation_mode": _safe(lambda: str(vc.compilation_config.mode)),
+        "max_num_seqs": _safe(lambda: vc.scheduler_config.max_num_seqs),
+        "kv_connector": _safe(lambda: ktc.kv_connector if ktc else None),
+        "kv_load_failure_policy": _safe(lambda: ktc.kv_load_failure_policy if ktc else None),
+    }
+
+
+def apply() -> Outcome:
+    from vllm.v1.core.sched import scheduler as sched_mod
+
+    cls = sched_mod.Scheduler
+    if getattr(cls.__init__, "_opsctl_engine_info", False):
+        return Outcome(APPLIED, "already applied in this process")
+    original = cls.__init__
+    ORIGINALS["init"] = original
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            record_event("engine_info", describe(self))
+        except Exception as exc:  # a probe never breaks the engine
+            record_event("engine_info", {"error": repr(exc)})
+
+    __init__._opsctl_engine_info = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    return Outcome(APPLIED, "records KV cache groups and engine settings at scheduler init")
+
+
+PATCH = Patch(
+    name="engine_info_probe",
+    target="vllm.v1.core.sched.scheduler.Scheduler.__init__",
+    versions="any",
+    reason="opsctl probe: show the KV cache groups and settings the EngineCore really uses",
+    apply=apply,
+    roles=("engine_core",),
+)
