@@ -46,6 +46,7 @@ class LaunchOptions:
     max_num_seqs: int = 8
     run_dir: Path | None = None
     label: str = "serve"
+    enforce_eager: bool = True  # False: vLLM's default execution mode (torch.compile / graphs)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
         "--load-format", opts.load_format,
         "--max-model-len", str(opts.max_model_len),
         "--max-num-seqs", str(opts.max_num_seqs),
-        "--enforce-eager",
+        *(["--enforce-eager"] if opts.enforce_eager else []),
         "--host", opts.host,
         "--port", str(port),
     ]

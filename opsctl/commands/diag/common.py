@@ -55,6 +55,7 @@ def engine_target(
     timeout: float = 300.0,
     max_model_len: int = 256,
     max_num_seqs: int = 8,
+    enforce_eager: bool = True,
 ) -> Iterator[Target]:
     """Yield a Target: the given URL (checked reachable) or a freshly started engine,
     stopped (with every child process and shm segment) when the block exits."""
@@ -73,7 +74,7 @@ def engine_target(
     opts = LaunchOptions(
         model=resolved, load_format=load_format, extra_args=list(extra_args or []),
         env=dict(env or {}), disable_patches=list(disable_patches or []), label=label,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
     )
     server = EngineServer(opts)
     try:
