@@ -43,6 +43,15 @@ CATALOG: dict[str, EmbeddedModel] = {
         EmbeddedModel("tiny-hybrid", "hybrid-decoder",
                       "Llama, 4 layers, sliding-window + full attention (2 KV cache groups)",
                       "opsctl.embedded.llama:build_tiny_hybrid"),
+        EmbeddedModel("tiny-reranker", "cross-encoder",
+                      "BERT cross-encoder (BertForSequenceClassification, 1 label): /score, /rerank",
+                      "opsctl.embedded.bert:build_tiny_reranker"),
+        EmbeddedModel("tiny-embed", "bi-encoder",
+                      "BERT bi-encoder (BertModel): /v1/embeddings, /score, /rerank",
+                      "opsctl.embedded.bert:build_tiny_embed"),
+        EmbeddedModel("tiny-vlm", "vision-language",
+                      "BLIP-2: ViT + Q-Former + tiny Llama, one image per prompt (no torchvision)",
+                      "opsctl.embedded.blip2:build_tiny_vlm"),
     ]
 }
 

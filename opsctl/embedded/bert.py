@@ -1,0 +1,162 @@
+"""Tiny BERT encoders: `tiny-reranker` (cross-encoder, BertForSequenceClassification with
+one label: /score and /rerank score a (query, document) pair as one input) and
+`tiny-embed` (bi-encoder, BertModel: /score and /rerank embed each text once and
+compare with cosine similarity).
+
+The tokenizer is written directly as tokenizer.json (WordPiece, BERT normaliser and
+pre-tokenizer, ``[CLS] A [SEP] B [SEP]`` post-processor with token type ids):
+transformers 5 ignores ``BertTokenizerFast(vocab_file=...)`` and would give all
+``[UNK]``, so nothing here goes through a transformers tokenizer constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from opsctl.embedded import weights
+from opsctl.embedded.tokenizer import CORPUS
+
+HIDDEN = 128
+INTER = 256
+HEADS = 4  # head_dim 32: vLLM's CPU attention needs >= 32
+LAYERS = 2
+MAX_POS = 512
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+# A few more sentences so typical query/document texts split into words, not pieces.
+EXTRA_CORPUS = [
+    "What is the capital of France? Paris is the capital and largest city of France.",
+    "Berlin is the capital of Germany. Rome is the capital of Italy.",
+    "How do I reset my password? Open the settings page and choose a new password.",
+    "Token usage counts the prompt tokens the engine processed for every request.",
+    "A reranker scores each document against the query; an embedding model compares vectors.",
+]
+
+
+def write_wordpiece_tokenizer(out: Path, vocab_size: int = 512) -> int:
+    """Train a lower-casing WordPiece tokenizer on the fixed corpus; returns vocab size."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    tok.train_from_iterator(CORPUS + EXTRA_CORPUS, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    vocab = tok.get_vocab()
+    (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+    config = {
+        "tokenizer_class": "BertTokenizerFast",
+        "do_lower_case": True,
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+        "model_max_length": MAX_POS,
+        "clean_up_tokenization_spaces": True,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({k: config[k] for k in ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token")},
+                   indent=2) + "\n"
+    )
+    return tok.get_vocab_size()
+
+
+def bert_config(vocab: int, architecture: str) -> dict:
+    config = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "vocab_size": vocab,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "intermediate_size": INTER,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "max_position_embeddings": MAX_POS,
+        "type_vocab_size": 2,
+        "initializer_range": 0.02,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "torch_dtype": "float32",
+    }
+    if architecture == "BertForSequenceClassification":
+        config.update({"num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}})
+    return config
+
+
+def bert_tensors(vocab: int, seed: int, prefix: str) -> dict:
+    """HF BERT weight names (``prefix`` is "bert." inside a classifier, "" for BertModel)."""
+    s = weights.seeded
+
+    def z(shape: tuple[int, ...]):
+        return weights.ones(shape) * 0.0
+
+    p = prefix
+    t = {
+        f"{p}embeddings.word_embeddings.weight": s("word", (vocab, HIDDEN), 1.0, seed),
+        f"{p}embeddings.position_embeddings.weight": s("pos", (MAX_POS, HIDDEN), 0.5, seed),
+        f"{p}embeddings.token_type_embeddings.weight": s("type", (2, HIDDEN), 0.5, seed),
+        f"{p}embeddings.LayerNorm.weight": weights.ones((HIDDEN,)),
+        f"{p}embeddings.LayerNorm.bias": z((HIDDEN,)),
+        f"{p}pooler.dense.weight": s("pooler", (HIDDEN, HIDDEN), 1.0 / math.sqrt(HIDDEN), seed),
+        f"{p}pooler.dense.bias": z((HIDDEN,)),
+    }
+    for i in range(LAYERS):
+        lp = f"{p}encoder.layer.{i}."
+        dims = {
+            "attention.self.query": (HIDDEN, HIDDEN),
+            "attention.self.key": (HIDDEN, HIDDEN),
+            "attention.self.value": (HIDDEN, HIDDEN),
+            "attention.output.dense": (HIDDEN, HIDDEN),
+            "intermediate.dense": (INTER, HIDDEN),
+            "output.dense": (HIDDEN, INTER),
+        }
+        for name, shape in dims.items():
+            t[f"{lp}{name}.weight"] = s(f"{i}.{name}", shape, 1.5 / math.sqrt(shape[1]), seed)
+            t[f"{lp}{name}.bias"] = s(f"{i}.{name}.bias", (shape[0],), 0.02, seed)
+        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[f"{lp}{ln}.weight"] = weights.ones((HIDDEN,))
+            t[f"{lp}{ln}.bias"] = z((HIDDEN,))
+    return t
+
+
+def _build(out: Path, architecture: str, seed: int) -> None:
+    vocab = write_wordpiece_tokenizer(out)
+    (out / "config.json").write_text(json.dumps(bert_config(vocab, architecture), indent=2) + "\n")
+    prefix = "bert." if architecture == "BertForSequenceClassification" else ""
+    tensors = bert_tensors(vocab, seed, prefix)
+    if architecture == "BertForSequenceClassification":
+        tensors["classifier.weight"] = weights.seeded("classifier", (1, HIDDEN), 1.0 / math.sqrt(HIDDEN), seed)
+        tensors["classifier.bias"] = weights.ones((1,)) * 0.0
+    weights.save(out / "model.safetensors", tensors)
+
+
+def build_tiny_reranker(out: Path) -> None:
+    _build(out, "BertForSequenceClassification", seed=2468)
+
+
+def build_tiny_embed(out: Path) -> None:
+    _build(out, "BertModel", seed=1357)
