@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -25,15 +24,15 @@ def report_error(err: OpsctlError) -> None:
 class OpsctlGroup(TyperGroup):
     """Maps typed errors to exit codes in one place (also under Typer's CliRunner)."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except OpsctlError as err:
             report_error(err)
-            raise click.exceptions.Exit(int(err.exit_code)) from None
+            raise typer.Exit(int(err.exit_code)) from None
         except KeyboardInterrupt:
             print("opsctl: interrupted", file=sys.stderr)
-            raise click.exceptions.Exit(int(ExitCode.INTERRUPTED)) from None
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
 def build_app() -> typer.Typer:
@@ -57,17 +56,12 @@ app = build_app()
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (usage errors 2, typed errors mapped above)."""
     try:
-        rv = app(args=argv, prog_name="opsctl", standalone_mode=False)
-    except click.exceptions.UsageError as exc:
-        exc.show()
-        return int(ExitCode.USAGE)
-    except click.exceptions.Abort:
-        print("opsctl: interrupted", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except OpsctlError as err:
-        report_error(err)
-        return int(err.exit_code)
-    return int(rv) if isinstance(rv, int) else 0
+        app(args=argv, prog_name="opsctl")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        return code if isinstance(code, int) else 1
+    return 0

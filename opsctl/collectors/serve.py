@@ -56,6 +56,14 @@ def from_dict(d: dict) -> ServeSnapshot:
     )
 
 
+_POLL_LINES = ('"GET /metrics', '"GET /health')
+
+
+def quiet_tail(log: str, n: int) -> list[str]:
+    """Last n log lines without the access-log lines of our own polling."""
+    return [line for line in log.splitlines()[-(n * 4):] if not any(p in line for p in _POLL_LINES)][-n:]
+
+
 class ServeCollector:
     """Collects ServeSnapshots of an EngineServer; keeps the previous /metrics for rates."""
 
@@ -95,7 +103,7 @@ class ServeCollector:
             tree=snapshot_tree(s.pid),
             metrics=metrics,
             ledger=ledger.entries(ledger.read_records(s.run_dir)),
-            log_tail=tuple(log.splitlines()[-12:]),
+            log_tail=tuple(quiet_tail(log, 12)),
             death_reason=tuple(decisive_lines(log)) if state == serve_state.DEAD else (),
         )
 

@@ -1,0 +1,142 @@
+"""Panels of the serve dashboard, each fed a ServeSnapshot via ``update_snapshot``."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, ProgressBar, Sparkline, Static
+
+from opsctl.collectors.serve import ServeSnapshot
+from opsctl.output import human_bytes
+
+STATE_STYLE = {"starting": "yellow", "loading": "cyan", "ready": "bold green", "dead": "bold red",
+               "stopped": "dim"}
+
+
+def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+class StatePanel(Vertical):
+    DEFAULT_CSS = """
+    StatePanel { height: auto; border: round $accent; padding: 0 1; }
+    StatePanel > ProgressBar { width: 60; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="state-line")
+        yield ProgressBar(total=8, show_eta=False, id="load-bar")
+        yield Static(id="state-detail")
+
+    def on_mount(self) -> None:
+        self.border_title = "engine"
+
+    def update_snapshot(self, s: ServeSnapshot) -> None:
+        line = Text()
+        line.append(f" {s.state.upper()} ", style=f"reverse {STATE_STYLE.get(s.state, '')}")
+        line.append(f"  {s.model} ({s.load_format} weights)  {s.url}  elapsed {s.elapsed_s:.0f} s")
+        if s.time_to_healthy_s is not None:
+            line.append(f"  healthy after {s.time_to_healthy_s:.1f} s", style="green")
+        self.query_one("#state-line", Static).update(line)
+        bar = self.query_one("#load-bar", ProgressBar)
+        bar.update(total=s.progress.total, progress=s.progress.step)
+        detail = f"load phase: {s.progress.phase}"
+        if s.progress.weights_seconds is not None:
+            detail += f"  weights {s.progress.weights_seconds:.2f} s"
+        if s.progress.engine_init_seconds is not None:
+            detail += f"  engine init {s.progress.engine_init_seconds:.2f} s"
+        if s.death_reason:
+            detail += "\n[b red]why it died:[/] " + "\n".join(s.death_reason)
+        detail += f"\nrun dir: {s.run_dir}"
+        self.query_one("#state-detail", Static).update(detail)
+
+
+class ProcessPanel(Vertical):
+    DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 12; border: round $accent; }"
+
+    def compose(self) -> ComposeResult:
+        yield DataTable(id="proc-table", cursor_type="none")
+
+    def on_mount(self) -> None:
+        self.border_title = "process tree"
+        self.query_one(DataTable).add_columns("pid", "role", "CPU %", "RSS", "PSS", "note")
+
+    def update_snapshot(self, s: ServeSnapshot) -> None:
+        t = self.query_one(DataTable)
+        t.clear()
+        depth = {s.tree.root_pid: 0}
+        for p in s.tree.processes:
+            depth[p.pid] = depth.get(p.ppid, -1) + 1
+            indent = "  " * max(depth[p.pid], 0)
+            t.add_row(str(p.pid), f"{indent}{p.role}", _fmt(p.cpu_percent, ".0f"), human_bytes(p.rss),
+                      human_bytes(p.pss), p.error or "")
+        total_pss = s.tree.total_pss
+        t.add_row("", "[b]total[/]", "", human_bytes(s.tree.total_rss), human_bytes(total_pss), "")
+
+
+class MetricsPanel(Vertical):
+    DEFAULT_CSS = """
+    MetricsPanel { height: auto; border: round $accent; padding: 0 1; }
+    MetricsPanel > Sparkline { height: 3; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.history: deque[float] = deque([0.0] * 60, maxlen=60)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="metrics-text")
+        yield Sparkline(list(self.history), id="gen-spark")
+
+    def on_mount(self) -> None:
+        self.border_title = "metrics (/metrics)"
+
+    def update_snapshot(self, s: ServeSnapshot) -> None:
+        m = s.metrics
+        if m is None:
+            self.query_one("#metrics-text", Static).update("waiting for /metrics…")
+            return
+        kv = None if m.kv_cache_usage is None else m.kv_cache_usage * 100
+        text = (
+            f"requests running {_fmt(m.running, '.0f')}   waiting {_fmt(m.waiting, '.0f')}   "
+            f"KV cache usage {_fmt(kv, '.1f', ' %')}\n"
+            f"prompt tok/s {_fmt(m.prompt_tps)}   generation tok/s {_fmt(m.generation_tps)}   "
+            f"TTFT {_fmt(None if m.ttft_mean_s is None else m.ttft_mean_s * 1000, '.0f', ' ms')}   "
+            f"totals: prompt {_fmt(m.prompt_tokens_total, '.0f')} gen {_fmt(m.generation_tokens_total, '.0f')}"
+        )
+        self.query_one("#metrics-text", Static).update(text)
+        self.history.append(m.generation_tps or 0.0)
+        self.query_one("#gen-spark", Sparkline).data = list(self.history)
+
+
+class LedgerPanel(Vertical):
+    DEFAULT_CSS = "LedgerPanel { height: auto; max-height: 10; border: round $accent; }"
+
+    def compose(self) -> ComposeResult:
+        yield DataTable(id="ledger-table", cursor_type="none")
+
+    def on_mount(self) -> None:
+        self.border_title = "patch ledger"
+        self.query_one(DataTable).add_columns("pid", "role", "patch", "status", "detail")
+
+    def update_snapshot(self, s: ServeSnapshot) -> None:
+        t = self.query_one(DataTable)
+        t.clear()
+        for e in s.ledger:
+            t.add_row(str(e.pid), e.role, e.name, e.status, e.detail[:60])
+
+
+class LogPanel(Vertical):
+    DEFAULT_CSS = "LogPanel { height: 1fr; border: round $accent; }"
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="log-text")
+
+    def on_mount(self) -> None:
+        self.border_title = "server log"
+
+    def update_snapshot(self, s: ServeSnapshot) -> None:
+        self.query_one("#log-text", Static).update(Text("\n".join(line[:200] for line in s.log_tail)))

@@ -1,0 +1,140 @@
+"""The serve dashboard. A worker thread collects a ServeSnapshot; the UI thread renders
+it; the next poll is armed only after rendering, so slow polls stretch the period
+instead of piling up. ``build_serve_app`` is the one factory used by the CLI and tests
+(tests feed recorded snapshots)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header
+
+from opsctl.collectors.serve import ServeSnapshot
+from opsctl.ui.panels.serve import LedgerPanel, LogPanel, MetricsPanel, ProcessPanel, StatePanel
+
+PANELS = (StatePanel, ProcessPanel, MetricsPanel, LedgerPanel, LogPanel)
+
+
+class ServeDashboard(App):
+    TITLE = "opsctl serve"
+    BINDINGS = [("q", "quit", "Stop server & quit"), ("ctrl+c", "quit", "Stop & quit")]
+    CSS = """
+    #top { height: auto; }
+    #top > StatePanel { width: 1fr; }
+    """
+
+    def __init__(self, source: Callable[[], ServeSnapshot], interval: float = 1.0,
+                 record: Path | None = None, until: Callable[[ServeSnapshot], int | None] | None = None,
+                 clock: bool = True) -> None:
+        super().__init__()
+        self.clock = clock
+        self.source = source
+        self.interval = interval
+        self.record = record
+        self.until = until  # returns an exit code to stop with, or None to go on
+        self.last: ServeSnapshot | None = None
+        self.result_code: int | None = None
+        self.polls = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=self.clock)
+        with Vertical():
+            with Horizontal(id="top"):
+                yield StatePanel()
+            yield ProcessPanel()
+            yield MetricsPanel()
+            yield LedgerPanel()
+            yield LogPanel()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._poll()
+
+    def _poll(self) -> None:
+        self.run_worker(self._collect, thread=True, group="collect", exclusive=True)
+
+    def _collect(self) -> None:
+        try:
+            snap = self.source()
+        except StopIteration:
+            return
+        except Exception as exc:  # a failed poll is shown, then retried
+            self.call_from_thread(self.notify, f"poll failed: {exc}", severity="error")
+            self.call_from_thread(self.set_timer, self.interval, self._poll)
+            return
+        self.call_from_thread(self.show, snap)
+
+    def show(self, snap: ServeSnapshot) -> None:
+        self.last = snap
+        self.polls += 1
+        self.sub_title = f"{snap.model} — {snap.state}"
+        for cls in PANELS:
+            self.query_one(cls).update_snapshot(snap)
+        if self.record is not None:
+            with open(self.record, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(snap.to_dict(), default=str) + "\n")
+        if self.until is not None:
+            code = self.until(snap)
+            if code is not None:
+                self.result_code = code
+                if code != 1:  # a dead engine stays on screen until the user quits
+                    self.exit()
+                    return
+        self.set_timer(self.interval, self._poll)
+
+
+def build_serve_app(source: Callable[[], ServeSnapshot], interval: float = 1.0, **kw) -> ServeDashboard:
+    return ServeDashboard(source, interval, **kw)
+
+
+def replay_source(path: Path) -> Callable[[], ServeSnapshot]:
+    """A source that replays recorded JSONL snapshots (then repeats the last one)."""
+    from opsctl.collectors.serve import from_dict
+
+    snaps = [from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    state = {"i": 0}
+
+    def source() -> ServeSnapshot:
+        i = min(state["i"], len(snaps) - 1)
+        state["i"] += 1
+        return snaps[i]
+
+    return source
+
+
+def run_dashboard(server, timeout: float) -> int:
+    """Run the dashboard over a started EngineServer. Returns the exit code:
+    0 after the user quits a healthy server, 1 if the engine died, 4 on timeout."""
+    import os
+
+    from opsctl.collectors.serve import ServeCollector
+    from opsctl.domain import serve_state
+    from opsctl.errors import EngineDied, OpsTimeout
+
+    collector = ServeCollector(server)
+    record = os.environ.get("OPSCTL_RECORD_SNAPSHOTS")
+
+    def until(snap: ServeSnapshot) -> int | None:
+        if snap.state == serve_state.DEAD:
+            return 1
+        if snap.state != serve_state.READY and server.healthy_at is None and time.time() - server.started_at > timeout:
+            return 4
+        return None
+
+    app = build_serve_app(collector.collect, record=Path(record) if record else None, until=until)
+    try:
+        app.run()
+    finally:
+        collector.stopping = True
+        collector.close()
+    if app.result_code == 4:
+        raise OpsTimeout(f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}")
+    if app.result_code == 1:
+        reason = " | ".join(app.last.death_reason) if app.last else ""
+        raise EngineDied(f"engine died: {reason or 'no error line in the log'}", hint=f"log: {server.log_path}")
+    return 0

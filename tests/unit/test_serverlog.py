@@ -1,0 +1,54 @@
+from opsctl.domain.serverlog import PHASES, argparse_error, decisive_lines, load_progress
+
+HEALTHY_LOG = """\
+(APIServer pid=1) INFO [api_utils.py:347] vLLM API server version 0.32.0
+(EngineCore pid=2) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(Worker pid=3) INFO [cpu_model_runner.py:68] Starting to load model /m...
+(Worker pid=3) INFO [default_loader.py:501] Loading weights took 0.25 seconds
+(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens
+(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 3.56 s
+(APIServer pid=1) INFO [entry.py:140] Starting vLLM server on http://127.0.0.1:8123
+INFO:     Application startup complete.
+"""
+
+
+def test_load_progress_walks_every_phase_and_reads_timings():
+    p = load_progress(HEALTHY_LOG)
+    assert (p.phase, p.step, p.total) == ("ready", len(PHASES), len(PHASES))
+    assert p.weights_seconds == 0.25
+    assert p.engine_init_seconds == 3.56
+
+
+def test_load_progress_partial_log_stops_at_last_phase():
+    lines = HEALTHY_LOG.splitlines()
+    p = load_progress("\n".join(lines[:3]))
+    assert p.phase == "loading model" and p.step == 3 and p.weights_seconds is None
+
+
+def test_load_progress_empty_log_is_starting():
+    assert load_progress("").phase == "starting"
+
+
+def test_decisive_lines_pick_the_exception_not_frames_or_warnings():
+    log = """\
+/x/resource_tracker.py:254: UserWarning: resource_tracker: leaked
+Traceback (most recent call last):
+  File "/x/core.py", line 10, in run
+    raise RuntimeError("boom")
+(EngineCore pid=7) RuntimeError: Scheduler._handle_invalid_blocks: multi-group
+(APIServer pid=6) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+"""
+    lines = decisive_lines(log)
+    assert lines[-1].startswith("APIServer: vllm.v1.engine.exceptions.EngineDeadError")
+    assert any("RuntimeError: Scheduler._handle_invalid_blocks" in x for x in lines)
+    assert not any("UserWarning" in x or x.startswith("File") for x in lines)
+
+
+def test_decisive_lines_empty_when_no_error():
+    assert decisive_lines(HEALTHY_LOG) == []
+
+
+def test_argparse_error_extracted():
+    log = "usage: api_server.py [-h] ...\napi_server.py: error: unrecognized arguments: --bogus-flag 3\n"
+    assert argparse_error(log) == "unrecognized arguments: --bogus-flag 3"
+    assert argparse_error(HEALTHY_LOG) is None
