@@ -1,0 +1,75 @@
+"""The serve dashboard, built by the CLI's own factory, fed recorded snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from opsctl.collectors.serve import from_dict
+from opsctl.ui.panels.serve import LedgerPanel, MetricsPanel, ProcessPanel, StatePanel
+from opsctl.ui.serve_app import build_serve_app, replay_source
+
+FIXTURE = Path(__file__).parent / "fixtures" / "serve_snapshots.jsonl"
+
+
+def recorded():
+    return [from_dict(json.loads(line)) for line in FIXTURE.read_text().splitlines()]
+
+
+def text_of(widget) -> str:
+    return str(widget.render())
+
+
+@pytest.mark.anyio
+async def test_dashboard_walks_from_starting_to_ready_with_metrics_and_ledger():
+    replay = replay_source(FIXTURE)
+    shown: list[str] = []
+    app = build_serve_app(replay, interval=0.01, clock=False)
+    original_show = app.show
+
+    def show(snap):
+        shown.append(snap.state)
+        original_show(snap)
+
+    app.show = show
+    async with app.run_test(size=(140, 50)) as pilot:
+        for _ in range(200):
+            await pilot.pause(0.02)
+            if app.polls >= 6:
+                break
+        assert shown[:3] == ["starting", "loading", "ready"]
+        state_line = text_of(app.query_one(StatePanel).query_one("#state-line"))
+        assert "READY" in state_line and "healthy after" in state_line
+        proc_table = app.query_one(ProcessPanel).query_one("DataTable")
+        roles = {str(proc_table.get_row_at(i)[1]).strip() for i in range(proc_table.row_count)}
+        assert {"APIServer", "EngineCore", "Worker"} <= roles
+        ledger = app.query_one(LedgerPanel).query_one("DataTable")
+        statuses = {str(ledger.get_row_at(i)[3]) for i in range(ledger.row_count)}
+        assert "already upstream" in statuses
+        metrics = text_of(app.query_one(MetricsPanel).query_one("#metrics-text"))
+        assert "requests running" in metrics and "generation tok/s" in metrics
+        assert max(app.query_one(MetricsPanel).history) > 100  # the recorded burst
+
+
+@pytest.mark.anyio
+async def test_dead_engine_stays_on_screen_with_reason_and_code_1():
+    last = recorded()[-1]
+    dead = dataclasses.replace(last, state="dead", death_reason=("EngineCore: RuntimeError: boom",))
+    app = build_serve_app(lambda: dead, interval=0.01, clock=False, until=lambda s: 1 if s.state == "dead" else None)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await pilot.pause(0.2)
+        assert app.result_code == 1 and app.is_running  # waits for the user
+        detail = text_of(app.query_one(StatePanel).query_one("#state-detail"))
+        assert "RuntimeError: boom" in detail
+        await pilot.press("q")
+    assert not app.is_running
+
+
+def test_dashboard_snapshot(snap_compare):
+    snaps = recorded()
+    ready = snaps[3]
+    app = build_serve_app(lambda: ready, interval=3600, clock=False)
+    assert snap_compare(app, terminal_size=(140, 48))
