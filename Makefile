@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[cpu,test]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch+cpu
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true

@@ -37,8 +37,12 @@ def main() -> int:
     v_med, v_all = median_wall(vllm_cmd, args.vllm_runs)
     print(f"{'command':<58} {'median s':>9} {'runs':>5}")
     print(f"{'opsctl --help':<58} {o_med:9.3f} {len(o_all):5d}")
-    print(f"{'python -m vllm.entrypoints.openai.api_server --help':<58} {v_med:9.3f} {len(v_all):5d}")
-    print(f"speed-up: {v_med / o_med:.0f}x   target opsctl --help <= 0.300 s: {'met' if o_med <= 0.3 else 'MISSED'}")
+    print(
+        f"{'python -m vllm.entrypoints.openai.api_server --help':<58} {v_med:9.3f} {len(v_all):5d}"
+    )
+    print(
+        f"speed-up: {v_med / o_med:.0f}x   target opsctl --help <= 0.300 s: {'met' if o_med <= 0.3 else 'MISSED'}"
+    )
     return 0
 
 

@@ -25,12 +25,15 @@ OPSCTL = [sys.executable, "-m", "opsctl"]
 
 
 @contextlib.contextmanager
-def running_engine(model: str = "tiny-llama", *, load_format: str = "auto", timeout: float = 400.0,
-                   **launch_kwargs) -> Iterator:
+def running_engine(
+    model: str = "tiny-llama", *, load_format: str = "auto", timeout: float = 400.0, **launch_kwargs
+) -> Iterator:
     from opsctl.engine.model import resolve
     from opsctl.engine.server import EngineServer, LaunchOptions
 
-    opts = LaunchOptions(model=resolve(model), load_format=load_format, label="test", **launch_kwargs)
+    opts = LaunchOptions(
+        model=resolve(model), load_format=load_format, label="test", **launch_kwargs
+    )
     server = EngineServer(opts)
     try:
         server.start()

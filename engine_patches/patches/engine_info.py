@@ -45,7 +45,9 @@ def describe(scheduler) -> dict:
         "platform": platform_name(),
         "model": _safe(lambda: vc.model_config.model),
         "enable_prefix_caching": _safe(lambda: vc.cache_config.enable_prefix_caching),
-        "mm_processor_cache_gb": _safe(lambda: vc.model_config.multimodal_config.mm_processor_cache_gb),
+        "mm_processor_cache_gb": _safe(
+            lambda: vc.model_config.multimodal_config.mm_processor_cache_gb
+        ),
         "enforce_eager": _safe(lambda: vc.model_config.enforce_eager),
         "compilation_mode": _safe(lambda: str(vc.compilation_config.mode)),
         "max_num_seqs": _safe(lambda: vc.scheduler_config.max_num_seqs),

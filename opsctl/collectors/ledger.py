@@ -35,9 +35,14 @@ def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
         for p in r.get("patches", []):
             rows.append(
                 LedgerEntry(
-                    int(r.get("pid", 0)), str(r.get("role", "?")), str(r.get("vllm_version", "?")),
-                    str(p.get("name")), str(p.get("status")), str(p.get("detail", "")).splitlines()[0] if p.get("detail") else "",
-                    str(p.get("reason", "")), str(p.get("target", "")),
+                    int(r.get("pid", 0)),
+                    str(r.get("role", "?")),
+                    str(r.get("vllm_version", "?")),
+                    str(p.get("name")),
+                    str(p.get("status")),
+                    str(p.get("detail", "")).splitlines()[0] if p.get("detail") else "",
+                    str(p.get("reason", "")),
+                    str(p.get("target", "")),
                 )
             )
     return tuple(rows)

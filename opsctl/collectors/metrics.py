@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -63,12 +64,10 @@ def fetch_health(client: httpx.Client, base_url: str) -> HealthSnapshot:
     version = None
     models: tuple[str, ...] = ()
     if r.status_code == 200:
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             version = client.get(f"{base_url}/version").json().get("version")
-        except (httpx.HTTPError, ValueError):
-            pass
-        try:
-            models = tuple(m["id"] for m in client.get(f"{base_url}/v1/models").json().get("data", []))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            pass
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+            models = tuple(
+                m["id"] for m in client.get(f"{base_url}/v1/models").json().get("data", [])
+            )
     return HealthSnapshot(base_url, now, r.status_code == 200, r.status_code, version, models)

@@ -78,7 +78,9 @@ def read_proc(p: psutil.Process, is_root: bool) -> ProcInfo:
             cpu = p.cpu_percent(None)
             rss = p.memory_info().rss
     except psutil.NoSuchProcess:
-        return ProcInfo(pid, 0, "?", "gone", "", None, None, None, "gone", "process exited during read")
+        return ProcInfo(
+            pid, 0, "?", "gone", "", None, None, None, "gone", "process exited during read"
+        )
     except psutil.AccessDenied as exc:
         return ProcInfo(pid, 0, "?", "?", "", None, None, None, "?", f"access denied: {exc}")
     pss: int | None = None

@@ -44,11 +44,18 @@ def from_dict(d: dict) -> ServeSnapshot:
 
     tree = d["tree"]
     return ServeSnapshot(
-        taken_at=d["taken_at"], url=d["url"], model=d["model"], load_format=d["load_format"],
-        run_dir=d["run_dir"], state=d["state"], elapsed_s=d["elapsed_s"],
+        taken_at=d["taken_at"],
+        url=d["url"],
+        model=d["model"],
+        load_format=d["load_format"],
+        run_dir=d["run_dir"],
+        state=d["state"],
+        elapsed_s=d["elapsed_s"],
         time_to_healthy_s=d.get("time_to_healthy_s"),
         progress=LoadProgress(**d["progress"]),
-        tree=ProcessTree(tree["root_pid"], tree["taken_at"], tuple(ProcInfo(**p) for p in tree["processes"])),
+        tree=ProcessTree(
+            tree["root_pid"], tree["taken_at"], tuple(ProcInfo(**p) for p in tree["processes"])
+        ),
         metrics=KeyMetrics(**d["metrics"]) if d.get("metrics") else None,
         ledger=tuple(ledger.LedgerEntry(**e) for e in d.get("ledger", [])),
         log_tail=tuple(d.get("log_tail", [])),
@@ -61,7 +68,9 @@ _POLL_LINES = ('"GET /metrics', '"GET /health')
 
 def quiet_tail(log: str, n: int) -> list[str]:
     """Last n log lines without the access-log lines of our own polling."""
-    return [line for line in log.splitlines()[-(n * 4):] if not any(p in line for p in _POLL_LINES)][-n:]
+    return [
+        line for line in log.splitlines()[-(n * 4) :] if not any(p in line for p in _POLL_LINES)
+    ][-n:]
 
 
 class ServeCollector:

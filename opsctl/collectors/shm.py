@@ -78,7 +78,9 @@ def list_files(root: Path = SHM, prefix: str = "") -> list[ShmFile]:
             continue
         if e.is_dir(follow_symlinks=False):
             continue
-        out.append(ShmFile(e.name, e.path, st.st_size, st.st_ino, st.st_dev, st.st_mtime, e.is_symlink()))
+        out.append(
+            ShmFile(e.name, e.path, st.st_size, st.st_ino, st.st_dev, st.st_mtime, e.is_symlink())
+        )
     return sorted(out, key=lambda f: f.name)
 
 

@@ -14,7 +14,9 @@ def register(app: typer.Typer) -> None:
     @models_app.command("build")
     def build(
         names: list[str] = typer.Argument(None, help="models to build (default: all)"),
-        out: Path | None = typer.Option(None, "--out", help="directory to build into (default: $OPSCTL_HOME/models)"),
+        out: Path | None = typer.Option(
+            None, "--out", help="directory to build into (default: $OPSCTL_HOME/models)"
+        ),
         force: bool = typer.Option(False, "--force", help="rebuild even if present"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -26,8 +28,14 @@ def register(app: typer.Typer) -> None:
         rows = []
         for spec in specs:
             path = catalog.build(spec, out, force=force)
-            rows.append({"name": spec.name, "archetype": spec.archetype, "path": str(path),
-                         "size_bytes": catalog.dir_size(path)})
+            rows.append(
+                {
+                    "name": spec.name,
+                    "archetype": spec.archetype,
+                    "path": str(path),
+                    "size_bytes": catalog.dir_size(path),
+                }
+            )
 
         def render(console) -> None:
             for r in rows:
@@ -47,15 +55,27 @@ def register(app: typer.Typer) -> None:
         for spec in catalog.CATALOG.values():
             path = catalog.model_path(spec.name)
             built = catalog.is_built(spec)
-            rows.append({"name": spec.name, "archetype": spec.archetype, "description": spec.description,
-                         "path": str(path), "built": built,
-                         "size_bytes": catalog.dir_size(path) if built else None})
+            rows.append(
+                {
+                    "name": spec.name,
+                    "archetype": spec.archetype,
+                    "description": spec.description,
+                    "path": str(path),
+                    "built": built,
+                    "size_bytes": catalog.dir_size(path) if built else None,
+                }
+            )
 
         def render(console) -> None:
             t = Table("name", "archetype", "path", "size", "description")
             for r in rows:
-                t.add_row(r["name"], r["archetype"], r["path"] if r["built"] else "(built on first use)",
-                          human_bytes(r["size_bytes"]), r["description"])
+                t.add_row(
+                    r["name"],
+                    r["archetype"],
+                    r["path"] if r["built"] else "(built on first use)",
+                    human_bytes(r["size_bytes"]),
+                    r["description"],
+                )
             console.print(t)
 
         emit(document("models.list", models=rows), as_json=as_json, render=render)

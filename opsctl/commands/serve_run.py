@@ -29,7 +29,7 @@ class _Terminate(BaseException):
     """Raised in the main thread by SIGTERM: stop like Ctrl-C."""
 
 
-def _raise_terminate(signum, frame):  # noqa: ARG001
+def _raise_terminate(signum, frame):
     raise _Terminate()
 
 
@@ -55,13 +55,16 @@ def run_serve(req: ServeRequest) -> int:
 
     tui = want_tui(req.tui, req.as_json)
     model = resolve(req.model)
-    opts = LaunchOptions(model=model, load_format=req.load_format, host=req.host, port=req.port,
-                         extra_args=req.extra)
+    opts = LaunchOptions(
+        model=model, load_format=req.load_format, host=req.host, port=req.port, extra_args=req.extra
+    )
     server = EngineServer(opts)
     old_term = signal.signal(signal.SIGTERM, _raise_terminate)
     try:
         server.start()
-        output.info(f"starting vLLM on {model.name} ({req.load_format} weights); run dir {server.run_dir}")
+        output.info(
+            f"starting vLLM on {model.name} ({req.load_format} weights); run dir {server.run_dir}"
+        )
         if tui:
             from opsctl.ui.serve_app import run_dashboard
 
@@ -77,9 +80,14 @@ def run_serve(req: ServeRequest) -> int:
         if report.leftover_pids:
             output.warn(f"processes still alive after stop: {report.leftover_pids}")
         if req.as_json and server.proc is not None:
-            _json_line("stopped", seconds=report.seconds, signals=report.signals,
-                       leftover_pids=report.leftover_pids, shm_removed=report.shm_removed,
-                       exit_code=report.exit_code)
+            _json_line(
+                "stopped",
+                seconds=report.seconds,
+                signals=report.signals,
+                leftover_pids=report.leftover_pids,
+                shm_removed=report.shm_removed,
+                exit_code=report.exit_code,
+            )
 
 
 def _run_plain(server, req: ServeRequest) -> int:
@@ -98,10 +106,21 @@ def _run_plain(server, req: ServeRequest) -> int:
     tree = snapshot_tree(server.pid)
     pids = {p.role: p.pid for p in tree.processes}
     if req.as_json:
-        _json_line("ready", url=server.url, model=server.opts.model.name, load_format=req.load_format,
-                   run_dir=str(server.run_dir), pid=server.pid, pids=pids, load_seconds=round(load_s, 2))
+        _json_line(
+            "ready",
+            url=server.url,
+            model=server.opts.model.name,
+            load_format=req.load_format,
+            run_dir=str(server.run_dir),
+            pid=server.pid,
+            pids=pids,
+            load_seconds=round(load_s, 2),
+        )
     else:
-        print(f"ready: {server.url}  (healthy after {load_s:.1f} s; run dir {server.run_dir})", flush=True)
+        print(
+            f"ready: {server.url}  (healthy after {load_s:.1f} s; run dir {server.run_dir})",
+            flush=True,
+        )
     output.info("Ctrl-C stops the server")
     while True:
         time.sleep(1.0)
@@ -109,6 +128,7 @@ def _run_plain(server, req: ServeRequest) -> int:
         if server.exited() is not None:
             lines = decisive_lines(server.log_text())
             raise EngineDied(
-                f"engine died (exit code {server.exited()}): " + (" | ".join(lines) or "no error line in the log"),
+                f"engine died (exit code {server.exited()}): "
+                + (" | ".join(lines) or "no error line in the log"),
                 hint=f"log: {server.log_path}",
             )

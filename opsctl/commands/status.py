@@ -22,7 +22,9 @@ def validate_url(url: str) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(
-        url: str = typer.Argument(..., help="base URL of a vLLM server, e.g. http://127.0.0.1:8000"),
+        url: str = typer.Argument(
+            ..., help="base URL of a vLLM server, e.g. http://127.0.0.1:8000"
+        ),
         as_json: bool = typer.Option(False, "--json"),
         timeout: float = typer.Option(5.0, "--timeout", help="HTTP timeout in seconds"),
     ) -> None:
@@ -49,7 +51,9 @@ def register(app: typer.Typer) -> None:
             health_status=health.status_code,
             version=health.version,
             models=list(health.models),
-            metrics=None if km is None else {
+            metrics=None
+            if km is None
+            else {
                 "requests_running": km.running,
                 "requests_waiting": km.waiting,
                 "kv_cache_usage": km.kv_cache_usage,

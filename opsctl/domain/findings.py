@@ -20,5 +20,5 @@ class Finding:
 
 
 def verdict(findings: list[Finding] | tuple[Finding, ...]) -> str:
-    """"fail" if any finding failed, else "pass"."""
+    """ "fail" if any finding failed, else "pass"."""
     return "fail" if any(f.severity == FAIL for f in findings) else "pass"

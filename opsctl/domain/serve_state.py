@@ -7,7 +7,9 @@ from opsctl.domain.serverlog import LoadProgress
 STARTING, LOADING, READY, DEAD, STOPPED = "starting", "loading", "ready", "dead", "stopped"
 
 
-def derive_state(exit_code: int | None, healthy: bool, progress: LoadProgress, stopping: bool = False) -> str:
+def derive_state(
+    exit_code: int | None, healthy: bool, progress: LoadProgress, stopping: bool = False
+) -> str:
     if exit_code is not None:
         return STOPPED if stopping else DEAD
     if healthy:

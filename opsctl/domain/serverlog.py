@@ -76,6 +76,8 @@ def argparse_error(log: str) -> str | None:
         m = re.search(r"(?:api_server\.py|vllm|usage:.*?): error: (.*)$", line)
         if m:
             return m.group(1).strip()
-        if ": error: " in line and ("unrecognized arguments" in line or "argument " in line or "invalid choice" in line):
+        if ": error: " in line and (
+            "unrecognized arguments" in line or "argument " in line or "invalid choice" in line
+        ):
             return line.split(": error: ", 1)[1].strip()
     return None

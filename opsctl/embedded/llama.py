@@ -70,7 +70,10 @@ def _write(out: Path, config: dict, seed: int) -> None:
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}, indent=2) + "\n"
     )
-    weights.save(out / "model.safetensors", llama_tensors(config["vocab_size"], config["num_hidden_layers"], seed))
+    weights.save(
+        out / "model.safetensors",
+        llama_tensors(config["vocab_size"], config["num_hidden_layers"], seed),
+    )
 
 
 def build_tiny_llama(out: Path) -> None:
@@ -82,5 +85,10 @@ def build_tiny_hybrid(out: Path) -> None:
     vocab = tokenizer.write_bpe_tokenizer(out)
     config = text_config(vocab, layers=4)
     config["sliding_window"] = 32
-    config["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    config["layer_types"] = [
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+    ]
     _write(out, config, seed=4321)

@@ -31,7 +31,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_bpe_tokenizer(out: Path, vocab_size: int = 320, extra_specials: list[str] | None = None) -> int:
+def write_bpe_tokenizer(
+    out: Path, vocab_size: int = 320, extra_specials: list[str] | None = None
+) -> int:
     """Train a byte-level BPE tokenizer and save it; returns the vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -66,7 +68,11 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, extra_specials: list[s
         config["additional_special_tokens"] = list(extra_specials)
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, indent=2) + "\n"
+        json.dumps(
+            {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+            indent=2,
+        )
+        + "\n"
     )
     return tok.get_vocab_size()
 

@@ -95,15 +95,24 @@ def new_run_dir(label: str, model: str, port: int) -> Path:
 
 def build_argv(opts: LaunchOptions, port: int) -> list[str]:
     argv = [
-        sys.executable, "-m", API_MODULE,
-        "--model", str(opts.model.path),
-        "--served-model-name", opts.model.name,
-        "--load-format", opts.load_format,
-        "--max-model-len", str(opts.max_model_len),
-        "--max-num-seqs", str(opts.max_num_seqs),
+        sys.executable,
+        "-m",
+        API_MODULE,
+        "--model",
+        str(opts.model.path),
+        "--served-model-name",
+        opts.model.name,
+        "--load-format",
+        opts.load_format,
+        "--max-model-len",
+        str(opts.max_model_len),
+        "--max-num-seqs",
+        str(opts.max_num_seqs),
         *(["--enforce-eager"] if opts.enforce_eager else []),
-        "--host", opts.host,
-        "--port", str(port),
+        "--host",
+        opts.host,
+        "--port",
+        str(port),
     ]
     if not has_gpu():
         argv += ["--dtype", "float32", "--gpu-memory-utilization", "0.5"]
@@ -192,7 +201,7 @@ class EngineServer:
         argv = build_argv(opts, self.port)
         self._take_engine_lock()
         self.shm_before = {f.name for f in shm.list_files()}
-        self._log_fh = open(self.log_path, "ab")
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started_at = time.time()
         self.proc = subprocess.Popen(
             argv,
@@ -271,7 +280,9 @@ class EngineServer:
             hint=f"full log: {self.log_path}",
         )
 
-    def wait_healthy(self, timeout: float, on_tick: Callable[[EngineServer], None] | None = None) -> float:
+    def wait_healthy(
+        self, timeout: float, on_tick: Callable[[EngineServer], None] | None = None
+    ) -> float:
         """Block until /health is 200; returns seconds since start. Raises EngineDied /
         BadInput when the server exits first, OpsTimeout after ``timeout`` seconds."""
         deadline = self.started_at + timeout
@@ -383,8 +394,11 @@ class EngineServer:
         self.stop()
 
 
-def launch(opts: LaunchOptions, timeout: float = 300.0,
-           on_tick: Callable[[EngineServer], None] | None = None) -> EngineServer:
+def launch(
+    opts: LaunchOptions,
+    timeout: float = 300.0,
+    on_tick: Callable[[EngineServer], None] | None = None,
+) -> EngineServer:
     """Start a server and wait until healthy; on any failure nothing is left running."""
     server = EngineServer(opts)
     try:

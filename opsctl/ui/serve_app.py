@@ -28,9 +28,14 @@ class ServeDashboard(App):
     #top > StatePanel { width: 1fr; }
     """
 
-    def __init__(self, source: Callable[[], ServeSnapshot], interval: float = 1.0,
-                 record: Path | None = None, until: Callable[[ServeSnapshot], int | None] | None = None,
-                 clock: bool = True) -> None:
+    def __init__(
+        self,
+        source: Callable[[], ServeSnapshot],
+        interval: float = 1.0,
+        record: Path | None = None,
+        until: Callable[[ServeSnapshot], int | None] | None = None,
+        clock: bool = True,
+    ) -> None:
         super().__init__()
         self.clock = clock
         self.source = source
@@ -88,7 +93,9 @@ class ServeDashboard(App):
         self.set_timer(self.interval, self._poll)
 
 
-def build_serve_app(source: Callable[[], ServeSnapshot], interval: float = 1.0, **kw) -> ServeDashboard:
+def build_serve_app(
+    source: Callable[[], ServeSnapshot], interval: float = 1.0, **kw
+) -> ServeDashboard:
     return ServeDashboard(source, interval, **kw)
 
 
@@ -122,7 +129,11 @@ def run_dashboard(server, timeout: float) -> int:
     def until(snap: ServeSnapshot) -> int | None:
         if snap.state == serve_state.DEAD:
             return 1
-        if snap.state != serve_state.READY and server.healthy_at is None and time.time() - server.started_at > timeout:
+        if (
+            snap.state != serve_state.READY
+            and server.healthy_at is None
+            and time.time() - server.started_at > timeout
+        ):
             return 4
         return None
 
@@ -133,8 +144,12 @@ def run_dashboard(server, timeout: float) -> int:
         collector.stopping = True
         collector.close()
     if app.result_code == 4:
-        raise OpsTimeout(f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}")
+        raise OpsTimeout(
+            f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}"
+        )
     if app.result_code == 1:
         reason = " | ".join(app.last.death_reason) if app.last else ""
-        raise EngineDied(f"engine died: {reason or 'no error line in the log'}", hint=f"log: {server.log_path}")
+        raise EngineDied(
+            f"engine died: {reason or 'no error line in the log'}", hint=f"log: {server.log_path}"
+        )
     return 0

@@ -25,8 +25,13 @@ pytestmark = pytest.mark.engine
 
 
 def start_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([*OPSCTL, "serve", "--no-tui", "--json", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    return subprocess.Popen(
+        [*OPSCTL, "serve", "--no-tui", "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
 
 
 def read_event(proc: subprocess.Popen, timeout: float = 400) -> dict:
@@ -41,7 +46,11 @@ def read_event(proc: subprocess.Popen, timeout: float = 400) -> dict:
 
 
 def gone(pids) -> bool:
-    return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return not [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def shm_names() -> set[str]:
@@ -96,14 +105,22 @@ def test_serve_dummy_weights_ledger_status_and_sigterm():
         live = shm_names() - shm_before
         assert any(n.startswith("psm_") for n in live)
 
-        st = subprocess.run([*OPSCTL, "status", ready["url"], "--json"], capture_output=True, text=True)
+        st = subprocess.run(
+            [*OPSCTL, "status", ready["url"], "--json"], capture_output=True, text=True
+        )
         assert st.returncode == 0, st.stderr
         doc = json.loads(st.stdout)
         assert doc["healthy"] is True and doc["models"] == ["tiny-llama"]
         assert doc["metrics"]["requests_running"] == 0 and doc["metrics"]["series"] > 20
 
-        led = subprocess.run([*OPSCTL, "patches", "--run", ready["run_dir"], "--json"], capture_output=True, text=True)
-        assert led.returncode == 0 and {p["role"] for p in json.loads(led.stdout)["processes"]} >= {"worker"}
+        led = subprocess.run(
+            [*OPSCTL, "patches", "--run", ready["run_dir"], "--json"],
+            capture_output=True,
+            text=True,
+        )
+        assert led.returncode == 0 and {p["role"] for p in json.loads(led.stdout)["processes"]} >= {
+            "worker"
+        }
 
         stop_and_check(proc, ready, signal.SIGTERM, shm_before)
 
@@ -113,18 +130,35 @@ def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
     port = free_port()
     with served("tiny-llama", "--port", str(port)) as proc:
         ready = read_event(proc)
-        r = httpx.post(f"{ready['url']}/v1/completions", timeout=60, json={
-            "model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0,
-            "logprobs": 1, "ignore_eos": True})
+        r = httpx.post(
+            f"{ready['url']}/v1/completions",
+            timeout=60,
+            json={
+                "model": "tiny-llama",
+                "prompt": "The quick brown fox",
+                "max_tokens": 24,
+                "temperature": 0,
+                "logprobs": 1,
+                "ignore_eos": True,
+            },
+        )
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         tokens = choice["logprobs"]["tokens"]
         assert len(tokens) == 24
         assert len(set(tokens)) >= 6, f"near-constant greedy output: {tokens}"
         # greedy is deterministic: the same request gives the same text
-        again = httpx.post(f"{ready['url']}/v1/completions", timeout=60, json={
-            "model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0,
-            "ignore_eos": True}).json()["choices"][0]["text"]
+        again = httpx.post(
+            f"{ready['url']}/v1/completions",
+            timeout=60,
+            json={
+                "model": "tiny-llama",
+                "prompt": "The quick brown fox",
+                "max_tokens": 24,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        ).json()["choices"][0]["text"]
         assert again == choice["text"]
         stop_and_check(proc, ready, signal.SIGINT, shm_before)
 
@@ -141,8 +175,12 @@ def test_tiny_hybrid_has_more_than_one_kv_cache_group():
 
 def test_invalid_vllm_argument_is_bad_input_and_leaves_nothing():
     shm_before = shm_names()
-    proc = subprocess.run([*OPSCTL, "serve", "--no-tui", "--port", str(free_port()), "--", "--no-such-flag", "3"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*OPSCTL, "serve", "--no-tui", "--port", str(free_port()), "--", "--no-such-flag", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("opsctl: error:")]
     assert len(errors) == 1 and "--no-such-flag" in errors[0]
@@ -151,18 +189,37 @@ def test_invalid_vllm_argument_is_bad_input_and_leaves_nothing():
 
 def test_engine_death_is_explained_with_exit_1():
     # passes argparse, then vLLM refuses the config: max_model_len beyond the model's 512
-    proc = subprocess.run([*OPSCTL, "serve", "--no-tui", "--port", str(free_port()), "--", "--max-model-len", "100000"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            *OPSCTL,
+            "serve",
+            "--no-tui",
+            "--port",
+            str(free_port()),
+            "--",
+            "--max-model-len",
+            "100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("opsctl: error:")]
-    assert len(errors) == 1 and "max_model_len" in errors[0].replace("max-model-len", "max_model_len"), proc.stderr
+    assert len(errors) == 1 and "max_model_len" in errors[0].replace(
+        "max-model-len", "max_model_len"
+    ), proc.stderr
 
 
 def test_timeout_exit_4_and_nothing_left():
     shm_before = shm_names()
     t0 = time.time()
-    proc = subprocess.run([*OPSCTL, "serve", "--no-tui", "--json", "--port", str(free_port()), "--timeout", "4"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*OPSCTL, "serve", "--no-tui", "--json", "--port", str(free_port()), "--timeout", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 4, proc.stderr
     assert "did not become healthy within 4 s" in proc.stderr
     stopped = json.loads(proc.stdout.splitlines()[-1])

@@ -58,7 +58,9 @@ async def test_dashboard_walks_from_starting_to_ready_with_metrics_and_ledger():
 async def test_dead_engine_stays_on_screen_with_reason_and_code_1():
     last = recorded()[-1]
     dead = dataclasses.replace(last, state="dead", death_reason=("EngineCore: RuntimeError: boom",))
-    app = build_serve_app(lambda: dead, interval=0.01, clock=False, until=lambda s: 1 if s.state == "dead" else None)
+    app = build_serve_app(
+        lambda: dead, interval=0.01, clock=False, until=lambda s: 1 if s.state == "dead" else None
+    )
     async with app.run_test(size=(140, 50)) as pilot:
         await pilot.pause(0.2)
         assert app.result_code == 1 and app.is_running  # waits for the user

@@ -10,7 +10,11 @@ BASE_MODELS = ("tiny-llama", "tiny-hybrid")
 
 
 def digest(path):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.iterdir())
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("name", BASE_MODELS)
@@ -18,12 +22,16 @@ def test_build_is_byte_identical_across_builds(tmp_path, name):
     a = catalog.build(catalog.get(name), tmp_path / "a")
     b = catalog.build(catalog.get(name), tmp_path / "b")
     da, db = digest(a), digest(b)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(da)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
+        da
+    )
     assert da == db
 
 
 def test_tiny_hybrid_alternates_sliding_and_full_attention(tmp_path):
-    cfg = json.loads((catalog.build(catalog.get("tiny-hybrid"), tmp_path) / "config.json").read_text())
+    cfg = json.loads(
+        (catalog.build(catalog.get("tiny-hybrid"), tmp_path) / "config.json").read_text()
+    )
     assert cfg["sliding_window"] == 32
     assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
     assert cfg["head_dim"] >= 32
@@ -37,7 +45,10 @@ def test_weights_match_config_shapes_and_are_not_constant(tmp_path):
     t = load_file(str(path / "model.safetensors"))
     assert t["model.embed_tokens.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
     assert t["lm_head.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
-    assert len({k.split(".")[2] for k in t if k.startswith("model.layers.")}) == cfg["num_hidden_layers"]
+    assert (
+        len({k.split(".")[2] for k in t if k.startswith("model.layers.")})
+        == cfg["num_hidden_layers"]
+    )
     assert float(t["lm_head.weight"].std()) > 0.05
 
 

@@ -11,12 +11,18 @@ HEAVY = ("torch", "vllm")
 
 
 def modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["diag", "--help"], ["engram", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["serve", "--help"], ["diag", "--help"], ["engram", "--help"]]
+)
 def test_help_imports_neither_torch_nor_vllm(argv):
     code = (
         "import sys\nfrom opsctl.__main__ import main\n"
@@ -37,4 +43,6 @@ def test_domain_is_pure():
 
 def test_engine_patches_do_not_import_ui_or_cli():
     mods = modules_after("import engine_patches, engine_patches.registry, engine_patches.catalog")
-    assert not {m for m in mods if m.split(".")[0] in ("textual", "typer") or m.startswith("opsctl.ui")}
+    assert not {
+        m for m in mods if m.split(".")[0] in ("textual", "typer") or m.startswith("opsctl.ui")
+    }

@@ -64,4 +64,6 @@ def test_key_metrics_without_previous_has_no_rates():
     ],
 )
 def test_derive_state(exit_code, healthy, step, stopping, state):
-    assert derive_state(exit_code, healthy, LoadProgress("x", step, 8, None, None), stopping) == state
+    assert (
+        derive_state(exit_code, healthy, LoadProgress("x", step, 8, None, None), stopping) == state
+    )

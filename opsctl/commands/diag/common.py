@@ -72,9 +72,15 @@ def engine_target(
 
     resolved = resolve(model or default_model)
     opts = LaunchOptions(
-        model=resolved, load_format=load_format, extra_args=list(extra_args or []),
-        env=dict(env or {}), disable_patches=list(disable_patches or []), label=label,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+        model=resolved,
+        load_format=load_format,
+        extra_args=list(extra_args or []),
+        env=dict(env or {}),
+        disable_patches=list(disable_patches or []),
+        label=label,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
     )
     server = EngineServer(opts)
     try:
@@ -110,7 +116,9 @@ def run_pipeline(title: str, pipeline, *, tui: bool | None, as_json: bool) -> di
 
     use_tui = bool(tui)
     if use_tui and not (sys.stdout.isatty() and sys.stdin.isatty()):
-        raise BadInput("the dashboard needs a terminal", hint="drop --tui (or use --json) for plain output")
+        raise BadInput(
+            "the dashboard needs a terminal", hint="drop --tui (or use --json) for plain output"
+        )
     if not use_tui:
         return pipeline(plain_emitter(title))
     from opsctl.ui.diag_app import DiagApp

@@ -12,8 +12,13 @@ from textual.widgets import DataTable, ProgressBar, Sparkline, Static
 from opsctl.collectors.serve import ServeSnapshot
 from opsctl.output import human_bytes
 
-STATE_STYLE = {"starting": "yellow", "loading": "cyan", "ready": "bold green", "dead": "bold red",
-               "stopped": "dim"}
+STATE_STYLE = {
+    "starting": "yellow",
+    "loading": "cyan",
+    "ready": "bold green",
+    "dead": "bold red",
+    "stopped": "dim",
+}
 
 
 def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
@@ -71,8 +76,14 @@ class ProcessPanel(Vertical):
         for p in s.tree.processes:
             depth[p.pid] = depth.get(p.ppid, -1) + 1
             indent = "  " * max(depth[p.pid], 0)
-            t.add_row(str(p.pid), f"{indent}{p.role}", _fmt(p.cpu_percent, ".0f"), human_bytes(p.rss),
-                      human_bytes(p.pss), p.error or "")
+            t.add_row(
+                str(p.pid),
+                f"{indent}{p.role}",
+                _fmt(p.cpu_percent, ".0f"),
+                human_bytes(p.rss),
+                human_bytes(p.pss),
+                p.error or "",
+            )
         total_pss = s.tree.total_pss
         t.add_row("", "[b]total[/]", "", human_bytes(s.tree.total_rss), human_bytes(total_pss), "")
 
@@ -139,4 +150,6 @@ class LogPanel(Vertical):
         self.border_title = "server log"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
-        self.query_one("#log-text", Static).update(Text("\n".join(line[:200] for line in s.log_tail)))
+        self.query_one("#log-text", Static).update(
+            Text("\n".join(line[:200] for line in s.log_tail))
+        )
