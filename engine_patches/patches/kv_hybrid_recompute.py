@@ -1,0 +1,280 @@
+"""KV load failures on multi-group (hybrid) KV caches: recompute, never crash
+(vLLM PR 50388; issues 45474, 50687).
+
+A KV connector reports blocks whose external load failed through
+``get_block_ids_with_load_errors()``. vLLM's scheduler then rewinds the affected
+requests (policy ``recompute``) or fails them (policy ``fail``). For a model with
+more than one KV cache group (sliding window + full attention, Mamba + attention)
+vLLM 0.32 raises RuntimeError in ``Scheduler._handle_invalid_blocks`` (older
+releases raise ValueError from a single-group unpack), the EngineCore dies and
+every request on the instance fails.
+
+This patch wraps ``Scheduler._handle_invalid_blocks`` in the EngineCore process:
+
+- one KV cache group: the original method runs, unchanged (block-level truncation
+  to the longest valid prefix).
+- several groups: the groups sit on different block grids, so there is no single
+  valid prefix; an affected request recomputes from the beginning instead.
+  * Each request's block list of every group is scanned over the blocks that may
+    hold externally computed tokens. The null block (shared padding, e.g. for
+    tokens that slid out of a window or Mamba ``align`` mode) never counts as
+    failed and is never evicted.
+  * Failed blocks still go into the "already marked" set, so a request sharing a
+    failed block is affected as well. Upstream's single-group path lets such a
+    sharer keep the block because the first request recomputes it in place; here
+    the first request restarts on fresh blocks, so a sharer restarts too.
+  * policy ``recompute``: a running (sync-load) request is preempted back to the
+    waiting queue with ``num_computed_tokens = 0`` and ``skip_reading_prefix_cache``
+    set, so it is recomputed on fresh blocks rather than rewritten in place (a
+    sliding-window group maps out-of-window positions to the null block, which an
+    in-place recompute would write). An async-load request gets
+    ``num_computed_tokens = 0`` and is released as a failed receive (its blocks are
+    freed, not cached). Failed blocks and their downstream blocks are evicted from
+    the prefix cache so no later request reuses them.
+  * policy ``fail``: the affected requests finish with an error (the caller does
+    that with the returned ids), their failed blocks are evicted, the engine and
+    every other request live on.
+  Each recovery logs vLLM's own line ("Recovered from KV load failure: N
+  request(s) rescheduled (M tokens affected).") and appends a ``kv_recoveries``
+  event to the run directory.
+
+On an installed vLLM whose scheduler already handles several groups the patch
+reports "already upstream" and changes nothing. ``ORIGINALS`` keeps the wrapped
+method so tests can undo the patch (:func:`revert`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from engine_patches.registry import APPLIED, SKIPPED, UPSTREAM, Outcome, Patch, record_event
+
+ORIGINALS: dict[str, Any] = {}
+MARK = "_opsctl_kv_hybrid_recompute"
+
+# What the unpatched scheduler does with several groups (either one means: crash).
+_CRASH_MARKERS = (
+    "not supported for models with multiple KV cache groups",  # 0.32: RuntimeError
+    "(req_block_ids,) =",  # <= 0.31: single-group unpack -> ValueError
+)
+
+
+def upstream_handles_multi_group(scheduler_cls: type) -> tuple[bool | None, str]:
+    """(True: installed vLLM already recovers several groups | False: it crashes |
+    None: the target is missing, why)."""
+    handle = getattr(scheduler_cls, "_handle_invalid_blocks", None)
+    if handle is None:
+        return None, "Scheduler._handle_invalid_blocks not found (vLLM changed its KV failure path)"
+    handle = getattr(handle, "__wrapped__", handle)
+    sources = []
+    for fn in (handle, getattr(scheduler_cls, "_update_requests_with_invalid_blocks", None)):
+        if fn is None:
+            continue
+        try:
+            sources.append(inspect.getsource(getattr(fn, "__wrapped__", fn)))
+        except (OSError, TypeError):
+            return None, "cannot read the scheduler's source to decide"
+    text = "\n".join(sources)
+    for marker in _CRASH_MARKERS:
+        if marker in text:
+            return False, f"installed scheduler crashes on several groups ({marker!r})"
+    return True, "installed scheduler has no single-group-only failure path"
+
+
+def _group_block_sizes(scheduler) -> list[int]:
+    scale = max(1, int(getattr(scheduler, "dcp_world_size", 1) or 1)) * max(
+        1, int(getattr(scheduler, "pcp_world_size", 1) or 1)
+    )
+    sizes = []
+    for group in scheduler.kv_cache_config.kv_cache_groups:
+        size = int(getattr(group.kv_cache_spec, "block_size", 0) or scheduler.block_size)
+        sizes.append(size * scale)
+    return sizes
+
+
+def scan_requests(
+    scheduler,
+    requests: Iterable,
+    invalid_block_ids: set[int],
+    num_scheduled_tokens: dict[str, int],
+    marked: set[int],
+    *,
+    evict_blocks: bool,
+) -> tuple[list, int, set[int], list[dict]]:
+    """Find the requests whose externally computed blocks (any group) failed.
+
+    Returns (affected requests, tokens to recompute, blocks to evict, details).
+    Sets ``num_computed_tokens = 0`` on every affected request. ``marked`` is the
+    "already marked" set shared across the scan of async and running requests.
+    """
+    manager = scheduler.kv_cache_manager
+    null_id = manager.block_pool.null_block.block_id
+    sizes = _group_block_sizes(scheduler)
+    affected: list = []
+    total_tokens = 0
+    to_evict: set[int] = set()
+    details: list[dict] = []
+    for request in requests:
+        req_id = request.request_id
+        computed = request.num_computed_tokens - num_scheduled_tokens.get(req_id, 0)
+        if computed <= 0:
+            continue
+        hits: list[dict] = []
+        first_marker = False
+        for group, block_ids in enumerate(manager.get_block_ids(req_id)):
+            size = sizes[group] if group < len(sizes) else scheduler.block_size
+            n_blocks = min(len(block_ids), -(-computed // size))
+            group_evict_from: int | None = None
+            for pos in range(n_blocks):
+                block_id = block_ids[pos]
+                if block_id == null_id or block_id not in invalid_block_ids:
+                    continue
+                shared = block_id in marked
+                hits.append({"group": group, "position": pos, "block": block_id, "shared": shared})
+                if shared:
+                    continue  # marked by an earlier request; this one restarts too
+                marked.add(block_id)
+                first_marker = True
+                if group_evict_from is None:
+                    group_evict_from = pos
+            if evict_blocks and group_evict_from is not None:
+                to_evict.update(b for b in block_ids[group_evict_from:] if b != null_id)
+        if not hits:
+            continue
+        request.num_computed_tokens = 0
+        total_tokens += computed
+        affected.append(request)
+        details.append(
+            {
+                "request_id": req_id,
+                "tokens": computed,
+                "blocks": hits,
+                "shared_only": not first_marker,
+            }
+        )
+    return affected, total_tokens, to_evict, details
+
+
+def handle_multi_group(self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]) -> set[str]:
+    """``Scheduler._handle_invalid_blocks`` for several KV cache groups."""
+    from vllm.logger import init_logger
+    from vllm.v1.request import RequestStatus
+
+    logger = init_logger("vllm.v1.core.sched.scheduler")
+    null_id = self.kv_cache_manager.block_pool.null_block.block_id
+    invalid = {b for b in invalid_block_ids if b != null_id}
+    if not invalid:
+        return set()
+    recompute = bool(self.recompute_kv_load_failures)
+    marked: set[int] = set()
+    holding = getattr(self, "kv_holding_waiting", None)
+    if holding is None:  # older releases
+        holding = getattr(self, "skipped_waiting", ())
+    async_reqs = [r for r in holding if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
+    async_hit, async_tokens, _, async_details = scan_requests(
+        self, async_reqs, invalid, num_scheduled_tokens, marked, evict_blocks=False
+    )
+    sync_hit, sync_tokens, to_evict, sync_details = scan_requests(
+        self, list(self.running), invalid, num_scheduled_tokens, marked, evict_blocks=True
+    )
+    n_requests = len(async_hit) + len(sync_hit)
+    n_tokens = async_tokens + sync_tokens
+    if not n_requests:
+        return set()
+    # A failed block must not be found again through the prefix cache: the
+    # requests that loaded it restart on fresh blocks (both policies).
+    if to_evict:
+        self.kv_cache_manager.evict_blocks(to_evict)
+    async_ids = {r.request_id for r in async_hit}
+    sync_ids = {r.request_id for r in sync_hit}
+    event = {
+        "policy": "recompute" if recompute else "fail",
+        "groups": len(self.kv_cache_config.kv_cache_groups),
+        "requests": n_requests,
+        "tokens": n_tokens,
+        "evicted_blocks": len(to_evict),
+        "details": async_details + sync_details,
+    }
+    if not recompute:
+        failed = async_ids | sync_ids
+        logger.error(
+            "Failing %d request(s) due to KV load failure "
+            "(failure_policy=fail, %d tokens affected). Request IDs: %s",
+            n_requests, n_tokens, failed,
+        )
+        _record({**event, "action": "failed"})
+        return failed
+    now = time.monotonic()
+    for request in async_hit:
+        request.skip_reading_prefix_cache = True
+    for request in sync_hit:
+        request.skip_reading_prefix_cache = True
+        self.running.remove(request)
+        self._preempt_request(request, now)
+    logger.warning(
+        "Recovered from KV load failure: %d request(s) rescheduled (%d tokens affected).",
+        n_requests, n_tokens,
+    )
+    _record({**event, "action": "recomputed"})
+    # async requests are released as failed receives once their transfer ends
+    self.failed_recving_kv_req_ids |= async_ids
+    return sync_ids
+
+
+def _record(event: dict) -> None:
+    # the ledger is best effort; recovery must not depend on it
+    with contextlib.suppress(Exception):
+        record_event("kv_recoveries", event)
+
+
+def wrap(original):
+    @functools.wraps(original)
+    def _handle_invalid_blocks(self, invalid_block_ids, num_scheduled_tokens):
+        if len(self.kv_cache_config.kv_cache_groups) <= 1:
+            return original(self, invalid_block_ids, num_scheduled_tokens)
+        return handle_multi_group(self, invalid_block_ids, num_scheduled_tokens)
+
+    setattr(_handle_invalid_blocks, MARK, True)
+    return _handle_invalid_blocks
+
+
+def apply() -> Outcome:
+    from vllm.v1.core.sched import scheduler as sched_mod
+
+    cls = sched_mod.Scheduler
+    current = getattr(cls, "_handle_invalid_blocks", None)
+    if current is not None and getattr(current, MARK, False):
+        return Outcome(APPLIED, "already applied in this process")
+    handled, why = upstream_handles_multi_group(cls)
+    if handled is None:
+        return Outcome(SKIPPED, why)
+    if handled:
+        return Outcome(UPSTREAM, why)
+    ORIGINALS["_handle_invalid_blocks"] = current
+    cls._handle_invalid_blocks = wrap(current)
+    return Outcome(APPLIED, f"multi-group KV load failures recompute from the start ({why})")
+
+
+def revert() -> None:
+    """Undo :func:`apply` in this process (tests)."""
+    from vllm.v1.core.sched import scheduler as sched_mod
+
+    original = ORIGINALS.pop("_handle_invalid_blocks", None)
+    if original is not None:
+        sched_mod.Scheduler._handle_invalid_blocks = original
+
+
+PATCH = Patch(
+    name="kv_hybrid_recompute",
+    target="vllm.v1.core.sched.scheduler.Scheduler._handle_invalid_blocks",
+    versions="vLLM < PR 50388 (0.32 raises RuntimeError; <= 0.31 ValueError)",
+    reason="PR 50388 / issues 45474, 50687: one failed KV block load on a hybrid "
+    "model killed the EngineCore; affected requests now recompute from the start",
+    apply=apply,
+    roles=("engine_core",),
+)
