@@ -1,0 +1,454 @@
+"""Engram host tables as they exist on this node: /dev/shm files and live mappings.
+
+One :func:`inspect` call reads once and returns a frozen :class:`InspectSnapshot`:
+
+- files named ``vllm_engram_*`` in /dev/shm, and mappings of such files held by live
+  processes (``/proc/PID/maps``), including unlinked "(deleted)" ones;
+- mappings grouped per table by device + inode (a file and its mappings are one table);
+- per mapping process: RSS and PSS of that mapping from ``/proc/PID/smaps`` (PSS ≈
+  size / N when N processes really share one copy);
+- fill verification: the table is read with ``pread`` (never mapped, so inspect adds no
+  mapping and never faults in holes) from the linked file, else through
+  ``/proc/PID/map_files/<range>`` (the deleted file itself; needs CAP_SYS_ADMIN), else
+  through ``/proc/PID/mem`` at the mapping's address (needs ptrace access).
+  Bytes are compared in 4 MiB chunks with memcmp (``bytearray == bytes``); numpy locates
+  the first differing byte only when a chunk differs.
+
+A process that exits mid-scan or denies access becomes a field with a reason (and the
+next mapping process is tried), never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opsctl.collectors import shm
+from opsctl.domain import engram as dom
+
+CHUNK = 4 * 1024 * 1024
+_PATTERNS: dict[int, Any] = {}
+_LIBC: Any = None
+
+
+def _pattern(value: int) -> Any:
+    """CHUNK bytes of ``value`` (a ctypes buffer: compares as bytes, has an address)."""
+    if value not in _PATTERNS:
+        _PATTERNS[value] = ctypes.create_string_buffer(bytes([value]) * CHUNK, CHUNK)
+    return _PATTERNS[value]
+
+
+def _memcmp() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None)
+        libc.memcmp.restype = ctypes.c_int
+        libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+        _LIBC = libc.memcmp
+    return _LIBC
+
+
+@dataclass(frozen=True, slots=True)
+class MapperInfo:
+    pid: int
+    name: str
+    ranges: tuple[tuple[int, int, int], ...]  # (start, end, file offset)
+    perms: str
+    deleted: bool
+    rss: int | None  # bytes, summed over this process's mappings of the table
+    pss: int | None
+    locked: int | None
+    vmflags: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    status: str  # constant | mismatch | skipped | denied | error
+    mode: str
+    access: str | None = None  # file | map_files | mem
+    bytes_checked: int = 0
+    seconds: float = 0.0
+    first_mismatch: dict[str, Any] | None = None
+    reason: str | None = None
+    error: str | None = None
+    hint: str | None = None
+
+    @property
+    def gbps(self) -> float | None:
+        return self.bytes_checked / self.seconds / 1e9 if self.seconds > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TableReport:
+    name: str
+    path: str
+    dev: str  # "major:minor"
+    inode: int
+    linked: bool
+    size: int | None
+    size_source: str  # file | map_files | mapping (page-rounded, inferred) | unknown
+    layout: dom.TableLayout | None
+    mappers: tuple[MapperInfo, ...]
+    verify: VerifyResult
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mappers"] = [asdict(m) for m in self.mappers]
+        d["mapper_pids"] = sorted({m.pid for m in self.mappers})
+        d["verify"] = {**asdict(self.verify), "gbps": self.verify.gbps}
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class InspectSnapshot:
+    taken_at: float
+    prefix: str
+    tables: tuple[TableReport, ...]
+    capacity: shm.ShmCapacity
+    scan_errors: tuple[tuple[int, str], ...]
+    symlinks: tuple[str, ...] = field(default_factory=tuple)
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _devkey_from_st(st_dev: int) -> tuple[int, int]:
+    return os.major(st_dev), os.minor(st_dev)
+
+
+def _devkey_from_maps(dev: str) -> tuple[int, int]:
+    major, minor = dev.split(":")
+    return int(major, 16), int(minor, 16)
+
+
+def read_smaps(pid: int, starts: set[int]) -> dict[int, dict[str, Any]]:
+    """Rss/Pss/Locked (bytes) and VmFlags of the mappings of ``pid`` starting at ``starts``."""
+    out: dict[int, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
+    with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            head = line.split(maxsplit=1)[0] if line.strip() else ""
+            if "-" in head and not head.endswith(":"):
+                start = int(head.split("-")[0], 16)
+                cur = out.setdefault(start, {}) if start in starts else None
+                continue
+            if cur is None:
+                continue
+            key, _, rest = line.partition(":")
+            if key == "VmFlags":
+                cur["vmflags"] = rest.strip()
+            elif key in ("Rss", "Pss", "Locked", "Swap"):
+                cur[key.lower()] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _process_name(pid: int) -> str:
+    try:
+        import psutil
+
+        return psutil.Process(pid).name()
+    except Exception:
+        return "?"
+
+
+def _mappers(pid: int, maps: list[shm.Mapping]) -> MapperInfo:
+    name = _process_name(pid)
+    ranges = tuple((m.start, m.end, m.offset) for m in maps)
+    try:
+        sm = read_smaps(pid, {m.start for m in maps})
+    except (FileNotFoundError, ProcessLookupError):
+        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
+                          "process exited during scan")
+    except PermissionError as exc:
+        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
+                          f"permission denied reading /proc/{pid}/smaps: {exc.strerror}")
+    except OSError as exc:
+        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
+                          f"cannot read /proc/{pid}/smaps: {exc}")
+    if not sm:  # maps said it was there, smaps no longer: unmapped or exited in between
+        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
+                          "mapping went away during scan")
+
+    def total(key: str) -> int | None:
+        vals = [v[key] for v in sm.values() if key in v]
+        return sum(vals) if vals else None
+
+    flags = next((v.get("vmflags") for v in sm.values() if v.get("vmflags")), None)
+    return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, total("rss"), total("pss"),
+                      total("locked"), flags)
+
+
+# ---- readers ---------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads a table: ``base`` is added to table offsets (mem: the mapping address).
+
+    For a file descriptor of the table itself (file, map_files) whose pages are all
+    allocated, the table is also mapped read-only so chunks compare in place (libc
+    memcmp, no copy: ~1.7x the pread path here); a sparse file is only read with pread,
+    which does not allocate its holes as a page fault would."""
+
+    def __init__(self, fd: int, access: str, base: int = 0) -> None:
+        self.fd, self.access, self.base = fd, access, base
+        self.mm: mmap.mmap | None = None
+        self.addr = 0
+        if access != "mem":
+            st = os.fstat(fd)
+            if st.st_size > 0 and st.st_blocks * 512 >= st.st_size:
+                self.mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                self.arr = np.frombuffer(self.mm, dtype=np.uint8)
+                self.addr = self.arr.ctypes.data
+                self.size = st.st_size
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        return os.preadv(self.fd, [buf], self.base + offset)
+
+    def close(self) -> None:
+        if self.mm is not None:
+            del self.arr
+            self.mm.close()
+        os.close(self.fd)
+
+
+ACCESS = ("file", "map_files", "mem")
+
+
+def _open_readers(table_path: str, linked: bool, devkey: tuple[int, int], inode: int,
+                  mappers: tuple[MapperInfo, ...], size: int | None,
+                  access: tuple[str, ...] = ACCESS) -> Iterator[_Reader | Exception]:
+    """Candidate readers, best first; an exception in place of a reader says why one failed."""
+    if linked and "file" in access:
+        try:
+            fd = os.open(table_path, os.O_RDONLY | os.O_NOFOLLOW)
+            st = os.fstat(fd)
+            if (_devkey_from_st(st.st_dev), st.st_ino) != (devkey, inode):
+                os.close(fd)
+                yield FileNotFoundError(f"{table_path} was replaced during the scan")
+            else:
+                yield _Reader(fd, "file")
+        except OSError as exc:
+            yield exc
+    for m in mappers:
+        for start, end, offset in m.ranges:
+            if "map_files" in access:
+                try:
+                    fd = os.open(f"/proc/{m.pid}/map_files/{start:x}-{end:x}", os.O_RDONLY)
+                    yield _Reader(fd, "map_files")
+                    continue
+                except OSError as exc:
+                    yield exc
+            if "mem" not in access or offset != 0 or (size is not None and end - start < size):
+                continue  # /proc/PID/mem needs the whole table in this one mapping
+            try:
+                fd = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
+                yield _Reader(fd, "mem", base=start)
+            except OSError as exc:
+                yield exc
+
+
+def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
+    """Compare every byte of ``regions`` with its constant. Returns (bytes checked,
+    first mismatch or None). Raises OSError when the reader fails."""
+    if reader.mm is not None:
+        return _check_mapped(reader, regions)
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    checked = 0
+    for region in regions:
+        pattern = _pattern(region.value).raw
+        off = region.start
+        while off < region.end:
+            want = min(CHUNK, region.end - off)
+            n = reader.readinto(view[:want] if want < CHUNK else view, off)
+            if n <= 0:
+                raise OSError(f"table ends at byte {off}, expected {region.end}")
+            idx = None if (n == CHUNK and buf == pattern) else dom.first_mismatch(view[:n], region.value)
+            if idx is not None:
+                return checked + idx + 1, {
+                    "offset": off + idx, "value": buf[idx], "expected": region.value, "region": region.name,
+                }
+            checked += n
+            off += n
+    return checked, None
+
+
+def _check_mapped(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
+    memcmp = _memcmp()
+    checked = 0
+    for region in regions:
+        if region.end > reader.size:
+            raise OSError(f"table ends at byte {reader.size}, expected {region.end}")
+        pattern = _pattern(region.value)
+        paddr = ctypes.addressof(pattern)
+        for off in range(region.start, region.end, CHUNK):
+            n = min(CHUNK, region.end - off)
+            if memcmp(reader.addr + off, paddr, n) != 0:
+                idx = dom.first_mismatch(reader.arr[off:off + n], region.value)
+                assert idx is not None
+                return checked + idx + 1, {
+                    "offset": off + idx, "value": int(reader.arr[off + idx]), "expected": region.value,
+                    "region": region.name,
+                }
+            checked += n
+    return checked, None
+
+
+def verify_table(path: str, linked: bool, devkey: tuple[int, int], inode: int,
+                 mappers: tuple[MapperInfo, ...], size: int | None,
+                 layout: dom.TableLayout | None, mode: str,
+                 access: tuple[str, ...] = ACCESS) -> VerifyResult:
+    if mode == "none":
+        return VerifyResult("skipped", mode, reason=None)
+    if layout is None:
+        why = "table size not known" if size is None else "size does not match an Engram layout"
+        return VerifyResult("skipped", mode, reason=why)
+    regions = dom.verify_plan(layout, mode)
+    failures: list[Exception] = []
+    for cand in _open_readers(path, linked, devkey, inode, mappers, size, access):
+        if isinstance(cand, Exception):
+            failures.append(cand)
+            continue
+        started = time.perf_counter()
+        try:
+            checked, mismatch = check_regions(cand, regions)
+        except OSError as exc:  # process exited mid-read, or the file went away: next reader
+            failures.append(exc)
+            continue
+        finally:
+            cand.close()
+        secs = time.perf_counter() - started
+        status = "mismatch" if mismatch else "constant"
+        return VerifyResult(status, mode, cand.access, checked, secs, mismatch)
+    denied = [f for f in failures if isinstance(f, PermissionError)]
+    if denied:
+        return VerifyResult(
+            "denied", mode, error=f"permission denied: {denied[0]}",
+            hint="run as root (opening /proc/PID/map_files needs CAP_SYS_ADMIN; /proc/PID/mem "
+                 "needs ptrace access to the vLLM process) or as the user that runs vLLM",
+        )
+    if not failures or all(isinstance(f, FileNotFoundError | ProcessLookupError) for f in failures):
+        return VerifyResult("skipped", mode, reason="every process mapping it exited during the scan")
+    return VerifyResult("error", mode, error=str(failures[-1]))
+
+
+# ---- inspect ---------------------------------------------------------------------------------
+
+
+def _exact_size(mappers: tuple[MapperInfo, ...]) -> int | None:
+    for m in mappers:
+        for start, end, _off in m.ranges:
+            with contextlib.suppress(OSError):
+                return os.stat(f"/proc/{m.pid}/map_files/{start:x}-{end:x}").st_size
+    return None
+
+
+def inspect(pids: list[int] | None = None, verify: str = "sample", prefix: str = dom.PREFIX,
+            root: Path = shm.SHM, progress: Progress | None = None,
+            access: tuple[str, ...] = ACCESS) -> InspectSnapshot:
+    """Find, measure and verify every Engram table visible from here (see module doc)."""
+    if verify not in dom.VERIFY_MODES:
+        raise ValueError(f"verify must be one of {dom.VERIFY_MODES}")
+    notify = progress or (lambda _stage, _data: None)
+    files = shm.list_files(root, prefix)
+    symlinks = tuple(f.name for f in files if f.is_symlink)
+    files = [f for f in files if not f.is_symlink]
+    scan = shm.scan_mappings(pids, path_prefix=f"{root}/{prefix}")
+    notify("maps", {"mappings": len(scan.mappings), "files": len(files)})
+
+    groups: dict[tuple[tuple[int, int], int], dict[int, list[shm.Mapping]]] = {}
+    for m in scan.mappings:
+        groups.setdefault((_devkey_from_maps(m.dev), m.inode), {}).setdefault(m.pid, []).append(m)
+    by_key = {(_devkey_from_st(f.dev), f.inode): f for f in files}
+    keys = list(dict.fromkeys([*by_key, *groups]))
+
+    tables: list[TableReport] = []
+    for key in keys:
+        devkey, inode = key
+        f = by_key.get(key)
+        mappers = tuple(_mappers(pid, maps) for pid, maps in sorted(groups.get(key, {}).items()))
+        any_map = next((m for maps in groups.get(key, {}).values() for m in maps), None)
+        path = f.path if f else (any_map.path if any_map else "")
+        linked = f is not None
+        if f is not None:
+            size, source = f.size, "file"
+        else:
+            size, source = _exact_size(mappers), "map_files"
+            if size is None and any_map is not None:
+                size, source = dom.size_from_mapping(any_map.end - any_map.start + any_map.offset), "mapping"
+            if size is None:
+                source = "unknown"
+        layout = dom.split_table(size) if size else None
+        name = os.path.basename(path)
+        notify("verify", {"table": name, "size": size, "mode": verify})
+        result = verify_table(path, linked, devkey, inode, mappers, size, layout, verify, access)
+        tables.append(TableReport(name, path, f"{devkey[0]}:{devkey[1]}", inode, linked, size, source,
+                                  layout, mappers, result))
+    return InspectSnapshot(time.time(), prefix, tuple(tables), shm.capacity(root), scan.errors, symlinks)
+
+
+def snapshot_to_dict(snap: InspectSnapshot) -> dict[str, Any]:
+    return {
+        "taken_at": snap.taken_at,
+        "prefix": snap.prefix,
+        "shm": asdict(snap.capacity),
+        "tables": [t.to_dict() for t in snap.tables],
+        "scan_errors": [{"pid": pid, "reason": reason} for pid, reason in snap.scan_errors],
+        "ignored_symlinks": list(snap.symlinks),
+    }
+
+
+# ---- clean -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    name: str
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class CleanScan:
+    orphans: tuple[Orphan, ...]
+    mapped: tuple[str, ...]  # files some live process maps
+    symlinks: tuple[str, ...]
+    denied_pids: tuple[int, ...]  # processes whose maps could not be read
+
+
+def find_orphans(prefix: str = dom.PREFIX, root: Path = shm.SHM) -> CleanScan:
+    """Files ``<root>/<prefix>*`` that no live process maps (by device + inode and by path)."""
+    files = shm.list_files(root, prefix)
+    scan = shm.scan_mappings(None, path_prefix=f"{root}/{prefix}")
+    keys = {(_devkey_from_maps(m.dev), m.inode) for m in scan.mappings}
+    paths = {m.path for m in scan.mappings if not m.deleted}
+    orphans, mapped, links = [], [], []
+    for f in files:
+        if f.is_symlink:
+            links.append(f.name)
+        elif (_devkey_from_st(f.dev), f.inode) in keys or f.path in paths:
+            mapped.append(f.name)
+        else:
+            orphans.append(Orphan(f.name, f.path, f.size, f.mtime))
+    denied = tuple(pid for pid, reason in scan.errors if "permission" in reason)
+    return CleanScan(tuple(orphans), tuple(mapped), tuple(links), denied)
+
+
+def remove_orphans(names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM) -> tuple[list[str], list[str]]:
+    """Remove orphans, re-checking each right before (shm.remove_unmapped rescans mappings
+    and refuses symlinks, non-regular files and anything mapped). Returns (removed, kept)."""
+    wanted = {n for n in names if n.startswith(prefix) and "/" not in n}
+    again = {o.name for o in find_orphans(prefix, root).orphans}
+    removed, kept = shm.remove_unmapped(wanted & again, root)
+    return removed, sorted([*kept, *(wanted - again)])

@@ -1,0 +1,122 @@
+"""Real Engram-style shared tables for tests, built exactly as vLLM builds them
+(``DPSharedEngramStorage._allocate``): a file ``/dev/shm/vllm_engram_<unique>``,
+ftruncate to ``rows*dim + rows*dim/B``, mmap MAP_SHARED, constant fill (weights 0x38 =
+fp8 e4m3 1.0, scales 127 = ue8m0 1.0), N real processes that map it and touch every
+page, then the creator unlinks it so the table lives on only as "(deleted)" mappings.
+
+Everything is torn down in ``close()`` (children stopped, file removed); use
+:func:`shared_table` as a context manager so a failing test still cleans up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SHM = "/dev/shm"
+PREFIX = "vllm_engram_"
+
+CHILD = r"""
+import mmap, os, sys
+import numpy as np
+fd = os.open(sys.argv[1], os.O_RDWR)
+size = os.fstat(fd).st_size
+mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+os.close(fd)
+a = np.frombuffer(mm, dtype=np.uint8)
+touched = int(a[::mmap.PAGESIZE].astype(np.int64).sum()) + int(a[-1])  # fault in every page
+print("ready", os.getpid(), touched, flush=True)
+sys.stdin.readline()
+"""
+
+
+def unique_prefix(tag: str = "t") -> str:
+    """A per-test prefix, so tests never see (or clean) anyone else's tables."""
+    return f"{PREFIX}{tag}{uuid.uuid4().hex[:10]}_"
+
+
+def fill(path: str, rows: int, dim: int, block: int = 128) -> int:
+    weight = rows * dim
+    total = weight + weight // block
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        mm = mmap.mmap(fd, total, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    arr = np.frombuffer(mm, dtype=np.uint8)
+    arr[:weight] = 0x38
+    arr[weight:] = 127
+    del arr
+    mm.close()
+    return total
+
+
+def write_byte(path: str, offset: int, value: int) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([value]), offset)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Table:
+    path: str
+    total: int
+    weight_bytes: int
+    children: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children if c.poll() is None]
+
+    def spawn(self, n: int) -> None:
+        for _ in range(n):
+            child = subprocess.Popen([sys.executable, "-c", CHILD, self.path], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+            self.children.append(child)
+        for child in self.children[-n:]:
+            line = child.stdout.readline() if child.stdout else ""
+            assert line.startswith("ready"), f"mapper did not start: {line!r}"
+
+    def unlink(self) -> None:
+        os.unlink(self.path)
+
+    def stop(self, child: subprocess.Popen) -> None:
+        with contextlib.suppress(Exception):
+            child.kill()
+        child.wait(10)
+
+    def close(self) -> None:
+        for child in self.children:
+            self.stop(child)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+@contextlib.contextmanager
+def shared_table(prefix: str, *, rows: int = 4096, dim: int = 256, mappers: int = 3,
+                 unlink: bool = True, block: int = 128, suffix: str = "a") -> Iterator[Table]:
+    path = f"{SHM}/{prefix}{suffix}"
+    table = Table(path, 0, rows * dim)
+    try:
+        table.total = fill(path, rows, dim, block)
+        table.spawn(mappers)
+        if unlink:
+            table.unlink()  # the creator (rank 0) unlinks once every rank has mapped it
+        yield table
+    finally:
+        table.close()
