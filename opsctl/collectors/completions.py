@@ -1,0 +1,206 @@
+"""Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
+(BS=1, one request at a time) or all together (BS=N, sent at once from threads released
+by a barrier, so the engine sees them in the same scheduling steps).
+
+Every request is greedy (temperature 0), ``ignore_eos``, asks for ``logprobs`` top
+logprobs with token ids (``return_tokens_as_token_ids``), carries a request id that
+names the run, phase and prompt (``<tag>-p<index>-...``; the engine's batch probe and
+server logs show it) and a unique ``cache_salt`` so no two requests share prefix-cache
+blocks even on a server where prefix caching is on.
+
+Returns frozen :class:`opsctl.domain.invariance.Generated` values; a request error is a
+value with ``error`` set, never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from opsctl.domain.invariance import Generated, TokenKey
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionParams:
+    model: str
+    max_tokens: int
+    logprobs: int
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    generated: Generated
+    seconds: float
+    request_id: str
+
+
+def token_key(raw: str) -> TokenKey:
+    """``"token_id:42"`` -> 42 (vLLM with return_tokens_as_token_ids); else the string."""
+    if raw.startswith(TOKEN_ID_PREFIX):
+        try:
+            return int(raw[len(TOKEN_ID_PREFIX):])
+        except ValueError:
+            return raw
+    return raw
+
+
+def request_body(params: CompletionParams, prompt: str, request_id: str) -> dict:
+    return {
+        "model": params.model,
+        "prompt": prompt,
+        "max_tokens": params.max_tokens,
+        "temperature": 0.0,
+        "logprobs": params.logprobs,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+        "request_id": request_id,
+        "cache_salt": uuid.uuid4().hex,
+        "stream": False,
+    }
+
+
+def parse_response(status: int, payload: object) -> Generated:
+    """A /v1/completions response -> Generated (error set when it is not usable)."""
+    if status != 200:
+        msg = payload.get("error", payload) if isinstance(payload, dict) else payload
+        if isinstance(msg, dict):
+            msg = msg.get("message", msg)
+        return Generated(error=f"HTTP {status}: {str(msg)[:300]}")
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+        return Generated(error="response has no choices list")
+    choices = payload["choices"]
+    if not choices:
+        return Generated(outputs=0)
+    choice = choices[0]
+    lp = choice.get("logprobs") if isinstance(choice, dict) else None
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    if not isinstance(lp, dict):
+        return Generated(finish_reason=finish, outputs=len(choices), has_logprobs=False)
+    tokens = tuple(token_key(str(t)) for t in lp.get("tokens") or [])
+    values = tuple(None if v is None else float(v) for v in lp.get("token_logprobs") or [])
+    tops: list[dict[TokenKey, float] | None] = []
+    for top in lp.get("top_logprobs") or []:
+        tops.append(None if not isinstance(top, dict)
+                    else {token_key(str(k)): float(v) for k, v in top.items() if v is not None})
+    return Generated(tokens, values, tuple(tops), finish, len(choices), None, True)
+
+
+def complete(client: httpx.Client, url: str, params: CompletionParams, prompt: str,
+             request_id: str) -> Timed:
+    t0 = time.perf_counter()
+    try:
+        r = client.post(f"{url}/v1/completions", json=request_body(params, prompt, request_id),
+                        timeout=params.timeout)
+        try:
+            payload: object = r.json()
+        except ValueError:
+            payload = r.text
+        gen = parse_response(r.status_code, payload)
+    except httpx.HTTPError as exc:
+        gen = Generated(error=f"{type(exc).__name__}: {exc}")
+    return Timed(gen, time.perf_counter() - t0, request_id)
+
+
+def request_id(tag: str, index: int) -> str:
+    return f"{tag}-p{index}-{uuid.uuid4().hex[:8]}"
+
+
+def run_alone(url: str, params: CompletionParams, prompts: list[str], tag: str,
+              on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+    """BS=1: one request at a time, in prompt order."""
+    out: list[Timed] = []
+    with httpx.Client() as client:
+        for i, prompt in enumerate(prompts):
+            res = complete(client, url, params, prompt, request_id(tag, i))
+            out.append(res)
+            if on_done:
+                on_done(i, res)
+    return out
+
+
+def run_together(url: str, params: CompletionParams, prompts: list[str], tag: str,
+                 batch_size: int, on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+    """BS=N: prompts in groups of ``batch_size``; each group sent at once from threads
+    released together by a barrier, the next group after the previous one finished."""
+    results: list[Timed | None] = [None] * len(prompts)
+    limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
+    with httpx.Client(limits=limits) as client:
+        for start in range(0, len(prompts), batch_size):
+            group = list(range(start, min(start + batch_size, len(prompts))))
+            barrier = threading.Barrier(len(group))
+
+            def work(i: int, barrier: threading.Barrier = barrier) -> None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait(timeout=30)
+                results[i] = complete(client, url, params, prompts[i], request_id(tag, i))
+                if on_done:
+                    on_done(i, results[i])  # type: ignore[arg-type]
+
+            threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in group]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    return [r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
+            for r in results]
+
+
+class RunningSampler:
+    """Polls vllm:num_requests_running from /metrics in a thread while BS=N runs."""
+
+    def __init__(self, url: str, period: float = 0.02) -> None:
+        self.url = url
+        self.period = period
+        self.samples: list[float] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        from opsctl.collectors.metrics import fetch_metrics
+
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                snap = fetch_metrics(client, self.url)
+                if snap.error:
+                    self.error = snap.error
+                else:
+                    v = snap.get("vllm:num_requests_running")
+                    if v is not None:
+                        self.samples.append(v)
+                self._stop.wait(self.period)
+
+    def __enter__(self) -> RunningSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def served_model(url: str, timeout: float = 5.0) -> str | None:
+    try:
+        with httpx.Client(timeout=timeout) as c:
+            data = c.get(f"{url}/v1/models").json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return str(data[0].get("id")) if data and isinstance(data[0], dict) else None
+
+
+def server_version(url: str, timeout: float = 5.0) -> str | None:
+    try:
+        with httpx.Client(timeout=timeout) as c:
+            r = c.get(f"{url}/version")
+            return str(r.json().get("version")) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
