@@ -55,3 +55,19 @@ def human_bytes(n: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def want_tui(flag: bool | None, as_json: bool = False) -> bool:
+    """Whether to run a dashboard: by default on a terminal (and not with --json). When
+    --tui is asked for without a terminal, say so with the flag for plain output and run
+    plain instead."""
+    interactive = sys.stdout.isatty() and sys.stdin.isatty()
+    if flag is None:
+        return interactive and not as_json
+    if flag and not interactive:
+        warn(
+            "the dashboard needs a terminal (stdin and stdout are not TTYs); running plain. "
+            "hint: use --no-tui or --json for plain output"
+        )
+        return False
+    return flag

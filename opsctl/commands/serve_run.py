@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 
 from opsctl import output
-from opsctl.errors import BadInput, EngineDied
+from opsctl.errors import EngineDied
 from opsctl.exit_codes import ExitCode
 
 
@@ -33,18 +32,6 @@ def _raise_terminate(signum, frame):
     raise _Terminate()
 
 
-def want_tui(flag: bool | None, as_json: bool) -> bool:
-    interactive = sys.stdout.isatty() and sys.stdin.isatty()
-    if flag is None:
-        return interactive and not as_json
-    if flag and not interactive:
-        raise BadInput(
-            "the dashboard needs a terminal (stdin and stdout are not TTYs)",
-            hint="use --no-tui (or --json) for plain output",
-        )
-    return flag
-
-
 def _json_line(event: str, **fields) -> None:
     print(json.dumps(output.document("serve", event=event, **fields), default=str), flush=True)
 
@@ -53,7 +40,7 @@ def run_serve(req: ServeRequest) -> int:
     from opsctl.engine.model import resolve
     from opsctl.engine.server import EngineServer, LaunchOptions
 
-    tui = want_tui(req.tui, req.as_json)
+    tui = output.want_tui(req.tui, req.as_json)
     model = resolve(req.model)
     opts = LaunchOptions(
         model=model, load_format=req.load_format, host=req.host, port=req.port, extra_args=req.extra

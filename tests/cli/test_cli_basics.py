@@ -47,7 +47,6 @@ def test_models_build_into_dir(tmp_path):
         (["serve", "/nonexistent/model/dir", "--no-tui"], "does not exist"),
         (["serve", "--no-tui", "--load-format", "pt"], "--load-format must be one of"),
         (["serve", "--no-tui", "--timeout", "0"], "--timeout must be positive"),
-        (["serve", "--tui"], "needs a terminal"),
         (["status", "not a url"], "not an http(s) URL"),
         (["patches", "--run", "/nonexistent/run"], "does not exist"),
     ],
@@ -94,3 +93,11 @@ def test_status_unreachable_exits_3():
 def test_usage_error_exit_2():
     r = invoke("serve", "--port", "notanumber")
     assert r.exit_code == 2
+
+
+def test_tui_without_terminal_runs_plain_with_a_hint():
+    # --tui under CliRunner (no TTY): a warning naming the plain flag, then the command
+    # goes on plainly (here to the bad model name, which fails as usual)
+    r = invoke("serve", "no-such-model", "--tui")
+    assert "dashboard needs a terminal" in r.stderr and "--no-tui" in r.stderr
+    assert r.exit_code == 2 and "unknown embedded model" in error_lines(r)[0]

@@ -112,13 +112,10 @@ def plain_emitter(title: str):
 
 def run_pipeline(title: str, pipeline, *, tui: bool | None, as_json: bool) -> dict:
     """Run ``pipeline(emit) -> report`` plainly or under the dashboard; return the report."""
-    import sys
 
-    use_tui = bool(tui)
-    if use_tui and not (sys.stdout.isatty() and sys.stdin.isatty()):
-        raise BadInput(
-            "the dashboard needs a terminal", hint="drop --tui (or use --json) for plain output"
-        )
+    from opsctl.output import want_tui
+
+    use_tui = want_tui(bool(tui), as_json) if tui else False
     if not use_tui:
         return pipeline(plain_emitter(title))
     from opsctl.ui.diag_app import DiagApp
