@@ -173,17 +173,21 @@ def table_findings(table: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def scan_findings(scan_errors: list[dict[str, Any]]) -> list[Finding]:
+def scan_findings(scan_errors: list[dict[str, Any]], as_root: bool = False) -> list[Finding]:
     """Processes whose maps could not be read: exits are info, denials a warning + hint."""
     denied = [e for e in scan_errors if "permission" in e["reason"]]
     out = []
     if denied:
+        hint = ("these processes are not dumpable or live in another PID/user namespace; run "
+                "opsctl inside the vLLM container (or with CAP_SYS_PTRACE there)" if as_root else
+                "run as root or as the user that runs vLLM (reading another user's mappings needs "
+                "ptrace access), or pass --pid for the vLLM processes")
+        pids = [e["pid"] for e in denied]
         out.append(Finding(
             WARNING, "engram.permission",
-            f"could not read /proc/PID/maps of {len(denied)} process(es); tables they map may be missing",
-            {"pids": [e["pid"] for e in denied][:50],
-             "hint": "run as root or as the user that runs vLLM (reading another user's mappings "
-                     "needs ptrace access), or pass --pid for the vLLM processes"},
+            f"could not read /proc/PID/maps of {len(denied)} process(es) "
+            f"(pids {', '.join(map(str, pids[:8]))}{', ...' if len(pids) > 8 else ''}); tables they map may be missing",
+            {"pids": pids[:50], "hint": hint},
         ))
     gone = [e for e in scan_errors if "exited" in e["reason"]]
     if gone:
@@ -192,8 +196,9 @@ def scan_findings(scan_errors: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def inspect_findings(tables: list[dict[str, Any]], scan_errors: list[dict[str, Any]]) -> list[Finding]:
-    out = scan_findings(scan_errors)
+def inspect_findings(tables: list[dict[str, Any]], scan_errors: list[dict[str, Any]],
+                     as_root: bool = False) -> list[Finding]:
+    out = scan_findings(scan_errors, as_root)
     if not tables:
         out.append(Finding(INFO, "engram.none", f"no {PREFIX}* tables found (files or mappings)"))
     for t in tables:
