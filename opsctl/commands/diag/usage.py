@@ -1,13 +1,261 @@
-"""`opsctl diag usage` (not yet built)."""
+"""`opsctl diag usage`: verify /score and /rerank ``usage`` against an independent count.
+
+Sends /score and /rerank requests (one and several documents, N:N text pairs, a long
+document, top_n) and compares ``usage.prompt_tokens`` / ``total_tokens`` with the token
+counts of the exact engine inputs, obtained from the server's own /tokenize (and, when
+the model directory is readable here, cross-checked with the same tokenizer call the
+engine makes). Exit 1 on any mismatch. The comparison lives in opsctl.domain.usage.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from opsctl.errors import BadInput
+from opsctl.errors import BadInput, CheckFailed, EngineUnreachable
+
+SCHEMA = "diag.usage"
+
+
+class Api:
+    """The few HTTP calls diag usage makes (I/O only)."""
+
+    def __init__(self, url: str, timeout: float = 60.0) -> None:
+        import httpx
+
+        self.url = url
+        self.client = httpx.Client(timeout=timeout)
+        self.model = ""
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _post(self, path: str, body: dict):
+        import httpx
+
+        try:
+            return self.client.post(f"{self.url}{path}", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(f"POST {path} to {self.url} failed: {type(exc).__name__}: {exc}") from None
+
+    def served_model(self) -> tuple[str, str | None]:
+        import httpx
+
+        try:
+            r = self.client.get(f"{self.url}/v1/models")
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(f"GET /v1/models at {self.url} failed: {type(exc).__name__}") from None
+        if r.status_code != 200:
+            raise BadInput(f"{self.url}/v1/models answered HTTP {r.status_code}; is this a vLLM server?")
+        try:
+            data = r.json()["data"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise BadInput(f"{self.url}/v1/models returned no model") from None
+        self.model = str(data.get("id"))
+        return self.model, data.get("root")
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
+        r = self._post("/tokenize", {"model": self.model, "prompt": text,
+                                     "add_special_tokens": add_special_tokens, "return_token_strs": True})
+        if r.status_code != 200:
+            raise CheckFailed(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
+        body = r.json()
+        strs = body.get("token_strs") or [str(t) for t in body.get("tokens", [])]
+        if len(strs) != len(body.get("tokens", strs)):
+            raise CheckFailed("/tokenize returned token_strs and tokens of different lengths")
+        return list(strs)
+
+    def call(self, endpoint: str, body: dict) -> tuple[int, dict]:
+        r = self._post(f"/{endpoint}", body)
+        try:
+            payload = r.json()
+        except ValueError:
+            payload = {"raw": r.text[:300]}
+        return r.status_code, payload if isinstance(payload, dict) else {"raw": payload}
+
+    def supports(self, path: str, body: dict) -> bool:
+        return self._post(path, body).status_code == 200
+
+
+def detect_kind(api: Api, root: str | None, given: str | None, archetype: str | None) -> tuple[str, str]:
+    """(kind, how it was determined)."""
+    import json
+    from pathlib import Path
+
+    from opsctl.domain.usage import BI, CROSS, KINDS
+    from opsctl.engine.model import archetype_of
+
+    if given:
+        return given, "--kind"
+    if archetype in KINDS:
+        return archetype, "embedded model archetype"
+    if root and (Path(root) / "config.json").is_file():
+        try:
+            arch = archetype_of(json.loads((Path(root) / "config.json").read_text()))
+        except (OSError, ValueError):
+            arch = ""
+        if arch in KINDS:
+            return arch, f"config.json under {root}"
+        if arch:
+            raise BadInput(f"the model at {api.url} is a {arch} model; diag usage needs a cross-encoder "
+                           "or a bi-encoder (a model serving /score and /rerank)")
+    if api.supports("/v1/embeddings", {"model": api.model, "input": "probe"}):
+        return BI, "/v1/embeddings answers"
+    if api.supports("/classify", {"model": api.model, "input": "probe"}):
+        return CROSS, "/classify answers"
+    raise BadInput(f"cannot tell whether the model at {api.url} is a cross- or bi-encoder",
+                   hint="pass --kind cross-encoder or --kind bi-encoder")
+
+
+def make_counters(api: Api, kind: str, root: str | None):
+    """count(input) via the server's /tokenize, plus an optional local cross-check."""
+    from pathlib import Path
+
+    from opsctl.domain.usage import CROSS, pair_text, special_affixes
+
+    sep = ""
+    if kind == CROSS:
+        probe = "hello world"
+        prefix, suffix = special_affixes(api.tokenize(probe, True), api.tokenize(probe, False))
+        if len(suffix) != 1:
+            raise CheckFailed(f"cannot infer the pair separator from /tokenize (prefix {prefix}, suffix {suffix})")
+        sep = suffix[0]
+
+    def count(x) -> int:
+        if isinstance(x, tuple):
+            return len(api.tokenize(pair_text(x[0], x[1], sep), True))
+        return len(api.tokenize(x, True))
+
+    local = None
+    if root and (Path(root) / "tokenizer_config.json").is_file():
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(root)
+
+            def local(x) -> int:
+                if isinstance(x, tuple):
+                    return len(tok(text=x[0], text_pair=x[1])["input_ids"])
+                return len(tok(x)["input_ids"])
+        except Exception:  # the cross-check is optional; /tokenize stays the source
+            local = None
+    method = "/tokenize" + (f" of 'query {sep} document'" if sep else " of each text")
+    return count, local, method, sep
+
+
+def run_usage(url: str | None, model: str | None, kind: str | None, load_format: str, emit) -> dict:
+    from opsctl import output
+    from opsctl.commands.diag.common import engine_target
+    from opsctl.domain import usage as U
+    from opsctl.domain.findings import Finding
+
+    archetype = None
+    if model:
+        from opsctl.engine.model import resolve
+
+        resolved = resolve(model)
+        archetype = resolved.archetype
+        if archetype not in U.KINDS:
+            raise BadInput(f"{resolved.name} is a {archetype} model; diag usage needs a cross-encoder or a "
+                           "bi-encoder (e.g. tiny-reranker, tiny-embed)")
+    emit({"title": "diag usage", "phase": "starting engine" if model else f"checking {url}",
+          "columns": U.TABLE_COLUMNS, "rows": []})
+    with engine_target(url, model, load_format=load_format, label="diag-usage") as target:
+        api = Api(target.url)
+        try:
+            name, root = api.served_model()
+            kind_, kind_how = detect_kind(api, root, kind, archetype)
+            status, payload = api.call("score", U.default_cases()[0].body(name))
+            if status == 404:
+                raise BadInput(f"{target.url} has no /score endpoint; is it serving a generative model?",
+                               hint="diag usage needs a cross-encoder or bi-encoder")
+            if status != 200:
+                raise BadInput(f"/score on {target.url} answered HTTP {status}: {str(payload)[:200]}",
+                               hint="diag usage needs a model that serves /score and /rerank")
+            count, local, method, sep = make_counters(api, kind_, root)
+            sample = api.tokenize("the capital of france", False)
+            unk = sum(1 for t in sample if "unk" in t.lower())
+            rows: list[U.UsageRow] = []
+            events = [f"model {name}: {kind_} ({kind_how}); expected counts from {method}"]
+            for case in U.default_cases():
+                status, payload = api.call(case.endpoint, case.body(name))
+                if status != 200:
+                    raise CheckFailed(f"/{case.endpoint} '{case.name}' answered HTTP {status}: {str(payload)[:200]}")
+                results = payload.get("data") if case.endpoint == "score" else payload.get("results")
+                row = U.compare(kind_, case, payload.get("usage"), count, method=method,
+                                cross_count=local, results=len(results) if isinstance(results, list) else None)
+                rows.append(row)
+                events.append(f"{row.endpoint} {case.name}: reported {row.reported_prompt}, expected "
+                              f"{row.expected} -> {row.verdict}")
+                emit({"phase": f"{len(rows)}/{len(U.default_cases())} requests", "columns": U.TABLE_COLUMNS,
+                      "rows": U.table_rows(rows), "events": events[-1:] if len(rows) > 1 else events})
+        finally:
+            api.close()
+        findings = U.findings(rows)
+        if unk == len(sample):
+            findings.append(Finding("warning", "usage.all_unk", "the tokenizer maps a plain sentence to [UNK] only", {}))
+        report = U.UsageReport(kind_, name, target.url, tuple(rows), tuple(findings))
+        verdict = report.verdict
+        emit({"phase": "done", "verdict": verdict, "rows": U.table_rows(rows),
+              "summary": f"{sum(r.verdict == 'pass' for r in rows)}/{len(rows)} match"})
+        output.info(f"usage check on {name} ({kind_}): {verdict}")
+        return output.document(
+            SCHEMA, url=target.url, model=name, kind=kind_, kind_source=kind_how,
+            engine_started=not target.external, run_dir=str(target.run_dir) if target.run_dir else None,
+            pair_separator=sep or None, expected_method=method,
+            local_cross_check=local is not None, rows=[r.to_dict() for r in rows],
+            findings=[f.to_dict() for f in findings], verdict=verdict,
+        )
+
+
+def render(doc: dict):
+    def _render(console) -> None:
+        from rich.table import Table
+
+        from opsctl.domain.usage import TABLE_COLUMNS, UsageRow, table_rows
+
+        rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
+        for endpoint in sorted({r.endpoint for r in rows}):
+            t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
+            for r, cells in zip(rows, table_rows(rows), strict=True):
+                if r.endpoint == endpoint:
+                    v = cells[5]
+                    cells[5] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
+                    t.add_row(*cells[2:])
+            console.print(t)
+        for f in doc["findings"]:
+            console.print(f"{f['severity']:>7}  {f['message']}", highlight=False)
+        colour = "green" if doc["verdict"] == "pass" else "red"
+        console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
+
+    return _render
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("usage", help="(not yet available)")
-    def _cmd() -> None:
-        raise BadInput("opsctl diag usage is not available in this build")
+    @app.command("usage")
+    def usage(
+        url: str | None = typer.Argument(None, help="base URL of a running vLLM server (or use --model)"),
+        model: str | None = typer.Option(None, "--model", help="start this model (embedded name or directory)"),
+        kind: str | None = typer.Option(None, "--kind", help="cross-encoder | bi-encoder (default: detect)"),
+        load_format: str = typer.Option("auto", "--load-format", help="auto (real weights) or dummy"),
+        as_json: bool = typer.Option(False, "--json", help="print the schema-versioned JSON report"),
+        tui: bool = typer.Option(False, "--tui", help="show a live panel while it runs"),
+    ) -> None:
+        """Check /score and /rerank usage.prompt_tokens against the engine inputs (exit 1 on mismatch)."""
+        from opsctl import output
+        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.domain.usage import KINDS
+
+        if kind is not None and kind not in KINDS:
+            raise BadInput(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if load_format not in ("auto", "dummy", "safetensors"):
+            raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+        if not url and not model:
+            raise BadInput("give a server URL or --model NAME", hint="e.g. opsctl diag usage --model tiny-reranker")
+        if url and model:
+            raise BadInput("give either a URL or --model, not both")
+        doc = run_pipeline("diag usage", lambda emit: run_usage(url, model, kind, load_format, emit),
+                           tui=tui, as_json=as_json)
+        output.emit(doc, as_json=as_json, render=render(doc))
+        if doc["verdict"] != "pass":
+            bad = sum(r["verdict"] == "fail" for r in doc["rows"])
+            raise CheckFailed(f"{bad} of {len(doc['rows'])} usage report(s) differ from the engine-input count")

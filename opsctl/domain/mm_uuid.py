@@ -1,0 +1,215 @@
+"""`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged?
+(vLLM PR 56432, docs/upstream.md §4). Pure: no I/O.
+
+With prefix caching off and ``mm_processor_cache_gb=0`` vLLM used to skip content
+hashing and give *every* item a request-local id ``<renderer>-mm-<n>-<modality>-<i>``,
+explicit client UUIDs included; an encoder/consumer pair (EPD) then disagreed on the
+identifier. Now explicit UUIDs are kept and only missing ones get request-local ids.
+With caches on, missing ones get content hashes (same image -> same identifier).
+
+A case is a list of items (one image each; BLIP-2 takes one image per prompt, so every
+item is sent as its own request). An item's ``uuid`` is either a string (explicit; the
+empty string counts: vLLM tests ``is not None``), ``None`` (sent as JSON null) or
+:data:`ABSENT` (no ``uuid`` field).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
+
+ABSENT = "<absent>"
+CACHES_OFF, CACHES_ON = "caches-off", "caches-on"
+REQUEST_LOCAL = re.compile(r"^.+-(?P<modality>[a-z_]+)-(?P<index>\d+)$")
+CONTENT_HASH = re.compile(r"^[0-9a-f]{32,128}$")
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230), "white": (250, 250, 250)}
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    color: str
+    uuid: str | None  # ABSENT: no field
+
+    @property
+    def explicit(self) -> bool:
+        return self.uuid is not None and self.uuid != ABSENT
+
+    @property
+    def sent_as(self) -> str:
+        if self.uuid == ABSENT:
+            return "(no uuid field)"
+        if self.uuid is None:
+            return "null"
+        return repr(self.uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    items: tuple[Item, ...]
+
+
+def default_cases(prefix: str = "opsctl") -> tuple[Case, ...]:
+    return (
+        Case("all explicit", (Item("red", f"{prefix}-all-0"), Item("green", f"{prefix}-all-1"))),
+        Case("some explicit, some None", (Item("red", f"{prefix}-some-0"), Item("green", None))),
+        Case("empty string", (Item("blue", ""),)),
+        Case("no UUIDs", (Item("red", ABSENT), Item("green", ABSENT))),
+    )
+
+
+def reuse_case(prefix: str = "opsctl") -> Case:
+    """The same UUID for two different images, then the second image without a UUID."""
+    u = f"{prefix}-reused"
+    return Case("UUID reused for a different image", (Item("red", u), Item("blue", u), Item("blue", ABSENT)))
+
+
+def classify(identifier: str | None) -> str:
+    if identifier is None:
+        return "missing"
+    if CONTENT_HASH.match(identifier):
+        return "content hash"
+    if REQUEST_LOCAL.match(identifier):
+        return "request-local"
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    mode: str
+    case: str
+    index: int
+    color: str
+    sent: str  # Item.sent_as
+    explicit_uuid: str | None  # the explicit value, None when not explicit
+    identifier: str | None  # what the engine core received (None: no probe record)
+    status: int  # HTTP status of the request
+    output: str | None = None
+    request_id: str | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.explicit_uuid is not None and self.identifier == self.explicit_uuid:
+            return "kept"
+        return classify(self.identifier)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+        d["kind"] = self.kind
+        return d
+
+
+def judge_item(o: Observation) -> tuple[str, str]:
+    """(verdict, why) for one item. Explicit UUIDs must arrive unchanged; missing ones must
+    get a request-local id (caches off) or a content hash (caches on)."""
+    if o.status != 200:
+        return "fail", f"request failed with HTTP {o.status}"
+    if o.identifier is None:
+        return "fail", "the engine-core probe recorded nothing for this item"
+    if o.explicit_uuid is not None:
+        if o.identifier == o.explicit_uuid:
+            return "pass", "explicit UUID kept"
+        return "fail", f"explicit UUID {o.explicit_uuid!r} rewritten to {o.identifier!r}"
+    want = "request-local" if o.mode == CACHES_OFF else "content hash"
+    got = classify(o.identifier)
+    if got == want:
+        return "pass", f"missing UUID -> {want} id"
+    return "fail", f"missing UUID -> {got} id {o.identifier!r}, expected a {want} id"
+
+
+def findings(observations: list[Observation], reuse: list[Observation] | None = None) -> list[Finding]:
+    out: list[Finding] = []
+    for o in observations:
+        v, why = judge_item(o)
+        if v == "fail":
+            code = "mm_uuid.rewritten" if "rewritten" in why else "mm_uuid.unexpected"
+            out.append(Finding(FAIL, code, f"[{o.mode}] {o.case} #{o.index}: {why}", o.to_dict()))
+    # missing UUIDs in one mode must not collide across different requests (caches off)
+    local = [o for o in observations if o.mode == CACHES_OFF and o.explicit_uuid is None and o.identifier]
+    ids = [o.identifier for o in local]
+    if len(ids) != len(set(ids)):
+        out.append(Finding(FAIL, "mm_uuid.collision", "request-local ids repeat across requests", {"ids": ids}))
+    by_mode: dict[str, list[Observation]] = {}
+    for o in observations:
+        by_mode.setdefault(o.mode, []).append(o)
+    for mode, obs in by_mode.items():
+        if all(judge_item(o)[0] == "pass" for o in obs):
+            kept = sum(1 for o in obs if o.kind == "kept")
+            out.append(Finding(OK, "mm_uuid.kept", f"[{mode}] {kept} explicit UUID(s) kept, "
+                               f"{len(obs) - kept} missing one(s) got {'request-local ids' if mode == CACHES_OFF else 'content hashes'}", {}))
+    empty = [o for o in observations if o.explicit_uuid == "" and o.identifier == ""]
+    if empty:
+        out.append(Finding(WARNING, "mm_uuid.empty_string",
+                           "an empty-string UUID is kept as the identifier '' (every item sent with '' "
+                           "shares one identifier)", {"modes": sorted({o.mode for o in empty})}))
+    hashes = [o for o in observations if o.mode == CACHES_ON and o.kind == "content hash"]
+    same_color: dict[str, set[str]] = {}
+    for o in hashes:
+        same_color.setdefault(o.color, set()).add(str(o.identifier))
+    if hashes:
+        stable = all(len(v) == 1 for v in same_color.values())
+        out.append(Finding(INFO, "mm_uuid.content_hash",
+                           f"[caches-on] missing UUIDs got content hashes; same image -> same hash: {stable}",
+                           {"by_image": {k: sorted(v) for k, v in same_color.items()}}))
+    out.extend(reuse_findings(reuse or []))
+    return out
+
+
+def reuse_findings(reuse: list[Observation]) -> list[Finding]:
+    """UUID reused for a different image: vLLM accepts it silently (a warning, not a fail)."""
+    out: list[Finding] = []
+    by_mode: dict[str, list[Observation]] = {}
+    for o in reuse:
+        by_mode.setdefault(o.mode, []).append(o)
+    for mode, obs in by_mode.items():
+        if len(obs) < 3:
+            continue
+        first, second, fresh = obs[0], obs[1], obs[2]
+        if second.status != 200:
+            out.append(Finding(INFO, "mm_uuid.reuse_rejected",
+                               f"[{mode}] reusing UUID {first.explicit_uuid!r} for a different image was rejected "
+                               f"(HTTP {second.status})", {}))
+            continue
+        same_id = first.identifier == second.identifier
+        detail = {"first": first.to_dict(), "second": second.to_dict(), "fresh": fresh.to_dict()}
+        evidence = ""
+        if first.output is not None and second.output is not None and fresh.output is not None:
+            if second.output == first.output and second.output != fresh.output:
+                evidence = ("; the second image's output equals the FIRST image's output, not the output "
+                            "the same image gives without a UUID (stale embeddings served)")
+            elif second.output == fresh.output and first.output != fresh.output:
+                evidence = "; the second image's output matches that image without a UUID (no stale reuse seen)"
+            else:
+                evidence = "; outputs cannot tell whether stale embeddings were used"
+        out.append(Finding(WARNING, "mm_uuid.reuse_accepted",
+                           f"[{mode}] UUID {first.explicit_uuid!r} reused for a different image was accepted "
+                           f"silently (HTTP 200, identifier {'identical' if same_id else 'different'}){evidence}",
+                           detail))
+    return out
+
+
+TABLE_COLUMNS = ["mode", "case", "#", "image", "uuid sent", "identifier at engine core", "kind", "verdict"]
+
+
+def table_rows(observations: list[Observation]) -> list[list[str]]:
+    rows = []
+    for o in observations:
+        v, _ = judge_item(o)
+        rows.append([o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, v.upper()])
+    return rows
+
+
+def reuse_rows(observations: list[Observation]) -> list[list[str]]:
+    return [[o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]
+            for o in observations]
+
+
+def _show(identifier: str | None) -> str:
+    if identifier is None:
+        return "(not recorded)"
+    if identifier == "":
+        return "'' (empty)"
+    return identifier

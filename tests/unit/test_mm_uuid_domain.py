@@ -1,0 +1,94 @@
+"""Unit tests of diag mm-uuid's judgement (opsctl.domain.mm_uuid)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.domain import mm_uuid as D
+
+HASH = "a" * 64
+
+
+def obs(mode, explicit, identifier, *, status=200, color="red", case="c", index=0, output=None) -> D.Observation:
+    sent = repr(explicit) if explicit is not None else "null"
+    return D.Observation(mode, case, index, color, sent, explicit, identifier, status, output)
+
+
+@pytest.mark.parametrize(
+    ("o", "verdict"),
+    [
+        (obs(D.CACHES_OFF, "my-uuid", "my-uuid"), "pass"),
+        (obs(D.CACHES_OFF, "", ""), "pass"),  # empty string is explicit (vLLM: `is not None`)
+        (obs(D.CACHES_OFF, None, "renderer0-mm-3-image-0"), "pass"),
+        (obs(D.CACHES_ON, None, HASH), "pass"),
+        (obs(D.CACHES_ON, "my-uuid", "my-uuid"), "pass"),
+        # the pre-fix behaviour: an explicit UUID replaced by a request-local id
+        (obs(D.CACHES_OFF, "my-uuid", "renderer0-mm-3-image-0"), "fail"),
+        (obs(D.CACHES_OFF, "my-uuid", "my-uuid~rewritten"), "fail"),
+        (obs(D.CACHES_OFF, "", "renderer0-mm-1-image-0"), "fail"),
+        (obs(D.CACHES_OFF, None, HASH), "fail"),  # caches off must not hash
+        (obs(D.CACHES_ON, None, "renderer0-mm-1-image-0"), "fail"),
+        (obs(D.CACHES_OFF, "x", None), "fail"),  # probe saw nothing
+        (obs(D.CACHES_OFF, "x", "x", status=400), "fail"),
+    ],
+)
+def test_judge_item(o, verdict) -> None:
+    assert D.judge_item(o)[0] == verdict
+
+
+def test_classify() -> None:
+    assert D.classify(HASH) == "content hash"
+    assert D.classify("renderer0-mm-12-image-0") == "request-local"
+    assert D.classify("my-uuid~rewritten") == "other"
+    assert D.classify(None) == "missing"
+
+
+def test_default_cases_cover_the_four_semantics() -> None:
+    cases = D.default_cases("p")
+    assert [c.name for c in cases] == ["all explicit", "some explicit, some None", "empty string", "no UUIDs"]
+    assert all(i.explicit for i in cases[0].items)
+    assert [i.explicit for i in cases[1].items] == [True, False] and cases[1].items[1].uuid is None
+    assert cases[2].items[0].uuid == "" and cases[2].items[0].explicit
+    assert all(i.uuid == D.ABSENT and not i.explicit for i in cases[3].items)
+    assert all(i.uuid.startswith("p-") for c in cases[:2] for i in c.items if i.explicit)
+
+
+def test_findings_fail_on_rewrite_and_pass_otherwise() -> None:
+    good = [obs(D.CACHES_OFF, "u1", "u1"), obs(D.CACHES_OFF, None, "r-mm-1-image-0"),
+            obs(D.CACHES_OFF, None, "r-mm-2-image-0"), obs(D.CACHES_ON, None, HASH, color="red"),
+            obs(D.CACHES_ON, None, HASH, color="red")]
+    f = D.findings(good)
+    assert not [x for x in f if x.severity == "fail"]
+    assert {x.code for x in f} >= {"mm_uuid.kept", "mm_uuid.content_hash"}
+    bad = D.findings([*good, obs(D.CACHES_OFF, "u2", "u2~rewritten")])
+    assert [x.code for x in bad if x.severity == "fail"] == ["mm_uuid.rewritten"]
+
+
+def test_request_local_ids_must_not_collide() -> None:
+    f = D.findings([obs(D.CACHES_OFF, None, "r-mm-1-image-0"), obs(D.CACHES_OFF, None, "r-mm-1-image-0")])
+    assert "mm_uuid.collision" in {x.code for x in f if x.severity == "fail"}
+
+
+def test_empty_string_is_a_warning() -> None:
+    f = D.findings([obs(D.CACHES_OFF, "", "")])
+    assert [x.code for x in f if x.severity == "warning"] == ["mm_uuid.empty_string"]
+
+
+def test_reuse_is_a_warning_with_output_evidence() -> None:
+    reuse = [obs(D.CACHES_OFF, "u", "u", color="red", output="A"),
+             obs(D.CACHES_OFF, "u", "u", color="blue", output="A"),
+             obs(D.CACHES_OFF, None, "r-mm-9-image-0", color="blue", output="B")]
+    (f,) = D.reuse_findings(reuse)
+    assert f.severity == "warning" and f.code == "mm_uuid.reuse_accepted" and "stale" in f.message
+    reuse[1] = obs(D.CACHES_OFF, "u", "u", color="blue", output="B")
+    (f,) = D.reuse_findings(reuse)
+    assert "no stale reuse" in f.message
+    rejected = [reuse[0], obs(D.CACHES_OFF, "u", None, status=400), reuse[2]]
+    assert D.reuse_findings(rejected)[0].code == "mm_uuid.reuse_rejected"
+
+
+def test_table_rows() -> None:
+    rows = D.table_rows([obs(D.CACHES_OFF, "", ""), obs(D.CACHES_OFF, "u", None)])
+    assert rows[0][5] == "'' (empty)" and rows[0][-1] == "PASS"
+    assert rows[1][5] == "(not recorded)" and rows[1][-1] == "FAIL"
+    assert len(rows[0]) == len(D.TABLE_COLUMNS)
