@@ -272,7 +272,7 @@ def register(app: typer.Typer) -> None:
                                   help="with --model: which engines to start (caches-off, caches-on)"),
         load_format: str = typer.Option("auto", "--load-format", help="auto (real weights) or dummy"),
         as_json: bool = typer.Option(False, "--json", help="print the schema-versioned JSON report"),
-        tui: bool = typer.Option(False, "--tui", help="show a live panel while it runs"),
+        tui: bool | None = typer.Option(None, "--tui/--no-tui", help="show a live panel while it runs"),
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output

@@ -238,7 +238,7 @@ def register(app: typer.Typer) -> None:
         kind: str | None = typer.Option(None, "--kind", help="cross-encoder | bi-encoder (default: detect)"),
         load_format: str = typer.Option("auto", "--load-format", help="auto (real weights) or dummy"),
         as_json: bool = typer.Option(False, "--json", help="print the schema-versioned JSON report"),
-        tui: bool = typer.Option(False, "--tui", help="show a live panel while it runs"),
+        tui: bool | None = typer.Option(None, "--tui/--no-tui", help="show a live panel while it runs"),
     ) -> None:
         """Check /score and /rerank usage.prompt_tokens against the engine inputs (exit 1 on mismatch)."""
         from opsctl import output
