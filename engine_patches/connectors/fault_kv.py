@@ -1,0 +1,354 @@
+"""``FaultInjectingConnector``: a KV connector that stores and reloads KV for every
+KV cache group and reports chosen loaded blocks as failed.
+
+Load it with ``--kv-transfer-config`` (see :func:`engine_patches.connectors.kv_transfer_config`):
+``{"kv_connector": "FaultInjectingConnector",
+   "kv_connector_module_path": "engine_patches.connectors.fault_kv",
+   "kv_role": "kv_both", "kv_load_failure_policy": "recompute" | "fail",
+   "kv_connector_extra_config": {"storage_path": DIR, "inject": {...InjectionPlan...}}}``
+
+Storage: ``DIR/<prefix key>/g<group>_p<position>.safetensors`` holds one block of
+every layer of that group; ``DIR/<prefix key>/meta.json`` is written last and marks
+the entry complete. The prefix key hashes the block-aligned prompt prefix (all
+prompt tokens but the last, rounded down to whole blocks).
+
+Flow (synchronous, like vLLM's ExampleConnector):
+- scheduler side: a new request whose prefix is stored gets an external hit of the
+  whole prefix; a new request whose prefix is not stored and whose prefix is
+  computed in this step is stored.
+- worker side: ``start_load_kv`` (before the forward) copies the stored blocks into
+  the request's blocks of every group (skipping the null block, i.e. positions that
+  slid out of a sliding window) and applies the injection plan: a chosen block is
+  reported through ``get_block_ids_with_load_errors`` (and, with ``corrupt``, its
+  bytes are overwritten, so a failure that recovery misses shows in the outputs).
+  ``wait_for_save`` (after the forward) copies the computed blocks out.
+
+The injection plan comes from ``inject`` in the extra config and can be replaced
+while the engine runs by writing ``DIR/control.json`` (``{"inject": {...}}``), so
+one engine serves a failure-free round trip and an injected run.
+
+Events (``<run>/events/<kind>.jsonl``): ``kv_injections`` (request id, prefix key,
+group, block, position, epoch), ``kv_transfers`` (store/load per request),
+``kv_connector`` (start-up facts per role).
+
+Implements ``SupportsHMA`` so vLLM keeps the hybrid KV cache manager (several groups).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import safetensors.torch
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from engine_patches.connectors.injection import (
+    NULL_BLOCK_ID,
+    InjectionPlan,
+    prefix_key,
+    prefix_len,
+)
+from engine_patches.registry import record_event
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+
+@dataclass
+class Transfer:
+    req_id: str
+    key: str
+    block_ids: tuple[list[int], ...]
+    first_token: int  # first token whose KV moves
+    n_tokens: int  # one past the last token whose KV moves
+
+    def ranges(self, block_sizes: list[int]) -> list[tuple[int, int]]:
+        """(start, end) block positions per group."""
+        return [(self.first_token // size, self.n_tokens // size) for size in block_sizes]
+
+
+@dataclass
+class FaultKVMetadata(KVConnectorMetadata):
+    loads: list[Transfer] = field(default_factory=list)
+    stores: list[Transfer] = field(default_factory=list)
+
+
+def default_storage_path() -> str:
+    run = os.environ.get("OPSCTL_RUN_DIR")
+    return str(Path(run) / "kv_store") if run else "/tmp/opsctl-kv-store"
+
+
+class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.storage = Path(extra.get("storage_path") or default_storage_path())
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.control_file = Path(extra.get("control_file") or self.storage / "control.json")
+        self.plan = InjectionPlan.from_json(extra.get("inject"))
+        self._control_mtime: float | None = None
+        self.block_size = int(vllm_config.cache_config.block_size)
+        groups = kv_cache_config.kv_cache_groups
+        self.group_block_sizes = [int(getattr(g.kv_cache_spec, "block_size", self.block_size)) for g in groups]
+        self.group_layers = [list(g.layer_names) for g in groups]
+        self.num_blocks = int(kv_cache_config.num_blocks)
+        # scheduler side
+        self._need_load: dict[str, tuple[Request, int]] = {}
+        self._storing: set[str] = set()
+        # worker side
+        self._kv: dict[str, torch.Tensor] = {}
+        self._invalid: set[int] = set()
+        self._lock = threading.Lock()
+        with contextlib.suppress(Exception):
+            record_event(
+                "kv_connector",
+                {
+                    "role": role.name.lower(),
+                    "storage": str(self.storage),
+                    "groups": len(groups),
+                    "group_block_sizes": self.group_block_sizes,
+                    "policy": self._kv_transfer_config.kv_load_failure_policy,
+                    "inject": self.plan.to_json(),
+                },
+            )
+
+    # ---- helpers --------------------------------------------------------------
+    def _prefix(self, token_ids: list[int]) -> tuple[int, str]:
+        size = max(self.group_block_sizes or [self.block_size])
+        n = prefix_len(len(token_ids), size)
+        return n, prefix_key(token_ids[:n]) if n else ""
+
+    def _stored(self, key: str) -> bool:
+        return bool(key) and (self.storage / key / "meta.json").is_file()
+
+    def _positions(self, n_tokens: int, group: int) -> int:
+        size = self.group_block_sizes[group] if group < len(self.group_block_sizes) else self.block_size
+        return n_tokens // size
+
+    # ---- scheduler side ---------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        n, key = self._prefix(list(request.prompt_token_ids or []))
+        if n <= num_computed_tokens or not self._stored(key):
+            return 0, False
+        return n - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
+        if num_external_tokens > 0:
+            self._need_load[request.request_id] = (request, num_external_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        return tuple(range(len(self.group_layers)))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = FaultKVMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            tokens = list(new.prompt_token_ids or [])
+            n, key = self._prefix(tokens)
+            if not n:
+                continue
+            if new.req_id in self._need_load:
+                _req, n_ext = self._need_load.pop(new.req_id)
+                first = new.num_computed_tokens - n_ext
+                meta.loads.append(self._transfer(new.req_id, key, new.block_ids, first, n))
+                continue
+            scheduled = scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            done = new.num_computed_tokens + scheduled >= n
+            if done and key not in self._storing and not self._stored(key):
+                self._storing.add(key)
+                meta.stores.append(self._transfer(new.req_id, key, new.block_ids, 0, n))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id not in self._need_load or req_id not in cached.resumed_req_ids:
+                continue
+            request, n_ext = self._need_load.pop(req_id)
+            n, key = self._prefix(list(request.prompt_token_ids or []))
+            block_ids = cached.new_block_ids[i]
+            if block_ids is None:
+                continue
+            first = cached.num_computed_tokens[i] - n_ext
+            meta.loads.append(self._transfer(req_id, key, block_ids, first, n))
+        self._need_load.clear()
+        # keys whose store was issued are visible on disk from the next step on
+        self._storing = {k for k in self._storing if not self._stored(k)}
+        return meta
+
+    def _transfer(self, req_id: str, key: str, block_ids, first_token: int, n_tokens: int) -> Transfer:
+        return Transfer(req_id, key, tuple(list(b) for b in block_ids), max(0, first_token), n_tokens)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._need_load.pop(request.request_id, None)
+        return False, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._need_load.pop(request.request_id, None)
+        return False, None
+
+    # ---- worker side -------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self._kv = dict(kv_caches)
+        with contextlib.suppress(Exception):
+            shapes = {name: list(t.shape) for name, t in list(self._kv.items())[:2]}
+            record_event("kv_connector", {"role": "worker_kv", "layers": len(self._kv), "shapes": shapes,
+                                          "num_blocks": self.num_blocks})
+
+    def _layer_tensor(self, name: str, forward_context: ForwardContext | None) -> torch.Tensor | None:
+        kv = self._kv.get(name)
+        if kv is None and forward_context is not None:
+            layer = forward_context.no_compile_layers.get(name)
+            kv = getattr(layer, "kv_cache", None)
+            if isinstance(kv, list):  # older releases: one tensor per virtual engine
+                kv = kv[0] if kv else None
+        return kv if isinstance(kv, torch.Tensor) else None
+
+    def _block_view(self, kv: torch.Tensor, block_id: int) -> torch.Tensor:
+        """The memory of one scheduler block of a layer (kernel blocks may be smaller)."""
+        per = max(1, kv.shape[0] // self.num_blocks) if self.num_blocks else 1
+        return kv[block_id * per : (block_id + 1) * per]
+
+    def _refresh_plan(self) -> None:
+        try:
+            mtime = self.control_file.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._control_mtime:
+            return
+        try:
+            data = json.loads(self.control_file.read_text())
+            self.plan = InjectionPlan.from_json(data.get("inject"))
+            self._control_mtime = mtime
+        except (OSError, ValueError) as exc:
+            record_event("kv_connector", {"role": "worker", "control_error": repr(exc)})
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, FaultKVMetadata)
+        if not meta.loads:
+            return
+        self._refresh_plan()
+        for t in meta.loads:
+            self._load_one(t, forward_context)
+
+    def _load_one(self, t: Transfer, forward_context: ForwardContext | None) -> None:
+        folder = self.storage / t.key
+        missing: list[tuple[int, int, int]] = []
+        loaded = 0
+        ranges = t.ranges(self.group_block_sizes)
+        for group, ids in enumerate(t.block_ids):
+            start, end = ranges[group]
+            for pos in range(start, min(end, len(ids))):
+                block = ids[pos]
+                if block == NULL_BLOCK_ID:
+                    continue
+                path = folder / f"g{group}_p{pos}.safetensors"
+                try:
+                    stored = safetensors.torch.load_file(str(path))
+                except (OSError, ValueError):
+                    missing.append((group, pos, block))
+                    continue
+                for name in self.group_layers[group]:
+                    kv = self._layer_tensor(name, forward_context)
+                    if kv is None or name not in stored:
+                        continue
+                    self._block_view(kv, block).copy_(stored[name].to(kv.device, kv.dtype))
+                loaded += 1
+        chosen = self.plan.select(t.key, t.req_id, t.block_ids, ranges)
+        with self._lock:
+            self._invalid.update(b for _g, _p, b in missing)
+            if not self.plan.silent:
+                self._invalid.update(b for _g, _p, b in chosen)
+        for group, pos, block in chosen:
+            if self.plan.corrupt or self.plan.silent:
+                self._corrupt(group, block, forward_context)
+            record_event(
+                "kv_injections",
+                {"request_id": t.req_id, "key": t.key, "group": group, "block": block,
+                 "position": pos, "epoch": self.plan.epoch, "reported": not self.plan.silent,
+                 "corrupted": self.plan.corrupt or self.plan.silent},
+            )
+        record_event(
+            "kv_transfers",
+            {"op": "load", "request_id": t.req_id, "key": t.key, "blocks": loaded,
+             "missing": len(missing), "injected": len(chosen), "epoch": self.plan.epoch},
+        )
+
+    def _corrupt(self, group: int, block: int, forward_context: ForwardContext | None) -> None:
+        gen = torch.Generator().manual_seed(int(self.plan.seed) * 1_000_003 + block)
+        for name in self.group_layers[group]:
+            kv = self._layer_tensor(name, forward_context)
+            if kv is None:
+                continue
+            view = self._block_view(kv, block)
+            noise = torch.randn(view.shape, generator=gen, dtype=torch.float32) * 4.0
+            view.copy_(noise.to(view.device, view.dtype))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # stores happen once per step in wait_for_save, every layer at once
+
+    def wait_for_save(self):
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, FaultKVMetadata):
+            return
+        for t in meta.stores:
+            self._store_one(t)
+
+    def _store_one(self, t: Transfer) -> None:
+        folder = self.storage / t.key
+        if (folder / "meta.json").is_file():
+            return
+        tmp = self.storage / f".{t.key}.{os.getpid()}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        stored = 0
+        ranges = t.ranges(self.group_block_sizes)
+        for group, ids in enumerate(t.block_ids):
+            start, end = ranges[group]
+            for pos in range(start, min(end, len(ids))):
+                block = ids[pos]
+                if block == NULL_BLOCK_ID:
+                    continue
+                tensors = {}
+                for name in self.group_layers[group]:
+                    kv = self._layer_tensor(name, None)
+                    if kv is not None:
+                        tensors[name] = self._block_view(kv, block).detach().to("cpu").clone().contiguous()
+                safetensors.torch.save_file(tensors, str(tmp / f"g{group}_p{pos}.safetensors"))
+                stored += 1
+        (tmp / "meta.json").write_text(
+            json.dumps({"key": t.key, "tokens": t.n_tokens, "groups": len(t.block_ids),
+                        "block_sizes": self.group_block_sizes})
+        )
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another writer won the race; its copy is as good
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        record_event("kv_transfers", {"op": "store", "request_id": t.req_id, "key": t.key, "blocks": stored,
+                                      "epoch": self.plan.epoch})
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        with self._lock:
+            out, self._invalid = self._invalid, set()
+        return out
