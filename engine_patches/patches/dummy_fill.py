@@ -28,7 +28,9 @@ def upstream_status() -> tuple[bool, bool]:
     fill_src = inspect.getsource(weight_utils.initialize_single_dummy_weight)
     load_src = inspect.getsource(dummy_loader.DummyModelLoader.load_weights)
     has_fill = "dummy_weight_value" in fill_src
-    fill_before_float = has_fill and fill_src.index("dummy_weight_value") < fill_src.index("is_floating_point")
+    # No float check at all (e.g. a wrapper) counts as "before" it.
+    float_at = fill_src.find("is_floating_point")
+    fill_before_float = has_fill and (float_at < 0 or fill_src.index("dummy_weight_value") < float_at)
     return fill_before_float, not calls_state_dict(load_src)
 
 
@@ -72,22 +74,24 @@ def single_visit_load_weights(self, model, model_config) -> None:
 def apply() -> Outcome:
     from vllm.model_executor.model_loader import dummy_loader, weight_utils
 
+    if ORIGINALS:  # applied earlier in this process (vLLM may call plugins more than once)
+        return Outcome(APPLIED, "already applied in this process: " + ", ".join(sorted(ORIGINALS)))
     fill_up, visit_up = upstream_status()
     if fill_up and visit_up:
         return Outcome(UPSTREAM, "constant fill before float check and single-visit init present")
     done = []
-    if not fill_up and "fill" not in ORIGINALS:
+    if not fill_up:
         ORIGINALS["fill"] = weight_utils.initialize_single_dummy_weight
         wrapped = constant_fill_init(weight_utils.initialize_single_dummy_weight)
         weight_utils.initialize_single_dummy_weight = wrapped
         if hasattr(dummy_loader, "initialize_single_dummy_weight"):
             dummy_loader.initialize_single_dummy_weight = wrapped
         done.append("constant fill")
-    if not visit_up and "load" not in ORIGINALS:
+    if not visit_up:
         ORIGINALS["load"] = dummy_loader.DummyModelLoader.load_weights
         dummy_loader.DummyModelLoader.load_weights = single_visit_load_weights
         done.append("single-visit init")
-    return Outcome(APPLIED, ", ".join(done) or "already applied in this process")
+    return Outcome(APPLIED, ", ".join(done))
 
 
 def undo() -> None:
