@@ -32,27 +32,44 @@ EXTRA_CORPUS = [
     "How do I reset my password? Open the settings page and choose a new password.",
     "Token usage counts the prompt tokens the engine processed for every request.",
     "A reranker scores each document against the query; an embedding model compares vectors.",
+    # the long document of `opsctl diag usage` (opsctl.domain.usage.LONG_DOC), so that it
+    # tokenizes into words and stays well inside max_model_len as a (query, document) pair
+    "Operators of large deployments run many replicas behind a proxy. Each replica serves a "
+    "reranker that scores documents against a query, and the proxy bills every request by the "
+    "prompt tokens the engine reports. When the reported usage drifts from what the engine "
+    "really processed, invoices and rate limits drift with it, so the count must come from the "
+    "exact inputs the engine received: the query and the document joined for a cross encoder, "
+    "every text once for an embedding model. This long document exists to make that "
+    "difference visible.",
 ]
 
 
-def write_wordpiece_tokenizer(out: Path, vocab_size: int = 512) -> int:
-    """Train a lower-casing WordPiece tokenizer on the fixed corpus; returns vocab size."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+def wordpiece_vocab(texts: list[str], pre_tokenize) -> dict[str, int]:
+    """A deterministic WordPiece vocabulary: specials, every character (alone and as a
+    ``##`` continuation), then every corpus word by frequency, ties alphabetical.
+    (``tokenizers``' WordPieceTrainer breaks ties differently from run to run.)"""
+    from collections import Counter
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    words: Counter[str] = Counter()
+    for text in texts:
+        words.update(w for w, _ in pre_tokenize(text.lower()))
+    chars = sorted({c for w in words for c in w})
+    vocab = list(SPECIALS) + chars + [f"##{c}" for c in chars]
+    vocab += [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])) if w not in vocab]
+    return {t: i for i, t in enumerate(vocab)}
+
+
+def write_wordpiece_tokenizer(out: Path) -> int:
+    """Write a lower-casing WordPiece tokenizer for the fixed corpus; returns vocab size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    pre = pre_tokenizers.BertPreTokenizer()
+    vocab = wordpiece_vocab(CORPUS + EXTRA_CORPUS, pre.pre_tokenize_str)
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
-    tok.train_from_iterator(CORPUS + EXTRA_CORPUS, trainer=trainer)
+    tok.add_special_tokens(SPECIALS)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS]:0 $A:0 [SEP]:0",
