@@ -54,7 +54,7 @@ def test_real_weights_load_completely(built, name, auto, archetype) -> None:
     path = built[name]
     cfg = json.loads((path / "config.json").read_text())
     assert archetype_of(cfg) == archetype == catalog.get(name).archetype
-    model, info = getattr(transformers, auto).from_pretrained(str(path), output_loading_info=True)
+    _model, info = getattr(transformers, auto).from_pretrained(str(path), output_loading_info=True)
     assert not any(info.values()), info  # nothing missing, unexpected or mismatched
     from safetensors.numpy import load_file
 

@@ -1,0 +1,109 @@
+"""`opsctl diag mm-uuid` against real vLLM CPU engines (tiny-vlm, BLIP-2). Three engine
+starts in this module:
+
+- the command with ``--model tiny-vlm`` (real seeded weights) starts two engines itself,
+  caches off (prefix caching off, mm_processor_cache_gb 0) and caches on, with the
+  engine-core probe; explicit UUIDs must arrive unchanged in both, missing ones get
+  request-local ids (off) or content hashes (on), and a reused UUID is a warning;
+- one module fixture engine (``--load-format dummy``, caches off) whose probe has the
+  test-only rewrite knob armed for one UUID (``canary-all-0``): a run with the default
+  prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+from opsctl.collectors.ledger import entries, read_events, read_records
+from opsctl.commands.diag.mm_uuid import CACHE_ARGS
+from tests.conftest import running_engine
+
+pytestmark = pytest.mark.engine
+CANARY = "canary-all-0"
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    proc = subprocess.run([sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", "tiny-vlm", "--json"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def rewriting_engine():
+    env = {"OPSCTL_PROBES": "mm_uuid", "OPSCTL_MM_UUID_REWRITE": CANARY}
+    with running_engine("tiny-vlm", load_format="dummy", extra_args=list(CACHE_ARGS["caches-off"]),
+                        env=env) as server:
+        yield server
+
+
+def items(doc: dict, mode: str) -> dict:
+    return {(i["case"], i["index"]): i for i in doc["items"] if i["mode"] == mode}
+
+
+def test_caches_off_keeps_explicit_uuids(report) -> None:
+    assert report["schema"] == "opsctl.diag.mm_uuid/1" and report["verdict"] == "pass"
+    assert [r["mode"] for r in report["runs"]] == ["caches-off", "caches-on"]
+    off = report["runs"][0]
+    assert off["settings"] == {"enable_prefix_caching": False, "mm_processor_cache_gb": 0.0}
+    it = items(report, "caches-off")
+    assert it[("all explicit", 0)]["identifier"] == "opsctl-all-0"
+    assert it[("all explicit", 1)]["identifier"] == "opsctl-all-1"
+    assert it[("some explicit, some None", 0)]["identifier"] == "opsctl-some-0"
+    local = [it[("some explicit, some None", 1)], it[("no UUIDs", 0)], it[("no UUIDs", 1)]]
+    assert all(i["kind"] == "request-local" and i["identifier"].endswith("-image-0") for i in local)
+    assert len({i["identifier"] for i in local}) == 3
+    assert it[("empty string", 0)]["identifier"] == ""  # '' is explicit: kept as is
+    # the probe really ran in the engine core and recorded it in the run directory
+    run_dir = Path(off["run_dir"])
+    probe = [e for e in entries(read_records(run_dir)) if e.name == "mm_uuid_probe"]
+    assert {e.role: e.status for e in probe}["engine_core"] == "applied"
+    recorded = {i["identifier"] for ev in read_events(run_dir, "mm_uuid") for i in ev["items"]}
+    assert {"opsctl-all-0", "opsctl-all-1", "opsctl-some-0", ""} <= recorded
+
+
+def test_caches_on_gives_content_hashes(report) -> None:
+    on = report["runs"][1]
+    assert on["settings"]["enable_prefix_caching"] is True and on["settings"]["mm_processor_cache_gb"] > 0
+    it = items(report, "caches-on")
+    assert it[("all explicit", 0)]["identifier"] == "opsctl-all-0"
+    hashed = [it[("some explicit, some None", 1)], it[("no UUIDs", 0)], it[("no UUIDs", 1)]]
+    assert all(i["kind"] == "content hash" for i in hashed)
+    assert it[("no UUIDs", 1)]["identifier"] == it[("some explicit, some None", 1)]["identifier"]  # both green
+    assert it[("no UUIDs", 0)]["identifier"] != it[("no UUIDs", 1)]["identifier"]  # red != green
+
+
+def test_reused_uuid_is_a_warning(report) -> None:
+    warn = [f for f in report["findings"] if f["code"] == "mm_uuid.reuse_accepted"]
+    assert [f["severity"] for f in warn] == ["warning", "warning"]
+    for mode in ("caches-off", "caches-on"):
+        first, second, fresh = [r for r in report["reuse"] if r["mode"] == mode]
+        assert first["status"] == second["status"] == 200
+        assert first["identifier"] == second["identifier"] == "opsctl-reused"
+        assert fresh["identifier"] != "opsctl-reused"
+    assert {f["code"] for f in report["findings"] if f["severity"] == "fail"} == set()
+
+
+def test_probe_rewrite_is_caught(rewriting_engine) -> None:
+    ok = CliRunner().invoke(app, ["diag", "mm-uuid", rewriting_engine.url, "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["runs"][0]["mode"] == "caches-off"
+    bad = CliRunner().invoke(app, ["diag", "mm-uuid", rewriting_engine.url, "--uuid-prefix", "canary", "--json"])
+    assert bad.exit_code == 1, bad.output
+    doc = json.loads(bad.stdout)
+    it = items(doc, "caches-off")
+    assert it[("all explicit", 0)]["identifier"] == CANARY + "~rewritten"
+    assert it[("all explicit", 0)]["verdict"] == "fail"
+    assert it[("all explicit", 1)]["verdict"] == "pass"  # only the armed UUID was touched
+    assert [f["code"] for f in doc["findings"] if f["severity"] == "fail"] == ["mm_uuid.rewritten"]
+    detail = [e.detail for e in entries(read_records(rewriting_engine.run_dir))
+              if e.name == "mm_uuid_probe" and e.role == "engine_core"]
+    assert detail and "TEST KNOB" in detail[0]
