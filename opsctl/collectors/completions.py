@@ -1,6 +1,7 @@
 """Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
-(BS=1, one request at a time) or all together (BS=N, sent at once from threads released
-by a barrier, so the engine sees them in the same scheduling steps).
+(BS=1, one request at a time) or all together (BS=N): by default one request carrying
+the N prompts (the API server hands them to the engine at once), or N separate requests
+sent at once from threads released by a barrier.
 
 Every request is greedy (temperature 0), ``ignore_eos``, asks for ``logprobs`` top
 logprobs with token ids (``return_tokens_as_token_ids``), carries a request id that
@@ -129,8 +130,10 @@ def run_alone(url: str, params: CompletionParams, prompts: list[str], tag: str,
 
 def run_together(url: str, params: CompletionParams, prompts: list[str], tag: str,
                  batch_size: int, on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
-    """BS=N: prompts in groups of ``batch_size``; each group sent at once from threads
-    released together by a barrier, the next group after the previous one finished."""
+    """BS=N as separate requests: groups of ``batch_size`` sent at once from threads
+    released together by a barrier, the next group after the previous one finished.
+    Closer to real traffic, but a busy API server may hand some of them to the engine
+    after the others finished (the batch probe shows it)."""
     results: list[Timed | None] = [None] * len(prompts)
     limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
     with httpx.Client(limits=limits) as client:
@@ -152,6 +155,53 @@ def run_together(url: str, params: CompletionParams, prompts: list[str], tag: st
                 t.join()
     return [r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
             for r in results]
+
+
+def group_request_id(tag: str, start: int) -> str:
+    return f"{tag}-g{start}-{uuid.uuid4().hex[:8]}"
+
+
+def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
+    """A multi-prompt /v1/completions response -> one Generated per prompt (by choice
+    index); a prompt without its choice gets ``outputs=0`` (fail closed)."""
+    if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+        err = parse_response(status, payload)
+        return [err] * n
+    by_index: dict[int, list[dict]] = {}
+    for pos, choice in enumerate(payload["choices"]):
+        idx = choice.get("index", pos) if isinstance(choice, dict) else pos
+        by_index.setdefault(int(idx), []).append(choice)
+    return [parse_response(200, {"choices": by_index.get(i, [])}) for i in range(n)]
+
+
+def run_together_list(url: str, params: CompletionParams, prompts: list[str], tag: str,
+                      batch_size: int, on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+    """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
+    so the API server hands all of them to the engine at once. Engine request ids are
+    ``cmpl-<tag>-g<start>-<hex8>-<i>-...`` (prompt ``start + i``)."""
+    out: list[Timed] = []
+    with httpx.Client() as client:
+        for start in range(0, len(prompts), batch_size):
+            group = prompts[start:start + batch_size]
+            rid = group_request_id(tag, start)
+            body = {**request_body(params, "", rid), "prompt": group}
+            t0 = time.perf_counter()
+            try:
+                r = client.post(f"{url}/v1/completions", json=body, timeout=params.timeout)
+                try:
+                    payload: object = r.json()
+                except ValueError:
+                    payload = r.text
+                gens = parse_choices(r.status_code, payload, len(group))
+            except httpx.HTTPError as exc:
+                gens = [Generated(error=f"{type(exc).__name__}: {exc}")] * len(group)
+            secs = time.perf_counter() - t0
+            for i, g in enumerate(gens):
+                res = Timed(g, secs, f"{rid}-{i}")
+                out.append(res)
+                if on_done:
+                    on_done(start + i, res)
+    return out
 
 
 class RunningSampler:

@@ -14,6 +14,7 @@ Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,38 +319,70 @@ def _fmt(v: object) -> str:
 # ---- the batch that formed ------------------------------------------------------------
 
 
+def prompt_index(req_id: str, tag: str) -> int | None:
+    """Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
+    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt)."""
+    m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
+    if m:
+        return int(m[1]) + int(m[2])
+    m = re.search(re.escape(tag) + r"-p(\d+)-", req_id)
+    return int(m[1]) if m else None
+
+
 @dataclass(frozen=True, slots=True)
 class BatchEvidence:
-    source: str  # "batch probe" | "metrics (num_requests_running)" | "none"
+    source: str  # "batch probe" | "metrics (...)" | "none"
     max_batch: int | None  # largest number of this run's BS=N requests sampled together
     steps: int = 0  # sampling steps that included this run's BS=N requests
     wanted: int = 0
+    alone: tuple[int, ...] = ()  # prompts never sampled together with another of ours
+    per_prompt: dict[int, int] = field(default_factory=dict)  # prompt -> largest co-batch
 
     @property
     def formed(self) -> bool | None:
         if self.max_batch is None:
             return None
-        return self.max_batch >= 2
+        return self.max_batch >= 2 and not self.alone
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "max_batch": self.max_batch, "steps": self.steps,
-                "wanted": self.wanted, "formed": self.formed}
+                "wanted": self.wanted, "formed": self.formed, "alone": list(self.alone),
+                "per_prompt": {str(k): v for k, v in sorted(self.per_prompt.items())}}
 
 
 def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence | None:
-    """From batch-probe step records: how many of the requests whose id contains ``tag``
-    were sampled in one step. None when no step included them (probe inactive)."""
+    """From batch-probe step records: how many of this run's BS=N requests (ids carrying
+    ``tag``) were sampled in one step, overall and per prompt. None when no step
+    included them (probe not active in that engine)."""
     best, n = 0, 0
+    per_prompt: dict[int, int] = {}
     for s in steps:
         if s.get("event") != "step":
             continue
-        ours = sum(1 for r in s.get("req_ids") or [] if tag in str(r))
-        if ours:
-            n += 1
-            best = max(best, ours)
+        ours = [i for i in (prompt_index(str(r), tag) for r in s.get("req_ids") or []) if i is not None]
+        if not ours:
+            continue
+        n += 1
+        best = max(best, len(ours))
+        for i in ours:
+            per_prompt[i] = max(per_prompt.get(i, 0), len(ours))
     if n == 0:
         return None
-    return BatchEvidence("batch probe", best, n, wanted)
+    alone = tuple(sorted(i for i, k in per_prompt.items() if k < 2))
+    return BatchEvidence("batch probe", best, n, wanted, alone, per_prompt)
+
+
+def shared_steps(steps: list[dict], tag: str) -> int:
+    """Largest batch (any requests) that a BS=1 request of this run was sampled in:
+    above 1 means other traffic shared its steps, so that side was not truly BS=1."""
+    best = 0
+    for s in steps:
+        if s.get("event") != "step":
+            continue
+        ids = [str(r) for r in s.get("req_ids") or []]
+        if any(prompt_index(r, tag) is not None for r in ids):
+            best = max(best, len(ids))
+    return best
 
 
 def batch_from_metrics(running_samples: list[float], wanted: int) -> BatchEvidence:

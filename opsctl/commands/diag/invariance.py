@@ -21,6 +21,7 @@ import typer
 from opsctl.errors import BadInput, CheckFailed
 
 MODES = ("default", "eager", "both")
+BATCH_VIA = ("list", "requests")
 DEFAULT_PROMPTS = (
     "The quick brown fox jumps over the lazy dog",
     "Hello world, this is a test of",
@@ -123,6 +124,8 @@ def register(app: typer.Typer) -> None:
         logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
         mode: str = typer.Option(None, "--mode", help="default | eager | both (started engines)"),
         atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
+        batch_via: str = typer.Option("list", "--batch-via",
+                                      help="BS=N as one request with N prompts (list) or N concurrent requests"),
         timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for a started engine"),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(False, "--tui", help="live progress and divergences"),
@@ -140,8 +143,10 @@ def register(app: typer.Typer) -> None:
         n = validate_options(batch_size, max_tokens, logprobs, atol, len(prompts))
         if timeout <= 0:
             raise BadInput("--timeout must be positive")
+        if batch_via not in BATCH_VIA:
+            raise BadInput(f"--batch-via must be one of {', '.join(BATCH_VIA)}, not {batch_via!r}")
         req = Request(base, model, prompts, n, max_tokens, logprobs, atol, modes, timeout,
-                      tag=f"opsctl-inv-{uuid.uuid4().hex[:6]}")
+                      tag=f"opsctl-inv-{uuid.uuid4().hex[:6]}", batch_via=batch_via)
         started = time.time()
         report = run_pipeline("diag invariance", lambda emit: run_all(req, emit), tui=tui, as_json=as_json)
         report["seconds"] = round(time.time() - started, 2)

@@ -31,6 +31,7 @@ class Request:
     modes: list[str | None]
     timeout: float
     tag: str
+    batch_via: str = "list"  # list: one request with N prompts | requests: N concurrent requests
 
 
 def _preview(text: str, n: int = 28) -> str:
@@ -113,9 +114,10 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
         t_alone = time.time() - t0
         emit({"phase": f"{label}: BS={req.batch_size}: prompts sent together"})
         t0 = time.time()
+        together_fn = cc.run_together_list if req.batch_via == "list" else cc.run_together
         with cc.RunningSampler(target.url) as sampler:
-            together = cc.run_together(target.url, params, req.prompts, tag_batch, req.batch_size,
-                                       progress(f"BS={req.batch_size}"))
+            together = together_fn(target.url, params, req.prompts, tag_batch, req.batch_size,
+                                   progress(f"BS={req.batch_size}"))
         t_together = time.time() - t0
         time.sleep(0.2)  # let the probe's last lines land
         info, batch_records, probe_init, ledger_version = engine_records(run_dir)
@@ -138,12 +140,19 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     settings += inv.check_request_settings([t.generated for t in alone + together], req.max_tokens)
     extra: list[str] = [f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed]
     warnings: list[str] = []
-    if evidence.formed is False:
+    if evidence.alone and evidence.source == "batch probe":
+        extra.append(f"prompt(s) {list(evidence.alone)} ran alone in the BS={req.batch_size} phase "
+                     "(never sampled with another request): BS=N not tested for them")
+    elif evidence.formed is False:
         msg = f"BS={req.batch_size} did not form a batch ({evidence.source}: at most {evidence.max_batch} request(s) per step)"
         if evidence.source == "batch probe":
             extra.append(msg)
         else:
             warnings.append(msg + "; metrics are sampled, so this is not conclusive")
+    shared = inv.shared_steps(batch_records, tag_alone)
+    if shared > 1:
+        warnings.append(f"a BS=1 request shared a sampling step with {shared - 1} other request(s) "
+                        "(other traffic on this server): that side was not strictly BS=1")
     elif evidence.formed is None:
         warnings.append("could not show that the batch formed (no batch probe, no metrics)")
     nudge = (probe_init or {}).get("nudge")
@@ -171,7 +180,7 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
         "execution": execution,
         "summary": summary.to_dict(),
         "settings": [s.to_dict() for s in settings],
-        "batch": evidence.to_dict(),
+        "batch": {**evidence.to_dict(), "via": req.batch_via, "bs1_max_shared": shared},
         "warnings": warnings,
         "prompts": [{**r.to_dict(), "prompt": req.prompts[r.index],
                      "seconds_alone": round(alone[r.index].seconds, 4),
@@ -200,6 +209,7 @@ def run_all(req: Request, emit: Emit) -> dict:
         "atol": req.atol,
         "prompts": len(req.prompts),
         "batch_size": req.batch_size,
+        "batch_via": req.batch_via,
         "max_tokens": req.max_tokens,
         "logprobs": req.logprobs,
         "request_tag": req.tag,
@@ -208,6 +218,7 @@ def run_all(req: Request, emit: Emit) -> dict:
 
 
 def render(con, doc: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     runs = doc["runs"]
@@ -232,21 +243,22 @@ def render(con, doc: dict) -> None:
     row("seconds engine / BS=1 / BS=N", lambda r: "{engine} / {bs1} / {bsn}".format(**r["seconds"]))
     con.print(head)
     for r in runs:
-        st = Table(title=f"[{r['mode']}] isolating settings")
+        st = Table(title=f"{r['mode']}: isolating settings")
         for c in ("setting", "wanted", "seen", "status", "source"):
             st.add_column(c)
         for s in r["settings"]:
             style = {"verified": "green", "mismatch": "red", "not verified": "yellow"}.get(s["status"], "")
             st.add_row(s["name"], s["wanted"], s["seen"], f"[{style}]{s['status']}[/]" if style else s["status"], s["source"])
         con.print(st)
-        pt = Table(title=f"[{r['mode']}] per prompt")
+        pt = Table(title=f"{r['mode']}: per prompt")
         for c in ("#", "prompt", "status", "first divergence (pos, tokens, logprobs alone/batched, Δ)", "largest |Δ|"):
             pt.add_column(c)
         for p in r["prompts"]:
             res = inv.PromptResult(p["index"], p["status"], p["reason"],
                                    inv.Divergence(**p["first_divergence"]) if p["first_divergence"] else None)
-            pt.add_row(str(p["index"]), _preview(p["prompt"]), p["status"], _div_text(res), _fmt_diff(p["largest_diff"]))
+            pt.add_row(str(p["index"]), escape(_preview(p["prompt"])), p["status"], escape(_div_text(res)),
+                       _fmt_diff(p["largest_diff"]))
         con.print(pt)
         for w in r["warnings"]:
-            con.print(f"[yellow]warning:[/] {w}")
+            con.print(f"[yellow]warning:[/] {escape(w)}")
     con.print(f"verdict: {colour.get(doc['verdict'], doc['verdict'])}  ({doc.get('seconds', '?')} s)")
