@@ -79,7 +79,9 @@ def parse_nudge(spec: str | None) -> Nudge | None:
     except ValueError:
         raise ValueError(f"{ENV_NUDGE}: position in {spec!r} is not an integer") from None
     if not marker or position < 0:
-        raise ValueError(f"{ENV_NUDGE} must be '<marker>:<position>[:<delta>]' (position >= 0), not {spec!r}")
+        raise ValueError(
+            f"{ENV_NUDGE} must be '<marker>:<position>[:<delta>]' (position >= 0), not {spec!r}"
+        )
     return Nudge(marker, position, delta)
 
 
@@ -127,7 +129,9 @@ def observe(tracker: _Tracker, runner, logits) -> None:
     req_ids = [r for r in list(runner.input_batch.req_ids)[:rows] if r is not None]
     n = len(req_ids)
     tracker.steps += 1
-    record_event("batch", {"event": "step", "step": tracker.steps, "num_reqs": n, "req_ids": req_ids})
+    record_event(
+        "batch", {"event": "step", "step": tracker.steps, "num_reqs": n, "req_ids": req_ids}
+    )
     mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
     nudge = tracker.nudge
     for row, rid in enumerate(req_ids):
@@ -144,8 +148,14 @@ def observe(tracker: _Tracker, runner, logits) -> None:
         logits[row, top] += nudge.delta
         record_event(
             "batch",
-            {"event": "nudge", "req_id": rid, "position": pos, "token_id": top,
-             "delta": nudge.delta, "num_reqs": n},
+            {
+                "event": "nudge",
+                "req_id": rid,
+                "position": pos,
+                "token_id": top,
+                "delta": nudge.delta,
+                "num_reqs": n,
+            },
         )
     tracker.prune(req_ids)
 
@@ -155,9 +165,15 @@ def apply() -> Outcome:
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
     nudge = parse_nudge(os.environ.get(ENV_NUDGE))
     env = {k: os.environ.get(k) for k in RECORDED_ENV}
-    init = {"event": "init", "role": process_role(), "platform": platform_name(), "env": env,
-            "nudge": None if nudge is None else {"marker": nudge.marker, "position": nudge.position,
-                                                 "delta": nudge.delta}}
+    init = {
+        "event": "init",
+        "role": process_role(),
+        "platform": platform_name(),
+        "env": env,
+        "nudge": None
+        if nudge is None
+        else {"marker": nudge.marker, "position": nudge.position, "delta": nudge.delta},
+    }
     record_event("batch", init)
     from vllm.v1.worker import gpu_model_runner as gmr
 

@@ -48,7 +48,7 @@ def token_key(raw: str) -> TokenKey:
     """``"token_id:42"`` -> 42 (vLLM with return_tokens_as_token_ids); else the string."""
     if raw.startswith(TOKEN_ID_PREFIX):
         try:
-            return int(raw[len(TOKEN_ID_PREFIX):])
+            return int(raw[len(TOKEN_ID_PREFIX) :])
         except ValueError:
             return raw
     return raw
@@ -90,17 +90,24 @@ def parse_response(status: int, payload: object) -> Generated:
     values = tuple(None if v is None else float(v) for v in lp.get("token_logprobs") or [])
     tops: list[dict[TokenKey, float] | None] = []
     for top in lp.get("top_logprobs") or []:
-        tops.append(None if not isinstance(top, dict)
-                    else {token_key(str(k)): float(v) for k, v in top.items() if v is not None})
+        tops.append(
+            None
+            if not isinstance(top, dict)
+            else {token_key(str(k)): float(v) for k, v in top.items() if v is not None}
+        )
     return Generated(tokens, values, tuple(tops), finish, len(choices), None, True)
 
 
-def complete(client: httpx.Client, url: str, params: CompletionParams, prompt: str,
-             request_id: str) -> Timed:
+def complete(
+    client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
+) -> Timed:
     t0 = time.perf_counter()
     try:
-        r = client.post(f"{url}/v1/completions", json=request_body(params, prompt, request_id),
-                        timeout=params.timeout)
+        r = client.post(
+            f"{url}/v1/completions",
+            json=request_body(params, prompt, request_id),
+            timeout=params.timeout,
+        )
         try:
             payload: object = r.json()
         except ValueError:
@@ -115,8 +122,13 @@ def request_id(tag: str, index: int) -> str:
     return f"{tag}-p{index}-{uuid.uuid4().hex[:8]}"
 
 
-def run_alone(url: str, params: CompletionParams, prompts: list[str], tag: str,
-              on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+def run_alone(
+    url: str,
+    params: CompletionParams,
+    prompts: list[str],
+    tag: str,
+    on_done: Callable[[int, Timed], None] | None = None,
+) -> list[Timed]:
     """BS=1: one request at a time, in prompt order."""
     out: list[Timed] = []
     with httpx.Client() as client:
@@ -128,8 +140,14 @@ def run_alone(url: str, params: CompletionParams, prompts: list[str], tag: str,
     return out
 
 
-def run_together(url: str, params: CompletionParams, prompts: list[str], tag: str,
-                 batch_size: int, on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+def run_together(
+    url: str,
+    params: CompletionParams,
+    prompts: list[str],
+    tag: str,
+    batch_size: int,
+    on_done: Callable[[int, Timed], None] | None = None,
+) -> list[Timed]:
     """BS=N as separate requests: groups of ``batch_size`` sent at once from threads
     released together by a barrier, the next group after the previous one finished.
     Closer to real traffic, but a busy API server may hand some of them to the engine
@@ -153,8 +171,10 @@ def run_together(url: str, params: CompletionParams, prompts: list[str], tag: st
                 t.start()
             for t in threads:
                 t.join()
-    return [r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
-            for r in results]
+    return [
+        r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
+        for r in results
+    ]
 
 
 def group_request_id(tag: str, start: int) -> str:
@@ -164,7 +184,11 @@ def group_request_id(tag: str, start: int) -> str:
 def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
     """A multi-prompt /v1/completions response -> one Generated per prompt (by choice
     index); a prompt without its choice gets ``outputs=0`` (fail closed)."""
-    if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+    if (
+        status != 200
+        or not isinstance(payload, dict)
+        or not isinstance(payload.get("choices"), list)
+    ):
         err = parse_response(status, payload)
         return [err] * n
     by_index: dict[int, list[dict]] = {}
@@ -174,15 +198,21 @@ def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
     return [parse_response(200, {"choices": by_index.get(i, [])}) for i in range(n)]
 
 
-def run_together_list(url: str, params: CompletionParams, prompts: list[str], tag: str,
-                      batch_size: int, on_done: Callable[[int, Timed], None] | None = None) -> list[Timed]:
+def run_together_list(
+    url: str,
+    params: CompletionParams,
+    prompts: list[str],
+    tag: str,
+    batch_size: int,
+    on_done: Callable[[int, Timed], None] | None = None,
+) -> list[Timed]:
     """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
     so the API server hands all of them to the engine at once. Engine request ids are
     ``cmpl-<tag>-g<start>-<hex8>-<i>-...`` (prompt ``start + i``)."""
     out: list[Timed] = []
     with httpx.Client() as client:
         for start in range(0, len(prompts), batch_size):
-            group = prompts[start:start + batch_size]
+            group = prompts[start : start + batch_size]
             rid = group_request_id(tag, start)
             body = {**request_body(params, "", rid), "prompt": group}
             t0 = time.perf_counter()

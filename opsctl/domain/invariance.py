@@ -50,10 +50,14 @@ class Divergence:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "position": self.position, "kind": self.kind,
-            "token_alone": self.token_alone, "token_batched": self.token_batched,
-            "logprob_alone": self.logprob_alone, "logprob_batched": self.logprob_batched,
-            "diff": self.diff, "detail": self.detail,
+            "position": self.position,
+            "kind": self.kind,
+            "token_alone": self.token_alone,
+            "token_batched": self.token_batched,
+            "logprob_alone": self.logprob_alone,
+            "logprob_batched": self.logprob_batched,
+            "diff": self.diff,
+            "detail": self.detail,
         }
 
 
@@ -74,10 +78,14 @@ class PromptResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "index": self.index, "status": self.status, "reason": self.reason,
+            "index": self.index,
+            "status": self.status,
+            "reason": self.reason,
             "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
-            "largest_diff": self.largest_diff, "largest_diff_position": self.largest_diff_position,
-            "tokens_identical": self.tokens_identical, "compared_positions": self.compared_positions,
+            "largest_diff": self.largest_diff,
+            "largest_diff_position": self.largest_diff_position,
+            "tokens_identical": self.tokens_identical,
+            "compared_positions": self.compared_positions,
         }
 
 
@@ -96,10 +104,16 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict, "prompts": self.prompts, "identical": self.identical,
-            "within_atol": self.within_atol, "diverged": self.diverged, "errors": self.errors,
-            "tokens_identical": self.tokens_identical, "largest_diff": self.largest_diff,
-            "comparison": self.comparison, "reasons": list(self.reasons),
+            "verdict": self.verdict,
+            "prompts": self.prompts,
+            "identical": self.identical,
+            "within_atol": self.within_atol,
+            "diverged": self.diverged,
+            "errors": self.errors,
+            "tokens_identical": self.tokens_identical,
+            "largest_diff": self.largest_diff,
+            "comparison": self.comparison,
+            "reasons": list(self.reasons),
         }
 
 
@@ -137,8 +151,15 @@ def _close(a: float, b: float, atol: float | None) -> bool:
     return a == b if atol is None else abs(a - b) <= atol
 
 
-def compare(index: int, alone: Generated, batched: Generated, *, max_tokens: int,
-            logprobs: int, atol: float | None = None) -> PromptResult:
+def compare(
+    index: int,
+    alone: Generated,
+    batched: Generated,
+    *,
+    max_tokens: int,
+    logprobs: int,
+    atol: float | None = None,
+) -> PromptResult:
     """Compare one prompt's BS=1 and BS=N completions (first ``max_tokens`` positions)."""
     for side, gen in (("BS=1", alone), ("BS=N", batched)):
         reason = validate(gen, max_tokens, logprobs)
@@ -166,16 +187,34 @@ def compare(index: int, alone: Generated, batched: Generated, *, max_tokens: int
                 only_a = sorted(map(str, set(top_a) - set(top_b)))
                 only_b = sorted(map(str, set(top_b) - set(top_a)))
                 if first is None:
-                    first = Divergence(pos, "top_logprobs", ta, tb, la, lb, abs(la - lb),
-                                       f"top-{logprobs} sets differ: alone only {only_a}, batched only {only_b}")
+                    first = Divergence(
+                        pos,
+                        "top_logprobs",
+                        ta,
+                        tb,
+                        la,
+                        lb,
+                        abs(la - lb),
+                        f"top-{logprobs} sets differ: alone only {only_a}, batched only {only_b}",
+                    )
             for tok in set(top_a) & set(top_b):
-                diffs.append((abs(top_a[tok] - top_b[tok]), "top_logprobs", f"top logprob of token {tok}"))
+                diffs.append(
+                    (abs(top_a[tok] - top_b[tok]), "top_logprobs", f"top logprob of token {tok}")
+                )
         for d, kind, detail in diffs:
             if largest is None or d > largest:
                 largest, largest_pos = d, pos
             if first is None and not _close(d, 0.0, atol):
-                first = Divergence(pos, kind, ta, tb, la, lb, abs(la - lb),
-                                   detail or "sampled token's logprob differs")
+                first = Divergence(
+                    pos,
+                    kind,
+                    ta,
+                    tb,
+                    la,
+                    lb,
+                    abs(la - lb),
+                    detail or "sampled token's logprob differs",
+                )
     if first is not None:
         status = DIVERGED
     elif largest is not None and largest > 0.0:
@@ -185,14 +224,19 @@ def compare(index: int, alone: Generated, batched: Generated, *, max_tokens: int
     return PromptResult(index, status, "", first, largest, largest_pos, tokens_identical, compared)
 
 
-def summarize(results: list[PromptResult], atol: float | None,
-              extra_failures: list[str] | None = None) -> Summary:
+def summarize(
+    results: list[PromptResult], atol: float | None, extra_failures: list[str] | None = None
+) -> Summary:
     """Overall verdict: pass only when every prompt matched and nothing else failed."""
-    counts = {s: sum(1 for r in results if r.status == s) for s in (IDENTICAL, WITHIN_ATOL, DIVERGED, ERROR)}
+    counts = {
+        s: sum(1 for r in results if r.status == s)
+        for s in (IDENTICAL, WITHIN_ATOL, DIVERGED, ERROR)
+    }
     reasons = [f"prompt {r.index}: {r.reason}" for r in results if r.status == ERROR]
     reasons += [
         f"prompt {r.index}: first divergence at position {r.first_divergence.position} ({r.first_divergence.kind})"
-        for r in results if r.status == DIVERGED and r.first_divergence is not None
+        for r in results
+        if r.status == DIVERGED and r.first_divergence is not None
     ]
     reasons += list(extra_failures or [])
     diffs = [r.largest_diff for r in results if r.largest_diff is not None]
@@ -200,17 +244,28 @@ def summarize(results: list[PromptResult], atol: float | None,
     if not results:
         reasons.append("no prompts were compared")
     return Summary(
-        "pass" if ok else "fail", len(results), counts[IDENTICAL], counts[WITHIN_ATOL],
-        counts[DIVERGED], counts[ERROR],
+        "pass" if ok else "fail",
+        len(results),
+        counts[IDENTICAL],
+        counts[WITHIN_ATOL],
+        counts[DIVERGED],
+        counts[ERROR],
         bool(results) and all(r.tokens_identical for r in results),
-        max(diffs) if diffs else None, comparison_label(atol), tuple(reasons),
+        max(diffs) if diffs else None,
+        comparison_label(atol),
+        tuple(reasons),
     )
 
 
 # ---- settings: what was asked of the engine, and what it shows it got ----------------
 
 VERIFIED, NOT_VERIFIED, MISMATCH, NOT_APPLICABLE, ENFORCED = (
-    "verified", "not verified", "mismatch", "not applicable", "per request")
+    "verified",
+    "not verified",
+    "mismatch",
+    "not applicable",
+    "per request",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +281,18 @@ class SettingCheck:
         return self.status == MISMATCH
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "wanted": self.wanted, "seen": self.seen,
-                "status": self.status, "source": self.source}
+        return {
+            "name": self.name,
+            "wanted": self.wanted,
+            "seen": self.seen,
+            "status": self.status,
+            "source": self.source,
+        }
 
 
-def check_engine_settings(engine_info: dict | None, probe_env: dict | None, *,
-                          mode: str | None) -> list[SettingCheck]:
+def check_engine_settings(
+    engine_info: dict | None, probe_env: dict | None, *, mode: str | None
+) -> list[SettingCheck]:
     """Engine-level isolating settings against what the engine recorded.
 
     ``engine_info``: the engine_info probe's record (None: no ledger, e.g. an external
@@ -246,32 +307,69 @@ def check_engine_settings(engine_info: dict | None, probe_env: dict | None, *,
         out.append(SettingCheck("mm processor cache", "0 GiB", "?", NOT_VERIFIED, why))
     else:
         pc = engine_info.get("enable_prefix_caching")
-        out.append(SettingCheck("prefix caching", "off", _fmt(pc),
-                                VERIFIED if pc is False else MISMATCH, src))
+        out.append(
+            SettingCheck(
+                "prefix caching", "off", _fmt(pc), VERIFIED if pc is False else MISMATCH, src
+            )
+        )
         mm = engine_info.get("mm_processor_cache_gb")
         if mm is None:
-            out.append(SettingCheck("mm processor cache", "0 GiB", "no multimodal config",
-                                    NOT_APPLICABLE, f"{src}: text-only model, flag accepted"))
+            out.append(
+                SettingCheck(
+                    "mm processor cache",
+                    "0 GiB",
+                    "no multimodal config",
+                    NOT_APPLICABLE,
+                    f"{src}: text-only model, flag accepted",
+                )
+            )
         else:
-            out.append(SettingCheck("mm processor cache", "0 GiB", f"{mm} GiB",
-                                    VERIFIED if float(mm) == 0.0 else MISMATCH, src))
+            out.append(
+                SettingCheck(
+                    "mm processor cache",
+                    "0 GiB",
+                    f"{mm} GiB",
+                    VERIFIED if float(mm) == 0.0 else MISMATCH,
+                    src,
+                )
+            )
     if probe_env is None:
-        out.append(SettingCheck("VLLM_USE_FLASHINFER_SAMPLER", "0", "?", NOT_VERIFIED,
-                                "batch probe not active in this engine: could not read its env"))
+        out.append(
+            SettingCheck(
+                "VLLM_USE_FLASHINFER_SAMPLER",
+                "0",
+                "?",
+                NOT_VERIFIED,
+                "batch probe not active in this engine: could not read its env",
+            )
+        )
     else:
         val = probe_env.get("VLLM_USE_FLASHINFER_SAMPLER")
-        out.append(SettingCheck("VLLM_USE_FLASHINFER_SAMPLER", "0", _fmt(val),
-                                VERIFIED if val == "0" else MISMATCH, "batch probe (engine worker env)"))
+        out.append(
+            SettingCheck(
+                "VLLM_USE_FLASHINFER_SAMPLER",
+                "0",
+                _fmt(val),
+                VERIFIED if val == "0" else MISMATCH,
+                "batch probe (engine worker env)",
+            )
+        )
     if mode is not None:
         want_eager = mode == "eager"
         if engine_info is None:
-            out.append(SettingCheck("execution mode", mode, "?", NOT_VERIFIED,
-                                    "no opsctl ledger for this server"))
+            out.append(
+                SettingCheck(
+                    "execution mode", mode, "?", NOT_VERIFIED, "no opsctl ledger for this server"
+                )
+            )
         else:
             eager = engine_info.get("enforce_eager")
             seen = f"enforce_eager={_fmt(eager)}, compilation={compilation_mode_name(engine_info.get('compilation_mode'))}"
-            out.append(SettingCheck("execution mode", mode, seen,
-                                    VERIFIED if eager is want_eager else MISMATCH, src))
+            out.append(
+                SettingCheck(
+                    "execution mode", mode, seen, VERIFIED if eager is want_eager else MISMATCH, src
+                )
+            )
     return out
 
 
@@ -291,19 +389,34 @@ def check_request_settings(completions: list[Generated], max_tokens: int) -> lis
                 argmax_ok = False
             if tok not in top:
                 argmax_ok = False
-    lengths_ok = all(len(g.token_ids) >= max_tokens and g.finish_reason in ("length", None) for g in usable)
+    lengths_ok = all(
+        len(g.token_ids) >= max_tokens and g.finish_reason in ("length", None) for g in usable
+    )
     src = "sent with every request; checked in the responses"
     return [
-        SettingCheck("greedy (temperature 0)", "argmax token", "argmax at every position" if argmax_ok
-                     else "a sampled token was not the top-1", VERIFIED if argmax_ok and usable else
-                     (MISMATCH if usable else NOT_VERIFIED), src),
-        SettingCheck("ignore_eos", "run to max_tokens", "every completion reached max_tokens"
-                     if lengths_ok else "a completion stopped early", VERIFIED if lengths_ok and usable
-                     else (MISMATCH if usable else NOT_VERIFIED), src),
+        SettingCheck(
+            "greedy (temperature 0)",
+            "argmax token",
+            "argmax at every position" if argmax_ok else "a sampled token was not the top-1",
+            VERIFIED if argmax_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
+            src,
+        ),
+        SettingCheck(
+            "ignore_eos",
+            "run to max_tokens",
+            "every completion reached max_tokens" if lengths_ok else "a completion stopped early",
+            VERIFIED if lengths_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
+            src,
+        ),
     ]
 
 
-COMPILATION_MODES = {"0": "NONE", "1": "STOCK_TORCH_COMPILE", "2": "DYNAMO_TRACE_ONCE", "3": "VLLM_COMPILE"}
+COMPILATION_MODES = {
+    "0": "NONE",
+    "1": "STOCK_TORCH_COMPILE",
+    "2": "DYNAMO_TRACE_ONCE",
+    "3": "VLLM_COMPILE",
+}
 
 
 def compilation_mode_name(mode: object) -> str:
@@ -345,9 +458,15 @@ class BatchEvidence:
         return self.max_batch >= 2 and not self.alone
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "max_batch": self.max_batch, "steps": self.steps,
-                "wanted": self.wanted, "formed": self.formed, "alone": list(self.alone),
-                "per_prompt": {str(k): v for k, v in sorted(self.per_prompt.items())}}
+        return {
+            "source": self.source,
+            "max_batch": self.max_batch,
+            "steps": self.steps,
+            "wanted": self.wanted,
+            "formed": self.formed,
+            "alone": list(self.alone),
+            "per_prompt": {str(k): v for k, v in sorted(self.per_prompt.items())},
+        }
 
 
 def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence | None:
@@ -359,7 +478,9 @@ def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence 
     for s in steps:
         if s.get("event") != "step":
             continue
-        ours = [i for i in (prompt_index(str(r), tag) for r in s.get("req_ids") or []) if i is not None]
+        ours = [
+            i for i in (prompt_index(str(r), tag) for r in s.get("req_ids") or []) if i is not None
+        ]
         if not ours:
             continue
         n += 1
@@ -388,5 +509,9 @@ def shared_steps(steps: list[dict], tag: str) -> int:
 def batch_from_metrics(running_samples: list[float], wanted: int) -> BatchEvidence:
     if not running_samples:
         return BatchEvidence("none", None, 0, wanted)
-    return BatchEvidence("metrics (peak vllm:num_requests_running)", int(max(running_samples)),
-                         len(running_samples), wanted)
+    return BatchEvidence(
+        "metrics (peak vllm:num_requests_running)",
+        int(max(running_samples)),
+        len(running_samples),
+        wanted,
+    )

@@ -88,24 +88,70 @@ def test_unreachable_url_exits_3():
 
 
 def fake_run(mode, verdict, largest):
-    prompts = [{"index": i, "status": "identical" if verdict == "pass" else ("diverged" if i == 1 else "identical"),
-                "reason": "", "prompt": f"prompt {i}", "largest_diff": 0.0 if i != 1 else largest,
-                "tokens_identical": True, "largest_diff_position": None, "compared_positions": 4,
-                "first_divergence": None if verdict == "pass" or i != 1 else {
-                    "position": 2, "kind": "logprob", "token_alone": 7, "token_batched": 7,
-                    "logprob_alone": -1.0, "logprob_batched": -1.0 + largest, "diff": largest, "detail": ""}}
-               for i in range(2)]
+    prompts = [
+        {
+            "index": i,
+            "status": "identical" if verdict == "pass" else ("diverged" if i == 1 else "identical"),
+            "reason": "",
+            "prompt": f"prompt {i}",
+            "largest_diff": 0.0 if i != 1 else largest,
+            "tokens_identical": True,
+            "largest_diff_position": None,
+            "compared_positions": 4,
+            "first_divergence": None
+            if verdict == "pass" or i != 1
+            else {
+                "position": 2,
+                "kind": "logprob",
+                "token_alone": 7,
+                "token_batched": 7,
+                "logprob_alone": -1.0,
+                "logprob_batched": -1.0 + largest,
+                "diff": largest,
+                "detail": "",
+            },
+        }
+        for i in range(2)
+    ]
     reasons = [] if verdict == "pass" else ["prompt 1: first divergence at position 2 (logprob)"]
     return {
-        "mode": mode, "requested_mode": mode, "verdict": verdict, "url": "http://x", "external": False,
-        "run_dir": None, "model": "tiny-llama", "vllm_version": "0.32.0", "platform": "cpu",
-        "execution": {"enforce_eager": mode == "eager", "compilation_mode": "NONE" if mode == "eager" else "DYNAMO_TRACE_ONCE"},
-        "summary": {"verdict": verdict, "prompts": 2, "identical": 2 if verdict == "pass" else 1, "within_atol": 0,
-                    "diverged": 0 if verdict == "pass" else 1, "errors": 0, "tokens_identical": True,
-                    "largest_diff": 0.0 if verdict == "pass" else largest, "comparison": "bitwise", "reasons": reasons},
-        "settings": [{"name": "prefix caching", "wanted": "off", "seen": "False", "status": "verified", "source": "s"}],
+        "mode": mode,
+        "requested_mode": mode,
+        "verdict": verdict,
+        "url": "http://x",
+        "external": False,
+        "run_dir": None,
+        "model": "tiny-llama",
+        "vllm_version": "0.32.0",
+        "platform": "cpu",
+        "execution": {
+            "enforce_eager": mode == "eager",
+            "compilation_mode": "NONE" if mode == "eager" else "DYNAMO_TRACE_ONCE",
+        },
+        "summary": {
+            "verdict": verdict,
+            "prompts": 2,
+            "identical": 2 if verdict == "pass" else 1,
+            "within_atol": 0,
+            "diverged": 0 if verdict == "pass" else 1,
+            "errors": 0,
+            "tokens_identical": True,
+            "largest_diff": 0.0 if verdict == "pass" else largest,
+            "comparison": "bitwise",
+            "reasons": reasons,
+        },
+        "settings": [
+            {
+                "name": "prefix caching",
+                "wanted": "off",
+                "seen": "False",
+                "status": "verified",
+                "source": "s",
+            }
+        ],
         "batch": {"source": "batch probe", "max_batch": 2, "steps": 4, "wanted": 2, "formed": True},
-        "warnings": [], "prompts": prompts,
+        "warnings": [],
+        "prompts": prompts,
         "seconds": {"engine": 1.0, "bs1": 0.1, "bsn": 0.05, "total": 1.2},
     }
 
@@ -130,7 +176,10 @@ def test_mode_both_runs_default_then_eager_side_by_side(fake_modes, prompts_file
     assert [c[0] for c in calls] == ["default", "eager"]
     assert calls[0][1:] == (2, 4, 5, None)
     doc = json.loads(r.stdout)
-    assert [(x["mode"], x["verdict"]) for x in doc["runs"]] == [("default", "pass"), ("eager", "fail")]
+    assert [(x["mode"], x["verdict"]) for x in doc["runs"]] == [
+        ("default", "pass"),
+        ("eager", "fail"),
+    ]
     assert doc["verdict"] == "fail" and r.exit_code == 1
     assert doc["reasons"] == ["[eager] prompt 1: first divergence at position 2 (logprob)"]
     assert "batch invariance failed" in error_lines(r)[0]

@@ -44,7 +44,9 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def engine():
     env = {**ISOLATING_ENV, "OPSCTL_PROBES": "batch", "OPSCTL_PROBE_NUDGE": f"{MARKER}:{NUDGE_POS}"}
-    with running_engine("tiny-llama", extra_args=list(ISOLATING_ARGS), env=env, max_num_seqs=8) as server:
+    with running_engine(
+        "tiny-llama", extra_args=list(ISOLATING_ARGS), env=env, max_num_seqs=8
+    ) as server:
         yield server
 
 
@@ -103,7 +105,9 @@ def test_isolating_settings_reach_the_engine(engine, main_run):
     info = read_events(engine.run_dir, "engine_info")[-1]
     assert info["enable_prefix_caching"] is False and info["mm_processor_cache_gb"] is None
     inits = [e for e in read_events(engine.run_dir, "batch") if e.get("event") == "init"]
-    assert any(e["role"] == "worker" and e["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0" for e in inits)
+    assert any(
+        e["role"] == "worker" and e["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0" for e in inits
+    )
 
 
 def test_the_batch_really_formed(engine, main_run):
@@ -112,13 +116,17 @@ def test_the_batch_really_formed(engine, main_run):
     assert batch["source"] == "batch probe"
     assert batch["max_batch"] == len(DEFAULT_PROMPTS) and batch["formed"] is True
     assert batch["alone"] == [] and batch["via"] == "list"
-    assert batch["per_prompt"] == {str(i): len(DEFAULT_PROMPTS) for i in range(len(DEFAULT_PROMPTS))}
+    assert batch["per_prompt"] == {
+        str(i): len(DEFAULT_PROMPTS) for i in range(len(DEFAULT_PROMPTS))
+    }
     steps = [e for e in read_events(engine.run_dir, "batch") if e.get("event") == "step"]
 
     def most_together(tag):
         return max(sum(prompt_index(r, tag) is not None for r in s["req_ids"]) for s in steps)
 
-    assert most_together(f"{doc['request_tag']}-eager-bs{len(DEFAULT_PROMPTS)}") == len(DEFAULT_PROMPTS)
+    assert most_together(f"{doc['request_tag']}-eager-bs{len(DEFAULT_PROMPTS)}") == len(
+        DEFAULT_PROMPTS
+    )
     # BS=1 requests were never sampled together, nor with anything else
     assert most_together(f"{doc['request_tag']}-eager-bs1") == 1
     assert batch["bs1_max_shared"] == 1
@@ -138,7 +146,9 @@ def test_planted_divergence_caught_at_the_right_prompt_and_position(engine, tmp_
     assert div["token_alone"] == div["token_batched"]  # the nudge raises the top logit only
     assert div["diff"] > 1e-3
     assert div["diff"] == pytest.approx(abs(div["logprob_alone"] - div["logprob_batched"]))
-    assert f"prompt {PLANTED_INDEX}: first divergence at position {NUDGE_POS}" in " ".join(doc["reasons"])
+    assert f"prompt {PLANTED_INDEX}: first divergence at position {NUDGE_POS}" in " ".join(
+        doc["reasons"]
+    )
     assert "TEST NUDGE" in " ".join(doc["runs"][0]["warnings"])
     # the engine nudged exactly that request, batched, at that position
     nudges = [e for e in read_events(engine.run_dir, "batch") if e.get("event") == "nudge"]
@@ -158,7 +168,9 @@ def test_request_error_is_a_failure_with_its_reason(engine):
     assert doc["verdict"] == "fail" and "request error" in r.stderr
 
 
-def test_external_server_without_ledger_reports_what_it_could_not_enforce(engine, tmp_path, monkeypatch):
+def test_external_server_without_ledger_reports_what_it_could_not_enforce(
+    engine, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OPSCTL_HOME", str(tmp_path))  # no run directory knows this URL
     r, doc = diag(engine.url, "--max-tokens", "4")
     run = doc["runs"][0]

@@ -12,7 +12,9 @@ from opsctl.domain.invariance import Generated
 
 def gen(tokens=(5, 6, 7), lps=(-1.0, -2.0, -0.5), tops=None, **kw) -> Generated:
     if tops is None:
-        tops = tuple({t: lp, 100 + i: lp - 1.0} for i, (t, lp) in enumerate(zip(tokens, lps, strict=True)))
+        tops = tuple(
+            {t: lp, 100 + i: lp - 1.0} for i, (t, lp) in enumerate(zip(tokens, lps, strict=True))
+        )
     return Generated(tuple(tokens), tuple(lps), tuple(tops), "length", **kw)
 
 
@@ -68,10 +70,19 @@ def test_top_logprob_values_and_sets_are_compared():
     [
         (Generated(error="HTTP 400: boom"), "BS=N: request error: HTTP 400: boom"),
         (Generated(outputs=0), "expected 1 output, got 0"),
-        (Generated((5, 6, 7), finish_reason="length", has_logprobs=False), "no logprobs in the response"),
+        (
+            Generated((5, 6, 7), finish_reason="length", has_logprobs=False),
+            "no logprobs in the response",
+        ),
         (gen(tokens=(5, 6), lps=(-1.0, -2.0)), "fewer tokens than asked: 2 of 3"),
-        (gen(lps=(-1.0, None, -0.5), tops=({5: -1.0, 1: -2.0},) * 3), "missing logprob at position 1"),
-        (gen(tops=({5: -1.0, 1: -2.0}, {6: -2.0}, {7: -0.5, 1: -1.0})), "fewer top logprobs than asked at position 1: 1 of 2"),
+        (
+            gen(lps=(-1.0, None, -0.5), tops=({5: -1.0, 1: -2.0},) * 3),
+            "missing logprob at position 1",
+        ),
+        (
+            gen(tops=({5: -1.0, 1: -2.0}, {6: -2.0}, {7: -0.5, 1: -1.0})),
+            "fewer top logprobs than asked at position 1: 1 of 2",
+        ),
         (gen(tops=({5: -1.0, 1: -2.0}, None, {7: -0.5, 1: -1.0})), "at position 1: 0 of 2"),
     ],
 )
@@ -99,13 +110,22 @@ def test_summary_verdicts():
     assert inv.summarize([ok], None, ["BS=8 did not form a batch"]).verdict == "fail"
 
 
-ENGINE_INFO = {"enable_prefix_caching": False, "mm_processor_cache_gb": None,
-               "enforce_eager": True, "compilation_mode": "0", "platform": "cpu"}
+ENGINE_INFO = {
+    "enable_prefix_caching": False,
+    "mm_processor_cache_gb": None,
+    "enforce_eager": True,
+    "compilation_mode": "0",
+    "platform": "cpu",
+}
 
 
 def test_engine_settings_verified_from_the_engine_records():
-    checks = {c.name: c for c in inv.check_engine_settings(
-        ENGINE_INFO, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, mode="eager")}
+    checks = {
+        c.name: c
+        for c in inv.check_engine_settings(
+            ENGINE_INFO, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, mode="eager"
+        )
+    }
     assert checks["prefix caching"].status == inv.VERIFIED
     assert checks["mm processor cache"].status == inv.NOT_APPLICABLE
     assert checks["VLLM_USE_FLASHINFER_SAMPLER"].status == inv.VERIFIED
@@ -114,9 +134,19 @@ def test_engine_settings_verified_from_the_engine_records():
 
 
 def test_engine_settings_mismatch_and_unknown():
-    info = {**ENGINE_INFO, "enable_prefix_caching": True, "mm_processor_cache_gb": 4.0,
-            "enforce_eager": False, "compilation_mode": "2"}
-    checks = {c.name: c for c in inv.check_engine_settings(info, {"VLLM_USE_FLASHINFER_SAMPLER": None}, mode="eager")}
+    info = {
+        **ENGINE_INFO,
+        "enable_prefix_caching": True,
+        "mm_processor_cache_gb": 4.0,
+        "enforce_eager": False,
+        "compilation_mode": "2",
+    }
+    checks = {
+        c.name: c
+        for c in inv.check_engine_settings(
+            info, {"VLLM_USE_FLASHINFER_SAMPLER": None}, mode="eager"
+        )
+    }
     assert all(c.failed for c in checks.values()), checks
     assert "DYNAMO_TRACE_ONCE" in checks["execution mode"].seen
     unknown = inv.check_engine_settings(None, None, mode=None)
@@ -152,19 +182,41 @@ def test_compilation_mode_names():
 
 
 def test_parse_response_with_token_ids():
-    payload = {"choices": [{"finish_reason": "length", "logprobs": {
-        "tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-1.0, -2.5],
-        "top_logprobs": [{"token_id:5": -1.0, "token_id:9": -3.0}, {"token_id:6": -2.5}]}}]}
+    payload = {
+        "choices": [
+            {
+                "finish_reason": "length",
+                "logprobs": {
+                    "tokens": ["token_id:5", "token_id:6"],
+                    "token_logprobs": [-1.0, -2.5],
+                    "top_logprobs": [
+                        {"token_id:5": -1.0, "token_id:9": -3.0},
+                        {"token_id:6": -2.5},
+                    ],
+                },
+            }
+        ]
+    }
     g = parse_response(200, payload)
     assert g.token_ids == (5, 6) and g.logprobs == (-1.0, -2.5)
-    assert g.top_logprobs[0] == {5: -1.0, 9: -3.0} and g.finish_reason == "length" and g.error is None
+    assert (
+        g.top_logprobs[0] == {5: -1.0, 9: -3.0} and g.finish_reason == "length" and g.error is None
+    )
 
 
 @pytest.mark.parametrize(
     ("status", "payload", "field", "value"),
     [
-        (400, {"error": {"message": "Requested sample logprobs of 5, which is greater than max allowed: 0"}},
-         "error", "HTTP 400: Requested sample logprobs of 5, which is greater than max allowed: 0"),
+        (
+            400,
+            {
+                "error": {
+                    "message": "Requested sample logprobs of 5, which is greater than max allowed: 0"
+                }
+            },
+            "error",
+            "HTTP 400: Requested sample logprobs of 5, which is greater than max allowed: 0",
+        ),
         (500, "Internal Server Error", "error", "HTTP 500: Internal Server Error"),
         (200, {"nothing": 1}, "error", "response has no choices list"),
         (200, {"choices": []}, "outputs", 0),
@@ -192,9 +244,11 @@ def test_prompt_index_from_engine_request_ids():
 def test_prompts_that_ran_alone_in_the_bsn_phase_are_named():
     tag = "t-bs4"
     ids = {i: f"cmpl-{tag}-g0-0123abcd-{i}-ee" for i in range(4)}
-    steps = [{"event": "step", "req_ids": [ids[0], ids[1], ids[2]]},
-             {"event": "step", "req_ids": [ids[3]]},
-             {"event": "step", "req_ids": [ids[3], "someone-else"]}]
+    steps = [
+        {"event": "step", "req_ids": [ids[0], ids[1], ids[2]]},
+        {"event": "step", "req_ids": [ids[3]]},
+        {"event": "step", "req_ids": [ids[3], "someone-else"]},
+    ]
     ev = inv.batch_from_probe(steps, tag, 4)
     assert ev.alone == (3,) and ev.formed is False and ev.max_batch == 3
     assert ev.per_prompt == {0: 3, 1: 3, 2: 3, 3: 1}
@@ -206,8 +260,15 @@ def test_parse_choices_of_a_multi_prompt_request():
     from opsctl.collectors.completions import parse_choices
 
     def choice(i):
-        return {"index": i, "finish_reason": "length", "logprobs": {
-            "tokens": ["token_id:1"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:1": -0.5}]}}
+        return {
+            "index": i,
+            "finish_reason": "length",
+            "logprobs": {
+                "tokens": ["token_id:1"],
+                "token_logprobs": [-0.5],
+                "top_logprobs": [{"token_id:1": -0.5}],
+            },
+        }
 
     gens = parse_choices(200, {"choices": [choice(2), choice(0)]}, 3)
     assert [g.outputs for g in gens] == [1, 0, 1]

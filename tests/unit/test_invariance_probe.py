@@ -85,7 +85,9 @@ def test_nudge_only_for_the_marked_request_only_when_batched(tmp_path, monkeypat
         bp.observe(tracker, batched, logits)
         seen.append(logits.copy())
     assert seen[0][1, 3] == 2.0  # position 0: not yet
-    assert seen[1][1, 3] == pytest.approx(2.25) and seen[1][0, 3] == 2.0  # position 1, marked row only
+    assert (
+        seen[1][1, 3] == pytest.approx(2.25) and seen[1][0, 3] == 2.0
+    )  # position 1, marked row only
     assert seen[2][1, 3] == 2.0  # once only
     events = read_events(tmp_path, "batch")
     assert [s["num_reqs"] for s in events if s["event"] == "step"] == [1, 1, 1, 2, 2, 2]

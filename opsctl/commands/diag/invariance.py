@@ -73,8 +73,9 @@ def plan_modes(url: str | None, mode: str | None) -> list[str | None]:
     return [mode or "default"]
 
 
-def validate_options(batch_size: int | None, max_tokens: int, logprobs: int, atol: float | None,
-                     n_prompts: int) -> int:
+def validate_options(
+    batch_size: int | None, max_tokens: int, logprobs: int, atol: float | None, n_prompts: int
+) -> int:
     if max_tokens < 1:
         raise BadInput("--max-tokens must be at least 1")
     if logprobs < 0:
@@ -117,16 +118,27 @@ def register(app: typer.Typer) -> None:
     @app.command("invariance")
     def invariance(
         url: str = typer.Argument(None, help="base URL of a running vLLM server (else --model)"),
-        model: str = typer.Option(None, "--model", help="start this embedded model / model dir (default tiny-llama)"),
-        prompts_file: Path = typer.Option(None, "--prompts", help="prompts: JSON list or one per line"),
-        batch_size: int = typer.Option(None, "--batch-size", help="N for BS=N (default: number of prompts)"),
+        model: str = typer.Option(
+            None, "--model", help="start this embedded model / model dir (default tiny-llama)"
+        ),
+        prompts_file: Path = typer.Option(
+            None, "--prompts", help="prompts: JSON list or one per line"
+        ),
+        batch_size: int = typer.Option(
+            None, "--batch-size", help="N for BS=N (default: number of prompts)"
+        ),
         max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per prompt"),
         logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
         mode: str = typer.Option(None, "--mode", help="default | eager | both (started engines)"),
         atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
-        batch_via: str = typer.Option("list", "--batch-via",
-                                      help="BS=N as one request with N prompts (list) or N concurrent requests"),
-        timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for a started engine"),
+        batch_via: str = typer.Option(
+            "list",
+            "--batch-via",
+            help="BS=N as one request with N prompts (list) or N concurrent requests",
+        ),
+        timeout: float = typer.Option(
+            600.0, "--timeout", help="seconds to wait for a started engine"
+        ),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(False, "--tui", help="live progress and divergences"),
     ) -> None:
@@ -145,15 +157,31 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--timeout must be positive")
         if batch_via not in BATCH_VIA:
             raise BadInput(f"--batch-via must be one of {', '.join(BATCH_VIA)}, not {batch_via!r}")
-        req = Request(base, model, prompts, n, max_tokens, logprobs, atol, modes, timeout,
-                      tag=f"opsctl-inv-{uuid.uuid4().hex[:6]}", batch_via=batch_via)
+        req = Request(
+            base,
+            model,
+            prompts,
+            n,
+            max_tokens,
+            logprobs,
+            atol,
+            modes,
+            timeout,
+            tag=f"opsctl-inv-{uuid.uuid4().hex[:6]}",
+            batch_via=batch_via,
+        )
         started = time.time()
-        report = run_pipeline("diag invariance", lambda emit: run_all(req, emit), tui=tui, as_json=as_json)
+        report = run_pipeline(
+            "diag invariance", lambda emit: run_all(req, emit), tui=tui, as_json=as_json
+        )
         report["seconds"] = round(time.time() - started, 2)
         doc = output.document(SCHEMA, **report)
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if report["verdict"] != "pass":
             raise CheckFailed(
-                "batch invariance failed: " + "; ".join(report.get("reasons") or ["see report"])[:600],
-                hint="--atol X allows a stated logprob tolerance" if report.get("atol") is None else None,
+                "batch invariance failed: "
+                + "; ".join(report.get("reasons") or ["see report"])[:600],
+                hint="--atol X allows a stated logprob tolerance"
+                if report.get("atol") is None
+                else None,
             )

@@ -47,8 +47,10 @@ def _div_text(r: inv.PromptResult) -> str:
     d = r.first_divergence
     if d is None:
         return r.reason or "-"
-    return (f"pos {d.position} {d.kind}: tok {d.token_alone}/{d.token_batched} "
-            f"lp {d.logprob_alone!r}/{d.logprob_batched!r} Δ {_fmt_diff(d.diff)}")
+    return (
+        f"pos {d.position} {d.kind}: tok {d.token_alone}/{d.token_batched} "
+        f"lp {d.logprob_alone!r}/{d.logprob_batched!r} Δ {_fmt_diff(d.diff)}"
+    )
 
 
 def _last(records: list[dict], **match: Any) -> dict | None:
@@ -87,9 +89,15 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     env["OPSCTL_PROBES"] = ",".join(dict.fromkeys([*probes, "batch"]))
     emit({"phase": f"{label}: preparing the engine", "columns": COLUMNS, "rows": rows})
     with engine_target(
-        req.url, req.model, default_model="tiny-llama", extra_args=ISOLATING_ARGS, env=env,
-        label=f"invariance-{mode or 'url'}", timeout=req.timeout,
-        max_num_seqs=max(8, req.batch_size), enforce_eager=(mode == "eager"),
+        req.url,
+        req.model,
+        default_model="tiny-llama",
+        extra_args=ISOLATING_ARGS,
+        env=env,
+        label=f"invariance-{mode or 'url'}",
+        timeout=req.timeout,
+        max_num_seqs=max(8, req.batch_size),
+        enforce_eager=(mode == "eager"),
     ) as target:
         engine_seconds = time.time() - t_start
         run_dir = target.run_dir if not target.external else find_run_dir(target.url)
@@ -100,12 +108,20 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
             raise CheckFailed(f"{target.url}/v1/models listed no model")
         version = cc.server_version(target.url)
         params = cc.CompletionParams(model, req.max_tokens, req.logprobs)
-        tag_alone, tag_batch = f"{req.tag}-{mode or 'url'}-bs1", f"{req.tag}-{mode or 'url'}-bs{req.batch_size}"
+        tag_alone, tag_batch = (
+            f"{req.tag}-{mode or 'url'}-bs1",
+            f"{req.tag}-{mode or 'url'}-bs{req.batch_size}",
+        )
 
         def progress(phase: str):
             def on_done(i: int, res: cc.Timed) -> None:
-                state = "error: " + res.generated.error if res.generated.error else f"{len(res.generated.token_ids)} tokens"
+                state = (
+                    "error: " + res.generated.error
+                    if res.generated.error
+                    else f"{len(res.generated.token_ids)} tokens"
+                )
                 emit({"events": [f"{label}: {phase} prompt {i}: {state} in {res.seconds:.2f} s"]})
+
             return on_done
 
         emit({"phase": f"{label}: BS=1: {len(req.prompts)} prompts one at a time"})
@@ -116,33 +132,60 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
         t0 = time.time()
         together_fn = cc.run_together_list if req.batch_via == "list" else cc.run_together
         with cc.RunningSampler(target.url) as sampler:
-            together = together_fn(target.url, params, req.prompts, tag_batch, req.batch_size,
-                                   progress(f"BS={req.batch_size}"))
+            together = together_fn(
+                target.url,
+                params,
+                req.prompts,
+                tag_batch,
+                req.batch_size,
+                progress(f"BS={req.batch_size}"),
+            )
         t_together = time.time() - t0
         time.sleep(0.2)  # let the probe's last lines land
         info, batch_records, probe_init, ledger_version = engine_records(run_dir)
 
     results = [
-        inv.compare(i, a.generated, b.generated, max_tokens=req.max_tokens, logprobs=req.logprobs, atol=req.atol)
+        inv.compare(
+            i,
+            a.generated,
+            b.generated,
+            max_tokens=req.max_tokens,
+            logprobs=req.logprobs,
+            atol=req.atol,
+        )
         for i, (a, b) in enumerate(zip(alone, together, strict=True))
     ]
     for r in results:
-        rows.append([label, str(r.index), _preview(req.prompts[r.index]), r.status, _div_text(r),
-                     _fmt_diff(r.largest_diff)])
+        rows.append(
+            [
+                label,
+                str(r.index),
+                _preview(req.prompts[r.index]),
+                r.status,
+                _div_text(r),
+                _fmt_diff(r.largest_diff),
+            ]
+        )
         if not r.passed:
             emit({"events": [f"{label}: prompt {r.index}: {r.status}: {_div_text(r)}"]})
     emit({"rows": rows})
 
-    evidence = inv.batch_from_probe(batch_records, tag_batch, req.batch_size) or inv.batch_from_metrics(
-        sampler.samples, req.batch_size)
-    settings = inv.check_engine_settings(info, probe_init.get("env") if probe_init else None,
-                                         mode=mode)
+    evidence = inv.batch_from_probe(
+        batch_records, tag_batch, req.batch_size
+    ) or inv.batch_from_metrics(sampler.samples, req.batch_size)
+    settings = inv.check_engine_settings(
+        info, probe_init.get("env") if probe_init else None, mode=mode
+    )
     settings += inv.check_request_settings([t.generated for t in alone + together], req.max_tokens)
-    extra: list[str] = [f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed]
+    extra: list[str] = [
+        f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed
+    ]
     warnings: list[str] = []
     if evidence.alone and evidence.source == "batch probe":
-        extra.append(f"prompt(s) {list(evidence.alone)} ran alone in the BS={req.batch_size} phase "
-                     "(never sampled with another request): BS=N not tested for them")
+        extra.append(
+            f"prompt(s) {list(evidence.alone)} ran alone in the BS={req.batch_size} phase "
+            "(never sampled with another request): BS=N not tested for them"
+        )
     elif evidence.formed is False:
         msg = f"BS={req.batch_size} did not form a batch ({evidence.source}: at most {evidence.max_batch} request(s) per step)"
         if evidence.source == "batch probe":
@@ -151,8 +194,10 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
             warnings.append(msg + "; metrics are sampled, so this is not conclusive")
     shared = inv.shared_steps(batch_records, tag_alone)
     if shared > 1:
-        warnings.append(f"a BS=1 request shared a sampling step with {shared - 1} other request(s) "
-                        "(other traffic on this server): that side was not strictly BS=1")
+        warnings.append(
+            f"a BS=1 request shared a sampling step with {shared - 1} other request(s) "
+            "(other traffic on this server): that side was not strictly BS=1"
+        )
     elif evidence.formed is None:
         warnings.append("could not show that the batch formed (no batch probe, no metrics)")
     nudge = (probe_init or {}).get("nudge")
@@ -162,11 +207,17 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     if not_enforced:
         warnings.append("could not enforce/verify on this server: " + ", ".join(not_enforced))
     summary = inv.summarize(results, req.atol, extra)
-    platform = (info or {}).get("platform") or ((probe_init or {}).get("platform")) or "unknown (external server without an opsctl ledger)"
+    platform = (
+        (info or {}).get("platform")
+        or ((probe_init or {}).get("platform"))
+        or "unknown (external server without an opsctl ledger)"
+    )
     execution = None
     if info is not None:
-        execution = {"enforce_eager": info.get("enforce_eager"),
-                     "compilation_mode": inv.compilation_mode_name(info.get("compilation_mode"))}
+        execution = {
+            "enforce_eager": info.get("enforce_eager"),
+            "compilation_mode": inv.compilation_mode_name(info.get("compilation_mode")),
+        }
     run = {
         "mode": mode or "unknown (external server)",
         "requested_mode": mode,
@@ -182,16 +233,33 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
         "settings": [s.to_dict() for s in settings],
         "batch": {**evidence.to_dict(), "via": req.batch_via, "bs1_max_shared": shared},
         "warnings": warnings,
-        "prompts": [{**r.to_dict(), "prompt": req.prompts[r.index],
-                     "seconds_alone": round(alone[r.index].seconds, 4),
-                     "seconds_batched": round(together[r.index].seconds, 4)} for r in results],
-        "seconds": {"engine": round(engine_seconds, 2), "bs1": round(t_alone, 3),
-                    "bsn": round(t_together, 3), "total": round(time.time() - t_start, 2)},
+        "prompts": [
+            {
+                **r.to_dict(),
+                "prompt": req.prompts[r.index],
+                "seconds_alone": round(alone[r.index].seconds, 4),
+                "seconds_batched": round(together[r.index].seconds, 4),
+            }
+            for r in results
+        ],
+        "seconds": {
+            "engine": round(engine_seconds, 2),
+            "bs1": round(t_alone, 3),
+            "bsn": round(t_together, 3),
+            "total": round(time.time() - t_start, 2),
+        },
     }
-    emit({"phase": f"{label}: done", "verdict": summary.verdict,
-          "summary": f"{label}: {summary.verdict} ({summary.comparison}); largest |Δ| {_fmt_diff(summary.largest_diff)}",
-          "events": [f"{label}: verdict {summary.verdict}: {'; '.join(summary.reasons) or 'all prompts matched'}"]
-          + [f"{label}: warning: {w}" for w in warnings]})
+    emit(
+        {
+            "phase": f"{label}: done",
+            "verdict": summary.verdict,
+            "summary": f"{label}: {summary.verdict} ({summary.comparison}); largest |Δ| {_fmt_diff(summary.largest_diff)}",
+            "events": [
+                f"{label}: verdict {summary.verdict}: {'; '.join(summary.reasons) or 'all prompts matched'}"
+            ]
+            + [f"{label}: warning: {w}" for w in warnings],
+        }
+    )
     return run
 
 
@@ -200,8 +268,13 @@ def run_all(req: Request, emit: Emit) -> dict:
     runs = [run_mode(req, mode, emit, rows) for mode in req.modes]
     verdict = "pass" if runs and all(r["verdict"] == "pass" for r in runs) else "fail"
     reasons = [f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]]
-    emit({"phase": "finished", "verdict": verdict,
-          "summary": "  |  ".join(f"{r['mode']}: {r['verdict']}" for r in runs)})
+    emit(
+        {
+            "phase": "finished",
+            "verdict": verdict,
+            "summary": "  |  ".join(f"{r['mode']}: {r['verdict']}" for r in runs),
+        }
+    )
     return {
         "verdict": verdict,
         "reasons": reasons,
@@ -222,8 +295,10 @@ def render(con, doc: dict) -> None:
     from rich.table import Table
 
     runs = doc["runs"]
-    head = Table(title=f"batch invariance: BS=1 vs BS={doc['batch_size']} ({doc['comparison']}, "
-                 f"{doc['prompts']} prompts x {doc['max_tokens']} tokens, top-{doc['logprobs']})")
+    head = Table(
+        title=f"batch invariance: BS=1 vs BS={doc['batch_size']} ({doc['comparison']}, "
+        f"{doc['prompts']} prompts x {doc['max_tokens']} tokens, top-{doc['logprobs']})"
+    )
     head.add_column("")
     for r in runs:
         head.add_column(str(r["mode"]))
@@ -234,10 +309,16 @@ def render(con, doc: dict) -> None:
 
     row("verdict", lambda r: colour.get(r["verdict"], r["verdict"]))
     row("tokens identical", lambda r: r["summary"]["tokens_identical"])
-    row("identical / within atol / diverged / error", lambda r: "{identical} / {within_atol} / {diverged} / {errors}".format(**r["summary"]))
+    row(
+        "identical / within atol / diverged / error",
+        lambda r: "{identical} / {within_atol} / {diverged} / {errors}".format(**r["summary"]),
+    )
     row("largest |Δ logprob|", lambda r: _fmt_diff(r["summary"]["largest_diff"]))
     row("batch formed", lambda r: f"{r['batch']['max_batch']} together ({r['batch']['source']})")
-    row("execution", lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?")
+    row(
+        "execution",
+        lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?",
+    )
     row("platform", lambda r: r["platform"])
     row("vLLM", lambda r: r["vllm_version"] or "?")
     row("seconds engine / BS=1 / BS=N", lambda r: "{engine} / {bs1} / {bsn}".format(**r["seconds"]))
@@ -247,18 +328,43 @@ def render(con, doc: dict) -> None:
         for c in ("setting", "wanted", "seen", "status", "source"):
             st.add_column(c)
         for s in r["settings"]:
-            style = {"verified": "green", "mismatch": "red", "not verified": "yellow"}.get(s["status"], "")
-            st.add_row(s["name"], s["wanted"], s["seen"], f"[{style}]{s['status']}[/]" if style else s["status"], s["source"])
+            style = {"verified": "green", "mismatch": "red", "not verified": "yellow"}.get(
+                s["status"], ""
+            )
+            st.add_row(
+                s["name"],
+                s["wanted"],
+                s["seen"],
+                f"[{style}]{s['status']}[/]" if style else s["status"],
+                s["source"],
+            )
         con.print(st)
         pt = Table(title=f"{r['mode']}: per prompt")
-        for c in ("#", "prompt", "status", "first divergence (pos, tokens, logprobs alone/batched, Δ)", "largest |Δ|"):
+        for c in (
+            "#",
+            "prompt",
+            "status",
+            "first divergence (pos, tokens, logprobs alone/batched, Δ)",
+            "largest |Δ|",
+        ):
             pt.add_column(c)
         for p in r["prompts"]:
-            res = inv.PromptResult(p["index"], p["status"], p["reason"],
-                                   inv.Divergence(**p["first_divergence"]) if p["first_divergence"] else None)
-            pt.add_row(str(p["index"]), escape(_preview(p["prompt"])), p["status"], escape(_div_text(res)),
-                       _fmt_diff(p["largest_diff"]))
+            res = inv.PromptResult(
+                p["index"],
+                p["status"],
+                p["reason"],
+                inv.Divergence(**p["first_divergence"]) if p["first_divergence"] else None,
+            )
+            pt.add_row(
+                str(p["index"]),
+                escape(_preview(p["prompt"])),
+                p["status"],
+                escape(_div_text(res)),
+                _fmt_diff(p["largest_diff"]),
+            )
         con.print(pt)
         for w in r["warnings"]:
             con.print(f"[yellow]warning:[/] {escape(w)}")
-    con.print(f"verdict: {colour.get(doc['verdict'], doc['verdict'])}  ({doc.get('seconds', '?')} s)")
+    con.print(
+        f"verdict: {colour.get(doc['verdict'], doc['verdict'])}  ({doc.get('seconds', '?')} s)"
+    )
