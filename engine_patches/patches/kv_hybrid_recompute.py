@@ -59,7 +59,7 @@ MARK = "_opsctl_kv_hybrid_recompute"
 
 # What the unpatched scheduler does with several groups (either one means: crash).
 _CRASH_MARKERS = (
-    "not supported for models with multiple KV cache groups",  # 0.32: RuntimeError
+    "with multiple KV cache groups",  # 0.32: RuntimeError in _handle_invalid_blocks
     "(req_block_ids,) =",  # <= 0.31: single-group unpack -> ValueError
 )
 
