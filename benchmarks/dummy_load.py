@@ -27,8 +27,12 @@ class Layer(nn.Module):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.attn = nn.ModuleDict({k: nn.Linear(width, width, bias=False) for k in ("q", "k", "v", "o")})
-        self.mlp = nn.ModuleDict({k: nn.Linear(width, width, bias=False) for k in ("gate", "up", "down")})
+        self.attn = nn.ModuleDict(
+            {k: nn.Linear(width, width, bias=False) for k in ("q", "k", "v", "o")}
+        )
+        self.mlp = nn.ModuleDict(
+            {k: nn.Linear(width, width, bias=False) for k in ("gate", "up", "down")}
+        )
         self.norms = nn.ModuleList([nn.LayerNorm(width), nn.LayerNorm(width)])
 
 
@@ -65,6 +69,7 @@ def main() -> None:
             ("chain, 300 modules deep, 64x64 each", Chain(300, 64)),
             ("48 decoder-like layers, width 256", nn.Sequential(*[Layer(256) for _ in range(48)])),
         ):
+
             def one_visit(model=model):
                 counts["n"] = 0
                 loader.load_weights(model, model_config=None)
@@ -73,8 +78,12 @@ def main() -> None:
             t1, n1 = timed(one_visit)
             t2, n2 = timed(lambda model=model: recursive_init(model, init))
             print(f"{label}:")
-            print(f"  one visit per tensor (vLLM DummyModelLoader): {t1 * 1e3:9.1f} ms  ({n1} inits)")
-            print(f"  recursive state_dict() per module (old):      {t2 * 1e3:9.1f} ms  ({n2} inits)")
+            print(
+                f"  one visit per tensor (vLLM DummyModelLoader): {t1 * 1e3:9.1f} ms  ({n1} inits)"
+            )
+            print(
+                f"  recursive state_dict() per module (old):      {t2 * 1e3:9.1f} ms  ({n2} inits)"
+            )
             print(f"  ratio old/new: {t2 / t1:.1f}x")
     finally:
         dummy_loader.initialize_single_dummy_weight = init

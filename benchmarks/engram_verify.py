@@ -41,12 +41,16 @@ def main() -> int:
                     assert v.status == "constant", v
                     best = v.seconds if best is None else min(best, v.seconds)
                 gbps = t.total / best / 1e9
-                print(f"  {mode:6s} via {access[0]:9s}: {best * 1e3:8.1f} ms  {gbps:8.2f} GB/s of table"
-                      f"  ({v.bytes_checked} bytes read)")
+                print(
+                    f"  {mode:6s} via {access[0]:9s}: {best * 1e3:8.1f} ms  {gbps:8.2f} GB/s of table"
+                    f"  ({v.bytes_checked} bytes read)"
+                )
                 if mode == "full" and access == ("map_files",):
                     worst_full = gbps
-    print(f"full verify (default path): {worst_full:.2f} GB/s  target >= 2 GB/s: "
-          f"{'met' if worst_full and worst_full >= 2 else 'NOT met'}")
+    print(
+        f"full verify (default path): {worst_full:.2f} GB/s  target >= 2 GB/s: "
+        f"{'met' if worst_full and worst_full >= 2 else 'NOT met'}"
+    )
     return 0
 
 

@@ -63,10 +63,19 @@ def summary(snap, name):
         return {"found": False, "scan_errors": doc["scan_errors"]}
     t = tabs[0]
     return {
-        "found": True, "linked": t["linked"], "size": t["size"], "size_source": t["size_source"],
-        "layout": t["layout"], "mappers": [{k: m[k] for k in ("pid", "deleted", "rss", "pss", "locked", "vmflags")}
-                                           for m in t["mappers"]],
-        "verify": {k: t["verify"][k] for k in ("status", "mode", "access", "bytes_checked", "first_mismatch", "gbps")},
+        "found": True,
+        "linked": t["linked"],
+        "size": t["size"],
+        "size_source": t["size_source"],
+        "layout": t["layout"],
+        "mappers": [
+            {k: m[k] for k in ("pid", "deleted", "rss", "pss", "locked", "vmflags")}
+            for m in t["mappers"]
+        ],
+        "verify": {
+            k: t["verify"][k]
+            for k in ("status", "mode", "access", "bytes_checked", "first_mismatch", "gbps")
+        },
         "findings": [f.message for f in dom.table_findings(t)],
     }
 
@@ -91,7 +100,11 @@ def main() -> int:
     total = weight + weight // 128
     prefix = f"vllm_engram_gpucheck_{os.getpid()}_"
     path = f"/dev/shm/{prefix}a"
-    result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "total_bytes": total}
+    result: dict = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "total_bytes": total,
+    }
     children: list[subprocess.Popen] = []
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     registered = False
@@ -105,14 +118,24 @@ def main() -> int:
         arr[weight:] = 127
         result["fill_s"] = round(time.perf_counter() - t0, 3)
         for _ in range(2):
-            children.append(subprocess.Popen([sys.executable, "-c", CHILD, path], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, text=True))
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", CHILD, path],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
         result["children"] = [c.stdout.readline().strip() for c in children]
         t0 = time.perf_counter()
         res = torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, total, 0)
         registered = int(getattr(res, "value", res)) == 0
         host = torch.from_numpy(arr)
-        result["register"] = {"ok": registered, "s": round(time.perf_counter() - t0, 3), "is_pinned": host.is_pinned()}
+        result["register"] = {
+            "ok": registered,
+            "s": round(time.perf_counter() - t0, 3),
+            "is_pinned": host.is_pinned(),
+        }
 
         def gpu_check() -> dict:
             out: dict = {}
@@ -128,8 +151,12 @@ def main() -> int:
                 w = torch.nonzero(dev[:weight] != 0x38)
                 s = torch.nonzero(dev[weight:] != 127)
                 first = int(w[0]) if len(w) else weight + int(s[0])
-            out["dma"] = {"GBps": round(total / dt / 1e9, 1), "bad_weights": bad_w, "bad_scales": bad_s,
-                          "first_bad": first}
+            out["dma"] = {
+                "GBps": round(total / dt / 1e9, 1),
+                "bad_weights": bad_w,
+                "bad_scales": bad_s,
+                "first_bad": first,
+            }
             del dev
             try:
                 import cupy as cp
@@ -142,11 +169,16 @@ def main() -> int:
                 view = cp.ndarray((total,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
                 cp.cuda.runtime.deviceSynchronize()
                 t = time.perf_counter()
-                bad = int(cp.count_nonzero(view[:weight] != 0x38)) + int(cp.count_nonzero(view[weight:] != 127))
+                bad = int(cp.count_nonzero(view[:weight] != 0x38)) + int(
+                    cp.count_nonzero(view[weight:] != 127)
+                )
                 cp.cuda.runtime.deviceSynchronize()
                 dt = time.perf_counter() - t
-                out["uva_zero_copy"] = {"device_ptr_equals_host_ptr": dptr == arr.ctypes.data, "bad": bad,
-                                        "GBps": round(total / dt / 1e9, 1)}
+                out["uva_zero_copy"] = {
+                    "device_ptr_equals_host_ptr": dptr == arr.ctypes.data,
+                    "bad": bad,
+                    "GBps": round(total / dt / 1e9, 1),
+                }
             except Exception as exc:
                 out["uva_zero_copy"] = {"error": repr(exc)}
             return out
@@ -156,14 +188,17 @@ def main() -> int:
         result["inspect_linked"] = summary(col.inspect(verify="full", prefix=prefix), name)
         os.unlink(path)  # the leader unlinks once every rank has mapped and pinned it
         result["inspect_deleted"] = summary(col.inspect(verify="full", prefix=prefix), name)
-        result["inspect_deleted_mem"] = summary(col.inspect(verify="full", prefix=prefix, access=("mem",)), name)
+        result["inspect_deleted_mem"] = summary(
+            col.inspect(verify="full", prefix=prefix, access=("mem",)), name
+        )
         arr[12345] = 0x00  # corrupt one weight byte through the pinned mapping
         result["gpu_read_corrupted"] = gpu_check()
         result["inspect_corrupted"] = summary(col.inspect(verify="full", prefix=prefix), name)
         arr[12345] = 0x38
         a, b = result["inspect_linked"], result["inspect_deleted"]
         result["identical_except_linked"] = (
-            a["size"] == b["size"] and a["layout"] == b["layout"]
+            a["size"] == b["size"]
+            and a["layout"] == b["layout"]
             and [m["pid"] for m in a["mappers"]] == [m["pid"] for m in b["mappers"]]
             and a["verify"]["status"] == b["verify"]["status"] == "constant"
         )

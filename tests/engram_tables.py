@@ -85,8 +85,12 @@ class Table:
 
     def spawn(self, n: int) -> None:
         for _ in range(n):
-            child = subprocess.Popen([sys.executable, "-c", CHILD, self.path], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+            child = subprocess.Popen(
+                [sys.executable, "-c", CHILD, self.path],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             self.children.append(child)
         for child in self.children[-n:]:
             line = child.stdout.readline() if child.stdout else ""
@@ -108,8 +112,16 @@ class Table:
 
 
 @contextlib.contextmanager
-def shared_table(prefix: str, *, rows: int = 4096, dim: int = 256, mappers: int = 3,
-                 unlink: bool = True, block: int = 128, suffix: str = "a") -> Iterator[Table]:
+def shared_table(
+    prefix: str,
+    *,
+    rows: int = 4096,
+    dim: int = 256,
+    mappers: int = 3,
+    unlink: bool = True,
+    block: int = 128,
+    suffix: str = "a",
+) -> Iterator[Table]:
     path = f"{SHM}/{prefix}{suffix}"
     table = Table(path, 0, rows * dim)
     try:

@@ -30,7 +30,9 @@ def upstream_status() -> tuple[bool, bool]:
     has_fill = "dummy_weight_value" in fill_src
     # No float check at all (e.g. a wrapper) counts as "before" it.
     float_at = fill_src.find("is_floating_point")
-    fill_before_float = has_fill and (float_at < 0 or fill_src.index("dummy_weight_value") < float_at)
+    fill_before_float = has_fill and (
+        float_at < 0 or fill_src.index("dummy_weight_value") < float_at
+    )
     return fill_before_float, not calls_state_dict(load_src)
 
 
@@ -41,7 +43,9 @@ def calls_state_dict(source: str) -> bool:
 
     tree = ast.parse(textwrap.dedent(source))
     return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "state_dict"
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "state_dict"
         for n in ast.walk(tree)
     )
 
@@ -89,7 +93,7 @@ def apply() -> Outcome:
         done.append("constant fill")
     if not visit_up:
         ORIGINALS["load"] = dummy_loader.DummyModelLoader.load_weights
-        dummy_loader.DummyModelLoader.load_weights = single_visit_load_weights
+        dummy_loader.DummyModelLoader.load_weights = single_visit_load_weights  # type: ignore[method-assign]
         done.append("single-visit init")
     return Outcome(APPLIED, ", ".join(done))
 
@@ -100,9 +104,11 @@ def undo() -> None:
     if "fill" in ORIGINALS:
         weight_utils.initialize_single_dummy_weight = ORIGINALS.pop("fill")
         if hasattr(dummy_loader, "initialize_single_dummy_weight"):
-            dummy_loader.initialize_single_dummy_weight = weight_utils.initialize_single_dummy_weight
+            dummy_loader.initialize_single_dummy_weight = (
+                weight_utils.initialize_single_dummy_weight
+            )
     if "load" in ORIGINALS:
-        dummy_loader.DummyModelLoader.load_weights = ORIGINALS.pop("load")
+        dummy_loader.DummyModelLoader.load_weights = ORIGINALS.pop("load")  # type: ignore[method-assign]
 
 
 PATCH = Patch(

@@ -167,25 +167,74 @@ def _mappers(pid: int, maps: list[shm.Mapping]) -> MapperInfo:
     try:
         sm = read_smaps(pid, {m.start for m in maps})
     except (FileNotFoundError, ProcessLookupError):
-        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
-                          "process exited during scan")
+        return MapperInfo(
+            pid,
+            name,
+            ranges,
+            maps[0].perms,
+            maps[0].deleted,
+            None,
+            None,
+            None,
+            None,
+            "process exited during scan",
+        )
     except PermissionError as exc:
-        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
-                          f"permission denied reading /proc/{pid}/smaps: {exc.strerror}")
+        return MapperInfo(
+            pid,
+            name,
+            ranges,
+            maps[0].perms,
+            maps[0].deleted,
+            None,
+            None,
+            None,
+            None,
+            f"permission denied reading /proc/{pid}/smaps: {exc.strerror}",
+        )
     except OSError as exc:
-        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
-                          f"cannot read /proc/{pid}/smaps: {exc}")
+        return MapperInfo(
+            pid,
+            name,
+            ranges,
+            maps[0].perms,
+            maps[0].deleted,
+            None,
+            None,
+            None,
+            None,
+            f"cannot read /proc/{pid}/smaps: {exc}",
+        )
     if not sm:  # maps said it was there, smaps no longer: unmapped or exited in between
-        return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None,
-                          "mapping went away during scan")
+        return MapperInfo(
+            pid,
+            name,
+            ranges,
+            maps[0].perms,
+            maps[0].deleted,
+            None,
+            None,
+            None,
+            None,
+            "mapping went away during scan",
+        )
 
     def total(key: str) -> int | None:
         vals = [v[key] for v in sm.values() if key in v]
         return sum(vals) if vals else None
 
     flags = next((v.get("vmflags") for v in sm.values() if v.get("vmflags")), None)
-    return MapperInfo(pid, name, ranges, maps[0].perms, maps[0].deleted, total("rss"), total("pss"),
-                      total("locked"), flags)
+    return MapperInfo(
+        pid,
+        name,
+        ranges,
+        maps[0].perms,
+        maps[0].deleted,
+        total("rss"),
+        total("pss"),
+        total("locked"),
+        flags,
+    )
 
 
 # ---- readers ---------------------------------------------------------------------------------
@@ -224,9 +273,15 @@ class _Reader:
 ACCESS = ("file", "map_files", "mem")
 
 
-def _open_readers(table_path: str, linked: bool, devkey: tuple[int, int], inode: int,
-                  mappers: tuple[MapperInfo, ...], size: int | None,
-                  access: tuple[str, ...] = ACCESS) -> Iterator[_Reader | Exception]:
+def _open_readers(
+    table_path: str,
+    linked: bool,
+    devkey: tuple[int, int],
+    inode: int,
+    mappers: tuple[MapperInfo, ...],
+    size: int | None,
+    access: tuple[str, ...] = ACCESS,
+) -> Iterator[_Reader | Exception]:
     """Candidate readers, best first; an exception in place of a reader says why one failed."""
     if linked and "file" in access:
         try:
@@ -273,10 +328,17 @@ def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict
             n = reader.readinto(view[:want] if want < CHUNK else view, off)
             if n <= 0:
                 raise OSError(f"table ends at byte {off}, expected {region.end}")
-            idx = None if (n == CHUNK and buf == pattern) else dom.first_mismatch(view[:n], region.value)
+            idx = (
+                None
+                if (n == CHUNK and buf == pattern)
+                else dom.first_mismatch(view[:n], region.value)
+            )
             if idx is not None:
                 return checked + idx + 1, {
-                    "offset": off + idx, "value": buf[idx], "expected": region.value, "region": region.name,
+                    "offset": off + idx,
+                    "value": buf[idx],
+                    "expected": region.value,
+                    "region": region.name,
                 }
             checked += n
             off += n
@@ -294,20 +356,29 @@ def _check_mapped(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict
         for off in range(region.start, region.end, CHUNK):
             n = min(CHUNK, region.end - off)
             if memcmp(reader.addr + off, paddr, n) != 0:
-                idx = dom.first_mismatch(reader.arr[off:off + n], region.value)
+                idx = dom.first_mismatch(reader.arr[off : off + n], region.value)
                 assert idx is not None
                 return checked + idx + 1, {
-                    "offset": off + idx, "value": int(reader.arr[off + idx]), "expected": region.value,
+                    "offset": off + idx,
+                    "value": int(reader.arr[off + idx]),
+                    "expected": region.value,
                     "region": region.name,
                 }
             checked += n
     return checked, None
 
 
-def verify_table(path: str, linked: bool, devkey: tuple[int, int], inode: int,
-                 mappers: tuple[MapperInfo, ...], size: int | None,
-                 layout: dom.TableLayout | None, mode: str,
-                 access: tuple[str, ...] = ACCESS) -> VerifyResult:
+def verify_table(
+    path: str,
+    linked: bool,
+    devkey: tuple[int, int],
+    inode: int,
+    mappers: tuple[MapperInfo, ...],
+    size: int | None,
+    layout: dom.TableLayout | None,
+    mode: str,
+    access: tuple[str, ...] = ACCESS,
+) -> VerifyResult:
     if mode == "none":
         return VerifyResult("skipped", mode, reason=None)
     if layout is None:
@@ -333,12 +404,16 @@ def verify_table(path: str, linked: bool, devkey: tuple[int, int], inode: int,
     denied = [f for f in failures if isinstance(f, PermissionError)]
     if denied:
         return VerifyResult(
-            "denied", mode, error=f"permission denied: {denied[0]}",
+            "denied",
+            mode,
+            error=f"permission denied: {denied[0]}",
             hint="run as root (opening /proc/PID/map_files needs CAP_SYS_ADMIN; /proc/PID/mem "
-                 "needs ptrace access to the vLLM process) or as the user that runs vLLM",
+            "needs ptrace access to the vLLM process) or as the user that runs vLLM",
         )
     if not failures or all(isinstance(f, FileNotFoundError | ProcessLookupError) for f in failures):
-        return VerifyResult("skipped", mode, reason="every process mapping it exited during the scan")
+        return VerifyResult(
+            "skipped", mode, reason="every process mapping it exited during the scan"
+        )
     return VerifyResult("error", mode, error=str(failures[-1]))
 
 
@@ -353,9 +428,14 @@ def _exact_size(mappers: tuple[MapperInfo, ...]) -> int | None:
     return None
 
 
-def inspect(pids: list[int] | None = None, verify: str = "sample", prefix: str = dom.PREFIX,
-            root: Path = shm.SHM, progress: Progress | None = None,
-            access: tuple[str, ...] = ACCESS) -> InspectSnapshot:
+def inspect(
+    pids: list[int] | None = None,
+    verify: str = "sample",
+    prefix: str = dom.PREFIX,
+    root: Path = shm.SHM,
+    progress: Progress | None = None,
+    access: tuple[str, ...] = ACCESS,
+) -> InspectSnapshot:
     """Find, measure and verify every Engram table visible from here (see module doc)."""
     if verify not in dom.VERIFY_MODES:
         raise ValueError(f"verify must be one of {dom.VERIFY_MODES}")
@@ -385,16 +465,33 @@ def inspect(pids: list[int] | None = None, verify: str = "sample", prefix: str =
         else:
             size, source = _exact_size(mappers), "map_files"
             if size is None and any_map is not None:
-                size, source = dom.size_from_mapping(any_map.end - any_map.start + any_map.offset), "mapping"
+                size, source = (
+                    dom.size_from_mapping(any_map.end - any_map.start + any_map.offset),
+                    "mapping",
+                )
             if size is None:
                 source = "unknown"
         layout = dom.split_table(size) if size else None
         name = os.path.basename(path)
         notify("verify", {"table": name, "size": size, "mode": verify})
         result = verify_table(path, linked, devkey, inode, mappers, size, layout, verify, access)
-        tables.append(TableReport(name, path, f"{devkey[0]}:{devkey[1]}", inode, linked, size, source,
-                                  layout, mappers, result))
-    return InspectSnapshot(time.time(), prefix, tuple(tables), shm.capacity(root), scan.errors, symlinks)
+        tables.append(
+            TableReport(
+                name,
+                path,
+                f"{devkey[0]}:{devkey[1]}",
+                inode,
+                linked,
+                size,
+                source,
+                layout,
+                mappers,
+                result,
+            )
+        )
+    return InspectSnapshot(
+        time.time(), prefix, tuple(tables), shm.capacity(root), scan.errors, symlinks
+    )
 
 
 def snapshot_to_dict(snap: InspectSnapshot) -> dict[str, Any]:
@@ -445,7 +542,9 @@ def find_orphans(prefix: str = dom.PREFIX, root: Path = shm.SHM) -> CleanScan:
     return CleanScan(tuple(orphans), tuple(mapped), tuple(links), denied)
 
 
-def remove_orphans(names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM) -> tuple[list[str], list[str]]:
+def remove_orphans(
+    names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM
+) -> tuple[list[str], list[str]]:
     """Remove orphans, re-checking each right before (shm.remove_unmapped rescans mappings
     and refuses symlinks, non-regular files and anything mapped). Returns (removed, kept)."""
     wanted = {n for n in names if n.startswith(prefix) and "/" not in n}

@@ -36,11 +36,19 @@ def register(app: typer.Typer) -> None:
 
     @engram_app.command("inspect")
     def inspect_cmd(
-        pid: list[int] = typer.Option([], "--pid", help="only look at these processes' mappings (repeatable)"),
-        verify: str = typer.Option("sample", "--verify", help="fill verification: sample | full | none"),
-        prefix: str = typer.Option("vllm_engram_", "--prefix", help="table name prefix (narrow it to one run)"),
+        pid: list[int] = typer.Option(
+            [], "--pid", help="only look at these processes' mappings (repeatable)"
+        ),
+        verify: str = typer.Option(
+            "sample", "--verify", help="fill verification: sample | full | none"
+        ),
+        prefix: str = typer.Option(
+            "vllm_engram_", "--prefix", help="table name prefix (narrow it to one run)"
+        ),
         as_json: bool = typer.Option(False, "--json"),
-        tui: bool = typer.Option(False, "--tui", help="show progress and results in the dashboard panel"),
+        tui: bool = typer.Option(
+            False, "--tui", help="show progress and results in the dashboard panel"
+        ),
     ) -> None:
         """Find Engram tables (files and deleted mappings), who maps them, and verify the fill."""
         from opsctl.commands.diag.common import run_pipeline
@@ -58,25 +66,40 @@ def register(app: typer.Typer) -> None:
             gone = [p for p in pids if not psutil.pid_exists(p)]
             if gone:
                 raise BadInput(f"no such process: {', '.join(map(str, gone))}")
-        report = run_pipeline("engram inspect", lambda emit_: inspect_pipeline(emit_, pids, verify, prefix),
-                              tui=tui, as_json=as_json)
+        report = run_pipeline(
+            "engram inspect",
+            lambda emit_: inspect_pipeline(emit_, pids, verify, prefix),
+            tui=tui,
+            as_json=as_json,
+        )
         emit(report, as_json=as_json, render=lambda console: render_inspect(console, report))
         if report["exit_code"]:
             bad = [f for f in report["findings"] if f["code"] == "engram.fill_mismatch"]
-            raise CheckFailed(f"{len(bad)} Engram table(s) not constant-filled: {bad[0]['message']}")
+            raise CheckFailed(
+                f"{len(bad)} Engram table(s) not constant-filled: {bad[0]['message']}"
+            )
 
     @engram_app.command("plan")
     def plan_cmd(
-        model: Path | None = typer.Option(None, "--model", help="model directory with a config.json"),
-        config: str | None = typer.Option(None, "--config",
-                                          help="config JSON file, or a shipped example: deepseek-v4.1-flash"),
+        model: Path | None = typer.Option(
+            None, "--model", help="model directory with a config.json"
+        ),
+        config: str | None = typer.Option(
+            None, "--config", help="config JSON file, or a shipped example: deepseek-v4.1-flash"
+        ),
         tp: int = typer.Option(1, "--tp", help="tensor parallel size"),
         dp: int = typer.Option(1, "--dp", help="data parallel size"),
         nodes: int = typer.Option(1, "--nodes", help="nodes the DP replicas spread over"),
-        shm_size: str | None = typer.Option(None, "--shm-size",
-                                            help="/dev/shm size to plan for (e.g. 64M, 200G); default: this host's free /dev/shm"),
-        block_size: int | None = typer.Option(None, "--block-size",
-                                              help="elements per ue8m0 scale (default: config engram_scale_block_size, else 128)"),
+        shm_size: str | None = typer.Option(
+            None,
+            "--shm-size",
+            help="/dev/shm size to plan for (e.g. 64M, 200G); default: this host's free /dev/shm",
+        ),
+        block_size: int | None = typer.Option(
+            None,
+            "--block-size",
+            help="elements per ue8m0 scale (default: config engram_scale_block_size, else 128)",
+        ),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Engram table bytes per rank/node for TP/DP, shared vs private, and the /dev/shm check."""
@@ -87,7 +110,9 @@ def register(app: typer.Typer) -> None:
 
     @engram_app.command("clean")
     def clean_cmd(
-        yes: bool = typer.Option(False, "--yes", help="really remove the orphans (default: only list them)"),
+        yes: bool = typer.Option(
+            False, "--yes", help="really remove the orphans (default: only list them)"
+        ),
         prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -101,19 +126,31 @@ def register(app: typer.Typer) -> None:
         removed: list[str] = []
         kept: list[str] = []
         if scan.denied_pids:
-            output.warn(f"could not read the mappings of {len(scan.denied_pids)} process(es) "
-                        f"(pids {', '.join(map(str, scan.denied_pids[:10]))}); files only they map look orphaned")
+            output.warn(
+                f"could not read the mappings of {len(scan.denied_pids)} process(es) "
+                f"(pids {', '.join(map(str, scan.denied_pids[:10]))}); files only they map look orphaned"
+            )
         if yes and scan.orphans:
             removed, kept = col.remove_orphans([o.name for o in scan.orphans], prefix)
         doc = document(
-            "engram.clean", prefix=prefix, dry_run=not yes,
-            orphans=[{"name": o.name, "path": o.path, "size": o.size, "mtime": o.mtime} for o in scan.orphans],
-            mapped=list(scan.mapped), ignored_symlinks=list(scan.symlinks),
-            removed=removed, kept=kept, unchecked_pids=list(scan.denied_pids),
+            "engram.clean",
+            prefix=prefix,
+            dry_run=not yes,
+            orphans=[
+                {"name": o.name, "path": o.path, "size": o.size, "mtime": o.mtime}
+                for o in scan.orphans
+            ],
+            mapped=list(scan.mapped),
+            ignored_symlinks=list(scan.symlinks),
+            removed=removed,
+            kept=kept,
+            unchecked_pids=list(scan.denied_pids),
         )
         emit(doc, as_json=as_json, render=lambda console: render_clean(console, doc))
         if not yes and scan.orphans:
-            output.info(f"{len(scan.orphans)} orphan(s) listed; run again with --yes to remove them")
+            output.info(
+                f"{len(scan.orphans)} orphan(s) listed; run again with --yes to remove them"
+            )
 
 
 # ---- inspect ---------------------------------------------------------------------------------
@@ -125,10 +162,21 @@ def _row(t: dict) -> list[str]:
     from opsctl.output import human_bytes
 
     lay = t.get("layout")
-    split = f"{human_bytes(lay['weight_bytes'])} / {human_bytes(lay['scale_bytes'])} (B={lay['block']})" if lay else "?"
+    split = (
+        f"{human_bytes(lay['weight_bytes'])} / {human_bytes(lay['scale_bytes'])} (B={lay['block']})"
+        if lay
+        else "?"
+    )
     ms = t["mappers"]
-    each = ", ".join(f"{m['pid']}:{human_bytes(m['rss'])}/{human_bytes(m['pss'])}" if m.get("rss") is not None
-                     else f"{m['pid']}:gone" for m in ms) or "-"
+    each = (
+        ", ".join(
+            f"{m['pid']}:{human_bytes(m['rss'])}/{human_bytes(m['pss'])}"
+            if m.get("rss") is not None
+            else f"{m['pid']}:gone"
+            for m in ms
+        )
+        or "-"
+    )
     v = t["verify"]
     vtext = v["status"]
     if v["status"] == "mismatch":
@@ -139,7 +187,15 @@ def _row(t: dict) -> list[str]:
     elif v.get("reason"):
         vtext = f"skipped: {v['reason']}"
     size = human_bytes(t["size"]) + ("" if t["size_source"] in ("file", "map_files") else " ~")
-    return [t["name"], size, split, "yes" if t["linked"] else "deleted", str(len({m["pid"] for m in ms})), each, vtext]
+    return [
+        t["name"],
+        size,
+        split,
+        "yes" if t["linked"] else "deleted",
+        str(len({m["pid"] for m in ms})),
+        each,
+        vtext,
+    ]
 
 
 def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> dict:
@@ -153,9 +209,19 @@ def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> 
 
     def progress(stage: str, data: dict) -> None:
         if stage == "maps":
-            emit({"phase": "reading smaps", "events": [f"{data['mappings']} mapping(s), {data['files']} file(s)"]})
+            emit(
+                {
+                    "phase": "reading smaps",
+                    "events": [f"{data['mappings']} mapping(s), {data['files']} file(s)"],
+                }
+            )
         elif stage == "verify":
-            emit({"phase": f"verifying ({data['mode']})", "events": [f"table {data['table']} ({data['size']} bytes)"]})
+            emit(
+                {
+                    "phase": f"verifying ({data['mode']})",
+                    "events": [f"table {data['table']} ({data['size']} bytes)"],
+                }
+            )
 
     snap = col.inspect(pids, verify, prefix, progress=progress)
     data = col.snapshot_to_dict(snap)
@@ -164,11 +230,24 @@ def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> 
     findings = dom.inspect_findings(data["tables"], data["scan_errors"], as_root=os.geteuid() == 0)
     code = dom.exit_status(findings)
     result = verdict(findings)
-    emit({"phase": "done", "rows": [_row(t) for t in data["tables"]], "verdict": result,
-          "summary": f"{len(data['tables'])} table(s); /dev/shm free {data['shm']['free']} of {data['shm']['total']}",
-          "events": [f.message for f in findings]})
-    return document("engram.inspect", verify=verify, pids=pids, **data,
-                    findings=[f.to_dict() for f in findings], verdict=result, exit_code=code)
+    emit(
+        {
+            "phase": "done",
+            "rows": [_row(t) for t in data["tables"]],
+            "verdict": result,
+            "summary": f"{len(data['tables'])} table(s); /dev/shm free {data['shm']['free']} of {data['shm']['total']}",
+            "events": [f.message for f in findings],
+        }
+    )
+    return document(
+        "engram.inspect",
+        verify=verify,
+        pids=pids,
+        **data,
+        findings=[f.to_dict() for f in findings],
+        verdict=result,
+        exit_code=code,
+    )
 
 
 def render_inspect(console, report: dict) -> None:
@@ -181,8 +260,10 @@ def render_inspect(console, report: dict) -> None:
     for row in (_row(x) for x in report["tables"]):
         t.add_row(*row)
     console.print(t)
-    console.print(f"/dev/shm: {human_bytes(s['total'])} total, {human_bytes(s['used'])} used, "
-                  f"{human_bytes(s['free'])} free")
+    console.print(
+        f"/dev/shm: {human_bytes(s['total'])} total, {human_bytes(s['used'])} used, "
+        f"{human_bytes(s['free'])} free"
+    )
     colours = {"ok": "green", "info": "cyan", "warning": "yellow", "fail": "red"}
     for f in report["findings"]:
         line = f"[{colours.get(f['severity'], 'white')}]{f['severity']:>7}[/] {f['message']}"
@@ -202,8 +283,10 @@ def _load_config(model: Path | None, config: str | None) -> tuple[dict, str]:
     from opsctl.errors import BadInput
 
     if (model is None) == (config is None):
-        raise BadInput("give exactly one of --model DIR or --config FILE",
-                       hint=f"shipped examples: --config {', '.join(EXAMPLES)}")
+        raise BadInput(
+            "give exactly one of --model DIR or --config FILE",
+            hint=f"shipped examples: --config {', '.join(EXAMPLES)}",
+        )
     if model is not None:
         if not model.is_dir():
             raise BadInput(f"--model {model} is not a directory")
@@ -216,7 +299,9 @@ def _load_config(model: Path | None, config: str | None) -> tuple[dict, str]:
         path = Path(str(config))
         source = str(path)
     if not path.is_file():
-        raise BadInput(f"no such config file: {path}", hint=f"shipped examples: {', '.join(EXAMPLES)}")
+        raise BadInput(
+            f"no such config file: {path}", hint=f"shipped examples: {', '.join(EXAMPLES)}"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -228,8 +313,15 @@ def _load_config(model: Path | None, config: str | None) -> tuple[dict, str]:
     return data, source
 
 
-def plan_document(model: Path | None, config: str | None, tp: int, dp: int, nodes: int,
-                  shm_size: str | None, block_size: int | None) -> dict:
+def plan_document(
+    model: Path | None,
+    config: str | None,
+    tp: int,
+    dp: int,
+    nodes: int,
+    shm_size: str | None,
+    block_size: int | None,
+) -> dict:
     from opsctl.collectors import shm
     from opsctl.domain import engram_plan as ep
     from opsctl.errors import BadInput
@@ -244,8 +336,9 @@ def plan_document(model: Path | None, config: str | None, tp: int, dp: int, node
         else:
             cap = shm.capacity()
             free, total, shm_source = cap.free, cap.total, "/dev/shm on this host"
-        plan = ep.make_plan(spec, tp=tp, dp=dp, nodes=nodes, shm_free=free, shm_total=total,
-                            shm_source=shm_source)
+        plan = ep.make_plan(
+            spec, tp=tp, dp=dp, nodes=nodes, shm_free=free, shm_total=total, shm_source=shm_source
+        )
     except ep.PlanError as exc:
         raise BadInput(str(exc)) from None
     except OSError as exc:
@@ -259,21 +352,45 @@ def render_plan(console, doc: dict) -> None:
     from opsctl.output import human_bytes
 
     sp = doc["spec"]
-    console.print(f"[b]{doc['source']}[/b]: {len(sp['layer_ids'])} Engram layer(s) {sp['layer_ids']}, "
-                  f"{sp['total_rows']:,} rows x ({sp['head_dim']} fp8 + {sp['head_dim'] // sp['block']} ue8m0) "
-                  f"bytes, scale block {sp['block']}, {sp['n_hash_cols']} hash heads per layer", highlight=False)
-    console.print(f"tables: [b]{human_bytes(doc['total_bytes'])}[/b] ({doc['total_bytes']:,} bytes) "
-                  f"= {', '.join(human_bytes(b) for b in doc['layer_bytes'])} per layer", highlight=False)
-    t = Table("placement", "head shards", "per rank", "per rank (PSS)", "per node", "in /dev/shm", "vLLM 0.32",
-              title=f"TP={doc['tp']} DP={doc['dp']} nodes={doc['nodes']} (engram DP group {doc['engram_dp']})")
+    console.print(
+        f"[b]{doc['source']}[/b]: {len(sp['layer_ids'])} Engram layer(s) {sp['layer_ids']}, "
+        f"{sp['total_rows']:,} rows x ({sp['head_dim']} fp8 + {sp['head_dim'] // sp['block']} ue8m0) "
+        f"bytes, scale block {sp['block']}, {sp['n_hash_cols']} hash heads per layer",
+        highlight=False,
+    )
+    console.print(
+        f"tables: [b]{human_bytes(doc['total_bytes'])}[/b] ({doc['total_bytes']:,} bytes) "
+        f"= {', '.join(human_bytes(b) for b in doc['layer_bytes'])} per layer",
+        highlight=False,
+    )
+    t = Table(
+        "placement",
+        "head shards",
+        "per rank",
+        "per rank (PSS)",
+        "per node",
+        "in /dev/shm",
+        "vLLM 0.32",
+        title=f"TP={doc['tp']} DP={doc['dp']} nodes={doc['nodes']} (engram DP group {doc['engram_dp']})",
+    )
     for p in doc["placements"]:
         mark = "chosen" if p["name"] == doc["chosen"] else ("possible" if p["available"] else "-")
-        t.add_row(p["name"], str(p["shards"]), human_bytes(p["per_rank_bytes"]), human_bytes(p["per_rank_pss_bytes"]),
-                  human_bytes(p["per_node_bytes"]), human_bytes(p["shm_bytes"]), mark)
+        t.add_row(
+            p["name"],
+            str(p["shards"]),
+            human_bytes(p["per_rank_bytes"]),
+            human_bytes(p["per_rank_pss_bytes"]),
+            human_bytes(p["per_node_bytes"]),
+            human_bytes(p["shm_bytes"]),
+            mark,
+        )
     console.print(t)
     fits = {True: "holds", False: "does NOT hold", None: "?"}[doc["fits_shm"]]
-    console.print(f"{doc['shm_source']}: {human_bytes(doc['shm_free'])} free -> {fits} the "
-                  f"{human_bytes(doc['total_bytes'])} of tables", highlight=False)
+    console.print(
+        f"{doc['shm_source']}: {human_bytes(doc['shm_free'])} free -> {fits} the "
+        f"{human_bytes(doc['total_bytes'])} of tables",
+        highlight=False,
+    )
     console.print(f"decision: [b]{doc['chosen']}[/b]: {doc['reason']}", highlight=False)
     for note in doc["notes"]:
         console.print(f"note: {note}", highlight=False)
@@ -291,11 +408,16 @@ def render_clean(console, doc: dict) -> None:
     removed = set(doc["removed"])
     kept = set(doc["kept"])
     for o in doc["orphans"]:
-        status = "removed" if o["name"] in removed else ("kept (now mapped or gone)" if o["name"] in kept
-                                                         else "would remove (--yes)")
+        status = (
+            "removed"
+            if o["name"] in removed
+            else ("kept (now mapped or gone)" if o["name"] in kept else "would remove (--yes)")
+        )
         t.add_row(o["name"], human_bytes(o["size"]), status)
     console.print(t)
     if doc["mapped"]:
         console.print(f"in use (mapped, left alone): {', '.join(doc['mapped'])}", highlight=False)
     if doc["ignored_symlinks"]:
-        console.print(f"symlinks (never touched): {', '.join(doc['ignored_symlinks'])}", highlight=False)
+        console.print(
+            f"symlinks (never touched): {', '.join(doc['ignored_symlinks'])}", highlight=False
+        )

@@ -91,7 +91,9 @@ def size_from_mapping(vma_bytes: int, blocks: tuple[int, ...] = BLOCKS) -> int |
     return None
 
 
-def sample_windows(layout: TableLayout, windows: int = 64, window_bytes: int = 64 * 1024) -> list[Region]:
+def sample_windows(
+    layout: TableLayout, windows: int = 64, window_bytes: int = 64 * 1024
+) -> list[Region]:
     """Sample mode: evenly spaced windows in each region, always including its first
     and last bytes (so both region boundaries are checked)."""
     out: list[Region] = []
@@ -102,7 +104,9 @@ def sample_windows(layout: TableLayout, windows: int = 64, window_bytes: int = 6
         step = (region.size - window_bytes) / (windows - 1)
         for i in range(windows):
             start = region.start + int(i * step)
-            out.append(Region(region.name, start, min(start + window_bytes, region.end), region.value))
+            out.append(
+                Region(region.name, start, min(start + window_bytes, region.end), region.value)
+            )
     return out
 
 
@@ -132,44 +136,96 @@ def table_findings(table: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     layout = table.get("layout")
     if layout is None:
-        out.append(Finding(WARNING, "engram.layout_unknown",
-                           f"{name}: {table.get('size')} bytes is not rows*dim*(1+1/B) for B in {BLOCKS}",
-                           {"table": name}))
+        out.append(
+            Finding(
+                WARNING,
+                "engram.layout_unknown",
+                f"{name}: {table.get('size')} bytes is not rows*dim*(1+1/B) for B in {BLOCKS}",
+                {"table": name},
+            )
+        )
     mappers = table.get("mappers", [])
     if not mappers and table.get("linked"):
-        out.append(Finding(INFO, "engram.orphan", f"{name}: no live process maps it (orphan; see `opsctl engram clean`)",
-                           {"table": name}))
+        out.append(
+            Finding(
+                INFO,
+                "engram.orphan",
+                f"{name}: no live process maps it (orphan; see `opsctl engram clean`)",
+                {"table": name},
+            )
+        )
     if len({m["pid"] for m in mappers}) > 1:
         pss = [m["pss"] for m in mappers if m.get("pss") is not None]
         rss = [m["rss"] for m in mappers if m.get("rss") is not None]
         if pss and rss and sum(pss) <= 1.1 * max(rss):
-            out.append(Finding(OK, "engram.shared",
-                               f"{name}: {len(mappers)} mappings share one copy (sum PSS {sum(pss)} ≈ RSS {max(rss)})",
-                               {"table": name}))
+            out.append(
+                Finding(
+                    OK,
+                    "engram.shared",
+                    f"{name}: {len(mappers)} mappings share one copy (sum PSS {sum(pss)} ≈ RSS {max(rss)})",
+                    {"table": name},
+                )
+            )
     for m in mappers:
         if m.get("error"):
-            out.append(Finding(INFO, "engram.mapper_gone", f"{name}: pid {m['pid']}: {m['error']}",
-                               {"table": name, "pid": m["pid"]}))
+            out.append(
+                Finding(
+                    INFO,
+                    "engram.mapper_gone",
+                    f"{name}: pid {m['pid']}: {m['error']}",
+                    {"table": name, "pid": m["pid"]},
+                )
+            )
     v = table.get("verify") or {}
     status = v.get("status")
     if status == "constant":
-        out.append(Finding(OK, "engram.fill_constant",
-                           f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127), "
-                           f"{v['bytes_checked']} bytes via {v['access']}", {"table": name}))
+        out.append(
+            Finding(
+                OK,
+                "engram.fill_constant",
+                f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127), "
+                f"{v['bytes_checked']} bytes via {v['access']}",
+                {"table": name},
+            )
+        )
     elif status == "mismatch":
         mm = v["first_mismatch"]
-        out.append(Finding(FAIL, "engram.fill_mismatch",
-                           f"{name}: not constant: first differing byte at offset {mm['offset']} "
-                           f"({mm['region']}) is {mm['value']:#04x}, expected {mm['expected']:#04x}",
-                           {"table": name, **mm}))
+        out.append(
+            Finding(
+                FAIL,
+                "engram.fill_mismatch",
+                f"{name}: not constant: first differing byte at offset {mm['offset']} "
+                f"({mm['region']}) is {mm['value']:#04x}, expected {mm['expected']:#04x}",
+                {"table": name, **mm},
+            )
+        )
     elif status == "denied":
-        out.append(Finding(WARNING, "engram.permission", f"{name}: cannot read the table: {v.get('error')}",
-                           {"table": name, "hint": v.get("hint")}))
+        out.append(
+            Finding(
+                WARNING,
+                "engram.permission",
+                f"{name}: cannot read the table: {v.get('error')}",
+                {"table": name, "hint": v.get("hint")},
+            )
+        )
     elif status == "error":
-        out.append(Finding(WARNING, "engram.verify_error", f"{name}: verification failed: {v.get('error')}",
-                           {"table": name, "hint": v.get("hint")}))
+        out.append(
+            Finding(
+                WARNING,
+                "engram.verify_error",
+                f"{name}: verification failed: {v.get('error')}",
+                {"table": name, "hint": v.get("hint")},
+            )
+        )
     elif status == "skipped" and v.get("reason"):
-        out.append(Finding(INFO, "engram.verify_skipped", f"{name}: verify skipped: {v['reason']}", {"table": name}))
+        out.append(
+            Finding(
+                INFO,
+                "engram.verify_skipped",
+                f"{name}: verify skipped: {v['reason']}",
+                {"table": name},
+            )
+        )
     return out
 
 
@@ -178,26 +234,39 @@ def scan_findings(scan_errors: list[dict[str, Any]], as_root: bool = False) -> l
     denied = [e for e in scan_errors if "permission" in e["reason"]]
     out = []
     if denied:
-        hint = ("these processes are not dumpable or live in another PID/user namespace; run "
-                "opsctl inside the vLLM container (or with CAP_SYS_PTRACE there)" if as_root else
-                "run as root or as the user that runs vLLM (reading another user's mappings needs "
-                "ptrace access), or pass --pid for the vLLM processes")
+        hint = (
+            "these processes are not dumpable or live in another PID/user namespace; run "
+            "opsctl inside the vLLM container (or with CAP_SYS_PTRACE there)"
+            if as_root
+            else "run as root or as the user that runs vLLM (reading another user's mappings needs "
+            "ptrace access), or pass --pid for the vLLM processes"
+        )
         pids = [e["pid"] for e in denied]
-        out.append(Finding(
-            WARNING, "engram.permission",
-            f"could not read /proc/PID/maps of {len(denied)} process(es) "
-            f"(pids {', '.join(map(str, pids[:8]))}{', ...' if len(pids) > 8 else ''}); tables they map may be missing",
-            {"pids": pids[:50], "hint": hint},
-        ))
+        out.append(
+            Finding(
+                WARNING,
+                "engram.permission",
+                f"could not read /proc/PID/maps of {len(denied)} process(es) "
+                f"(pids {', '.join(map(str, pids[:8]))}{', ...' if len(pids) > 8 else ''}); tables they map may be missing",
+                {"pids": pids[:50], "hint": hint},
+            )
+        )
     gone = [e for e in scan_errors if "exited" in e["reason"]]
     if gone:
-        out.append(Finding(INFO, "engram.process_exited",
-                           f"{len(gone)} process(es) exited during the scan", {"pids": [e["pid"] for e in gone]}))
+        out.append(
+            Finding(
+                INFO,
+                "engram.process_exited",
+                f"{len(gone)} process(es) exited during the scan",
+                {"pids": [e["pid"] for e in gone]},
+            )
+        )
     return out
 
 
-def inspect_findings(tables: list[dict[str, Any]], scan_errors: list[dict[str, Any]],
-                     as_root: bool = False) -> list[Finding]:
+def inspect_findings(
+    tables: list[dict[str, Any]], scan_errors: list[dict[str, Any]], as_root: bool = False
+) -> list[Finding]:
     out = scan_findings(scan_errors, as_root)
     if not tables:
         out.append(Finding(INFO, "engram.none", f"no {PREFIX}* tables found (files or mappings)"))

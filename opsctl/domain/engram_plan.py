@@ -78,8 +78,17 @@ def spec_from_config(config: dict[str, Any], block: int | None = None) -> Engram
     cfg = config
     if "engram_layer_ids" not in cfg and isinstance(config.get("text_config"), dict):
         cfg = config["text_config"]
-    missing = [k for k in ("engram_layer_ids", "engram_num_embeddings", "engram_n_heads",
-                           "engram_head_dim", "engram_max_ngram_size") if k not in cfg]
+    missing = [
+        k
+        for k in (
+            "engram_layer_ids",
+            "engram_num_embeddings",
+            "engram_n_heads",
+            "engram_head_dim",
+            "engram_max_ngram_size",
+        )
+        if k not in cfg
+    ]
     if missing:
         raise PlanError(f"config has no Engram fields: missing {', '.join(missing)}")
     layer_ids = tuple(int(x) for x in cfg["engram_layer_ids"])
@@ -90,18 +99,26 @@ def spec_from_config(config: dict[str, Any], block: int | None = None) -> Engram
     if not layer_ids:
         raise PlanError("engram_layer_ids is empty: the model has no Engram layers")
     if len(rows) != len(layer_ids):
-        raise PlanError(f"engram_num_embeddings has {len(rows)} entries for {len(layer_ids)} layers")
+        raise PlanError(
+            f"engram_num_embeddings has {len(rows)} entries for {len(layer_ids)} layers"
+        )
     blk = int(block or cfg.get("engram_scale_block_size") or DEFAULT_BLOCK)
     spec = EngramSpec(
-        layer_ids=layer_ids, num_embeddings=rows, n_heads=int(cfg["engram_n_heads"]),
-        head_dim=int(cfg["engram_head_dim"]), max_ngram_size=int(cfg["engram_max_ngram_size"]),
+        layer_ids=layer_ids,
+        num_embeddings=rows,
+        n_heads=int(cfg["engram_n_heads"]),
+        head_dim=int(cfg["engram_head_dim"]),
+        max_ngram_size=int(cfg["engram_max_ngram_size"]),
         vocab_size=int(cfg["engram_vocab_size"]) if cfg.get("engram_vocab_size") else None,
-        block=blk, architecture=" ".join(config.get("architectures") or []),
+        block=blk,
+        architecture=" ".join(config.get("architectures") or []),
     )
     if spec.n_heads < 1 or spec.max_ngram_size < 2:
         raise PlanError("engram_n_heads must be >= 1 and engram_max_ngram_size >= 2")
     if blk < 1 or spec.head_dim % blk:
-        raise PlanError(f"engram_head_dim {spec.head_dim} is not a multiple of the scale block {blk}")
+        raise PlanError(
+            f"engram_head_dim {spec.head_dim} is not a multiple of the scale block {blk}"
+        )
     if any(r < spec.n_hash_cols for r in rows):
         raise PlanError("engram_num_embeddings is smaller than the number of hash heads")
     return spec
@@ -134,7 +151,7 @@ def is_prime(n: int) -> bool:
     return True
 
 
-def head_sizes(spec: EngramSpec) -> tuple[tuple[int, ...], bool]:
+def head_sizes(spec: EngramSpec) -> tuple[tuple[tuple[int, ...], ...], bool]:
     """Per layer, the bucket size of every hash head (n-gram major, as vLLM flattens them),
     and whether they are exact (primes from engram_vocab_size) or an even split."""
     if spec.vocab_size and spec.vocab_size < 2**32:
@@ -166,7 +183,7 @@ def shard_rows(sizes: tuple[int, ...], shards: int) -> list[int]:
     part = math.ceil(n / shards)
     if (shards - 1) * part >= n:
         raise PlanError(f"sharding {n} hash heads over {shards} ranks leaves ranks without heads")
-    return [sum(sizes[r * part:(r + 1) * part]) for r in range(shards)]
+    return [sum(sizes[r * part : (r + 1) * part]) for r in range(shards)]
 
 
 # ---- placements ---------------------------------------------------------------------------
@@ -206,8 +223,12 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["spec"] = {**asdict(self.spec), "n_hash_cols": self.spec.n_hash_cols,
-                     "row_bytes": self.spec.row_bytes, "total_rows": self.spec.total_rows}
+        d["spec"] = {
+            **asdict(self.spec),
+            "n_hash_cols": self.spec.n_hash_cols,
+            "row_bytes": self.spec.row_bytes,
+            "total_rows": self.spec.total_rows,
+        }
         d["total_gib"] = round(self.total_bytes / GIB, 2)
         return d
 
@@ -220,9 +241,17 @@ def engram_dp_size(dp: int, nodes: int) -> int:
     return math.gcd(dp, per_node)
 
 
-def make_plan(spec: EngramSpec, *, tp: int = 1, dp: int = 1, nodes: int = 1,
-              shm_free: int | None = None, shm_total: int | None = None, shm_source: str = "/dev/shm",
-              cpu_offload: bool = True) -> Plan:
+def make_plan(
+    spec: EngramSpec,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    nodes: int = 1,
+    shm_free: int | None = None,
+    shm_total: int | None = None,
+    shm_source: str = "/dev/shm",
+    cpu_offload: bool = True,
+) -> Plan:
     if tp < 1 or dp < 1 or nodes < 1:
         raise PlanError("--tp, --dp and --nodes must be >= 1")
     if (tp * dp) % nodes:
@@ -237,43 +266,96 @@ def make_plan(spec: EngramSpec, *, tp: int = 1, dp: int = 1, nodes: int = 1,
     per_rank_tp = max(sum(layer[r] for layer in tp_rows) for r in range(tp)) * rb
     placements = []
     # shared: one copy of every TP shard per node, mapped by the e replicas of a TP rank
-    placements.append(Placement(
-        "shared", tp, per_rank_tp, total, total, len(sizes) * tp, per_rank_tp // max(e, 1),
-        available=cpu_offload and e > 1,
-        note="needs cpu_offload, DP > 1 with co-located replicas, and /dev/shm >= full tables",
-    ))
+    placements.append(
+        Placement(
+            "shared",
+            tp,
+            per_rank_tp,
+            total,
+            total,
+            len(sizes) * tp,
+            per_rank_tp // max(e, 1),
+            available=cpu_offload and e > 1,
+            note="needs cpu_offload, DP > 1 with co-located replicas, and /dev/shm >= full tables",
+        )
+    )
     if e > 1:
         dp_rows = [shard_rows(s, tp * e) for s in sizes]
         per_rank_dp = max(sum(layer[r] for layer in dp_rows) for r in range(tp * e)) * rb
-        placements.append(Placement(
-            "dp-sharded", tp * e, per_rank_dp, total, 0, 0, per_rank_dp, available=True,
-            note="fallback: heads over TP x node-local DP ranks, private pinned memory, per-step gathers",
-        ))
-    placements.append(Placement(
-        "private", tp, per_rank_tp, total * replicas_per_node, 0, 0, per_rank_tp, available=e == 1,
-        note="TP shards only: every replica on the node holds a full copy",
-    ))
+        placements.append(
+            Placement(
+                "dp-sharded",
+                tp * e,
+                per_rank_dp,
+                total,
+                0,
+                0,
+                per_rank_dp,
+                available=True,
+                note="fallback: heads over TP x node-local DP ranks, private pinned memory, per-step gathers",
+            )
+        )
+    placements.append(
+        Placement(
+            "private",
+            tp,
+            per_rank_tp,
+            total * replicas_per_node,
+            0,
+            0,
+            per_rank_tp,
+            available=e == 1,
+            note="TP shards only: every replica on the node holds a full copy",
+        )
+    )
     fits = None if shm_free is None else total <= shm_free
     if not cpu_offload:
-        chosen, reason = "device", "cpu_offload is off: tables live in GPU memory, not in host memory"
+        chosen, reason = (
+            "device",
+            "cpu_offload is off: tables live in GPU memory, not in host memory",
+        )
     elif e == 1:
         chosen = "private"
-        reason = ("DP = 1: nothing to share" if dp == 1 else
-                  "DP replicas are not co-located on one node (engram DP group size 1)")
+        reason = (
+            "DP = 1: nothing to share"
+            if dp == 1
+            else "DP replicas are not co-located on one node (engram DP group size 1)"
+        )
     elif fits is False:
         chosen = "dp-sharded"
-        reason = (f"{shm_source} holds {shm_free} bytes free, less than the {total} bytes of tables: "
-                  "vLLM falls back to DP head sharding (raise --shm-size / use --ipc=host)")
+        reason = (
+            f"{shm_source} holds {shm_free} bytes free, less than the {total} bytes of tables: "
+            "vLLM falls back to DP head sharding (raise --shm-size / use --ipc=host)"
+        )
     else:
         chosen = "shared"
-        reason = (f"{e} co-located DP replicas share one copy in {shm_source}"
-                  + ("" if fits else " (free space not known)"))
+        reason = f"{e} co-located DP replicas share one copy in {shm_source}" + (
+            "" if fits else " (free space not known)"
+        )
     notes = []
     if not exact:
-        notes.append("head bucket sizes are an even split (no engram_vocab_size, or its primes "
-                     "exceed engram_num_embeddings); per-rank figures are approximate")
-    return Plan(spec, tp, dp, nodes, e, exact, layer_bytes, total, tuple(placements), shm_total,
-                shm_free, shm_source, chosen, reason, fits, tuple(notes))
+        notes.append(
+            "head bucket sizes are an even split (no engram_vocab_size, or its primes "
+            "exceed engram_num_embeddings); per-rank figures are approximate"
+        )
+    return Plan(
+        spec,
+        tp,
+        dp,
+        nodes,
+        e,
+        exact,
+        layer_bytes,
+        total,
+        tuple(placements),
+        shm_total,
+        shm_free,
+        shm_source,
+        chosen,
+        reason,
+        fits,
+        tuple(notes),
+    )
 
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)

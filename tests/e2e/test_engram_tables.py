@@ -59,9 +59,15 @@ def test_linked_table_and_its_mappings_are_one_table_and_pid_filter_works():
         assert only_table(snap2, prefix).verify.status == "skipped"
 
 
-@pytest.mark.parametrize("offset,value,region", [
-    (0, 0x00, "weights"), (123_457, 0x39, "weights"), (ROWS * DIM, 0x7E, "scales"), (TOTAL - 1, 0, "scales"),
-])
+@pytest.mark.parametrize(
+    "offset,value,region",
+    [
+        (0, 0x00, "weights"),
+        (123_457, 0x39, "weights"),
+        (ROWS * DIM, 0x7E, "scales"),
+        (TOTAL - 1, 0, "scales"),
+    ],
+)
 def test_corrupted_byte_reported_at_its_offset(offset, value, region):
     prefix = unique_prefix("bad")
     with shared_table(prefix, mappers=2, unlink=False) as t:
@@ -72,7 +78,12 @@ def test_corrupted_byte_reported_at_its_offset(offset, value, region):
             v = only_table(snap, prefix).verify
             assert v.status == "mismatch" and v.access == access[0]
             expected = 0x38 if region == "weights" else 127
-            assert v.first_mismatch == {"offset": offset, "value": value, "expected": expected, "region": region}
+            assert v.first_mismatch == {
+                "offset": offset,
+                "value": value,
+                "expected": expected,
+                "region": region,
+            }
         doc = col.snapshot_to_dict(snap)
         findings = dom.inspect_findings(doc["tables"], doc["scan_errors"])
         assert dom.exit_status(findings) == 1
@@ -147,7 +158,9 @@ def inspect_as_nobody(**kwargs) -> dict:
             os.setuid(65534)
             snap = col.inspect(**kwargs)
             doc = col.snapshot_to_dict(snap)
-            found = dom.inspect_findings(doc["tables"], doc["scan_errors"], as_root=os.geteuid() == 0)
+            found = dom.inspect_findings(
+                doc["tables"], doc["scan_errors"], as_root=os.geteuid() == 0
+            )
             doc["findings"] = [f.to_dict() for f in found]
             os.write(w, json.dumps(doc, default=str).encode())
             code = 0
@@ -166,8 +179,10 @@ def inspect_as_nobody(**kwargs) -> dict:
 def test_permission_problems_are_findings_with_a_hint():
     """As an unprivileged user: root's mappings and a root-only table cannot be read."""
     prefix = unique_prefix("perm")
-    with shared_table(prefix, mappers=2, unlink=False, suffix="linked") as t, \
-            shared_table(prefix, mappers=2, suffix="deleted") as d:
+    with (
+        shared_table(prefix, mappers=2, unlink=False, suffix="linked") as t,
+        shared_table(prefix, mappers=2, suffix="deleted") as d,
+    ):
         doc = inspect_as_nobody(pids=[d.pids[0], t.pids[0]], verify="full", prefix=prefix)
         linked = [x for x in doc["tables"] if x["name"] == t.name]
         assert linked and linked[0]["verify"]["status"] == "denied" and linked[0]["verify"]["hint"]
@@ -194,8 +209,9 @@ def test_clean_lists_then_removes_orphans_only():
             scan = col.find_orphans(prefix)
             assert [o.name for o in scan.orphans] == [os.path.basename(orphan)]
             assert t.name in scan.mapped and os.path.basename(link) in scan.symlinks
-            removed, kept = col.remove_orphans([o.name for o in scan.orphans] + [t.name, os.path.basename(link)],
-                                               prefix)
+            removed, kept = col.remove_orphans(
+                [o.name for o in scan.orphans] + [t.name, os.path.basename(link)], prefix
+            )
             assert removed == [os.path.basename(orphan)]
             assert not os.path.exists(orphan)
             assert os.path.exists(t.path) and os.path.islink(link) and os.path.exists(outside)

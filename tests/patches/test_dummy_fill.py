@@ -29,8 +29,12 @@ class EngramLike(nn.Module):
         from vllm.model_executor.utils import set_weight_attrs
 
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(rows, dim, dtype=torch.float8_e4m3fn), requires_grad=False)
-        self.weight_scale_inv = nn.Parameter(torch.empty(rows, dim // 128, dtype=torch.uint8), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(rows, dim, dtype=torch.float8_e4m3fn), requires_grad=False
+        )
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(rows, dim // 128, dtype=torch.uint8), requires_grad=False
+        )
         set_weight_attrs(self.weight, {"dummy_weight_value": 1.0})
         set_weight_attrs(self.weight_scale_inv, {"dummy_weight_value": 127})
         self.register_buffer("persistent", torch.zeros(4))
@@ -73,7 +77,9 @@ def engram_of(model: nn.Module) -> EngramLike:
 
 
 def expected_tensors(model: nn.Module) -> list[torch.Tensor]:
-    return [t for _, t in model.named_parameters()] + [t for n, t in model.named_buffers() if "scratch" not in n]
+    return [t for _, t in model.named_parameters()] + [
+        t for n, t in model.named_buffers() if "scratch" not in n
+    ]
 
 
 def assert_constant_and_single_visit(model: nn.Module, counts: Counter) -> None:
@@ -82,19 +88,29 @@ def assert_constant_and_single_visit(model: nn.Module, counts: Counter) -> None:
     assert float(e.weight.data.float().min()) == float(e.weight.data.float().max()) == 1.0
     assert bool((e.weight_scale_inv.data == 127).all())  # ue8m0 2^0
     for t in expected_tensors(model):
-        assert counts[t.data_ptr()] == 1, f"tensor {tuple(t.shape)} initialised {counts[t.data_ptr()]} times"
-    assert counts[e.scratch.data_ptr()] == 0  # non-persistent buffers are skipped, as state_dict() would
+        assert counts[t.data_ptr()] == 1, (
+            f"tensor {tuple(t.shape)} initialised {counts[t.data_ptr()]} times"
+        )
+    assert (
+        counts[e.scratch.data_ptr()] == 0
+    )  # non-persistent buffers are skipped, as state_dict() would
     assert len(counts) == len(expected_tensors(model))
 
 
 def test_upstream_detected_on_installed_vllm():
     fill_up, visit_up = dummy_fill.upstream_status()
     assert (fill_up, visit_up) == (True, True)
-    before = (weight_utils.initialize_single_dummy_weight, dummy_loader.DummyModelLoader.load_weights)
+    before = (
+        weight_utils.initialize_single_dummy_weight,
+        dummy_loader.DummyModelLoader.load_weights,
+    )
     outcome = dummy_fill.apply()
     assert outcome.status == UPSTREAM
     assert not dummy_fill.ORIGINALS
-    assert (weight_utils.initialize_single_dummy_weight, dummy_loader.DummyModelLoader.load_weights) == before
+    assert (
+        weight_utils.initialize_single_dummy_weight,
+        dummy_loader.DummyModelLoader.load_weights,
+    ) == before
 
 
 def test_real_dummy_loader_constant_fill_and_one_init_per_tensor(monkeypatch):
@@ -102,7 +118,9 @@ def test_real_dummy_loader_constant_fill_and_one_init_per_tensor(monkeypatch):
     counts = run_loader(model, monkeypatch)
     assert_constant_and_single_visit(model, counts)
     w = model[0].proj.weight.detach()
-    assert float(w.abs().max()) <= 1e-3 and float(w.abs().max()) > 0  # random dummy values elsewhere
+    assert (
+        float(w.abs().max()) <= 1e-3 and float(w.abs().max()) > 0
+    )  # random dummy values elsewhere
 
 
 # ---- a simulated vLLM without PR 56682 ---------------------------------------------------------
@@ -128,8 +146,12 @@ def old_load_weights(self, model, model_config):
 
 @pytest.fixture
 def old_vllm(monkeypatch):
-    monkeypatch.setattr(weight_utils, "initialize_single_dummy_weight", old_initialize_single_dummy_weight)
-    monkeypatch.setattr(dummy_loader, "initialize_single_dummy_weight", old_initialize_single_dummy_weight)
+    monkeypatch.setattr(
+        weight_utils, "initialize_single_dummy_weight", old_initialize_single_dummy_weight
+    )
+    monkeypatch.setattr(
+        dummy_loader, "initialize_single_dummy_weight", old_initialize_single_dummy_weight
+    )
     monkeypatch.setattr(dummy_loader.DummyModelLoader, "load_weights", old_load_weights)
     dummy_fill.ORIGINALS.clear()
     yield
@@ -147,10 +169,19 @@ def test_simulated_old_loader_is_what_the_patch_fixes(old_vllm, monkeypatch):
 
 def test_apply_then_undo_on_old_loader(old_vllm, monkeypatch):
     outcome = dummy_fill.apply()
-    assert outcome.status == APPLIED and "constant fill" in outcome.detail and "single-visit" in outcome.detail
+    assert (
+        outcome.status == APPLIED
+        and "constant fill" in outcome.detail
+        and "single-visit" in outcome.detail
+    )
     assert dummy_fill.apply().status == APPLIED  # idempotent: a second call changes nothing
-    assert weight_utils.initialize_single_dummy_weight.__wrapped__ is old_initialize_single_dummy_weight
-    assert dummy_loader.initialize_single_dummy_weight is weight_utils.initialize_single_dummy_weight
+    assert (
+        weight_utils.initialize_single_dummy_weight.__wrapped__
+        is old_initialize_single_dummy_weight
+    )
+    assert (
+        dummy_loader.initialize_single_dummy_weight is weight_utils.initialize_single_dummy_weight
+    )
     model = tree()
     counts = run_loader(model, monkeypatch)
     assert_constant_and_single_visit(model, counts)

@@ -1,0 +1,170 @@
+"""`opsctl engram inspect | plan | clean` through the CLI: exit codes, JSON on stdout,
+one clear stderr line for bad input. Tables are real shared /dev/shm tables with their
+own prefix (tests/engram_tables.py); no engine."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from engram_tables import shared_table, unique_prefix, write_byte
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+
+runner = CliRunner()
+GIB = 1024**3
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
+
+
+def test_plan_example_json_188_8_gib_per_node():
+    r = invoke(
+        "engram",
+        "plan",
+        "--config",
+        "deepseek-v4.1-flash",
+        "--tp",
+        "4",
+        "--dp",
+        "2",
+        "--shm-size",
+        "200G",
+        "--json",
+    )
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.engram.plan/1"
+    assert doc["total_gib"] == pytest.approx(188.8, abs=0.05)
+    shared = next(p for p in doc["placements"] if p["name"] == "shared")
+    assert shared["per_node_bytes"] == doc["total_bytes"]
+    assert shared["per_rank_bytes"] / GIB == pytest.approx(47.2, abs=0.05)
+    assert doc["chosen"] == "shared" and doc["fits_shm"] is True
+
+
+def test_plan_docker_default_shm_falls_back():
+    r = invoke(
+        "engram",
+        "plan",
+        "--config",
+        "deepseek-v4.1-flash",
+        "--dp",
+        "8",
+        "--shm-size",
+        "64M",
+        "--json",
+    )
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["chosen"] == "dp-sharded" and doc["fits_shm"] is False
+
+
+def test_plan_model_dir_and_rich_output(tmp_path):
+    from importlib import resources
+
+    cfg = json.loads(
+        (resources.files("opsctl") / "data" / "deepseek-v4.1-flash-engram.json").read_text()
+    )
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = invoke("engram", "plan", "--model", str(tmp_path), "--tp", "2")
+    assert r.exit_code == 0, r.stderr
+    assert "188.8 GiB" in r.stdout and "decision" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ([], "exactly one"),
+        (["--config", "deepseek-v4.1-flash", "--model", "/tmp"], "exactly one"),
+        (["--config", "/nonexistent/x.json"], "no such config"),
+        (["--config", "deepseek-v4.1-flash", "--shm-size", "lots"], "not a size"),
+        (["--config", "deepseek-v4.1-flash", "--tp", "0"], ">= 1"),
+        (["--config", "deepseek-v4.1-flash", "--tp", "32"], "without heads"),
+    ],
+)
+def test_plan_bad_input_exit_2(args, needle):
+    r = invoke("engram", "plan", *args)
+    assert r.exit_code == 2, r.stdout
+    assert r.stdout == ""
+    lines = error_lines(r)
+    assert len(lines) == 1 and needle in lines[0]
+
+
+def test_plan_config_without_engram_fields(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    r = invoke("engram", "plan", "--config", str(p))
+    assert r.exit_code == 2 and "no Engram fields" in error_lines(r)[0]
+
+
+@pytest.mark.parametrize(
+    "args", [["--verify", "quick"], ["--prefix", "psm_"], ["--pid", "999999999"]]
+)
+def test_inspect_bad_input_exit_2(args):
+    r = invoke("engram", "inspect", *args)
+    assert r.exit_code == 2 and len(error_lines(r)) == 1
+
+
+def test_inspect_json_ok_then_mismatch_exit_1():
+    prefix = unique_prefix("cli")
+    with shared_table(prefix, mappers=2, unlink=False) as t:
+        write_byte(t.path, 4096 * 256 + 3, 0x7E)  # a scale byte
+        t.unlink()
+        r = invoke("engram", "inspect", "--prefix", prefix, "--verify", "full", "--json")
+        assert r.exit_code == 1
+        doc = json.loads(r.stdout)
+        assert doc["schema"] == "opsctl.engram.inspect/1" and doc["verdict"] == "fail"
+        (tab,) = doc["tables"]
+        assert tab["verify"]["first_mismatch"] == {
+            "offset": 4096 * 256 + 3,
+            "value": 0x7E,
+            "expected": 127,
+            "region": "scales",
+        }
+        assert sorted(tab["mapper_pids"]) == sorted(t.pids) and tab["linked"] is False
+        assert len(error_lines(r)) == 1 and "not constant-filled" in error_lines(r)[0]
+        assert doc["shm"]["total"] > 0
+    prefix = unique_prefix("cliok")
+    with shared_table(prefix, mappers=2) as t:
+        r = invoke("engram", "inspect", "--prefix", prefix, "--json")
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["tables"][0]["verify"]["status"] == "constant" and doc["exit_code"] == 0
+        r = invoke("engram", "inspect", "--prefix", prefix, "--pid", str(t.pids[0]))
+        assert r.exit_code == 0 and t.name in r.stdout and "constant" in r.stdout
+
+
+def test_clean_dry_run_then_yes():
+    prefix = unique_prefix("clicln")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(b"\0" * 100)
+        with shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t:
+            r = invoke("engram", "clean", "--prefix", prefix, "--json")
+            assert r.exit_code == 0, r.stderr
+            doc = json.loads(r.stdout)
+            assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [
+                os.path.basename(orphan)
+            ]
+            assert doc["mapped"] == [t.name] and doc["removed"] == []
+            assert os.path.exists(orphan)
+            r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json")
+            doc = json.loads(r.stdout)
+            assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
+            assert os.path.exists(t.path)
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+
+
+def test_clean_rejects_foreign_prefix():
+    r = invoke("engram", "clean", "--prefix", "psm_", "--yes")
+    assert r.exit_code == 2 and len(error_lines(r)) == 1
