@@ -1,0 +1,220 @@
+"""Pure logic of diag kv-fail and the connector's injection plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_patches.connectors.injection import (
+    NULL_BLOCK_ID,
+    BlockSel,
+    InjectionPlan,
+    SpecError,
+    parse_blocks_spec,
+    prefix_key,
+    prefix_len,
+    unit_draw,
+)
+from opsctl.domain import kv_fail as dom
+
+# ---- injection plan ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("-1", (BlockSel(None, -1),)),
+        ("1:0", (BlockSel(1, 0),)),
+        ("0:*,*:2", (BlockSel(0, None), BlockSel(None, 2))),
+    ],
+)
+def test_parse_blocks_spec(spec, want):
+    assert parse_blocks_spec(spec) == want
+
+
+@pytest.mark.parametrize("spec", ["", "a", "1:", "-1:0", "1,,2", "x:1"])
+def test_parse_blocks_spec_rejects(spec):
+    with pytest.raises(SpecError):
+        parse_blocks_spec(spec)
+
+
+def test_select_positions_groups_and_null_block():
+    ids = ([NULL_BLOCK_ID, 11, 12], [21, 22, 23])  # group 0: position 0 slid out of the window
+    ranges = [(0, 3), (0, 3)]
+    assert InjectionPlan(blocks="-1").select("k", "r", ids, ranges) == [(0, 2, 12), (1, 2, 23)]
+    assert InjectionPlan(blocks="0").select("k", "r", ids, ranges) == [(1, 0, 21)]  # null skipped
+    assert InjectionPlan(blocks="1:*").select("k", "r", ids, ranges) == [(1, 0, 21), (1, 1, 22), (1, 2, 23)]
+    # only loaded positions count: a load of positions 1..2
+    assert InjectionPlan(blocks="0").select("k", "r", ids, [(1, 3), (1, 3)]) == []
+
+
+def test_select_targets_requests():
+    ids = ([5, 6],)
+    plan = InjectionPlan(requests=("keyA",))  # requests alone -> default spec -1
+    assert plan.select("keyA", "cmpl-1", ids, [(0, 2)]) == [(0, 1, 6)]
+    assert plan.select("keyB", "cmpl-2", ids, [(0, 2)]) == []
+    assert InjectionPlan(blocks="0", requests=("cmpl-2",)).select("keyB", "cmpl-2-0", ids, [(0, 2)]) == [(0, 0, 5)]
+
+
+def test_rate_is_seeded_and_order_free():
+    ids = (list(range(100, 164)),)
+    a = InjectionPlan(rate=0.25, seed=4).select("k", "r", ids, [(0, 64)])
+    b = InjectionPlan(rate=0.25, seed=4).select("k", "other-id", ids, [(0, 64)])
+    c = InjectionPlan(rate=0.25, seed=5).select("k", "r", ids, [(0, 64)])
+    assert a == b and a != c
+    assert 4 < len(a) < 30
+    assert InjectionPlan(rate=0.0).select("k", "r", ids, [(0, 64)]) == []
+    assert len(InjectionPlan(rate=1.0).select("k", "r", ids, [(0, 64)])) == 64
+    assert 0 <= unit_draw(1, "k", 0, 0) < 1
+
+
+def test_plan_validation_and_json_round_trip():
+    with pytest.raises(SpecError):
+        InjectionPlan(rate=1.5)
+    plan = InjectionPlan(blocks="1:-1", seed=3, requests=("a", "b"), epoch="inject", silent=True)
+    again = InjectionPlan.from_json(plan.to_json())
+    assert again == plan and again.select("a", "", ([1, 2],), [(0, 2)]) == []
+    assert again.select("a", "", ([1, 2], [3, 4]), [(0, 2), (0, 2)]) == [(1, 1, 4)]
+    assert not InjectionPlan.from_json({"enabled": False, "blocks": "-1"}).active
+
+
+def test_prefix_len_and_key():
+    assert prefix_len(70, 32) == 64 and prefix_len(65, 32) == 64 and prefix_len(64, 32) == 32
+    assert prefix_len(1, 32) == 0
+    assert prefix_key([1, 2, 3]) == prefix_key((1, 2, 3)) != prefix_key([1, 2, 4])
+
+
+# ---- settings, model check, workload ------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"rate": 1.5}, "outside 0..1"),
+        ({"rate": -0.1}, "outside 0..1"),
+        ({"rate": 0.1, "blocks": "-1"}, "either --rate or --blocks"),
+        ({"policy": "retry"}, "unknown policy"),
+        ({"requests": 0}, "--requests"),
+        ({"targets": 9}, "--targets"),
+        ({"blocks": "1:x"}, "blocks spec"),
+    ],
+)
+def test_settings_validate(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        dom.Settings(**kwargs).validate()
+
+
+def test_settings_plan():
+    s = dom.Settings(rate=0.5, seed=2)
+    s.validate()
+    assert s.mode == "rate" and s.plan(("k",)).rate == 0.5
+    p = dom.Settings().plan(("k",), "sensitivity", silent=True)
+    assert p.blocks == "-1" and p.silent and p.epoch == "sensitivity"
+
+
+@pytest.mark.parametrize(
+    ("config", "ok"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, True),
+        ({"architectures": ["LlamaForCausalLM"], "layer_types": ["sliding_attention", "full_attention"]}, True),
+        ({"architectures": ["GraniteMoeHybridForCausalLM"], "layer_types": ["mamba", "attention"]}, False),
+        ({"architectures": ["FooForCausalLM"], "layer_types": ["linear_attention", "full_attention"]}, False),
+        ({"architectures": ["BertModel"]}, False),
+        ({"architectures": ["Blip2ForConditionalGeneration"]}, False),
+        ({}, False),
+    ],
+)
+def test_servable(config, ok):
+    assert (dom.servable(config) is None) is ok
+
+
+def test_prompts_are_reproducible_distinct_and_block_aligned():
+    a = dom.make_prompts(6, 1, 320)
+    assert a == dom.make_prompts(6, 1, 320) and a != dom.make_prompts(6, 2, 320)
+    assert len(set(dom.keys_of(a))) == 6
+    for p in a:
+        assert 2 * 32 < len(p) <= 160 and len(p) % 32 >= 2
+        assert all(4 <= t < 320 for t in p)
+    assert dom.choose_targets(4, 0, None) == dom.choose_targets(4, 0, 2) and len(dom.choose_targets(5, 0, None)) == 3
+
+
+# ---- outputs and accounting ---------------------------------------------------------
+def _completion(ids, lps, reason="length"):
+    return {"choices": [{"finish_reason": reason,
+                         "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps}}]}
+
+
+def test_outputs_and_compare():
+    base = dom.output_from_response(200, _completion([5, 6, 7], [-0.1, -0.2, -0.3]))
+    same = dom.output_from_response(200, _completion([5, 6, 7], [-0.1, -0.2, -0.3]))
+    drift = dom.output_from_response(200, _completion([5, 6, 7], [-0.1, -0.2, -0.30001]))
+    other = dom.output_from_response(200, _completion([5, 9, 7], [-0.1, -0.2, -0.3]))
+    err = dom.output_from_response(200, _completion([], [], "error"))
+    http = dom.output_from_response(500, {"error": {"message": "EngineDeadError"}})
+    assert base.token_ids == (5, 6, 7) and dom.compare(base, same).identical
+    c = dom.compare(base, drift)
+    assert c.tokens_equal and not c.logprobs_equal and c.max_logprob_diff == pytest.approx(1e-5, rel=1e-2)
+    assert dom.compare(base, other).first_divergence == 1
+    assert err.failed and http.failed and "EngineDeadError" in http.error
+    assert not dom.compare(base, http).identical
+
+
+def test_account_reads_vllm_lines():
+    log = "\n".join([
+        "(EngineCore pid=1) WARNING [scheduler.py:3427] Recovered from KV load failure: "
+        "1 request(s) rescheduled (64 tokens affected).",
+        "noise",
+        "(EngineCore pid=1) WARNING [kv_hybrid_recompute.py:218] Recovered from KV load failure: "
+        "2 request(s) rescheduled (96 tokens affected).",
+        "(EngineCore pid=1) ERROR Failing 1 request(s) due to KV load failure "
+        "(failure_policy=fail, 32 tokens affected). Request IDs: {'x'}",
+    ])
+    a = dom.account(log)
+    assert (a.rescheduled_requests, a.recomputed_tokens, a.failed_requests, a.failed_tokens) == (3, 160, 1, 32)
+    assert len(a.lines) == 3
+    dead = "RuntimeError: A KV connector reported ... not supported for models with multiple KV cache groups."
+    assert dom.death_lines("x\n" + dead) == [dead]
+
+
+def _rows(n=4, targeted=(0, 1)):
+    return [dom.RequestRow(i, 100, i in targeted) for i in range(n)]
+
+
+def _facts(policy="recompute", **kw):
+    f = dom.Facts(dom.Settings(policy=policy), 2, policy, "applied", _rows())
+    for k, v in kw.items():
+        setattr(f, k, v)
+    return f
+
+
+def _ok(out=True):
+    return dom.Comparison(out, out, 0.0 if out else 1.0, None if out else 0)
+
+
+def test_judge_pass_and_failures():
+    good = _facts(injections=2, roundtrip_loads=4)
+    for r in good.rows:
+        r.roundtrip = _ok()
+        r.inject_output = dom.Output(True, "length", (1,), (0.0,))
+        r.inject = _ok()
+        r.injected_blocks = 1 if r.targeted else 0
+    assert dom.summary(good)["verdict"] == "pass"
+
+    good.rows[2].inject = _ok(False)  # a survivor that differs
+    assert dom.summary(good)["verdict"] == "fail"
+
+    dead = _facts(died_in="inject", death=["RuntimeError: boom"], engine_alive=False)
+    s = dom.summary(dead)
+    assert s["verdict"] == "fail" and not s["engine_alive"]
+    assert any(f["code"] == "kv_fail.engine_died" for f in s["findings"])
+
+    failing = _facts(policy="fail", injections=2, roundtrip_loads=4)
+    for r in failing.rows:
+        r.roundtrip = _ok()
+        r.injected_blocks = 1 if r.targeted else 0
+        r.inject_output = dom.Output(True, "error" if r.index in (0, 2) else "length", (1,), (0.0,))
+        r.inject = None if r.inject_output.failed else _ok()
+    codes = {f["code"] for f in dom.summary(failing)["findings"]}
+    assert "kv_fail.innocent_failed" in codes  # request 2 failed without injection
+
+    unloaded = _facts(injections=2, roundtrip_loads=1)
+    for r in unloaded.rows:
+        r.roundtrip = _ok()
+    assert "kv_fail.roundtrip_not_loaded" in {f["code"] for f in dom.summary(unloaded)["findings"]}
