@@ -10,8 +10,9 @@ scales, one scale byte per B-element block. So
     total = rows*dim + rows*dim/B = rows*dim * (1 + 1/B)
     weight_bytes = total * B / (B + 1)        scale_bytes = total / (B + 1)
 
-and a size is a valid table exactly when ``total`` is a multiple of ``B + 1`` and the
-resulting ``weight_bytes`` is a multiple of ``B`` (``dim`` is a multiple of B). The
+and a size is a valid table exactly when ``total`` is a multiple of ``B + 1``; then
+``weight_bytes`` is integral and a multiple of B, as ``rows*dim`` with ``dim`` a multiple
+of B must be (e.g. 4096 rows x 256: total 1,056,768 = 1,048,576 + 8,192). The
 issue's contract is B = 128 (``weight_bytes = total*128/129``); vLLM 0.32's
 ``ParallelEngramEmbedding`` is built with ``block_size=32`` (MXFP8 blocks), so a size
 that is not a 128-block table is also tried as a 32-block one. 128 wins when both fit.
