@@ -22,6 +22,7 @@ _SECONDS = re.compile(r"took ([0-9.]+) ?s")
 _ERROR_LINE = re.compile(
     r"\b(\w*(Error|Exception)|Traceback|CRITICAL|ERROR|killed|Killed|error:)\b"
 )
+_LEVEL_NOT_ERROR = re.compile(r"\b(WARNING|INFO|DEBUG) \d\d-\d\d ")
 _NOISE = ("DeprecationWarning", "UserWarning", "warnings.warn", "resource_tracker", "nanobind")
 
 
@@ -54,19 +55,22 @@ def load_progress(log: str) -> LoadProgress:
 
 def decisive_lines(log: str, limit: int = 3) -> list[str]:
     """The last distinct error lines (exception messages, argparse errors), most
-    recent last. Traceback frames and warnings are skipped."""
+    recent last. Traceback frames, warnings and WARNING-level log lines are skipped; a
+    pydantic validation error brings its indented detail line along."""
     found: list[str] = []
-    for raw in log.splitlines():
+    lines = log.splitlines()
+    for i, raw in enumerate(lines):
         line = raw.strip()
-        if not line or line.startswith("File ") or any(n in line for n in _NOISE):
+        if not line or line.startswith(("File ", "Traceback")) or any(n in line for n in _NOISE):
             continue
-        if line.startswith("Traceback"):
+        if _LEVEL_NOT_ERROR.search(line) or not _ERROR_LINE.search(line):
             continue
-        if _ERROR_LINE.search(line):
-            text = re.sub(r"^\((\w+) pid=\d+\)\s*", r"\1: ", line)
-            if text in found:
-                found.remove(text)
-            found.append(text[:300])
+        text = re.sub(r"^\((\w+) pid=\d+\)\s*", r"\1: ", line)
+        if "validation error" in line and i + 1 < len(lines) and lines[i + 1].startswith("  "):
+            text += ": " + lines[i + 1].strip()
+        if text in found:
+            found.remove(text)
+        found.append(text[:400])
     return found[-limit:]
 
 

@@ -52,3 +52,16 @@ def test_argparse_error_extracted():
     log = "usage: api_server.py [-h] ...\napi_server.py: error: unrecognized arguments: --bogus-flag 3\n"
     assert argparse_error(log) == "unrecognized arguments: --bogus-flag 3"
     assert argparse_error(HEALTHY_LOG) is None
+
+
+def test_decisive_lines_skip_warnings_and_keep_validation_detail():
+    log = (
+        "(APIServer pid=5) WARNING 11-30 01:38:56 [system_utils.py:255] Found ulimit ... "
+        "`OSError: [Errno 24] Too many open files`.\n"
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, User-specified max_model_len (100000) is greater than the derived max_model_len\n"
+        "    For further information visit https://errors.pydantic.dev\n"
+    )
+    lines = decisive_lines(log)
+    assert len(lines) == 1
+    assert "ValidationError" in lines[0] and "max_model_len (100000)" in lines[0]
