@@ -1,0 +1,37 @@
+"""`opsctl diag invariance` fails closed against a server that cannot return logprobs
+(started with ``--max-logprobs 0``): a failure with the server's reason, exit 1, never
+a pass or a skip. One engine start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+from opsctl.commands.diag.invariance import ISOLATING_ARGS
+from tests.conftest import running_engine
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    args = [*ISOLATING_ARGS, "--max-logprobs", "0"]
+    with running_engine("tiny-llama", extra_args=args) as server:
+        yield server
+
+
+def test_server_without_logprobs_is_a_failure_with_that_reason(engine):
+    r = CliRunner().invoke(app, ["diag", "invariance", engine.url, "--max-tokens", "4", "--json"])
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "fail"
+    prompts = doc["runs"][0]["prompts"]
+    assert len(prompts) == 8 and all(p["status"] == "error" for p in prompts)
+    reason = prompts[0]["reason"]
+    assert reason.startswith("BS=1: request error: HTTP 400")
+    assert "greater than max allowed: 0" in reason
+    assert "greater than max allowed: 0" in r.stderr  # the one stderr line says why
+    assert doc["runs"][0]["summary"]["errors"] == 8 and doc["runs"][0]["summary"]["identical"] == 0
