@@ -7,6 +7,7 @@ The same ``run_all(req, emit)`` feeds the plain CLI, ``--json`` and the ``--tui`
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,8 +84,6 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     label = mode or "server as is"
     t_start = time.time()
     env = dict(ISOLATING_ENV)
-    import os
-
     probes = [p for p in os.environ.get("OPSCTL_PROBES", "").split(",") if p.strip()]
     env["OPSCTL_PROBES"] = ",".join(dict.fromkeys([*probes, "batch"]))
     emit({"phase": f"{label}: preparing the engine", "columns": COLUMNS, "rows": rows})
