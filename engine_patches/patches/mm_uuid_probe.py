@@ -85,7 +85,9 @@ def wrap(original):
                     payload["test_rewrites"] = rewritten
                 record_event(PROBE, payload)
         except Exception as exc:  # a probe never breaks the engine
-            record_event(PROBE, {"request_id": str(getattr(request, "request_id", "?")), "error": repr(exc)})
+            record_event(
+                PROBE, {"request_id": str(getattr(request, "request_id", "?")), "error": repr(exc)}
+            )
         return result
 
     preprocess_add_request._opsctl_mm_uuid = True  # type: ignore[attr-defined]
@@ -101,7 +103,7 @@ def apply() -> Outcome:
     if getattr(current, "_opsctl_mm_uuid", False):
         return Outcome(APPLIED, "already applied in this process")
     ORIGINALS["preprocess_add_request"] = current
-    EngineCore.preprocess_add_request = wrap(current)
+    EngineCore.preprocess_add_request = wrap(current)  # type: ignore[method-assign]
     knob = os.environ.get(REWRITE_ENV)
     detail = "records the identifier of every multimodal item at EngineCore.preprocess_add_request"
     if knob:
@@ -113,7 +115,7 @@ def undo() -> None:
     from vllm.v1.engine.core import EngineCore
 
     if "preprocess_add_request" in ORIGINALS:
-        EngineCore.preprocess_add_request = ORIGINALS.pop("preprocess_add_request")
+        EngineCore.preprocess_add_request = ORIGINALS.pop("preprocess_add_request")  # type: ignore[method-assign]
 
 
 PATCH = Patch(

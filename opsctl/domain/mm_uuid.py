@@ -25,7 +25,12 @@ ABSENT = "<absent>"
 CACHES_OFF, CACHES_ON = "caches-off", "caches-on"
 REQUEST_LOCAL = re.compile(r"^.+-(?P<modality>[a-z_]+)-(?P<index>\d+)$")
 CONTENT_HASH = re.compile(r"^[0-9a-f]{32,128}$")
-COLORS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230), "white": (250, 250, 250)}
+COLORS = {
+    "red": (220, 30, 30),
+    "green": (30, 200, 60),
+    "blue": (40, 60, 230),
+    "white": (250, 250, 250),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,9 @@ def default_cases(prefix: str = "opsctl") -> tuple[Case, ...]:
 def reuse_case(prefix: str = "opsctl") -> Case:
     """The same UUID for two different images, then the second image without a UUID."""
     u = f"{prefix}-reused"
-    return Case("UUID reused for a different image", (Item("red", u), Item("blue", u), Item("blue", ABSENT)))
+    return Case(
+        "UUID reused for a different image", (Item("red", u), Item("blue", u), Item("blue", ABSENT))
+    )
 
 
 def classify(identifier: str | None) -> str:
@@ -120,7 +127,9 @@ def judge_item(o: Observation) -> tuple[str, str]:
     return "fail", f"missing UUID -> {got} id {o.identifier!r}, expected a {want} id"
 
 
-def findings(observations: list[Observation], reuse: list[Observation] | None = None) -> list[Finding]:
+def findings(
+    observations: list[Observation], reuse: list[Observation] | None = None
+) -> list[Finding]:
     out: list[Finding] = []
     for o in observations:
         v, why = judge_item(o)
@@ -128,32 +137,56 @@ def findings(observations: list[Observation], reuse: list[Observation] | None = 
             code = "mm_uuid.rewritten" if "rewritten" in why else "mm_uuid.unexpected"
             out.append(Finding(FAIL, code, f"[{o.mode}] {o.case} #{o.index}: {why}", o.to_dict()))
     # missing UUIDs in one mode must not collide across different requests (caches off)
-    local = [o for o in observations if o.mode == CACHES_OFF and o.explicit_uuid is None and o.identifier]
+    local = [
+        o for o in observations if o.mode == CACHES_OFF and o.explicit_uuid is None and o.identifier
+    ]
     ids = [o.identifier for o in local]
     if len(ids) != len(set(ids)):
-        out.append(Finding(FAIL, "mm_uuid.collision", "request-local ids repeat across requests", {"ids": ids}))
+        out.append(
+            Finding(
+                FAIL, "mm_uuid.collision", "request-local ids repeat across requests", {"ids": ids}
+            )
+        )
     by_mode: dict[str, list[Observation]] = {}
     for o in observations:
         by_mode.setdefault(o.mode, []).append(o)
     for mode, obs in by_mode.items():
         if all(judge_item(o)[0] == "pass" for o in obs):
             kept = sum(1 for o in obs if o.kind == "kept")
-            out.append(Finding(OK, "mm_uuid.kept", f"[{mode}] {kept} explicit UUID(s) kept, "
-                               f"{len(obs) - kept} missing one(s) got {'request-local ids' if mode == CACHES_OFF else 'content hashes'}", {}))
+            out.append(
+                Finding(
+                    OK,
+                    "mm_uuid.kept",
+                    f"[{mode}] {kept} explicit UUID(s) kept, "
+                    f"{len(obs) - kept} missing one(s) got {'request-local ids' if mode == CACHES_OFF else 'content hashes'}",
+                    {},
+                )
+            )
     empty = [o for o in observations if o.explicit_uuid == "" and o.identifier == ""]
     if empty:
-        out.append(Finding(WARNING, "mm_uuid.empty_string",
-                           "an empty-string UUID is kept as the identifier '' (every item sent with '' "
-                           "shares one identifier)", {"modes": sorted({o.mode for o in empty})}))
+        out.append(
+            Finding(
+                WARNING,
+                "mm_uuid.empty_string",
+                "an empty-string UUID is kept as the identifier '' (every item sent with '' "
+                "shares one identifier)",
+                {"modes": sorted({o.mode for o in empty})},
+            )
+        )
     hashes = [o for o in observations if o.mode == CACHES_ON and o.kind == "content hash"]
     same_color: dict[str, set[str]] = {}
     for o in hashes:
         same_color.setdefault(o.color, set()).add(str(o.identifier))
     if hashes:
         stable = all(len(v) == 1 for v in same_color.values())
-        out.append(Finding(INFO, "mm_uuid.content_hash",
-                           f"[caches-on] missing UUIDs got content hashes; same image -> same hash: {stable}",
-                           {"by_image": {k: sorted(v) for k, v in same_color.items()}}))
+        out.append(
+            Finding(
+                INFO,
+                "mm_uuid.content_hash",
+                f"[caches-on] missing UUIDs got content hashes; same image -> same hash: {stable}",
+                {"by_image": {k: sorted(v) for k, v in same_color.items()}},
+            )
+        )
     out.extend(reuse_findings(reuse or []))
     return out
 
@@ -169,42 +202,68 @@ def reuse_findings(reuse: list[Observation]) -> list[Finding]:
             continue
         first, second, fresh = obs[0], obs[1], obs[2]
         if second.status != 200:
-            out.append(Finding(INFO, "mm_uuid.reuse_rejected",
-                               f"[{mode}] reusing UUID {first.explicit_uuid!r} for a different image was rejected "
-                               f"(HTTP {second.status})", {}))
+            out.append(
+                Finding(
+                    INFO,
+                    "mm_uuid.reuse_rejected",
+                    f"[{mode}] reusing UUID {first.explicit_uuid!r} for a different image was rejected "
+                    f"(HTTP {second.status})",
+                    {},
+                )
+            )
             continue
         same_id = first.identifier == second.identifier
         detail = {"first": first.to_dict(), "second": second.to_dict(), "fresh": fresh.to_dict()}
         evidence = ""
         if first.output is not None and second.output is not None and fresh.output is not None:
             if second.output == first.output and second.output != fresh.output:
-                evidence = ("; the second image's output equals the FIRST image's output, not the output "
-                            "the same image gives without a UUID (stale embeddings served)")
+                evidence = (
+                    "; the second image's output equals the FIRST image's output, not the output "
+                    "the same image gives without a UUID (stale embeddings served)"
+                )
             elif second.output == fresh.output and first.output != fresh.output:
                 evidence = "; the second image's output matches that image without a UUID (no stale reuse seen)"
             else:
                 evidence = "; outputs cannot tell whether stale embeddings were used"
-        out.append(Finding(WARNING, "mm_uuid.reuse_accepted",
-                           f"[{mode}] UUID {first.explicit_uuid!r} reused for a different image was accepted "
-                           f"silently (HTTP 200, identifier {'identical' if same_id else 'different'}){evidence}",
-                           detail))
+        out.append(
+            Finding(
+                WARNING,
+                "mm_uuid.reuse_accepted",
+                f"[{mode}] UUID {first.explicit_uuid!r} reused for a different image was accepted "
+                f"silently (HTTP 200, identifier {'identical' if same_id else 'different'}){evidence}",
+                detail,
+            )
+        )
     return out
 
 
-TABLE_COLUMNS = ["mode", "case", "#", "image", "uuid sent", "identifier at engine core", "kind", "verdict"]
+TABLE_COLUMNS = [
+    "mode",
+    "case",
+    "#",
+    "image",
+    "uuid sent",
+    "identifier at engine core",
+    "kind",
+    "verdict",
+]
 
 
 def table_rows(observations: list[Observation]) -> list[list[str]]:
     rows = []
     for o in observations:
         v, _ = judge_item(o)
-        rows.append([o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, v.upper()])
+        rows.append(
+            [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, v.upper()]
+        )
     return rows
 
 
 def reuse_rows(observations: list[Observation]) -> list[list[str]]:
-    return [[o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]
-            for o in observations]
+    return [
+        [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]
+        for o in observations
+    ]
 
 
 def _show(identifier: str | None) -> str:

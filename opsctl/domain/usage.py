@@ -46,7 +46,11 @@ class UsageCase:
             q: Any = self.queries[0] if len(self.queries) == 1 else list(self.queries)
             d: Any = self.documents[0] if len(self.documents) == 1 else list(self.documents)
             return {"model": model, "text_1": q, "text_2": d}
-        body: dict[str, Any] = {"model": model, "query": self.queries[0], "documents": list(self.documents)}
+        body: dict[str, Any] = {
+            "model": model,
+            "query": self.queries[0],
+            "documents": list(self.documents),
+        }
         if self.top_n is not None:
             body["top_n"] = self.top_n
         return body
@@ -62,8 +66,12 @@ def default_cases() -> tuple[UsageCase, ...]:
     return (
         UsageCase("one document", "score", (q,), docs[:1]),
         UsageCase("several documents", "score", (q,), docs),
-        UsageCase("text pairs (N:N)", "score", (q, "How do I reset my password?", "Hello world!"),
-                  (docs[0], "Open the settings page and choose a new password.", "How are you today?")),
+        UsageCase(
+            "text pairs (N:N)",
+            "score",
+            (q, "How do I reset my password?", "Hello world!"),
+            (docs[0], "Open the settings page and choose a new password.", "How are you today?"),
+        ),
         UsageCase("long document", "score", (q,), (LONG_DOC,)),
         UsageCase("one document", "rerank", (q,), docs[:1]),
         UsageCase("several documents", "rerank", (q,), docs),
@@ -84,7 +92,8 @@ def engine_inputs(kind: str, case: UsageCase) -> list[Input]:
             raise ValueError("N queries need N documents")
         return list(zip(case.queries, case.documents, strict=True))
     if kind == BI:
-        return list(case.queries) + list(case.documents)
+        texts: list[Input] = [*case.queries, *case.documents]
+        return texts
     raise ValueError(f"unknown model kind {kind!r}")
 
 
@@ -92,8 +101,10 @@ def derivation(kind: str, case: UsageCase, method: str) -> str:
     n_q, n_d = len(case.queries), len(case.documents)
     if kind == CROSS:
         pairs = n_d
-        return f"{pairs} (query, document) pair(s), each tokenized together [{method}]"
-    return f"{n_q} quer{'y' if n_q == 1 else 'ies'} once + {n_d} document(s), each alone [{method}]"
+        return f"{pairs} (query, document) pair(s), each tokenized together, via {method}"
+    return (
+        f"{n_q} quer{'y' if n_q == 1 else 'ies'} once + {n_d} document(s), each alone, via {method}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +155,20 @@ def compare(
         if total is not None and total != expected:
             note += f", total_tokens off by {total - expected:+d}"
     return UsageRow(
-        endpoint=f"/{case.endpoint}", kind=kind, case=case.name, documents=len(case.documents),
-        reported_prompt=prompt, reported_total=total, expected=expected, parts=parts,
-        derivation=derivation(kind, case, method), verdict="pass" if ok else "fail",
-        cross_check=check, results=results, top_n=case.top_n, note=note,
+        endpoint=f"/{case.endpoint}",
+        kind=kind,
+        case=case.name,
+        documents=len(case.documents),
+        reported_prompt=prompt,
+        reported_total=total,
+        expected=expected,
+        parts=parts,
+        derivation=derivation(kind, case, method),
+        verdict="pass" if ok else "fail",
+        cross_check=check,
+        results=results,
+        top_n=case.top_n,
+        note=note,
     )
 
 
@@ -166,37 +187,68 @@ def special_affixes(with_specials: list[str], without: list[str]) -> tuple[list[
     """Split the special tokens a tokenizer adds around a single text into (prefix, suffix)."""
     n = len(without)
     for start in range(len(with_specials) - n + 1):
-        if with_specials[start:start + n] == without:
-            return with_specials[:start], with_specials[start + n:]
-    raise ValueError("tokens without specials are not a contiguous part of the tokens with specials")
+        if with_specials[start : start + n] == without:
+            return with_specials[:start], with_specials[start + n :]
+    raise ValueError(
+        "tokens without specials are not a contiguous part of the tokens with specials"
+    )
 
 
 def findings(rows: list[UsageRow], top_n_checked: bool = True) -> list[Finding]:
     out: list[Finding] = []
     bad = [r for r in rows if r.verdict == "fail"]
     for r in bad:
-        out.append(Finding(FAIL, "usage.mismatch",
-                           f"{r.endpoint} {r.kind} '{r.case}': reported prompt_tokens={r.reported_prompt} "
-                           f"total_tokens={r.reported_total}, expected {r.expected} ({r.note})",
-                           {"row": r.to_dict()}))
+        out.append(
+            Finding(
+                FAIL,
+                "usage.mismatch",
+                f"{r.endpoint} {r.kind} '{r.case}': reported prompt_tokens={r.reported_prompt} "
+                f"total_tokens={r.reported_total}, expected {r.expected} ({r.note})",
+                {"row": r.to_dict()},
+            )
+        )
     disagree = [r for r in rows if r.cross_check is not None and r.cross_check != r.expected]
     for r in disagree:
-        out.append(Finding(WARNING, "usage.derivations_disagree",
-                           f"{r.endpoint} '{r.case}': /tokenize count {r.expected} != local tokenizer "
-                           f"count {r.cross_check}", {"row": r.to_dict()}))
+        out.append(
+            Finding(
+                WARNING,
+                "usage.derivations_disagree",
+                f"{r.endpoint} '{r.case}': /tokenize count {r.expected} != local tokenizer "
+                f"count {r.cross_check}",
+                {"row": r.to_dict()},
+            )
+        )
     if rows and not bad:
         kinds = sorted({r.kind for r in rows})
-        out.append(Finding(OK, "usage.match",
-                           f"{len(rows)} request(s) on {', '.join(kinds)}: usage equals the engine-input "
-                           "token count", {}))
+        out.append(
+            Finding(
+                OK,
+                "usage.match",
+                f"{len(rows)} request(s) on {', '.join(kinds)}: usage equals the engine-input "
+                "token count",
+                {},
+            )
+        )
     for r in rows:
         if r.top_n and r.results is not None and r.results > r.top_n:
-            out.append(Finding(WARNING, "usage.top_n_ignored",
-                               f"{r.endpoint} '{r.case}' returned {r.results} results for top_n={r.top_n}", {}))
+            out.append(
+                Finding(
+                    WARNING,
+                    "usage.top_n_ignored",
+                    f"{r.endpoint} '{r.case}' returned {r.results} results for top_n={r.top_n}",
+                    {},
+                )
+            )
         elif r.top_n and r.verdict == "pass":
-            out.append(Finding(INFO, "usage.top_n_counts_all",
-                               f"{r.endpoint} '{r.case}': {r.results} result(s) returned, usage still counts all "
-                               f"{r.documents} documents the engine processed", {}))
+            out.append(
+                Finding(
+                    INFO,
+                    "usage.top_n_counts_all",
+                    f"{r.endpoint} '{r.case}': {r.results} result(s) returned, usage still counts all "
+                    f"{r.documents} documents the engine processed",
+                    {},
+                )
+            )
     return out
 
 
@@ -216,13 +268,28 @@ class UsageReport:
 def table_rows(rows: list[UsageRow] | tuple[UsageRow, ...]) -> list[list[str]]:
     """Rows for the table / live panel: endpoint, kind, case, reported, expected, verdict, derivation."""
     return [
-        [r.endpoint, r.kind, r.case, f"{_s(r.reported_prompt)}/{_s(r.reported_total)}",
-         f"{r.expected} = {'+'.join(str(p) for p in r.parts)}", r.verdict.upper(), r.derivation]
+        [
+            r.endpoint,
+            r.kind,
+            r.case,
+            f"{_s(r.reported_prompt)}/{_s(r.reported_total)}",
+            f"{r.expected} = {'+'.join(str(p) for p in r.parts)}",
+            r.verdict.upper(),
+            r.derivation,
+        ]
         for r in rows
     ]
 
 
-TABLE_COLUMNS = ["endpoint", "model kind", "case", "reported prompt/total", "expected", "verdict", "how expected was derived"]
+TABLE_COLUMNS = [
+    "endpoint",
+    "model kind",
+    "case",
+    "reported prompt/total",
+    "expected",
+    "verdict",
+    "how expected was derived",
+]
 
 
 def _s(v: int | None) -> str:

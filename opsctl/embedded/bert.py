@@ -66,7 +66,9 @@ def write_wordpiece_tokenizer(out: Path) -> int:
     pre = pre_tokenizers.BertPreTokenizer()
     vocab = wordpiece_vocab(CORPUS + EXTRA_CORPUS, pre.pre_tokenize_str)
     tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
+    tok.normalizer = normalizers.BertNormalizer(
+        lowercase=True, clean_text=True, handle_chinese_chars=True
+    )
     tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece(prefix="##")
     tok.add_special_tokens(SPECIALS)
@@ -79,7 +81,9 @@ def write_wordpiece_tokenizer(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     vocab = tok.get_vocab()
-    (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+    (out / "vocab.txt").write_text(
+        "".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]))
+    )
     config = {
         "tokenizer_class": "BertTokenizerFast",
         "do_lower_case": True,
@@ -93,8 +97,14 @@ def write_wordpiece_tokenizer(out: Path) -> int:
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(
-        json.dumps({k: config[k] for k in ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token")},
-                   indent=2) + "\n"
+        json.dumps(
+            {
+                k: config[k]
+                for k in ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token")
+            },
+            indent=2,
+        )
+        + "\n"
     )
     return tok.get_vocab_size()
 
@@ -166,7 +176,9 @@ def _build(out: Path, architecture: str, seed: int) -> None:
     prefix = "bert." if architecture == "BertForSequenceClassification" else ""
     tensors = bert_tensors(vocab, seed, prefix)
     if architecture == "BertForSequenceClassification":
-        tensors["classifier.weight"] = weights.seeded("classifier", (1, HIDDEN), 1.0 / math.sqrt(HIDDEN), seed)
+        tensors["classifier.weight"] = weights.seeded(
+            "classifier", (1, HIDDEN), 1.0 / math.sqrt(HIDDEN), seed
+        )
         tensors["classifier.bias"] = weights.ones((1,)) * 0.0
     weights.save(out / "model.safetensors", tensors)
 

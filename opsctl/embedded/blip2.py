@@ -137,7 +137,10 @@ def build_tiny_vlm(out: Path) -> None:
         + "\n"
     )
     (out / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Blip2Processor", "num_query_tokens": NUM_QUERY_TOKENS}, indent=2) + "\n"
+        json.dumps(
+            {"processor_class": "Blip2Processor", "num_query_tokens": NUM_QUERY_TOKENS}, indent=2
+        )
+        + "\n"
     )
     tensors = vision_qformer_tensors(seed=97531)
     tensors.update(llama.llama_tensors(vocab, 2, seed=97531, prefix="language_model."))

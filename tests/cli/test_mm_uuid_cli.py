@@ -26,10 +26,26 @@ def run(*args: str):
 def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:
     (run_dir / "ledger").mkdir(parents=True, exist_ok=True)
     (run_dir / "events").mkdir(exist_ok=True)
-    record = {"pid": 1, "role": "engine_core", "time": 1.0, "vllm_version": "x", "patches": [
-        {"name": "mm_uuid_probe", "status": probe_status, "detail": "", "reason": "", "target": ""}]}
+    record = {
+        "pid": 1,
+        "role": "engine_core",
+        "time": 1.0,
+        "vllm_version": "x",
+        "patches": [
+            {
+                "name": "mm_uuid_probe",
+                "status": probe_status,
+                "detail": "",
+                "reason": "",
+                "target": "",
+            }
+        ],
+    }
     (run_dir / "ledger" / "1.json").write_text(json.dumps(record))
-    info = {"enable_prefix_caching": not caches_off, "mm_processor_cache_gb": 0 if caches_off else 4}
+    info = {
+        "enable_prefix_caching": not caches_off,
+        "mm_processor_cache_gb": 0 if caches_off else 4,
+    }
     (run_dir / "events" / "engine_info.jsonl").write_text(json.dumps(info) + "\n")
 
 
@@ -64,11 +80,17 @@ def stand_in(run_dir: Path, rewrite: str | None = None, caches_off: bool = True)
             rid = f"chatcmpl-{counter['n']:04d}"
             uuid = part.get("uuid")
             if uuid is None:
-                ident = (f"renderer0-mm-{counter['n']}-image-0" if caches_off
-                         else hashlib.sha256(part["image_url"]["url"].encode()).hexdigest())
+                ident = (
+                    f"renderer0-mm-{counter['n']}-image-0"
+                    if caches_off
+                    else hashlib.sha256(part["image_url"]["url"].encode()).hexdigest()
+                )
             else:
                 ident = uuid + "~rewritten" if uuid == rewrite else uuid
-            event = {"request_id": f"{rid}-abcd", "items": [{"index": 0, "modality": "image", "identifier": ident}]}
+            event = {
+                "request_id": f"{rid}-abcd",
+                "items": [{"index": 0, "modality": "image", "identifier": ident}],
+            }
             with open(run_dir / "events" / "mm_uuid.jsonl", "a") as fh:
                 fh.write(json.dumps(event) + "\n")
             self._send(200, {"id": rid, "choices": [{"message": {"content": ident[:3]}}]})
@@ -95,7 +117,9 @@ def test_honest_engine_passes(tmp_path: Path) -> None:
     assert by[("some explicit, some None", 1)]["kind"] == "request-local"
     assert by[("empty string", 0)]["identifier"] == ""
     codes = {f["code"]: f["severity"] for f in doc["findings"]}
-    assert codes["mm_uuid.empty_string"] == "warning" and codes["mm_uuid.reuse_accepted"] == "warning"
+    assert (
+        codes["mm_uuid.empty_string"] == "warning" and codes["mm_uuid.reuse_accepted"] == "warning"
+    )
 
 
 def test_rewritten_uuid_is_caught(tmp_path: Path) -> None:

@@ -65,14 +65,28 @@ def stand_in(inflate: int = 0, score_status: int = 200) -> Iterator[str]:
                 ds = d if isinstance(d, list) else [d]
                 if len(qs) == 1:
                     qs = qs * len(ds)
-                n = sum(len(toks(f"{a} [SEP] {b}", True)) for a, b in zip(qs, ds, strict=True)) + inflate
+                n = (
+                    sum(len(toks(f"{a} [SEP] {b}", True)) for a, b in zip(qs, ds, strict=True))
+                    + inflate
+                )
                 usage = {"prompt_tokens": n, "total_tokens": n}
                 if self.path == "/score":
-                    self._send(200, {"data": [{"index": i, "score": 0.5} for i in range(len(ds))], "usage": usage})
+                    self._send(
+                        200,
+                        {
+                            "data": [{"index": i, "score": 0.5} for i in range(len(ds))],
+                            "usage": usage,
+                        },
+                    )
                 else:
                     top = body.get("top_n") or len(ds)
-                    self._send(200, {"results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
-                                     "usage": usage})
+                    self._send(
+                        200,
+                        {
+                            "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
+                            "usage": usage,
+                        },
+                    )
             else:
                 self._send(404, {"detail": "Not Found"})
 
@@ -103,7 +117,10 @@ def test_inflated_usage_is_caught() -> None:
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "fail"
-    assert all(row["verdict"] == "fail" and row["reported_prompt"] == row["expected"] + 1 for row in doc["rows"])
+    assert all(
+        row["verdict"] == "fail" and row["reported_prompt"] == row["expected"] + 1
+        for row in doc["rows"]
+    )
     assert any(f["code"] == "usage.mismatch" for f in doc["findings"])
     assert "differ from the engine-input count" in r.stderr
 

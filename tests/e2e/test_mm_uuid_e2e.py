@@ -31,8 +31,12 @@ CANARY = "canary-all-0"
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", "tiny-vlm", "--json"],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", "tiny-vlm", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -40,8 +44,9 @@ def report() -> dict:
 @pytest.fixture(scope="module")
 def rewriting_engine():
     env = {"OPSCTL_PROBES": "mm_uuid", "OPSCTL_MM_UUID_REWRITE": CANARY}
-    with running_engine("tiny-vlm", load_format="dummy", extra_args=list(CACHE_ARGS["caches-off"]),
-                        env=env) as server:
+    with running_engine(
+        "tiny-vlm", load_format="dummy", extra_args=list(CACHE_ARGS["caches-off"]), env=env
+    ) as server:
         yield server
 
 
@@ -72,12 +77,17 @@ def test_caches_off_keeps_explicit_uuids(report) -> None:
 
 def test_caches_on_gives_content_hashes(report) -> None:
     on = report["runs"][1]
-    assert on["settings"]["enable_prefix_caching"] is True and on["settings"]["mm_processor_cache_gb"] > 0
+    assert (
+        on["settings"]["enable_prefix_caching"] is True
+        and on["settings"]["mm_processor_cache_gb"] > 0
+    )
     it = items(report, "caches-on")
     assert it[("all explicit", 0)]["identifier"] == "opsctl-all-0"
     hashed = [it[("some explicit, some None", 1)], it[("no UUIDs", 0)], it[("no UUIDs", 1)]]
     assert all(i["kind"] == "content hash" for i in hashed)
-    assert it[("no UUIDs", 1)]["identifier"] == it[("some explicit, some None", 1)]["identifier"]  # both green
+    assert (
+        it[("no UUIDs", 1)]["identifier"] == it[("some explicit, some None", 1)]["identifier"]
+    )  # both green
     assert it[("no UUIDs", 0)]["identifier"] != it[("no UUIDs", 1)]["identifier"]  # red != green
 
 
@@ -96,7 +106,9 @@ def test_probe_rewrite_is_caught(rewriting_engine) -> None:
     ok = CliRunner().invoke(app, ["diag", "mm-uuid", rewriting_engine.url, "--json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["runs"][0]["mode"] == "caches-off"
-    bad = CliRunner().invoke(app, ["diag", "mm-uuid", rewriting_engine.url, "--uuid-prefix", "canary", "--json"])
+    bad = CliRunner().invoke(
+        app, ["diag", "mm-uuid", rewriting_engine.url, "--uuid-prefix", "canary", "--json"]
+    )
     assert bad.exit_code == 1, bad.output
     doc = json.loads(bad.stdout)
     it = items(doc, "caches-off")
@@ -104,6 +116,9 @@ def test_probe_rewrite_is_caught(rewriting_engine) -> None:
     assert it[("all explicit", 0)]["verdict"] == "fail"
     assert it[("all explicit", 1)]["verdict"] == "pass"  # only the armed UUID was touched
     assert [f["code"] for f in doc["findings"] if f["severity"] == "fail"] == ["mm_uuid.rewritten"]
-    detail = [e.detail for e in entries(read_records(rewriting_engine.run_dir))
-              if e.name == "mm_uuid_probe" and e.role == "engine_core"]
+    detail = [
+        e.detail
+        for e in entries(read_records(rewriting_engine.run_dir))
+        if e.name == "mm_uuid_probe" and e.role == "engine_core"
+    ]
     assert detail and "TEST KNOB" in detail[0]

@@ -21,7 +21,11 @@ EXTRA = ("tiny-reranker", "tiny-embed", "tiny-vlm")
 
 
 def digest(path: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.iterdir())
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,9 @@ def test_listed_and_byte_identical_across_builds(tmp_path, built, name) -> None:
     assert name in catalog.CATALOG
     again = catalog.build(catalog.get(name), tmp_path)
     assert digest(again) == digest(built[name])
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(digest(again))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
+        digest(again)
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,7 +79,10 @@ def test_bert_tokenizer_pairs_like_vllm_cross_encoder(built) -> None:
     assert "[UNK]" not in strs and "paris" in strs
     assert enc["token_type_ids"][-1] == 1 and enc["token_type_ids"][0] == 0
     # the rendering diag usage counts through /tokenize gives the very same ids
-    assert tok("What is the capital of France? [SEP] Paris is the capital of France.")["input_ids"] == enc["input_ids"]
+    assert (
+        tok("What is the capital of France? [SEP] Paris is the capital of France.")["input_ids"]
+        == enc["input_ids"]
+    )
     cfg = json.loads((built["tiny-reranker"] / "config.json").read_text())
     assert cfg["num_labels"] == 1 and cfg["hidden_size"] // cfg["num_attention_heads"] >= 32
 

@@ -36,9 +36,21 @@ def local_tokenizer(name: str):
 @pytest.fixture(scope="module")
 def reranker_report() -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "opsctl", "diag", "usage", "--model", "tiny-reranker",
-         "--load-format", "dummy", "--json"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "opsctl",
+            "diag",
+            "usage",
+            "--model",
+            "tiny-reranker",
+            "--load-format",
+            "dummy",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -56,7 +68,9 @@ def test_cross_encoder_usage_matches_pair_inputs(reranker_report) -> None:
     assert doc["kind"] == "cross-encoder" and doc["engine_started"] is True
     assert doc["pair_separator"] == "[SEP]" and doc["local_cross_check"] is True
     rows = doc["rows"]
-    assert {r["endpoint"] for r in rows} == {"/score", "/rerank"} and len(rows) == len(U.default_cases())
+    assert {r["endpoint"] for r in rows} == {"/score", "/rerank"} and len(rows) == len(
+        U.default_cases()
+    )
     tok = local_tokenizer("tiny-reranker")
     for case, row in zip(U.default_cases(), rows, strict=True):
         pairs = U.engine_inputs(U.CROSS, case)
@@ -75,26 +89,38 @@ def test_bi_encoder_usage_counts_each_text_once(embed_engine) -> None:
     r = CliRunner().invoke(app, ["diag", "usage", embed_engine.url, "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["kind"] == "bi-encoder" and doc["verdict"] == "pass" and doc["engine_started"] is False
+    assert (
+        doc["kind"] == "bi-encoder" and doc["verdict"] == "pass" and doc["engine_started"] is False
+    )
     tok = local_tokenizer("tiny-embed")
     for case, row in zip(U.default_cases(), doc["rows"], strict=True):
         texts = U.engine_inputs(U.BI, case)
         assert len(texts) == len(case.queries) + len(case.documents)
         exact = [len(tok(t)["input_ids"]) for t in texts]
-        assert row["parts"] == exact and row["reported_prompt"] == row["reported_total"] == sum(exact)
+        assert row["parts"] == exact and row["reported_prompt"] == row["reported_total"] == sum(
+            exact
+        )
         # the pre-fix count (query + pad + document per output pair) would differ
         q = exact[: len(case.queries)] * (len(case.documents) if len(case.queries) == 1 else 1)
-        old = sum(a + 1 + b for a, b in zip(q, exact[len(case.queries):], strict=True))
+        old = sum(a + 1 + b for a, b in zip(q, exact[len(case.queries) :], strict=True))
         assert old != row["reported_prompt"]
 
 
 def test_bi_encoder_tokenize_and_real_embeddings(embed_engine) -> None:
     with httpx.Client(base_url=embed_engine.url, timeout=60) as c:
-        t = c.post("/tokenize", json={"model": "tiny-embed", "prompt": "Paris is the capital of France.",
-                                      "return_token_strs": True}).json()
+        t = c.post(
+            "/tokenize",
+            json={
+                "model": "tiny-embed",
+                "prompt": "Paris is the capital of France.",
+                "return_token_strs": True,
+            },
+        ).json()
         assert t["token_strs"][0] == "[CLS]" and t["token_strs"][-1] == "[SEP]"
         assert "[UNK]" not in t["token_strs"] and "paris" in t["token_strs"]
-        e = c.post("/v1/embeddings", json={"model": "tiny-embed", "input": ["Paris", "the cat sat."]}).json()
+        e = c.post(
+            "/v1/embeddings", json={"model": "tiny-embed", "input": ["Paris", "the cat sat."]}
+        ).json()
     a, b = (d["embedding"] for d in e["data"])
     assert len(a) == 128 and a != b and len({round(x, 6) for x in a}) > 64
 

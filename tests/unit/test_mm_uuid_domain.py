@@ -9,7 +9,9 @@ from opsctl.domain import mm_uuid as D
 HASH = "a" * 64
 
 
-def obs(mode, explicit, identifier, *, status=200, color="red", case="c", index=0, output=None) -> D.Observation:
+def obs(
+    mode, explicit, identifier, *, status=200, color="red", case="c", index=0, output=None
+) -> D.Observation:
     sent = repr(explicit) if explicit is not None else "null"
     return D.Observation(mode, case, index, color, sent, explicit, identifier, status, output)
 
@@ -45,7 +47,12 @@ def test_classify() -> None:
 
 def test_default_cases_cover_the_four_semantics() -> None:
     cases = D.default_cases("p")
-    assert [c.name for c in cases] == ["all explicit", "some explicit, some None", "empty string", "no UUIDs"]
+    assert [c.name for c in cases] == [
+        "all explicit",
+        "some explicit, some None",
+        "empty string",
+        "no UUIDs",
+    ]
     assert all(i.explicit for i in cases[0].items)
     assert [i.explicit for i in cases[1].items] == [True, False] and cases[1].items[1].uuid is None
     assert cases[2].items[0].uuid == "" and cases[2].items[0].explicit
@@ -54,9 +61,13 @@ def test_default_cases_cover_the_four_semantics() -> None:
 
 
 def test_findings_fail_on_rewrite_and_pass_otherwise() -> None:
-    good = [obs(D.CACHES_OFF, "u1", "u1"), obs(D.CACHES_OFF, None, "r-mm-1-image-0"),
-            obs(D.CACHES_OFF, None, "r-mm-2-image-0"), obs(D.CACHES_ON, None, HASH, color="red"),
-            obs(D.CACHES_ON, None, HASH, color="red")]
+    good = [
+        obs(D.CACHES_OFF, "u1", "u1"),
+        obs(D.CACHES_OFF, None, "r-mm-1-image-0"),
+        obs(D.CACHES_OFF, None, "r-mm-2-image-0"),
+        obs(D.CACHES_ON, None, HASH, color="red"),
+        obs(D.CACHES_ON, None, HASH, color="red"),
+    ]
     f = D.findings(good)
     assert not [x for x in f if x.severity == "fail"]
     assert {x.code for x in f} >= {"mm_uuid.kept", "mm_uuid.content_hash"}
@@ -65,7 +76,9 @@ def test_findings_fail_on_rewrite_and_pass_otherwise() -> None:
 
 
 def test_request_local_ids_must_not_collide() -> None:
-    f = D.findings([obs(D.CACHES_OFF, None, "r-mm-1-image-0"), obs(D.CACHES_OFF, None, "r-mm-1-image-0")])
+    f = D.findings(
+        [obs(D.CACHES_OFF, None, "r-mm-1-image-0"), obs(D.CACHES_OFF, None, "r-mm-1-image-0")]
+    )
     assert "mm_uuid.collision" in {x.code for x in f if x.severity == "fail"}
 
 
@@ -75,9 +88,11 @@ def test_empty_string_is_a_warning() -> None:
 
 
 def test_reuse_is_a_warning_with_output_evidence() -> None:
-    reuse = [obs(D.CACHES_OFF, "u", "u", color="red", output="A"),
-             obs(D.CACHES_OFF, "u", "u", color="blue", output="A"),
-             obs(D.CACHES_OFF, None, "r-mm-9-image-0", color="blue", output="B")]
+    reuse = [
+        obs(D.CACHES_OFF, "u", "u", color="red", output="A"),
+        obs(D.CACHES_OFF, "u", "u", color="blue", output="A"),
+        obs(D.CACHES_OFF, None, "r-mm-9-image-0", color="blue", output="B"),
+    ]
     (f,) = D.reuse_findings(reuse)
     assert f.severity == "warning" and f.code == "mm_uuid.reuse_accepted" and "stale" in f.message
     reuse[1] = obs(D.CACHES_OFF, "u", "u", color="blue", output="B")

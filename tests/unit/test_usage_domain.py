@@ -70,14 +70,21 @@ def test_old_bi_encoder_count_over_outputs_is_caught() -> None:
 
 
 def test_findings_and_cross_check() -> None:
-    good = U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, words,
-                     cross_count=lambda x: words(x) + 1)
+    good = U.compare(
+        U.CROSS,
+        CASE3,
+        {"prompt_tokens": 21, "total_tokens": 21},
+        words,
+        cross_count=lambda x: words(x) + 1,
+    )
     bad = U.compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
     f = U.findings([good, bad])
     codes = [x.code for x in f]
     assert "usage.mismatch" in codes and "usage.derivations_disagree" in codes
     assert U.UsageReport(U.CROSS, "m", "u", (good, bad), tuple(f)).verdict == "fail"
-    only_good = U.findings([U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, words)])
+    only_good = U.findings(
+        [U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, words)]
+    )
     assert [x.severity for x in only_good] == ["ok"]
 
 
@@ -95,6 +102,14 @@ def test_request_bodies() -> None:
     assert any(c.top_n for c in cases) and any(len(c.queries) > 1 for c in cases)
     body = U.UsageCase("t", "rerank", ("q",), ("a", "b"), top_n=1).body("m")
     assert body == {"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1}
-    assert U.UsageCase("t", "score", ("q",), ("a",)).body("m") == {"model": "m", "text_1": "q", "text_2": "a"}
+    assert U.UsageCase("t", "score", ("q",), ("a",)).body("m") == {
+        "model": "m",
+        "text_1": "q",
+        "text_2": "a",
+    }
     rows = U.table_rows([U.compare(U.BI, CASE3, {"prompt_tokens": 16, "total_tokens": 16}, words)])
-    assert rows[0][3] == "16/16" and rows[0][4] == "16 = 4+3+4+5" and len(rows[0]) == len(U.TABLE_COLUMNS)
+    assert (
+        rows[0][3] == "16/16"
+        and rows[0][4] == "16 = 4+3+4+5"
+        and len(rows[0]) == len(U.TABLE_COLUMNS)
+    )

@@ -36,7 +36,10 @@ def image_data_url(rgb: tuple[int, int, int], size: int = 28) -> str:
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", (size, size), rgb)
-    ImageDraw.Draw(img).rectangle([size // 4, size // 4, size // 2, size // 2], fill=(255 - rgb[0], 255 - rgb[1], 255 - rgb[2]))
+    ImageDraw.Draw(img).rectangle(
+        [size // 4, size // 4, size // 2, size // 2],
+        fill=(255 - rgb[0], 255 - rgb[1], 255 - rgb[2]),
+    )
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -60,7 +63,11 @@ def find_run_dir(url: str) -> Path | None:
 def probe_status(run_dir: Path) -> tuple[bool, str]:
     from opsctl.collectors.ledger import entries, read_records
 
-    rows = [e for e in entries(read_records(run_dir)) if e.name == "mm_uuid_probe" and e.role == "engine_core"]
+    rows = [
+        e
+        for e in entries(read_records(run_dir))
+        if e.name == "mm_uuid_probe" and e.role == "engine_core"
+    ]
     if not rows:
         return False, "no engine-core ledger entry for mm_uuid_probe"
     last = rows[-1]
@@ -74,7 +81,10 @@ def engine_mode(run_dir: Path) -> tuple[str, dict]:
     if not info:
         return "unknown", {}
     last = info[-1]
-    off = last.get("enable_prefix_caching") is False and last.get("mm_processor_cache_gb") in (0, 0.0)
+    off = last.get("enable_prefix_caching") is False and last.get("mm_processor_cache_gb") in (
+        0,
+        0.0,
+    )
     return ("caches-off" if off else "caches-on"), {
         "enable_prefix_caching": last.get("enable_prefix_caching"),
         "mm_processor_cache_gb": last.get("mm_processor_cache_gb"),
@@ -102,9 +112,13 @@ class Sender:
             r = self.client.get(f"{self.url}/v1/models")
             self.model = str(r.json()["data"][0]["id"])
         except httpx.HTTPError as exc:
-            raise EngineUnreachable(f"GET /v1/models at {self.url} failed: {type(exc).__name__}") from None
+            raise EngineUnreachable(
+                f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
+            ) from None
         except (ValueError, KeyError, IndexError, TypeError):
-            raise BadInput(f"{self.url}/v1/models returned no model; is this a vLLM server?") from None
+            raise BadInput(
+                f"{self.url}/v1/models returned no model; is this a vLLM server?"
+            ) from None
         return self.model
 
     def _events(self) -> list[dict]:
@@ -117,16 +131,32 @@ class Sender:
 
         from opsctl.domain.mm_uuid import ABSENT, COLORS, Observation
 
-        part: dict = {"type": "image_url", "image_url": {"url": self.images.setdefault(item.color, image_data_url(COLORS[item.color]))}}
+        part: dict = {
+            "type": "image_url",
+            "image_url": {
+                "url": self.images.setdefault(item.color, image_data_url(COLORS[item.color]))
+            },
+        }
         if item.uuid != ABSENT:
             part["uuid"] = item.uuid
-        body = {"model": self.model, "max_tokens": 4, "temperature": 0,
-                "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is in the image?"}]}]}
+        body = {
+            "model": self.model,
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [part, {"type": "text", "text": "What is in the image?"}],
+                }
+            ],
+        }
         seen = len(self._events())
         try:
             r = self.client.post(f"{self.url}/v1/chat/completions", json=body)
         except httpx.HTTPError as exc:
-            raise EngineUnreachable(f"POST /v1/chat/completions to {self.url} failed: {type(exc).__name__}") from None
+            raise EngineUnreachable(
+                f"POST /v1/chat/completions to {self.url} failed: {type(exc).__name__}"
+            ) from None
         text, rid = None, None
         if r.status_code == 200:
             payload = r.json()
@@ -144,8 +174,18 @@ class Sender:
                 break
             time.sleep(0.1)
         explicit = item.uuid if item.explicit else None
-        obs = Observation(mode, case, index, item.color, item.sent_as, explicit, identifier, r.status_code,
-                          text, engine_rid)
+        obs = Observation(
+            mode,
+            case,
+            index,
+            item.color,
+            item.sent_as,
+            explicit,
+            identifier,
+            r.status_code,
+            text,
+            engine_rid,
+        )
         return obs, (r.text[:300] if r.status_code != 200 else "")
 
 
@@ -159,25 +199,44 @@ def run_mode(target, mode: str, prefix: str, emit, state: dict) -> None:
             for i, item in enumerate(case.items):
                 obs, err = sender.send(mode, case.name, i, item)
                 if obs.status == 400 and not state["observations"]:
-                    raise BadInput(f"the model at {target.url} rejected an image request: {err}",
-                                   hint="diag mm-uuid needs a vision-language model, e.g. --model tiny-vlm")
+                    raise BadInput(
+                        f"the model at {target.url} rejected an image request: {err}",
+                        hint="diag mm-uuid needs a vision-language model, e.g. --model tiny-vlm",
+                    )
                 state["observations"].append(obs)
-                state["events"].append(f"[{mode}] {case.name} #{i}: sent {obs.sent} -> {obs.identifier!r} ({obs.kind})")
-                emit({"phase": f"{mode}: {case.name}", "columns": D.TABLE_COLUMNS,
-                      "rows": D.table_rows(state["observations"]), "events": state["events"][-1:]})
+                state["events"].append(
+                    f"[{mode}] {case.name} #{i}: sent {obs.sent} -> {obs.identifier!r} ({obs.kind})"
+                )
+                emit(
+                    {
+                        "phase": f"{mode}: {case.name}",
+                        "columns": D.TABLE_COLUMNS,
+                        "rows": D.table_rows(state["observations"]),
+                        "events": state["events"][-1:],
+                    }
+                )
         reuse = D.reuse_case(prefix)
         for i, item in enumerate(reuse.items):
             obs, _ = sender.send(mode, reuse.name, i, item)
             state["reuse"].append(obs)
-            state["events"].append(f"[{mode}] reuse #{i}: {item.color} sent {obs.sent} -> {obs.identifier!r}, "
-                                   f"output {obs.output!r}")
+            state["events"].append(
+                f"[{mode}] reuse #{i}: {item.color} sent {obs.sent} -> {obs.identifier!r}, "
+                f"output {obs.output!r}"
+            )
             emit({"phase": f"{mode}: UUID reuse", "events": state["events"][-1:]})
     finally:
         sender.close()
 
 
-def run_mm_uuid(url: str | None, model: str | None, run_dir: Path | None, prefix: str, modes: list[str],
-                load_format: str, emit) -> dict:
+def run_mm_uuid(
+    url: str | None,
+    model: str | None,
+    run_dir: Path | None,
+    prefix: str,
+    modes: list[str],
+    load_format: str,
+    emit,
+) -> dict:
     from opsctl import output
     from opsctl.commands.diag.common import engine_target
     from opsctl.domain import mm_uuid as D
@@ -190,51 +249,91 @@ def run_mm_uuid(url: str | None, model: str | None, run_dir: Path | None, prefix
         with engine_target(url, None) as target:
             rd = run_dir or find_run_dir(target.url)
             if rd is None or not rd.is_dir():
-                raise BadInput(f"no opsctl run directory found for {target.url}",
-                               hint="start the engine with opsctl (OPSCTL_PROBES=mm_uuid) or pass --run-dir")
+                raise BadInput(
+                    f"no opsctl run directory found for {target.url}",
+                    hint="start the engine with opsctl (OPSCTL_PROBES=mm_uuid) or pass --run-dir",
+                )
             applied, why = probe_status(rd)
             if not applied:
-                raise BadInput(f"the mm_uuid engine probe is not active on {target.url} ({why})",
-                               hint="start the engine with OPSCTL_PROBES=mm_uuid in its environment")
+                raise BadInput(
+                    f"the mm_uuid engine probe is not active on {target.url} ({why})",
+                    hint="start the engine with OPSCTL_PROBES=mm_uuid in its environment",
+                )
             mode, settings = engine_mode(rd)
             target.run_dir = rd
             run_mode(target, mode, prefix, emit, state)
-            runs.append({"mode": mode, "url": target.url, "run_dir": str(rd), "settings": settings,
-                         "engine_started": False})
+            runs.append(
+                {
+                    "mode": mode,
+                    "url": target.url,
+                    "run_dir": str(rd),
+                    "settings": settings,
+                    "engine_started": False,
+                }
+            )
     else:
         from opsctl.engine.model import resolve
 
         resolved = resolve(model)
         if resolved.archetype != "vision-language":
-            raise BadInput(f"{resolved.name} is a {resolved.archetype} model; diag mm-uuid needs a "
-                           "vision-language model (e.g. tiny-vlm)")
+            raise BadInput(
+                f"{resolved.name} is a {resolved.archetype} model; diag mm-uuid needs a "
+                "vision-language model (e.g. tiny-vlm)"
+            )
         for mode in modes:
             emit({"phase": f"starting engine ({mode})"})
-            with engine_target(None, model, load_format=load_format, extra_args=CACHE_ARGS[mode],
-                               env={"OPSCTL_PROBES": "mm_uuid"}, label=f"diag-mm-uuid-{mode}") as target:
+            with engine_target(
+                None,
+                model,
+                load_format=load_format,
+                extra_args=CACHE_ARGS[mode],
+                env={"OPSCTL_PROBES": "mm_uuid"},
+                label=f"diag-mm-uuid-{mode}",
+            ) as target:
                 applied, why = probe_status(target.run_dir)
                 if not applied:
                     raise CheckFailed(f"the mm_uuid engine probe did not apply ({why})")
                 seen_mode, settings = engine_mode(target.run_dir)
                 run_mode(target, mode, prefix, emit, state)
-                runs.append({"mode": mode, "url": target.url, "run_dir": str(target.run_dir),
-                             "settings": settings, "engine_started": True, "settings_mode": seen_mode})
+                runs.append(
+                    {
+                        "mode": mode,
+                        "url": target.url,
+                        "run_dir": str(target.run_dir),
+                        "settings": settings,
+                        "engine_started": True,
+                        "settings_mode": seen_mode,
+                    }
+                )
     findings = D.findings(state["observations"], state["reuse"])
     v = verdict(findings)
-    emit({"phase": "done", "verdict": v, "rows": D.table_rows(state["observations"]),
-          "summary": f"{sum(D.judge_item(o)[0] == 'pass' for o in state['observations'])}/"
-                     f"{len(state['observations'])} items as expected"})
+    emit(
+        {
+            "phase": "done",
+            "verdict": v,
+            "rows": D.table_rows(state["observations"]),
+            "summary": f"{sum(D.judge_item(o)[0] == 'pass' for o in state['observations'])}/"
+            f"{len(state['observations'])} items as expected",
+        }
+    )
     output.info(f"mm-uuid check: {v}")
     return output.document(
-        SCHEMA, runs=runs, uuid_prefix=prefix,
-        items=[{**o.to_dict(), "verdict": D.judge_item(o)[0], "why": D.judge_item(o)[1]} for o in state["observations"]],
+        SCHEMA,
+        runs=runs,
+        uuid_prefix=prefix,
+        items=[
+            {**o.to_dict(), "verdict": D.judge_item(o)[0], "why": D.judge_item(o)[1]}
+            for o in state["observations"]
+        ],
         reuse=[o.to_dict() for o in state["reuse"]],
-        findings=[f.to_dict() for f in findings], verdict=v,
+        findings=[f.to_dict() for f in findings],
+        verdict=v,
     )
 
 
 def render(doc: dict):
     def _render(console) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         from opsctl.domain.mm_uuid import TABLE_COLUMNS, Observation, reuse_rows, table_rows
@@ -245,16 +344,17 @@ def render(doc: dict):
         t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
         for cells in table_rows([obs(d) for d in doc["items"]]):
             v = cells[-1]
+            cells = [escape(c) for c in cells]
             cells[-1] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
             t.add_row(*cells)
         console.print(t)
         if doc["reuse"]:
             r = Table(*TABLE_COLUMNS[:-1], "output", title="one UUID reused for a different image")
             for cells in reuse_rows([obs(d) for d in doc["reuse"]]):
-                r.add_row(*cells)
+                r.add_row(*[escape(c) for c in cells])
             console.print(r)
         for f in doc["findings"]:
-            console.print(f"{f['severity']:>7}  {f['message']}", highlight=False)
+            console.print(f"{f['severity']:>7}  {escape(f['message'])}", highlight=False)
         colour = "green" if doc["verdict"] == "pass" else "red"
         console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
 
@@ -264,15 +364,32 @@ def render(doc: dict):
 def register(app: typer.Typer) -> None:
     @app.command("mm-uuid")
     def mm_uuid(
-        url: str | None = typer.Argument(None, help="base URL of an engine opsctl started with OPSCTL_PROBES=mm_uuid"),
-        model: str | None = typer.Option(None, "--model", help="start this vision-language model (default tiny-vlm)"),
-        run_dir: Path | None = typer.Option(None, "--run-dir", help="run directory of the engine at URL"),
-        uuid_prefix: str = typer.Option("opsctl", "--uuid-prefix", help="prefix of the explicit UUIDs sent"),
-        modes: str = typer.Option("caches-off,caches-on", "--modes",
-                                  help="with --model: which engines to start (caches-off, caches-on)"),
-        load_format: str = typer.Option("auto", "--load-format", help="auto (real weights) or dummy"),
-        as_json: bool = typer.Option(False, "--json", help="print the schema-versioned JSON report"),
-        tui: bool | None = typer.Option(None, "--tui/--no-tui", help="show a live panel while it runs"),
+        url: str | None = typer.Argument(
+            None, help="base URL of an engine opsctl started with OPSCTL_PROBES=mm_uuid"
+        ),
+        model: str | None = typer.Option(
+            None, "--model", help="start this vision-language model (default tiny-vlm)"
+        ),
+        run_dir: Path | None = typer.Option(
+            None, "--run-dir", help="run directory of the engine at URL"
+        ),
+        uuid_prefix: str = typer.Option(
+            "opsctl", "--uuid-prefix", help="prefix of the explicit UUIDs sent"
+        ),
+        modes: str = typer.Option(
+            "caches-off,caches-on",
+            "--modes",
+            help="with --model: which engines to start (caches-off, caches-on)",
+        ),
+        load_format: str = typer.Option(
+            "auto", "--load-format", help="auto (real weights) or dummy"
+        ),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the schema-versioned JSON report"
+        ),
+        tui: bool | None = typer.Option(
+            None, "--tui/--no-tui", help="show a live panel while it runs"
+        ),
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output
@@ -291,10 +408,17 @@ def register(app: typer.Typer) -> None:
         if run_dir is not None and not url:
             raise BadInput("--run-dir goes with a URL")
         model = model or (None if url else "tiny-vlm")
-        doc = run_pipeline("diag mm-uuid",
-                           lambda emit: run_mm_uuid(url, model, run_dir, uuid_prefix, mode_list, load_format, emit),
-                           tui=tui, as_json=as_json)
+        doc = run_pipeline(
+            "diag mm-uuid",
+            lambda emit: run_mm_uuid(
+                url, model, run_dir, uuid_prefix, mode_list, load_format, emit
+            ),
+            tui=tui,
+            as_json=as_json,
+        )
         output.emit(doc, as_json=as_json, render=render(doc))
         if doc["verdict"] != "pass":
             bad_items = [i for i in doc["items"] if i["verdict"] != "pass"]
-            raise CheckFailed(f"{len(bad_items)} multimodal item(s) did not reach the engine core as expected")
+            raise CheckFailed(
+                f"{len(bad_items)} multimodal item(s) did not reach the engine core as expected"
+            )

@@ -35,7 +35,9 @@ class Api:
         try:
             return self.client.post(f"{self.url}{path}", json=body)
         except httpx.HTTPError as exc:
-            raise EngineUnreachable(f"POST {path} to {self.url} failed: {type(exc).__name__}: {exc}") from None
+            raise EngineUnreachable(
+                f"POST {path} to {self.url} failed: {type(exc).__name__}: {exc}"
+            ) from None
 
     def served_model(self) -> tuple[str, str | None]:
         import httpx
@@ -43,9 +45,13 @@ class Api:
         try:
             r = self.client.get(f"{self.url}/v1/models")
         except httpx.HTTPError as exc:
-            raise EngineUnreachable(f"GET /v1/models at {self.url} failed: {type(exc).__name__}") from None
+            raise EngineUnreachable(
+                f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
+            ) from None
         if r.status_code != 200:
-            raise BadInput(f"{self.url}/v1/models answered HTTP {r.status_code}; is this a vLLM server?")
+            raise BadInput(
+                f"{self.url}/v1/models answered HTTP {r.status_code}; is this a vLLM server?"
+            )
         try:
             data = r.json()["data"][0]
         except (ValueError, KeyError, IndexError, TypeError):
@@ -54,8 +60,15 @@ class Api:
         return self.model, data.get("root")
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        r = self._post("/tokenize", {"model": self.model, "prompt": text,
-                                     "add_special_tokens": add_special_tokens, "return_token_strs": True})
+        r = self._post(
+            "/tokenize",
+            {
+                "model": self.model,
+                "prompt": text,
+                "add_special_tokens": add_special_tokens,
+                "return_token_strs": True,
+            },
+        )
         if r.status_code != 200:
             raise CheckFailed(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
         body = r.json()
@@ -76,7 +89,9 @@ class Api:
         return self._post(path, body).status_code == 200
 
 
-def detect_kind(api: Api, root: str | None, given: str | None, archetype: str | None) -> tuple[str, str]:
+def detect_kind(
+    api: Api, root: str | None, given: str | None, archetype: str | None
+) -> tuple[str, str]:
     """(kind, how it was determined)."""
     import json
     from pathlib import Path
@@ -96,14 +111,18 @@ def detect_kind(api: Api, root: str | None, given: str | None, archetype: str | 
         if arch in KINDS:
             return arch, f"config.json under {root}"
         if arch:
-            raise BadInput(f"the model at {api.url} is a {arch} model; diag usage needs a cross-encoder "
-                           "or a bi-encoder (a model serving /score and /rerank)")
+            raise BadInput(
+                f"the model at {api.url} is a {arch} model; diag usage needs a cross-encoder "
+                "or a bi-encoder (a model serving /score and /rerank)"
+            )
     if api.supports("/v1/embeddings", {"model": api.model, "input": "probe"}):
         return BI, "/v1/embeddings answers"
     if api.supports("/classify", {"model": api.model, "input": "probe"}):
         return CROSS, "/classify answers"
-    raise BadInput(f"cannot tell whether the model at {api.url} is a cross- or bi-encoder",
-                   hint="pass --kind cross-encoder or --kind bi-encoder")
+    raise BadInput(
+        f"cannot tell whether the model at {api.url} is a cross- or bi-encoder",
+        hint="pass --kind cross-encoder or --kind bi-encoder",
+    )
 
 
 def make_counters(api: Api, kind: str, root: str | None):
@@ -117,7 +136,9 @@ def make_counters(api: Api, kind: str, root: str | None):
         probe = "hello world"
         prefix, suffix = special_affixes(api.tokenize(probe, True), api.tokenize(probe, False))
         if len(suffix) != 1:
-            raise CheckFailed(f"cannot infer the pair separator from /tokenize (prefix {prefix}, suffix {suffix})")
+            raise CheckFailed(
+                f"cannot infer the pair separator from /tokenize (prefix {prefix}, suffix {suffix})"
+            )
         sep = suffix[0]
 
     def count(x) -> int:
@@ -155,10 +176,18 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
         resolved = resolve(model)
         archetype = resolved.archetype
         if archetype not in U.KINDS:
-            raise BadInput(f"{resolved.name} is a {archetype} model; diag usage needs a cross-encoder or a "
-                           "bi-encoder (e.g. tiny-reranker, tiny-embed)")
-    emit({"title": "diag usage", "phase": "starting engine" if model else f"checking {url}",
-          "columns": U.TABLE_COLUMNS, "rows": []})
+            raise BadInput(
+                f"{resolved.name} is a {archetype} model; diag usage needs a cross-encoder or a "
+                "bi-encoder (e.g. tiny-reranker, tiny-embed)"
+            )
+    emit(
+        {
+            "title": "diag usage",
+            "phase": "starting engine" if model else f"checking {url}",
+            "columns": U.TABLE_COLUMNS,
+            "rows": [],
+        }
+    )
     with engine_target(url, model, load_format=load_format, label="diag-usage") as target:
         api = Api(target.url)
         try:
@@ -166,11 +195,15 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
             kind_, kind_how = detect_kind(api, root, kind, archetype)
             status, payload = api.call("score", U.default_cases()[0].body(name))
             if status == 404:
-                raise BadInput(f"{target.url} has no /score endpoint; is it serving a generative model?",
-                               hint="diag usage needs a cross-encoder or bi-encoder")
+                raise BadInput(
+                    f"{target.url} has no /score endpoint; is it serving a generative model?",
+                    hint="diag usage needs a cross-encoder or bi-encoder",
+                )
             if status != 200:
-                raise BadInput(f"/score on {target.url} answered HTTP {status}: {str(payload)[:200]}",
-                               hint="diag usage needs a model that serves /score and /rerank")
+                raise BadInput(
+                    f"/score on {target.url} answered HTTP {status}: {str(payload)[:200]}",
+                    hint="diag usage needs a model that serves /score and /rerank",
+                )
             count, local, method, sep = make_counters(api, kind_, root)
             sample = api.tokenize("the capital of france", False)
             unk = sum(1 for t in sample if "unk" in t.lower())
@@ -179,51 +212,93 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
             for case in U.default_cases():
                 status, payload = api.call(case.endpoint, case.body(name))
                 if status != 200:
-                    raise CheckFailed(f"/{case.endpoint} '{case.name}' answered HTTP {status}: {str(payload)[:200]}")
-                results = payload.get("data") if case.endpoint == "score" else payload.get("results")
-                row = U.compare(kind_, case, payload.get("usage"), count, method=method,
-                                cross_count=local, results=len(results) if isinstance(results, list) else None)
+                    raise CheckFailed(
+                        f"/{case.endpoint} '{case.name}' answered HTTP {status}: {str(payload)[:200]}"
+                    )
+                results = (
+                    payload.get("data") if case.endpoint == "score" else payload.get("results")
+                )
+                row = U.compare(
+                    kind_,
+                    case,
+                    payload.get("usage"),
+                    count,
+                    method=method,
+                    cross_count=local,
+                    results=len(results) if isinstance(results, list) else None,
+                )
                 rows.append(row)
-                events.append(f"{row.endpoint} {case.name}: reported {row.reported_prompt}, expected "
-                              f"{row.expected} -> {row.verdict}")
-                emit({"phase": f"{len(rows)}/{len(U.default_cases())} requests", "columns": U.TABLE_COLUMNS,
-                      "rows": U.table_rows(rows), "events": events[-1:] if len(rows) > 1 else events})
+                events.append(
+                    f"{row.endpoint} {case.name}: reported {row.reported_prompt}, expected "
+                    f"{row.expected} -> {row.verdict}"
+                )
+                emit(
+                    {
+                        "phase": f"{len(rows)}/{len(U.default_cases())} requests",
+                        "columns": U.TABLE_COLUMNS,
+                        "rows": U.table_rows(rows),
+                        "events": events[-1:] if len(rows) > 1 else events,
+                    }
+                )
         finally:
             api.close()
         findings = U.findings(rows)
         if unk == len(sample):
-            findings.append(Finding("warning", "usage.all_unk", "the tokenizer maps a plain sentence to [UNK] only", {}))
+            findings.append(
+                Finding(
+                    "warning",
+                    "usage.all_unk",
+                    "the tokenizer maps a plain sentence to [UNK] only",
+                    {},
+                )
+            )
         report = U.UsageReport(kind_, name, target.url, tuple(rows), tuple(findings))
         verdict = report.verdict
-        emit({"phase": "done", "verdict": verdict, "rows": U.table_rows(rows),
-              "summary": f"{sum(r.verdict == 'pass' for r in rows)}/{len(rows)} match"})
+        emit(
+            {
+                "phase": "done",
+                "verdict": verdict,
+                "rows": U.table_rows(rows),
+                "summary": f"{sum(r.verdict == 'pass' for r in rows)}/{len(rows)} match",
+            }
+        )
         output.info(f"usage check on {name} ({kind_}): {verdict}")
         return output.document(
-            SCHEMA, url=target.url, model=name, kind=kind_, kind_source=kind_how,
-            engine_started=not target.external, run_dir=str(target.run_dir) if target.run_dir else None,
-            pair_separator=sep or None, expected_method=method,
-            local_cross_check=local is not None, rows=[r.to_dict() for r in rows],
-            findings=[f.to_dict() for f in findings], verdict=verdict,
+            SCHEMA,
+            url=target.url,
+            model=name,
+            kind=kind_,
+            kind_source=kind_how,
+            engine_started=not target.external,
+            run_dir=str(target.run_dir) if target.run_dir else None,
+            pair_separator=sep or None,
+            expected_method=method,
+            local_cross_check=local is not None,
+            rows=[r.to_dict() for r in rows],
+            findings=[f.to_dict() for f in findings],
+            verdict=verdict,
         )
 
 
 def render(doc: dict):
     def _render(console) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         from opsctl.domain.usage import TABLE_COLUMNS, UsageRow, table_rows
 
         rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
-        for endpoint in sorted({r.endpoint for r in rows}):
+        for endpoint in dict.fromkeys(r.endpoint for r in rows):
             t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
             for r, cells in zip(rows, table_rows(rows), strict=True):
                 if r.endpoint == endpoint:
                     v = cells[5]
+                    cells = [escape(c) for c in cells]
                     cells[5] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
                     t.add_row(*cells[2:])
             console.print(t)
         for f in doc["findings"]:
-            console.print(f"{f['severity']:>7}  {f['message']}", highlight=False)
+            console.print(f"{f['severity']:>7}  {escape(f['message'])}", highlight=False)
         colour = "green" if doc["verdict"] == "pass" else "red"
         console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
 
@@ -233,12 +308,24 @@ def render(doc: dict):
 def register(app: typer.Typer) -> None:
     @app.command("usage")
     def usage(
-        url: str | None = typer.Argument(None, help="base URL of a running vLLM server (or use --model)"),
-        model: str | None = typer.Option(None, "--model", help="start this model (embedded name or directory)"),
-        kind: str | None = typer.Option(None, "--kind", help="cross-encoder | bi-encoder (default: detect)"),
-        load_format: str = typer.Option("auto", "--load-format", help="auto (real weights) or dummy"),
-        as_json: bool = typer.Option(False, "--json", help="print the schema-versioned JSON report"),
-        tui: bool | None = typer.Option(None, "--tui/--no-tui", help="show a live panel while it runs"),
+        url: str | None = typer.Argument(
+            None, help="base URL of a running vLLM server (or use --model)"
+        ),
+        model: str | None = typer.Option(
+            None, "--model", help="start this model (embedded name or directory)"
+        ),
+        kind: str | None = typer.Option(
+            None, "--kind", help="cross-encoder | bi-encoder (default: detect)"
+        ),
+        load_format: str = typer.Option(
+            "auto", "--load-format", help="auto (real weights) or dummy"
+        ),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the schema-versioned JSON report"
+        ),
+        tui: bool | None = typer.Option(
+            None, "--tui/--no-tui", help="show a live panel while it runs"
+        ),
     ) -> None:
         """Check /score and /rerank usage.prompt_tokens against the engine inputs (exit 1 on mismatch)."""
         from opsctl import output
@@ -250,12 +337,21 @@ def register(app: typer.Typer) -> None:
         if load_format not in ("auto", "dummy", "safetensors"):
             raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
         if not url and not model:
-            raise BadInput("give a server URL or --model NAME", hint="e.g. opsctl diag usage --model tiny-reranker")
+            raise BadInput(
+                "give a server URL or --model NAME",
+                hint="e.g. opsctl diag usage --model tiny-reranker",
+            )
         if url and model:
             raise BadInput("give either a URL or --model, not both")
-        doc = run_pipeline("diag usage", lambda emit: run_usage(url, model, kind, load_format, emit),
-                           tui=tui, as_json=as_json)
+        doc = run_pipeline(
+            "diag usage",
+            lambda emit: run_usage(url, model, kind, load_format, emit),
+            tui=tui,
+            as_json=as_json,
+        )
         output.emit(doc, as_json=as_json, render=render(doc))
         if doc["verdict"] != "pass":
             bad = sum(r["verdict"] == "fail" for r in doc["rows"])
-            raise CheckFailed(f"{bad} of {len(doc['rows'])} usage report(s) differ from the engine-input count")
+            raise CheckFailed(
+                f"{bad} of {len(doc['rows'])} usage report(s) differ from the engine-input count"
+            )
