@@ -1,0 +1,270 @@
+"""Batch invariance, engine side: the isolating settings read back from the engine's
+records, and the evidence that the BS=N batch really formed. Pure: no I/O, no UI."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opsctl.domain.invariance import Generated
+
+# ---- settings: what was asked of the engine, and what it shows it got ----------------
+
+VERIFIED, NOT_VERIFIED, MISMATCH, NOT_APPLICABLE, ENFORCED = (
+    "verified",
+    "not verified",
+    "mismatch",
+    "not applicable",
+    "per request",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingCheck:
+    name: str
+    wanted: str
+    seen: str
+    status: str  # verified | not verified | mismatch | not applicable | per request
+    source: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == MISMATCH
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "wanted": self.wanted,
+            "seen": self.seen,
+            "status": self.status,
+            "source": self.source,
+        }
+
+
+def check_engine_settings(
+    engine_info: dict | None, probe_env: dict | None, *, mode: str | None
+) -> list[SettingCheck]:
+    """Engine-level isolating settings against what the engine recorded.
+
+    ``engine_info``: the engine_info probe's record (None: no ledger, e.g. an external
+    server opsctl did not start). ``probe_env``: env vars as the engine process saw them
+    (batch probe), None when unknown. ``mode``: "eager" | "default" | None (not chosen).
+    """
+    out: list[SettingCheck] = []
+    src = "engine_info probe (EngineCore config)"
+    if engine_info is None:
+        why = "no opsctl ledger for this server: could not enforce or read back"
+        out.append(SettingCheck("prefix caching", "off", "?", NOT_VERIFIED, why))
+        out.append(SettingCheck("mm processor cache", "0 GiB", "?", NOT_VERIFIED, why))
+    else:
+        pc = engine_info.get("enable_prefix_caching")
+        out.append(
+            SettingCheck(
+                "prefix caching", "off", _fmt(pc), VERIFIED if pc is False else MISMATCH, src
+            )
+        )
+        mm = engine_info.get("mm_processor_cache_gb")
+        if mm is None:
+            out.append(
+                SettingCheck(
+                    "mm processor cache",
+                    "0 GiB",
+                    "no multimodal config",
+                    NOT_APPLICABLE,
+                    f"{src}: text-only model, flag accepted",
+                )
+            )
+        else:
+            out.append(
+                SettingCheck(
+                    "mm processor cache",
+                    "0 GiB",
+                    f"{mm} GiB",
+                    VERIFIED if float(mm) == 0.0 else MISMATCH,
+                    src,
+                )
+            )
+    if probe_env is None:
+        out.append(
+            SettingCheck(
+                "VLLM_USE_FLASHINFER_SAMPLER",
+                "0",
+                "?",
+                NOT_VERIFIED,
+                "batch probe not active in this engine: could not read its env",
+            )
+        )
+    else:
+        val = probe_env.get("VLLM_USE_FLASHINFER_SAMPLER")
+        out.append(
+            SettingCheck(
+                "VLLM_USE_FLASHINFER_SAMPLER",
+                "0",
+                _fmt(val),
+                VERIFIED if val == "0" else MISMATCH,
+                "batch probe (engine worker env)",
+            )
+        )
+    if mode is not None:
+        want_eager = mode == "eager"
+        if engine_info is None:
+            out.append(
+                SettingCheck(
+                    "execution mode", mode, "?", NOT_VERIFIED, "no opsctl ledger for this server"
+                )
+            )
+        else:
+            eager = engine_info.get("enforce_eager")
+            seen = f"enforce_eager={_fmt(eager)}, compilation={compilation_mode_name(engine_info.get('compilation_mode'))}"
+            out.append(
+                SettingCheck(
+                    "execution mode", mode, seen, VERIFIED if eager is want_eager else MISMATCH, src
+                )
+            )
+    return out
+
+
+def check_request_settings(completions: list[Generated], max_tokens: int) -> list[SettingCheck]:
+    """Per-request settings (sent with every request) checked against the responses:
+    greedy -> the sampled token is the top-1 at every position; ignore_eos -> every
+    completion ran to max_tokens with finish_reason "length"."""
+    usable = [g for g in completions if g.error is None and g.has_logprobs]
+    argmax_ok = True
+    for g in usable:
+        for pos, (tok, top) in enumerate(zip(g.token_ids, g.top_logprobs, strict=False)):
+            if not top:
+                continue
+            best = max(top.values())
+            lp = g.logprobs[pos] if pos < len(g.logprobs) else None
+            if lp is None or lp < best:
+                argmax_ok = False
+            if tok not in top:
+                argmax_ok = False
+    lengths_ok = all(
+        len(g.token_ids) >= max_tokens and g.finish_reason in ("length", None) for g in usable
+    )
+    src = "sent with every request; checked in the responses"
+    return [
+        SettingCheck(
+            "greedy (temperature 0)",
+            "argmax token",
+            "argmax at every position" if argmax_ok else "a sampled token was not the top-1",
+            VERIFIED if argmax_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
+            src,
+        ),
+        SettingCheck(
+            "ignore_eos",
+            "run to max_tokens",
+            "every completion reached max_tokens" if lengths_ok else "a completion stopped early",
+            VERIFIED if lengths_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
+            src,
+        ),
+    ]
+
+
+COMPILATION_MODES = {
+    "0": "NONE",
+    "1": "STOCK_TORCH_COMPILE",
+    "2": "DYNAMO_TRACE_ONCE",
+    "3": "VLLM_COMPILE",
+}
+
+
+def compilation_mode_name(mode: object) -> str:
+    """vLLM's CompilationMode as recorded by the engine_info probe ("2") -> its name."""
+    text = str(mode)
+    return COMPILATION_MODES.get(text, text.rsplit(".", 1)[-1])
+
+
+def _fmt(v: object) -> str:
+    return "?" if v is None else str(v)
+
+
+# ---- the batch that formed ------------------------------------------------------------
+
+
+def prompt_index(req_id: str, tag: str) -> int | None:
+    """Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
+    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt)."""
+    m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
+    if m:
+        return int(m[1]) + int(m[2])
+    m = re.search(re.escape(tag) + r"-p(\d+)-", req_id)
+    return int(m[1]) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEvidence:
+    source: str  # "batch probe" | "metrics (...)" | "none"
+    max_batch: int | None  # largest number of this run's BS=N requests sampled together
+    steps: int = 0  # sampling steps that included this run's BS=N requests
+    wanted: int = 0
+    alone: tuple[int, ...] = ()  # prompts never sampled together with another of ours
+    per_prompt: dict[int, int] = field(default_factory=dict)  # prompt -> largest co-batch
+
+    @property
+    def formed(self) -> bool | None:
+        if self.max_batch is None:
+            return None
+        return self.max_batch >= 2 and not self.alone
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "max_batch": self.max_batch,
+            "steps": self.steps,
+            "wanted": self.wanted,
+            "formed": self.formed,
+            "alone": list(self.alone),
+            "per_prompt": {str(k): v for k, v in sorted(self.per_prompt.items())},
+        }
+
+
+def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence | None:
+    """From batch-probe step records: how many of this run's BS=N requests (ids carrying
+    ``tag``) were sampled in one step, overall and per prompt. None when no step
+    included them (probe not active in that engine)."""
+    best, n = 0, 0
+    per_prompt: dict[int, int] = {}
+    for s in steps:
+        if s.get("event") != "step":
+            continue
+        ours = [
+            i for i in (prompt_index(str(r), tag) for r in s.get("req_ids") or []) if i is not None
+        ]
+        if not ours:
+            continue
+        n += 1
+        best = max(best, len(ours))
+        for i in ours:
+            per_prompt[i] = max(per_prompt.get(i, 0), len(ours))
+    if n == 0:
+        return None
+    alone = tuple(sorted(i for i, k in per_prompt.items() if k < 2))
+    return BatchEvidence("batch probe", best, n, wanted, alone, per_prompt)
+
+
+def shared_steps(steps: list[dict], tag: str) -> int:
+    """Largest batch (any requests) that a BS=1 request of this run was sampled in:
+    above 1 means other traffic shared its steps, so that side was not truly BS=1."""
+    best = 0
+    for s in steps:
+        if s.get("event") != "step":
+            continue
+        ids = [str(r) for r in s.get("req_ids") or []]
+        if any(prompt_index(r, tag) is not None for r in ids):
+            best = max(best, len(ids))
+    return best
+
+
+def batch_from_metrics(running_samples: list[float], wanted: int) -> BatchEvidence:
+    if not running_samples:
+        return BatchEvidence("none", None, 0, wanted)
+    return BatchEvidence(
+        "metrics (peak vllm:num_requests_running)",
+        int(max(running_samples)),
+        len(running_samples),
+        wanted,
+    )
