@@ -16,8 +16,13 @@ CONNECTOR_NAME = "FaultInjectingConnector"
 MODULE_PATH = "engine_patches.connectors.fault_kv"
 
 
-def kv_transfer_config(storage_path: str | None = None, *, policy: str = "recompute",
-                       inject: dict | None = None, role: str = "kv_both") -> str:
+def kv_transfer_config(
+    storage_path: str | None = None,
+    *,
+    policy: str = "recompute",
+    inject: dict | None = None,
+    role: str = "kv_both",
+) -> str:
     """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector.
 
     Without ``storage_path`` the connector stores under ``$OPSCTL_RUN_DIR/kv_store``.

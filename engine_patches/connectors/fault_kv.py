@@ -95,7 +95,9 @@ def default_storage_path() -> str:
 
 
 class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.storage = Path(extra.get("storage_path") or default_storage_path())
@@ -105,7 +107,9 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self._control_mtime: float | None = None
         self.block_size = int(vllm_config.cache_config.block_size)
         groups = kv_cache_config.kv_cache_groups
-        self.group_block_sizes = [int(getattr(g.kv_cache_spec, "block_size", self.block_size)) for g in groups]
+        self.group_block_sizes = [
+            int(getattr(g.kv_cache_spec, "block_size", self.block_size)) for g in groups
+        ]
         self.group_layers = [list(g.layer_names) for g in groups]
         self.num_blocks = int(kv_cache_config.num_blocks)
         # scheduler side
@@ -138,17 +142,25 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         return bool(key) and (self.storage / key / "meta.json").is_file()
 
     def _positions(self, n_tokens: int, group: int) -> int:
-        size = self.group_block_sizes[group] if group < len(self.group_block_sizes) else self.block_size
+        size = (
+            self.group_block_sizes[group]
+            if group < len(self.group_block_sizes)
+            else self.block_size
+        )
         return n_tokens // size
 
     # ---- scheduler side ---------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         n, key = self._prefix(list(request.prompt_token_ids or []))
         if n <= num_computed_tokens or not self._stored(key):
             return 0, False
         return n - num_computed_tokens, False
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ):
         if num_external_tokens > 0:
             self._need_load[request.request_id] = (request, num_external_tokens)
 
@@ -188,10 +200,16 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self._storing = {k for k in self._storing if not self._stored(k)}
         return meta
 
-    def _transfer(self, req_id: str, key: str, block_ids, first_token: int, n_tokens: int) -> Transfer:
-        return Transfer(req_id, key, tuple(list(b) for b in block_ids), max(0, first_token), n_tokens)
+    def _transfer(
+        self, req_id: str, key: str, block_ids, first_token: int, n_tokens: int
+    ) -> Transfer:
+        return Transfer(
+            req_id, key, tuple(list(b) for b in block_ids), max(0, first_token), n_tokens
+        )
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         self._need_load.pop(request.request_id, None)
         return False, None
 
@@ -206,10 +224,19 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv = dict(kv_caches)
         with contextlib.suppress(Exception):
             shapes = {name: list(t.shape) for name, t in list(self._kv.items())[:2]}
-            record_event("kv_connector", {"role": "worker_kv", "layers": len(self._kv), "shapes": shapes,
-                                          "num_blocks": self.num_blocks})
+            record_event(
+                "kv_connector",
+                {
+                    "role": "worker_kv",
+                    "layers": len(self._kv),
+                    "shapes": shapes,
+                    "num_blocks": self.num_blocks,
+                },
+            )
 
-    def _layer_tensor(self, name: str, forward_context: ForwardContext | None) -> torch.Tensor | None:
+    def _layer_tensor(
+        self, name: str, forward_context: ForwardContext | None
+    ) -> torch.Tensor | None:
         kv = self._kv.get(name)
         if kv is None and forward_context is not None:
             layer = forward_context.no_compile_layers.get(name)
@@ -279,14 +306,28 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 self._corrupt(group, block, forward_context)
             record_event(
                 "kv_injections",
-                {"request_id": t.req_id, "key": t.key, "group": group, "block": block,
-                 "position": pos, "epoch": self.plan.epoch, "reported": not self.plan.silent,
-                 "corrupted": self.plan.corrupt or self.plan.silent},
+                {
+                    "request_id": t.req_id,
+                    "key": t.key,
+                    "group": group,
+                    "block": block,
+                    "position": pos,
+                    "epoch": self.plan.epoch,
+                    "reported": not self.plan.silent,
+                    "corrupted": self.plan.corrupt or self.plan.silent,
+                },
             )
         record_event(
             "kv_transfers",
-            {"op": "load", "request_id": t.req_id, "key": t.key, "blocks": loaded,
-             "missing": len(missing), "injected": len(chosen), "epoch": self.plan.epoch},
+            {
+                "op": "load",
+                "request_id": t.req_id,
+                "key": t.key,
+                "blocks": loaded,
+                "missing": len(missing),
+                "injected": len(chosen),
+                "epoch": self.plan.epoch,
+            },
         )
 
     def _corrupt(self, group: int, block: int, forward_context: ForwardContext | None) -> None:
@@ -302,7 +343,9 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         return  # stores happen once per step in wait_for_save, every layer at once
 
     def wait_for_save(self):
@@ -332,12 +375,20 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 for name in self.group_layers[group]:
                     kv = self._layer_tensor(name, None)
                     if kv is not None:
-                        tensors[name] = self._block_view(kv, block).detach().to("cpu").clone().contiguous()
+                        tensors[name] = (
+                            self._block_view(kv, block).detach().to("cpu").clone().contiguous()
+                        )
                 safetensors.torch.save_file(tensors, str(tmp / f"g{group}_p{pos}.safetensors"))
                 stored += 1
         (tmp / "meta.json").write_text(
-            json.dumps({"key": t.key, "tokens": t.n_tokens, "groups": len(t.block_ids),
-                        "block_sizes": self.group_block_sizes})
+            json.dumps(
+                {
+                    "key": t.key,
+                    "tokens": t.n_tokens,
+                    "groups": len(t.block_ids),
+                    "block_sizes": self.group_block_sizes,
+                }
+            )
         )
         try:
             os.replace(tmp, folder)
@@ -345,8 +396,16 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-        record_event("kv_transfers", {"op": "store", "request_id": t.req_id, "key": t.key, "blocks": stored,
-                                      "epoch": self.plan.epoch})
+        record_event(
+            "kv_transfers",
+            {
+                "op": "store",
+                "request_id": t.req_id,
+                "key": t.key,
+                "blocks": stored,
+                "epoch": self.plan.epoch,
+            },
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         with self._lock:

@@ -45,7 +45,9 @@ class BlockSel:
 def parse_blocks_spec(spec: str) -> tuple[BlockSel, ...]:
     items = [s.strip() for s in spec.split(",")]
     if not spec.strip() or any(not s for s in items):
-        raise SpecError(f"empty item in blocks spec {spec!r} (want POS or GROUP:POS, comma-separated)")
+        raise SpecError(
+            f"empty item in blocks spec {spec!r} (want POS or GROUP:POS, comma-separated)"
+        )
     out = []
     for item in items:
         group_s, _, pos_s = item.rpartition(":")
@@ -53,7 +55,9 @@ def parse_blocks_spec(spec: str) -> tuple[BlockSel, ...]:
             group = None if group_s in ("", "*") else int(group_s)
             position = None if pos_s == "*" else int(pos_s)
         except ValueError:
-            raise SpecError(f"bad item {item!r} in blocks spec (want POS or GROUP:POS, e.g. -1 or 1:0)") from None
+            raise SpecError(
+                f"bad item {item!r} in blocks spec (want POS or GROUP:POS, e.g. -1 or 1:0)"
+            ) from None
         if group is not None and group < 0:
             raise SpecError(f"negative group in blocks spec item {item!r}")
         out.append(BlockSel(group, position))
@@ -100,8 +104,13 @@ class InjectionPlan:
                 return True
         return self.rate > 0 and unit_draw(self.seed, key, group, position) < self.rate
 
-    def select(self, key: str, request_id: str, block_ids_by_group: Sequence[Sequence[int]],
-               ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    def select(
+        self,
+        key: str,
+        request_id: str,
+        block_ids_by_group: Sequence[Sequence[int]],
+        ranges: Sequence[tuple[int, int]],
+    ) -> list[tuple[int, int, int]]:
         """(group, position, block id) of the loaded blocks to fail; ``ranges[g]`` is
         the (start, end) of the loaded positions of group g's block list."""
         if not self.active or not self.targets(key, request_id):
@@ -128,7 +137,11 @@ class InjectionPlan:
     def from_json(cls, data: dict | None) -> InjectionPlan:
         data = dict(data or {})
         data.pop("_sels", None)
-        known = {k: data[k] for k in ("rate", "seed", "blocks", "corrupt", "silent", "epoch", "enabled") if k in data}
+        known = {
+            k: data[k]
+            for k in ("rate", "seed", "blocks", "corrupt", "silent", "epoch", "enabled")
+            if k in data
+        }
         return cls(requests=tuple(data.get("requests") or ()), **known)
 
 

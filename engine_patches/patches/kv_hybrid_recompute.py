@@ -160,7 +160,9 @@ def scan_requests(
     return affected, total_tokens, to_evict, details
 
 
-def handle_multi_group(self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]) -> set[str]:
+def handle_multi_group(
+    self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]
+) -> set[str]:
     """``Scheduler._handle_invalid_blocks`` for several KV cache groups."""
     from vllm.logger import init_logger
     from vllm.v1.request import RequestStatus
@@ -172,9 +174,9 @@ def handle_multi_group(self, invalid_block_ids: set[int], num_scheduled_tokens: 
         return set()
     recompute = bool(self.recompute_kv_load_failures)
     marked: set[int] = set()
-    holding = getattr(self, "kv_holding_waiting", None)
-    if holding is None:  # older releases
-        holding = getattr(self, "skipped_waiting", ())
+    holding: Iterable = getattr(self, "kv_holding_waiting", None) or ()
+    if not hasattr(self, "kv_holding_waiting"):  # older releases
+        holding = getattr(self, "skipped_waiting", None) or ()
     async_reqs = [r for r in holding if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
     async_hit, async_tokens, _, async_details = scan_requests(
         self, async_reqs, invalid, num_scheduled_tokens, marked, evict_blocks=False
@@ -205,7 +207,9 @@ def handle_multi_group(self, invalid_block_ids: set[int], num_scheduled_tokens: 
         logger.error(
             "Failing %d request(s) due to KV load failure "
             "(failure_policy=fail, %d tokens affected). Request IDs: %s",
-            n_requests, n_tokens, failed,
+            n_requests,
+            n_tokens,
+            failed,
         )
         _record({**event, "action": "failed"})
         return failed
@@ -218,7 +222,8 @@ def handle_multi_group(self, invalid_block_ids: set[int], num_scheduled_tokens: 
         self._preempt_request(request, now)
     logger.warning(
         "Recovered from KV load failure: %d request(s) rescheduled (%d tokens affected).",
-        n_requests, n_tokens,
+        n_requests,
+        n_tokens,
     )
     _record({**event, "action": "recomputed"})
     # async requests are released as failed receives once their transfer ends
@@ -256,7 +261,7 @@ def apply() -> Outcome:
     if handled:
         return Outcome(UPSTREAM, why)
     ORIGINALS["_handle_invalid_blocks"] = current
-    cls._handle_invalid_blocks = wrap(current)
+    cls._handle_invalid_blocks = wrap(current)  # type: ignore[method-assign]
     return Outcome(APPLIED, f"multi-group KV load failures recompute from the start ({why})")
 
 
@@ -266,7 +271,7 @@ def revert() -> None:
 
     original = ORIGINALS.pop("_handle_invalid_blocks", None)
     if original is not None:
-        sched_mod.Scheduler._handle_invalid_blocks = original
+        sched_mod.Scheduler._handle_invalid_blocks = original  # type: ignore[method-assign]
 
 
 PATCH = Patch(

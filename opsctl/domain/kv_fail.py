@@ -26,10 +26,18 @@ ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "gl
 BLOCK_SIZE = 32  # the diag runs the engine with --block-size 32 (CPU kernels want multiples of 32)
 PHASES = ("store", "roundtrip", "inject", "sensitivity")
 
-_RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)")
-_FAILING = re.compile(r"Failing (\d+) request\(s\) due to KV load failure \(failure_policy=fail, (\d+) tokens affected\)")
-_DEATH = ("EngineDeadError", "EngineCore encountered a fatal error", "not supported for models with multiple KV cache groups",
-          "too many values to unpack")
+_RECOVERED = re.compile(
+    r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)"
+)
+_FAILING = re.compile(
+    r"Failing (\d+) request\(s\) due to KV load failure \(failure_policy=fail, (\d+) tokens affected\)"
+)
+_DEATH = (
+    "EngineDeadError",
+    "EngineCore encountered a fatal error",
+    "not supported for models with multiple KV cache groups",
+    "too many values to unpack",
+)
 
 
 # ---- arguments --------------------------------------------------------------------
@@ -67,12 +75,20 @@ class Settings:
     def mode(self) -> str:
         return "rate" if self.rate is not None else "blocks"
 
-    def plan(self, target_keys: tuple[str, ...], epoch: str = "inject", *, silent: bool = False) -> InjectionPlan:
+    def plan(
+        self, target_keys: tuple[str, ...], epoch: str = "inject", *, silent: bool = False
+    ) -> InjectionPlan:
         if self.rate is not None:
-            return InjectionPlan(rate=self.rate, seed=self.seed, requests=target_keys, epoch=epoch,
-                                 silent=silent)
-        return InjectionPlan(blocks=self.blocks or "-1", seed=self.seed, requests=target_keys,
-                             epoch=epoch, silent=silent)
+            return InjectionPlan(
+                rate=self.rate, seed=self.seed, requests=target_keys, epoch=epoch, silent=silent
+            )
+        return InjectionPlan(
+            blocks=self.blocks or "-1",
+            seed=self.seed,
+            requests=target_keys,
+            epoch=epoch,
+            silent=silent,
+        )
 
 
 def servable(config: dict) -> str | None:
@@ -83,9 +99,14 @@ def servable(config: dict) -> str | None:
     if not archs:
         return "config.json names no architecture"
     if "CausalLM" not in archs:
-        return f"architecture {archs} is not a decoder (the connector moves decoder attention KV only)"
+        return (
+            f"architecture {archs} is not a decoder (the connector moves decoder attention KV only)"
+        )
     text = str(config.get("model_type", "")) + " " + archs
-    if any(w in text.lower() for w in ("mamba", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "qwen3_next")):
+    if any(
+        w in text.lower()
+        for w in ("mamba", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "qwen3_next")
+    ):
         return f"architecture {archs} keeps recurrent (Mamba) state the connector cannot store"
     kinds = set(config.get("layer_types") or [])
     other = kinds - ATTENTION_LAYER_TYPES
@@ -95,8 +116,9 @@ def servable(config: dict) -> str | None:
 
 
 # ---- workload ---------------------------------------------------------------------
-def make_prompts(n: int, seed: int, vocab_size: int, *, block_size: int = BLOCK_SIZE,
-                 max_len: int = 160) -> list[list[int]]:
+def make_prompts(
+    n: int, seed: int, vocab_size: int, *, block_size: int = BLOCK_SIZE, max_len: int = 160
+) -> list[list[int]]:
     """N token-id prompts of 2-4 whole blocks plus a tail, distinct, reproducible.
     Token ids avoid the first four (special tokens of the embedded tokenizer)."""
     rng = random.Random(seed)
@@ -138,8 +160,13 @@ class Output:
         return not self.ok or self.finish_reason == "error"
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "finish_reason": self.finish_reason, "token_ids": list(self.token_ids),
-                "logprobs": list(self.logprobs), "error": self.error}
+        return {
+            "ok": self.ok,
+            "finish_reason": self.finish_reason,
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "error": self.error,
+        }
 
 
 def output_from_response(status: int, body: Any) -> Output:
@@ -152,8 +179,10 @@ def output_from_response(status: int, body: Any) -> Output:
         choice = body["choices"][0]
         lp = choice.get("logprobs") or {}
         tokens = lp.get("tokens") or []
-        ids = tuple(int(t.split(":", 1)[1]) if isinstance(t, str) and t.startswith("token_id:") else -1
-                    for t in tokens)
+        ids = tuple(
+            int(t.split(":", 1)[1]) if isinstance(t, str) and t.startswith("token_id:") else -1
+            for t in tokens
+        )
         logprobs = tuple(float(x) for x in (lp.get("token_logprobs") or []))
         return Output(True, choice.get("finish_reason"), ids, logprobs)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -247,15 +276,25 @@ class RequestRow:
         def cmp(c: Comparison | None) -> dict | None:
             if c is None:
                 return None
-            return {"identical": c.identical, "tokens_equal": c.tokens_equal, "logprobs_equal": c.logprobs_equal,
-                    "max_logprob_diff": c.max_logprob_diff, "first_divergence": c.first_divergence}
+            return {
+                "identical": c.identical,
+                "tokens_equal": c.tokens_equal,
+                "logprobs_equal": c.logprobs_equal,
+                "max_logprob_diff": c.max_logprob_diff,
+                "first_divergence": c.first_divergence,
+            }
 
         return {
-            "index": self.index, "prompt_tokens": self.prompt_tokens, "targeted": self.targeted,
-            "injected_blocks": self.injected_blocks, "failed": self.failed,
+            "index": self.index,
+            "prompt_tokens": self.prompt_tokens,
+            "targeted": self.targeted,
+            "injected_blocks": self.injected_blocks,
+            "failed": self.failed,
             "finish_reason": self.inject_output.finish_reason if self.inject_output else None,
             "error": self.inject_output.error if self.inject_output else None,
-            "roundtrip": cmp(self.roundtrip), "inject": cmp(self.inject), "sensitivity": cmp(self.sensitivity),
+            "roundtrip": cmp(self.roundtrip),
+            "inject": cmp(self.inject),
+            "sensitivity": cmp(self.sensitivity),
         }
 
 
@@ -285,60 +324,129 @@ def judge(f: Facts) -> list[Finding]:
     if f.died_in:
         why = f" ({f.death[-1]})" if f.death else ""
         hint = "" if not s.no_patch else " -- this is what the kv_hybrid_recompute patch prevents"
-        out.append(Finding(FAIL, "kv_fail.engine_died", f"engine died during the {f.died_in} phase{why}{hint}"))
+        out.append(
+            Finding(
+                FAIL, "kv_fail.engine_died", f"engine died during the {f.died_in} phase{why}{hint}"
+            )
+        )
     else:
         out.append(Finding(OK, "kv_fail.engine_alive", "engine alive after every phase"))
     rt = [r for r in f.rows if r.roundtrip is not None]
     if rt:
         bad = [r.index for r in rt if not r.roundtrip or not r.roundtrip.identical]
         if bad:
-            out.append(Finding(FAIL, "kv_fail.roundtrip_mismatch",
-                               f"store/reload without injection changed outputs of request(s) {bad}"))
+            out.append(
+                Finding(
+                    FAIL,
+                    "kv_fail.roundtrip_mismatch",
+                    f"store/reload without injection changed outputs of request(s) {bad}",
+                )
+            )
         elif f.roundtrip_loads < n:
-            out.append(Finding(FAIL, "kv_fail.roundtrip_not_loaded",
-                               f"only {f.roundtrip_loads}/{n} requests reloaded KV from the connector"))
+            out.append(
+                Finding(
+                    FAIL,
+                    "kv_fail.roundtrip_not_loaded",
+                    f"only {f.roundtrip_loads}/{n} requests reloaded KV from the connector",
+                )
+            )
         else:
-            out.append(Finding(OK, "kv_fail.roundtrip_identical",
-                               f"{n}/{n} requests reloaded their KV (every group) and matched the baseline"))
+            out.append(
+                Finding(
+                    OK,
+                    "kv_fail.roundtrip_identical",
+                    f"{n}/{n} requests reloaded their KV (every group) and matched the baseline",
+                )
+            )
     if f.died_in in (None, "sensitivity"):
         if f.injections == 0:
-            out.append(Finding(WARNING, "kv_fail.nothing_injected", "no block was injected; nothing was proven"))
+            out.append(
+                Finding(
+                    WARNING, "kv_fail.nothing_injected", "no block was injected; nothing was proven"
+                )
+            )
         failed = [r.index for r in f.rows if r.failed]
         innocent = [r.index for r in f.rows if r.failed and r.injected_blocks == 0]
-        mism = [r.index for r in f.rows if not r.failed and r.inject is not None and not r.inject.identical]
+        mism = [
+            r.index
+            for r in f.rows
+            if not r.failed and r.inject is not None and not r.inject.identical
+        ]
         if mism:
-            out.append(Finding(FAIL, "kv_fail.output_mismatch",
-                               f"request(s) {mism} finished but differ from the baseline after injection"))
+            out.append(
+                Finding(
+                    FAIL,
+                    "kv_fail.output_mismatch",
+                    f"request(s) {mism} finished but differ from the baseline after injection",
+                )
+            )
         if s.policy == "recompute" and failed:
-            out.append(Finding(FAIL, "kv_fail.failed_under_recompute",
-                               f"request(s) {failed} failed although the policy is recompute"))
+            out.append(
+                Finding(
+                    FAIL,
+                    "kv_fail.failed_under_recompute",
+                    f"request(s) {failed} failed although the policy is recompute",
+                )
+            )
         if s.policy == "fail" and innocent:
-            out.append(Finding(FAIL, "kv_fail.innocent_failed",
-                               f"request(s) {innocent} failed without any injected block"))
+            out.append(
+                Finding(
+                    FAIL,
+                    "kv_fail.innocent_failed",
+                    f"request(s) {innocent} failed without any injected block",
+                )
+            )
         if s.policy == "fail":
             hit = [r.index for r in f.rows if r.injected_blocks and not r.failed]
             if hit:
-                out.append(Finding(WARNING, "kv_fail.injected_not_failed",
-                                   f"request(s) {hit} had injected blocks but did not fail"))
+                out.append(
+                    Finding(
+                        WARNING,
+                        "kv_fail.injected_not_failed",
+                        f"request(s) {hit} had injected blocks but did not fail",
+                    )
+                )
         if not mism and f.injections:
             survivors = sum(1 for r in f.rows if not r.failed)
-            out.append(Finding(OK, "kv_fail.outputs_identical",
-                               f"{survivors}/{n} non-failed requests equal their baseline (tokens and logprobs)"))
+            out.append(
+                Finding(
+                    OK,
+                    "kv_fail.outputs_identical",
+                    f"{survivors}/{n} non-failed requests equal their baseline (tokens and logprobs)",
+                )
+            )
         if f.accounting.recomputed_tokens or f.accounting.failed_requests:
             a = f.accounting
-            out.append(Finding(INFO, "kv_fail.engine_accounting",
-                               f"engine: {a.rescheduled_requests} request(s) rescheduled, {a.recomputed_tokens} "
-                               f"tokens recomputed; {a.failed_requests} request(s) failed"))
+            out.append(
+                Finding(
+                    INFO,
+                    "kv_fail.engine_accounting",
+                    f"engine: {a.rescheduled_requests} request(s) rescheduled, {a.recomputed_tokens} "
+                    f"tokens recomputed; {a.failed_requests} request(s) failed",
+                )
+            )
     if f.sensitivity_ran:
-        changed = [r.index for r in f.rows if r.sensitivity is not None and not r.sensitivity.identical]
+        changed = [
+            r.index for r in f.rows if r.sensitivity is not None and not r.sensitivity.identical
+        ]
         if changed:
-            out.append(Finding(OK, "kv_fail.sensitive",
-                               f"silently corrupting the same blocks changed request(s) {changed}: "
-                               "the comparison catches a missed recovery"))
+            out.append(
+                Finding(
+                    OK,
+                    "kv_fail.sensitive",
+                    f"silently corrupting the same blocks changed request(s) {changed}: "
+                    "the comparison catches a missed recovery",
+                )
+            )
         else:
-            out.append(Finding(WARNING, "kv_fail.insensitive",
-                               "silently corrupting the injected blocks changed no output; "
-                               "identical outputs prove less than they seem"))
+            out.append(
+                Finding(
+                    WARNING,
+                    "kv_fail.insensitive",
+                    "silently corrupting the injected blocks changed no output; "
+                    "identical outputs prove less than they seem",
+                )
+            )
     return out
 
 
@@ -346,7 +454,10 @@ def summary(f: Facts) -> dict:
     a = f.accounting
     affected = sum(1 for r in f.rows if r.injected_blocks)
     findings = judge(f)
-    identical = all(r.inject.identical for r in f.rows if not r.failed and r.inject is not None) and not f.died_in
+    identical = (
+        all(r.inject.identical for r in f.rows if not r.failed and r.inject is not None)
+        and not f.died_in
+    )
     return {
         "failures_injected": f.injections,
         "requests_affected": affected,

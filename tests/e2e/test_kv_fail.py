@@ -19,12 +19,19 @@ OPSCTL = [sys.executable, "-m", "opsctl"]
 
 
 def diag(*args: str) -> tuple[int, dict, str]:
-    proc = subprocess.run([*OPSCTL, "diag", "kv-fail", "--json", *args], capture_output=True, text=True,
-                          timeout=1500, env=dict(os.environ))
+    proc = subprocess.run(
+        [*OPSCTL, "diag", "kv-fail", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=dict(os.environ),
+    )
     try:
         doc = json.loads(proc.stdout)
     except ValueError:
-        pytest.fail(f"no JSON on stdout (rc {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}")
+        pytest.fail(
+            f"no JSON on stdout (rc {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
+        )
     return proc.returncode, doc, proc.stderr
 
 
@@ -103,10 +110,15 @@ def test_hybrid_store_reload_equals_no_connector_run(hybrid):
 
     _rc, doc, _err = hybrid
     assert all(r["roundtrip"]["identical"] for r in doc["requests"])
-    baseline = [dom.Output(True, o["finish_reason"], tuple(o["token_ids"]), tuple(o["logprobs"]))
-                for o in doc["baseline"]]
+    baseline = [
+        dom.Output(True, o["finish_reason"], tuple(o["token_ids"]), tuple(o["logprobs"]))
+        for o in doc["baseline"]
+    ]
     args = ["--block-size", "32", "--no-enable-prefix-caching"]
-    with running_engine("tiny-hybrid", extra_args=args, max_model_len=256) as server, httpx.Client() as client:
+    with (
+        running_engine("tiny-hybrid", extra_args=args, max_model_len=256) as server,
+        httpx.Client() as client,
+    ):
         plain = [_complete(client, server.url, "tiny-hybrid", p, 16, 120) for p in doc["prompts"]]
     for i, (b, p) in enumerate(zip(baseline, plain, strict=True)):
         c = dom.compare(b, p)
@@ -119,6 +131,8 @@ def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):
     assert doc["patch"]["status"] == "skipped"
     assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
     assert doc["verdict"] == "fail"
-    assert any("RuntimeError" in line or "EngineDead" in line or "KV cache groups" in line
-               for line in doc["engine_death"] or [])
+    assert any(
+        "RuntimeError" in line or "EngineDead" in line or "KV cache groups" in line
+        for line in doc["engine_death"] or []
+    )
     assert "engine died" in err

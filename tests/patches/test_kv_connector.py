@@ -42,21 +42,33 @@ def setup(tmp_path, monkeypatch):
 
     monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path / "run"))
     kv_transfer = KVTransferConfig(
-        kv_connector=CONNECTOR_NAME, kv_connector_module_path=MODULE_PATH, kv_role="kv_both",
+        kv_connector=CONNECTOR_NAME,
+        kv_connector_module_path=MODULE_PATH,
+        kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"storage_path": str(tmp_path / "store"), "inject": {"enabled": False}},
+        kv_connector_extra_config={
+            "storage_path": str(tmp_path / "store"),
+            "inject": {"enabled": False},
+        },
     )
     vllm_config = VllmConfig(
         model_config=ModelConfig(model=str(resolve("tiny-hybrid").path), dtype="float32", seed=0),
-        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=256,
-                                         is_encoder_decoder=False),
-        cache_config=CacheConfig(block_size=BS), kv_transfer_config=kv_transfer,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=256, is_encoder_decoder=False
+        ),
+        cache_config=CacheConfig(block_size=BS),
+        kv_transfer_config=kv_transfer,
         device_config=DeviceConfig("cpu"),
     )
-    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32)
+    swa = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32
+    )
     full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["l0"], swa), KVCacheGroupSpec(["l1"], full)])
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], swa), KVCacheGroupSpec(["l1"], full)],
+    )
     return vllm_config, kv_cache_config, tmp_path
 
 
@@ -70,29 +82,41 @@ def test_round_trip_every_group_and_injection(setup):
     tokens = list(range(10, 10 + 3 * BS + 5))
     key = prefix_key(tokens[: 3 * BS])
 
-    conn.bind_connector_metadata(FaultKVMetadata(stores=[Transfer("r1", key, ([1, 2, 3], [4, 5, 6]), 0, 3 * BS)]))
+    conn.bind_connector_metadata(
+        FaultKVMetadata(stores=[Transfer("r1", key, ([1, 2, 3], [4, 5, 6]), 0, 3 * BS)])
+    )
     conn.wait_for_save()
     conn.clear_connector_metadata()
     assert (tmp / "store" / key / "meta.json").is_file()
 
     for t in kv.values():
         t.zero_()
-    (tmp / "store" / "control.json").write_text(json.dumps({"inject": {"blocks": "1:-1", "epoch": "t"}}))
+    (tmp / "store" / "control.json").write_text(
+        json.dumps({"inject": {"blocks": "1:-1", "epoch": "t"}})
+    )
     # group 0 position 0 slid out of the window: the null block
     load = Transfer("r2", key, ([0, 7, 8], [9, 10, 11]), 0, 3 * BS)
     conn.bind_connector_metadata(FaultKVMetadata(loads=[load]))
     conn.start_load_kv(None)
     conn.clear_connector_metadata()
 
-    assert torch.equal(kv["l0"][7], original["l0"][2]) and torch.equal(kv["l0"][8], original["l0"][3])
-    assert torch.equal(kv["l1"][9], original["l1"][4]) and torch.equal(kv["l1"][10], original["l1"][5])
+    assert torch.equal(kv["l0"][7], original["l0"][2]) and torch.equal(
+        kv["l0"][8], original["l0"][3]
+    )
+    assert torch.equal(kv["l1"][9], original["l1"][4]) and torch.equal(
+        kv["l1"][10], original["l1"][5]
+    )
     assert not torch.equal(kv["l1"][11], original["l1"][6])  # injected -> corrupted
     assert not kv["l0"][0].any()  # null block never written
     assert conn.get_block_ids_with_load_errors() == {11}
     assert conn.get_block_ids_with_load_errors() == set()  # reported once
-    events = [json.loads(x) for x in (tmp / "run" / "events" / "kv_injections.jsonl").read_text().splitlines()]
-    assert [(e["request_id"], e["group"], e["block"], e["position"], e["epoch"]) for e in events] == [
-        ("r2", 1, 11, 2, "t")]
+    events = [
+        json.loads(x)
+        for x in (tmp / "run" / "events" / "kv_injections.jsonl").read_text().splitlines()
+    ]
+    assert [
+        (e["request_id"], e["group"], e["block"], e["position"], e["epoch"]) for e in events
+    ] == [("r2", 1, 11, 2, "t")]
 
 
 def test_missing_stored_block_is_reported(setup):
@@ -108,8 +132,13 @@ def test_scheduler_side_matches_stored_prefix(setup):
     vllm_config, kv_cache_config, tmp = setup
     conn = FaultInjectingConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
     tokens = list(range(10, 10 + 2 * BS + 3))
-    req = Request(request_id="a", prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=2),
-                  pooling_params=None, mm_features=None)
+    req = Request(
+        request_id="a",
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=2),
+        pooling_params=None,
+        mm_features=None,
+    )
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
     folder = tmp / "store" / prefix_key(tokens[: 2 * BS])
     folder.mkdir(parents=True)

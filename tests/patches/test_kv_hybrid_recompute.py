@@ -82,7 +82,9 @@ def unpatched():
 def make_scheduler(model_dir: str, groups: int, policy: str) -> Scheduler:
     model_config = ModelConfig(model=model_dir, dtype="float32", seed=0)
     scheduler_config = SchedulerConfig(
-        max_num_seqs=16, max_num_batched_tokens=4096, max_model_len=4096,
+        max_num_seqs=16,
+        max_num_batched_tokens=4096,
+        max_model_len=4096,
         is_encoder_decoder=False,
     )
     cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
@@ -90,21 +92,31 @@ def make_scheduler(model_dir: str, groups: int, policy: str) -> Scheduler:
         kv_connector="ExampleConnector", kv_role="kv_both", kv_load_failure_policy=policy
     )
     vllm_config = VllmConfig(
-        model_config=model_config, scheduler_config=scheduler_config,
-        cache_config=cache_config, kv_transfer_config=kv_transfer,
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        kv_transfer_config=kv_transfer,
         device_config=DeviceConfig("cpu"),
     )
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = [KVCacheGroupSpec(["full"], full)]
     if groups == 2:  # the tiny-hybrid layout: group 0 sliding window, group 1 full
-        window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
-                                   dtype=torch.float32, sliding_window=WINDOW)
+        window = SlidingWindowSpec(
+            block_size=BLOCK,
+            num_kv_heads=1,
+            head_size=1,
+            dtype=torch.float32,
+            sliding_window=WINDOW,
+        )
         specs = [KVCacheGroupSpec(["swa"], window), KVCacheGroupSpec(["full"], full)]
     kv_cache_config = KVCacheConfig(num_blocks=1000, kv_cache_tensors=[], kv_cache_groups=specs)
     vllm_config.cache_config.num_gpu_blocks = 1000
     scheduler = Scheduler(
-        vllm_config=vllm_config, kv_cache_config=kv_cache_config, log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
     )
     assert len(scheduler.kv_cache_config.kv_cache_groups) == groups
     return scheduler
@@ -114,8 +126,12 @@ def make_request(rid: str, tokens: list[int]) -> Request:
     params = SamplingParams(max_tokens=8)
     params.update_from_generation_config({}, EOS)
     return Request(
-        request_id=rid, prompt_token_ids=tokens, sampling_params=params, pooling_params=None,
-        mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256),
+        request_id=rid,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        mm_features=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
     )
 
 
@@ -126,10 +142,13 @@ def prompt(seed: int, n: int = PROMPT_BLOCKS * BLOCK) -> list[int]:
 def attach_connector(scheduler: Scheduler, matched: dict[str, int], async_load: bool = False):
     connector = HmaConnector()
     connector.get_num_new_matched_tokens.side_effect = lambda req, _n: (
-        matched.get(req.request_id, 0), async_load and matched.get(req.request_id, 0) > 0)
+        matched.get(req.request_id, 0),
+        async_load and matched.get(req.request_id, 0) > 0,
+    )
     connector.get_external_cache_hit_sources.side_effect = lambda req, n: {}
     connector.get_loaded_kv_cache_group_ids.return_value = tuple(
-        range(len(scheduler.kv_cache_config.kv_cache_groups)))
+        range(len(scheduler.kv_cache_config.kv_cache_groups))
+    )
     connector.request_finished.return_value = (False, None)
     connector.take_events.return_value = ()
     scheduler.connector = connector
@@ -139,9 +158,13 @@ def attach_connector(scheduler: Scheduler, matched: dict[str, int], async_load: 
 def runner_output(requests: list[Request], invalid: set[int]) -> ModelRunnerOutput:
     ids = [r.request_id for r in requests]
     return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[7] for _ in ids], logprobs=None, prompt_logprobs_dict={},
-        pooler_output=None, kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] for _ in ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=None,
+        kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
     )
 
 
@@ -157,8 +180,12 @@ def blocks(scheduler: Scheduler, request: Request) -> tuple[list[int], ...]:
 
 
 def error_ids(outputs) -> set[str]:
-    return {o.request_id for outs in outputs.values() for o in outs.outputs
-            if o.finish_reason is not None and str(o.finish_reason).lower().endswith("error")}
+    return {
+        o.request_id
+        for outs in outputs.values()
+        for o in outs.outputs
+        if o.finish_reason is not None and str(o.finish_reason).lower().endswith("error")
+    }
 
 
 # ---- the bug exists on this vLLM, and the patch knows it ---------------------------
@@ -236,7 +263,9 @@ def test_single_group_unchanged(model_dir, policy):
 
 # ---- several groups -----------------------------------------------------------------
 @pytest.mark.parametrize("group", [0, 1])
-def test_multi_group_recompute_restarts_affected_request(model_dir, patched, group, tmp_path, monkeypatch):
+def test_multi_group_recompute_restarts_affected_request(
+    model_dir, patched, group, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
     s = make_scheduler(model_dir, 2, "recompute")
     a, c = make_request("a", prompt(1)), make_request("c", prompt(2))
@@ -262,7 +291,10 @@ def test_multi_group_recompute_restarts_affected_request(model_dir, patched, gro
     assert again.num_scheduled_tokens["a"] == len(a.prompt_token_ids)
     assert all(b != null for group_ids in blocks(s, a) for b in group_ids)
     # the recovery is logged in vLLM's terms and in the run ledger
-    events = [json.loads(x) for x in (tmp_path / "events" / "kv_recoveries.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(x)
+        for x in (tmp_path / "events" / "kv_recoveries.jsonl").read_text().splitlines()
+    ]
     assert events[-1]["action"] == "recomputed" and events[-1]["requests"] == 1
     assert events[-1]["tokens"] == EXTERNAL_BLOCKS * BLOCK
     assert events[-1]["details"][0]["blocks"][0]["group"] == group

@@ -42,7 +42,11 @@ def test_select_positions_groups_and_null_block():
     ranges = [(0, 3), (0, 3)]
     assert InjectionPlan(blocks="-1").select("k", "r", ids, ranges) == [(0, 2, 12), (1, 2, 23)]
     assert InjectionPlan(blocks="0").select("k", "r", ids, ranges) == [(1, 0, 21)]  # null skipped
-    assert InjectionPlan(blocks="1:*").select("k", "r", ids, ranges) == [(1, 0, 21), (1, 1, 22), (1, 2, 23)]
+    assert InjectionPlan(blocks="1:*").select("k", "r", ids, ranges) == [
+        (1, 0, 21),
+        (1, 1, 22),
+        (1, 2, 23),
+    ]
     # only loaded positions count: a load of positions 1..2
     assert InjectionPlan(blocks="0").select("k", "r", ids, [(1, 3), (1, 3)]) == []
 
@@ -52,7 +56,9 @@ def test_select_targets_requests():
     plan = InjectionPlan(requests=("keyA",))  # requests alone -> default spec -1
     assert plan.select("keyA", "cmpl-1", ids, [(0, 2)]) == [(0, 1, 6)]
     assert plan.select("keyB", "cmpl-2", ids, [(0, 2)]) == []
-    assert InjectionPlan(blocks="0", requests=("cmpl-2",)).select("keyB", "cmpl-2-0", ids, [(0, 2)]) == [(0, 0, 5)]
+    assert InjectionPlan(blocks="0", requests=("cmpl-2",)).select(
+        "keyB", "cmpl-2-0", ids, [(0, 2)]
+    ) == [(0, 0, 5)]
 
 
 def test_rate_is_seeded_and_order_free():
@@ -113,9 +119,27 @@ def test_settings_plan():
     ("config", "ok"),
     [
         ({"architectures": ["LlamaForCausalLM"]}, True),
-        ({"architectures": ["LlamaForCausalLM"], "layer_types": ["sliding_attention", "full_attention"]}, True),
-        ({"architectures": ["GraniteMoeHybridForCausalLM"], "layer_types": ["mamba", "attention"]}, False),
-        ({"architectures": ["FooForCausalLM"], "layer_types": ["linear_attention", "full_attention"]}, False),
+        (
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "layer_types": ["sliding_attention", "full_attention"],
+            },
+            True,
+        ),
+        (
+            {
+                "architectures": ["GraniteMoeHybridForCausalLM"],
+                "layer_types": ["mamba", "attention"],
+            },
+            False,
+        ),
+        (
+            {
+                "architectures": ["FooForCausalLM"],
+                "layer_types": ["linear_attention", "full_attention"],
+            },
+            False,
+        ),
         ({"architectures": ["BertModel"]}, False),
         ({"architectures": ["Blip2ForConditionalGeneration"]}, False),
         ({}, False),
@@ -132,13 +156,22 @@ def test_prompts_are_reproducible_distinct_and_block_aligned():
     for p in a:
         assert 2 * 32 < len(p) <= 160 and len(p) % 32 >= 2
         assert all(4 <= t < 320 for t in p)
-    assert dom.choose_targets(4, 0, None) == dom.choose_targets(4, 0, 2) and len(dom.choose_targets(5, 0, None)) == 3
+    assert (
+        dom.choose_targets(4, 0, None) == dom.choose_targets(4, 0, 2)
+        and len(dom.choose_targets(5, 0, None)) == 3
+    )
 
 
 # ---- outputs and accounting ---------------------------------------------------------
 def _completion(ids, lps, reason="length"):
-    return {"choices": [{"finish_reason": reason,
-                         "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps}}]}
+    return {
+        "choices": [
+            {
+                "finish_reason": reason,
+                "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps},
+            }
+        ]
+    }
 
 
 def test_outputs_and_compare():
@@ -150,24 +183,35 @@ def test_outputs_and_compare():
     http = dom.output_from_response(500, {"error": {"message": "EngineDeadError"}})
     assert base.token_ids == (5, 6, 7) and dom.compare(base, same).identical
     c = dom.compare(base, drift)
-    assert c.tokens_equal and not c.logprobs_equal and c.max_logprob_diff == pytest.approx(1e-5, rel=1e-2)
+    assert (
+        c.tokens_equal
+        and not c.logprobs_equal
+        and c.max_logprob_diff == pytest.approx(1e-5, rel=1e-2)
+    )
     assert dom.compare(base, other).first_divergence == 1
     assert err.failed and http.failed and "EngineDeadError" in http.error
     assert not dom.compare(base, http).identical
 
 
 def test_account_reads_vllm_lines():
-    log = "\n".join([
-        "(EngineCore pid=1) WARNING [scheduler.py:3427] Recovered from KV load failure: "
-        "1 request(s) rescheduled (64 tokens affected).",
-        "noise",
-        "(EngineCore pid=1) WARNING [kv_hybrid_recompute.py:218] Recovered from KV load failure: "
-        "2 request(s) rescheduled (96 tokens affected).",
-        "(EngineCore pid=1) ERROR Failing 1 request(s) due to KV load failure "
-        "(failure_policy=fail, 32 tokens affected). Request IDs: {'x'}",
-    ])
+    log = "\n".join(
+        [
+            "(EngineCore pid=1) WARNING [scheduler.py:3427] Recovered from KV load failure: "
+            "1 request(s) rescheduled (64 tokens affected).",
+            "noise",
+            "(EngineCore pid=1) WARNING [kv_hybrid_recompute.py:218] Recovered from KV load failure: "
+            "2 request(s) rescheduled (96 tokens affected).",
+            "(EngineCore pid=1) ERROR Failing 1 request(s) due to KV load failure "
+            "(failure_policy=fail, 32 tokens affected). Request IDs: {'x'}",
+        ]
+    )
     a = dom.account(log)
-    assert (a.rescheduled_requests, a.recomputed_tokens, a.failed_requests, a.failed_tokens) == (3, 160, 1, 32)
+    assert (a.rescheduled_requests, a.recomputed_tokens, a.failed_requests, a.failed_tokens) == (
+        3,
+        160,
+        1,
+        32,
+    )
     assert len(a.lines) == 3
     dead = "RuntimeError: A KV connector reported ... not supported for models with multiple KV cache groups."
     assert dom.death_lines("x\n" + dead) == [dead]

@@ -26,12 +26,28 @@ SCHEMA = "diag.kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
 
 
-def build_settings(policy: str, rate: float | None, blocks: str | None, requests: int, seed: int,
-                   targets: int | None, max_tokens: int, no_patch: bool):
+def build_settings(
+    policy: str,
+    rate: float | None,
+    blocks: str | None,
+    requests: int,
+    seed: int,
+    targets: int | None,
+    max_tokens: int,
+    no_patch: bool,
+):
     from opsctl.domain.kv_fail import Settings
 
-    s = Settings(policy=policy, rate=rate, blocks=blocks, requests=requests, seed=seed, targets=targets,
-                 max_tokens=max_tokens, no_patch=no_patch)
+    s = Settings(
+        policy=policy,
+        rate=rate,
+        blocks=blocks,
+        requests=requests,
+        seed=seed,
+        targets=targets,
+        max_tokens=max_tokens,
+        no_patch=no_patch,
+    )
     try:
         s.validate()
     except ValueError as exc:
@@ -54,54 +70,100 @@ def render(con, doc: dict) -> None:
     from rich.table import Table
 
     groups = doc.get("kv_cache_groups") or []
-    con.print(f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version')} ({doc.get('platform')}), "
-              f"{len(groups)} KV cache group(s): "
-              + ", ".join(f"{g.get('spec')}" + (f"(window {g['sliding_window']})" if g.get("sliding_window") else "")
-                          for g in groups))
+    con.print(
+        f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version')} ({doc.get('platform')}), "
+        f"{len(groups)} KV cache group(s): "
+        + ", ".join(
+            f"{g.get('spec')}"
+            + (f"(window {g['sliding_window']})" if g.get("sliding_window") else "")
+            for g in groups
+        )
+    )
     patch = doc.get("patch") or {}
     inj = doc.get("injection") or {}
-    con.print(f"policy {doc.get('kv_load_failure_policy')}; patch {patch.get('name')}: {patch.get('status')}; "
-              f"injection {inj.get('mode')} {inj.get('rate') if inj.get('mode') == 'rate' else inj.get('blocks')} "
-              f"seed {inj.get('seed')} on requests {inj.get('targets')}")
-    table = Table("#", "prompt", "target", "round trip", "injected", "outcome", "vs baseline", "silent corrupt")
+    con.print(
+        f"policy {doc.get('kv_load_failure_policy')}; patch {patch.get('name')}: {patch.get('status')}; "
+        f"injection {inj.get('mode')} {inj.get('rate') if inj.get('mode') == 'rate' else inj.get('blocks')} "
+        f"seed {inj.get('seed')} on requests {inj.get('targets')}"
+    )
+    table = Table(
+        "#",
+        "prompt",
+        "target",
+        "round trip",
+        "injected",
+        "outcome",
+        "vs baseline",
+        "silent corrupt",
+    )
 
     def cell(c):
         if not c:
             return "-"
-        return "identical" if c["identical"] else f"differs (max |dlogprob| {c.get('max_logprob_diff')})"
+        return (
+            "identical"
+            if c["identical"]
+            else f"differs (max |dlogprob| {c.get('max_logprob_diff')})"
+        )
 
     for r in doc.get("requests", []):
         outcome = "failed" if r["failed"] else (r.get("finish_reason") or "-")
-        table.add_row(str(r["index"]), str(r["prompt_tokens"]), "yes" if r["targeted"] else "no",
-                      cell(r.get("roundtrip")), str(r["injected_blocks"]), outcome,
-                      "n/a" if r["failed"] else cell(r.get("inject")), cell(r.get("sensitivity")))
+        table.add_row(
+            str(r["index"]),
+            str(r["prompt_tokens"]),
+            "yes" if r["targeted"] else "no",
+            cell(r.get("roundtrip")),
+            str(r["injected_blocks"]),
+            outcome,
+            "n/a" if r["failed"] else cell(r.get("inject")),
+            cell(r.get("sensitivity")),
+        )
     con.print(table)
-    con.print(f"failures injected {doc['failures_injected']}, requests affected {doc['requests_affected']}, "
-              f"tokens recomputed {doc['tokens_recomputed']} (engine), requests failed {doc['requests_failed']}, "
-              f"engine alive {'yes' if doc['engine_alive'] else '[red]NO[/]'}, "
-              f"outputs identical {'yes' if doc['outputs_identical'] else 'no'}")
+    con.print(
+        f"failures injected {doc['failures_injected']}, requests affected {doc['requests_affected']}, "
+        f"tokens recomputed {doc['tokens_recomputed']} (engine), requests failed {doc['requests_failed']}, "
+        f"engine alive {'yes' if doc['engine_alive'] else '[red]NO[/]'}, "
+        f"outputs identical {'yes' if doc['outputs_identical'] else 'no'}"
+    )
     for f in doc.get("findings", []):
         colour = {"ok": "green", "fail": "red", "warning": "yellow"}.get(f["severity"], "cyan")
         con.print(f"  [{colour}]{f['severity']:>7}[/] {f['message']}", highlight=False)
     colour = "green" if doc["verdict"] == "pass" else "red"
-    con.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  ({doc.get('seconds')} s, run {doc.get('run_dir')})")
+    con.print(
+        f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  ({doc.get('seconds')} s, run {doc.get('run_dir')})"
+    )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("kv-fail")
     def kv_fail(
-        model: str = typer.Option(DEFAULT_MODEL, "--model", help="tiny-llama | tiny-hybrid | model dir"),
-        policy: str = typer.Option("recompute", "--policy", help="kv_load_failure_policy: recompute | fail"),
-        rate: float = typer.Option(None, "--rate", help="fail each loaded block with probability R (0..1)"),
-        blocks: str = typer.Option(None, "--blocks", help="fail block positions: POS or GROUP:POS, comma-separated "
-                                   "(negative from the end; default -1 = last loaded block of every group)"),
+        model: str = typer.Option(
+            DEFAULT_MODEL, "--model", help="tiny-llama | tiny-hybrid | model dir"
+        ),
+        policy: str = typer.Option(
+            "recompute", "--policy", help="kv_load_failure_policy: recompute | fail"
+        ),
+        rate: float = typer.Option(
+            None, "--rate", help="fail each loaded block with probability R (0..1)"
+        ),
+        blocks: str = typer.Option(
+            None,
+            "--blocks",
+            help="fail block positions: POS or GROUP:POS, comma-separated "
+            "(negative from the end; default -1 = last loaded block of every group)",
+        ),
         requests: int = typer.Option(4, "--requests", help="requests in the workload"),
         seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
-        targets: int = typer.Option(None, "--targets", help="requests that get injections (default: half; "
-                                    "with --rate: all)"),
+        targets: int = typer.Option(
+            None, "--targets", help="requests that get injections (default: half; with --rate: all)"
+        ),
         max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
-        no_patch: bool = typer.Option(False, "--no-patch", help="run vanilla vLLM (kv_hybrid_recompute off)"),
-        timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for the engine to start"),
+        no_patch: bool = typer.Option(
+            False, "--no-patch", help="run vanilla vLLM (kv_hybrid_recompute off)"
+        ),
+        timeout: float = typer.Option(
+            600.0, "--timeout", help="seconds to wait for the engine to start"
+        ),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(False, "--tui", help="live injections and recoveries"),
     ) -> None:
@@ -110,7 +172,9 @@ def register(app: typer.Typer) -> None:
         from opsctl.commands.diag.common import run_pipeline
         from opsctl.commands.diag.kv_fail_run import Request, run
 
-        settings = build_settings(policy, rate, blocks, requests, seed, targets, max_tokens, no_patch)
+        settings = build_settings(
+            policy, rate, blocks, requests, seed, targets, max_tokens, no_patch
+        )
         if timeout <= 0:
             raise BadInput("--timeout must be positive")
         check_model(model)
@@ -120,5 +184,7 @@ def register(app: typer.Typer) -> None:
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if report["verdict"] != "pass":
             reasons = [f["message"] for f in report.get("findings", []) if f["severity"] == "fail"]
-            raise CheckFailed("kv-fail: " + "; ".join(reasons)[:600] if reasons else "kv-fail check failed",
-                              hint=f"run dir: {report.get('run_dir')}")
+            raise CheckFailed(
+                "kv-fail: " + "; ".join(reasons)[:600] if reasons else "kv-fail check failed",
+                hint=f"run dir: {report.get('run_dir')}",
+            )

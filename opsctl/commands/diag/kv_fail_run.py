@@ -15,7 +15,16 @@ from pathlib import Path
 from opsctl.domain import kv_fail as dom
 
 PATCH_NAME = "kv_hybrid_recompute"
-COLUMNS = ["#", "prompt", "target", "round trip", "injected", "outcome", "vs baseline", "corrupt-silent"]
+COLUMNS = [
+    "#",
+    "prompt",
+    "target",
+    "round trip",
+    "injected",
+    "outcome",
+    "vs baseline",
+    "corrupt-silent",
+]
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,9 @@ class Request:
 class _Phases:
     """Mutable progress shared by the phases (kept out of the domain facts)."""
 
-    def __init__(self, req: Request, emit, prompts: list[list[int]], targets: list[int], model_name: str) -> None:
+    def __init__(
+        self, req: Request, emit, prompts: list[list[int]], targets: list[int], model_name: str
+    ) -> None:
         self.req = req
         self.model_name = model_name
         self.emit = emit
@@ -45,20 +56,43 @@ class _Phases:
         def cell(c: dom.Comparison | None) -> str:
             if c is None:
                 return "-"
-            return "identical" if c.identical else ("tokens ok" if c.tokens_equal else f"differs@{c.first_divergence}")
+            return (
+                "identical"
+                if c.identical
+                else ("tokens ok" if c.tokens_equal else f"differs@{c.first_divergence}")
+            )
 
         rows = []
         for r in self.rows:
             out = r.inject_output
-            outcome = "-" if out is None else ("failed" if out.failed else (out.finish_reason or "ok"))
-            rows.append([str(r.index), str(r.prompt_tokens), "yes" if r.targeted else "no", cell(r.roundtrip),
-                         str(r.injected_blocks), outcome,
-                         "n/a" if r.failed else cell(r.inject), cell(r.sensitivity)])
+            outcome = (
+                "-" if out is None else ("failed" if out.failed else (out.finish_reason or "ok"))
+            )
+            rows.append(
+                [
+                    str(r.index),
+                    str(r.prompt_tokens),
+                    "yes" if r.targeted else "no",
+                    cell(r.roundtrip),
+                    str(r.injected_blocks),
+                    outcome,
+                    "n/a" if r.failed else cell(r.inject),
+                    cell(r.sensitivity),
+                ]
+            )
         return rows
 
     def snap(self, events: list[str] | None = None, **extra) -> None:
-        self.emit({"title": "diag kv-fail", "phase": self.phase, "columns": COLUMNS, "rows": self.table(),
-                   "events": events or [], **extra})
+        self.emit(
+            {
+                "title": "diag kv-fail",
+                "phase": self.phase,
+                "columns": COLUMNS,
+                "rows": self.table(),
+                "events": events or [],
+                **extra,
+            }
+        )
 
 
 def _write_control(store: Path, plan: dict) -> None:
@@ -69,11 +103,20 @@ def _write_control(store: Path, plan: dict) -> None:
     time.sleep(0.05)  # distinct mtime even on coarse file systems
 
 
-def _complete(client, url: str, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dom.Output:
+def _complete(
+    client, url: str, model: str, prompt: list[int], max_tokens: int, timeout: float
+) -> dom.Output:
     import httpx
 
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": 1,
-            "ignore_eos": True, "return_tokens_as_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 1,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+    }
     try:
         r = client.post(f"{url}/v1/completions", json=body, timeout=timeout)
     except httpx.HTTPError as exc:
@@ -95,7 +138,7 @@ def _new_events(ph: _Phases, run_dir: Path, kind: str) -> list[dict]:
     from opsctl.collectors.ledger import read_events
 
     events = read_events(run_dir, kind)
-    fresh = events[ph.seen_events[kind]:]
+    fresh = events[ph.seen_events[kind] :]
     ph.seen_events[kind] = len(events)
     return fresh
 
@@ -106,23 +149,35 @@ def _event_lines(ph: _Phases, run_dir: Path) -> list[str]:
     for e in _new_events(ph, run_dir, "kv_injections"):
         i = key_index.get(e.get("key"), "?")
         verb = "injected" if e.get("reported", True) else "corrupted silently"
-        lines.append(f"{verb}: request #{i} group {e.get('group')} block {e.get('block')} "
-                     f"position {e.get('position')} ({e.get('epoch')})")
+        lines.append(
+            f"{verb}: request #{i} group {e.get('group')} block {e.get('block')} "
+            f"position {e.get('position')} ({e.get('epoch')})"
+        )
     for e in _new_events(ph, run_dir, "kv_recoveries"):
-        lines.append(f"patch: {e.get('action')} {e.get('requests')} request(s), {e.get('tokens')} tokens "
-                     f"({e.get('groups')} KV cache groups, policy {e.get('policy')})")
+        lines.append(
+            f"patch: {e.get('action')} {e.get('requests')} request(s), {e.get('tokens')} tokens "
+            f"({e.get('groups')} KV cache groups, policy {e.get('policy')})"
+        )
     return lines
 
 
-def _round(ph: _Phases, target, client, name: str, store: Path, plan: dict) -> list[dom.Output] | None:
+def _round(
+    ph: _Phases, target, client, name: str, store: Path, plan: dict
+) -> list[dom.Output] | None:
     """One pass over every prompt; None when the engine died (the rest is not sent)."""
     server = target.server
     ph.phase = name
     _write_control(store, plan)
     outs: list[dom.Output] = []
     for i, prompt in enumerate(ph.prompts):
-        out = _complete(client, target.url, ph.model_name, prompt, ph.req.settings.max_tokens,
-                        ph.req.request_timeout)
+        out = _complete(
+            client,
+            target.url,
+            ph.model_name,
+            prompt,
+            ph.req.settings.max_tokens,
+            ph.req.request_timeout,
+        )
         outs.append(out)
         if name == "inject":
             ph.rows[i].inject_output = out
@@ -133,7 +188,9 @@ def _round(ph: _Phases, target, client, name: str, store: Path, plan: dict) -> l
                 if out.error and "HTTP 4" in out.error:
                     break
             if not _alive(server, client):
-                ph.snap([*_event_lines(ph, target.run_dir), f"engine died at request #{i}: {out.error}"])
+                ph.snap(
+                    [*_event_lines(ph, target.run_dir), f"engine died at request #{i}: {out.error}"]
+                )
                 return None
         ph.snap(_event_lines(ph, target.run_dir))
     return outs
@@ -152,20 +209,42 @@ def run(req: Request, emit) -> dict:
     resolved = resolve(req.model)
     vocab = int(resolved.config.get("vocab_size") or 320)
     prompts = dom.make_prompts(s.requests, s.seed, vocab)
-    targets = [] if s.rate is not None and s.targets is None else dom.choose_targets(s.requests, s.seed, s.targets)
+    targets = (
+        []
+        if s.rate is not None and s.targets is None
+        else dom.choose_targets(s.requests, s.seed, s.targets)
+    )
     if s.rate is not None and s.targets is None:
         targets = list(range(s.requests))  # a rate applies to every request
     ph = _Phases(req, emit, prompts, targets, resolved.name)
     target_keys = tuple(ph.keys[i] for i in targets)
-    extra = ["--kv-transfer-config", kv_transfer_config(policy=s.policy, inject={"enabled": False}),
-             "--block-size", str(dom.BLOCK_SIZE), "--no-enable-prefix-caching"]
+    extra = [
+        "--kv-transfer-config",
+        kv_transfer_config(policy=s.policy, inject={"enabled": False}),
+        "--block-size",
+        str(dom.BLOCK_SIZE),
+        "--no-enable-prefix-caching",
+    ]
     facts = dom.Facts(s, None, None, None, ph.rows)
     started = time.time()
-    ph.snap([f"{s.requests} requests, targets {targets}, policy {s.policy}, "
-             f"{'rate ' + str(s.rate) if s.rate is not None else 'blocks ' + (s.blocks or '-1')}"])
-    with engine_target(None, req.model, extra_args=extra, label="kv-fail", timeout=req.timeout,
-                       disable_patches=[PATCH_NAME] if s.no_patch else None, max_model_len=256) as target, \
-            httpx.Client() as client:
+    ph.snap(
+        [
+            f"{s.requests} requests, targets {targets}, policy {s.policy}, "
+            f"{'rate ' + str(s.rate) if s.rate is not None else 'blocks ' + (s.blocks or '-1')}"
+        ]
+    )
+    with (
+        engine_target(
+            None,
+            req.model,
+            extra_args=extra,
+            label="kv-fail",
+            timeout=req.timeout,
+            disable_patches=[PATCH_NAME] if s.no_patch else None,
+            max_model_len=256,
+        ) as target,
+        httpx.Client() as client,
+    ):
         run_dir: Path = target.run_dir
         store = run_dir / "kv_store"
         server = target.server
@@ -182,15 +261,20 @@ def run(req: Request, emit) -> dict:
         else:
             ph.baseline = base
             t0 = time.time()
-            trip = _round(ph, target, client, "roundtrip", store, {"enabled": False, "epoch": "roundtrip"})
+            trip = _round(
+                ph, target, client, "roundtrip", store, {"enabled": False, "epoch": "roundtrip"}
+            )
             phase_secs["roundtrip"] = round(time.time() - t0, 3)
             if trip is None:
                 facts.died_in = "roundtrip"
             else:
                 for r, out in zip(ph.rows, trip, strict=True):
                     r.roundtrip = dom.compare(base[r.index], out)
-                loads = [e for e in read_events(run_dir, "kv_transfers")
-                         if e.get("op") == "load" and e.get("epoch") == "roundtrip"]
+                loads = [
+                    e
+                    for e in read_events(run_dir, "kv_transfers")
+                    if e.get("op") == "load" and e.get("epoch") == "roundtrip"
+                ]
                 facts.roundtrip_loads = len({e.get("key") for e in loads if e.get("blocks")})
         if facts.died_in is None:
             log_from = len(server.log_text())
@@ -212,10 +296,15 @@ def run(req: Request, emit) -> dict:
                         r.inject = dom.compare(base[r.index], r.inject_output)
                 facts.metrics = {
                     k: (after.get(k) or 0) - (before.get(k) or 0)
-                    for k in ("vllm:external_prefix_cache_hits_total", "vllm:num_preemptions_total",
-                              "vllm:request_success_total")
+                    for k in (
+                        "vllm:external_prefix_cache_hits_total",
+                        "vllm:num_preemptions_total",
+                        "vllm:request_success_total",
+                    )
                 }
-        injections = [e for e in read_events(run_dir, "kv_injections") if e.get("epoch") == "inject"]
+        injections = [
+            e for e in read_events(run_dir, "kv_injections") if e.get("epoch") == "inject"
+        ]
         facts.injections = len(injections)
         per_key = Counter(e.get("key") for e in injections)
         for r in ph.rows:
@@ -236,16 +325,22 @@ def run(req: Request, emit) -> dict:
         recoveries = read_events(run_dir, "kv_recoveries")
         ph.phase = "done"
         report = _report(req, resolved, run_dir, info, records, recoveries, facts, ph, phase_secs)
-        ph.snap(_event_lines(ph, run_dir), verdict=report["verdict"],
-                summary=f"injected {facts.injections} block(s), {report['tokens_recomputed']} tokens recomputed, "
-                        f"{report['requests_failed']} failed, engine {'alive' if report['engine_alive'] else 'DEAD'}")
+        ph.snap(
+            _event_lines(ph, run_dir),
+            verdict=report["verdict"],
+            summary=f"injected {facts.injections} block(s), {report['tokens_recomputed']} tokens recomputed, "
+            f"{report['requests_failed']} failed, engine {'alive' if report['engine_alive'] else 'DEAD'}",
+        )
     report["seconds"] = round(time.time() - started, 2)
     return report
 
 
-def _report(req, resolved, run_dir, info, records, recoveries, facts: dom.Facts, ph: _Phases,
-            phase_secs) -> dict:
-    core = next((r for r in records if r.get("role") == "engine_core"), records[0] if records else {})
+def _report(
+    req, resolved, run_dir, info, records, recoveries, facts: dom.Facts, ph: _Phases, phase_secs
+) -> dict:
+    core = next(
+        (r for r in records if r.get("role") == "engine_core"), records[0] if records else {}
+    )
     patch = next((p for p in core.get("patches", []) if p.get("name") == PATCH_NAME), {})
     s = req.settings
     summ = dom.summary(facts)
@@ -255,13 +350,22 @@ def _report(req, resolved, run_dir, info, records, recoveries, facts: dom.Facts,
         "model": resolved.name,
         "kv_cache_groups": info.get("kv_cache_groups"),
         "kv_load_failure_policy": facts.policy_seen or s.policy,
-        "patch": {"name": PATCH_NAME, "status": patch.get("status"),
-                  "detail": (patch.get("detail") or "").splitlines()[0] if patch.get("detail") else None},
-        "injection": {"mode": s.mode, "rate": s.rate, "blocks": None if s.rate is not None else (s.blocks or "-1"),
-                      "seed": s.seed, "targets": sorted(ph.targets)},
+        "patch": {
+            "name": PATCH_NAME,
+            "status": patch.get("status"),
+            "detail": (patch.get("detail") or "").splitlines()[0] if patch.get("detail") else None,
+        },
+        "injection": {
+            "mode": s.mode,
+            "rate": s.rate,
+            "blocks": None if s.rate is not None else (s.blocks or "-1"),
+            "seed": s.seed,
+            "targets": sorted(ph.targets),
+        },
         **summ,
-        "tokens_recomputed_by_patch": sum(int(e.get("tokens") or 0) for e in recoveries
-                                          if e.get("action") == "recomputed"),
+        "tokens_recomputed_by_patch": sum(
+            int(e.get("tokens") or 0) for e in recoveries if e.get("action") == "recomputed"
+        ),
         "engine_death": facts.death or None,
         "died_in_phase": facts.died_in,
         "metrics_delta": facts.metrics or None,
