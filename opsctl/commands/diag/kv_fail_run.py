@@ -134,6 +134,18 @@ def _alive(server, client) -> bool:
     return server.health(client)
 
 
+def _still_alive(server, client, settle: float = 5.0) -> bool:
+    """After a failed request: is the engine still serving? A dead EngineCore makes
+    /health fail (or the server exit) within moments; re-check for ``settle`` s."""
+    deadline = time.time() + settle
+    while True:
+        if _alive(server, client):
+            return True
+        if time.time() > deadline or server.exited() is not None:
+            return False
+        time.sleep(0.5)
+
+
 def _new_events(ph: _Phases, run_dir: Path, kind: str) -> list[dict]:
     from opsctl.collectors.ledger import read_events
 
@@ -181,17 +193,11 @@ def _round(
         outs.append(out)
         if name == "inject":
             ph.rows[i].inject_output = out
-        if not out.ok:
-            deadline = time.time() + 15
-            while time.time() < deadline and _alive(server, client):
-                time.sleep(0.5)
-                if out.error and "HTTP 4" in out.error:
-                    break
-            if not _alive(server, client):
-                ph.snap(
-                    [*_event_lines(ph, target.run_dir), f"engine died at request #{i}: {out.error}"]
-                )
-                return None
+        if not out.ok and not _still_alive(server, client):
+            ph.snap(
+                [*_event_lines(ph, target.run_dir), f"engine died at request #{i}: {out.error}"]
+            )
+            return None
         ph.snap(_event_lines(ph, target.run_dir))
     return outs
 
