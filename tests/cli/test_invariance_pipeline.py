@@ -147,3 +147,42 @@ def test_the_tui_panel_shows_progress_and_the_divergence(fake):
     assert report is not None and report["verdict"] == "fail"
     assert rows == 2
     assert any("prompt 1: diverged" in line for line in lines), lines
+
+
+def test_mode_both_keeps_the_first_report_when_the_second_engine_dies(fake, monkeypatch):
+    from opsctl.errors import EngineDied
+
+    inner = common.engine_target
+
+    @contextlib.contextmanager
+    def flaky(url, model, **kw):
+        if not kw["enforce_eager"]:  # the default-mode engine dies at startup
+            raise EngineDied("engine exited with code 1 before becoming healthy: boom")
+        with inner(url, model, **kw) as t:
+            yield t
+
+    monkeypatch.setattr(common, "engine_target", flaky)
+    report = ir.run_all(request(modes=["eager", "default"], atol=1e-2), lambda s: None)
+    eager, default = report["runs"]
+    assert eager["verdict"] == "pass" and len(eager["prompts"]) == 2
+    assert default["verdict"] == "fail" and "boom" in default["error"]
+    assert report["verdict"] == "fail"
+    assert any("[default]" in r and "boom" in r for r in report["reasons"])
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    ir.render(console, report)  # a failed mode renders without crashing
+    assert "FAIL" in console.export_text()
+
+
+def test_single_mode_engine_death_still_raises(fake, monkeypatch):
+    from opsctl.errors import EngineDied
+
+    @contextlib.contextmanager
+    def dead(url, model, **kw):
+        raise EngineDied("boom")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(common, "engine_target", dead)
+    with pytest.raises(EngineDied):
+        ir.run_all(request(), lambda s: None)

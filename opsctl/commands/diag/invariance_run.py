@@ -262,9 +262,49 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     return run
 
 
+def failed_run(mode: str | None, reason: str) -> dict:
+    """The report entry of a mode whose engine never got to run the comparison."""
+    return {
+        "mode": mode or "server as is",
+        "verdict": "fail",
+        "error": reason,
+        "summary": {
+            "verdict": "fail",
+            "reasons": [reason],
+            "tokens_identical": False,
+            "identical": 0,
+            "within_atol": 0,
+            "diverged": 0,
+            "errors": 0,
+            "largest_diff": None,
+        },
+        "batch": {"max_batch": 0, "source": "-"},
+        "execution": None,
+        "platform": "?",
+        "vllm_version": None,
+        "settings": [],
+        "prompts": [],
+        "warnings": [],
+        "seconds": {"engine": "-", "bs1": "-", "bsn": "-"},
+    }
+
+
 def run_all(req: Request, emit: Emit) -> dict:
+    from opsctl.errors import BadInput, EngineUnreachable, OpsctlError
+
     rows: list[list[str]] = []
-    runs = [run_mode(req, mode, emit, rows) for mode in req.modes]
+    runs = []
+    for mode in req.modes:
+        try:
+            runs.append(run_mode(req, mode, emit, rows))
+        except (BadInput, EngineUnreachable):
+            raise
+        except OpsctlError as err:
+            if len(req.modes) == 1:
+                raise
+            # --mode both: one mode's engine failing must not hide the other's report
+            emit({"phase": f"{mode}: failed", "events": [f"{mode}: {err.message}"]})
+            runs.append(failed_run(mode, err.message))
     verdict = "pass" if runs and all(r["verdict"] == "pass" for r in runs) else "fail"
     reasons = [f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]]
     emit(
