@@ -26,6 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OPSCTL_ENGINE_LOCK", "/tmp/opsctl-engine.lock")
+# vLLM's CPU platform reserves an extra core when a KV connector is configured, so the
+# connector engine and the plain engine would run different OpenMP thread counts; pin
+# the reservation so both engines compute with the same threads.
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
 
 ENGINE_ARGS = ["--block-size", "32", "--no-enable-prefix-caching"]
 
