@@ -373,9 +373,11 @@ class EngineServer:
         removed: list[str] = []
         kept: list[str] = []
         if not leftover:
+            # Only segments created during this run that *our* processes were seen
+            # mapping: another engine's fresh segment (e.g. a multiprocessing semaphore
+            # between sem_open in one process and its rebuild in a child) is never ours.
             new = {f.name for f in shm.list_files()} - self.shm_before
-            candidates = {n for n in new if n in self.shm_seen or n.startswith(("psm_", "sem.mp-"))}
-            removed, kept = shm.remove_unmapped(candidates)
+            removed, kept = shm.remove_unmapped(new & self.shm_seen)
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()

@@ -171,14 +171,31 @@ def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
         stop_and_check(proc, ready, signal.SIGINT, shm_before)
 
 
-def test_tiny_hybrid_has_more_than_one_kv_cache_group():
+def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
+    """tiny-hybrid gets > 1 KV cache group; then the API server and vLLM's resource
+    tracker are SIGKILLed (a crash: nobody unlinks the shm_broadcast ring buffers), and
+    stop() still leaves no process and no orphaned segment."""
+    shm_before = shm_names()
     with running_engine("tiny-hybrid", load_format="dummy") as server:
         info = read_events(server.run_dir, "engine_info")[-1]
         groups = info["kv_cache_groups"]
         assert len(groups) > 1, groups
         assert {g["spec"] for g in groups} >= {"SlidingWindowSpec", "FullAttentionSpec"}
-        pids = [server.pid, *[c.pid for c in psutil.Process(server.pid).children(recursive=True)]]
-    assert server.stop_report.leftover_pids == [] and gone(pids)
+        children = psutil.Process(server.pid).children(recursive=True)
+        pids = [server.pid, *[c.pid for c in children]]
+        ours = {n for n in shm_names() - shm_before if n.startswith("psm_")}
+        assert len(ours) >= 2  # rpc_broadcast_mq + worker_response_mq
+        for p in [
+            psutil.Process(server.pid),
+            *[c for c in children if "resource_tracker" in " ".join(c.cmdline())],
+        ]:
+            p.kill()
+    report = server.stop_report
+    assert report.leftover_pids == [] and gone(pids)
+    # the crash left ring buffers nobody would unlink; stop() removed them
+    assert set(report.shm_removed) & ours, (ours, report)
+    assert not ours & shm_names()
+    assert new_orphans(shm_before) == set()
 
 
 # These start a server process that never gets to load a model: no engine lock needed.
