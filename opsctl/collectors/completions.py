@@ -284,3 +284,20 @@ def server_version(url: str, timeout: float = 5.0) -> str | None:
             return str(r.json().get("version")) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
+
+
+def completions_refusal(url: str, model: str, timeout: float = 60.0) -> str | None:
+    """Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
+    or 400), or None when a one-token completion works. Network errors are left to the
+    real requests, which fail closed."""
+    body = {"model": model, "prompt": "a", "max_tokens": 1, "temperature": 0.0}
+    try:
+        with httpx.Client(timeout=timeout) as c:
+            r = c.post(f"{url}/v1/completions", json=body)
+    except httpx.HTTPError:
+        return None
+    if r.status_code in (404, 405) or (
+        r.status_code == 400 and "support" in r.text.lower() and "completion" in r.text.lower()
+    ):
+        return f"HTTP {r.status_code}: {r.text[:160]}"
+    return None

@@ -209,3 +209,16 @@ def test_default_mode_when_opsctl_starts_the_engine():
     assert invariance.plan_modes(None, "both") == ["default", "eager"]
     assert invariance.plan_modes("http://x", None) == [None]
     assert invariance.plan_modes("http://x", "eager") == ["eager"]
+
+
+def test_pooling_model_is_refused_before_any_engine_starts():
+    import psutil
+    from typer.testing import CliRunner
+
+    from opsctl.cli import app
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = CliRunner().invoke(app, ["diag", "invariance", "--model", "tiny-embed", "--json"])
+    assert r.exit_code == 2, r.stderr
+    assert "needs a generative model" in r.stderr and r.stdout == ""
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before

@@ -69,6 +69,7 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "engine_target", engine_target)
     monkeypatch.setattr(cc, "served_model", lambda url: "tiny-llama")
     monkeypatch.setattr(cc, "server_version", lambda url: "0.32.0")
+    monkeypatch.setattr(cc, "completions_refusal", lambda url, model: None)
     monkeypatch.setattr(cc, "RunningSampler", Sampler)
     monkeypatch.setattr(
         cc, "run_alone", lambda url, p, prompts, tag, cb=None: [timed(gen(-2.0)), timed(gen(-2.0))]
@@ -185,4 +186,29 @@ def test_single_mode_engine_death_still_raises(fake, monkeypatch):
 
     monkeypatch.setattr(common, "engine_target", dead)
     with pytest.raises(EngineDied):
+        ir.run_all(request(), lambda s: None)
+
+
+def test_mode_both_engine_timeout_is_reported_then_exit_4(fake, monkeypatch):
+    from opsctl.errors import OpsTimeout
+
+    inner = common.engine_target
+
+    @contextlib.contextmanager
+    def slow(url, model, **kw):
+        if not kw["enforce_eager"]:
+            raise OpsTimeout("server did not become healthy within 10 s")
+        with inner(url, model, **kw) as t:
+            yield t
+
+    monkeypatch.setattr(common, "engine_target", slow)
+    report = ir.run_all(request(modes=["eager", "default"]), lambda s: None)
+    assert [r.get("timed_out", False) for r in report["runs"]] == [False, True]
+
+
+def test_pooling_server_is_bad_input(fake, monkeypatch):
+    from opsctl.errors import BadInput
+
+    monkeypatch.setattr(cc, "completions_refusal", lambda url, model: "HTTP 404: Not Found")
+    with pytest.raises(BadInput, match="needs a generative model"):
         ir.run_all(request(), lambda s: None)

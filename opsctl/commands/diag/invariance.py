@@ -18,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from opsctl.errors import BadInput, CheckFailed
+from opsctl.errors import BadInput, CheckFailed, OpsTimeout
 
 MODES = ("default", "eager", "both")
 BATCH_VIA = ("list", "requests")
@@ -114,6 +114,21 @@ def find_run_dir(url: str) -> Path | None:
     return best[1] if best else None
 
 
+GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
+
+
+def require_generative(model: str | None) -> None:
+    """Refuse pooling models before an engine is started (exit 2)."""
+    from opsctl.engine.model import resolve
+
+    resolved = resolve(model or "tiny-llama")
+    if resolved.archetype not in GENERATIVE:
+        raise BadInput(
+            f"{resolved.name} is a {resolved.archetype} model; diag invariance needs a "
+            "generative model (e.g. tiny-llama)"
+        )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("invariance")
     def invariance(
@@ -150,6 +165,8 @@ def register(app: typer.Typer) -> None:
         if url and model:
             raise BadInput("give either a URL or --model, not both")
         base = check_url(url) if url else None
+        if not base:
+            require_generative(model)
         modes = plan_modes(base, mode)
         prompts = read_prompts(prompts_file)
         n = validate_options(batch_size, max_tokens, logprobs, atol, len(prompts))
@@ -177,6 +194,8 @@ def register(app: typer.Typer) -> None:
         report["seconds"] = round(time.time() - started, 2)
         doc = output.document(SCHEMA, **report)
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
+        if any(r.get("timed_out") for r in report["runs"]):
+            raise OpsTimeout("an engine did not become healthy within --timeout; see the report")
         if report["verdict"] != "pass":
             raise CheckFailed(
                 "batch invariance failed: "

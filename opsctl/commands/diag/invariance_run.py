@@ -105,6 +105,14 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
             from opsctl.errors import CheckFailed
 
             raise CheckFailed(f"{target.url}/v1/models listed no model")
+        refusal = cc.completions_refusal(target.url, model)
+        if refusal is not None:
+            from opsctl.errors import BadInput
+
+            raise BadInput(
+                f"{target.url} does not serve /v1/completions for {model} ({refusal}); "
+                "diag invariance needs a generative model"
+            )
         version = cc.server_version(target.url)
         params = cc.CompletionParams(model, req.max_tokens, req.logprobs)
         tag_alone, tag_batch = (
@@ -262,12 +270,13 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
     return run
 
 
-def failed_run(mode: str | None, reason: str) -> dict:
+def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
     """The report entry of a mode whose engine never got to run the comparison."""
     return {
         "mode": mode or "server as is",
         "verdict": "fail",
         "error": reason,
+        "timed_out": timed_out,
         "summary": {
             "verdict": "fail",
             "reasons": [reason],
@@ -290,7 +299,7 @@ def failed_run(mode: str | None, reason: str) -> dict:
 
 
 def run_all(req: Request, emit: Emit) -> dict:
-    from opsctl.errors import BadInput, EngineUnreachable, OpsctlError
+    from opsctl.errors import BadInput, EngineUnreachable, OpsctlError, OpsTimeout
 
     rows: list[list[str]] = []
     runs = []
@@ -304,7 +313,7 @@ def run_all(req: Request, emit: Emit) -> dict:
                 raise
             # --mode both: one mode's engine failing must not hide the other's report
             emit({"phase": f"{mode}: failed", "events": [f"{mode}: {err.message}"]})
-            runs.append(failed_run(mode, err.message))
+            runs.append(failed_run(mode, err.message, timed_out=isinstance(err, OpsTimeout)))
     verdict = "pass" if runs and all(r["verdict"] == "pass" for r in runs) else "fail"
     reasons = [f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]]
     emit(
