@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from opsctl.domain.metrics import MetricsSnapshot, parse_metrics
 
-@dataclass(frozen=True, slots=True)
-class MetricsSnapshot:
-    taken_at: float
-    # vllm:* sample name -> value summed over label sets (e.g. over model_name)
-    values: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-
-    def get(self, name: str) -> float | None:
-        return self.values.get(name)
+__all__ = ["HealthSnapshot", "MetricsSnapshot", "fetch_health", "fetch_metrics", "parse_metrics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +25,6 @@ class HealthSnapshot:
     version: str | None
     models: tuple[str, ...]
     error: str | None = None
-
-
-def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith("vllm:"):
-                continue
-            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-    return MetricsSnapshot(taken_at if taken_at is not None else time.time(), values)
 
 
 def fetch_metrics(client: httpx.Client, base_url: str) -> MetricsSnapshot:

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-from opsctl.collectors.metrics import MetricsSnapshot
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    taken_at: float
+    # vllm:* sample name -> value summed over label sets (e.g. over model_name)
+    values: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:"):
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return MetricsSnapshot(taken_at if taken_at is not None else time.time(), values)
+
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

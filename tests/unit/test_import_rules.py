@@ -38,7 +38,11 @@ def test_domain_is_pure():
         "import pkgutil, importlib, opsctl.domain as d\n"
         "[importlib.import_module(f'opsctl.domain.{m.name}') for m in pkgutil.iter_modules(d.__path__)]"
     )
-    assert not {m for m in mods if m.split(".")[0] in (*HEAVY, "textual", "typer")}
+    forbidden = (*HEAVY, "textual", "typer", "httpx", "psutil")
+    assert not {m for m in mods if m.split(".")[0] in forbidden}
+    assert not {
+        m for m in mods if m.startswith(("opsctl.collectors", "opsctl.ui", "opsctl.commands"))
+    }
 
 
 def test_engine_patches_do_not_import_ui_or_cli():
