@@ -74,7 +74,7 @@ def apply() -> Outcome:
             record_event("engine_info", {"error": repr(exc)})
 
     __init__._opsctl_engine_info = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[method-assign]
     return Outcome(APPLIED, "records KV cache groups and engine settings at scheduler init")
 
 
