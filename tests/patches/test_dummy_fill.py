@@ -14,12 +14,10 @@ from collections import Counter
 import pytest
 import torch
 from torch import nn
+from vllm.model_executor.model_loader import dummy_loader, weight_utils
 
 from engine_patches.patches import dummy_fill
 from engine_patches.registry import APPLIED, UPSTREAM
-
-dummy_loader = pytest.importorskip("vllm.model_executor.model_loader.dummy_loader")
-weight_utils = pytest.importorskip("vllm.model_executor.model_loader.weight_utils")
 
 
 class EngramLike(nn.Module):

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import (  # noqa: E402
+import torch
+from vllm import SamplingParams
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -19,18 +17,18 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request
 
-from engine_patches.connectors import CONNECTOR_NAME, MODULE_PATH  # noqa: E402
-from engine_patches.connectors.fault_kv import FaultInjectingConnector, FaultKVMetadata, Transfer  # noqa: E402
-from engine_patches.connectors.injection import prefix_key  # noqa: E402
+from engine_patches.connectors import CONNECTOR_NAME, MODULE_PATH
+from engine_patches.connectors.fault_kv import FaultInjectingConnector, FaultKVMetadata, Transfer
+from engine_patches.connectors.injection import prefix_key
 
 BS = 16
 NUM_BLOCKS = 16
