@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -273,29 +274,33 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         for t in meta.loads:
             self._load_one(t, forward_context)
 
+    @staticmethod
+    def _real_blocks(t: Transfer, ranges) -> Iterator[tuple[int, int, int]]:
+        """(group, position, block id) of every transferred block but the null block."""
+        for group, ids in enumerate(t.block_ids):
+            start, end = ranges[group]
+            for pos in range(start, min(end, len(ids))):
+                if ids[pos] != NULL_BLOCK_ID:
+                    yield group, pos, ids[pos]
+
     def _load_one(self, t: Transfer, forward_context: ForwardContext | None) -> None:
         folder = self.storage / t.key
         missing: list[tuple[int, int, int]] = []
         loaded = 0
         ranges = t.ranges(self.group_block_sizes)
-        for group, ids in enumerate(t.block_ids):
-            start, end = ranges[group]
-            for pos in range(start, min(end, len(ids))):
-                block = ids[pos]
-                if block == NULL_BLOCK_ID:
+        for group, pos, block in self._real_blocks(t, ranges):
+            path = folder / f"g{group}_p{pos}.safetensors"
+            try:
+                stored = safetensors.torch.load_file(str(path))
+            except (OSError, ValueError):
+                missing.append((group, pos, block))
+                continue
+            for name in self.group_layers[group]:
+                kv = self._layer_tensor(name, forward_context)
+                if kv is None or name not in stored:
                     continue
-                path = folder / f"g{group}_p{pos}.safetensors"
-                try:
-                    stored = safetensors.torch.load_file(str(path))
-                except (OSError, ValueError):
-                    missing.append((group, pos, block))
-                    continue
-                for name in self.group_layers[group]:
-                    kv = self._layer_tensor(name, forward_context)
-                    if kv is None or name not in stored:
-                        continue
-                    self._block_view(kv, block).copy_(stored[name].to(kv.device, kv.dtype))
-                loaded += 1
+                self._block_view(kv, block).copy_(stored[name].to(kv.device, kv.dtype))
+            loaded += 1
         chosen = self.plan.select(t.key, t.req_id, t.block_ids, ranges)
         with self._lock:
             self._invalid.update(b for _g, _p, b in missing)
@@ -364,22 +369,16 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         tmp = self.storage / f".{t.key}.{os.getpid()}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         stored = 0
-        ranges = t.ranges(self.group_block_sizes)
-        for group, ids in enumerate(t.block_ids):
-            start, end = ranges[group]
-            for pos in range(start, min(end, len(ids))):
-                block = ids[pos]
-                if block == NULL_BLOCK_ID:
-                    continue
-                tensors = {}
-                for name in self.group_layers[group]:
-                    kv = self._layer_tensor(name, None)
-                    if kv is not None:
-                        tensors[name] = (
-                            self._block_view(kv, block).detach().to("cpu").clone().contiguous()
-                        )
-                safetensors.torch.save_file(tensors, str(tmp / f"g{group}_p{pos}.safetensors"))
-                stored += 1
+        for group, pos, block in self._real_blocks(t, t.ranges(self.group_block_sizes)):
+            tensors = {}
+            for name in self.group_layers[group]:
+                kv = self._layer_tensor(name, None)
+                if kv is not None:
+                    tensors[name] = (
+                        self._block_view(kv, block).detach().to("cpu").clone().contiguous()
+                    )
+            safetensors.torch.save_file(tensors, str(tmp / f"g{group}_p{pos}.safetensors"))
+            stored += 1
         (tmp / "meta.json").write_text(
             json.dumps(
                 {
