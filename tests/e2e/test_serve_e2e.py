@@ -138,35 +138,26 @@ def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
     port = free_port()
     with served("tiny-llama", "--port", str(port)) as proc:
         ready = read_event(proc)
-        r = httpx.post(
-            f"{ready['url']}/v1/completions",
-            timeout=60,
-            json={
+
+        def greedy(**extra):
+            body = {
                 "model": "tiny-llama",
                 "prompt": "The quick brown fox",
                 "max_tokens": 24,
                 "temperature": 0,
-                "logprobs": 1,
                 "ignore_eos": True,
-            },
-        )
-        assert r.status_code == 200, r.text
-        choice = r.json()["choices"][0]
+                **extra,
+            }
+            r = httpx.post(f"{ready['url']}/v1/completions", timeout=60, json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]
+
+        choice = greedy(logprobs=1)
         tokens = choice["logprobs"]["tokens"]
         assert len(tokens) == 24
         assert len(set(tokens)) >= 6, f"near-constant greedy output: {tokens}"
         # greedy is deterministic: the same request gives the same text
-        again = httpx.post(
-            f"{ready['url']}/v1/completions",
-            timeout=60,
-            json={
-                "model": "tiny-llama",
-                "prompt": "The quick brown fox",
-                "max_tokens": 24,
-                "temperature": 0,
-                "ignore_eos": True,
-            },
-        ).json()["choices"][0]["text"]
+        again = greedy()["text"]
         assert again == choice["text"]
         stop_and_check(proc, ready, signal.SIGINT, shm_before)
 
