@@ -127,3 +127,33 @@ def run_pipeline(title: str, pipeline, *, tui: bool | None, as_json: bool) -> di
     if app.report is None:
         raise KeyboardInterrupt
     return app.report
+
+
+def find_run_dir(url: str) -> Path | None:
+    """The run directory of the live engine opsctl started at ``url``: its meta.json names
+    that URL, it has not stopped, and its recorded pid is still alive; the newest wins.
+    None when there is none (an engine not started by opsctl, or a dead one)."""
+    import json
+
+    import psutil
+
+    from opsctl import paths
+
+    best: tuple[float, Path] | None = None
+    for meta_path in paths.runs_dir().glob("*/meta.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if str(meta.get("url", "")).rstrip("/") != url.rstrip("/") or meta.get("stopped_at"):
+            continue
+        pid = meta.get("pid")
+        if not isinstance(pid, int) or not psutil.pid_exists(pid):
+            continue
+        try:
+            started = float(meta.get("started_at") or 0)
+        except (TypeError, ValueError):
+            started = 0.0
+        if best is None or started > best[0]:
+            best = (started, meta_path.parent)
+    return best[1] if best else None
