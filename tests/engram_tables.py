@@ -1,6 +1,8 @@
-"""Real Engram-style shared tables for tests, built exactly as vLLM builds them
+"""Real Engram-style shared tables for tests, built exactly as vLLM 0.32 builds them
 (``DPSharedEngramStorage._allocate``): a file ``/dev/shm/vllm_engram_<unique>``,
-ftruncate to ``rows*dim + rows*dim/B``, mmap MAP_SHARED, constant fill (weights 0x38 =
+ftruncate to ``rows*dim + rows*dim/B`` with B = 32 (``ParallelEngramEmbedding``
+``block_size=32``; ``block=128`` builds the 128-element-block layout), mmap MAP_SHARED
+of exactly that many bytes, constant fill (weights 0x38 =
 fp8 e4m3 1.0, scales 127 = ue8m0 1.0), N real processes that map it and touch every
 page, then the creator unlinks it so the table lives on only as "(deleted)" mappings.
 
@@ -43,7 +45,10 @@ def unique_prefix(tag: str = "t") -> str:
     return f"{PREFIX}{tag}{uuid.uuid4().hex[:10]}_"
 
 
-def fill(path: str, rows: int, dim: int, block: int = 128) -> int:
+VLLM_BLOCK = 32  # vLLM 0.32 ParallelEngramEmbedding(block_size=32)
+
+
+def fill(path: str, rows: int, dim: int, block: int = VLLM_BLOCK) -> int:
     weight = rows * dim
     total = weight + weight // block
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -73,6 +78,7 @@ class Table:
     path: str
     total: int
     weight_bytes: int
+    block: int = VLLM_BLOCK
     children: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -119,11 +125,11 @@ def shared_table(
     dim: int = 256,
     mappers: int = 3,
     unlink: bool = True,
-    block: int = 128,
+    block: int = VLLM_BLOCK,
     suffix: str = "a",
 ) -> Iterator[Table]:
     path = f"{SHM}/{prefix}{suffix}"
-    table = Table(path, 0, rows * dim)
+    table = Table(path, 0, rows * dim, block=block)
     try:
         table.total = fill(path, rows, dim, block)
         table.spawn(mappers)

@@ -7,12 +7,20 @@ One :func:`inspect` call reads once and returns a frozen :class:`InspectSnapshot
 - mappings grouped per table by device + inode (a file and its mappings are one table);
 - per mapping process: RSS and PSS of that mapping from ``/proc/PID/smaps`` (PSS ≈
   size / N when N processes really share one copy);
-- fill verification: the table is read with ``pread`` (never mapped, so inspect adds no
-  mapping and never faults in holes) from the linked file, else through
-  ``/proc/PID/map_files/<range>`` (the deleted file itself; needs CAP_SYS_ADMIN), else
-  through ``/proc/PID/mem`` at the mapping's address (needs ptrace access).
-  Bytes are compared in 4 MiB chunks with memcmp (``bytearray == bytes``); numpy locates
-  the first differing byte only when a chunk differs.
+- the table's size: the linked file's size, else ``stat`` of
+  ``/proc/PID/map_files/<range>`` (the deleted file; needs CAP_SYS_ADMIN), else from the
+  mapping's last page read through ``/proc/PID/mem`` (one past the last non-zero byte,
+  :func:`opsctl.domain.engram.size_from_mapping`); ``size_source`` says which;
+- the block size (32 in vLLM 0.32, or 128): from the size, else from the bytes at the
+  candidate boundaries, else 32 (:func:`opsctl.domain.engram.decide_layout`), or forced;
+- fill verification: the table is only ever read with ``pread`` (``os.preadv`` into one
+  reusable 256 KiB buffer) and never mapped: inspect adds no mapping, never faults in
+  holes, and a table truncated while it is read gives a short read (reported as an
+  error), never SIGBUS. Sources, best first: the linked file, else
+  ``/proc/PID/map_files/<range>`` (needs CAP_SYS_ADMIN), else ``/proc/PID/mem`` at the
+  mapping's address (needs ptrace access). A chunk is compared with the constant as
+  ``bytearray == bytes`` (memcmp); numpy locates the first differing byte only when a
+  chunk differs.
 
 A process that exits mid-scan or denies access becomes a field with a reason (and the
 next mapping process is tried), never an exception.
@@ -21,8 +29,6 @@ next mapping process is tried), never an exception.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import mmap
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -30,31 +36,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from opsctl.collectors import shm
 from opsctl.domain import engram as dom
 
-CHUNK = 4 * 1024 * 1024
-_PATTERNS: dict[int, Any] = {}
-_LIBC: Any = None
+CHUNK = 256 * 1024  # stays in L2: pread + compare run at ~4 GB/s here (4 MiB: ~2.8)
+_PATTERNS: dict[int, bytes] = {}
 
 
-def _pattern(value: int) -> Any:
-    """CHUNK bytes of ``value`` (a ctypes buffer: compares as bytes, has an address)."""
+def _pattern(value: int) -> bytes:
+    """CHUNK bytes of ``value``."""
     if value not in _PATTERNS:
-        _PATTERNS[value] = ctypes.create_string_buffer(bytes([value]) * CHUNK, CHUNK)
+        _PATTERNS[value] = bytes([value]) * CHUNK
     return _PATTERNS[value]
-
-
-def _memcmp() -> Any:
-    global _LIBC
-    if _LIBC is None:
-        libc = ctypes.CDLL(None)
-        libc.memcmp.restype = ctypes.c_int
-        libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-        _LIBC = libc.memcmp
-    return _LIBC
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +66,9 @@ class MapperInfo:
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
-    status: str  # constant | mismatch | skipped | denied | error
+    # constant | mismatch | skipped (--verify none, or the table went away) | denied |
+    # error | unverifiable (size or layout unknown)
+    status: str
     mode: str
     access: str | None = None  # file | map_files | mem
     bytes_checked: int = 0
@@ -96,8 +91,9 @@ class TableReport:
     inode: int
     linked: bool
     size: int | None
-    size_source: str  # file | map_files | mapping (page-rounded, inferred) | unknown
+    size_source: str  # file | map_files | mapping (last page via /proc/PID/mem) | unknown
     layout: dom.TableLayout | None
+    block_choice: dict[str, Any]  # dom.LayoutDecision.to_dict(): block, how, detail
     mappers: tuple[MapperInfo, ...]
     verify: VerifyResult
 
@@ -241,32 +237,28 @@ def _mappers(pid: int, maps: list[shm.Mapping]) -> MapperInfo:
 
 
 class _Reader:
-    """Reads a table: ``base`` is added to table offsets (mem: the mapping address).
-
-    For a file descriptor of the table itself (file, map_files) whose pages are all
-    allocated, the table is also mapped read-only so chunks compare in place (libc
-    memcmp, no copy: ~1.7x the pread path here); a sparse file is only read with pread,
-    which does not allocate its holes as a page fault would."""
+    """Reads a table with pread only: ``base`` is added to table offsets (mem: the
+    mapping's address). Never maps the table (see the module doc)."""
 
     def __init__(self, fd: int, access: str, base: int = 0) -> None:
         self.fd, self.access, self.base = fd, access, base
-        self.mm: mmap.mmap | None = None
-        self.addr = 0
-        if access != "mem":
-            st = os.fstat(fd)
-            if st.st_size > 0 and st.st_blocks * 512 >= st.st_size:
-                self.mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-                self.arr = np.frombuffer(self.mm, dtype=np.uint8)
-                self.addr = self.arr.ctypes.data
-                self.size = st.st_size
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         return os.preadv(self.fd, [buf], self.base + offset)
 
+    def read(self, offset: int, n: int) -> bytes:
+        """Exactly ``n`` bytes at table ``offset``; OSError when the table is shorter."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.readinto(view[got:], offset + got)
+            if k <= 0:
+                raise OSError(f"table ends at byte {offset + got}, expected {offset + n}")
+            got += k
+        return bytes(buf)
+
     def close(self) -> None:
-        if self.mm is not None:
-            del self.arr
-            self.mm.close()
         os.close(self.fd)
 
 
@@ -314,14 +306,13 @@ def _open_readers(
 
 def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
     """Compare every byte of ``regions`` with its constant. Returns (bytes checked,
-    first mismatch or None). Raises OSError when the reader fails."""
-    if reader.mm is not None:
-        return _check_mapped(reader, regions)
+    first mismatch or None). Raises OSError when the reader fails or the table is shorter
+    than ``regions`` (e.g. truncated while being read)."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     checked = 0
     for region in regions:
-        pattern = _pattern(region.value).raw
+        pattern = _pattern(region.value)
         off = region.start
         while off < region.end:
             want = min(CHUNK, region.end - off)
@@ -345,27 +336,10 @@ def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict
     return checked, None
 
 
-def _check_mapped(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
-    memcmp = _memcmp()
-    checked = 0
-    for region in regions:
-        if region.end > reader.size:
-            raise OSError(f"table ends at byte {reader.size}, expected {region.end}")
-        pattern = _pattern(region.value)
-        paddr = ctypes.addressof(pattern)
-        for off in range(region.start, region.end, CHUNK):
-            n = min(CHUNK, region.end - off)
-            if memcmp(reader.addr + off, paddr, n) != 0:
-                idx = dom.first_mismatch(reader.arr[off : off + n], region.value)
-                assert idx is not None
-                return checked + idx + 1, {
-                    "offset": off + idx,
-                    "value": int(reader.arr[off + idx]),
-                    "expected": region.value,
-                    "region": region.name,
-                }
-            checked += n
-    return checked, None
+_DENIED_HINT = (
+    "run as root (opening /proc/PID/map_files needs CAP_SYS_ADMIN; /proc/PID/mem needs "
+    "ptrace access to the vLLM process) or as the user that runs vLLM"
+)
 
 
 def verify_table(
@@ -375,46 +349,54 @@ def verify_table(
     inode: int,
     mappers: tuple[MapperInfo, ...],
     size: int | None,
-    layout: dom.TableLayout | None,
     mode: str,
     access: tuple[str, ...] = ACCESS,
-) -> VerifyResult:
+    block: int | None = None,
+    size_error: Exception | None = None,
+) -> tuple[dom.LayoutDecision, VerifyResult]:
+    """Decide the layout (reading the boundary bytes when the size fits several block
+    sizes) and verify the fill in ``mode``, through the first reader that works."""
+    failures: list[Exception] = [size_error] if size_error is not None else []
+    if size:
+        for cand in _open_readers(path, linked, devkey, inode, mappers, size, access):
+            if isinstance(cand, Exception):
+                failures.append(cand)
+                continue
+            try:
+                decision = dom.decide_layout(size, cand.read, forced=block)
+                if mode == "none":
+                    return decision, VerifyResult("skipped", mode, cand.access)
+                if decision.layout is None:
+                    return decision, VerifyResult("unverifiable", mode, reason=decision.detail)
+                started = time.perf_counter()
+                checked, mismatch = check_regions(cand, dom.verify_plan(decision.layout, mode))
+                secs = time.perf_counter() - started
+            except OSError as exc:  # process exited mid-read, file went away or shrank
+                failures.append(exc)
+                continue
+            finally:
+                cand.close()
+            status = "mismatch" if mismatch else "constant"
+            return decision, VerifyResult(status, mode, cand.access, checked, secs, mismatch)
+    decision = dom.decide_layout(size, None, forced=block)
     if mode == "none":
-        return VerifyResult("skipped", mode, reason=None)
-    if layout is None:
-        why = "table size not known" if size is None else "size does not match an Engram layout"
-        return VerifyResult("skipped", mode, reason=why)
-    regions = dom.verify_plan(layout, mode)
-    failures: list[Exception] = []
-    for cand in _open_readers(path, linked, devkey, inode, mappers, size, access):
-        if isinstance(cand, Exception):
-            failures.append(cand)
-            continue
-        started = time.perf_counter()
-        try:
-            checked, mismatch = check_regions(cand, regions)
-        except OSError as exc:  # process exited mid-read, or the file went away: next reader
-            failures.append(exc)
-            continue
-        finally:
-            cand.close()
-        secs = time.perf_counter() - started
-        status = "mismatch" if mismatch else "constant"
-        return VerifyResult(status, mode, cand.access, checked, secs, mismatch)
+        return decision, VerifyResult("skipped", mode)
     denied = [f for f in failures if isinstance(f, PermissionError)]
     if denied:
-        return VerifyResult(
-            "denied",
-            mode,
-            error=f"permission denied: {denied[0]}",
-            hint="run as root (opening /proc/PID/map_files needs CAP_SYS_ADMIN; /proc/PID/mem "
-            "needs ptrace access to the vLLM process) or as the user that runs vLLM",
+        return decision, VerifyResult(
+            "denied", mode, error=f"permission denied: {denied[0]}", hint=_DENIED_HINT
         )
-    if not failures or all(isinstance(f, FileNotFoundError | ProcessLookupError) for f in failures):
-        return VerifyResult(
+    if (not mappers and not linked) or (
+        failures and all(isinstance(f, FileNotFoundError | ProcessLookupError) for f in failures)
+    ):
+        return decision, VerifyResult(
             "skipped", mode, reason="every process mapping it exited during the scan"
         )
-    return VerifyResult("error", mode, error=str(failures[-1]))
+    if decision.layout is None:
+        return decision, VerifyResult("unverifiable", mode, reason=decision.detail)
+    if failures:
+        return decision, VerifyResult("error", mode, error=str(failures[-1]))
+    return decision, VerifyResult("error", mode, error="no way to read the table from here")
 
 
 # ---- inspect ---------------------------------------------------------------------------------
@@ -428,6 +410,38 @@ def _exact_size(mappers: tuple[MapperInfo, ...]) -> int | None:
     return None
 
 
+def _size_from_tail(
+    mappers: tuple[MapperInfo, ...], access: tuple[str, ...]
+) -> tuple[int | None, Exception | None]:
+    """Size of a deleted table from the last page of a whole-table mapping (offset 0),
+    read through /proc/PID/mem. Returns (size or None, the last error)."""
+    error: Exception | None = None
+    if "mem" not in access:
+        return None, None
+    for m in mappers:
+        for start, end, offset in m.ranges:
+            if offset != 0:
+                continue
+            n = min(dom.PAGE, end - start)
+            try:
+                fd = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
+            except OSError as exc:
+                error = exc
+                continue
+            reader = _Reader(fd, "mem", base=start)
+            try:
+                tail = reader.read(end - start - n, n)
+            except OSError as exc:
+                error = exc
+                continue
+            finally:
+                reader.close()
+            size = dom.size_from_mapping(end - start, tail)
+            if size is not None:
+                return size, None
+    return None, error
+
+
 def inspect(
     pids: list[int] | None = None,
     verify: str = "sample",
@@ -435,8 +449,10 @@ def inspect(
     root: Path = shm.SHM,
     progress: Progress | None = None,
     access: tuple[str, ...] = ACCESS,
+    block: int | None = None,
 ) -> InspectSnapshot:
-    """Find, measure and verify every Engram table visible from here (see module doc)."""
+    """Find, measure and verify every Engram table visible from here (see module doc).
+    ``access`` limits how tables are read (and sized); ``block`` forces the block size."""
     if verify not in dom.VERIFY_MODES:
         raise ValueError(f"verify must be one of {dom.VERIFY_MODES}")
     notify = progress or (lambda _stage, _data: None)
@@ -460,21 +476,20 @@ def inspect(
         any_map = next((m for maps in groups.get(key, {}).values() for m in maps), None)
         path = f.path if f else (any_map.path if any_map else "")
         linked = f is not None
+        size_error: Exception | None = None
         if f is not None:
             size, source = f.size, "file"
         else:
-            size, source = _exact_size(mappers), "map_files"
-            if size is None and any_map is not None:
-                size, source = (
-                    dom.size_from_mapping(any_map.end - any_map.start + any_map.offset),
-                    "mapping",
-                )
+            size, source = (_exact_size(mappers) if "map_files" in access else None), "map_files"
+            if size is None:
+                (size, size_error), source = _size_from_tail(mappers, access), "mapping"
             if size is None:
                 source = "unknown"
-        layout = dom.split_table(size) if size else None
         name = os.path.basename(path)
         notify("verify", {"table": name, "size": size, "mode": verify})
-        result = verify_table(path, linked, devkey, inode, mappers, size, layout, verify, access)
+        decision, result = verify_table(
+            path, linked, devkey, inode, mappers, size, verify, access, block, size_error
+        )
         tables.append(
             TableReport(
                 name,
@@ -484,7 +499,8 @@ def inspect(
                 linked,
                 size,
                 source,
-                layout,
+                decision.layout,
+                decision.to_dict(),
                 mappers,
                 result,
             )
@@ -525,7 +541,11 @@ class CleanScan:
 
 
 def find_orphans(prefix: str = dom.PREFIX, root: Path = shm.SHM) -> CleanScan:
-    """Files ``<root>/<prefix>*`` that no live process maps (by device + inode and by path)."""
+    """Files ``<root>/<prefix>*`` that no live process *visible here* maps (by device +
+    inode and by path). Processes in other PID namespaces (other containers sharing this
+    /dev/shm) are not in this /proc at all, so what they map cannot be seen: run clean in
+    the namespace of the vLLM processes. Processes whose maps cannot be read are listed in
+    ``denied_pids``; files they map would look orphaned."""
     files = shm.list_files(root, prefix)
     scan = shm.scan_mappings(None, path_prefix=f"{root}/{prefix}")
     keys = {(_devkey_from_maps(m.dev), m.inode) for m in scan.mappings}
@@ -543,11 +563,16 @@ def find_orphans(prefix: str = dom.PREFIX, root: Path = shm.SHM) -> CleanScan:
 
 
 def remove_orphans(
-    names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM
-) -> tuple[list[str], list[str]]:
+    names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM, force: bool = False
+) -> tuple[list[str], list[str], tuple[int, ...]]:
     """Remove orphans, re-checking each right before (shm.remove_unmapped rescans mappings
-    and refuses symlinks, non-regular files and anything mapped). Returns (removed, kept)."""
+    and refuses symlinks, non-regular files and anything mapped). When some process's maps
+    cannot be read, nothing is removed unless ``force``: a file only it maps would look
+    orphaned. Returns (removed, kept, pids whose maps could not be read)."""
     wanted = {n for n in names if n.startswith(prefix) and "/" not in n}
-    again = {o.name for o in find_orphans(prefix, root).orphans}
-    removed, kept = shm.remove_unmapped(wanted & again, root)
-    return removed, sorted([*kept, *(wanted - again)])
+    again = find_orphans(prefix, root)
+    if again.denied_pids and not force:
+        return [], sorted(wanted), again.denied_pids
+    orphans = {o.name for o in again.orphans}
+    removed, kept = shm.remove_unmapped(wanted & orphans, root)
+    return removed, sorted([*kept, *(wanted - orphans)]), again.denied_pids

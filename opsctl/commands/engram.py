@@ -2,12 +2,18 @@
 
 - ``inspect``: every ``vllm_engram_*`` table on this node, as a /dev/shm file and/or as
   (deleted) mappings held by live processes; size, weight/scale split, mappers with
-  RSS/PSS of that mapping, linked or not, fill verification, /dev/shm capacity.
-  Exit 0 when every table verifies, 1 on a fill mismatch.
+  RSS/PSS of that mapping, linked or not, the scale block size (vLLM 0.32 uses 32;
+  128 is recognised) and how it was decided, fill verification, /dev/shm capacity.
+  Exit 0 when every table verifies; 1 on a fill mismatch, or when verification was
+  requested but could not complete for some table (permission, read error, unknown
+  size or layout).
 - ``plan``: table bytes per rank and per node for a TP/DP layout, shared vs private, and
   whether /dev/shm (or ``--shm-size``) holds them (vLLM's fallback decision).
 - ``clean``: orphaned ``vllm_engram_*`` files (no live process maps them); removed only
-  with ``--yes``. Never a mapped file, a symlink or anything outside /dev/shm.
+  with ``--yes``. Never a mapped file, a symlink or anything outside /dev/shm. When some
+  process's mappings cannot be read, nothing is removed without ``--force`` (exit 1).
+  Processes in other PID namespaces (other containers sharing /dev/shm) are invisible
+  here: a file only they map looks orphaned, so run clean inside the vLLM container.
 
 Heavy imports stay inside the command functions (``opsctl --help`` stays cheap).
 """
@@ -45,12 +51,20 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option(
             "vllm_engram_", "--prefix", help="table name prefix (narrow it to one run)"
         ),
+        block_size: int | None = typer.Option(
+            None,
+            "--block-size",
+            help="force the ue8m0 scale block (elements per scale byte); default: decided "
+            "from the size, else from the data, else 32 (what vLLM 0.32 builds)",
+        ),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(
             False, "--tui", help="show progress and results in the dashboard panel"
         ),
     ) -> None:
-        """Find Engram tables (files and deleted mappings), who maps them, and verify the fill."""
+        """Find Engram tables (files and deleted mappings), who maps them, and verify the fill.
+
+        Exit 1 on a fill mismatch or when verification could not complete for a table."""
         from opsctl.commands.diag.common import run_pipeline
         from opsctl.domain.engram import VERIFY_MODES
         from opsctl.errors import BadInput, CheckFailed
@@ -59,6 +73,8 @@ def register(app: typer.Typer) -> None:
         if verify not in VERIFY_MODES:
             raise BadInput(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
         _check_prefix(prefix)
+        if block_size is not None and block_size < 1:
+            raise BadInput(f"--block-size must be a positive number of elements, not {block_size}")
         pids = sorted(set(pid)) or None
         if pids:
             import psutil
@@ -68,16 +84,19 @@ def register(app: typer.Typer) -> None:
                 raise BadInput(f"no such process: {', '.join(map(str, gone))}")
         report = run_pipeline(
             "engram inspect",
-            lambda emit_: inspect_pipeline(emit_, pids, verify, prefix),
+            lambda emit_: inspect_pipeline(emit_, pids, verify, prefix, block_size),
             tui=tui,
             as_json=as_json,
         )
         emit(report, as_json=as_json, render=lambda console: render_inspect(console, report))
         if report["exit_code"]:
             bad = [f for f in report["findings"] if f["code"] == "engram.fill_mismatch"]
-            raise CheckFailed(
-                f"{len(bad)} Engram table(s) not constant-filled: {bad[0]['message']}"
-            )
+            if bad:
+                raise CheckFailed(
+                    f"{len(bad)} Engram table(s) not constant-filled: {bad[0]['message']}"
+                )
+            inc = next(f for f in report["findings"] if f["code"] == "engram.verify_incomplete")
+            raise CheckFailed(inc["message"])
 
     @engram_app.command("plan")
     def plan_cmd(
@@ -98,7 +117,8 @@ def register(app: typer.Typer) -> None:
         block_size: int | None = typer.Option(
             None,
             "--block-size",
-            help="elements per ue8m0 scale (default: config engram_scale_block_size, else 128)",
+            help="elements per ue8m0 scale byte (default: config engram_scale_block_size, "
+            "else 32, what vLLM 0.32 builds)",
         ),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -113,25 +133,42 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(
             False, "--yes", help="really remove the orphans (default: only list them)"
         ),
+        force: bool = typer.Option(
+            False,
+            "--force",
+            help="with --yes: remove even though some processes' mappings could not be read",
+        ),
         prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """List orphaned vllm_engram_* files in /dev/shm (no live process maps them); --yes removes them."""
+        """List orphaned vllm_engram_* files in /dev/shm (no live process maps them); --yes removes them.
+
+        Only processes in this PID namespace can be seen: a file mapped only by a process in
+        another container looks orphaned, so run clean where vLLM runs. If some process's
+        mappings cannot be read, --yes removes nothing (exit 1) unless --force is given.
+        Exit 1 whenever --yes kept an orphan."""
         from opsctl import output
         from opsctl.collectors import engram as col
+        from opsctl.errors import BadInput, CheckFailed
         from opsctl.output import document, emit
 
         _check_prefix(prefix)
+        if force and not yes:
+            raise BadInput("--force only makes sense with --yes")
         scan = col.find_orphans(prefix)
         removed: list[str] = []
         kept: list[str] = []
-        if scan.denied_pids:
+        denied = scan.denied_pids
+        if denied:
             output.warn(
-                f"could not read the mappings of {len(scan.denied_pids)} process(es) "
-                f"(pids {', '.join(map(str, scan.denied_pids[:10]))}); files only they map look orphaned"
+                f"could not read the mappings of {len(denied)} process(es) "
+                f"(pids {', '.join(map(str, denied[:10]))}); files only they map look orphaned"
             )
         if yes and scan.orphans:
-            removed, kept = col.remove_orphans([o.name for o in scan.orphans], prefix)
+            removed, kept, denied = col.remove_orphans(
+                [o.name for o in scan.orphans], prefix, force=force
+            )
+        refused = bool(yes and kept and denied and not force)
         doc = document(
             "engram.clean",
             prefix=prefix,
@@ -144,9 +181,23 @@ def register(app: typer.Typer) -> None:
             ignored_symlinks=list(scan.symlinks),
             removed=removed,
             kept=kept,
-            unchecked_pids=list(scan.denied_pids),
+            unchecked_pids=list(denied),
+            forced=force,
+            refused=(
+                f"kept every orphan: the mappings of {len(denied)} process(es) could not be "
+                "read, so a file only they map would look orphaned; run as root / inside "
+                "the vLLM container, or pass --force"
+                if refused
+                else None
+            ),
         )
         emit(doc, as_json=as_json, render=lambda console: render_clean(console, doc))
+        if yes and kept:
+            raise CheckFailed(
+                doc["refused"]
+                or f"{len(kept)} orphan(s) kept (mapped again, gone, or not removable): "
+                f"{', '.join(kept[:5])}"
+            )
         if not yes and scan.orphans:
             output.info(
                 f"{len(scan.orphans)} orphan(s) listed; run again with --yes to remove them"
@@ -163,7 +214,8 @@ def _row(t: dict) -> list[str]:
 
     lay = t.get("layout")
     split = (
-        f"{human_bytes(lay['weight_bytes'])} / {human_bytes(lay['scale_bytes'])} (B={lay['block']})"
+        f"{human_bytes(lay['weight_bytes'])} / {human_bytes(lay['scale_bytes'])} "
+        f"(B={lay['block']}, {t.get('block_choice', {}).get('how', '?')})"
         if lay
         else "?"
     )
@@ -184,6 +236,10 @@ def _row(t: dict) -> list[str]:
         vtext = f"MISMATCH @{mm['offset']} = {mm['value']:#04x} (want {mm['expected']:#04x})"
     elif v["status"] == "constant":
         vtext = f"constant ({v['mode']}, {v['access']})"
+    elif v["status"] in ("denied", "error"):
+        vtext = f"{v['status'].upper()}: {v.get('error')}"
+    elif v["status"] == "unverifiable":
+        vtext = f"UNVERIFIABLE: {v.get('reason')}"
     elif v.get("reason"):
         vtext = f"skipped: {v['reason']}"
     size = human_bytes(t["size"]) + ("" if t["size_source"] in ("file", "map_files") else " ~")
@@ -198,7 +254,9 @@ def _row(t: dict) -> list[str]:
     ]
 
 
-def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> dict:
+def inspect_pipeline(
+    emit, pids: list[int] | None, verify: str, prefix: str, block: int | None = None
+) -> dict:
     """Collect, decide, and return the report (the same for --json, rich and --tui)."""
     from opsctl.collectors import engram as col
     from opsctl.domain import engram as dom
@@ -223,11 +281,13 @@ def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> 
                 }
             )
 
-    snap = col.inspect(pids, verify, prefix, progress=progress)
+    snap = col.inspect(pids, verify, prefix, progress=progress, block=block)
     data = col.snapshot_to_dict(snap)
     import os
 
-    findings = dom.inspect_findings(data["tables"], data["scan_errors"], as_root=os.geteuid() == 0)
+    findings = dom.inspect_findings(
+        data["tables"], data["scan_errors"], as_root=os.geteuid() == 0, pids_given=bool(pids)
+    )
     code = dom.exit_status(findings)
     result = verdict(findings)
     emit(
@@ -243,6 +303,7 @@ def inspect_pipeline(emit, pids: list[int] | None, verify: str, prefix: str) -> 
         "engram.inspect",
         verify=verify,
         pids=pids,
+        block_size=block,
         **data,
         findings=[f.to_dict() for f in findings],
         verdict=result,
@@ -355,7 +416,8 @@ def render_plan(console, doc: dict) -> None:
     console.print(
         f"[b]{doc['source']}[/b]: {len(sp['layer_ids'])} Engram layer(s) {sp['layer_ids']}, "
         f"{sp['total_rows']:,} rows x ({sp['head_dim']} fp8 + {sp['head_dim'] // sp['block']} ue8m0) "
-        f"bytes, scale block {sp['block']}, {sp['n_hash_cols']} hash heads per layer",
+        f"bytes, scale block {sp['block']} ({sp['block_source']}), "
+        f"{sp['n_hash_cols']} hash heads per layer",
         highlight=False,
     )
     console.print(
@@ -411,7 +473,15 @@ def render_clean(console, doc: dict) -> None:
         status = (
             "removed"
             if o["name"] in removed
-            else ("kept (now mapped or gone)" if o["name"] in kept else "would remove (--yes)")
+            else (
+                (
+                    "kept (unreadable mappings)"
+                    if doc.get("refused")
+                    else "kept (now mapped or gone)"
+                )
+                if o["name"] in kept
+                else "would remove (--yes)"
+            )
         )
         t.add_row(o["name"], human_bytes(o["size"]), status)
     console.print(t)
@@ -420,4 +490,11 @@ def render_clean(console, doc: dict) -> None:
     if doc["ignored_symlinks"]:
         console.print(
             f"symlinks (never touched): {', '.join(doc['ignored_symlinks'])}", highlight=False
+        )
+    if doc.get("refused"):
+        console.print(f"[yellow]refused:[/] {doc['refused']}", highlight=False)
+    if doc["orphans"]:
+        console.print(
+            "note: only processes in this PID namespace are seen; run clean where vLLM runs",
+            highlight=False,
         )

@@ -1,7 +1,8 @@
 """Engram host tables: layout of one shared allocation, what to verify, and findings.
 
 Pure logic (no I/O, no UI). The collector (opsctl.collectors.engram) reads /proc and
-/dev/shm and hands snapshots here; CLI and TUI render the same findings.
+/dev/shm and hands snapshots (and a read callback for layout probes) here; CLI and TUI
+render the same findings.
 
 Layout of one shared table (vLLM ``DPSharedEngramStorage``): one allocation of
 ``rows*dim`` bytes of fp8 e4m3 weights followed by ``rows*dim/B`` bytes of ue8m0
@@ -10,12 +11,17 @@ scales, one scale byte per B-element block. So
     total = rows*dim + rows*dim/B = rows*dim * (1 + 1/B)
     weight_bytes = total * B / (B + 1)        scale_bytes = total / (B + 1)
 
-and a size is a valid table exactly when ``total`` is a multiple of ``B + 1``; then
-``weight_bytes`` is integral and a multiple of B, as ``rows*dim`` with ``dim`` a multiple
-of B must be (e.g. 4096 rows x 256: total 1,056,768 = 1,048,576 + 8,192). The
-issue's contract is B = 128 (``weight_bytes = total*128/129``); vLLM 0.32's
-``ParallelEngramEmbedding`` is built with ``block_size=32`` (MXFP8 blocks), so a size
-that is not a 128-block table is also tried as a 32-block one. 128 wins when both fit.
+and a size is a valid B-table exactly when ``total`` is a multiple of ``B + 1``.
+
+Block size: **vLLM 0.32 builds every Engram table with B = 32** (``ParallelEngramEmbedding``
+``block_size=32``, never overridden by its caller; MXFP8-style blocks), so 32 is the
+default and preferred layout. B = 128 (the issue's / DeepSeek checkpoint block) is still
+recognised. A size can fit both (a 32-block table of dim 256 whose rows are a multiple of
+43: 264*rows is then a multiple of 129), so the size alone does not decide:
+:func:`decide_layout` reads the bytes at each candidate's weight/scale boundary and takes
+the block for which the candidate scale region starts with ue8m0-like bytes (dummy fill:
+127) while the bytes before it do not (dummy fill: fp8 0x38). Only when the data cannot
+be read or does not tell does it fall back to 32, and says so. ``--block-size`` forces it.
 
 In dummy-load mode every weight byte is 0x38 (fp8 e4m3 1.0) and every scale byte is
 127 (ue8m0 2^0 = 1.0): "constant" below means exactly that.
@@ -23,6 +29,7 @@ In dummy-load mode every weight byte is 0x38 (fp8 e4m3 1.0) and every scale byte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +38,9 @@ from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
 PREFIX = "vllm_engram_"
 FP8_E4M3_ONE = 0x38
 UE8M0_ONE = 127
-DEFAULT_BLOCK = 128
-BLOCKS = (128, 32)  # tried in this order when splitting a size
+DEFAULT_BLOCK = 32  # vLLM 0.32: ParallelEngramEmbedding(block_size=32)
+BLOCKS = (32, 128)  # preference order: what vLLM 0.32 builds, then 128-element blocks
+PROBE_BYTES = 4096  # bytes read on each side of a candidate weight/scale boundary
 PAGE = 4096
 VERIFY_MODES = ("none", "sample", "full")
 
@@ -66,30 +74,140 @@ class Region:
         return self.end - self.start
 
 
-def split_table(total: int, blocks: tuple[int, ...] = BLOCKS) -> TableLayout | None:
-    """Weight/scale split of a table of ``total`` bytes, or None if no block size fits."""
+def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[TableLayout]:
+    """Every weight/scale split of ``total`` bytes, one per block size that fits, in
+    ``blocks`` order."""
+    out = []
     if total <= 0:
-        return None
+        return out
     for block in blocks:
-        if total % (block + 1):
+        if block < 1 or total % (block + 1):
             continue
         weight = total // (block + 1) * block
-        if weight % block == 0 and weight > 0:
-            return TableLayout(total, weight, total - weight, block)
-    return None
+        if weight > 0:
+            out.append(TableLayout(total, weight, total - weight, block))
+    return out
 
 
-def size_from_mapping(vma_bytes: int, blocks: tuple[int, ...] = BLOCKS) -> int | None:
-    """The table size behind a page-rounded mapping when only the mapping is known
-    (deleted file read through /proc/PID/mem): the one valid table size in
-    ``(vma_bytes - PAGE, vma_bytes]``. None when there is none or it is ambiguous."""
-    for block in blocks:
-        unit = (block + 1) * block  # smallest valid table step for this block size
-        top = vma_bytes - vma_bytes % unit
-        candidates = [s for s in range(top, vma_bytes - PAGE, -unit) if s > 0]
-        if len(candidates) == 1:
-            return candidates[0]
-    return None
+def split_table(total: int, blocks: tuple[int, ...] = BLOCKS) -> TableLayout | None:
+    """The preferred split of ``total`` bytes by size alone (first fitting block of
+    ``blocks``: 32 before 128), or None if no block size fits. Use :func:`decide_layout`
+    when the table's bytes can be read: it resolves sizes that fit several blocks."""
+    cands = candidate_layouts(total, blocks)
+    return cands[0] if cands else None
+
+
+def looks_like_scales(data: Any) -> bool:
+    """Whether bytes look like ue8m0 scale exponents: a narrow band around 127 (2^0),
+    no 0xFF (NaN) and no 0x00. fp8 weights are not: dummy 0x38 is far from 127, and real
+    weights carry both signs (bytes on both sides of 0x80), a spread over 64."""
+    import numpy as np
+
+    arr = np.frombuffer(data, dtype=np.uint8)
+    if arr.size == 0 or (arr == 0xFF).any() or (arr == 0).any():
+        return False
+    return int(arr.max()) - int(arr.min()) <= 64 and 79 <= float(np.median(arr)) <= 151
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDecision:
+    layout: TableLayout | None
+    how: str  # forced | size | data | default | none
+    detail: str
+    candidates: tuple[int, ...]  # block sizes the size fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "block": self.layout.block if self.layout else None,
+            "how": self.how,
+            "detail": self.detail,
+            "candidates": list(self.candidates),
+        }
+
+
+Probe = Callable[[int, int], bytes]  # (offset, length) -> exactly that many bytes
+
+
+def decide_layout(
+    total: int | None,
+    probe: Probe | None = None,
+    forced: int | None = None,
+    blocks: tuple[int, ...] = BLOCKS,
+) -> LayoutDecision:
+    """Which block size the table of ``total`` bytes uses, and how that was decided.
+
+    ``forced`` (``--block-size``) wins. Else a size that fits one block decides; a size
+    that fits several is decided from the data (``probe`` reads table bytes; it may raise
+    OSError, which propagates): smallest block first, the first candidate whose scale
+    region starts with scale-like bytes and whose weights end with non-scale bytes wins.
+    If nothing can be read or nothing is consistent: 32, vLLM 0.32's block size."""
+    if not total or total <= 0:
+        return LayoutDecision(None, "none", "table size not known", ())
+    if forced is not None:
+        lay = split_table(total, (forced,))
+        if lay is None:
+            return LayoutDecision(
+                None,
+                "forced",
+                f"--block-size {forced}: {total} bytes is not rows*dim*(1+1/{forced})",
+                (),
+            )
+        return LayoutDecision(lay, "forced", f"--block-size {forced}", (forced,))
+    cands = candidate_layouts(total, blocks)
+    blks = tuple(c.block for c in cands)
+    if not cands:
+        return LayoutDecision(
+            None, "none", f"{total} bytes is not rows*dim*(1+1/B) for B in {blocks}", ()
+        )
+    if len(cands) == 1:
+        return LayoutDecision(cands[0], "size", f"only B={blks[0]} fits {total} bytes", blks)
+    if probe is not None:
+        for lay in sorted(cands, key=lambda c: c.block):
+            n = min(PROBE_BYTES, lay.scale_bytes, lay.weight_bytes)
+            head = probe(lay.weight_bytes, n)
+            tail = probe(lay.weight_bytes - n, n)
+            if looks_like_scales(head) and not looks_like_scales(tail):
+                others = ", ".join(str(b) for b in blks if b != lay.block)
+                return LayoutDecision(
+                    lay,
+                    "data",
+                    f"size fits B in {list(blks)}; B={lay.block} from the data: bytes from "
+                    f"offset {lay.weight_bytes} are ue8m0 scales and the bytes before are "
+                    f"not (B={others} is inconsistent with them)",
+                    blks,
+                )
+        why = "the bytes at the candidate boundaries are not consistent with any of them"
+    else:
+        why = "the table could not be read to tell"
+    pref = next(c for c in cands if c.block == DEFAULT_BLOCK) if DEFAULT_BLOCK in blks else cands[0]
+    return LayoutDecision(
+        pref,
+        "default",
+        f"size fits B in {list(blks)} and {why}; assuming B={pref.block} "
+        f"(vLLM 0.32 builds Engram tables with B=32); --block-size forces it",
+        blks,
+    )
+
+
+def size_from_mapping(
+    vma_bytes: int, tail: Any | None, blocks: tuple[int, ...] = BLOCKS
+) -> int | None:
+    """The table size behind a page-rounded mapping (deleted file read through
+    /proc/PID/mem, no map_files to stat), from its last page ``tail``: the mapping's bytes
+    past the file's end read as 0 and a table never ends in 0 (last byte is a ue8m0
+    scale, 127 in dummy fill; ue8m0 0 would be 2^-127), so the size is one past the last
+    non-zero byte. None when the tail is unknown or all zero, or the size found fits no
+    block: the size is then unknown, never guessed."""
+    if tail is None or vma_bytes <= 0:
+        return None
+    import numpy as np
+
+    arr = np.frombuffer(tail, dtype=np.uint8)
+    nz = np.flatnonzero(arr)
+    if not nz.size:
+        return None
+    size = vma_bytes - arr.size + int(nz[-1]) + 1
+    return size if candidate_layouts(size, blocks) else None
 
 
 def sample_windows(
@@ -131,22 +249,37 @@ def first_mismatch(data: Any, value: int) -> int | None:
 # ---- findings ------------------------------------------------------------------------
 
 
-def table_findings(table: dict[str, Any]) -> list[Finding]:
-    """Findings for one table as the collector reports it (``TableReport.to_dict()``)."""
+INCOMPLETE = ("denied", "error", "unverifiable")  # verify statuses: requested, not done
+
+
+def table_findings(table: dict[str, Any], pids_given: bool = False) -> list[Finding]:
+    """Findings for one table as the collector reports it (``TableReport.to_dict()``).
+    ``pids_given``: inspect looked only at some processes' mappings (``--pid``), so a
+    linked file no listed process maps is not known to be an orphan."""
     name = table["name"]
     out: list[Finding] = []
     layout = table.get("layout")
-    if layout is None:
+    choice = table.get("block_choice") or {}
+    if layout is None and table.get("size"):
         out.append(
             Finding(
                 WARNING,
                 "engram.layout_unknown",
-                f"{name}: {table.get('size')} bytes is not rows*dim*(1+1/B) for B in {BLOCKS}",
+                f"{name}: {choice.get('detail') or 'no Engram layout'}",
                 {"table": name},
             )
         )
+    elif layout is not None and choice.get("how") in ("data", "default"):
+        out.append(
+            Finding(
+                INFO if choice["how"] == "data" else WARNING,
+                "engram.block_size",
+                f"{name}: scale block B={layout['block']} ({choice['how']}): {choice['detail']}",
+                {"table": name, **choice},
+            )
+        )
     mappers = table.get("mappers", [])
-    if not mappers and table.get("linked"):
+    if not mappers and table.get("linked") and not pids_given:
         out.append(
             Finding(
                 INFO,
@@ -184,8 +317,8 @@ def table_findings(table: dict[str, Any]) -> list[Finding]:
             Finding(
                 OK,
                 "engram.fill_constant",
-                f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127), "
-                f"{v['bytes_checked']} bytes via {v['access']}",
+                f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127, "
+                f"B={(layout or {}).get('block')}), {v['bytes_checked']} bytes via {v['access']}",
                 {"table": name},
             )
         )
@@ -216,6 +349,15 @@ def table_findings(table: dict[str, Any]) -> list[Finding]:
                 "engram.verify_error",
                 f"{name}: verification failed: {v.get('error')}",
                 {"table": name, "hint": v.get("hint")},
+            )
+        )
+    elif status == "unverifiable":
+        out.append(
+            Finding(
+                WARNING,
+                "engram.unverifiable",
+                f"{name}: cannot verify: {v.get('reason')}",
+                {"table": name, "hint": "pass --block-size if the size fits a block size"},
             )
         )
     elif status == "skipped" and v.get("reason"):
@@ -266,16 +408,35 @@ def scan_findings(scan_errors: list[dict[str, Any]], as_root: bool = False) -> l
 
 
 def inspect_findings(
-    tables: list[dict[str, Any]], scan_errors: list[dict[str, Any]], as_root: bool = False
+    tables: list[dict[str, Any]],
+    scan_errors: list[dict[str, Any]],
+    as_root: bool = False,
+    pids_given: bool = False,
 ) -> list[Finding]:
     out = scan_findings(scan_errors, as_root)
     if not tables:
         out.append(Finding(INFO, "engram.none", f"no {PREFIX}* tables found (files or mappings)"))
     for t in tables:
-        out.extend(table_findings(t))
+        out.extend(table_findings(t, pids_given))
+    incomplete = [t for t in tables if (t.get("verify") or {}).get("status") in INCOMPLETE]
+    if incomplete:
+        names = ", ".join(f"{t['name']} ({t['verify']['status']})" for t in incomplete[:5])
+        out.append(
+            Finding(
+                FAIL,
+                "engram.verify_incomplete",
+                f"verification was requested but could not complete for {len(incomplete)} "
+                f"table(s): {names}{', ...' if len(incomplete) > 5 else ''}",
+                {"tables": [t["name"] for t in incomplete]},
+            )
+        )
     return out
 
 
 def exit_status(findings: list[Finding]) -> int:
-    """0 when every table verifies (or nothing to verify), 1 on any fill mismatch."""
-    return 1 if any(f.code == "engram.fill_mismatch" for f in findings) else 0
+    """0 when every table verifies (or nothing to verify); 1 on a fill mismatch, or when
+    verification was requested and could not complete for some table (denied, read
+    error, unknown size/layout). A table whose mappers all exited mid-scan is gone, not
+    unverified."""
+    bad = ("engram.fill_mismatch", "engram.verify_incomplete")
+    return 1 if any(f.code in bad for f in findings) else 0

@@ -10,10 +10,11 @@ and ``vllm/config/engram.py``), read from the installed source:
   k owns a prime-sized bucket range; primes are drawn upwards from ``engram_vocab_size``
   and never reused across layers (``EngramLayout``), so the rows a rank holds are the sum
   of its heads' primes.
-- each row is ``head_dim`` fp8 bytes plus ``head_dim / B`` ue8m0 scale bytes.
-  B (the scale block) is 128 unless the config says otherwise
-  (``engram_scale_block_size``, an opsctl key) or ``--block-size`` is given.
-  vLLM 0.32's ``ParallelEngramEmbedding`` uses B = 32 (MXFP8).
+- each row is ``head_dim`` fp8 bytes plus ``head_dim / B`` ue8m0 scale bytes. B (the
+  scale block) is 32 by default: vLLM 0.32's ``ParallelEngramEmbedding`` is built with
+  ``block_size=32`` and its caller never overrides it (``can_share_engram_tables`` also
+  checks with 32). ``engram_scale_block_size`` in the config (an opsctl key) or
+  ``--block-size`` override it, e.g. 128 for 128-element blocks.
 - heads are split over shards with ``ceil(n_hash_cols / shards)`` heads per shard; a
   sharding that leaves a rank without heads is rejected (as vLLM asserts).
 
@@ -55,6 +56,7 @@ class EngramSpec:
     vocab_size: int | None
     block: int
     architecture: str = ""
+    block_source: str = "default"  # default (vLLM 0.32) | config | --block-size
 
     @property
     def n_hash_cols(self) -> int:
@@ -102,7 +104,14 @@ def spec_from_config(config: dict[str, Any], block: int | None = None) -> Engram
         raise PlanError(
             f"engram_num_embeddings has {len(rows)} entries for {len(layer_ids)} layers"
         )
-    blk = int(block or cfg.get("engram_scale_block_size") or DEFAULT_BLOCK)
+    if block is not None:
+        blk, blk_source = block, "--block-size"
+    elif cfg.get("engram_scale_block_size") is not None:
+        blk, blk_source = cfg["engram_scale_block_size"], "config engram_scale_block_size"
+    else:
+        blk, blk_source = DEFAULT_BLOCK, "default: vLLM 0.32 builds 32-element blocks"
+    if isinstance(blk, bool) or not isinstance(blk, int) or blk < 1:
+        raise PlanError(f"scale block size ({blk_source}) must be a positive integer, not {blk!r}")
     spec = EngramSpec(
         layer_ids=layer_ids,
         num_embeddings=rows,
@@ -112,10 +121,11 @@ def spec_from_config(config: dict[str, Any], block: int | None = None) -> Engram
         vocab_size=int(cfg["engram_vocab_size"]) if cfg.get("engram_vocab_size") else None,
         block=blk,
         architecture=" ".join(config.get("architectures") or []),
+        block_source=blk_source,
     )
     if spec.n_heads < 1 or spec.max_ngram_size < 2:
         raise PlanError("engram_n_heads must be >= 1 and engram_max_ngram_size >= 2")
-    if blk < 1 or spec.head_dim % blk:
+    if spec.head_dim % blk:
         raise PlanError(
             f"engram_head_dim {spec.head_dim} is not a multiple of the scale block {blk}"
         )

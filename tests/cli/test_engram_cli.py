@@ -87,6 +87,8 @@ def test_plan_model_dir_and_rich_output(tmp_path):
         (["--config", "deepseek-v4.1-flash", "--shm-size", "lots"], "not a size"),
         (["--config", "deepseek-v4.1-flash", "--tp", "0"], ">= 1"),
         (["--config", "deepseek-v4.1-flash", "--tp", "32"], "without heads"),
+        (["--config", "deepseek-v4.1-flash", "--block-size", "0"], "positive"),
+        (["--config", "deepseek-v4.1-flash", "--block-size", "-32"], "positive"),
     ],
 )
 def test_plan_bad_input_exit_2(args, needle):
@@ -104,8 +106,31 @@ def test_plan_config_without_engram_fields(tmp_path):
     assert r.exit_code == 2 and "no Engram fields" in error_lines(r)[0]
 
 
+def test_plan_default_block_is_vllms_32_and_128_is_an_override(tmp_path):
+    from importlib import resources
+
+    cfg = json.loads(
+        (resources.files("opsctl") / "data" / "deepseek-v4.1-flash-engram.json").read_text()
+    )
+    cfg.pop("engram_scale_block_size")  # no opsctl key: the default must give 188.8 GiB
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(cfg))
+    doc = json.loads(invoke("engram", "plan", "--config", str(p), "--json").stdout)
+    assert doc["spec"]["block"] == 32 and doc["total_gib"] == pytest.approx(188.8, abs=0.05)
+    assert "vLLM 0.32" in doc["spec"]["block_source"]
+    r = invoke("engram", "plan", "--config", str(p), "--block-size", "128", "--json")
+    assert json.loads(r.stdout)["total_gib"] == pytest.approx(184.54, abs=0.01)
+
+
 @pytest.mark.parametrize(
-    "args", [["--verify", "quick"], ["--prefix", "psm_"], ["--pid", "999999999"]]
+    "args",
+    [
+        ["--verify", "quick"],
+        ["--prefix", "psm_"],
+        ["--pid", "999999999"],
+        ["--block-size", "0"],
+        ["--block-size", "-1"],
+    ],
 )
 def test_inspect_bad_input_exit_2(args):
     r = invoke("engram", "inspect", *args)
@@ -137,8 +162,37 @@ def test_inspect_json_ok_then_mismatch_exit_1():
         assert r.exit_code == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["tables"][0]["verify"]["status"] == "constant" and doc["exit_code"] == 0
+        assert doc["tables"][0]["block_choice"]["block"] == 32
         r = invoke("engram", "inspect", "--prefix", prefix, "--pid", str(t.pids[0]))
         assert r.exit_code == 0 and t.name in r.stdout and "constant" in r.stdout
+
+
+def test_inspect_exit_1_when_verification_cannot_complete():
+    """--block-size 64 on a 32-block table: no layout fits, verification cannot run."""
+    prefix = unique_prefix("cliinc")
+    with shared_table(prefix, mappers=1):
+        r = invoke("engram", "inspect", "--prefix", prefix, "--block-size", "64", "--json")
+        assert r.exit_code == 1, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["tables"][0]["verify"]["status"] == "unverifiable" and doc["exit_code"] == 1
+        assert doc["verdict"] == "fail"
+        lines = error_lines(r)
+        assert len(lines) == 1 and "could not complete" in lines[0]
+        r = invoke("engram", "inspect", "--prefix", prefix, "--verify", "none", "--json")
+        assert r.exit_code == 0, r.stderr  # nothing was requested
+
+
+def test_inspect_pid_filter_does_not_call_other_processes_tables_orphans():
+    prefix = unique_prefix("clipid")
+    with shared_table(prefix, mappers=1, unlink=False) as t:
+        me = str(os.getpid())  # a live process that does not map the table
+        r = invoke("engram", "inspect", "--prefix", prefix, "--pid", me, "--json")
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["tables"][0]["name"] == t.name and doc["tables"][0]["mappers"] == []
+        assert "engram.orphan" not in {f["code"] for f in doc["findings"]}
+        r = invoke("engram", "inspect", "--prefix", prefix, "--verify", "none", "--json")
+        assert "engram.orphan" not in {f["code"] for f in json.loads(r.stdout)["findings"]}
 
 
 def test_clean_dry_run_then_yes():
@@ -158,8 +212,48 @@ def test_clean_dry_run_then_yes():
             assert os.path.exists(orphan)
             r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json")
             doc = json.loads(r.stdout)
+            if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
+                assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
+                r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--force", "--json")
+                doc = json.loads(r.stdout)
+            assert r.exit_code == 0, r.stderr
             assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
             assert os.path.exists(t.path)
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+
+
+def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch):
+    """A process whose maps cannot be read might map an 'orphan': --yes keeps it and
+    exits 1; --yes --force removes it. (Unreadable maps simulated: CI runs as root.)"""
+    from opsctl.collectors import shm
+
+    real = shm.scan_mappings
+
+    def scan(*a, **kw):
+        got = real(*a, **kw)
+        denied = (4242, "permission denied reading /proc/4242/maps: Permission denied")
+        return shm.MappingScan(got.taken_at, got.mappings, (*got.errors, denied))
+
+    monkeypatch.setattr(shm, "scan_mappings", scan)
+    prefix = unique_prefix("clideny")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(b"\0" * 100)
+        r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json")
+        assert r.exit_code == 1 and os.path.exists(orphan)
+        doc = json.loads(r.stdout)
+        assert doc["removed"] == [] and doc["kept"] == [os.path.basename(orphan)]
+        assert 4242 in doc["unchecked_pids"] and "--force" in doc["refused"]
+        assert len(error_lines(r)) == 1 and "could not be read" in error_lines(r)[0]
+        r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--force", "--json")
+        assert r.exit_code == 0, r.stderr
+        assert json.loads(r.stdout)["removed"] == [os.path.basename(orphan)]
+        assert not os.path.exists(orphan)
+        r = invoke("engram", "clean", "--prefix", prefix, "--force")
+        assert r.exit_code == 2 and len(error_lines(r)) == 1
     finally:
         if os.path.exists(orphan):
             os.unlink(orphan)

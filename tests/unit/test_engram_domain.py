@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+import numpy as np
 import pytest
 
 from opsctl.domain import engram as dom
@@ -13,30 +14,113 @@ from opsctl.domain import engram_plan as ep
 GIB = 1024**3
 
 
+def table_bytes(rows: int, dim: int, block: int) -> bytearray:
+    """A dummy-filled table exactly as vLLM 0.32 lays it out (weights, then scales)."""
+    weight = rows * dim
+    return bytearray(b"\x38" * weight + b"\x7f" * (weight // block))
+
+
+def prober(data: bytes):
+    def probe(offset: int, n: int) -> bytes:
+        chunk = bytes(data[offset : offset + n])
+        if len(chunk) != n:
+            raise OSError("short read")
+        return chunk
+
+    return probe
+
+
 @pytest.mark.parametrize(
     "rows,dim,block",
-    [(4096, 256, 128), (1, 128, 128), (384006168, 256, 128), (1000, 256, 32), (7, 512, 32)],
+    [(4096, 256, 32), (1000, 256, 32), (7, 512, 32), (4096, 256, 128), (1, 128, 128)],
 )
-def test_split_recovers_rows_times_dim(rows, dim, block):
+def test_split_recovers_rows_times_dim_when_one_block_fits(rows, dim, block):
     total = rows * dim + rows * dim // block
+    assert [c.block for c in dom.candidate_layouts(total)] == [block]
     lay = dom.split_table(total)
     assert lay is not None and lay.block == block
     assert (lay.weight_bytes, lay.scale_bytes) == (rows * dim, rows * dim // block)
     w, s = lay.regions()
     assert (w.start, w.end, w.value) == (0, rows * dim, 0x38)
     assert (s.start, s.end, s.value) == (rows * dim, total, 127)
+    d = dom.decide_layout(total)
+    assert d.layout == lay and d.how == "size" and d.candidates == (block,)
+
+
+def test_vllm_default_block_is_32():
+    assert dom.DEFAULT_BLOCK == 32 and dom.BLOCKS[0] == 32
+    assert ep.DEFAULT_BLOCK == 32
 
 
 @pytest.mark.parametrize("total", [0, 1, 4096, 129 * 127 + 1, 10**9 + 7])
 def test_split_rejects_non_tables(total):
     assert dom.split_table(total) is None
+    d = dom.decide_layout(total)
+    assert d.layout is None and d.how == "none"
 
 
-def test_size_from_page_rounded_mapping():
-    total = 4096 * 256 * 129 // 128  # 1056768: page aligned
-    assert dom.size_from_mapping(total) == total
-    odd = 3 * 128 * 129  # 49536 bytes: mapping rounds up to 53248
-    assert dom.size_from_mapping(53248) == odd
+# 4300 rows x 256 with 32-blocks and 4400 rows x 256 with 128-blocks are both 1,135,200
+# bytes: the size fits both, only the data tells them apart. (The real layer-1 table,
+# 384,006,168 rows, is a multiple of 43 too.)
+AMBIGUOUS = 1_135_200
+
+
+def test_ambiguous_size_32_block_table_is_decided_from_the_data():
+    data = table_bytes(4300, 256, 32)
+    assert len(data) == AMBIGUOUS and 384006168 % 43 == 0
+    assert [c.block for c in dom.candidate_layouts(AMBIGUOUS)] == [32, 128]
+    d = dom.decide_layout(AMBIGUOUS, prober(data))
+    assert d.how == "data" and d.layout.block == 32 and d.candidates == (32, 128)
+    assert d.layout.weight_bytes == 4300 * 256 and "B=32" in d.detail
+    # the bug this replaces: a 128 split puts ue8m0 bytes (127) in the weight region
+    w128 = dom.split_table(AMBIGUOUS, (128,)).weight_bytes
+    assert data[w128 - 1] == 127
+
+
+def test_ambiguous_size_128_block_table_is_decided_from_the_data():
+    data = table_bytes(4400, 256, 128)
+    assert len(data) == AMBIGUOUS
+    d = dom.decide_layout(AMBIGUOUS, prober(data))
+    assert d.how == "data" and d.layout.block == 128 and d.layout.weight_bytes == 4400 * 256
+
+
+def test_ambiguous_size_without_data_or_inconsistent_data_defaults_to_32():
+    d = dom.decide_layout(AMBIGUOUS, None)
+    assert d.how == "default" and d.layout.block == 32 and "could not be read" in d.detail
+    d = dom.decide_layout(AMBIGUOUS, prober(bytes(AMBIGUOUS)))  # all zero: tells nothing
+    assert d.how == "default" and d.layout.block == 32 and "vLLM 0.32" in d.detail
+
+
+def test_forced_block_size():
+    d = dom.decide_layout(AMBIGUOUS, prober(table_bytes(4300, 256, 32)), forced=128)
+    assert d.how == "forced" and d.layout.block == 128
+    d = dom.decide_layout(4096 * 264, None, forced=128)  # a 32-table that does not fit 128
+    assert d.layout is None and d.how == "forced" and "128" in d.detail
+
+
+def test_scale_like_bytes():
+    rng = np.random.default_rng(0)
+    assert dom.looks_like_scales(b"\x7f" * 64)
+    assert dom.looks_like_scales(bytes(rng.integers(112, 126, 4096, dtype=np.uint8)))
+    assert not dom.looks_like_scales(b"\x38" * 64)  # dummy fp8 weights
+    # real fp8 e4m3 weights have both signs: bytes on both sides of 0x80
+    weights = rng.normal(0, 0.05, 4096)
+    mag = np.clip(np.log2(np.abs(weights) + 1e-9) + 7, 0, 15).astype(np.uint8) << 3
+    fp8 = np.where(weights < 0, 0x80, 0).astype(np.uint8) | mag
+    assert not dom.looks_like_scales(fp8.tobytes())
+    assert not dom.looks_like_scales(b"") and not dom.looks_like_scales(b"\x7f\xff")
+
+
+def test_size_from_page_rounded_mapping_uses_the_last_page():
+    data = table_bytes(4300, 256, 32)  # 1,135,200 bytes: mapping rounds up to 1,138,688
+    vma = len(data) + (-len(data) % 4096)
+    tail = bytes(data[vma - 4096 :]) + bytes(vma - len(data))  # past EOF reads as 0
+    assert dom.size_from_mapping(vma, tail[-4096:]) == AMBIGUOUS
+    aligned = table_bytes(4096, 256, 32)  # 1,081,344 = 264 pages exactly
+    assert dom.size_from_mapping(len(aligned), bytes(aligned[-4096:])) == len(aligned)
+    assert dom.size_from_mapping(vma, None) is None  # never guessed
+    assert dom.size_from_mapping(vma, bytes(4096)) is None
+    assert dom.size_from_mapping(8192, b"\x7f" * 4096 + bytes(0)) is None  # fits no block
 
 
 def test_sample_windows_cover_both_ends_of_each_region():
@@ -88,6 +172,42 @@ def test_findings_and_exit_status():
     }
     assert dom.exit_status(dom.inspect_findings([ok], [])) == 0
     assert dom.exit_status(dom.inspect_findings([], [])) == 0
+    # --pid: a linked file no listed process maps is not known to be an orphan
+    assert "engram.orphan" in {x.code for x in dom.inspect_findings([ok], [])}
+    assert "engram.orphan" not in {x.code for x in dom.inspect_findings([ok], [], pids_given=True)}
+
+
+@pytest.mark.parametrize(
+    "verify,code",
+    [
+        ({"status": "denied", "mode": "full", "error": "permission denied", "hint": "h"}, 1),
+        ({"status": "error", "mode": "sample", "error": "table ends at byte 5"}, 1),
+        ({"status": "unverifiable", "mode": "full", "reason": "table size not known"}, 1),
+        ({"status": "skipped", "mode": "none"}, 0),
+        ({"status": "skipped", "mode": "full", "reason": "every process ... exited"}, 0),
+    ],
+)
+def test_verification_that_could_not_complete_exits_1(verify, code):
+    table = {"name": "vllm_engram_y", "size": 33, "layout": None, "linked": False}
+    table.update(mappers=[{"pid": 9, "rss": 1, "pss": 1}], verify=verify)
+    found = dom.inspect_findings([table], [])
+    assert dom.exit_status(found) == code
+    inc = [f for f in found if f.code == "engram.verify_incomplete"]
+    assert bool(inc) == bool(code)
+    if inc:
+        assert inc[0].severity == "fail" and "vllm_engram_y" in inc[0].message
+
+
+def test_block_size_decision_is_a_finding_when_the_size_did_not_decide():
+    lay = {"total": AMBIGUOUS, "weight_bytes": 4300 * 256, "scale_bytes": 34400, "block": 32}
+    table = {"name": "vllm_engram_z", "size": AMBIGUOUS, "layout": lay, "linked": True}
+    table.update(mappers=[{"pid": 9, "rss": 1, "pss": 1}], verify={"status": "skipped"})
+    for how, severity in (("data", "info"), ("default", "warning")):
+        table["block_choice"] = {"block": 32, "how": how, "detail": "d", "candidates": [32, 128]}
+        (f,) = [x for x in dom.table_findings(table) if x.code == "engram.block_size"]
+        assert f.severity == severity and "B=32" in f.message
+    table["block_choice"]["how"] = "size"
+    assert not [x for x in dom.table_findings(table) if x.code == "engram.block_size"]
 
 
 # ---- plan ---------------------------------------------------------------------------------
@@ -114,12 +234,24 @@ def test_example_reproduces_published_rows_and_188_8_gib():
     )  # PR 57491: 47.2 GiB per rank at TP=4
 
 
-def test_block_128_default_and_override():
+def test_block_32_default_like_vllm_and_overrides():
     cfg = {k: v for k, v in example().items() if k != "engram_scale_block_size"}
-    spec = ep.spec_from_config(cfg)
-    assert spec.block == 128 and spec.row_bytes == 258
-    assert ep.spec_from_config(example(), block=128).block == 128
-    assert round(ep.make_plan(spec).total_bytes / GIB, 2) == 184.54
+    spec = ep.spec_from_config(cfg)  # no opsctl key: vLLM 0.32's 32-element blocks
+    assert spec.block == 32 and spec.row_bytes == 264 and "default" in spec.block_source
+    assert round(ep.make_plan(spec).total_bytes / GIB, 1) == 188.8
+    forced = ep.spec_from_config(example(), block=128)  # --block-size beats the config key
+    assert forced.block == 128 and forced.block_source == "--block-size"
+    assert round(ep.make_plan(forced).total_bytes / GIB, 2) == 184.54
+    keyed = ep.spec_from_config({**cfg, "engram_scale_block_size": 128})
+    assert keyed.block == 128 and "config" in keyed.block_source
+
+
+@pytest.mark.parametrize("block", [0, -32])
+def test_non_positive_block_size_is_bad_input(block):
+    with pytest.raises(ep.PlanError, match="positive"):
+        ep.spec_from_config(example(), block=block)
+    with pytest.raises(ep.PlanError, match="positive"):
+        ep.spec_from_config({**example(), "engram_scale_block_size": block})
 
 
 def test_shared_vs_fallback_decision():
