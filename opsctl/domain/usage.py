@@ -9,6 +9,13 @@ Engine inputs, as vLLM 0.32 builds them (vllm/entrypoints/pooling/scoring/io_pro
   tokenized alone with special tokens; scores are computed after the engine.
 ``usage.prompt_tokens`` and ``total_tokens`` must both equal the sum of the lengths of
 those inputs; top_n only trims the returned results, never the processed inputs.
+
+A pair's special tokens depend on the tokenizer: BERT builds ``[CLS] q [SEP] d [SEP]``,
+RoBERTa / XLM-R build ``<s> q </s></s> d </s>``. The exact count comes from the model's own
+tokenizer (``tokenizer(text=q, text_pair=d)``, what vLLM calls); without it the template is
+inferred from the special tokens /tokenize adds around one text (:func:`pair_template`).
+When it cannot be inferred the expected count is unknown and the row is ``unverified``
+(never a mismatch: a guess must not fail a correct server).
 """
 
 from __future__ import annotations
@@ -115,10 +122,10 @@ class UsageRow:
     documents: int
     reported_prompt: int | None
     reported_total: int | None
-    expected: int
-    parts: tuple[int, ...]
+    expected: int | None  # None: not derivable (verdict "unverified")
+    parts: tuple[int | None, ...]
     derivation: str
-    verdict: str  # "pass" | "fail"
+    verdict: str  # "pass" | "fail" | "unverified" (expected count not derivable)
     cross_check: int | None = None
     results: int | None = None  # how many results the response returned
     top_n: int | None = None
@@ -132,28 +139,39 @@ def compare(
     kind: str,
     case: UsageCase,
     usage: dict[str, Any] | None,
-    count: Callable[[Input], int],
+    count: Callable[[Input], int | None],
     *,
     method: str = "/tokenize",
-    cross_count: Callable[[Input], int] | None = None,
+    cross_count: Callable[[Input], int | None] | None = None,
     results: int | None = None,
 ) -> UsageRow:
-    """Compare a response's ``usage`` with the independent count of the engine inputs."""
+    """Compare a response's ``usage`` with the independent count of the engine inputs.
+
+    ``count`` returns None for an input whose length it cannot derive (e.g. a pair whose
+    template is unknown); the row is then "unverified", not a mismatch."""
     inputs = engine_inputs(kind, case)
     parts = tuple(count(x) for x in inputs)
-    expected = sum(parts)
-    check = sum(cross_count(x) for x in inputs) if cross_count else None
+    known = [p for p in parts if p is not None]
+    expected = sum(known) if len(known) == len(parts) else None
+    check: int | None = None
+    if cross_count is not None:
+        checks = [cross_count(x) for x in inputs]
+        check = sum(c for c in checks if c is not None) if None not in checks else None
     usage = usage or {}
     prompt = _int(usage.get("prompt_tokens"))
     total = _int(usage.get("total_tokens"))
-    ok = prompt == expected and total == expected
     note = ""
-    if prompt is None:
-        note = "response has no usage.prompt_tokens"
-    elif not ok:
-        note = f"prompt_tokens off by {prompt - expected:+d}"
-        if total is not None and total != expected:
-            note += f", total_tokens off by {total - expected:+d}"
+    if expected is None:
+        verdict_ = "unverified"
+        note = "expected count not derivable (pair template unknown); usage not judged"
+    else:
+        verdict_ = "pass" if prompt == expected and total == expected else "fail"
+        if prompt is None:
+            note = "response has no usage.prompt_tokens"
+        elif verdict_ == "fail":
+            note = f"prompt_tokens off by {prompt - expected:+d}"
+            if total is not None and total != expected:
+                note += f", total_tokens off by {total - expected:+d}"
     return UsageRow(
         endpoint=f"/{case.endpoint}",
         kind=kind,
@@ -164,7 +182,7 @@ def compare(
         expected=expected,
         parts=parts,
         derivation=derivation(kind, case, method),
-        verdict="pass" if ok else "fail",
+        verdict=verdict_,
         cross_check=check,
         results=results,
         top_n=case.top_n,
@@ -176,11 +194,40 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def pair_text(query: str, document: str, sep: str) -> str:
-    """A BERT-style pair rendered as one string: with special tokens added it tokenizes to
-    ``[CLS] query [SEP] document [SEP]`` (the special token is matched before
-    normalisation), exactly what ``tokenizer(text=query, text_pair=document)`` gives."""
-    return f"{query} {sep} {document}"
+# Pair templates as (name, how many times the single-text suffix separates q from d):
+# the pair is ``prefix q suffix*sep_repeat d suffix``. Keyed by the special tokens the
+# tokenizer adds around ONE text, as /tokenize shows them.
+PAIR_TEMPLATES: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, int]] = {
+    (("[CLS]",), ("[SEP]",)): ("bert: [CLS] q [SEP] d [SEP]", 1),
+    (("<s>",), ("</s>",)): ("roberta: <s> q </s></s> d </s>", 2),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PairTemplate:
+    name: str
+    prefix: tuple[str, ...]
+    suffix: tuple[str, ...]
+    sep_repeat: int
+
+    @property
+    def specials(self) -> int:
+        """Special tokens a pair gets: prefix + separator(s) + final suffix."""
+        return len(self.prefix) + len(self.suffix) * (self.sep_repeat + 1)
+
+    def count(self, query_tokens: int, document_tokens: int) -> int:
+        """Length of ``tokenizer(text=q, text_pair=d)``: both texts are tokenized alone
+        (without specials) and joined by the template's special tokens."""
+        return query_tokens + document_tokens + self.specials
+
+
+def pair_template(prefix: list[str], suffix: list[str]) -> PairTemplate | None:
+    """The pair template of a tokenizer that adds ``prefix``/``suffix`` around one text,
+    or None when it is not a known family (then the pair count is not derivable)."""
+    known = PAIR_TEMPLATES.get((tuple(prefix), tuple(suffix)))
+    if known is None:
+        return None
+    return PairTemplate(known[0], tuple(prefix), tuple(suffix), known[1])
 
 
 def special_affixes(with_specials: list[str], without: list[str]) -> tuple[list[str], list[str]]:
@@ -207,18 +254,34 @@ def findings(rows: list[UsageRow], top_n_checked: bool = True) -> list[Finding]:
                 {"row": r.to_dict()},
             )
         )
-    disagree = [r for r in rows if r.cross_check is not None and r.cross_check != r.expected]
+    unverified = [r for r in rows if r.verdict == "unverified"]
+    if unverified:
+        out.append(
+            Finding(
+                WARNING,
+                "usage.unverified",
+                f"{len(unverified)} of {len(rows)} request(s) NOT verified: the expected count "
+                "could not be derived (pair template unknown; make the model directory readable "
+                "here or pass --model)",
+                {"rows": [f"{r.endpoint} {r.case}" for r in unverified]},
+            )
+        )
+    disagree = [
+        r
+        for r in rows
+        if r.cross_check is not None and r.expected is not None and r.cross_check != r.expected
+    ]
     for r in disagree:
         out.append(
             Finding(
                 WARNING,
                 "usage.derivations_disagree",
-                f"{r.endpoint} '{r.case}': /tokenize count {r.expected} != local tokenizer "
-                f"count {r.cross_check}",
+                f"{r.endpoint} '{r.case}': expected count {r.expected} != cross-check count "
+                f"{r.cross_check}",
                 {"row": r.to_dict()},
             )
         )
-    if rows and not bad:
+    if rows and not bad and not unverified:
         kinds = sorted({r.kind for r in rows})
         out.append(
             Finding(
@@ -262,7 +325,15 @@ class UsageReport:
 
     @property
     def verdict(self) -> str:
-        return verdict(list(self.findings))
+        return overall_verdict(self.rows, self.findings)
+
+
+def overall_verdict(rows, found) -> str:
+    """fail on any mismatch; "unverified" when some row could not be judged; else pass."""
+    v = verdict(list(found))
+    if v == "fail":
+        return v
+    return "unverified" if any(r.verdict == "unverified" for r in rows) else v
 
 
 def table_rows(rows: list[UsageRow] | tuple[UsageRow, ...]) -> list[list[str]]:
@@ -273,7 +344,7 @@ def table_rows(rows: list[UsageRow] | tuple[UsageRow, ...]) -> list[list[str]]:
             r.kind,
             r.case,
             f"{_s(r.reported_prompt)}/{_s(r.reported_total)}",
-            f"{r.expected} = {'+'.join(str(p) for p in r.parts)}",
+            f"{_s(r.expected)} = {'+'.join(_s(p) for p in r.parts)}",
             r.verdict.upper(),
             r.derivation,
         ]

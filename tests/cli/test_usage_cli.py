@@ -3,8 +3,10 @@ check can fail, using a stand-in HTTP server that reports inflated usage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,14 +21,36 @@ def run(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
-def toks(text: str, special: bool) -> list[str]:
+# special tokens around one text, and the true pair template, per tokenizer family
+STYLES = {
+    "bert": (["[CLS]"], ["[SEP]"], ["[SEP]"]),  # [CLS] q [SEP] d [SEP]
+    "roberta": (["<s>"], ["</s>"], ["</s>", "</s>"]),  # <s> q </s></s> d </s>
+    "odd": (["<bos>"], ["<eos>"], ["<sep>"]),  # unknown family: not derivable
+}
+
+
+def toks(text: str, special: bool, style: str = "bert") -> list[str]:
     words = text.split()
-    return ["[CLS]", *words, "[SEP]"] if special else words
+    prefix, suffix, _ = STYLES[style]
+    return [*prefix, *words, *suffix] if special else words
+
+
+def pair_toks(q: str, d: str, style: str = "bert") -> list[str]:
+    prefix, suffix, sep = STYLES[style]
+    return [*prefix, *q.split(), *sep, *d.split(), *suffix]
 
 
 @contextmanager
-def stand_in(inflate: int = 0, score_status: int = 200) -> Iterator[str]:
-    """A fake cross-encoder server: whitespace 'tokenizer'; usage = true count + inflate."""
+def stand_in(
+    inflate: int = 0,
+    score_status: int = 200,
+    style: str = "bert",
+    sleep: float = 0.0,
+    root: str | None = None,
+    generative: bool = False,
+) -> Iterator[str]:
+    """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
+    true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:
@@ -38,24 +62,26 @@ def stand_in(inflate: int = 0, score_status: int = 200) -> Iterator[str]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            with contextlib.suppress(BrokenPipeError):  # the client gave up (--timeout test)
+                self.wfile.write(data)
 
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "fake-reranker", "root": None}]})
+                self._send(200, {"data": [{"id": "fake-reranker", "root": root}]})
             else:
                 self._send(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
             if self.path == "/tokenize":
-                t = toks(body["prompt"], body.get("add_special_tokens", True))
+                t = toks(body["prompt"], body.get("add_special_tokens", True), style)
                 self._send(200, {"count": len(t), "tokens": list(range(len(t))), "token_strs": t})
-            elif self.path == "/classify":
+            elif self.path == "/classify" and not generative:
                 self._send(200, {"data": []})
-            elif self.path in ("/score", "/rerank"):
+            elif self.path in ("/score", "/rerank") and not generative:
+                time.sleep(sleep)
                 if score_status != 200:
                     self._send(score_status, {"detail": "Not Found"})
                     return
@@ -65,10 +91,7 @@ def stand_in(inflate: int = 0, score_status: int = 200) -> Iterator[str]:
                 ds = d if isinstance(d, list) else [d]
                 if len(qs) == 1:
                     qs = qs * len(ds)
-                n = (
-                    sum(len(toks(f"{a} [SEP] {b}", True)) for a, b in zip(qs, ds, strict=True))
-                    + inflate
-                )
+                n = sum(len(pair_toks(a, b, style)) for a, b in zip(qs, ds, strict=True)) + inflate
                 usage = {"prompt_tokens": n, "total_tokens": n}
                 if self.path == "/score":
                     self._send(
@@ -191,3 +214,106 @@ def test_live_panel_shows_the_usage_table() -> None:
     assert app.error is None and app.report is not None and app.report["verdict"] == "fail"
     assert last["verdict"] == "fail" and len(last["rows"]) == 8
     assert all(row[5] == "FAIL" for row in last["rows"])
+
+
+def test_roberta_pairs_are_counted_with_their_template() -> None:
+    """<s> q </s></s> d </s>: one more special token per pair than BERT's template."""
+    with stand_in(style="roberta") as url:
+        r = run("diag", "usage", url, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "pass" and doc["pair_template"].startswith("roberta")
+    assert doc["expected_source"] == "/tokenize"
+    one = doc["rows"][0]  # "What is the capital of France?" + "Paris is the capital of France."
+    assert one["expected"] == 6 + 6 + 4
+    # a BERT-style guess (3 specials per pair) would have been a false mismatch
+    with stand_in(style="roberta", inflate=1) as url:
+        assert run("diag", "usage", url, "--json").exit_code == 1
+
+
+def test_unknown_pair_template_is_unverified_not_a_mismatch() -> None:
+    with stand_in(style="odd") as url:
+        r = run("diag", "usage", url, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "unverified" and doc["pair_template"] is None
+    assert {row["verdict"] for row in doc["rows"]} == {"unverified"}
+    assert all(row["expected"] is None for row in doc["rows"])
+    assert any(f["code"] == "usage.unverified" for f in doc["findings"])
+    assert "usage NOT verified for 8 of 8" in r.stderr
+    with stand_in(style="odd") as url:
+        r = run("diag", "usage", url)
+    assert "UNVERIFIED" in r.stdout and "FAIL" not in r.stdout
+
+
+def test_local_tokenizer_is_the_primary_count(tmp_path) -> None:
+    """With the model directory readable, the model's own tokenizer(text=q, text_pair=d)
+    gives the expected count (here a real RoBERTa-style template), /tokenize the
+    cross-check."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(
+        {
+            w
+            for c in __import__("opsctl.domain.usage", fromlist=["x"]).default_cases()
+            for t in (*c.queries, *c.documents)
+            for w in t.split()
+        }
+    )
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        sep_token="</s>",
+        cls_token="<s>",
+    )
+    fast.save_pretrained(tmp_path)
+    assert len(fast(text="a b", text_pair="c")["input_ids"]) == 3 + 4
+    with stand_in(style="roberta", root=str(tmp_path)) as url:
+        r = run("diag", "usage", url, "--kind", "cross-encoder", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["expected_source"] == "local tokenizer" and doc["local_cross_check"] is True
+    assert doc["verdict"] == "pass"
+    assert all(row["cross_check"] == row["expected"] for row in doc["rows"])
+
+
+def test_timeout_exits_4() -> None:
+    with stand_in(sleep=3.0) as url:
+        t0 = time.monotonic()
+        r = run("diag", "usage", url, "--timeout", "0.5", "--json")
+    assert r.exit_code == 4, (r.stdout, r.stderr)
+    assert "no answer within 0.5 s" in r.stderr and r.stdout == ""
+    assert time.monotonic() - t0 < 10
+
+
+def test_generative_model_by_url_is_bad_input(tmp_path) -> None:
+    """A server whose model directory is readable and generative: exit 2, clear message;
+    one with no /score, /classify or /v1/embeddings: exit 2 too."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with stand_in(root=str(tmp_path), generative=True) as url:
+        r = run("diag", "usage", url)
+    assert r.exit_code == 2 and "is a decoder model" in r.stderr and r.stdout == ""
+    with stand_in(generative=True) as url:
+        r = run("diag", "usage", url)
+    assert r.exit_code == 2 and "cross- or bi-encoder" in r.stderr
+
+
+def test_generative_model_by_name_fails_before_any_engine_start(monkeypatch) -> None:
+    from opsctl.engine import server
+
+    def boom(*a, **k):  # pragma: no cover - must not be reached
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr(server.EngineServer, "start", boom)
+    for name in ("tiny-llama", "tiny-vlm"):
+        r = run("diag", "usage", "--model", name)
+        assert r.exit_code == 2, r.output
+        assert "diag usage needs a cross-encoder or a bi-encoder" in r.stderr

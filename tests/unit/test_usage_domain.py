@@ -88,12 +88,75 @@ def test_findings_and_cross_check() -> None:
     assert [x.severity for x in only_good] == ["ok"]
 
 
-def test_special_affixes_and_pair_text() -> None:
+def test_special_affixes() -> None:
     assert U.special_affixes(["[CLS]", "a", "b", "[SEP]"], ["a", "b"]) == (["[CLS]"], ["[SEP]"])
     assert U.special_affixes(["<s>", "a"], ["a"]) == (["<s>"], [])
     with pytest.raises(ValueError):
         U.special_affixes(["x"], ["a"])
-    assert U.pair_text("q", "d", "[SEP]") == "q [SEP] d"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "specials", "name"),
+    [
+        (["[CLS]"], ["[SEP]"], 3, "bert"),  # [CLS] q [SEP] d [SEP]
+        (["<s>"], ["</s>"], 4, "roberta"),  # <s> q </s></s> d </s> (RoBERTa, XLM-R)
+    ],
+)
+def test_pair_templates(prefix, suffix, specials, name) -> None:
+    t = U.pair_template(prefix, suffix)
+    assert t is not None and t.name.startswith(name) and t.specials == specials
+    assert t.count(5, 7) == 5 + 7 + specials
+
+
+def test_roberta_template_matches_a_real_roberta_tokenizer() -> None:
+    """The template's count equals tokenizer(text=q, text_pair=d) of a RoBERTa-style
+    post-processor (what vLLM's scoring io_processor calls)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "a", "b", "c"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>")
+    one = tok.convert_ids_to_tokens(tok("a b")["input_ids"])
+    prefix, suffix = U.special_affixes(one, ["a", "b"])
+    t = U.pair_template(prefix, suffix)
+    assert t is not None
+    pair = tok(text="a b", text_pair="c a b")["input_ids"]
+    assert tok.convert_ids_to_tokens(pair) == [
+        "<s>",
+        "a",
+        "b",
+        "</s>",
+        "</s>",
+        "c",
+        "a",
+        "b",
+        "</s>",
+    ]
+    assert t.count(2, 3) == len(pair)
+    # the BERT template would have under-counted by one per pair
+    bert = U.pair_template(["[CLS]"], ["[SEP]"])
+    assert bert is not None and bert.count(2, 3) == len(pair) - 1
+
+
+def test_unknown_template_gives_unverified_rows() -> None:
+    assert U.pair_template(["<bos>"], []) is None
+    assert U.pair_template([], []) is None
+
+    def no_pairs(x):
+        return None if isinstance(x, tuple) else words(x)
+
+    row = U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, no_pairs)
+    assert row.verdict == "unverified" and row.expected is None and "not derivable" in row.note
+    f = U.findings([row])
+    assert [x.code for x in f] == ["usage.unverified"] and f[0].severity == "warning"
+    assert U.UsageReport(U.CROSS, "m", "u", (row,), tuple(f)).verdict == "unverified"
+    assert U.table_rows([row])[0][4] == "- = -+-+-"
+    bad = U.compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
+    both = [row, bad]
+    assert U.UsageReport(U.CROSS, "m", "u", tuple(both), tuple(U.findings(both))).verdict == "fail"
 
 
 def test_request_bodies() -> None:

@@ -2,16 +2,26 @@
 
 Sends /score and /rerank requests (one and several documents, N:N text pairs, a long
 document, top_n) and compares ``usage.prompt_tokens`` / ``total_tokens`` with the token
-counts of the exact engine inputs, obtained from the server's own /tokenize (and, when
-the model directory is readable here, cross-checked with the same tokenizer call the
-engine makes). Exit 1 on any mismatch. The comparison lives in opsctl.domain.usage.
+counts of the exact engine inputs. Where they come from:
+
+- the model directory is readable here (the server's /v1/models ``root``, or --model):
+  the model's own tokenizer, called as vLLM's scoring io_processor calls it
+  (``tokenizer(text=q, text_pair=d)`` for a cross-encoder, ``tokenizer(text)`` for a
+  bi-encoder) is the expected count; the server's /tokenize is the cross-check;
+- otherwise the server's /tokenize: each text alone; for pairs the template is inferred
+  from the special tokens /tokenize adds around one text (BERT ``[CLS] q [SEP] d [SEP]``,
+  RoBERTa/XLM-R ``<s> q </s></s> d </s>``). An unknown template makes the rows
+  "unverified" (verdict "unverified", exit 0, a warning on stderr), never a mismatch.
+
+Exit 1 on any mismatch, 2 for bad input or a generative model, 3 unreachable, 4 when the
+server does not answer within --timeout. The comparison lives in opsctl.domain.usage.
 """
 
 from __future__ import annotations
 
 import typer
 
-from opsctl.errors import BadInput, CheckFailed, EngineUnreachable
+from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.usage"
 
@@ -22,7 +32,7 @@ class Api:
     def __init__(self, url: str, timeout: float = 60.0) -> None:
         import httpx
 
-        self.url = url
+        self.url, self.timeout = url, timeout
         self.client = httpx.Client(timeout=timeout)
         self.model = ""
 
@@ -34,6 +44,11 @@ class Api:
 
         try:
             return self.client.post(f"{self.url}{path}", json=body)
+        except httpx.TimeoutException:
+            raise OpsTimeout(
+                f"POST {path} to {self.url} got no answer within {self.timeout:g} s",
+                hint="raise --timeout if the server is just slow",
+            ) from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"POST {path} to {self.url} failed: {type(exc).__name__}: {exc}"
@@ -44,6 +59,10 @@ class Api:
 
         try:
             r = self.client.get(f"{self.url}/v1/models")
+        except httpx.TimeoutException:
+            raise OpsTimeout(
+                f"GET /v1/models at {self.url} got no answer within {self.timeout:g} s"
+            ) from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
@@ -125,56 +144,100 @@ def detect_kind(
     )
 
 
-def make_counters(api: Api, kind: str, root: str | None):
-    """count(input) via the server's /tokenize, plus an optional local cross-check."""
+def local_tokenizer(path: str | None):
+    """The model's own tokenizer when its directory (or a local HF cache) is readable here,
+    loaded as vLLM loads it (AutoTokenizer); None otherwise."""
     from pathlib import Path
 
-    from opsctl.domain.usage import CROSS, pair_text, special_affixes
+    if not path:
+        return None
+    p = Path(path)
+    if (
+        p.exists()
+        and not (p / "tokenizer_config.json").is_file()
+        and not (p / "tokenizer.json").is_file()
+    ):
+        return None
+    try:
+        from transformers import AutoTokenizer
 
-    sep = ""
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # not readable here: /tokenize stays the source
+        return None
+
+
+def tokenize_counter(api: Api, kind: str):
+    """count(input) from the server's /tokenize; (count, template or None, method)."""
+    from opsctl.domain.usage import CROSS, pair_template, special_affixes
+
+    template = None
     if kind == CROSS:
         probe = "hello world"
-        prefix, suffix = special_affixes(api.tokenize(probe, True), api.tokenize(probe, False))
-        if len(suffix) != 1:
-            raise CheckFailed(
-                f"cannot infer the pair separator from /tokenize (prefix {prefix}, suffix {suffix})"
-            )
-        sep = suffix[0]
+        try:
+            prefix, suffix = special_affixes(api.tokenize(probe, True), api.tokenize(probe, False))
+        except ValueError:
+            prefix, suffix = [], []
+        template = pair_template(prefix, suffix)
 
-    def count(x) -> int:
+    def count(x) -> int | None:
         if isinstance(x, tuple):
-            return len(api.tokenize(pair_text(x[0], x[1], sep), True))
+            if template is None:
+                return None
+            return template.count(len(api.tokenize(x[0], False)), len(api.tokenize(x[1], False)))
         return len(api.tokenize(x, True))
 
-    local = None
-    if root and (Path(root) / "tokenizer_config.json").is_file():
-        try:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(root)
-
-            def local(x) -> int:
-                if isinstance(x, tuple):
-                    return len(tok(text=x[0], text_pair=x[1])["input_ids"])
-                return len(tok(x)["input_ids"])
-        except Exception:  # the cross-check is optional; /tokenize stays the source
-            local = None
-    method = "/tokenize" + (f" of 'query {sep} document'" if sep else " of each text")
-    return count, local, method, sep
+    if kind != CROSS:
+        method = "/tokenize of each text"
+    elif template is None:
+        method = "/tokenize (pair template unknown)"
+    else:
+        method = f"/tokenize of q and d + {template.name}"
+    return count, template, method
 
 
-def run_usage(url: str | None, model: str | None, kind: str | None, load_format: str, emit) -> dict:
+def make_counters(api: Api, kind: str, model_dir: str | None):
+    """(count, cross_count, method, template, source): the local tokenizer is the primary
+    count when readable, /tokenize (with an inferred pair template) the cross-check."""
+    from opsctl.domain.usage import CROSS
+
+    remote, template, remote_method = tokenize_counter(api, kind)
+    tok = local_tokenizer(model_dir)
+    if tok is None:
+        return remote, None, remote_method, template, "/tokenize"
+
+    def local(x) -> int:
+        # exactly vLLM's call (scoring io_processor: tokenizer(text=, text_pair=));
+        # a bi-encoder input is one text with special tokens
+        if isinstance(x, tuple):
+            return len(tok(text=x[0], text_pair=x[1])["input_ids"])
+        return len(tok(x)["input_ids"])
+
+    call = "tokenizer(text=q, text_pair=d)" if kind == CROSS else "tokenizer(text)"
+    method = f"local {call} from {model_dir}"
+    return local, remote, method, template, "local tokenizer"
+
+
+def run_usage(
+    url: str | None,
+    model: str | None,
+    kind: str | None,
+    load_format: str,
+    emit,
+    timeout: float = 60.0,
+) -> dict:
     from opsctl import output
     from opsctl.commands.diag.common import engine_target
     from opsctl.domain import usage as U
     from opsctl.domain.findings import Finding
 
     archetype = None
+    model_dir: str | None = None
     if model:
         from opsctl.engine.model import resolve
 
         resolved = resolve(model)
         archetype = resolved.archetype
+        model_dir = str(resolved.path)
         if archetype not in U.KINDS:
             raise BadInput(
                 f"{resolved.name} is a {archetype} model; diag usage needs a cross-encoder or a "
@@ -189,7 +252,7 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
         }
     )
     with engine_target(url, model, load_format=load_format, label="diag-usage") as target:
-        api = Api(target.url)
+        api = Api(target.url, timeout)
         try:
             name, root = api.served_model()
             kind_, kind_how = detect_kind(api, root, kind, archetype)
@@ -204,7 +267,7 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
                     f"/score on {target.url} answered HTTP {status}: {str(payload)[:200]}",
                     hint="diag usage needs a model that serves /score and /rerank",
                 )
-            count, local, method, sep = make_counters(api, kind_, root)
+            count, cross, method, template, source = make_counters(api, kind_, model_dir or root)
             sample = api.tokenize("the capital of france", False)
             unk = sum(1 for t in sample if "unk" in t.lower())
             rows: list[U.UsageRow] = []
@@ -224,7 +287,7 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
                     payload.get("usage"),
                     count,
                     method=method,
-                    cross_count=local,
+                    cross_count=cross,
                     results=len(results) if isinstance(results, list) else None,
                 )
                 rows.append(row)
@@ -254,12 +317,18 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
             )
         report = U.UsageReport(kind_, name, target.url, tuple(rows), tuple(findings))
         verdict = report.verdict
+        n_pass = sum(r.verdict == "pass" for r in rows)
         emit(
             {
                 "phase": "done",
                 "verdict": verdict,
                 "rows": U.table_rows(rows),
-                "summary": f"{sum(r.verdict == 'pass' for r in rows)}/{len(rows)} match",
+                "summary": f"{n_pass}/{len(rows)} match"
+                + (
+                    f", {sum(r.verdict == 'unverified' for r in rows)} unverified"
+                    if verdict == "unverified"
+                    else ""
+                ),
             }
         )
         output.info(f"usage check on {name} ({kind_}): {verdict}")
@@ -271,9 +340,11 @@ def run_usage(url: str | None, model: str | None, kind: str | None, load_format:
             kind_source=kind_how,
             engine_started=not target.external,
             run_dir=str(target.run_dir) if target.run_dir else None,
-            pair_separator=sep or None,
+            pair_separator=(template.suffix[0] if template and template.suffix else None),
+            pair_template=template.name if template else None,
             expected_method=method,
-            local_cross_check=local is not None,
+            expected_source=source,
+            local_cross_check=source == "local tokenizer",
             rows=[r.to_dict() for r in rows],
             findings=[f.to_dict() for f in findings],
             verdict=verdict,
@@ -294,12 +365,13 @@ def render(doc: dict):
                 if r.endpoint == endpoint:
                     v = cells[5]
                     cells = [escape(c) for c in cells]
-                    cells[5] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
+                    colour = {"PASS": "green", "UNVERIFIED": "yellow"}.get(v, "red")
+                    cells[5] = f"[{colour}]{v}[/]"
                     t.add_row(*cells[2:])
             console.print(t)
         for f in doc["findings"]:
             console.print(f"{f['severity']:>7}  {escape(f['message'])}", highlight=False)
-        colour = "green" if doc["verdict"] == "pass" else "red"
+        colour = {"pass": "green", "unverified": "yellow"}.get(doc["verdict"], "red")
         console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
 
     return _render
@@ -326,8 +398,14 @@ def register(app: typer.Typer) -> None:
         tui: bool | None = typer.Option(
             None, "--tui/--no-tui", help="show a live panel while it runs"
         ),
+        timeout: float = typer.Option(
+            60.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
+        ),
     ) -> None:
-        """Check /score and /rerank usage.prompt_tokens against the engine inputs (exit 1 on mismatch)."""
+        """Check /score and /rerank usage.prompt_tokens against the engine inputs.
+
+        Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
+        count cannot be derived."""
         from opsctl import output
         from opsctl.commands.diag.common import run_pipeline
         from opsctl.domain.usage import KINDS
@@ -343,13 +421,22 @@ def register(app: typer.Typer) -> None:
             )
         if url and model:
             raise BadInput("give either a URL or --model, not both")
+        if not timeout > 0:
+            raise BadInput(f"--timeout must be positive, not {timeout}")
         doc = run_pipeline(
             "diag usage",
-            lambda emit: run_usage(url, model, kind, load_format, emit),
+            lambda emit: run_usage(url, model, kind, load_format, emit, timeout),
             tui=tui,
             as_json=as_json,
         )
         output.emit(doc, as_json=as_json, render=render(doc))
+        if doc["verdict"] == "unverified":
+            n = sum(r["verdict"] == "unverified" for r in doc["rows"])
+            output.warn(
+                f"usage NOT verified for {n} of {len(doc['rows'])} request(s): the expected "
+                "count could not be derived (unknown pair template); not a mismatch"
+            )
+            return
         if doc["verdict"] != "pass":
             bad = sum(r["verdict"] == "fail" for r in doc["rows"])
             raise CheckFailed(
