@@ -29,7 +29,6 @@ needs_root = pytest.mark.skipif(
     not ROOT, reason="needs root: /proc/PID/map_files (CAP_SYS_ADMIN) or setuid to nobody"
 )
 DELETED_SOURCES = ("map_files", "mapping")  # as root map_files, else the mem path
-ACCESS_PATHS = [("mem",), pytest.param(("map_files",), marks=needs_root)]
 
 
 def only_table(snap, prefix):
