@@ -7,10 +7,21 @@ explicit client UUIDs included; an encoder/consumer pair (EPD) then disagreed on
 identifier. Now explicit UUIDs are kept and only missing ones get request-local ids.
 With caches on, missing ones get content hashes (same image -> same identifier).
 
-A case is a list of items (one image each; BLIP-2 takes one image per prompt, so every
-item is sent as its own request). An item's ``uuid`` is either a string (explicit; the
-empty string counts: vLLM tests ``is not None``), ``None`` (sent as JSON null) or
-:data:`ABSENT` (no ``uuid`` field).
+A case is a list of items. The items of a case are sent together, ``images_per_request``
+at a time, and every item the probe records for a request is matched to the item sent
+at the same position (a request-local id must end in ``-image-<position>``).
+
+LIMITATION (vLLM 0.32 on this CPU build): tiny-vlm is BLIP-2, whose vLLM processor
+supports exactly one image per prompt (``get_supported_mm_limits() == {"image": 1}``,
+one ``PromptInsertion`` at the start; ``--limit-mm-per-prompt`` cannot raise it). The
+multi-image models vLLM has (LLaVA, Qwen-VL, ...) need torchvision, which this build
+lacks (LLaVA's module imports pixtral, which imports torchvision). So with tiny-vlm the
+"some explicit, some None" case is sent as separate one-image requests, and request-local
+ids are only ever ``-image-0``: the mix inside ONE request is not exercised. The report
+says so (finding ``mm_uuid.one_image_per_request``, severity info).
+
+An item's ``uuid`` is either a string (explicit; the empty string counts: vLLM tests
+``is not None``), ``None`` (sent as JSON null) or :data:`ABSENT` (no ``uuid`` field).
 """
 
 from __future__ import annotations
@@ -96,6 +107,10 @@ class Observation:
     status: int  # HTTP status of the request
     output: str | None = None
     request_id: str | None = None
+    position: int = 0  # the item's position inside its request
+    sent_items: int = 1  # items sent in that request
+    engine_items: int | None = None  # items the probe recorded for it (None: no record)
+    note: str = ""  # why identifier is None, e.g. "no engine record for request X"
 
     @property
     def kind(self) -> str:
@@ -114,14 +129,27 @@ def judge_item(o: Observation) -> tuple[str, str]:
     get a request-local id (caches off) or a content hash (caches on)."""
     if o.status != 200:
         return "fail", f"request failed with HTTP {o.status}"
+    if o.engine_items is not None and o.engine_items != o.sent_items:
+        return "fail", (
+            f"the engine core saw {o.engine_items} item(s) for a request of {o.sent_items}"
+        )
     if o.identifier is None:
-        return "fail", "the engine-core probe recorded nothing for this item"
+        return "fail", o.note or "the engine-core probe recorded nothing for this item"
     if o.explicit_uuid is not None:
         if o.identifier == o.explicit_uuid:
             return "pass", "explicit UUID kept"
         return "fail", f"explicit UUID {o.explicit_uuid!r} rewritten to {o.identifier!r}"
     want = "request-local" if o.mode == CACHES_OFF else "content hash"
     got = classify(o.identifier)
+    if got == want == "request-local":
+        m = REQUEST_LOCAL.match(o.identifier)
+        if m is not None and (
+            m.group("modality") != "image" or int(m.group("index")) != o.position
+        ):
+            return "fail", (
+                f"missing UUID -> request-local id {o.identifier!r}, expected one ending in "
+                f"'-image-{o.position}' (the item's position in its request)"
+            )
     if got == want:
         return "pass", f"missing UUID -> {want} id"
     return "fail", f"missing UUID -> {got} id {o.identifier!r}, expected a {want} id"
@@ -188,7 +216,20 @@ def findings(
             )
         )
     out.extend(reuse_findings(reuse or []))
+    if observations and max(o.sent_items for o in observations) <= 1:
+        out.append(one_image_finding())
     return out
+
+
+def one_image_finding() -> Finding:
+    return Finding(
+        INFO,
+        "mm_uuid.one_image_per_request",
+        "model accepts 1 image per prompt: mixed case sent as separate requests (explicit "
+        "and missing UUIDs inside ONE request, and request-local indexes above 0, are not "
+        "exercised)",
+        {},
+    )
 
 
 def reuse_findings(reuse: list[Observation]) -> list[Finding]:

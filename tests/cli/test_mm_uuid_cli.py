@@ -5,9 +5,11 @@ once honest and once rewriting one explicit UUID."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,7 +52,22 @@ def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool
 
 
 @contextmanager
-def stand_in(run_dir: Path, rewrite: str | None = None, caches_off: bool = True) -> Iterator[str]:
+def stand_in(
+    run_dir: Path,
+    rewrite: str | None = None,
+    caches_off: bool = True,
+    *,
+    index_offset: int = 0,
+    lose: str | None = None,
+    extra_item: bool = False,
+    swap: bool = False,
+    sleep: float = 0.0,
+) -> Iterator[str]:
+    """Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
+    with a wrong index (``index_offset``); the record of the request carrying UUID
+    ``lose`` filed under another request id; an ``extra_item`` in every record; the
+    recorded items in reverse order (``swap``: a UUID moved to another item); ``sleep``
+    before answering a chat request."""
     counter = {"n": 0}
 
     class H(BaseHTTPRequestHandler):
@@ -63,7 +80,8 @@ def stand_in(run_dir: Path, rewrite: str | None = None, caches_off: bool = True)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            with contextlib.suppress(BrokenPipeError):  # the client gave up (--timeout)
+                self.wfile.write(data)
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -75,25 +93,33 @@ def stand_in(run_dir: Path, rewrite: str | None = None, caches_off: bool = True)
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            part = body["messages"][0]["content"][0]
+            time.sleep(sleep)
+            parts = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
             counter["n"] += 1
             rid = f"chatcmpl-{counter['n']:04d}"
-            uuid = part.get("uuid")
-            if uuid is None:
-                ident = (
-                    f"renderer0-mm-{counter['n']}-image-0"
-                    if caches_off
-                    else hashlib.sha256(part["image_url"]["url"].encode()).hexdigest()
-                )
-            else:
-                ident = uuid + "~rewritten" if uuid == rewrite else uuid
-            event = {
-                "request_id": f"{rid}-abcd",
-                "items": [{"index": 0, "modality": "image", "identifier": ident}],
-            }
+            items = []
+            for i, part in enumerate(parts):
+                uuid = part.get("uuid")
+                if uuid is None:
+                    ident = (
+                        f"renderer0-mm-{counter['n']}-image-{i + index_offset}"
+                        if caches_off
+                        else hashlib.sha256(part["image_url"]["url"].encode()).hexdigest()
+                    )
+                else:
+                    ident = uuid + "~rewritten" if uuid == rewrite else uuid
+                items.append({"index": i, "modality": "image", "identifier": ident})
+            if swap:
+                items.reverse()
+            if extra_item:
+                items.append({"index": len(items), "modality": "image", "identifier": "x"})
+            lost = lose is not None and any(p.get("uuid") == lose for p in parts)
+            event = {"request_id": f"{'other' if lost else rid}-abcd", "items": items}
             with open(run_dir / "events" / "mm_uuid.jsonl", "a") as fh:
                 fh.write(json.dumps(event) + "\n")
-            self._send(200, {"id": rid, "choices": [{"message": {"content": ident[:3]}}]})
+            self._send(
+                200, {"id": rid, "choices": [{"message": {"content": items[0]["identifier"][:3]}}]}
+            )
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -120,6 +146,9 @@ def test_honest_engine_passes(tmp_path: Path) -> None:
     assert (
         codes["mm_uuid.empty_string"] == "warning" and codes["mm_uuid.reuse_accepted"] == "warning"
     )
+    # the one-image-per-prompt limitation is stated in the report
+    assert codes["mm_uuid.one_image_per_request"] == "info" and doc["images_per_request"] == 1
+    assert all(i["sent_items"] == 1 and i["engine_items"] == 1 for i in doc["items"])
 
 
 def test_rewritten_uuid_is_caught(tmp_path: Path) -> None:
@@ -173,3 +202,142 @@ def test_bad_input_and_unreachable(args, code, text) -> None:
     r = run("diag", "mm-uuid", *args)
     assert r.exit_code == code, (r.stdout, r.stderr)
     assert text in r.stderr and r.stdout == ""
+
+
+def by_item(doc: dict) -> dict:
+    return {(i["case"], i["index"]): i for i in doc["items"]}
+
+
+def test_wrong_request_local_index_is_caught(tmp_path: Path) -> None:
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path, index_offset=1) as url:
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+    assert r.exit_code == 1
+    it = by_item(json.loads(r.stdout))[("some explicit, some None", 1)]
+    assert it["identifier"].endswith("-image-1") and it["verdict"] == "fail"
+    assert "expected one ending in '-image-0'" in it["why"]
+
+
+def test_record_of_another_request_is_not_credited(tmp_path: Path, monkeypatch) -> None:
+    """No fallback to 'any new probe event': a record filed under another request id
+    leaves the item without an identifier, and that is a failure."""
+    from opsctl.commands.diag import mm_uuid as M
+
+    monkeypatch.setattr(M.Sender, "__init__", _short_wait(M.Sender.__init__))
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path, lose="opsctl-some-0") as url:
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    it = by_item(doc)[("some explicit, some None", 0)]
+    assert it["identifier"] is None and it["verdict"] == "fail"
+    assert it["why"].startswith("no engine record for request chatcmpl-")
+    assert [i["verdict"] for i in doc["items"]].count("fail") == 1
+
+
+def _short_wait(init):
+    def __init__(self, *a, **k):
+        init(self, *a, **k)
+        self.record_wait = 0.5
+
+    return __init__
+
+
+def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path, extra_item=True) as url:
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert all(i["engine_items"] == 2 and i["verdict"] == "fail" for i in doc["items"])
+    assert "saw 2 item(s) for a request of 1" in doc["items"][0]["why"]
+
+
+def test_several_images_per_request_matched_by_position(tmp_path: Path, monkeypatch) -> None:
+    """The sender is ready for a multi-image model: with 2 images per request the mixed
+    case goes out as ONE request and every recorded item is matched by position; a UUID
+    moved to another item (records in reverse order) is caught."""
+    from opsctl.commands.diag import mm_uuid as M
+
+    monkeypatch.setattr(M, "IMAGES_PER_REQUEST", 2)
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path) as url:
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    it = by_item(doc)
+    some0, some1 = it[("some explicit, some None", 0)], it[("some explicit, some None", 1)]
+    assert some0["request_id"] == some1["request_id"] and some0["sent_items"] == 2
+    assert some0["identifier"] == "opsctl-some-0" and some1["identifier"].endswith("-image-1")
+    assert doc["images_per_request"] == 2
+    assert "mm_uuid.one_image_per_request" not in {f["code"] for f in doc["findings"]}
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path, swap=True) as url:
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+    assert r.exit_code == 1
+    it = by_item(json.loads(r.stdout))
+    assert it[("some explicit, some None", 0)]["verdict"] == "fail"  # got the other's id
+    assert it[("all explicit", 0)]["why"] == (
+        "explicit UUID 'opsctl-all-0' rewritten to 'opsctl-all-1'"
+    )
+
+
+def test_timeout_exits_4(tmp_path: Path) -> None:
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path, sleep=3.0) as url:
+        t0 = time.monotonic()
+        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--timeout", "0.5")
+    assert r.exit_code == 4, (r.stdout, r.stderr)
+    assert "no answer within 0.5 s" in r.stderr and r.stdout == ""
+    assert time.monotonic() - t0 < 10
+
+
+def test_find_run_dir_needs_a_live_pid(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from opsctl import paths
+    from opsctl.commands.diag.common import find_run_dir
+
+    monkeypatch.setattr(paths, "runs_dir", lambda: tmp_path)
+    url = "http://127.0.0.1:8123"
+    for name, pid, started in (
+        ("dead", 2**22 + 7, 30.0),
+        ("old", os.getpid(), 10.0),
+        ("new", os.getpid(), 20.0),
+    ):
+        (tmp_path / name).mkdir()
+        meta = {"url": url, "pid": pid, "started_at": started}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    assert find_run_dir(url) == tmp_path / "new"  # newest live one; the dead one is skipped
+    assert find_run_dir("http://127.0.0.1:9") is None
+
+
+def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
+    """--tui feeds the same pipeline into the reusable DiagPanel (Pilot)."""
+    import asyncio
+
+    from opsctl.commands.diag.mm_uuid import run_mm_uuid
+    from opsctl.ui.diag_app import DiagApp
+    from opsctl.ui.panels.diag import DiagPanel
+
+    write_run_dir(tmp_path)
+
+    async def go(url: str):
+        app = DiagApp(
+            "diag mm-uuid",
+            lambda emit: run_mm_uuid(url, None, tmp_path, "canary", ["caches-off"], "auto", emit),
+        )
+        async with app.run_test(size=(180, 50)) as pilot:
+            for _ in range(300):
+                await pilot.pause(0.05)
+                if app.done.is_set():
+                    break
+            await pilot.pause(0.1)
+            return app.query_one(DiagPanel).last, app
+
+    with stand_in(tmp_path, rewrite="canary-all-1") as url:
+        last, app = asyncio.run(go(url))
+    assert app.error is None and app.report is not None and app.report["verdict"] == "fail"
+    assert last["verdict"] == "fail" and len(last["rows"]) == 7
+    bad = [row for row in last["rows"] if row[-1] == "FAIL"]
+    assert len(bad) == 1 and bad[0][5] == "canary-all-1~rewritten"

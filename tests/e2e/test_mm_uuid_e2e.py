@@ -67,6 +67,12 @@ def test_caches_off_keeps_explicit_uuids(report) -> None:
     assert all(i["kind"] == "request-local" and i["identifier"].endswith("-image-0") for i in local)
     assert len({i["identifier"] for i in local}) == 3
     assert it[("empty string", 0)]["identifier"] == ""  # '' is explicit: kept as is
+    # every request carried one image and the engine core recorded exactly one item for it
+    # (BLIP-2: one image per prompt; the report says the mix inside ONE request is untested)
+    assert all(i["sent_items"] == 1 and i["engine_items"] == 1 for i in report["items"])
+    assert {f["code"]: f["severity"] for f in report["findings"]}[
+        "mm_uuid.one_image_per_request"
+    ] == "info"
     # the probe really ran in the engine core and recorded it in the run directory
     run_dir = Path(off["run_dir"])
     probe = [e for e in entries(read_records(run_dir)) if e.name == "mm_uuid_probe"]

@@ -67,6 +67,8 @@ def test_cross_encoder_usage_matches_pair_inputs(reranker_report) -> None:
     assert doc["schema"] == "opsctl.diag.usage/1" and doc["verdict"] == "pass"
     assert doc["kind"] == "cross-encoder" and doc["engine_started"] is True
     assert doc["pair_separator"] == "[SEP]" and doc["local_cross_check"] is True
+    # the model's own tokenizer is the expected count; /tokenize + BERT template the check
+    assert doc["expected_source"] == "local tokenizer" and doc["pair_template"].startswith("bert")
     rows = doc["rows"]
     assert {r["endpoint"] for r in rows} == {"/score", "/rerank"} and len(rows) == len(
         U.default_cases()

@@ -107,3 +107,47 @@ def test_table_rows() -> None:
     assert rows[0][5] == "'' (empty)" and rows[0][-1] == "PASS"
     assert rows[1][5] == "(not recorded)" and rows[1][-1] == "FAIL"
     assert len(rows[0]) == len(D.TABLE_COLUMNS)
+
+
+def test_request_local_index_must_match_the_position() -> None:
+    base = dict(
+        mode=D.CACHES_OFF,
+        case="c",
+        index=1,
+        color="green",
+        sent="null",
+        explicit_uuid=None,
+        status=200,
+    )
+    at1 = D.Observation(
+        **base, identifier="r-mm-1-image-1", position=1, sent_items=2, engine_items=2
+    )
+    assert D.judge_item(at1)[0] == "pass"
+    wrong = D.Observation(
+        **base, identifier="r-mm-1-image-0", position=1, sent_items=2, engine_items=2
+    )
+    v, why = D.judge_item(wrong)
+    assert v == "fail" and "'-image-1'" in why
+
+
+def test_engine_item_count_and_missing_record() -> None:
+    base = dict(
+        mode=D.CACHES_OFF, case="c", index=0, color="red", sent="'u'", explicit_uuid="u", status=200
+    )
+    extra = D.Observation(**base, identifier="u", engine_items=2)
+    assert D.judge_item(extra) == ("fail", "the engine core saw 2 item(s) for a request of 1")
+    lost = D.Observation(**base, identifier=None, note="no engine record for request chatcmpl-9")
+    assert D.judge_item(lost) == ("fail", "no engine record for request chatcmpl-9")
+
+
+def test_one_image_per_request_is_stated() -> None:
+    one = D.Observation(D.CACHES_OFF, "c", 0, "red", "'u'", "u", "u", 200)
+    codes = {f.code: f.severity for f in D.findings([one])}
+    assert codes["mm_uuid.one_image_per_request"] == "info"
+    two = D.Observation(
+        D.CACHES_OFF, "c", 0, "red", "'u'", "u", "u", 200, sent_items=2, engine_items=2
+    )
+    assert "mm_uuid.one_image_per_request" not in {f.code for f in D.findings([two])}
+    assert "1 image per prompt: mixed case sent as separate requests" in (
+        D.one_image_finding().message
+    )

@@ -8,21 +8,33 @@ engine, which must have been started by opsctl with the probe on (its run direct
 holds the probe's events; found from the URL or given with --run-dir).
 
 Four cases (all explicit; some explicit and some None; an empty string; none), then a
-UUID reused for a different image. Exit 1 when an explicit UUID is rewritten or a missing
-one does not get the expected kind of id. Judgement lives in opsctl.domain.mm_uuid.
+UUID reused for a different image. A case's items go out IMAGES_PER_REQUEST at a time;
+the probe's record for each request is found by its request id only (no record: that
+item fails with "no engine record for request X"), and every item it recorded is matched
+to the item sent at the same position.
+
+Limitation: tiny-vlm (BLIP-2) takes one image per prompt in vLLM 0.32 (hard limit of
+its processor; the multi-image models need torchvision, absent from this CPU build), so
+IMAGES_PER_REQUEST is 1 and the mixed case is sent as separate requests; the report
+carries an info finding saying so (see opsctl.domain.mm_uuid).
+
+Exit 1 when an explicit UUID is rewritten or a missing one does not get the expected
+kind of id; 4 when the server does not answer within --timeout. Judgement lives in
+opsctl.domain.mm_uuid.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import typer
 
-from opsctl.errors import BadInput, CheckFailed, EngineUnreachable
+from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.mm_uuid"
+# BLIP-2's vLLM processor supports one image per prompt (see the module docstring)
+IMAGES_PER_REQUEST = 1
 CACHE_ARGS = {
     "caches-off": ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"],
     "caches-on": ["--enable-prefix-caching", "--mm-processor-cache-gb", "4"],
@@ -43,21 +55,6 @@ def image_data_url(rgb: tuple[int, int, int], size: int = 28) -> str:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def find_run_dir(url: str) -> Path | None:
-    """The run directory of a live engine opsctl started at ``url`` (newest first)."""
-    from opsctl import paths
-
-    candidates = []
-    for meta in paths.runs_dir().glob("*/meta.json"):
-        try:
-            m = json.loads(meta.read_text())
-        except (OSError, ValueError):
-            continue
-        if str(m.get("url", "")).rstrip("/") == url.rstrip("/") and not m.get("stopped_at"):
-            candidates.append((m.get("started_at") or 0, meta.parent))
-    return max(candidates)[1] if candidates else None
 
 
 def probe_status(run_dir: Path) -> tuple[bool, str]:
@@ -92,18 +89,26 @@ def engine_mode(run_dir: Path) -> tuple[str, dict]:
 
 
 class Sender:
-    """Sends one chat request per item and pairs it with the probe's record."""
+    """Sends chat requests with one or more images and pairs each item with the probe's
+    record of that request (by request id, item by position)."""
 
     def __init__(self, url: str, run_dir: Path, timeout: float = 120.0) -> None:
         import httpx
 
-        self.url, self.run_dir = url, run_dir
+        self.url, self.run_dir, self.timeout = url, run_dir, timeout
         self.client = httpx.Client(timeout=timeout)
         self.model = ""
         self.images: dict[str, str] = {}
+        self.record_wait = 5.0  # seconds to wait for the probe's record after a reply
 
     def close(self) -> None:
         self.client.close()
+
+    def _timeout(self, what: str) -> OpsTimeout:
+        return OpsTimeout(
+            f"{what} at {self.url} got no answer within {self.timeout:g} s",
+            hint="raise --timeout if the engine is just slow",
+        )
 
     def served_model(self) -> str:
         import httpx
@@ -111,6 +116,8 @@ class Sender:
         try:
             r = self.client.get(f"{self.url}/v1/models")
             self.model = str(r.json()["data"][0]["id"])
+        except httpx.TimeoutException:
+            raise self._timeout("GET /v1/models") from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
@@ -126,10 +133,8 @@ class Sender:
 
         return read_events(self.run_dir, "mm_uuid")
 
-    def send(self, mode: str, case: str, index: int, item):
-        import httpx
-
-        from opsctl.domain.mm_uuid import ABSENT, COLORS, Observation
+    def _part(self, item) -> dict:
+        from opsctl.domain.mm_uuid import ABSENT, COLORS
 
         part: dict = {
             "type": "image_url",
@@ -139,6 +144,29 @@ class Sender:
         }
         if item.uuid != ABSENT:
             part["uuid"] = item.uuid
+        return part
+
+    def record_for(self, rid: str | None, seen: int) -> dict | None:
+        """The probe's record of request ``rid`` (the engine's id starts with the HTTP
+        response id), among the events appended since ``seen``; None if none arrives."""
+        if not rid:
+            return None
+        deadline = time.time() + self.record_wait
+        while True:
+            for e in self._events()[seen:]:
+                if str(e.get("request_id", "")).startswith(rid):
+                    return e
+            if time.time() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def send_request(self, mode: str, case: str, indexed: list) -> tuple[list, str]:
+        """Send ``indexed`` [(index in the case, Item)] as ONE request; one Observation
+        per item, matched to the probe's record by position."""
+        import httpx
+
+        from opsctl.domain.mm_uuid import Observation
+
         body = {
             "model": self.model,
             "max_tokens": 4,
@@ -146,13 +174,18 @@ class Sender:
             "messages": [
                 {
                     "role": "user",
-                    "content": [part, {"type": "text", "text": "What is in the image?"}],
+                    "content": [
+                        *(self._part(item) for _, item in indexed),
+                        {"type": "text", "text": "What is in the image?"},
+                    ],
                 }
             ],
         }
         seen = len(self._events())
         try:
             r = self.client.post(f"{self.url}/v1/chat/completions", json=body)
+        except httpx.TimeoutException:
+            raise self._timeout("POST /v1/chat/completions") from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"POST /v1/chat/completions to {self.url} failed: {type(exc).__name__}"
@@ -162,62 +195,75 @@ class Sender:
             payload = r.json()
             rid = payload.get("id")
             text = payload["choices"][0]["message"].get("content")
-        identifier, engine_rid = None, None
-        deadline = time.time() + 5
-        while r.status_code == 200 and time.time() < deadline:
-            new = self._events()[seen:]
-            match = [e for e in new if rid and str(e.get("request_id", "")).startswith(rid)] or new
-            if match:
-                items = match[0].get("items") or []
-                engine_rid = match[0].get("request_id")
-                identifier = items[0].get("identifier") if items else None
-                break
-            time.sleep(0.1)
-        explicit = item.uuid if item.explicit else None
-        obs = Observation(
-            mode,
-            case,
-            index,
-            item.color,
-            item.sent_as,
-            explicit,
-            identifier,
-            r.status_code,
-            text,
-            engine_rid,
-        )
-        return obs, (r.text[:300] if r.status_code != 200 else "")
+        record = self.record_for(rid, seen) if r.status_code == 200 else None
+        recorded = (record or {}).get("items") or []
+        note = ""
+        if r.status_code == 200 and record is None:
+            note = f"no engine record for request {rid}"
+        elif record is not None and "error" in record:
+            note = f"the probe failed on request {rid}: {record['error']}"
+        out = []
+        for pos, (index, item) in enumerate(indexed):
+            got = recorded[pos] if pos < len(recorded) else None
+            out.append(
+                Observation(
+                    mode,
+                    case,
+                    index,
+                    item.color,
+                    item.sent_as,
+                    item.uuid if item.explicit else None,
+                    got.get("identifier") if got else None,
+                    r.status_code,
+                    text,
+                    record.get("request_id") if record else None,
+                    position=pos,
+                    sent_items=len(indexed),
+                    engine_items=len(recorded) if record is not None else None,
+                    note=note or ("" if got else f"the engine record has no item #{pos}"),
+                )
+            )
+        return out, (r.text[:300] if r.status_code != 200 else "")
 
 
-def run_mode(target, mode: str, prefix: str, emit, state: dict) -> None:
+def batches(items, per_request: int) -> list[list]:
+    """[(index, item)] groups of at most ``per_request`` items, in order."""
+    indexed = list(enumerate(items))
+    return [indexed[i : i + per_request] for i in range(0, len(indexed), per_request)]
+
+
+def run_mode(target, mode: str, prefix: str, emit, state: dict, timeout: float = 120.0) -> None:
     from opsctl.domain import mm_uuid as D
 
-    sender = Sender(target.url, target.run_dir)
+    sender = Sender(target.url, target.run_dir, timeout)
     try:
         sender.served_model()
         for case in D.default_cases(prefix):
-            for i, item in enumerate(case.items):
-                obs, err = sender.send(mode, case.name, i, item)
-                if obs.status == 400 and not state["observations"]:
+            for group in batches(case.items, IMAGES_PER_REQUEST):
+                obs_list, err = sender.send_request(mode, case.name, group)
+                if obs_list[0].status == 400 and not state["observations"]:
                     raise BadInput(
                         f"the model at {target.url} rejected an image request: {err}",
                         hint="diag mm-uuid needs a vision-language model, e.g. --model tiny-vlm",
                     )
-                state["observations"].append(obs)
-                state["events"].append(
-                    f"[{mode}] {case.name} #{i}: sent {obs.sent} -> {obs.identifier!r} ({obs.kind})"
-                )
+                for obs in obs_list:
+                    state["observations"].append(obs)
+                    state["events"].append(
+                        f"[{mode}] {case.name} #{obs.index}: sent {obs.sent} -> "
+                        f"{obs.identifier!r} ({obs.kind})"
+                    )
                 emit(
                     {
                         "phase": f"{mode}: {case.name}",
                         "columns": D.TABLE_COLUMNS,
                         "rows": D.table_rows(state["observations"]),
-                        "events": state["events"][-1:],
+                        "events": state["events"][-len(obs_list) :],
                     }
                 )
         reuse = D.reuse_case(prefix)
         for i, item in enumerate(reuse.items):
-            obs, _ = sender.send(mode, reuse.name, i, item)
+            # one request per item: the point is what a LATER request gets for the UUID
+            (obs,), _ = sender.send_request(mode, reuse.name, [(i, item)])
             state["reuse"].append(obs)
             state["events"].append(
                 f"[{mode}] reuse #{i}: {item.color} sent {obs.sent} -> {obs.identifier!r}, "
@@ -236,9 +282,10 @@ def run_mm_uuid(
     modes: list[str],
     load_format: str,
     emit,
+    timeout: float = 120.0,
 ) -> dict:
     from opsctl import output
-    from opsctl.commands.diag.common import engine_target
+    from opsctl.commands.diag.common import engine_target, find_run_dir
     from opsctl.domain import mm_uuid as D
     from opsctl.domain.findings import verdict
 
@@ -261,7 +308,7 @@ def run_mm_uuid(
                 )
             mode, settings = engine_mode(rd)
             target.run_dir = rd
-            run_mode(target, mode, prefix, emit, state)
+            run_mode(target, mode, prefix, emit, state, timeout)
             runs.append(
                 {
                     "mode": mode,
@@ -294,7 +341,7 @@ def run_mm_uuid(
                 if not applied:
                     raise CheckFailed(f"the mm_uuid engine probe did not apply ({why})")
                 seen_mode, settings = engine_mode(target.run_dir)
-                run_mode(target, mode, prefix, emit, state)
+                run_mode(target, mode, prefix, emit, state, timeout)
                 runs.append(
                     {
                         "mode": mode,
@@ -321,6 +368,7 @@ def run_mm_uuid(
         SCHEMA,
         runs=runs,
         uuid_prefix=prefix,
+        images_per_request=IMAGES_PER_REQUEST,
         items=[
             {**o.to_dict(), "verdict": D.judge_item(o)[0], "why": D.judge_item(o)[1]}
             for o in state["observations"]
@@ -390,6 +438,9 @@ def register(app: typer.Typer) -> None:
         tui: bool | None = typer.Option(
             None, "--tui/--no-tui", help="show a live panel while it runs"
         ),
+        timeout: float = typer.Option(
+            120.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
+        ),
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output
@@ -407,11 +458,13 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--uuid-prefix must be a non-empty string without spaces")
         if run_dir is not None and not url:
             raise BadInput("--run-dir goes with a URL")
+        if not timeout > 0:
+            raise BadInput(f"--timeout must be positive, not {timeout}")
         model = model or (None if url else "tiny-vlm")
         doc = run_pipeline(
             "diag mm-uuid",
             lambda emit: run_mm_uuid(
-                url, model, run_dir, uuid_prefix, mode_list, load_format, emit
+                url, model, run_dir, uuid_prefix, mode_list, load_format, emit, timeout
             ),
             tui=tui,
             as_json=as_json,
