@@ -90,30 +90,6 @@ def validate_options(
     return n
 
 
-def find_run_dir(url: str) -> Path | None:
-    """The live opsctl run directory of the server at ``url`` (started by `opsctl serve`
-    or a test), so settings can be read back from its ledger; None if there is none."""
-    import psutil
-
-    from opsctl import paths
-
-    best: tuple[float, Path] | None = None
-    for meta_path in paths.runs_dir().glob("*/meta.json"):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue
-        if str(meta.get("url", "")).rstrip("/") != url.rstrip("/") or meta.get("stopped_at"):
-            continue
-        pid = meta.get("pid")
-        if not isinstance(pid, int) or not psutil.pid_exists(pid):
-            continue
-        started = float(meta.get("started_at") or 0)
-        if best is None or started > best[0]:
-            best = (started, meta_path.parent)
-    return best[1] if best else None
-
-
 GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 
 

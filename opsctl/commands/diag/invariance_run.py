@@ -78,8 +78,8 @@ def engine_records(run_dir: Path | None) -> tuple[dict | None, list[dict], dict 
 
 def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) -> dict:
     from opsctl.collectors import completions as cc
-    from opsctl.commands.diag.common import engine_target
-    from opsctl.commands.diag.invariance import ISOLATING_ARGS, ISOLATING_ENV, find_run_dir
+    from opsctl.commands.diag.common import engine_target, find_run_dir
+    from opsctl.commands.diag.invariance import ISOLATING_ARGS, ISOLATING_ENV
 
     label = mode or "server as is"
     t_start = time.time()
