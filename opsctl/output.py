@@ -71,3 +71,22 @@ def want_tui(flag: bool | None, as_json: bool = False) -> bool:
         )
         return False
     return flag
+
+
+SEVERITY_COLOURS = {"ok": "green", "info": "cyan", "warning": "yellow", "fail": "red"}
+VERDICT_COLOURS = {"pass": "green", "unverified": "yellow"}
+
+
+def render_findings(console: Console, findings: list[dict], verdict: str, suffix: str = "") -> None:
+    """The common tail of every check's rich output: one line per finding (with its hint,
+    if any), then the coloured verdict."""
+    from rich.markup import escape
+
+    for f in findings:
+        colour = SEVERITY_COLOURS.get(f["severity"], "white")
+        console.print(f"[{colour}]{f['severity']:>7}[/] {escape(f['message'])}", highlight=False)
+        hint = (f.get("details") or {}).get("hint")
+        if hint:
+            console.print(f"        hint: {escape(str(hint))}", highlight=False)
+    colour = VERDICT_COLOURS.get(verdict, "red")
+    console.print(f"verdict: [b {colour}]{verdict.upper()}[/]{suffix}", highlight=False)

@@ -325,13 +325,9 @@ def render_inspect(console, report: dict) -> None:
         f"/dev/shm: {human_bytes(s['total'])} total, {human_bytes(s['used'])} used, "
         f"{human_bytes(s['free'])} free"
     )
-    colours = {"ok": "green", "info": "cyan", "warning": "yellow", "fail": "red"}
-    for f in report["findings"]:
-        line = f"[{colours.get(f['severity'], 'white')}]{f['severity']:>7}[/] {f['message']}"
-        console.print(line, highlight=False)
-        if f["details"].get("hint"):
-            console.print(f"        hint: {f['details']['hint']}", highlight=False)
-    console.print(f"verdict: {report['verdict'].upper()}")
+    from opsctl.output import render_findings
+
+    render_findings(console, report["findings"], report["verdict"])
 
 
 # ---- plan ------------------------------------------------------------------------------------

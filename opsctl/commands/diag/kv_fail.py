@@ -125,12 +125,13 @@ def render(con, doc: dict) -> None:
         f"engine alive {'yes' if doc['engine_alive'] else '[red]NO[/]'}, "
         f"outputs identical {'yes' if doc['outputs_identical'] else 'no'}"
     )
-    for f in doc.get("findings", []):
-        colour = {"ok": "green", "fail": "red", "warning": "yellow"}.get(f["severity"], "cyan")
-        con.print(f"  [{colour}]{f['severity']:>7}[/] {f['message']}", highlight=False)
-    colour = "green" if doc["verdict"] == "pass" else "red"
-    con.print(
-        f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  ({doc.get('seconds')} s, run {doc.get('run_dir')})"
+    from opsctl.output import render_findings
+
+    render_findings(
+        con,
+        doc.get("findings", []),
+        doc["verdict"],
+        f"  ({doc.get('seconds')} s, run {doc.get('run_dir')})",
     )
 
 

@@ -401,10 +401,9 @@ def render(doc: dict):
             for cells in reuse_rows([obs(d) for d in doc["reuse"]]):
                 r.add_row(*[escape(c) for c in cells])
             console.print(r)
-        for f in doc["findings"]:
-            console.print(f"{f['severity']:>7}  {escape(f['message'])}", highlight=False)
-        colour = "green" if doc["verdict"] == "pass" else "red"
-        console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
+        from opsctl.output import render_findings
+
+        render_findings(console, doc["findings"], doc["verdict"])
 
     return _render
 

@@ -369,10 +369,9 @@ def render(doc: dict):
                     cells[5] = f"[{colour}]{v}[/]"
                     t.add_row(*cells[2:])
             console.print(t)
-        for f in doc["findings"]:
-            console.print(f"{f['severity']:>7}  {escape(f['message'])}", highlight=False)
-        colour = {"pass": "green", "unverified": "yellow"}.get(doc["verdict"], "red")
-        console.print(f"verdict: [b {colour}]{doc['verdict'].upper()}[/]")
+        from opsctl.output import render_findings
+
+        render_findings(console, doc["findings"], doc["verdict"])
 
     return _render
 
