@@ -77,7 +77,7 @@ class Region:
 def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[TableLayout]:
     """Every weight/scale split of ``total`` bytes, one per block size that fits, in
     ``blocks`` order."""
-    out = []
+    out: list[TableLayout] = []
     if total <= 0:
         return out
     for block in blocks:

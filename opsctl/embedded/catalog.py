@@ -38,20 +38,38 @@ class EmbeddedModel:
 CATALOG: dict[str, EmbeddedModel] = {
     m.name: m
     for m in [
-        EmbeddedModel("tiny-llama", "decoder", "Llama, 2 layers, one KV cache group",
-                      "opsctl.embedded.llama:build_tiny_llama"),
-        EmbeddedModel("tiny-hybrid", "hybrid-decoder",
-                      "Llama, 4 layers, sliding-window + full attention (2 KV cache groups)",
-                      "opsctl.embedded.llama:build_tiny_hybrid"),
-        EmbeddedModel("tiny-reranker", "cross-encoder",
-                      "BERT cross-encoder (BertForSequenceClassification, 1 label): /score, /rerank",
-                      "opsctl.embedded.bert:build_tiny_reranker", version=2),
-        EmbeddedModel("tiny-embed", "bi-encoder",
-                      "BERT bi-encoder (BertModel): /v1/embeddings, /score, /rerank",
-                      "opsctl.embedded.bert:build_tiny_embed", version=2),
-        EmbeddedModel("tiny-vlm", "vision-language",
-                      "BLIP-2: ViT + Q-Former + tiny Llama, one image per prompt (no torchvision)",
-                      "opsctl.embedded.blip2:build_tiny_vlm"),
+        EmbeddedModel(
+            "tiny-llama",
+            "decoder",
+            "Llama, 2 layers, one KV cache group",
+            "opsctl.embedded.llama:build_tiny_llama",
+        ),
+        EmbeddedModel(
+            "tiny-hybrid",
+            "hybrid-decoder",
+            "Llama, 4 layers, sliding-window + full attention (2 KV cache groups)",
+            "opsctl.embedded.llama:build_tiny_hybrid",
+        ),
+        EmbeddedModel(
+            "tiny-reranker",
+            "cross-encoder",
+            "BERT cross-encoder (BertForSequenceClassification, 1 label): /score, /rerank",
+            "opsctl.embedded.bert:build_tiny_reranker",
+            version=2,
+        ),
+        EmbeddedModel(
+            "tiny-embed",
+            "bi-encoder",
+            "BERT bi-encoder (BertModel): /v1/embeddings, /score, /rerank",
+            "opsctl.embedded.bert:build_tiny_embed",
+            version=2,
+        ),
+        EmbeddedModel(
+            "tiny-vlm",
+            "vision-language",
+            "BLIP-2: ViT + Q-Former + tiny Llama, one image per prompt (no torchvision)",
+            "opsctl.embedded.blip2:build_tiny_vlm",
+        ),
     ]
 }
 
@@ -94,7 +112,8 @@ def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -
     try:
         model.build_fn()(tmp)
         (tmp / MARKER).write_text(
-            json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version}) + "\n"
+            json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version})
+            + "\n"
         )
         if dest.exists():
             shutil.rmtree(dest)

@@ -8,7 +8,9 @@ import typer
 def register(app: typer.Typer) -> None:
     from opsctl.commands.diag import invariance, kv_fail, mm_uuid, usage
 
-    diag_app = typer.Typer(help="Fault injection and verification on a live engine.", no_args_is_help=True)
+    diag_app = typer.Typer(
+        help="Fault injection and verification on a live engine.", no_args_is_help=True
+    )
     for module in (kv_fail, usage, mm_uuid, invariance):
         module.register(diag_app)
     app.add_typer(diag_app, name="diag")
