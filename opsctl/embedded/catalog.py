@@ -70,6 +70,13 @@ CATALOG: dict[str, EmbeddedModel] = {
             "BLIP-2: ViT + Q-Former + tiny Llama, one image per prompt (no torchvision)",
             "opsctl.embedded.blip2:build_tiny_vlm",
         ),
+        EmbeddedModel(
+            "tiny-vlm-multi",
+            "vision-language",
+            "Idefics3: ViT + pixel-shuffle connector + tiny Llama, several images per prompt "
+            "(no torchvision)",
+            "opsctl.embedded.idefics3:build_tiny_vlm_multi",
+        ),
     ]
 }
 
