@@ -11,14 +11,14 @@ A case is a list of items. The items of a case are sent together, ``images_per_r
 at a time, and every item the probe records for a request is matched to the item sent
 at the same position (a request-local id must end in ``-image-<position>``).
 
-LIMITATION (vLLM 0.32 on this CPU build): tiny-vlm is BLIP-2, whose vLLM processor
-supports exactly one image per prompt (``get_supported_mm_limits() == {"image": 1}``,
-one ``PromptInsertion`` at the start; ``--limit-mm-per-prompt`` cannot raise it). The
-multi-image models vLLM has (LLaVA, Qwen-VL, ...) need torchvision, which this build
-lacks (LLaVA's module imports pixtral, which imports torchvision). So with tiny-vlm the
-"some explicit, some None" case is sent as separate one-image requests, and request-local
-ids are only ever ``-image-0``: the mix inside ONE request is not exercised. The report
-says so (finding ``mm_uuid.one_image_per_request``, severity info).
+Models: tiny-vlm-multi (Idefics3, the default) takes several images per prompt, so each
+case is ONE request and the mixed case exercises an explicit UUID kept at index 0 next to
+a request-local ``-image-1`` at index 1 in the same request. tiny-vlm (BLIP-2) takes
+exactly one image per prompt (``get_supported_mm_limits() == {"image": 1}``;
+``--limit-mm-per-prompt`` cannot raise it), so with it the mixed case is sent as separate
+one-image requests and request-local ids are only ever ``-image-0``; the report then says
+so (finding ``mm_uuid.one_image_per_request``, severity info, emitted whenever no request
+carried more than one image).
 
 An item's ``uuid`` is either a string (explicit; the empty string counts: vLLM tests
 ``is not None``), ``None`` (sent as JSON null) or :data:`ABSENT` (no ``uuid`` field).

@@ -27,6 +27,7 @@ class EmbeddedModel:
     description: str
     builder: str  # "module:function", imported lazily
     version: int = 1
+    images_per_prompt: int = 1  # vision-language: images one prompt may carry
 
     def build_fn(self) -> Callable[[Path], None]:
         import importlib
@@ -76,6 +77,7 @@ CATALOG: dict[str, EmbeddedModel] = {
             "Idefics3: ViT + pixel-shuffle connector + tiny Llama, several images per prompt "
             "(no torchvision)",
             "opsctl.embedded.idefics3:build_tiny_vlm_multi",
+            images_per_prompt=4,
         ),
     ]
 }

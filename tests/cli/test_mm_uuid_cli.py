@@ -62,12 +62,14 @@ def stand_in(
     extra_item: bool = False,
     swap: bool = False,
     sleep: float = 0.0,
+    model_id: str = "fake-vlm",
 ) -> Iterator[str]:
     """Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
     with a wrong index (``index_offset``); the record of the request carrying UUID
     ``lose`` filed under another request id; an ``extra_item`` in every record; the
     recorded items in reverse order (``swap``: a UUID moved to another item); ``sleep``
-    before answering a chat request."""
+    before answering a chat request. It serves ``model_id`` (fake-vlm: unknown to opsctl,
+    so one image per request)."""
     counter = {"n": 0}
 
     class H(BaseHTTPRequestHandler):
@@ -87,7 +89,7 @@ def stand_in(
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "fake-vlm"}]})
+                self._send(200, {"data": [{"id": model_id}]})
             else:
                 self._send(404, {})
 
@@ -253,15 +255,22 @@ def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
     assert "saw 2 item(s) for a request of 1" in doc["items"][0]["why"]
 
 
-def test_several_images_per_request_matched_by_position(tmp_path: Path, monkeypatch) -> None:
-    """The sender is ready for a multi-image model: with 2 images per request the mixed
-    case goes out as ONE request and every recorded item is matched by position; a UUID
-    moved to another item (records in reverse order) is caught."""
+def test_images_per_request_is_a_property_of_the_model() -> None:
     from opsctl.commands.diag import mm_uuid as M
 
-    monkeypatch.setattr(M, "IMAGES_PER_REQUEST", 2)
+    assert M.images_per_request("tiny-vlm-multi") == 4 and M.images_per_request("tiny-vlm") == 1
+    assert M.images_per_request("some-model-dir") == 1
+    assert M.model_args("tiny-vlm-multi") == ["--limit-mm-per-prompt", '{"image": 4}']
+    assert M.model_args("tiny-vlm") == []
+    assert M.DEFAULT_MODEL == "tiny-vlm-multi"
+
+
+def test_several_images_per_request_matched_by_position(tmp_path: Path) -> None:
+    """Against a multi-image model (served as tiny-vlm-multi) each case goes out as ONE
+    request and every recorded item is matched by position; a UUID moved to another item
+    (records in reverse order) is caught."""
     write_run_dir(tmp_path)
-    with stand_in(tmp_path) as url:
+    with stand_in(tmp_path, model_id="tiny-vlm-multi") as url:
         r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -269,10 +278,10 @@ def test_several_images_per_request_matched_by_position(tmp_path: Path, monkeypa
     some0, some1 = it[("some explicit, some None", 0)], it[("some explicit, some None", 1)]
     assert some0["request_id"] == some1["request_id"] and some0["sent_items"] == 2
     assert some0["identifier"] == "opsctl-some-0" and some1["identifier"].endswith("-image-1")
-    assert doc["images_per_request"] == 2
+    assert doc["images_per_request"] == 4
     assert "mm_uuid.one_image_per_request" not in {f["code"] for f in doc["findings"]}
     write_run_dir(tmp_path)
-    with stand_in(tmp_path, swap=True) as url:
+    with stand_in(tmp_path, swap=True, model_id="tiny-vlm-multi") as url:
         r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
     assert r.exit_code == 1
     it = by_item(json.loads(r.stdout))

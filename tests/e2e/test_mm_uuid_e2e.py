@@ -1,10 +1,12 @@
-"""`opsctl diag mm-uuid` against real vLLM CPU engines (tiny-vlm, BLIP-2). Three engine
-starts in this module:
+"""`opsctl diag mm-uuid` against real vLLM CPU engines (tiny-vlm-multi, Idefics3: several
+images per prompt). Three engine starts in this module:
 
-- the command with ``--model tiny-vlm`` (real seeded weights) starts two engines itself,
-  caches off (prefix caching off, mm_processor_cache_gb 0) and caches on, with the
-  engine-core probe; explicit UUIDs must arrive unchanged in both, missing ones get
-  request-local ids (off) or content hashes (on), and a reused UUID is a warning;
+- the command with ``--model tiny-vlm-multi`` (real seeded weights) starts two engines
+  itself, caches off (prefix caching off, mm_processor_cache_gb 0) and caches on, with the
+  engine-core probe; each case goes out as ONE request, explicit UUIDs must arrive
+  unchanged in both modes, missing ones get request-local ids ending in ``-image-<their
+  index in the request>`` (off; vLLM PR 56432: an explicit UUID at index 0 next to a
+  missing one at index 1) or content hashes (on), and a reused UUID is a warning;
 - one module fixture engine (``--load-format dummy``, caches off) whose probe has the
   test-only rewrite knob armed for one UUID (``canary-all-0``): a run with the default
   prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1).
@@ -22,17 +24,18 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
-from opsctl.commands.diag.mm_uuid import CACHE_ARGS
+from opsctl.commands.diag.mm_uuid import CACHE_ARGS, model_args
 from tests.conftest import running_engine
 
 pytestmark = pytest.mark.engine
 CANARY = "canary-all-0"
+MODEL = "tiny-vlm-multi"
 
 
 @pytest.fixture(scope="module")
 def report() -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", "tiny-vlm", "--json"],
+        [sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", MODEL, "--json"],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -44,9 +47,8 @@ def report() -> dict:
 @pytest.fixture(scope="module")
 def rewriting_engine():
     env = {"OPSCTL_PROBES": "mm_uuid", "OPSCTL_MM_UUID_REWRITE": CANARY}
-    with running_engine(
-        "tiny-vlm", load_format="dummy", extra_args=list(CACHE_ARGS["caches-off"]), env=env
-    ) as server:
+    args = list(CACHE_ARGS["caches-off"]) + model_args(MODEL)
+    with running_engine(MODEL, load_format="dummy", extra_args=args, env=env) as server:
         yield server
 
 
@@ -60,19 +62,27 @@ def test_caches_off_keeps_explicit_uuids(report) -> None:
     off = report["runs"][0]
     assert off["settings"] == {"enable_prefix_caching": False, "mm_processor_cache_gb": 0.0}
     it = items(report, "caches-off")
+    assert report["images_per_request"] == 4
     assert it[("all explicit", 0)]["identifier"] == "opsctl-all-0"
     assert it[("all explicit", 1)]["identifier"] == "opsctl-all-1"
-    assert it[("some explicit, some None", 0)]["identifier"] == "opsctl-some-0"
-    local = [it[("some explicit, some None", 1)], it[("no UUIDs", 0)], it[("no UUIDs", 1)]]
-    assert all(i["kind"] == "request-local" and i["identifier"].endswith("-image-0") for i in local)
+    # the mixed case is ONE request of two images: the explicit UUID at index 0 is kept
+    # while the missing one at index 1 gets the request-local id ending in -image-1
+    some0, some1 = it[("some explicit, some None", 0)], it[("some explicit, some None", 1)]
+    assert some0["request_id"] == some1["request_id"] is not None
+    assert some0["sent_items"] == some0["engine_items"] == 2
+    assert (some0["position"], some1["position"]) == (0, 1)
+    assert some0["identifier"] == "opsctl-some-0" and some0["kind"] == "kept"
+    assert some1["kind"] == "request-local" and some1["identifier"].endswith("-image-1")
+    none0, none1 = it[("no UUIDs", 0)], it[("no UUIDs", 1)]
+    assert none0["request_id"] == none1["request_id"] != some0["request_id"]
+    assert none0["identifier"].endswith("-image-0") and none1["identifier"].endswith("-image-1")
+    local = [some1, none0, none1]
+    assert all(i["kind"] == "request-local" for i in local)
     assert len({i["identifier"] for i in local}) == 3
     assert it[("empty string", 0)]["identifier"] == ""  # '' is explicit: kept as is
-    # every request carried one image and the engine core recorded exactly one item for it
-    # (BLIP-2: one image per prompt; the report says the mix inside ONE request is untested)
-    assert all(i["sent_items"] == 1 and i["engine_items"] == 1 for i in report["items"])
-    assert {f["code"]: f["severity"] for f in report["findings"]}[
-        "mm_uuid.one_image_per_request"
-    ] == "info"
+    # every request reached the engine core with all of its images
+    assert all(i["sent_items"] == i["engine_items"] for i in report["items"])
+    assert "mm_uuid.one_image_per_request" not in {f["code"] for f in report["findings"]}
     # the probe really ran in the engine core and recorded it in the run directory
     run_dir = Path(off["run_dir"])
     probe = [e for e in entries(read_records(run_dir)) if e.name == "mm_uuid_probe"]

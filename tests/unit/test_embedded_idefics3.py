@@ -22,6 +22,8 @@ def built(tmp_path_factory) -> Path:
 def test_registered_and_deterministic(built: Path, tmp_path: Path) -> None:
     spec = catalog.get("tiny-vlm-multi")
     assert spec.archetype == "vision-language"
+    assert spec.images_per_prompt == idefics3.MAX_IMAGES > 1
+    assert catalog.get("tiny-vlm").images_per_prompt == 1  # BLIP-2: one image per prompt
     idefics3.build_tiny_vlm_multi(tmp_path)
     for f in ("model.safetensors", "config.json", "tokenizer.json", "preprocessor_config.json"):
         assert (tmp_path / f).read_bytes() == (built / f).read_bytes(), f

@@ -1,6 +1,6 @@
 """`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core with.
 
-With ``--model`` (default tiny-vlm) it starts the engine twice with the ``mm_uuid``
+With ``--model`` (default tiny-vlm-multi) it starts the engine twice with the ``mm_uuid``
 engine probe on (OPSCTL_PROBES=mm_uuid): once with prefix caching off and
 ``--mm-processor-cache-gb 0`` (the mode vLLM PR 56432 fixed) and once with both caches
 on (the contrast: missing UUIDs get content hashes). With a URL it checks that one
@@ -8,15 +8,17 @@ engine, which must have been started by opsctl with the probe on (its run direct
 holds the probe's events; found from the URL or given with --run-dir).
 
 Four cases (all explicit; some explicit and some None; an empty string; none), then a
-UUID reused for a different image. A case's items go out IMAGES_PER_REQUEST at a time;
-the probe's record for each request is found by its request id only (no record: that
-item fails with "no engine record for request X"), and every item it recorded is matched
-to the item sent at the same position.
+UUID reused for a different image. A case's items go out ``images_per_request(model)`` at
+a time (a property of the served model: the catalog's ``images_per_prompt``, 1 for models
+opsctl does not know); the probe's record for each request is found by its request id
+only (no record: that item fails with "no engine record for request X"), and every item
+it recorded is matched to the item sent at the same position.
 
-Limitation: tiny-vlm (BLIP-2) takes one image per prompt in vLLM 0.32 (hard limit of
-its processor; the multi-image models need torchvision, absent from this CPU build), so
-IMAGES_PER_REQUEST is 1 and the mixed case is sent as separate requests; the report
-carries an info finding saying so (see opsctl.domain.mm_uuid).
+tiny-vlm-multi (Idefics3) takes several images per prompt, so each case is ONE request:
+the mixed case checks an explicit UUID at index 0 kept next to a request-local
+``...-image-1`` at index 1 (vLLM PR 56432). tiny-vlm (BLIP-2) takes one image per prompt
+(hard limit of its vLLM processor), so with it the mixed case goes as separate requests
+and the report carries an info finding saying so (see opsctl.domain.mm_uuid).
 
 Exit 1 when an explicit UUID is rewritten or a missing one does not get the expected
 kind of id; 4 when the server does not answer within --timeout. Judgement lives in
@@ -33,12 +35,28 @@ import typer
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.mm_uuid"
-# BLIP-2's vLLM processor supports one image per prompt (see the module docstring)
-IMAGES_PER_REQUEST = 1
+DEFAULT_MODEL = "tiny-vlm-multi"
 CACHE_ARGS = {
     "caches-off": ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"],
     "caches-on": ["--enable-prefix-caching", "--mm-processor-cache-gb", "4"],
 }
+
+
+def images_per_request(model: str) -> int:
+    """Images one request carries for the served model ``model``: the catalog's
+    ``images_per_prompt`` for an embedded model, else 1 (always accepted)."""
+    from opsctl.embedded import catalog
+
+    spec = catalog.CATALOG.get(model)
+    return max(1, spec.images_per_prompt) if spec is not None else 1
+
+
+def model_args(model: str) -> list[str]:
+    """Engine arguments the model needs for the check (a multi-image limit)."""
+    import json
+
+    n = images_per_request(model)
+    return ["--limit-mm-per-prompt", json.dumps({"image": n})] if n > 1 else []
 
 
 def image_data_url(rgb: tuple[int, int, int], size: int = 28) -> str:
@@ -237,14 +255,15 @@ def run_mode(target, mode: str, prefix: str, emit, state: dict, timeout: float =
 
     sender = Sender(target.url, target.run_dir, timeout)
     try:
-        sender.served_model()
+        per_request = images_per_request(sender.served_model())
+        state["images_per_request"] = per_request
         for case in D.default_cases(prefix):
-            for group in batches(case.items, IMAGES_PER_REQUEST):
+            for group in batches(case.items, per_request):
                 obs_list, err = sender.send_request(mode, case.name, group)
                 if obs_list[0].status == 400 and not state["observations"]:
                     raise BadInput(
                         f"the model at {target.url} rejected an image request: {err}",
-                        hint="diag mm-uuid needs a vision-language model, e.g. --model tiny-vlm",
+                        hint=f"diag mm-uuid needs a vision-language model, e.g. --model {DEFAULT_MODEL}",
                     )
                 for obs in obs_list:
                     state["observations"].append(obs)
@@ -325,7 +344,7 @@ def run_mm_uuid(
         if resolved.archetype != "vision-language":
             raise BadInput(
                 f"{resolved.name} is a {resolved.archetype} model; diag mm-uuid needs a "
-                "vision-language model (e.g. tiny-vlm)"
+                f"vision-language model (e.g. {DEFAULT_MODEL})"
             )
         for mode in modes:
             emit({"phase": f"starting engine ({mode})"})
@@ -333,7 +352,7 @@ def run_mm_uuid(
                 None,
                 model,
                 load_format=load_format,
-                extra_args=CACHE_ARGS[mode],
+                extra_args=CACHE_ARGS[mode] + model_args(resolved.name),
                 env={"OPSCTL_PROBES": "mm_uuid"},
                 label=f"diag-mm-uuid-{mode}",
             ) as target:
@@ -368,7 +387,7 @@ def run_mm_uuid(
         SCHEMA,
         runs=runs,
         uuid_prefix=prefix,
-        images_per_request=IMAGES_PER_REQUEST,
+        images_per_request=state.get("images_per_request", 1),
         items=[
             {**o.to_dict(), "verdict": D.judge_item(o)[0], "why": D.judge_item(o)[1]}
             for o in state["observations"]
@@ -415,7 +434,7 @@ def register(app: typer.Typer) -> None:
             None, help="base URL of an engine opsctl started with OPSCTL_PROBES=mm_uuid"
         ),
         model: str | None = typer.Option(
-            None, "--model", help="start this vision-language model (default tiny-vlm)"
+            None, "--model", help=f"start this vision-language model (default {DEFAULT_MODEL})"
         ),
         run_dir: Path | None = typer.Option(
             None, "--run-dir", help="run directory of the engine at URL"
@@ -459,7 +478,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--run-dir goes with a URL")
         if not timeout > 0:
             raise BadInput(f"--timeout must be positive, not {timeout}")
-        model = model or (None if url else "tiny-vlm")
+        model = model or (None if url else DEFAULT_MODEL)
         doc = run_pipeline(
             "diag mm-uuid",
             lambda emit: run_mm_uuid(
