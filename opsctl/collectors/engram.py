@@ -160,60 +160,22 @@ def _process_name(pid: int) -> str:
 def _mappers(pid: int, maps: list[shm.Mapping]) -> MapperInfo:
     name = _process_name(pid)
     ranges = tuple((m.start, m.end, m.offset) for m in maps)
+
+    def unreadable(reason: str) -> MapperInfo:
+        return MapperInfo(
+            pid, name, ranges, maps[0].perms, maps[0].deleted, None, None, None, None, reason
+        )
+
     try:
         sm = read_smaps(pid, {m.start for m in maps})
     except (FileNotFoundError, ProcessLookupError):
-        return MapperInfo(
-            pid,
-            name,
-            ranges,
-            maps[0].perms,
-            maps[0].deleted,
-            None,
-            None,
-            None,
-            None,
-            "process exited during scan",
-        )
+        return unreadable("process exited during scan")
     except PermissionError as exc:
-        return MapperInfo(
-            pid,
-            name,
-            ranges,
-            maps[0].perms,
-            maps[0].deleted,
-            None,
-            None,
-            None,
-            None,
-            f"permission denied reading /proc/{pid}/smaps: {exc.strerror}",
-        )
+        return unreadable(f"permission denied reading /proc/{pid}/smaps: {exc.strerror}")
     except OSError as exc:
-        return MapperInfo(
-            pid,
-            name,
-            ranges,
-            maps[0].perms,
-            maps[0].deleted,
-            None,
-            None,
-            None,
-            None,
-            f"cannot read /proc/{pid}/smaps: {exc}",
-        )
+        return unreadable(f"cannot read /proc/{pid}/smaps: {exc}")
     if not sm:  # maps said it was there, smaps no longer: unmapped or exited in between
-        return MapperInfo(
-            pid,
-            name,
-            ranges,
-            maps[0].perms,
-            maps[0].deleted,
-            None,
-            None,
-            None,
-            None,
-            "mapping went away during scan",
-        )
+        return unreadable("mapping went away during scan")
 
     def total(key: str) -> int | None:
         vals = [v[key] for v in sm.values() if key in v]
