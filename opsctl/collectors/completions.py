@@ -248,7 +248,7 @@ class RunningSampler:
     def _loop(self) -> None:
         from opsctl.collectors.metrics import fetch_metrics
 
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=10.0) as client:
             while not self._stop.is_set():
                 snap = fetch_metrics(client, self.url)
                 if snap.error:
@@ -265,7 +265,9 @@ class RunningSampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        # let the scrape in flight land: on a busy machine one /metrics scrape can outlast
+        # a short BS=N phase, and "no sample at all" would hide the evidence we did get
+        self._thread.join(timeout=30)
 
 
 def served_model(url: str, timeout: float = 5.0) -> str | None:
