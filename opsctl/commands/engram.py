@@ -359,15 +359,9 @@ def _load_config(model: Path | None, config: str | None) -> tuple[dict, str]:
         raise BadInput(
             f"no such config file: {path}", hint=f"shipped examples: {', '.join(EXAMPLES)}"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data, source
+    from opsctl.engine.model import load_json_object
+
+    return load_json_object(path), source
 
 
 def plan_document(

@@ -36,19 +36,25 @@ def archetype_of(config: dict) -> str:
     return "decoder"
 
 
+def load_json_object(path: Path) -> dict:
+    """A JSON object from ``path``; unreadable, malformed or non-object files are
+    BadInput with one clear line."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {path}: {exc}") from None
+    except ValueError as exc:
+        raise BadInput(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path} is not a JSON object")
+    return data
+
+
 def read_config(path: Path) -> dict:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise BadInput(f"model directory {path} has no config.json")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {cfg_path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{cfg_path} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise BadInput(f"{cfg_path} is not a JSON object")
-    return config
+    return load_json_object(cfg_path)
 
 
 def resolve(model: str | None) -> ResolvedModel:
