@@ -5,20 +5,20 @@ once honest and once rewriting one explicit UUID."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standin import JSONHandler
 
 
 def run(*args: str):
@@ -72,19 +72,7 @@ def stand_in(
     so one image per request)."""
     counter = {"n": 0}
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError):  # the client gave up (--timeout)
-                self.wfile.write(data)
-
+    class H(JSONHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {})

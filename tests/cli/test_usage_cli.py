@@ -3,18 +3,18 @@ check can fail, using a stand-in HTTP server that reports inflated usage."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standin import JSONHandler
 
 
 def run(*args: str):
@@ -52,19 +52,7 @@ def stand_in(
     """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
     true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError):  # the client gave up (--timeout test)
-                self.wfile.write(data)
-
+    class H(JSONHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {})
