@@ -235,15 +235,36 @@ def run_together_list(
 
 
 class RunningSampler:
-    """Polls vllm:num_requests_running from /metrics in a thread while BS=N runs."""
+    """What /metrics says about the BS=N phase.
+
+    Conclusive part: the engine-step and generated-token counters read before and after
+    (``vllm:iteration_tokens_total`` is observed once per engine step): N tokens from
+    fewer than N steps means some step carried two or more requests. Sampling the
+    ``vllm:num_requests_running`` gauge in a thread is kept as a second view, but a short
+    batch can start and finish between two scrapes, so it alone proves nothing.
+    """
 
     def __init__(self, url: str, period: float = 0.02) -> None:
         self.url = url
         self.period = period
         self.samples: list[float] = []
         self.error: str | None = None
+        self.steps: int | None = None  # engine steps during the phase (counter delta)
+        self.tokens: int | None = None  # generated tokens during the phase (counter delta)
+        self._base: tuple[float, float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _counters(self) -> tuple[float, float] | None:
+        from opsctl.collectors.metrics import fetch_metrics
+
+        with httpx.Client(timeout=10.0) as client:
+            snap = fetch_metrics(client, self.url)
+        if snap.error:
+            self.error = snap.error
+            return None
+        steps, tokens = snap.get(STEPS_COUNT), snap.get(GEN_TOKENS)
+        return None if steps is None or tokens is None else (steps, tokens)
 
     def _loop(self) -> None:
         from opsctl.collectors.metrics import fetch_metrics
@@ -259,7 +280,25 @@ class RunningSampler:
                         self.samples.append(v)
                 self._stop.wait(self.period)
 
+    def settle(self, expected_tokens: int, timeout: float = 5.0) -> None:
+        """Read the counters again once they account for the ``expected_tokens`` the
+        responses carried (the server records stats just after answering)."""
+        if self._base is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            now = self._counters()
+            if now is not None:
+                self.steps = int(now[0] - self._base[0])
+                self.tokens = int(now[1] - self._base[1])
+                if self.tokens >= expected_tokens:
+                    return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
     def __enter__(self) -> RunningSampler:
+        self._base = self._counters()
         self._thread.start()
         return self
 
@@ -268,6 +307,10 @@ class RunningSampler:
         # let the scrape in flight land: on a busy machine one /metrics scrape can outlast
         # a short BS=N phase, and "no sample at all" would hide the evidence we did get
         self._thread.join(timeout=30)
+
+
+STEPS_COUNT = "vllm:iteration_tokens_total_count"
+GEN_TOKENS = "vllm:generation_tokens_total"
 
 
 def served_model(url: str, timeout: float = 5.0) -> str | None:

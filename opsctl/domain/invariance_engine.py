@@ -203,6 +203,7 @@ class BatchEvidence:
     wanted: int = 0
     alone: tuple[int, ...] = ()  # prompts never sampled together with another of ours
     per_prompt: dict[int, int] = field(default_factory=dict)  # prompt -> largest co-batch
+    tokens: int | None = None  # generated tokens over those steps (metrics counters)
 
     @property
     def formed(self) -> bool | None:
@@ -219,6 +220,7 @@ class BatchEvidence:
             "formed": self.formed,
             "alone": list(self.alone),
             "per_prompt": {str(k): v for k, v in sorted(self.per_prompt.items())},
+            "tokens": self.tokens,
         }
 
 
@@ -259,12 +261,29 @@ def shared_steps(steps: list[dict], tag: str) -> int:
     return best
 
 
-def batch_from_metrics(running_samples: list[float], wanted: int) -> BatchEvidence:
-    if not running_samples:
+def batch_from_metrics(
+    running_samples: list[float],
+    wanted: int,
+    steps: int | None = None,
+    tokens: int | None = None,
+) -> BatchEvidence:
+    """From /metrics. ``steps``/``tokens`` are the engine-step and generated-token counter
+    deltas over the BS=N phase: one request adds at most one token per step, so
+    ``tokens`` spread over ``steps`` means at least ceil(tokens/steps) requests shared
+    some step (a lower bound on the peak). The sampled running-requests gauge can only
+    raise that bound; alone it may miss a short batch."""
+    bound = -(-tokens // steps) if steps and tokens is not None and steps > 0 else None
+    peak = int(max(running_samples)) if running_samples else None
+    if bound is None and peak is None:
         return BatchEvidence("none", None, 0, wanted)
+    if bound is not None:
+        return BatchEvidence(
+            "metrics (generated tokens per engine step)",
+            max(bound, peak or 0),
+            steps or 0,
+            wanted,
+            tokens=tokens,
+        )
     return BatchEvidence(
-        "metrics (peak vllm:num_requests_running)",
-        int(max(running_samples)),
-        len(running_samples),
-        wanted,
+        "metrics (peak vllm:num_requests_running)", peak, len(running_samples), wanted
     )

@@ -56,8 +56,12 @@ def fake(tmp_path, monkeypatch):
 
     class Sampler:
         samples = [2.0]
+        steps = tokens = None
 
         def __init__(self, url):
+            pass
+
+        def settle(self, expected_tokens):
             pass
 
         def __enter__(self):

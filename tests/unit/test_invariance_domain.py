@@ -174,6 +174,15 @@ def test_batch_evidence_from_probe_and_metrics():
     assert inv.batch_from_probe(steps, "nobody", 8) is None
     assert inv.batch_from_metrics([0.0, 1.0, 1.0], 8).formed is False
     assert inv.batch_from_metrics([], 8).formed is None
+    # counters: 8 requests x 4 tokens in 4 steps -> all 8 shared steps; in 32 steps -> one
+    # request per step is possible, so nothing shown; the sampled gauge can raise the bound
+    ev = inv.batch_from_metrics([], 8, steps=4, tokens=32)
+    assert (ev.max_batch, ev.formed, ev.tokens) == (8, True, 32)
+    assert ev.source.startswith("metrics (generated tokens")
+    assert inv.batch_from_metrics([], 8, steps=5, tokens=32).max_batch == 7  # ceil(32/5)
+    assert inv.batch_from_metrics([], 8, steps=32, tokens=32).formed is False
+    assert inv.batch_from_metrics([3.0], 8, steps=32, tokens=32).max_batch == 3
+    assert inv.batch_from_metrics([], 8, steps=0, tokens=0).formed is None
 
 
 def test_compilation_mode_names():

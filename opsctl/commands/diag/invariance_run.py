@@ -35,6 +35,13 @@ class Request:
     batch_via: str = "list"  # list: one request with N prompts | requests: N concurrent requests
 
 
+def _batch_text(run: dict) -> str:
+    b = run["batch"]
+    if b.get("tokens") is not None:  # counters give a lower bound on the peak
+        return f">= {b['max_batch']} together ({b['tokens']} tokens in {b['steps']} steps)"
+    return f"{b['max_batch']} together ({b['source']})"
+
+
 def _preview(text: str, n: int = 28) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -148,6 +155,7 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
                 progress(f"BS={req.batch_size}"),
             )
         t_together = time.time() - t0
+        sampler.settle(sum(len(t.generated.token_ids) for t in together))
         time.sleep(0.2)  # let the probe's last lines land
         info, batch_records, probe_init, ledger_version = engine_records(run_dir)
 
@@ -179,7 +187,7 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
 
     evidence = inv.batch_from_probe(
         batch_records, tag_batch, req.batch_size
-    ) or inv.batch_from_metrics(sampler.samples, req.batch_size)
+    ) or inv.batch_from_metrics(sampler.samples, req.batch_size, sampler.steps, sampler.tokens)
     settings = inv.check_engine_settings(
         info, probe_init.get("env") if probe_init else None, mode=mode
     )
@@ -194,11 +202,22 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
             "(never sampled with another request): BS=N not tested for them"
         )
     elif evidence.formed is False:
-        msg = f"BS={req.batch_size} did not form a batch ({evidence.source}: at most {evidence.max_batch} request(s) per step)"
         if evidence.source == "batch probe":
-            extra.append(msg)
+            extra.append(
+                f"BS={req.batch_size} did not form a batch (batch probe: at most "
+                f"{evidence.max_batch} request(s) per step)"
+            )
+        elif evidence.tokens is not None:
+            warnings.append(
+                f"could not show that BS={req.batch_size} formed a batch ({evidence.source}: "
+                f"{evidence.tokens} tokens in {evidence.steps} steps); not conclusive without "
+                "the batch probe"
+            )
         else:
-            warnings.append(msg + "; metrics are sampled, so this is not conclusive")
+            warnings.append(
+                f"could not show that BS={req.batch_size} formed a batch ({evidence.source}: "
+                f"peak {evidence.max_batch}); the gauge is sampled, so this is not conclusive"
+            )
     shared = inv.shared_steps(batch_records, tag_alone)
     if shared > 1:
         warnings.append(
@@ -362,7 +381,7 @@ def render(con, doc: dict) -> None:
         lambda r: "{identical} / {within_atol} / {diverged} / {errors}".format(**r["summary"]),
     )
     row("largest |Δ logprob|", lambda r: _fmt_diff(r["summary"]["largest_diff"]))
-    row("batch formed", lambda r: f"{r['batch']['max_batch']} together ({r['batch']['source']})")
+    row("batch formed", _batch_text)
     row(
         "execution",
         lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?",
