@@ -46,3 +46,14 @@ def running_engine(
 @pytest.fixture(scope="session")
 def opsctl_home() -> Path:
     return Path(os.environ["OPSCTL_HOME"])
+
+
+# Terminal settings a CI runner may export change what rich prints (colour codes, width);
+# the tests read plain text, as an operator's pipe would get it.
+_TERMINAL_ENV = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES")
+
+
+@pytest.fixture(autouse=True)
+def _plain_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _TERMINAL_ENV:
+        monkeypatch.delenv(name, raising=False)

@@ -244,7 +244,7 @@ class RunningSampler:
     batch can start and finish between two scrapes, so it alone proves nothing.
     """
 
-    def __init__(self, url: str, period: float = 0.02) -> None:
+    def __init__(self, url: str, period: float = 0.25) -> None:
         self.url = url
         self.period = period
         self.samples: list[float] = []

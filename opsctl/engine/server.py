@@ -150,7 +150,9 @@ class EngineServer:
         self.healthy_at: float | None = None
         self.shm_before: set[str] = set()
         self.shm_seen: set[str] = set()  # segments our processes were seen mapping
-        self.known_pids: set[int] = set()
+        # pid -> create_time of every process of ours seen: a pid the kernel reuses for
+        # someone else's process later is told apart by its start time, and never signalled
+        self.known_pids: dict[int, float] = {}
         self._log_fh = None
         self.stop_report: StopReport | None = None
         self._lock_fh = None
@@ -178,7 +180,10 @@ class EngineServer:
             return
         import fcntl
 
-        self._lock_fh = open(path, "a")  # noqa: SIM115 - held until stop()
+        try:  # read-only is enough for flock, and works on a lock file another user made
+            self._lock_fh = open(path)  # noqa: SIM115 - held until stop()
+        except FileNotFoundError:
+            self._lock_fh = open(path, "a")  # noqa: SIM115 - held until stop()
         fcntl.flock(self._lock_fh, fcntl.LOCK_EX)
 
     def _release_engine_lock(self) -> None:
@@ -188,18 +193,23 @@ class EngineServer:
 
     def start(self) -> EngineServer:
         opts = self.opts
-        if opts.port is not None:
-            if not 0 < opts.port < 65536:
-                raise BadInput(f"port {opts.port} is out of range 1..65535")
-            if not port_free(opts.host, opts.port):
-                raise BadInput(f"port {opts.port} on {opts.host} is already in use")
-            self.port = opts.port
-        else:
-            self.port = free_port(opts.host)
+        if opts.port is not None and not 0 < opts.port < 65536:
+            raise BadInput(f"port {opts.port} is out of range 1..65535")
+        # queue first, pick the port after: a port chosen before a long wait may be gone
+        self._take_engine_lock()
+        try:
+            if opts.port is not None:
+                if not port_free(opts.host, opts.port):
+                    raise BadInput(f"port {opts.port} on {opts.host} is already in use")
+                self.port = opts.port
+            else:
+                self.port = free_port(opts.host)
+        except BaseException:
+            self._release_engine_lock()
+            raise
         self.run_dir = opts.run_dir or new_run_dir(opts.label, opts.model.name, self.port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         argv = build_argv(opts, self.port)
-        self._take_engine_lock()
         self.shm_before = {f.name for f in shm.list_files()}
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started_at = time.time()
@@ -212,7 +222,7 @@ class EngineServer:
             start_new_session=True,
             cwd=str(self.run_dir),
         )
-        self.known_pids.add(self.proc.pid)
+        self._remember([self.proc.pid])
         self._write_meta(argv=argv)
         return self
 
@@ -257,9 +267,15 @@ class EngineServer:
         pids = [self.proc.pid]
         with contextlib.suppress(psutil.NoSuchProcess):
             pids += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
-        self.known_pids.update(pids)
+        self._remember(pids)
         scan = shm.scan_mappings(pids)
         self.shm_seen.update(os.path.basename(m.path) for m in scan.mappings)
+
+    def _remember(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid not in self.known_pids:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    self.known_pids[pid] = psutil.Process(pid).create_time()
 
     def health(self, client: httpx.Client) -> bool:
         try:
@@ -306,27 +322,29 @@ class EngineServer:
 
     # ---- stop ----------------------------------------------------------------
     def _all_pids(self) -> list[int]:
-        pids = set(self.known_pids)
         if self.proc:
             with contextlib.suppress(psutil.NoSuchProcess):
-                pids.update(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))
+                self._remember(
+                    [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+                )
         # anything still in our process group (children re-parented to init)
         pgid = self.proc.pid if self.proc else None
         if pgid:
             for p in psutil.process_iter(["pid"]):
                 with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
                     if os.getpgid(p.pid) == pgid:
-                        pids.add(p.pid)
-        return sorted(pids)
+                        self._remember([p.pid])
+        return sorted(self.known_pids)
 
     def _living(self, pids: list[int]) -> list[psutil.Process]:
         out = []
         for pid in pids:
             try:
                 p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE and (
-                    p.create_time() <= time.time() and pid != os.getpid()
-                ):
+                started = self.known_pids.get(pid)
+                if started is not None and abs(p.create_time() - started) > 0.05:
+                    continue  # the pid was reused: not our process
+                if p.status() != psutil.STATUS_ZOMBIE and pid != os.getpid():
                     out.append(p)
             except psutil.NoSuchProcess:
                 continue

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import random
-import time
 
 import pytest
 from engram_tables import shared_table, unique_prefix, write_byte
@@ -212,9 +211,7 @@ def test_churning_mappers_never_crash_inspect():
     prefix = unique_prefix("churn")
     with shared_table(prefix, mappers=2, unlink=False) as t:
         rng = random.Random(7)
-        deadline = time.monotonic() + 4
-        rounds = 0
-        while time.monotonic() < deadline:
+        for _ in range(12):  # a fixed number of rounds: no wall-clock budget to miss
             t.spawn(1)
             if rng.random() < 0.7 and len(t.pids) > 1:
                 victim = rng.choice([c for c in t.children if c.poll() is None])
@@ -222,8 +219,6 @@ def test_churning_mappers_never_crash_inspect():
                     victim.kill()  # exits while inspect may be reading it
             snap = col.inspect(verify="full", prefix=prefix)
             assert only_table(snap, prefix).verify.status == "constant"
-            rounds += 1
-        assert rounds >= 3
 
 
 def as_nobody(fn) -> dict:

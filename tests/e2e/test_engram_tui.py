@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from engram_tables import shared_table, unique_prefix
 
@@ -21,10 +23,10 @@ async def test_inspect_pipeline_in_the_dashboard_panel():
     with shared_table(prefix, mappers=2) as t:
         app = DiagApp("engram inspect", lambda emit: inspect_pipeline(emit, None, "full", prefix))
         async with app.run_test(size=(160, 40)) as pilot:
-            for _ in range(200):
+            deadline = time.monotonic() + 60  # a full verify of the table, on a loaded machine
+            while not app.done.is_set():
+                assert time.monotonic() < deadline, "inspect pipeline did not finish"
                 await pilot.pause(0.02)
-                if app.done.is_set():
-                    break
             await pilot.pause(0.1)
             panel = app.query_one(DiagPanel)
             assert panel.last["verdict"] == "pass"

@@ -23,6 +23,17 @@ def text_of(widget) -> str:
     return str(widget.render())
 
 
+async def wait_for(pilot, cond, timeout: float = 30.0) -> None:
+    """Pause until cond() holds (polls run in a worker thread, which a loaded machine may
+    schedule late); fails on the deadline so a timeout reads as a timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the dashboard"
+        await pilot.pause(0.02)
+
+
 @pytest.mark.anyio
 async def test_dashboard_walks_from_starting_to_ready_with_metrics_and_ledger():
     replay = replay_source(FIXTURE)
@@ -36,10 +47,7 @@ async def test_dashboard_walks_from_starting_to_ready_with_metrics_and_ledger():
 
     app.show = show
     async with app.run_test(size=(140, 50)) as pilot:
-        for _ in range(200):
-            await pilot.pause(0.02)
-            if app.polls >= 6:
-                break
+        await wait_for(pilot, lambda: app.polls >= 6 and len(shown) >= 3)
         assert shown[:3] == ["starting", "loading", "ready"]
         state_line = text_of(app.query_one(StatePanel).query_one("#state-line"))
         assert "READY" in state_line and "healthy after" in state_line
@@ -62,7 +70,7 @@ async def test_dead_engine_stays_on_screen_with_reason_and_code_1():
         lambda: dead, interval=0.01, clock=False, until=lambda s: 1 if s.state == "dead" else None
     )
     async with app.run_test(size=(140, 50)) as pilot:
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.polls >= 1 and app.result_code is not None)
         assert app.result_code == 1 and app.is_running  # waits for the user
         detail = text_of(app.query_one(StatePanel).query_one("#state-detail"))
         assert "RuntimeError: boom" in detail
@@ -74,4 +82,9 @@ def test_dashboard_snapshot(snap_compare):
     snaps = recorded()
     ready = snaps[3]
     app = build_serve_app(lambda: ready, interval=3600, clock=False)
-    assert snap_compare(app, terminal_size=(140, 48))
+
+    async def first_poll_shown(pilot):
+        await wait_for(pilot, lambda: app.polls >= 1)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(140, 48), run_before=first_poll_shown)
