@@ -191,16 +191,21 @@ class EngineServer:
             self._lock_fh.close()
             self._lock_fh = None
 
+    def _check_port(self, port: int) -> None:
+        if not port_free(self.opts.host, port):
+            raise BadInput(f"port {port} on {self.opts.host} is already in use")
+
     def start(self) -> EngineServer:
         opts = self.opts
-        if opts.port is not None and not 0 < opts.port < 65536:
-            raise BadInput(f"port {opts.port} is out of range 1..65535")
+        if opts.port is not None:
+            if not 0 < opts.port < 65536:
+                raise BadInput(f"port {opts.port} is out of range 1..65535")
+            self._check_port(opts.port)  # fail fast, before any wait for the lock
         # queue first, pick the port after: a port chosen before a long wait may be gone
         self._take_engine_lock()
         try:
             if opts.port is not None:
-                if not port_free(opts.host, opts.port):
-                    raise BadInput(f"port {opts.port} on {opts.host} is already in use")
+                self._check_port(opts.port)  # and again: it may have been taken meanwhile
                 self.port = opts.port
             else:
                 self.port = free_port(opts.host)
