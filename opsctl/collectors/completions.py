@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from opsctl.collectors.metrics import fetch_metrics
 from opsctl.domain.invariance import Generated, TokenKey
+from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -255,27 +257,22 @@ class RunningSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _counters(self) -> tuple[float, float] | None:
-        from opsctl.collectors.metrics import fetch_metrics
-
-        with httpx.Client(timeout=10.0) as client:
-            snap = fetch_metrics(client, self.url)
+    def _counters(self, client: httpx.Client) -> tuple[float, float] | None:
+        snap = fetch_metrics(client, self.url)
         if snap.error:
             self.error = snap.error
             return None
-        steps, tokens = snap.get(STEPS_COUNT), snap.get(GEN_TOKENS)
+        steps, tokens = snap.get(STEPS), snap.get(GEN_TOKENS)
         return None if steps is None or tokens is None else (steps, tokens)
 
     def _loop(self) -> None:
-        from opsctl.collectors.metrics import fetch_metrics
-
         with httpx.Client(timeout=10.0) as client:
             while not self._stop.is_set():
                 snap = fetch_metrics(client, self.url)
                 if snap.error:
                     self.error = snap.error
                 else:
-                    v = snap.get("vllm:num_requests_running")
+                    v = snap.get(RUNNING)
                     if v is not None:
                         self.samples.append(v)
                 self._stop.wait(self.period)
@@ -286,19 +283,21 @@ class RunningSampler:
         if self._base is None:
             return
         deadline = time.monotonic() + timeout
-        while True:
-            now = self._counters()
-            if now is not None:
-                self.steps = int(now[0] - self._base[0])
-                self.tokens = int(now[1] - self._base[1])
-                if self.tokens >= expected_tokens:
+        with httpx.Client(timeout=10.0) as client:
+            while True:
+                now = self._counters(client)
+                if now is not None:
+                    self.steps = int(now[0] - self._base[0])
+                    self.tokens = int(now[1] - self._base[1])
+                    if self.tokens >= expected_tokens:
+                        return
+                if time.monotonic() >= deadline:
                     return
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.05)
+                time.sleep(0.05)
 
     def __enter__(self) -> RunningSampler:
-        self._base = self._counters()
+        with httpx.Client(timeout=10.0) as client:
+            self._base = self._counters(client)
         self._thread.start()
         return self
 
@@ -307,10 +306,6 @@ class RunningSampler:
         # let the scrape in flight land: on a busy machine one /metrics scrape can outlast
         # a short BS=N phase, and "no sample at all" would hide the evidence we did get
         self._thread.join(timeout=30)
-
-
-STEPS_COUNT = "vllm:iteration_tokens_total_count"
-GEN_TOKENS = "vllm:generation_tokens_total"
 
 
 def served_model(url: str, timeout: float = 5.0) -> str | None:

@@ -272,18 +272,17 @@ def batch_from_metrics(
     ``tokens`` spread over ``steps`` means at least ceil(tokens/steps) requests shared
     some step (a lower bound on the peak). The sampled running-requests gauge can only
     raise that bound; alone it may miss a short batch."""
-    bound = -(-tokens // steps) if steps and tokens is not None and steps > 0 else None
     peak = int(max(running_samples)) if running_samples else None
-    if bound is None and peak is None:
-        return BatchEvidence("none", None, 0, wanted)
-    if bound is not None:
+    if steps is not None and steps > 0 and tokens is not None:
         return BatchEvidence(
             "metrics (generated tokens per engine step)",
-            max(bound, peak or 0),
-            steps or 0,
+            max(-(-tokens // steps), peak or 0),  # ceil(tokens / steps)
+            steps,
             wanted,
             tokens=tokens,
         )
+    if peak is None:
+        return BatchEvidence("none", None, 0, wanted)
     return BatchEvidence(
         "metrics (peak vllm:num_requests_running)", peak, len(running_samples), wanted
     )

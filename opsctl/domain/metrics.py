@@ -34,6 +34,8 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GEN_TOKENS = "vllm:generation_tokens_total"
+# vllm:iteration_tokens_total is observed once per engine step: its count counts steps
+STEPS = "vllm:iteration_tokens_total_count"
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 
