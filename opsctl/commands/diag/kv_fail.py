@@ -69,6 +69,8 @@ def check_model(model: str | None) -> str:
 def render(con, doc: dict) -> None:
     from rich.table import Table
 
+    from opsctl.commands.diag.kv_fail_run import COLUMNS
+
     groups = doc.get("kv_cache_groups") or []
     con.print(
         f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version')} ({doc.get('platform')}), "
@@ -86,16 +88,7 @@ def render(con, doc: dict) -> None:
         f"injection {inj.get('mode')} {inj.get('rate') if inj.get('mode') == 'rate' else inj.get('blocks')} "
         f"seed {inj.get('seed')} on requests {inj.get('targets')}"
     )
-    table = Table(
-        "#",
-        "prompt",
-        "target",
-        "round trip",
-        "injected",
-        "outcome",
-        "vs baseline",
-        "silent corrupt",
-    )
+    table = Table(*COLUMNS)
 
     def cell(c):
         if not c:

@@ -23,7 +23,7 @@ COLUMNS = [
     "injected",
     "outcome",
     "vs baseline",
-    "corrupt-silent",
+    "silent corrupt",
 ]
 
 
