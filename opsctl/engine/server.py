@@ -26,11 +26,13 @@ import psutil
 
 from opsctl import paths
 from opsctl.collectors import shm
+from engine_patches import knobs
 from opsctl.domain import serverlog
 from opsctl.engine.model import ResolvedModel
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
+_OWNER_STARTED = psutil.Process().create_time()
 
 
 @dataclass
@@ -47,6 +49,10 @@ class LaunchOptions:
     run_dir: Path | None = None
     label: str = "serve"
     enforce_eager: bool = True  # False: vLLM's default execution mode (torch.compile / graphs)
+    api_key: str | None = None  # given to vLLM (VLLM_API_KEY) and used for opsctl's own requests
+    # test-only knobs (engine_patches.knobs.KNOBS): the only way a knob reaches an engine;
+    # knobs in the inherited environment are stripped
+    knobs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,13 @@ def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
     if opts.disable_patches:
         env["OPSCTL_DISABLE_PATCHES"] = ",".join(opts.disable_patches)
     env.update(opts.env)
-    return env
+    # vLLM reads its API key from VLLM_API_KEY too: an inherited one would lock opsctl out
+    # of its own server. The key travels in the environment (not argv: /proc/PID/cmdline
+    # is world-readable), and only when given.
+    env.pop("VLLM_API_KEY", None)
+    if opts.api_key:
+        env["VLLM_API_KEY"] = opts.api_key
+    return knobs.with_knobs(env, opts.knobs)
 
 
 class EngineServer:
@@ -247,6 +259,12 @@ class EngineServer:
                 "load_format": self.opts.load_format,
                 "started_at": self.started_at,
                 "healthy_at": self.healthy_at,
+                # who owns the engine, and every engine process seen (pid -> start time):
+                # `opsctl runs` tells live / orphaned / dead runs apart from these, and a
+                # pid the kernel reused is never taken for ours
+                "owner_pid": os.getpid(),
+                "owner_started": _OWNER_STARTED,
+                "pids": {str(pid): started for pid, started in sorted(self.known_pids.items())},
                 **extra,
             }
         )
@@ -277,10 +295,15 @@ class EngineServer:
         self.shm_seen.update(os.path.basename(m.path) for m in scan.mappings)
 
     def _remember(self, pids: list[int]) -> None:
+        new = False
         for pid in pids:
             if pid not in self.known_pids:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     self.known_pids[pid] = psutil.Process(pid).create_time()
+                    new = True
+        if new and self.run_dir is not None and self.stop_report is None:
+            with contextlib.suppress(OSError):
+                self._write_meta()
 
     def health(self, client: httpx.Client) -> bool:
         try:
