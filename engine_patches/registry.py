@@ -7,6 +7,10 @@ never lets one crash the engine, and writes a per-process ledger JSON file to
 Environment:
 - ``OPSCTL_RUN_DIR``: run directory (the plugin is inert without it)
 - ``OPSCTL_DISABLE_PATCHES``: comma-separated patch names to skip ("all" skips all)
+
+Every ledger record carries ``test_knobs``: the test-only knobs this process honours
+(:func:`engine_patches.knobs.active`; ``{}`` on an engine nobody armed), so opsctl shows
+a knob-altered engine as such from the engine's own record.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from engine_patches import knobs
 
 APPLIED = "applied"
 UPSTREAM = "already upstream"
@@ -144,6 +150,7 @@ def apply_all(run_dir: str | None = None) -> dict:
             "vllm_version": vllm_version(),
             "platform": platform_name(),
             "time": time.time(),
+            "test_knobs": knobs.active(),
             "patches": list(_STATE.results.values()),
         }
     write_ledger(record, run_dir)

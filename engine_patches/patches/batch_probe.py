@@ -11,7 +11,9 @@ Inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``batch``; then it rep
 - one ``{"event": "step", "num_reqs": n, "req_ids": [...]}`` line per sampling step:
   the batch the scheduler formed and the model runner sampled.
 
-Test-only knob ``OPSCTL_PROBE_NUDGE="<marker>:<position>[:<delta>]"``: for a request
+Test-only knob ``OPSCTL_PROBE_NUDGE="<marker>:<position>[:<delta>]"`` (read through
+:mod:`engine_patches.knobs`, so honoured only with ``OPSCTL_TEST_KNOBS=1``, which opsctl
+sets only for knobs a caller asked for explicitly): for a request
 whose id or decoded prompt contains ``<marker>``, add ``<delta>`` (default 0.01) to the
 largest logit at output position ``<position>`` (0-based) -- but only when that step
 samples more than one request. The token stays the same and its logprobs move, so a
@@ -30,6 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from engine_patches import knobs
 from engine_patches.registry import (
     APPLIED,
     SKIPPED,
@@ -42,7 +45,7 @@ from engine_patches.registry import (
 
 PROBE_NAME = "batch"
 ENV_PROBES = "OPSCTL_PROBES"
-ENV_NUDGE = "OPSCTL_PROBE_NUDGE"
+ENV_NUDGE = knobs.NUDGE
 RECORDED_ENV = ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_BATCH_INVARIANT")
 DEFAULT_DELTA = 0.01
 MAX_TRACKED = 4096
@@ -83,6 +86,12 @@ def parse_nudge(spec: str | None) -> Nudge | None:
             f"{ENV_NUDGE} must be '<marker>:<position>[:<delta>]' (position >= 0), not {spec!r}"
         )
     return Nudge(marker, position, delta)
+
+
+def armed_nudge() -> Nudge | None:
+    """The nudge this process was armed with: only an explicitly enabled test knob
+    (``knobs.get``), never a bare ``OPSCTL_PROBE_NUDGE`` inherited from a shell."""
+    return parse_nudge(knobs.get(ENV_NUDGE))
 
 
 class _Tracker:
@@ -163,7 +172,7 @@ def observe(tracker: _Tracker, runner, logits) -> None:
 def apply() -> Outcome:
     if not requested():
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
-    nudge = parse_nudge(os.environ.get(ENV_NUDGE))
+    nudge = armed_nudge()
     env = {k: os.environ.get(k) for k in RECORDED_ENV}
     init = {
         "event": "init",

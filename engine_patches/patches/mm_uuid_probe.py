@@ -10,7 +10,8 @@ Inert unless requested: ``OPSCTL_PROBES`` (comma-separated) must contain ``mm_uu
 otherwise the ledger shows "skipped" with the reason.
 
 Test-only knob, to prove that ``opsctl diag mm-uuid`` can fail:
-``OPSCTL_MM_UUID_REWRITE=<uuid>`` makes the probe rewrite every item whose identifier
+``OPSCTL_MM_UUID_REWRITE=<uuid>`` (read through :mod:`engine_patches.knobs`, so honoured
+only with ``OPSCTL_TEST_KNOBS=1``) makes the probe rewrite every item whose identifier
 equals ``<uuid>`` to ``<uuid>~rewritten`` *before* the request is forwarded and
 recorded, i.e. it simulates an engine that drops an explicit UUID.
 """
@@ -21,11 +22,12 @@ import functools
 import os
 from typing import Any
 
+from engine_patches import knobs
 from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
 
 ORIGINALS: dict[str, Any] = {}
 PROBE = "mm_uuid"
-REWRITE_ENV = "OPSCTL_MM_UUID_REWRITE"
+REWRITE_ENV = knobs.MM_UUID_REWRITE
 REWRITE_SUFFIX = "~rewritten"
 
 
@@ -70,7 +72,7 @@ def wrap(original):
     def preprocess_add_request(self, request, *args, **kwargs):
         rewritten = 0
         try:
-            target = os.environ.get(REWRITE_ENV)
+            target = knobs.get(REWRITE_ENV)
             if target and request.mm_features:
                 rewritten = rewrite(request.mm_features, target)
         except Exception:
@@ -104,7 +106,7 @@ def apply() -> Outcome:
         return Outcome(APPLIED, "already applied in this process")
     ORIGINALS["preprocess_add_request"] = current
     EngineCore.preprocess_add_request = wrap(current)  # type: ignore[method-assign]
-    knob = os.environ.get(REWRITE_ENV)
+    knob = knobs.get(REWRITE_ENV)
     detail = "records the identifier of every multimodal item at EngineCore.preprocess_add_request"
     if knob:
         detail += f"; TEST KNOB: rewrites identifier {knob!r}"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from engine_patches import knobs
 from engine_patches.patches import batch_probe as bp
 from engine_patches.registry import SKIPPED
 from opsctl.collectors.ledger import read_events
@@ -42,6 +43,18 @@ def test_parse_nudge(spec, expected):
 def test_parse_nudge_rejects_malformed(spec):
     with pytest.raises(ValueError, match="OPSCTL_PROBE_NUDGE"):
         bp.parse_nudge(spec)
+
+
+def test_nudge_is_armed_only_with_the_enable_switch(monkeypatch):
+    monkeypatch.setenv(bp.ENV_NUDGE, "zebra:3")
+    monkeypatch.delenv(knobs.ENABLE, raising=False)
+    assert bp.armed_nudge() is None  # inherited from a shell: ignored
+    monkeypatch.setenv(knobs.ENABLE, "yes")
+    assert bp.armed_nudge() is None
+    monkeypatch.setenv(knobs.ENABLE, "1")
+    assert bp.armed_nudge() == bp.Nudge("zebra", 3, bp.DEFAULT_DELTA)
+    monkeypatch.delenv(bp.ENV_NUDGE)
+    assert bp.armed_nudge() is None
 
 
 TEXTS: dict[int, str] = {}

@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
+
+from engine_patches import knobs
 from engine_patches.patches import mm_uuid_probe as P
 from engine_patches.registry import APPLIED, SKIPPED
 
@@ -45,6 +48,7 @@ def test_applies_once_and_undoes(monkeypatch) -> None:
 def test_wrapper_records_and_rewrites_only_the_armed_uuid(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(P.REWRITE_ENV, "armed")
+    monkeypatch.setenv(knobs.ENABLE, "1")
     feats = [
         Feature("armed", "armed"),
         Feature("kept", "kept"),
@@ -75,3 +79,20 @@ def test_requests_without_images_are_not_recorded(monkeypatch, tmp_path) -> None
     monkeypatch.delenv(P.REWRITE_ENV, raising=False)
     P.wrap(lambda self, req: (req, 0))(object(), SimpleNamespace(request_id="t", mm_features=None))
     assert not (tmp_path / "events" / "mm_uuid.jsonl").exists()
+
+
+@pytest.mark.parametrize("enable", [None, "0", "true"])
+def test_rewrite_knob_without_the_enable_switch_changes_nothing(monkeypatch, tmp_path, enable):
+    """A stray ``export OPSCTL_MM_UUID_REWRITE=...`` (no OPSCTL_TEST_KNOBS=1) is ignored."""
+    monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(P.REWRITE_ENV, "armed")
+    if enable is None:
+        monkeypatch.delenv(knobs.ENABLE, raising=False)
+    else:
+        monkeypatch.setenv(knobs.ENABLE, enable)
+    request = SimpleNamespace(request_id="r-2", mm_features=[Feature("armed", "armed")])
+    P.wrap(lambda self, req: (req, 0))(object(), request)
+    assert request.mm_features[0].identifier == "armed"
+    (line,) = (tmp_path / "events" / "mm_uuid.jsonl").read_text().splitlines()
+    ev = json.loads(line)
+    assert "test_rewrites" not in ev and ev["items"][0]["identifier"] == "armed"

@@ -42,6 +42,19 @@ def test_apply_all_is_idempotent_and_never_raises(fake_patches, tmp_path):
     assert ledger["role"] == first["role"] and len(ledger["patches"]) == 3
 
 
+def test_ledger_records_the_active_test_knobs(fake_patches, monkeypatch, tmp_path):
+    from engine_patches import knobs
+
+    monkeypatch.setenv(knobs.NUDGE, "zebra:3")
+    monkeypatch.delenv(knobs.ENABLE, raising=False)
+    rec = registry.apply_all()
+    assert rec["test_knobs"] == {}  # not enabled: not honoured, recorded as none
+    monkeypatch.setenv(knobs.ENABLE, "1")
+    rec = registry.apply_all()
+    ledger = json.loads((tmp_path / "ledger" / f"{rec['pid']}.json").read_text())
+    assert ledger["test_knobs"] == {knobs.NUDGE: "zebra:3"}
+
+
 def test_disabled_patch_is_skipped_with_reason(fake_patches, monkeypatch):
     monkeypatch.setenv("OPSCTL_DISABLE_PATCHES", "good")
     rec = registry.apply_all()
