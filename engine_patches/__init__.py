@@ -5,6 +5,10 @@ Registered through the ``vllm.general_plugins`` entry point, so vLLM calls
 possibly more than once. It is inert unless ``OPSCTL_RUN_DIR`` is set (opsctl sets it
 for engines it starts), so installing opsctl never changes other vLLM deployments.
 
+In each process it first starts the owner watchdog (``engine_patches.watchdog``: the
+process stops itself when the opsctl process that started the engine is gone), then
+applies the patches (``engine_patches.registry``).
+
 This package must never import opsctl.ui, textual or typer: it runs inside vLLM.
 """
 
@@ -16,6 +20,19 @@ import os
 def register() -> None:
     if not os.environ.get("OPSCTL_RUN_DIR"):
         return
+    try:
+        from engine_patches import watchdog
+        from engine_patches.registry import process_role, record_event
+
+        role = process_role()
+        if watchdog.start(role) and not watchdog.recorded():
+            record_event(
+                "lifetime", {"event": "owner_watch", "role": role, "owner": watchdog.watching()}
+            )
+    except Exception as exc:  # never take the engine down
+        import sys
+
+        print(f"[opsctl] owner watchdog failed: {exc!r}", file=sys.stderr)
     try:
         from engine_patches.registry import apply_all
 

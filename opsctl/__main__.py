@@ -1,4 +1,9 @@
-"""Thin entry point: imports the CLI lazily, maps errors to exit codes, Ctrl-C -> 130."""
+"""Thin entry point: imports the CLI lazily, maps errors to exit codes, Ctrl-C -> 130.
+
+The engine lifetime policy (opsctl.engine.lifetime) is installed here, for the real
+process only: SIGINT, SIGTERM and SIGHUP stop every engine this process started, in
+order, whichever command is running.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from opsctl.engine import lifetime
     from opsctl.exit_codes import ExitCode
 
+    lifetime.install()
     try:
         from opsctl.cli import run
 
@@ -15,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("opsctl: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    finally:
+        if "opsctl.engine.server" in sys.modules:  # an engine may have been started
+            from opsctl.engine.server import stop_all
+
+            stop_all()
 
 
 if __name__ == "__main__":

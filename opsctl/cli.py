@@ -30,9 +30,13 @@ class OpsctlGroup(TyperGroup):
         except OpsctlError as err:
             report_error(err)
             raise typer.Exit(int(err.exit_code)) from None
-        except KeyboardInterrupt:
-            print("opsctl: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as exc:
+            why = f" ({exc.args[0]})" if exc.args else ""
+            print(f"opsctl: interrupted{why}", file=sys.stderr)
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        finally:
+            if "opsctl.engine.server" in sys.modules:  # engines started by any thread
+                sys.modules["opsctl.engine.server"].stop_all()
 
 
 def build_app() -> typer.Typer:

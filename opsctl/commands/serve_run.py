@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -22,14 +21,8 @@ class ServeRequest:
     tui: bool | None
     as_json: bool
     extra: list[str] = field(default_factory=list)
-
-
-class _Terminate(BaseException):
-    """Raised in the main thread by SIGTERM: stop like Ctrl-C."""
-
-
-def _raise_terminate(signum, frame):
-    raise _Terminate()
+    api_key: str | None = None
+    knobs: dict[str, str] = field(default_factory=dict)  # test-only (hidden flag)
 
 
 def _json_line(event: str, **fields) -> None:
@@ -37,16 +30,23 @@ def _json_line(event: str, **fields) -> None:
 
 
 def run_serve(req: ServeRequest) -> int:
+    """Start, supervise, stop. SIGINT/SIGTERM/SIGHUP (opsctl.engine.lifetime) end in the
+    same orderly stop and exit 0; the server never outlives this process."""
     from opsctl.engine.model import resolve
     from opsctl.engine.server import EngineServer, LaunchOptions
 
     tui = output.want_tui(req.tui, req.as_json)
     model = resolve(req.model)
     opts = LaunchOptions(
-        model=model, load_format=req.load_format, host=req.host, port=req.port, extra_args=req.extra
+        model=model,
+        load_format=req.load_format,
+        host=req.host,
+        port=req.port,
+        extra_args=req.extra,
+        api_key=req.api_key,
+        knobs=dict(req.knobs),
     )
     server = EngineServer(opts)
-    old_term = signal.signal(signal.SIGTERM, _raise_terminate)
     try:
         server.start()
         output.info(
@@ -57,13 +57,12 @@ def run_serve(req: ServeRequest) -> int:
 
             return run_dashboard(server, req.timeout)
         return _run_plain(server, req)
-    except (KeyboardInterrupt, _Terminate):
+    except KeyboardInterrupt:  # Ctrl-C, or lifetime.Terminated (SIGTERM, SIGHUP)
         report = server.stop()
         output.info(f"stopped in {report.seconds:.1f} s")
         return int(ExitCode.OK)
     finally:
         report = server.stop()
-        signal.signal(signal.SIGTERM, old_term)
         if report.leftover_pids:
             output.warn(f"processes still alive after stop: {report.leftover_pids}")
         if req.as_json and server.proc is not None:

@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,10 +26,11 @@ from pathlib import Path
 import httpx
 import psutil
 
+from engine_patches import knobs
 from opsctl import paths
 from opsctl.collectors import shm
-from engine_patches import knobs
 from opsctl.domain import serverlog
+from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
 
@@ -141,6 +144,7 @@ def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
     if opts.disable_patches:
         env["OPSCTL_DISABLE_PATCHES"] = ",".join(opts.disable_patches)
     env.update(opts.env)
+    env.update(lifetime.owner_env())  # the engine stops itself when this process is gone
     # vLLM reads its API key from VLLM_API_KEY too: an inherited one would lock opsctl out
     # of its own server. The key travels in the environment (not argv: /proc/PID/cmdline
     # is world-readable), and only when given.
@@ -148,6 +152,23 @@ def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
     if opts.api_key:
         env["VLLM_API_KEY"] = opts.api_key
     return knobs.with_knobs(env, opts.knobs)
+
+
+_LIVE: weakref.WeakSet[EngineServer] = weakref.WeakSet()
+
+
+def stop_all() -> list[StopReport]:
+    """Stop every engine this process started that is not stopped yet (any thread)."""
+    return [server.stop() for server in list(_LIVE) if server.stop_report is None]
+
+
+def _parent_death_signal() -> None:
+    """preexec_fn: SIGTERM the API server when the thread that forked it dies. Covers
+    the seconds before the plugin's owner watchdog runs (vLLM imports take ~10 s)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class EngineServer:
@@ -168,6 +189,7 @@ class EngineServer:
         self._log_fh = None
         self.stop_report: StopReport | None = None
         self._lock_fh = None
+        self._stop_lock = threading.Lock()
 
     # ---- start ---------------------------------------------------------------
     @property
@@ -230,6 +252,13 @@ class EngineServer:
         self.shm_before = {f.name for f in shm.list_files()}
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started_at = time.time()
+        # the parent-death signal fires when the forking *thread* exits: only from the
+        # main thread (a worker thread may end long before the engine should)
+        pdeath = (
+            threading.current_thread() is threading.main_thread()
+            and knobs.NO_OWNER_WATCH not in opts.knobs
+        )
+        _LIVE.add(self)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -238,6 +267,7 @@ class EngineServer:
             env=build_env(opts, self.run_dir),
             start_new_session=True,
             cwd=str(self.run_dir),
+            preexec_fn=_parent_death_signal if pdeath else None,
         )
         self._remember([self.proc.pid])
         self._write_meta(argv=argv)
@@ -279,9 +309,6 @@ class EngineServer:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-
-    def log_tail(self, n: int = 20) -> list[str]:
-        return self.log_text().splitlines()[-n:]
 
     def track(self) -> None:
         """Remember our descendants and the /dev/shm segments they map (for cleanup)."""
@@ -378,40 +405,55 @@ class EngineServer:
                 continue
         return out
 
+    def _wait_gone(self, pids: list[int], deadline: float, step: float = 0.1) -> bool:
+        """Wait until none of ``pids`` lives, the deadline passes or a second stop signal
+        asks to hurry; True when none lives."""
+        while self._living(pids):
+            if time.time() >= deadline or lifetime.hurry():
+                return False
+            time.sleep(step)
+        return True
+
+    def _signal_all(self, pids: list[int], kill: bool) -> None:
+        for p in self._living(pids):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill() if kill else p.terminate()
+
     def stop(self, grace: float = 15.0) -> StopReport:
-        if self.stop_report is not None:
+        """Stop the server tree; idempotent and safe from any thread. Signals arriving
+        meanwhile never abort it (``lifetime.shield``): a second one only skips the
+        polite waits and goes straight to SIGKILL."""
+        with self._stop_lock, lifetime.shield():
+            if self.stop_report is None:
+                self.stop_report = self._stop(grace)
+                if self.run_dir:
+                    with contextlib.suppress(OSError):
+                        self._write_meta(stopped_at=time.time(), stop=asdict(self.stop_report))
             return self.stop_report
+
+    def _stop(self, grace: float) -> StopReport:
         t0 = time.time()
         signals: list[str] = []
         if self.proc is None:
             self._release_engine_lock()
-            self.stop_report = StopReport(0.0, [], [], [], [], None)
-            return self.stop_report
+            return StopReport(0.0, [], [], [], [], None)
         with contextlib.suppress(Exception):
             self.track()
         pids = self._all_pids()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             signals.append("SIGTERM api-server")
-        # vLLM's own shutdown: give it most of the grace period
-        polite_deadline = t0 + grace * 0.6
-        while time.time() < polite_deadline and self._living(pids):
-            time.sleep(0.1)
-        if self._living(pids):
-            for p in self._living(pids):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.terminate()
+        # vLLM's own shutdown gets most of the grace period (its resource tracker then
+        # unlinks the ring buffers); descendants get SIGTERM, then SIGKILL
+        if not self._wait_gone(pids, t0 + grace * 0.6) and not lifetime.hurry():
+            self._signal_all(pids, kill=False)
             signals.append("SIGTERM descendants")
-            term_deadline = t0 + grace * 0.8
-            while time.time() < term_deadline and self._living(pids):
-                time.sleep(0.1)
+            self._wait_gone(pids, t0 + grace * 0.8)
         if self._living(pids):
-            for p in self._living(pids):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.kill()
+            self._signal_all(pids, kill=True)
             signals.append("SIGKILL")
-            kill_deadline = t0 + grace
-            while time.time() < kill_deadline and self._living(pids):
+            kill_deadline = max(t0 + grace, time.time() + 2.0)
+            while self._living(pids) and time.time() < kill_deadline:
                 time.sleep(0.05)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=1)
@@ -427,32 +469,7 @@ class EngineServer:
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()
-        self.stop_report = StopReport(
+        _LIVE.discard(self)
+        return StopReport(
             round(time.time() - t0, 3), signals, leftover, removed, kept, self.proc.returncode
         )
-        if self.run_dir:
-            with contextlib.suppress(OSError):
-                self._write_meta(stopped_at=time.time(), stop=asdict(self.stop_report))
-        return self.stop_report
-
-    def __enter__(self) -> EngineServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def launch(
-    opts: LaunchOptions,
-    timeout: float = 300.0,
-    on_tick: Callable[[EngineServer], None] | None = None,
-) -> EngineServer:
-    """Start a server and wait until healthy; on any failure nothing is left running."""
-    server = EngineServer(opts)
-    try:
-        server.start()
-        server.wait_healthy(timeout, on_tick)
-    except BaseException:
-        server.stop()
-        raise
-    return server

@@ -71,3 +71,14 @@ class DiagApp(App):
     def _exit_when_done(self) -> None:
         if self.done.is_set():
             self.exit()
+
+    def exit_from_signal(self) -> None:
+        """Called by the lifetime policy in a signal handler (main thread): cancel the
+        pipeline, stop the engines this process started right now (the pipeline's worker
+        thread may be blocked in a long wait), and schedule the exit."""
+        from opsctl.engine.server import stop_all
+
+        self.cancelled.set()
+        stop_all()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.exit)

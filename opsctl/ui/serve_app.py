@@ -57,8 +57,20 @@ class ServeDashboard(App):
             yield LogPanel()
         yield Footer()
 
-    def on_mount(self) -> None:
+    def on_ready(self) -> None:
+        # Ready comes after the DOM is mounted and the first frame drawn: a poll started
+        # earlier (on_mount) could deliver its snapshot before the panels' children exist
+        from opsctl.engine import lifetime
+
+        if lifetime.received() is not None:  # a stop signal came while the app started
+            self.exit()
+            return
         self._poll()
+
+    def exit_from_signal(self) -> None:
+        """Called by the lifetime policy in a signal handler: only schedules the exit."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.exit)
 
     def _poll(self) -> None:
         self.run_worker(self._collect, thread=True, group="collect", exclusive=True)
@@ -78,8 +90,11 @@ class ServeDashboard(App):
         self.last = snap
         self.polls += 1
         self.sub_title = f"{snap.model} — {snap.state}"
-        for cls in PANELS:
-            self.query_one(cls).update_snapshot(snap)
+        try:
+            for cls in PANELS:
+                self.query_one(cls).update_snapshot(snap)
+        except Exception as exc:  # a render failure is shown; the next poll still comes
+            self.notify(f"render failed: {exc}", severity="error")
         if self.record is not None:
             with open(self.record, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(snap.to_dict(), default=str) + "\n")
@@ -121,6 +136,7 @@ def run_dashboard(server, timeout: float) -> int:
 
     from opsctl.collectors.serve import ServeCollector
     from opsctl.domain import serve_state
+    from opsctl.engine import lifetime
     from opsctl.errors import EngineDied, OpsTimeout
 
     collector = ServeCollector(server)
@@ -139,10 +155,12 @@ def run_dashboard(server, timeout: float) -> int:
 
     app = build_serve_app(collector.collect, record=Path(record) if record else None, until=until)
     try:
-        app.run()
+        with lifetime.tui_app(app.exit_from_signal):
+            app.run()
     finally:
         collector.stopping = True
         collector.close()
+    lifetime.raise_if_received()  # SIGTERM/SIGHUP: the caller stops the server in order
     if app.result_code == 4:
         raise OpsTimeout(
             f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}"

@@ -1,0 +1,106 @@
+"""Owner watchdog: an engine opsctl started never outlives opsctl by more than ~15 s.
+
+opsctl puts its pid and its start time (clock ticks since boot, /proc/PID/stat field 22)
+into the engine's environment (``OPSCTL_OWNER_PID``, ``OPSCTL_OWNER_START``). The plugin
+runs in every vLLM process (API server, EngineCore, workers) and starts this daemon
+thread in each. The owner counts as gone when its pid no longer exists or now belongs to
+another process (different start time), so pid reuse cannot keep an orphan alive.
+
+When the owner is gone:
+- the API server sends itself SIGTERM at once: vLLM's own shutdown stops EngineCore and
+  workers and its resource tracker unlinks the shared-memory ring buffers;
+- every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (and
+  the API server its whole process group), whatever state vLLM's shutdown is in.
+
+The test-only knob ``OPSCTL_TEST_NO_OWNER_WATCH`` (honoured only with
+``OPSCTL_TEST_KNOBS=1``, see ``engine_patches.knobs``) switches the watchdog off, so a
+test can make a real orphan for ``opsctl runs clean``.
+
+Pure standard library: it runs inside vLLM before anything else of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+from engine_patches import knobs
+
+OWNER_PID = "OPSCTL_OWNER_PID"
+OWNER_START = "OPSCTL_OWNER_START"
+PERIOD = 0.5
+KILL_AFTER = 8.0
+
+_started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
+_recorded_in: int | None = None
+
+
+def recorded() -> bool:
+    """True the second time it is asked in one process (record the start once)."""
+    global _recorded_in
+    done, _recorded_in = _recorded_in == os.getpid(), os.getpid()
+    return done
+
+
+def start_ticks(pid: int) -> int | None:
+    """/proc/PID/stat field 22 (start time in clock ticks), None if the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def owner_alive(pid: int, ticks: int) -> bool:
+    return start_ticks(pid) == ticks
+
+
+def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """(owner pid, owner start ticks) to watch, or None (not started by opsctl, knob off,
+    or malformed values)."""
+    env = dict(os.environ) if env is None else env
+    if knobs.get(knobs.NO_OWNER_WATCH, env):
+        return None
+    try:
+        return int(env[OWNER_PID]), int(env[OWNER_START])
+    except (KeyError, ValueError):
+        return None
+
+
+def _on_owner_gone(role: str) -> None:
+    if role == "api_server":
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(KILL_AFTER)  # vLLM's orderly shutdown had its chance
+    if role == "api_server":
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _run(pid: int, ticks: int, role: str) -> None:
+    while owner_alive(pid, ticks):
+        time.sleep(PERIOD)
+    print(
+        f"[opsctl] owner process {pid} is gone: stopping this {role} process",
+        flush=True,
+    )
+    _on_owner_gone(role)
+
+
+def start(role: str) -> bool:
+    """Start the watchdog thread in this process (once per process); True if it runs."""
+    global _started_in
+    if _started_in == os.getpid():
+        return True
+    owner = watching()
+    if owner is None:
+        return False
+    _started_in = os.getpid()
+    threading.Thread(
+        target=_run, args=(*owner, role), name="opsctl-owner-watch", daemon=True
+    ).start()
+    return True
