@@ -10,7 +10,9 @@ server logs show it) and a unique ``cache_salt`` so no two requests share prefix
 blocks even on a server where prefix caching is on.
 
 Returns frozen :class:`opsctl.domain.invariance.Generated` values; a request error is a
-value with ``error`` set, never an exception.
+value with ``error`` set, never an exception. Every client carries the server's API key
+(``api_key``, opsctl.collectors.http); the one-shot look-ups (served_model, ...) raise
+the typed "authentication required" error on 401/403.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from opsctl.collectors import http
 from opsctl.collectors.metrics import fetch_metrics
 from opsctl.domain.invariance import Generated, TokenKey
 from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS
@@ -130,10 +133,12 @@ def run_alone(
     prompts: list[str],
     tag: str,
     on_done: Callable[[int, Timed], None] | None = None,
+    *,
+    api_key: str | None = None,
 ) -> list[Timed]:
     """BS=1: one request at a time, in prompt order."""
     out: list[Timed] = []
-    with httpx.Client() as client:
+    with http.client(api_key) as client:
         for i, prompt in enumerate(prompts):
             res = complete(client, url, params, prompt, request_id(tag, i))
             out.append(res)
@@ -149,6 +154,8 @@ def run_together(
     tag: str,
     batch_size: int,
     on_done: Callable[[int, Timed], None] | None = None,
+    *,
+    api_key: str | None = None,
 ) -> list[Timed]:
     """BS=N as separate requests: groups of ``batch_size`` sent at once from threads
     released together by a barrier, the next group after the previous one finished.
@@ -156,7 +163,7 @@ def run_together(
     after the others finished (the batch probe shows it)."""
     results: list[Timed | None] = [None] * len(prompts)
     limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
-    with httpx.Client(limits=limits) as client:
+    with http.client(api_key, limits=limits) as client:
         for start in range(0, len(prompts), batch_size):
             group = list(range(start, min(start + batch_size, len(prompts))))
             barrier = threading.Barrier(len(group))
@@ -207,12 +214,14 @@ def run_together_list(
     tag: str,
     batch_size: int,
     on_done: Callable[[int, Timed], None] | None = None,
+    *,
+    api_key: str | None = None,
 ) -> list[Timed]:
     """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
     so the API server hands all of them to the engine at once. Engine request ids are
     ``cmpl-<tag>-g<start>-<hex8>-<i>-...`` (prompt ``start + i``)."""
     out: list[Timed] = []
-    with httpx.Client() as client:
+    with http.client(api_key) as client:
         for start in range(0, len(prompts), batch_size):
             group = prompts[start : start + batch_size]
             rid = group_request_id(tag, start)
@@ -246,8 +255,9 @@ class RunningSampler:
     batch can start and finish between two scrapes, so it alone proves nothing.
     """
 
-    def __init__(self, url: str, period: float = 0.25) -> None:
+    def __init__(self, url: str, period: float = 0.25, api_key: str | None = None) -> None:
         self.url = url
+        self.api_key = api_key
         self.period = period
         self.samples: list[float] = []
         self.error: str | None = None
@@ -266,7 +276,7 @@ class RunningSampler:
         return None if steps is None or tokens is None else (steps, tokens)
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=10.0) as client:
+        with http.client(self.api_key, timeout=10.0) as client:
             while not self._stop.is_set():
                 snap = fetch_metrics(client, self.url)
                 if snap.error:
@@ -283,7 +293,7 @@ class RunningSampler:
         if self._base is None:
             return
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=10.0) as client:
+        with http.client(self.api_key, timeout=10.0) as client:
             while True:
                 now = self._counters(client)
                 if now is not None:
@@ -296,7 +306,7 @@ class RunningSampler:
                 time.sleep(0.05)
 
     def __enter__(self) -> RunningSampler:
-        with httpx.Client(timeout=10.0) as client:
+        with http.client(self.api_key, timeout=10.0) as client:
             self._base = self._counters(client)
         self._thread.start()
         return self
@@ -308,34 +318,37 @@ class RunningSampler:
         self._thread.join(timeout=30)
 
 
-def served_model(url: str, timeout: float = 5.0) -> str | None:
+def served_model(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
     try:
-        with httpx.Client(timeout=timeout) as c:
-            data = c.get(f"{url}/v1/models").json().get("data") or []
+        with http.client(api_key, timeout=timeout) as c:
+            data = http.check_auth(c.get(f"{url}/v1/models"), api_key).json().get("data") or []
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return str(data[0].get("id")) if data and isinstance(data[0], dict) else None
 
 
-def server_version(url: str, timeout: float = 5.0) -> str | None:
+def server_version(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
     try:
-        with httpx.Client(timeout=timeout) as c:
+        with http.client(api_key, timeout=timeout) as c:
             r = c.get(f"{url}/version")
             return str(r.json().get("version")) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
 
 
-def completions_refusal(url: str, model: str, timeout: float = 60.0) -> str | None:
+def completions_refusal(
+    url: str, model: str, timeout: float = 60.0, *, api_key: str | None = None
+) -> str | None:
     """Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
     or 400), or None when a one-token completion works. Network errors are left to the
     real requests, which fail closed."""
     body = {"model": model, "prompt": "a", "max_tokens": 1, "temperature": 0.0}
     try:
-        with httpx.Client(timeout=timeout) as c:
+        with http.client(api_key, timeout=timeout) as c:
             r = c.post(f"{url}/v1/completions", json=body)
     except httpx.HTTPError:
         return None
+    http.check_auth(r, api_key)
     if r.status_code in (404, 405) or (
         r.status_code == 400 and "support" in r.text.lower() and "completion" in r.text.lower()
     ):

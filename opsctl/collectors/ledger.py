@@ -1,4 +1,8 @@
-"""Read the per-process patch ledger that engine_patches writes into a run directory."""
+"""Read the per-process patch ledger that engine_patches writes into a run directory.
+
+Each record also says which test-only knobs its process honoured (``test_knobs``,
+engine_patches.knobs): :func:`test_knobs` is how opsctl learns from the engine itself,
+not from its own launch options, that a run was altered on purpose."""
 
 from __future__ import annotations
 
@@ -46,6 +50,25 @@ def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
                 )
             )
     return tuple(rows)
+
+
+def test_knobs(records: list[dict]) -> dict[str, str]:
+    """The test knobs any process of the run honoured (name -> value); ``{}`` when none
+    (or for ledgers written before knobs were recorded)."""
+    out: dict[str, str] = {}
+    for r in records:
+        knobs = r.get("test_knobs")
+        if isinstance(knobs, dict):
+            out.update({str(k): str(v) for k, v in knobs.items()})
+    return out
+
+
+def knob_warning(knobs: dict[str, str]) -> str | None:
+    """The one warning line for active test knobs (shared by every diag and the dashboard)."""
+    if not knobs:
+        return None
+    named = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    return f"TEST KNOBS active in this engine ({named}): its behaviour is altered on purpose"
 
 
 def read_events(run_dir: Path, kind: str) -> list[dict]:

@@ -1,6 +1,8 @@
 """HTTP collectors for a vLLM server: /health, /version, /v1/models, /metrics.
 
-/metrics is parsed with prometheus_client's text parser, never with regexes.
+/metrics is parsed with prometheus_client's text parser, never with regexes. The client
+(opsctl.collectors.http.client) carries the server's API key; a 401/403 from a guarded
+endpoint is recorded in ``HealthSnapshot.auth_refused``, never raised.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from opsctl.collectors.http import AUTH_STATUSES
 from opsctl.domain.metrics import MetricsSnapshot, parse_metrics
 
 __all__ = ["HealthSnapshot", "MetricsSnapshot", "fetch_health", "fetch_metrics", "parse_metrics"]
@@ -25,6 +28,9 @@ class HealthSnapshot:
     version: str | None
     models: tuple[str, ...]
     error: str | None = None
+    # HTTP status (401/403) of the endpoint that refused our credentials, if one did
+    # (vLLM guards /v1/... with --api-key and leaves /health open)
+    auth_refused: int | None = None
 
 
 def fetch_metrics(client: httpx.Client, base_url: str) -> MetricsSnapshot:
@@ -45,11 +51,16 @@ def fetch_health(client: httpx.Client, base_url: str) -> HealthSnapshot:
         return HealthSnapshot(base_url, now, False, None, None, (), f"{type(exc).__name__}: {exc}")
     version = None
     models: tuple[str, ...] = ()
+    refused = r.status_code if r.status_code in AUTH_STATUSES else None
     if r.status_code == 200:
         with contextlib.suppress(httpx.HTTPError, ValueError):
             version = client.get(f"{base_url}/version").json().get("version")
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
-            models = tuple(
-                m["id"] for m in client.get(f"{base_url}/v1/models").json().get("data", [])
-            )
-    return HealthSnapshot(base_url, now, r.status_code == 200, r.status_code, version, models)
+            m = client.get(f"{base_url}/v1/models")
+            if m.status_code in AUTH_STATUSES:
+                refused = m.status_code
+            else:
+                models = tuple(x["id"] for x in m.json().get("data", []))
+    return HealthSnapshot(
+        base_url, now, r.status_code == 200, r.status_code, version, models, None, refused
+    )

@@ -1,15 +1,18 @@
 """One dashboard snapshot of a supervised server: state, load progress, process tree,
 key metrics, patch ledger and log tail. Read once, frozen; the CLI and the TUI render
-the same snapshot (and recorded JSONL snapshots replay into the TUI)."""
+the same snapshot (and recorded JSONL snapshots replay into the TUI).
+
+``test_knobs`` comes from the engine's own ledger (every process records the test knobs
+it honours), so the dashboard warns about a knob-altered engine from the engine's truth."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from opsctl.collectors import ledger
+from opsctl.collectors import http, ledger
 from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
 from opsctl.collectors.processes import ProcessTree, snapshot_tree
 from opsctl.domain import serve_state
@@ -33,6 +36,7 @@ class ServeSnapshot:
     ledger: tuple[ledger.LedgerEntry, ...]
     log_tail: tuple[str, ...]
     death_reason: tuple[str, ...] = ()
+    test_knobs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +64,7 @@ def from_dict(d: dict) -> ServeSnapshot:
         ledger=tuple(ledger.LedgerEntry(**e) for e in d.get("ledger", [])),
         log_tail=tuple(d.get("log_tail", [])),
         death_reason=tuple(d.get("death_reason", [])),
+        test_knobs=dict(d.get("test_knobs") or {}),
     )
 
 
@@ -78,7 +83,7 @@ class ServeCollector:
 
     def __init__(self, server, client: httpx.Client | None = None) -> None:
         self.server = server
-        self.client = client or httpx.Client(timeout=2.0)
+        self.client = client or http.client(getattr(server.opts, "api_key", None), timeout=2.0)
         self.prev_metrics: MetricsSnapshot | None = None
         self.stopping = False
 
@@ -99,6 +104,7 @@ class ServeCollector:
         if exit_code is None:
             s.track()
         state = serve_state.derive_state(exit_code, healthy, progress, self.stopping)
+        records = ledger.read_records(s.run_dir)
         return ServeSnapshot(
             taken_at=time.time(),
             url=s.url,
@@ -111,9 +117,10 @@ class ServeCollector:
             progress=progress,
             tree=snapshot_tree(s.pid),
             metrics=metrics,
-            ledger=ledger.entries(ledger.read_records(s.run_dir)),
+            ledger=ledger.entries(records),
             log_tail=tuple(quiet_tail(log, 12)),
             death_reason=tuple(decisive_lines(log)) if state == serve_state.DEAD else (),
+            test_knobs=ledger.test_knobs(records),
         )
 
     def close(self) -> None:

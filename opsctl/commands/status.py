@@ -1,4 +1,7 @@
-"""`opsctl status URL`: one-shot health and metrics snapshot of any vLLM server."""
+"""`opsctl status URL`: one-shot health and metrics snapshot of any vLLM server.
+
+``--api-key`` (default ``VLLM_API_KEY``) is sent as a bearer token; a server that
+refuses it (401/403) is "authentication required", exit 3."""
 
 from __future__ import annotations
 
@@ -27,21 +30,30 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json"),
         timeout: float = typer.Option(5.0, "--timeout", help="HTTP timeout in seconds"),
+        api_key: str | None = typer.Option(
+            None,
+            "--api-key",
+            envvar="VLLM_API_KEY",
+            show_envvar=True,
+            help="bearer token for a server started with --api-key",
+        ),
     ) -> None:
         """Health and key metrics of a running vLLM server (exit 3 when unreachable)."""
-        import httpx
         from rich.table import Table
 
+        from opsctl.collectors import http
         from opsctl.collectors.metrics import fetch_health, fetch_metrics
         from opsctl.domain.metrics import key_metrics
         from opsctl.errors import EngineUnreachable
         from opsctl.output import document, emit
 
         base = validate_url(url)
-        with httpx.Client(timeout=timeout) as client:
+        with http.client(api_key or None, timeout=timeout) as client:
             health = fetch_health(client, base)
             if health.status_code is None:
                 raise EngineUnreachable(f"no server answered at {base}: {health.error}")
+            if health.auth_refused is not None:
+                raise http.auth_error(base, health.auth_refused, api_key)
             metrics = fetch_metrics(client, base)
         km = key_metrics(metrics) if metrics.error is None else None
         doc = document(

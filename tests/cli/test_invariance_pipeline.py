@@ -58,7 +58,7 @@ def fake(tmp_path, monkeypatch):
         samples = [2.0]
         steps = tokens = None
 
-        def __init__(self, url):
+        def __init__(self, url, **kw):
             pass
 
         def settle(self, expected_tokens):
@@ -71,17 +71,19 @@ def fake(tmp_path, monkeypatch):
             return None
 
     monkeypatch.setattr(common, "engine_target", engine_target)
-    monkeypatch.setattr(cc, "served_model", lambda url: "tiny-llama")
-    monkeypatch.setattr(cc, "server_version", lambda url: "0.32.0")
-    monkeypatch.setattr(cc, "completions_refusal", lambda url, model: None)
+    monkeypatch.setattr(cc, "served_model", lambda url, **kw: "tiny-llama")
+    monkeypatch.setattr(cc, "server_version", lambda url, **kw: "0.32.0")
+    monkeypatch.setattr(cc, "completions_refusal", lambda url, model, **kw: None)
     monkeypatch.setattr(cc, "RunningSampler", Sampler)
     monkeypatch.setattr(
-        cc, "run_alone", lambda url, p, prompts, tag, cb=None: [timed(gen(-2.0)), timed(gen(-2.0))]
+        cc,
+        "run_alone",
+        lambda url, p, prompts, tag, cb=None, **kw: [timed(gen(-2.0)), timed(gen(-2.0))],
     )
     monkeypatch.setattr(
         cc,
         "run_together_list",
-        lambda url, p, prompts, tag, n, cb=None: [timed(gen(-2.0)), timed(gen(-2.0 + 1e-3))],
+        lambda url, p, prompts, tag, n, cb=None, **kw: [timed(gen(-2.0)), timed(gen(-2.0 + 1e-3))],
     )
     return calls
 
@@ -213,6 +215,6 @@ def test_mode_both_engine_timeout_is_reported_then_exit_4(fake, monkeypatch):
 def test_pooling_server_is_bad_input(fake, monkeypatch):
     from opsctl.errors import BadInput
 
-    monkeypatch.setattr(cc, "completions_refusal", lambda url, model: "HTTP 404: Not Found")
+    monkeypatch.setattr(cc, "completions_refusal", lambda url, model, **kw: "HTTP 404: Not Found")
     with pytest.raises(BadInput, match="needs a generative model"):
         ir.run_all(request(), lambda s: None)

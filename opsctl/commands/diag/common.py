@@ -25,20 +25,95 @@ class Target:
     notes: list[str] = field(default_factory=list)
 
 
+API_KEY_HELP = "bearer token for a server started with --api-key (default $VLLM_API_KEY)"
+
+
+def api_key_option():
+    """``--api-key`` (default VLLM_API_KEY), the same on every diag that takes a URL."""
+    import typer
+
+    return typer.Option(None, "--api-key", envvar="VLLM_API_KEY", help=API_KEY_HELP)
+
+
+def test_knob_option():
+    """``--test-knob NAME=VALUE`` (repeatable), hidden from --help: the only way a test
+    arms an engine_patches knob in an engine a diag starts (never the environment)."""
+    import typer
+
+    return typer.Option(None, "--test-knob", hidden=True)
+
+
+def parse_knobs(values: list[str] | None, *, url: str | None = None) -> dict[str, str]:
+    """``["NAME=VALUE", ...]`` -> {NAME: VALUE}; unknown names and bad forms are BadInput."""
+    from engine_patches import knobs
+
+    out: dict[str, str] = {}
+    for raw in values or []:
+        name, sep, value = raw.partition("=")
+        if not sep or not value:
+            raise BadInput(f"--test-knob takes NAME=VALUE, not {raw!r}")
+        if name not in knobs.KNOBS:
+            raise BadInput(
+                f"unknown test knob {name!r}", hint=f"known knobs: {', '.join(knobs.KNOBS)}"
+            )
+        out[name] = value
+    if out and url:
+        raise BadInput("--test-knob needs an engine opsctl starts (use --model, not a URL)")
+    return out
+
+
 def check_url(url: str) -> str:
     from opsctl.commands.status import validate_url
 
     return validate_url(url)
 
 
-def require_reachable(url: str, timeout: float = 5.0) -> None:
+def require_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
+    """A server answers at ``url`` and accepts our credentials: /health is open on vLLM,
+    so a guarded endpoint (/v1/models) tells whether an API key is needed (a 401/403 is
+    "authentication required", exit 3; any other answer is left to the check)."""
     import httpx
 
+    from opsctl.collectors import http
+
     try:
-        with httpx.Client(timeout=timeout) as c:
+        with http.client(api_key, timeout=timeout) as c:
             c.get(f"{url}/health")
+            http.check_auth(c.get(f"{url}/v1/models"), api_key)
     except httpx.HTTPError as exc:
         raise EngineUnreachable(f"no server answered at {url}: {type(exc).__name__}") from None
+
+
+def knob_warnings(run_dirs) -> tuple[dict[str, str], list[str]]:
+    """Test knobs the engines of these runs honoured, read from their ledgers (the
+    engine's own record), and the warning line for them ([] when none)."""
+    from opsctl.collectors import ledger
+
+    knobs: dict[str, str] = {}
+    for rd in run_dirs:
+        if rd:
+            knobs.update(ledger.test_knobs(ledger.read_records(Path(rd))))
+    line = ledger.knob_warning(knobs)
+    return knobs, [line] if line else []
+
+
+def knob_snapshot(run_dir) -> dict:
+    """A progress snapshot carrying the knob warning for the live panel ({} when none)."""
+    _, warnings = knob_warnings([run_dir])
+    return {"warnings": warnings, "events": [f"warning: {w}" for w in warnings]} if warnings else {}
+
+
+def add_knob_warnings(doc: dict, run_dirs) -> dict:
+    """Put ``test_knobs`` and the knob warning (first in ``warnings``) into a diag report
+    and say it on stderr, above the human report."""
+    from opsctl import output
+
+    knobs, warnings = knob_warnings(run_dirs)
+    doc["test_knobs"] = knobs
+    doc["warnings"] = [*warnings, *doc.get("warnings", [])]
+    for w in warnings:
+        output.warn(w)
+    return doc
 
 
 @contextlib.contextmanager
@@ -56,6 +131,8 @@ def engine_target(
     max_model_len: int = 256,
     max_num_seqs: int = 8,
     enforce_eager: bool = True,
+    knobs: dict[str, str] | None = None,
+    api_key: str | None = None,
 ) -> Iterator[Target]:
     """Yield a Target: the given URL (checked reachable) or a freshly started engine,
     stopped (with every child process and shm segment) when the block exits."""
@@ -63,7 +140,7 @@ def engine_target(
         raise BadInput("give either a URL or --model, not both")
     if url:
         base = check_url(url)
-        require_reachable(base)
+        require_reachable(base, api_key=api_key)
         yield Target(base)
         return
     from opsctl import output
@@ -81,6 +158,7 @@ def engine_target(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         enforce_eager=enforce_eager,
+        knobs=dict(knobs or {}),
     )
     server = EngineServer(opts)
     try:
@@ -118,10 +196,13 @@ def run_pipeline(title: str, pipeline, *, tui: bool | None, as_json: bool) -> di
     use_tui = want_tui(bool(tui), as_json) if tui else False
     if not use_tui:
         return pipeline(plain_emitter(title))
+    from opsctl.engine import lifetime
     from opsctl.ui.diag_app import DiagApp
 
     app = DiagApp(title, pipeline)
-    app.run()
+    with lifetime.tui_app(app.exit_from_signal):
+        app.run()
+    lifetime.raise_if_received()
     if app.error is not None:
         raise app.error
     if app.report is None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 
+from opsctl.commands.diag.common import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, OpsTimeout
 
 MODES = ("default", "eager", "both")
@@ -132,10 +133,17 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(False, "--tui", help="live progress and divergences"),
+        api_key: str | None = api_key_option(),
+        test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
         from opsctl import output
-        from opsctl.commands.diag.common import check_url, run_pipeline
+        from opsctl.commands.diag.common import (
+            add_knob_warnings,
+            check_url,
+            parse_knobs,
+            run_pipeline,
+        )
         from opsctl.commands.diag.invariance_run import Request, render, run_all
 
         if url and model:
@@ -150,6 +158,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--timeout must be positive")
         if batch_via not in BATCH_VIA:
             raise BadInput(f"--batch-via must be one of {', '.join(BATCH_VIA)}, not {batch_via!r}")
+        knobs = parse_knobs(test_knob, url=base)
         req = Request(
             base,
             model,
@@ -162,13 +171,17 @@ def register(app: typer.Typer) -> None:
             timeout,
             tag=f"opsctl-inv-{uuid.uuid4().hex[:6]}",
             batch_via=batch_via,
+            api_key=api_key,
+            knobs=knobs,
         )
         started = time.time()
         report = run_pipeline(
             "diag invariance", lambda emit: run_all(req, emit), tui=tui, as_json=as_json
         )
         report["seconds"] = round(time.time() - started, 2)
-        doc = output.document(SCHEMA, **report)
+        doc = add_knob_warnings(
+            output.document(SCHEMA, **report), [r.get("run_dir") for r in report["runs"]]
+        )
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if any(r.get("timed_out") for r in report["runs"]):
             raise OpsTimeout("an engine did not become healthy within --timeout; see the report")

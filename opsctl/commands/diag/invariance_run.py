@@ -33,6 +33,8 @@ class Request:
     timeout: float
     tag: str
     batch_via: str = "list"  # list: one request with N prompts | requests: N concurrent requests
+    api_key: str | None = None  # bearer token for a URL target
+    knobs: dict[str, str] | None = None  # test knobs for engines opsctl starts (--test-knob)
 
 
 def _batch_text(run: dict) -> str:
@@ -85,7 +87,7 @@ def engine_records(run_dir: Path | None) -> tuple[dict | None, list[dict], dict 
 
 def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) -> dict:
     from opsctl.collectors import completions as cc
-    from opsctl.commands.diag.common import engine_target, find_run_dir
+    from opsctl.commands.diag.common import engine_target, find_run_dir, knob_snapshot
     from opsctl.commands.diag.invariance import ISOLATING_ARGS, ISOLATING_ENV
 
     label = mode or "server as is"
@@ -104,15 +106,20 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
         timeout=req.timeout,
         max_num_seqs=max(8, req.batch_size),
         enforce_eager=(mode == "eager"),
+        knobs=req.knobs,
+        api_key=req.api_key,
     ) as target:
         engine_seconds = time.time() - t_start
         run_dir = target.run_dir if not target.external else find_run_dir(target.url)
-        model = cc.served_model(target.url)
+        if warn := knob_snapshot(run_dir):
+            emit(warn)
+        key = req.api_key
+        model = cc.served_model(target.url, api_key=key)
         if model is None:
             from opsctl.errors import CheckFailed
 
             raise CheckFailed(f"{target.url}/v1/models listed no model")
-        refusal = cc.completions_refusal(target.url, model)
+        refusal = cc.completions_refusal(target.url, model, api_key=key)
         if refusal is not None:
             from opsctl.errors import BadInput
 
@@ -120,7 +127,7 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
                 f"{target.url} does not serve /v1/completions for {model} ({refusal}); "
                 "diag invariance needs a generative model"
             )
-        version = cc.server_version(target.url)
+        version = cc.server_version(target.url, api_key=key)
         params = cc.CompletionParams(model, req.max_tokens, req.logprobs)
         tag_alone, tag_batch = (
             f"{req.tag}-{mode or 'url'}-bs1",
@@ -140,12 +147,14 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
 
         emit({"phase": f"{label}: BS=1: {len(req.prompts)} prompts one at a time"})
         t0 = time.time()
-        alone = cc.run_alone(target.url, params, req.prompts, tag_alone, progress("BS=1"))
+        alone = cc.run_alone(
+            target.url, params, req.prompts, tag_alone, progress("BS=1"), api_key=key
+        )
         t_alone = time.time() - t0
         emit({"phase": f"{label}: BS={req.batch_size}: prompts sent together"})
         t0 = time.time()
         together_fn = cc.run_together_list if req.batch_via == "list" else cc.run_together
-        with cc.RunningSampler(target.url) as sampler:
+        with cc.RunningSampler(target.url, api_key=key) as sampler:
             together = together_fn(
                 target.url,
                 params,
@@ -153,6 +162,7 @@ def run_mode(req: Request, mode: str | None, emit: Emit, rows: list[list[str]]) 
                 tag_batch,
                 req.batch_size,
                 progress(f"BS={req.batch_size}"),
+                api_key=key,
             )
         t_together = time.time() - t0
         sampler.settle(sum(len(t.generated.token_ids) for t in together))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import typer
 
+from opsctl.commands.diag.common import test_knob_option
 from opsctl.errors import BadInput, CheckFailed
 
 SCHEMA = "diag.kv-fail"
@@ -160,10 +161,11 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json"),
         tui: bool = typer.Option(False, "--tui", help="live injections and recoveries"),
+        test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
         from opsctl import output
-        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.diag.common import add_knob_warnings, parse_knobs, run_pipeline
         from opsctl.commands.diag.kv_fail_run import Request, run
 
         settings = build_settings(
@@ -172,9 +174,9 @@ def register(app: typer.Typer) -> None:
         if timeout <= 0:
             raise BadInput("--timeout must be positive")
         check_model(model)
-        req = Request(model, settings, timeout=timeout)
+        req = Request(model, settings, timeout=timeout, knobs=parse_knobs(test_knob))
         report = run_pipeline("diag kv-fail", lambda emit: run(req, emit), tui=tui, as_json=as_json)
-        doc = output.document(SCHEMA, **report)
+        doc = add_knob_warnings(output.document(SCHEMA, **report), [report.get("run_dir")])
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if report["verdict"] != "pass":
             reasons = [f["message"] for f in report.get("findings", []) if f["severity"] == "fail"]

@@ -33,6 +33,7 @@ class Request:
     settings: dom.Settings
     timeout: float = 600.0
     request_timeout: float = 180.0
+    knobs: dict[str, str] | None = None  # test knobs for the engine (--test-knob)
 
 
 class _Phases:
@@ -203,12 +204,11 @@ def _round(
 
 
 def run(req: Request, emit) -> dict:
-    import httpx
-
     from engine_patches.connectors import kv_transfer_config
+    from opsctl.collectors import http
     from opsctl.collectors.ledger import read_events, read_records
     from opsctl.collectors.metrics import fetch_metrics
-    from opsctl.commands.diag.common import engine_target
+    from opsctl.commands.diag.common import engine_target, knob_snapshot
     from opsctl.engine.model import resolve
 
     s = req.settings
@@ -248,10 +248,13 @@ def run(req: Request, emit) -> dict:
             timeout=req.timeout,
             disable_patches=[PATCH_NAME] if s.no_patch else None,
             max_model_len=256,
+            knobs=req.knobs,
         ) as target,
-        httpx.Client() as client,
+        http.client() as client,
     ):
         run_dir: Path = target.run_dir
+        if warn := knob_snapshot(run_dir):
+            emit(warn)
         store = run_dir / "kv_store"
         server = target.server
         info = (read_events(run_dir, "engine_info") or [{}])[-1]

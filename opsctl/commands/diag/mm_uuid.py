@@ -32,6 +32,7 @@ from pathlib import Path
 
 import typer
 
+from opsctl.commands.diag.common import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.mm_uuid"
@@ -110,11 +111,13 @@ class Sender:
     """Sends chat requests with one or more images and pairs each item with the probe's
     record of that request (by request id, item by position)."""
 
-    def __init__(self, url: str, run_dir: Path, timeout: float = 120.0) -> None:
-        import httpx
+    def __init__(
+        self, url: str, run_dir: Path, timeout: float = 120.0, api_key: str | None = None
+    ) -> None:
+        from opsctl.collectors import http
 
-        self.url, self.run_dir, self.timeout = url, run_dir, timeout
-        self.client = httpx.Client(timeout=timeout)
+        self.url, self.run_dir, self.timeout, self.api_key = url, run_dir, timeout, api_key
+        self.client = http.client(api_key, timeout=timeout)
         self.model = ""
         self.images: dict[str, str] = {}
         self.record_wait = 5.0  # seconds to wait for the probe's record after a reply
@@ -131,8 +134,10 @@ class Sender:
     def served_model(self) -> str:
         import httpx
 
+        from opsctl.collectors import http
+
         try:
-            r = self.client.get(f"{self.url}/v1/models")
+            r = http.check_auth(self.client.get(f"{self.url}/v1/models"), self.api_key)
             self.model = str(r.json()["data"][0]["id"])
         except httpx.TimeoutException:
             raise self._timeout("GET /v1/models") from None
@@ -183,6 +188,7 @@ class Sender:
         per item, matched to the probe's record by position."""
         import httpx
 
+        from opsctl.collectors import http
         from opsctl.domain.mm_uuid import Observation
 
         body = {
@@ -202,6 +208,7 @@ class Sender:
         seen = len(self._events())
         try:
             r = self.client.post(f"{self.url}/v1/chat/completions", json=body)
+            http.check_auth(r, self.api_key)
         except httpx.TimeoutException:
             raise self._timeout("POST /v1/chat/completions") from None
         except httpx.HTTPError as exc:
@@ -250,10 +257,18 @@ def batches(items, per_request: int) -> list[list]:
     return [indexed[i : i + per_request] for i in range(0, len(indexed), per_request)]
 
 
-def run_mode(target, mode: str, prefix: str, emit, state: dict, timeout: float = 120.0) -> None:
+def run_mode(
+    target,
+    mode: str,
+    prefix: str,
+    emit,
+    state: dict,
+    timeout: float = 120.0,
+    api_key: str | None = None,
+) -> None:
     from opsctl.domain import mm_uuid as D
 
-    sender = Sender(target.url, target.run_dir, timeout)
+    sender = Sender(target.url, target.run_dir, timeout, api_key)
     try:
         per_request = images_per_request(sender.served_model())
         state["images_per_request"] = per_request
@@ -302,9 +317,17 @@ def run_mm_uuid(
     load_format: str,
     emit,
     timeout: float = 120.0,
+    *,
+    api_key: str | None = None,
+    knobs: dict[str, str] | None = None,
 ) -> dict:
     from opsctl import output
-    from opsctl.commands.diag.common import engine_target, find_run_dir
+    from opsctl.commands.diag.common import (
+        add_knob_warnings,
+        engine_target,
+        find_run_dir,
+        knob_snapshot,
+    )
     from opsctl.domain import mm_uuid as D
     from opsctl.domain.findings import verdict
 
@@ -312,7 +335,7 @@ def run_mm_uuid(
     runs: list[dict] = []
     emit({"title": "diag mm-uuid", "phase": "starting", "columns": D.TABLE_COLUMNS, "rows": []})
     if url:
-        with engine_target(url, None) as target:
+        with engine_target(url, None, api_key=api_key) as target:
             rd = run_dir or find_run_dir(target.url)
             if rd is None or not rd.is_dir():
                 raise BadInput(
@@ -327,7 +350,9 @@ def run_mm_uuid(
                 )
             mode, settings = engine_mode(rd)
             target.run_dir = rd
-            run_mode(target, mode, prefix, emit, state, timeout)
+            if warn := knob_snapshot(rd):
+                emit(warn)
+            run_mode(target, mode, prefix, emit, state, timeout, api_key)
             runs.append(
                 {
                     "mode": mode,
@@ -354,8 +379,11 @@ def run_mm_uuid(
                 load_format=load_format,
                 extra_args=CACHE_ARGS[mode] + model_args(resolved.name),
                 env={"OPSCTL_PROBES": "mm_uuid"},
+                knobs=knobs,
                 label=f"diag-mm-uuid-{mode}",
             ) as target:
+                if warn := knob_snapshot(target.run_dir):
+                    emit(warn)
                 applied, why = probe_status(target.run_dir)
                 if not applied:
                     raise CheckFailed(f"the mm_uuid engine probe did not apply ({why})")
@@ -383,7 +411,7 @@ def run_mm_uuid(
         }
     )
     output.info(f"mm-uuid check: {v}")
-    return output.document(
+    doc = output.document(
         SCHEMA,
         runs=runs,
         uuid_prefix=prefix,
@@ -396,6 +424,7 @@ def run_mm_uuid(
         findings=[f.to_dict() for f in findings],
         verdict=v,
     )
+    return add_knob_warnings(doc, [r["run_dir"] for r in runs])
 
 
 def render(doc: dict):
@@ -459,10 +488,12 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(
             120.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
         ),
+        api_key: str | None = api_key_option(),
+        test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output
-        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.diag.common import parse_knobs, run_pipeline
 
         if url and model:
             raise BadInput("give either a URL or --model, not both")
@@ -478,11 +509,21 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--run-dir goes with a URL")
         if not timeout > 0:
             raise BadInput(f"--timeout must be positive, not {timeout}")
+        knobs = parse_knobs(test_knob, url=url)
         model = model or (None if url else DEFAULT_MODEL)
         doc = run_pipeline(
             "diag mm-uuid",
             lambda emit: run_mm_uuid(
-                url, model, run_dir, uuid_prefix, mode_list, load_format, emit, timeout
+                url,
+                model,
+                run_dir,
+                uuid_prefix,
+                mode_list,
+                load_format,
+                emit,
+                timeout,
+                api_key=api_key,
+                knobs=knobs,
             ),
             tui=tui,
             as_json=as_json,

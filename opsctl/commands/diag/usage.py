@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import typer
 
+from opsctl.commands.diag.common import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.usage"
@@ -29,11 +30,11 @@ SCHEMA = "diag.usage"
 class Api:
     """The few HTTP calls diag usage makes (I/O only)."""
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
-        import httpx
+    def __init__(self, url: str, timeout: float = 60.0, api_key: str | None = None) -> None:
+        from opsctl.collectors import http
 
-        self.url, self.timeout = url, timeout
-        self.client = httpx.Client(timeout=timeout)
+        self.url, self.timeout, self.api_key = url, timeout, api_key
+        self.client = http.client(api_key, timeout=timeout)
         self.model = ""
 
     def close(self) -> None:
@@ -42,8 +43,10 @@ class Api:
     def _post(self, path: str, body: dict):
         import httpx
 
+        from opsctl.collectors import http
+
         try:
-            return self.client.post(f"{self.url}{path}", json=body)
+            return http.check_auth(self.client.post(f"{self.url}{path}", json=body), self.api_key)
         except httpx.TimeoutException:
             raise OpsTimeout(
                 f"POST {path} to {self.url} got no answer within {self.timeout:g} s",
@@ -57,8 +60,10 @@ class Api:
     def served_model(self) -> tuple[str, str | None]:
         import httpx
 
+        from opsctl.collectors import http
+
         try:
-            r = self.client.get(f"{self.url}/v1/models")
+            r = http.check_auth(self.client.get(f"{self.url}/v1/models"), self.api_key)
         except httpx.TimeoutException:
             raise OpsTimeout(
                 f"GET /v1/models at {self.url} got no answer within {self.timeout:g} s"
@@ -224,9 +229,17 @@ def run_usage(
     load_format: str,
     emit,
     timeout: float = 60.0,
+    *,
+    api_key: str | None = None,
+    knobs: dict[str, str] | None = None,
 ) -> dict:
     from opsctl import output
-    from opsctl.commands.diag.common import engine_target
+    from opsctl.commands.diag.common import (
+        add_knob_warnings,
+        engine_target,
+        find_run_dir,
+        knob_snapshot,
+    )
     from opsctl.domain import usage as U
     from opsctl.domain.findings import Finding
 
@@ -251,8 +264,13 @@ def run_usage(
             "rows": [],
         }
     )
-    with engine_target(url, model, load_format=load_format, label="diag-usage") as target:
-        api = Api(target.url, timeout)
+    with engine_target(
+        url, model, load_format=load_format, label="diag-usage", knobs=knobs, api_key=api_key
+    ) as target:
+        run_dir = target.run_dir or find_run_dir(target.url)
+        if warn := knob_snapshot(run_dir):
+            emit(warn)
+        api = Api(target.url, timeout, api_key)
         try:
             name, root = api.served_model()
             kind_, kind_how = detect_kind(api, root, kind, archetype)
@@ -332,7 +350,7 @@ def run_usage(
             }
         )
         output.info(f"usage check on {name} ({kind_}): {verdict}")
-        return output.document(
+        doc = output.document(
             SCHEMA,
             url=target.url,
             model=name,
@@ -349,6 +367,7 @@ def run_usage(
             findings=[f.to_dict() for f in findings],
             verdict=verdict,
         )
+        return add_knob_warnings(doc, [run_dir])
 
 
 def render(doc: dict):
@@ -400,13 +419,15 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(
             60.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
         ),
+        api_key: str | None = api_key_option(),
+        test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Check /score and /rerank usage.prompt_tokens against the engine inputs.
 
         Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
         count cannot be derived."""
         from opsctl import output
-        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.diag.common import parse_knobs, run_pipeline
         from opsctl.domain.usage import KINDS
 
         if kind is not None and kind not in KINDS:
@@ -422,9 +443,12 @@ def register(app: typer.Typer) -> None:
             raise BadInput("give either a URL or --model, not both")
         if not timeout > 0:
             raise BadInput(f"--timeout must be positive, not {timeout}")
+        knobs = parse_knobs(test_knob, url=url)
         doc = run_pipeline(
             "diag usage",
-            lambda emit: run_usage(url, model, kind, load_format, emit, timeout),
+            lambda emit: run_usage(
+                url, model, kind, load_format, emit, timeout, api_key=api_key, knobs=knobs
+            ),
             tui=tui,
             as_json=as_json,
         )

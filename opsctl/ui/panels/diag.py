@@ -2,7 +2,10 @@
 log. Fed with the progress snapshots every diag pipeline emits (plain dicts):
 
     {"title": str?, "phase": str, "columns": [str], "rows": [[str]],
-     "events": [str] (new lines), "verdict": "pass" | "fail" | None, "summary": str?}
+     "events": [str] (new lines), "verdict": "pass" | "fail" | None, "summary": str?,
+     "warnings": [str]?}
+
+Warnings (e.g. test knobs active in the engine) stay on top of the head once given.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ class DiagPanel(Vertical):
         yield RichLog(id="diag-log", wrap=True, markup=False, max_lines=500)
 
     def update_snapshot(self, snap: dict) -> None:
+        from rich.markup import escape
+
         self.last = {**self.last, **snap}
         verdict = snap.get("verdict")
-        head = f"phase: {snap.get('phase', '?')}"
+        head = "".join(
+            f"[b yellow]warning:[/] {escape(w)}\n" for w in self.last.get("warnings") or ()
+        )
+        head += f"phase: {self.last.get('phase', '?')}"
         if verdict:
             colour = "green" if verdict == "pass" else "red"
             head += f"   verdict: [b {colour}]{verdict.upper()}[/]"

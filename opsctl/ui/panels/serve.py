@@ -32,6 +32,7 @@ class StatePanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
+        yield Static(id="knob-warning")  # on top; shown only while test knobs are active
         yield Static(id="state-line")
         yield ProgressBar(total=8, show_eta=False, id="load-bar")
         yield Static(id="state-detail")
@@ -40,6 +41,12 @@ class StatePanel(Vertical):
         self.border_title = "engine"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        from opsctl.collectors.ledger import knob_warning
+
+        knob = knob_warning(s.test_knobs)
+        warn = self.query_one("#knob-warning", Static)
+        warn.update(Text(f"warning: {knob}", style="bold black on yellow") if knob else "")
+        warn.display = knob is not None
         line = Text()
         line.append(f" {s.state.upper()} ", style=f"reverse {STATE_STYLE.get(s.state, '')}")
         line.append(f"  {s.model} ({s.load_format} weights)  {s.url}  elapsed {s.elapsed_s:.0f} s")

@@ -1,0 +1,54 @@
+"""The one place opsctl's own HTTP requests to a vLLM server get their credentials and
+where a refused credential becomes a typed error.
+
+- :func:`client` returns an ``httpx.Client`` that sends ``Authorization: Bearer KEY``
+  on every request when a key is given (vLLM guards ``/v1/...`` with ``--api-key`` /
+  ``VLLM_API_KEY``; ``/health``, ``/metrics`` and ``/version`` stay open).
+- :func:`auth_error` / :func:`check_auth`: a 401 or 403 answer means "authentication
+  required" (exit 3, like an unreachable server: opsctl cannot look inside it), never a
+  crash or a failed check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+from opsctl.errors import EngineUnreachable
+
+AUTH_STATUSES = (401, 403)
+ENV_API_KEY = "VLLM_API_KEY"  # the same variable vLLM itself reads
+_DEFAULT = httpx.Timeout(5.0)  # httpx's own default; None would mean "no timeout"
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def client(
+    api_key: str | None = None, timeout: float | httpx.Timeout | None = _DEFAULT, **kwargs
+) -> httpx.Client:
+    """An httpx.Client for one vLLM server, carrying its API key (if any)."""
+    return httpx.Client(timeout=timeout, headers=headers(api_key), **kwargs)
+
+
+def default_api_key() -> str | None:
+    return os.environ.get(ENV_API_KEY) or None
+
+
+def auth_error(url: str, status: int, api_key: str | None) -> EngineUnreachable:
+    if api_key:
+        hint = "the server refused the API key given (--api-key / VLLM_API_KEY)"
+    else:
+        hint = "pass --api-key KEY (or set VLLM_API_KEY)"
+    return EngineUnreachable(f"authentication required: {url} answered HTTP {status}", hint=hint)
+
+
+def check_auth(response: httpx.Response, api_key: str | None = None) -> httpx.Response:
+    """``response`` unchanged, or the typed "authentication required" error for 401/403."""
+    if response.status_code in AUTH_STATUSES:
+        req = response.request
+        where = f"{req.url.scheme}://{req.url.netloc.decode()}{req.url.path}"
+        raise auth_error(where, response.status_code, api_key)
+    return response
