@@ -492,6 +492,7 @@ class Orphan:
     path: str
     size: int
     mtime: float
+    age: float = 0.0  # seconds since created / written / changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,42 +500,62 @@ class CleanScan:
     orphans: tuple[Orphan, ...]
     mapped: tuple[str, ...]  # files some live process maps
     symlinks: tuple[str, ...]
-    denied_pids: tuple[int, ...]  # processes whose maps could not be read
+    denied_pids: tuple[int, ...]  # processes whose maps or fds could not be read
+    open: tuple[str, ...] = ()  # files some live process holds open without mapping them
+    young: tuple[Orphan, ...] = ()  # unheld, but younger than the minimum age: kept
 
 
-def find_orphans(prefix: str = dom.PREFIX, root: Path = shm.SHM) -> CleanScan:
-    """Files ``<root>/<prefix>*`` that no live process *visible here* maps (by device +
-    inode and by path). Processes in other PID namespaces (other containers sharing this
-    /dev/shm) are not in this /proc at all, so what they map cannot be seen: run clean in
-    the namespace of the vLLM processes. Processes whose maps cannot be read are listed in
-    ``denied_pids``; files they map would look orphaned."""
+def find_orphans(
+    prefix: str = dom.PREFIX,
+    root: Path = shm.SHM,
+    min_age: float = dom.DEFAULT_MIN_AGE,
+    now: float | None = None,
+) -> CleanScan:
+    """Files ``<root>/<prefix>*`` that no live process *visible here* maps or holds open
+    (by device + inode, and by path) and that are at least ``min_age`` seconds old
+    (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces
+    (other containers sharing this /dev/shm) are not in this /proc at all, so what they
+    hold cannot be seen: run clean in the namespace of the vLLM processes. Processes
+    whose maps or fds cannot be read are listed in ``denied_pids``; files they hold
+    would look orphaned."""
     files = shm.list_files(root, prefix)
-    scan = shm.scan_mappings(None, path_prefix=f"{root}/{prefix}")
-    keys = {(_devkey_from_maps(m.dev), m.inode) for m in scan.mappings}
-    paths = {m.path for m in scan.mappings if not m.deleted}
-    orphans, mapped, links = [], [], []
+    scan = shm.scan_holders(None, path_prefix=f"{root}/{prefix}")
+    now = time.time() if now is None else now
+    keys, paths = scan.held_keys(), scan.held_paths()
+    map_keys = {m.key for m in scan.mappings}
+    map_paths = {m.path for m in scan.mappings if not m.deleted}
+    orphans, young, mapped, opened, links = [], [], [], [], []
     for f in files:
-        if f.is_symlink:
+        held = f.key in keys or f.path in paths
+        status = dom.segment_status(held, f.is_symlink, f.age(now), min_age)
+        if status == "symlink":
             links.append(f.name)
-        elif (_devkey_from_st(f.dev), f.inode) in keys or f.path in paths:
-            mapped.append(f.name)
+        elif status == "in-use":
+            (mapped if f.key in map_keys or f.path in map_paths else opened).append(f.name)
         else:
-            orphans.append(Orphan(f.name, f.path, f.size, f.mtime))
-    denied = tuple(pid for pid, reason in scan.errors if "permission" in reason)
-    return CleanScan(tuple(orphans), tuple(mapped), tuple(links), denied)
+            o = Orphan(f.name, f.path, f.size, f.mtime, round(f.age(now), 3))
+            (orphans if status == "orphan" else young).append(o)
+    return CleanScan(
+        tuple(orphans), tuple(mapped), tuple(links), scan.denied_pids, tuple(opened), tuple(young)
+    )
 
 
 def remove_orphans(
-    names: list[str], prefix: str = dom.PREFIX, root: Path = shm.SHM, force: bool = False
+    names: list[str],
+    prefix: str = dom.PREFIX,
+    root: Path = shm.SHM,
+    force: bool = False,
+    min_age: float = dom.DEFAULT_MIN_AGE,
 ) -> tuple[list[str], list[str], tuple[int, ...]]:
-    """Remove orphans, re-checking each right before (shm.remove_unmapped rescans mappings
-    and refuses symlinks, non-regular files and anything mapped). When some process's maps
-    cannot be read, nothing is removed unless ``force``: a file only it maps would look
-    orphaned. Returns (removed, kept, pids whose maps could not be read)."""
+    """Remove orphans, re-checking each right before (shm.remove_unheld rescans maps and
+    fds and refuses symlinks, non-regular files, anything held and anything younger
+    than ``min_age``). When some process's maps or fds cannot be read, nothing is
+    removed unless ``force``: a file only it holds would look orphaned. Returns
+    (removed, kept, pids that could not be read)."""
     wanted = {n for n in names if n.startswith(prefix) and "/" not in n}
-    again = find_orphans(prefix, root)
+    again = find_orphans(prefix, root, min_age)
     if again.denied_pids and not force:
         return [], sorted(wanted), again.denied_pids
     orphans = {o.name for o in again.orphans}
-    removed, kept = shm.remove_unmapped(wanted & orphans, root)
+    removed, kept = shm.remove_unheld(wanted & orphans, root, min_age=min_age)
     return removed, sorted([*kept, *(wanted - orphans)]), again.denied_pids

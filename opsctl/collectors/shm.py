@@ -1,14 +1,24 @@
-"""/dev/shm: files, capacity, and which live processes map which segment.
+"""/dev/shm: files, capacity, and which live processes hold which segment.
 
-Mappings are read from /proc/PID/maps, so unlinked segments that live on only as
-"(deleted)" mappings are found too. A process that exits or denies access mid-scan is
-recorded in ``errors``, never raised.
+A segment is *held* when a live process maps it (/proc/PID/maps) or has it open
+(/proc/PID/fd): between ``shm_open``/``open`` and ``mmap`` a segment is only open, and
+Python's ``SharedMemory`` keeps its descriptor for as long as it lives. Both are
+matched by device + inode, so unlinked segments that live on only as "(deleted)"
+mappings or descriptors are found too, and a new file that reuses a name is never
+taken for the old one. A process that exits or denies access mid-scan is recorded in
+``errors``, never raised; callers decide whether an unreadable process blocks a
+deletion (:func:`HolderScan.denied_pids`).
+
+:func:`remove_unheld` is the one deletion rule (engine stop, ``engram clean``,
+``runs clean``): it rescans right before unlinking and removes only regular files that
+no process maps or holds open and that are at least ``min_age`` seconds old.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +35,17 @@ class ShmFile:
     dev: int
     mtime: float
     is_symlink: bool
+    ctime: float = 0.0
+    allocated: int = 0  # bytes of memory the file pins (st_blocks * 512; tmpfs: RAM/swap)
+
+    @property
+    def key(self) -> tuple[tuple[int, int], int]:
+        return (os.major(self.dev), os.minor(self.dev)), self.inode
+
+    def age(self, now: float) -> float:
+        """Seconds since the file was created, written or changed (newest of mtime and
+        ctime: ctime moves on creation, truncate and chmod, and cannot be set back)."""
+        return now - max(self.mtime, self.ctime)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +63,27 @@ class Mapping:
     @property
     def size(self) -> int:
         return self.end - self.start
+
+    @property
+    def key(self) -> tuple[tuple[int, int], int]:
+        major, minor = self.dev.split(":")
+        return (int(major, 16), int(minor, 16)), self.inode
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFd:
+    """An open descriptor of a process on a file under the scanned prefix."""
+
+    pid: int
+    fd: int
+    path: str  # without the " (deleted)" suffix
+    deleted: bool
+    dev: int  # st_dev of the file the descriptor refers to
+    inode: int
+
+    @property
+    def key(self) -> tuple[tuple[int, int], int]:
+        return (os.major(self.dev), os.minor(self.dev)), self.inode
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +121,17 @@ def list_files(root: Path = SHM, prefix: str = "") -> list[ShmFile]:
         if e.is_dir(follow_symlinks=False):
             continue
         out.append(
-            ShmFile(e.name, e.path, st.st_size, st.st_ino, st.st_dev, st.st_mtime, e.is_symlink())
+            ShmFile(
+                e.name,
+                e.path,
+                st.st_size,
+                st.st_ino,
+                st.st_dev,
+                st.st_mtime,
+                e.is_symlink(),
+                st.st_ctime,
+                st.st_blocks * 512,
+            )
         )
     return sorted(out, key=lambda f: f.name)
 
@@ -138,16 +190,118 @@ def mapped_paths(scan: MappingScan) -> set[str]:
     return {m.path for m in scan.mappings}
 
 
-def remove_unmapped(names: set[str], root: Path = SHM) -> tuple[list[str], list[str]]:
-    """Remove the given /dev/shm files unless a live process maps them (or they are
-    symlinks / not regular files). Returns (removed, kept)."""
+def read_fds(pid: int, path_prefix: str = str(SHM) + "/") -> list[OpenFd]:
+    """Open descriptors of one process on files whose path starts with ``path_prefix``
+    (linked or "(deleted)"). Raises OSError when /proc/PID/fd cannot be listed; a
+    descriptor closed while it is read is skipped."""
+    out = []
+    base = f"/proc/{pid}/fd"
+    for entry in os.listdir(base):
+        try:
+            target = os.readlink(f"{base}/{entry}")
+            if not target.startswith(path_prefix):
+                continue
+            st = os.stat(f"{base}/{entry}")  # the open file itself, deleted or not
+        except FileNotFoundError:
+            continue
+        deleted = target.endswith(" (deleted)")
+        if deleted:
+            target = target[: -len(" (deleted)")]
+        out.append(OpenFd(pid, int(entry), target, deleted, st.st_dev, st.st_ino))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HolderScan:
+    """Every mapping and open descriptor of files under one prefix, over all processes
+    visible here (or the given ones), plus the processes that could not be read."""
+
+    taken_at: float
+    mappings: tuple[Mapping, ...]
+    fds: tuple[OpenFd, ...]
+    errors: tuple[tuple[int, str], ...]  # (pid, reason): maps or fd unreadable, or exited
+
+    def holders(self, f: ShmFile) -> dict[int, set[str]]:
+        """pid -> {"mapped", "open"} for every process holding the file ``f``."""
+        out: dict[int, set[str]] = {}
+        for m in self.mappings:
+            if m.key == f.key or (not m.deleted and m.path == f.path):
+                out.setdefault(m.pid, set()).add("mapped")
+        for d in self.fds:
+            if d.key == f.key:
+                out.setdefault(d.pid, set()).add("open")
+        return out
+
+    def held_keys(self) -> set[tuple[tuple[int, int], int]]:
+        return {m.key for m in self.mappings} | {d.key for d in self.fds}
+
+    def held_paths(self) -> set[str]:
+        """Linked paths some process maps or has open."""
+        return {m.path for m in self.mappings if not m.deleted} | {
+            d.path for d in self.fds if not d.deleted
+        }
+
+    def is_held(self, f: ShmFile) -> bool:
+        return f.key in self.held_keys() or f.path in self.held_paths()
+
+    @property
+    def denied_pids(self) -> tuple[int, ...]:
+        """Processes whose maps or descriptors could not be read (not: exited ones)."""
+        return tuple(sorted({pid for pid, reason in self.errors if "permission" in reason}))
+
+
+def scan_holders(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/") -> HolderScan:
+    """Mappings (/proc/PID/maps) and open descriptors (/proc/PID/fd) of files under
+    ``path_prefix``. Without ``pids``: every process visible here except this one."""
+    maps = scan_mappings(pids, path_prefix)
+    fds: list[OpenFd] = []
+    errors = list(maps.errors)
+    me = os.getpid()
+    for pid in pids if pids is not None else all_pids():
+        if pid == me and pids is None:
+            continue
+        try:
+            fds.extend(read_fds(pid, path_prefix))
+        except (FileNotFoundError, ProcessLookupError):
+            errors.append((pid, "process exited during scan"))
+        except PermissionError as exc:
+            errors.append((pid, f"permission denied reading /proc/{pid}/fd: {exc.strerror}"))
+        except OSError as exc:
+            errors.append((pid, f"cannot read /proc/{pid}/fd: {exc}"))
+    return HolderScan(time.time(), maps.mappings, tuple(fds), tuple(dict.fromkeys(errors)))
+
+
+def remove_unheld(
+    names: set[str] | list[str],
+    root: Path | None = None,
+    *,
+    min_age: float = 0.0,
+    now: float | None = None,
+) -> tuple[list[str], list[str]]:
+    """Remove the given files of ``root`` (default /dev/shm) unless a live process maps
+    them or holds them open, they are younger than ``min_age`` seconds, or they are
+    symlinks / not regular files. Holders are rescanned right before. Unreadable
+    processes do not block here: callers that cannot vouch for the files check
+    :attr:`HolderScan.denied_pids` first. Returns (removed, kept)."""
     if not names:
         return [], []
-    mapped = mapped_paths(scan_mappings())
+    root = SHM if root is None else root
+    scan = scan_holders(path_prefix=f"{root}/")
+    keys, paths = scan.held_keys(), scan.held_paths()
+    now = time.time() if now is None else now
     removed, kept = [], []
-    for name in sorted(names):
+    for name in sorted(set(names)):
+        if "/" in name or name in ("", ".", ".."):
+            kept.append(name)
+            continue
         path = root / name
-        if "/" in name or str(path) in mapped or path.is_symlink() or not path.is_file():
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        key = ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
+        young = now - max(st.st_mtime, st.st_ctime) < min_age
+        if not stat.S_ISREG(st.st_mode) or key in keys or str(path) in paths or young:
             kept.append(name)
             continue
         try:
@@ -158,3 +312,7 @@ def remove_unmapped(names: set[str], root: Path = SHM) -> tuple[list[str], list[
         except OSError:
             kept.append(name)
     return removed, kept
+
+
+# The engine stop's name for the same rule (maps *or* open descriptors).
+remove_unmapped = remove_unheld

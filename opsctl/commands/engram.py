@@ -136,57 +136,74 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False,
             "--force",
-            help="with --yes: remove even though some processes' mappings could not be read",
+            help="with --yes: remove even though some processes' mappings or fds could not be read",
         ),
         prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
+        min_age: str = typer.Option(
+            "60s",
+            "--min-age",
+            help="never remove a table changed less than this long ago (seconds, or 30s, 10m, 2h, 1d)",
+        ),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """List orphaned vllm_engram_* files in /dev/shm (no live process maps them); --yes removes them.
+        """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
+        them open, older than --min-age); --yes removes them.
 
-        Only processes in this PID namespace can be seen: a file mapped only by a process in
+        Only processes in this PID namespace can be seen: a file held only by a process in
         another container looks orphaned, so run clean where vLLM runs. If some process's
-        mappings cannot be read, --yes removes nothing (exit 1) unless --force is given.
-        Exit 1 whenever --yes kept an orphan."""
+        mappings or open files cannot be read, --yes removes nothing (exit 1) unless --force
+        is given. Exit 1 whenever --yes kept an orphan."""
         from opsctl import output
         from opsctl.collectors import engram as col
+        from opsctl.domain.runs import parse_duration
         from opsctl.errors import BadInput, CheckFailed
         from opsctl.output import document, emit
 
         _check_prefix(prefix)
         if force and not yes:
             raise BadInput("--force only makes sense with --yes")
-        scan = col.find_orphans(prefix)
+        try:
+            age = parse_duration(min_age)
+        except ValueError as exc:
+            raise BadInput(f"--min-age: {exc}") from None
+        scan = col.find_orphans(prefix, min_age=age)
         removed: list[str] = []
         kept: list[str] = []
         denied = scan.denied_pids
         if denied:
             output.warn(
-                f"could not read the mappings of {len(denied)} process(es) "
-                f"(pids {', '.join(map(str, denied[:10]))}); files only they map look orphaned"
+                f"could not read the mappings or open files of {len(denied)} process(es) "
+                f"(pids {', '.join(map(str, denied[:10]))}); files only they hold look orphaned"
             )
         if yes and scan.orphans:
             removed, kept, denied = col.remove_orphans(
-                [o.name for o in scan.orphans], prefix, force=force
+                [o.name for o in scan.orphans], prefix, force=force, min_age=age
             )
         refused = bool(yes and kept and denied and not force)
         doc = document(
             "engram.clean",
             prefix=prefix,
             dry_run=not yes,
+            min_age=age,
             orphans=[
-                {"name": o.name, "path": o.path, "size": o.size, "mtime": o.mtime}
+                {"name": o.name, "path": o.path, "size": o.size, "mtime": o.mtime, "age": o.age}
                 for o in scan.orphans
             ],
             mapped=list(scan.mapped),
+            open=list(scan.open),
+            young=[
+                {"name": o.name, "path": o.path, "size": o.size, "mtime": o.mtime, "age": o.age}
+                for o in scan.young
+            ],
             ignored_symlinks=list(scan.symlinks),
             removed=removed,
             kept=kept,
             unchecked_pids=list(denied),
             forced=force,
             refused=(
-                f"kept every orphan: the mappings of {len(denied)} process(es) could not be "
-                "read, so a file only they map would look orphaned; run as root / inside "
-                "the vLLM container, or pass --force"
+                f"kept every orphan: the mappings or open files of {len(denied)} process(es) "
+                "could not be read, so a file only they hold would look orphaned; run as "
+                "root / inside the vLLM container, or pass --force"
                 if refused
                 else None
             ),
@@ -195,7 +212,7 @@ def register(app: typer.Typer) -> None:
         if yes and kept:
             raise CheckFailed(
                 doc["refused"]
-                or f"{len(kept)} orphan(s) kept (mapped again, gone, or not removable): "
+                or f"{len(kept)} orphan(s) kept (held again, gone, or not removable): "
                 f"{', '.join(kept[:5])}"
             )
         if not yes and scan.orphans:
@@ -467,7 +484,7 @@ def render_clean(console, doc: dict) -> None:
                 (
                     "kept (unreadable mappings)"
                     if doc.get("refused")
-                    else "kept (now mapped or gone)"
+                    else "kept (now held, young or gone)"
                 )
                 if o["name"] in kept
                 else "would remove (--yes)"
@@ -477,6 +494,16 @@ def render_clean(console, doc: dict) -> None:
     console.print(t)
     if doc["mapped"]:
         console.print(f"in use (mapped, left alone): {', '.join(doc['mapped'])}", highlight=False)
+    if doc.get("open"):
+        console.print(
+            f"in use (open, not mapped, left alone): {', '.join(doc['open'])}", highlight=False
+        )
+    if doc.get("young"):
+        console.print(
+            f"younger than --min-age {doc['min_age']:g} s (left alone): "
+            f"{', '.join(o['name'] for o in doc['young'])}",
+            highlight=False,
+        )
     if doc["ignored_symlinks"]:
         console.print(
             f"symlinks (never touched): {', '.join(doc['ignored_symlinks'])}", highlight=False

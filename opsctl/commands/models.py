@@ -20,11 +20,16 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="rebuild even if present"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Write the embedded models: tokenizer, config.json, seeded safetensors."""
+        """Write the embedded models: tokenizer, config.json, seeded safetensors.
+
+        An existing model directory is replaced only when opsctl built it (its marker
+        file); anything else at the target path is left alone (exit 2, with the path)."""
         from opsctl.embedded import catalog
         from opsctl.output import document, emit
 
         specs = [catalog.get(n) for n in names] if names else list(catalog.CATALOG.values())
+        for spec in specs:  # refuse before building anything: never replace what we did not build
+            catalog.check_target(spec, out)
         rows = []
         for spec in specs:
             path = catalog.build(spec, out, force=force)

@@ -440,3 +440,23 @@ def exit_status(findings: list[Finding]) -> int:
     unverified."""
     bad = ("engram.fill_mismatch", "engram.verify_incomplete")
     return 1 if any(f.code in bad for f in findings) else 0
+
+
+# ---- clean -----------------------------------------------------------------------------------
+
+DEFAULT_MIN_AGE = 60.0  # seconds: a segment this fresh may be between shm_open and mmap
+
+
+def segment_status(held: bool, symlink: bool, age: float, min_age: float) -> str:
+    """What ``clean`` may do with one /dev/shm file: ``symlink`` (never touched),
+    ``in-use`` (a live process maps it or holds it open), ``young`` (changed less than
+    ``min_age`` seconds ago: it may be being set up, e.g. opened but not yet mapped,
+    or shared by a process whose descriptor is about to be passed on), else ``orphan``
+    (may be removed)."""
+    if symlink:
+        return "symlink"
+    if held:
+        return "in-use"
+    if age < min_age:
+        return "young"
+    return "orphan"

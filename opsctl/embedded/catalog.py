@@ -2,6 +2,12 @@
 
 A model is built on first use into ``$OPSCTL_HOME/models/<name>`` (atomically: built
 in a temporary directory, then renamed) and rebuilt when its builder version changes.
+
+Every model directory opsctl builds carries a marker file (:data:`MARKER`: name,
+archetype, builder version). opsctl replaces an existing directory only when that
+marker says opsctl built it: a directory (or file, or symlink) at the target path
+without it is someone else's, and :func:`build` refuses with BadInput (exit 2)
+naming the path, deleting nothing.
 """
 
 from __future__ import annotations
@@ -112,19 +118,54 @@ def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
     return meta.get("version") == model.version
 
 
+def built_by_opsctl(path: Path) -> bool:
+    """Whether ``path`` is a real directory holding opsctl's marker for a model of that
+    name (any builder version): only such a directory may be replaced."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    marker = path / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return False
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("name") == path.name and "version" in meta
+
+
+def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
+    """The model's directory under ``root``; BadInput (exit 2, with the path) when
+    something opsctl did not build is there (nothing is deleted)."""
+    dest = model_path(model.name, root)
+    if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
+        raise BadInput(
+            f"{dest} exists and was not built by opsctl (no {MARKER}); not replacing it",
+            hint="choose another --out directory, or move it away yourself",
+        )
+    if root is not None and root.exists() and not root.is_dir():
+        raise BadInput(f"--out {root} is not a directory")
+    return dest
+
+
 def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -> Path:
     dest = model_path(model.name, root)
     if not force and is_built(model, root):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=dest.parent))
+    check_target(model, root)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=dest.parent))
+    except OSError as exc:
+        raise BadInput(f"cannot build into {dest.parent}: {exc.strerror or exc}") from None
     try:
         model.build_fn()(tmp)
         (tmp / MARKER).write_text(
             json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version})
             + "\n"
         )
-        if dest.exists():
+        if dest.exists() or dest.is_symlink():
+            if not built_by_opsctl(dest):  # again: it may have appeared during the build
+                raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER})")
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     except BaseException:
