@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typer
 
+from opsctl.commands.options import api_key_option
+
 
 def validate_url(url: str) -> str:
     import httpx
@@ -30,13 +32,7 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json"),
         timeout: float = typer.Option(5.0, "--timeout", help="HTTP timeout in seconds"),
-        api_key: str | None = typer.Option(
-            None,
-            "--api-key",
-            envvar="VLLM_API_KEY",
-            show_envvar=True,
-            help="bearer token for a server started with --api-key",
-        ),
+        api_key: str | None = api_key_option(),
     ) -> None:
         """Health and key metrics of a running vLLM server (exit 3 when unreachable)."""
         from rich.table import Table

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.diag.common import api_key_option, test_knob_option
+from opsctl.commands.options import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, OpsTimeout
 
 MODES = ("default", "eager", "both")
@@ -141,10 +141,10 @@ def register(app: typer.Typer) -> None:
         from opsctl.commands.diag.common import (
             add_knob_warnings,
             check_url,
-            parse_knobs,
             run_pipeline,
         )
         from opsctl.commands.diag.invariance_run import Request, render, run_all
+        from opsctl.commands.options import parse_knobs
 
         if url and model:
             raise BadInput("give either a URL or --model, not both")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.diag.common import test_knob_option
+from opsctl.commands.options import test_knob_option
 from opsctl.errors import BadInput, CheckFailed
 
 SCHEMA = "diag.kv-fail"
@@ -165,8 +165,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
         from opsctl import output
-        from opsctl.commands.diag.common import add_knob_warnings, parse_knobs, run_pipeline
+        from opsctl.commands.diag.common import add_knob_warnings, run_pipeline
         from opsctl.commands.diag.kv_fail_run import Request, run
+        from opsctl.commands.options import parse_knobs
 
         settings = build_settings(
             policy, rate, blocks, requests, seed, targets, max_tokens, no_patch

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.diag.common import api_key_option, test_knob_option
+from opsctl.commands.options import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.mm_uuid"
@@ -493,7 +493,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output
-        from opsctl.commands.diag.common import parse_knobs, run_pipeline
+        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.options import parse_knobs
 
         if url and model:
             raise BadInput("give either a URL or --model, not both")

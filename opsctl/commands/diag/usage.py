@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.diag.common import api_key_option, test_knob_option
+from opsctl.commands.options import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 SCHEMA = "diag.usage"
@@ -427,7 +427,8 @@ def register(app: typer.Typer) -> None:
         Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
         count cannot be derived."""
         from opsctl import output
-        from opsctl.commands.diag.common import parse_knobs, run_pipeline
+        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.options import parse_knobs
         from opsctl.domain.usage import KINDS
 
         if kind is not None and kind not in KINDS:
