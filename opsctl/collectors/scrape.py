@@ -1,0 +1,139 @@
+"""Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
+and /metrics concurrently (and, when asked, /version, /v1/models and /server_info),
+each under its own deadline, so a server that accepts and never answers costs its own
+row a timeout and nobody else anything. Returns frozen Scrape snapshots (domain types).
+
+/metrics is parsed with prometheus_client's parser (opsctl.domain.metrics.parse_samples);
+a body whose vLLM lines did not change since the previous poll is not parsed again.
+
+One-shot use (what ``opsctl status`` can call)::
+
+    scrape = scrape_once("http://127.0.0.1:8000", api_key=None, timeout=5.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
+from opsctl.domain.metrics import MetricSamples, filter_lines, parse_samples
+
+AUTH_STATUSES = (401, 403)
+
+
+def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
+    return httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits)
+
+
+async def _get(
+    client: httpx.AsyncClient, url: str, path: str, timeout: float, headers: dict | None
+) -> tuple[HttpStatus, httpx.Response | None]:
+    t0 = time.monotonic()
+    try:
+        r = await asyncio.wait_for(client.get(url + path, headers=headers), timeout)
+    except TimeoutError:
+        return HttpStatus(path, None, f"timed out after {timeout:g} s", timeout), None
+    except httpx.HTTPError as exc:
+        text = str(exc) or type(exc).__name__
+        return HttpStatus(path, None, f"{type(exc).__name__}: {text}"[:200]), None
+    return HttpStatus(path, r.status_code, None, time.monotonic() - t0), r
+
+
+class MetricsCache:
+    """Parses a /metrics body only when its vLLM lines changed (an idle server's do not)."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.samples: MetricSamples | None = None
+
+    def parse(self, text: str) -> MetricSamples:
+        key = filter_lines(text)
+        if key != self.key or self.samples is None:
+            self.samples = parse_samples(text)
+            self.key = key
+        return self.samples
+
+
+def _json(r: httpx.Response | None) -> dict | None:
+    if r is None or r.status_code != 200:
+        return None
+    try:
+        doc = r.json()
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _models(doc: dict | None) -> tuple[ModelInfo, ...]:
+    out = []
+    for m in (doc or {}).get("data", []) or []:
+        if isinstance(m, dict) and "id" in m:
+            mml = m.get("max_model_len")
+            out.append(
+                ModelInfo(str(m["id"]), mml if isinstance(mml, int) else None, m.get("root"))
+            )
+    return tuple(out)
+
+
+async def fetch_info(
+    client: httpx.AsyncClient, url: str, timeout: float, headers: dict | None = None
+) -> tuple[EngineInfo, HttpStatus | None]:
+    """/version, /v1/models and /server_info concurrently; the second value is a
+    401/403 answer if any path gave one."""
+    paths = ("/version", "/v1/models", "/server_info")
+    results = await asyncio.gather(*(_get(client, url, p, timeout, headers) for p in paths))
+    auth = next((st for st, _ in results if st.status in AUTH_STATUSES), None)
+    version = (_json(results[0][1]) or {}).get("version")
+    info = EngineInfo(
+        version=str(version) if version is not None else None,
+        models=_models(_json(results[1][1])),
+        server_info=_json(results[2][1]),
+        fetched_at=time.time(),
+    )
+    return info, auth
+
+
+async def scrape(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    timeout: float = 2.0,
+    want_info: bool = False,
+    cache: MetricsCache | None = None,
+    headers: dict | None = None,
+) -> Scrape:
+    """One poll of one endpoint (never raises for HTTP trouble: it is in the snapshot)."""
+    started = time.time()
+    cache = cache or MetricsCache()
+    jobs = [
+        _get(client, url, "/health", timeout, headers),
+        _get(client, url, "/metrics", timeout, headers),
+    ]
+    (health, _), (metrics, mr) = await asyncio.gather(*jobs)
+    auth = next((st for st in (health, metrics) if st.status in AUTH_STATUSES), None)
+    samples = None
+    if mr is not None and mr.status_code == 200:
+        try:
+            samples = cache.parse(mr.text)
+        except ValueError as exc:  # not Prometheus text
+            metrics = HttpStatus("/metrics", mr.status_code, f"unparsable: {exc}"[:200])
+    info = None
+    if want_info and health.status is not None:
+        info, info_auth = await fetch_info(client, url, timeout, headers)
+        auth = auth or info_auth
+    return Scrape(url, started, time.time(), health, metrics, samples, info, auth)
+
+
+def scrape_once(url: str, api_key: str | None = None, timeout: float = 5.0) -> Scrape:
+    """A single-endpoint, one-shot poll with engine info (for one-shot commands)."""
+
+    async def run() -> Scrape:
+        async with new_client(api_key, timeout) as client:
+            return await scrape(client, url.rstrip("/"), timeout=timeout, want_info=True)
+
+    return asyncio.run(run())

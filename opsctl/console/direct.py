@@ -1,0 +1,232 @@
+"""DirectScrapeSource: scrapes every endpoint itself. One asyncio task per endpoint,
+each with its own HTTP client and deadline, on one background event-loop thread: a hung
+endpoint ages only its own row. Each task arms its next poll only after the previous
+one finished, so a slow endpoint stretches its own period instead of piling up polls.
+Discovery of local servers runs every few seconds (psutil, in an executor thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from opsctl.collectors import scrape as scrape_mod
+from opsctl.console import discovery, targets
+from opsctl.console.source import EMPTY_HINT
+from opsctl.domain.console import DEAD, STARTING, UNREACHABLE, FleetSnapshot, Target
+from opsctl.domain.console_state import EndpointTracker, Settings
+
+INFO_EVERY_S = 60.0  # /version, /v1/models, /server_info
+ROLES_EVERY_S = 5.0  # process roles of local endpoints
+DISCOVER_EVERY_S = 5.0
+
+
+class _Endpoint:
+    def __init__(self, target: Target, settings: Settings, api_key: str | None) -> None:
+        self.target = target
+        self.tracker = EndpointTracker(target, settings)
+        self.api_key = api_key
+        self.cache = scrape_mod.MetricsCache()
+        self.roles_at = 0.0
+        self.restarts_seen = 0
+        self.task: asyncio.Task | None = None
+
+    def want_info(self, now: float) -> bool:
+        t = self.tracker
+        fetched = t.info.fetched_at
+        return fetched is None or now - fetched > INFO_EVERY_S or t.restarts != self.restarts_seen
+
+
+class DirectScrapeSource:
+    name = "direct"
+
+    def __init__(
+        self,
+        static: list[Target],
+        *,
+        discover: bool = True,
+        runs_root: Path | None = None,
+        settings: Settings | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        discover_fn: Callable[[], list[Target]] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.static = static
+        self.discover_enabled = discover
+        self.runs_root = runs_root
+        self.discover_fn = discover_fn
+        self.api_key = api_key
+        self.timeout = (
+            timeout if timeout is not None else max(1.0, min(5.0, 2 * self.settings.interval_s))
+        )
+        self.endpoints: dict[str, _Endpoint] = {}
+        self.lock = threading.Lock()
+        self.paused = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="console-scrape", daemon=True
+        )
+        self.wake: asyncio.Event | None = None
+        self.unpaused: asyncio.Event | None = None
+        self.main: asyncio.Future | None = None
+
+    # ---- targets ---------------------------------------------------------------------------
+    def _discover(self) -> list[Target]:
+        if self.discover_fn is not None:
+            return self.discover_fn()
+        from opsctl.paths import runs_dir
+
+        return discovery.discover(self.runs_root or runs_dir())
+
+    def _key_for(self, t: Target) -> str | None:
+        if t.api_key_env:
+            return os.environ.get(t.api_key_env) or None
+        return self.api_key
+
+    def _sync_targets(self, found: list[Target]) -> list[_Endpoint]:
+        merged = targets.merge(self.static, found)
+        added = []
+        with self.lock:
+            for t in merged:
+                ep = self.endpoints.get(t.key)
+                if ep is None:
+                    ep = _Endpoint(t, self.settings, self._key_for(t))
+                    self.endpoints[t.key] = ep
+                    added.append(ep)
+                elif t.pid and t.pid != ep.target.pid:  # a new server on the same port
+                    ep.target = t
+                    ep.tracker.target = t
+        return added
+
+    # ---- the loop --------------------------------------------------------------------------
+    def start(self) -> None:
+        found = self._discover() if self.discover_enabled else []
+        self._sync_targets(found)
+        self.thread.start()
+        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+
+    async def _main(self) -> None:
+        self.wake = asyncio.Event()
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
+        for ep in list(self.endpoints.values()):
+            ep.task = asyncio.create_task(self._run(ep))
+        while self.discover_enabled:
+            await asyncio.sleep(DISCOVER_EVERY_S)
+            await self.unpaused.wait()
+            found = await asyncio.get_running_loop().run_in_executor(None, self._discover)
+            for ep in self._sync_targets(found):
+                ep.task = asyncio.create_task(self._run(ep))
+        await asyncio.Event().wait()  # keep the endpoint tasks' parent alive
+
+    async def _run(self, ep: _Endpoint) -> None:
+        assert self.wake is not None and self.unpaused is not None
+        async with scrape_mod.new_client(ep.api_key, self.timeout) as client:
+            while True:
+                await self.unpaused.wait()
+                t0 = time.monotonic()
+                await self._poll(ep, client)
+                delay = self.settings.interval_s - (time.monotonic() - t0)
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), delay)
+
+    async def _poll(self, ep: _Endpoint, client) -> None:
+        now = time.time()
+        t = ep.target
+        roles = now - ep.roles_at >= ROLES_EVERY_S
+        with_log = ep.tracker.view.state in (STARTING, DEAD, UNREACHABLE)
+        local = discovery.local_state(t, with_roles=roles, with_log=with_log) if t.pid else None
+        if roles and local is not None:
+            ep.roles_at = now
+        elif local is not None and ep.tracker.local is not None and not local.procs:
+            local = _keep_roles(local, ep.tracker.local)
+        want_info = ep.want_info(now)
+        s = await scrape_mod.scrape(
+            client, t.url, timeout=self.timeout, want_info=want_info, cache=ep.cache
+        )
+        with self.lock:
+            ep.tracker.local = local
+            ep.tracker.observe(s)
+        if s.info is not None:
+            ep.restarts_seen = ep.tracker.restarts
+
+    # ---- the interface ---------------------------------------------------------------------
+    def collect(self) -> FleetSnapshot:
+        with self.lock:
+            views = tuple(ep.tracker.view for ep in self.endpoints.values())
+        hint = EMPTY_HINT if not views else None
+        return FleetSnapshot(
+            time.time(), views, self.settings.interval_s, self.name, self.paused, hint
+        )
+
+    def series(self, url: str, name: str) -> list[float]:
+        with self.lock:
+            ep = self.endpoints.get(url)
+            return ep.tracker.series(name) if ep else []
+
+    def tracker(self, url: str) -> EndpointTracker | None:
+        ep = self.endpoints.get(url)
+        return ep.tracker if ep else None
+
+    def refresh(self) -> None:
+        def kick() -> None:
+            if self.wake is not None:
+                self.wake.set()
+                self.wake.clear()
+
+        self.loop.call_soon_threadsafe(kick)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+        def apply() -> None:
+            if self.unpaused is not None:
+                (self.unpaused.clear if paused else self.unpaused.set)()
+
+        self.loop.call_soon_threadsafe(apply)
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Until every endpoint has two scrapes (rates need two), or one that says it is
+        not a live vLLM server; False on the deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                eps = list(self.endpoints.values())
+            if all(_settled(ep) for ep in eps):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        if self.main is not None:
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+
+
+def _settled(ep: _Endpoint) -> bool:
+    t = ep.tracker
+    if t.scrapes >= 2:
+        return True
+    return t.scrapes >= 1 and t.last_ok_at is None
+
+
+def _keep_roles(local, previous):
+    from dataclasses import replace
+
+    return replace(local, procs=previous.procs) if local.alive else local

@@ -1,0 +1,182 @@
+"""Discovery of local vLLM OpenAI servers: opsctl's live runs (<OPSCTL_HOME>/runs/*/
+meta.json) and any process whose command line is vLLM's API server, with the port it
+listens on (psutil). Also the cheap per-poll liveness check of a local endpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import psutil
+
+from opsctl.collectors.processes import classify
+from opsctl.domain.console import LocalState, ProcRole, Target
+from opsctl.domain.serverlog import decisive_lines, load_progress
+
+API_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+_PID_TOLERANCE = 1.0  # seconds between psutil's create_time reads
+
+
+def is_api_server(cmdline: list[str]) -> bool:
+    """`python -m vllm.entrypoints.openai.api_server ...`, `vllm serve ...`,
+    `python -m vllm.entrypoints.cli.main serve ...`."""
+    if not cmdline:
+        return False
+    if any(m in cmdline for m in API_MODULES):
+        return "vllm.entrypoints.cli.main" not in cmdline or "serve" in cmdline
+    for i, arg in enumerate(cmdline[:3]):
+        if Path(arg).name == "vllm" and i + 1 < len(cmdline) and cmdline[i + 1] == "serve":
+            return True
+    return False
+
+
+def _argv_value(cmdline: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(cmdline):
+        if arg == flag and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def listening_port(proc: psutil.Process, cmdline: list[str]) -> int | None:
+    """The TCP port the API server listens on; the --port in its argv when it does not
+    listen yet (starting) or when several are open."""
+    wanted = _argv_value(cmdline, "--port")
+    ports: set[int] = set()
+    with contextlib.suppress(psutil.Error):
+        for c in proc.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                ports.add(c.laddr.port)
+    if wanted and wanted.isdigit() and (not ports or int(wanted) in ports):
+        return int(wanted)
+    if ports:
+        return min(ports)
+    return 8000 if wanted is None else None
+
+
+def _host(cmdline: list[str]) -> str:
+    host = _argv_value(cmdline, "--host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _topmost(procs: dict[int, tuple[psutil.Process, list[str]]]) -> list[int]:
+    """API-server matches whose parent is not itself a match (forked children share it)."""
+    out = []
+    for pid, (p, _) in procs.items():
+        try:
+            parent = p.ppid()
+        except psutil.Error:
+            continue
+        if parent not in procs:
+            out.append(pid)
+    return out
+
+
+def discover_processes() -> list[Target]:
+    found: dict[int, tuple[psutil.Process, list[str]]] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if is_api_server(cmd):
+            found[p.pid] = (p, cmd)
+    out = []
+    for pid in _topmost(found):
+        p, cmd = found[pid]
+        try:
+            started = p.create_time()
+        except psutil.Error:
+            continue
+        port = listening_port(p, cmd)
+        if port is None:
+            continue
+        url = f"http://{_host(cmd)}:{port}"
+        out.append(Target(f"pid {pid}", url, "discovered", pid=pid, pid_started=started))
+    return out
+
+
+def _same_process(pid: int, started: float | None) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(p.create_time() - started) < _PID_TOLERANCE
+    except psutil.Error:
+        return False
+
+
+def discover_runs(runs_root: Path) -> list[Target]:
+    """opsctl runs whose API server still lives, or whose owner lives (a run that died
+    under a live `opsctl serve` is shown dead, with its log lines)."""
+    out = []
+    for meta_path in sorted(runs_root.glob("*/meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict) or meta.get("stopped_at") or not meta.get("url"):
+            continue
+        pid = int(meta.get("pid") or 0)
+        started = (meta.get("pids") or {}).get(str(pid))
+        owner = int(meta.get("owner_pid") or 0)
+        alive = pid > 0 and _same_process(pid, started)
+        if not alive and not (owner and _same_process(owner, meta.get("owner_started"))):
+            continue
+        name = f"{meta.get('model', 'run')}@{meta_path.parent.name}"
+        out.append(
+            Target(name, str(meta["url"]).rstrip("/"), "opsctl-run", pid=pid or None,
+                   pid_started=started, run_dir=str(meta_path.parent))
+        )  # fmt: skip
+    return out
+
+
+def discover(runs_root: Path) -> list[Target]:
+    return [*discover_runs(runs_root), *discover_processes()]
+
+
+def process_roles(pid: int) -> tuple[ProcRole, ...]:
+    """The API server and its descendants with their vLLM roles (cheap: no memory reads)."""
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return ()
+    out = []
+    for p in members:
+        try:
+            with p.oneshot():
+                role = classify(p.name(), " ".join(p.cmdline()), p.pid == pid)
+        except psutil.Error:
+            continue  # exited meanwhile: it is simply not in the tree any more
+        out.append(ProcRole(p.pid, role))
+    return tuple(out)
+
+
+def _log_facts(run_dir: str | None, dead: bool) -> tuple[str | None, tuple[str, ...]]:
+    if not run_dir:
+        return None, ()
+    try:
+        log = (Path(run_dir) / "server.log").read_text(errors="replace")
+    except OSError:
+        return None, ()
+    phase = load_progress(log).phase
+    return phase, tuple(decisive_lines(log)) if dead else ()
+
+
+def local_state(
+    target: Target, with_roles: bool = False, with_log: bool = False
+) -> LocalState | None:
+    """Liveness of a local endpoint's API server (None for remote endpoints); the roles
+    of its processes when asked; for opsctl runs, when asked or dead, the load phase and
+    the decisive lines of its log."""
+    if target.pid is None:
+        return None
+    alive = _same_process(target.pid, target.pid_started)
+    phase, lines = (
+        _log_facts(target.run_dir, dead=not alive) if with_log or not alive else (None, ())
+    )
+    roles = process_roles(target.pid) if alive and with_roles else ()
+    reason = None if alive else f"process {target.pid} exited"
+    return LocalState(alive, reason, roles, phase, lines)

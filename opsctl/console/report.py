@@ -1,0 +1,113 @@
+"""The console's JSON document (schema opsctl.console/1) and plain table, both from the
+same FleetSnapshot the TUI renders."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from opsctl.domain.console import EndpointView, FleetSnapshot
+from opsctl.domain.console_state import exit_code, state_counts
+
+SCHEMA = "console"
+
+
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
+    f = v.figures
+    t = v.target
+    ttft = f.latency.get("ttft")
+    model = v.info.models[0] if v.info.models else None
+    return {
+        "name": t.name,
+        "url": t.url,
+        "source": t.source,
+        "labels": dict(t.labels),
+        "state": v.state,
+        "reason": v.reason,
+        "model": model.id if model else None,
+        "max_model_len": model.max_model_len if model else None,
+        "models": [m.id for m in v.info.models],
+        "vllm_version": v.info.version,
+        "health_status": v.health_status,
+        "requests_running": f.running,
+        "requests_waiting": f.waiting,
+        "kv_cache_usage": _r(f.kv_usage),
+        "kv_capacity_tokens": f.kv_capacity_tokens,
+        "kv_used_tokens": f.kv_used_tokens,
+        "prefix_cache_hit_rate": _r(f.prefix_hit_rate),
+        "prefix_cache_hit_rate_lifetime": _r(f.prefix_hit_rate_lifetime),
+        "prompt_tokens_per_s": _r(f.prompt_tps, 2),
+        "generation_tokens_per_s": _r(f.generation_tps, 2),
+        "requests_per_s": _r(f.request_rate, 3),
+        "preemptions_per_s": _r(f.preemption_rate, 3),
+        "engine_steps_per_s": _r(f.steps_per_s, 2),
+        "tokens_per_engine_step": _r(f.tokens_per_step, 2),
+        "preemptions_total": f.preemptions_total,
+        "prompt_tokens_total": f.prompt_tokens_total,
+        "generation_tokens_total": f.generation_tokens_total,
+        "requests_total": f.requests_total,
+        "prompt_tokens_by_source": {k: _r(x) for k, x in f.prompt_tokens_by_source.items()},
+        "waiting_by_reason": f.waiting_by_reason,
+        "finished_by_reason": f.finished_by_reason,
+        "ttft_p50_s": _r(ttft.p50 if ttft else None, 6),
+        "ttft_p95_s": _r(ttft.p95 if ttft else None, 6),
+        "latency_basis": f.latency_basis,
+        "latency_s": {k: {n: _r(x, 6) for n, x in asdict(q).items()} for k, q in f.latency.items()},
+        "engines": f.engines,
+        "restarts_seen": v.restarts,
+        "scrapes": v.scrapes,
+        "data_age_s": _r(v.age(now), 2),
+        "poll_s": _r(v.poll_s, 4),
+        "pids": [{"pid": p.pid, "role": p.role} for p in (v.local.procs if v.local else ())],
+        "pid": t.pid,
+        "run_dir": t.run_dir,
+        "server_info": v.info.server_info,
+    }
+
+
+def document(snap: FleetSnapshot) -> dict[str, Any]:
+    from opsctl.output import document as doc
+
+    views = snap.endpoints
+    return doc(
+        SCHEMA,
+        taken_at=round(snap.taken_at, 3),
+        source=snap.source,
+        interval_s=snap.interval_s,
+        counts=state_counts(views),
+        exit_code=exit_code(views),
+        hint=snap.hint,
+        endpoints=[endpoint_dict(v, snap.taken_at) for v in views],
+    )
+
+
+def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if v is None else f"{v * scale:{spec}}{suffix}"
+
+
+def render_plain(console, snap: FleetSnapshot) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{len(snap.endpoints)} endpoints")
+    for col in ("name", "url", "source", "state", "model", "run", "wait", "KV %", "gen tok/s",
+                "TTFT p50", "reason"):  # fmt: skip
+        t.add_column(col)
+    for v in snap.endpoints:
+        f = v.figures
+        ttft = f.latency.get("ttft")
+        t.add_row(
+            v.target.name, v.target.url, v.target.source, v.state,
+            v.info.models[0].id if v.info.models else "-",
+            fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
+            fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
+            v.reason or "",
+        )  # fmt: skip
+    console.print(t)
+    if snap.hint:
+        from opsctl.output import info
+
+        info(f"hint: {snap.hint}")

@@ -1,0 +1,107 @@
+"""Endpoints from URL arguments and from a TOML targets file, merged with discovered
+ones (one row per base URL; an explicit source wins, local pids are kept).
+
+Targets file::
+
+    [[targets]]
+    name = "gpu-node-1"
+    url = "http://10.0.0.5:8000"
+    api_key_env = "NODE1_VLLM_KEY"      # optional: name of the env var holding the key
+    labels = { node = "n1", role = "decode" }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from opsctl.domain.console import SOURCES, Target
+from opsctl.errors import BadInput
+
+
+def normalise_url(url: str) -> str:
+    """http(s)://host:port without a trailing slash; a bare host:port gets http://."""
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"not an http(s) URL: {url!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadInput(f"bad port in URL: {url!r}") from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = f"{host}:{port}" if port else host
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def _endpoint_key(url: str) -> tuple[str, int]:
+    """Same server whatever the spelling (localhost, 127.0.0.1, 0.0.0.0)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host in ("localhost", "0.0.0.0", "::", "::1", "127.0.0.1"):
+        host = "127.0.0.1"
+    return host, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def from_urls(urls: list[str]) -> list[Target]:
+    out = []
+    for u in urls:
+        url = normalise_url(u)
+        out.append(Target(name=urlsplit(url).netloc, url=url, source="argument"))
+    return out
+
+
+def from_targets_file(path: Path) -> list[Target]:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise BadInput(f"cannot read targets file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"targets file {path} is not valid TOML: {exc}") from None
+    items = doc.get("targets", [])
+    if not isinstance(items, list):
+        raise BadInput(f"{path}: 'targets' must be an array of tables ([[targets]])")
+    out = []
+    for i, item in enumerate(items, start=1):
+        if not isinstance(item, dict) or not isinstance(item.get("url"), str):
+            raise BadInput(f"{path}: target #{i} needs a url")
+        url = normalise_url(item["url"])
+        labels = item.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise BadInput(f"{path}: target #{i}: labels must be a table")
+        env = item.get("api_key_env")
+        out.append(
+            Target(
+                name=str(item.get("name") or urlsplit(url).netloc),
+                url=url,
+                source="targets",
+                labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                api_key_env=str(env) if env else None,
+            )
+        )
+    return out
+
+
+def merge(*groups: list[Target]) -> list[Target]:
+    """One target per server. The first source in SOURCES order names it; a local pid or
+    run dir learned from discovery is kept."""
+    by_key: dict[tuple[str, int], Target] = {}
+    rank = {s: i for i, s in enumerate(SOURCES)}
+    for t in (t for g in groups for t in g):
+        k = _endpoint_key(t.url)
+        old = by_key.get(k)
+        if old is None:
+            by_key[k] = t
+            continue
+        first, second = (old, t) if rank[old.source] <= rank[t.source] else (t, old)
+        by_key[k] = replace(
+            first,
+            pid=first.pid or second.pid,
+            pid_started=first.pid_started or second.pid_started,
+            run_dir=first.run_dir or second.run_dir,
+        )
+    return list(by_key.values())

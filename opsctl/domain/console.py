@@ -1,0 +1,348 @@
+"""The console's decisions, pure: endpoint states from scrapes, rates from counter
+deltas (resets detected and counted, never negative), latency percentiles from
+histogram bucket deltas over a window, bounded history for sparklines.
+
+Collectors produce :class:`Scrape` and :class:`LocalState` snapshots; an
+:class:`EndpointTracker` (one per endpoint) folds them into frozen
+:class:`EndpointView` values that the JSON output and the TUI both render.
+
+States: starting (local process up, no HTTP yet), ready, busy (requests running),
+stalled (requests running while generation stays flat for the stall window, /health may
+still say 200), dead (/health 5xx or the process gone), unreachable (nothing answers,
+or what answers is not vLLM), unauthorized (401/403), restarted (counters went back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opsctl.domain.metrics import (
+    GEN_TOKENS,
+    KV_USAGE,
+    LATENCY_HISTOGRAMS,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_BY_SOURCE,
+    PROMPT_TOKENS,
+    REQUEST_SUCCESS,
+    RUNNING,
+    STEP_TOKENS_SUM,
+    STEPS,
+    WAITING,
+    WAITING_BY_REASON,
+    Buckets,
+    MetricSamples,
+    bucket_delta,
+    histogram_quantile,
+)
+
+STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
+DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED = "dead", "unreachable", "unauthorized", "restarted"
+STATES = (STARTING, READY, BUSY, STALLED, DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED)
+HEALTHY = frozenset({READY, BUSY, RESTARTED})
+FAILING = frozenset({STALLED, DEAD, UNAUTHORIZED, UNREACHABLE})
+REACHABLE = frozenset({READY, BUSY, STALLED, DEAD, UNAUTHORIZED, RESTARTED})
+SOURCES = ("argument", "targets", "opsctl-run", "discovered")
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# counters whose going back means the server restarted
+_RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
+_RATES = {
+    "prompt_tps": PROMPT_TOKENS,
+    "generation_tps": GEN_TOKENS,
+    "request_rate": REQUEST_SUCCESS,
+    "preemption_rate": PREEMPTIONS,
+    "steps_per_s": STEPS,
+}
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One endpoint to watch and where it came from."""
+
+    name: str
+    url: str
+    source: str  # one of SOURCES
+    labels: tuple[tuple[str, str], ...] = ()
+    api_key_env: str | None = None
+    pid: int | None = None  # local API server process
+    pid_started: float | None = None  # its create time (tells a reused pid apart)
+    run_dir: str | None = None  # opsctl runs
+
+    @property
+    def key(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True, slots=True)
+class HttpStatus:
+    path: str
+    status: int | None  # None: no HTTP answer
+    error: str | None = None  # connect error / timeout text
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    max_model_len: int | None
+    root: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """Slow-changing facts (fetched on the first answer, after a restart, now and then)."""
+
+    version: str | None = None
+    models: tuple[ModelInfo, ...] = ()
+    server_info: dict | None = None  # /server_info (VLLM_SERVER_DEV_MODE=1 only)
+    fetched_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One poll of one endpoint."""
+
+    url: str
+    started_at: float
+    finished_at: float
+    health: HttpStatus
+    metrics: HttpStatus
+    samples: MetricSamples | None  # parsed /metrics (None when it did not answer 200)
+    info: EngineInfo | None = None  # set when fetched in this poll
+    auth: HttpStatus | None = None  # a 401/403 seen on any path
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRole:
+    pid: int
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocalState:
+    """What the local machine says about an endpoint's processes (local ones only)."""
+
+    alive: bool
+    reason: str | None = None  # why not alive ("process 123 exited")
+    procs: tuple[ProcRole, ...] = ()
+    load_phase: str | None = None  # opsctl runs: from the server log
+    death_lines: tuple[str, ...] = ()  # opsctl runs: decisive log lines
+
+
+# ---- outputs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    count: float = 0.0  # observations the figures are taken over
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    kv_capacity_tokens: int | None = None
+    kv_used_tokens: int | None = None
+    prefix_hit_rate: float | None = None  # over the last interval with queries, else lifetime
+    prefix_hit_rate_lifetime: float | None = None
+    prompt_tps: float | None = None
+    generation_tps: float | None = None
+    request_rate: float | None = None
+    preemption_rate: float | None = None
+    steps_per_s: float | None = None
+    tokens_per_step: float | None = None
+    preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    requests_total: float | None = None
+    prompt_tokens_by_source: dict[str, float] = field(default_factory=dict)  # fractions
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    finished_by_reason: dict[str, float] = field(default_factory=dict)  # totals
+    engines: int | None = None
+    latency: dict[str, Quantiles] = field(default_factory=dict)
+    latency_basis: str = "none"  # "window" (last latency_window_s) | "lifetime" | "none"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    target: Target
+    state: str
+    reason: str | None
+    figures: Figures
+    info: EngineInfo
+    local: LocalState | None
+    health_status: int | None
+    last_scrape_at: float | None
+    last_ok_at: float | None  # last scrape with a vLLM answer
+    scrapes: int
+    restarts: int
+    poll_s: float | None  # how long the last poll took
+
+    def age(self, now: float) -> float | None:
+        return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    taken_at: float
+    endpoints: tuple[EndpointView, ...]
+    interval_s: float
+    source: str = "direct"  # which FleetSource produced it
+    paused: bool = False
+    hint: str | None = None
+
+
+# ---- pure helpers ---------------------------------------------------------------------------
+
+
+def counter_delta(prev: float | None, cur: float | None) -> float | None:
+    """Increase of a counter; after a reset (cur < prev) the increase is cur (it restarted
+    from zero), never negative."""
+    if prev is None or cur is None:
+        return None
+    return cur if cur < prev else cur - prev
+
+
+def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
+    if prev is None:
+        return False
+    for name in _RESET_COUNTERS:
+        a, b = prev.get(name), cur.get(name)
+        if a is not None and b is not None and b < a:
+            return True
+    return False
+
+
+def quantiles(buckets: Buckets | None, total_sum: float | None = None) -> Quantiles:
+    if not buckets or buckets[-1][1] <= 0:
+        return Quantiles()
+    count = buckets[-1][1]
+    p50, p90, p95, p99 = (histogram_quantile(buckets, q) for q in QUANTILES)
+    mean = None if total_sum is None else total_sum / count
+    return Quantiles(p50, p90, p95, p99, mean, count)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or not den:
+        return None
+    return max(0.0, min(1.0, num / den))
+
+
+def kv_tokens(s: MetricSamples) -> tuple[int | None, int | None]:
+    """KV capacity and used tokens: blocks x block size from vllm:cache_config_info."""
+    try:
+        capacity = int(s.info["num_gpu_blocks"]) * int(s.info["block_size"])
+    except (KeyError, ValueError):
+        return None, None
+    usage = s.get(KV_USAGE)
+    return capacity, None if usage is None else round(capacity * usage)
+
+
+def _fractions(d: dict[str, float] | None) -> dict[str, float]:
+    total = sum((d or {}).values())
+    return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
+
+
+def _source_fractions(cur: MetricSamples, prev: MetricSamples | None) -> dict[str, float]:
+    now = cur.labelled.get(PROMPT_BY_SOURCE, {})
+    if prev is not None:
+        before = prev.labelled.get(PROMPT_BY_SOURCE, {})
+        delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
+        if sum(delta.values()) > 0 and min(delta.values()) >= 0:
+            return _fractions(delta)
+    return _fractions(now)
+
+
+def figures(
+    cur: MetricSamples,
+    prev: MetricSamples | None,
+    dt: float | None,
+    window: MetricSamples | None,
+) -> Figures:
+    """Figures of one scrape: gauges from ``cur``, rates over ``prev`` -> ``cur`` (dt
+    seconds; None after a reset or on the first scrape), percentiles over ``window`` ->
+    ``cur`` (the oldest scrape inside the latency window), else over the lifetime."""
+    rates: dict[str, float | None] = {}
+    for key, name in _RATES.items():
+        d = counter_delta(prev.get(name) if prev else None, cur.get(name))
+        rates[key] = None if d is None or not dt or dt <= 0 else d / dt
+    dq = counter_delta(prev.get(PREFIX_QUERIES) if prev else None, cur.get(PREFIX_QUERIES))
+    dh = counter_delta(prev.get(PREFIX_HITS) if prev else None, cur.get(PREFIX_HITS))
+    life_hit = _ratio(cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
+    dsteps = counter_delta(prev.get(STEPS) if prev else None, cur.get(STEPS))
+    dstep_tokens = counter_delta(
+        prev.get(STEP_TOKENS_SUM) if prev else None, cur.get(STEP_TOKENS_SUM)
+    )
+    per_step = _ratio_free(dstep_tokens, dsteps)
+    if per_step is None:
+        per_step = _ratio_free(cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
+    latency, basis = latency_figures(cur, window)
+    capacity, used = kv_tokens(cur)
+    return Figures(
+        running=cur.get(RUNNING),
+        waiting=cur.get(WAITING),
+        kv_usage=cur.get(KV_USAGE),
+        kv_capacity_tokens=capacity,
+        kv_used_tokens=used,
+        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate_lifetime=life_hit,
+        steps_per_s=rates["steps_per_s"],
+        prompt_tps=rates["prompt_tps"],
+        generation_tps=rates["generation_tps"],
+        request_rate=rates["request_rate"],
+        preemption_rate=rates["preemption_rate"],
+        tokens_per_step=per_step,
+        preemptions_total=cur.get(PREEMPTIONS),
+        prompt_tokens_total=cur.get(PROMPT_TOKENS),
+        generation_tokens_total=cur.get(GEN_TOKENS),
+        requests_total=cur.get(REQUEST_SUCCESS),
+        prompt_tokens_by_source=_source_fractions(cur, prev),
+        waiting_by_reason=dict(cur.labelled.get(WAITING_BY_REASON, {})),
+        finished_by_reason=dict(cur.labelled.get(REQUEST_SUCCESS, {})),
+        engines=cur.engines or None,
+        latency=latency,
+        latency_basis=basis,
+    )
+
+
+def _ratio_free(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def latency_figures(
+    cur: MetricSamples, window: MetricSamples | None
+) -> tuple[dict[str, Quantiles], str]:
+    """Percentiles of every latency histogram over the window when it saw requests,
+    else over the server's lifetime."""
+    out: dict[str, Quantiles] = {}
+    basis = "none"
+    for short, name in LATENCY_HISTOGRAMS.items():
+        cur_b = cur.buckets.get(name)
+        if not cur_b:
+            continue
+        total_sum = cur.get(f"{name}_sum")
+        if window is not None and window is not cur:
+            delta = bucket_delta(window.buckets.get(name), cur_b)
+            if delta and delta[-1][1] > 0:
+                d_sum = counter_delta(window.get(f"{name}_sum"), total_sum)
+                out[short] = quantiles(delta, d_sum)
+                basis = "window"
+                continue
+        out[short] = quantiles(cur_b, total_sum)
+        if basis == "none" and out[short].count:
+            basis = "lifetime"
+    return out, basis
+
+
+def is_vllm(samples: MetricSamples | None) -> bool:
+    return samples is not None and samples.vllm_series > 0

@@ -1,0 +1,254 @@
+"""Per-endpoint state machine of the console (pure: scrapes and local states in, frozen
+views out). See opsctl.domain.console for the states and the data types."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from opsctl.domain.console import (
+    BUSY,
+    DEAD,
+    READY,
+    RESTARTED,
+    STALLED,
+    STARTING,
+    UNAUTHORIZED,
+    UNREACHABLE,
+    EndpointView,
+    EngineInfo,
+    Figures,
+    HttpStatus,
+    LocalState,
+    Scrape,
+    Target,
+    figures,
+    is_vllm,
+    went_back,
+)
+from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS, MetricSamples
+
+HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usage", "ttft_p50")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    interval_s: float = 1.0
+    stall_window_s: float = 10.0
+    latency_window_s: float = 60.0
+    history_s: float = 600.0  # sparklines: the last 10 minutes
+    restart_hold_s: float = 10.0  # how long 'restarted' is shown after a reset
+
+
+def http_reason(scrape: Scrape) -> str:
+    h = scrape.health
+    if h.status is None:
+        return f"no answer on /health: {h.error or 'connection failed'}"
+    return f"/health HTTP {h.status}"
+
+
+def decide(
+    scrape: Scrape | None,
+    local: LocalState | None,
+    stall_for: float | None,
+    steps_flat: bool,
+    restarted_recently: bool,
+) -> tuple[str, str | None]:
+    """The state of one endpoint and the reason for any state but ready/busy.
+
+    ``stall_for``: seconds the generation counter has been flat while requests were
+    running (None when it is moving or nothing runs); ``steps_flat``: the engine-step
+    counter is flat over that time too."""
+    if local is not None and not local.alive:
+        why = local.reason or "process gone"
+        if local.death_lines:
+            why += ": " + " | ".join(local.death_lines)
+        return DEAD, why
+    if scrape is None:
+        return (STARTING, local.load_phase) if local is not None else (UNREACHABLE, "not polled")
+    auth = scrape.auth
+    if auth is not None and auth.status in (401, 403):
+        return UNAUTHORIZED, f"HTTP {auth.status} on {auth.path}: pass --api-key (or api_key_env)"
+    health = scrape.health.status
+    if health is None:
+        if local is not None and local.alive:
+            phase = local.load_phase or "process up, HTTP not answering yet"
+            return STARTING, phase
+        return UNREACHABLE, http_reason(scrape)
+    if health >= 500:
+        lines = f": {' | '.join(local.death_lines)}" if local and local.death_lines else ""
+        return DEAD, f"/health HTTP {health}{lines}"
+    if health != 200 or not is_vllm(scrape.samples):
+        metrics = scrape.metrics.status
+        return UNREACHABLE, (
+            f"answers HTTP but is not a vLLM server (/health {health}, /metrics "
+            f"{metrics if metrics is not None else 'no answer'}, no vllm: series)"
+        )
+    if stall_for is not None:
+        running = scrape.samples.get(RUNNING) if scrape.samples else None
+        steps = "engine steps flat too" if steps_flat else "engine steps still counted"
+        return STALLED, (
+            f"{running or 0:.0f} requests running, generation tokens flat for "
+            f"{stall_for:.0f} s ({steps}); /health {health}"
+        )
+    if restarted_recently:
+        return RESTARTED, "counters went back: the server restarted"
+    running = scrape.samples.get(RUNNING) if scrape.samples else None
+    return (BUSY, None) if running else (READY, None)
+
+
+class EndpointTracker:
+    """Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
+    the samples inside the latency window for percentiles, and bounded history."""
+
+    def __init__(self, target: Target, settings: Settings | None = None) -> None:
+        self.target = target
+        self.settings = settings or Settings()
+        s = self.settings
+        self.prev: tuple[float, MetricSamples] | None = None
+        self.window: deque[tuple[float, MetricSamples]] = deque(
+            maxlen=max(2, int(s.latency_window_s / max(s.interval_s, 0.05)) + 2)
+        )
+        n = max(2, int(s.history_s / max(s.interval_s, 0.05)))
+        self.history: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
+        self.info = EngineInfo()
+        self.info_auth: HttpStatus | None = None
+        self.local: LocalState | None = None
+        self.last: Scrape | None = None
+        self.last_ok_at: float | None = None
+        self.figures = Figures()
+        self.scrapes = 0
+        self.restarts = 0
+        self.restarted_at: float | None = None
+        self.progress_at: float | None = None  # last time generation moved or nothing ran
+        self.steps_at: float | None = None  # last time the step counter moved
+        self.view = self._view()
+
+    def set_local(self, local: LocalState | None) -> EndpointView:
+        self.local = local
+        self.view = self._view()
+        return self.view
+
+    def observe(self, scrape: Scrape) -> EndpointView:
+        self.scrapes += 1
+        if scrape.info is not None:
+            self.info = scrape.info
+            self.info_auth = scrape.auth  # vLLM guards /v1/* only: remember what it said
+        if scrape.auth is None and self.info_auth is not None:
+            scrape = replace(scrape, auth=self.info_auth)
+        self.last = scrape
+        cur = scrape.samples if is_vllm(scrape.samples) else None
+        if cur is not None:
+            self._observe_samples(scrape.finished_at, cur)
+        self.view = self._view()
+        return self.view
+
+    def _observe_samples(self, t: float, cur: MetricSamples) -> None:
+        self.last_ok_at = t
+        prev = self.prev[1] if self.prev else None
+        if went_back(prev, cur):
+            self.restarts += 1
+            self.restarted_at = t
+            self.window.clear()
+            self.prev = None
+            prev = None
+        self._track_progress(t, cur, prev)
+        dt = t - self.prev[0] if self.prev else None
+        self.window.append((t, cur))
+        while self.window and t - self.window[0][0] > self.settings.latency_window_s:
+            self.window.popleft()
+        self.figures = figures(cur, prev, dt, self.window[0][1] if self.window else None)
+        self.prev = (t, cur)
+        self._record_history()
+
+    def _track_progress(self, t: float, cur: MetricSamples, prev: MetricSamples | None) -> None:
+        running = cur.get(RUNNING) or 0.0
+        moved = prev is None or (cur.get(GEN_TOKENS) or 0.0) != (prev.get(GEN_TOKENS) or 0.0)
+        if running <= 0 or moved or self.progress_at is None:
+            self.progress_at = t
+        stepped = prev is None or (cur.get(STEPS) or 0.0) != (prev.get(STEPS) or 0.0)
+        if running <= 0 or stepped or self.steps_at is None:
+            self.steps_at = t
+
+    def _record_history(self) -> None:
+        f = self.figures
+        ttft = f.latency.get("ttft")
+        values = {
+            "generation_tps": f.generation_tps,
+            "prompt_tps": f.prompt_tps,
+            "running": f.running,
+            "waiting": f.waiting,
+            "kv_usage": f.kv_usage,
+            "ttft_p50": ttft.p50 if ttft and f.latency_basis == "window" else None,
+        }
+        for k, v in values.items():
+            self.history[k].append(v)
+
+    def _stall(self) -> tuple[float | None, bool]:
+        if self.last_ok_at is None or self.progress_at is None:
+            return None, False
+        flat = self.last_ok_at - self.progress_at
+        if flat < self.settings.stall_window_s:
+            return None, False
+        steps_flat = self.steps_at is not None and self.last_ok_at - self.steps_at >= flat
+        return flat, steps_flat
+
+    def _view(self) -> EndpointView:
+        stall_for, steps_flat = self._stall()
+        recent = (
+            self.restarted_at is not None
+            and self.last_ok_at is not None
+            and self.last_ok_at - self.restarted_at < self.settings.restart_hold_s
+        )
+        state, reason = decide(self.last, self.local, stall_for, steps_flat, recent)
+        return EndpointView(
+            target=self.target,
+            state=state,
+            reason=reason,
+            figures=self.figures,
+            info=self.info,
+            local=self.local,
+            health_status=self.last.health.status if self.last else None,
+            last_scrape_at=self.last.finished_at if self.last else None,
+            last_ok_at=self.last_ok_at,
+            scrapes=self.scrapes,
+            restarts=self.restarts,
+            poll_s=(self.last.finished_at - self.last.started_at) if self.last else None,
+        )
+
+    def series(self, name: str) -> list[float]:
+        """History for a sparkline (missing points as 0)."""
+        return [v or 0.0 for v in self.history[name]]
+
+
+def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in views:
+        out[v.state] = out.get(v.state, 0) + 1
+    return out
+
+
+UNHEALTHY_FOR_EXIT = (STALLED, DEAD, UNAUTHORIZED, UNREACHABLE, STARTING)
+
+
+def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
+    """0 when every endpoint is healthy (ready, busy, restarted), 3 when none is
+    reachable, else 1. An empty fleet is 0 (a hint, not an error)."""
+    if not views:
+        return 0
+    from opsctl.domain.console import REACHABLE
+
+    if not any(v.state in REACHABLE for v in views):
+        return 3
+    return 1 if any(v.state in UNHEALTHY_FOR_EXIT for v in views) else 0
+
+
+__all__ = [
+    "BUSY",
+    "READY",
+    "EndpointTracker",
+    "Settings",
+    "decide",
+    "exit_code",
+    "state_counts",
+]

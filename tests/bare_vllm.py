@@ -1,0 +1,169 @@
+"""A bare vLLM OpenAI server started WITHOUT opsctl (no run dir, no plugin env), for
+the console's discovery tests, the /metrics recording and the vllmstat comparison.
+
+It holds the engine lock (OPSCTL_ENGINE_LOCK) while it runs, like opsctl's own engines,
+and on exit stops the whole process tree with psutil and removes only the /dev/shm
+segments that appeared while it ran and that no live process maps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+API_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class BareServer:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _engine_lock() -> Iterator[None]:
+    path = os.environ.get("OPSCTL_ENGINE_LOCK")
+    if not path:
+        yield
+        return
+    try:
+        fh = open(path)  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        fh = open(path, "a")  # noqa: SIM115 - closed below
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+    finally:
+        fh.close()
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _mapped_shm() -> set[str]:
+    mapped: set[str] = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as fh:
+            for line in fh:
+                if "/dev/shm/" in line:
+                    mapped.add(line.split("/dev/shm/", 1)[1].split()[0])
+    return mapped
+
+
+def stop_tree(root_pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the root, then every descendant; SIGKILL what is left after the grace."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.resume()  # a SIGSTOPped process never handles SIGTERM
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace * 0.5)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=grace * 0.3)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace * 0.2)
+
+
+def wait_healthy(server: BareServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(
+                f"bare vLLM exited {server.proc.returncode}: {server.log_text()[-2000:]}"
+            )
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"bare vLLM not healthy within {timeout} s: {server.log_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def bare_vllm(
+    model_dir: str,
+    *,
+    load_format: str = "dummy",
+    timeout: float = 400.0,
+    api_key: str | None = None,
+) -> Iterator[BareServer]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSCTL_")}
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.pop("VLLM_API_KEY", None)
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    with _engine_lock():
+        port = _free_port()
+        argv = [
+            sys.executable, "-m", API_MODULE, "--model", model_dir,
+            "--served-model-name", "tiny-llama", "--load-format", load_format,
+            "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+            "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
+            "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
+        shm_before = _shm_names()
+        log_path = Path(tempfile.mkstemp(prefix="bare-vllm-", suffix=".log")[1])
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        server = BareServer(proc, port, log_path)
+        try:
+            wait_healthy(server, timeout)
+            yield server
+        finally:
+            stop_tree(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            new = {n for n in _shm_names() - shm_before if n.startswith(("psm_", "sem.mp-"))}
+            for name in new - _mapped_shm():
+                with contextlib.suppress(OSError):
+                    os.unlink(f"/dev/shm/{name}")
+            with contextlib.suppress(OSError):
+                log_path.unlink()
