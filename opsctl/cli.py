@@ -40,7 +40,7 @@ class OpsctlGroup(TyperGroup):
 
 
 def build_app() -> typer.Typer:
-    from opsctl.commands import diag, engram, models, patches, runs, serve, status
+    from opsctl.commands import console, diag, engram, models, patches, runs, serve, status
 
     app = typer.Typer(
         cls=OpsctlGroup,
@@ -51,7 +51,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )
-    for module in (serve, status, patches, models, engram, diag, runs):
+    for module in (serve, status, patches, models, engram, diag, runs, console):
         module.register(app)
     return app
 

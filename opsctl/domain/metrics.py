@@ -82,3 +82,138 @@ def key_metrics(cur: MetricsSnapshot, prev: MetricsSnapshot | None = None) -> Ke
         ttft_mean_s=ttft,
         series=len(cur.values),
     )
+
+
+# ---- label-aware samples and histograms (the console; additive to the API above) ----------
+
+REQUEST_SUCCESS = "vllm:request_success_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+STEP_TOKENS_SUM = "vllm:iteration_tokens_total_sum"
+PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# vllmstat's six latency histograms, by short name (vLLM 0.32 names, seconds)
+LATENCY_HISTOGRAMS: dict[str, str] = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+}
+# label breakdowns kept apart (name -> label)
+LABELLED: dict[str, str] = {
+    PROMPT_BY_SOURCE: "source",
+    WAITING_BY_REASON: "reason",
+    REQUEST_SUCCESS: "finished_reason",
+}
+# families the console reads; other lines are dropped before parsing (cheaper)
+_WANTED = (
+    RUNNING,
+    WAITING,
+    KV_USAGE,
+    "vllm:prompt_tokens_",
+    "vllm:generation_tokens_",
+    "vllm:iteration_tokens_total_",
+    "vllm:request_success_",
+    "vllm:num_preemptions_",
+    "vllm:prefix_cache_",
+    CACHE_CONFIG_INFO,
+    *(f"{h}_" for h in LATENCY_HISTOGRAMS.values()),
+)
+Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, ends at +Inf
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSamples:
+    """One /metrics body: vllm:* sample values summed over label sets (engines, models),
+    the label breakdowns of LABELLED, cumulative histogram buckets, info labels."""
+
+    values: dict[str, float]
+    labelled: dict[str, dict[str, float]]
+    buckets: dict[str, Buckets]
+    info: dict[str, str]
+    engines: int
+    vllm_series: int
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def filter_lines(text: str) -> str:
+    """Only the sample lines of the families the console reads (no regex: prefixes)."""
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.startswith(_WANTED) and "_created{" not in line and "_created " not in line
+    ]
+    return "\n".join(keep) + "\n"
+
+
+def count_vllm_series(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("vllm:"))
+
+
+def parse_samples(text: str) -> MetricSamples:
+    """Parse a /metrics body with prometheus_client's parser (after a line filter)."""
+    values: dict[str, float] = {}
+    labelled: dict[str, dict[str, float]] = {}
+    raw_buckets: dict[str, dict[float, float]] = {}
+    info: dict[str, str] = {}
+    engines: set[str] = set()
+    for family in text_string_to_metric_families(filter_lines(text)):
+        for s in family.samples:
+            name, value = s.name, float(s.value)
+            if name.endswith("_bucket") and "le" in s.labels:
+                per = raw_buckets.setdefault(name[: -len("_bucket")], {})
+                le = float(s.labels["le"])
+                per[le] = per.get(le, 0.0) + value
+                continue
+            if name == CACHE_CONFIG_INFO:
+                info.update(s.labels)
+                continue
+            values[name] = values.get(name, 0.0) + value
+            label = LABELLED.get(name)
+            if label and label in s.labels:
+                d = labelled.setdefault(name, {})
+                d[s.labels[label]] = d.get(s.labels[label], 0.0) + value
+            if name == RUNNING:
+                engines.add(s.labels.get("engine", "0"))
+    buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
+    return MetricSamples(values, labelled, buckets, info, len(engines), count_vllm_series(text))
+
+
+def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
+    """Per-bucket increase prev -> cur; None when a count went back (a reset)."""
+    if prev is None:
+        return cur
+    before = dict(prev)
+    out = []
+    for le, count in cur:
+        d = count - before.get(le, 0.0)
+        if d < 0:
+            return None
+        out.append((le, d))
+    return tuple(out)
+
+
+def histogram_quantile(buckets: Buckets | None, q: float) -> float | None:
+    """Prometheus-style quantile (linear within the bucket) of cumulative buckets; None
+    without observations. Falls in +Inf -> the largest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    target = q * buckets[-1][1]
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= target:
+            if le == float("inf"):
+                return prev_le
+            width = count - prev_count
+            if width <= 0:
+                return le
+            return prev_le + (target - prev_count) / width * (le - prev_le)
+        prev_le, prev_count = le, count
+    return prev_le
