@@ -202,7 +202,7 @@ def test_clean_dry_run_then_yes():
         with open(orphan, "wb") as fh:
             fh.write(b"\0" * 100)
         with shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t:
-            r = invoke("engram", "clean", "--prefix", prefix, "--json")
+            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
             assert r.exit_code == 0, r.stderr
             doc = json.loads(r.stdout)
             assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [
@@ -210,11 +210,21 @@ def test_clean_dry_run_then_yes():
             ]
             assert doc["mapped"] == [t.name] and doc["removed"] == []
             assert os.path.exists(orphan)
-            r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json")
+            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
             doc = json.loads(r.stdout)
             if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
                 assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
-                r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--force", "--json")
+                r = invoke(
+                    "engram",
+                    "clean",
+                    "--prefix",
+                    prefix,
+                    "--min-age",
+                    "0",
+                    "--yes",
+                    "--force",
+                    "--json",
+                )
                 doc = json.loads(r.stdout)
             assert r.exit_code == 0, r.stderr
             assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
@@ -242,13 +252,15 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
     try:
         with open(orphan, "wb") as fh:
             fh.write(b"\0" * 100)
-        r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json")
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
         assert r.exit_code == 1 and os.path.exists(orphan)
         doc = json.loads(r.stdout)
         assert doc["removed"] == [] and doc["kept"] == [os.path.basename(orphan)]
         assert 4242 in doc["unchecked_pids"] and "--force" in doc["refused"]
         assert len(error_lines(r)) == 1 and "could not be read" in error_lines(r)[0]
-        r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--force", "--json")
+        r = invoke(
+            "engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--force", "--json"
+        )
         assert r.exit_code == 0, r.stderr
         assert json.loads(r.stdout)["removed"] == [os.path.basename(orphan)]
         assert not os.path.exists(orphan)
@@ -262,3 +274,149 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
 def test_clean_rejects_foreign_prefix():
     r = invoke("engram", "clean", "--prefix", "psm_", "--yes")
     assert r.exit_code == 2 and len(error_lines(r)) == 1
+
+
+# ---- in use = mapped OR open; minimum age (issue 9, point 7) ---------------------------------
+
+HOLD_OPEN = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)  # opened, not (yet) mapped: shm_open before mmap
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def hold_open(path: str):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_OPEN, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline().startswith("ready")
+    return child
+
+
+def wait_age(path: str, seconds: float, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = os.stat(path)
+        if time.time() - max(st.st_mtime, st.st_ctime) >= seconds:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not age {seconds} s")
+
+
+def clean_yes(prefix: str, *args: str):
+    """clean --yes, forced only where this sandbox makes some process unreadable (the
+    refusal itself is tested above)."""
+    r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--json", *args)
+    if json.loads(r.stdout)["unchecked_pids"]:
+        r = invoke("engram", "clean", "--prefix", prefix, "--yes", "--force", "--json", *args)
+    return r, json.loads(r.stdout)
+
+
+def test_clean_keeps_a_table_held_open_but_not_mapped():
+    prefix = unique_prefix("cliopen")
+    path = f"/dev/shm/{prefix}opened"
+    with open(path, "wb") as fh:
+        fh.write(b"\x38" * 4096)
+    child = hold_open(path)
+    try:
+        r, doc = clean_yes(prefix, "--min-age", "0")
+        assert r.exit_code == 0, r.stderr
+        assert doc["open"] == [os.path.basename(path)] and doc["mapped"] == []
+        assert doc["orphans"] == [] and doc["removed"] == [] and os.path.exists(path)
+        assert "open, not mapped" in invoke("engram", "clean", "--prefix", prefix).stdout
+        # once the holder is gone, the same file is an orphan and goes
+        child.kill()
+        child.wait(10)
+        r, doc = clean_yes(prefix, "--min-age", "0")
+        assert r.exit_code == 0 and doc["removed"] == [os.path.basename(path)]
+        assert not os.path.exists(path)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_clean_keeps_a_table_held_open_after_unlink_and_relink_by_inode():
+    """Matching is by device + inode: a descriptor on an unlinked table ("(deleted)")
+    does not hold a new file of the same name."""
+    prefix = unique_prefix("cliino")
+    path = f"/dev/shm/{prefix}t"
+    with open(path, "wb") as fh:
+        fh.write(b"\x38" * 4096)
+    child = hold_open(path)
+    try:
+        os.unlink(path)
+        with open(path, "wb") as fh:  # same name, new inode, nobody holds it
+            fh.write(b"\x38" * 4096)
+        r, doc = clean_yes(prefix, "--min-age", "0")
+        assert r.exit_code == 0 and doc["removed"] == [os.path.basename(path)]
+    finally:
+        child.kill()
+        child.wait(10)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_clean_keeps_a_table_younger_than_the_minimum_age_then_removes_it_old():
+    prefix = unique_prefix("cliyoung")
+    path = f"/dev/shm/{prefix}fresh"
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b"\x38" * 4096)
+        r, doc = clean_yes(prefix)  # default minimum age: 60 s
+        assert r.exit_code == 0, r.stderr
+        assert doc["min_age"] == 60 and doc["orphans"] == [] and doc["removed"] == []
+        assert [o["name"] for o in doc["young"]] == [os.path.basename(path)]
+        assert os.path.exists(path)
+        wait_age(path, 1.0)
+        r, doc = clean_yes(prefix, "--min-age", "1s")  # old, unmapped, not open: removed
+        assert r.exit_code == 0, r.stderr
+        assert doc["removed"] == [os.path.basename(path)] and not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "5w", ""])
+def test_clean_bad_min_age_exit_2(value):
+    r = invoke("engram", "clean", "--min-age", value)
+    assert r.exit_code == 2 and r.stdout == ""
+    lines = error_lines(r)
+    assert len(lines) == 1 and "--min-age" in lines[0]
+
+
+def test_clean_refuses_when_some_fds_are_unreadable(monkeypatch):
+    """Unreadable /proc/PID/fd counts like unreadable maps: --yes keeps everything."""
+    from opsctl.collectors import shm
+
+    real = shm.read_fds
+
+    def read_fds(pid, *a, **kw):
+        if pid == os.getppid():
+            raise PermissionError(13, "Permission denied")
+        return real(pid, *a, **kw)
+
+    monkeypatch.setattr(shm, "read_fds", read_fds)
+    prefix = unique_prefix("clifd")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(b"\0" * 100)
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
+        doc = json.loads(r.stdout)
+        assert r.exit_code == 1 and os.path.exists(orphan) and doc["removed"] == []
+        assert os.getppid() in doc["unchecked_pids"] and "--force" in doc["refused"]
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
