@@ -32,7 +32,9 @@ class StatePanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield Static(id="knob-warning")  # on top; shown only while test knobs are active
+        warning = Static(id="knob-warning")  # on top; shown only while test knobs are active
+        warning.display = False
+        yield warning
         yield Static(id="state-line")
         yield ProgressBar(total=8, show_eta=False, id="load-bar")
         yield Static(id="state-detail")
