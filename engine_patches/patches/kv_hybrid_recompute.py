@@ -16,9 +16,23 @@ This patch wraps ``Scheduler._handle_invalid_blocks`` in the EngineCore process:
 - several groups: the groups sit on different block grids, so there is no single
   valid prefix; an affected request recomputes from the beginning instead.
   * Each request's block list of every group is scanned over the blocks that may
-    hold externally computed tokens. The null block (shared padding, e.g. for
-    tokens that slid out of a window or Mamba ``align`` mode) never counts as
-    failed and is never evicted.
+    hold externally computed tokens.
+  * The null block (shared padding: tokens that slid out of a window, Mamba
+    ``align`` mode's positions before the latest state) is never counted as a
+    failed block: it never goes into the "already marked" set (every request
+    shares it, so marking it would restart them all as sharers) and is never
+    evicted. What a reported null id means depends on the group (upstream's
+    contract as vLLM's tests/v1/kv_connector/unit/
+    test_hybrid_kv_load_failure_recovery.py pins it; the attention/state split
+    is how this patch keeps both that test and the null-block rule):
+    - attention group (full, sliding window, ...): a null position holds no KV
+      the request reads, so the report changes nothing for that request;
+    - state group (Mamba/SSM): the group's positions before the latest state are
+      the null id in ``align`` mode and the state at the end depends on all of
+      them, so a failure reported there is fatal to the whole prefix ("an
+      invalid state (mamba) block is equally fatal to the shared prefix"): the
+      request replays from zero, and the group's real blocks after that position
+      (the states computed on top of it) are evicted; the null block is not.
   * Failed blocks still go into the "already marked" set, so a request sharing a
     failed block is affected as well. Upstream's single-group path lets such a
     sharer keep the block because the first request recomputes it in place; here
@@ -86,15 +100,60 @@ def upstream_handles_multi_group(scheduler_cls: type) -> tuple[bool | None, str]
     return True, "installed scheduler has no single-group-only failure path"
 
 
-def _group_block_sizes(scheduler) -> list[int]:
+def _is_state_spec(spec) -> bool:
+    """A recurrent-state group (Mamba/SSM), as opposed to an attention group."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    inner = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+    specs = list(inner.values()) if isinstance(inner, dict) and inner else [spec]
+    return all(isinstance(s, MambaSpec) for s in specs)
+
+
+def _group_layout(scheduler) -> list[tuple[int, bool]]:
+    """(block size in tokens, is a state group) for each KV cache group."""
     scale = max(1, int(getattr(scheduler, "dcp_world_size", 1) or 1)) * max(
         1, int(getattr(scheduler, "pcp_world_size", 1) or 1)
     )
-    sizes = []
+    layout = []
     for group in scheduler.kv_cache_config.kv_cache_groups:
-        size = int(getattr(group.kv_cache_spec, "block_size", 0) or scheduler.block_size)
-        sizes.append(size * scale)
-    return sizes
+        spec = group.kv_cache_spec
+        size = int(getattr(spec, "block_size", 0) or scheduler.block_size)
+        layout.append((size * scale, _is_state_spec(spec)))
+    return layout
+
+
+def _scan_group(
+    group: int,
+    block_ids: list[int],
+    n_blocks: int,
+    invalid_block_ids: set[int],
+    marked: set[int],
+    null_id: int,
+    state_group: bool,
+) -> tuple[list[dict], int | None]:
+    """Hits in one group's first ``n_blocks`` blocks, and the position from which
+    the group's blocks are to be evicted (None: nothing of this group)."""
+    hits: list[dict] = []
+    evict_from: int | None = None
+    for pos in range(n_blocks):
+        block_id = block_ids[pos]
+        if block_id not in invalid_block_ids:
+            continue
+        hit = {"group": group, "position": pos, "block": block_id, "shared": False}
+        if block_id == null_id:
+            if not state_group:
+                continue  # an attention group reads no KV at a null position
+            # the state after this position depends on it; never marked/evicted
+            hits.append({**hit, "null": True})
+            evict_from = pos if evict_from is None else evict_from
+            continue
+        hit["shared"] = block_id in marked
+        hits.append(hit)
+        if hit["shared"]:
+            continue  # marked by an earlier request; this one restarts too
+        marked.add(block_id)
+        evict_from = pos if evict_from is None else evict_from
+    return hits, evict_from
 
 
 def scan_requests(
@@ -114,7 +173,7 @@ def scan_requests(
     """
     manager = scheduler.kv_cache_manager
     null_id = manager.block_pool.null_block.block_id
-    sizes = _group_block_sizes(scheduler)
+    layout = _group_layout(scheduler)
     affected: list = []
     total_tokens = 0
     to_evict: set[int] = set()
@@ -125,25 +184,17 @@ def scan_requests(
         if computed <= 0:
             continue
         hits: list[dict] = []
-        first_marker = False
         for group, block_ids in enumerate(manager.get_block_ids(req_id)):
-            size = sizes[group] if group < len(sizes) else scheduler.block_size
+            size, state_group = (
+                layout[group] if group < len(layout) else (scheduler.block_size, False)
+            )
             n_blocks = min(len(block_ids), -(-computed // size))
-            group_evict_from: int | None = None
-            for pos in range(n_blocks):
-                block_id = block_ids[pos]
-                if block_id == null_id or block_id not in invalid_block_ids:
-                    continue
-                shared = block_id in marked
-                hits.append({"group": group, "position": pos, "block": block_id, "shared": shared})
-                if shared:
-                    continue  # marked by an earlier request; this one restarts too
-                marked.add(block_id)
-                first_marker = True
-                if group_evict_from is None:
-                    group_evict_from = pos
-            if evict_blocks and group_evict_from is not None:
-                to_evict.update(b for b in block_ids[group_evict_from:] if b != null_id)
+            group_hits, evict_from = _scan_group(
+                group, block_ids, n_blocks, invalid_block_ids, marked, null_id, state_group
+            )
+            hits += group_hits
+            if evict_blocks and evict_from is not None:
+                to_evict.update(b for b in block_ids[evict_from:] if b != null_id)
         if not hits:
             continue
         request.num_computed_tokens = 0
@@ -154,7 +205,7 @@ def scan_requests(
                 "request_id": req_id,
                 "tokens": computed,
                 "blocks": hits,
-                "shared_only": not first_marker,
+                "shared_only": all(h["shared"] for h in hits),
             }
         )
     return affected, total_tokens, to_evict, details
@@ -168,10 +219,9 @@ def handle_multi_group(
     from vllm.v1.request import RequestStatus
 
     logger = init_logger("vllm.v1.core.sched.scheduler")
-    null_id = self.kv_cache_manager.block_pool.null_block.block_id
-    invalid = {b for b in invalid_block_ids if b != null_id}
-    if not invalid:
-        return set()
+    # The null block stays in the set: scan_requests decides per group what a
+    # reported null id means, and never marks or evicts it.
+    invalid = set(invalid_block_ids)
     recompute = bool(self.recompute_kv_load_failures)
     marked: set[int] = set()
     holding: Iterable = getattr(self, "kv_holding_waiting", None) or ()
