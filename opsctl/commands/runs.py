@@ -172,8 +172,8 @@ def clean_document(
                     "free; run as root / inside the vLLM container, or pass --force"
                 )
             else:
+                # rescans right before: held again or too young now -> kept; gone -> neither
                 removed, kept = shm.remove_unheld([s.name for s in free], min_age=min_age)
-                kept += [s.name for s in free if s.name not in removed and s.name not in kept]
         segs = {
             "root": str(shm.SHM),
             "min_age": min_age,
