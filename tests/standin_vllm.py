@@ -23,6 +23,7 @@ DATA = Path(__file__).parent / "data"
 METRICS = (DATA / "vllm_metrics_tiny_llama.txt").read_text()
 INFO = json.loads((DATA / "vllm_info_tiny_llama.json").read_text())
 MODES = ("healthy", "busy", "stalled", "hung", "dead", "unauthorized", "notvllm")
+KEY = "sekrit"  # mode "keyed": like vLLM with --api-key, /v1/* needs "Bearer sekrit"
 
 
 def render_metrics(base: str, values: dict[str, float]) -> str:
@@ -79,8 +80,10 @@ def _response(code: int, body: str, ctype: str = "text/plain") -> bytes:
     return head.encode() + data
 
 
-def answer(ep: Endpoint, path: str) -> bytes:
+def answer(ep: Endpoint, path: str, auth: str = "") -> bytes:
     ep.hits += 1
+    if ep.mode == "keyed" and path.startswith("/v1/") and auth != f"Bearer {KEY}":
+        return _response(401, '{"error":"Unauthorized"}', "application/json")
     if ep.mode == "unauthorized":
         return _response(401, '{"error":"Unauthorized"}', "application/json")
     if ep.mode == "notvllm":
@@ -149,9 +152,13 @@ class StandInFleet:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1].decode().split("?")[0]
+                auth = ""
+                for line in head.decode(errors="replace").split("\r\n"):
+                    if line.lower().startswith("authorization:"):
+                        auth = line.split(":", 1)[1].strip()
                 if ep.mode == "hung":
                     await asyncio.Event().wait()
-                writer.write(answer(ep, path))
+                writer.write(answer(ep, path, auth))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError, IndexError):
             pass

@@ -25,10 +25,9 @@ def is_api_server(cmdline: list[str]) -> bool:
         return False
     if any(m in cmdline for m in API_MODULES):
         return "vllm.entrypoints.cli.main" not in cmdline or "serve" in cmdline
-    for i, arg in enumerate(cmdline[:3]):
-        if Path(arg).name == "vllm" and i + 1 < len(cmdline) and cmdline[i + 1] == "serve":
-            return True
-    return False
+    # `vllm serve`, or the script run by an interpreter: `python /venv/bin/vllm serve`
+    i = 1 if Path(cmdline[0]).name.startswith("python") else 0
+    return len(cmdline) > i + 1 and Path(cmdline[i]).name == "vllm" and cmdline[i + 1] == "serve"
 
 
 def _argv_value(cmdline: list[str], flag: str) -> str | None:

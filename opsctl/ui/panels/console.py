@@ -1,0 +1,188 @@
+"""The console's fleet view: a header line with counts by state and a sortable,
+filterable table, one row per endpoint. Only cells that changed are re-rendered."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable, Static
+
+from opsctl.domain.console import EndpointView, FleetSnapshot
+from opsctl.domain.console_state import state_counts
+
+STATE_STYLE = {
+    "starting": "yellow",
+    "ready": "bold green",
+    "busy": "bold cyan",
+    "stalled": "bold magenta",
+    "dead": "bold red",
+    "unreachable": "red",
+    "unauthorized": "bold yellow",
+    "restarted": "bold blue",
+}
+# (key, header) of the fleet table, in order
+COLUMNS = (
+    ("name", "name"),
+    ("state", "state"),
+    ("model", "model"),
+    ("source", "source"),
+    ("running", "run"),
+    ("waiting", "wait"),
+    ("kv", "KV %"),
+    ("gen", "gen tok/s"),
+    ("prompt", "prompt tok/s"),
+    ("ttft50", "TTFT p50"),
+    ("ttft95", "TTFT p95"),
+    ("hit", "prefix hit"),
+    ("restarts", "restarts"),
+    ("age", "age"),
+    ("url", "url"),
+    ("reason", "reason"),
+)
+
+
+def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if v is None else f"{v * scale:{spec}}{suffix}"
+
+
+def age_text(v: EndpointView, now: float, interval: float) -> str:
+    """Empty while fresh; the data's age once it is older than 1.5 intervals."""
+    age = v.age(now)
+    if age is None:
+        return "-" if v.scrapes else "…"
+    return f"{age:.0f}s stale" if age > 1.5 * interval + 0.5 else ""
+
+
+def row_cells(v: EndpointView, now: float, interval: float) -> tuple[str, ...]:
+    f = v.figures
+    ttft = f.latency.get("ttft")
+    return (
+        v.target.name,
+        v.state,
+        v.info.models[0].id if v.info.models else "-",
+        v.target.source,
+        fmt(f.running, ".0f"),
+        fmt(f.waiting, ".0f"),
+        fmt(f.kv_usage, ".1f", 100),
+        fmt(f.generation_tps),
+        fmt(f.prompt_tps),
+        fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
+        fmt(ttft.p95 if ttft else None, ".0f", 1000, " ms"),
+        fmt(f.prefix_hit_rate, ".0f", 100, " %"),
+        str(v.restarts),
+        age_text(v, now, interval),
+        v.target.url,
+        (v.reason or "")[:80],
+    )
+
+
+def sort_value(cell: str):
+    """Numbers sort as numbers, '-' last, text as text."""
+    head = cell.split(" ", 1)[0]
+    try:
+        return (0, float(head), "")
+    except ValueError:
+        return (1 if cell not in ("-", "", "…") else 2, 0.0, cell.lower())
+
+
+def matches(v: EndpointView, text: str) -> bool:
+    if not text:
+        return True
+    hay = " ".join(
+        (v.target.name, v.target.url, v.state, v.target.source, v.reason or "",
+         *(m.id for m in v.info.models), *(f"{k}={x}" for k, x in v.target.labels))
+    ).lower()  # fmt: skip
+    return all(word in hay for word in text.lower().split())
+
+
+def header_text(snap: FleetSnapshot, shown: int, filt: str, readonly: bool) -> Text:
+    counts = state_counts(snap.endpoints)
+    t = Text()
+    t.append(f" {len(snap.endpoints)} endpoints ", style="bold")
+    for state, style in STATE_STYLE.items():
+        if counts.get(state):
+            t.append(f" {state} {counts[state]} ", style=f"reverse {style}")
+            t.append(" ")
+    t.append(f"  source {snap.source}, every {snap.interval_s:g} s", style="dim")
+    if filt:
+        t.append(f"  filter '{filt}': {shown} shown", style="yellow")
+    if snap.paused:
+        t.append("  PAUSED", style="bold reverse yellow")
+    if readonly:
+        t.append("  readonly", style="dim")
+    if snap.hint:
+        t.append(f"\n {snap.hint}", style="italic")
+    return t
+
+
+class FleetHeader(Static):
+    DEFAULT_CSS = "FleetHeader { height: auto; padding: 0 1; }"
+
+    def show(self, text: Text) -> None:
+        if getattr(self, "_last_plain", None) != (text.plain, str(text.spans)):
+            self._last_plain = (text.plain, str(text.spans))
+            self.update(text)
+
+
+class FleetTable(DataTable):
+    """Rows keyed by endpoint URL; ``show`` adds, removes and updates only what changed."""
+
+    DEFAULT_CSS = "FleetTable { height: 1fr; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kw)
+        self.cells: dict[str, tuple[str, ...]] = {}
+        self.sort_col: str | None = "name"
+        self.sort_reverse = False
+        self.renders = 0  # cell updates done (tests and the benchmark read it)
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def _styled(self, key: str, value: str) -> Text | str:
+        if key == "state":
+            return Text(value, style=STATE_STYLE.get(value, ""))
+        if key == "age" and value:
+            return Text(value, style="yellow")
+        return value
+
+    def show(self, views: list[EndpointView], now: float, interval: float) -> None:
+        wanted = {v.target.url: row_cells(v, now, interval) for v in views}
+        resort = False
+        for url in [u for u in self.cells if u not in wanted]:
+            self.remove_row(url)
+            del self.cells[url]
+        for url, cells in wanted.items():
+            old = self.cells.get(url)
+            if old is None:
+                self.add_row(*(self._styled(k, c) for (k, _), c in zip(COLUMNS, cells)), key=url)
+                self.renders += len(cells)
+                resort = True
+            elif old != cells:
+                for (key, _), a, b in zip(COLUMNS, old, cells):
+                    if a != b:
+                        self.update_cell(url, key, self._styled(key, b))
+                        self.renders += 1
+                        resort = resort or key == self.sort_col
+            self.cells[url] = cells
+        if resort:
+            self.apply_sort()
+
+    def apply_sort(self) -> None:
+        if self.sort_col is None or not self.cells:
+            return
+        self.sort(self.sort_col, key=lambda cell: sort_value(str(cell)), reverse=self.sort_reverse)
+
+    def sort_by(self, key: str) -> None:
+        self.sort_reverse = not self.sort_reverse if key == self.sort_col else False
+        self.sort_col = key
+        self.apply_sort()
+
+    def selected_url(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        except Exception:
+            return None
+        return row_key.value
