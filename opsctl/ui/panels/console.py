@@ -155,11 +155,13 @@ class FleetTable(DataTable):
         for url, cells in wanted.items():
             old = self.cells.get(url)
             if old is None:
-                self.add_row(*(self._styled(k, c) for (k, _), c in zip(COLUMNS, cells)), key=url)
+                self.add_row(
+                    *(self._styled(k, c) for (k, _), c in zip(COLUMNS, cells, strict=True)), key=url
+                )
                 self.renders += len(cells)
                 resort = True
             elif old != cells:
-                for (key, _), a, b in zip(COLUMNS, old, cells):
+                for (key, _), a, b in zip(COLUMNS, old, cells, strict=True):
                     if a != b:
                         self.update_cell(url, key, self._styled(key, b))
                         self.renders += 1
