@@ -1,0 +1,156 @@
+"""The console against real vLLM engines (one module, two engines, shared by every case):
+one started by opsctl (a run) and one bare vLLM API server started without opsctl. Both
+are discovered with roles and pids; a real stall (SIGSTOP of the EngineCore with
+requests in flight) reads 'stalled' within the stall window while /health says 200,
+and 'ready'/'busy' again after SIGCONT."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from opsctl.console import discovery, targets
+from opsctl.console.direct import DirectScrapeSource
+from opsctl.domain.console_state import Settings
+from tests.bare_vllm import _engine_lock, bare_vllm
+from tests.conftest import OPSCTL, running_engine
+
+pytestmark = pytest.mark.engine
+
+
+@contextlib.contextmanager
+def _no_inner_lock():
+    """Both engines run under the one engine lock this module holds (a second flock from
+    this process on another descriptor would wait for ourselves)."""
+    saved = os.environ.pop("OPSCTL_ENGINE_LOCK", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["OPSCTL_ENGINE_LOCK"] = saved
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from opsctl.engine.model import resolve
+
+    with (
+        _engine_lock(),
+        _no_inner_lock(),
+        running_engine(
+            "tiny-llama", load_format="dummy", max_model_len=512, max_num_seqs=16
+        ) as ours,
+        bare_vllm(str(resolve("tiny-llama").path)) as bare,
+    ):
+        yield ours, bare
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_both_servers_discovered_with_roles_and_pids(engines):
+    ours, bare = engines
+    out = subprocess.run(
+        [*OPSCTL, "console", "--once", "--json", "--interval", "0.5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    doc = json.loads(out.stdout)
+    by_url = {e["url"]: e for e in doc["endpoints"]}
+    run = by_url[ours.url]
+    found = next(e for e in doc["endpoints"] if e["pid"] == bare.pid)
+    assert run["source"] == "opsctl-run" and run["pid"] == ours.pid and run["run_dir"]
+    assert found["source"] == "discovered" and found["url"].endswith(f":{bare.port}")
+    for e in (run, found):
+        assert e["state"] in ("ready", "busy"), e
+        assert e["model"] == "tiny-llama" and e["vllm_version"] == "0.32.0"
+        roles = {p["role"] for p in e["pids"]}
+        assert {"APIServer", "EngineCore"} <= roles, e["pids"]
+        assert e["pids"][0] == {"pid": e["pid"], "role": "APIServer"}
+        assert e["kv_capacity_tokens"] and e["requests_running"] is not None
+
+
+def _stream(url: str, started: threading.Semaphore, done: list) -> None:
+    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with (
+        contextlib.suppress(httpx.HTTPError),
+        httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r,
+    ):
+        first = True
+        for _ in r.iter_lines():
+            if first:
+                started.release()
+                first = False
+    done.append(1)
+
+
+def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
+    ours, _ = engines
+    core = next(p.pid for p in discovery.process_roles(ours.pid) if p.role == "EngineCore")
+    settings = Settings(interval_s=0.5, stall_window_s=4.0)
+    target = targets.from_urls([ours.url])
+    src = DirectScrapeSource(target, discover=False, settings=settings, timeout=3.0)
+    src.start()
+    started, done = threading.Semaphore(0), []
+    threads = [threading.Thread(target=_stream, args=(ours.url, started, done)) for _ in range(16)]
+    stopped = False
+    try:
+        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 60, "ready")
+        for t in threads:
+            t.start()
+        for _ in range(16):  # every request has streamed a token: all are running
+            assert started.acquire(timeout=120)
+        os.kill(core, signal.SIGSTOP)
+        stopped, t_stop = True, time.monotonic()
+        wait_until(lambda: src.tracker(ours.url).view.state == "stalled", 30, "stalled")
+        took = time.monotonic() - t_stop
+        view = src.tracker(ours.url).view
+        health = httpx.get(f"{ours.url}/health", timeout=5).status_code
+        assert health == 200 and view.health_status == 200
+        assert took <= settings.stall_window_s + 4 * settings.interval_s + 3.0, took
+        assert view.figures.running and view.figures.running > 0
+        assert "generation tokens flat" in view.reason
+        os.kill(core, signal.SIGCONT)
+        stopped = False
+        wait_until(
+            lambda: src.tracker(ours.url).view.state in ("ready", "busy"), 60, "ready after SIGCONT"
+        )
+        for t in threads:
+            t.join(120)
+        assert len(done) == 16
+        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 30, "idle again")
+    finally:
+        if stopped:
+            os.kill(core, signal.SIGCONT)
+        src.close()
+
+
+def test_bare_server_once_json_figures_match_its_metrics(engines):
+    _, bare = engines
+    out = subprocess.run(
+        [*OPSCTL, "console", "--once", "--json", "--no-discover", "--interval", "0.5", bare.url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    e = json.loads(out.stdout)["endpoints"][0]
+    assert e["source"] == "argument" and e["state"] == "ready"
+    text = httpx.get(f"{bare.url}/metrics", timeout=5).text
+    from opsctl.domain.metrics import parse_samples
+
+    s = parse_samples(text)
+    assert e["requests_running"] == s.get("vllm:num_requests_running")
+    assert e["kv_capacity_tokens"] == int(s.info["num_gpu_blocks"]) * int(s.info["block_size"])
+    assert sys.executable  # the CLI ran in this interpreter's environment
