@@ -132,3 +132,14 @@ def test_opsctl_runs_live_ones_only(tmp_path):
     assert [t.run_dir.rsplit("/", 1)[1] for t in found] == ["live"]
     t = found[0]
     assert (t.source, t.pid, t.name) == ("opsctl-run", os.getpid(), "m@live")
+
+
+def test_console_help_and_collectors_import_neither_torch_nor_vllm():
+    from tests.unit.test_import_rules import HEAVY, modules_after
+
+    mods = modules_after(
+        "from opsctl.__main__ import main\nimport opsctl.console.direct, opsctl.console.report\n"
+        "try:\n    main(['console', '--help'])\nexcept SystemExit:\n    pass\n"
+    )
+    assert "opsctl.commands.console" in mods
+    assert not {m for m in mods if m.split(".")[0] in HEAVY}
