@@ -312,7 +312,3 @@ def remove_unheld(
         except OSError:
             kept.append(name)
     return removed, kept
-
-
-# The engine stop's name for the same rule (maps *or* open descriptors).
-remove_unmapped = remove_unheld

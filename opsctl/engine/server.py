@@ -465,7 +465,7 @@ class EngineServer:
             # mapping: another engine's fresh segment (e.g. a multiprocessing semaphore
             # between sem_open in one process and its rebuild in a child) is never ours.
             new = {f.name for f in shm.list_files()} - self.shm_before
-            removed, kept = shm.remove_unmapped(new & self.shm_seen)
+            removed, kept = shm.remove_unheld(new & self.shm_seen)
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()

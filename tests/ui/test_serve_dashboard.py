@@ -83,8 +83,17 @@ def test_dashboard_snapshot(snap_compare):
     ready = snaps[3]
     app = build_serve_app(lambda: ready, interval=3600, clock=False)
 
+    def tables_settled() -> bool:
+        # a DataTable measures its columns when its own message queue runs empty; on a
+        # busy machine the snapshot could otherwise catch the new rows at the old widths
+        return all(
+            not t._require_update_dimensions and not t._updated_cells
+            for t in app.query("DataTable")
+        )
+
     async def first_poll_shown(pilot):
         await wait_for(pilot, lambda: app.polls >= 1)
+        await wait_for(pilot, tables_settled)
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(140, 48), run_before=first_poll_shown)

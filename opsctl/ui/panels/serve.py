@@ -68,33 +68,62 @@ class StatePanel(Vertical):
         self.query_one("#state-detail", Static).update(detail)
 
 
+def _fixed_columns(table: DataTable, columns: tuple[tuple[str, int], ...]) -> None:
+    """Fixed column widths: columns do not jump as values change, and the header never
+    waits for the table's idle-time measuring (a busy machine drew it at stale widths)."""
+    for label, width in columns:
+        table.add_column(label, width=width)
+
+
+def _replace_rows(table: DataTable, rows: list[tuple[str, ...]]) -> None:
+    """Show ``rows``; an unchanged table is left alone (no clear, no redraw)."""
+    if getattr(table, "_opsctl_rows", None) == rows:
+        return
+    table._opsctl_rows = rows  # type: ignore[attr-defined]
+    table.clear()
+    for row in rows:
+        table.add_row(*row)
+
+
 class ProcessPanel(Vertical):
     DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 12; border: round $accent; }"
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="proc-table", cursor_type="none")
 
+    COLUMNS = (("pid", 8), ("role", 20), ("CPU %", 6), ("RSS", 11), ("PSS", 11), ("note", 40))
+
     def on_mount(self) -> None:
         self.border_title = "process tree"
-        self.query_one(DataTable).add_columns("pid", "role", "CPU %", "RSS", "PSS", "note")
+        _fixed_columns(self.query_one(DataTable), self.COLUMNS)
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
-        t = self.query_one(DataTable)
-        t.clear()
+        rows = []
         depth = {s.tree.root_pid: 0}
         for p in s.tree.processes:
             depth[p.pid] = depth.get(p.ppid, -1) + 1
             indent = "  " * max(depth[p.pid], 0)
-            t.add_row(
-                str(p.pid),
-                f"{indent}{p.role}",
-                _fmt(p.cpu_percent, ".0f"),
-                human_bytes(p.rss),
-                human_bytes(p.pss),
-                p.error or "",
+            rows.append(
+                (
+                    str(p.pid),
+                    f"{indent}{p.role}",
+                    _fmt(p.cpu_percent, ".0f"),
+                    human_bytes(p.rss),
+                    human_bytes(p.pss),
+                    p.error or "",
+                )
             )
-        total_pss = s.tree.total_pss
-        t.add_row("", "[b]total[/]", "", human_bytes(s.tree.total_rss), human_bytes(total_pss), "")
+        rows.append(
+            (
+                "",
+                "[b]total[/]",
+                "",
+                human_bytes(s.tree.total_rss),
+                human_bytes(s.tree.total_pss),
+                "",
+            )
+        )
+        _replace_rows(self.query_one(DataTable), rows)
 
 
 class MetricsPanel(Vertical):
@@ -138,15 +167,15 @@ class LedgerPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield DataTable(id="ledger-table", cursor_type="none")
 
+    COLUMNS = (("pid", 8), ("role", 12), ("patch", 22), ("status", 17), ("detail", 60))
+
     def on_mount(self) -> None:
         self.border_title = "patch ledger"
-        self.query_one(DataTable).add_columns("pid", "role", "patch", "status", "detail")
+        _fixed_columns(self.query_one(DataTable), self.COLUMNS)
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
-        t = self.query_one(DataTable)
-        t.clear()
-        for e in s.ledger:
-            t.add_row(str(e.pid), e.role, e.name, e.status, e.detail[:60])
+        rows = [(str(e.pid), e.role, e.name, e.status, e.detail[:60]) for e in s.ledger]
+        _replace_rows(self.query_one(DataTable), rows)
 
 
 class LogPanel(Vertical):
