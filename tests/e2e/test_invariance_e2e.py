@@ -17,6 +17,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from engine_patches import knobs
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events
 from opsctl.commands.diag.invariance import DEFAULT_PROMPTS, ISOLATING_ARGS, ISOLATING_ENV
@@ -43,9 +44,13 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def engine():
-    env = {**ISOLATING_ENV, "OPSCTL_PROBES": "batch", "OPSCTL_PROBE_NUDGE": f"{MARKER}:{NUDGE_POS}"}
+    env = {**ISOLATING_ENV, "OPSCTL_PROBES": "batch"}
     with running_engine(
-        "tiny-llama", extra_args=list(ISOLATING_ARGS), env=env, max_num_seqs=8
+        "tiny-llama",
+        extra_args=list(ISOLATING_ARGS),
+        env=env,
+        knobs={knobs.NUDGE: f"{MARKER}:{NUDGE_POS}"},  # the only way a knob reaches an engine
+        max_num_seqs=8,
     ) as server:
         yield server
 
@@ -150,6 +155,8 @@ def test_planted_divergence_caught_at_the_right_prompt_and_position(engine, tmp_
         doc["reasons"]
     )
     assert "TEST NUDGE" in " ".join(doc["runs"][0]["warnings"])
+    assert doc["test_knobs"] == {knobs.NUDGE: f"{MARKER}:{NUDGE_POS}"}  # from the ledger
+    assert doc["warnings"][0].startswith("TEST KNOBS active")
     # the engine nudged exactly that request, batched, at that position
     nudges = [e for e in read_events(engine.run_dir, "batch") if e.get("event") == "nudge"]
     tag = f"{doc['request_tag']}-url-bs{len(PLANTED_PROMPTS)}"

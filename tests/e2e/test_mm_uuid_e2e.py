@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine_patches import knobs
 from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
 from opsctl.commands.diag.mm_uuid import CACHE_ARGS, model_args
@@ -46,9 +47,14 @@ def report() -> dict:
 
 @pytest.fixture(scope="module")
 def rewriting_engine():
-    env = {"OPSCTL_PROBES": "mm_uuid", "OPSCTL_MM_UUID_REWRITE": CANARY}
     args = list(CACHE_ARGS["caches-off"]) + model_args(MODEL)
-    with running_engine(MODEL, load_format="dummy", extra_args=args, env=env) as server:
+    with running_engine(
+        MODEL,
+        load_format="dummy",
+        extra_args=args,
+        env={"OPSCTL_PROBES": "mm_uuid"},
+        knobs={knobs.MM_UUID_REWRITE: CANARY},  # a knob only ever reaches an engine this way
+    ) as server:
         yield server
 
 
@@ -138,3 +144,7 @@ def test_probe_rewrite_is_caught(rewriting_engine) -> None:
         if e.name == "mm_uuid_probe" and e.role == "engine_core"
     ]
     assert detail and "TEST KNOB" in detail[0]
+    # the report says so on top, from the engine's own ledger
+    assert doc["test_knobs"] == {knobs.MM_UUID_REWRITE: CANARY}
+    assert doc["warnings"][0].startswith("TEST KNOBS active") and CANARY in doc["warnings"][0]
+    assert "warning: TEST KNOBS active" in bad.stderr

@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from engine_patches import knobs
 from opsctl.collectors import shm
 from opsctl.collectors.ledger import read_events, read_records
 from opsctl.collectors.processes import classify
@@ -25,13 +26,13 @@ from tests.conftest import OPSCTL, running_engine
 pytestmark = pytest.mark.engine
 
 
-def start_cli(*args: str) -> subprocess.Popen:
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [*OPSCTL, "serve", "--no-tui", "--json", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ),
+        env=dict(os.environ) if env is None else env,
     )
 
 
@@ -67,8 +68,8 @@ def new_orphans(before: set[str]) -> set[str]:
 
 
 @contextlib.contextmanager
-def served(*args: str):
-    proc = start_cli(*args)
+def served(*args: str, env: dict[str, str] | None = None):
+    proc = start_cli(*args, env=env)
     try:
         yield proc
     finally:
@@ -161,6 +162,70 @@ def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
         again = greedy()["text"]
         assert again == choice["text"]
         stop_and_check(proc, ready, signal.SIGINT, shm_before)
+
+
+def test_api_key_guards_the_server_and_exported_knobs_reach_no_engine_process():
+    """`serve --api-key K` from a shell that exports every test knob (and the enabling
+    switch): /v1 needs the key, opsctl's own status uses it, and no engine process sees
+    or honours a knob (ledger test_knobs {} everywhere, nothing in /proc/PID/environ,
+    the probes that would use them record none)."""
+    key = "e2e-" + os.urandom(6).hex()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    env.update(
+        {
+            knobs.NUDGE: "The:0",
+            knobs.MM_UUID_REWRITE: "stray-uuid",
+            knobs.NO_OWNER_WATCH: "1",
+            knobs.ENABLE: "1",
+            "OPSCTL_PROBES": "batch,mm_uuid",  # probes on, so a knob would have effect
+        }
+    )
+    shm_before = shm_names()
+    with served(
+        "tiny-llama",
+        "--load-format",
+        "dummy",
+        "--port",
+        str(free_port()),
+        "--api-key",
+        key,
+        env=env,
+    ) as proc:
+        ready = read_event(proc)
+        url = ready["url"]
+        assert httpx.get(f"{url}/health").status_code == 200  # open, as in vLLM
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{url}/v1/models", headers=auth).status_code == 200
+
+        records = read_records(Path(ready["run_dir"]))
+        assert {"api_server", "engine_core", "worker"} <= {r["role"] for r in records}
+        assert all(r["test_knobs"] == {} for r in records), [r["test_knobs"] for r in records]
+        for role, pid in ready["pids"].items():
+            if role not in ("APIServer", "EngineCore", "Worker"):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            names = {e.split(b"=", 1)[0].decode() for e in environ if e}
+            assert not names & {*knobs.KNOBS, knobs.ENABLE}, (role, names & set(knobs.KNOBS))
+        inits = [e for e in read_events(Path(ready["run_dir"]), "batch") if e["event"] == "init"]
+        assert inits and all(e["nudge"] is None for e in inits)
+
+        clean = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        st = subprocess.run(
+            [*OPSCTL, "status", url, "--json", "--api-key", key],
+            capture_output=True,
+            text=True,
+            env=clean,
+        )
+        assert st.returncode == 0, st.stderr
+        assert json.loads(st.stdout)["models"] == ["tiny-llama"]
+        st = subprocess.run(
+            [*OPSCTL, "status", url, "--json"], capture_output=True, text=True, env=clean
+        )
+        assert st.returncode == 3, st.stderr
+        assert "authentication required" in st.stderr and st.stdout == ""
+
+        stop_and_check(proc, ready, signal.SIGTERM, shm_before)
 
 
 def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
