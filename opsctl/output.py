@@ -25,9 +25,18 @@ def stderr_console() -> Console:
     return Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)
 
 
-def document(schema: str, version: int = 1, **fields: Any) -> dict[str, Any]:
-    """A JSON result document: ``{"schema": "opsctl.<name>/<version>", ...}``."""
-    return {"schema": f"{SCHEMA_PREFIX}{schema}/{version}", **fields}
+def document(schema: str, /, **fields: Any) -> dict[str, Any]:
+    """A JSON result document: ``{"schema": "opsctl.<name>/<version>", ...}``.
+
+    ``schema`` is ``"<name>"`` (version 1) or ``"<name>/<version>"``. The schema takes no
+    keyword, so every keyword is a field: ``document("status", version="0.32.0")`` keeps
+    the server's version as a field (it once became the schema version)."""
+    name, _, version = schema.partition("/")
+    if not name or "/" in version or not (version or "1").isdigit():
+        raise ValueError(f"schema must be '<name>' or '<name>/<int>', not {schema!r}")
+    if "schema" in fields:
+        raise ValueError("'schema' is not a field name")
+    return {"schema": f"{SCHEMA_PREFIX}{name}/{version or 1}", **fields}
 
 
 def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None]) -> None:

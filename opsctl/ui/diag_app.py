@@ -42,10 +42,13 @@ class DiagApp(App):
         self.sub_title = self.diag_title
         self.run_worker(self._work, thread=True, exclusive=True)
 
-    def _emit(self, snap: dict) -> None:
+    def _emit(self, event) -> None:
+        """The check's progress callback (its worker thread): events become panel state."""
         if self.cancelled.is_set():
             raise Cancelled()
-        self.call_from_thread(self.query_one(DiagPanel).update_snapshot, snap)
+        snap = event if isinstance(event, dict) else event.snapshot()
+        if snap:
+            self.call_from_thread(self.query_one(DiagPanel).update_snapshot, snap)
 
     def _work(self) -> None:
         try:

@@ -1,0 +1,166 @@
+"""Progress of a check, as typed events.
+
+A check reports what it is doing through one callback, ``progress(event)``. The CLI
+draws the events on stderr (:mod:`opsctl.ui.progress`), a ``--tui`` panel, the console
+and certify consume the very same objects. Events are frozen data; ``snapshot()`` gives
+the partial panel state an event stands for (the keys of ``opsctl.ui.panels.diag``):
+
+    {"title", "phase", "columns", "rows", "events", "verdict", "summary", "warnings"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    def snapshot(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Started(Event):
+    """A check began (title names it, e.g. "diag usage")."""
+
+    title: str
+    detail: str = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"title": self.title, "phase": self.detail or "starting"}
+
+
+@dataclass(frozen=True, slots=True)
+class Phase(Event):
+    """A phase started; ``done``/``total`` count phases or requests where known."""
+
+    name: str
+    done: int | None = None
+    total: int | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"phase": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStarting(Event):
+    model: str
+    run_dir: str
+    label: str = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "phase": "starting engine",
+            "events": [f"starting engine {self.model} (run dir {self.run_dir})"],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReady(Event):
+    url: str
+    seconds: float | None = None  # None: an engine reused from the session
+    reused: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        how = "reused" if self.reused else f"healthy after {self.seconds or 0:.1f} s"
+        return {"events": [f"engine {how} at {self.url}"]}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStopped(Event):
+    url: str
+    seconds: float
+    leftover_pids: tuple[int, ...] = ()
+
+    def snapshot(self) -> dict[str, Any]:
+        left = f", LEFT {list(self.leftover_pids)}" if self.leftover_pids else ""
+        return {"events": [f"engine at {self.url} stopped in {self.seconds:.1f} s{left}"]}
+
+
+@dataclass(frozen=True, slots=True)
+class Log(Event):
+    """One line for the event log (``level`` info or warning)."""
+
+    text: str
+    level: str = "info"
+
+    def snapshot(self) -> dict[str, Any]:
+        prefix = "warning: " if self.level == "warning" else ""
+        return {"events": [prefix + self.text]}
+
+
+@dataclass(frozen=True, slots=True)
+class Alert(Event):
+    """A warning that stays on top of the report (e.g. test knobs active)."""
+
+    text: str
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"warnings": [self.text], "events": [f"warning: {self.text}"]}
+
+
+@dataclass(frozen=True, slots=True)
+class Table(Event):
+    """The check's live results table (replaces the previous one)."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"columns": list(self.columns), "rows": [list(r) for r in self.rows]}
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult(Event):
+    """One case passed or failed (``verdict`` pass | fail | unverified | skip)."""
+
+    name: str
+    verdict: str
+    detail: str = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        tail = f": {self.detail}" if self.detail else ""
+        return {"events": [f"{self.name} -> {self.verdict}{tail}"]}
+
+
+@dataclass(frozen=True, slots=True)
+class Counter(Event):
+    name: str
+    value: float
+
+    def snapshot(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Event):
+    verdict: str
+    summary: str = ""
+    rows: tuple[tuple[str, ...], ...] | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        snap: dict[str, Any] = {"phase": "done", "verdict": self.verdict}
+        if self.summary:
+            snap["summary"] = self.summary
+        if self.rows is not None:
+            snap["rows"] = [list(r) for r in self.rows]
+        return snap
+
+
+@dataclass(frozen=True, slots=True)
+class Update(Event):
+    """Several panel fields at once (a phase change with its new table rows, say)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
+Progress = Callable[[Event], None]
+
+
+def ignore(event: Event) -> None:
+    """The default progress callback of a library call: nobody is watching."""

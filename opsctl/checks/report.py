@@ -1,0 +1,34 @@
+"""What every check returns: a frozen report whose ``to_dict()`` is the ``--json``
+document (schema ``opsctl.<name>/<int>``), with the verdict the exit code follows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
+
+
+@dataclass(frozen=True)
+class Report:
+    """A check's result. ``document`` is the JSON document (read-only view);
+    ``verdict`` is pass | fail | unverified (exit 0, 1, 0 with a warning)."""
+
+    verdict: str
+    document: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "document", MappingProxyType(dict(self.document)))
+
+    @property
+    def schema(self) -> str:
+        return str(self.document["schema"])
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict != FAIL
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.document)

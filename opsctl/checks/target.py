@@ -1,0 +1,92 @@
+"""What a check runs against: a running server (:class:`UrlTarget`) or an engine opsctl
+starts for it (:class:`EngineSpec`), and the live endpoint either becomes (:class:`Live`).
+
+Engine sharing (used by :class:`opsctl.checks.session.EngineSession` and certify):
+two specs can be served by ONE engine when :meth:`EngineSpec.engine_key` is equal, i.e.
+the same model, load format, vLLM arguments, environment, test knobs, disabled patches,
+context/batch limits and execution mode. Probes (``OPSCTL_PROBES``: batch, mm_uuid) only
+observe, so they are not part of the key: an engine started with the union of the probes
+its checks need serves them all. Anything that changes what the engine computes (a knob,
+an argument such as ``--no-enable-prefix-caching``) makes a separate engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from opsctl.errors import BadInput
+
+
+@dataclass(frozen=True, slots=True)
+class UrlTarget:
+    """A running server (maybe started by opsctl: its run dir is then found by URL)."""
+
+    url: str
+    api_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """An engine for opsctl to start (and stop) for the check."""
+
+    model: str | None = None  # embedded name or directory; None: the check's default
+    load_format: str = "auto"
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    knobs: tuple[tuple[str, str], ...] = ()  # test-only (engine_patches.knobs)
+    probes: frozenset[str] = frozenset()
+    disable_patches: tuple[str, ...] = ()
+    max_model_len: int = 256
+    max_num_seqs: int = 8
+    enforce_eager: bool = True
+    timeout: float = 300.0  # seconds to wait for /health
+    api_key: str | None = None
+
+    def engine_key(self) -> tuple:
+        """Equal keys: one engine can serve both specs (probes are unioned)."""
+        return (
+            self.model,
+            self.load_format,
+            self.extra_args,
+            tuple(sorted(self.env)),
+            tuple(sorted(self.knobs)),
+            tuple(sorted(self.disable_patches)),
+            self.max_model_len,
+            self.max_num_seqs,
+            self.enforce_eager,
+            self.api_key,
+        )
+
+    def with_defaults(self, model: str | None = None, **changes) -> EngineSpec:
+        """This spec with the check's default model (when none was given) and ``changes``."""
+        return replace(self, model=self.model or model, **changes)
+
+    def with_probes(self, *probes: str) -> EngineSpec:
+        return replace(self, probes=self.probes | frozenset(probes))
+
+
+Target = UrlTarget | EngineSpec
+
+
+@dataclass(frozen=True)
+class Live:
+    """A reachable server a check talks to."""
+
+    url: str
+    api_key: str | None = None
+    run_dir: Path | None = None  # opsctl run directory (probe events, ledger), if any
+    external: bool = True  # False: opsctl started it for this check or session
+    model: str | None = None  # the resolved model name when opsctl started it
+    model_path: Path | None = None
+    archetype: str | None = None
+    server: object | None = field(default=None, compare=False)  # EngineServer, if ours
+
+
+def spec_or_url(url: str | None, spec: EngineSpec | None) -> Target:
+    """The CLI's rule: a URL or an engine spec (``--model``), never both."""
+    if url and spec is not None and spec.model:
+        raise BadInput("give either a URL or --model, not both")
+    if url:
+        return UrlTarget(url)
+    return spec if spec is not None else EngineSpec()
