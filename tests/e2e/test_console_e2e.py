@@ -54,10 +54,10 @@ def engines():
         yield ours, bare
 
 
-def wait_until(cond, timeout: float, what: str) -> None:
+def wait_until(cond, timeout: float, what: str, show=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {show()}"
         time.sleep(0.1)
 
 
@@ -82,19 +82,22 @@ def test_both_servers_discovered_with_roles_and_pids(engines):
         assert e["kv_capacity_tokens"] and e["requests_running"] is not None
 
 
-def _stream(url: str, started: threading.Semaphore, done: list) -> None:
-    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    with (
-        contextlib.suppress(httpx.HTTPError),
-        httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r,
-    ):
-        first = True
-        for _ in r.iter_lines():
-            if first:
-                started.release()
-                first = False
-    done.append(1)
+N_REQUESTS = 48  # x 480 tokens with 16 running at a time: seconds of work on 2 cores
+
+
+def _complete(url: str, done: list) -> None:
+    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+        done.append(1)
+
+
+def _running(url: str) -> float:
+    from opsctl.domain.metrics import RUNNING, parse_samples
+
+    with contextlib.suppress(httpx.HTTPError):
+        return parse_samples(httpx.get(f"{url}/metrics", timeout=5).text).get(RUNNING) or 0.0
+    return 0.0
 
 
 def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
@@ -104,18 +107,22 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
     target = targets.from_urls([ours.url])
     src = DirectScrapeSource(target, discover=False, settings=settings, timeout=3.0)
     src.start()
-    started, done = threading.Semaphore(0), []
-    threads = [threading.Thread(target=_stream, args=(ours.url, started, done)) for _ in range(16)]
+    done: list = []
+    threads = [threading.Thread(target=_complete, args=(ours.url, done)) for _ in range(N_REQUESTS)]
     stopped = False
     try:
         wait_until(lambda: src.tracker(ours.url).view.state == "ready", 60, "ready")
         for t in threads:
             t.start()
-        for _ in range(16):  # every request has streamed a token: all are running
-            assert started.acquire(timeout=120)
+        wait_until(lambda: _running(ours.url) > 0, 60, "requests running")
         os.kill(core, signal.SIGSTOP)
         stopped, t_stop = True, time.monotonic()
-        wait_until(lambda: src.tracker(ours.url).view.state == "stalled", 30, "stalled")
+        wait_until(
+            lambda: src.tracker(ours.url).view.state == "stalled",
+            30,
+            "stalled",
+            lambda: (src.tracker(ours.url).view, len(done)),
+        )
         took = time.monotonic() - t_stop
         view = src.tracker(ours.url).view
         health = httpx.get(f"{ours.url}/health", timeout=5).status_code
@@ -130,7 +137,7 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
         )
         for t in threads:
             t.join(120)
-        assert len(done) == 16
+        assert len(done) == N_REQUESTS
         wait_until(lambda: src.tracker(ours.url).view.state == "ready", 30, "idle again")
     finally:
         if stopped:
