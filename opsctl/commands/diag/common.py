@@ -67,16 +67,22 @@ def knob_snapshot(run_dir) -> dict:
 
 
 def add_knob_warnings(doc: dict, run_dirs) -> dict:
-    """Put ``test_knobs`` and the knob warning (first in ``warnings``) into a diag report
-    and say it on stderr, above the human report."""
-    from opsctl import output
-
+    """Put ``test_knobs`` and the knob warning (first in ``warnings``) into a diag report."""
     knobs, warnings = knob_warnings(run_dirs)
     doc["test_knobs"] = knobs
     doc["warnings"] = [*warnings, *doc.get("warnings", [])]
-    for w in warnings:
-        output.warn(w)
     return doc
+
+
+def warn_test_knobs(doc: dict) -> None:
+    """Say a report's knob warning on stderr, above the report (called by the command
+    after the pipeline, never while a dashboard owns the terminal)."""
+    from opsctl import output
+    from opsctl.collectors.ledger import knob_warning
+
+    line = knob_warning(doc.get("test_knobs") or {})
+    if line:
+        output.warn(line)
 
 
 @contextlib.contextmanager

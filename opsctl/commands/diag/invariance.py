@@ -142,6 +142,7 @@ def register(app: typer.Typer) -> None:
             add_knob_warnings,
             check_url,
             run_pipeline,
+            warn_test_knobs,
         )
         from opsctl.commands.diag.invariance_run import Request, render, run_all
         from opsctl.commands.options import parse_knobs
@@ -182,6 +183,7 @@ def register(app: typer.Typer) -> None:
         doc = add_knob_warnings(
             output.document(SCHEMA, **report), [r.get("run_dir") for r in report["runs"]]
         )
+        warn_test_knobs(doc)
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if any(r.get("timed_out") for r in report["runs"]):
             raise OpsTimeout("an engine did not become healthy within --timeout; see the report")

@@ -165,7 +165,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
         from opsctl import output
-        from opsctl.commands.diag.common import add_knob_warnings, run_pipeline
+        from opsctl.commands.diag.common import add_knob_warnings, run_pipeline, warn_test_knobs
         from opsctl.commands.diag.kv_fail_run import Request, run
         from opsctl.commands.options import parse_knobs
 
@@ -178,6 +178,7 @@ def register(app: typer.Typer) -> None:
         req = Request(model, settings, timeout=timeout, knobs=parse_knobs(test_knob))
         report = run_pipeline("diag kv-fail", lambda emit: run(req, emit), tui=tui, as_json=as_json)
         doc = add_knob_warnings(output.document(SCHEMA, **report), [report.get("run_dir")])
+        warn_test_knobs(doc)
         output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if report["verdict"] != "pass":
             reasons = [f["message"] for f in report.get("findings", []) if f["severity"] == "fail"]

@@ -493,7 +493,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
         from opsctl import output
-        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.diag.common import run_pipeline, warn_test_knobs
         from opsctl.commands.options import parse_knobs
 
         if url and model:
@@ -529,6 +529,7 @@ def register(app: typer.Typer) -> None:
             tui=tui,
             as_json=as_json,
         )
+        warn_test_knobs(doc)
         output.emit(doc, as_json=as_json, render=render(doc))
         if doc["verdict"] != "pass":
             bad_items = [i for i in doc["items"] if i["verdict"] != "pass"]

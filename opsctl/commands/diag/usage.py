@@ -427,7 +427,7 @@ def register(app: typer.Typer) -> None:
         Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
         count cannot be derived."""
         from opsctl import output
-        from opsctl.commands.diag.common import run_pipeline
+        from opsctl.commands.diag.common import run_pipeline, warn_test_knobs
         from opsctl.commands.options import parse_knobs
         from opsctl.domain.usage import KINDS
 
@@ -453,6 +453,7 @@ def register(app: typer.Typer) -> None:
             tui=tui,
             as_json=as_json,
         )
+        warn_test_knobs(doc)
         output.emit(doc, as_json=as_json, render=render(doc))
         if doc["verdict"] == "unverified":
             n = sum(r["verdict"] == "unverified" for r in doc["rows"])
