@@ -245,3 +245,58 @@ def test_serve_collector_client_carries_the_engines_key():
         assert "Authorization" not in c.client.headers
     finally:
         c.close()
+
+
+class _Refused(Exception):
+    pass
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list:
+    """Replace EngineServer: record the LaunchOptions a command builds, then stop with
+    bad input before anything is spawned."""
+    from opsctl.engine import server as srv
+    from opsctl.errors import BadInput
+
+    seen: list = []
+
+    class Recorder:
+        def __init__(self, opts) -> None:
+            seen.append(opts)
+            self.opts, self.run_dir, self.proc, self.stop_report = opts, None, None, None
+
+        def start(self):
+            raise BadInput("recorded; not starting")
+
+        def stop(self, *a, **k):
+            return srv.StopReport(0.0, [], [], [], [], None)
+
+    monkeypatch.setattr(srv, "EngineServer", Recorder)
+    monkeypatch.setenv(knobs.NUDGE, "from-env:1")  # must never get through
+    monkeypatch.setenv(knobs.ENABLE, "1")
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("cmd", "knob"),
+    [
+        (["serve", "--no-tui", "--port", "8765"], knobs.NUDGE),
+        (["diag", "usage", "--model", "tiny-reranker"], knobs.NUDGE),
+        (["diag", "mm-uuid", "--model", "tiny-vlm-multi"], knobs.MM_UUID_REWRITE),
+        (["diag", "invariance", "--model", "tiny-llama"], knobs.NUDGE),
+        (["diag", "kv-fail", "--model", "tiny-llama"], knobs.NUDGE),
+    ],
+)
+def test_test_knob_reaches_the_launch_options_and_env_knobs_do_not(launches, cmd, knob):
+    r = runner.invoke(app, cmd)
+    assert r.exit_code == 2 and "recorded; not starting" in r.stderr, r.output
+    assert launches[-1].knobs == {}
+    r = runner.invoke(app, [*cmd, "--test-knob", f"{knob}=armed:2"])
+    assert r.exit_code == 2 and "recorded; not starting" in r.stderr, r.output
+    assert launches[-1].knobs == {knob: "armed:2"}
+
+
+def test_serve_api_key_reaches_the_launch_options(launches):
+    r = runner.invoke(app, ["serve", "--no-tui", "--port", "8765", "--api-key", "K"])
+    assert r.exit_code == 2, r.output
+    assert launches[-1].api_key == "K" and launches[-1].port == 8765
