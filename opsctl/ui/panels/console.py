@@ -163,7 +163,7 @@ class FleetTable(DataTable):
             elif old != cells:
                 for (key, _), a, b in zip(COLUMNS, old, cells, strict=True):
                     if a != b:
-                        self.update_cell(url, key, self._styled(key, b))
+                        self.update_cell(url, key, self._styled(key, b), update_width=True)
                         self.renders += 1
                         resort = resort or key == self.sort_col
             self.cells[url] = cells
