@@ -25,6 +25,7 @@ class OpsctlGroup(TyperGroup):
     """Maps typed errors to exit codes in one place (also under Typer's CliRunner)."""
 
     def invoke(self, ctx):  # type: ignore[override]
+        before = _live_engines()
         try:
             return super().invoke(ctx)
         except OpsctlError as err:
@@ -35,8 +36,15 @@ class OpsctlGroup(TyperGroup):
             print(f"opsctl: interrupted{why}", file=sys.stderr)
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
         finally:
-            if "opsctl.engine.server" in sys.modules:  # engines started by any thread
-                sys.modules["opsctl.engine.server"].stop_all()
+            # engines this command started, by any thread, never outlive it (engines the
+            # calling process had before, e.g. a test's shared engine, are not ours)
+            for server in _live_engines() - before:
+                server.stop()
+
+
+def _live_engines() -> set:
+    server = sys.modules.get("opsctl.engine.server")
+    return set(server._LIVE) if server is not None else set()
 
 
 def build_app() -> typer.Typer:

@@ -14,7 +14,7 @@ def test_a_reused_pid_is_never_treated_as_ours():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         server = EngineServer.__new__(EngineServer)  # bookkeeping only: no engine
-        server.known_pids = {}
+        server.known_pids, server.run_dir, server.stop_report = {}, None, None
         server._remember([child.pid])
         assert server.known_pids[child.pid] == psutil.Process(child.pid).create_time()
         assert [p.pid for p in server._living([child.pid])] == [child.pid]
