@@ -52,3 +52,15 @@ def check_auth(response: httpx.Response, api_key: str | None = None) -> httpx.Re
         where = f"{req.url.scheme}://{req.url.netloc.decode()}{req.url.path}"
         raise auth_error(where, response.status_code, api_key)
     return response
+
+
+def require_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
+    """A server answers at ``url`` and accepts our credentials: /health is open on vLLM,
+    so a guarded endpoint (/v1/models) tells whether an API key is needed (a 401/403 is
+    "authentication required", exit 3; any other answer is left to the check)."""
+    try:
+        with client(api_key, timeout=timeout) as c:
+            c.get(f"{url}/health")
+            check_auth(c.get(f"{url}/v1/models"), api_key)
+    except httpx.HTTPError as exc:
+        raise EngineUnreachable(f"no server answered at {url}: {type(exc).__name__}") from None

@@ -323,3 +323,30 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
             )
         )
     return SegmentScan(tuple(out), scan.denied_pids, now)
+
+
+def find_run_dir(url: str, root: Path | None = None) -> Path | None:
+    """The run directory of the live engine opsctl started at ``url``: its meta.json names
+    that URL, it has not stopped, and its recorded pid is still alive; the newest wins.
+    None when there is none (an engine not started by opsctl, or a dead one)."""
+    best: tuple[float, Path] | None = None
+    base = paths.runs_dir() if root is None else root
+    for meta_path in base.glob("*/meta.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict):
+            continue
+        if str(meta.get("url", "")).rstrip("/") != url.rstrip("/") or meta.get("stopped_at"):
+            continue
+        pid = meta.get("pid")
+        if not isinstance(pid, int) or not psutil.pid_exists(pid):
+            continue
+        try:
+            started = float(meta.get("started_at") or 0)
+        except (TypeError, ValueError):
+            started = 0.0
+        if best is None or started > best[0]:
+            best = (started, meta_path.parent)
+    return best[1] if best else None
