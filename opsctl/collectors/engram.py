@@ -12,7 +12,8 @@ One :func:`inspect` call reads once and returns a frozen :class:`InspectSnapshot
   mapping's last page read through ``/proc/PID/mem`` (one past the last non-zero byte,
   :func:`opsctl.domain.engram.size_from_mapping`); ``size_source`` says which;
 - the block size (32 in vLLM 0.32, or 128): from the size, else from the bytes at the
-  candidate boundaries, else 32 (:func:`opsctl.domain.engram.decide_layout`), or forced;
+  candidate boundaries (read here, :func:`opsctl.domain.engram.boundary_windows`), else
+  32 (:func:`opsctl.domain.engram.decide_layout`), or forced;
 - fill verification: the table is only ever read with ``pread`` (``os.preadv`` into one
   reusable 256 KiB buffer) and never mapped: inspect adds no mapping, never faults in
   holes, and a table truncated while it is read gives a short read (reported as an
@@ -195,6 +196,13 @@ def _mappers(pid: int, maps: list[shm.Mapping]) -> MapperInfo:
     )
 
 
+def missing_pids(pids: tuple[int, ...] | list[int]) -> list[int]:
+    """The pids among ``pids`` that name no process now."""
+    import psutil
+
+    return [p for p in pids if not psutil.pid_exists(p)]
+
+
 # ---- readers ---------------------------------------------------------------------------------
 
 
@@ -325,7 +333,8 @@ def verify_table(
                 failures.append(cand)
                 continue
             try:
-                decision = dom.decide_layout(size, cand.read, forced=block)
+                seen = {w: cand.read(*w) for w in dom.boundary_windows(size, block)}
+                decision = dom.decide_layout(size, seen, forced=block)
                 if mode == "none":
                     return decision, VerifyResult("skipped", mode, cand.access)
                 if decision.layout is None:

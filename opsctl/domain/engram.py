@@ -1,8 +1,9 @@
 """Engram host tables: layout of one shared allocation, what to verify, and findings.
 
 Pure logic (no I/O, no UI). The collector (opsctl.collectors.engram) reads /proc and
-/dev/shm and hands snapshots (and a read callback for layout probes) here; CLI and TUI
-render the same findings.
+/dev/shm and hands snapshots (and the table bytes :func:`boundary_windows` asks for)
+here; the check (opsctl.checks.engram) turns them into findings, verdicts and the clean
+rules below, which the CLI and the TUI render alike.
 
 Layout of one shared table (vLLM ``DPSharedEngramStorage``): one allocation of
 ``rows*dim`` bytes of fp8 e4m3 weights followed by ``rows*dim/B`` bytes of ue8m0
@@ -29,11 +30,12 @@ In dummy-load mode every weight byte is 0x38 (fp8 e4m3 1.0) and every scale byte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
+from opsctl.errors import BadInput
 
 PREFIX = "vllm_engram_"
 FP8_E4M3_ONE = 0x38
@@ -125,22 +127,41 @@ class LayoutDecision:
         }
 
 
-Probe = Callable[[int, int], bytes]  # (offset, length) -> exactly that many bytes
+Window = tuple[int, int]  # (offset, length) of table bytes
+
+
+def boundary_windows(
+    total: int | None, forced: int | None = None, blocks: tuple[int, ...] = BLOCKS
+) -> tuple[Window, ...]:
+    """The table bytes :func:`decide_layout` needs to see: both sides of every candidate's
+    weight/scale boundary, only when the size fits several block sizes and none is
+    forced (else the size decides and nothing needs reading)."""
+    if not total or total <= 0 or forced is not None:
+        return ()
+    cands = candidate_layouts(total, blocks)
+    if len(cands) < 2:
+        return ()
+    out: list[Window] = []
+    for lay in cands:
+        n = min(PROBE_BYTES, lay.scale_bytes, lay.weight_bytes)
+        out += [(lay.weight_bytes, n), (lay.weight_bytes - n, n)]
+    return tuple(out)
 
 
 def decide_layout(
     total: int | None,
-    probe: Probe | None = None,
+    data: Mapping[Window, bytes] | None = None,
     forced: int | None = None,
     blocks: tuple[int, ...] = BLOCKS,
 ) -> LayoutDecision:
     """Which block size the table of ``total`` bytes uses, and how that was decided.
 
     ``forced`` (``--block-size``) wins. Else a size that fits one block decides; a size
-    that fits several is decided from the data (``probe`` reads table bytes; it may raise
-    OSError, which propagates): smallest block first, the first candidate whose scale
-    region starts with scale-like bytes and whose weights end with non-scale bytes wins.
-    If nothing can be read or nothing is consistent: 32, vLLM 0.32's block size."""
+    that fits several is decided from ``data``, the bytes of :func:`boundary_windows`
+    read by the collector (None: the table could not be read): smallest block first,
+    the first candidate whose scale region starts with scale-like bytes and whose
+    weights end with non-scale bytes wins. If nothing can be read or nothing is
+    consistent: 32, vLLM 0.32's block size."""
     if not total or total <= 0:
         return LayoutDecision(None, "none", "table size not known", ())
     if forced is not None:
@@ -161,21 +182,18 @@ def decide_layout(
         )
     if len(cands) == 1:
         return LayoutDecision(cands[0], "size", f"only B={blks[0]} fits {total} bytes", blks)
-    if probe is not None:
-        for lay in sorted(cands, key=lambda c: c.block):
-            n = min(PROBE_BYTES, lay.scale_bytes, lay.weight_bytes)
-            head = probe(lay.weight_bytes, n)
-            tail = probe(lay.weight_bytes - n, n)
-            if looks_like_scales(head) and not looks_like_scales(tail):
-                others = ", ".join(str(b) for b in blks if b != lay.block)
-                return LayoutDecision(
-                    lay,
-                    "data",
-                    f"size fits B in {list(blks)}; B={lay.block} from the data: bytes from "
-                    f"offset {lay.weight_bytes} are ue8m0 scales and the bytes before are "
-                    f"not (B={others} is inconsistent with them)",
-                    blks,
-                )
+    if data is not None:
+        lay = _layout_from_data(cands, data)
+        if lay is not None:
+            others = ", ".join(str(b) for b in blks if b != lay.block)
+            return LayoutDecision(
+                lay,
+                "data",
+                f"size fits B in {list(blks)}; B={lay.block} from the data: bytes from "
+                f"offset {lay.weight_bytes} are ue8m0 scales and the bytes before are "
+                f"not (B={others} is inconsistent with them)",
+                blks,
+            )
         why = "the bytes at the candidate boundaries are not consistent with any of them"
     else:
         why = "the table could not be read to tell"
@@ -187,6 +205,18 @@ def decide_layout(
         f"(vLLM 0.32 builds Engram tables with B=32); --block-size forces it",
         blks,
     )
+
+
+def _layout_from_data(cands: list[TableLayout], data: Mapping[Window, bytes]) -> TableLayout | None:
+    for lay in sorted(cands, key=lambda c: c.block):
+        n = min(PROBE_BYTES, lay.scale_bytes, lay.weight_bytes)
+        head = data.get((lay.weight_bytes, n))
+        tail = data.get((lay.weight_bytes - n, n))
+        if head is None or tail is None:
+            continue
+        if looks_like_scales(head) and not looks_like_scales(tail):
+            return lay
+    return None
 
 
 def size_from_mapping(
@@ -256,28 +286,34 @@ def table_findings(table: dict[str, Any], pids_given: bool = False) -> list[Find
     """Findings for one table as the collector reports it (``TableReport.to_dict()``).
     ``pids_given``: inspect looked only at some processes' mappings (``--pid``), so a
     linked file no listed process maps is not known to be an orphan."""
+    out = _layout_findings(table)
+    out += _mapper_findings(table, pids_given)
+    verify = _verify_finding(table)
+    return out + ([verify] if verify is not None else [])
+
+
+def _layout_findings(table: dict[str, Any]) -> list[Finding]:
     name = table["name"]
-    out: list[Finding] = []
     layout = table.get("layout")
     choice = table.get("block_choice") or {}
     if layout is None and table.get("size"):
-        out.append(
-            Finding(
-                WARNING,
-                "engram.layout_unknown",
-                f"{name}: {choice.get('detail') or 'no Engram layout'}",
-                {"table": name},
-            )
-        )
-    elif layout is not None and choice.get("how") in ("data", "default"):
-        out.append(
+        detail = choice.get("detail") or "no Engram layout"
+        return [Finding(WARNING, "engram.layout_unknown", f"{name}: {detail}", {"table": name})]
+    if layout is not None and choice.get("how") in ("data", "default"):
+        return [
             Finding(
                 INFO if choice["how"] == "data" else WARNING,
                 "engram.block_size",
                 f"{name}: scale block B={layout['block']} ({choice['how']}): {choice['detail']}",
                 {"table": name, **choice},
             )
-        )
+        ]
+    return []
+
+
+def _mapper_findings(table: dict[str, Any], pids_given: bool) -> list[Finding]:
+    name = table["name"]
+    out: list[Finding] = []
     mappers = table.get("mappers", [])
     if not mappers and table.get("linked") and not pids_given:
         out.append(
@@ -310,66 +346,55 @@ def table_findings(table: dict[str, Any], pids_given: bool = False) -> list[Find
                     {"table": name, "pid": m["pid"]},
                 )
             )
+    return out
+
+
+def _verify_finding(table: dict[str, Any]) -> Finding | None:
+    name = table["name"]
     v = table.get("verify") or {}
     status = v.get("status")
     if status == "constant":
-        out.append(
-            Finding(
-                OK,
-                "engram.fill_constant",
-                f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127, "
-                f"B={(layout or {}).get('block')}), {v['bytes_checked']} bytes via {v['access']}",
-                {"table": name},
-            )
+        block = (table.get("layout") or {}).get("block")
+        return Finding(
+            OK,
+            "engram.fill_constant",
+            f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127, "
+            f"B={block}), {v['bytes_checked']} bytes via {v['access']}",
+            {"table": name},
         )
-    elif status == "mismatch":
+    if status == "mismatch":
         mm = v["first_mismatch"]
-        out.append(
-            Finding(
-                FAIL,
-                "engram.fill_mismatch",
-                f"{name}: not constant: first differing byte at offset {mm['offset']} "
-                f"({mm['region']}) is {mm['value']:#04x}, expected {mm['expected']:#04x}",
-                {"table": name, **mm},
-            )
+        return Finding(
+            FAIL,
+            "engram.fill_mismatch",
+            f"{name}: not constant: first differing byte at offset {mm['offset']} "
+            f"({mm['region']}) is {mm['value']:#04x}, expected {mm['expected']:#04x}",
+            {"table": name, **mm},
         )
-    elif status == "denied":
-        out.append(
-            Finding(
-                WARNING,
-                "engram.permission",
-                f"{name}: cannot read the table: {v.get('error')}",
-                {"table": name, "hint": v.get("hint")},
-            )
+    if status in ("denied", "error"):
+        code, what = (
+            ("engram.permission", "cannot read the table")
+            if status == "denied"
+            else ("engram.verify_error", "verification failed")
         )
-    elif status == "error":
-        out.append(
-            Finding(
-                WARNING,
-                "engram.verify_error",
-                f"{name}: verification failed: {v.get('error')}",
-                {"table": name, "hint": v.get("hint")},
-            )
+        return Finding(
+            WARNING,
+            code,
+            f"{name}: {what}: {v.get('error')}",
+            {"table": name, "hint": v.get("hint")},
         )
-    elif status == "unverifiable":
-        out.append(
-            Finding(
-                WARNING,
-                "engram.unverifiable",
-                f"{name}: cannot verify: {v.get('reason')}",
-                {"table": name, "hint": "pass --block-size if the size fits a block size"},
-            )
+    if status == "unverifiable":
+        return Finding(
+            WARNING,
+            "engram.unverifiable",
+            f"{name}: cannot verify: {v.get('reason')}",
+            {"table": name, "hint": "pass --block-size if the size fits a block size"},
         )
-    elif status == "skipped" and v.get("reason"):
-        out.append(
-            Finding(
-                INFO,
-                "engram.verify_skipped",
-                f"{name}: verify skipped: {v['reason']}",
-                {"table": name},
-            )
+    if status == "skipped" and v.get("reason"):
+        return Finding(
+            INFO, "engram.verify_skipped", f"{name}: verify skipped: {v['reason']}", {"table": name}
         )
-    return out
+    return None
 
 
 def scan_findings(scan_errors: list[dict[str, Any]], as_root: bool = False) -> list[Finding]:
@@ -442,6 +467,43 @@ def exit_status(findings: list[Finding]) -> int:
     return 1 if any(f.code in bad for f in findings) else 0
 
 
+def inspect_failure(findings: list[Finding]) -> str | None:
+    """The one line ``engram inspect`` fails with (exit 1), None when it passes
+    (:func:`exit_status` 0): a fill mismatch first, else the incomplete verification."""
+    bad = [f for f in findings if f.code == "engram.fill_mismatch"]
+    if bad:
+        return f"{len(bad)} Engram table(s) not constant-filled: {bad[0].message}"
+    inc = next((f for f in findings if f.code == "engram.verify_incomplete"), None)
+    return inc.message if inc is not None else None
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` when it names Engram tables only (``vllm_engram_...``, no '/'): inspect
+    and clean never look at, let alone remove, anything else."""
+    if not prefix.startswith(PREFIX) or "/" in prefix:
+        raise BadInput(f"--prefix must start with {PREFIX!r} and contain no '/': {prefix!r}")
+    return prefix
+
+
+def check_inspect_options(verify: str, prefix: str, block: int | None) -> None:
+    if verify not in VERIFY_MODES:
+        raise BadInput(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+    check_prefix(prefix)
+    if block is not None and block < 1:
+        raise BadInput(f"--block-size must be a positive number of elements, not {block}")
+
+
+def check_clean_options(prefix: str, yes: bool, force: bool, min_age: float) -> None:
+    check_prefix(prefix)
+    if force and not yes:
+        raise BadInput("--force only makes sense with --yes")
+    if not min_age >= 0:
+        raise BadInput(f"--min-age must be >= 0 seconds, not {min_age!r}")
+
+
 # ---- clean -----------------------------------------------------------------------------------
 
 DEFAULT_MIN_AGE = 60.0  # seconds: a segment this fresh may be between shm_open and mmap
@@ -460,3 +522,44 @@ def segment_status(held: bool, symlink: bool, age: float, min_age: float) -> str
     if age < min_age:
         return "young"
     return "orphan"
+
+
+def unreadable_warning(denied: tuple[int, ...] | list[int]) -> str | None:
+    """The warning for processes whose maps or fds could not be read (None: none)."""
+    if not denied:
+        return None
+    return (
+        f"could not read the mappings or open files of {len(denied)} process(es) "
+        f"(pids {', '.join(map(str, denied[:10]))}); files only they hold look orphaned"
+    )
+
+
+def clean_refusal(yes: bool, kept: list[str], denied: tuple[int, ...], force: bool) -> str | None:
+    """The refusal rule: with ``--yes``, when the mappings or open files of some process
+    could not be read, a file only that process holds would look orphaned, so every
+    orphan is kept (the collector removed nothing) unless ``--force``. Returns the
+    refusal line when that happened, else None."""
+    if not (yes and kept and denied and not force):
+        return None
+    return (
+        f"kept every orphan: the mappings or open files of {len(denied)} process(es) "
+        "could not be read, so a file only they hold would look orphaned; run as "
+        "root / inside the vLLM container, or pass --force"
+    )
+
+
+def clean_failure(yes: bool, kept: list[str], refused: str | None) -> str | None:
+    """Why ``clean --yes`` failed (exit 1): it kept an orphan it listed (refused, held
+    again, gone, or not removable). None when it did everything it listed."""
+    if not (yes and kept):
+        return None
+    return refused or (
+        f"{len(kept)} orphan(s) kept (held again, gone, or not removable): {', '.join(kept[:5])}"
+    )
+
+
+def clean_hint(yes: bool, orphans: int) -> str | None:
+    """What a dry run that listed orphans tells the operator to do next."""
+    if yes or not orphans:
+        return None
+    return f"{orphans} orphan(s) listed; run again with --yes to remove them"

@@ -268,80 +268,11 @@ def make_plan(
         raise PlanError(f"{tp * dp} ranks do not divide over {nodes} nodes")
     sizes, exact = head_sizes(spec)
     e = engram_dp_size(dp, nodes)
-    rb = spec.row_bytes
-    layer_bytes = tuple(sum(s) * rb for s in sizes)
+    layer_bytes = tuple(sum(s) * spec.row_bytes for s in sizes)
     total = sum(layer_bytes)
-    replicas_per_node = max(1, dp // nodes)
-    tp_rows = [shard_rows(s, tp) for s in sizes]  # per layer, per TP shard
-    per_rank_tp = max(sum(layer[r] for layer in tp_rows) for r in range(tp)) * rb
-    placements = []
-    # shared: one copy of every TP shard per node, mapped by the e replicas of a TP rank
-    placements.append(
-        Placement(
-            "shared",
-            tp,
-            per_rank_tp,
-            total,
-            total,
-            len(sizes) * tp,
-            per_rank_tp // max(e, 1),
-            available=cpu_offload and e > 1,
-            note="needs cpu_offload, DP > 1 with co-located replicas, and /dev/shm >= full tables",
-        )
-    )
-    if e > 1:
-        dp_rows = [shard_rows(s, tp * e) for s in sizes]
-        per_rank_dp = max(sum(layer[r] for layer in dp_rows) for r in range(tp * e)) * rb
-        placements.append(
-            Placement(
-                "dp-sharded",
-                tp * e,
-                per_rank_dp,
-                total,
-                0,
-                0,
-                per_rank_dp,
-                available=True,
-                note="fallback: heads over TP x node-local DP ranks, private pinned memory, per-step gathers",
-            )
-        )
-    placements.append(
-        Placement(
-            "private",
-            tp,
-            per_rank_tp,
-            total * replicas_per_node,
-            0,
-            0,
-            per_rank_tp,
-            available=e == 1,
-            note="TP shards only: every replica on the node holds a full copy",
-        )
-    )
+    placements = _placements(spec, sizes, tp, max(1, dp // nodes), e, total, cpu_offload)
     fits = None if shm_free is None else total <= shm_free
-    if not cpu_offload:
-        chosen, reason = (
-            "device",
-            "cpu_offload is off: tables live in GPU memory, not in host memory",
-        )
-    elif e == 1:
-        chosen = "private"
-        reason = (
-            "DP = 1: nothing to share"
-            if dp == 1
-            else "DP replicas are not co-located on one node (engram DP group size 1)"
-        )
-    elif fits is False:
-        chosen = "dp-sharded"
-        reason = (
-            f"{shm_source} holds {shm_free} bytes free, less than the {total} bytes of tables: "
-            "vLLM falls back to DP head sharding (raise --shm-size / use --ipc=host)"
-        )
-    else:
-        chosen = "shared"
-        reason = f"{e} co-located DP replicas share one copy in {shm_source}" + (
-            "" if fits else " (free space not known)"
-        )
+    chosen, reason = _choose(cpu_offload, dp, e, fits, shm_free, shm_source, total)
     notes = []
     if not exact:
         notes.append(
@@ -357,7 +288,7 @@ def make_plan(
         exact,
         layer_bytes,
         total,
-        tuple(placements),
+        placements,
         shm_total,
         shm_free,
         shm_source,
@@ -365,6 +296,95 @@ def make_plan(
         reason,
         fits,
         tuple(notes),
+    )
+
+
+def _per_rank(sizes: tuple[tuple[int, ...], ...], shards: int, row_bytes: int) -> int:
+    """Bytes of the largest of ``shards`` head shards over every layer."""
+    rows = [shard_rows(s, shards) for s in sizes]  # per layer, per shard
+    return max(sum(layer[r] for layer in rows) for r in range(shards)) * row_bytes
+
+
+def _placements(
+    spec: EngramSpec,
+    sizes: tuple[tuple[int, ...], ...],
+    tp: int,
+    replicas_per_node: int,
+    e: int,
+    total: int,
+    cpu_offload: bool,
+) -> tuple[Placement, ...]:
+    per_rank_tp = _per_rank(sizes, tp, spec.row_bytes)
+    # shared: one copy of every TP shard per node, mapped by the e replicas of a TP rank
+    out = [
+        Placement(
+            "shared",
+            tp,
+            per_rank_tp,
+            total,
+            total,
+            len(sizes) * tp,
+            per_rank_tp // max(e, 1),
+            available=cpu_offload and e > 1,
+            note="needs cpu_offload, DP > 1 with co-located replicas, and /dev/shm >= full tables",
+        )
+    ]
+    if e > 1:
+        per_rank_dp = _per_rank(sizes, tp * e, spec.row_bytes)
+        out.append(
+            Placement(
+                "dp-sharded",
+                tp * e,
+                per_rank_dp,
+                total,
+                0,
+                0,
+                per_rank_dp,
+                available=True,
+                note="fallback: heads over TP x node-local DP ranks, private pinned memory, per-step gathers",
+            )
+        )
+    out.append(
+        Placement(
+            "private",
+            tp,
+            per_rank_tp,
+            total * replicas_per_node,
+            0,
+            0,
+            per_rank_tp,
+            available=e == 1,
+            note="TP shards only: every replica on the node holds a full copy",
+        )
+    )
+    return tuple(out)
+
+
+def _choose(
+    cpu_offload: bool,
+    dp: int,
+    e: int,
+    fits: bool | None,
+    shm_free: int | None,
+    shm_source: str,
+    total: int,
+) -> tuple[str, str]:
+    """vLLM's placement decision and why."""
+    if not cpu_offload:
+        return "device", "cpu_offload is off: tables live in GPU memory, not in host memory"
+    if e == 1:
+        return "private", (
+            "DP = 1: nothing to share"
+            if dp == 1
+            else "DP replicas are not co-located on one node (engram DP group size 1)"
+        )
+    if fits is False:
+        return "dp-sharded", (
+            f"{shm_source} holds {shm_free} bytes free, less than the {total} bytes of tables: "
+            "vLLM falls back to DP head sharding (raise --shm-size / use --ipc=host)"
+        )
+    return "shared", f"{e} co-located DP replicas share one copy in {shm_source}" + (
+        "" if fits else " (free space not known)"
     )
 
 

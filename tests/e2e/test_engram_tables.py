@@ -336,3 +336,76 @@ def test_clean_lists_then_removes_orphans_only():
             for p in (orphan, link, outside):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
+
+
+# ---- the library entry points (opsctl.checks.engram), called directly -------------------------
+
+
+def test_check_inspect_report_events_and_failure_line():
+    from opsctl.checks import engram
+    from opsctl.checks import events as ev
+
+    prefix = unique_prefix("chk")
+    with shared_table(prefix, mappers=2, unlink=False) as t:
+        events: list = []
+        report = engram.inspect(engram.InspectOptions(verify="full", prefix=prefix), events.append)
+        assert report.verdict == "pass" and report.failure is None
+        doc = report.to_dict()
+        assert doc["schema"] == "opsctl.engram.inspect/1" and doc["exit_code"] == 0
+        assert [x["name"] for x in doc["tables"]] == [t.name]
+        phases = [e.name for e in events if isinstance(e, ev.Phase)]
+        assert phases[0] == "scanning /dev/shm and /proc/*/maps" and "verifying (full)" in phases
+        (done,) = [e for e in events if isinstance(e, ev.Finished)]
+        assert done.verdict == "pass" and done.rows[0][0] == t.name and events[-1] is done
+        write_byte(t.path, 3, 0x00)  # a weight byte
+        report = engram.inspect(engram.InspectOptions(verify="full", prefix=prefix))
+        assert report.verdict == "fail" and report.to_dict()["exit_code"] == 1
+        assert report.failure.startswith("1 Engram table(s) not constant-filled")
+
+
+def test_check_inspect_and_clean_refuse_bad_options_before_any_io():
+    from opsctl.checks import engram
+    from opsctl.errors import BadInput
+
+    with pytest.raises(BadInput, match="--prefix"):
+        engram.CleanOptions(prefix="")  # would be every /dev/shm file
+    with pytest.raises(BadInput, match="--verify"):
+        engram.InspectOptions(verify="quick")
+    with pytest.raises(BadInput, match="no such process: 999999999"):
+        engram.inspect(engram.InspectOptions(pids=(999999999,)))
+
+
+def test_check_plan_from_the_shipped_example():
+    from opsctl.checks import engram
+    from opsctl.errors import BadInput
+
+    opts = engram.PlanOptions(config="deepseek-v4.1-flash", tp=4, dp=2, shm_size="200G")
+    report = engram.plan(opts)
+    doc = report.to_dict()
+    assert report.verdict == "pass" and doc["schema"] == "opsctl.engram.plan/1"
+    assert doc["chosen"] == "shared" and doc["source"] == "example:deepseek-v4.1-flash"
+    with pytest.raises(BadInput, match="exactly one"):
+        engram.plan(engram.PlanOptions())
+
+
+def test_check_clean_dry_run_then_yes():
+    from opsctl.checks import engram
+
+    prefix = unique_prefix("chkcln")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(b"\x38" * 4096)
+        dry = engram.clean(engram.CleanOptions(prefix=prefix, min_age=0))
+        assert dry.verdict == "pass" and dry.to_dict()["dry_run"] and os.path.exists(orphan)
+        assert [o["name"] for o in dry.to_dict()["orphans"]] == [os.path.basename(orphan)]
+        assert dry.hint == "1 orphan(s) listed; run again with --yes to remove them"
+        assert bool(dry.warnings) == bool(dry.to_dict()["unchecked_pids"])
+        # force: other users' processes on this node may be unreadable (refusal: CLI tests)
+        done = engram.clean(engram.CleanOptions(prefix=prefix, yes=True, force=True, min_age=0))
+        assert done.verdict == "pass" and done.failure is None and done.hint is None
+        assert done.to_dict()["removed"] == [os.path.basename(orphan)]
+        assert not os.path.exists(orphan)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(orphan)

@@ -10,6 +10,7 @@ import pytest
 
 from opsctl.domain import engram as dom
 from opsctl.domain import engram_plan as ep
+from opsctl.errors import BadInput
 
 GIB = 1024**3
 
@@ -20,14 +21,11 @@ def table_bytes(rows: int, dim: int, block: int) -> bytearray:
     return bytearray(b"\x38" * weight + b"\x7f" * (weight // block))
 
 
-def prober(data: bytes):
-    def probe(offset: int, n: int) -> bytes:
-        chunk = bytes(data[offset : offset + n])
-        if len(chunk) != n:
-            raise OSError("short read")
-        return chunk
-
-    return probe
+def seen(data: bytes) -> dict:
+    """The bytes the collector reads for decide_layout: the windows the domain asks for."""
+    windows = dom.boundary_windows(len(data))
+    assert windows, "only an ambiguous size needs data"
+    return {(o, n): bytes(data[o : o + n]) for o, n in windows}
 
 
 @pytest.mark.parametrize(
@@ -69,7 +67,7 @@ def test_ambiguous_size_32_block_table_is_decided_from_the_data():
     data = table_bytes(4300, 256, 32)
     assert len(data) == AMBIGUOUS and 384006168 % 43 == 0
     assert [c.block for c in dom.candidate_layouts(AMBIGUOUS)] == [32, 128]
-    d = dom.decide_layout(AMBIGUOUS, prober(data))
+    d = dom.decide_layout(AMBIGUOUS, seen(data))
     assert d.how == "data" and d.layout.block == 32 and d.candidates == (32, 128)
     assert d.layout.weight_bytes == 4300 * 256 and "B=32" in d.detail
     # the bug this replaces: a 128 split puts ue8m0 bytes (127) in the weight region
@@ -80,22 +78,35 @@ def test_ambiguous_size_32_block_table_is_decided_from_the_data():
 def test_ambiguous_size_128_block_table_is_decided_from_the_data():
     data = table_bytes(4400, 256, 128)
     assert len(data) == AMBIGUOUS
-    d = dom.decide_layout(AMBIGUOUS, prober(data))
+    d = dom.decide_layout(AMBIGUOUS, seen(data))
     assert d.how == "data" and d.layout.block == 128 and d.layout.weight_bytes == 4400 * 256
 
 
 def test_ambiguous_size_without_data_or_inconsistent_data_defaults_to_32():
     d = dom.decide_layout(AMBIGUOUS, None)
     assert d.how == "default" and d.layout.block == 32 and "could not be read" in d.detail
-    d = dom.decide_layout(AMBIGUOUS, prober(bytes(AMBIGUOUS)))  # all zero: tells nothing
+    d = dom.decide_layout(AMBIGUOUS, seen(bytes(AMBIGUOUS)))  # all zero: tells nothing
     assert d.how == "default" and d.layout.block == 32 and "vLLM 0.32" in d.detail
 
 
 def test_forced_block_size():
-    d = dom.decide_layout(AMBIGUOUS, prober(table_bytes(4300, 256, 32)), forced=128)
+    d = dom.decide_layout(AMBIGUOUS, seen(table_bytes(4300, 256, 32)), forced=128)
     assert d.how == "forced" and d.layout.block == 128
     d = dom.decide_layout(4096 * 264, None, forced=128)  # a 32-table that does not fit 128
     assert d.layout is None and d.how == "forced" and "128" in d.detail
+
+
+def test_boundary_windows_only_for_an_ambiguous_unforced_size():
+    assert dom.boundary_windows(4096 * 264) == ()  # only B=32 fits: the size decides
+    assert dom.boundary_windows(AMBIGUOUS, forced=128) == ()
+    assert dom.boundary_windows(None) == () and dom.boundary_windows(0) == ()
+    windows = dom.boundary_windows(AMBIGUOUS)
+    assert len(windows) == 4 and all(n == dom.PROBE_BYTES for _, n in windows)
+    # a window the collector could not read tells nothing: the 32 default, not a guess
+    data = seen(table_bytes(4400, 256, 128))
+    partial = {w: b for w, b in data.items() if w[0] not in (4400 * 256, 4400 * 256 - 4096)}
+    d = dom.decide_layout(AMBIGUOUS, partial)
+    assert d.how == "default" and d.layout.block == 32
 
 
 def test_scale_like_bytes():
@@ -326,3 +337,61 @@ def test_parse_size(text, value):
 def test_parse_size_rejects_garbage():
     with pytest.raises(ep.PlanError):
         ep.parse_size("lots")
+
+
+# ---- inspect failure line, options and the clean rules -----------------------------------------
+
+
+def test_inspect_failure_line_names_the_mismatch_first():
+    mismatch = dom.Finding(dom.FAIL, "engram.fill_mismatch", "t1: not constant")
+    incomplete = dom.Finding(dom.FAIL, "engram.verify_incomplete", "could not complete for 1")
+    ok = dom.Finding(dom.OK, "engram.fill_constant", "t0: constant")
+    assert dom.inspect_failure([ok]) is None
+    assert dom.inspect_failure([ok, incomplete]) == "could not complete for 1"
+    line = dom.inspect_failure([incomplete, mismatch])
+    assert line == "1 Engram table(s) not constant-filled: t1: not constant"
+
+
+@pytest.mark.parametrize("prefix", ["psm_", "vllm_engram_/x", "", "/dev/shm/vllm_engram_"])
+def test_foreign_prefix_is_bad_input(prefix):
+    with pytest.raises(BadInput, match="--prefix"):
+        dom.check_prefix(prefix)
+    assert dom.check_prefix("vllm_engram_run1_") == "vllm_engram_run1_"
+
+
+def test_option_checks():
+    with pytest.raises(BadInput, match="--verify"):
+        dom.check_inspect_options("quick", dom.PREFIX, None)
+    with pytest.raises(BadInput, match="--block-size"):
+        dom.check_inspect_options("full", dom.PREFIX, 0)
+    dom.check_inspect_options("none", dom.PREFIX, 128)
+    with pytest.raises(BadInput, match="--force only makes sense with --yes"):
+        dom.check_clean_options(dom.PREFIX, yes=False, force=True, min_age=0)
+    with pytest.raises(BadInput, match="--min-age"):
+        dom.check_clean_options(dom.PREFIX, yes=True, force=False, min_age=-1)
+    dom.check_clean_options(dom.PREFIX, yes=True, force=True, min_age=0)
+
+
+def test_clean_refusal_rule():
+    kept, denied = ["vllm_engram_a"], (41, 42)
+    line = dom.clean_refusal(True, kept, denied, force=False)
+    assert line is not None and "2 process(es)" in line and "--force" in line
+    assert dom.clean_refusal(True, kept, denied, force=True) is None  # forced: not refused
+    assert dom.clean_refusal(False, kept, denied, force=False) is None  # dry run
+    assert dom.clean_refusal(True, [], denied, force=False) is None  # nothing kept
+    assert dom.clean_refusal(True, kept, (), force=False) is None  # kept for another reason
+
+
+def test_clean_failure_hint_and_warning():
+    refused = dom.clean_refusal(True, ["a"], (7,), False)
+    assert dom.clean_failure(True, ["a"], refused) == refused
+    assert dom.clean_failure(True, ["a", "b"], None) == (
+        "2 orphan(s) kept (held again, gone, or not removable): a, b"
+    )
+    assert (
+        dom.clean_failure(True, [], None) is None and dom.clean_failure(False, ["a"], None) is None
+    )
+    assert dom.clean_hint(False, 3) == "3 orphan(s) listed; run again with --yes to remove them"
+    assert dom.clean_hint(True, 3) is None and dom.clean_hint(False, 0) is None
+    assert dom.unreadable_warning(()) is None
+    assert "pids 1, 2" in (dom.unreadable_warning((1, 2)) or "")
