@@ -1,6 +1,6 @@
 """`diag usage`: which engine inputs a /score or /rerank request produces, and whether
-the reported ``usage`` matches an independent count of them (vLLM PR 56xxx, see
-docs/upstream.md §5). Pure: no I/O; token counts come in through a ``count`` callable.
+the reported ``usage`` matches an independent count of them. Pure: no I/O; the token
+counts are collected first (opsctl.collectors.scoring) and come in as numbers.
 
 Engine inputs, as vLLM 0.32 builds them (vllm/entrypoints/pooling/scoring/io_processor.py):
 - cross-encoder: one input per document, ``tokenizer(text=query, text_pair=document)``
@@ -16,15 +16,19 @@ tokenizer (``tokenizer(text=q, text_pair=d)``, what vLLM calls); without it the 
 inferred from the special tokens /tokenize adds around one text (:func:`pair_template`).
 When it cannot be inferred the expected count is unknown and the row is ``unverified``
 (never a mismatch: a guess must not fail a correct server).
+
+Also here: which model kind a server has (:func:`declared_kind`, :func:`kind_from_probes`)
+and when the check refuses (a generative model, a server without /score).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.errors import BadInput
 
 CROSS, BI = "cross-encoder", "bi-encoder"
 KINDS = (CROSS, BI)
@@ -139,39 +143,33 @@ def compare(
     kind: str,
     case: UsageCase,
     usage: dict[str, Any] | None,
-    count: Callable[[Input], int | None],
+    parts: Sequence[int | None],
     *,
     method: str = "/tokenize",
-    cross_count: Callable[[Input], int | None] | None = None,
+    cross_parts: Sequence[int | None] | None = None,
     results: int | None = None,
 ) -> UsageRow:
     """Compare a response's ``usage`` with the independent count of the engine inputs.
 
-    ``count`` returns None for an input whose length it cannot derive (e.g. a pair whose
-    template is unknown); the row is then "unverified", not a mismatch."""
-    inputs = engine_inputs(kind, case)
-    parts = tuple(count(x) for x in inputs)
+    ``parts`` is the count of each of ``engine_inputs(kind, case)``, None for an input
+    whose length is not derivable (e.g. a pair whose template is unknown): the row is
+    then "unverified", not a mismatch. ``cross_parts``: a second count, for the
+    cross-check column."""
+    parts = tuple(parts)
     known = [p for p in parts if p is not None]
     expected = sum(known) if len(known) == len(parts) else None
     check: int | None = None
-    if cross_count is not None:
-        checks = [cross_count(x) for x in inputs]
-        check = sum(c for c in checks if c is not None) if None not in checks else None
+    if cross_parts is not None and None not in cross_parts:
+        check = sum(c for c in cross_parts if c is not None)
     usage = usage or {}
     prompt = _int(usage.get("prompt_tokens"))
     total = _int(usage.get("total_tokens"))
-    note = ""
     if expected is None:
         verdict_ = "unverified"
         note = "expected count not derivable (pair template unknown); usage not judged"
     else:
         verdict_ = "pass" if prompt == expected and total == expected else "fail"
-        if prompt is None:
-            note = "response has no usage.prompt_tokens"
-        elif verdict_ == "fail":
-            note = f"prompt_tokens off by {prompt - expected:+d}"
-            if total is not None and total != expected:
-                note += f", total_tokens off by {total - expected:+d}"
+        note = _mismatch_note(prompt, total, expected) if verdict_ == "fail" else ""
     return UsageRow(
         endpoint=f"/{case.endpoint}",
         kind=kind,
@@ -188,6 +186,15 @@ def compare(
         top_n=case.top_n,
         note=note,
     )
+
+
+def _mismatch_note(prompt: int | None, total: int | None, expected: int) -> str:
+    if prompt is None:
+        return "response has no usage.prompt_tokens"
+    note = f"prompt_tokens off by {prompt - expected:+d}"
+    if total is not None and total != expected:
+        note += f", total_tokens off by {total - expected:+d}"
+    return note
 
 
 def _int(v: Any) -> int | None:
@@ -239,6 +246,137 @@ def special_affixes(with_specials: list[str], without: list[str]) -> tuple[list[
     raise ValueError(
         "tokens without specials are not a contiguous part of the tokens with specials"
     )
+
+
+# ---- counts from the server's /tokenize --------------------------------------------
+
+
+def tokenize_requests(
+    inputs: Sequence[Input], template: PairTemplate | None
+) -> tuple[tuple[str, bool], ...]:
+    """The (text, add_special_tokens) the server must tokenize to count ``inputs``: a
+    text with its special tokens; each side of a pair without (joined by ``template``;
+    a pair is not counted at all when the template is unknown)."""
+    out: dict[tuple[str, bool], None] = {}
+    for x in inputs:
+        if isinstance(x, tuple):
+            if template is not None:
+                out[(x[0], False)] = out[(x[1], False)] = None
+        else:
+            out[(x, True)] = None
+    return tuple(out)
+
+
+def remote_parts(
+    inputs: Sequence[Input],
+    lengths: Mapping[tuple[str, bool], int],
+    template: PairTemplate | None,
+) -> tuple[int | None, ...]:
+    """Each input's count from /tokenize ``lengths`` (keyed as :func:`tokenize_requests`
+    asks); None for a pair when the template is unknown."""
+    out: list[int | None] = []
+    for x in inputs:
+        if not isinstance(x, tuple):
+            out.append(lengths[(x, True)])
+        elif template is None:
+            out.append(None)
+        else:
+            out.append(template.count(lengths[(x[0], False)], lengths[(x[1], False)]))
+    return tuple(out)
+
+
+def inferred_template(with_specials: list[str], without: list[str]) -> PairTemplate | None:
+    """The pair template from one probe text tokenized with and without special tokens."""
+    try:
+        prefix, suffix = special_affixes(with_specials, without)
+    except ValueError:
+        return None
+    return pair_template(prefix, suffix)
+
+
+def remote_method(kind: str, template: PairTemplate | None) -> str:
+    if kind != CROSS:
+        return "/tokenize of each text"
+    if template is None:
+        return "/tokenize (pair template unknown)"
+    return f"/tokenize of q and d + {template.name}"
+
+
+def local_method(kind: str, model_dir: str) -> str:
+    """How the local tokenizer counts: exactly vLLM's call (scoring io_processor)."""
+    call = "tokenizer(text=q, text_pair=d)" if kind == CROSS else "tokenizer(text)"
+    return f"local {call} from {model_dir}"
+
+
+# ---- which model, and refusals --------------------------------------------------------
+
+
+def model_refusal(name: str, archetype: str) -> BadInput | None:
+    """A model given by name that cannot serve /score and /rerank (before any start)."""
+    if archetype in KINDS:
+        return None
+    return BadInput(
+        f"{name} is a {archetype} model; diag usage needs a cross-encoder or a "
+        "bi-encoder (e.g. tiny-reranker, tiny-embed)"
+    )
+
+
+def declared_kind(
+    given: str | None,
+    archetype: str | None,
+    config_archetype: str | None,
+    root: str | None,
+    url: str,
+) -> tuple[str, str] | None:
+    """(kind, how it was determined) from what is known without asking the server:
+    --kind, the embedded model's archetype, the model directory's config.json. A
+    config.json of another kind of model is BadInput; None: probe the endpoints."""
+    if given:
+        return given, "--kind"
+    if archetype in KINDS:
+        return str(archetype), "embedded model archetype"
+    if config_archetype in KINDS:
+        return str(config_archetype), f"config.json under {root}"
+    if config_archetype:
+        raise BadInput(
+            f"the model at {url} is a {config_archetype} model; diag usage needs a "
+            "cross-encoder or a bi-encoder (a model serving /score and /rerank)"
+        )
+    return None
+
+
+def kind_from_probes(embeddings: bool, classify: bool, url: str) -> tuple[str, str]:
+    """(kind, how) from which endpoint answered a probe request (embeddings asked first)."""
+    if embeddings:
+        return BI, "/v1/embeddings answers"
+    if classify:
+        return CROSS, "/classify answers"
+    raise BadInput(
+        f"cannot tell whether the model at {url} is a cross- or bi-encoder",
+        hint="pass --kind cross-encoder or --kind bi-encoder",
+    )
+
+
+def score_refusal(status: int, payload: Any, url: str) -> BadInput | None:
+    """The first /score request's answer: anything but 200 means the model does not score."""
+    if status == 200:
+        return None
+    if status == 404:
+        return BadInput(
+            f"{url} has no /score endpoint; is it serving a generative model?",
+            hint="diag usage needs a cross-encoder or bi-encoder",
+        )
+    return BadInput(
+        f"/score on {url} answered HTTP {status}: {str(payload)[:200]}",
+        hint="diag usage needs a model that serves /score and /rerank",
+    )
+
+
+def unk_findings(sample: Sequence[str]) -> list[Finding]:
+    """A tokenizer that maps a plain sentence to unknown tokens only (a broken vocab)."""
+    if sum(1 for t in sample if "unk" in t.lower()) != len(sample):
+        return []
+    return [Finding(WARNING, "usage.all_unk", "the tokenizer maps a plain sentence to [UNK] only")]
 
 
 def findings(rows: list[UsageRow], top_n_checked: bool = True) -> list[Finding]:
@@ -315,25 +453,21 @@ def findings(rows: list[UsageRow], top_n_checked: bool = True) -> list[Finding]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class UsageReport:
-    kind: str
-    model: str
-    url: str
-    rows: tuple[UsageRow, ...]
-    findings: tuple[Finding, ...] = field(default_factory=tuple)
-
-    @property
-    def verdict(self) -> str:
-        return overall_verdict(self.rows, self.findings)
-
-
-def overall_verdict(rows, found) -> str:
+def overall_verdict(rows: Sequence[UsageRow], found: Sequence[Finding]) -> str:
     """fail on any mismatch; "unverified" when some row could not be judged; else pass."""
     v = verdict(list(found))
     if v == "fail":
         return v
     return "unverified" if any(r.verdict == "unverified" for r in rows) else v
+
+
+def summary(rows: Sequence[UsageRow], verdict_: str) -> str:
+    """The one-line result under the live panel's verdict."""
+    n_pass = sum(r.verdict == "pass" for r in rows)
+    text = f"{n_pass}/{len(rows)} match"
+    if verdict_ == "unverified":
+        text += f", {sum(r.verdict == 'unverified' for r in rows)} unverified"
+    return text
 
 
 def table_rows(rows: list[UsageRow] | tuple[UsageRow, ...]) -> list[list[str]]:

@@ -1,114 +1,22 @@
-"""CLI tests of `opsctl diag usage` (no engine): bad input, unreachable, and proof the
-check can fail, using a stand-in HTTP server that reports inflated usage."""
+"""CLI tests of `opsctl diag usage` (no engine): bad input, unreachable, exit codes,
+rendering, and proof the check can fail, using a stand-in HTTP server that reports
+inflated usage (tests/standin_scoring.py). The check itself, called without the CLI:
+tests/unit/test_checks_usage.py."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
-from tests.standin import JSONHandler
+from tests.standin_scoring import stand_in
 
 
 def run(*args: str):
     return CliRunner().invoke(app, list(args))
-
-
-# special tokens around one text, and the true pair template, per tokenizer family
-STYLES = {
-    "bert": (["[CLS]"], ["[SEP]"], ["[SEP]"]),  # [CLS] q [SEP] d [SEP]
-    "roberta": (["<s>"], ["</s>"], ["</s>", "</s>"]),  # <s> q </s></s> d </s>
-    "odd": (["<bos>"], ["<eos>"], ["<sep>"]),  # unknown family: not derivable
-}
-
-
-def toks(text: str, special: bool, style: str = "bert") -> list[str]:
-    words = text.split()
-    prefix, suffix, _ = STYLES[style]
-    return [*prefix, *words, *suffix] if special else words
-
-
-def pair_toks(q: str, d: str, style: str = "bert") -> list[str]:
-    prefix, suffix, sep = STYLES[style]
-    return [*prefix, *q.split(), *sep, *d.split(), *suffix]
-
-
-@contextmanager
-def stand_in(
-    inflate: int = 0,
-    score_status: int = 200,
-    style: str = "bert",
-    sleep: float = 0.0,
-    root: str | None = None,
-    generative: bool = False,
-) -> Iterator[str]:
-    """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
-    true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
-
-    class H(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "fake-reranker", "root": root}]})
-            else:
-                self._send(404, {"detail": "Not Found"})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-            if self.path == "/tokenize":
-                t = toks(body["prompt"], body.get("add_special_tokens", True), style)
-                self._send(200, {"count": len(t), "tokens": list(range(len(t))), "token_strs": t})
-            elif self.path == "/classify" and not generative:
-                self._send(200, {"data": []})
-            elif self.path in ("/score", "/rerank") and not generative:
-                time.sleep(sleep)
-                if score_status != 200:
-                    self._send(score_status, {"detail": "Not Found"})
-                    return
-                q = body.get("text_1", body.get("query"))
-                d = body.get("text_2", body.get("documents"))
-                qs = q if isinstance(q, list) else [q]
-                ds = d if isinstance(d, list) else [d]
-                if len(qs) == 1:
-                    qs = qs * len(ds)
-                n = sum(len(pair_toks(a, b, style)) for a, b in zip(qs, ds, strict=True)) + inflate
-                usage = {"prompt_tokens": n, "total_tokens": n}
-                if self.path == "/score":
-                    self._send(
-                        200,
-                        {
-                            "data": [{"index": i, "score": 0.5} for i in range(len(ds))],
-                            "usage": usage,
-                        },
-                    )
-                else:
-                    top = body.get("top_n") or len(ds)
-                    self._send(
-                        200,
-                        {
-                            "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
-                            "usage": usage,
-                        },
-                    )
-            else:
-                self._send(404, {"detail": "Not Found"})
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_honest_stand_in_passes() -> None:
@@ -180,15 +88,18 @@ def test_tui_without_a_terminal_runs_plain() -> None:
 
 
 def test_live_panel_shows_the_usage_table() -> None:
-    """--tui feeds the same pipeline into the reusable DiagPanel."""
+    """--tui feeds the check's events into the reusable DiagPanel."""
     import asyncio
 
-    from opsctl.commands.diag.usage import run_usage
+    from opsctl.checks import usage
+    from opsctl.checks.target import UrlTarget
     from opsctl.ui.diag_app import DiagApp
     from opsctl.ui.panels.diag import DiagPanel
 
     async def go(url: str) -> tuple[dict, DiagApp]:
-        app = DiagApp("diag usage", lambda emit: run_usage(url, None, None, "auto", emit))
+        app = DiagApp(
+            "diag usage", lambda progress: usage.run(UrlTarget(url), usage.Options(), progress)
+        )
         async with app.run_test(size=(160, 40)) as pilot:
             for _ in range(200):
                 await pilot.pause(0.05)
@@ -199,7 +110,7 @@ def test_live_panel_shows_the_usage_table() -> None:
 
     with stand_in(inflate=2) as url:
         last, app = asyncio.run(go(url))
-    assert app.error is None and app.report is not None and app.report["verdict"] == "fail"
+    assert app.error is None and app.report is not None and app.report.verdict == "fail"
     assert last["verdict"] == "fail" and len(last["rows"]) == 8
     assert all(row[5] == "FAIL" for row in last["rows"])
 

@@ -4,9 +4,10 @@
   ``--load-format dummy``: every /score and /rerank usage must equal the sum of the
   (query, document) pairs tokenized together, which is also recomputed here with the
   model's own tokenizer exactly as vLLM calls it;
-- tiny-embed (bi-encoder, real seeded weights) in a module fixture, checked by URL:
-  usage must equal every text once (query once + documents), and the embeddings are
-  the real, non-constant ones.
+- tiny-embed (bi-encoder, real seeded weights) in a module fixture, checked by URL
+  (through the CLI and as a library call, opsctl.checks.usage.run): usage must equal
+  every text once (query once + documents), and the embeddings are the real,
+  non-constant ones.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from opsctl.checks import events as ev
+from opsctl.checks import usage
+from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.domain import usage as U
 from opsctl.embedded import catalog
@@ -132,3 +136,16 @@ def test_human_output_has_a_table_per_endpoint(embed_engine) -> None:
     assert r.exit_code == 0, r.output
     assert "/score on bi-encoder" in r.stdout and "/rerank on bi-encoder" in r.stdout
     assert "verdict: PASS" in r.stdout
+
+
+def test_library_call_on_the_running_engine(embed_engine) -> None:
+    """The check as a plain call: the same verdict and rows as the CLI, one CaseResult
+    event per request."""
+    seen: list[ev.Event] = []
+    report = usage.run(UrlTarget(embed_engine.url), usage.Options(), seen.append)
+    doc = report.to_dict()
+    assert report.verdict == "pass" and doc["kind"] == "bi-encoder"
+    assert doc["expected_source"] == "local tokenizer" and doc["local_cross_check"] is True
+    results = [e for e in seen if isinstance(e, ev.CaseResult)]
+    assert [r.verdict for r in results] == ["pass"] * len(U.default_cases())
+    assert isinstance(seen[-1], ev.Finished) and seen[-1].verdict == "pass"

@@ -1,4 +1,6 @@
-"""Unit tests of diag usage's comparison logic (opsctl.domain.usage)."""
+"""Unit tests of diag usage's decisions (opsctl.domain.usage): engine inputs, the
+comparison over counts collected beforehand, pair templates, /tokenize counting, model
+kind and refusals."""
 
 from __future__ import annotations
 
@@ -12,6 +14,18 @@ def words(x) -> int:
     if isinstance(x, tuple):
         return 3 + len(x[0].split()) + len(x[1].split())
     return 2 + len(x.split())
+
+
+def compare(kind, case, usage, count=words, *, cross=None) -> U.UsageRow:
+    """The comparison as the check runs it: count every engine input first, then judge."""
+    inputs = U.engine_inputs(kind, case)
+    return U.compare(
+        kind,
+        case,
+        usage,
+        [count(x) for x in inputs],
+        cross_parts=None if cross is None else [cross(x) for x in inputs],
+    )
 
 
 CASE3 = U.UsageCase("three", "rerank", ("q one",), ("a", "b c", "d e f"))
@@ -40,7 +54,7 @@ def test_mismatched_pairs_and_unknown_kind_raise() -> None:
     [(U.CROSS, 6 + 7 + 8, (6, 7, 8)), (U.BI, 4 + 3 + 4 + 5, (4, 3, 4, 5))],
 )
 def test_compare_passes_on_exact_usage(kind, expected, parts) -> None:
-    row = U.compare(kind, CASE3, {"prompt_tokens": expected, "total_tokens": expected}, words)
+    row = compare(kind, CASE3, {"prompt_tokens": expected, "total_tokens": expected})
     assert (row.verdict, row.expected, row.parts) == ("pass", expected, parts)
 
 
@@ -56,7 +70,7 @@ def test_compare_passes_on_exact_usage(kind, expected, parts) -> None:
     ],
 )
 def test_compare_fails_on_any_difference(usage) -> None:
-    row = U.compare(U.CROSS, CASE3, usage, words)
+    row = compare(U.CROSS, CASE3, usage, words)
     assert row.verdict == "fail"
     assert row.note
 
@@ -65,25 +79,25 @@ def test_old_bi_encoder_count_over_outputs_is_caught() -> None:
     # Before vLLM's fix the bi-encoder usage summed the post-processed pair outputs
     # (query + pad + document per pair): a different number from the engine inputs.
     old = sum(words(CASE3.queries[0]) + 1 + words(d) for d in CASE3.documents)
-    row = U.compare(U.BI, CASE3, {"prompt_tokens": old, "total_tokens": old}, words)
+    row = compare(U.BI, CASE3, {"prompt_tokens": old, "total_tokens": old}, words)
     assert row.verdict == "fail"
 
 
 def test_findings_and_cross_check() -> None:
-    good = U.compare(
+    good = compare(
         U.CROSS,
         CASE3,
         {"prompt_tokens": 21, "total_tokens": 21},
         words,
-        cross_count=lambda x: words(x) + 1,
+        cross=lambda x: words(x) + 1,
     )
-    bad = U.compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
+    bad = compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
     f = U.findings([good, bad])
     codes = [x.code for x in f]
     assert "usage.mismatch" in codes and "usage.derivations_disagree" in codes
-    assert U.UsageReport(U.CROSS, "m", "u", (good, bad), tuple(f)).verdict == "fail"
+    assert U.overall_verdict([good, bad], f) == "fail"
     only_good = U.findings(
-        [U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, words)]
+        [compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, words)]
     )
     assert [x.severity for x in only_good] == ["ok"]
 
@@ -148,15 +162,15 @@ def test_unknown_template_gives_unverified_rows() -> None:
     def no_pairs(x):
         return None if isinstance(x, tuple) else words(x)
 
-    row = U.compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, no_pairs)
+    row = compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21}, no_pairs)
     assert row.verdict == "unverified" and row.expected is None and "not derivable" in row.note
     f = U.findings([row])
     assert [x.code for x in f] == ["usage.unverified"] and f[0].severity == "warning"
-    assert U.UsageReport(U.CROSS, "m", "u", (row,), tuple(f)).verdict == "unverified"
+    assert U.overall_verdict([row], f) == "unverified"
     assert U.table_rows([row])[0][4] == "- = -+-+-"
-    bad = U.compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
+    bad = compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
     both = [row, bad]
-    assert U.UsageReport(U.CROSS, "m", "u", tuple(both), tuple(U.findings(both))).verdict == "fail"
+    assert U.overall_verdict(both, U.findings(both)) == "fail"
 
 
 def test_request_bodies() -> None:
@@ -170,9 +184,86 @@ def test_request_bodies() -> None:
         "text_1": "q",
         "text_2": "a",
     }
-    rows = U.table_rows([U.compare(U.BI, CASE3, {"prompt_tokens": 16, "total_tokens": 16}, words)])
+    rows = U.table_rows([compare(U.BI, CASE3, {"prompt_tokens": 16, "total_tokens": 16}, words)])
     assert (
         rows[0][3] == "16/16"
         and rows[0][4] == "16 = 4+3+4+5"
         and len(rows[0]) == len(U.TABLE_COLUMNS)
     )
+
+
+def test_compare_takes_numbers_and_a_cross_check_with_a_gap_is_none() -> None:
+    row = U.compare(
+        U.CROSS,
+        CASE3,
+        {"prompt_tokens": 21, "total_tokens": 21},
+        (6, 7, 8),
+        cross_parts=(6, None, 8),
+    )
+    assert row.verdict == "pass" and row.parts == (6, 7, 8) and row.cross_check is None
+    assert U.compare(U.CROSS, CASE3, None, (6, 7, 8)).note == "response has no usage.prompt_tokens"
+    off = U.compare(U.CROSS, CASE3, {"prompt_tokens": 22, "total_tokens": 23}, (6, 7, 8))
+    assert off.note == "prompt_tokens off by +1, total_tokens off by +2"
+
+
+BERT = U.pair_template(["[CLS]"], ["[SEP]"])
+
+
+def test_tokenize_requests_and_remote_parts() -> None:
+    """What /tokenize must be asked, and how its lengths become each input's count."""
+    inputs = U.engine_inputs(U.CROSS, CASE3)
+    asked = U.tokenize_requests(inputs, BERT)
+    assert asked == (("q one", False), ("a", False), ("b c", False), ("d e f", False))
+    lengths = {(t, special): len(t.split()) + 2 * special for t, special in asked}
+    assert U.remote_parts(inputs, lengths, BERT) == (6, 7, 8)
+    # an unknown template: pairs are not derivable and nothing is asked for them
+    assert U.tokenize_requests(inputs, None) == ()
+    assert U.remote_parts(inputs, {}, None) == (None, None, None)
+    texts = U.engine_inputs(U.BI, CASE3)
+    asked = U.tokenize_requests(texts, None)
+    assert asked == tuple((t, True) for t in ("q one", "a", "b c", "d e f"))
+    lengths = {k: len(k[0].split()) + 2 for k in asked}
+    assert U.remote_parts(texts, lengths, None) == (4, 3, 4, 5)
+
+
+def test_inferred_template_and_methods() -> None:
+    t = U.inferred_template(["<s>", "hello", "world", "</s>"], ["hello", "world"])
+    assert t is not None and t.name.startswith("roberta")
+    assert U.inferred_template(["x"], ["hello"]) is None  # not contiguous
+    assert U.inferred_template(["<bos>", "a"], ["a"]) is None  # unknown family
+    assert U.remote_method(U.BI, None) == "/tokenize of each text"
+    assert U.remote_method(U.CROSS, None) == "/tokenize (pair template unknown)"
+    assert U.remote_method(U.CROSS, t).endswith("+ " + t.name)
+    assert U.local_method(U.CROSS, "/m") == "local tokenizer(text=q, text_pair=d) from /m"
+    assert U.local_method(U.BI, "/m") == "local tokenizer(text) from /m"
+
+
+def test_model_kind_and_refusals() -> None:
+    from opsctl.errors import BadInput
+
+    url = "http://h:1"
+    assert U.declared_kind(U.BI, U.CROSS, None, None, url) == (U.BI, "--kind")
+    assert U.declared_kind(None, U.CROSS, U.BI, "/r", url) == (U.CROSS, "embedded model archetype")
+    assert U.declared_kind(None, None, U.BI, "/r", url) == (U.BI, "config.json under /r")
+    assert U.declared_kind(None, None, None, None, url) is None
+    with pytest.raises(BadInput, match="is a decoder model"):
+        U.declared_kind(None, None, "decoder", "/r", url)
+    assert U.kind_from_probes(True, False, url) == (U.BI, "/v1/embeddings answers")
+    assert U.kind_from_probes(False, True, url) == (U.CROSS, "/classify answers")
+    with pytest.raises(BadInput, match="cross- or bi-encoder"):
+        U.kind_from_probes(False, False, url)
+    assert U.model_refusal("tiny-reranker", U.CROSS) is None
+    refusal = U.model_refusal("tiny-llama", "decoder")
+    assert refusal is not None and "diag usage needs a cross-encoder" in str(refusal)
+    assert U.score_refusal(200, {}, url) is None
+    assert "no /score endpoint" in str(U.score_refusal(404, {}, url))
+    assert "answered HTTP 500" in str(U.score_refusal(500, {"detail": "x"}, url))
+
+
+def test_unk_findings_and_summary() -> None:
+    assert [f.code for f in U.unk_findings(["[UNK]", "<unk>"])] == ["usage.all_unk"]
+    assert U.unk_findings(["the", "[UNK]"]) == []
+    good = compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21})
+    unknown = compare(U.CROSS, CASE3, {}, lambda x: None)
+    assert U.summary([good, unknown], "unverified") == "1/2 match, 1 unverified"
+    assert U.summary([good], "pass") == "1/1 match"

@@ -1,0 +1,96 @@
+"""A stand-in scoring server for diag usage's tests: a cross-encoder whose "tokenizer"
+splits on whitespace and adds the special tokens of a tokenizer family, and whose
+/score and /rerank report usage = the true pair count + ``inflate`` (so the check can be
+proved to fail)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.standin import JSONHandler, serving
+
+# special tokens around one text, and the true pair template, per tokenizer family
+STYLES = {
+    "bert": (["[CLS]"], ["[SEP]"], ["[SEP]"]),  # [CLS] q [SEP] d [SEP]
+    "roberta": (["<s>"], ["</s>"], ["</s>", "</s>"]),  # <s> q </s></s> d </s>
+    "odd": (["<bos>"], ["<eos>"], ["<sep>"]),  # unknown family: not derivable
+}
+
+
+def toks(text: str, special: bool, style: str = "bert") -> list[str]:
+    words = text.split()
+    prefix, suffix, _ = STYLES[style]
+    return [*prefix, *words, *suffix] if special else words
+
+
+def pair_toks(q: str, d: str, style: str = "bert") -> list[str]:
+    prefix, suffix, sep = STYLES[style]
+    return [*prefix, *q.split(), *sep, *d.split(), *suffix]
+
+
+@contextmanager
+def stand_in(
+    inflate: int = 0,
+    score_status: int = 200,
+    style: str = "bert",
+    sleep: float = 0.0,
+    root: str | None = None,
+    generative: bool = False,
+) -> Iterator[str]:
+    """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
+    true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
+
+    class H(JSONHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/v1/models":
+                self._send(200, {"data": [{"id": "fake-reranker", "root": root}]})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if self.path == "/tokenize":
+                t = toks(body["prompt"], body.get("add_special_tokens", True), style)
+                self._send(200, {"count": len(t), "tokens": list(range(len(t))), "token_strs": t})
+            elif self.path == "/classify" and not generative:
+                self._send(200, {"data": []})
+            elif self.path in ("/score", "/rerank") and not generative:
+                time.sleep(sleep)
+                if score_status != 200:
+                    self._send(score_status, {"detail": "Not Found"})
+                    return
+                q = body.get("text_1", body.get("query"))
+                d = body.get("text_2", body.get("documents"))
+                qs = q if isinstance(q, list) else [q]
+                ds = d if isinstance(d, list) else [d]
+                if len(qs) == 1:
+                    qs = qs * len(ds)
+                n = sum(len(pair_toks(a, b, style)) for a, b in zip(qs, ds, strict=True)) + inflate
+                usage = {"prompt_tokens": n, "total_tokens": n}
+                if self.path == "/score":
+                    self._send(
+                        200,
+                        {
+                            "data": [{"index": i, "score": 0.5} for i in range(len(ds))],
+                            "usage": usage,
+                        },
+                    )
+                else:
+                    top = body.get("top_n") or len(ds)
+                    self._send(
+                        200,
+                        {
+                            "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
+                            "usage": usage,
+                        },
+                    )
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+    with serving(H) as url:
+        yield url
