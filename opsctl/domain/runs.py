@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opsctl.errors import BadInput
+
 # psutil derives a start time from the boot time (whole seconds, re-read by every
 # process; it can move by a second when the wall clock is stepped) plus clock ticks.
 # A reused pid starts after the original exited, so a second and a half apart cannot
@@ -261,3 +263,44 @@ def is_vllm_segment(name: str) -> bool:
     """/dev/shm names vLLM leaks when killed: ``psm_*`` (shm_broadcast ring buffers) and
     ``sem.mp-*`` (multiprocessing semaphores). Engram tables have their own clean."""
     return name.startswith(SHM_PREFIXES)
+
+
+# ---- runs clean: options, the shm refusal rule, failure and hint lines ---------------------
+
+
+def check_clean_options(yes: bool, with_shm: bool, force: bool) -> None:
+    if force and not (yes and with_shm):
+        raise BadInput("--force only makes sense with --shm --yes")
+
+
+def shm_refusal(denied: tuple[int, ...], force: bool) -> str | None:
+    """The refusal rule for leaked segments: when the maps or fds of some process could
+    not be read, a segment only it holds would look free, so none is removed unless
+    ``force``. Returns the refusal line, or None when removing may go ahead."""
+    if not denied or force:
+        return None
+    return (
+        f"kept every segment: the maps or fds of {len(denied)} process(es) could not be "
+        "read, so a segment only they hold would look free; run as root / inside the vLLM "
+        "container, or pass --force"
+    )
+
+
+def clean_failure(
+    failed: list[tuple[str, str]], shm_kept: list[str], shm_refused: str | None
+) -> str | None:
+    """Why ``runs clean --yes`` failed (exit 1): a run it could not reap or prune
+    ((name, error) pairs), else a refused or kept segment. None: it did all it listed."""
+    if failed:
+        name, error = failed[0]
+        return f"{name}: {error}"
+    if shm_kept:
+        return shm_refused or f"{len(shm_kept)} segment(s) kept (held again or not removable)"
+    return None
+
+
+def pending_hint(yes: bool, todo: int) -> str | None:
+    """What a dry run that found work tells the operator to do next."""
+    if yes or not todo:
+        return None
+    return f"{todo} item(s) listed; run again with --yes to act"

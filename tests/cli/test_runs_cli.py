@@ -367,3 +367,69 @@ def test_shm_dry_run_on_the_real_dev_shm_lists_a_leaked_segment(home):
 def test_help_lists_runs_commands():
     r = runner.invoke(app, ["runs", "--help"])
     assert r.exit_code == 0 and "list" in r.stdout and "clean" in r.stdout
+
+
+# ---- the library entry points (opsctl.checks.runs), called directly ---------------------------
+
+
+def test_check_list_runs_reads_the_given_runs_dir(fleet, home):
+    from opsctl.checks import runs
+
+    report = runs.list_runs(runs.ListOptions(runs_dir=home / "runs"))
+    doc = report.to_dict()
+    assert report.verdict == "pass" and doc["schema"] == "opsctl.runs.list/1"
+    assert by_name(doc)["2-orphaned"]["state"] == "orphaned"
+    assert doc["counts"] == {"live": 1, "orphaned": 1, "stopped": 1, "dead": 2, "unknown": 2}
+
+
+def test_check_clean_dry_run_hint_then_yes_with_events(fleet, home):
+    from opsctl.checks import events as ev
+    from opsctl.checks import runs
+
+    dry = runs.clean(runs.CleanOptions(runs_dir=home / "runs"))
+    assert dry.verdict == "pass" and dry.failure is None
+    assert dry.hint == "4 item(s) listed; run again with --yes to act"  # 1 reap + 3 prunes
+    assert running(*fleet["orphan"])
+    events: list = []
+    done = runs.clean(runs.CleanOptions(yes=True, grace=10, runs_dir=home / "runs"), events.append)
+    assert done.verdict == "pass" and done.hint is None
+    assert sorted(done.to_dict()["pruned"]) == ["3-reused", "4-stopped", "5-dead"]
+    assert not running(*fleet["orphan"]) and running(*fleet["live"])
+    logs = [e.text for e in events if isinstance(e, ev.Log)]
+    assert "2-orphaned: reaped" in logs and "5-dead: pruned" in logs
+    assert isinstance(events[-1], ev.Finished) and events[-1].verdict == "pass"
+
+
+def test_check_clean_force_needs_shm_and_yes():
+    from opsctl.checks import runs
+    from opsctl.errors import BadInput
+
+    with pytest.raises(BadInput, match="--force only makes sense"):
+        runs.CleanOptions(force=True, yes=True)
+    runs.CleanOptions(force=True, yes=True, shm=True)
+
+
+def test_check_clean_refuses_segments_while_some_processes_are_unreadable(
+    home, shm_root, monkeypatch
+):
+    """The refusal rule through the library: unreadable fds (simulated) keep every free
+    segment and fail with the refusal line; force removes it."""
+    from opsctl.checks import runs
+
+    seg = shm_root / "psm_leak"
+    seg.write_bytes(b"\1" * 4096)
+    real = shm.read_fds
+
+    def read_fds(pid, *a, **kw):
+        if pid == os.getpid():
+            raise PermissionError(13, "Permission denied")
+        return real(pid, *a, **kw)
+
+    monkeypatch.setattr(shm, "read_fds", read_fds)
+    report = runs.clean(runs.CleanOptions(yes=True, shm=True, min_age=0))
+    s = report.to_dict()["shm"]
+    assert report.verdict == "fail" and seg.exists() and s["kept"] == ["psm_leak"]
+    assert report.failure == s["refused"] and "--force" in report.failure
+    report = runs.clean(runs.CleanOptions(yes=True, shm=True, min_age=0, force=True))
+    assert report.verdict == "pass" and report.to_dict()["shm"]["removed"] == ["psm_leak"]
+    assert not seg.exists()

@@ -196,3 +196,26 @@ def test_is_vllm_segment(name, vllm):
 )
 def test_segment_status(held, symlink, age, min_age, status):
     assert dom_engram.segment_status(held, symlink, age, min_age) == status
+
+
+def test_clean_option_check_and_shm_refusal_rule():
+    from opsctl.errors import BadInput
+
+    for yes, with_shm in [(False, False), (True, False), (False, True)]:
+        with pytest.raises(BadInput, match="--force only makes sense with --shm --yes"):
+            dom.check_clean_options(yes, with_shm, force=True)
+    dom.check_clean_options(True, True, force=True)
+    line = dom.shm_refusal((5, 6), force=False)
+    assert line is not None and "2 process(es)" in line and "--force" in line
+    assert dom.shm_refusal((5, 6), force=True) is None and dom.shm_refusal((), False) is None
+
+
+def test_clean_failure_and_hint_lines():
+    assert dom.clean_failure([], [], None) is None
+    assert dom.clean_failure([("r1", "boom"), ("r2", "x")], ["psm_a"], "refused") == "r1: boom"
+    assert dom.clean_failure([], ["psm_a"], "refused!") == "refused!"
+    assert dom.clean_failure([], ["a", "b"], None) == (
+        "2 segment(s) kept (held again or not removable)"
+    )
+    assert dom.pending_hint(False, 2) == "2 item(s) listed; run again with --yes to act"
+    assert dom.pending_hint(True, 2) is None and dom.pending_hint(False, 0) is None
