@@ -1,5 +1,5 @@
 """`opsctl patches [--run DIR]`: the engine-patch ledger of a run (what every vLLM
-process really applied)."""
+process really applied). Typer only: the check is :mod:`opsctl.checks.patches`."""
 
 from __future__ import annotations
 
@@ -17,42 +17,28 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Show the per-process patch ledger of a run directory."""
-        from rich.table import Table
+        from opsctl.checks import patches as check
+        from opsctl.output import emit
 
-        from opsctl import paths
-        from opsctl.collectors.ledger import latest_run, read_records
-        from opsctl.errors import BadInput
-        from opsctl.output import document, emit
+        doc = check.run(check.Options(run_dir=run)).to_dict()
+        emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
 
-        if run is None:
-            run = latest_run(paths.runs_dir())
-            if run is None:
-                raise BadInput(
-                    f"no run directory with a ledger under {paths.runs_dir()}",
-                    hint="start an engine with `opsctl serve` or pass --run DIR",
-                )
-        if not run.is_dir():
-            raise BadInput(f"run directory {run} does not exist")
-        records = read_records(run)
-        if not records:
-            raise BadInput(f"{run} has no patch ledger (ledger/*.json)")
-        doc = document("patches", run_dir=str(run), processes=records)
 
-        def render(console) -> None:
-            t = Table(
-                "pid", "role", "vLLM", "patch", "status", "detail", title=f"patch ledger: {run}"
+def _render(console, doc: dict) -> None:
+    from rich.table import Table
+
+    t = Table(
+        "pid", "role", "vLLM", "patch", "status", "detail", title=f"patch ledger: {doc['run_dir']}"
+    )
+    for r in doc["processes"]:
+        for p in r.get("patches", []):
+            detail = (p.get("detail") or "").splitlines()
+            t.add_row(
+                str(r["pid"]),
+                r["role"],
+                r.get("vllm_version", "?"),
+                p["name"],
+                p["status"],
+                detail[0] if detail else "",
             )
-            for r in records:
-                for p in r.get("patches", []):
-                    detail = (p.get("detail") or "").splitlines()
-                    t.add_row(
-                        str(r["pid"]),
-                        r["role"],
-                        r.get("vllm_version", "?"),
-                        p["name"],
-                        p["status"],
-                        detail[0] if detail else "",
-                    )
-            console.print(t)
-
-        emit(doc, as_json=as_json, render=render)
+    console.print(t)

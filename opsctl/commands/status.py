@@ -1,7 +1,8 @@
 """`opsctl status URL`: one-shot health and metrics snapshot of any vLLM server.
 
 ``--api-key`` (default ``VLLM_API_KEY``) is sent as a bearer token; a server that
-refuses it (401/403) is "authentication required", exit 3."""
+refuses it (401/403) is "authentication required", exit 3. Typer only: the check is
+:mod:`opsctl.checks.status`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from opsctl.commands.options import api_key_option
 
 
 def validate_url(url: str) -> str:
+    """Kept only while opsctl/commands/diag/common.py imports it (it is going away);
+    everything else uses opsctl.domain.urls.validate_url."""
     import httpx
 
     from opsctl.errors import BadInput
@@ -35,56 +38,28 @@ def register(app: typer.Typer) -> None:
         api_key: str | None = api_key_option(),
     ) -> None:
         """Health and key metrics of a running vLLM server (exit 3 when unreachable)."""
-        from rich.table import Table
+        from opsctl.checks import status as check
+        from opsctl.checks.target import UrlTarget
+        from opsctl.output import emit
 
-        from opsctl.collectors import http
-        from opsctl.collectors.metrics import fetch_health, fetch_metrics
-        from opsctl.domain.metrics import key_metrics
-        from opsctl.errors import EngineUnreachable
-        from opsctl.output import document, emit
-
-        base = validate_url(url)
-        with http.client(api_key or None, timeout=timeout) as client:
-            health = fetch_health(client, base)
-            if health.status_code is None:
-                raise EngineUnreachable(f"no server answered at {base}: {health.error}")
-            if health.auth_refused is not None:
-                raise http.auth_error(base, health.auth_refused, api_key)
-            metrics = fetch_metrics(client, base)
-        km = key_metrics(metrics) if metrics.error is None else None
-        doc = document(
-            "status",
-            url=base,
-            healthy=health.healthy,
-            health_status=health.status_code,
-            version=health.version,
-            models=list(health.models),
-            metrics=None
-            if km is None
-            else {
-                "requests_running": km.running,
-                "requests_waiting": km.waiting,
-                "kv_cache_usage": km.kv_cache_usage,
-                "prompt_tokens_total": km.prompt_tokens_total,
-                "generation_tokens_total": km.generation_tokens_total,
-                "ttft_mean_s": km.ttft_mean_s,
-                "series": km.series,
-            },
-            metrics_error=metrics.error,
-        )
-
-        def render(console) -> None:
-            t = Table(show_header=False)
-            t.add_row("url", base)
-            t.add_row("health", "ok" if health.healthy else f"HTTP {health.status_code}")
-            t.add_row("version", str(health.version))
-            t.add_row("models", ", ".join(health.models) or "-")
-            for k, v in (doc["metrics"] or {}).items():
-                t.add_row(k, "-" if v is None else f"{v:g}")
-            if metrics.error:
-                t.add_row("metrics", metrics.error)
-            console.print(t)
-
-        emit(doc, as_json=as_json, render=render)
-        if not health.healthy:
+        report = check.run(UrlTarget(url, api_key or None), check.Options(timeout=timeout))
+        doc = report.to_dict()
+        emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
+        if not report.passed:
             raise typer.Exit(1)
+
+
+def _render(console, doc: dict) -> None:
+    from rich.table import Table
+
+    t = Table(show_header=False)
+    t.add_row("url", doc["url"])
+    t.add_row("health", "ok" if doc["healthy"] else f"HTTP {doc['health_status']}")
+    t.add_row("state", doc["state"] + (f" ({doc['reason']})" if doc["reason"] else ""))
+    t.add_row("version", str(doc["version"]))
+    t.add_row("models", ", ".join(doc["models"]) or "-")
+    for k, v in (doc["metrics"] or {}).items():
+        t.add_row(k, "-" if v is None else f"{v:g}")
+    if doc["metrics_error"]:
+        t.add_row("metrics", doc["metrics_error"])
+    console.print(t)
