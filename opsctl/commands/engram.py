@@ -22,110 +22,111 @@ import typer
 PREFIX_HELP = "table name prefix (narrow it to one run)"
 
 
+def inspect_cmd(
+    pid: list[int] = typer.Option(
+        [], "--pid", help="only look at these processes' mappings (repeatable)"
+    ),
+    verify: str = typer.Option(
+        "sample", "--verify", help="fill verification: sample | full | none"
+    ),
+    prefix: str = typer.Option("vllm_engram_", "--prefix", help=PREFIX_HELP),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="force the ue8m0 scale block (elements per scale byte); default: decided "
+        "from the size, else from the data, else 32 (what vLLM 0.32 builds)",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+    tui: bool = typer.Option(
+        False, "--tui", help="show progress and results in the dashboard panel"
+    ),
+) -> None:
+    """Find Engram tables (files and deleted mappings), who maps them, and verify the fill.
+
+    Exit 1 on a fill mismatch or when verification could not complete for a table."""
+    from opsctl.checks import engram
+    from opsctl.ui.progress import run_with_progress
+    from opsctl.ui.render_engram import render_inspect
+
+    opts = engram.InspectOptions(tuple(pid), verify, prefix, block_size)
+    report = run_with_progress(
+        "engram inspect", lambda p: engram.inspect(opts, p), tui=tui, as_json=as_json
+    )
+    _finish(report, as_json, render_inspect)
+
+
+def plan_cmd(
+    model: Path | None = typer.Option(None, "--model", help="model directory with a config.json"),
+    config: str | None = typer.Option(
+        None, "--config", help="config JSON file, or a shipped example: deepseek-v4.1-flash"
+    ),
+    tp: int = typer.Option(1, "--tp", help="tensor parallel size"),
+    dp: int = typer.Option(1, "--dp", help="data parallel size"),
+    nodes: int = typer.Option(1, "--nodes", help="nodes the DP replicas spread over"),
+    shm_size: str | None = typer.Option(
+        None,
+        "--shm-size",
+        help="/dev/shm size to plan for (e.g. 64M, 200G); default: this host's free /dev/shm",
+    ),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="elements per ue8m0 scale byte (default: config engram_scale_block_size, "
+        "else 32, what vLLM 0.32 builds)",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Engram table bytes per rank/node for TP/DP, shared vs private, and the /dev/shm check."""
+    from opsctl.checks import engram
+    from opsctl.ui.render_engram import render_plan
+
+    opts = engram.PlanOptions(model, config, tp, dp, nodes, shm_size, block_size)
+    _finish(engram.plan(opts), as_json, render_plan)
+
+
+def clean_cmd(
+    yes: bool = typer.Option(
+        False, "--yes", help="really remove the orphans (default: only list them)"
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="with --yes: remove even though some processes' mappings or fds could not be read",
+    ),
+    prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
+    min_age: str = typer.Option(
+        "60s",
+        "--min-age",
+        help="never remove a table changed less than this long ago (seconds, or 30s, 10m, 2h, 1d)",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
+    them open, older than --min-age); --yes removes them.
+
+    Only processes in this PID namespace can be seen: a file held only by a process in
+    another container looks orphaned, so run clean where vLLM runs. If some process's
+    mappings or open files cannot be read, --yes removes nothing (exit 1) unless --force
+    is given. Exit 1 whenever --yes kept an orphan."""
+    from opsctl.checks import engram
+    from opsctl.domain.runs import parse_duration
+    from opsctl.errors import BadInput
+    from opsctl.ui.render_engram import render_clean
+
+    try:
+        age = parse_duration(min_age)
+    except ValueError as exc:
+        raise BadInput(f"--min-age: {exc}") from None
+    report = engram.clean(engram.CleanOptions(prefix, yes, force, age))
+    _finish(report, as_json, render_clean)
+
+
 def register(app: typer.Typer) -> None:
     engram_app = typer.Typer(help="Shared Engram host tables in /dev/shm.", no_args_is_help=True)
     app.add_typer(engram_app, name="engram")
-
-    @engram_app.command("inspect")
-    def inspect_cmd(
-        pid: list[int] = typer.Option(
-            [], "--pid", help="only look at these processes' mappings (repeatable)"
-        ),
-        verify: str = typer.Option(
-            "sample", "--verify", help="fill verification: sample | full | none"
-        ),
-        prefix: str = typer.Option("vllm_engram_", "--prefix", help=PREFIX_HELP),
-        block_size: int | None = typer.Option(
-            None,
-            "--block-size",
-            help="force the ue8m0 scale block (elements per scale byte); default: decided "
-            "from the size, else from the data, else 32 (what vLLM 0.32 builds)",
-        ),
-        as_json: bool = typer.Option(False, "--json"),
-        tui: bool = typer.Option(
-            False, "--tui", help="show progress and results in the dashboard panel"
-        ),
-    ) -> None:
-        """Find Engram tables (files and deleted mappings), who maps them, and verify the fill.
-
-        Exit 1 on a fill mismatch or when verification could not complete for a table."""
-        from opsctl.checks import engram
-        from opsctl.ui.progress import run_with_progress
-        from opsctl.ui.render_engram import render_inspect
-
-        opts = engram.InspectOptions(tuple(pid), verify, prefix, block_size)
-        report = run_with_progress(
-            "engram inspect", lambda p: engram.inspect(opts, p), tui=tui, as_json=as_json
-        )
-        _finish(report, as_json, render_inspect)
-
-    @engram_app.command("plan")
-    def plan_cmd(
-        model: Path | None = typer.Option(
-            None, "--model", help="model directory with a config.json"
-        ),
-        config: str | None = typer.Option(
-            None, "--config", help="config JSON file, or a shipped example: deepseek-v4.1-flash"
-        ),
-        tp: int = typer.Option(1, "--tp", help="tensor parallel size"),
-        dp: int = typer.Option(1, "--dp", help="data parallel size"),
-        nodes: int = typer.Option(1, "--nodes", help="nodes the DP replicas spread over"),
-        shm_size: str | None = typer.Option(
-            None,
-            "--shm-size",
-            help="/dev/shm size to plan for (e.g. 64M, 200G); default: this host's free /dev/shm",
-        ),
-        block_size: int | None = typer.Option(
-            None,
-            "--block-size",
-            help="elements per ue8m0 scale byte (default: config engram_scale_block_size, "
-            "else 32, what vLLM 0.32 builds)",
-        ),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """Engram table bytes per rank/node for TP/DP, shared vs private, and the /dev/shm check."""
-        from opsctl.checks import engram
-        from opsctl.ui.render_engram import render_plan
-
-        opts = engram.PlanOptions(model, config, tp, dp, nodes, shm_size, block_size)
-        _finish(engram.plan(opts), as_json, render_plan)
-
-    @engram_app.command("clean")
-    def clean_cmd(
-        yes: bool = typer.Option(
-            False, "--yes", help="really remove the orphans (default: only list them)"
-        ),
-        force: bool = typer.Option(
-            False,
-            "--force",
-            help="with --yes: remove even though some processes' mappings or fds could not be read",
-        ),
-        prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
-        min_age: str = typer.Option(
-            "60s",
-            "--min-age",
-            help="never remove a table changed less than this long ago (seconds, or 30s, 10m, 2h, 1d)",
-        ),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
-        them open, older than --min-age); --yes removes them.
-
-        Only processes in this PID namespace can be seen: a file held only by a process in
-        another container looks orphaned, so run clean where vLLM runs. If some process's
-        mappings or open files cannot be read, --yes removes nothing (exit 1) unless --force
-        is given. Exit 1 whenever --yes kept an orphan."""
-        from opsctl.checks import engram
-        from opsctl.domain.runs import parse_duration
-        from opsctl.errors import BadInput
-        from opsctl.ui.render_engram import render_clean
-
-        try:
-            age = parse_duration(min_age)
-        except ValueError as exc:
-            raise BadInput(f"--min-age: {exc}") from None
-        report = engram.clean(engram.CleanOptions(prefix, yes, force, age))
-        _finish(report, as_json, render_clean)
+    engram_app.command("inspect")(inspect_cmd)
+    engram_app.command("plan")(plan_cmd)
+    engram_app.command("clean")(clean_cmd)
 
 
 def _finish(report, as_json: bool, render) -> None:
