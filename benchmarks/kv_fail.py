@@ -18,6 +18,7 @@ injected round failed a request.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -31,23 +32,68 @@ os.environ.setdefault("OPSCTL_ENGINE_LOCK", "/tmp/opsctl-engine.lock")
 # the reservation so both engines compute with the same threads.
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
 
-ENGINE_ARGS = ["--block-size", "32", "--no-enable-prefix-caching"]
+ENGINE_ARGS = ("--block-size", "32", "--no-enable-prefix-caching")
 
 
-def timed_round(client, url: str, name: str, prompts: list[list[int]], max_tokens: int):
-    from opsctl.commands.diag.kv_fail_run import _complete
-
+def timed_round(probe, name: str, prompts, max_tokens: int):
     t0 = time.perf_counter()
-    outs = [_complete(client, url, name, p, max_tokens, 180) for p in prompts]
+    outs = [probe.complete(name, p, max_tokens, 180) for p in prompts]
     return time.perf_counter() - t0, outs
 
 
-def bench_model(model: str, n: int, reps: int, max_tokens: int) -> dict:
-    import httpx
+@contextlib.contextmanager
+def engine(model: str, args: tuple[str, ...], label: str):
+    """A KvProbe on an engine started for the block (stopped when it ends)."""
+    from opsctl.checks.session import EngineSession
+    from opsctl.checks.target import EngineSpec
+    from opsctl.collectors.kv_fail import KvProbe
 
-    from engine_patches.connectors import kv_transfer_config
-    from opsctl.commands.diag.common import engine_target
-    from opsctl.commands.diag.kv_fail_run import _write_control
+    with EngineSession() as session:
+        live = session.engine(EngineSpec(model=model, extra_args=args), label=label)
+        with KvProbe(live.url, live.run_dir, live.server) as probe:
+            yield probe
+
+
+def connector_rounds(probe, name: str, warm, prompts, reps: int, max_tokens: int) -> dict:
+    from engine_patches.connectors.injection import InjectionPlan
+    from opsctl.domain import kv_fail as dom
+
+    res: dict = {"groups": len(probe.engine_info().get("kv_cache_groups") or [])}
+    probe.set_plan(InjectionPlan(enabled=False, epoch="warm"))
+    timed_round(probe, name, warm, max_tokens)
+    probe.set_plan(InjectionPlan(enabled=False, epoch="store"))
+    res["store_round_s"], base = timed_round(probe, name, prompts, max_tokens)
+    clean, inj, tokens, failed, mism = [], [], [], 0, 0
+    for i in range(reps):
+        probe.set_plan(InjectionPlan(enabled=False, epoch=f"clean{i}"))
+        secs, outs = timed_round(probe, name, prompts, max_tokens)
+        clean.append(secs)
+        mism += sum(not dom.compare(b, o).identical for b, o in zip(base, outs, strict=True))
+    for i in range(reps):
+        probe.set_plan(InjectionPlan(blocks="-1", epoch=f"inject{i}"))  # every request
+        mark = probe.log_mark()
+        secs, outs = timed_round(probe, name, prompts, max_tokens)
+        inj.append(secs)
+        # vLLM logs each recovery a moment after the answer: wait for all, with a deadline
+        log = probe.log_until(mark, lambda text: dom.recovery_logged(text, len(prompts)), 5.0)
+        tokens.append(dom.account(log).recomputed_tokens)
+        failed += sum(o.failed for o in outs)
+        mism += sum(
+            not dom.compare(b, o).identical for b, o in zip(base, outs, strict=True) if not o.failed
+        )
+    res["alive"] = probe.alive()
+    return {
+        **res,
+        "reload_round_s": statistics.median(clean),
+        "injected_round_s": statistics.median(inj),
+        "recomputed_tokens_per_round": statistics.median(tokens),
+        "failed_requests": failed,
+        "mismatches": mism,
+    }
+
+
+def bench_model(model: str, n: int, reps: int, max_tokens: int) -> dict:
+    from engine_patches.connectors.injection import kv_transfer_config
     from opsctl.domain import kv_fail as dom
     from opsctl.engine.model import resolve
 
@@ -56,63 +102,13 @@ def bench_model(model: str, n: int, reps: int, max_tokens: int) -> dict:
     warm = dom.make_prompts(n, 1000, vocab)
     prompts = dom.make_prompts(n, 0, vocab)
     res: dict = {"model": model, "requests": n, "reps": reps}
-    cfg = kv_transfer_config(policy="recompute", inject={"enabled": False})
-    with (
-        engine_target(
-            None,
-            model,
-            extra_args=["--kv-transfer-config", cfg, *ENGINE_ARGS],
-            label="bench-kv-fail",
-            max_model_len=256,
-        ) as t,
-        httpx.Client() as c,
-    ):
-        from opsctl.collectors.ledger import read_events
-
-        store = t.run_dir / "kv_store"
-        res["groups"] = len(
-            (read_events(t.run_dir, "engine_info") or [{}])[-1].get("kv_cache_groups") or []
-        )
-        _write_control(store, {"enabled": False, "epoch": "warm"})
-        timed_round(c, t.url, resolved.name, warm, max_tokens)
-        _write_control(store, {"enabled": False, "epoch": "store"})
-        res["store_round_s"], base = timed_round(c, t.url, resolved.name, prompts, max_tokens)
-        clean, inj, tokens, failed, mism = [], [], [], 0, 0
-        for i in range(reps):
-            _write_control(store, {"enabled": False, "epoch": f"clean{i}"})
-            secs, outs = timed_round(c, t.url, resolved.name, prompts, max_tokens)
-            clean.append(secs)
-            mism += sum(not dom.compare(b, o).identical for b, o in zip(base, outs, strict=True))
-        for i in range(reps):
-            _write_control(store, {"blocks": "-1", "epoch": f"inject{i}"})
-            log_from = len(t.server.log_text())
-            secs, outs = timed_round(c, t.url, resolved.name, prompts, max_tokens)
-            time.sleep(0.5)
-            inj.append(secs)
-            tokens.append(dom.account(t.server.log_text()[log_from:]).recomputed_tokens)
-            failed += sum(o.failed for o in outs)
-            mism += sum(
-                not dom.compare(b, o).identical
-                for b, o in zip(base, outs, strict=True)
-                if not o.failed
-            )
-        res["alive"] = t.server.exited() is None and t.server.health(c)
-    res.update(
-        reload_round_s=statistics.median(clean),
-        injected_round_s=statistics.median(inj),
-        recomputed_tokens_per_round=statistics.median(tokens),
-        failed_requests=failed,
-        mismatches=mism,
-        prompt_tokens=sum(len(p) for p in prompts),
-    )
-    with (
-        engine_target(
-            None, model, extra_args=ENGINE_ARGS, label="bench-kv-plain", max_model_len=256
-        ) as t,
-        httpx.Client() as c,
-    ):
-        timed_round(c, t.url, resolved.name, warm, max_tokens)
-        plain = [timed_round(c, t.url, resolved.name, prompts, max_tokens)[0] for _ in range(reps)]
+    args = ("--kv-transfer-config", kv_transfer_config(policy="recompute"), *ENGINE_ARGS)
+    with engine(model, args, "bench-kv-fail") as probe:
+        res.update(connector_rounds(probe, resolved.name, warm, prompts, reps, max_tokens))
+    res["prompt_tokens"] = sum(len(p) for p in prompts)
+    with engine(model, ENGINE_ARGS, "bench-kv-plain") as probe:
+        timed_round(probe, resolved.name, warm, max_tokens)
+        plain = [timed_round(probe, resolved.name, prompts, max_tokens)[0] for _ in range(reps)]
     res["plain_round_s"] = statistics.median(plain)
     return res
 

@@ -1,7 +1,8 @@
 """``FaultInjectingConnector``: a KV connector that stores and reloads KV for every
 KV cache group and reports chosen loaded blocks as failed.
 
-Load it with ``--kv-transfer-config`` (see :func:`engine_patches.connectors.kv_transfer_config`):
+Load it with ``--kv-transfer-config`` (see
+:func:`engine_patches.connectors.injection.kv_transfer_config`):
 ``{"kv_connector": "FaultInjectingConnector",
    "kv_connector_module_path": "engine_patches.connectors.fault_kv",
    "kv_role": "kv_both", "kv_load_failure_policy": "recompute" | "fail",
@@ -24,8 +25,10 @@ Flow (synchronous, like vLLM's ExampleConnector):
   ``wait_for_save`` (after the forward) copies the computed blocks out.
 
 The injection plan comes from ``inject`` in the extra config and can be replaced
-while the engine runs by writing ``DIR/control.json`` (``{"inject": {...}}``), so
-one engine serves a failure-free round trip and an injected run.
+while the engine runs by writing ``DIR/control.json`` (``{"inject": {...}}``,
+:func:`engine_patches.connectors.injection.control_text`), so one engine serves a
+failure-free round trip and an injected run. The file is compared by content at every
+load, never by mtime (two writes within one mtime tick both count).
 
 Events (``<run>/events/<kind>.jsonl``): ``kv_injections`` (request id, prefix key,
 group, block, position, epoch), ``kv_transfers`` (store/load per request),
@@ -55,8 +58,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from engine_patches.connectors.injection import (
+    CONNECTOR,
+    CONTROL_FILE,
+    INJECTIONS,
     NULL_BLOCK_ID,
+    STORE_DIR,
+    TRANSFERS,
     InjectionPlan,
+    plan_from_control,
     prefix_key,
     prefix_len,
 )
@@ -92,7 +101,7 @@ class FaultKVMetadata(KVConnectorMetadata):
 
 def default_storage_path() -> str:
     run = os.environ.get("OPSCTL_RUN_DIR")
-    return str(Path(run) / "kv_store") if run else "/tmp/opsctl-kv-store"
+    return str(Path(run) / STORE_DIR) if run else "/tmp/opsctl-kv-store"
 
 
 class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
@@ -103,9 +112,9 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.storage = Path(extra.get("storage_path") or default_storage_path())
         self.storage.mkdir(parents=True, exist_ok=True)
-        self.control_file = Path(extra.get("control_file") or self.storage / "control.json")
+        self.control_file = Path(extra.get("control_file") or self.storage / CONTROL_FILE)
         self.plan = InjectionPlan.from_json(extra.get("inject"))
-        self._control_mtime: float | None = None
+        self._control_text: str | None = None
         self.block_size = int(vllm_config.cache_config.block_size)
         groups = kv_cache_config.kv_cache_groups
         self.group_block_sizes = [
@@ -122,7 +131,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self._lock = threading.Lock()
         with contextlib.suppress(Exception):
             record_event(
-                "kv_connector",
+                CONNECTOR,
                 {
                     "role": role.name.lower(),
                     "storage": str(self.storage),
@@ -226,7 +235,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         with contextlib.suppress(Exception):
             shapes = {name: list(t.shape) for name, t in list(self._kv.items())[:2]}
             record_event(
-                "kv_connector",
+                CONNECTOR,
                 {
                     "role": "worker_kv",
                     "layers": len(self._kv),
@@ -252,18 +261,19 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         return kv[block_id * per : (block_id + 1) * per]
 
     def _refresh_plan(self) -> None:
+        """Adopt the control file's plan when its content changed (a bad one is
+        recorded once and the current plan kept)."""
         try:
-            mtime = self.control_file.stat().st_mtime
+            text = self.control_file.read_text()
         except OSError:
             return
-        if mtime == self._control_mtime:
+        if text == self._control_text:
             return
+        self._control_text = text
         try:
-            data = json.loads(self.control_file.read_text())
-            self.plan = InjectionPlan.from_json(data.get("inject"))
-            self._control_mtime = mtime
-        except (OSError, ValueError) as exc:
-            record_event("kv_connector", {"role": "worker", "control_error": repr(exc)})
+            self.plan = plan_from_control(text)
+        except ValueError as exc:  # SpecError is one
+            record_event(CONNECTOR, {"role": "worker", "control_error": repr(exc)})
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -310,7 +320,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             if self.plan.corrupt or self.plan.silent:
                 self._corrupt(group, block, forward_context)
             record_event(
-                "kv_injections",
+                INJECTIONS,
                 {
                     "request_id": t.req_id,
                     "key": t.key,
@@ -323,7 +333,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 },
             )
         record_event(
-            "kv_transfers",
+            TRANSFERS,
             {
                 "op": "load",
                 "request_id": t.req_id,
@@ -396,7 +406,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
 
             shutil.rmtree(tmp, ignore_errors=True)
         record_event(
-            "kv_transfers",
+            TRANSFERS,
             {
                 "op": "store",
                 "request_id": t.req_id,

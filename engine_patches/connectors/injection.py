@@ -1,7 +1,22 @@
-"""Which loaded KV blocks the fault-injecting connector reports as failed.
+"""The fault-injecting KV connector's contract: how it is configured, how its injection
+plan is given and changed, and which loaded KV blocks it reports as failed.
 
-Pure logic (no torch, no vLLM) shared by the connector, which runs inside vLLM's
-worker, and by opsctl, which validates arguments and plans the workload.
+The one pure module (no torch, no vLLM, no opsctl I/O) that both sides import: the
+connector (:mod:`engine_patches.connectors.fault_kv`, inside vLLM's worker) and opsctl
+(``opsctl.domain.kv_fail`` validates arguments and plans the workload;
+``opsctl.collectors.kv_fail`` writes the control file; ``opsctl.checks.kv_fail`` builds
+the ``--kv-transfer-config``).
+
+Configuration (:func:`kv_transfer_config`): ``kv_connector_extra_config`` holds
+``inject`` (the initial :class:`InjectionPlan`), optionally ``storage_path`` (default
+``$OPSCTL_RUN_DIR/kv_store``) and ``control_file`` (default ``<storage>/control.json``).
+The control file (:func:`control_text` / :func:`plan_from_control`) replaces the plan
+while the engine runs; the connector adopts it at its next load whenever the file's
+content changed.
+
+Events the connector writes (``<run>/events/<kind>.jsonl``): :data:`INJECTIONS` (one per
+injected block), :data:`TRANSFERS` (one per store/load of a request), :data:`CONNECTOR`
+(start-up facts per role).
 
 A loaded block is identified by the request's *prefix key* (a hash of the
 block-aligned prompt tokens the connector stores KV for), its KV cache group and
@@ -30,6 +45,12 @@ from dataclasses import asdict, dataclass, field
 
 NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID
 DEFAULT_SPEC = "-1"
+
+CONNECTOR_NAME = "FaultInjectingConnector"
+MODULE_PATH = "engine_patches.connectors.fault_kv"
+STORE_DIR = "kv_store"  # under the run directory
+CONTROL_FILE = "control.json"  # under the storage directory
+INJECTIONS, TRANSFERS, CONNECTOR = "kv_injections", "kv_transfers", "kv_connector"
 
 
 class SpecError(ValueError):
@@ -163,5 +184,38 @@ def prefix_key(token_ids: Iterable[int]) -> str:
     return hashlib.sha256(data).hexdigest()[:24]
 
 
-def dumps(plan: InjectionPlan) -> str:
-    return json.dumps(plan.to_json(), sort_keys=True)
+def control_text(plan: InjectionPlan) -> str:
+    """The control file's content that makes the running connector adopt ``plan``."""
+    return json.dumps({"inject": plan.to_json()}, sort_keys=True)
+
+
+def plan_from_control(text: str) -> InjectionPlan:
+    """The plan in a control file's content (ValueError, SpecError: not a valid one)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise SpecError("the control file holds no JSON object")
+    return InjectionPlan.from_json(data.get("inject"))
+
+
+def kv_transfer_config(
+    storage_path: str | None = None,
+    *,
+    policy: str = "recompute",
+    inject: InjectionPlan | None = None,
+    role: str = "kv_both",
+) -> str:
+    """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector with
+    ``inject`` as its first plan (default: nothing injected)."""
+    plan = inject if inject is not None else InjectionPlan(enabled=False)
+    extra: dict = {"inject": plan.to_json()}
+    if storage_path:
+        extra["storage_path"] = storage_path
+    return json.dumps(
+        {
+            "kv_connector": CONNECTOR_NAME,
+            "kv_connector_module_path": MODULE_PATH,
+            "kv_role": role,
+            "kv_load_failure_policy": policy,
+            "kv_connector_extra_config": extra,
+        }
+    )

@@ -1,5 +1,7 @@
-"""`diag kv-fail` logic: workload, what the connector can serve, accounting from the
-engine's own log lines, output comparison, findings and verdict. Pure (no I/O).
+"""`diag kv-fail` logic: arguments, what the connector can serve, the workload, output
+comparison, accounting from the engine's own log lines and from the connector's and the
+patch's events. Pure (no I/O): the check (opsctl.checks.kv_fail) collects, this module
+and :mod:`opsctl.domain.kv_fail_report` (findings, verdict, the report) decide.
 
 The diag runs one engine with the fault-injecting connector through phases:
 ``store`` (failure-free baseline; the connector stores every prompt's KV),
@@ -15,16 +17,24 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine_patches.connectors.injection import InjectionPlan, SpecError, prefix_key, prefix_len
-from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.domain.metrics import MetricsSnapshot
 
 POLICIES = ("recompute", "fail")
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "global", "local"}
 BLOCK_SIZE = 32  # the diag runs the engine with --block-size 32 (CPU kernels want multiples of 32)
 PHASES = ("store", "roundtrip", "inject", "sensitivity")
+PATCH_NAME = "kv_hybrid_recompute"  # the engine patch this diag proves (--no-patch disables it)
+METRICS = (  # /metrics counters whose change over the inject phase the report shows
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:num_preemptions_total",
+    "vllm:request_success_total",
+)
 
 _RECOVERED = re.compile(
     r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)"
@@ -50,7 +60,6 @@ class Settings:
     seed: int = 0
     targets: int | None = None  # how many requests get injections (None: half, rounded up)
     max_tokens: int = 16
-    no_patch: bool = False
 
     def validate(self) -> None:
         """Raise ValueError with one line for bad arguments."""
@@ -142,8 +151,35 @@ def choose_targets(n: int, seed: int, k: int | None) -> list[int]:
     return sorted(random.Random(seed + 7919).sample(range(n), k))
 
 
-def keys_of(prompts: list[list[int]], block_size: int = BLOCK_SIZE) -> list[str]:
+def targets_of(s: Settings) -> list[int]:
+    """The targeted requests: a rate without --targets applies to every request."""
+    if s.rate is not None and s.targets is None:
+        return list(range(s.requests))
+    return choose_targets(s.requests, s.seed, s.targets)
+
+
+def keys_of(prompts: Sequence[Sequence[int]], block_size: int = BLOCK_SIZE) -> list[str]:
     return [prefix_key(p[: prefix_len(len(p), block_size)]) for p in prompts]
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[tuple[int, ...], ...]
+    targets: tuple[int, ...]  # indices of the requests that get injections
+    keys: tuple[str, ...]  # each prompt's prefix key (what the connector stores it under)
+
+    @property
+    def target_keys(self) -> tuple[str, ...]:
+        return tuple(self.keys[i] for i in self.targets)
+
+    def describe(self, s: Settings) -> str:
+        how = f"rate {s.rate}" if s.rate is not None else f"blocks {s.blocks or '-1'}"
+        return f"{s.requests} requests, targets {list(self.targets)}, policy {s.policy}, {how}"
+
+
+def workload(s: Settings, vocab_size: int) -> Workload:
+    prompts = make_prompts(s.requests, s.seed, vocab_size)
+    return Workload(tuple(tuple(p) for p in prompts), tuple(targets_of(s)), tuple(keys_of(prompts)))
 
 
 # ---- outputs ----------------------------------------------------------------------
@@ -255,218 +291,89 @@ def death_lines(log_segment: str, limit: int = 3) -> list[str]:
     return out[-limit:]
 
 
-# ---- report -------------------------------------------------------------------------
-@dataclass
-class RequestRow:
-    index: int
-    prompt_tokens: int
-    targeted: bool
-    injected_blocks: int = 0
-    recomputed_tokens: int = 0  # from the patch's per-request events (multi-group)
-    roundtrip: Comparison | None = None
-    inject: Comparison | None = None
-    inject_output: Output | None = None
-    sensitivity: Comparison | None = None
+# ---- what the connector and the patch recorded ----------------------------------------
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One block the connector injected (a ``kv_injections`` event)."""
 
-    @property
-    def failed(self) -> bool:
-        return bool(self.inject_output and self.inject_output.failed)
+    key: str | None
+    group: int | None
+    block: int | None
+    position: int | None
+    epoch: str | None
+    reported: bool = True  # False: corrupted silently (the sensitivity phase)
 
-    def to_dict(self) -> dict:
-        def cmp(c: Comparison | None) -> dict | None:
-            if c is None:
-                return None
-            return {
-                "identical": c.identical,
-                "tokens_equal": c.tokens_equal,
-                "logprobs_equal": c.logprobs_equal,
-                "max_logprob_diff": c.max_logprob_diff,
-                "first_divergence": c.first_divergence,
-            }
-
-        return {
-            "index": self.index,
-            "prompt_tokens": self.prompt_tokens,
-            "targeted": self.targeted,
-            "injected_blocks": self.injected_blocks,
-            "failed": self.failed,
-            "finish_reason": self.inject_output.finish_reason if self.inject_output else None,
-            "error": self.inject_output.error if self.inject_output else None,
-            "roundtrip": cmp(self.roundtrip),
-            "inject": cmp(self.inject),
-            "sensitivity": cmp(self.sensitivity),
-        }
-
-
-@dataclass
-class Facts:
-    """What the diag observed (filled by the command, judged here)."""
-
-    settings: Settings
-    groups: int | None
-    policy_seen: str | None
-    patch_status: str | None
-    rows: list[RequestRow] = field(default_factory=list)
-    roundtrip_loads: int = 0
-    injections: int = 0
-    accounting: Accounting = field(default_factory=Accounting)
-    engine_alive: bool = True
-    died_in: str | None = None
-    death: list[str] = field(default_factory=list)
-    sensitivity_ran: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)  # /metrics deltas over the inject phase
-
-
-def judge(f: Facts) -> list[Finding]:
-    s = f.settings
-    out: list[Finding] = []
-    n = len(f.rows)
-    if f.died_in:
-        why = f" ({f.death[-1]})" if f.death else ""
-        hint = "" if not s.no_patch else " -- this is what the kv_hybrid_recompute patch prevents"
-        out.append(
-            Finding(
-                FAIL, "kv_fail.engine_died", f"engine died during the {f.died_in} phase{why}{hint}"
-            )
+    @classmethod
+    def from_event(cls, e: Mapping[str, Any]) -> Injection:
+        return cls(
+            e.get("key"),
+            e.get("group"),
+            e.get("block"),
+            e.get("position"),
+            e.get("epoch"),
+            bool(e.get("reported", True)),
         )
-    else:
-        out.append(Finding(OK, "kv_fail.engine_alive", "engine alive after every phase"))
-    rt = [r for r in f.rows if r.roundtrip is not None]
-    if rt:
-        bad = [r.index for r in rt if not r.roundtrip or not r.roundtrip.identical]
-        if bad:
-            out.append(
-                Finding(
-                    FAIL,
-                    "kv_fail.roundtrip_mismatch",
-                    f"store/reload without injection changed outputs of request(s) {bad}",
-                )
-            )
-        elif f.roundtrip_loads < n:
-            out.append(
-                Finding(
-                    FAIL,
-                    "kv_fail.roundtrip_not_loaded",
-                    f"only {f.roundtrip_loads}/{n} requests reloaded KV from the connector",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    OK,
-                    "kv_fail.roundtrip_identical",
-                    f"{n}/{n} requests reloaded their KV (every group) and matched the baseline",
-                )
-            )
-    if f.died_in in (None, "sensitivity"):
-        if f.injections == 0:
-            out.append(
-                Finding(
-                    WARNING, "kv_fail.nothing_injected", "no block was injected; nothing was proven"
-                )
-            )
-        failed = [r.index for r in f.rows if r.failed]
-        innocent = [r.index for r in f.rows if r.failed and r.injected_blocks == 0]
-        mism = [
-            r.index
-            for r in f.rows
-            if not r.failed and r.inject is not None and not r.inject.identical
-        ]
-        if mism:
-            out.append(
-                Finding(
-                    FAIL,
-                    "kv_fail.output_mismatch",
-                    f"request(s) {mism} finished but differ from the baseline after injection",
-                )
-            )
-        if s.policy == "recompute" and failed:
-            out.append(
-                Finding(
-                    FAIL,
-                    "kv_fail.failed_under_recompute",
-                    f"request(s) {failed} failed although the policy is recompute",
-                )
-            )
-        if s.policy == "fail" and innocent:
-            out.append(
-                Finding(
-                    FAIL,
-                    "kv_fail.innocent_failed",
-                    f"request(s) {innocent} failed without any injected block",
-                )
-            )
-        if s.policy == "fail":
-            hit = [r.index for r in f.rows if r.injected_blocks and not r.failed]
-            if hit:
-                out.append(
-                    Finding(
-                        WARNING,
-                        "kv_fail.injected_not_failed",
-                        f"request(s) {hit} had injected blocks but did not fail",
-                    )
-                )
-        if not mism and f.injections:
-            survivors = sum(1 for r in f.rows if not r.failed)
-            out.append(
-                Finding(
-                    OK,
-                    "kv_fail.outputs_identical",
-                    f"{survivors}/{n} non-failed requests equal their baseline (tokens and logprobs)",
-                )
-            )
-        if f.accounting.recomputed_tokens or f.accounting.failed_requests:
-            a = f.accounting
-            out.append(
-                Finding(
-                    INFO,
-                    "kv_fail.engine_accounting",
-                    f"engine: {a.rescheduled_requests} request(s) rescheduled, {a.recomputed_tokens} "
-                    f"tokens recomputed; {a.failed_requests} request(s) failed",
-                )
-            )
-    if f.sensitivity_ran:
-        changed = [
-            r.index for r in f.rows if r.sensitivity is not None and not r.sensitivity.identical
-        ]
-        if changed:
-            out.append(
-                Finding(
-                    OK,
-                    "kv_fail.sensitive",
-                    f"silently corrupting the same blocks changed request(s) {changed}: "
-                    "the comparison catches a missed recovery",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    WARNING,
-                    "kv_fail.insensitive",
-                    "silently corrupting the injected blocks changed no output; "
-                    "identical outputs prove less than they seem",
-                )
-            )
-    return out
 
 
-def summary(f: Facts) -> dict:
-    a = f.accounting
-    affected = sum(1 for r in f.rows if r.injected_blocks)
-    findings = judge(f)
-    identical = (
-        all(r.inject.identical for r in f.rows if not r.failed and r.inject is not None)
-        and not f.died_in
-    )
-    return {
-        "failures_injected": f.injections,
-        "requests_affected": affected,
-        "tokens_recomputed": a.recomputed_tokens,
-        "tokens_recomputed_source": "engine log (vLLM's 'tokens affected' lines)",
-        "requests_rescheduled": a.rescheduled_requests,
-        "requests_failed": sum(1 for r in f.rows if r.failed),
-        "engine_alive": f.engine_alive and not f.died_in,
-        "outputs_identical": identical,
-        "findings": [x.to_dict() for x in findings],
-        "verdict": verdict(findings),
-    }
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One store or load of a request's KV (a ``kv_transfers`` event)."""
+
+    op: str | None
+    key: str | None
+    blocks: int
+    epoch: str | None
+
+    @classmethod
+    def from_event(cls, e: Mapping[str, Any]) -> Transfer:
+        return cls(e.get("op"), e.get("key"), int(e.get("blocks") or 0), e.get("epoch"))
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """One recovery by the kv_hybrid_recompute patch (a ``kv_recoveries`` event)."""
+
+    action: str | None
+    requests: int | None
+    tokens: int | None
+    groups: int | None
+    policy: str | None
+
+    @classmethod
+    def from_event(cls, e: Mapping[str, Any]) -> Recovery:
+        return cls(
+            e.get("action"), e.get("requests"), e.get("tokens"), e.get("groups"), e.get("policy")
+        )
+
+
+def injected_blocks(
+    injections: Sequence[Injection], keys: Sequence[str], epoch: str = "inject"
+) -> dict[int, int]:
+    """Request index -> blocks injected into it in ``epoch`` (requests with none left out)."""
+    per_key = Counter(i.key for i in injections if i.epoch == epoch)
+    return {i: per_key[k] for i, k in enumerate(keys) if per_key.get(k)}
+
+
+def affected_requests(injections: Sequence[Injection], epoch: str = "inject") -> int:
+    """Requests hit by at least one *reported* failure in ``epoch``."""
+    return len({i.key for i in injections if i.epoch == epoch and i.reported})
+
+
+def recovery_logged(log_segment: str, affected: int) -> bool:
+    """Whether vLLM's own lines account for every affected request (rescheduled under
+    recompute, failed under fail): the inject phase's log is then complete."""
+    a = account(log_segment)
+    return a.rescheduled_requests + a.failed_requests >= affected
+
+
+def roundtrip_loads(transfers: Sequence[Transfer]) -> int:
+    """Requests that reloaded KV blocks from the connector in the round-trip phase."""
+    return len({t.key for t in transfers if t.op == "load" and t.epoch == "roundtrip" and t.blocks})
+
+
+def recomputed_by_patch(recoveries: Sequence[Recovery]) -> int:
+    return sum(int(r.tokens or 0) for r in recoveries if r.action == "recomputed")
+
+
+def metrics_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    return {k: (after.get(k) or 0) - (before.get(k) or 0) for k in METRICS}

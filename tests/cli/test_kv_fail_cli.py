@@ -1,14 +1,24 @@
-"""CLI tests of `opsctl diag kv-fail` (no engine): bad input exits 2 with one line,
-and the command maps the pipeline's verdict to JSON on stdout and the exit code."""
+"""`opsctl diag kv-fail` and its library entry point without an engine: bad input exits
+2 with one line; the flags reach the engine the check starts (through the real check and
+engine session, up to the recorded launch options); the live event lines; the terminal
+rendering of a document the domain builds. The verdict, exit codes and JSON on a real
+engine are in tests/e2e/test_kv_fail.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from opsctl.checks import events as ev
+from opsctl.checks import kv_fail
+from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
+from opsctl.domain import kv_fail as dom
+from opsctl.domain import kv_fail_report as kvr
+from opsctl.errors import BadInput
 
 
 def run(*args: str):
@@ -24,6 +34,7 @@ def run(*args: str):
         (["--blocks", "1:x"], "blocks spec"),
         (["--policy", "retry"], "unknown policy"),
         (["--requests", "0"], "--requests"),
+        (["--timeout", "0"], "--timeout must be positive"),
         (["--model", "no-such-model"], "unknown embedded model"),
         (["--model", "/nonexistent/dir"], "does not exist"),
         (["--model", "tiny-embed"], "cannot serve"),
@@ -51,114 +62,144 @@ def test_mamba_model_dir_is_refused(tmp_path):
     assert res.exit_code == 2 and "recurrent" in res.stderr
 
 
-def _report(verdict: str) -> dict:
-    return {
-        "vllm_version": "0.32.0",
-        "platform": "cpu",
-        "model": "tiny-hybrid",
-        "kv_cache_groups": [
-            {"spec": "SlidingWindowSpec", "sliding_window": 32},
-            {"spec": "FullAttentionSpec"},
-        ],
-        "kv_load_failure_policy": "recompute",
-        "patch": {"name": "kv_hybrid_recompute", "status": "applied"},
-        "injection": {"mode": "blocks", "blocks": "-1", "rate": None, "seed": 0, "targets": [0]},
-        "failures_injected": 2,
-        "requests_affected": 1,
-        "tokens_recomputed": 96,
-        "requests_failed": 0,
-        "engine_alive": verdict == "pass",
-        "outputs_identical": verdict == "pass",
-        "findings": [
-            {
-                "severity": "ok" if verdict == "pass" else "fail",
-                "code": "x",
-                "message": "engine died during the inject phase",
-                "details": {},
-            }
-        ],
-        "verdict": verdict,
-        "requests": [],
-        "run_dir": "/tmp/x",
-        "seconds": 1.0,
-    }
+def test_url_target_is_bad_input_and_starts_nothing(monkeypatch):
+    """kv-fail needs an engine opsctl starts with the connector; a URL (even one that
+    answers nothing) is refused before any request or engine start."""
+    from opsctl.engine import server as srv
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was started for a URL target")
+
+    monkeypatch.setattr(srv, "EngineServer", no_engine)
+    events: list[ev.Event] = []
+    with pytest.raises(BadInput, match="needs an engine opsctl starts") as info:
+        kv_fail.run(UrlTarget("http://127.0.0.1:9"), kv_fail.Options(), events.append)
+    assert "http://127.0.0.1:9" in str(info.value) and events == []
+    with pytest.raises(BadInput, match=r"outside 0\.\.1"):
+        kv_fail.run(EngineSpec(), kv_fail.Options(dom.Settings(rate=2.0)))
 
 
-@pytest.mark.parametrize(("verdict", "code"), [("pass", 0), ("fail", 1)])
-def test_verdict_maps_to_exit_code(monkeypatch, verdict, code):
-    from opsctl.commands.diag import kv_fail_run
+@pytest.fixture
+def launches(monkeypatch, tmp_path):
+    """The launch options (and start timeout) of every engine the check asks for; the
+    engine is never started (its health wait raises BadInput, exit 2)."""
+    from opsctl.engine import server as srv
 
-    seen = {}
+    seen: list = []
 
-    def fake_run(req, emit):
-        seen["req"] = req
-        emit({"phase": "inject", "events": ["injected: request #0"]})
-        return _report(verdict)
+    class Recorder:
+        def __init__(self, opts) -> None:
+            self.opts, self.run_dir, self.url = opts, tmp_path, "http://127.0.0.1:9"
+            seen.append(self)
 
-    monkeypatch.setattr(kv_fail_run, "run", fake_run)
+        def start(self):
+            return self
+
+        def wait_healthy(self, timeout, on_tick=None):
+            self.timeout = timeout
+            raise BadInput("recorded; not starting")
+
+        def stop(self, *a, **k):
+            return srv.StopReport(0.0, [], [], [], [], None)
+
+    monkeypatch.setattr(srv, "EngineServer", Recorder)
+    return seen
+
+
+def test_flags_reach_the_engine_the_check_starts(launches):
     res = run(
-        "--model",
-        "tiny-hybrid",
-        "--policy",
-        "recompute",
-        "--blocks",
-        "1:-1",
-        "--seed",
-        "5",
-        "--json",
+        "--no-patch", "--policy", "fail", "--blocks", "1:-1", "--seed", "5", "--timeout", "42"
     )
-    assert res.exit_code == code, res.output
-    doc = json.loads(res.stdout)
-    assert doc["schema"] == "opsctl.diag.kv-fail/1" and doc["verdict"] == verdict
-    s = seen["req"].settings
-    assert (s.blocks, s.seed, s.policy, s.no_patch) == ("1:-1", 5, "recompute", False)
-    if code:
-        assert "engine died" in res.stderr
+    assert res.exit_code == 2 and "recorded; not starting" in res.stderr, res.output
+    (engine,) = launches
+    opts = engine.opts
+    assert opts.disable_patches == ["kv_hybrid_recompute"]  # --no-patch
+    assert engine.timeout == 42 and opts.label == "kv-fail" and opts.model.name == "tiny-hybrid"
+    args = opts.extra_args
+    cfg = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert cfg["kv_connector"] == "FaultInjectingConnector"
+    assert cfg["kv_connector_module_path"] == "engine_patches.connectors.fault_kv"
+    assert cfg["kv_load_failure_policy"] == "fail"  # --policy
+    assert cfg["kv_connector_extra_config"]["inject"]["enabled"] is False  # the store phase
+    assert args[args.index("--block-size") + 1] == "32" and "--no-enable-prefix-caching" in args
+    # the workload the check announced before the start: --seed picks the targets
+    targets = dom.choose_targets(4, 5, None)
+    assert f"4 requests, targets {targets}, policy fail, blocks 1:-1" in res.stderr
 
-
-def test_plain_render(monkeypatch):
-    from opsctl.commands.diag import kv_fail_run
-
-    monkeypatch.setattr(kv_fail_run, "run", lambda req, emit: _report("pass"))
-    res = run("--no-patch")
-    assert res.exit_code == 0
-    assert "verdict: PASS" in res.stdout and "SlidingWindowSpec(window 32)" in res.stdout
+    res = run("--model", "tiny-llama")
+    assert res.exit_code == 2, res.output
+    assert launches[-1].opts.disable_patches == [] and launches[-1].timeout == 600
+    assert launches[-1].opts.model.name == "tiny-llama"
 
 
 def test_live_event_lines_show_injections_and_recoveries(tmp_path):
     """What --tui (and stderr) shows while the inject phase runs: each injection and
     each recovery once, as they land in the run's event files."""
-    from opsctl.commands.diag.kv_fail_run import Request, _event_lines, _Phases
-    from opsctl.domain.kv_fail import Settings, keys_of, make_prompts
+    from opsctl.collectors.kv_fail import EventTail
 
-    prompts = make_prompts(2, 0, 320)
-    ph = _Phases(Request("tiny-hybrid", Settings()), lambda snap: None, prompts, [1], "tiny-hybrid")
+    work = dom.workload(dom.Settings(requests=2, targets=1), 320)
     events = tmp_path / "events"
     events.mkdir()
-    key = keys_of(prompts)[1]
-    (events / "kv_injections.jsonl").write_text(
-        json.dumps(
-            {"key": key, "group": 1, "block": 9, "position": 2, "epoch": "inject", "reported": True}
-        )
-        + "\n"
-    )
-    (events / "kv_recoveries.jsonl").write_text(
-        json.dumps(
-            {
-                "action": "recomputed",
-                "requests": 1,
-                "tokens": 96,
-                "groups": 2,
-                "policy": "recompute",
-            }
-        )
-        + "\n"
-    )
-    lines = _event_lines(ph, tmp_path)
+    injection = {
+        "key": work.keys[1],
+        "group": 1,
+        "block": 9,
+        "position": 2,
+        "epoch": "inject",
+        "reported": True,
+    }
+    (events / "kv_injections.jsonl").write_text(json.dumps(injection) + "\n")
+    recovery = {"action": "recomputed", "requests": 1, "tokens": 96, "groups": 2}
+    (events / "kv_recoveries.jsonl").write_text(json.dumps({**recovery, "policy": "recompute"}))
+    tail = EventTail(tmp_path)
+    (inj,) = tail.injections()
+    (rec,) = tail.recoveries()
+    lines = [
+        *kv_fail.Injected(work.keys.index(inj.key), inj).snapshot()["events"],
+        *kv_fail.Recovered(rec).snapshot()["events"],
+    ]
     assert lines == [
         "injected: request #1 group 1 block 9 position 2 (inject)",
         "patch: recomputed 1 request(s), 96 tokens (2 KV cache groups, policy recompute)",
     ]
-    assert _event_lines(ph, tmp_path) == []  # nothing new
-    rows = ph.table()
-    assert rows[1][2] == "yes" and rows[0][2] == "no"
+    assert tail.injections() == () and tail.recoveries() == ()  # nothing new
+    rows = kv_fail.table(kvr.request_rows(work.prompts, (1,), {}, (), {1: 1}))
+    assert rows[1][2] == "yes" and rows[0][2] == "no" and rows[1][4] == "1"
+
+
+def test_terminal_report_of_a_domain_document():
+    """The terminal view of a document the domain builds (groups with their window,
+    the per-request table, the findings and the verdict)."""
+    from opsctl.ui.render_kv_fail import render
+
+    s = dom.Settings()
+    work = dom.workload(s, 320)
+    out = dom.Output(True, "length", (5, 6), (-0.1, -0.2))
+    outputs = {p: [out] * 4 for p in ("store", "roundtrip", "inject", "sensitivity")}
+    rows = kvr.request_rows(work.prompts, work.targets, outputs, {"roundtrip", "inject"}, {0: 2})
+    facts = kvr.Facts(s, rows, roundtrip_loads=4, injections=2)
+    info = {
+        "kv_cache_groups": [
+            {"spec": "SlidingWindowSpec", "sliding_window": 32},
+            {"spec": "FullAttentionSpec"},
+        ],
+        "platform": "cpu",
+    }
+    records = [{"role": "engine_core", "vllm_version": "0.32.0", "patches": []}]
+    fields = kvr.report_fields(
+        facts,
+        model="tiny-hybrid",
+        engine=kvr.engine_facts(info, records),
+        targets=work.targets,
+        recoveries=(),
+        metrics=None,
+        phase_seconds={},
+        baseline=outputs["store"],
+        prompts=work.prompts,
+        run_dir="/tmp/x",
+    )
+    con = Console(record=True, width=160)
+    render(con, {**fields, "seconds": 1.0})
+    text = con.export_text()
+    assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
+    assert "2 KV cache group(s)" in text and "0.32.0" in text and "identical" in text

@@ -1,4 +1,6 @@
-"""`opsctl diag kv-fail` end to end on CPU, real engines with real seeded weights.
+"""`opsctl diag kv-fail` end to end on CPU, real engines with real seeded weights: three
+runs through the CLI (JSON, exit codes, stderr) and one through the library entry point
+(:func:`opsctl.checks.kv_fail.run`: typed events, the typed report, its terminal view).
 
 Engine starts in this module: 5 (one per diag run, plus one hybrid engine without
 any connector for the no-connector baseline).
@@ -52,7 +54,15 @@ def llama_fail():
 
 @pytest.fixture(scope="module")
 def hybrid():
-    return diag("--model", "tiny-hybrid", "--policy", "recompute")
+    """The library call, in this process: (report, every progress event in order)."""
+    from opsctl.checks import kv_fail
+    from opsctl.checks.target import EngineSpec
+    from opsctl.domain.kv_fail import Settings
+
+    events: list = []
+    spec = EngineSpec(model="tiny-hybrid", env=tuple(SAME_THREADS.items()), timeout=600)
+    report = kv_fail.run(spec, kv_fail.Options(Settings(policy="recompute")), events.append)
+    return report, events
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +74,7 @@ def test_llama_recompute_truncates_and_matches(llama_recompute):
     rc, doc, err = llama_recompute
     assert rc == 0, err[-2000:]
     assert doc["schema"] == "opsctl.diag.kv-fail/1"
+    assert doc["test_knobs"] == {} and doc["warnings"] == [] and doc["seconds"] > 0
     assert len(doc["kv_cache_groups"]) == 1
     assert doc["patch"]["status"] == "applied"  # applied, but single group takes upstream's path
     assert doc["failures_injected"] == 2 and doc["requests_affected"] == 2
@@ -91,8 +102,10 @@ def test_llama_fail_fails_only_injected_requests(llama_fail):
 
 
 def test_hybrid_with_patch_survives_and_matches(hybrid):
-    rc, doc, err = hybrid
-    assert rc == 0, err[-2000:]
+    report, _events = hybrid
+    doc = report.to_dict()
+    assert report.verdict == "pass" and report.failures == [], doc["findings"]
+    assert report.schema == "opsctl.diag.kv-fail/1" and doc["test_knobs"] == {}
     assert [g["spec"] for g in doc["kv_cache_groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
     assert doc["patch"]["status"] == "applied"
     assert doc["engine_alive"] and doc["requests_failed"] == 0 and doc["outputs_identical"]
@@ -109,11 +122,11 @@ def test_hybrid_store_reload_equals_no_connector_run(hybrid):
     baseline, and the baseline equals an engine without any connector."""
     import httpx
 
-    from opsctl.commands.diag.kv_fail_run import _complete
+    from opsctl.collectors.kv_fail import complete
     from opsctl.domain import kv_fail as dom
     from tests.conftest import running_engine
 
-    _rc, doc, _err = hybrid
+    doc = hybrid[0].to_dict()
     assert all(r["roundtrip"]["identical"] for r in doc["requests"])
     baseline = [
         dom.Output(True, o["finish_reason"], tuple(o["token_ids"]), tuple(o["logprobs"]))
@@ -126,10 +139,55 @@ def test_hybrid_store_reload_equals_no_connector_run(hybrid):
         ) as server,
         httpx.Client() as client,
     ):
-        plain = [_complete(client, server.url, "tiny-hybrid", p, 16, 120) for p in doc["prompts"]]
+        plain = [complete(client, server.url, "tiny-hybrid", p, 16, 120) for p in doc["prompts"]]
     for i, (b, p) in enumerate(zip(baseline, plain, strict=True)):
         c = dom.compare(b, p)
         assert c.identical, (i, c)
+
+
+def test_hybrid_library_call_reports_typed_events(hybrid):
+    """What a console or certify sees while the check runs: the start, the engine, the
+    four phases in order, every injection (reported in inject, silent in sensitivity)
+    with its request, the patch's recoveries, no death, and the verdict last."""
+    from opsctl.checks import events as ev
+    from opsctl.checks import kv_fail
+
+    report, events = hybrid
+    doc = report.to_dict()
+    assert isinstance(events[0], ev.Started) and events[0].title == "diag kv-fail"
+    assert isinstance(events[-1], ev.Finished) and events[-1].verdict == "pass"
+    assert len(events[-1].rows) == len(doc["requests"])
+    kinds = [type(e) for e in events]
+    assert kinds.index(ev.EngineStarting) < kinds.index(ev.EngineReady) < kinds.index(ev.Phase)
+    phases = [e.name for e in events if isinstance(e, ev.Phase)]
+    assert phases == ["store", "roundtrip", "inject", "sensitivity"]
+    injected = [e for e in events if isinstance(e, kv_fail.Injected)]
+    inject = [e for e in injected if e.injection.epoch == "inject"]
+    silent = [e for e in injected if e.injection.epoch == "sensitivity"]
+    targets = set(doc["injection"]["targets"])
+    assert len(inject) == doc["failures_injected"] and all(e.injection.reported for e in inject)
+    assert {e.request for e in inject} == targets
+    assert {e.injection.group for e in inject} == {0, 1}  # one per KV cache group
+    assert silent and not any(e.injection.reported for e in silent)
+    assert {e.request for e in silent} == targets
+    recovered = [e.recovery for e in events if isinstance(e, kv_fail.Recovered)]
+    assert recovered and all(r.action == "recomputed" for r in recovered)
+    assert sum(r.tokens for r in recovered) == doc["tokens_recomputed_by_patch"]
+    assert not any(isinstance(e, kv_fail.EngineDied) for e in events)
+    last_table = [e for e in events if isinstance(e, ev.Table)][-1]
+    assert all(row[3] == "identical" for row in last_table.rows)  # round trip column
+
+
+def test_hybrid_report_renders_for_the_terminal(hybrid):
+    from rich.console import Console
+
+    from opsctl.ui.render_kv_fail import render
+
+    con = Console(record=True, width=200)
+    render(con, hybrid[0].to_dict())
+    text = con.export_text()
+    assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
+    assert "patch kv_hybrid_recompute: applied" in text
 
 
 def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):

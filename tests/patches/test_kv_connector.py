@@ -1,10 +1,13 @@
 """FaultInjectingConnector against vLLM's real config objects, with small KV tensors:
 every group's blocks round-trip, the null block is skipped, an injected block is
-reported once, corrupted, and logged; the scheduler side finds stored prefixes."""
+reported once, corrupted, and logged; the scheduler side finds stored prefixes; a plan
+that opsctl's collector writes is adopted by content (two writes within one mtime tick
+both count), a malformed one is recorded once and the plan kept."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -26,9 +29,15 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-from engine_patches.connectors import CONNECTOR_NAME, MODULE_PATH
 from engine_patches.connectors.fault_kv import FaultInjectingConnector, FaultKVMetadata, Transfer
-from engine_patches.connectors.injection import prefix_key
+from engine_patches.connectors.injection import (
+    CONNECTOR_NAME,
+    MODULE_PATH,
+    InjectionPlan,
+    kv_transfer_config,
+    prefix_key,
+)
+from opsctl.collectors.kv_fail import write_control
 
 BS = 16
 NUM_BLOCKS = 16
@@ -89,9 +98,7 @@ def test_round_trip_every_group_and_injection(setup):
 
     for t in kv.values():
         t.zero_()
-    (tmp / "store" / "control.json").write_text(
-        json.dumps({"inject": {"blocks": "1:-1", "epoch": "t"}})
-    )
+    write_control(tmp / "store", InjectionPlan(blocks="1:-1", epoch="t"))
     # group 0 position 0 slid out of the window: the null block
     load = Transfer("r2", key, ([0, 7, 8], [9, 10, 11]), 0, 3 * BS)
     conn.bind_connector_metadata(FaultKVMetadata(loads=[load]))
@@ -144,3 +151,42 @@ def test_scheduler_side_matches_stored_prefix(setup):
     assert conn.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
     assert conn.get_num_new_matched_tokens(req, BS) == (BS, False)
     assert conn.get_loaded_kv_cache_group_ids(req) == (0, 1)
+
+
+def _load_nothing(conn) -> None:
+    """One load step (of a prefix that is not stored): the connector reads its plan."""
+    conn.bind_connector_metadata(FaultKVMetadata(loads=[Transfer("r", "nokey", ([1], [2]), 0, BS)]))
+    conn.start_load_kv(None)
+    conn.clear_connector_metadata()
+
+
+def test_control_file_is_adopted_by_content_not_mtime(setup):
+    vllm_config, kv_cache_config, tmp = setup
+    conn = FaultInjectingConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+    conn.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BS, 8) for name in ("l0", "l1")})
+    store, control = tmp / "store", tmp / "store" / "control.json"
+    assert not conn.plan.active  # the --kv-transfer-config plan: nothing injected
+    write_control(store, InjectionPlan(blocks="0", epoch="first"))
+    _load_nothing(conn)
+    assert conn.plan.epoch == "first" and conn.plan.active
+    stamp = control.stat().st_mtime_ns
+    write_control(store, InjectionPlan(enabled=False, epoch="second"))
+    os.utime(control, ns=(stamp, stamp))  # a coarse file system: the same mtime
+    _load_nothing(conn)
+    assert conn.plan.epoch == "second" and not conn.plan.active
+
+    control.write_text("{not json")
+    _load_nothing(conn)
+    _load_nothing(conn)
+    assert conn.plan.epoch == "second"  # kept
+    events = (tmp / "run" / "events" / "kv_connector.jsonl").read_text().splitlines()
+    assert sum("control_error" in line for line in events) == 1
+
+
+def test_kv_transfer_config_is_what_the_connector_reads():
+    cfg = json.loads(kv_transfer_config("/s", policy="fail"))
+    assert (cfg["kv_connector"], cfg["kv_connector_module_path"]) == (CONNECTOR_NAME, MODULE_PATH)
+    assert cfg["kv_load_failure_policy"] == "fail" and cfg["kv_role"] == "kv_both"
+    extra = cfg["kv_connector_extra_config"]
+    assert extra["storage_path"] == "/s"
+    assert InjectionPlan.from_json(extra["inject"]) == InjectionPlan(enabled=False)

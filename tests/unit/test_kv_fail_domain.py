@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from engine_patches.connectors.injection import (
@@ -15,6 +18,7 @@ from engine_patches.connectors.injection import (
     unit_draw,
 )
 from opsctl.domain import kv_fail as dom
+from opsctl.domain import kv_fail_report as kvr
 
 # ---- injection plan ---------------------------------------------------------------
 
@@ -218,47 +222,197 @@ def test_account_reads_vllm_lines():
 
 
 def _rows(n=4, targeted=(0, 1)):
-    return [dom.RequestRow(i, 100, i in targeted) for i in range(n)]
+    return tuple(kvr.RequestRow(i, 100, i in targeted) for i in range(n))
 
 
-def _facts(policy="recompute", **kw):
-    f = dom.Facts(dom.Settings(policy=policy), 2, policy, "applied", _rows())
-    for k, v in kw.items():
-        setattr(f, k, v)
-    return f
+def _facts(policy="recompute", rows=None, **kw):
+    return kvr.Facts(dom.Settings(policy=policy), _rows() if rows is None else rows, **kw)
 
 
 def _ok(out=True):
     return dom.Comparison(out, out, 0.0 if out else 1.0, None if out else 0)
 
 
+def _codes(f):
+    return {x["code"] for x in kvr.summary(f)["findings"]}
+
+
 def test_judge_pass_and_failures():
-    good = _facts(injections=2, roundtrip_loads=4)
-    for r in good.rows:
-        r.roundtrip = _ok()
-        r.inject_output = dom.Output(True, "length", (1,), (0.0,))
-        r.inject = _ok()
-        r.injected_blocks = 1 if r.targeted else 0
-    assert dom.summary(good)["verdict"] == "pass"
+    done = dom.Output(True, "length", (1,), (0.0,))
+    rows = tuple(
+        replace(
+            r, roundtrip=_ok(), inject_output=done, inject=_ok(), injected_blocks=int(r.targeted)
+        )
+        for r in _rows()
+    )
+    good = _facts(rows=rows, injections=2, roundtrip_loads=4)
+    assert kvr.summary(good)["verdict"] == "pass"
 
-    good.rows[2].inject = _ok(False)  # a survivor that differs
-    assert dom.summary(good)["verdict"] == "fail"
+    differs = (*rows[:2], replace(rows[2], inject=_ok(False)), rows[3])  # a survivor differs
+    s = kvr.summary(replace(good, rows=differs))
+    assert s["verdict"] == "fail" and "kv_fail.output_mismatch" in _codes(
+        replace(good, rows=differs)
+    )
 
-    dead = _facts(died_in="inject", death=["RuntimeError: boom"], engine_alive=False)
-    s = dom.summary(dead)
+    dead = _facts(died_in="inject", death=("RuntimeError: boom",), engine_alive=False)
+    s = kvr.summary(dead)
     assert s["verdict"] == "fail" and not s["engine_alive"]
-    assert any(f["code"] == "kv_fail.engine_died" for f in s["findings"])
+    (died,) = [f for f in s["findings"] if f["code"] == "kv_fail.engine_died"]
+    assert "boom" in died["message"] and "patch prevents" not in died["message"]
+    unpatched = kvr.summary(replace(dead, patch_disabled=True))["findings"]
+    assert any("kv_hybrid_recompute patch prevents" in f["message"] for f in unpatched)
 
-    failing = _facts(policy="fail", injections=2, roundtrip_loads=4)
-    for r in failing.rows:
-        r.roundtrip = _ok()
-        r.injected_blocks = 1 if r.targeted else 0
-        r.inject_output = dom.Output(True, "error" if r.index in (0, 2) else "length", (1,), (0.0,))
-        r.inject = None if r.inject_output.failed else _ok()
-    codes = {f["code"] for f in dom.summary(failing)["findings"]}
+    def failing_row(r):
+        reason = "error" if r.index in (0, 2) else "length"
+        out = dom.Output(True, reason, (1,), (0.0,))
+        return replace(
+            r,
+            roundtrip=_ok(),
+            injected_blocks=int(r.targeted),
+            inject_output=out,
+            inject=None if out.failed else _ok(),
+        )
+
+    failing = _facts(
+        "fail", tuple(failing_row(r) for r in _rows()), injections=2, roundtrip_loads=4
+    )
+    codes = _codes(failing)
     assert "kv_fail.innocent_failed" in codes  # request 2 failed without injection
+    assert "kv_fail.injected_not_failed" in codes  # request 1 was hit but did not fail
 
-    unloaded = _facts(injections=2, roundtrip_loads=1)
-    for r in unloaded.rows:
-        r.roundtrip = _ok()
-    assert "kv_fail.roundtrip_not_loaded" in {f["code"] for f in dom.summary(unloaded)["findings"]}
+    unloaded = _facts(rows=tuple(replace(r, roundtrip=_ok()) for r in _rows()), roundtrip_loads=1)
+    assert "kv_fail.roundtrip_not_loaded" in _codes(unloaded)
+    assert "kv_fail.nothing_injected" in _codes(unloaded)
+
+
+# ---- rows from phase outputs, engine records, the report's shape ----------------------
+def test_request_rows_compare_only_finished_phases():
+    prompts = ((1, 2), (3, 4))
+    a = dom.Output(True, "length", (5,), (-0.5,))
+    b = dom.Output(True, "length", (6,), (-0.5,))
+    failed = dom.Output(True, "error")
+    outputs = {"store": [a, a], "roundtrip": [a, b], "inject": [failed, a]}
+    rows = kvr.request_rows(prompts, (0,), outputs, {"roundtrip"}, {0: 2})
+    assert [r.roundtrip.identical for r in rows] == [True, False]
+    assert rows[0].targeted and not rows[1].targeted and rows[0].injected_blocks == 2
+    assert rows[0].failed and rows[0].inject is None  # failed: never compared
+    assert rows[1].inject is None  # inject not finished alive: its outcome shows, no comparison
+    rows = kvr.request_rows(prompts, (0,), outputs, {"roundtrip", "inject"}, {})
+    assert rows[0].inject is None and rows[1].inject.identical
+    partial = kvr.request_rows(prompts, (), {"store": [a, a], "inject": [a]}, {"inject"}, {})
+    assert partial[0].inject.identical and partial[1].inject_output is None
+
+
+def test_event_records_and_what_they_count():
+    inj = [
+        dom.Injection.from_event({"key": "k1", "group": 0, "epoch": "inject"}),
+        dom.Injection.from_event({"key": "k1", "group": 1, "epoch": "inject"}),
+        dom.Injection.from_event({"key": "k2", "epoch": "sensitivity", "reported": False}),
+        dom.Injection.from_event({"key": "k3", "epoch": "inject", "reported": False}),
+    ]
+    assert dom.injected_blocks(inj, ["k0", "k1", "k2", "k3"]) == {1: 2, 3: 1}
+    assert dom.affected_requests(inj) == 1  # k3 was not reported
+    transfers = [
+        dom.Transfer.from_event({"op": "load", "key": "a", "blocks": 3, "epoch": "roundtrip"}),
+        dom.Transfer.from_event({"op": "load", "key": "a", "blocks": 3, "epoch": "roundtrip"}),
+        dom.Transfer.from_event({"op": "load", "key": "b", "blocks": 0, "epoch": "roundtrip"}),
+        dom.Transfer.from_event({"op": "store", "key": "c", "blocks": 3, "epoch": "roundtrip"}),
+        dom.Transfer.from_event({"op": "load", "key": "d", "blocks": 3, "epoch": "inject"}),
+    ]
+    assert dom.roundtrip_loads(transfers) == 1
+    rec = [
+        dom.Recovery.from_event({"action": "recomputed", "tokens": 64}),
+        dom.Recovery.from_event({"action": "recomputed", "tokens": 32}),
+        dom.Recovery.from_event({"action": "failed", "tokens": 99}),
+    ]
+    assert dom.recomputed_by_patch(rec) == 96
+
+
+def test_recovery_logged_waits_for_every_affected_request():
+    one = "Recovered from KV load failure: 1 request(s) rescheduled (32 tokens affected)."
+    failing = (
+        "Failing 1 request(s) due to KV load failure (failure_policy=fail, 32 tokens affected)"
+    )
+    assert dom.recovery_logged("", 0)
+    assert not dom.recovery_logged(one, 2)
+    assert dom.recovery_logged(f"{one}\nnoise\n{one}", 2)
+    assert dom.recovery_logged(f"{failing}\n{one}", 2)
+
+
+def test_engine_facts_from_engine_core_record():
+    records = [
+        {"role": "api_server", "vllm_version": "x", "patches": []},
+        {
+            "role": "engine_core",
+            "vllm_version": "0.32.0",
+            "platform": "cpu",
+            "patches": [
+                {"name": "kv_hybrid_recompute", "status": "skipped", "detail": "off\nmore"}
+            ],
+        },
+    ]
+    e = kvr.engine_facts({"kv_load_failure_policy": "fail", "kv_cache_groups": [{}]}, records)
+    assert (e.vllm_version, e.platform, e.policy, e.kv_cache_groups) == (
+        "0.32.0",
+        "cpu",
+        "fail",
+        [{}],
+    )
+    assert e.patch == {"name": "kv_hybrid_recompute", "status": "skipped", "detail": "off"}
+    assert kvr.engine_facts({}, []).patch["status"] is None
+
+
+def test_report_fields_keep_the_schema_1_shape():
+    s = dom.Settings(rate=0.5, seed=3)
+    work = dom.workload(s, 320)
+    out = dom.Output(True, "length", (5,), (-0.5,))
+    fields = kvr.report_fields(
+        kvr.Facts(s, _rows()),
+        model="tiny-llama",
+        engine=kvr.engine_facts({"platform": "cpu"}, []),
+        targets=work.targets,
+        recoveries=(),
+        metrics={"vllm:num_preemptions_total": 0.0},
+        phase_seconds={"store": 1.0},
+        baseline=[out],
+        prompts=work.prompts,
+        run_dir="/r",
+    )
+    assert list(fields) == [
+        "vllm_version",
+        "platform",
+        "model",
+        "kv_cache_groups",
+        "kv_load_failure_policy",
+        "patch",
+        "injection",
+        "failures_injected",
+        "requests_affected",
+        "tokens_recomputed",
+        "tokens_recomputed_source",
+        "requests_rescheduled",
+        "requests_failed",
+        "engine_alive",
+        "outputs_identical",
+        "findings",
+        "verdict",
+        "tokens_recomputed_by_patch",
+        "engine_death",
+        "died_in_phase",
+        "metrics_delta",
+        "phase_seconds",
+        "requests",
+        "baseline",
+        "prompts",
+        "run_dir",
+    ]
+    assert fields["injection"] == {
+        "mode": "rate",
+        "rate": 0.5,
+        "blocks": None,
+        "seed": 3,
+        "targets": [0, 1, 2, 3],  # a rate without --targets hits every request
+    }
+    assert fields["kv_load_failure_policy"] == "recompute"  # the engine said nothing
+    assert fields["engine_death"] is None and fields["prompts"][0] == list(work.prompts[0])
+    json.dumps(fields)  # plain JSON

@@ -1,0 +1,390 @@
+"""`diag kv-fail` as a library call: KV load failures on a live engine (vLLM PR 50388).
+
+``run(target, options, progress=ignore, session=None) -> KvFailReport``.
+
+The target must be an :class:`~opsctl.checks.target.EngineSpec`: the check starts the
+engine itself with opsctl's fault-injecting KV connector
+(:mod:`engine_patches.connectors.fault_kv`; its ``--kv-transfer-config``, ``--block-size
+32`` and ``--no-enable-prefix-caching`` are added to the spec's arguments, so it never
+shares an engine with another check). A URL is refused (:class:`~opsctl.errors.BadInput`):
+a server opsctl did not start with the connector cannot inject anything. To run without
+the kv_hybrid_recompute patch (``--no-patch``), put ``"kv_hybrid_recompute"`` into the
+spec's ``disable_patches``.
+
+One workload (greedy, logprobs, real seeded weights) goes through four phases on that
+engine: ``store`` (failure-free baseline; the connector stores every prompt's KV for
+every KV cache group), ``roundtrip`` (reload, nothing injected: must equal the
+baseline), ``inject`` (reload with failed blocks reported: the engine must survive and
+every non-failed request must equal its baseline) and ``sensitivity`` (the same blocks
+corrupted silently: outputs should change, showing that the comparison would catch a
+missed recovery). Decisions are :mod:`opsctl.domain.kv_fail`'s, I/O is
+:mod:`opsctl.collectors.kv_fail`'s.
+
+Progress: :class:`~opsctl.checks.events.Started`, the engine's start events, a
+:class:`~opsctl.checks.events.Phase` per phase, the live results
+:class:`~opsctl.checks.events.Table` after each request, :class:`Injected` and
+:class:`Recovered` as the connector and the patch record them, :class:`EngineDied` when
+the engine dies, :class:`~opsctl.checks.events.Alert` for test knobs, and
+:class:`~opsctl.checks.events.Finished`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine_patches.connectors.injection import InjectionPlan
+from opsctl.checks import events as ev
+from opsctl.checks.report import Report
+from opsctl.checks.session import EngineSession, opened
+from opsctl.checks.target import EngineSpec, Target, UrlTarget
+from opsctl.domain import kv_fail as dom
+from opsctl.domain import kv_fail_report as kvr
+from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.collectors.kv_fail import KvProbe
+    from opsctl.engine.model import ResolvedModel
+
+SCHEMA = "diag.kv-fail"
+TITLE = "diag kv-fail"
+DEFAULT_MODEL = "tiny-hybrid"
+PATCH_NAME = dom.PATCH_NAME  # --no-patch: the spec's disable_patches names it
+
+
+@dataclass(frozen=True)
+class Options:
+    settings: dom.Settings = field(default_factory=dom.Settings)
+    request_timeout: float = 180.0  # seconds for one completion
+    settle: float = 5.0  # seconds a failed request's engine gets to show it still serves
+    log_wait: float = 5.0  # seconds for vLLM's recovery lines to land after the inject phase
+
+
+@dataclass(frozen=True, slots=True)
+class Injected(ev.Event):
+    """The connector injected a block (``request``: index in the workload, None if unknown)."""
+
+    request: int | None
+    injection: dom.Injection
+
+    def snapshot(self) -> dict[str, Any]:
+        i = self.injection
+        verb = "injected" if i.reported else "corrupted silently"
+        who = "?" if self.request is None else self.request
+        return {
+            "events": [
+                f"{verb}: request #{who} group {i.group} block {i.block} "
+                f"position {i.position} ({i.epoch})"
+            ]
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered(ev.Event):
+    """The kv_hybrid_recompute patch recovered (or failed) requests hit by failures."""
+
+    recovery: dom.Recovery
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.recovery
+        return {
+            "events": [
+                f"patch: {r.action} {r.requests} request(s), {r.tokens} tokens "
+                f"({r.groups} KV cache groups, policy {r.policy})"
+            ]
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDied(ev.Event):
+    phase: str
+    request: int
+    error: str | None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"events": [f"engine died at request #{self.request}: {self.error}"]}
+
+
+class KvFailReport(Report):
+    """The ``diag.kv-fail`` document (schema 1) and its verdict."""
+
+    @property
+    def findings(self) -> list[dict]:
+        return list(self.document.get("findings", []))
+
+    @property
+    def failures(self) -> list[str]:
+        """Messages of the failed findings (why the verdict is fail)."""
+        return [f["message"] for f in self.findings if f["severity"] == "fail"]
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.document.get("warnings", []))
+
+    @property
+    def run_dir(self) -> str | None:
+        return self.document.get("run_dir")
+
+
+def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
+    """The caller's spec with the default model and the connector's engine arguments."""
+    from engine_patches.connectors.injection import kv_transfer_config
+
+    args = (
+        "--kv-transfer-config",
+        kv_transfer_config(policy=settings.policy),
+        "--block-size",
+        str(dom.BLOCK_SIZE),
+        "--no-enable-prefix-caching",
+    )
+    return target.with_defaults(DEFAULT_MODEL, extra_args=(*target.extra_args, *args))
+
+
+def validate(target: Target, options: Options) -> ResolvedModel:
+    """BadInput for what cannot run (a URL, bad settings, a model the connector cannot
+    serve); returns the resolved model."""
+    from opsctl.engine.model import resolve
+
+    if isinstance(target, UrlTarget):
+        raise BadInput(
+            f"diag kv-fail cannot run against {target.url}: it needs an engine opsctl starts "
+            "with its fault-injecting KV connector (give a model, not a URL)"
+        )
+    try:
+        options.settings.validate()
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if target.timeout <= 0:
+        raise BadInput("--timeout must be positive")
+    resolved = resolve(target.model or DEFAULT_MODEL)  # BadInput: unknown name / bad dir
+    why = dom.servable(resolved.config)
+    if why:
+        raise BadInput(f"the fault-injecting KV connector cannot serve {resolved.name}: {why}")
+    return resolved
+
+
+def _cell(c: dom.Comparison | None) -> str:
+    if c is None:
+        return "-"
+    if c.identical:
+        return "identical"
+    return "tokens ok" if c.tokens_equal else f"differs@{c.first_divergence}"
+
+
+def table(rows: tuple[kvr.RequestRow, ...]) -> tuple[tuple[str, ...], ...]:
+    """The live results table (columns :data:`opsctl.domain.kv_fail_report.COLUMNS`)."""
+    out = []
+    for r in rows:
+        o = r.inject_output
+        outcome = "-" if o is None else ("failed" if o.failed else (o.finish_reason or "ok"))
+        out.append(
+            (
+                str(r.index),
+                str(r.prompt_tokens),
+                "yes" if r.targeted else "no",
+                _cell(r.roundtrip),
+                str(r.injected_blocks),
+                outcome,
+                "n/a" if r.failed else _cell(r.inject),
+                _cell(r.sensitivity),
+            )
+        )
+    return tuple(out)
+
+
+class _Run:
+    """The phases on one engine: what each got so far (mutable, kept out of the domain)."""
+
+    def __init__(
+        self,
+        probe: KvProbe,
+        model: str,
+        work: dom.Workload,
+        options: Options,
+        progress: ev.Progress,
+    ) -> None:
+        self.probe, self.model, self.work = probe, model, work
+        self.options, self.progress = options, progress
+        self.outputs: dict[str, list[dom.Output]] = {}
+        self.compared: set[str] = set()
+        self.injected: dict[int, int] = {}
+        self.seconds: dict[str, float] = {}
+        self._index = {k: i for i, k in enumerate(work.keys)}
+
+    def rows(self) -> tuple[kvr.RequestRow, ...]:
+        w = self.work
+        return kvr.request_rows(w.prompts, w.targets, self.outputs, self.compared, self.injected)
+
+    def news(self) -> None:
+        """Injections and recoveries recorded since the last look, as events."""
+        for i in self.probe.tail.injections():
+            self.progress(Injected(self._index.get(i.key or ""), i))
+        for r in self.probe.tail.recoveries():
+            self.progress(Recovered(r))
+
+    def round(self, name: str, plan: InjectionPlan) -> bool:
+        """One pass over every prompt; False when the engine died (the rest is not sent)."""
+        self.progress(ev.Phase(name, 0, len(self.work.prompts)))
+        self.probe.set_plan(plan)
+        t0 = time.time()
+        outs = self.outputs[name] = []
+        try:
+            for i, prompt in enumerate(self.work.prompts):
+                s = self.options.settings
+                out = self.probe.complete(
+                    self.model, prompt, s.max_tokens, self.options.request_timeout
+                )
+                outs.append(out)
+                alive = out.ok or self.probe.still_alive(self.options.settle)
+                self.news()
+                if not alive:
+                    self.progress(EngineDied(name, i, out.error))
+                self.progress(ev.Table(kvr.COLUMNS, table(self.rows())))
+                if not alive:
+                    return False
+            return True
+        finally:
+            self.seconds[name] = round(time.time() - t0, 3)
+
+    def store_and_roundtrip(self) -> str | None:
+        """The baseline, then its reload; the phase the engine died in, if it did."""
+        if not self.round("store", InjectionPlan(enabled=False, epoch="store")):
+            return "store"
+        if not self.round("roundtrip", InjectionPlan(enabled=False, epoch="roundtrip")):
+            return "roundtrip"
+        self.compared.add("roundtrip")
+        return None
+
+    def inject(self) -> tuple[str | None, dom.Accounting, tuple[str, ...], dict | None]:
+        """Reload with failures reported: (died in, the engine's accounting, death lines,
+        /metrics deltas over the phase)."""
+        probe = self.probe
+        mark, before = probe.log_mark(), probe.metrics()
+        ok = self.round("inject", self.options.settings.plan(self.work.target_keys, "inject"))
+        affected = dom.affected_requests(probe.injections())
+        segment = probe.log_until(
+            mark, lambda text: dom.recovery_logged(text, affected), self.options.log_wait
+        )
+        accounting = dom.account(segment)
+        if not ok or not probe.alive():
+            death = dom.death_lines(segment) or dom.death_lines(probe.log_text())
+            return "inject", accounting, tuple(death), None
+        self.compared.add("inject")
+        return None, accounting, (), dom.metrics_delta(before, probe.metrics())
+
+    def sensitivity(self) -> str | None:
+        """The same blocks corrupted silently; the phase the engine died in, if it did."""
+        plan = self.options.settings.plan(self.work.target_keys, "sensitivity", silent=True)
+        if not self.round("sensitivity", plan):
+            return "sensitivity"
+        self.compared.add("sensitivity")
+        return None
+
+
+def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
+    """Every phase the engine lives through; the facts for the domain to judge."""
+    accounting, metrics = dom.Accounting(), None
+    death: tuple[str, ...] = ()
+    died = r.store_and_roundtrip()
+    if died is None:
+        died, accounting, death, metrics = r.inject()
+    injections = [i for i in r.probe.injections() if i.epoch == "inject"]
+    r.injected = dom.injected_blocks(injections, r.work.keys)
+    sensitivity_ran = False
+    if died is None and injections:
+        died = r.sensitivity()
+        sensitivity_ran = died is None
+    facts = kvr.Facts(
+        r.options.settings,
+        r.rows(),
+        roundtrip_loads=dom.roundtrip_loads(r.probe.transfers()),
+        injections=len(injections),
+        accounting=accounting,
+        engine_alive=died is None and r.probe.alive(),
+        died_in=died,
+        death=death,
+        sensitivity_ran=sensitivity_ran,
+        patch_disabled=patch_disabled,
+    )
+    return facts, metrics
+
+
+def _on_engine(
+    probe: KvProbe,
+    spec: EngineSpec,
+    model: str,
+    work: dom.Workload,
+    options: Options,
+    progress: ev.Progress,
+) -> dict:
+    """The check on a running engine: the report's fields, test knobs and warnings."""
+    from opsctl.collectors import ledger
+
+    if line := ledger.knob_warning(ledger.test_knobs(probe.records())):
+        progress(ev.Alert(line))
+    info = probe.engine_info()
+    r = _Run(probe, model, work, options, progress)
+    facts, metrics = _phases(r, PATCH_NAME in spec.disable_patches)
+    records = probe.records()
+    fields = kvr.report_fields(
+        facts,
+        model=model,
+        engine=kvr.engine_facts(info, records),
+        targets=work.targets,
+        recoveries=probe.recoveries(),
+        metrics=metrics,
+        phase_seconds=r.seconds,
+        baseline=r.outputs.get("store", []),
+        prompts=work.prompts,
+        run_dir=str(probe.run_dir),
+    )
+    r.news()
+    progress(
+        ev.Finished(
+            fields["verdict"],
+            f"injected {facts.injections} block(s), {fields['tokens_recomputed']} tokens "
+            f"recomputed, {fields['requests_failed']} failed, engine "
+            f"{'alive' if fields['engine_alive'] else 'DEAD'}",
+            table(facts.rows),
+        )
+    )
+    knobs = ledger.test_knobs(records)
+    warning = ledger.knob_warning(knobs)
+    return {**fields, "test_knobs": knobs, "warnings": [warning] if warning else []}
+
+
+def run(
+    target: Target,
+    options: Options,
+    progress: ev.Progress = ev.ignore,
+    session: EngineSession | None = None,
+) -> KvFailReport:
+    """Run diag kv-fail on an engine started for ``target`` (an EngineSpec; a URL is
+    BadInput). Raises BadInput for bad settings or a model the connector cannot serve,
+    the engine start's errors (EngineDied, OpsTimeout); a dying engine *during* the
+    phases is a finding (verdict fail), not an exception."""
+    from opsctl.collectors.kv_fail import KvProbe
+    from opsctl.output import document
+
+    resolved = validate(target, options)
+    assert isinstance(target, EngineSpec)
+    spec = engine_spec(target, options.settings)
+    work = dom.workload(options.settings, int(resolved.config.get("vocab_size") or 320))
+    started = time.time()
+    progress(ev.Started(TITLE))
+    progress(ev.Table(kvr.COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))
+    progress(ev.Log(work.describe(options.settings)))
+    with opened(spec, session, progress, label="kv-fail") as live:
+        assert live.run_dir is not None  # an engine opsctl started always has one
+        with KvProbe(live.url, live.run_dir, live.server, live.api_key) as probe:
+            fields = _on_engine(probe, spec, resolved.name, work, options, progress)
+    knobs, warnings = fields.pop("test_knobs"), fields.pop("warnings")
+    doc = document(
+        SCHEMA,
+        **fields,
+        seconds=round(time.time() - started, 2),
+        test_knobs=knobs,
+        warnings=warnings,
+    )
+    return KvFailReport(doc["verdict"], doc)

@@ -1,0 +1,179 @@
+"""I/O of `diag kv-fail` against the engine opsctl started with the fault-injecting KV
+connector: completions over HTTP, the connector's control file, its event files and
+the patch's, the server log, /metrics, and whether the engine still lives.
+
+:class:`KvProbe` holds one HTTP client for one engine. Every wait here is a condition
+with a deadline (:meth:`KvProbe.still_alive`, :meth:`KvProbe.log_until`); nothing
+sleeps a fixed time. What it reads comes back as frozen records of
+:mod:`opsctl.domain.kv_fail` (or plain dicts for the engine's own records).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine_patches.connectors.injection import (
+    CONTROL_FILE,
+    INJECTIONS,
+    STORE_DIR,
+    TRANSFERS,
+    InjectionPlan,
+    control_text,
+)
+from opsctl.collectors import http, ledger
+from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
+from opsctl.domain import kv_fail as dom
+
+RECOVERIES = "kv_recoveries"  # written by engine_patches.patches.kv_hybrid_recompute
+POLL = 0.1  # seconds between looks while waiting for a condition
+
+
+def write_control(store: Path, plan: InjectionPlan) -> None:
+    """Give the running connector a new plan (atomically: it never reads half a file;
+    it compares content, so two writes within one mtime tick both count)."""
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = store / f".{CONTROL_FILE}.tmp"
+    tmp.write_text(control_text(plan))
+    tmp.replace(store / CONTROL_FILE)
+
+
+def complete(
+    client: httpx.Client,
+    url: str,
+    model: str,
+    prompt: Sequence[int],
+    max_tokens: int,
+    timeout: float,
+    api_key: str | None = None,
+) -> dom.Output:
+    """One greedy completion of token ids with their logprobs; a transport error is an
+    output that failed (with the reason), a refused credential the typed error."""
+    body = {
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 1,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+    }
+    try:
+        r = client.post(f"{url}/v1/completions", json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return dom.Output(False, error=f"{type(exc).__name__}: {exc}"[:200])
+    http.check_auth(r, api_key)
+    try:
+        data = r.json()
+    except ValueError:
+        data = r.text
+    return dom.output_from_response(r.status_code, data)
+
+
+class EventTail:
+    """The events of one kind that appeared since the last look (the files only grow)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._seen: Counter[str] = Counter()
+
+    def new(self, kind: str) -> list[dict]:
+        events = ledger.read_events(self.run_dir, kind)
+        fresh = events[self._seen[kind] :]
+        self._seen[kind] = len(events)
+        return fresh
+
+    def injections(self) -> tuple[dom.Injection, ...]:
+        return tuple(dom.Injection.from_event(e) for e in self.new(INJECTIONS))
+
+    def recoveries(self) -> tuple[dom.Recovery, ...]:
+        return tuple(dom.Recovery.from_event(e) for e in self.new(RECOVERIES))
+
+
+class KvProbe:
+    """One engine (a :class:`opsctl.checks.target.Live` that opsctl started: ``server``
+    is its EngineServer, ``run_dir`` its run directory)."""
+
+    def __init__(self, url: str, run_dir: Path, server: Any, api_key: str | None = None):
+        self.url, self.run_dir, self.server, self.api_key = url, run_dir, server, api_key
+        self.store = run_dir / STORE_DIR
+        self.client = http.client(api_key)
+        self.tail = EventTail(run_dir)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> KvProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- requests ------------------------------------------------------------------
+    def set_plan(self, plan: InjectionPlan) -> None:
+        write_control(self.store, plan)
+
+    def complete(
+        self, model: str, prompt: Sequence[int], max_tokens: int, timeout: float
+    ) -> dom.Output:
+        return complete(self.client, self.url, model, prompt, max_tokens, timeout, self.api_key)
+
+    def metrics(self) -> MetricsSnapshot:
+        return fetch_metrics(self.client, self.url)
+
+    # ---- liveness ------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.server.exited() is None and self.server.health(self.client)
+
+    def still_alive(self, settle: float) -> bool:
+        """After a failed request: is the engine still serving? A dead EngineCore makes
+        /health fail (or the server exit) within moments; look again until ``settle``
+        seconds have passed."""
+        deadline = time.monotonic() + settle
+        while not self.alive():
+            if time.monotonic() > deadline or self.server.exited() is not None:
+                return False
+            time.sleep(POLL)
+        return True
+
+    # ---- the server log --------------------------------------------------------------
+    def log_text(self) -> str:
+        return self.server.log_text()
+
+    def log_mark(self) -> int:
+        return len(self.log_text())
+
+    def log_until(self, mark: int, done: Callable[[str], bool], timeout: float) -> str:
+        """The log written since ``mark``, once ``done(text)`` holds, the engine is gone,
+        or ``timeout`` seconds have passed (vLLM's lines land a moment after the answer)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_text()[mark:]
+            if done(text) or time.monotonic() > deadline or not self.alive():
+                return text
+            time.sleep(POLL)
+
+    # ---- what the engine recorded ------------------------------------------------------
+    def engine_info(self) -> dict:
+        return (ledger.read_events(self.run_dir, "engine_info") or [{}])[-1]
+
+    def records(self) -> list[dict]:
+        return ledger.read_records(self.run_dir)
+
+    def injections(self) -> tuple[dom.Injection, ...]:
+        events = ledger.read_events(self.run_dir, INJECTIONS)
+        return tuple(dom.Injection.from_event(e) for e in events)
+
+    def transfers(self) -> tuple[dom.Transfer, ...]:
+        return tuple(
+            dom.Transfer.from_event(e) for e in ledger.read_events(self.run_dir, TRANSFERS)
+        )
+
+    def recoveries(self) -> tuple[dom.Recovery, ...]:
+        events = ledger.read_events(self.run_dir, RECOVERIES)
+        return tuple(dom.Recovery.from_event(e) for e in events)

@@ -1,0 +1,316 @@
+"""`diag kv-fail` judgement: per-request rows, findings, verdict and the fields of the
+``diag.kv-fail`` document, from what the check observed. Pure (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.domain.kv_fail import (
+    PATCH_NAME,
+    Accounting,
+    Comparison,
+    Output,
+    Recovery,
+    Settings,
+    compare,
+    recomputed_by_patch,
+)
+
+COLUMNS = (  # the results table (live panel and terminal report)
+    "#",
+    "prompt",
+    "target",
+    "round trip",
+    "injected",
+    "outcome",
+    "vs baseline",
+    "silent corrupt",
+)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine says about itself: its engine_info event and ledger records."""
+
+    vllm_version: str | None = None
+    platform: str | None = None
+    kv_cache_groups: Any = None  # engine_info's list of {"spec", "sliding_window", ...}
+    policy: str | None = None  # kv_load_failure_policy the engine runs with
+    patch: Mapping[str, Any] = field(default_factory=dict)  # {"name", "status", "detail"}
+
+
+def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> EngineFacts:
+    """The EngineCore's ledger record (else the first) and what it says of the patch."""
+    core = next(
+        (r for r in records if r.get("role") == "engine_core"), records[0] if records else {}
+    )
+    patches = core.get("patches", [])
+    patch: Mapping[str, Any] = next((p for p in patches if p.get("name") == PATCH_NAME), {})
+    detail = patch.get("detail")
+    return EngineFacts(
+        core.get("vllm_version"),
+        core.get("platform") or info.get("platform"),
+        info.get("kv_cache_groups"),
+        info.get("kv_load_failure_policy"),
+        {
+            "name": PATCH_NAME,
+            "status": patch.get("status"),
+            "detail": detail.splitlines()[0] if detail else None,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    index: int
+    prompt_tokens: int
+    targeted: bool
+    injected_blocks: int = 0
+    roundtrip: Comparison | None = None
+    inject: Comparison | None = None
+    inject_output: Output | None = None
+    sensitivity: Comparison | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.inject_output and self.inject_output.failed)
+
+    def to_dict(self) -> dict:
+        def cmp(c: Comparison | None) -> dict | None:
+            if c is None:
+                return None
+            return {
+                "identical": c.identical,
+                "tokens_equal": c.tokens_equal,
+                "logprobs_equal": c.logprobs_equal,
+                "max_logprob_diff": c.max_logprob_diff,
+                "first_divergence": c.first_divergence,
+            }
+
+        return {
+            "index": self.index,
+            "prompt_tokens": self.prompt_tokens,
+            "targeted": self.targeted,
+            "injected_blocks": self.injected_blocks,
+            "failed": self.failed,
+            "finish_reason": self.inject_output.finish_reason if self.inject_output else None,
+            "error": self.inject_output.error if self.inject_output else None,
+            "roundtrip": cmp(self.roundtrip),
+            "inject": cmp(self.inject),
+            "sensitivity": cmp(self.sensitivity),
+        }
+
+
+def request_rows(
+    prompts: Sequence[Sequence[int]],
+    targets: Collection[int],
+    outputs: Mapping[str, Sequence[Output]],
+    compared: Collection[str],
+    injected: Mapping[int, int],
+) -> tuple[RequestRow, ...]:
+    """One row per request from the outputs each phase got so far (``outputs["store"]``
+    is the baseline). A phase is compared with the baseline only once it is in
+    ``compared`` (it finished with the engine alive); the inject phase's own outcome
+    shows as soon as it is there, and a request that failed there is not compared."""
+    base = outputs.get("store", ())
+
+    def cmp(phase: str, i: int) -> Comparison | None:
+        outs = outputs.get(phase, ())
+        if phase not in compared or i >= len(outs) or i >= len(base):
+            return None
+        return compare(base[i], outs[i])
+
+    inject = outputs.get("inject", ())
+    rows = []
+    for i, prompt in enumerate(prompts):
+        out = inject[i] if i < len(inject) else None
+        rows.append(
+            RequestRow(
+                i,
+                len(prompt),
+                i in targets,
+                injected.get(i, 0),
+                cmp("roundtrip", i),
+                None if out is None or out.failed else cmp("inject", i),
+                out,
+                cmp("sensitivity", i),
+            )
+        )
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the diag observed (collected by the check, judged here)."""
+
+    settings: Settings
+    rows: tuple[RequestRow, ...] = ()
+    roundtrip_loads: int = 0
+    injections: int = 0
+    accounting: Accounting = field(default_factory=Accounting)
+    engine_alive: bool = True
+    died_in: str | None = None
+    death: tuple[str, ...] = ()
+    sensitivity_ran: bool = False
+    patch_disabled: bool = False  # the engine ran without kv_hybrid_recompute (--no-patch)
+
+
+def _survival(f: Facts) -> list[Finding]:
+    if not f.died_in:
+        return [Finding(OK, "kv_fail.engine_alive", "engine alive after every phase")]
+    why = f" ({f.death[-1]})" if f.death else ""
+    hint = " -- this is what the kv_hybrid_recompute patch prevents" if f.patch_disabled else ""
+    return [
+        Finding(FAIL, "kv_fail.engine_died", f"engine died during the {f.died_in} phase{why}{hint}")
+    ]
+
+
+def _roundtrip(f: Facts) -> list[Finding]:
+    n = len(f.rows)
+    rt = [r for r in f.rows if r.roundtrip is not None]
+    if not rt:
+        return []
+    bad = [r.index for r in rt if not r.roundtrip or not r.roundtrip.identical]
+    if bad:
+        msg = f"store/reload without injection changed outputs of request(s) {bad}"
+        return [Finding(FAIL, "kv_fail.roundtrip_mismatch", msg)]
+    if f.roundtrip_loads < n:
+        msg = f"only {f.roundtrip_loads}/{n} requests reloaded KV from the connector"
+        return [Finding(FAIL, "kv_fail.roundtrip_not_loaded", msg)]
+    msg = f"{n}/{n} requests reloaded their KV (every group) and matched the baseline"
+    return [Finding(OK, "kv_fail.roundtrip_identical", msg)]
+
+
+def _policy(f: Facts) -> list[Finding]:
+    """Who failed under which policy: nobody under recompute, only the injected under fail."""
+    s, out = f.settings, []
+    failed = [r.index for r in f.rows if r.failed]
+    innocent = [r.index for r in f.rows if r.failed and r.injected_blocks == 0]
+    if s.policy == "recompute" and failed:
+        msg = f"request(s) {failed} failed although the policy is recompute"
+        out.append(Finding(FAIL, "kv_fail.failed_under_recompute", msg))
+    if s.policy == "fail" and innocent:
+        msg = f"request(s) {innocent} failed without any injected block"
+        out.append(Finding(FAIL, "kv_fail.innocent_failed", msg))
+    if s.policy == "fail":
+        hit = [r.index for r in f.rows if r.injected_blocks and not r.failed]
+        if hit:
+            msg = f"request(s) {hit} had injected blocks but did not fail"
+            out.append(Finding(WARNING, "kv_fail.injected_not_failed", msg))
+    return out
+
+
+def _injected(f: Facts) -> list[Finding]:
+    out: list[Finding] = []
+    if f.died_in not in (None, "sensitivity"):
+        return out
+    if f.injections == 0:
+        msg = "no block was injected; nothing was proven"
+        out.append(Finding(WARNING, "kv_fail.nothing_injected", msg))
+    mism = [
+        r.index for r in f.rows if not r.failed and r.inject is not None and not r.inject.identical
+    ]
+    if mism:
+        msg = f"request(s) {mism} finished but differ from the baseline after injection"
+        out.append(Finding(FAIL, "kv_fail.output_mismatch", msg))
+    out += _policy(f)
+    if not mism and f.injections:
+        survivors = sum(1 for r in f.rows if not r.failed)
+        msg = f"{survivors}/{len(f.rows)} non-failed requests equal their baseline (tokens and logprobs)"
+        out.append(Finding(OK, "kv_fail.outputs_identical", msg))
+    a = f.accounting
+    if a.recomputed_tokens or a.failed_requests:
+        msg = (
+            f"engine: {a.rescheduled_requests} request(s) rescheduled, {a.recomputed_tokens} "
+            f"tokens recomputed; {a.failed_requests} request(s) failed"
+        )
+        out.append(Finding(INFO, "kv_fail.engine_accounting", msg))
+    return out
+
+
+def _sensitivity(f: Facts) -> list[Finding]:
+    if not f.sensitivity_ran:
+        return []
+    changed = [r.index for r in f.rows if r.sensitivity is not None and not r.sensitivity.identical]
+    if changed:
+        msg = (
+            f"silently corrupting the same blocks changed request(s) {changed}: "
+            "the comparison catches a missed recovery"
+        )
+        return [Finding(OK, "kv_fail.sensitive", msg)]
+    msg = (
+        "silently corrupting the injected blocks changed no output; "
+        "identical outputs prove less than they seem"
+    )
+    return [Finding(WARNING, "kv_fail.insensitive", msg)]
+
+
+def judge(f: Facts) -> list[Finding]:
+    return [*_survival(f), *_roundtrip(f), *_injected(f), *_sensitivity(f)]
+
+
+def summary(f: Facts) -> dict:
+    a = f.accounting
+    affected = sum(1 for r in f.rows if r.injected_blocks)
+    findings = judge(f)
+    identical = (
+        all(r.inject.identical for r in f.rows if not r.failed and r.inject is not None)
+        and not f.died_in
+    )
+    return {
+        "failures_injected": f.injections,
+        "requests_affected": affected,
+        "tokens_recomputed": a.recomputed_tokens,
+        "tokens_recomputed_source": "engine log (vLLM's 'tokens affected' lines)",
+        "requests_rescheduled": a.rescheduled_requests,
+        "requests_failed": sum(1 for r in f.rows if r.failed),
+        "engine_alive": f.engine_alive and not f.died_in,
+        "outputs_identical": identical,
+        "findings": [x.to_dict() for x in findings],
+        "verdict": verdict(findings),
+    }
+
+
+def report_fields(
+    f: Facts,
+    *,
+    model: str,
+    engine: EngineFacts,
+    targets: Sequence[int],
+    recoveries: Sequence[Recovery],
+    metrics: Mapping[str, float] | None,
+    phase_seconds: Mapping[str, float],
+    baseline: Sequence[Output],
+    prompts: Sequence[Sequence[int]],
+    run_dir: str,
+) -> dict:
+    """The fields of the ``diag.kv-fail`` document (schema 1), in their order."""
+    s = f.settings
+    return {
+        "vllm_version": engine.vllm_version,
+        "platform": engine.platform,
+        "model": model,
+        "kv_cache_groups": engine.kv_cache_groups,
+        "kv_load_failure_policy": engine.policy or s.policy,
+        "patch": dict(engine.patch),
+        "injection": {
+            "mode": s.mode,
+            "rate": s.rate,
+            "blocks": None if s.rate is not None else (s.blocks or "-1"),
+            "seed": s.seed,
+            "targets": sorted(targets),
+        },
+        **summary(f),
+        "tokens_recomputed_by_patch": recomputed_by_patch(recoveries),
+        "engine_death": list(f.death) or None,
+        "died_in_phase": f.died_in,
+        "metrics_delta": dict(metrics) if metrics else None,
+        "phase_seconds": dict(phase_seconds),
+        "requests": [r.to_dict() for r in f.rows],
+        "baseline": [o.to_dict() for o in baseline],
+        "prompts": [list(p) for p in prompts],
+        "run_dir": run_dir,
+    }

@@ -1,0 +1,75 @@
+"""The rich (terminal) view of a ``diag.kv-fail`` document, for `opsctl diag kv-fail`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from opsctl.domain.kv_fail_report import COLUMNS
+from opsctl.output import render_findings
+
+
+def _groups(doc: Mapping[str, Any]) -> str:
+    groups = doc.get("kv_cache_groups") or []
+    named = ", ".join(
+        f"{g.get('spec')}" + (f"(window {g['sliding_window']})" if g.get("sliding_window") else "")
+        for g in groups
+    )
+    return f"{len(groups)} KV cache group(s): {named}"
+
+
+def _cell(c: Mapping[str, Any] | None) -> str:
+    if not c:
+        return "-"
+    return (
+        "identical" if c["identical"] else f"differs (max |dlogprob| {c.get('max_logprob_diff')})"
+    )
+
+
+def _requests(doc: Mapping[str, Any]) -> Table:
+    table = Table(*COLUMNS)
+    for r in doc.get("requests", []):
+        outcome = "failed" if r["failed"] else (r.get("finish_reason") or "-")
+        table.add_row(
+            str(r["index"]),
+            str(r["prompt_tokens"]),
+            "yes" if r["targeted"] else "no",
+            _cell(r.get("roundtrip")),
+            str(r["injected_blocks"]),
+            outcome,
+            "n/a" if r["failed"] else _cell(r.get("inject")),
+            _cell(r.get("sensitivity")),
+        )
+    return table
+
+
+def render(con: Console, doc: Mapping[str, Any]) -> None:
+    con.print(
+        f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version')} "
+        f"({doc.get('platform')}), {_groups(doc)}"
+    )
+    patch = doc.get("patch") or {}
+    inj = doc.get("injection") or {}
+    what = inj.get("rate") if inj.get("mode") == "rate" else inj.get("blocks")
+    con.print(
+        f"policy {doc.get('kv_load_failure_policy')}; patch {patch.get('name')}: "
+        f"{patch.get('status')}; injection {inj.get('mode')} {what} "
+        f"seed {inj.get('seed')} on requests {inj.get('targets')}"
+    )
+    con.print(_requests(doc))
+    con.print(
+        f"failures injected {doc['failures_injected']}, requests affected "
+        f"{doc['requests_affected']}, tokens recomputed {doc['tokens_recomputed']} (engine), "
+        f"requests failed {doc['requests_failed']}, "
+        f"engine alive {'yes' if doc['engine_alive'] else '[red]NO[/]'}, "
+        f"outputs identical {'yes' if doc['outputs_identical'] else 'no'}"
+    )
+    render_findings(
+        con,
+        list(doc.get("findings", [])),
+        doc["verdict"],
+        f"  ({doc.get('seconds')} s, run {doc.get('run_dir')})",
+    )
