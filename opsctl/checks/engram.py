@@ -240,7 +240,7 @@ def clean(
 ) -> EngramReport:
     """List (and with ``yes`` remove) orphaned Engram tables in /dev/shm. Verdict fail
     when ``yes`` kept an orphan it listed (refused, held again, gone, not removable)."""
-    from opsctl.collectors import engram as col
+    from opsctl.collectors import engram_clean as col
     from opsctl.output import document
 
     o = options

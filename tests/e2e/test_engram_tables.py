@@ -19,6 +19,7 @@ import pytest
 from engram_tables import shared_table, unique_prefix, write_byte
 
 from opsctl.collectors import engram as col
+from opsctl.collectors import engram_clean as clean_col
 from opsctl.domain import engram as dom
 
 ROWS, DIM = 4096, 256
@@ -289,9 +290,11 @@ def test_clean_keeps_orphans_while_some_maps_are_unreadable_unless_forced():
     try:
 
         def run() -> dict:
-            kept_run = col.remove_orphans([os.path.basename(orphan)], prefix, min_age=0)
+            kept_run = clean_col.remove_orphans([os.path.basename(orphan)], prefix, min_age=0)
             exists = os.path.exists(orphan)
-            forced = col.remove_orphans([os.path.basename(orphan)], prefix, force=True, min_age=0)
+            forced = clean_col.remove_orphans(
+                [os.path.basename(orphan)], prefix, force=True, min_age=0
+            )
             return {"first": kept_run, "exists_after_first": exists, "forced": forced}
 
         out = as_nobody(run)
@@ -318,10 +321,10 @@ def test_clean_lists_then_removes_orphans_only():
             with open(outside, "wb") as fh:
                 fh.write(b"x")
             os.symlink(outside, link)
-            scan = col.find_orphans(prefix, min_age=0)  # fresh files: no minimum age here
+            scan = clean_col.find_orphans(prefix, min_age=0)  # fresh files: no minimum age here
             assert [o.name for o in scan.orphans] == [os.path.basename(orphan)]
             assert t.name in scan.mapped and os.path.basename(link) in scan.symlinks
-            removed, kept, _denied = col.remove_orphans(
+            removed, kept, _denied = clean_col.remove_orphans(
                 [o.name for o in scan.orphans] + [t.name, os.path.basename(link)],
                 prefix,
                 force=True,  # other users' processes on this node may be unreadable
