@@ -1,5 +1,6 @@
 """`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged?
-(vLLM PR 56432, docs/upstream.md §4). Pure: no I/O.
+(vLLM PR 56432). Pure: no I/O; the replies and the probe's records are collected by
+opsctl.collectors.mm_uuid and come in as :class:`ChatReply` / :class:`EngineRecord`.
 
 With prefix caching off and ``mm_processor_cache_gb=0`` vLLM used to skip content
 hashing and give *every* item a request-local id ``<renderer>-mm-<n>-<modality>-<i>``,
@@ -27,13 +28,17 @@ An item's ``uuid`` is either a string (explicit; the empty string counts: vLLM t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
+from opsctl.errors import BadInput
 
 ABSENT = "<absent>"
 CACHES_OFF, CACHES_ON = "caches-off", "caches-on"
+MODES = (CACHES_OFF, CACHES_ON)
+DEFAULT_MODEL = "tiny-vlm-multi"  # several images per prompt: the mixed case in ONE request
 REQUEST_LOCAL = re.compile(r"^.+-(?P<modality>[a-z_]+)-(?P<index>\d+)$")
 CONTENT_HASH = re.compile(r"^[0-9a-f]{32,128}$")
 COLORS = {
@@ -122,6 +127,108 @@ class Observation:
         d = {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
         d["kind"] = self.kind
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRecord:
+    """The engine-core probe's record of one request."""
+
+    request_id: str | None  # the engine's id (starts with the HTTP response id)
+    identifiers: tuple[str | None, ...]  # each recorded item's identifier, by position
+    error: str | None = None  # the probe failed on this request
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """One chat request's answer and the probe's record of it (None: none arrived)."""
+
+    status: int
+    output: str | None = None
+    response_id: str | None = None
+    record: EngineRecord | None = None
+    error_text: str = ""  # the start of a non-200 answer's body
+
+
+def batches(items: Sequence[Item], per_request: int) -> list[list[tuple[int, Item]]]:
+    """[(index, item)] groups of at most ``per_request`` items, in order."""
+    indexed = list(enumerate(items))
+    return [indexed[i : i + per_request] for i in range(0, len(indexed), per_request)]
+
+
+def observe(
+    mode: str, case: str, indexed: Sequence[tuple[int, Item]], reply: ChatReply
+) -> list[Observation]:
+    """One Observation per item sent in ONE request; every item the probe recorded is
+    matched to the item sent at the same position (never to "any new record")."""
+    record = reply.record
+    recorded = record.identifiers if record is not None else ()
+    note = ""
+    if reply.status == 200 and record is None:
+        note = f"no engine record for request {reply.response_id}"
+    elif record is not None and record.error is not None:
+        note = f"the probe failed on request {reply.response_id}: {record.error}"
+    out = []
+    for pos, (index, item) in enumerate(indexed):
+        have = pos < len(recorded)
+        out.append(
+            Observation(
+                mode,
+                case,
+                index,
+                item.color,
+                item.sent_as,
+                item.uuid if item.explicit else None,
+                recorded[pos] if have else None,
+                reply.status,
+                reply.output,
+                record.request_id if record is not None else None,
+                position=pos,
+                sent_items=len(indexed),
+                engine_items=len(recorded) if record is not None else None,
+                note=note or ("" if have else f"the engine record has no item #{pos}"),
+            )
+        )
+    return out
+
+
+def image_refusal(reply: ChatReply, first: bool, url: str, model_hint: str) -> BadInput | None:
+    """The very first image request answered 400: the server's model takes no images."""
+    if reply.status != 400 or not first:
+        return None
+    return BadInput(
+        f"the model at {url} rejected an image request: {reply.error_text}",
+        hint=f"diag mm-uuid needs a vision-language model, e.g. --model {model_hint}",
+    )
+
+
+def probe_state(entries: Sequence[tuple[str, str]]) -> tuple[bool, str]:
+    """(applied, why) from the engine-core ledger entries of the mm_uuid probe, as
+    (status, detail) pairs, oldest first: the newest one counts."""
+    if not entries:
+        return False, "no engine-core ledger entry for mm_uuid_probe"
+    status, detail = entries[-1]
+    return status == "applied", f"{status}: {detail}"
+
+
+def engine_mode(info: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """(mode, settings) from the engine's own engine_info event: caches-off is prefix
+    caching off AND no multimodal processor cache; unknown without the event."""
+    if info is None:
+        return "unknown", {}
+    off = info.get("enable_prefix_caching") is False and info.get("mm_processor_cache_gb") in (
+        0,
+        0.0,
+    )
+    return (CACHES_OFF if off else CACHES_ON), {
+        "enable_prefix_caching": info.get("enable_prefix_caching"),
+        "mm_processor_cache_gb": info.get("mm_processor_cache_gb"),
+    }
+
+
+def summary(observations: Sequence[Observation]) -> str:
+    """The one-line result under the live panel's verdict."""
+    good = sum(judge_item(o)[0] == "pass" for o in observations)
+    return f"{good}/{len(observations)} items as expected"
 
 
 def judge_item(o: Observation) -> tuple[str, str]:

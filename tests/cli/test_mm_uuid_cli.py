@@ -1,123 +1,23 @@
-"""CLI tests of `opsctl diag mm-uuid` without an engine: bad input, unreachable, and the
-judgement wired end to end through a stand-in server that plays the engine and its
-probe (it answers chat requests and appends the probe's events to a run directory),
-once honest and once rewriting one explicit UUID."""
+"""CLI tests of `opsctl diag mm-uuid` without an engine: bad input, unreachable, exit
+codes, rendering, and the judgement wired end to end through a stand-in server that
+plays the engine and its probe (tests/standin_mm_uuid.py), honest and with faults. The
+check itself, called without the CLI: tests/unit/test_checks_mm_uuid.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
-from tests.standin import JSONHandler
+from tests.standin_mm_uuid import stand_in, write_run_dir
 
 
 def run(*args: str):
     return CliRunner().invoke(app, list(args))
-
-
-def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:
-    (run_dir / "ledger").mkdir(parents=True, exist_ok=True)
-    (run_dir / "events").mkdir(exist_ok=True)
-    record = {
-        "pid": 1,
-        "role": "engine_core",
-        "time": 1.0,
-        "vllm_version": "x",
-        "patches": [
-            {
-                "name": "mm_uuid_probe",
-                "status": probe_status,
-                "detail": "",
-                "reason": "",
-                "target": "",
-            }
-        ],
-    }
-    (run_dir / "ledger" / "1.json").write_text(json.dumps(record))
-    info = {
-        "enable_prefix_caching": not caches_off,
-        "mm_processor_cache_gb": 0 if caches_off else 4,
-    }
-    (run_dir / "events" / "engine_info.jsonl").write_text(json.dumps(info) + "\n")
-
-
-@contextmanager
-def stand_in(
-    run_dir: Path,
-    rewrite: str | None = None,
-    caches_off: bool = True,
-    *,
-    index_offset: int = 0,
-    lose: str | None = None,
-    extra_item: bool = False,
-    swap: bool = False,
-    sleep: float = 0.0,
-    model_id: str = "fake-vlm",
-) -> Iterator[str]:
-    """Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
-    with a wrong index (``index_offset``); the record of the request carrying UUID
-    ``lose`` filed under another request id; an ``extra_item`` in every record; the
-    recorded items in reverse order (``swap``: a UUID moved to another item); ``sleep``
-    before answering a chat request. It serves ``model_id`` (fake-vlm: unknown to opsctl,
-    so one image per request)."""
-    counter = {"n": 0}
-
-    class H(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": model_id}]})
-            else:
-                self._send(404, {})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            time.sleep(sleep)
-            parts = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
-            counter["n"] += 1
-            rid = f"chatcmpl-{counter['n']:04d}"
-            items = []
-            for i, part in enumerate(parts):
-                uuid = part.get("uuid")
-                if uuid is None:
-                    ident = (
-                        f"renderer0-mm-{counter['n']}-image-{i + index_offset}"
-                        if caches_off
-                        else hashlib.sha256(part["image_url"]["url"].encode()).hexdigest()
-                    )
-                else:
-                    ident = uuid + "~rewritten" if uuid == rewrite else uuid
-                items.append({"index": i, "modality": "image", "identifier": ident})
-            if swap:
-                items.reverse()
-            if extra_item:
-                items.append({"index": len(items), "modality": "image", "identifier": "x"})
-            lost = lose is not None and any(p.get("uuid") == lose for p in parts)
-            event = {"request_id": f"{'other' if lost else rid}-abcd", "items": items}
-            with open(run_dir / "events" / "mm_uuid.jsonl", "a") as fh:
-                fh.write(json.dumps(event) + "\n")
-            self._send(
-                200, {"id": rid, "choices": [{"message": {"content": items[0]["identifier"][:3]}}]}
-            )
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_honest_engine_passes(tmp_path: Path) -> None:
@@ -208,31 +108,6 @@ def test_wrong_request_local_index_is_caught(tmp_path: Path) -> None:
     assert "expected one ending in '-image-0'" in it["why"]
 
 
-def test_record_of_another_request_is_not_credited(tmp_path: Path, monkeypatch) -> None:
-    """No fallback to 'any new probe event': a record filed under another request id
-    leaves the item without an identifier, and that is a failure."""
-    from opsctl.commands.diag import mm_uuid as M
-
-    monkeypatch.setattr(M.Sender, "__init__", _short_wait(M.Sender.__init__))
-    write_run_dir(tmp_path)
-    with stand_in(tmp_path, lose="opsctl-some-0") as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
-    assert r.exit_code == 1
-    doc = json.loads(r.stdout)
-    it = by_item(doc)[("some explicit, some None", 0)]
-    assert it["identifier"] is None and it["verdict"] == "fail"
-    assert it["why"].startswith("no engine record for request chatcmpl-")
-    assert [i["verdict"] for i in doc["items"]].count("fail") == 1
-
-
-def _short_wait(init):
-    def __init__(self, *a, **k):
-        init(self, *a, **k)
-        self.record_wait = 0.5
-
-    return __init__
-
-
 def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path, extra_item=True) as url:
@@ -244,7 +119,7 @@ def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
 
 
 def test_images_per_request_is_a_property_of_the_model() -> None:
-    from opsctl.commands.diag import mm_uuid as M
+    from opsctl.checks import mm_uuid as M
 
     assert M.images_per_request("tiny-vlm-multi") == 4 and M.images_per_request("tiny-vlm") == 1
     assert M.images_per_request("some-model-dir") == 1
@@ -289,13 +164,11 @@ def test_timeout_exits_4(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 10
 
 
-def test_find_run_dir_needs_a_live_pid(tmp_path: Path, monkeypatch) -> None:
+def test_find_run_dir_needs_a_live_pid(tmp_path: Path) -> None:
     import os
 
-    from opsctl import paths
-    from opsctl.commands.diag.common import find_run_dir
+    from opsctl.collectors.runs import find_run_dir
 
-    monkeypatch.setattr(paths, "runs_dir", lambda: tmp_path)
     url = "http://127.0.0.1:8123"
     for name, pid, started in (
         ("dead", 2**22 + 7, 30.0),
@@ -305,15 +178,17 @@ def test_find_run_dir_needs_a_live_pid(tmp_path: Path, monkeypatch) -> None:
         (tmp_path / name).mkdir()
         meta = {"url": url, "pid": pid, "started_at": started}
         (tmp_path / name / "meta.json").write_text(json.dumps(meta))
-    assert find_run_dir(url) == tmp_path / "new"  # newest live one; the dead one is skipped
-    assert find_run_dir("http://127.0.0.1:9") is None
+    # newest live one; the dead one is skipped
+    assert find_run_dir(url, root=tmp_path) == tmp_path / "new"
+    assert find_run_dir("http://127.0.0.1:9", root=tmp_path) is None
 
 
 def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
-    """--tui feeds the same pipeline into the reusable DiagPanel (Pilot)."""
+    """--tui feeds the check's events into the reusable DiagPanel (Pilot)."""
     import asyncio
 
-    from opsctl.commands.diag.mm_uuid import run_mm_uuid
+    from opsctl.checks import mm_uuid
+    from opsctl.checks.target import UrlTarget
     from opsctl.ui.diag_app import DiagApp
     from opsctl.ui.panels.diag import DiagPanel
 
@@ -322,7 +197,9 @@ def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
     async def go(url: str):
         app = DiagApp(
             "diag mm-uuid",
-            lambda emit: run_mm_uuid(url, None, tmp_path, "canary", ["caches-off"], "auto", emit),
+            lambda progress: mm_uuid.run(
+                UrlTarget(url), mm_uuid.Options("canary", run_dir=tmp_path), progress
+            ),
         )
         async with app.run_test(size=(180, 50)) as pilot:
             for _ in range(300):
@@ -334,7 +211,7 @@ def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
 
     with stand_in(tmp_path, rewrite="canary-all-1") as url:
         last, app = asyncio.run(go(url))
-    assert app.error is None and app.report is not None and app.report["verdict"] == "fail"
+    assert app.error is None and app.report is not None and app.report.verdict == "fail"
     assert last["verdict"] == "fail" and len(last["rows"]) == 7
     bad = [row for row in last["rows"] if row[-1] == "FAIL"]
     assert len(bad) == 1 and bad[0][5] == "canary-all-1~rewritten"

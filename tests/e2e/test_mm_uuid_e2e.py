@@ -9,7 +9,8 @@ images per prompt). Three engine starts in this module:
   missing one at index 1) or content hashes (on), and a reused UUID is a warning;
 - one module fixture engine (``--load-format dummy``, caches off) whose probe has the
   test-only rewrite knob armed for one UUID (``canary-all-0``): a run with the default
-  prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1).
+  prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1), and so
+  must the library call (opsctl.checks.mm_uuid.run) with that prefix.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_patches import knobs
+from opsctl.checks import events as ev
+from opsctl.checks import mm_uuid
+from opsctl.checks.mm_uuid import CACHE_ARGS, model_args
+from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
-from opsctl.commands.diag.mm_uuid import CACHE_ARGS, model_args
 from tests.conftest import running_engine
 
 pytestmark = pytest.mark.engine
@@ -148,3 +152,17 @@ def test_probe_rewrite_is_caught(rewriting_engine) -> None:
     assert doc["test_knobs"] == {knobs.MM_UUID_REWRITE: CANARY}
     assert doc["warnings"][0].startswith("TEST KNOBS active") and CANARY in doc["warnings"][0]
     assert "warning: TEST KNOBS active" in bad.stderr
+
+
+def test_library_call_catches_the_rewrite(rewriting_engine) -> None:
+    seen: list[ev.Event] = []
+    report = mm_uuid.run(
+        UrlTarget(rewriting_engine.url), mm_uuid.Options(uuid_prefix="canary"), seen.append
+    )
+    assert report.verdict == "fail"
+    (bad,) = report.failed_items
+    assert bad["identifier"] == CANARY + "~rewritten" and bad["mode"] == "caches-off"
+    failed = [e for e in seen if isinstance(e, mm_uuid.ItemResult) and e.verdict == "fail"]
+    assert [e.name for e in failed] == ["[caches-off] all explicit #0"]
+    (alert,) = [e for e in seen if isinstance(e, ev.Alert)]
+    assert alert.text.startswith("TEST KNOBS active") and report.knob_warning == alert.text

@@ -151,3 +151,75 @@ def test_one_image_per_request_is_stated() -> None:
     assert "1 image per prompt: mixed case sent as separate requests" in (
         D.one_image_finding().message
     )
+
+
+SOME = D.default_cases("p")[1].items  # explicit 'p-some-0', then None
+
+
+def test_batches_keep_the_case_index() -> None:
+    items = D.reuse_case("p").items
+    assert D.batches(items, 2) == [[(0, items[0]), (1, items[1])], [(2, items[2])]]
+    assert D.batches(items, 1) == [[(i, it)] for i, it in enumerate(items)]
+
+
+def test_observe_matches_recorded_items_by_position() -> None:
+    record = D.EngineRecord("chatcmpl-7-ab", ("p-some-0", "r-mm-7-image-1"))
+    reply = D.ChatReply(200, "out", "chatcmpl-7", record)
+    a, b = D.observe(D.CACHES_OFF, "mixed", [(0, SOME[0]), (1, SOME[1])], reply)
+    assert (a.identifier, a.kind, a.explicit_uuid, a.position) == (
+        "p-some-0",
+        "kept",
+        "p-some-0",
+        0,
+    )
+    assert (b.identifier, b.sent, b.explicit_uuid, b.position) == (
+        "r-mm-7-image-1",
+        "null",
+        None,
+        1,
+    )
+    assert a.request_id == b.request_id == "chatcmpl-7-ab" and a.output == "out"
+    assert a.sent_items == a.engine_items == 2 and D.judge_item(b)[0] == "pass"
+
+
+def test_observe_says_why_an_item_has_no_identifier() -> None:
+    lost = D.observe(D.CACHES_OFF, "c", [(0, SOME[0])], D.ChatReply(200, "x", "chatcmpl-9"))
+    assert lost[0].identifier is None and lost[0].engine_items is None
+    assert D.judge_item(lost[0]) == ("fail", "no engine record for request chatcmpl-9")
+    short = D.EngineRecord("chatcmpl-3-x", ("p-some-0",))
+    _, b = D.observe(
+        D.CACHES_OFF, "c", [(0, SOME[0]), (1, SOME[1])], D.ChatReply(200, "x", "chatcmpl-3", short)
+    )
+    assert b.note == "the engine record has no item #1" and b.engine_items == 1
+    assert "saw 1 item(s) for a request of 2" in D.judge_item(b)[1]
+    broken = D.EngineRecord("chatcmpl-4-x", (), error="boom")
+    (c,) = D.observe(D.CACHES_OFF, "c", [(0, SOME[0])], D.ChatReply(200, "x", "chatcmpl-4", broken))
+    assert c.note == "the probe failed on request chatcmpl-4: boom"
+    (d,) = D.observe(D.CACHES_OFF, "c", [(0, SOME[0])], D.ChatReply(400, error_text="no images"))
+    assert D.judge_item(d) == ("fail", "request failed with HTTP 400")
+
+
+def test_image_refusal_only_for_the_first_request() -> None:
+    rejected = D.ChatReply(400, error_text="not multimodal")
+    refusal = D.image_refusal(rejected, True, "http://h:1", "tiny-vlm-multi")
+    assert refusal is not None and "rejected an image request: not multimodal" in str(refusal)
+    assert "--model tiny-vlm-multi" in (refusal.hint or "")
+    assert D.image_refusal(rejected, False, "http://h:1", "m") is None
+    assert D.image_refusal(D.ChatReply(200), True, "http://h:1", "m") is None
+
+
+def test_probe_state_and_engine_mode() -> None:
+    assert D.probe_state(()) == (False, "no engine-core ledger entry for mm_uuid_probe")
+    assert D.probe_state((("skipped", "old"), ("applied", "ok"))) == (True, "applied: ok")
+    assert D.probe_state((("applied", ""), ("failed", "boom")))[0] is False
+    off = {"enable_prefix_caching": False, "mm_processor_cache_gb": 0.0}
+    assert D.engine_mode(off) == (D.CACHES_OFF, off)
+    assert D.engine_mode({"enable_prefix_caching": False, "mm_processor_cache_gb": 4})[0] == (
+        D.CACHES_ON
+    )
+    assert D.engine_mode(None) == ("unknown", {})
+
+
+def test_summary() -> None:
+    good, bad = obs(D.CACHES_OFF, "u", "u"), obs(D.CACHES_OFF, "u", "v")
+    assert D.summary([good, bad]) == "1/2 items as expected"
