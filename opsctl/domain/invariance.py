@@ -9,6 +9,9 @@ Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
   pass and never a skip.
 - Per prompt: ``identical`` (bitwise), ``within_atol``, ``diverged`` (first divergence
   and largest difference) or ``error`` (the fail-closed reason).
+
+The engine side (isolating settings read back, the batch that formed, the run's own
+failures and warnings) is in :mod:`opsctl.domain.invariance_engine`.
 """
 
 from __future__ import annotations
@@ -256,5 +259,26 @@ def summarize(
     )
 
 
-# engine-side checks live in invariance_engine; re-exported for one import site
-from opsctl.domain.invariance_engine import *  # noqa: E402,F403
+# ---- text of a result (the live table, the report's tables, the CLI's failure line) ----
+
+
+def fmt_diff(d: float | None) -> str:
+    return "-" if d is None else ("0" if d == 0 else f"{d:.3g}")
+
+
+def preview(text: str, n: int = 28) -> str:
+    """A prompt on one short line."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def divergence_text(r: PromptResult) -> str:
+    """Where and how one prompt diverged (its fail-closed reason for an error, "-" when
+    it matched)."""
+    d = r.first_divergence
+    if d is None:
+        return r.reason or "-"
+    return (
+        f"pos {d.position} {d.kind}: tok {d.token_alone}/{d.token_batched} "
+        f"lp {d.logprob_alone!r}/{d.logprob_batched!r} Δ {fmt_diff(d.diff)}"
+    )

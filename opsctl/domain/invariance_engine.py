@@ -1,9 +1,11 @@
 """Batch invariance, engine side: the isolating settings read back from the engine's
-records, and the evidence that the BS=N batch really formed. Pure: no I/O, no UI."""
+records, the evidence that the BS=N batch really formed, and what a run's engine records
+add to its verdict (failures) and its report (warnings). Pure: no I/O, no UI."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +45,62 @@ class SettingCheck:
         }
 
 
+INFO_SOURCE = "engine_info probe (EngineCore config)"
+NO_LEDGER = "no opsctl ledger for this server"
+
+
+def _cache_settings(engine_info: Mapping[str, Any] | None) -> list[SettingCheck]:
+    """Prefix caching off and the mm processor cache at 0 GiB (``--mm-processor-cache-gb
+    0`` is accepted by a text-only model, which then has no multimodal config)."""
+    if engine_info is None:
+        why = f"{NO_LEDGER}: could not enforce or read back"
+        return [
+            SettingCheck("prefix caching", "off", "?", NOT_VERIFIED, why),
+            SettingCheck("mm processor cache", "0 GiB", "?", NOT_VERIFIED, why),
+        ]
+    pc = engine_info.get("enable_prefix_caching")
+    out = [
+        SettingCheck(
+            "prefix caching", "off", _fmt(pc), VERIFIED if pc is False else MISMATCH, INFO_SOURCE
+        )
+    ]
+    mm = engine_info.get("mm_processor_cache_gb")
+    if mm is None:
+        how = f"{INFO_SOURCE}: text-only model, flag accepted"
+        out.append(
+            SettingCheck("mm processor cache", "0 GiB", "no multimodal config", NOT_APPLICABLE, how)
+        )
+    else:
+        status = VERIFIED if float(mm) == 0.0 else MISMATCH
+        out.append(SettingCheck("mm processor cache", "0 GiB", f"{mm} GiB", status, INFO_SOURCE))
+    return out
+
+
+def _sampler_setting(probe_env: Mapping[str, Any] | None) -> SettingCheck:
+    name = "VLLM_USE_FLASHINFER_SAMPLER"
+    if probe_env is None:
+        why = "batch probe not active in this engine: could not read its env"
+        return SettingCheck(name, "0", "?", NOT_VERIFIED, why)
+    val = probe_env.get(name)
+    status = VERIFIED if val == "0" else MISMATCH
+    return SettingCheck(name, "0", _fmt(val), status, "batch probe (engine worker env)")
+
+
+def _mode_setting(engine_info: Mapping[str, Any] | None, mode: str) -> SettingCheck:
+    if engine_info is None:
+        return SettingCheck("execution mode", mode, "?", NOT_VERIFIED, NO_LEDGER)
+    eager = engine_info.get("enforce_eager")
+    compilation = compilation_mode_name(engine_info.get("compilation_mode"))
+    seen = f"enforce_eager={_fmt(eager)}, compilation={compilation}"
+    status = VERIFIED if eager is (mode == "eager") else MISMATCH
+    return SettingCheck("execution mode", mode, seen, status, INFO_SOURCE)
+
+
 def check_engine_settings(
-    engine_info: dict | None, probe_env: dict | None, *, mode: str | None
+    engine_info: Mapping[str, Any] | None,
+    probe_env: Mapping[str, Any] | None,
+    *,
+    mode: str | None,
 ) -> list[SettingCheck]:
     """Engine-level isolating settings against what the engine recorded.
 
@@ -52,77 +108,9 @@ def check_engine_settings(
     server opsctl did not start). ``probe_env``: env vars as the engine process saw them
     (batch probe), None when unknown. ``mode``: "eager" | "default" | None (not chosen).
     """
-    out: list[SettingCheck] = []
-    src = "engine_info probe (EngineCore config)"
-    if engine_info is None:
-        why = "no opsctl ledger for this server: could not enforce or read back"
-        out.append(SettingCheck("prefix caching", "off", "?", NOT_VERIFIED, why))
-        out.append(SettingCheck("mm processor cache", "0 GiB", "?", NOT_VERIFIED, why))
-    else:
-        pc = engine_info.get("enable_prefix_caching")
-        out.append(
-            SettingCheck(
-                "prefix caching", "off", _fmt(pc), VERIFIED if pc is False else MISMATCH, src
-            )
-        )
-        mm = engine_info.get("mm_processor_cache_gb")
-        if mm is None:
-            out.append(
-                SettingCheck(
-                    "mm processor cache",
-                    "0 GiB",
-                    "no multimodal config",
-                    NOT_APPLICABLE,
-                    f"{src}: text-only model, flag accepted",
-                )
-            )
-        else:
-            out.append(
-                SettingCheck(
-                    "mm processor cache",
-                    "0 GiB",
-                    f"{mm} GiB",
-                    VERIFIED if float(mm) == 0.0 else MISMATCH,
-                    src,
-                )
-            )
-    if probe_env is None:
-        out.append(
-            SettingCheck(
-                "VLLM_USE_FLASHINFER_SAMPLER",
-                "0",
-                "?",
-                NOT_VERIFIED,
-                "batch probe not active in this engine: could not read its env",
-            )
-        )
-    else:
-        val = probe_env.get("VLLM_USE_FLASHINFER_SAMPLER")
-        out.append(
-            SettingCheck(
-                "VLLM_USE_FLASHINFER_SAMPLER",
-                "0",
-                _fmt(val),
-                VERIFIED if val == "0" else MISMATCH,
-                "batch probe (engine worker env)",
-            )
-        )
+    out = [*_cache_settings(engine_info), _sampler_setting(probe_env)]
     if mode is not None:
-        want_eager = mode == "eager"
-        if engine_info is None:
-            out.append(
-                SettingCheck(
-                    "execution mode", mode, "?", NOT_VERIFIED, "no opsctl ledger for this server"
-                )
-            )
-        else:
-            eager = engine_info.get("enforce_eager")
-            seen = f"enforce_eager={_fmt(eager)}, compilation={compilation_mode_name(engine_info.get('compilation_mode'))}"
-            out.append(
-                SettingCheck(
-                    "execution mode", mode, seen, VERIFIED if eager is want_eager else MISMATCH, src
-                )
-            )
+        out.append(_mode_setting(engine_info, mode))
     return out
 
 
@@ -286,3 +274,90 @@ def batch_from_metrics(
     return BatchEvidence(
         "metrics (peak vllm:num_requests_running)", peak, len(running_samples), wanted
     )
+
+
+# ---- what the engine's records add to one run's verdict and report ------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunFindings:
+    failures: tuple[str, ...]  # fail the run (besides the prompts' own results)
+    warnings: tuple[str, ...]  # shown with the run; the verdict does not change
+
+
+def _batch_findings(evidence: BatchEvidence, batch_size: int) -> tuple[list[str], list[str]]:
+    failures: list[str] = []
+    warnings: list[str] = []
+    if evidence.alone and evidence.source == "batch probe":
+        failures.append(
+            f"prompt(s) {list(evidence.alone)} ran alone in the BS={batch_size} phase "
+            "(never sampled with another request): BS=N not tested for them"
+        )
+    elif evidence.formed is False:
+        if evidence.source == "batch probe":
+            failures.append(
+                f"BS={batch_size} did not form a batch (batch probe: at most "
+                f"{evidence.max_batch} request(s) per step)"
+            )
+        elif evidence.tokens is not None:
+            warnings.append(
+                f"could not show that BS={batch_size} formed a batch ({evidence.source}: "
+                f"{evidence.tokens} tokens in {evidence.steps} steps); not conclusive without "
+                "the batch probe"
+            )
+        else:
+            warnings.append(
+                f"could not show that BS={batch_size} formed a batch ({evidence.source}: "
+                f"peak {evidence.max_batch}); the gauge is sampled, so this is not conclusive"
+            )
+    return failures, warnings
+
+
+def assess_run(
+    settings: Sequence[SettingCheck],
+    evidence: BatchEvidence,
+    *,
+    batch_size: int,
+    bs1_shared: int,
+    nudge: object = None,
+) -> RunFindings:
+    """A mismatched setting or a BS=N batch the probe shows did not form fails the run;
+    weaker evidence, a BS=1 request that shared its steps (``bs1_shared``: largest batch
+    a BS=1 request was sampled in), a test nudge and settings that could not be verified
+    are warnings. ``nudge``: the batch probe's record of a test nudge, if armed."""
+    failures = [
+        f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed
+    ]
+    batch_failures, warnings = _batch_findings(evidence, batch_size)
+    failures += batch_failures
+    if bs1_shared > 1:
+        warnings.append(
+            f"a BS=1 request shared a sampling step with {bs1_shared - 1} other request(s) "
+            "(other traffic on this server): that side was not strictly BS=1"
+        )
+    elif evidence.formed is None:
+        warnings.append("could not show that the batch formed (no batch probe, no metrics)")
+    if nudge:
+        warnings.append(f"TEST NUDGE active in this engine (OPSCTL_PROBE_NUDGE): {nudge}")
+    not_enforced = [s.name for s in settings if s.status == NOT_VERIFIED]
+    if not_enforced:
+        warnings.append("could not enforce/verify on this server: " + ", ".join(not_enforced))
+    return RunFindings(tuple(failures), tuple(warnings))
+
+
+def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str:
+    return (
+        (engine_info or {}).get("platform")
+        or (probe_init or {}).get("platform")
+        or "unknown (external server without an opsctl ledger)"
+    )
+
+
+def execution_of(engine_info: Mapping | None) -> dict[str, Any] | None:
+    """The execution mode the engine recorded (None without an engine_info record)."""
+    if engine_info is None:
+        return None
+    return {
+        "enforce_eager": engine_info.get("enforce_eager"),
+        "compilation_mode": compilation_mode_name(engine_info.get("compilation_mode")),
+    }

@@ -1,6 +1,9 @@
 """`opsctl diag invariance` CLI contract without an engine: bad options exit 2 with one
-stderr line, an unreachable URL exits 3, and (with the per-mode run faked) `--mode both`
-runs default then eager and shows both verdicts side by side; exit 0 only on pass."""
+stderr line, an unreachable URL exits 3, a pooling model is refused before any engine
+starts; against a stand-in server (tests/standin_completions.py) the JSON report, the
+rich tables, the knob warning on stderr and the exit code (0 only when every prompt
+matched). `--mode both` side by side: tests/unit/test_checks_invariance.py (stand-ins)
+and tests/e2e/test_invariance_modes_e2e.py (real engines)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
+from opsctl.checks import invariance as check
 from opsctl.cli import app
-from opsctl.commands.diag import invariance, invariance_run
+from opsctl.commands.diag import invariance
+from tests.standin_completions import Behaviour, completions_server, register_run, write_run_dir
 
 runner = CliRunner()
 
@@ -74,11 +79,12 @@ def test_bad_prompts_files(prompts_file, content, name, needle):
 
 
 def test_prompts_file_formats(prompts_file):
-    assert invariance.read_prompts(None) == list(invariance.DEFAULT_PROMPTS)
     from pathlib import Path
 
-    assert invariance.read_prompts(Path(prompts_file("a\n\n b \n", "x.txt"))) == ["a", " b "]
-    assert invariance.read_prompts(Path(prompts_file('["x", "y", ""]', "x.json"))) == ["x", "y"]
+    assert invariance.read_prompts(None) is None  # the check's defaults
+    assert check.Options().prompts == check.DEFAULT_PROMPTS
+    assert invariance.read_prompts(Path(prompts_file("a\n\n b \n", "x.txt"))) == ("a", " b ")
+    assert invariance.read_prompts(Path(prompts_file('["x", "y", ""]', "x.json"))) == ("x", "y")
 
 
 def test_unreachable_url_exits_3():
@@ -89,128 +95,66 @@ def test_unreachable_url_exits_3():
     assert "no server answered" in error_lines(r)[0] and r.stdout == ""
 
 
-def fake_run(mode, verdict, largest):
-    prompts = [
-        {
-            "index": i,
-            "status": "identical" if verdict == "pass" else ("diverged" if i == 1 else "identical"),
-            "reason": "",
-            "prompt": f"prompt {i}",
-            "largest_diff": 0.0 if i != 1 else largest,
-            "tokens_identical": True,
-            "largest_diff_position": None,
-            "compared_positions": 4,
-            "first_divergence": None
-            if verdict == "pass" or i != 1
-            else {
-                "position": 2,
-                "kind": "logprob",
-                "token_alone": 7,
-                "token_batched": 7,
-                "logprob_alone": -1.0,
-                "logprob_batched": -1.0 + largest,
-                "diff": largest,
-                "detail": "",
-            },
-        }
-        for i in range(2)
-    ]
-    reasons = [] if verdict == "pass" else ["prompt 1: first divergence at position 2 (logprob)"]
-    return {
-        "mode": mode,
-        "requested_mode": mode,
-        "verdict": verdict,
-        "url": "http://x",
-        "external": False,
-        "run_dir": None,
-        "model": "tiny-llama",
-        "vllm_version": "0.32.0",
-        "platform": "cpu",
-        "execution": {
-            "enforce_eager": mode == "eager",
-            "compilation_mode": "NONE" if mode == "eager" else "DYNAMO_TRACE_ONCE",
-        },
-        "summary": {
-            "verdict": verdict,
-            "prompts": 2,
-            "identical": 2 if verdict == "pass" else 1,
-            "within_atol": 0,
-            "diverged": 0 if verdict == "pass" else 1,
-            "errors": 0,
-            "tokens_identical": True,
-            "largest_diff": 0.0 if verdict == "pass" else largest,
-            "comparison": "bitwise",
-            "reasons": reasons,
-        },
-        "settings": [
-            {
-                "name": "prefix caching",
-                "wanted": "off",
-                "seen": "False",
-                "status": "verified",
-                "source": "s",
-            }
-        ],
-        "batch": {"source": "batch probe", "max_batch": 2, "steps": 4, "wanted": 2, "formed": True},
-        "warnings": [],
-        "prompts": prompts,
-        "seconds": {"engine": 1.0, "bs1": 0.1, "bsn": 0.05, "total": 1.2},
-    }
+DIVERGED = "diverged: pos 2 logprob: tok 695/695 lp -1.5/-1.499999523 Δ 4.77e-07"
 
 
 @pytest.fixture
-def fake_modes(monkeypatch):
-    calls: list = []
-    verdicts = {"default": ("pass", 0.0), "eager": ("fail", 4.77e-7)}
+def standin(tmp_path, monkeypatch):
+    """A stand-in server (tests/standin_completions.py) whose prompts containing "zebra"
+    diverge at position 2 when batched, with the run directory of an eager engine that
+    honoured a test knob (OPSCTL_HOME of this test)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OPSCTL_HOME", str(home))
+    run_dir = write_run_dir(home / "runs" / "r", knobs={"OPSCTL_PROBE_NUDGE": "zebra:2"})
+    with completions_server(Behaviour(diverge=("zebra", 2, 4.77e-7), run_dir=run_dir)) as (
+        url,
+        _,
+    ):
+        register_run(run_dir, url)
+        yield url
 
-    def run_mode(req, mode, emit, rows):
-        calls.append((mode, req.batch_size, req.max_tokens, req.logprobs, req.atol))
-        emit({"phase": f"{mode}: fake"})
-        return fake_run(mode, *verdicts[mode])
 
-    monkeypatch.setattr(invariance_run, "run_mode", run_mode)
-    return calls, verdicts
-
-
-def test_mode_both_runs_default_then_eager_side_by_side(fake_modes, prompts_file):
-    calls, _ = fake_modes
-    r = invoke("--mode", "both", "--prompts", prompts_file("a\nb\n"), "--max-tokens", "4", "--json")
-    assert [c[0] for c in calls] == ["default", "eager"]
-    assert calls[0][1:] == (2, 4, 5, None)
+def test_json_report_of_a_divergence_exit_1(standin, prompts_file):
+    r = invoke(standin, "--mode", "eager", "--prompts", prompts_file("a\nzebra b\n"), "--json")
+    assert r.exit_code == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert [(x["mode"], x["verdict"]) for x in doc["runs"]] == [
-        ("default", "pass"),
-        ("eager", "fail"),
-    ]
-    assert doc["verdict"] == "fail" and r.exit_code == 1
+    assert doc["schema"] == "opsctl.diag.invariance/1"
+    assert (doc["batch_size"], doc["max_tokens"], doc["logprobs"], doc["atol"]) == (2, 16, 5, None)
+    (run,) = doc["runs"]
+    assert (run["mode"], run["verdict"]) == ("eager", "fail")
     assert doc["reasons"] == ["[eager] prompt 1: first divergence at position 2 (logprob)"]
-    assert "batch invariance failed" in error_lines(r)[0]
+    (line,) = error_lines(r)
+    assert "batch invariance failed: [eager] prompt 1" in line
+    assert "hint: --atol X allows a stated logprob tolerance" in r.stderr
+    # the knob warning: in the report, in the progress log, and said after the run
+    assert doc["test_knobs"] == {"OPSCTL_PROBE_NUDGE": "zebra:2"}
+    assert doc["warnings"][0].startswith("TEST KNOBS active")
+    lines = r.stderr.splitlines()
+    said = [i for i, x in enumerate(lines) if x.startswith("warning: TEST KNOBS active")]
+    assert len(said) == 1 and said[0] > lines.index("  eager: prompt 1 -> fail: " + DIVERGED)
+    assert "eager: BS=2: prompts sent together" in r.stderr
 
 
-def test_rich_output_shows_both_verdicts_and_the_divergence(fake_modes, prompts_file):
-    r = invoke("--mode", "both", "--prompts", prompts_file("a\nb\n"))
+def test_rich_output_shows_the_verdict_and_the_divergence(standin, prompts_file):
+    r = invoke(standin, "--mode", "eager", "--prompts", prompts_file("a\nzebra b\n"))
     assert r.exit_code == 1
     out = r.stdout
-    assert "default" in out and "eager" in out and "PASS" in out and "FAIL" in out
+    assert "eager" in out and "FAIL" in out and "verified" in out
     assert "pos 2 logprob" in out and "4.77e-07" in out
-    assert "DYNAMO_TRACE_ONCE" in out and "compilation_mode=NONE" in out
+    assert "compilation_mode=NONE" in out and "2 together (batch probe)" in out
 
 
-def test_exit_0_only_when_every_run_passed(fake_modes, prompts_file):
-    calls, verdicts = fake_modes
-    verdicts["eager"] = ("pass", 0.0)
-    r = invoke("--mode", "both", "--prompts", prompts_file("a\nb\n"), "--atol", "1e-6", "--json")
+def test_exit_0_only_when_every_prompt_matched(standin, prompts_file):
+    r = invoke(standin, "--prompts", prompts_file("a\nzebra b\n"), "--atol", "1e-6", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "pass" and doc["comparison"] == "atol=1e-06" and doc["atol"] == 1e-6
-    assert calls[0][4] == 1e-6
-
-
-def test_default_mode_when_opsctl_starts_the_engine():
-    assert invariance.plan_modes(None, None) == ["default"]
-    assert invariance.plan_modes(None, "both") == ["default", "eager"]
-    assert invariance.plan_modes("http://x", None) == [None]
-    assert invariance.plan_modes("http://x", "eager") == ["eager"]
+    r = invoke(standin, "--prompts", prompts_file("a\nb\nc\nd\n"), "--batch-size", "2", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["runs"][0]["batch"]["per_prompt"] == {str(i): 2 for i in range(4)}
+    # 3 prompts in batches of 2: the last one ran alone, so BS=N was not tested for it
+    r = invoke(standin, "--prompts", prompts_file("a\nb\nc\n"), "--batch-size", "2", "--json")
+    assert r.exit_code == 1 and "prompt(s) [2] ran alone in the BS=2 phase" in error_lines(r)[0]
 
 
 def test_pooling_model_is_refused_before_any_engine_starts():

@@ -6,7 +6,8 @@ batch probe, and a planted-divergence nudge that only touches prompts containing
 One engine start for: the main BS=1 vs BS=N comparison (tokens identical, logprob
 verdict as measured, settings read back from the engine, the batch really formed), the
 planted divergence caught at the right prompt and position, fail-closed on a request
-error, and an external server without an opsctl ledger.
+error, an external server without an opsctl ledger, and the library entry point
+(opsctl.checks.invariance.run) called directly with its typed events.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_patches import knobs
+from opsctl.checks import events as ev
+from opsctl.checks import invariance as check
+from opsctl.checks.invariance import DEFAULT_PROMPTS, ISOLATING_ARGS, ISOLATING_ENV
+from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events
-from opsctl.commands.diag.invariance import DEFAULT_PROMPTS, ISOLATING_ARGS, ISOLATING_ENV
-from opsctl.domain.invariance import prompt_index
+from opsctl.domain.invariance_engine import prompt_index
 from tests.conftest import running_engine
 
 pytestmark = pytest.mark.engine
@@ -194,3 +198,22 @@ def test_external_server_without_ledger_reports_what_it_could_not_enforce(
     assert batch["tokens"] == 4 * len(DEFAULT_PROMPTS)
     assert 0 < batch["steps"] < batch["tokens"] and batch["formed"] is True
     assert r.exit_code == (0 if run["verdict"] == "pass" else 1)
+
+
+def test_library_call_with_typed_events(engine):
+    seen: list[ev.Event] = []
+    options = check.Options(mode="eager", max_tokens=4, atol=1e-3)
+    report = check.run(UrlTarget(engine.url), options, seen.append)
+    assert seen[0] == ev.Started(
+        "diag invariance", "BS=1 vs BS=8: 8 prompts x 4 tokens, atol=0.001"
+    )
+    assert seen[-1] == ev.Finished(report.verdict, f"eager: {report.verdict}")
+    # the engine's knob is said while it runs; no default prompt carries the nudge marker
+    assert any(isinstance(e, ev.Alert) and "TEST KNOBS" in e.text for e in seen)
+    assert report.verdict == "pass" and not any(isinstance(e, ev.CaseResult) for e in seen)
+    table = [e for e in seen if isinstance(e, ev.Table)][-1]
+    assert len(table.rows) == 8 and {r[3] for r in table.rows} <= {"identical", "within_atol"}
+    assert ev.Phase("eager: BS=8: prompts sent together", 8, 8) in seen
+    (run,) = report.runs
+    assert run["run_dir"] == str(engine.run_dir) and run["batch"]["formed"] is True
+    assert report.to_dict()["schema"] == "opsctl.diag.invariance/1"

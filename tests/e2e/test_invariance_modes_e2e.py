@@ -1,6 +1,7 @@
 """`opsctl diag invariance --model tiny-llama --mode both`: opsctl starts the engine
 itself twice (vLLM's default execution mode on this platform, then --enforce-eager),
-with the isolating settings, and shows both verdicts side by side. Two engine starts.
+with the isolating settings, and shows both verdicts side by side. Two engine starts;
+one more for two library calls sharing one engine through an EngineSession.
 
 Verdicts are whatever the platform gives (a bitwise logprob difference on CPU is a
 finding, not a bug): the test checks tokens, that the settings and the mode reached each
@@ -14,6 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from opsctl.checks import events as ev
+from opsctl.checks import invariance as check
+from opsctl.checks.session import EngineSession
+from opsctl.checks.target import EngineSpec
 from opsctl.cli import app
 
 pytestmark = pytest.mark.engine
@@ -59,3 +64,27 @@ def test_both_modes_side_by_side(both):
     for run in runs.values():
         meta = json.loads((Path(run["run_dir"]) / "meta.json").read_text())
         assert meta["stop"]["leftover_pids"] == []
+
+
+def test_two_calls_in_one_session_share_the_isolated_engine():
+    seen: list[ev.Event] = []
+    with EngineSession() as session:
+        first = check.run(
+            EngineSpec(), check.Options(mode="eager", max_tokens=4), seen.append, session
+        )
+        options = check.Options(mode="eager", max_tokens=4, batch_size=4)
+        second = check.run(EngineSpec(), options, seen.append, session)
+        (start,) = session.starts  # one engine served both calls
+        assert start.served == ["invariance-eager", "invariance-eager"]
+        assert start.spec.probes >= {"batch"} and start.spec.enforce_eager is True
+    assert [e.reused for e in seen if isinstance(e, ev.EngineReady)] == [False, True]
+    assert first.runs[0]["url"] == second.runs[0]["url"]
+    for report in (first, second):
+        (run,) = report.runs
+        assert all(p["tokens_identical"] for p in run["prompts"]), run["prompts"]
+        assert run["batch"]["formed"] is True and run["external"] is False
+        assert {s["status"] for s in run["settings"]} <= {"verified", "not applicable"}
+    assert second.runs[0]["batch"]["max_batch"] == 4
+    # the session stopped its engine on exit
+    meta = json.loads((Path(first.runs[0]["run_dir"]) / "meta.json").read_text())
+    assert meta["stop"]["leftover_pids"] == []

@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from opsctl.checks.invariance import ISOLATING_ARGS
 from opsctl.cli import app
-from opsctl.commands.diag.invariance import ISOLATING_ARGS
 from tests.conftest import running_engine
 
 pytestmark = pytest.mark.engine

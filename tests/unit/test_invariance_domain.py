@@ -1,5 +1,6 @@
 """Pure logic of `diag invariance`: comparison (bitwise / atol), fail-closed validation,
-the overall verdict, settings read-back, batch evidence, and response parsing."""
+the overall verdict, settings read-back, batch evidence, what the engine's records add
+to a run (failures, warnings), the text of a divergence, and response parsing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from opsctl.collectors.completions import parse_response, token_key
 from opsctl.domain import invariance as inv
+from opsctl.domain import invariance_engine as eng
 from opsctl.domain.invariance import Generated
 
 
@@ -122,14 +124,14 @@ ENGINE_INFO = {
 def test_engine_settings_verified_from_the_engine_records():
     checks = {
         c.name: c
-        for c in inv.check_engine_settings(
+        for c in eng.check_engine_settings(
             ENGINE_INFO, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, mode="eager"
         )
     }
-    assert checks["prefix caching"].status == inv.VERIFIED
-    assert checks["mm processor cache"].status == inv.NOT_APPLICABLE
-    assert checks["VLLM_USE_FLASHINFER_SAMPLER"].status == inv.VERIFIED
-    assert checks["execution mode"].status == inv.VERIFIED
+    assert checks["prefix caching"].status == eng.VERIFIED
+    assert checks["mm processor cache"].status == eng.NOT_APPLICABLE
+    assert checks["VLLM_USE_FLASHINFER_SAMPLER"].status == eng.VERIFIED
+    assert checks["execution mode"].status == eng.VERIFIED
     assert "compilation=NONE" in checks["execution mode"].seen
 
 
@@ -143,24 +145,24 @@ def test_engine_settings_mismatch_and_unknown():
     }
     checks = {
         c.name: c
-        for c in inv.check_engine_settings(
+        for c in eng.check_engine_settings(
             info, {"VLLM_USE_FLASHINFER_SAMPLER": None}, mode="eager"
         )
     }
     assert all(c.failed for c in checks.values()), checks
     assert "DYNAMO_TRACE_ONCE" in checks["execution mode"].seen
-    unknown = inv.check_engine_settings(None, None, mode=None)
-    assert {c.status for c in unknown} == {inv.NOT_VERIFIED}
+    unknown = eng.check_engine_settings(None, None, mode=None)
+    assert {c.status for c in unknown} == {eng.NOT_VERIFIED}
     assert "execution mode" not in {c.name for c in unknown}
 
 
 def test_request_settings_checked_in_the_responses():
-    ok = inv.check_request_settings([gen(), gen()], 3)
-    assert [c.status for c in ok] == [inv.VERIFIED, inv.VERIFIED]
+    ok = eng.check_request_settings([gen(), gen()], 3)
+    assert [c.status for c in ok] == [eng.VERIFIED, eng.VERIFIED]
     not_greedy = gen(tops=({5: -1.0, 1: -0.1}, {6: -2.0, 1: -3.0}, {7: -0.5, 1: -1.0}))
     short = Generated((5,), (-1.0,), ({5: -1.0, 1: -2.0},), "stop")
-    checks = inv.check_request_settings([not_greedy, short], 3)
-    assert [c.status for c in checks] == [inv.MISMATCH, inv.MISMATCH]
+    checks = eng.check_request_settings([not_greedy, short], 3)
+    assert [c.status for c in checks] == [eng.MISMATCH, eng.MISMATCH]
 
 
 def test_batch_evidence_from_probe_and_metrics():
@@ -169,25 +171,25 @@ def test_batch_evidence_from_probe_and_metrics():
         {"event": "step", "req_ids": ["cmpl-t-bs8-p0-x-0-aa", "other"]},
         {"event": "step", "req_ids": [f"cmpl-t-bs8-p{i}-x-0-aa" for i in range(8)]},
     ]
-    ev = inv.batch_from_probe(steps, "t-bs8", 8)
+    ev = eng.batch_from_probe(steps, "t-bs8", 8)
     assert (ev.max_batch, ev.steps, ev.formed, ev.source) == (8, 2, True, "batch probe")
-    assert inv.batch_from_probe(steps, "nobody", 8) is None
-    assert inv.batch_from_metrics([0.0, 1.0, 1.0], 8).formed is False
-    assert inv.batch_from_metrics([], 8).formed is None
+    assert eng.batch_from_probe(steps, "nobody", 8) is None
+    assert eng.batch_from_metrics([0.0, 1.0, 1.0], 8).formed is False
+    assert eng.batch_from_metrics([], 8).formed is None
     # counters: 8 requests x 4 tokens in 4 steps -> all 8 shared steps; in 32 steps -> one
     # request per step is possible, so nothing shown; the sampled gauge can raise the bound
-    ev = inv.batch_from_metrics([], 8, steps=4, tokens=32)
+    ev = eng.batch_from_metrics([], 8, steps=4, tokens=32)
     assert (ev.max_batch, ev.formed, ev.tokens) == (8, True, 32)
     assert ev.source.startswith("metrics (generated tokens")
-    assert inv.batch_from_metrics([], 8, steps=5, tokens=32).max_batch == 7  # ceil(32/5)
-    assert inv.batch_from_metrics([], 8, steps=32, tokens=32).formed is False
-    assert inv.batch_from_metrics([3.0], 8, steps=32, tokens=32).max_batch == 3
-    assert inv.batch_from_metrics([], 8, steps=0, tokens=0).formed is None
+    assert eng.batch_from_metrics([], 8, steps=5, tokens=32).max_batch == 7  # ceil(32/5)
+    assert eng.batch_from_metrics([], 8, steps=32, tokens=32).formed is False
+    assert eng.batch_from_metrics([3.0], 8, steps=32, tokens=32).max_batch == 3
+    assert eng.batch_from_metrics([], 8, steps=0, tokens=0).formed is None
 
 
 def test_compilation_mode_names():
-    assert inv.compilation_mode_name("2") == "DYNAMO_TRACE_ONCE"
-    assert inv.compilation_mode_name("CompilationMode.VLLM_COMPILE") == "VLLM_COMPILE"
+    assert eng.compilation_mode_name("2") == "DYNAMO_TRACE_ONCE"
+    assert eng.compilation_mode_name("CompilationMode.VLLM_COMPILE") == "VLLM_COMPILE"
 
 
 def test_parse_response_with_token_ids():
@@ -243,11 +245,11 @@ def test_token_key():
 
 def test_prompt_index_from_engine_request_ids():
     tag = "opsctl-inv-abc-eager-bs1"
-    assert inv.prompt_index(f"cmpl-{tag}-p3-1a2b3c4d-0-ffee0011", tag) == 3
-    assert inv.prompt_index(f"cmpl-{tag}0-g8-1a2b3c4d-5-ffee0011", tag + "0") == 13
+    assert eng.prompt_index(f"cmpl-{tag}-p3-1a2b3c4d-0-ffee0011", tag) == 3
+    assert eng.prompt_index(f"cmpl-{tag}0-g8-1a2b3c4d-5-ffee0011", tag + "0") == 13
     # a BS=1 tag is not a prefix match of a BS=10 run's ids
-    assert inv.prompt_index(f"cmpl-{tag}0-g0-1a2b3c4d-5-ffee0011", tag) is None
-    assert inv.prompt_index("cmpl-unrelated-0-aa", tag) is None
+    assert eng.prompt_index(f"cmpl-{tag}0-g0-1a2b3c4d-5-ffee0011", tag) is None
+    assert eng.prompt_index("cmpl-unrelated-0-aa", tag) is None
 
 
 def test_prompts_that_ran_alone_in_the_bsn_phase_are_named():
@@ -258,11 +260,11 @@ def test_prompts_that_ran_alone_in_the_bsn_phase_are_named():
         {"event": "step", "req_ids": [ids[3]]},
         {"event": "step", "req_ids": [ids[3], "someone-else"]},
     ]
-    ev = inv.batch_from_probe(steps, tag, 4)
+    ev = eng.batch_from_probe(steps, tag, 4)
     assert ev.alone == (3,) and ev.formed is False and ev.max_batch == 3
     assert ev.per_prompt == {0: 3, 1: 3, 2: 3, 3: 1}
-    assert inv.shared_steps(steps, tag) == 3
-    assert inv.shared_steps([{"event": "step", "req_ids": [ids[3], "x"]}], tag) == 2
+    assert eng.shared_steps(steps, tag) == 3
+    assert eng.shared_steps([{"event": "step", "req_ids": [ids[3], "x"]}], tag) == 2
 
 
 def test_parse_choices_of_a_multi_prompt_request():
@@ -284,3 +286,75 @@ def test_parse_choices_of_a_multi_prompt_request():
     assert inv.validate(gens[1], 1, 1) == "expected 1 output, got 0"
     errs = parse_choices(400, {"error": {"message": "bad"}}, 2)
     assert [g.error for g in errs] == ["HTTP 400: bad"] * 2
+
+
+def _settings(status: str = eng.VERIFIED) -> list[eng.SettingCheck]:
+    return [eng.SettingCheck("prefix caching", "off", "False", status, "probe")]
+
+
+def test_run_findings_from_the_batch_probe():
+    formed = eng.BatchEvidence("batch probe", 4, 3, 4, (), {i: 4 for i in range(4)})
+    assert eng.assess_run(_settings(), formed, batch_size=4, bs1_shared=1) == eng.RunFindings(
+        (), ()
+    )
+    alone = eng.BatchEvidence("batch probe", 3, 3, 4, (3,), {0: 3, 1: 3, 2: 3, 3: 1})
+    (failure,) = eng.assess_run(_settings(), alone, batch_size=4, bs1_shared=1).failures
+    assert failure.startswith("prompt(s) [3] ran alone in the BS=4 phase")
+    single = eng.BatchEvidence("batch probe", 1, 4, 4, ())
+    (failure,) = eng.assess_run(_settings(), single, batch_size=4, bs1_shared=1).failures
+    assert failure == "BS=4 did not form a batch (batch probe: at most 1 request(s) per step)"
+    mismatch = eng.assess_run(_settings(eng.MISMATCH), formed, batch_size=4, bs1_shared=1)
+    assert mismatch.failures == ("setting prefix caching: wanted off, engine has False",)
+
+
+def test_run_findings_that_are_only_warnings():
+    counters = eng.batch_from_metrics([], 4, steps=16, tokens=16)
+    found = eng.assess_run(
+        _settings(eng.NOT_VERIFIED),
+        counters,
+        batch_size=4,
+        bs1_shared=3,
+        nudge={"marker": "zebra", "position": 3},
+    )
+    assert found.failures == ()
+    assert [w.split(" ")[0:4] for w in found.warnings] == [
+        ["could", "not", "show", "that"],
+        ["a", "BS=1", "request", "shared"],
+        ["TEST", "NUDGE", "active", "in"],
+        ["could", "not", "enforce/verify", "on"],
+    ]
+    assert "16 tokens in 16 steps" in found.warnings[0]
+    assert "with 2 other request(s)" in found.warnings[1]
+    assert found.warnings[3].endswith(": prefix caching")
+    gauge = eng.assess_run(
+        _settings(), eng.batch_from_metrics([1.0], 4), batch_size=4, bs1_shared=1
+    )
+    assert "peak 1" in gauge.warnings[0] and "gauge is sampled" in gauge.warnings[0]
+    nothing = eng.assess_run(_settings(), eng.batch_from_metrics([], 4), batch_size=4, bs1_shared=0)
+    assert nothing.warnings == (
+        "could not show that the batch formed (no batch probe, no metrics)",
+    )
+
+
+def test_platform_and_execution_from_the_records():
+    assert eng.platform_of(ENGINE_INFO, None) == "cpu"
+    assert eng.platform_of(None, {"platform": "cuda"}) == "cuda"
+    assert eng.platform_of(None, None).startswith("unknown (external server")
+    assert eng.execution_of(ENGINE_INFO) == {"enforce_eager": True, "compilation_mode": "NONE"}
+    assert eng.execution_of(None) is None
+
+
+def test_divergence_text():
+    b = gen(lps=(-1.0, -2.0 + 4.77e-7, -0.5))
+    assert (
+        inv.divergence_text(cmp(gen(), b))
+        == "pos 1 logprob: tok 6/6 lp -2.0/-1.999999523 Δ 4.77e-07"
+    )
+    assert inv.divergence_text(cmp(gen(), gen())) == "-"
+    assert inv.divergence_text(cmp(Generated(error="boom"), gen())) == "BS=1: request error: boom"
+    assert inv.fmt_diff(None) == "-" and inv.fmt_diff(0.0) == "0"
+    assert inv.preview("a  b\nc") == "a b c" and len(inv.preview("x" * 40)) == 28
+
+
+def test_domain_invariance_has_no_star_import_leftovers():
+    assert not hasattr(inv, "re") and not hasattr(inv, "check_engine_settings")

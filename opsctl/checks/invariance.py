@@ -1,0 +1,440 @@
+"""`diag invariance` as a library call: batch invariance of tokens and logprobs (vLLM PR
+56528).
+
+Every prompt runs alone (BS=1) and all prompts together (BS=N, sent at once so the
+engine batches them); tokens and logprobs are compared, bitwise unless ``atol``. Fails
+closed: request errors, missing logprobs and short outputs are failures.
+
+Against an :class:`~opsctl.checks.target.EngineSpec` the check runs one engine per mode
+(``default``: vLLM's default execution mode, ``eager``: ``--enforce-eager``, ``both``:
+one then the other), each with the isolating settings this module owns
+(:func:`isolated_spec`: prefix caching off, mm processor cache 0,
+``VLLM_USE_FLASHINFER_SAMPLER=0`` and the ``batch`` probe; greedy and ignore_eos go
+with every request), and reads them back from the engine's own records. Against a
+:class:`~opsctl.checks.target.UrlTarget` it runs once on the server as it is and says
+which settings it could not enforce. With ``mode="both"`` a mode whose engine fails is
+reported as failed and the other mode's report is kept.
+
+Example::
+
+    from opsctl.checks import invariance
+    from opsctl.checks.target import EngineSpec
+    report = invariance.run(EngineSpec(model="tiny-llama"), invariance.Options(mode="eager"))
+    print(report.verdict, report.runs[0]["summary"]["largest_diff"])
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opsctl.checks import events as ev
+from opsctl.checks.report import FAIL, PASS, Report
+from opsctl.checks.session import EngineSession, opened
+from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
+from opsctl.collectors import completions as cc
+from opsctl.collectors import engine_records, ledger
+from opsctl.collectors.engine_records import EngineRecords
+from opsctl.domain import invariance as inv
+from opsctl.domain import invariance_engine as eng
+from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
+
+TITLE = "diag invariance"
+SCHEMA = "diag.invariance"
+DEFAULT_MODEL = "tiny-llama"
+GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
+MODES = ("default", "eager", "both")
+BATCH_VIA = ("list", "requests")
+DEFAULT_PROMPTS = (
+    "The quick brown fox jumps over the lazy dog",
+    "Hello world, this is a test of",
+    "Once upon a time there was",
+    "vLLM serves large language models",
+    "The cat sat on the mat and",
+    "In the beginning the engine",
+    "Numbers: one two three four",
+    "A batch of prompts walks into a",
+)
+ISOLATING_ARGS = ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0")
+ISOLATING_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+PROBES = frozenset({"batch"})
+COLUMNS = ("mode", "#", "prompt", "status", "first divergence", "largest |Δ|")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the CLI flags set. Invalid values are :class:`BadInput` (exit 2)."""
+
+    prompts: tuple[str, ...] = DEFAULT_PROMPTS
+    batch_size: int | None = None  # N of BS=N; None: all prompts in one batch
+    max_tokens: int = 16
+    logprobs: int = 5  # top logprobs compared per position
+    mode: str | None = None  # default | eager | both; None: default (a URL: as it is)
+    atol: float | None = None  # logprob tolerance; None: bitwise
+    batch_via: str = "list"  # list: one request with N prompts | requests: N at once
+    timeout: float | None = None  # seconds for a started engine's /health; None: spec's
+    tag: str | None = None  # request-id tag; None: a fresh opsctl-inv-XXXXXX
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompts", tuple(self.prompts))
+        if self.mode is not None and self.mode not in MODES:
+            raise BadInput(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if len(self.prompts) < 2:
+            raise BadInput(f"{len(self.prompts)} prompt(s) given; a batch needs at least 2")
+        if self.max_tokens < 1:
+            raise BadInput("--max-tokens must be at least 1")
+        if self.logprobs < 0:
+            raise BadInput("--logprobs must be 0 or more")
+        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
+            raise BadInput("--atol must be a finite number >= 0")
+        if self.n < 2:
+            raise BadInput("--batch-size must be at least 2 (BS=N is compared with BS=1)")
+        if self.n > len(self.prompts):
+            raise BadInput(
+                f"--batch-size {self.n} is larger than the number of prompts ({len(self.prompts)})"
+            )
+        if self.timeout is not None and self.timeout <= 0:
+            raise BadInput("--timeout must be positive")
+        if self.batch_via not in BATCH_VIA:
+            raise BadInput(
+                f"--batch-via must be one of {', '.join(BATCH_VIA)}, not {self.batch_via!r}"
+            )
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts) if self.batch_size is None else self.batch_size
+
+
+class InvarianceReport(Report):
+    """``document`` is the ``opsctl.diag.invariance/1`` JSON document."""
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return list(self.document["runs"])
+
+    @property
+    def reasons(self) -> list[str]:
+        return list(self.document["reasons"])
+
+    @property
+    def warnings(self) -> list[str]:
+        """Report-level warnings (the test-knob warning); each run has its own."""
+        return list(self.document["warnings"])
+
+    @property
+    def timed_out(self) -> bool:
+        """A mode's engine did not become healthy in time (``mode="both"``)."""
+        return any(r.get("timed_out") for r in self.document["runs"])
+
+
+def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
+    """The engine one mode runs on: ``spec`` (default model tiny-llama) with the isolating
+    arguments and environment, the batch probe, room for the batch and the execution
+    mode. Idempotent, so a planner can pass its result back in."""
+    args = spec.extra_args
+    n = len(ISOLATING_ARGS)
+    if not any(args[i : i + n] == ISOLATING_ARGS for i in range(len(args))):
+        args = (*args, *ISOLATING_ARGS)
+    return spec.with_defaults(
+        DEFAULT_MODEL,
+        extra_args=args,
+        env=tuple(sorted({**dict(spec.env), **ISOLATING_ENV}.items())),
+        probes=spec.probes | PROBES,
+        enforce_eager=mode == "eager",
+        max_num_seqs=max(spec.max_num_seqs, options.n),
+        timeout=options.timeout or spec.timeout,
+    )
+
+
+def plan(target: Target, options: Options) -> list[tuple[str | None, Target]]:
+    """The runs to do, as (mode, target): a URL is one run on the server as it is (mode
+    None unless given); a spec is one isolated engine per mode. Refuses (BadInput) what
+    cannot work before anything starts: ``both`` on a URL, a pooling model."""
+    if isinstance(target, UrlTarget):
+        if options.mode == "both":
+            raise BadInput("--mode both needs opsctl to start the engine (use --model, not a URL)")
+        return [(options.mode, target)]
+    from opsctl.engine.model import resolve
+
+    resolved = resolve(target.model or DEFAULT_MODEL)
+    if resolved.archetype not in GENERATIVE:
+        raise BadInput(
+            f"{resolved.name} is a {resolved.archetype} model; diag invariance needs a "
+            "generative model (e.g. tiny-llama)"
+        )
+    modes = ["default", "eager"] if options.mode == "both" else [options.mode or "default"]
+    return [(m, isolated_spec(target, m, options)) for m in modes]
+
+
+def run(
+    target: Target,
+    options: Options,
+    progress: ev.Progress = ev.ignore,
+    session: EngineSession | None = None,
+) -> InvarianceReport:
+    """Run the comparison on ``target`` (every mode of ``options``); see the module doc."""
+    runs = plan(target, options)
+    started = time.monotonic()
+    tag = options.tag or f"opsctl-inv-{uuid.uuid4().hex[:6]}"
+    progress(
+        ev.Started(
+            TITLE,
+            f"BS=1 vs BS={options.n}: {len(options.prompts)} prompts x {options.max_tokens} "
+            f"tokens, {inv.comparison_label(options.atol)}",
+        )
+    )
+    job = _Job(options, tag, progress, session)
+    docs = [job.run_mode(mode, t, only=len(runs) == 1) for mode, t in runs]
+    verdict = PASS if docs and all(r["verdict"] == PASS for r in docs) else FAIL
+    progress(ev.Finished(verdict, "  |  ".join(f"{r['mode']}: {r['verdict']}" for r in docs)))
+    return _report(options, tag, verdict, docs, time.monotonic() - started)
+
+
+def _report(
+    options: Options, tag: str, verdict: str, runs: list[dict], seconds: float
+) -> InvarianceReport:
+    from opsctl import output
+
+    knobs = engine_records.knobs_of([r.get("run_dir") for r in runs])
+    line = ledger.knob_warning(knobs)
+    doc = output.document(
+        SCHEMA,
+        verdict=verdict,
+        reasons=[f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]],
+        comparison=inv.comparison_label(options.atol),
+        atol=options.atol,
+        prompts=len(options.prompts),
+        batch_size=options.n,
+        batch_via=options.batch_via,
+        max_tokens=options.max_tokens,
+        logprobs=options.logprobs,
+        request_tag=tag,
+        runs=runs,
+        seconds=round(seconds, 2),
+        test_knobs=knobs,
+        warnings=[line] if line else [],
+    )
+    return InvarianceReport(verdict, doc)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What one mode measured on its server, before any decision."""
+
+    live: Live
+    model: str
+    version: str | None
+    tags: tuple[str, str]  # request-id tags of the BS=1 and BS=N phases
+    alone: list[cc.Timed]
+    together: list[cc.Timed]
+    seconds: dict[str, float]  # engine, bs1, bsn
+    sampler: tuple[tuple[float, ...], int | None, int | None]  # gauge samples, steps, tokens
+    records: EngineRecords
+
+
+class _Job:
+    """One run of the check: its options, tag, progress and the live table's rows."""
+
+    def __init__(
+        self, options: Options, tag: str, progress: ev.Progress, session: EngineSession | None
+    ) -> None:
+        self.options, self.tag, self.progress, self.session = options, tag, progress, session
+        self.rows: list[tuple[str, ...]] = []
+
+    def run_mode(self, mode: str | None, target: Target, *, only: bool) -> dict:
+        """One mode's report entry. With several modes, an engine that fails (dies, times
+        out) gives a failed entry and the check goes on; bad input never does."""
+        try:
+            return self._run_mode(mode, target)
+        except (BadInput, EngineUnreachable):
+            raise
+        except OpsctlError as err:
+            if only:
+                raise
+            self.progress(ev.Phase(f"{mode}: failed"))
+            self.progress(ev.Log(f"{mode}: {err.message}", level="warning"))
+            return failed_run(mode, err.message, timed_out=isinstance(err, OpsTimeout))
+
+    def _run_mode(self, mode: str | None, target: Target) -> dict:
+        label = mode or "server as is"
+        t_start = time.monotonic()
+        self.progress(ev.Phase(f"{label}: preparing the engine"))
+        self.progress(ev.Table(COLUMNS, tuple(self.rows)))
+        with opened(
+            target, self.session, self.progress, label=f"invariance-{mode or 'url'}"
+        ) as live:
+            engine_seconds = time.monotonic() - t_start
+            knob_line = ledger.knob_warning(engine_records.knobs_of([live.run_dir]))
+            if knob_line:
+                self.progress(ev.Alert(knob_line))
+            measured = self._measure(live, mode, label, engine_seconds)
+        return self._decide(measured, mode, label, time.monotonic() - t_start)
+
+    def _served_model(self, live: Live) -> tuple[str, str | None]:
+        model = cc.served_model(live.url, api_key=live.api_key)
+        if model is None:
+            raise CheckFailed(f"{live.url}/v1/models listed no model")
+        refusal = cc.completions_refusal(live.url, model, api_key=live.api_key)
+        if refusal is not None:
+            raise BadInput(
+                f"{live.url} does not serve /v1/completions for {model} ({refusal}); "
+                "diag invariance needs a generative model"
+            )
+        return model, cc.server_version(live.url, api_key=live.api_key)
+
+    def _phase(self, label: str, side: str, what: str) -> Callable[[int, cc.Timed], None]:
+        """Start the BS=1 or BS=N phase; the callback counts its finished requests."""
+        name, total = f"{label}: {side}: {what}", len(self.options.prompts)
+        self.progress(ev.Phase(name, 0, total))
+        done = itertools.count(1)
+
+        def on_done(i: int, res: cc.Timed) -> None:
+            g = res.generated
+            state = "error: " + g.error if g.error else f"{len(g.token_ids)} tokens"
+            self.progress(ev.Phase(name, next(done), total))
+            self.progress(ev.Log(f"{label}: {side} prompt {i}: {state} in {res.seconds:.2f} s"))
+
+        return on_done
+
+    def _measure(self, live: Live, mode: str | None, label: str, engine_s: float) -> _Measured:
+        o, key = self.options, live.api_key
+        model, version = self._served_model(live)
+        params = cc.CompletionParams(model, o.max_tokens, o.logprobs)
+        prompts = list(o.prompts)
+        tags = (f"{self.tag}-{mode or 'url'}-bs1", f"{self.tag}-{mode or 'url'}-bs{o.n}")
+        on_done = self._phase(label, "BS=1", f"{len(prompts)} prompts one at a time")
+        t0 = time.monotonic()
+        alone = cc.run_alone(live.url, params, prompts, tags[0], on_done, api_key=key)
+        t_alone = time.monotonic() - t0
+        on_done = self._phase(label, f"BS={o.n}", "prompts sent together")
+        together_fn = cc.run_together_list if o.batch_via == "list" else cc.run_together
+        t0 = time.monotonic()
+        with cc.RunningSampler(live.url, api_key=key) as sampler:
+            together = together_fn(live.url, params, prompts, tags[1], o.n, on_done, api_key=key)
+        t_together = time.monotonic() - t0
+        sampler.settle(sum(len(t.generated.token_ids) for t in together))
+        return _Measured(
+            live,
+            model,
+            version,
+            tags,
+            alone,
+            together,
+            {"engine": engine_s, "bs1": t_alone, "bsn": t_together},
+            (tuple(sampler.samples), sampler.steps, sampler.tokens),
+            engine_records.read_after(live.run_dir, tags[1], len(prompts)),
+        )
+
+    def _compare(self, m: _Measured, label: str) -> list[inv.PromptResult]:
+        o = self.options
+        results = [
+            inv.compare(
+                i,
+                a.generated,
+                b.generated,
+                max_tokens=o.max_tokens,
+                logprobs=o.logprobs,
+                atol=o.atol,
+            )
+            for i, (a, b) in enumerate(zip(m.alone, m.together, strict=True))
+        ]
+        for r in results:
+            text = inv.divergence_text(r)
+            prompt, diff = inv.preview(o.prompts[r.index]), inv.fmt_diff(r.largest_diff)
+            self.rows.append((label, str(r.index), prompt, r.status, text, diff))
+            if not r.passed:
+                self.progress(
+                    ev.CaseResult(f"{label}: prompt {r.index}", FAIL, f"{r.status}: {text}")
+                )
+        self.progress(ev.Table(COLUMNS, tuple(self.rows)))
+        return results
+
+    def _decide(self, m: _Measured, mode: str | None, label: str, total_s: float) -> dict:
+        o, rec = self.options, m.records
+        results = self._compare(m, label)
+        samples, steps, tokens = m.sampler
+        evidence = eng.batch_from_probe(list(rec.batch), m.tags[1], o.n) or eng.batch_from_metrics(
+            list(samples), o.n, steps, tokens
+        )
+        probe_env = rec.probe_init.get("env") if rec.probe_init else None
+        settings = eng.check_engine_settings(rec.info, probe_env, mode=mode)
+        settings += eng.check_request_settings(
+            [t.generated for t in m.alone + m.together], o.max_tokens
+        )
+        shared = eng.shared_steps(list(rec.batch), m.tags[0])
+        findings = eng.assess_run(
+            settings,
+            evidence,
+            batch_size=o.n,
+            bs1_shared=shared,
+            nudge=(rec.probe_init or {}).get("nudge"),
+        )
+        summary = inv.summarize(results, o.atol, list(findings.failures))
+        self.progress(ev.Phase(f"{label}: done"))
+        reasons = "; ".join(summary.reasons) or "all prompts matched"
+        self.progress(ev.Log(f"{label}: verdict {summary.verdict}: {reasons}"))
+        for w in findings.warnings:
+            self.progress(ev.Log(f"{label}: {w}", level="warning"))
+        return {
+            "mode": mode or "unknown (external server)",
+            "requested_mode": mode,
+            "verdict": summary.verdict,
+            "url": m.live.url,
+            "external": m.live.external,
+            "run_dir": str(m.live.run_dir) if m.live.run_dir else None,
+            "model": m.model,
+            "vllm_version": m.version or rec.vllm_version,
+            "platform": eng.platform_of(rec.info, rec.probe_init),
+            "execution": eng.execution_of(rec.info),
+            "summary": summary.to_dict(),
+            "settings": [s.to_dict() for s in settings],
+            "batch": {**evidence.to_dict(), "via": o.batch_via, "bs1_max_shared": shared},
+            "warnings": list(findings.warnings),
+            "prompts": [self._prompt_doc(m, r) for r in results],
+            "seconds": {
+                "engine": round(m.seconds["engine"], 2),
+                "bs1": round(m.seconds["bs1"], 3),
+                "bsn": round(m.seconds["bsn"], 3),
+                "total": round(total_s, 2),
+            },
+        }
+
+    def _prompt_doc(self, m: _Measured, r: inv.PromptResult) -> dict:
+        return {
+            **r.to_dict(),
+            "prompt": self.options.prompts[r.index],
+            "seconds_alone": round(m.alone[r.index].seconds, 4),
+            "seconds_batched": round(m.together[r.index].seconds, 4),
+        }
+
+
+def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
+    """The report entry of a mode whose engine never got to run the comparison."""
+    return {
+        "mode": mode or "server as is",
+        "verdict": FAIL,
+        "error": reason,
+        "timed_out": timed_out,
+        "summary": {
+            "verdict": FAIL,
+            "reasons": [reason],
+            "tokens_identical": False,
+            "identical": 0,
+            "within_atol": 0,
+            "diverged": 0,
+            "errors": 0,
+            "largest_diff": None,
+        },
+        "batch": {"max_batch": 0, "source": "-"},
+        "execution": None,
+        "platform": "?",
+        "vllm_version": None,
+        "settings": [],
+        "prompts": [],
+        "warnings": [],
+        "seconds": {"engine": "-", "bs1": "-", "bsn": "-"},
+    }

@@ -1,0 +1,84 @@
+"""What an engine opsctl started recorded about itself, read from its run directory:
+the engine_info probe (EngineCore config), the batch probe (its init record and one
+record per sampling step), the vLLM version and the test knobs in the patch ledger.
+
+Read once into a frozen :class:`EngineRecords`; an engine without a run directory (an
+external server) gives the empty value. Used by `diag invariance` to read back the
+isolating settings and the batches the engine really formed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsctl.collectors import ledger
+from opsctl.domain.invariance_engine import prompt_index
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRecords:
+    info: Mapping[str, Any] | None = None  # the last engine_info record without an error
+    batch: tuple[Mapping[str, Any], ...] = ()  # batch probe records (init, step, nudge)
+    probe_init: Mapping[str, Any] | None = None  # the batch probe's init (worker first)
+    vllm_version: str | None = None  # from the newest ledger record
+    test_knobs: Mapping[str, str] = field(default_factory=dict)
+
+
+def _last(records: list[dict], **match: Any) -> dict | None:
+    for rec in reversed(records):
+        if all(rec.get(k) == v for k, v in match.items()):
+            return rec
+    return None
+
+
+def read(run_dir: Path | None) -> EngineRecords:
+    if run_dir is None:
+        return EngineRecords()
+    infos = [r for r in ledger.read_events(run_dir, "engine_info") if "error" not in r]
+    batch = ledger.read_events(run_dir, "batch")
+    records = ledger.read_records(run_dir)
+    return EngineRecords(
+        infos[-1] if infos else None,
+        tuple(batch),
+        _last(batch, event="init", role="worker") or _last(batch, event="init"),
+        records[-1].get("vllm_version") if records else None,
+        ledger.test_knobs(records),
+    )
+
+
+def _covers(batch: tuple[Mapping[str, Any], ...], tag: str, prompts: int) -> bool:
+    seen = {
+        i
+        for s in batch
+        if s.get("event") == "step"
+        for i in (prompt_index(str(r), tag) for r in s.get("req_ids") or [])
+        if i is not None
+    }
+    return seen >= set(range(prompts))
+
+
+def read_after(run_dir: Path | None, tag: str, prompts: int, timeout: float = 2.0) -> EngineRecords:
+    """:func:`read`, once the batch probe's step records show every one of ``prompts``
+    requests tagged ``tag`` (their last lines may land just after the responses), or
+    at ``timeout``. No wait when the probe is not active in that engine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read(run_dir)
+        if records.probe_init is None or _covers(records.batch, tag, prompts):
+            return records
+        if time.monotonic() >= deadline:
+            return records
+        time.sleep(0.05)
+
+
+def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
+    """The test knobs the engines of these run directories honoured (their ledgers)."""
+    knobs: dict[str, str] = {}
+    for rd in run_dirs:
+        if rd:
+            knobs.update(ledger.test_knobs(ledger.read_records(Path(rd))))
+    return knobs

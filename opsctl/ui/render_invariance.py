@@ -1,0 +1,105 @@
+"""Rich tables for `opsctl diag invariance` (a terminal without ``--json``): the modes
+side by side, then per mode its isolating settings, its prompts and its warnings. Reads
+only the report's JSON document (``opsctl.diag.invariance/1``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from opsctl.domain import invariance as inv
+
+VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]"}
+SETTING_STYLE = {"verified": "green", "mismatch": "red", "not verified": "yellow"}
+
+
+def _batch_text(run: dict) -> str:
+    b = run["batch"]
+    if b.get("tokens") is not None:  # counters give a lower bound on the peak
+        return f">= {b['max_batch']} together ({b['tokens']} tokens in {b['steps']} steps)"
+    return f"{b['max_batch']} together ({b['source']})"
+
+
+def _divergence(p: dict[str, Any]) -> str:
+    d = p["first_divergence"]
+    result = inv.PromptResult(
+        p["index"], p["status"], p["reason"], inv.Divergence(**d) if d else None
+    )
+    return inv.divergence_text(result)
+
+
+def _modes_table(doc: dict) -> Table:
+    runs = doc["runs"]
+    head = Table(
+        title=f"batch invariance: BS=1 vs BS={doc['batch_size']} ({doc['comparison']}, "
+        f"{doc['prompts']} prompts x {doc['max_tokens']} tokens, top-{doc['logprobs']})"
+    )
+    head.add_column("")
+    for r in runs:
+        head.add_column(str(r["mode"]))
+
+    def row(name: str, fn) -> None:
+        head.add_row(name, *[str(fn(r)) for r in runs])
+
+    row("verdict", lambda r: VERDICT.get(r["verdict"], r["verdict"]))
+    row("tokens identical", lambda r: r["summary"]["tokens_identical"])
+    row(
+        "identical / within atol / diverged / error",
+        lambda r: "{identical} / {within_atol} / {diverged} / {errors}".format(**r["summary"]),
+    )
+    row("largest |Δ logprob|", lambda r: inv.fmt_diff(r["summary"]["largest_diff"]))
+    row("batch formed", _batch_text)
+    row(
+        "execution",
+        lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?",
+    )
+    row("platform", lambda r: r["platform"])
+    row("vLLM", lambda r: r["vllm_version"] or "?")
+    row("seconds engine / BS=1 / BS=N", lambda r: "{engine} / {bs1} / {bsn}".format(**r["seconds"]))
+    return head
+
+
+def _settings_table(run: dict) -> Table:
+    st = Table(title=f"{run['mode']}: isolating settings")
+    for c in ("setting", "wanted", "seen", "status", "source"):
+        st.add_column(c)
+    for s in run["settings"]:
+        style = SETTING_STYLE.get(s["status"], "")
+        status = f"[{style}]{s['status']}[/]" if style else s["status"]
+        st.add_row(s["name"], s["wanted"], s["seen"], status, s["source"])
+    return st
+
+
+def _prompts_table(run: dict) -> Table:
+    pt = Table(title=f"{run['mode']}: per prompt")
+    for c in (
+        "#",
+        "prompt",
+        "status",
+        "first divergence (pos, tokens, logprobs alone/batched, Δ)",
+        "largest |Δ|",
+    ):
+        pt.add_column(c)
+    for p in run["prompts"]:
+        pt.add_row(
+            str(p["index"]),
+            escape(inv.preview(p["prompt"])),
+            p["status"],
+            escape(_divergence(p)),
+            inv.fmt_diff(p["largest_diff"]),
+        )
+    return pt
+
+
+def render(con: Console, doc: dict) -> None:
+    con.print(_modes_table(doc))
+    for r in doc["runs"]:
+        con.print(_settings_table(r))
+        con.print(_prompts_table(r))
+        for w in r["warnings"]:
+            con.print(f"[yellow]warning:[/] {escape(w)}")
+    verdict = VERDICT.get(doc["verdict"], doc["verdict"])
+    con.print(f"verdict: {verdict}  ({doc.get('seconds', '?')} s)")

@@ -1,0 +1,187 @@
+"""A stand-in vLLM server for `diag invariance`: /v1/completions with deterministic
+tokens and logprobs (greedy: the sampled token is the top-1 at every position), and
+/metrics counters that move like vLLM's (one engine step per output position of a
+request; the prompts of one multi-prompt request share their steps). Options
+(:class:`Behaviour`):
+
+- ``diverge=(marker, position, delta)``: a prompt containing ``marker`` gets ``delta``
+  added to its logprob at ``position`` when it is batched with others (a multi-prompt
+  request), like the engine's test nudge: the token stays the same;
+- ``run_dir``: written like the run directory of an engine opsctl started (batch probe
+  init and step records, engine_info, a ledger record with the vLLM version and test
+  knobs); :func:`register_run` makes find_run_dir() find it for the stand-in's URL;
+- ``max_logprobs``: asking for more is HTTP 400 with vLLM's message;
+- ``generative=False``: /v1/completions answers 404 (a pooling model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.standin import JSONHandler, serving
+
+MODEL = "stand-in-llama"
+VERSION = "0.0-standin"
+ENGINE_INFO = {
+    "enable_prefix_caching": False,
+    "mm_processor_cache_gb": None,
+    "enforce_eager": True,
+    "compilation_mode": "0",
+    "platform": "cpu",
+}
+
+
+@dataclass
+class Behaviour:
+    diverge: tuple[str, int, float] | None = None
+    run_dir: Path | None = None
+    max_logprobs: int = 20
+    generative: bool = True
+    steps: int = 0  # vllm:iteration_tokens_total_count
+    tokens: int = 0  # vllm:generation_tokens_total
+    bodies: list[dict] = field(default_factory=list)  # every /v1/completions body
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _token(prompt: str, pos: int) -> int:
+    return (zlib.crc32(prompt.encode()) + 31 * pos) % 1000
+
+
+def _logprob(prompt: str, pos: int) -> float:
+    return -0.25 - ((zlib.crc32(prompt.encode()) >> 3) + pos) % 17 / 8.0
+
+
+def choice(prompt: str, index: int, max_tokens: int, logprobs: int | None, shift: dict) -> dict:
+    """One choice of ``max_tokens`` tokens; ``shift``: position -> logprob delta."""
+    toks, lps, tops = [], [], []
+    for pos in range(max_tokens):
+        tok, lp = _token(prompt, pos), _logprob(prompt, pos) + shift.get(pos, 0.0)
+        others = {f"token_id:{1000 + k}": lp - 1.0 - k for k in range(max(0, (logprobs or 0) - 1))}
+        toks.append(f"token_id:{tok}")
+        lps.append(lp)
+        tops.append({f"token_id:{tok}": lp, **others})
+    lp_obj = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops}
+    return {
+        "index": index,
+        "text": "x" * max_tokens,
+        "finish_reason": "length",
+        "logprobs": None if logprobs is None else lp_obj,
+    }
+
+
+def completion(b: Behaviour, body: dict) -> tuple[int, dict]:
+    """The answer to one /v1/completions body (and the counters and probe records)."""
+    if not b.generative:
+        return 404, {"detail": "Not Found"}
+    logprobs = body.get("logprobs")
+    if logprobs is not None and logprobs > b.max_logprobs:
+        msg = f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {b.max_logprobs}"
+        return 400, {"error": {"message": msg}}
+    prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+    max_tokens = int(body.get("max_tokens") or 16)
+    batched = len(prompts) > 1
+    choices = []
+    for i, p in enumerate(prompts):
+        shift = {}
+        if b.diverge and batched and b.diverge[0] in p:
+            shift = {b.diverge[1]: b.diverge[2]}
+        choices.append(choice(p, i, max_tokens, logprobs, shift))
+    rid = str(body.get("request_id") or "anon")
+    with b.lock:
+        b.bodies.append(body)
+        b.steps += max_tokens
+        b.tokens += max_tokens * len(prompts)
+        if b.run_dir is not None:
+            ids = [f"cmpl-{rid}-{i}-ffff0000" for i in range(len(prompts))]
+            steps = [{"event": "step", "num_reqs": len(ids), "req_ids": ids}] * max_tokens
+            _append(b.run_dir / "events" / "batch.jsonl", steps)
+    return 200, {"id": f"cmpl-{rid}", "model": MODEL, "choices": choices}
+
+
+def _append(path: Path, records: list[dict]) -> None:
+    with path.open("a") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def metrics(b: Behaviour) -> bytes:
+    return (
+        "vllm:num_requests_running 0\n"
+        f"vllm:generation_tokens_total {float(b.tokens)}\n"
+        f"vllm:iteration_tokens_total_count {float(b.steps)}\n"
+    ).encode()
+
+
+def handler_for(b: Behaviour) -> type[JSONHandler]:
+    class Handler(JSONHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/version":
+                self._send(200, {"version": VERSION})
+            elif self.path == "/v1/models":
+                self._send(200, {"data": [{"id": MODEL}]})
+            elif self.path == "/metrics":
+                data = metrics(b)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path != "/v1/completions":
+                self._send(404, {"detail": "Not Found"})
+                return
+            self._send(*completion(b, body))
+
+    return Handler
+
+
+def write_run_dir(
+    run_dir: Path,
+    *,
+    info: dict | None = None,
+    env: dict | None = None,
+    nudge: dict | None = None,
+    knobs: dict | None = None,
+) -> Path:
+    """A run directory as opsctl's engine leaves it (before any request)."""
+    (run_dir / "events").mkdir(parents=True, exist_ok=True)
+    (run_dir / "ledger").mkdir(exist_ok=True)
+    _append(run_dir / "events" / "engine_info.jsonl", [info or ENGINE_INFO])
+    init = {
+        "event": "init",
+        "role": "worker",
+        "platform": "cpu",
+        "env": env if env is not None else {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        "nudge": nudge,
+    }
+    _append(run_dir / "events" / "batch.jsonl", [init])
+    record = {"pid": os.getpid(), "time": time.time(), "role": "api", "vllm_version": VERSION}
+    record.update({"patches": [], "test_knobs": knobs or {}})
+    (run_dir / "ledger" / f"{os.getpid()}.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def register_run(run_dir: Path, url: str) -> None:
+    """meta.json naming ``url`` and a live pid (this process): find_run_dir(url) finds it."""
+    meta = {"url": url, "pid": os.getpid(), "started_at": time.time()}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+
+
+@contextlib.contextmanager
+def completions_server(behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
+    b = behaviour or Behaviour()
+    with serving(handler_for(b)) as url:
+        yield url, b
