@@ -84,9 +84,8 @@ def register(app: typer.Typer) -> None:
         if url and model:
             raise BadInput("give either a URL or --model, not both")
         base = validate_url(url) if url else None
-        prompts = read_prompts(prompts_file)
         options = check.Options(
-            **({"prompts": prompts} if prompts else {}),
+            prompts=read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
             batch_size=batch_size,
             max_tokens=max_tokens,
             logprobs=logprobs,
