@@ -317,12 +317,13 @@ def test_run_findings_that_are_only_warnings():
         nudge={"marker": "zebra", "position": 3},
     )
     assert found.failures == ()
-    assert [w.split(" ")[0:4] for w in found.warnings] == [
-        ["could", "not", "show", "that"],
-        ["a", "BS=1", "request", "shared"],
-        ["TEST", "NUDGE", "active", "in"],
-        ["could", "not", "enforce/verify", "on"],
-    ]
+    starts = (
+        "could not show that BS=4",
+        "a BS=1 request shared",
+        "TEST NUDGE",
+        "could not enforce",
+    )
+    assert [w.startswith(x) for w, x in zip(found.warnings, starts, strict=True)] == [True] * 4
     assert "16 tokens in 16 steps" in found.warnings[0]
     assert "with 2 other request(s)" in found.warnings[1]
     assert found.warnings[3].endswith(": prefix caching")
