@@ -16,7 +16,7 @@ inputs. Where the counts come from:
 A target is a running server (:class:`UrlTarget`, the server's own model) or an engine
 to start (:class:`EngineSpec`; its model must be given: a cross-encoder or bi-encoder,
 refused before any start otherwise). The report's ``to_dict()`` is the
-``opsctl.diag.usage/1`` document. Decisions: opsctl.domain.usage; HTTP and tokenizers:
+``opsctl.diag.usage/1`` document. Decisions: opsctl.domain.usage (and usage_tokens); HTTP and tokenizers:
 opsctl.collectors.scoring.
 """
 
@@ -33,6 +33,7 @@ from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.collectors import ledger
 from opsctl.collectors import scoring as collect
 from opsctl.domain import usage as U
+from opsctl.domain import usage_tokens as T
 from opsctl.errors import BadInput, CheckFailed
 
 SCHEMA = "diag.usage"
@@ -88,7 +89,7 @@ class Counting:
 
     kind: str
     kind_source: str
-    template: U.PairTemplate | None
+    template: T.PairTemplate | None
     method: str
     source: str  # "local tokenizer" | "/tokenize"
     tokenizer: Any = None  # the model's own tokenizer, when readable here
@@ -195,11 +196,11 @@ def _counting(api: collect.ScoringApi, kind: str, how: str, model_dir: str | Non
     template = None
     if kind == U.CROSS:
         with_specials, without = api.tokenize(PROBE_TEXT, True), api.tokenize(PROBE_TEXT, False)
-        template = U.inferred_template(list(with_specials), list(without))
+        template = T.inferred_template(list(with_specials), list(without))
     tokenizer = collect.load_tokenizer(model_dir)
     if tokenizer is None:
-        return Counting(kind, how, template, U.remote_method(kind, template), "/tokenize")
-    method = U.local_method(kind, str(model_dir))
+        return Counting(kind, how, template, T.remote_method(kind, template), "/tokenize")
+    method = T.local_method(kind, str(model_dir))
     return Counting(kind, how, template, method, "local tokenizer", tokenizer)
 
 
@@ -208,8 +209,8 @@ def _counts(
 ) -> tuple[tuple[int | None, ...], tuple[int | None, ...] | None]:
     """(expected parts, cross-check parts): the local tokenizer's counts checked against
     /tokenize's, or /tokenize's alone."""
-    asked = U.tokenize_requests(inputs, counting.template)
-    remote = U.remote_parts(inputs, api.token_lengths(asked), counting.template)
+    asked = T.tokenize_requests(inputs, counting.template)
+    remote = T.remote_parts(inputs, api.token_lengths(asked), counting.template)
     if counting.tokenizer is None:
         return remote, None
     return collect.local_counts(counting.tokenizer, inputs), remote

@@ -1,12 +1,13 @@
-"""Unit tests of diag usage's decisions (opsctl.domain.usage): engine inputs, the
-comparison over counts collected beforehand, pair templates, /tokenize counting, model
-kind and refusals."""
+"""Unit tests of diag usage's decisions (opsctl.domain.usage, usage_tokens): engine
+inputs, the comparison over counts collected beforehand, pair templates, /tokenize
+counting, model kind and refusals."""
 
 from __future__ import annotations
 
 import pytest
 
 from opsctl.domain import usage as U
+from opsctl.domain import usage_tokens as T
 
 
 def words(x) -> int:
@@ -103,10 +104,10 @@ def test_findings_and_cross_check() -> None:
 
 
 def test_special_affixes() -> None:
-    assert U.special_affixes(["[CLS]", "a", "b", "[SEP]"], ["a", "b"]) == (["[CLS]"], ["[SEP]"])
-    assert U.special_affixes(["<s>", "a"], ["a"]) == (["<s>"], [])
+    assert T.special_affixes(["[CLS]", "a", "b", "[SEP]"], ["a", "b"]) == (["[CLS]"], ["[SEP]"])
+    assert T.special_affixes(["<s>", "a"], ["a"]) == (["<s>"], [])
     with pytest.raises(ValueError):
-        U.special_affixes(["x"], ["a"])
+        T.special_affixes(["x"], ["a"])
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,7 @@ def test_special_affixes() -> None:
     ],
 )
 def test_pair_templates(prefix, suffix, specials, name) -> None:
-    t = U.pair_template(prefix, suffix)
+    t = T.pair_template(prefix, suffix)
     assert t is not None and t.name.startswith(name) and t.specials == specials
     assert t.count(5, 7) == 5 + 7 + specials
 
@@ -134,8 +135,8 @@ def test_roberta_template_matches_a_real_roberta_tokenizer() -> None:
     tk.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>")
     one = tok.convert_ids_to_tokens(tok("a b")["input_ids"])
-    prefix, suffix = U.special_affixes(one, ["a", "b"])
-    t = U.pair_template(prefix, suffix)
+    prefix, suffix = T.special_affixes(one, ["a", "b"])
+    t = T.pair_template(prefix, suffix)
     assert t is not None
     pair = tok(text="a b", text_pair="c a b")["input_ids"]
     assert tok.convert_ids_to_tokens(pair) == [
@@ -151,13 +152,13 @@ def test_roberta_template_matches_a_real_roberta_tokenizer() -> None:
     ]
     assert t.count(2, 3) == len(pair)
     # the BERT template would have under-counted by one per pair
-    bert = U.pair_template(["[CLS]"], ["[SEP]"])
+    bert = T.pair_template(["[CLS]"], ["[SEP]"])
     assert bert is not None and bert.count(2, 3) == len(pair) - 1
 
 
 def test_unknown_template_gives_unverified_rows() -> None:
-    assert U.pair_template(["<bos>"], []) is None
-    assert U.pair_template([], []) is None
+    assert T.pair_template(["<bos>"], []) is None
+    assert T.pair_template([], []) is None
 
     def no_pairs(x):
         return None if isinstance(x, tuple) else words(x)
@@ -206,36 +207,36 @@ def test_compare_takes_numbers_and_a_cross_check_with_a_gap_is_none() -> None:
     assert off.note == "prompt_tokens off by +1, total_tokens off by +2"
 
 
-BERT = U.pair_template(["[CLS]"], ["[SEP]"])
+BERT = T.pair_template(["[CLS]"], ["[SEP]"])
 
 
 def test_tokenize_requests_and_remote_parts() -> None:
     """What /tokenize must be asked, and how its lengths become each input's count."""
     inputs = U.engine_inputs(U.CROSS, CASE3)
-    asked = U.tokenize_requests(inputs, BERT)
+    asked = T.tokenize_requests(inputs, BERT)
     assert asked == (("q one", False), ("a", False), ("b c", False), ("d e f", False))
     lengths = {(t, special): len(t.split()) + 2 * special for t, special in asked}
-    assert U.remote_parts(inputs, lengths, BERT) == (6, 7, 8)
+    assert T.remote_parts(inputs, lengths, BERT) == (6, 7, 8)
     # an unknown template: pairs are not derivable and nothing is asked for them
-    assert U.tokenize_requests(inputs, None) == ()
-    assert U.remote_parts(inputs, {}, None) == (None, None, None)
+    assert T.tokenize_requests(inputs, None) == ()
+    assert T.remote_parts(inputs, {}, None) == (None, None, None)
     texts = U.engine_inputs(U.BI, CASE3)
-    asked = U.tokenize_requests(texts, None)
+    asked = T.tokenize_requests(texts, None)
     assert asked == tuple((t, True) for t in ("q one", "a", "b c", "d e f"))
     lengths = {k: len(k[0].split()) + 2 for k in asked}
-    assert U.remote_parts(texts, lengths, None) == (4, 3, 4, 5)
+    assert T.remote_parts(texts, lengths, None) == (4, 3, 4, 5)
 
 
 def test_inferred_template_and_methods() -> None:
-    t = U.inferred_template(["<s>", "hello", "world", "</s>"], ["hello", "world"])
+    t = T.inferred_template(["<s>", "hello", "world", "</s>"], ["hello", "world"])
     assert t is not None and t.name.startswith("roberta")
-    assert U.inferred_template(["x"], ["hello"]) is None  # not contiguous
-    assert U.inferred_template(["<bos>", "a"], ["a"]) is None  # unknown family
-    assert U.remote_method(U.BI, None) == "/tokenize of each text"
-    assert U.remote_method(U.CROSS, None) == "/tokenize (pair template unknown)"
-    assert U.remote_method(U.CROSS, t).endswith("+ " + t.name)
-    assert U.local_method(U.CROSS, "/m") == "local tokenizer(text=q, text_pair=d) from /m"
-    assert U.local_method(U.BI, "/m") == "local tokenizer(text) from /m"
+    assert T.inferred_template(["x"], ["hello"]) is None  # not contiguous
+    assert T.inferred_template(["<bos>", "a"], ["a"]) is None  # unknown family
+    assert T.remote_method(U.BI, None) == "/tokenize of each text"
+    assert T.remote_method(U.CROSS, None) == "/tokenize (pair template unknown)"
+    assert T.remote_method(U.CROSS, t).endswith("+ " + t.name)
+    assert T.local_method(U.CROSS, "/m") == "local tokenizer(text=q, text_pair=d) from /m"
+    assert T.local_method(U.BI, "/m") == "local tokenizer(text) from /m"
 
 
 def test_model_kind_and_refusals() -> None:

@@ -14,6 +14,7 @@ kind of id; 2 for bad input; 3 unreachable; 4 when the server does not answer wi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,35 +22,11 @@ from opsctl.commands.options import api_key_option, test_knob_option
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.errors import BadInput, CheckFailed
 
+if TYPE_CHECKING:
+    from opsctl.checks import mm_uuid as check
+    from opsctl.checks.target import Target
+
 LOAD_FORMATS = ("auto", "dummy", "safetensors")
-
-
-def render(doc: dict):
-    def _render(console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        from opsctl.domain.mm_uuid import TABLE_COLUMNS, Observation, reuse_rows, table_rows
-        from opsctl.output import render_findings
-
-        def obs(d: dict) -> Observation:
-            return Observation(**{k: d[k] for k in Observation.__slots__})  # type: ignore[attr-defined]
-
-        t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
-        for cells in table_rows([obs(d) for d in doc["items"]]):
-            v = cells[-1]
-            cells = [escape(c) for c in cells]
-            cells[-1] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
-            t.add_row(*cells)
-        console.print(t)
-        if doc["reuse"]:
-            r = Table(*TABLE_COLUMNS[:-1], "output", title="one UUID reused for a different image")
-            for cells in reuse_rows([obs(d) for d in doc["reuse"]]):
-                r.add_row(*[escape(c) for c in cells])
-            console.print(r)
-        render_findings(console, doc["findings"], doc["verdict"])
-
-    return _render
 
 
 def register(app: typer.Typer) -> None:
@@ -88,45 +65,69 @@ def register(app: typer.Typer) -> None:
         test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
-        from opsctl import output
         from opsctl.checks import mm_uuid as check
-        from opsctl.checks.target import EngineSpec, UrlTarget
-        from opsctl.commands.options import parse_knobs
         from opsctl.ui.progress import run_with_progress
 
-        if url and model:
-            raise BadInput("give either a URL or --model, not both")
-        mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
-        if not mode_list or any(m not in MODES for m in mode_list):
-            raise BadInput(f"--modes takes caches-off and/or caches-on, not {modes!r}")
-        if load_format not in LOAD_FORMATS:
-            raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
-        if not uuid_prefix or any(c.isspace() for c in uuid_prefix):
-            raise BadInput("--uuid-prefix must be a non-empty string without spaces")
-        if run_dir is not None and not url:
-            raise BadInput("--run-dir goes with a URL")
-        if not timeout > 0:
-            raise BadInput(f"--timeout must be positive, not {timeout}")
-        knobs = parse_knobs(test_knob, url=url)
-        target = (
-            UrlTarget(url, api_key)
-            if url
-            else EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items()))
+        target, options = _request(
+            url, model, run_dir, uuid_prefix, modes, load_format, timeout, api_key, test_knob
         )
-        options = check.Options(uuid_prefix, mode_list, run_dir, timeout)
         report = run_with_progress(
             check.TITLE,
             lambda progress: check.run(target, options, progress),
             tui=tui,
             as_json=as_json,
         )
-        output.info(f"mm-uuid check: {report.verdict}")
-        if report.knob_warning:
-            output.warn(report.knob_warning)
-        doc = report.to_dict()
-        output.emit(doc, as_json=as_json, render=render(doc))
-        if report.verdict != "pass":
-            raise CheckFailed(
-                f"{len(report.failed_items)} multimodal item(s) did not reach the engine core "
-                "as expected"
-            )
+        _conclude(report, as_json)
+
+
+def _request(
+    url: str | None,
+    model: str | None,
+    run_dir: Path | None,
+    uuid_prefix: str,
+    modes: str,
+    load_format: str,
+    timeout: float,
+    api_key: str | None,
+    test_knob: list[str] | None,
+) -> tuple[Target, check.Options]:
+    """The flags checked (BadInput, exit 2): (target, options) for the check."""
+    from opsctl.checks import mm_uuid as check
+    from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.commands.options import parse_knobs
+
+    if url and model:
+        raise BadInput("give either a URL or --model, not both")
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not mode_list or any(m not in MODES for m in mode_list):
+        raise BadInput(f"--modes takes caches-off and/or caches-on, not {modes!r}")
+    if load_format not in LOAD_FORMATS:
+        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    if not uuid_prefix or any(c.isspace() for c in uuid_prefix):
+        raise BadInput("--uuid-prefix must be a non-empty string without spaces")
+    if run_dir is not None and not url:
+        raise BadInput("--run-dir goes with a URL")
+    if not timeout > 0:
+        raise BadInput(f"--timeout must be positive, not {timeout}")
+    knobs = parse_knobs(test_knob, url=url)
+    options = check.Options(uuid_prefix, mode_list, run_dir, timeout)
+    if url:
+        return UrlTarget(url, api_key), options
+    return EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items())), options
+
+
+def _conclude(report: check.Report, as_json: bool) -> None:
+    """Say the result, print the report, map the verdict to the exit code."""
+    from opsctl import output
+    from opsctl.ui import render_mm_uuid
+
+    output.info(f"mm-uuid check: {report.verdict}")
+    if report.knob_warning:
+        output.warn(report.knob_warning)
+    doc = report.to_dict()
+    output.emit(doc, as_json=as_json, render=render_mm_uuid.render(doc))
+    if report.verdict != "pass":
+        raise CheckFailed(
+            f"{len(report.failed_items)} multimodal item(s) did not reach the engine core "
+            "as expected"
+        )

@@ -8,36 +8,18 @@ be derived) is exit 0 with a warning on stderr, never a mismatch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from opsctl.commands.options import api_key_option, test_knob_option
 from opsctl.errors import BadInput, CheckFailed
 
+if TYPE_CHECKING:
+    from opsctl.checks import usage as check
+    from opsctl.checks.target import Target
+
 LOAD_FORMATS = ("auto", "dummy", "safetensors")
-
-
-def render(doc: dict):
-    def _render(console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        from opsctl.domain.usage import TABLE_COLUMNS, UsageRow, table_rows
-        from opsctl.output import render_findings
-
-        rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
-        for endpoint in dict.fromkeys(r.endpoint for r in rows):
-            t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
-            for r, cells in zip(rows, table_rows(rows), strict=True):
-                if r.endpoint == endpoint:
-                    v = cells[5]
-                    cells = [escape(c) for c in cells]
-                    colour = {"PASS": "green", "UNVERIFIED": "yellow"}.get(v, "red")
-                    cells[5] = f"[{colour}]{v}[/]"
-                    t.add_row(*cells[2:])
-            console.print(t)
-        render_findings(console, doc["findings"], doc["verdict"])
-
-    return _render
 
 
 def register(app: typer.Typer) -> None:
@@ -71,52 +53,71 @@ def register(app: typer.Typer) -> None:
 
         Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
         count cannot be derived."""
-        from opsctl import output
         from opsctl.checks import usage as check
-        from opsctl.checks.target import EngineSpec, UrlTarget
-        from opsctl.commands.options import parse_knobs
-        from opsctl.domain.usage import KINDS
         from opsctl.ui.progress import run_with_progress
 
-        if kind is not None and kind not in KINDS:
-            raise BadInput(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        if load_format not in LOAD_FORMATS:
-            raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
-        if not url and not model:
-            raise BadInput(
-                "give a server URL or --model NAME",
-                hint="e.g. opsctl diag usage --model tiny-reranker",
-            )
-        if url and model:
-            raise BadInput("give either a URL or --model, not both")
-        if not timeout > 0:
-            raise BadInput(f"--timeout must be positive, not {timeout}")
-        knobs = parse_knobs(test_knob, url=url)
-        target = (
-            UrlTarget(url, api_key)
-            if url
-            else EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items()))
-        )
-        options = check.Options(kind, timeout)
+        target, options = _request(url, model, kind, load_format, timeout, api_key, test_knob)
         report = run_with_progress(
             check.TITLE,
             lambda progress: check.run(target, options, progress),
             tui=tui,
             as_json=as_json,
         )
-        doc = report.to_dict()
-        output.info(f"usage check on {doc['model']} ({doc['kind']}): {report.verdict}")
-        if report.knob_warning:
-            output.warn(report.knob_warning)
-        output.emit(doc, as_json=as_json, render=render(doc))
-        rows = len(report.rows)
-        if report.verdict == "unverified":
-            output.warn(
-                f"usage NOT verified for {report.count('unverified')} of {rows} request(s): the "
-                "expected count could not be derived (unknown pair template); not a mismatch"
-            )
-        elif report.verdict != "pass":
-            raise CheckFailed(
-                f"{report.count('fail')} of {rows} usage report(s) differ from the engine-input "
-                "count"
-            )
+        _conclude(report, as_json)
+
+
+def _request(
+    url: str | None,
+    model: str | None,
+    kind: str | None,
+    load_format: str,
+    timeout: float,
+    api_key: str | None,
+    test_knob: list[str] | None,
+) -> tuple[Target, check.Options]:
+    """The flags checked (BadInput, exit 2): (target, options) for the check."""
+    from opsctl.checks import usage as check
+    from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.commands.options import parse_knobs
+    from opsctl.domain.usage import KINDS
+
+    if kind is not None and kind not in KINDS:
+        raise BadInput(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if load_format not in LOAD_FORMATS:
+        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    if not url and not model:
+        raise BadInput(
+            "give a server URL or --model NAME",
+            hint="e.g. opsctl diag usage --model tiny-reranker",
+        )
+    if url and model:
+        raise BadInput("give either a URL or --model, not both")
+    if not timeout > 0:
+        raise BadInput(f"--timeout must be positive, not {timeout}")
+    knobs = parse_knobs(test_knob, url=url)
+    if url:
+        return UrlTarget(url, api_key), check.Options(kind, timeout)
+    spec = EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items()))
+    return spec, check.Options(kind, timeout)
+
+
+def _conclude(report: check.Report, as_json: bool) -> None:
+    """Say the result, print the report, map the verdict to the exit code."""
+    from opsctl import output
+    from opsctl.ui import render_usage
+
+    doc = report.to_dict()
+    output.info(f"usage check on {doc['model']} ({doc['kind']}): {report.verdict}")
+    if report.knob_warning:
+        output.warn(report.knob_warning)
+    output.emit(doc, as_json=as_json, render=render_usage.render(doc))
+    rows = len(report.rows)
+    if report.verdict == "unverified":
+        output.warn(
+            f"usage NOT verified for {report.count('unverified')} of {rows} request(s): the "
+            "expected count could not be derived (unknown pair template); not a mismatch"
+        )
+    elif report.verdict != "pass":
+        raise CheckFailed(
+            f"{report.count('fail')} of {rows} usage report(s) differ from the engine-input count"
+        )

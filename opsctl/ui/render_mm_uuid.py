@@ -1,0 +1,38 @@
+"""Rich tables for `opsctl diag mm-uuid` (a terminal without ``--json``): the identifier
+each image reached the engine core with, the reused-UUID requests, the findings. Reads
+only the report's JSON document (``opsctl.diag.mm_uuid/1``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from opsctl.domain.mm_uuid import TABLE_COLUMNS, Observation, reuse_rows, table_rows
+from opsctl.output import render_findings
+
+
+def observation(d: dict[str, Any]) -> Observation:
+    return Observation(**{k: d[k] for k in Observation.__slots__})  # type: ignore[attr-defined]
+
+
+def render(doc: dict[str, Any]) -> Callable[[Console], None]:
+    def _render(console: Console) -> None:
+        t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
+        for cells in table_rows([observation(d) for d in doc["items"]]):
+            v = cells[-1]
+            cells = [escape(c) for c in cells]
+            cells[-1] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
+            t.add_row(*cells)
+        console.print(t)
+        if doc["reuse"]:
+            r = Table(*TABLE_COLUMNS[:-1], "output", title="one UUID reused for a different image")
+            for cells in reuse_rows([observation(d) for d in doc["reuse"]]):
+                r.add_row(*[escape(c) for c in cells])
+            console.print(r)
+        render_findings(console, doc["findings"], doc["verdict"])
+
+    return _render

@@ -1,0 +1,34 @@
+"""Rich tables for `opsctl diag usage` (a terminal without ``--json``): one table per
+endpoint, then the findings. Reads only the report's JSON document
+(``opsctl.diag.usage/1``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from opsctl.domain.usage import TABLE_COLUMNS, UsageRow, table_rows
+from opsctl.output import render_findings
+
+COLOURS = {"PASS": "green", "UNVERIFIED": "yellow"}  # anything else (FAIL) is red
+
+
+def render(doc: dict[str, Any]) -> Callable[[Console], None]:
+    def _render(console: Console) -> None:
+        rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
+        for endpoint in dict.fromkeys(r.endpoint for r in rows):
+            t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
+            for r, cells in zip(rows, table_rows(rows), strict=True):
+                if r.endpoint == endpoint:
+                    v = cells[5]
+                    cells = [escape(c) for c in cells]
+                    cells[5] = f"[{COLOURS.get(v, 'red')}]{v}[/]"
+                    t.add_row(*cells[2:])
+            console.print(t)
+        render_findings(console, doc["findings"], doc["verdict"])
+
+    return _render
