@@ -1,83 +1,45 @@
 """`opsctl serve [MODEL] [-- extra vLLM args]`: start, supervise and stop a vLLM server.
 
-Exposure policy (checked before anything starts; bad input is exit 2, one line):
-- ``--host``, ``--port`` and ``--api-key`` belong to opsctl (it binds, probes and prints
-  the URL from them): the same options among the extra vLLM args after ``--`` (also as
-  ``--opt=value``, with underscores, or abbreviated as argparse would accept) are refused
-  with a hint naming opsctl's flag.
-- A host that is not loopback (127.0.0.0/8, ::1, localhost) is refused unless an API key
-  is set (``--api-key``, default ``VLLM_API_KEY``) or ``--insecure-bind`` is given. A
-  wildcard bind (0.0.0.0, ::) is announced as listening on all interfaces, with a URL
-  other machines can use.
-"""
+Typer only: options are checked here (exposure rules in opsctl.domain.exposure), the
+work is opsctl.engine.supervise.serve, the dashboard opsctl.ui.serve_app."""
 
 from __future__ import annotations
 
 import typer
 
+from opsctl.commands.options import test_knob_option
+
 LOAD_FORMATS = ("auto", "dummy")
-# vLLM options opsctl owns -> the opsctl flag that sets them
-OWNED_ARGS = {"host": "--host", "port": "--port", "api-key": "--api-key"}
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-def owned_extra_arg(extra: list[str]) -> tuple[str, str] | None:
-    """The first extra vLLM arg that sets an option opsctl owns: (as given, opsctl flag).
+def _printer(as_json: bool):
+    """on_event for supervise.serve: JSON lines (ready, stopped) or human lines."""
+    import json
 
-    vLLM's parser turns ``_`` into ``-`` and (argparse) accepts unique prefixes, so
-    ``--api_key``, ``--host=0.0.0.0`` and ``--ho`` all count."""
-    for arg in extra:
-        if arg == "--":
-            break
-        if not arg.startswith("--") or len(arg) < 4:
-            continue
-        name = arg[2:].split("=", 1)[0].replace("_", "-").lower()
-        for owned, flag in OWNED_ARGS.items():
-            if owned.startswith(name):
-                return arg, flag
-    return None
+    from opsctl import output
 
+    def on_event(name: str, fields: dict) -> None:
+        if name == "starting":
+            output.info(f"starting vLLM on {fields['model']}; run dir {fields['run_dir']}")
+        elif name == "phase":
+            output.info(f"  [{fields['elapsed']:5.1f}s] {fields['phase']}")
+        elif as_json and name in ("ready", "stopped"):
+            doc = output.document("serve", event=name, **fields)
+            print(json.dumps(doc, default=str), flush=True)
+        elif name == "ready":
+            url = fields["reachable_url"]
+            print(
+                f"ready: {url}  (healthy after {fields['load_seconds']:.1f} s; "
+                f"run dir {fields['run_dir']})",
+                flush=True,
+            )
+            output.info("Ctrl-C stops the server")
+        elif name == "stopped":
+            output.info(f"stopped in {fields['seconds']:.1f} s")
+            if fields["leftover_pids"]:
+                output.warn(f"processes still alive after stop: {fields['leftover_pids']}")
 
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: whatever it resolves to, it is not known to be local
-
-
-def is_wildcard(host: str) -> bool:
-    return host.strip("[]") in WILDCARD_HOSTS
-
-
-def reachable_url(host: str, port: int) -> str:
-    """A URL an operator can use for a server bound to ``host``: for a wildcard bind,
-    this machine's name (the bound 0.0.0.0 is no address to connect to from elsewhere)."""
-    import socket
-
-    if is_wildcard(host):
-        host = socket.getfqdn() or socket.gethostname()
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def check_exposure(host: str, port: int, api_key: str | None, insecure_bind: bool) -> str | None:
-    """Refuse an unauthenticated non-loopback bind (BadInput); return the note to print
-    for a bind beyond this machine (None for loopback)."""
-    from opsctl.errors import BadInput
-
-    if is_loopback(host):
-        return None
-    if not api_key and not insecure_bind:
-        raise BadInput(
-            f"refusing to serve an unauthenticated API on {host!r} (not a loopback address)",
-            hint="set --api-key KEY (or VLLM_API_KEY), or pass --insecure-bind if you mean it",
-        )
-    where = "all interfaces" if is_wildcard(host) else host
-    auth = "API key required on /v1" if api_key else "NO authentication (--insecure-bind)"
-    return f"listening on {where} ({auth}); reachable as {reachable_url(host, port)}"
+    return on_event
 
 
 def register(app: typer.Typer) -> None:
@@ -111,7 +73,7 @@ def register(app: typer.Typer) -> None:
         insecure_bind: bool = typer.Option(
             False, "--insecure-bind", help="allow a non-loopback --host without an API key"
         ),
-        test_knob: list[str] | None = typer.Option(None, "--test-knob", hidden=True),
+        test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Start vLLM's OpenAI server with opsctl's plugin; supervise until Ctrl-C/SIGTERM.
 
@@ -120,7 +82,9 @@ def register(app: typer.Typer) -> None:
         """
         from opsctl import output
         from opsctl.commands.options import parse_knobs
-        from opsctl.commands.serve_run import ServeRequest, run_serve
+        from opsctl.domain.exposure import exposure_note, refuse_owned_args
+        from opsctl.engine import supervise
+        from opsctl.engine.server import reachable_url
         from opsctl.errors import BadInput
 
         extra = list(ctx.args)
@@ -133,21 +97,18 @@ def register(app: typer.Typer) -> None:
             )
         if timeout <= 0:
             raise BadInput("--timeout must be positive")
-        owned = owned_extra_arg(extra)
-        if owned is not None:
-            given, flag = owned
-            raise BadInput(
-                f"{given!r} after -- sets an option opsctl owns",
-                hint=f"use opsctl's own {flag} (before --)",
-            )
+        refuse_owned_args(extra)
         api_key = api_key or None
-        note = check_exposure(host, port, api_key, insecure_bind)
+        note = exposure_note(host, api_key, insecure_bind)
         knobs = parse_knobs(test_knob)
         if note:
-            output.warn(note)
+            output.warn(f"{note}; reachable as {reachable_url(host, port)}")
         if knobs:
             output.warn(f"TEST KNOBS requested for this engine: {knobs}")
-        req = ServeRequest(
-            model, load_format, host, port, timeout, tui, as_json, extra, api_key, knobs
+        dashboard = None
+        if output.want_tui(tui, as_json):
+            from opsctl.ui.serve_app import run_dashboard as dashboard
+        req = supervise.ServeRequest(
+            model, load_format, host, port, timeout, tuple(extra), api_key, knobs
         )
-        raise typer.Exit(run_serve(req))
+        raise typer.Exit(supervise.serve(req, _printer(as_json), dashboard))

@@ -84,6 +84,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def reachable_url(host: str, port: int) -> str:
+    """A URL an operator can use for a server bound to ``host``: for a wildcard bind,
+    this machine's name (the bound 0.0.0.0 is no address to connect to from elsewhere)."""
+    from opsctl.domain.exposure import is_wildcard
+
+    if is_wildcard(host):
+        host = socket.getfqdn() or socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def has_gpu() -> bool:
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd")
 

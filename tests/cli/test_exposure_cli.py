@@ -31,15 +31,15 @@ def error_lines(result) -> list[str]:
 @pytest.fixture
 def serve_calls(monkeypatch) -> list:
     """Replace the engine start: record the ServeRequest serve would run."""
-    from opsctl.commands import serve_run
+    from opsctl.engine import supervise
 
     calls: list = []
 
-    def fake(req) -> int:
+    def fake(req, on_event, dashboard=None) -> int:
         calls.append(req)
         return 0
 
-    monkeypatch.setattr(serve_run, "run_serve", fake)
+    monkeypatch.setattr(supervise, "serve", fake)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     return calls
 
@@ -70,7 +70,7 @@ def test_owned_extra_args_are_refused_with_opsctls_flag(serve_calls, extra, flag
 def test_other_extra_args_pass_through(serve_calls):
     r = runner.invoke(app, ["serve", "--no-tui", "--", "--max-model-len", "128", "--hf-token=x"])
     assert r.exit_code == 0, r.output
-    assert serve_calls[0].extra == ["--max-model-len", "128", "--hf-token=x"]
+    assert list(serve_calls[0].extra) == ["--max-model-len", "128", "--hf-token=x"]
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "example.com", "192.168.0.1"])
