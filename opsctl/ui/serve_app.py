@@ -129,9 +129,13 @@ def replay_source(path: Path) -> Callable[[], ServeSnapshot]:
     return source
 
 
-def run_dashboard(server, timeout: float) -> int:
-    """Run the dashboard over a started EngineServer. Returns the exit code:
-    0 after the user quits a healthy server, 1 if the engine died, 4 on timeout."""
+def run_dashboard(
+    server, timeout: float, run_app: Callable[[ServeDashboard], object] | None = None
+) -> int:
+    """Run the dashboard over a started EngineServer. Returns 0 after the user quits a
+    healthy server; raises EngineDied (exit 1) if the engine died, OpsTimeout (exit 4)
+    when it did not become healthy in time. ``run_app`` runs the app (default: in this
+    terminal; tests drive it headless with Pilot)."""
     import os
 
     from opsctl.collectors.serve import ServeCollector
@@ -156,7 +160,7 @@ def run_dashboard(server, timeout: float) -> int:
     app = build_serve_app(collector.collect, record=Path(record) if record else None, until=until)
     try:
         with lifetime.tui_app(app.exit_from_signal):
-            app.run()
+            (run_app or ServeDashboard.run)(app)
     finally:
         collector.stopping = True
         collector.close()
