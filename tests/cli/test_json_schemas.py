@@ -29,8 +29,6 @@ SCHEMA = re.compile(r"^opsctl\.[a-z0-9_.]+/[0-9]+$")
 SKIPPED = {
     "serve": "JSON event lines of a real engine's lifetime (tests/e2e/test_serve_e2e.py)",
     "diag kv-fail": "injects KV load failures inside a real engine",
-    "diag mm-uuid": "reads the mm_uuid probe events of an engine opsctl started",
-    "diag invariance": "needs an engine's batch probe or a completions stand-in",
 }
 
 
@@ -85,6 +83,8 @@ CHECKED = {
     "runs list",
     "runs clean",
     "diag usage",
+    "diag mm-uuid",
+    "diag invariance",
 }
 
 
@@ -132,3 +132,25 @@ def test_diag_usage_against_its_stand_in():
 
     with stand_in() as url:
         assert run_json("diag", "usage", url)["schema"] == "opsctl.diag.usage/1"
+
+
+def test_diag_mm_uuid_against_its_stand_in(tmp_path):
+    from tests.standin_mm_uuid import stand_in, write_run_dir
+
+    write_run_dir(tmp_path)
+    with stand_in(tmp_path) as url:
+        doc = run_json("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
+    assert doc["schema"] == "opsctl.diag.mm_uuid/1"
+
+
+def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
+    from tests.standin_completions import completions_server, register_run, write_run_dir
+
+    monkeypatch.setenv("OPSCTL_HOME", str(tmp_path / "home"))
+    run_dir = write_run_dir(tmp_path / "home" / "runs" / "r")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a\nb\n")
+    with completions_server() as (url, _):
+        register_run(run_dir, url)
+        doc = run_json("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
+    assert doc["schema"] == "opsctl.diag.invariance/1"
