@@ -47,12 +47,15 @@ def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None
         render(stdout_console())
 
 
-def info(message: str) -> None:
-    stderr_console().print(message, highlight=False)
+def info(message: str, *, markup: bool = True) -> None:
+    """A progress line on stderr; ``markup=False`` for text that may hold [brackets]."""
+    stderr_console().print(message, highlight=False, markup=markup)
 
 
 def warn(message: str) -> None:
-    stderr_console().print(f"[yellow]warning:[/] {message}", highlight=False)
+    from rich.markup import escape
+
+    stderr_console().print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def human_bytes(n: float | None) -> str:

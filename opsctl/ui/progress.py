@@ -26,9 +26,9 @@ def stderr_progress(title: str) -> ev.Progress:
         phase = snap.get("phase")
         if phase and phase != state["phase"]:
             state["phase"] = phase
-            output.info(f"[{title}] {phase}")
+            output.info(f"[{title}] {phase}", markup=False)
         for line in snap.get("events", []):
-            output.info(f"  {line}")
+            output.info(f"  {line}", markup=False)
 
     return progress
 
