@@ -1,5 +1,6 @@
 """`opsctl console`: one live console over every vLLM server (URL arguments, a targets
-file, discovered local servers). Thin: options -> opsctl.console -> emit."""
+file, discovered local servers), or over the servers a Prometheus server scrapes
+(``--prometheus URL [--job NAME]``). Thin: options -> a FleetSource -> emit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def register(app: typer.Typer) -> None:
         urls: list[str] = typer.Argument(None, help="base URLs of vLLM servers"),
         targets_file: Path = typer.Option(None, "--targets", help="TOML file of [[targets]]"),
         no_discover: bool = typer.Option(False, "--no-discover", help="no local discovery"),
+        prometheus: str = typer.Option(
+            None, "--prometheus", help="read the fleet from this Prometheus server's API"
+        ),
+        job: str = typer.Option(None, "--job", help="with --prometheus: the scrape job"),
         interval: float = typer.Option(1.0, "--interval", help="seconds between polls"),
         api_key: str = typer.Option(
             None, "--api-key", envvar="VLLM_API_KEY", help="Bearer key (default $VLLM_API_KEY)"
@@ -25,23 +30,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Live console over many vLLM servers: states /health misses (stalled), rates,
         latency percentiles, process roles (exit 0 all ready, 1 any failing, 3 none
-        reachable with --once)."""
-        from opsctl.console import targets as tg
-        from opsctl.console.direct import DirectScrapeSource
+        reachable with --once). With --prometheus, endpoints and figures come from
+        Prometheus (its active targets, PromQL), with the same states and JSON."""
         from opsctl.domain.console_state import Settings
         from opsctl.errors import BadInput
 
         if interval <= 0:
             raise BadInput("--interval must be > 0")
+        _check_combination(urls or [], targets_file, prometheus, job)
         if not once and not as_json:
             _need_terminal()
-        static = tg.from_urls(urls or [])
-        if targets_file is not None:
-            static += tg.from_targets_file(targets_file)
         settings = Settings(interval_s=interval, stall_window_s=stall_window)
-        source = DirectScrapeSource(
-            static, discover=not no_discover, settings=settings, api_key=api_key
-        )
+        if prometheus is not None:
+            source = _prometheus_source(prometheus, job, settings)
+        else:
+            source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
         if once or as_json:
             raise typer.Exit(_once(source, interval, as_json))
         from opsctl.ui.console_app import build_console_app
@@ -51,6 +54,36 @@ def register(app: typer.Typer) -> None:
             build_console_app(source, interval=interval, readonly=readonly).run()
         finally:
             source.close()
+
+
+def _check_combination(
+    urls: list[str], targets_file: Path | None, prometheus: str | None, job: str | None
+) -> None:
+    from opsctl.errors import BadInput
+
+    if prometheus is not None and (urls or targets_file is not None):
+        what = "URL arguments" if urls else "--targets"
+        raise BadInput(f"--prometheus reads the fleet from Prometheus: drop {what}")
+    if job is not None and prometheus is None:
+        raise BadInput("--job selects a Prometheus scrape job: it needs --prometheus URL")
+
+
+def _direct_source(urls, targets_file, no_discover, settings, api_key):
+    from opsctl.console import targets as tg
+    from opsctl.console.direct import DirectScrapeSource
+
+    static = tg.from_urls(urls)
+    if targets_file is not None:
+        static += tg.from_targets_file(targets_file)
+    return DirectScrapeSource(static, discover=not no_discover, settings=settings, api_key=api_key)
+
+
+def _prometheus_source(url, job, settings):
+    from opsctl.console.prometheus import PrometheusSource
+
+    source = PrometheusSource(url, job=job, settings=settings)
+    source.check()  # exit 3 when nothing answers, 2 when it is not Prometheus
+    return source
 
 
 def _need_terminal() -> None:

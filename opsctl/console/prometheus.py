@@ -1,0 +1,212 @@
+"""PrometheusSource: the fleet read from a Prometheus server's HTTP API instead of
+scraping every endpoint (same FleetSource interface, same views, same opsctl.console/1
+JSON; the UI does not know which source it has).
+
+One background event-loop thread polls Prometheus every period (the console's interval,
+but never faster than the endpoints' scrape interval): the active targets, one instant
+query (every figure of every endpoint, split by the instance label) and one range
+selector (raw samples for the stall rule), the three concurrently, each under the
+source's timeout. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
+Prometheus does not answer, the rows keep their last data (their age grows) and the
+hint says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import httpx
+
+from opsctl.console.targets import normalise_url
+from opsctl.domain import prom, prom_view
+from opsctl.domain.console import FleetSnapshot
+from opsctl.domain.console_state import Settings
+from opsctl.errors import BadInput, EngineUnreachable
+
+
+class PrometheusSource:
+    name = prom_view.SOURCE
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        job: str | None = None,
+        settings: Settings | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.url = normalise_url(url)
+        self.job = job or None
+        self.settings = settings or Settings()
+        self.scrape_s: float | None = None  # the endpoints' scrape interval, once known
+        self.timeout = timeout if timeout is not None else max(2.0, min(10.0, 2 * self.period))
+        self.endpoints: dict[str, prom_view.PromEndpoint] = {}
+        self.error: str | None = None
+        self.hint: str | None = None
+        self.polls = 0
+        self.poll_s: float | None = None  # how long the last poll took
+        self.lock = threading.Lock()
+        self.paused = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="console-prom", daemon=True
+        )
+        self.wake: asyncio.Event | None = None
+        self.unpaused: asyncio.Event | None = None
+        self.main: asyncio.Future | None = None
+
+    @property
+    def period(self) -> float:
+        return max(self.settings.interval_s, self.scrape_s or 0.0)
+
+    def check(self) -> None:
+        """Raise EngineUnreachable (exit 3) when nothing answers at the URL, BadInput (2)
+        when what answers is not a Prometheus API."""
+        try:
+            r = httpx.get(f"{self.url}/api/v1/status/buildinfo", timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(
+                f"cannot reach Prometheus at {self.url}: {type(exc).__name__}: {exc}"[:300]
+            ) from None
+        try:
+            prom.data_of(r.json())
+        except (ValueError, prom.PromError) as exc:
+            raise BadInput(
+                f"{self.url} is not a Prometheus API (GET /api/v1/status/buildinfo: HTTP "
+                f"{r.status_code}: {exc})"[:300]
+            ) from None
+
+    # ---- the loop --------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+
+    async def _main(self) -> None:
+        self.wake = asyncio.Event()
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
+        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout) as client:
+            while True:
+                await self.unpaused.wait()
+                t0 = time.monotonic()
+                await self._poll(client)
+                delay = self.period - (time.monotonic() - t0)
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), delay)
+
+    async def _get(self, client: httpx.AsyncClient, path: str, data: dict | None = None):
+        r = await (client.post(path, data=data) if data else client.get(path))
+        try:
+            return r.json()
+        except ValueError:
+            r.raise_for_status()
+            raise prom.PromError(f"{path}: HTTP {r.status_code}, not JSON") from None
+
+    async def _fetch(self, client: httpx.AsyncClient) -> tuple[dict, list, list]:
+        targets_path = "/api/v1/targets?state=active"
+        if self.scrape_s is None:  # the windows depend on the scrape interval
+            tdoc = await self._get(client, targets_path)
+            found = prom.parse_targets(tdoc)
+            self.scrape_s = prom_view.scrape_interval(found, self.settings.interval_s)
+        w = prom_view.windows(self.settings, self.scrape_s)
+        tdoc, vdoc, mdoc = await asyncio.gather(
+            self._get(client, targets_path),
+            self._get(client, "/api/v1/query", {"query": prom.instant_query(self.job, w)}),
+            self._get(client, "/api/v1/query", {"query": prom.stall_query(self.job, w)}),
+        )
+        return tdoc, prom.data_of(vdoc, "vector"), prom.data_of(mdoc, "matrix")
+
+    async def _poll(self, client: httpx.AsyncClient) -> None:
+        t0 = time.monotonic()
+        try:
+            tdoc, vector, matrix = await self._fetch(client)
+            found = prom.parse_targets(tdoc)
+        except (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError) as exc:
+            with self.lock:
+                self.error = f"{type(exc).__name__}: {exc}"[:300]
+                self.hint = prom_view.fleet_hint(self.url, self.job, self.error, [], {}, set())
+            return
+        self._apply(found, vector, matrix, time.time())
+        self.poll_s = time.monotonic() - t0
+
+    def _apply(self, found: list, vector: list, matrix: list, now: float) -> None:
+        data = prom.group_results(vector, self.job)
+        points = prom.stall_points(matrix, self.job)
+        chosen, health = prom_view.select(found, self.job, prom.jobs_with_vllm(data))
+        self.scrape_s = prom_view.scrape_interval(chosen, self.settings.interval_s)
+        jobs = {t.job for t in found}
+        with self.lock:
+            self.error = None
+            self.hint = prom_view.fleet_hint(self.url, self.job, None, chosen, health, jobs)
+            kept: dict[str, prom_view.PromEndpoint] = {}
+            for t in chosen:
+                ep = self.endpoints.get(t.url) or prom_view.PromEndpoint(t, self.settings)
+                key = (t.job, t.instance)
+                poll = prom_view.PromPoll(
+                    t, health.get(t.url), data.get(key), points.get(key, []), now
+                )
+                ep.observe(poll)
+                kept[t.url] = ep
+            self.endpoints = kept  # a target Prometheus dropped leaves the fleet
+            self.polls += 1
+
+    # ---- the interface ---------------------------------------------------------------------
+    def collect(self) -> FleetSnapshot:
+        with self.lock:
+            views = tuple(ep.view for ep in self.endpoints.values())
+            hint = self.hint
+        return FleetSnapshot(time.time(), views, self.period, self.name, self.paused, hint)
+
+    def series(self, url: str, name: str) -> list[float]:
+        with self.lock:
+            ep = self.endpoints.get(url)
+            return ep.series(name) if ep else []
+
+    def refresh(self) -> None:
+        def kick() -> None:
+            if self.wake is not None:
+                self.wake.set()
+                self.wake.clear()
+
+        self.loop.call_soon_threadsafe(kick)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+        def apply() -> None:
+            if self.unpaused is not None:
+                (self.unpaused.clear if paused else self.unpaused.set)()
+
+        self.loop.call_soon_threadsafe(apply)
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Until a poll answered and every endpoint was scraped (with rates where it is
+        a live vLLM server); False on the deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                views = [ep.view for ep in self.endpoints.values()]
+                polled = self.polls > 0
+            if polled and all(prom_view.settled(v) for v in views):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        if self.main is not None:
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)

@@ -1,0 +1,373 @@
+"""Prometheus HTTP API, pure: the PromQL the console sends and the parsing of what comes
+back (JSON documents in, frozen values out; no I/O). opsctl.domain.prom_view turns the
+parsed values into the console's views.
+
+One poll is three requests, each serving every endpoint at once:
+
+- ``/api/v1/targets?state=active``: the endpoints (a job's targets), their scrape health,
+  last error, last scrape time and duration; targets scraping ``/health`` (any job) give
+  the health of the vLLM server with the same base URL (a 503 there is a dead engine
+  whose API server may still serve /metrics);
+- one instant query, the union (``or``) of every figure, each ``sum by (instance)``
+  (``job, instance`` without --job) and tagged with ``opsctl_q`` by ``label_replace``:
+  gauges, counters, ``rate()``/``increase()`` over the rate window, ``resets()`` and
+  ``changes(process_start_time_seconds)`` over the restart hold, ``histogram_quantile()``
+  over the latency window where it saw requests, else over the server's lifetime;
+- one range selector (raw samples of running, generation tokens, engine steps over the
+  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from opsctl.domain.console import QUANTILES
+from opsctl.domain.metrics import (
+    CACHE_CONFIG_INFO,
+    GEN_TOKENS,
+    KV_USAGE,
+    LATENCY_HISTOGRAMS,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_BY_SOURCE,
+    PROMPT_TOKENS,
+    REQUEST_SUCCESS,
+    RUNNING,
+    STEP_TOKENS_SUM,
+    STEPS,
+    WAITING,
+    WAITING_BY_REASON,
+)
+
+TAG = "opsctl_q"
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+START_TIME = "process_start_time_seconds"
+RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
+STALL_SERIES = (RUNNING, GEN_TOKENS, STEPS)
+QNAMES = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # p50 p90 p95 p99
+# figure key -> metric, summed per endpoint
+GAUGES = {
+    "running": RUNNING,
+    "waiting": WAITING,
+    "kv": KV_USAGE,
+    "prompt_total": PROMPT_TOKENS,
+    "gen_total": GEN_TOKENS,
+    "req_total": REQUEST_SUCCESS,
+    "preempt_total": PREEMPTIONS,
+    "prefix_q": PREFIX_QUERIES,
+    "prefix_h": PREFIX_HITS,
+    "steps": STEPS,
+    "step_tokens": STEP_TOKENS_SUM,
+}
+RATES = {
+    "prompt_tps": PROMPT_TOKENS,
+    "generation_tps": GEN_TOKENS,
+    "request_rate": REQUEST_SUCCESS,
+    "preemption_rate": PREEMPTIONS,
+    "steps_per_s": STEPS,
+}
+INCREASES = {"d_prefix_q": PREFIX_QUERIES, "d_prefix_h": PREFIX_HITS, "d_steps": STEPS,
+             "d_step_tokens": STEP_TOKENS_SUM}  # fmt: skip
+# key -> (metric, the label kept apart)
+LABELLED = {
+    "by_source": (PROMPT_BY_SOURCE, "source"),
+    "waiting_by_reason": (WAITING_BY_REASON, "reason"),
+    "finished": (REQUEST_SUCCESS, "finished_reason"),
+}
+
+
+class PromError(ValueError):
+    """A Prometheus answer that is an error or not what the API documents."""
+
+
+# ---- the queries ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """Range widths (seconds) of one poll's queries."""
+
+    rate_s: float  # rates and interval ratios (the poll period, at least two scrapes)
+    latency_s: float  # percentiles (the direct source's latency window)
+    restart_s: float  # how long a reset shows 'restarted'
+    stall_s: float  # raw samples for the stall rule (stall window + two scrapes)
+
+
+def _dur(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def selector(job: str | None) -> str:
+    return f"{{job={_quote(job)}}}" if job else ""
+
+
+def group_by(job: str | None) -> str:
+    return "instance" if job else "job, instance"
+
+
+def query_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
+    """(tag, PromQL) of every figure: each yields at most one sample per endpoint (per
+    label value for the labelled ones)."""
+    sel, by = selector(job), group_by(job)
+    r, lw, hold = _dur(w.rate_s), _dur(w.latency_s), _dur(w.restart_s)
+    parts = [("up", f"sum by ({by}) (up{sel})")]
+    parts += [(k, f"sum by ({by}) ({m}{sel})") for k, m in GAUGES.items()]
+    parts += [(k, f"sum by ({by}) (rate({m}{sel}[{r}]))") for k, m in RATES.items()]
+    parts += [(k, f"sum by ({by}) (increase({m}{sel}[{r}]))") for k, m in INCREASES.items()]
+    for k, (m, label) in LABELLED.items():
+        parts.append((k, f"sum by ({by}, {label}) ({m}{sel})"))
+    src, src_label = LABELLED["by_source"]
+    parts.append(("d_by_source", f"sum by ({by}, {src_label}) (increase({src}{sel}[{r}]))"))
+    # one part per counter: resets() drops the metric name, so one selector over several
+    # counters would give equal label sets
+    for i, m in enumerate(RESET_COUNTERS):
+        parts.append((f"resets.{i}", f"sum by ({by}) (resets({m}{sel}[{hold}]))"))
+    parts.append(("starts", f"sum by ({by}) (changes({START_TIME}{sel}[{hold}]))"))
+    parts.append(("models", f"count by ({by}, model_name) ({RUNNING}{sel})"))
+    parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({RUNNING}{sel}))"))
+    parts.append(("cache", f"max by ({by}, num_gpu_blocks, block_size) ({CACHE_CONFIG_INFO}{sel})"))
+    for short, h in LATENCY_HISTOGRAMS.items():
+        parts += _latency_parts(short, h, sel, by, lw)
+    return parts
+
+
+def _latency_parts(short: str, h: str, sel: str, by: str, lw: str) -> list[tuple[str, str]]:
+    """Per histogram: observations in the window (only where > 0), lifetime count and
+    sum, window sum, and each quantile over the window where it saw requests, else over
+    the lifetime (``or`` keeps the left side where both exist)."""
+    seen = f"(sum by ({by}) (increase({h}_count{sel}[{lw}])) > 0)"
+    out = [
+        (f"wc.{short}", seen),
+        (f"ws.{short}", f"sum by ({by}) (increase({h}_sum{sel}[{lw}])) and on ({by}) {seen}"),
+        (f"lc.{short}", f"sum by ({by}) ({h}_count{sel})"),
+        (f"ls.{short}", f"sum by ({by}) ({h}_sum{sel})"),
+    ]
+    for q, name in zip(QUANTILES, QNAMES, strict=True):
+        window = f"histogram_quantile({q}, sum by ({by}, le) (rate({h}_bucket{sel}[{lw}])))"
+        life = f"histogram_quantile({q}, sum by ({by}, le) ({h}_bucket{sel}))"
+        out.append((f"q.{short}.{name}", f"({window} and on ({by}) {seen}) or {life}"))
+    return out
+
+
+def instant_query(job: str | None, w: Windows) -> str:
+    """The one instant query of a poll: every part tagged with its key."""
+    return " or ".join(
+        f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in query_parts(job, w)
+    )
+
+
+def stall_query(job: str | None, w: Windows) -> str:
+    names = "|".join(re.escape(n) for n in STALL_SERIES)
+    job_part = f", job={_quote(job)}" if job else ""
+    return f'{{__name__=~"{names}"{job_part}}}[{_dur(w.stall_s)}]'
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+
+def data_of(doc: Any, result_type: str | None = None) -> Any:
+    """The ``data`` of a successful answer; PromError with Prometheus's own words else."""
+    if not isinstance(doc, dict):
+        raise PromError("not a Prometheus API answer (no JSON object)")
+    if doc.get("status") != "success":
+        raise PromError(f"Prometheus: {doc.get('errorType', 'error')}: {doc.get('error', doc)}")
+    data = doc.get("data")
+    if result_type is not None:
+        if not isinstance(data, dict) or data.get("resultType") != result_type:
+            got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            raise PromError(f"Prometheus answered a {got}, not a {result_type}")
+        return data.get("result") or []
+    return data
+
+
+def number(text: Any) -> float | None:
+    """A sample value ("12", "NaN", "+Inf") as a float; NaN and bad values are None."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def parse_duration(text: Any) -> float | None:
+    """Prometheus durations: "1s", "500ms", "1m30s", "2h"."""
+    if not isinstance(text, str) or not text:
+        return None
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    total, pos = 0.0, 0
+    for m in re.finditer(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)", text):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    return total if pos == len(text) else None
+
+
+def parse_time(text: Any) -> float | None:
+    """RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
+    time Prometheus gives a target never scraped is None."""
+    if not isinstance(text, str) or not text:
+        return None
+    m = re.match(r"^(.*?T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text)
+    if not m:
+        return None
+    frac = (m.group(2) or "")[:7]  # datetime takes microseconds
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    try:
+        t = datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
+    except ValueError:
+        return None
+    return t if t > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class PromTarget:
+    """One active Prometheus target."""
+
+    job: str
+    instance: str
+    url: str  # base URL: the scrape URL without its /metrics or /health path
+    path: str  # the scrape path
+    labels: tuple[tuple[str, str], ...]  # the target's labels but instance
+    health: str  # up | down | unknown
+    last_error: str
+    last_scrape: float | None
+    scrape_s: float | None  # how long the last scrape took
+    interval_s: float | None
+
+    @property
+    def is_health(self) -> bool:
+        return self.path.rstrip("/").endswith(HEALTH_PATH)
+
+
+def base_url(scrape_url: str) -> tuple[str, str]:
+    """(base URL, path) of a scrape URL: query dropped, /metrics or /health cut off."""
+    m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]+)([^?#]*)", scrape_url)
+    if not m:
+        return scrape_url, ""
+    root, path = m.group(1), m.group(2)
+    scheme, _, host = root.partition("://")
+    root = f"{scheme.lower()}://{host.lower()}"
+    for tail in (METRICS_PATH, HEALTH_PATH):
+        if path.rstrip("/").endswith(tail):
+            return root + path.rstrip("/")[: -len(tail)], path
+    return root + path.rstrip("/"), path
+
+
+def parse_targets(doc: Any) -> list[PromTarget]:
+    data = data_of(doc)
+    items = data.get("activeTargets") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise PromError("Prometheus targets answer has no activeTargets list")
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("labels"), dict):
+            continue
+        labels = {str(k): str(v) for k, v in item["labels"].items()}
+        url, path = base_url(str(item.get("scrapeUrl") or ""))
+        out.append(
+            PromTarget(
+                job=labels.get("job", str(item.get("scrapePool") or "")),
+                instance=labels.get("instance", url),
+                url=url,
+                path=path,
+                labels=tuple(sorted((k, v) for k, v in labels.items() if k != "instance")),
+                health=str(item.get("health") or "unknown"),
+                last_error=str(item.get("lastError") or ""),
+                last_scrape=parse_time(item.get("lastScrape")),
+                scrape_s=number(item.get("lastScrapeDuration")),
+                interval_s=parse_duration(item.get("scrapeInterval")),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceData:
+    """One endpoint's answer to the instant query: tag -> value, and the labelled tags
+    (tag -> label value -> value); tags with labels of their own (models, cache) keep
+    them in ``labels``."""
+
+    scalars: dict[str, float | None]
+    labelled: dict[str, dict[str, float]]
+    models: tuple[str, ...]
+    cache: dict[str, str]
+
+    def get(self, key: str) -> float | None:
+        return self.scalars.get(key)
+
+
+Key = tuple[str, str]  # (job, instance)
+
+
+def _key(metric: dict, job: str | None) -> Key:
+    return (str(metric.get("job", job or "")), str(metric.get("instance", "")))
+
+
+def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
+    """Split the tagged instant vector by endpoint (job, instance)."""
+    scalars: dict[Key, dict[str, float | None]] = {}
+    labelled: dict[Key, dict[str, dict[str, float]]] = {}
+    models: dict[Key, list[str]] = {}
+    cache: dict[Key, dict[str, str]] = {}
+    label_of = {k: label for k, (_, label) in LABELLED.items()}
+    label_of["d_by_source"] = LABELLED["by_source"][1]
+    for item in result:
+        metric = item.get("metric") or {}
+        tag = metric.get(TAG)
+        value = item.get("value") or (None, None)
+        if tag is None:
+            continue
+        k = _key(metric, job)
+        scalars.setdefault(k, {})
+        v = number(value[1])
+        if tag == "models":
+            models.setdefault(k, []).append(str(metric.get("model_name", "")))
+        elif tag == "cache":
+            cache[k] = {n: str(metric[n]) for n in ("num_gpu_blocks", "block_size") if n in metric}
+        elif tag in label_of:
+            if v is not None and label_of[tag] in metric:
+                labelled.setdefault(k, {}).setdefault(tag, {})[str(metric[label_of[tag]])] = v
+        else:
+            scalars[k][tag] = v
+    return {
+        k: InstanceData(s, labelled.get(k, {}), tuple(sorted(models.get(k, []))), cache.get(k, {}))
+        for k, s in scalars.items()
+    }
+
+
+Point = tuple[float, float, float, float]  # (time, running, generation tokens, steps)
+
+
+def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
+    """Raw samples of the stall series summed per endpoint and scrape time (every
+    series of one scrape carries the same timestamp), in time order."""
+    col = {RUNNING: 1, GEN_TOKENS: 2, STEPS: 3}
+    per: dict[Key, dict[float, list[float]]] = {}
+    for item in result:
+        metric = item.get("metric") or {}
+        i = col.get(str(metric.get("__name__")))
+        if i is None:
+            continue
+        rows = per.setdefault(_key(metric, job), {})
+        for t, text in item.get("values") or []:
+            v = number(text)
+            row = rows.setdefault(float(t), [float(t), 0.0, 0.0, 0.0])
+            row[i] += v or 0.0
+    return {
+        k: [(r[0], r[1], r[2], r[3]) for _, r in sorted(rows.items())] for k, rows in per.items()
+    }
+
+
+def jobs_with_vllm(data: dict[Key, InstanceData]) -> set[str]:
+    return {k[0] for k, d in data.items() if d.models}

@@ -1,0 +1,390 @@
+"""Prometheus answers -> the console's EndpointViews (pure). The same states as the
+direct source by construction: the state comes from opsctl.domain.console_state.decide,
+fed what Prometheus knows (the scrape health of /metrics and, when Prometheus also
+scrapes /health, of /health; running requests; the stall rule replayed on Prometheus's
+raw samples by :class:`Progress`, which is EndpointTracker's rule; restarts from
+``resets()``/``changes()``).
+
+Figures mirror opsctl.domain.console.figures: gauges and totals summed per endpoint,
+rates from ``rate()`` over the rate window, interval ratios (prefix hits, tokens per
+step, prompt sources) from ``increase()`` over it, else lifetime; percentiles from
+``histogram_quantile()`` over the latency window where it saw requests, else lifetime.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+from opsctl.domain.console import (
+    EndpointView,
+    EngineInfo,
+    Figures,
+    HttpStatus,
+    ModelInfo,
+    Quantiles,
+    Scrape,
+    Target,
+)
+from opsctl.domain.console_state import HISTORY_SERIES, Settings, decide
+from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
+from opsctl.domain.prom import (
+    QNAMES,
+    RATES,
+    RESET_COUNTERS,
+    InstanceData,
+    Point,
+    PromTarget,
+    Windows,
+)
+
+SOURCE = "prometheus"
+_STATUS = re.compile(r"server returned HTTP status (\d{3})")
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or not den:
+        return None
+    return max(0.0, min(1.0, num / den))
+
+
+def _free(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def _fractions(d: dict[str, float] | None) -> dict[str, float]:
+    total = sum((d or {}).values())
+    return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
+
+
+def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
+    try:
+        capacity = int(d.cache["num_gpu_blocks"]) * int(d.cache["block_size"])
+    except (KeyError, ValueError):
+        return None, None
+    usage = d.get("kv")
+    return capacity, None if usage is None else round(capacity * usage)
+
+
+def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
+    """Per histogram: the window's figures where it saw requests, else the lifetime's
+    (the basis rule of opsctl.domain.console.latency_figures)."""
+    out: dict[str, Quantiles] = {}
+    basis = "none"
+    for short in LATENCY_HISTOGRAMS:
+        window = d.get(f"wc.{short}")
+        life = d.get(f"lc.{short}")
+        count, total = (window, d.get(f"ws.{short}")) if window else (life, d.get(f"ls.{short}"))
+        if not count:
+            if life is not None:
+                out[short] = Quantiles()
+            continue
+        qs = [d.get(f"q.{short}.{n}") for n in QNAMES]
+        mean = None if total is None else total / count
+        out[short] = Quantiles(qs[0], qs[1], qs[2], qs[3], mean, count)
+        if window:
+            basis = "window"
+        elif basis == "none":
+            basis = "lifetime"
+    return out, basis
+
+
+def figures(d: InstanceData) -> Figures:
+    dq, dh = d.get("d_prefix_q"), d.get("d_prefix_h")
+    life_hit = _ratio(d.get("prefix_h"), d.get("prefix_q"))
+    per_step = _free(d.get("d_step_tokens"), d.get("d_steps"))
+    if per_step is None:
+        per_step = _free(d.get("step_tokens"), d.get("steps"))
+    sources = _fractions(d.labelled.get("d_by_source")) or _fractions(d.labelled.get("by_source"))
+    lat, basis = latency(d)
+    capacity, used = kv_tokens(d)
+    rates = {k: d.get(k) for k in RATES}
+    return Figures(
+        running=d.get("running"),
+        waiting=d.get("waiting"),
+        kv_usage=d.get("kv"),
+        kv_capacity_tokens=capacity,
+        kv_used_tokens=used,
+        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate_lifetime=life_hit,
+        prompt_tps=rates["prompt_tps"],
+        generation_tps=rates["generation_tps"],
+        request_rate=rates["request_rate"],
+        preemption_rate=rates["preemption_rate"],
+        steps_per_s=rates["steps_per_s"],
+        tokens_per_step=per_step,
+        preemptions_total=d.get("preempt_total"),
+        prompt_tokens_total=d.get("prompt_total"),
+        generation_tokens_total=d.get("gen_total"),
+        requests_total=d.get("req_total"),
+        prompt_tokens_by_source=sources,
+        waiting_by_reason=dict(d.labelled.get("waiting_by_reason", {})),
+        finished_by_reason=dict(d.labelled.get("finished", {})),
+        engines=int(d.get("engines") or 0) or None,
+        latency=lat,
+        latency_basis=basis,
+    )
+
+
+# ---- the stall rule on raw samples ----------------------------------------------------------
+
+
+class Progress:
+    """EndpointTracker's stall rule over Prometheus's raw samples of one endpoint: the
+    last time generation moved (or nothing ran) and the last time the step counter
+    moved. Fed overlapping ranges poll after poll; a sample is used once."""
+
+    def __init__(self) -> None:
+        self.last: Point | None = None
+        self.progress_at: float | None = None
+        self.steps_at: float | None = None
+
+    def feed(self, points: list[Point]) -> None:
+        for p in points:
+            if self.last is not None and p[0] <= self.last[0]:
+                continue
+            t, running, gen, steps = p
+            prev = self.last
+            moved = prev is None or gen != prev[2]
+            if running <= 0 or moved or self.progress_at is None:
+                self.progress_at = t
+            stepped = prev is None or steps != prev[3]
+            if running <= 0 or stepped or self.steps_at is None:
+                self.steps_at = t
+            self.last = p
+
+    def stall(self, window_s: float) -> tuple[float | None, bool]:
+        """(seconds generation has been flat with requests running, steps flat too), or
+        (None, False) below the stall window (EndpointTracker._stall)."""
+        if self.last is None or self.progress_at is None:
+            return None, False
+        flat = self.last[0] - self.progress_at
+        if flat < window_s:
+            return None, False
+        steps_flat = self.steps_at is not None and self.last[0] - self.steps_at >= flat
+        return flat, steps_flat
+
+
+# ---- health from scrape results -------------------------------------------------------------
+
+
+def scrape_status(t: PromTarget, path: str, up: float | None = None) -> HttpStatus | None:
+    """What Prometheus's last scrape of ``path`` said: 200 when up, the HTTP status it
+    reported when down (``server returned HTTP status 503 ...``), else no answer with
+    Prometheus's error; None when not scraped yet. ``up`` (from the query) wins over the
+    target list's health (both describe the same last scrape)."""
+    health = t.health if up is None else ("up" if up >= 1 else "down")
+    if t.last_scrape is None and up is None:
+        return None
+    if health == "up":
+        return HttpStatus(path, 200, None, t.scrape_s)
+    m = _STATUS.search(t.last_error)
+    if m:
+        return HttpStatus(path, int(m.group(1)), None, t.scrape_s)
+    if health == "unknown":
+        return None
+    error = f"Prometheus scrape: {t.last_error or 'down'}"[:200]
+    return HttpStatus(path, None, error, t.scrape_s)
+
+
+def _samples(d: InstanceData | None) -> MetricSamples | None:
+    """Just what decide() reads: running requests and whether the body was vLLM's."""
+    if d is None or not d.models:
+        return None
+    running = d.get("running")
+    values = {} if running is None else {RUNNING: running}
+    engines = int(d.get("engines") or 0)
+    return MetricSamples(values, {}, {}, {}, engines, len(d.models))
+
+
+def as_scrape(
+    t: PromTarget, health_t: PromTarget | None, d: InstanceData | None, now: float
+) -> Scrape | None:
+    """The scrape decide() needs, from Prometheus's view of one endpoint."""
+    metrics = scrape_status(t, t.path or "/metrics", d.get("up") if d else None)
+    health = scrape_status(health_t, health_t.path) if health_t is not None else None
+    if health is None:
+        health = metrics  # no /health scrape: the /metrics scrape stands for it
+    if health is None or metrics is None:
+        return None
+    auth = next((s for s in (health, metrics) if s.status in (401, 403)), None)
+    samples = _samples(d) if metrics.status == 200 else None
+    at = t.last_scrape or now
+    return Scrape(t.url, at - (t.scrape_s or 0.0), at, health, metrics, samples, None, auth)
+
+
+def target_of(t: PromTarget) -> Target:
+    return Target(name=t.instance, url=t.url, source=SOURCE, labels=t.labels)
+
+
+def restarted_recently(d: InstanceData) -> bool:
+    """A counter went back (``resets()``) or the process start time changed within the
+    restart hold."""
+    keys = [f"resets.{i}" for i in range(len(RESET_COUNTERS))] + ["starts"]
+    return any(d.get(k) for k in keys)
+
+
+# ---- one endpoint over polls ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PromPoll:
+    """What one poll knows of one endpoint."""
+
+    target: PromTarget
+    health_target: PromTarget | None
+    data: InstanceData | None
+    points: list[Point]
+    now: float
+
+
+class PromEndpoint:
+    """Folds the polls of one endpoint into views (EndpointTracker's role for the
+    Prometheus source): the stall rule's memory, restarts seen, bounded history."""
+
+    def __init__(self, target: PromTarget, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        s = self.settings
+        self.target = target_of(target)
+        self.progress = Progress()
+        n = max(2, int(s.history_s / max(s.interval_s, 0.05)))
+        self.history: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
+        self.figures = Figures()
+        self.info = EngineInfo()
+        self.scrapes = 0
+        self.restarts = 0
+        self.restarting = False
+        self.last_ok_at: float | None = None
+        self.view = self._view(None, None)
+
+    def observe(self, poll: PromPoll) -> EndpointView:
+        self.target = target_of(poll.target)
+        self.scrapes += 1
+        d = poll.data
+        scrape = as_scrape(poll.target, poll.health_target, d, poll.now)
+        ok = scrape is not None and scrape.samples is not None
+        restarted = False
+        if ok and d is not None:
+            assert scrape is not None
+            self.last_ok_at = scrape.finished_at
+            self.progress.feed(poll.points)
+            self.figures = figures(d)
+            restarted = restarted_recently(d)
+            self.restarts += restarted and not self.restarting
+            models = tuple(ModelInfo(m, None) for m in d.models)
+            self.info = EngineInfo(None, models, None, poll.now)
+            self._record_history()
+        self.restarting = restarted
+        self.view = self._view(scrape, restarted)
+        return self.view
+
+    def _record_history(self) -> None:
+        f = self.figures
+        ttft = f.latency.get("ttft")
+        values = {
+            "generation_tps": f.generation_tps,
+            "prompt_tps": f.prompt_tps,
+            "running": f.running,
+            "waiting": f.waiting,
+            "kv_usage": f.kv_usage,
+            "ttft_p50": ttft.p50 if ttft and f.latency_basis == "window" else None,
+        }
+        for k, v in values.items():
+            self.history[k].append(v)
+
+    def _view(self, scrape: Scrape | None, restarted: bool | None) -> EndpointView:
+        stall_for, steps_flat = self.progress.stall(self.settings.stall_window_s)
+        if scrape is None or scrape.samples is None:
+            stall_for, steps_flat = None, False
+        state, reason = decide(scrape, None, stall_for, steps_flat, bool(restarted))
+        return EndpointView(
+            target=self.target,
+            state=state,
+            reason=reason,
+            figures=self.figures,
+            info=self.info,
+            local=None,
+            health_status=scrape.health.status if scrape else None,
+            last_scrape_at=scrape.finished_at if scrape else None,
+            last_ok_at=self.last_ok_at,
+            scrapes=self.scrapes,
+            restarts=self.restarts,
+            poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
+        )
+
+    def series(self, name: str) -> list[float]:
+        return [v or 0.0 for v in self.history[name]]
+
+
+# ---- the fleet --------------------------------------------------------------------------------
+
+
+def select(
+    targets: list[PromTarget], job: str | None, vllm_jobs: set[str]
+) -> tuple[list[PromTarget], dict[str, PromTarget]]:
+    """The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
+    without one; one per base URL) and the /health targets by base URL (any job)."""
+    health: dict[str, PromTarget] = {}
+    chosen: dict[str, PromTarget] = {}
+    for t in targets:
+        if t.is_health:
+            health.setdefault(t.url, t)
+        elif (t.job == job) if job else (t.job in vllm_jobs):
+            chosen.setdefault(t.url, t)
+    return list(chosen.values()), health
+
+
+def scrape_interval(targets: list[PromTarget], default: float) -> float:
+    """The slowest scrape interval of the endpoints (their data is no fresher)."""
+    found = [t.interval_s for t in targets if t.interval_s]
+    return max(found) if found else default
+
+
+def windows(settings: Settings, scrape_s: float) -> Windows:
+    """Rates over the poll period but at least two scrapes (rate() needs two samples);
+    latency over the direct source's window; restarts held as long as there; raw samples
+    for the stall rule over the stall window plus two scrapes."""
+    period = max(settings.interval_s, scrape_s)
+    return Windows(
+        rate_s=max(period, 2 * scrape_s),
+        latency_s=settings.latency_window_s,
+        restart_s=max(settings.restart_hold_s, 2 * scrape_s),
+        stall_s=settings.stall_window_s + 2 * scrape_s,
+    )
+
+
+NO_HEALTH_HINT = (
+    "Prometheus scrapes no /health of these servers: an engine that died while its API "
+    "server still serves /metrics reads ready; add a scrape job with metrics_path: /health"
+)
+
+
+def fleet_hint(
+    url: str,
+    job: str | None,
+    error: str | None,
+    chosen: list[PromTarget],
+    health: dict[str, PromTarget],
+    jobs: set[str],
+) -> str | None:
+    if error:
+        return f"Prometheus at {url}: {error}"
+    if not chosen:
+        known = ", ".join(sorted(jobs)) or "none"
+        if job:
+            return f"Prometheus at {url} has no active targets in job {job!r} (jobs: {known})"
+        return f"no job at Prometheus {url} exports vllm: series (jobs: {known}); pass --job"
+    if not any(t.url in health for t in chosen):
+        return NO_HEALTH_HINT
+    return None
+
+
+def settled(view: EndpointView) -> bool:
+    """Scraped, and either not a live vLLM server or with rates (two samples)."""
+    if view.last_scrape_at is None:
+        return False
+    f = view.figures
+    return (
+        view.last_ok_at is None or f.generation_tps is not None or f.generation_tokens_total is None
+    )

@@ -1,0 +1,193 @@
+"""A real Prometheus server for the console's tests and benchmark (Debian's `prometheus`
+package, /usr/bin/prometheus; `make prometheus` installs it as root).
+
+``running_prometheus(urls)`` writes a config scraping the given vLLM base URLs in two
+jobs, ``vllm`` (/metrics) and ``vllm-health`` (/health: vLLM answers an empty 200, which
+Prometheus reads as a good scrape with no samples, and a 503 as up=0 with the status in
+the target's lastError), starts Prometheus on a free 127.0.0.1 port with a temporary
+storage dir, waits (deadline) until every target has been scraped (``up=True``: until
+every metrics target is up), and stops it on exit (terminate, then kill; the process is
+gone when the context exits).
+
+The pytest fixture ``prometheus`` is a factory over the same context manager: import it
+into a test module (``from tests.prometheus_fixture import prometheus``). It FAILS, never
+skips, when Prometheus is missing: a CI that runs these tests must have it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
+MISSING = (
+    "Prometheus is not installed ({binary} missing): run `make prometheus` as root "
+    "(apt-get install -y prometheus) or set OPSCTL_PROMETHEUS to a prometheus binary"
+)
+JOB, HEALTH_JOB = "vllm", "vllm-health"
+
+
+@dataclass
+class PromServer:
+    proc: subprocess.Popen
+    url: str
+    config_path: Path
+    log_path: Path
+    job: str = JOB
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def targets(self) -> list[dict]:
+        r = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["activeTargets"]
+
+
+def binary() -> str:
+    """The prometheus binary, or a test failure saying how to install it."""
+    found = BINARY if os.access(BINARY, os.X_OK) else shutil.which("prometheus")
+    if not found:
+        pytest.fail(MISSING.format(binary=BINARY), pytrace=False)
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hostports(urls: list[str]) -> list[str]:
+    return [urlsplit(u).netloc for u in urls]
+
+
+def config_text(urls: list[str], interval: float, job: str = JOB, health: bool = True) -> str:
+    """Prometheus YAML (JSON is YAML) for the vLLM servers at ``urls``."""
+    import json
+
+    ms = f"{max(1, int(interval * 1000))}ms"
+    timeout = f"{max(1, int(min(interval, 10.0) * 1000))}ms"
+    static = [{"targets": _hostports(urls)}]
+    jobs = [{"job_name": job, "metrics_path": "/metrics", "static_configs": static}]
+    if health:
+        jobs.append({"job_name": HEALTH_JOB, "metrics_path": "/health", "static_configs": static})
+    doc = {
+        "global": {"scrape_interval": ms, "scrape_timeout": timeout, "evaluation_interval": ms},
+        "scrape_configs": jobs,
+    }
+    return json.dumps(doc, indent=1)
+
+
+def _start(workdir: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    exe = binary()
+    for _ in range(3):  # a free port may be taken between the probe and the bind
+        port = _free_port()
+        cmd = [
+            exe,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+            "--log.level=warn",
+        ]
+        log = log_path.open("ab")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+        log.close()
+        url = f"http://127.0.0.1:{port}"
+        if _wait_ready(proc, url, 60.0):
+            return proc, url
+        _stop(proc)
+    raise RuntimeError(f"prometheus did not start: {log_path.read_text(errors='replace')[-2000:]}")
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def wait_scraped(server: PromServer, n: int, timeout: float, up: bool = False) -> list[dict]:
+    """Until ``n`` active targets have been scraped (all metrics targets up, with ``up``)."""
+    deadline = time.monotonic() + timeout
+    targets: list[dict] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            targets = server.targets()
+            scraped = [t for t in targets if t["health"] != "unknown"]
+            metrics = [t for t in targets if t["labels"].get("job") == server.job]
+            if len(scraped) >= n and (not up or all(t["health"] == "up" for t in metrics)):
+                return targets
+        time.sleep(0.2)
+    states = {t["scrapeUrl"]: (t["health"], t.get("lastError")) for t in targets}
+    raise AssertionError(f"prometheus targets not scraped in {timeout:g} s: {states}")
+
+
+@contextlib.contextmanager
+def running_prometheus(
+    urls: list[str],
+    *,
+    interval: float = 1.0,
+    job: str = JOB,
+    health: bool = True,
+    up: bool = False,
+    timeout: float = 120.0,
+) -> Iterator[PromServer]:
+    with tempfile.TemporaryDirectory(prefix="opsctl-prom-") as tmp:
+        workdir = Path(tmp)
+        config = workdir / "prometheus.yml"
+        config.write_text(config_text(urls, interval, job, health))
+        log_path = workdir / "prometheus.log"
+        proc, url = _start(workdir, config, log_path)
+        server = PromServer(proc, url, config, log_path, job)
+        try:
+            n = len(urls) * (2 if health else 1)
+            wait_scraped(server, n, timeout, up=up)
+            yield server
+        finally:
+            _stop(proc)
+            assert proc.poll() is not None, "prometheus still running"
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Callable[..., PromServer]]:
+    """Factory: ``prometheus(urls, interval=1.0, up=False)`` -> a running PromServer;
+    every server it started is stopped at teardown."""
+    binary()  # fail at setup, with the install hint, when Prometheus is missing
+    with contextlib.ExitStack() as stack:
+
+        def start(urls: list[str], **kw) -> PromServer:
+            return stack.enter_context(running_prometheus(urls, **kw))
+
+        yield start
