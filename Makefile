@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-fast bench check clean
+.PHONY: install serve test test-fast bench check clean prometheus
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,10 +19,18 @@ install: $(STAMP)
 serve: install
 	$(BIN)/opsctl serve
 
-test: install
+# Debian's prometheus for the console's --prometheus tests: installed when missing and
+# we are root; else its tests fail and say so
+prometheus:
+	@test -x /usr/bin/prometheus || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends prometheus >/dev/null; } \
+	  || echo "prometheus not installed (needs root and apt-get): its tests will fail" >&2
+
+test: install prometheus
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests
 
-test-fast: install
+test-fast: install prometheus
 	$(BIN)/python -m pytest -q -m "not engine" tests
 
 bench: install
