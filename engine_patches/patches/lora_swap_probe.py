@@ -1,0 +1,257 @@
+"""Probe and planted fault for `opsctl diag lora` (vLLM PR 55897: LoRA on multimodal
+towers; are mixed-adapter batches mapped request by request?).
+
+Probe, inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``lora``: in the worker
+it appends to ``<run>/events/lora.jsonl``
+
+- ``{"event": "manager", ...}`` once the LoRA model manager exists: whether the model is
+  multimodal for LoRA, whether tower/connector LoRA is on (the engine's own
+  ``supports_tower_connector_lora`` after its checks), the punica wrapper class, the
+  modules wrapped with LoRA per part (language model / tower / connector, from the
+  model's ``get_mm_mapping()``), max_loras, max_lora_rank and the compilation mode;
+- ``{"event": "adapter", ...}`` per adapter loaded: its name, id, and per part the
+  modules the adapter carries and how many of them the engine wrapped (an adapter's
+  weights for a module the engine did not wrap are silently unused).
+
+Test-only knob ``OPSCTL_LORA_SWAP`` (read through :mod:`engine_patches.knobs`, so
+honoured only with ``OPSCTL_TEST_KNOBS=1``), value ``lm`` | ``tower`` | ``all`` (any
+other non-empty value: ``all``): when a step of the model runner holds two requests
+with two different adapters, their adapter mapping is swapped for that step -- in the
+language model (``InputBatch.make_lora_inputs``), in the vision tower/connector
+(``GPUModelRunner._execute_mm_encoder``), or both. A request running alone is never
+touched, so only a mixed batch goes wrong. Each swap is recorded as
+``{"event": "swap", "scope", "req_ids", "lora_ids"}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from engine_patches import knobs
+from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
+
+PROBE = "lora"
+SWAP_ENV = knobs.LORA_SWAP
+SCOPES = ("lm", "tower", "all")
+ORIGINALS: dict[str, Any] = {}
+_SEEN_SWAPS: set[tuple[str, str, str]] = set()
+
+
+def requested(env: dict[str, str] | None = None) -> bool:
+    raw = (env if env is not None else os.environ).get("OPSCTL_PROBES", "")
+    return PROBE in {p.strip() for p in raw.split(",")}
+
+
+def swap_scope(value: str | None) -> str | None:
+    """The knob's value -> lm | tower | all; None when unset."""
+    if not value:
+        return None
+    value = value.strip().lower()
+    return value if value in SCOPES else "all"
+
+
+def pick_pair(lora_ids: Sequence[int]) -> tuple[int, int] | None:
+    """The first two rows whose adapters differ, both with an adapter if possible."""
+    rows = [i for i, x in enumerate(lora_ids) if int(x) > 0]
+    for i in rows:
+        for j in rows:
+            if j > i and int(lora_ids[j]) != int(lora_ids[i]):
+                return i, j
+    return None
+
+
+def part_of(module: str, mapping: Any) -> str:
+    """language | tower | connector | other, by the model's mm prefixes (longest first)."""
+    if mapping is None:
+        return "language"
+    prefixes = [
+        (p, part)
+        for part, attr in (
+            ("language", "language_model"),
+            ("tower", "tower_model"),
+            ("connector", "connector"),
+        )
+        for p in (getattr(mapping, attr, None) or [])
+    ]
+    for p, part in sorted(prefixes, key=lambda x: -len(x[0])):
+        if module.startswith(p):
+            return part
+    return "other"
+
+
+def _by_part(names: Sequence[str], mapping: Any) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in sorted(names):
+        out.setdefault(part_of(name, mapping), []).append(name)
+    return out
+
+
+def describe_manager(manager: Any, vllm_config: Any) -> dict:
+    mapping = getattr(manager, "mm_mapping", None)
+    wrappers = getattr(manager, "punica_wrapper_mapping", {}) or {}
+    cfg = manager.lora_config
+    return {
+        "event": "manager",
+        "supports_mm": bool(getattr(manager, "supports_mm", False)),
+        "tower_connector_lora": bool(getattr(manager, "supports_tower_connector_lora", False)),
+        "enable_tower_connector_lora": bool(getattr(cfg, "enable_tower_connector_lora", False)),
+        "punica_wrapper": sorted({type(w).__name__ for w in wrappers.values()}),
+        "wrapper_prefixes": sorted(wrappers),
+        "wrapped": _by_part(list(manager.modules), mapping),
+        "max_loras": getattr(cfg, "max_loras", None),
+        "max_lora_rank": getattr(cfg, "max_lora_rank", None),
+        "compilation_mode": str(getattr(vllm_config.compilation_config, "mode", None)),
+    }
+
+
+def describe_adapter(request: Any, lora_model: Any, manager: Any) -> dict:
+    mapping = getattr(manager, "mm_mapping", None)
+    carried = list(getattr(lora_model, "loras", {}) or {})
+    wrapped = set(manager.modules) | set(getattr(manager, "packed_modules", {}) or {})
+    packed = {m for names in (getattr(manager, "packed_modules", {}) or {}).values() for m in names}
+    parts: dict[str, dict[str, int]] = {}
+    for part, names in _by_part(carried, mapping).items():
+        applied = sum(1 for n in names if n in wrapped or n in packed)
+        parts[part] = {"modules": len(names), "applied": applied}
+    return {
+        "event": "adapter",
+        "name": getattr(request, "lora_name", None),
+        "lora_id": getattr(request, "lora_int_id", None),
+        "path": getattr(request, "lora_path", None),
+        "parts": parts,
+    }
+
+
+@contextlib.contextmanager
+def swapped(
+    mapping: Any, rows: Sequence[int], req_ids: Sequence[str], scope: str
+) -> Iterator[None]:
+    """Swap the adapters of the first mixed pair among ``rows`` of ``mapping`` (the
+    input batch's per-request adapter ids) for the duration of the block."""
+    ids = [int(mapping[r]) for r in rows]
+    pair = pick_pair(ids)
+    if pair is None:
+        yield
+        return
+    a, b = rows[pair[0]], rows[pair[1]]
+    mapping[a], mapping[b] = mapping[b], mapping[a]
+    try:
+        key = (scope, str(req_ids[pair[0]]), str(req_ids[pair[1]]))
+        if key not in _SEEN_SWAPS:
+            _SEEN_SWAPS.add(key)
+            record_event(
+                PROBE,
+                {"event": "swap", "scope": scope, "req_ids": list(key[1:]), "lora_ids": ids},
+            )
+        yield
+    finally:
+        mapping[a], mapping[b] = mapping[b], mapping[a]
+
+
+def _wrap_lm(original):
+    @functools.wraps(original)
+    def make_lora_inputs(self, num_scheduled_tokens, num_sampled_tokens):
+        n = self.num_reqs
+        req_ids = list(self.req_ids)[:n]
+        with swapped(self.request_lora_mapping, list(range(n)), req_ids, "lm"):
+            return original(self, num_scheduled_tokens, num_sampled_tokens)
+
+    make_lora_inputs._opsctl_lora_swap = True  # type: ignore[attr-defined]
+    return make_lora_inputs
+
+
+def _wrap_tower(original):
+    @functools.wraps(original)
+    def _execute_mm_encoder(self, scheduler_output):
+        batch = self.input_batch
+        req_ids = [
+            r for r in scheduler_output.scheduled_encoder_inputs if r in batch.req_id_to_index
+        ]
+        rows = [batch.req_id_to_index[r] for r in req_ids]
+        with swapped(batch.request_lora_mapping, rows, req_ids, "tower"):
+            return original(self, scheduler_output)
+
+    _execute_mm_encoder._opsctl_lora_swap = True  # type: ignore[attr-defined]
+    return _execute_mm_encoder
+
+
+def _wrap_manager_init(original):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            cfg = kwargs.get("vllm_config") or args[-1]
+            record_event(PROBE, describe_manager(self, cfg))
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "where": "manager", "error": repr(exc)})
+
+    __init__._opsctl_lora_probe = True  # type: ignore[attr-defined]
+    return __init__
+
+
+def _wrap_load(original):
+    @functools.wraps(original)
+    def _load_adapter(self, lora_request):
+        lora_model = original(self, lora_request)
+        try:
+            record_event(PROBE, describe_adapter(lora_request, lora_model, self._adapter_manager))
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "where": "adapter", "error": repr(exc)})
+        return lora_model
+
+    _load_adapter._opsctl_lora_probe = True  # type: ignore[attr-defined]
+    return _load_adapter
+
+
+def _install(owner: Any, attr: str, wrapper, flag: str) -> None:
+    current = getattr(owner, attr)
+    if getattr(current, flag, False):
+        return
+    ORIGINALS[f"{owner.__name__}.{attr}"] = (owner, attr, current)
+    setattr(owner, attr, wrapper(current))
+
+
+def apply() -> Outcome:
+    probe, scope = requested(), swap_scope(knobs.get(SWAP_ENV))
+    if not probe and scope is None:
+        return Outcome(SKIPPED, f"inert: OPSCTL_PROBES has no {PROBE!r} and {SWAP_ENV} is unset")
+    from vllm.lora import model_manager, worker_manager
+    from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+
+    done = []
+    if probe:
+        _install(model_manager.LoRAModelManager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
+        _install(worker_manager.WorkerLoRAManager, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
+        done.append("records the LoRA manager and each adapter loaded into events/lora.jsonl")
+    if scope in ("lm", "all"):
+        _install(gpu_input_batch.InputBatch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
+    if scope in ("tower", "all"):
+        runner = gpu_model_runner.GPUModelRunner
+        _install(runner, "_execute_mm_encoder", _wrap_tower, "_opsctl_lora_swap")
+    if scope is not None:
+        done.append(f"TEST KNOB {SWAP_ENV}={scope}: swaps two requests' adapters when batched")
+    return Outcome(APPLIED, "; ".join(done))
+
+
+def undo() -> None:
+    """Restore every wrapped callable (tests)."""
+    for owner, attr, original in ORIGINALS.values():
+        setattr(owner, attr, original)
+    ORIGINALS.clear()
+    _SEEN_SWAPS.clear()
+
+
+PATCH = Patch(
+    name="lora_swap_probe",
+    target="vllm.lora.model_manager.LoRAModelManager, vllm.v1.worker.gpu_input_batch."
+    "InputBatch.make_lora_inputs, GPUModelRunner._execute_mm_encoder",
+    versions="0.32 (LoRAModelManager.punica_wrapper_mapping, get_mm_lora_token_counts)",
+    reason="opsctl probe for diag lora: LoRA on multimodal towers, mixed-adapter batches "
+    "(PR 55897); test knob OPSCTL_LORA_SWAP plants a mixed-batch fault",
+    apply=apply,
+    roles=("engine_core", "worker"),
+)

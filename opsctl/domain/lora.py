@@ -1,0 +1,515 @@
+"""`opsctl diag lora`: LoRA adapters applied one at a time and in one mixed batch (vLLM
+PR 55897: LoRA on multimodal towers; mixed-adapter batches must map each request and
+each image to its own adapter). Pure: no I/O, no UI.
+
+The plan: requests ``r0..rN`` cycle through the adapters and the base model (adapter
+``None``); on a vision-language model each carries images, and two neighbouring requests
+(different adapters) share their images, so one image meets two adapters in the batch.
+
+- Single-adapter validation: every request runs alone with every adapter and with the
+  base model; an adapter passes when its output differs from the base model's on at
+  least one request (so it is really applied). Two adapters with identical outputs
+  everywhere would hide a swap between them: the mixed case is then not conclusive.
+- Mixed batch: all requests sent together; each output must equal the same request run
+  alone with the same adapter: tokens exact, logprobs by the invariance rules
+  (:func:`opsctl.domain.invariance.compare`: bitwise unless ``atol``). The first
+  divergence names the request, its adapter and its images. The batch probe must show
+  that requests of different adapters were sampled in one step.
+- Support per part (language model, vision tower, connector): what the engine's LoRA
+  manager wrapped (the ``lora`` probe) and what the measurements show. An unsupported
+  or unmeasured part is reported as such, never as a pass.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opsctl.domain import invariance as inv
+
+PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
+LANGUAGE, TOWER, CONNECTOR = "language", "tower", "connector"
+PARTS = (LANGUAGE, TOWER, CONNECTOR)
+APPLIED, SUPPORTED, UNSUPPORTED, NOT_ENABLED, UNKNOWN = (
+    "applied",
+    "supported",
+    "unsupported",
+    "not enabled",
+    "unknown",
+)
+# an adapter "changes the output" when a token differs or a logprob moves by more than
+# this (far above CPU batch noise, ~5e-7, far below what a real adapter does)
+APPLIED_ATOL = 1e-3
+BASE = "base"
+VALID_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
+PROMPTS = (
+    "The quick brown fox jumps over the lazy dog",
+    "Hello world, this is a test of",
+    "Once upon a time there was",
+    "vLLM serves large language models",
+    "The cat sat on the mat and",
+    "Numbers: one two three four",
+    "A batch of prompts walks into a",
+    "Images are described by captions:",
+)
+IMAGE_COLORS: tuple[tuple[str, tuple[int, int, int]], ...] = (
+    ("red", (220, 40, 40)),
+    ("green", (40, 200, 60)),
+    ("blue", (40, 60, 220)),
+    ("yellow", (230, 210, 40)),
+    ("magenta", (200, 40, 200)),
+    ("cyan", (40, 200, 210)),
+    ("orange", (240, 140, 30)),
+    ("grey", (128, 128, 128)),
+)
+COLUMNS = ("case", "adapter", "request", "status", "detail")
+
+
+@dataclass(frozen=True, slots=True)
+class LoraRequest:
+    index: int
+    adapter: str | None  # None: the base model
+    prompt: str
+    images: tuple[str, ...] = ()  # colour names (IMAGE_COLORS), in order
+
+    @property
+    def label(self) -> str:
+        return self.adapter or BASE
+
+    def with_adapter(self, adapter: str | None) -> LoraRequest:
+        return LoraRequest(self.index, adapter, self.prompt, self.images)
+
+    def describe(self) -> str:
+        imgs = f", images {'+'.join(self.images)}" if self.images else ""
+        return f"r{self.index} ({self.label}{imgs})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "adapter": self.adapter,
+            "prompt": self.prompt,
+            "images": list(self.images),
+        }
+
+
+def plan_mixed(
+    adapters: Sequence[str], images_per_request: int, per_group: int = 2
+) -> tuple[LoraRequest, ...]:
+    """The mixed batch: ``per_group`` requests per adapter and for the base model,
+    interleaved (r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ...). Requests 2k and
+    2k+1 carry the same images (consecutive colours), under two different adapters."""
+    groups: list[str | None] = [*adapters, None]
+    n = per_group * len(groups)
+    out = []
+    for i in range(n):
+        images = tuple(
+            IMAGE_COLORS[(i // 2 + j) % len(IMAGE_COLORS)][0] for j in range(images_per_request)
+        )
+        out.append(LoraRequest(i, groups[i % len(groups)], PROMPTS[i % len(PROMPTS)], images))
+    return tuple(out)
+
+
+def alone_plan(mixed: Sequence[LoraRequest], adapters: Sequence[str]) -> tuple[LoraRequest, ...]:
+    """Every mixed request run alone with the base model and with every adapter."""
+    return tuple(r.with_adapter(a) for a in (None, *adapters) for r in mixed)
+
+
+def lora_rank(ranks: Sequence[int]) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds every adapter's rank."""
+    top = max(ranks, default=8)
+    for r in VALID_RANKS:
+        if r >= top:
+            return r
+    raise ValueError(f"LoRA rank {top} is above vLLM's largest --max-lora-rank (512)")
+
+
+def request_index(req_id: str, tag: str) -> int | None:
+    """Which mixed request an engine request id belongs to (``...<tag>-mix-r<i>-...``)."""
+    m = re.search(re.escape(tag) + r"-mix-r(\d+)-", req_id)
+    return int(m[1]) if m else None
+
+
+def is_alone(req_id: str, tag: str) -> bool:
+    return re.search(re.escape(tag) + r"-one-r\d+-", req_id) is not None
+
+
+# ---- single-adapter validation -----------------------------------------------------------
+
+Key = tuple[str | None, int]  # (adapter, request index)
+
+
+@dataclass(frozen=True, slots=True)
+class SingleResult:
+    adapter: str
+    verdict: str
+    requests: int
+    differs: int  # requests whose output differs from the base model's
+    largest_diff: float | None  # largest |Δlogprob| from base while tokens agreed
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "adapter": self.adapter,
+            "verdict": self.verdict,
+            "requests": self.requests,
+            "differs_from_base": self.differs,
+            "largest_diff_while_tokens_agree": self.largest_diff,
+            "detail": self.detail,
+        }
+
+
+def _differs(a: inv.Generated, b: inv.Generated, max_tokens: int, logprobs: int) -> bool | str:
+    """True/False, or the fail-closed reason when one side is unusable."""
+    r = inv.compare(0, a, b, max_tokens=max_tokens, logprobs=logprobs, atol=APPLIED_ATOL)
+    if r.status == inv.ERROR:
+        return r.reason
+    return r.status == inv.DIVERGED
+
+
+def judge_single(
+    adapter: str,
+    indexes: Sequence[int],
+    alone: Mapping[Key, inv.Generated],
+    *,
+    max_tokens: int,
+    logprobs: int,
+) -> SingleResult:
+    differs, errors, largest = 0, [], None
+    for i in indexes:
+        r = inv.compare(
+            i,
+            alone[(None, i)],
+            alone[(adapter, i)],
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            atol=APPLIED_ATOL,
+        )
+        if r.status == inv.ERROR:
+            errors.append(f"r{i}: {r.reason}")
+            continue
+        differs += int(r.status == inv.DIVERGED)
+        if r.tokens_identical and r.largest_diff is not None:
+            largest = r.largest_diff if largest is None else max(largest, r.largest_diff)
+    n = len(indexes)
+    if errors:
+        return SingleResult(adapter, FAIL, n, differs, largest, "; ".join(errors))
+    if differs == 0:
+        why = f"output equals the base model's on all {n} requests: adapter not applied"
+        return SingleResult(adapter, FAIL, n, 0, largest, why)
+    return SingleResult(adapter, PASS, n, differs, largest, f"differs from base on {differs}/{n}")
+
+
+def identical_pairs(
+    adapters: Sequence[str],
+    indexes: Sequence[int],
+    alone: Mapping[Key, inv.Generated],
+    *,
+    max_tokens: int,
+    logprobs: int,
+) -> list[tuple[str, str]]:
+    """Pairs of adapters whose outputs agree on every request (a swap between them would
+    go unseen)."""
+    out = []
+    for x, a in enumerate(adapters):
+        for b in adapters[x + 1 :]:
+            if not any(
+                _differs(alone[(a, i)], alone[(b, i)], max_tokens, logprobs) is True
+                for i in indexes
+            ):
+                out.append((a, b))
+    return out
+
+
+# ---- the mixed batch -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MixedRow:
+    request: LoraRequest
+    result: inv.PromptResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.request.to_dict(), **self.result.to_dict(), "index": self.request.index}
+
+
+def compare_mixed(
+    mixed: Sequence[LoraRequest],
+    alone: Mapping[Key, inv.Generated],
+    batched: Sequence[inv.Generated],
+    *,
+    max_tokens: int,
+    logprobs: int,
+    atol: float | None,
+) -> list[MixedRow]:
+    """Each batched output against the same request run alone with the same adapter."""
+    return [
+        MixedRow(
+            r,
+            inv.compare(
+                r.index,
+                alone[(r.adapter, r.index)],
+                got,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                atol=atol,
+            ),
+        )
+        for r, got in zip(mixed, batched, strict=True)
+    ]
+
+
+def first_divergence(rows: Sequence[MixedRow]) -> dict[str, Any] | None:
+    """The first request that did not match: its adapter, images and where it diverged."""
+    for row in rows:
+        if not row.result.passed:
+            d = row.result.first_divergence
+            return {
+                "request": row.request.index,
+                "adapter": row.request.label,
+                "images": list(row.request.images),
+                "prompt": row.request.prompt,
+                "status": row.result.status,
+                "position": d.position if d else None,
+                "kind": d.kind if d else None,
+                "text": inv.divergence_text(row.result),
+            }
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MixedEvidence:
+    source: str  # "batch probe" | "none"
+    steps: int  # sampling steps that held mixed requests
+    max_requests: int  # most mixed requests sampled in one step
+    max_groups: int  # most distinct adapters (base counted) in one step
+    groups: int  # distinct adapters (base counted) in the mixed batch
+    apart: tuple[int, ...] = ()  # requests never sampled with another adapter's request
+
+    @property
+    def formed(self) -> bool | None:
+        if self.source != "batch probe":
+            return None
+        return self.max_groups >= min(self.groups, 2) and not self.apart
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "steps": self.steps,
+            "max_requests_per_step": self.max_requests,
+            "max_adapters_per_step": self.max_groups,
+            "adapters": self.groups,
+            "apart": list(self.apart),
+            "formed": self.formed,
+        }
+
+
+def mixed_evidence(
+    steps: Sequence[Mapping[str, Any]], tag: str, mixed: Sequence[LoraRequest]
+) -> MixedEvidence:
+    """From the batch probe's step records: whether requests of different adapters were
+    sampled in one step (``apart``: requests that never were)."""
+    label = {r.index: r.label for r in mixed}
+    n_steps, most, most_groups = 0, 0, 0
+    met: dict[int, bool] = dict.fromkeys(label, False)
+    for s in steps:
+        if s.get("event") != "step":
+            continue
+        ours = {
+            i for i in (request_index(str(r), tag) for r in s.get("req_ids") or []) if i in label
+        }
+        if not ours:
+            continue
+        n_steps += 1
+        in_step = {label[i] for i in ours}
+        most, most_groups = max(most, len(ours)), max(most_groups, len(in_step))
+        for i in ours:
+            met[i] = met[i] or len(in_step - {label[i]}) > 0
+    groups = len(set(label.values()))
+    if n_steps == 0:
+        return MixedEvidence("none", 0, 0, 0, groups)
+    apart = tuple(sorted(i for i, ok in met.items() if not ok))
+    return MixedEvidence("batch probe", n_steps, most, most_groups, groups, apart)
+
+
+def alone_shared(steps: Sequence[Mapping[str, Any]], tag: str) -> int:
+    """Largest step (any requests) that held one of the check's alone requests: above 1,
+    other traffic shared it, so that side was not strictly alone."""
+    best = 0
+    for s in steps:
+        ids = [str(r) for r in s.get("req_ids") or []] if s.get("event") == "step" else []
+        if any(is_alone(r, tag) for r in ids):
+            best = max(best, len(ids))
+    return best
+
+
+# ---- support per part: what the engine wrapped, what the measurements show ------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartSupport:
+    part: str  # language | tower | connector
+    status: str  # applied | supported | unsupported | not enabled | unknown
+    wrapped: int | None  # modules the engine wrapped with LoRA (None: no probe)
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "part": self.part,
+            "status": self.status,
+            "wrapped_modules": self.wrapped,
+            "detail": self.detail,
+        }
+
+
+def _carried(adapters: Sequence[Mapping[str, Any]], part: str) -> tuple[int, int]:
+    """(modules of ``part`` the loaded adapters carry, how many of them the engine applied)."""
+    carried = applied = 0
+    for a in adapters:
+        p = (a.get("parts") or {}).get(part) or {}
+        carried += int(p.get("modules") or 0)
+        applied += int(p.get("applied") or 0)
+    return carried, applied
+
+
+def _measured(part: str, parts_of: Mapping[str, Sequence[str]], single: Sequence[SingleResult]):
+    """An adapter that targets ``part`` (and not the language model, for the tower and
+    connector) and changed the output, if any: that part's LoRA was applied."""
+    for s in single:
+        parts = set(parts_of.get(s.adapter) or ())
+        if part in parts and s.verdict == PASS and (part == LANGUAGE or LANGUAGE not in parts):
+            return s.adapter
+    return None
+
+
+def _engine_part(
+    part: str, manager: Mapping[str, Any], adapters: Sequence[Mapping[str, Any]]
+) -> PartSupport | None:
+    """What the engine's own record says about ``part`` (None: nothing against it)."""
+    wrapped = len((manager.get("wrapped") or {}).get(part) or [])
+    carried, applied = _carried(adapters, part)
+    if part != LANGUAGE and not manager.get("enable_tower_connector_lora"):
+        why = "engine started without --enable-tower-connector-lora"
+        return PartSupport(part, NOT_ENABLED, wrapped, why)
+    if part != LANGUAGE and not manager.get("tower_connector_lora"):
+        why = "the engine turned tower/connector LoRA off for this model (not supported)"
+        return PartSupport(part, UNSUPPORTED, wrapped, why)
+    if wrapped == 0:
+        why = f"the engine wrapped no {part} module with LoRA (no LoRA-capable layer)"
+        if carried:
+            why += f"; {carried} adapter module(s) for it are unused"
+        return PartSupport(part, UNSUPPORTED, 0, why)
+    if carried > applied:
+        why = f"{carried - applied} of {carried} adapter module(s) for it were not wrapped (unused)"
+        return PartSupport(part, UNSUPPORTED, wrapped, why)
+    return None
+
+
+def support(
+    multimodal: bool,
+    manager: Mapping[str, Any] | None,
+    adapters: Sequence[Mapping[str, Any]],
+    parts_of: Mapping[str, Sequence[str]],
+    single: Sequence[SingleResult],
+) -> list[PartSupport]:
+    """Per part: ``applied`` only when a measurement shows it (an adapter of that part
+    changed the output), ``supported`` when the engine wrapped modules but nothing
+    measured that part alone, else unsupported / not enabled / unknown, with the why.
+    ``manager``/``adapters``: the lora probe's records (None/empty without the probe);
+    ``parts_of``: adapter -> the parts it targets, where known."""
+    out = []
+    for part in PARTS if multimodal else (LANGUAGE,):
+        engine = _engine_part(part, manager, adapters) if manager is not None else None
+        if engine is not None:
+            out.append(engine)
+            continue
+        wrapped = None if manager is None else len((manager.get("wrapped") or {}).get(part) or [])
+        by = _measured(part, parts_of, single)
+        if by is not None:
+            alone = "" if part == LANGUAGE else " with no language-model module"
+            out.append(PartSupport(part, APPLIED, wrapped, f"adapter {by}{alone} changed outputs"))
+        elif wrapped:
+            why = f"{wrapped} module(s) wrapped; no adapter measured this part on its own"
+            out.append(PartSupport(part, SUPPORTED, wrapped, why))
+        else:
+            why = "no lora probe record and no adapter that measures this part alone"
+            out.append(PartSupport(part, UNKNOWN, wrapped, why))
+    return out
+
+
+# ---- the verdict ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Findings:
+    verdict: str
+    reasons: tuple[str, ...]  # why it failed / is not conclusive
+    warnings: tuple[str, ...]
+    mixed_verdict: str
+
+
+def assess(
+    single: Sequence[SingleResult],
+    rows: Sequence[MixedRow],
+    evidence: MixedEvidence,
+    *,
+    same_pairs: Sequence[tuple[str, str]] = (),
+    alone_shared_max: int = 0,
+    swaps: Sequence[Mapping[str, Any]] = (),
+) -> Findings:
+    """fail: an adapter not applied, a request error, a mixed output that differs from
+    its alone run, or a batch the probe shows never mixed adapters. unverified: the batch
+    could not be shown (no probe) or two adapters are indistinguishable. Else pass."""
+    reasons = [f"adapter {s.adapter}: {s.detail}" for s in single if s.verdict != PASS]
+    mixed_fail = [r for r in rows if not r.result.passed]
+    for r in mixed_fail:
+        reasons.append(
+            f"mixed batch {r.request.describe()}: {inv.divergence_text(r.result)}"
+            if r.result.first_divergence
+            else f"mixed batch {r.request.describe()}: {r.result.reason}"
+        )
+    inconclusive: list[str] = []
+    if evidence.formed is False:
+        reasons.append(
+            f"the batch probe never showed requests of different adapters in one step "
+            f"(apart: {list(evidence.apart)}, at most {evidence.max_groups} adapter(s) per step)"
+        )
+    elif evidence.formed is None:
+        inconclusive.append("no batch probe on this server: the mixed batch is not shown")
+    for a, b in same_pairs:
+        inconclusive.append(f"adapters {a} and {b} give identical outputs: a swap is unseen")
+    warnings = list(inconclusive)
+    if alone_shared_max > 1:
+        warnings.append(
+            f"an alone request shared a step with {alone_shared_max - 1} other request(s) "
+            "(other traffic on this server)"
+        )
+    if swaps:
+        warnings.append(f"TEST KNOB OPSCTL_LORA_SWAP swapped adapters {len(swaps)} time(s)")
+    mixed_verdict = FAIL if mixed_fail or evidence.formed is False else PASS
+    if mixed_verdict == PASS and inconclusive:
+        mixed_verdict = UNVERIFIED
+    if reasons:
+        return Findings(FAIL, tuple(reasons), tuple(warnings), mixed_verdict)
+    if inconclusive:
+        return Findings(UNVERIFIED, tuple(inconclusive), tuple(warnings), mixed_verdict)
+    return Findings(PASS, (), tuple(warnings), mixed_verdict)
+
+
+def table_rows(
+    single: Sequence[SingleResult], rows: Sequence[MixedRow], parts: Sequence[PartSupport]
+) -> tuple[tuple[str, ...], ...]:
+    out = [(f"support: {p.part}", "-", "-", p.status, p.detail) for p in parts]
+    out += [("single", s.adapter, f"{s.requests} alone", s.verdict, s.detail) for s in single]
+    out += [
+        (
+            "mixed",
+            r.request.label,
+            r.request.describe(),
+            r.result.status,
+            inv.divergence_text(r.result),
+        )
+        for r in rows
+    ]
+    return tuple(out)
