@@ -191,3 +191,43 @@ def prometheus() -> Iterator[Callable[..., PromServer]]:
             return stack.enter_context(running_prometheus(urls, **kw))
 
         yield start
+
+
+# ---- recorded API answers for the unit tests (tests/data/prom_*.json) --------------------------
+
+RECORD_MODES = ("healthy", "busy", "stalled", "dead", "hung", "unauthorized", "notvllm", "busy")
+
+
+def record(out_dir: Path, stall_window: float = 3.0) -> None:
+    """Record real answers of Prometheus scraping stand-ins in every mode (the last one
+    restarted a moment before): `python -m tests.prometheus_fixture`."""
+    import json
+
+    from opsctl.domain import prom, prom_view
+    from opsctl.domain.console_state import Settings
+    from tests.standin_vllm import StandInFleet
+
+    settings = Settings(interval_s=1.0, stall_window_s=stall_window)
+    w = prom_view.windows(settings, 1.0)
+    with StandInFleet(list(RECORD_MODES)) as fleet, running_prometheus(fleet.urls) as p:
+        time.sleep(stall_window + 3)  # history covers the stall window
+        fleet.reset_counters(len(RECORD_MODES) - 1)
+        time.sleep(2.5)  # two scrapes after the reset
+        api = f"{p.url}/api/v1"
+        answers = {
+            "targets": httpx.get(f"{api}/targets", params={"state": "active"}),
+            "query": httpx.post(f"{api}/query", data={"query": prom.instant_query(JOB, w)}),
+            "stall": httpx.post(f"{api}/query", data={"query": prom.stall_query(JOB, w)}),
+            "query_all": httpx.post(f"{api}/query", data={"query": prom.instant_query(None, w)}),
+            "error": httpx.post(f"{api}/query", data={"query": "rate(up)"}),
+        }
+        modes = {ep.url: ep.mode for ep in fleet.endpoints}
+        modes[fleet.endpoints[-1].url] = "restarted"
+    for name, r in answers.items():
+        (out_dir / f"prom_{name}.json").write_text(json.dumps(r.json(), indent=1) + "\n")
+    fleet_doc = {"job": JOB, "stall_window_s": stall_window, "modes": modes}
+    (out_dir / "prom_fleet.json").write_text(json.dumps(fleet_doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    record(Path(__file__).parent / "data")
