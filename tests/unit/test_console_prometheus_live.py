@@ -128,3 +128,36 @@ def test_a_url_that_is_not_prometheus_is_refused():
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 2 and "not a Prometheus API" in out.stderr
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_console_app_reads_the_prometheus_source(both):
+    from opsctl.ui.console_app import DetailScreen, build_console_app
+
+    fleet, _, via_prom, _ = both
+    app = build_console_app(via_prom, interval=0.5)
+    want = dict(zip(fleet.urls, WANT, strict=True))
+    async with app.run_test(size=(200, 40)) as pilot:
+        deadline = time.monotonic() + 30
+        while not (app.last and {v.target.url: v.state for v in app.last.endpoints} == want):
+            assert time.monotonic() < deadline, "console app states"
+            await pilot.pause(0.05)
+        header = str(app.header.render())
+        assert "7 endpoints" in header and "stalled 1" in header
+        cells = [[str(x) for x in app.table.get_row_at(i)] for i in range(app.table.row_count)]
+        busy = next(i for i, r in enumerate(cells) if r[1] == "busy")
+        assert cells[busy][4] == "4"
+        app.table.move_cursor(row=busy)
+        await pilot.press("enter")
+        while not isinstance(app.screen, DetailScreen):
+            assert time.monotonic() < deadline, "drill-in"
+            await pilot.pause(0.05)
+        while "BUSY" not in str(app.screen.query_one("#d-summary").render()):
+            assert time.monotonic() < deadline, "drill-in summary"
+            await pilot.pause(0.05)
+        await pilot.press("escape", "q")
