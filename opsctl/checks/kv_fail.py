@@ -106,6 +106,7 @@ class EngineDied(ev.Event):
         return {"events": [f"engine died at request #{self.request}: {self.error}"]}
 
 
+@dataclass(frozen=True)
 class KvFailReport(Report):
     """The ``diag.kv-fail`` document (schema 1) and its verdict."""
 

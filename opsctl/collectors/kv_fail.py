@@ -10,6 +10,7 @@ sleeps a fixed time. What it reads comes back as frozen records of
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -76,11 +77,14 @@ def complete(
 
 
 class EventTail:
-    """The events of one kind that appeared since the last look (the files only grow)."""
+    """The events of one kind that appeared since the last look (the files only grow);
+    the first look returns what came after the tail was made."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self._seen: Counter[str] = Counter()
+        self._seen: Counter[str] = Counter(
+            {kind: len(ledger.read_events(run_dir, kind)) for kind in (INJECTIONS, RECOVERIES)}
+        )
 
     def new(self, kind: str) -> list[dict]:
         events = ledger.read_events(self.run_dir, kind)
@@ -97,13 +101,31 @@ class EventTail:
 
 class KvProbe:
     """One engine (a :class:`opsctl.checks.target.Live` that opsctl started: ``server``
-    is its EngineServer, ``run_dir`` its run directory)."""
+    is its EngineServer, ``run_dir`` its run directory) for one run of the check.
+
+    An engine may serve several runs (an engine session reuses it): a probe starts with
+    an empty KV store, so its first phase stores again, and it reads only the connector's
+    and the patch's events that came after it was made."""
 
     def __init__(self, url: str, run_dir: Path, server: Any, api_key: str | None = None):
         self.url, self.run_dir, self.server, self.api_key = url, run_dir, server, api_key
         self.store = run_dir / STORE_DIR
+        self._clear_store()
+        kinds = (INJECTIONS, TRANSFERS, RECOVERIES)
+        self._from = {kind: len(ledger.read_events(run_dir, kind)) for kind in kinds}
         self.client = http.client(api_key)
         self.tail = EventTail(run_dir)
+
+    def _clear_store(self) -> None:
+        """Forget the KV an earlier run on this engine stored (the control file stays)."""
+        if not self.store.is_dir():
+            return
+        for entry in self.store.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _events(self, kind: str) -> list[dict]:
+        return ledger.read_events(self.run_dir, kind)[self._from[kind] :]
 
     def close(self) -> None:
         self.client.close()
@@ -166,14 +188,10 @@ class KvProbe:
         return ledger.read_records(self.run_dir)
 
     def injections(self) -> tuple[dom.Injection, ...]:
-        events = ledger.read_events(self.run_dir, INJECTIONS)
-        return tuple(dom.Injection.from_event(e) for e in events)
+        return tuple(dom.Injection.from_event(e) for e in self._events(INJECTIONS))
 
     def transfers(self) -> tuple[dom.Transfer, ...]:
-        return tuple(
-            dom.Transfer.from_event(e) for e in ledger.read_events(self.run_dir, TRANSFERS)
-        )
+        return tuple(dom.Transfer.from_event(e) for e in self._events(TRANSFERS))
 
     def recoveries(self) -> tuple[dom.Recovery, ...]:
-        events = ledger.read_events(self.run_dir, RECOVERIES)
-        return tuple(dom.Recovery.from_event(e) for e in events)
+        return tuple(dom.Recovery.from_event(e) for e in self._events(RECOVERIES))

@@ -28,7 +28,6 @@ from opsctl.domain.metrics import MetricsSnapshot
 POLICIES = ("recompute", "fail")
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "global", "local"}
 BLOCK_SIZE = 32  # the diag runs the engine with --block-size 32 (CPU kernels want multiples of 32)
-PHASES = ("store", "roundtrip", "inject", "sensitivity")
 PATCH_NAME = "kv_hybrid_recompute"  # the engine patch this diag proves (--no-patch disables it)
 METRICS = (  # /metrics counters whose change over the inject phase the report shows
     "vllm:external_prefix_cache_hits_total",

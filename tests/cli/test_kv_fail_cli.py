@@ -140,6 +140,7 @@ def test_live_event_lines_show_injections_and_recoveries(tmp_path):
     work = dom.workload(dom.Settings(requests=2, targets=1), 320)
     events = tmp_path / "events"
     events.mkdir()
+    tail = EventTail(tmp_path)
     injection = {
         "key": work.keys[1],
         "group": 1,
@@ -151,7 +152,6 @@ def test_live_event_lines_show_injections_and_recoveries(tmp_path):
     (events / "kv_injections.jsonl").write_text(json.dumps(injection) + "\n")
     recovery = {"action": "recomputed", "requests": 1, "tokens": 96, "groups": 2}
     (events / "kv_recoveries.jsonl").write_text(json.dumps({**recovery, "policy": "recompute"}))
-    tail = EventTail(tmp_path)
     (inj,) = tail.injections()
     (rec,) = tail.recoveries()
     lines = [
@@ -203,3 +203,28 @@ def test_terminal_report_of_a_domain_document():
     text = con.export_text()
     assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
     assert "2 KV cache group(s)" in text and "0.32.0" in text and "identical" in text
+
+
+def test_probe_of_a_reused_engine_sees_only_its_own_run(tmp_path):
+    """An engine session may give a second kv-fail run the engine of the first: the
+    new probe starts with an empty KV store (its store phase stores again) and counts
+    only the injections that came after it."""
+    from engine_patches.connectors.injection import InjectionPlan
+    from opsctl.collectors.kv_fail import KvProbe, write_control
+
+    events = tmp_path / "events"
+    events.mkdir()
+    first = {"key": "old", "group": 0, "epoch": "inject", "reported": True}
+    (events / "kv_injections.jsonl").write_text(json.dumps(first) + "\n")
+    stored = tmp_path / "kv_store" / "old"
+    stored.mkdir(parents=True)
+    (stored / "meta.json").write_text("{}")
+    write_control(tmp_path / "kv_store", InjectionPlan(epoch="before"))
+    with KvProbe("http://127.0.0.1:9", tmp_path, server=None) as probe:
+        assert not stored.exists() and (tmp_path / "kv_store" / "control.json").is_file()
+        assert probe.injections() == () and probe.tail.injections() == ()
+        with (events / "kv_injections.jsonl").open("a") as f:
+            f.write(json.dumps({**first, "key": "new"}) + "\n")
+        assert [i.key for i in probe.injections()] == ["new"]
+        assert [i.key for i in probe.tail.injections()] == ["new"]
+        assert probe.tail.injections() == ()
