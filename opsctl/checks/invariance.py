@@ -41,6 +41,7 @@ from opsctl.collectors import engine_records, ledger
 from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import invariance as inv
 from opsctl.domain import invariance_engine as eng
+from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
 TITLE = "diag invariance"
@@ -199,8 +200,8 @@ def _report(
 ) -> InvarianceReport:
     from opsctl import output
 
-    knobs = engine_records.knobs_of([r.get("run_dir") for r in runs])
-    line = ledger.knob_warning(knobs)
+    knobs = ledger.knobs_of([r.get("run_dir") for r in runs])
+    line = knob_warning(knobs)
     doc = output.document(
         SCHEMA,
         verdict=verdict,
@@ -268,7 +269,7 @@ class _Job:
             target, self.session, self.progress, label=f"invariance-{mode or 'url'}"
         ) as live:
             engine_seconds = time.monotonic() - t_start
-            knob_line = ledger.knob_warning(engine_records.knobs_of([live.run_dir]))
+            knob_line = knob_warning(ledger.knobs_of([live.run_dir]))
             if knob_line:
                 self.progress(ev.Alert(knob_line))
             measured = self._measure(live, mode, label, engine_seconds)

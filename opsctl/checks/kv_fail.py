@@ -41,6 +41,7 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.domain import kv_fail as dom
 from opsctl.domain import kv_fail_report as kvr
+from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
@@ -322,7 +323,7 @@ def _on_engine(
     """The check on a running engine: the report's fields, test knobs and warnings."""
     from opsctl.collectors import ledger
 
-    if line := ledger.knob_warning(ledger.test_knobs(probe.records())):
+    if line := knob_warning(ledger.test_knobs(probe.records())):
         progress(ev.Alert(line))
     info = probe.engine_info()
     r = _Run(probe, model, work, options, progress)
@@ -351,7 +352,7 @@ def _on_engine(
         )
     )
     knobs = ledger.test_knobs(records)
-    warning = ledger.knob_warning(knobs)
+    warning = knob_warning(knobs)
     return {**fields, "test_knobs": knobs, "warnings": [warning] if warning else []}
 
 

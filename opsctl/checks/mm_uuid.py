@@ -37,6 +37,7 @@ from opsctl.collectors import ledger
 from opsctl.collectors import mm_uuid as collect
 from opsctl.domain import mm_uuid as D
 from opsctl.domain.findings import verdict
+from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
 SCHEMA = "diag.mm_uuid"
@@ -80,7 +81,7 @@ class Report(base.Report):
 
     @property
     def knob_warning(self) -> str | None:
-        return ledger.knob_warning(self.document["test_knobs"])
+        return knob_warning(self.document["test_knobs"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +153,8 @@ def _document(state: _State, options: Options, found: list, v: str) -> dict[str,
 
     knobs: dict[str, str] = {}
     for r in state.runs:
-        knobs.update(_test_knobs(Path(r["run_dir"])))
-    warning = ledger.knob_warning(knobs)
+        knobs.update(ledger.knobs_of([r["run_dir"]]))
+    warning = knob_warning(knobs)
     return document(
         SCHEMA,
         runs=state.runs,
@@ -171,13 +172,8 @@ def _document(state: _State, options: Options, found: list, v: str) -> dict[str,
     )
 
 
-def _test_knobs(run_dir: Path) -> dict[str, str]:
-    """The test knobs the engine's processes honoured (its own ledger)."""
-    return ledger.test_knobs(ledger.read_records(run_dir))
-
-
 def _alert_knobs(run_dir: Path, progress: ev.Progress) -> None:
-    if warning := ledger.knob_warning(_test_knobs(run_dir)):
+    if warning := knob_warning(ledger.knobs_of([run_dir])):
         progress(ev.Alert(warning))
 
 

@@ -23,7 +23,6 @@ opsctl.collectors.scoring.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from opsctl.checks import events as ev
@@ -34,6 +33,7 @@ from opsctl.collectors import ledger
 from opsctl.collectors import scoring as collect
 from opsctl.domain import usage as U
 from opsctl.domain import usage_tokens as T
+from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
 SCHEMA = "diag.usage"
@@ -68,7 +68,7 @@ class Report(base.Report):
 
     @property
     def knob_warning(self) -> str | None:
-        return ledger.knob_warning(self.document["test_knobs"])
+        return knob_warning(self.document["test_knobs"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ def run(
     progress(ev.Started(TITLE, where))
     progress(ev.Table(tuple(U.TABLE_COLUMNS), ()))
     with opened(target, session, progress, label="diag-usage") as live:
-        if warning := ledger.knob_warning(_test_knobs(live.run_dir)):
+        if warning := knob_warning(ledger.knobs_of([live.run_dir])):
             progress(ev.Alert(warning))
         with collect.ScoringApi(live.url, options.timeout, live.api_key) as api:
             served = api.served_model()
@@ -121,7 +121,7 @@ def run(
         verdict = U.overall_verdict(rows, found)
         table = tuple(tuple(r) for r in U.table_rows(rows))
         progress(ev.Finished(verdict, U.summary(rows, verdict), rows=table))
-        knobs = _test_knobs(live.run_dir)
+        knobs = ledger.knobs_of([live.run_dir])
     template = counting.template
     doc = _document(
         url=live.url,
@@ -147,7 +147,7 @@ def _document(**fields: Any) -> dict[str, Any]:
     from opsctl.output import document
 
     knobs = fields["test_knobs"]
-    warning = ledger.knob_warning(knobs)
+    warning = knob_warning(knobs)
     return document(SCHEMA, **fields, warnings=[warning] if warning else [])
 
 
@@ -166,11 +166,6 @@ def _given_model(target: Target) -> tuple[str | None, str | None]:
     if refusal := U.model_refusal(resolved.name, resolved.archetype):
         raise refusal
     return resolved.archetype, str(resolved.path)
-
-
-def _test_knobs(run_dir: Path | None) -> dict[str, str]:
-    """The test knobs the engine's processes honoured (its own ledger)."""
-    return ledger.test_knobs(ledger.read_records(run_dir)) if run_dir else {}
 
 
 def _kind(

@@ -10,7 +10,7 @@ isolating settings and the batches the engine really formed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,12 +73,3 @@ def read_after(run_dir: Path | None, tag: str, prompts: int, timeout: float = 2.
         if time.monotonic() >= deadline:
             return records
         time.sleep(0.05)
-
-
-def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
-    """The test knobs the engines of these run directories honoured (their ledgers)."""
-    knobs: dict[str, str] = {}
-    for rd in run_dirs:
-        if rd:
-            knobs.update(ledger.test_knobs(ledger.read_records(Path(rd))))
-    return knobs

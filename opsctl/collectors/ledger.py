@@ -7,6 +7,7 @@ not from its own launch options, that a run was altered on purpose."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,12 +64,14 @@ def test_knobs(records: list[dict]) -> dict[str, str]:
     return out
 
 
-def knob_warning(knobs: dict[str, str]) -> str | None:
-    """The one warning line for active test knobs (shared by every diag and the dashboard)."""
-    if not knobs:
-        return None
-    named = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
-    return f"TEST KNOBS active in this engine ({named}): its behaviour is altered on purpose"
+def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
+    """The test knobs the engines of these run directories honoured, read from their
+    ledgers (the engine's own record); ``None`` entries (no run dir) are skipped."""
+    knobs: dict[str, str] = {}
+    for rd in run_dirs:
+        if rd:
+            knobs.update(test_knobs(read_records(Path(rd))))
+    return knobs
 
 
 def read_events(run_dir: Path, kind: str) -> list[dict]:

@@ -11,22 +11,6 @@ import typer
 from opsctl.commands.options import api_key_option
 
 
-def validate_url(url: str) -> str:
-    """Kept only while opsctl/commands/diag/common.py imports it (it is going away);
-    everything else uses opsctl.domain.urls.validate_url."""
-    import httpx
-
-    from opsctl.errors import BadInput
-
-    try:
-        u = httpx.URL(url)
-    except Exception:
-        raise BadInput(f"not a valid URL: {url!r}") from None
-    if u.scheme not in ("http", "https") or not u.host:
-        raise BadInput(f"not an http(s) URL: {url!r}")
-    return url.rstrip("/")
-
-
 def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(

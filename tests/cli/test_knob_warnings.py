@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from engine_patches import knobs
 from opsctl.cli import app
-from opsctl.commands.diag.common import add_knob_warnings, knob_snapshot, knob_warnings
-from tests.cli.test_mm_uuid_cli import stand_in, write_run_dir
+from opsctl.collectors.ledger import knobs_of
+from opsctl.domain.knobs import warning
+from tests.standin_mm_uuid import stand_in, write_run_dir
 
 runner = CliRunner()
 
@@ -51,11 +52,11 @@ def test_no_knobs_no_warning(tmp_path: Path) -> None:
     assert "TEST KNOBS" not in r.stderr
 
 
-def test_helpers_merge_processes_and_keep_existing_warnings(tmp_path: Path) -> None:
+def test_knobs_of_merges_the_processes_of_every_run_and_skips_missing_ones(tmp_path: Path):
     write_run_dir(tmp_path)
     arm(tmp_path, **{knobs.NUDGE: "zebra:3"})
-    assert knob_warnings([None, tmp_path])[0] == {knobs.NUDGE: "zebra:3"}
-    assert knob_snapshot(tmp_path)["warnings"][0].startswith("TEST KNOBS")
-    assert knob_snapshot(None) == {}
-    doc = add_knob_warnings({"warnings": ["older"]}, [tmp_path])
-    assert doc["warnings"][1:] == ["older"] and doc["test_knobs"] == {knobs.NUDGE: "zebra:3"}
+    assert knobs_of([None, tmp_path]) == {knobs.NUDGE: "zebra:3"}
+    assert knobs_of([None]) == {}
+    assert warning(knobs_of([tmp_path])).startswith("TEST KNOBS active")
+    assert "OPSCTL_PROBE_NUDGE=zebra:3" in warning({knobs.NUDGE: "zebra:3"})
+    assert warning({}) is None

@@ -43,7 +43,7 @@ class StatePanel(Vertical):
         self.border_title = "engine"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
-        from opsctl.collectors.ledger import knob_warning
+        from opsctl.domain.knobs import warning as knob_warning
 
         knob = knob_warning(s.test_knobs)
         warn = self.query_one("#knob-warning", Static)
