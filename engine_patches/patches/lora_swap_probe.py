@@ -11,7 +11,10 @@ it appends to ``<run>/events/lora.jsonl``
   model's ``get_mm_mapping()``), max_loras, max_lora_rank and the compilation mode;
 - ``{"event": "adapter", ...}`` per adapter loaded: its name, id, and per part the
   modules the adapter carries and how many of them the engine wrapped (an adapter's
-  weights for a module the engine did not wrap are silently unused).
+  weights for a module the engine did not wrap are silently unused);
+- ``{"event": "encoder", "req_ids", "lora_ids"}`` per vision encoder call
+  (``GPUModelRunner._execute_mm_encoder``): whose images ran the tower together, with
+  which adapters (0: none).
 
 Test-only knob ``OPSCTL_LORA_SWAP`` (read through :mod:`engine_patches.knobs`, so
 honoured only with ``OPSCTL_TEST_KNOBS=1``), value ``lm`` | ``tower`` | ``all`` (any
@@ -56,11 +59,12 @@ def swap_scope(value: str | None) -> str | None:
 
 def pick_pair(lora_ids: Sequence[int]) -> tuple[int, int] | None:
     """The first two rows whose adapters differ, both with an adapter if possible."""
-    rows = [i for i, x in enumerate(lora_ids) if int(x) > 0]
-    for i in rows:
-        for j in rows:
-            if j > i and int(lora_ids[j]) != int(lora_ids[i]):
-                return i, j
+    ids = [int(x) for x in lora_ids]
+    for rows in ([i for i, x in enumerate(ids) if x > 0], list(range(len(ids)))):
+        for i in rows:
+            for j in rows:
+                if j > i and ids[j] != ids[i]:
+                    return i, j
     return None
 
 
@@ -164,7 +168,10 @@ def _wrap_lm(original):
     return make_lora_inputs
 
 
-def _wrap_tower(original):
+def _wrap_encoder(original, observe: bool, swap: bool):
+    """Record which requests' images one encoder call runs, with their adapters (probe),
+    and swap two of them (knob scope tower/all)."""
+
     @functools.wraps(original)
     def _execute_mm_encoder(self, scheduler_output):
         batch = self.input_batch
@@ -172,6 +179,11 @@ def _wrap_tower(original):
             r for r in scheduler_output.scheduled_encoder_inputs if r in batch.req_id_to_index
         ]
         rows = [batch.req_id_to_index[r] for r in req_ids]
+        if observe and rows:
+            ids = [int(batch.request_lora_mapping[r]) for r in rows]
+            record_event(PROBE, {"event": "encoder", "req_ids": req_ids, "lora_ids": ids})
+        if not swap:
+            return original(self, scheduler_output)
         with swapped(batch.request_lora_mapping, rows, req_ids, "tower"):
             return original(self, scheduler_output)
 
@@ -224,14 +236,17 @@ def apply() -> Outcome:
 
     done = []
     if probe:
-        _install(model_manager.LoRAModelManager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
-        _install(worker_manager.WorkerLoRAManager, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
-        done.append("records the LoRA manager and each adapter loaded into events/lora.jsonl")
+        manager, worker = model_manager.LoRAModelManager, worker_manager.WorkerLoRAManager
+        _install(manager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
+        _install(worker, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
+        done.append("records the LoRA manager, adapters and encoder calls in events/lora.jsonl")
     if scope in ("lm", "all"):
         _install(gpu_input_batch.InputBatch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
-    if scope in ("tower", "all"):
+    if probe or scope in ("tower", "all"):
+        tower = scope in ("tower", "all")
+        wrap = functools.partial(_wrap_encoder, observe=probe, swap=tower)
         runner = gpu_model_runner.GPUModelRunner
-        _install(runner, "_execute_mm_encoder", _wrap_tower, "_opsctl_lora_swap")
+        _install(runner, "_execute_mm_encoder", wrap, "_opsctl_lora_swap")
     if scope is not None:
         done.append(f"TEST KNOB {SWAP_ENV}={scope}: swaps two requests' adapters when batched")
     return Outcome(APPLIED, "; ".join(done))

@@ -43,6 +43,7 @@ APPLIED, SUPPORTED, UNSUPPORTED, NOT_ENABLED, UNKNOWN = (
 # this (far above CPU batch noise, ~5e-7, far below what a real adapter does)
 APPLIED_ATOL = 1e-3
 BASE = "base"
+PROBE_EVENTS = "lora"  # the lora probe's event file (events/lora.jsonl)
 VALID_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
 PROMPTS = (
     "The quick brown fox jumps over the lazy dog",
@@ -229,9 +230,44 @@ def identical_pairs(
 class MixedRow:
     request: LoraRequest
     result: inv.PromptResult
+    # a diverged output that equals this request run alone with another adapter (or the
+    # base model): the request was served with that adapter
+    looks_like: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.request.to_dict(), **self.result.to_dict(), "index": self.request.index}
+        return {
+            **self.request.to_dict(),
+            **self.result.to_dict(),
+            "index": self.request.index,
+            "looks_like": self.looks_like,
+        }
+
+
+def looks_like(
+    req: LoraRequest,
+    got: inv.Generated,
+    alone: Mapping[Key, inv.Generated],
+    labels: Sequence[str | None],
+    *,
+    max_tokens: int,
+    logprobs: int,
+) -> str | None:
+    """The adapter (or "base") whose alone run of the same request ``got`` equals (tokens
+    exact, logprobs within APPLIED_ATOL), other than the request's own; None if none."""
+    for label in labels:
+        if label == req.adapter or (label, req.index) not in alone:
+            continue
+        r = inv.compare(
+            req.index,
+            alone[(label, req.index)],
+            got,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            atol=APPLIED_ATOL,
+        )
+        if r.passed:
+            return label or BASE
+    return None
 
 
 def compare_mixed(
@@ -243,21 +279,16 @@ def compare_mixed(
     logprobs: int,
     atol: float | None,
 ) -> list[MixedRow]:
-    """Each batched output against the same request run alone with the same adapter."""
-    return [
-        MixedRow(
-            r,
-            inv.compare(
-                r.index,
-                alone[(r.adapter, r.index)],
-                got,
-                max_tokens=max_tokens,
-                logprobs=logprobs,
-                atol=atol,
-            ),
-        )
-        for r, got in zip(mixed, batched, strict=True)
-    ]
+    """Each batched output against the same request run alone with the same adapter; a
+    diverged one is also matched against the other adapters' alone runs."""
+    labels = list(dict.fromkeys([None, *(r.adapter for r in mixed)]))
+    rows = []
+    for r, got in zip(mixed, batched, strict=True):
+        kw = {"max_tokens": max_tokens, "logprobs": logprobs}
+        res = inv.compare(r.index, alone[(r.adapter, r.index)], got, atol=atol, **kw)
+        like = None if res.passed else looks_like(r, got, alone, labels, **kw)
+        rows.append(MixedRow(r, res, like))
+    return rows
 
 
 def first_divergence(rows: Sequence[MixedRow]) -> dict[str, Any] | None:
@@ -274,6 +305,7 @@ def first_divergence(rows: Sequence[MixedRow]) -> dict[str, Any] | None:
                 "position": d.position if d else None,
                 "kind": d.kind if d else None,
                 "text": inv.divergence_text(row.result),
+                "looks_like": row.looks_like,
             }
     return None
 
@@ -289,7 +321,8 @@ class MixedEvidence:
 
     @property
     def formed(self) -> bool | None:
-        if self.source != "batch probe":
+        """Every request met another adapter's request in a step (None: no records)."""
+        if self.source == "none":
             return None
         return self.max_groups >= min(self.groups, 2) and not self.apart
 
@@ -306,15 +339,21 @@ class MixedEvidence:
 
 
 def mixed_evidence(
-    steps: Sequence[Mapping[str, Any]], tag: str, mixed: Sequence[LoraRequest]
+    steps: Sequence[Mapping[str, Any]],
+    tag: str,
+    mixed: Sequence[LoraRequest],
+    *,
+    event: str = "step",
+    source: str = "batch probe",
 ) -> MixedEvidence:
     """From the batch probe's step records: whether requests of different adapters were
-    sampled in one step (``apart``: requests that never were)."""
+    sampled in one step (``apart``: requests that never were). With ``event="encoder"``
+    and the lora probe's encoder records: whose images ran the vision tower together."""
     label = {r.index: r.label for r in mixed}
     n_steps, most, most_groups = 0, 0, 0
     met: dict[int, bool] = dict.fromkeys(label, False)
     for s in steps:
-        if s.get("event") != "step":
+        if s.get("event") != event:
             continue
         ours = {
             i for i in (request_index(str(r), tag) for r in s.get("req_ids") or []) if i in label
@@ -330,7 +369,7 @@ def mixed_evidence(
     if n_steps == 0:
         return MixedEvidence("none", 0, 0, 0, groups)
     apart = tuple(sorted(i for i, ok in met.items() if not ok))
-    return MixedEvidence("batch probe", n_steps, most, most_groups, groups, apart)
+    return MixedEvidence(source, n_steps, most, most_groups, groups, apart)
 
 
 def alone_shared(steps: Sequence[Mapping[str, Any]], tag: str) -> int:
@@ -441,6 +480,31 @@ def support(
 # ---- the verdict ------------------------------------------------------------------------------
 
 
+def _row_reason(r: MixedRow) -> str:
+    text = inv.divergence_text(r.result) if r.result.first_divergence else r.result.reason
+    line = f"mixed batch {r.request.describe()}: {text}"
+    if r.looks_like:
+        line += f"; its output equals this request run alone with {r.looks_like}"
+    return line
+
+
+def slot_hint(failed: Sequence[MixedRow]) -> str | None:
+    """When every failed request is a base-model request served with one same adapter:
+    the signature of a no-adapter row read as a LoRA slot (vLLM's torch LoRA ops, used on
+    CPU, index the stacked weights with -1, i.e. the last slot; upstream PR 48421)."""
+    seen = {r.looks_like for r in failed}
+    if not failed or any(r.request.adapter is not None for r in failed) or len(seen) != 1:
+        return None
+    (adapter,) = seen
+    if adapter is None or adapter == BASE:
+        return None
+    return (
+        f"base-model requests batched with LoRA requests were served with adapter {adapter}: "
+        "a no-adapter row read as the last LoRA slot (vLLM's torch LoRA ops index -1; "
+        "upstream PR 48421); a free LoRA slot (--max-loras above the adapters in use) avoids it"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Findings:
     verdict: str
@@ -457,18 +521,18 @@ def assess(
     same_pairs: Sequence[tuple[str, str]] = (),
     alone_shared_max: int = 0,
     swaps: Sequence[Mapping[str, Any]] = (),
+    tower: MixedEvidence | None = None,
 ) -> Findings:
     """fail: an adapter not applied, a request error, a mixed output that differs from
     its alone run, or a batch the probe shows never mixed adapters. unverified: the batch
-    could not be shown (no probe) or two adapters are indistinguishable. Else pass."""
+    could not be shown (no probe), two adapters are indistinguishable, or (``tower``: the
+    encoder calls, vision-language models) no encoder call mixed two adapters' images.
+    Else pass."""
     reasons = [f"adapter {s.adapter}: {s.detail}" for s in single if s.verdict != PASS]
     mixed_fail = [r for r in rows if not r.result.passed]
-    for r in mixed_fail:
-        reasons.append(
-            f"mixed batch {r.request.describe()}: {inv.divergence_text(r.result)}"
-            if r.result.first_divergence
-            else f"mixed batch {r.request.describe()}: {r.result.reason}"
-        )
+    reasons += [_row_reason(r) for r in mixed_fail]
+    if hint := slot_hint(mixed_fail):
+        reasons.append(hint)
     inconclusive: list[str] = []
     if evidence.formed is False:
         reasons.append(
@@ -479,6 +543,13 @@ def assess(
         inconclusive.append("no batch probe on this server: the mixed batch is not shown")
     for a, b in same_pairs:
         inconclusive.append(f"adapters {a} and {b} give identical outputs: a swap is unseen")
+    if tower is not None and tower.source == "none":
+        inconclusive.append("no lora probe record of the vision encoder calls")
+    elif tower is not None and tower.max_groups < 2:
+        inconclusive.append(
+            "no vision encoder call ran images of two adapters together: the tower's "
+            "per-image adapter mapping was not exercised"
+        )
     warnings = list(inconclusive)
     if alone_shared_max > 1:
         warnings.append(

@@ -1,0 +1,512 @@
+"""`diag lora` as a library call: LoRA adapters applied alone and in one mixed batch (vLLM
+PR 55897: LoRA on multimodal towers and connectors; does a mixed-adapter batch map each
+request and each image to its own adapter?).
+
+Cases (decisions in :mod:`opsctl.domain.lora`):
+
+1. single-adapter validation: every request alone with every adapter and with the base
+   model; each adapter must change the output (it is really applied);
+2. one mixed batch: requests with adapter A, adapter B (C...) and none, several images
+   per request on a multi-image model, sent together; each output must equal the same
+   request run alone with the same adapter (tokens exact, logprobs by the invariance
+   rules); the batch probe must show requests of different adapters in one step;
+3. support per part (language model, vision tower, connector) from the engine's LoRA
+   manager (the ``lora`` probe) and the measurements; unsupported parts say so.
+
+Against an :class:`~opsctl.checks.target.EngineSpec` the check starts the engine (default
+tiny-llama) with ``--enable-lora``, ``--max-loras`` (one slot per adapter unless
+``Options.max_loras``),
+``--max-lora-rank``, ``--lora-modules`` (the model's embedded adapters, or
+``Options.adapters``), ``--enable-tower-connector-lora`` on a vision-language model,
+prefix caching off, the batch and lora probes, and without ``--enforce-eager`` (the
+engine records the compilation mode vLLM picks: NONE, forced for LoRA on CPU). Against a
+:class:`~opsctl.checks.target.UrlTarget` it uses the adapters the server lists, or loads
+``Options.adapters`` (or the embedded ones of an embedded model) through vLLM's dynamic
+LoRA loading when the server allows it, and unloads what it loaded.
+
+Example::
+
+    from opsctl.checks import lora
+    from opsctl.checks.target import EngineSpec
+    report = lora.run(EngineSpec(model="tiny-vlm-multi"), lora.Options())
+    print(report.verdict, report.support, report.first_divergence)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opsctl.checks import events as ev
+from opsctl.checks.report import Report
+from opsctl.checks.session import EngineSession, opened
+from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
+from opsctl.collectors import ledger
+from opsctl.collectors import lora as collect
+from opsctl.domain import invariance as inv
+from opsctl.domain import lora as D
+from opsctl.domain.knobs import warning as knob_warning
+from opsctl.errors import BadInput
+
+TITLE = "diag lora"
+SCHEMA = "diag.lora"
+DEFAULT_MODEL = "tiny-llama"
+PROBES = frozenset({"batch", "lora"})
+GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the CLI flags set. Invalid values are :class:`BadInput` (exit 2)."""
+
+    adapters: tuple[str, ...] = ()  # PEFT adapter dirs; (): embedded / the server's
+    max_tokens: int = 16
+    logprobs: int = 5
+    atol: float | None = None  # mixed vs alone logprob tolerance; None: bitwise
+    images: int | None = None  # images per request; None: by model (0 text-only)
+    timeout: float | None = None  # seconds for a started engine's /health; None: spec's
+    request_timeout: float = 120.0
+    tag: str | None = None  # request-id tag; None: a fresh opsctl-lora-XXXXXX
+    max_loras: int | None = None  # LoRA slots of a started engine; None: one per adapter
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "adapters", tuple(self.adapters))
+        if self.max_tokens < 1:
+            raise BadInput("--max-tokens must be at least 1")
+        if self.logprobs < 0:
+            raise BadInput("--logprobs must be 0 or more")
+        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
+            raise BadInput("--atol must be a finite number >= 0")
+        if self.images is not None and self.images < 0:
+            raise BadInput("--images must be 0 or more")
+        if self.timeout is not None and self.timeout <= 0:
+            raise BadInput("--timeout must be positive")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise BadInput("--max-loras must be at least 1")
+
+
+class LoraReport(Report):
+    """``document`` is the ``opsctl.diag.lora/1`` JSON document."""
+
+    @property
+    def reasons(self) -> list[str]:
+        return list(self.document["reasons"])
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.document["warnings"])
+
+    @property
+    def support(self) -> dict[str, str]:
+        return {p["part"]: p["status"] for p in self.document["support"]}
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        return self.document["mixed"]["first_divergence"]
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """An adapter the check uses: where it comes from and the parts it targets."""
+
+    name: str
+    path: Path | None
+    source: str  # embedded | dir | server
+    parts: tuple[str, ...] = ()  # () : not known (an adapter opsctl did not build)
+    rank: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path) if self.path else None,
+            "source": self.source,
+            "parts": list(self.parts),
+            "rank": self.rank,
+        }
+
+
+def embedded_adapters(model: str) -> list[Adapter]:
+    from opsctl.embedded import lora as built
+
+    paths = built.ensure(model)
+    return [
+        Adapter(s.name, paths[s.name], "embedded", s.parts, built.RANK)
+        for s in built.adapters_for(model)
+    ]
+
+
+def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
+    out = [collect.read_adapter_dir(d) for d in dirs]
+    names = [a.name for a in out]
+    if len(set(names)) != len(names):
+        raise BadInput(f"adapter directories must have distinct names, got {names}")
+    return [Adapter(a.name, a.path, "dir", (), a.rank) for a in out]
+
+
+def images_for(model: str | None, archetype: str | None, options: Options) -> int:
+    """Images per request: the option, else 0 for a text model, 2 for a model that takes
+    several (the catalog's images_per_prompt), else 1."""
+    from opsctl.embedded import catalog
+
+    if options.images is not None:
+        return options.images
+    if archetype != "vision-language":
+        return 0
+    spec = catalog.CATALOG.get(model or "")
+    return 2 if spec is not None and spec.images_per_prompt > 1 else 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: Target  # the URL, or the spec with every LoRA argument
+    adapters: tuple[Adapter, ...]  # () for a URL without --adapters: the server's
+    images: int | None  # None: decided once the URL's model is known
+    model: str | None = None
+
+
+def lora_spec(
+    spec: EngineSpec, adapters: list[Adapter], images: int, options: Options
+) -> EngineSpec:
+    """The engine the check starts: ``spec`` plus LoRA, the probes and room for the batch."""
+    rank = D.lora_rank([a.rank or 8 for a in adapters])
+    args = [
+        "--enable-lora",
+        "--max-loras",
+        str(options.max_loras or len(adapters)),
+        "--max-lora-rank",
+        str(rank),
+        "--lora-modules",
+        *(f"{a.name}={a.path}" for a in adapters),
+        "--no-enable-prefix-caching",
+    ]
+    if images:
+        args += ["--enable-tower-connector-lora", "--mm-processor-cache-gb", "0"]
+    if images > 1:
+        args += ["--limit-mm-per-prompt", json.dumps({"image": images})]
+    mixed = len(D.plan_mixed([a.name for a in adapters], images))
+    return spec.with_defaults(
+        DEFAULT_MODEL,
+        extra_args=(*spec.extra_args, *args),
+        probes=spec.probes | PROBES,
+        max_num_seqs=max(spec.max_num_seqs, mixed),
+        enforce_eager=False,
+        timeout=options.timeout or spec.timeout,
+    )
+
+
+def plan(target: Target, options: Options) -> Plan:
+    """Refuse bad input before anything starts (adapter dirs, a pooling model) and build
+    the engine spec; a URL keeps its adapters open until its server is seen."""
+    given = dir_adapters(options.adapters) if options.adapters else []
+    if isinstance(target, UrlTarget):
+        if options.max_loras is not None:
+            raise BadInput("--max-loras needs an engine opsctl starts (use --model, not a URL)")
+        return Plan(target, tuple(given), options.images)
+    from opsctl.engine.model import resolve
+
+    resolved = resolve(target.model or DEFAULT_MODEL)
+    if resolved.archetype not in GENERATIVE:
+        raise BadInput(
+            f"{resolved.name} is a {resolved.archetype} model; diag lora needs a generative "
+            "model (e.g. tiny-llama)"
+        )
+    if not given and not resolved.embedded:
+        raise BadInput(f"no embedded LoRA adapters for the model directory {resolved.path}")
+    adapters = given or embedded_adapters(resolved.name)
+    if len(adapters) < 2:
+        raise BadInput(f"{len(adapters)} adapter given; the mixed batch needs at least 2")
+    if options.max_loras is not None and options.max_loras < len(adapters):
+        raise BadInput(
+            f"--max-loras {options.max_loras} is below the {len(adapters)} adapters: they could "
+            "never share a step"
+        )
+    images = images_for(resolved.name, resolved.archetype, options)
+    spec = lora_spec(target, adapters, images, options)
+    return Plan(spec, tuple(adapters), images, resolved.name)
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def run(
+    target: Target,
+    options: Options,
+    progress: ev.Progress = ev.ignore,
+    session: EngineSession | None = None,
+) -> LoraReport:
+    """Run every case on ``target``; see the module doc."""
+    p = plan(target, options)
+    tag = options.tag or f"opsctl-lora-{uuid.uuid4().hex[:6]}"
+    started = time.monotonic()
+    progress(ev.Started(TITLE, "adapters alone, then one mixed batch"))
+    progress(ev.Table(D.COLUMNS, ()))
+    with opened(p.target, session, progress, label="diag-lora") as live:
+        engine_s = time.monotonic() - started
+        if line := knob_warning(_knobs(live)):
+            progress(ev.Alert(line))
+        job = _Job(live, options, tag, progress)
+        try:
+            job.prepare(p)
+            measured = job.measure()
+        finally:
+            job.unload()
+    return _decide(job, measured, {"engine": engine_s, "total": time.monotonic() - started})
+
+
+def _knobs(live: Live) -> dict[str, str]:
+    return ledger.test_knobs(ledger.read_records(live.run_dir)) if live.run_dir else {}
+
+
+@dataclass(frozen=True)
+class _Measured:
+    mixed: tuple[D.LoraRequest, ...]
+    alone: dict[D.Key, inv.Generated]
+    alone_seconds: float
+    together: tuple[inv.Generated, ...]
+    mixed_seconds: float
+    facts: collect.EngineFacts
+
+
+class _Job:
+    """One run of the check on one live server: its adapters, requests and progress."""
+
+    def __init__(self, live: Live, options: Options, tag: str, progress: ev.Progress) -> None:
+        self.live, self.options, self.tag, self.progress = live, options, tag, progress
+        self.adapters: list[Adapter] = []
+        self.loaded: list[str] = []
+        self.images = 0
+        self.served = collect.Served("")
+        self.rows: list[tuple[str, ...]] = []
+
+    def prepare(self, p: Plan) -> None:
+        """The served model, the adapters (loaded at runtime on a URL when needed) and
+        the images per request."""
+        self.served = collect.served(self.live.url, api_key=self.live.api_key)
+        if isinstance(p.target, EngineSpec):
+            self.adapters, self.images = list(p.adapters), p.images or 0
+            return
+        self.adapters = self._url_adapters(list(p.adapters))
+        archetype = self._archetype()
+        self.images = (
+            p.images
+            if p.images is not None
+            else images_for(self.served.base, archetype, self.options)
+        )
+
+    def _archetype(self) -> str | None:
+        from opsctl.embedded import catalog
+        from opsctl.engine.model import archetype_of
+
+        spec = catalog.CATALOG.get(self.served.base)
+        if spec is not None:
+            return spec.archetype
+        config = collect.model_config(self.served.base_root)
+        return archetype_of(config) if config is not None else None
+
+    def _url_adapters(self, wanted: list[Adapter]) -> list[Adapter]:
+        url, listed = self.live.url, self.served.adapters
+        if not wanted:
+            have = [collect.served_adapter(n, root) for n, root in listed.items()]
+            if len(have) >= 2:
+                return [Adapter(n, path, "server", parts, rank) for n, path, parts, rank in have]
+            from opsctl.embedded import lora as built
+
+            if self.served.base not in built.ADAPTERS:
+                raise BadInput(
+                    f"{url} lists {len(have)} LoRA adapter(s); the mixed batch needs 2",
+                    hint="start it with --enable-lora --lora-modules NAME=DIR ..., or pass "
+                    "--adapters DIR ... to a server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+                )
+            wanted = embedded_adapters(self.served.base)
+        for a in wanted:
+            if a.name not in listed:
+                self._load(a)
+        return wanted
+
+    def _load(self, a: Adapter) -> None:
+        assert a.path is not None
+        status, text = collect.load_adapter(
+            self.live.url, a.name, a.path, api_key=self.live.api_key
+        )
+        if status == 404:
+            raise BadInput(
+                f"{self.live.url} does not allow runtime LoRA loading (no /v1/load_lora_adapter)",
+                hint="start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or with --lora-modules",
+            )
+        if status != 200:
+            raise BadInput(f"{self.live.url} refused adapter {a.name}: HTTP {status}: {text}")
+        self.loaded.append(a.name)
+        self.progress(ev.Log(f"loaded adapter {a.name} from {a.path} (runtime LoRA loading)"))
+
+    def unload(self) -> None:
+        for name in self.loaded:
+            collect.unload_adapter(self.live.url, name, api_key=self.live.api_key)
+
+    def _on_done(self, phase: str, total: int):
+        done = [0]
+
+        def on_done(req: D.LoraRequest, res: collect.Timed) -> None:
+            done[0] += 1
+            g = res.generated
+            state = "error: " + g.error if g.error else f"{len(g.token_ids)} tokens"
+            self.progress(ev.Phase(phase, done[0], total))
+            self.progress(ev.Log(f"{phase}: {req.describe()}: {state} in {res.seconds:.2f} s"))
+
+        return on_done
+
+    def measure(self) -> _Measured:
+        o, key, url = self.options, self.live.api_key, self.live.url
+        names = [a.name for a in self.adapters]
+        mixed = D.plan_mixed(names, self.images)
+        alone_reqs = D.alone_plan(mixed, names)
+        params = collect.Params(self.served.base, o.max_tokens, o.logprobs, o.request_timeout)
+        phase = f"alone: {len(alone_reqs)} requests one at a time"
+        self.progress(ev.Phase(phase, 0, len(alone_reqs)))
+        t0 = time.monotonic()
+        alone = collect.run_alone(
+            url, params, alone_reqs, self.tag, self._on_done(phase, len(alone_reqs)), api_key=key
+        )
+        t_alone = time.monotonic() - t0
+        phase = f"mixed batch: {len(mixed)} requests sent together"
+        self.progress(ev.Phase(phase, 0, len(mixed)))
+        t0 = time.monotonic()
+        together = collect.run_together(
+            url, params, mixed, self.tag, self._on_done(phase, len(mixed)), api_key=key
+        )
+        t_mixed = time.monotonic() - t0
+        return _Measured(
+            mixed,
+            {(r.adapter, r.index): t.generated for r, t in zip(alone_reqs, alone, strict=True)},
+            t_alone,
+            tuple(t.generated for t in together),
+            t_mixed,
+            collect.engine_facts(self.live.run_dir, self.tag, len(mixed)),
+        )
+
+
+# ---- decide and report ----------------------------------------------------------------------
+
+
+def _single(job: _Job, m: _Measured) -> list[D.SingleResult]:
+    o, indexes = job.options, [r.index for r in m.mixed]
+    return [
+        D.judge_single(a.name, indexes, m.alone, max_tokens=o.max_tokens, logprobs=o.logprobs)
+        for a in job.adapters
+    ]
+
+
+def _engine_doc(facts: collect.EngineFacts) -> dict[str, Any] | None:
+    """The engine's own LoRA and execution record (None without the probes)."""
+    if facts.manager is None and facts.info is None:
+        return None
+    from opsctl.domain.invariance_engine import compilation_mode_name
+
+    mgr, info = facts.manager or {}, facts.info or {}
+    mode = mgr.get("compilation_mode") or info.get("compilation_mode")
+    return {
+        "enforce_eager": info.get("enforce_eager"),
+        "compilation_mode": compilation_mode_name(mode) if mode is not None else None,
+        "punica_wrapper": mgr.get("punica_wrapper"),
+        "enable_tower_connector_lora": mgr.get("enable_tower_connector_lora"),
+        "tower_connector_lora": mgr.get("tower_connector_lora"),
+        "max_loras": mgr.get("max_loras"),
+        "max_lora_rank": mgr.get("max_lora_rank"),
+        "wrapped_modules": {k: len(v) for k, v in (mgr.get("wrapped") or {}).items()},
+        "adapters": [dict(a) for a in facts.adapters],
+    }
+
+
+def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
+    o, facts = job.options, m.facts
+    names = [a.name for a in job.adapters]
+    indexes = [r.index for r in m.mixed]
+    single = _single(job, m)
+    rows = D.compare_mixed(
+        m.mixed, m.alone, m.together, max_tokens=o.max_tokens, logprobs=o.logprobs, atol=o.atol
+    )
+    evidence = D.mixed_evidence(facts.steps, job.tag, m.mixed)
+    tower = (
+        D.mixed_evidence(facts.encoder, job.tag, m.mixed, event="encoder", source="lora probe")
+        if job.images
+        else None
+    )
+    same = D.identical_pairs(names, indexes, m.alone, max_tokens=o.max_tokens, logprobs=o.logprobs)
+    found = D.assess(
+        single,
+        rows,
+        evidence,
+        same_pairs=same,
+        alone_shared_max=D.alone_shared(facts.steps, job.tag),
+        swaps=facts.swaps,
+        tower=tower,
+    )
+    parts = D.support(
+        job.images > 0,
+        facts.manager,
+        facts.adapters,
+        {a.name: a.parts for a in job.adapters},
+        single,
+    )
+    table = D.table_rows(single, rows, parts)
+    for r in rows:
+        if not r.result.passed:
+            job.progress(ev.CaseResult(f"mixed {r.request.describe()}", D.FAIL, r.result.status))
+    job.progress(ev.Table(D.COLUMNS, table))
+    job.progress(ev.Finished(found.verdict, "; ".join(found.reasons) or "every case passed", table))
+    seconds = {**seconds, "alone": m.alone_seconds, "mixed": m.mixed_seconds}
+    doc = _document(job, m, found, single, rows, (evidence, tower), parts, seconds)
+    return LoraReport(found.verdict, doc)
+
+
+def _document(
+    job: _Job,
+    m: _Measured,
+    found: D.Findings,
+    single: list[D.SingleResult],
+    rows: list[D.MixedRow],
+    evidence: tuple[D.MixedEvidence, D.MixedEvidence | None],
+    parts: list[D.PartSupport],
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    from opsctl import output
+
+    o, facts, live = job.options, m.facts, job.live
+    knobs = dict(facts.test_knobs)
+    knob_line = knob_warning(knobs)
+    return output.document(
+        SCHEMA,
+        verdict=found.verdict,
+        reasons=list(found.reasons),
+        warnings=([knob_line] if knob_line else []) + list(found.warnings),
+        model=job.served.base,
+        url=live.url,
+        external=live.external,
+        run_dir=str(live.run_dir) if live.run_dir else None,
+        platform=facts.platform or "unknown (external server without an opsctl ledger)",
+        vllm_version=job.served.version or facts.vllm_version,
+        engine=_engine_doc(facts),
+        adapters=[a.to_dict() for a in job.adapters],
+        loaded_at_runtime=list(job.loaded),
+        support=[p.to_dict() for p in parts],
+        single=[s.to_dict() for s in single],
+        mixed={
+            "verdict": found.mixed_verdict,
+            "requests": [r.to_dict() for r in rows],
+            "batch": evidence[0].to_dict(),
+            "encoder": evidence[1].to_dict() if evidence[1] else None,
+            "first_divergence": D.first_divergence(rows),
+            "swaps": [dict(s) for s in facts.swaps],
+        },
+        comparison=inv.comparison_label(o.atol),
+        atol=o.atol,
+        max_tokens=o.max_tokens,
+        logprobs=o.logprobs,
+        images_per_request=job.images,
+        request_tag=job.tag,
+        test_knobs=knobs,
+        seconds={k: round(v, 2) for k, v in seconds.items()},
+    )
