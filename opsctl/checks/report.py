@@ -3,6 +3,7 @@ document (schema ``opsctl.<name>/<int>``), with the verdict the exit code follow
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,7 +21,9 @@ class Report:
     document: Mapping[str, Any]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "document", MappingProxyType(dict(self.document)))
+        # a private deep copy behind a read-only view: the report cannot change later
+        frozen = MappingProxyType(copy.deepcopy(dict(self.document)))
+        object.__setattr__(self, "document", frozen)
 
     @property
     def schema(self) -> str:
@@ -31,4 +34,5 @@ class Report:
         return self.verdict != FAIL
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.document)
+        """A deep copy: what a caller does to it never changes the report."""
+        return copy.deepcopy(dict(self.document))

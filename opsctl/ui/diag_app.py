@@ -1,18 +1,21 @@
-"""A Textual app hosting one DiagPanel, driving a diag pipeline in a worker thread.
+"""A Textual app hosting one DiagPanel, running a check in a worker thread.
 
-The pipeline is the same callable the plain CLI runs: ``pipeline(emit) -> report``.
-Quitting while it runs cancels it at its next emit (its context managers stop any
-engine it started) and the app waits for it to unwind.
+The check is the same callable the plain CLI runs: ``call(progress) -> report``; its
+typed progress events (opsctl.checks.events) become panel state. Quitting while it runs
+cancels it at its next event (its session stops any engine it started) and the app
+waits for it to unwind.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.widgets import Footer, Header
 
+from opsctl.checks import events as ev
 from opsctl.ui.panels.diag import DiagPanel
 
 
@@ -24,11 +27,11 @@ class DiagApp(App):
     BINDINGS = [("q", "quit_diag", "Quit")]
     TITLE = "opsctl diag"
 
-    def __init__(self, title: str, pipeline: Callable[[Callable[[dict], None]], dict]) -> None:
+    def __init__(self, title: str, pipeline: Callable[[ev.Progress], Any]) -> None:
         super().__init__()
         self.diag_title = title
         self.pipeline = pipeline
-        self.report: dict | None = None
+        self.report: Any = None
         self.error: BaseException | None = None
         self.cancelled = threading.Event()
         self.done = threading.Event()
@@ -42,7 +45,7 @@ class DiagApp(App):
         self.sub_title = self.diag_title
         self.run_worker(self._work, thread=True, exclusive=True)
 
-    def _emit(self, event) -> None:
+    def _emit(self, event: ev.Event | dict) -> None:
         """The check's progress callback (its worker thread): events become panel state."""
         if self.cancelled.is_set():
             raise Cancelled()
