@@ -49,6 +49,7 @@ from opsctl.collectors import ledger
 from opsctl.collectors import lora as collect
 from opsctl.domain import invariance as inv
 from opsctl.domain import lora as D
+from opsctl.domain import lora_support as DS
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput
 
@@ -399,27 +400,6 @@ def _single(job: _Job, m: _Measured) -> list[D.SingleResult]:
     ]
 
 
-def _engine_doc(facts: collect.EngineFacts) -> dict[str, Any] | None:
-    """The engine's own LoRA and execution record (None without the probes)."""
-    if facts.manager is None and facts.info is None:
-        return None
-    from opsctl.domain.invariance_engine import compilation_mode_name
-
-    mgr, info = facts.manager or {}, facts.info or {}
-    mode = mgr.get("compilation_mode") or info.get("compilation_mode")
-    return {
-        "enforce_eager": info.get("enforce_eager"),
-        "compilation_mode": compilation_mode_name(mode) if mode is not None else None,
-        "punica_wrapper": mgr.get("punica_wrapper"),
-        "enable_tower_connector_lora": mgr.get("enable_tower_connector_lora"),
-        "tower_connector_lora": mgr.get("tower_connector_lora"),
-        "max_loras": mgr.get("max_loras"),
-        "max_lora_rank": mgr.get("max_lora_rank"),
-        "wrapped_modules": {k: len(v) for k, v in (mgr.get("wrapped") or {}).items()},
-        "adapters": [dict(a) for a in facts.adapters],
-    }
-
-
 def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     o, facts = job.options, m.facts
     names = [a.name for a in job.adapters]
@@ -444,14 +424,14 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
         swaps=facts.swaps,
         tower=tower,
     )
-    parts = D.support(
+    parts = DS.support(
         job.images > 0,
         facts.manager,
         facts.adapters,
         {a.name: a.parts for a in job.adapters},
         single,
     )
-    table = D.table_rows(single, rows, parts)
+    table = DS.table_rows(single, rows, parts)
     for r in rows:
         if not r.result.passed:
             job.progress(ev.CaseResult(f"mixed {r.request.describe()}", D.FAIL, r.result.status))
@@ -469,7 +449,7 @@ def _document(
     single: list[D.SingleResult],
     rows: list[D.MixedRow],
     evidence: tuple[D.MixedEvidence, D.MixedEvidence | None],
-    parts: list[D.PartSupport],
+    parts: list[DS.PartSupport],
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     from opsctl import output
@@ -488,7 +468,7 @@ def _document(
         run_dir=str(live.run_dir) if live.run_dir else None,
         platform=facts.platform or "unknown (external server without an opsctl ledger)",
         vllm_version=job.served.version or facts.vllm_version,
-        engine=_engine_doc(facts),
+        engine=DS.engine_summary(facts.manager, facts.info, facts.adapters),
         adapters=[a.to_dict() for a in job.adapters],
         loaded_at_runtime=list(job.loaded),
         support=[p.to_dict() for p in parts],

@@ -49,6 +49,10 @@ def render(con, doc: dict[str, Any]) -> None:
         else f"{len(mixed['requests'])} requests equal their alone runs"
     )
     detail += f"; batch: {batch['max_adapters_per_step']} adapters/step ({batch['source']})"
+    if enc := mixed["encoder"]:
+        detail += f"; vision encoder: {enc['max_adapters_per_step']} adapters/call"
+    if first and first.get("looks_like"):
+        detail += f"; r{first['request']} got {first['looks_like']}'s output"
     cases.add_row("mixed", "all", VERDICT.get(mixed["verdict"]), escape(detail))
     con.print(cases)
     for line in doc["reasons"]:
