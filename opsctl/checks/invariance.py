@@ -263,7 +263,8 @@ class _Job:
     def _run_mode(self, mode: str | None, target: Target) -> dict:
         label = mode or "server as is"
         t_start = time.monotonic()
-        self.progress(ev.Phase(f"{label}: preparing the engine"))
+        if isinstance(target, EngineSpec):  # a URL is only checked for reachability
+            self.progress(ev.Phase(f"{label}: preparing the engine"))
         self.progress(ev.Table(COLUMNS, tuple(self.rows)))
         with opened(
             target, self.session, self.progress, label=f"invariance-{mode or 'url'}"
