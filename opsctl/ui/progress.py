@@ -22,6 +22,8 @@ def stderr_progress(title: str) -> ev.Progress:
     state: dict[str, str | None] = {"phase": None}
 
     def progress(event: ev.Event) -> None:
+        if isinstance(event, ev.Started):
+            return  # "starting" says nothing yet (and bad input then stays one line)
         snap = event.snapshot()
         phase = snap.get("phase")
         if phase and phase != state["phase"]:
