@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
         once: bool = typer.Option(False, "--once", help="one snapshot (over one interval)"),
         as_json: bool = typer.Option(False, "--json", help="JSON (opsctl.console/1)"),
         stall_window: float = typer.Option(10.0, "--stall-window", help="seconds"),
+        record: Path = typer.Option(None, "--record", help="write the snapshots (JSONL) to FILE"),
+        replay: Path = typer.Option(None, "--replay", help="show a --record FILE again"),
     ) -> None:
         """Live console over many vLLM servers: states /health misses (stalled), rates,
         latency percentiles, process roles (exit 0 all ready, 1 any failing, 3 none
@@ -41,17 +43,24 @@ def register(app: typer.Typer) -> None:
         if not once and not as_json:
             _need_terminal()
         settings = Settings(interval_s=interval, stall_window_s=stall_window)
-        if prometheus is not None:
+        if replay is not None:
+            from opsctl.console.replay import open_replay
+
+            others = bool(urls or targets_file or prometheus)
+            source = open_replay(replay, others=others, record=record, once=once)
+        elif prometheus is not None:
             source = _prometheus_source(prometheus, job, settings)
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
         if once or as_json:
             raise typer.Exit(_once(source, interval, as_json))
-        from opsctl.ui.console_app import build_console_app
+        from opsctl.ui.console_app import build_console_app, run_console
 
         source.start()
         try:
-            build_console_app(source, interval=interval, readonly=readonly).run()
+            run_console(
+                build_console_app(source, interval=interval, readonly=readonly, record=record)
+            )
         finally:
             source.close()
 

@@ -11,6 +11,7 @@ column / reverse, ``r`` refresh now, ``p`` pause, ``q`` quit.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -143,8 +144,12 @@ class ConsoleApp(App):
         readonly: bool = False,
         detail_fn: Callable[..., LocalDetail | None] = collect_detail,
         tick: float | None = None,
+        record: Path | None = None,
     ) -> None:
         super().__init__()
+        from opsctl.console.replay import Recorder
+
+        self.recorder = Recorder(record) if record is not None else None
         self.source = source
         self.interval = interval
         self.tick_s = tick if tick is not None else min(interval, 1.0)
@@ -172,6 +177,8 @@ class ConsoleApp(App):
     def tick(self) -> None:
         snap = self.source.collect()
         self.last = snap
+        if self.recorder is not None:
+            self.recorder.write(snap)
         self.ticks += 1
         views = [v for v in snap.endpoints if matches(v, self.filter_text)]
         now = snap.taken_at
@@ -244,3 +251,21 @@ class ConsoleApp(App):
 
 def build_console_app(source: FleetSource, interval: float = 1.0, **kw) -> ConsoleApp:
     return ConsoleApp(source, interval, **kw)
+
+
+def run_console(app: ConsoleApp) -> None:
+    """Run the console in this terminal under the engine lifetime policy: a stop signal
+    exits the app, and the engines it started stop with it."""
+    from opsctl.engine import lifetime
+
+    def exit_from_signal() -> None:
+        if app._loop is not None:
+            app._loop.call_soon_threadsafe(app.exit)
+
+    try:
+        with lifetime.tui_app(exit_from_signal):
+            app.run()
+    finally:
+        if app.recorder is not None:
+            app.recorder.close()
+    lifetime.raise_if_received()
