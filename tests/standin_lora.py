@@ -1,0 +1,115 @@
+"""A stand-in vLLM server with LoRA adapters, for `diag lora` against a URL without an
+engine: /v1/models lists the base model and its adapters (``parent`` set), completions
+give deterministic tokens and logprobs per (model, prompt) (greedy: the sampled token is
+the top-1), and vLLM's dynamic LoRA endpoints answer 404 unless runtime loading is
+allowed (as with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Options (:class:`Behaviour`):
+
+- ``adapters``: name -> root of the adapters served from the start;
+- ``allow_load``: /v1/load_lora_adapter and /v1/unload_lora_adapter exist;
+- ``inert``: adapter names that answer exactly like the base model (not applied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tests.standin import JSONHandler, serving
+
+BASE = "stand-in-base"
+VERSION = "0.0-standin"
+
+
+@dataclass
+class Behaviour:
+    adapters: dict[str, str] = field(default_factory=dict)
+    allow_load: bool = False
+    inert: set[str] = field(default_factory=set)
+    loaded: list[tuple[str, str]] = field(default_factory=list)
+    unloaded: list[str] = field(default_factory=list)
+    models_used: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def completion(model: str, prompt: str, max_tokens: int, k: int) -> dict:
+    seed = zlib.crc32(f"{model}|{prompt}".encode())
+    tokens, lps, tops = [], [], []
+    for pos in range(max_tokens):
+        tok = (seed + 37 * pos) % 300
+        lp = -0.5 - ((seed >> 4) + pos) % 13 / 10.0
+        tokens.append(f"token_id:{tok}")
+        lps.append(lp)
+        tops.append({f"token_id:{(tok + j) % 300}": lp - j for j in range(max(k, 1))})
+    logprobs = {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops}
+    return {"choices": [{"index": 0, "text": "", "logprobs": logprobs, "finish_reason": "length"}]}
+
+
+def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
+    class Handler(JSONHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/version":
+                self._send(200, {"version": VERSION})
+            elif self.path == "/v1/models":
+                with behaviour.lock:
+                    rows = [
+                        {"id": n, "root": r, "parent": BASE} for n, r in behaviour.adapters.items()
+                    ]
+                self._send(200, {"data": [{"id": BASE, "root": None, "parent": None}, *rows]})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"{}")
+
+        def do_POST(self) -> None:
+            body = self._body()
+            if self.path == "/v1/completions":
+                self._complete(body)
+            elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and (
+                behaviour.allow_load
+            ):
+                with behaviour.lock:
+                    name = body["lora_name"]
+                    if self.path.endswith("/load_lora_adapter"):
+                        behaviour.adapters[name] = body["lora_path"]
+                        behaviour.loaded.append((name, body["lora_path"]))
+                    else:
+                        behaviour.adapters.pop(name, None)
+                        behaviour.unloaded.append(name)
+                self._send(200, {})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def _complete(self, body: dict) -> None:
+            model = body.get("model")
+            with behaviour.lock:
+                known = model == BASE or model in behaviour.adapters
+                behaviour.models_used.append(str(model))
+            if not known:
+                self._send(404, {"error": {"message": f"The model `{model}` does not exist."}})
+                return
+            effective = BASE if model in behaviour.inert else str(model)
+            self._send(
+                200,
+                completion(
+                    effective,
+                    body["prompt"],
+                    int(body["max_tokens"]),
+                    int(body.get("logprobs") or 0),
+                ),
+            )
+
+    return Handler
+
+
+@contextlib.contextmanager
+def lora_server(behaviour: Behaviour) -> Iterator[str]:
+    with serving(handler_for(behaviour)) as url:
+        yield url
