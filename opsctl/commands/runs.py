@@ -1,14 +1,18 @@
-"""`opsctl runs list | clean`: the run directories opsctl's engines leave, orphaned
-engines, and leaked vLLM /dev/shm segments.
+"""`opsctl runs list | clean | bundle`: the run directories opsctl's engines leave,
+orphaned engines, leaked vLLM /dev/shm segments, and a forensics bundle of one run.
 
 Typer only: the checks are :mod:`opsctl.checks.runs` (collector
-opsctl.collectors.runs, decisions opsctl.domain.runs), rendering
-:mod:`opsctl.ui.render_runs`.
+opsctl.collectors.runs, decisions opsctl.domain.runs) and :mod:`opsctl.checks.bundle`,
+rendering :mod:`opsctl.ui.render_runs` and :mod:`opsctl.ui.render_bundle`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from opsctl.commands.options import api_key_option
 
 
 def _duration(text: str, flag: str) -> float:
@@ -95,3 +99,30 @@ def register(app: typer.Typer) -> None:
             raise CheckFailed(report.failure)
         if report.hint:
             output.info(report.hint)
+
+    _register_bundle(runs_app)
+
+
+def _register_bundle(runs_app: typer.Typer) -> None:
+    @runs_app.command("bundle")
+    def bundle_cmd(
+        run: str = typer.Argument(..., help="a run's name (opsctl runs list) or its directory"),
+        out: Path = typer.Option(
+            None, "--out", help="archive to write (default ./opsctl-bundle-RUN.tar.gz)"
+        ),
+        api_key: str = api_key_option(),
+        no_fetch: bool = typer.Option(
+            False, "--no-fetch", help="do not ask a live server for /metrics, /server_info"
+        ),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """A tar.gz forensics bundle of one run for a bug report: server log, meta.json,
+        patch ledger, probe events, the server's /metrics and /server_info while it
+        lives, environment and versions; API keys, tokens, passwords redacted."""
+        from opsctl import output
+        from opsctl.checks import bundle
+        from opsctl.ui.render_bundle import render_bundle
+
+        opts = bundle.Options(run=run, out=out, api_key=api_key, fetch=not no_fetch)
+        doc = bundle.bundle(opts).to_dict()
+        output.emit(doc, as_json=as_json, render=lambda console: render_bundle(console, doc))
