@@ -83,6 +83,7 @@ CHECKED = {
     "engram clean",
     "runs list",
     "runs clean",
+    "runs bundle",
     "diag usage",
     "diag mm-uuid",
     "diag invariance",
@@ -106,6 +107,9 @@ def test_patches_runs_and_models(home, tmp_path):
     doc = run_json("runs", "list")
     assert doc["schema"] == "opsctl.runs.list/1" and len(doc["runs"]) == 1
     assert run_json("runs", "clean")["schema"] == "opsctl.runs.clean/1"
+    doc = run_json("runs", "bundle", "20260101-000000-serve-tiny-llama-8000", "--out",
+                   str(tmp_path / "bundle.tar.gz"))  # fmt: skip
+    assert doc["schema"] == "opsctl.runs.bundle/1"
     assert run_json("models", "list")["schema"] == "opsctl.models.list/1"
     doc = run_json("models", "build", "tiny-llama", "--out", str(tmp_path / "models"))
     assert doc["schema"] == "opsctl.models.build/1"
