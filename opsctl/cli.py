@@ -48,7 +48,17 @@ def _live_engines() -> set:
 
 
 def build_app() -> typer.Typer:
-    from opsctl.commands import console, diag, engram, models, patches, runs, serve, status
+    from opsctl.commands import (
+        certify,
+        console,
+        diag,
+        engram,
+        models,
+        patches,
+        runs,
+        serve,
+        status,
+    )
 
     app = typer.Typer(
         cls=OpsctlGroup,
@@ -59,7 +69,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )
-    for module in (serve, status, patches, models, engram, diag, runs, console):
+    for module in (serve, status, patches, models, engram, diag, runs, console, certify):
         module.register(app)
     return app
 

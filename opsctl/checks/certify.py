@@ -1,0 +1,336 @@
+"""certify as a library call: every applicable check against one target, with the
+fewest engine starts, as one report for people and CI.
+
+``run(target, options, progress=ignore, session=None) -> CertifyReport`` (schema
+``certify/1``):
+
+1. Facts (:mod:`opsctl.checks.certify_plan`): the model's kind (generative, pooling
+   cross-/bi-encoder, multimodal, hybrid KV groups) and the target's (a URL or an engine
+   certify starts). A URL must answer (EngineUnreachable, exit 3).
+2. Selection (:func:`opsctl.domain.certify.select`): applicable checks minus
+   ``Options.skip`` (or only ``Options.checks``); every other check is "skipped" with
+   its reason. A check named in ``Options.checks`` that cannot run is BadInput.
+3. Engines: compatible checks share one engine (``session.plan``; the plan is
+   certify_plan's). :class:`CertifySession` keeps at most ONE engine alive: a new start
+   first stops the engine before it (checks run grouped by engine, so nothing restarts).
+   Every start and the checks it served are in the report.
+4. Each check runs with the shared session; a check that errs (engine died, timeout)
+   is "error", one that finds at run time it cannot run is "skipped" (with why).
+5. The session closes; shutdown hygiene judges the stop reports and rechecks.
+
+Progress: :class:`CheckStarted`, each check's own events wrapped in
+:class:`CheckProgress`, :class:`CheckDone` (one case per check) and the summary table.
+Formats: opsctl.domain.certify (JSON fields, summary), junit, sarif.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from opsctl.checks import certify_plan as planning
+from opsctl.checks import events as ev
+from opsctl.checks import hygiene, invariance, kv_fail, liveness, mm_uuid, usage
+from opsctl.checks.report import Report
+from opsctl.checks.session import EngineSession
+from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
+from opsctl.domain import certify as dom
+from opsctl.errors import BadInput, OpsctlError, OpsTimeout
+
+TITLE = "certify"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    checks: tuple[str, ...] = ()  # only these (each must be able to run)
+    skip: tuple[str, ...] = ()
+    timeout: float = 300.0  # seconds: an engine's start, and any one HTTP answer
+    invariance_mode: str = "default"  # execution mode invariance certifies (PR 56528)
+
+    def __post_init__(self) -> None:
+        for names, flag in ((self.checks, "--checks"), (self.skip, "--skip")):
+            try:
+                dom.parse_list(",".join(names), flag)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
+        if not self.timeout > 0:
+            raise BadInput(f"--timeout must be positive, not {self.timeout}")
+        if self.invariance_mode not in ("default", "eager"):
+            raise BadInput("invariance_mode must be default or eager")
+
+
+# ---- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckStarted(ev.Event):
+    check: str
+    index: int
+    total: int
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"phase": f"{self.check} ({self.index}/{self.total})"}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckProgress(ev.Event):
+    """An event of the running check (its panel's; the stderr log prefixes it)."""
+
+    check: str
+    event: ev.Event
+
+    def snapshot(self) -> dict[str, Any]:
+        inner = self.event.snapshot()
+        out: dict[str, Any] = {}
+        if inner.get("events"):
+            out["events"] = [f"[{self.check}] {line}" for line in inner["events"]]
+        if inner.get("phase") and not isinstance(self.event, ev.Finished):
+            out["phase"] = f"{self.check}: {inner['phase']}"
+        if inner.get("warnings"):
+            out["warnings"] = list(inner["warnings"])
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckDone(ev.CaseResult):
+    """One check finished (``name`` is the check, ``detail`` its first finding)."""
+
+    seconds: float = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        tail = f": {self.detail}" if self.detail else ""
+        return {"events": [f"{self.name} -> {self.verdict} ({self.seconds:.1f} s){tail}"]}
+
+
+# ---- session ---------------------------------------------------------------------------------
+
+
+class CertifySession(EngineSession):
+    """An engine session that keeps one engine alive at a time, remembers which check
+    each start served, and does not retry a start that failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = ""  # the check running now
+        self.served: dict[int, list[str]] = {}  # id(EngineStart) -> checks
+        self.failed: list[dict[str, Any]] = []  # starts that failed: spec, error
+        self._broken: dict[tuple, OpsctlError] = {}
+
+    def engine(self, spec: EngineSpec, progress: ev.Progress = ev.ignore, *, label: str) -> Live:
+        key = spec.engine_key()
+        if key in self._broken:
+            raise self._broken[key]
+        if key not in self._running:
+            for other in list(self._running):  # one engine at a time (2 cores, one lock)
+                self._stop(other, progress)
+        try:
+            live = super().engine(spec, progress, label=label)
+        except OpsctlError as err:
+            self._broken[key] = err
+            self.failed.append({"check": self.current, "model": spec.model, "error": err.message})
+            raise
+        checks = self.served.setdefault(id(self._running[key]), [])
+        if self.current not in checks:
+            checks.append(self.current)
+        return live
+
+    def engines_of(self, check: str) -> tuple[int, ...]:
+        return tuple(i for i, s in enumerate(self.starts) if check in self.served.get(id(s), ()))
+
+
+class CertifyReport(Report):
+    """``document`` is the ``opsctl.certify/1`` JSON document."""
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return list(self.document["checks"])
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.document["exit_code"])
+
+    @property
+    def refused(self) -> list[str]:
+        """Checks asked for by name that turned out unable to run (the CLI's exit 2)."""
+        return list(self.document["refused"])
+
+    def verdicts(self) -> dict[str, str]:
+        return {r["check"]: r["verdict"] for r in self.results}
+
+
+# ---- run -------------------------------------------------------------------------------------
+
+
+def run(
+    target: Target,
+    options: Options = Options(),
+    progress: ev.Progress = ev.ignore,
+    session: EngineSession | None = None,
+) -> CertifyReport:
+    if session is not None and not isinstance(session, CertifySession):
+        raise TypeError("certify needs a CertifySession (or none)")
+    own = session if session is not None else CertifySession()
+    started = time.monotonic()
+    progress(ev.Started(TITLE, f"certifying {_name(target)}"))
+    try:
+        facts, selection = _select(target, options, own)
+        job = _Job(target, options, facts, selection, own, progress)
+        results = job.run_checks()
+    finally:
+        own.close(progress)
+    results = job.finish(results)
+    return _report(job, results, time.monotonic() - started)
+
+
+def _name(target: Target) -> str:
+    return target.url if isinstance(target, UrlTarget) else str(target.model or "default model")
+
+
+def _select(
+    target: Target, options: Options, session: CertifySession
+) -> tuple[planning.Facts, dom.Selection]:
+    if isinstance(target, UrlTarget):
+        facts = planning.url_facts(target, session, options.timeout)
+    else:
+        facts = planning.managed_facts(target)
+    try:
+        return facts, dom.select(facts.subject, options.checks, options.skip)
+    except ValueError as exc:
+        raise BadInput(str(exc), hint="drop it from --checks, or let certify decide") from None
+
+
+class _Job:
+    """One certification: its plan, the running results table and each check's call."""
+
+    def __init__(
+        self,
+        target: Target,
+        options: Options,
+        facts: planning.Facts,
+        selection: dom.Selection,
+        session: CertifySession,
+        progress: ev.Progress,
+    ) -> None:
+        self.target, self.options, self.facts = target, options, facts
+        self.selection, self.session, self.progress = selection, session, progress
+        self.inv = invariance.Options(
+            mode=options.invariance_mode if isinstance(target, EngineSpec) else None,
+            timeout=options.timeout,
+        )
+        self.targets: dict[str, Any] = {c: target for c in selection.run}
+        self.refused: list[str] = []
+        if isinstance(target, EngineSpec):
+            from opsctl.embedded.catalog import DEFAULT_MODEL
+
+            base = replace(target, model=target.model or DEFAULT_MODEL, timeout=options.timeout)
+            self.targets = {c: base for c in selection.run}
+            plan = planning.engine_plan(base, facts, selection.run, self.inv)
+            self.targets.update(plan.targets)
+            session.plan(plan.specs)
+        self.results: dict[str, dom.CheckResult] = {
+            c: dom.skipped(c, why) for c, why in selection.skipped.items()
+        }
+
+    def ordered(self) -> list[dom.CheckResult]:
+        return [self.results[c] for c in dom.CHECKS if c in self.results]
+
+    def table(self) -> None:
+        now = [(self.results.get(c) or dom.CheckResult(c, "pending")).to_dict() for c in dom.CHECKS]
+        rows = [tuple(r) for r in dom.summary_rows(now)]
+        self.progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(rows)))
+
+    def run_checks(self) -> list[dom.CheckResult]:
+        self.table()
+        todo = [c for c in self.selection.run if c != dom.SHUTDOWN]
+        for n, check in enumerate(todo, 1):
+            self.results[check] = self.run_one(check, n, len(self.selection.run))
+            self.table()
+        return self.ordered()
+
+    def finish(self, results: list[dom.CheckResult]) -> list[dom.CheckResult]:
+        """After the session closed: shutdown hygiene (when selected)."""
+        if dom.SHUTDOWN in self.selection.run:
+            n = len(self.selection.run)
+            self.results[dom.SHUTDOWN] = self.run_one(dom.SHUTDOWN, n, n)
+            self.table()
+        return self.ordered()
+
+    def run_one(self, check: str, index: int, total: int) -> dom.CheckResult:
+        self.progress(CheckStarted(check, index, total))
+        self.session.current = check
+        t0 = time.monotonic()
+
+        def scoped(event: ev.Event) -> None:
+            self.progress(CheckProgress(check, event))
+
+        try:
+            report = self.call(check, scoped)
+        except BadInput as err:
+            if check in self.options.checks:
+                self.refused.append(check)
+            result = dom.skipped(check, f"cannot run here: {err.message}")
+        except OpsctlError as err:
+            result = dom.errored(
+                check, err.message, time.monotonic() - t0, isinstance(err, OpsTimeout),
+                self.session.engines_of(check),
+            )  # fmt: skip
+        except Exception as err:  # a bug in one check must not hide the others' results
+            message = f"internal error: {type(err).__name__}: {err}"
+            result = dom.errored(check, message, time.monotonic() - t0, False)
+        else:
+            engines = self.session.engines_of(check)
+            result = dom.judged(check, report.to_dict(), time.monotonic() - t0, engines)
+        self.progress(CheckDone(check, result.verdict, result.headline(), result.seconds))
+        return result
+
+    def call(self, check: str, progress: ev.Progress) -> Report:
+        t, o, s, facts = self.targets[check], self.options, self.session, self.facts
+        if check == dom.LIVENESS:
+            gen = facts.subject.generative if facts.subject.archetype else None
+            return liveness.run(t, liveness.Options(gen, o.timeout), progress, s)
+        if check == dom.PATCHES:
+            return hygiene.patch_ledger(t, hygiene.LedgerOptions(facts.run_dir), progress, s)
+        if check == dom.ENGRAM:
+            return hygiene.engram(t, hygiene.EngramOptions(facts.model_path), progress, s)
+        if check == dom.USAGE:
+            return usage.run(t, usage.Options(timeout=o.timeout), progress, s)
+        if check == dom.INVARIANCE:
+            return invariance.run(t, self.inv, progress, s)
+        if check == dom.MM_UUID:
+            return mm_uuid.run(t, mm_uuid.Options(timeout=o.timeout), progress, s)
+        if check == dom.KV_FAIL:
+            return kv_fail.run(t, kv_fail.Options(request_timeout=o.timeout), progress, s)
+        if check == dom.SHUTDOWN:
+            return hygiene.shutdown(s.starts, progress)
+        raise ValueError(f"unknown check {check!r}")
+
+
+def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> CertifyReport:
+    from opsctl.checks.certify_facts import engines, fingerprint
+    from opsctl.output import document
+
+    session, facts = job.session, job.facts
+    engine_docs = engines(session)
+    verdict = dom.overall(results)
+    summary = dom.summary_line(results, len(session.starts))
+    job.progress(ev.Finished(verdict, summary))
+    doc = document(
+        dom.SCHEMA,
+        verdict=verdict,
+        exit_code=dom.exit_code(results),
+        target={
+            "kind": "url" if isinstance(job.target, UrlTarget) else "managed",
+            "url": job.target.url if isinstance(job.target, UrlTarget) else None,
+            "model": facts.subject.model,
+        },
+        model_kind=facts.subject.kind(),
+        fingerprint=fingerprint(job.target, facts, engine_docs),
+        summary={**dom.counts(results), "engine_starts": len(session.starts)},
+        checks=[r.to_dict() for r in results],
+        engines=engine_docs,
+        failed_starts=session.failed,
+        refused=job.refused,
+        seconds=round(seconds, 2),
+    )
+    return CertifyReport(verdict, doc)

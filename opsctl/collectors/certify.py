@@ -1,0 +1,85 @@
+"""I/O of certify: what identifies the certified build (model file hashes, the engine's
+recorded argv, versions) and the after-shutdown recheck (processes, /dev/shm).
+
+Everything returns plain values; a file that cannot be read is reported as such, never
+raised."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from opsctl.collectors import shm
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(CHUNK):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def model_files(path: Path | None) -> dict[str, Any]:
+    """sha256 of config.json and of every weights file (sorted by name) in ``path``."""
+    if path is None or not path.is_dir():
+        return {"path": str(path) if path else None, "config_sha256": None, "weights": []}
+    weights = [
+        {"file": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        for f in sorted(path.iterdir())
+        if f.is_file() and f.suffix in WEIGHT_SUFFIXES
+    ]
+    return {
+        "path": str(path),
+        "config_sha256": sha256_file(path / "config.json"),
+        "weights": weights,
+    }
+
+
+def read_meta(run_dir: Path | None) -> dict[str, Any]:
+    """The run directory's meta.json (argv, model path, pids), {} when unreadable."""
+    if run_dir is None:
+        return {}
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def opsctl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("opsctl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def shm_names() -> set[str]:
+    return {f.name for f in shm.list_files()}
+
+
+def still_alive(pids: dict[int, float]) -> list[int]:
+    """Which of ``pids`` (pid -> create time) still run as the same process (a pid the
+    kernel reused for another process does not count; zombies do not either)."""
+    out = []
+    for pid, started in sorted(pids.items()):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p = psutil.Process(pid)
+            if abs(p.create_time() - started) > 0.05:
+                continue
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+    return out

@@ -1,0 +1,316 @@
+"""certify, the pure part: which checks apply to what is certified, how each check's
+report becomes findings, the verdict and exit code, and the human summary rows.
+
+No I/O: :mod:`opsctl.checks.certify` collects the facts (:class:`Subject`), runs the
+checks and hands their documents here. The JSON document, JUnit XML
+(:mod:`opsctl.domain.junit`) and SARIF (:mod:`opsctl.domain.sarif`) are all built from
+the same :class:`CheckResult` list, so the three always agree on which checks failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.domain.findings import FAIL, INFO, WARNING, Finding
+
+SCHEMA = "certify"  # opsctl.certify/1
+
+# verdicts of one check in a certification
+PASS, UNVERIFIED, FAILED, ERROR, SKIPPED = "pass", "unverified", "fail", "error", "skipped"
+PASSING = (PASS, UNVERIFIED)
+
+# the checks, in the order they run (engine-sharing order: see opsctl.checks.certify)
+LIVENESS, PATCHES, ENGRAM, USAGE = "liveness", "patches", "engram", "usage"
+INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN = "invariance", "mm-uuid", "kv-fail", "shutdown"
+CHECKS = (LIVENESS, PATCHES, ENGRAM, USAGE, INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN)
+TITLES = {
+    LIVENESS: "liveness: /health, one request, forward progress",
+    PATCHES: "patch ledger: no failed patch, test knobs off",
+    ENGRAM: "Engram hygiene: no orphans, fill verified, /dev/shm capacity",
+    USAGE: "/score and /rerank usage against the engine inputs",
+    INVARIANCE: "batch invariance (BS=1 vs BS=N tokens and logprobs)",
+    MM_UUID: "multimodal UUIDs kept by the engine",
+    KV_FAIL: "KV load failure: engine survives, requests recompute",
+    SHUTDOWN: "shutdown hygiene: 0 processes, 0 /dev/shm segments left",
+}
+GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
+POOLING = ("cross-encoder", "bi-encoder", "pooling")  # "pooling": kind not known here
+SUMMARY_COLUMNS = ("check", "verdict", "time", "first finding")
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What is certified, as far as the checks' applicability goes (facts, no I/O)."""
+
+    managed: bool  # opsctl starts (and stops) the engine
+    model: str | None
+    archetype: str | None  # decoder | hybrid-decoder | vision-language | cross-encoder | ...
+    kv_groups: int | None = None  # KV cache groups (hybrid: > 1), when known
+    kv_refusal: str | None = None  # why the fault-injecting connector cannot serve it
+    run_dir: bool = False  # an opsctl run directory (patch ledger, probe records) is known
+    local: bool = True  # the server runs on this node (/dev/shm, /proc visible)
+    mm_probe: str | None = None  # URL + multimodal: why the mm_uuid probe is unusable
+
+    @property
+    def generative(self) -> bool:
+        return self.archetype in GENERATIVE
+
+    @property
+    def pooling(self) -> bool:
+        return self.archetype in POOLING
+
+    @property
+    def multimodal(self) -> bool:
+        return self.archetype == "vision-language"
+
+    def kind(self) -> dict[str, Any]:
+        return {
+            "archetype": self.archetype,
+            "generative": self.generative,
+            "pooling": self.pooling,
+            "multimodal": self.multimodal,
+            "hybrid_kv": self.archetype == "hybrid-decoder"
+            or (self.kv_groups is not None and self.kv_groups > 1),
+        }
+
+
+def skip_reason(check: str, s: Subject) -> str | None:
+    """Why ``check`` cannot run on ``s`` (None: it applies)."""
+    kind = s.archetype or "unknown"
+    if check == LIVENESS:
+        return None
+    if check == PATCHES:
+        return None if s.run_dir else _NO_RUN_DIR
+    if check == ENGRAM:
+        return (
+            None
+            if s.local
+            else "the server is not on this node: its /dev/shm and /proc are out of reach"
+        )
+    if check == USAGE:
+        return (
+            None
+            if s.pooling
+            else f"{kind} model: /score and /rerank usage needs a pooling model (cross-/bi-encoder)"
+        )
+    if check == INVARIANCE:
+        return None if s.generative else f"{kind} model: batch invariance compares generated tokens"
+    if check == MM_UUID:
+        if not s.multimodal:
+            return f"{kind} model: no multimodal items to identify"
+        return None if s.managed else s.mm_probe
+    if check == KV_FAIL:
+        if not s.managed:
+            return (
+                "a URL cannot host kv-fail injection: it needs an engine opsctl starts with its "
+                "fault-injecting KV connector (certify --model)"
+            )
+        return (
+            s.kv_refusal
+            and f"the fault-injecting KV connector cannot serve {s.model}: {s.kv_refusal}"
+        )
+    if check == SHUTDOWN:
+        return None if s.managed else "opsctl did not start this server, so it does not stop it"
+    raise ValueError(f"unknown check {check!r}")
+
+
+_NO_RUN_DIR = (
+    "no opsctl run directory for this server (not started by opsctl): its patch ledger "
+    "cannot be read"
+)
+
+
+def parse_list(text: str | None, flag: str) -> tuple[str, ...]:
+    """``"usage, kv-fail"`` -> ("usage", "kv-fail"); unknown names are ValueError."""
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(
+            f"{flag}: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}"
+        )
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The checks to run and those skipped with their reasons (in CHECKS order)."""
+
+    run: tuple[str, ...]
+    skipped: Mapping[str, str]
+
+
+def select(s: Subject, only: Sequence[str] = (), skip: Sequence[str] = ()) -> Selection:
+    """Applicable checks minus ``skip`` (or only ``only``). A check named in ``only``
+    that cannot run is ValueError (the command's exit 2), with the reason."""
+    refused = [f"{c}: {skip_reason(c, s)}" for c in only if skip_reason(c, s)]
+    if refused:
+        raise ValueError("cannot run " + "; ".join(refused))
+    both = sorted(set(only) & set(skip))
+    if both:
+        raise ValueError(f"{', '.join(both)} given to both --checks and --skip")
+    run: list[str] = []
+    skipped: dict[str, str] = {}
+    for c in CHECKS:
+        why = skip_reason(c, s)
+        if why is None and c in skip:
+            why = "skipped on request (--skip)"
+        elif why is None and only and c not in only:
+            why = "not selected (--checks)"
+        if why is None:
+            run.append(c)
+        else:
+            skipped[c] = why
+    return Selection(tuple(run), skipped)
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check of a certification."""
+
+    check: str
+    verdict: str  # pass | unverified | fail | error | skipped
+    seconds: float = 0.0
+    reason: str | None = None  # skipped: why; error: the error line
+    findings: tuple[Finding, ...] = ()
+    engines: tuple[int, ...] = ()  # indexes of the engine starts that served it
+    timed_out: bool = False
+    report: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def title(self) -> str:
+        return TITLES.get(self.check, self.check)
+
+    def first_finding(self) -> Finding | None:
+        """The finding a summary line shows: the first failure, else warning, else info."""
+        for severity in (FAIL, WARNING, INFO):
+            for f in self.findings:
+                if f.severity == severity:
+                    return f
+        return None
+
+    def headline(self) -> str:
+        """One line: the skip/error reason or the first finding's message."""
+        if self.verdict in (SKIPPED, ERROR) and self.reason:
+            return self.reason
+        f = self.first_finding()
+        return f.message if f is not None else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "title": self.title,
+            "verdict": self.verdict,
+            "seconds": round(self.seconds, 2),
+            "reason": self.reason,
+            "timed_out": self.timed_out,
+            "engines": list(self.engines),
+            "first_finding": self.headline() or None,
+            "findings": [f.to_dict() for f in self.findings],
+            "report": dict(self.report) if self.report is not None else None,
+        }
+
+
+def skipped(check: str, reason: str) -> CheckResult:
+    return CheckResult(check, SKIPPED, reason=reason)
+
+
+def errored(check: str, message: str, seconds: float, timed_out: bool, engines=()) -> CheckResult:
+    code = f"{check}.timeout" if timed_out else f"{check}.error"
+    finding = Finding(FAIL, code, message)
+    return CheckResult(check, ERROR, seconds, message, (finding,), tuple(engines), timed_out)
+
+
+def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> CheckResult:
+    """A finished check: its verdict and findings from its own JSON document."""
+    verdict = str(doc.get("verdict") or PASS)
+    findings = findings_of(check, doc)
+    if verdict == FAILED and not any(f.severity == FAIL for f in findings):
+        findings = (Finding(FAIL, f"{check}.failed", f"{check} failed (see its report)"), *findings)
+    if verdict not in (PASS, UNVERIFIED, FAILED):
+        verdict = FAILED
+    return CheckResult(check, verdict, seconds, None, findings, tuple(engines), False, doc)
+
+
+def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
+    """A check's findings as Finding objects: its ``findings`` list where it has one; for
+    invariance (reasons and warnings, no codes) the stable codes invariance.divergence
+    and invariance.warning. Test-knob warnings become certify.test_knobs."""
+    out: list[Finding] = []
+    for f in doc.get("findings") or ():
+        if isinstance(f, Mapping) and f.get("code"):
+            details = f.get("details")
+            out.append(
+                Finding(
+                    str(f.get("severity", INFO)),
+                    str(f["code"]),
+                    str(f.get("message", "")),
+                    dict(details) if isinstance(details, Mapping) else {},
+                )
+            )
+    if check == INVARIANCE:
+        for reason in doc.get("reasons") or ():
+            out.append(Finding(FAIL, "invariance.divergence", str(reason)))
+        for run in doc.get("runs") or ():
+            for w in run.get("warnings") or ():
+                out.append(Finding(WARNING, "invariance.warning", f"[{run.get('mode')}] {w}"))
+    for w in doc.get("warnings") or ():
+        if str(w).startswith("TEST KNOBS"):
+            out.append(Finding(WARNING, "certify.test_knobs", str(w)))
+    return tuple(out)
+
+
+def overall(results: Sequence[CheckResult]) -> str:
+    """pass: every check that ran passed; fail: any failed or errored."""
+    ran = [r for r in results if r.verdict != SKIPPED]
+    return PASS if all(r.verdict in PASSING for r in ran) else FAILED
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    """0 all applicable checks passed; 1 any failed (or errored); 4 when the only
+    problems are checks that timed out (nothing failed on its own findings)."""
+    bad = [r for r in results if r.verdict in (FAILED, ERROR)]
+    if not bad:
+        return 0
+    return 4 if all(r.timed_out for r in bad) else 1
+
+
+def counts(results: Sequence[CheckResult]) -> dict[str, int]:
+    out = {v: 0 for v in (PASS, UNVERIFIED, FAILED, ERROR, SKIPPED)}
+    for r in results:
+        out[r.verdict] = out.get(r.verdict, 0) + 1
+    out["run"] = len(results) - out[SKIPPED]
+    return out
+
+
+def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 90) -> list[list[str]]:
+    """The human summary from the document's ``checks``: check, verdict, time, first
+    finding (cut to ``width``)."""
+    rows = []
+    for c in checks:
+        verdict = str(c["verdict"])
+        time_cell = "-" if verdict in (SKIPPED, "pending") else f"{c.get('seconds') or 0:.1f} s"
+        text = str(c.get("first_finding") or "-")
+        if len(text) > width:
+            text = text[: width - 1] + "…"
+        rows.append(
+            [
+                str(c["check"]),
+                verdict if verdict in (SKIPPED, "pending") else verdict.upper(),
+                time_cell,
+                text,
+            ]
+        )
+    return rows
+
+
+def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
+    c = counts(results)
+    return (
+        f"{c['run']} check(s) run: {c[PASS] + c[UNVERIFIED]} passed, {c[FAILED]} failed, "
+        f"{c[ERROR]} errored; {c[SKIPPED]} skipped; {engine_starts} engine start(s)"
+    )

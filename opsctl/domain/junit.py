@@ -1,0 +1,117 @@
+"""JUnit XML of certify documents (pure): what CI test reporters read (GitHub Actions
+test-report actions, GitLab's junit artifacts, Jenkins' junit step).
+
+``testsuites`` > one ``testsuite`` per certified target > one ``testcase`` per check,
+with ``failure`` (the check failed on its findings), ``error`` (it could not finish:
+engine died, timeout) or ``skipped`` (with the reason); the message is the first
+finding, the element text every finding with its details. The suite's ``properties``
+carry the fingerprint (flattened to dotted names). Valid against the Jenkins xunit
+plugin's junit-10.xsd (the test data under tests/data/schemas).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+PACKAGE = "opsctl.certify"
+
+
+def _time(seconds: Any) -> str:
+    try:
+        return f"{max(0.0, float(seconds)):.3f}"
+    except (TypeError, ValueError):
+        return "0.000"
+
+
+def flatten(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(dotted name, text) pairs of a nested mapping; lists as compact JSON."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from flatten(v, f"{prefix}.{k}")
+    elif isinstance(value, list | tuple):
+        yield prefix, json.dumps(value, separators=(",", ":"), default=str)
+    else:
+        yield prefix, "" if value is None else str(value)
+
+
+def suite_name(doc: Mapping[str, Any]) -> str:
+    target = doc.get("target") or {}
+    where = target.get("url") or "engine started by opsctl"
+    return f"certify {target.get('model') or '?'} ({where})"
+
+
+def _finding_text(findings: Sequence[Mapping[str, Any]]) -> str:
+    lines = []
+    for f in findings:
+        lines.append(f"{f.get('severity')}: {f.get('code')}: {f.get('message')}")
+        if f.get("details"):
+            lines.append("  details: " + json.dumps(f["details"], default=str)[:2000])
+    return "\n".join(lines)
+
+
+def _first(findings: Sequence[Mapping[str, Any]], severity: str) -> Mapping[str, Any] | None:
+    return next((f for f in findings if f.get("severity") == severity), None)
+
+
+def testcase(check: Mapping[str, Any]) -> ET.Element:
+    name = str(check["check"])
+    case = ET.Element(
+        "testcase",
+        name=name,
+        classname=f"{PACKAGE}.{name}",
+        time=_time(check.get("seconds")),
+    )
+    findings = list(check.get("findings") or [])
+    verdict = check.get("verdict")
+    message = str(check.get("first_finding") or check.get("reason") or verdict)
+    if verdict == "skipped":
+        ET.SubElement(case, "skipped", message=str(check.get("reason") or "skipped"))
+    elif verdict in ("fail", "error"):
+        first = _first(findings, "fail")
+        kind = "error" if verdict == "error" else "failure"
+        el = ET.SubElement(
+            case, kind, type=str(first["code"] if first else f"{name}.{verdict}"), message=message
+        )
+        el.text = _finding_text(findings) or message
+    if findings and verdict != "skipped":
+        ET.SubElement(case, "system-out").text = _finding_text(findings)
+    return case
+
+
+def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Element:
+    checks = list(doc.get("checks") or [])
+    attrs = {
+        "name": suite_name(doc),
+        "tests": str(len(checks)),
+        "failures": str(sum(c.get("verdict") == "fail" for c in checks)),
+        "errors": str(sum(c.get("verdict") == "error" for c in checks)),
+        "skipped": str(sum(c.get("verdict") == "skipped" for c in checks)),
+        "time": _time(doc.get("seconds")),
+    }
+    if timestamp:
+        attrs["timestamp"] = timestamp
+    suite = ET.Element("testsuite", attrs)
+    props = ET.SubElement(suite, "properties")
+    pairs = [("verdict", str(doc.get("verdict"))), ("schema", str(doc.get("schema")))]
+    pairs += list(flatten(doc.get("fingerprint") or {}, "fingerprint"))
+    pairs += list(flatten(doc.get("summary") or {}, "summary"))
+    for name, value in pairs:
+        ET.SubElement(props, "property", name=name, value=value)
+    for check in checks:
+        suite.append(testcase(check))
+    return suite
+
+
+def junit_xml(docs: Sequence[Mapping[str, Any]], timestamp: str | None = None) -> str:
+    """The JUnit XML document (text) for one or more certify documents."""
+    root = ET.Element("testsuites", name="opsctl certify")
+    suites = [testsuite(d, timestamp) for d in docs]
+    for key, tag in (("tests", "tests"), ("failures", "failures"), ("errors", "errors")):
+        root.set(tag, str(sum(int(s.get(key) or 0) for s in suites)))
+    root.set("time", _time(sum(float(d.get("seconds") or 0) for d in docs)))
+    root.extend(suites)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,155 @@
+"""SARIF 2.1.0 of a certify document (pure), for code-scanning uploads.
+
+- one rule per finding code, its id the code itself ("usage.mismatch",
+  "invariance.divergence", ...): ids stay stable across runs and versions, so alerts
+  track over time; rules are sorted by id;
+- one result per finding that is not "ok": level error (fail), warning, note (info);
+- EVERY result has a location (code scanning rejects results without one): the
+  ``artifact`` given (the model's config.json, or the report file), line 1;
+- skipped checks are tool notifications (level note), not results;
+- run properties carry the verdict, the summary and the fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+VERSION = "2.1.0"
+LEVELS = {"fail": "error", "warning": "warning", "info": "note"}
+
+
+def rule_name(code: str) -> str:
+    """ "usage.mismatch" -> "UsageMismatch" (SARIF's PascalCase rule name)."""
+    words = code.replace("-", ".").replace("_", ".").split(".")
+    return "".join(w[:1].upper() + w[1:] for w in words if w)
+
+
+def _location(artifact: Mapping[str, str]) -> dict[str, Any]:
+    loc: dict[str, Any] = {"uri": artifact["uri"]}
+    if artifact.get("uriBaseId"):
+        loc["uriBaseId"] = artifact["uriBaseId"]
+    return {
+        "physicalLocation": {"artifactLocation": loc, "region": {"startLine": 1}},
+        "message": {"text": artifact.get("description") or artifact["uri"]},
+    }
+
+
+def _fingerprint(check: str, code: str, message: str, model: str) -> str:
+    return hashlib.sha256(f"{model}\0{check}\0{code}\0{message}".encode()).hexdigest()[:32]
+
+
+def _results(doc: Mapping[str, Any], artifact: Mapping[str, str]) -> list[dict[str, Any]]:
+    model = str((doc.get("target") or {}).get("model") or "")
+    out = []
+    for check in doc.get("checks") or ():
+        for f in check.get("findings") or ():
+            level = LEVELS.get(str(f.get("severity")))
+            if level is None:
+                continue
+            code, message = str(f["code"]), str(f.get("message") or f["code"])
+            result: dict[str, Any] = {
+                "ruleId": code,
+                "level": level,
+                "message": {"text": f"[{check['check']}] {message}"},
+                "locations": [_location(artifact)],
+                "partialFingerprints": {
+                    "opsctlFinding/v1": _fingerprint(check["check"], code, message, model)
+                },
+                "properties": {"check": check["check"], "verdict": check.get("verdict")},
+            }
+            if f.get("details"):
+                result["properties"]["details"] = f["details"]
+            out.append(result)
+    return out
+
+
+def _rules(results: list[dict[str, Any]], doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    titles = {c["check"]: c.get("title") or c["check"] for c in doc.get("checks") or ()}
+    rules: dict[str, dict[str, Any]] = {}
+    for r in results:
+        code, check = r["ruleId"], r["properties"]["check"]
+        rule = rules.setdefault(
+            code,
+            {
+                "id": code,
+                "name": rule_name(code),
+                "shortDescription": {"text": f"{check}: {code}"},
+                "fullDescription": {"text": f"opsctl certify check {titles.get(check, check)}"},
+                "defaultConfiguration": {"level": r["level"]},
+                "properties": {"check": check},
+            },
+        )
+        if r["level"] == "error":  # a rule's default level is its worst
+            rule["defaultConfiguration"]["level"] = "error"
+    ordered = sorted(rules.values(), key=lambda x: x["id"])
+    index = {rule["id"]: i for i, rule in enumerate(ordered)}
+    for r in results:
+        r["ruleIndex"] = index[r["ruleId"]]
+    return ordered
+
+
+def sarif_log(
+    doc: Mapping[str, Any], artifact: Mapping[str, str], tool_version: str | None = None
+) -> dict[str, Any]:
+    """The SARIF log of one certify document. ``artifact``: {"uri", "uriBaseId"?,
+    "description"?}: where every result points."""
+    results = _results(doc, artifact)
+    rules = _rules(results, doc)
+    version = tool_version or str((doc.get("fingerprint") or {}).get("opsctl_version") or "0")
+    notes = [
+        {
+            "level": "note",
+            "message": {"text": f"{c['check']} skipped: {c.get('reason')}"},
+            "descriptor": {"id": "certify.skipped"},
+        }
+        for c in doc.get("checks") or ()
+        if c.get("verdict") == "skipped"
+    ]
+    model = (doc.get("target") or {}).get("model") or "model"
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "opsctl certify",
+                "semanticVersion": version,
+                "rules": rules,
+            }
+        },
+        "automationDetails": {"id": f"opsctl-certify/{model}/"},
+        "invocations": [
+            {
+                "executionSuccessful": doc.get("exit_code") in (0, 1),
+                "exitCode": int(doc.get("exit_code") or 0),
+                "toolExecutionNotifications": notes,
+            }
+        ],
+        "results": results,
+        "properties": {
+            "verdict": doc.get("verdict"),
+            "summary": doc.get("summary"),
+            "fingerprint": doc.get("fingerprint"),
+        },
+    }
+    return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}
+
+
+def artifact_for(cwd: str, config: str | None, report: str) -> dict[str, str]:
+    """Where results point: the model's config.json when it lies under ``cwd`` (the
+    checkout code scanning resolves paths against), else the report file; relative to
+    ``cwd`` (uriBaseId %SRCROOT%) when under it, else an absolute file URI."""
+    from pathlib import PurePosixPath
+
+    root = PurePosixPath(cwd)
+    for path, what in ((config, "the certified model's config.json"), (report, "the report")):
+        if path is None:
+            continue
+        p = PurePosixPath(path)
+        if p.is_relative_to(root):
+            return {
+                "uri": p.relative_to(root).as_posix(),
+                "uriBaseId": "%SRCROOT%",
+                "description": what,
+            }
+    return {"uri": PurePosixPath(report).as_uri(), "description": "the report"}
