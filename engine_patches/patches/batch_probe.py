@@ -9,12 +9,17 @@ Inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``batch``; then it rep
   as this process sees them (``VLLM_USE_FLASHINFER_SAMPLER``, ``VLLM_BATCH_INVARIANT``)
   and the nudge spec, so opsctl can show those settings reached the engine;
 - one ``{"event": "step", "num_reqs": n, "req_ids": [...]}`` line per sampling step:
-  the batch the scheduler formed and the model runner sampled.
+  the batch the scheduler formed and the model runner sampled;
+- on a multimodal model, one ``{"event": "encoder", "items": {req_id: n}}`` line per
+  call of the vision encoder (``GPUModelRunner._execute_mm_encoder``): how many
+  multimodal items (with data) of which requests ran the encoder together in that
+  step, i.e. that the images reached the model and whose were encoded in one batch.
 
 Test-only knob ``OPSCTL_PROBE_NUDGE="<marker>:<position>[:<delta>]"`` (read through
 :mod:`engine_patches.knobs`, so honoured only with ``OPSCTL_TEST_KNOBS=1``, which opsctl
 sets only for knobs a caller asked for explicitly): for a request
-whose id or decoded prompt contains ``<marker>``, add ``<delta>`` (default 0.01) to the
+whose id, decoded prompt or multimodal item identifier (an image's ``uuid``) contains
+``<marker>``, add ``<delta>`` (default 0.01) to the
 largest logit at output position ``<position>`` (0-based) -- but only when that step
 samples more than one request. The token stays the same and its logprobs move, so a
 divergence between BS=1 and BS=N is planted at a known prompt and position. Each nudge
@@ -94,6 +99,27 @@ def armed_nudge() -> Nudge | None:
     return parse_nudge(knobs.get(ENV_NUDGE))
 
 
+def item_identifiers(state) -> list[str]:
+    """The identifiers of a request's multimodal items (its images' uuids, or the
+    engine's own ids for items sent without one); [] for a text-only request."""
+    return [str(getattr(f, "identifier", "")) for f in getattr(state, "mm_features", None) or ()]
+
+
+def encoder_items(runner, scheduler_output) -> dict[str, int]:
+    """Request id -> multimodal items with data this encoder call runs (what
+    ``_batch_mm_inputs_from_scheduler`` batches); {} when none."""
+    out: dict[str, int] = {}
+    for req_id, input_ids in (
+        getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
+    ).items():
+        state = runner.requests.get(req_id)
+        features = getattr(state, "mm_features", None) or []
+        n = sum(1 for i in input_ids if i < len(features) and features[i].data is not None)
+        if n:
+            out[str(req_id)] = n
+    return out
+
+
 class _Tracker:
     """Per-process state: output positions and marker matches per request id."""
 
@@ -115,11 +141,14 @@ class _Tracker:
     def matches_marker(self, runner, req_id: str) -> bool:
         assert self.nudge is not None
         if req_id not in self.matches:
-            hit = self.nudge.marker in req_id
-            if not hit:
-                state = runner.requests.get(req_id)
-                ids = getattr(state, "prompt_token_ids", None) if state is not None else None
-                hit = bool(ids) and self.nudge.marker in self._decode(ids)
+            marker = self.nudge.marker
+            hit = marker in req_id
+            state = runner.requests.get(req_id) if not hit else None
+            if state is not None:
+                hit = any(marker in ident for ident in item_identifiers(state))
+            if state is not None and not hit:
+                ids = getattr(state, "prompt_token_ids", None)
+                hit = bool(ids) and marker in self._decode(ids)
             self.matches[req_id] = hit
         return self.matches[req_id]
 
@@ -169,6 +198,34 @@ def observe(tracker: _Tracker, runner, logits) -> None:
     tracker.prune(req_ids)
 
 
+def _wrap_encoder(original):
+    """Record which requests' items one encoder call runs; never changes the call."""
+
+    @functools.wraps(original)
+    def _execute_mm_encoder(self, scheduler_output, *args, **kwargs):
+        try:
+            items = encoder_items(self, scheduler_output)
+            if items:
+                record_event("batch", {"event": "encoder", "items": items})
+        except Exception as exc:  # a probe never breaks the engine
+            record_event("batch", {"event": "error", "error": repr(exc)})
+        return original(self, scheduler_output, *args, **kwargs)
+
+    _execute_mm_encoder._opsctl_batch_probe = True  # type: ignore[attr-defined]
+    return _execute_mm_encoder
+
+
+def _install_encoder(cls) -> str:
+    """Wrap the encoder call when this vLLM has it (multimodal models call it)."""
+    current = getattr(cls, "_execute_mm_encoder", None)
+    if current is None:
+        return "; no _execute_mm_encoder in this vLLM: encoder calls not recorded"
+    if not getattr(current, "_opsctl_batch_probe", False):
+        ORIGINALS["_execute_mm_encoder"] = current
+        cls._execute_mm_encoder = _wrap_encoder(current)
+    return "; records vision encoder calls"
+
+
 def apply() -> Outcome:
     if not requested():
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
@@ -207,23 +264,24 @@ def apply() -> Outcome:
 
     _sample._opsctl_batch_probe = True  # type: ignore[attr-defined]
     cls._sample = _sample  # type: ignore[method-assign]
-    detail = "records formed batches into events/batch.jsonl"
+    detail = "records formed batches into events/batch.jsonl" + _install_encoder(cls)
     if nudge is not None:
         detail += f"; TEST NUDGE active: {nudge}"
     return Outcome(APPLIED, detail)
 
 
 def undo() -> None:
-    """Restore the original ``_sample`` (tests)."""
-    if "_sample" in ORIGINALS:
-        from vllm.v1.worker import gpu_model_runner as gmr
+    """Restore the original ``_sample`` and encoder call (tests)."""
+    from vllm.v1.worker import gpu_model_runner as gmr
 
-        gmr.GPUModelRunner._sample = ORIGINALS.pop("_sample")  # type: ignore[method-assign]
+    for name in ("_sample", "_execute_mm_encoder"):
+        if name in ORIGINALS:
+            setattr(gmr.GPUModelRunner, name, ORIGINALS.pop(name))
 
 
 PATCH = Patch(
     name="batch_probe",
-    target="vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample",
+    target="vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample, ._execute_mm_encoder",
     versions="any (needs GPUModelRunner._sample(logits, spec_decode_metadata))",
     reason="opsctl probe for diag invariance: show the batch the engine formed (PR 56528)",
     apply=apply,

@@ -3,7 +3,10 @@
 Wraps ``Scheduler.__init__`` (EngineCore process) and appends one JSON line to
 ``<run>/events/engine_info.jsonl``: KV cache groups (spec type, layers, block size,
 sliding window), number of blocks, and the engine settings diagnostics depend on
-(prefix caching, mm processor cache, KV transfer config, eager mode, platform).
+(prefix caching, mm processor cache, KV transfer config, eager mode, platform). For a
+multimodal model also whether vLLM treats it as one (``multimodal``), the processor
+cache type and the items per prompt it accepts (``limit_mm_per_prompt``); ``None``
+for a text-only model.
 Read it with ``opsctl.collectors.ledger.read_events(run_dir, "engine_info")``.
 """
 
@@ -22,6 +25,13 @@ def _safe(fn, default=None):
         return fn()
     except Exception:
         return default
+
+
+def _limits(mm) -> dict | None:
+    """``limit_per_prompt`` as {modality: count} (vLLM keeps option objects there)."""
+    if mm is None:
+        return None
+    return {str(k): getattr(v, "count", v) for k, v in dict(mm.limit_per_prompt).items()}
 
 
 def describe(scheduler) -> dict:
@@ -48,6 +58,11 @@ def describe(scheduler) -> dict:
         "mm_processor_cache_gb": _safe(
             lambda: vc.model_config.multimodal_config.mm_processor_cache_gb
         ),
+        "multimodal": _safe(lambda: vc.model_config.multimodal_config is not None),
+        "mm_processor_cache_type": _safe(
+            lambda: vc.model_config.multimodal_config.mm_processor_cache_type
+        ),
+        "limit_mm_per_prompt": _safe(lambda: _limits(vc.model_config.multimodal_config)),
         "enforce_eager": _safe(lambda: vc.model_config.enforce_eager),
         "compilation_mode": _safe(lambda: str(vc.compilation_config.mode)),
         "max_num_seqs": _safe(lambda: vc.scheduler_config.max_num_seqs),

@@ -5,6 +5,16 @@ Every prompt runs alone (BS=1) and all prompts together (BS=N, sent at once so t
 engine batches them); tokens and logprobs are compared, bitwise unless ``atol``. Fails
 closed: request errors, missing logprobs and short outputs are failures.
 
+On a vision-language model (tiny-vlm: one image per prompt, tiny-vlm-multi: several, a
+model directory: one unless ``images`` says more) the prompts carry images: prompt ``i``
+carries ``1 + i % m`` images, each a different deterministic picture
+(:mod:`opsctl.domain.invariance_images`), sent through ``/v1/chat/completions`` (vLLM
+0.32's completions API takes no images), BS=N as concurrent requests. The engine is
+started with ``--mm-processor-cache-gb 0`` (read back from its engine_info record), the
+``mm_uuid`` probe next to the ``batch`` probe, and the image limit; the report shows
+the items the engine core received and the vision encoder ran per request, and fails
+closed when a request's images did not all arrive.
+
 Against an :class:`~opsctl.checks.target.EngineSpec` the check runs one engine per mode
 (``default``: vLLM's default execution mode, ``eager``: ``--enforce-eager``, ``both``:
 one then the other), each with the isolating settings this module owns
@@ -26,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -38,9 +49,11 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.collectors import completions as cc
 from opsctl.collectors import engine_records, ledger
+from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import invariance as inv
 from opsctl.domain import invariance_engine as eng
+from opsctl.domain import invariance_images as img
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
@@ -49,7 +62,7 @@ SCHEMA = "diag.invariance"
 DEFAULT_MODEL = "tiny-llama"
 GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 MODES = ("default", "eager", "both")
-BATCH_VIA = ("list", "requests")
+BATCH_VIA = ("list", "requests")  # None: list for text, requests for prompts with images
 DEFAULT_PROMPTS = (
     "The quick brown fox jumps over the lazy dog",
     "Hello world, this is a test of",
@@ -63,6 +76,8 @@ DEFAULT_PROMPTS = (
 ISOLATING_ARGS = ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0")
 ISOLATING_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 PROBES = frozenset({"batch"})
+IMAGE_PROBES = frozenset({"batch", "mm_uuid"})  # with images: what the engine core received
+LIMIT_ARG = "--limit-mm-per-prompt"
 COLUMNS = ("mode", "#", "prompt", "status", "first divergence", "largest |Δ|")
 
 
@@ -76,9 +91,10 @@ class Options:
     logprobs: int = 5  # top logprobs compared per position
     mode: str | None = None  # default | eager | both; None: default (a URL: as it is)
     atol: float | None = None  # logprob tolerance; None: bitwise
-    batch_via: str = "list"  # list: one request with N prompts | requests: N at once
+    batch_via: str | None = None  # list: one request, N prompts | requests: N at once
     timeout: float | None = None  # seconds for a started engine's /health; None: spec's
     tag: str | None = None  # request-id tag; None: a fresh opsctl-inv-XXXXXX
+    images: int | None = None  # most images per prompt; None: the model's; 0: text only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -100,7 +116,9 @@ class Options:
             )
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be positive")
-        if self.batch_via not in BATCH_VIA:
+        if self.images is not None and self.images < 0:
+            raise BadInput("--images must be 0 or more")
+        if self.batch_via is not None and self.batch_via not in BATCH_VIA:
             raise BadInput(
                 f"--batch-via must be one of {', '.join(BATCH_VIA)}, not {self.batch_via!r}"
             )
@@ -132,19 +150,48 @@ class InvarianceReport(Report):
         return any(r.get("timed_out") for r in self.document["runs"])
 
 
+LIST_REFUSAL = (
+    "--batch-via list sends the N prompts in one /v1/completions request, which carries "
+    "no images; prompts with images go as N concurrent chat requests (--batch-via requests)"
+)
+
+
+def _catalog(model: str | None) -> tuple[str | None, int | None]:
+    """(archetype, images per prompt) of an embedded model's name; (None, None) else."""
+    from opsctl.embedded import catalog
+
+    spec = catalog.CATALOG.get(model or "")
+    return (spec.archetype, spec.images_per_prompt) if spec is not None else (None, None)
+
+
+def spec_images(spec: EngineSpec, options: Options) -> int:
+    """Most images per prompt a run on ``spec``'s model sends (0: a text-only model).
+    BadInput for ``options.images`` on a text-only model."""
+    from opsctl.engine.model import resolve
+
+    resolved = resolve(spec.model or DEFAULT_MODEL)
+    _, per_prompt = _catalog(resolved.name) if resolved.embedded else (None, None)
+    multimodal = resolved.archetype == "vision-language"
+    return img.images_for(multimodal, per_prompt or 1, options.images, resolved.name)
+
+
 def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
     """The engine one mode runs on: ``spec`` (default model tiny-llama) with the isolating
-    arguments and environment, the batch probe, room for the batch and the execution
-    mode. Idempotent, so a planner can pass its result back in."""
+    arguments and environment, the batch probe (and the mm_uuid probe and the image
+    limit when the prompts carry images), room for the batch and the execution mode.
+    Idempotent, so a planner can pass its result back in."""
+    images = spec_images(spec, options)
     args = spec.extra_args
     n = len(ISOLATING_ARGS)
     if not any(args[i : i + n] == ISOLATING_ARGS for i in range(len(args))):
         args = (*args, *ISOLATING_ARGS)
+    if images > 1 and LIMIT_ARG not in args:
+        args = (*args, LIMIT_ARG, json.dumps({"image": images}))
     return spec.with_defaults(
         DEFAULT_MODEL,
         extra_args=args,
         env=tuple(sorted({**dict(spec.env), **ISOLATING_ENV}.items())),
-        probes=spec.probes | PROBES,
+        probes=spec.probes | (IMAGE_PROBES if images else PROBES),
         enforce_eager=mode == "eager",
         max_num_seqs=max(spec.max_num_seqs, options.n),
         timeout=options.timeout or spec.timeout,
@@ -167,6 +214,8 @@ def plan(target: Target, options: Options) -> list[tuple[str | None, Target]]:
             f"{resolved.name} is a {resolved.archetype} model; diag invariance needs a "
             "generative model (e.g. tiny-llama)"
         )
+    if options.batch_via == "list" and spec_images(target, options):
+        raise BadInput(LIST_REFUSAL)
     modes = ["default", "eager"] if options.mode == "both" else [options.mode or "default"]
     return [(m, isolated_spec(target, m, options)) for m in modes]
 
@@ -202,15 +251,19 @@ def _report(
 
     knobs = ledger.knobs_of([r.get("run_dir") for r in runs])
     line = knob_warning(knobs)
+    vias = [r["batch"]["via"] for r in runs if r["batch"].get("via")]
     doc = output.document(
         SCHEMA,
+        platform=eng.joined([r.get("platform") for r in runs]),
+        vllm_version=eng.joined([r.get("vllm_version") for r in runs]),
         verdict=verdict,
         reasons=[f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]],
         comparison=inv.comparison_label(options.atol),
         atol=options.atol,
         prompts=len(options.prompts),
         batch_size=options.n,
-        batch_via=options.batch_via,
+        batch_via=vias[0] if vias else options.batch_via or "list",
+        images_per_prompt=max((r["images"]["max_per_prompt"] for r in runs), default=0),
         max_tokens=options.max_tokens,
         logprobs=options.logprobs,
         request_tag=tag,
@@ -235,6 +288,13 @@ class _Measured:
     seconds: dict[str, float]  # engine, bs1, bsn
     sampler: tuple[tuple[float, ...], int | None, int | None]  # gauge samples, steps, tokens
     records: EngineRecords
+    pictures: tuple[tuple[img.RGB, ...], ...]  # each prompt's images (all () for text)
+    via: str  # list | requests
+    text_tokens: list[int | None] | None = None  # /tokenize without images (no mm probe)
+
+    @property
+    def images(self) -> int:
+        return max((len(p) for p in self.pictures), default=0)
 
 
 class _Job:
@@ -302,23 +362,67 @@ class _Job:
 
         return on_done
 
+    def _pictures(self, live: Live, model: str) -> tuple[tuple[img.RGB, ...], ...]:
+        """Each prompt's images on this server: the engine's own record says whether
+        the model is multimodal and its image limit (else opsctl's catalog, else the
+        archetype of the engine opsctl started); none for a text-only model."""
+        info = engine_records.read(live.run_dir).info or {}
+        archetype, per_prompt = _catalog(live.model or model)
+        multimodal = info.get("multimodal")
+        if not isinstance(multimodal, bool):
+            multimodal = "vision-language" in (archetype, live.archetype)
+        limits = info.get("limit_mm_per_prompt")
+        limit = img.model_limit(
+            per_prompt, limits.get("image") if isinstance(limits, dict) else None
+        )
+        images = img.images_for(multimodal, limit, self.options.images, model)
+        return img.plan(len(self.options.prompts), images)
+
+    def _senders(self, live: Live, params: cc.CompletionParams, pictures) -> tuple:
+        """(BS=1 call, BS=N call, via): completions for text, chat with images."""
+        o, url, key = self.options, live.url, live.api_key
+        prompts = list(o.prompts)
+        if not any(pictures):
+            via = o.batch_via or "list"
+            together_fn = cc.run_together_list if via == "list" else cc.run_together
+            return (
+                lambda tag, done: cc.run_alone(url, params, prompts, tag, done, api_key=key),
+                lambda tag, done: together_fn(url, params, prompts, tag, o.n, done, api_key=key),
+                via,
+            )
+        if o.batch_via == "list":
+            raise BadInput(LIST_REFUSAL)
+        return (
+            lambda tag, done: mmc.run_alone(url, params, prompts, pictures, tag, done, api_key=key),
+            lambda tag, done: mmc.run_together(
+                url, params, prompts, pictures, tag, o.n, done, api_key=key
+            ),
+            "requests",
+        )
+
     def _measure(self, live: Live, mode: str | None, label: str, engine_s: float) -> _Measured:
         o, key = self.options, live.api_key
         model, version = self._served_model(live)
+        pictures = self._pictures(live, model)
         params = cc.CompletionParams(model, o.max_tokens, o.logprobs)
-        prompts = list(o.prompts)
+        alone_fn, together_fn, via = self._senders(live, params, pictures)
+        n_img = sum(map(len, pictures))
+        what = f" with {n_img} images" if n_img else ""
         tags = (f"{self.tag}-{mode or 'url'}-bs1", f"{self.tag}-{mode or 'url'}-bs{o.n}")
-        on_done = self._phase(label, "BS=1", f"{len(prompts)} prompts one at a time")
+        on_done = self._phase(label, "BS=1", f"{len(o.prompts)} prompts{what} one at a time")
         t0 = time.monotonic()
-        alone = cc.run_alone(live.url, params, prompts, tags[0], on_done, api_key=key)
+        alone = alone_fn(tags[0], on_done)
         t_alone = time.monotonic() - t0
-        on_done = self._phase(label, f"BS={o.n}", "prompts sent together")
-        together_fn = cc.run_together_list if o.batch_via == "list" else cc.run_together
+        on_done = self._phase(label, f"BS={o.n}", f"prompts{what} sent together")
         t0 = time.monotonic()
         with cc.RunningSampler(live.url, api_key=key) as sampler:
-            together = together_fn(live.url, params, prompts, tags[1], o.n, on_done, api_key=key)
+            together = together_fn(tags[1], on_done)
         t_together = time.monotonic() - t0
         sampler.settle(sum(len(t.generated.token_ids) for t in together))
+        records = engine_records.read_after(live.run_dir, tags[1], len(o.prompts))
+        text_tokens = None
+        if n_img and records.mm_items is None:  # no engine probe: the usage cross-check
+            text_tokens = mmc.text_token_counts(live.url, model, o.prompts, api_key=key)
         return _Measured(
             live,
             model,
@@ -328,7 +432,10 @@ class _Job:
             together,
             {"engine": engine_s, "bs1": t_alone, "bsn": t_together},
             (tuple(sampler.samples), sampler.steps, sampler.tokens),
-            engine_records.read_after(live.run_dir, tags[1], len(prompts)),
+            records,
+            pictures,
+            via,
+            text_tokens,
         )
 
     def _compare(self, m: _Measured, label: str) -> list[inv.PromptResult]:
@@ -363,7 +470,7 @@ class _Job:
             list(samples), o.n, steps, tokens
         )
         probe_env = rec.probe_init.get("env") if rec.probe_init else None
-        settings = eng.check_engine_settings(rec.info, probe_env, mode=mode)
+        settings = eng.check_engine_settings(rec.info, probe_env, mode=mode, images=m.images > 0)
         settings += eng.check_request_settings(
             [t.generated for t in m.alone + m.together], o.max_tokens
         )
@@ -375,11 +482,15 @@ class _Job:
             bs1_shared=shared,
             nudge=(rec.probe_init or {}).get("nudge"),
         )
-        summary = inv.summarize(results, o.atol, list(findings.failures))
+        images = _image_evidence(m)
+        img_failures, img_warnings = img.assess(images, o.n)
+        failures = [*img_failures, *findings.failures]
+        warnings = [*img_warnings, *findings.warnings]
+        summary = inv.summarize(results, o.atol, failures)
         self.progress(ev.Phase(f"{label}: done"))
         reasons = "; ".join(summary.reasons) or "all prompts matched"
         self.progress(ev.Log(f"{label}: verdict {summary.verdict}: {reasons}"))
-        for w in findings.warnings:
+        for w in warnings:
             self.progress(ev.Log(f"{label}: {w}", level="warning"))
         return {
             "mode": mode or "unknown (external server)",
@@ -394,8 +505,9 @@ class _Job:
             "execution": eng.execution_of(rec.info),
             "summary": summary.to_dict(),
             "settings": [s.to_dict() for s in settings],
-            "batch": {**evidence.to_dict(), "via": o.batch_via, "bs1_max_shared": shared},
-            "warnings": list(findings.warnings),
+            "batch": {**evidence.to_dict(), "via": m.via, "bs1_max_shared": shared},
+            "images": {**images.to_dict(), "max_per_prompt": m.images},
+            "warnings": warnings,
             "prompts": [self._prompt_doc(m, r) for r in results],
             "seconds": {
                 "engine": round(m.seconds["engine"], 2),
@@ -409,9 +521,34 @@ class _Job:
         return {
             **r.to_dict(),
             "prompt": self.options.prompts[r.index],
+            "images": len(m.pictures[r.index]),
             "seconds_alone": round(m.alone[r.index].seconds, 4),
             "seconds_batched": round(m.together[r.index].seconds, 4),
         }
+
+
+def _image_evidence(m: _Measured) -> img.ImageEvidence:
+    """What shows each request's images reached the engine: its probes' records, else
+    the usage cross-check (prompt tokens minus the text-only count)."""
+    sent = [len(p) for p in m.pictures]
+    tokens = None
+    if m.text_tokens is not None:
+        tokens = {
+            side: [
+                None
+                if t.generated.prompt_tokens is None or base is None
+                else t.generated.prompt_tokens - base
+                for t, base in zip(timed, m.text_tokens, strict=True)
+            ]
+            for side, timed in zip(img.SIDES, (m.alone, m.together), strict=True)
+        }
+    return img.evidence(
+        sent,
+        m.tags,
+        mm_events=m.records.mm_items,
+        batch_events=m.records.batch,
+        image_tokens=tokens,
+    )
 
 
 def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
@@ -432,6 +569,7 @@ def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
             "largest_diff": None,
         },
         "batch": {"max_batch": 0, "source": "-"},
+        "images": {"max_per_prompt": 0, "total": 0, "reached": None, "source": "-"},
         "execution": None,
         "platform": "?",
         "vllm_version": None,

@@ -1,10 +1,15 @@
 """What an engine opsctl started recorded about itself, read from its run directory:
-the engine_info probe (EngineCore config), the batch probe (its init record and one
-record per sampling step), the vLLM version and the test knobs in the patch ledger.
+the engine_info probe (EngineCore config), the batch probe (its init record, one record
+per sampling step and one per vision encoder call), the mm_uuid probe (the multimodal
+items each request reached the engine core with, when that probe is active), the vLLM
+version, the platform and the test knobs in the patch ledger.
 
 Read once into a frozen :class:`EngineRecords`; an engine without a run directory (an
 external server) gives the empty value. Used by `diag invariance` to read back the
-isolating settings and the batches the engine really formed.
+isolating settings, the batches the engine really formed and the images it got.
+
+:func:`identity`: the platform vLLM's ``current_platform`` reported in the engine and
+the vLLM version, from the ledger (every diag report names both).
 """
 
 from __future__ import annotations
@@ -26,6 +31,32 @@ class EngineRecords:
     probe_init: Mapping[str, Any] | None = None  # the batch probe's init (worker first)
     vllm_version: str | None = None  # from the newest ledger record
     test_knobs: Mapping[str, str] = field(default_factory=dict)
+    mm_items: tuple[Mapping[str, Any], ...] | None = None  # mm_uuid records; None: no probe
+    platform: str | None = None  # vLLM's current_platform in the engine (ledger)
+
+
+NOT_STARTED = "unknown (not started by opsctl)"
+
+
+def _platform(records: list[dict]) -> str | None:
+    """The engine core's platform (else any process's) from ledger records."""
+    core = [r for r in records if r.get("role") == "engine_core" and r.get("platform")]
+    named = core or [r for r in records if r.get("platform")]
+    return str(named[-1]["platform"]) if named else None
+
+
+def identity(run_dir: Path | None) -> tuple[str | None, str | None]:
+    """(platform, vLLM version) the engine of ``run_dir`` recorded in its ledger; (None,
+    None) without a run directory or ledger (a server opsctl did not start)."""
+    if run_dir is None:
+        return None, None
+    records = ledger.read_records(run_dir)
+    version = next((r["vllm_version"] for r in reversed(records) if r.get("vllm_version")), None)
+    return _platform(records), version
+
+
+def _mm_probe_active(records: list[dict]) -> bool:
+    return any(e.name == "mm_uuid_probe" and e.status == "applied" for e in ledger.entries(records))
 
 
 def _last(records: list[dict], **match: Any) -> dict | None:
@@ -41,12 +72,15 @@ def read(run_dir: Path | None) -> EngineRecords:
     infos = [r for r in ledger.read_events(run_dir, "engine_info") if "error" not in r]
     batch = ledger.read_events(run_dir, "batch")
     records = ledger.read_records(run_dir)
+    mm = ledger.read_events(run_dir, "mm_uuid") if _mm_probe_active(records) else None
     return EngineRecords(
         infos[-1] if infos else None,
         tuple(batch),
         _last(batch, event="init", role="worker") or _last(batch, event="init"),
         records[-1].get("vllm_version") if records else None,
         ledger.test_knobs(records),
+        tuple(mm) if mm is not None else None,
+        _platform(records),
     )
 
 

@@ -37,6 +37,7 @@ class Generated:
     outputs: int = 1  # number of choices the server returned
     error: str | None = None  # request error (HTTP status, exception, bad JSON)
     has_logprobs: bool = True  # the response carried a logprobs object at all
+    prompt_tokens: int | None = None  # usage.prompt_tokens (chat requests with images)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,9 +49,10 @@ INFO_SOURCE = "engine_info probe (EngineCore config)"
 NO_LEDGER = "no opsctl ledger for this server"
 
 
-def _cache_settings(engine_info: Mapping[str, Any] | None) -> list[SettingCheck]:
+def _cache_settings(engine_info: Mapping[str, Any] | None, images: bool) -> list[SettingCheck]:
     """Prefix caching off and the mm processor cache at 0 GiB (``--mm-processor-cache-gb
-    0`` is accepted by a text-only model, which then has no multimodal config)."""
+    0`` is accepted by a text-only model, which then has no multimodal config; a run
+    with images needs the engine to show it at 0)."""
     if engine_info is None:
         why = f"{NO_LEDGER}: could not enforce or read back"
         return [
@@ -65,7 +66,11 @@ def _cache_settings(engine_info: Mapping[str, Any] | None) -> list[SettingCheck]
         )
     ]
     mm = engine_info.get("mm_processor_cache_gb")
-    if mm is None:
+    if mm is None and images:
+        out.append(
+            SettingCheck("mm processor cache", "0 GiB", "not recorded", MISMATCH, INFO_SOURCE)
+        )
+    elif mm is None:
         how = f"{INFO_SOURCE}: text-only model, flag accepted"
         out.append(
             SettingCheck("mm processor cache", "0 GiB", "no multimodal config", NOT_APPLICABLE, how)
@@ -101,14 +106,16 @@ def check_engine_settings(
     probe_env: Mapping[str, Any] | None,
     *,
     mode: str | None,
+    images: bool = False,
 ) -> list[SettingCheck]:
     """Engine-level isolating settings against what the engine recorded.
 
     ``engine_info``: the engine_info probe's record (None: no ledger, e.g. an external
     server opsctl did not start). ``probe_env``: env vars as the engine process saw them
     (batch probe), None when unknown. ``mode``: "eager" | "default" | None (not chosen).
+    ``images``: the prompts carry images, so the mm processor cache must show 0 GiB.
     """
-    out = [*_cache_settings(engine_info), _sampler_setting(probe_env)]
+    out = [*_cache_settings(engine_info, images), _sampler_setting(probe_env)]
     if mode is not None:
         out.append(_mode_setting(engine_info, mode))
     return out
@@ -351,6 +358,13 @@ def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str:
         or (probe_init or {}).get("platform")
         or "unknown (external server without an opsctl ledger)"
     )
+
+
+def joined(values: Sequence[object]) -> str | None:
+    """The distinct non-empty values of several runs, in order, as one string (None when
+    there are none): a report's top-level platform / vLLM version over its modes."""
+    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "", "?")))
+    return ", ".join(seen) if seen else None
 
 
 def execution_of(engine_info: Mapping | None) -> dict[str, Any] | None:

@@ -31,6 +31,42 @@ def _divergence(p: dict[str, Any]) -> str:
     return inv.divergence_text(result)
 
 
+def _images_text(run: dict) -> str:
+    im = run.get("images") or {}
+    if not im.get("max_per_prompt"):
+        return "none (text only)"
+    return f"{im['total']} ({'/'.join(map(str, im['per_prompt']))} per prompt)"
+
+
+def _reached_text(run: dict) -> str:
+    im = run.get("images") or {}
+    if not im.get("max_per_prompt"):
+        return "-"
+    if not im.get("reached"):
+        missing = im.get("missing") or ["not shown"]
+        return f"[red]NO[/]: {escape(missing[0])}" + (
+            f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        )
+    got = " / ".join(
+        f"{side} {sum(v or 0 for v in im['received'].get(side, []))}" for side in ("BS=1", "BS=N")
+    )
+    text = f"yes: engine core got {got}" if im.get("received") else "yes"
+    if im.get("encoded"):
+        text += f"; encoder batch up to {im.get('encoder_max_batch')} prompts"
+    if not im.get("received"):
+        text += f" ({im.get('source')})"
+    return text
+
+
+def header(doc: dict) -> str:
+    """The first line: what ran where (the platform vLLM reported and its version)."""
+    models = ", ".join(dict.fromkeys(str(r["model"]) for r in doc["runs"] if r.get("model")))
+    return (
+        f"[b]diag invariance[/] {escape(models or '?')} on vLLM {doc.get('vllm_version') or '?'}, "
+        f"platform {doc.get('platform') or '?'}"
+    )
+
+
 def _modes_table(doc: dict) -> Table:
     runs = doc["runs"]
     head = Table(
@@ -52,6 +88,8 @@ def _modes_table(doc: dict) -> Table:
     )
     row("largest |Δ logprob|", lambda r: inv.fmt_diff(r["summary"]["largest_diff"]))
     row("batch formed", _batch_text)
+    row("images sent", _images_text)
+    row("images reached the engine", _reached_text)
     row(
         "execution",
         lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?",
@@ -78,6 +116,7 @@ def _prompts_table(run: dict) -> Table:
     for c in (
         "#",
         "prompt",
+        "images",
         "status",
         "first divergence (pos, tokens, logprobs alone/batched, Δ)",
         "largest |Δ|",
@@ -87,6 +126,7 @@ def _prompts_table(run: dict) -> Table:
         pt.add_row(
             str(p["index"]),
             escape(inv.preview(p["prompt"])),
+            str(p.get("images", 0)),
             p["status"],
             escape(_divergence(p)),
             inv.fmt_diff(p["largest_diff"]),
@@ -95,6 +135,7 @@ def _prompts_table(run: dict) -> Table:
 
 
 def render(con: Console, doc: dict) -> None:
+    con.print(header(doc))
     con.print(_modes_table(doc))
     for r in doc["runs"]:
         con.print(_settings_table(r))

@@ -60,9 +60,16 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option(None, "--mode", help="default | eager | both (started engines)"),
         atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
         batch_via: str = typer.Option(
-            "list",
+            None,
             "--batch-via",
-            help="BS=N as one request with N prompts (list) or N concurrent requests",
+            help="BS=N as one request with N prompts (list; text default) or N concurrent "
+            "requests (requests; the only way with images)",
+        ),
+        images: int = typer.Option(
+            None,
+            "--images",
+            help="most images per prompt on a vision-language model (default: the model's; "
+            "0: text only)",
         ),
         timeout: float = typer.Option(
             600.0, "--timeout", help="seconds to wait for a started engine"
@@ -85,19 +92,18 @@ def register(app: typer.Typer) -> None:
             raise BadInput("give either a URL or --model, not both")
         base = validate_url(url) if url else None
         options = check.Options(
-            prompts=read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            logprobs=logprobs,
-            mode=mode,
-            atol=atol,
-            batch_via=batch_via,
-            timeout=timeout,
+            read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
+            batch_size,
+            max_tokens,
+            logprobs,
+            mode,
+            atol,
+            batch_via,
+            timeout,
+            images=images,
         )
-        knobs = parse_knobs(test_knob, url=base)
-        target: Target = (
-            UrlTarget(base, api_key) if base else EngineSpec(model, knobs=tuple(knobs.items()))
-        )
+        knobs = tuple(parse_knobs(test_knob, url=base).items())
+        target: Target = UrlTarget(base, api_key) if base else EngineSpec(model, knobs=knobs)
         check.plan(target, options)  # bad input is refused before any engine or panel
         report = run_with_progress(
             check.TITLE,

@@ -1,0 +1,225 @@
+"""Chat requests with images and logprobs for `opsctl diag invariance` on a
+vision-language model.
+
+/v1/completions carries no images on vLLM 0.32 (its request has no multimodal field),
+so prompts with images go to ``/v1/chat/completions``: one user message of image parts
+(PNG data URLs made in memory, opsctl.collectors.mm_uuid.image_data_url) followed by the
+prompt's text. Every request is greedy, ``ignore_eos``, asks for ``logprobs`` with
+``top_logprobs`` and token ids (``return_tokens_as_token_ids``), names the run, phase
+and prompt in its ``request_id`` (``<tag>-p<index>-<hex8>``, like the text requests, so
+the batch probe's records map to prompts the same way), sends every image with its own
+``uuid`` (``<request id>-img<j>``: the engine core records it, and no request reuses
+another's processed image) and a unique ``cache_salt``.
+
+BS=1: one request at a time. BS=N: one chat conversation per request, so the N requests
+of a group are sent at once from threads released by a barrier (the batch probe shows
+what the engine really batched).
+
+:func:`text_token_counts`: ``/tokenize`` of each prompt's message without its images,
+for the usage cross-check when no engine probe shows the images.
+Errors become values (``Generated.error``), never exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from opsctl.collectors import http
+from opsctl.collectors.completions import CompletionParams, Timed, parse_response, token_key
+from opsctl.collectors.completions import request_id as make_request_id
+from opsctl.collectors.mm_uuid import image_data_url
+from opsctl.domain.invariance import Generated, TokenKey
+from opsctl.domain.invariance_images import ENDPOINT, RGB, image_uuid
+
+IMAGE_SIZE = 32
+_URLS: dict[RGB, str] = {}
+OnDone = Callable[[int, Timed], None]
+
+
+def image_url(rgb: RGB) -> str:
+    if rgb not in _URLS:
+        _URLS[rgb] = image_data_url(rgb, IMAGE_SIZE)
+    return _URLS[rgb]
+
+
+def messages(text: str, images: Sequence[RGB], rid: str | None) -> list[dict[str, Any]]:
+    """One user message: the images (with their uuids when ``rid`` is given), then text."""
+    parts: list[dict[str, Any]] = []
+    for j, rgb in enumerate(images):
+        part: dict[str, Any] = {"type": "image_url", "image_url": {"url": image_url(rgb)}}
+        if rid is not None:
+            part["uuid"] = image_uuid(rid, j)
+        parts.append(part)
+    parts.append({"type": "text", "text": text})
+    return [{"role": "user", "content": parts}]
+
+
+def chat_body(params: CompletionParams, text: str, images: Sequence[RGB], rid: str) -> dict:
+    return {
+        "model": params.model,
+        "messages": messages(text, images, rid),
+        "max_tokens": params.max_tokens,
+        "temperature": 0.0,
+        "logprobs": True,
+        "top_logprobs": params.logprobs,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+        "request_id": rid,
+        "cache_salt": uuid.uuid4().hex,
+        "stream": False,
+    }
+
+
+def _prompt_tokens(payload: dict) -> int | None:
+    usage = payload.get("usage")
+    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def parse_chat(status: int, payload: object) -> Generated:
+    """A /v1/chat/completions response with logprobs -> Generated (with usage)."""
+    if (
+        status != 200
+        or not isinstance(payload, dict)
+        or not isinstance(payload.get("choices"), list)
+    ):
+        return parse_response(status, payload)
+    choices = payload["choices"]
+    if not choices:
+        return Generated(outputs=0, prompt_tokens=_prompt_tokens(payload))
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    finish = choice.get("finish_reason")
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return Generated(finish_reason=finish, outputs=len(choices), has_logprobs=False)
+    tokens: list[TokenKey] = []
+    values: list[float | None] = []
+    tops: list[dict[TokenKey, float] | None] = []
+    for item in content:
+        tokens.append(token_key(str(item.get("token"))))
+        values.append(None if item.get("logprob") is None else float(item["logprob"]))
+        tops.append(
+            {
+                token_key(str(t["token"])): float(t["logprob"])
+                for t in item.get("top_logprobs") or []
+                if t.get("logprob") is not None
+            }
+        )
+    return Generated(
+        tuple(tokens),
+        tuple(values),
+        tuple(tops),
+        finish,
+        len(choices),
+        None,
+        True,
+        _prompt_tokens(payload),
+    )
+
+
+def send(
+    client: httpx.Client,
+    url: str,
+    params: CompletionParams,
+    text: str,
+    images: Sequence[RGB],
+    rid: str,
+) -> Timed:
+    t0 = time.perf_counter()
+    try:
+        r = client.post(
+            f"{url}{ENDPOINT}", json=chat_body(params, text, images, rid), timeout=params.timeout
+        )
+        try:
+            payload: object = r.json()
+        except ValueError:
+            payload = r.text
+        gen = parse_chat(r.status_code, payload)
+    except httpx.HTTPError as exc:
+        gen = Generated(error=f"{type(exc).__name__}: {exc}")
+    return Timed(gen, time.perf_counter() - t0, rid)
+
+
+def run_alone(
+    url: str,
+    params: CompletionParams,
+    prompts: Sequence[str],
+    images: Sequence[Sequence[RGB]],
+    tag: str,
+    on_done: OnDone | None = None,
+    *,
+    api_key: str | None = None,
+) -> list[Timed]:
+    """BS=1: one request at a time, in prompt order."""
+    out: list[Timed] = []
+    with http.client(api_key) as client:
+        for i, text in enumerate(prompts):
+            res = send(client, url, params, text, images[i], make_request_id(tag, i))
+            out.append(res)
+            if on_done:
+                on_done(i, res)
+    return out
+
+
+def run_together(
+    url: str,
+    params: CompletionParams,
+    prompts: Sequence[str],
+    images: Sequence[Sequence[RGB]],
+    tag: str,
+    batch_size: int,
+    on_done: OnDone | None = None,
+    *,
+    api_key: str | None = None,
+) -> list[Timed]:
+    """BS=N: groups of ``batch_size`` requests sent at once (threads released together
+    by a barrier); the next group after the previous one finished."""
+    results: list[Timed | None] = [None] * len(prompts)
+    limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
+    with http.client(api_key, limits=limits) as client:
+        for start in range(0, len(prompts), batch_size):
+            group = list(range(start, min(start + batch_size, len(prompts))))
+            barrier = threading.Barrier(len(group))
+
+            def work(i: int, barrier: threading.Barrier = barrier) -> None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait(timeout=30)
+                rid = make_request_id(tag, i)
+                results[i] = send(client, url, params, prompts[i], images[i], rid)
+                if on_done:
+                    on_done(i, results[i])  # type: ignore[arg-type]
+
+            threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in group]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    return [
+        r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
+        for r in results
+    ]
+
+
+def text_token_counts(
+    url: str, model: str, prompts: Sequence[str], *, api_key: str | None = None
+) -> list[int | None]:
+    """``/tokenize`` of each prompt's chat message without images (same template as the
+    chat requests); None where the server gave no count."""
+    out: list[int | None] = []
+    with http.client(api_key, timeout=30.0) as client:
+        for text in prompts:
+            body = {"model": model, "messages": messages(text, (), None)}
+            try:
+                r = client.post(f"{url}/tokenize", json=body)
+                count = r.json().get("count") if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                count = None
+            out.append(count if isinstance(count, int) else None)
+    return out
