@@ -5,10 +5,12 @@ only in dev mode (like VLLM_SERVER_DEV_MODE=1), /server_info, /reset_prefix_cach
 404 ``{"detail": "Not Found"}``. Every request is recorded in ``calls`` as
 (method, path with query).
 
-``python -m tests.standin_admin [--dev] [--model NAME]`` serves on a free port in a
+``python -m tests.standin_admin [--dev] [--model NAME] [--port N]`` serves in a
 process of its own (the bundle test's "engine"), prints its URL, writes a vLLM-like
 startup line holding its API key (as vLLM logs its non-default args), serves until
-killed.
+killed. :class:`StandInEngine` runs that process behind EngineServer's interface (run
+directory with meta.json, wait_healthy, stop), so the console's serve / stop / restart
+actions can be driven without vLLM.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+import httpx
+import psutil
 
 from tests.standin import JSONHandler, serving
 
@@ -101,7 +108,8 @@ def admin_server(dev: bool, model: str = "tiny-llama") -> Iterator[tuple[str, ty
 def main() -> None:
     dev = "--dev" in sys.argv
     model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "tiny-llama"
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler(dev, model))
+    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
+    srv = ThreadingHTTPServer(("127.0.0.1", port), handler(dev, model))
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     key = os.environ.get("VLLM_API_KEY", "")
     print(f"INFO non-default args: {{'model': '{model}', 'api_key': ['{key}'], "
@@ -110,6 +118,72 @@ def main() -> None:
     print(json.dumps({"url": url}), flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         srv.serve_forever()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StandInEngine:
+    """EngineServer's interface over a stand-in process (dev-mode admin routes)."""
+
+    def __init__(self, opts) -> None:
+        from opsctl.engine.server import free_port
+
+        self.opts = opts
+        self.port = opts.port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.run_dir: Path | None = None
+        self.started_at = 0.0
+        self.stop_report = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> StandInEngine:
+        from opsctl.engine.server import new_run_dir
+
+        self.run_dir = new_run_dir(self.opts.label, self.opts.model.name, self.port)
+        args = [sys.executable, "-m", "tests.standin_admin", "--dev", "--port", str(self.port),
+                "--model", self.opts.model.name]  # fmt: skip
+        log = (self.run_dir / "server.log").open("w")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.started_at = time.time()
+        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        me = psutil.Process()
+        meta = {"url": self.url, "pid": self.proc.pid, "model": self.opts.model.name,
+                "model_path": str(self.opts.model.path), "load_format": self.opts.load_format,
+                "started_at": self.started_at, "owner_pid": me.pid,
+                "owner_started": me.create_time(),
+                "pids": {str(self.proc.pid): psutil.Process(self.proc.pid).create_time()}}  # fmt: skip
+        (self.run_dir / "meta.json").write_text(json.dumps(meta))
+        return self
+
+    def wait_healthy(self, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None and self.proc.poll() is None, "stand-in engine died"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return time.time() - self.started_at
+            assert time.monotonic() < deadline, "stand-in engine never healthy"
+            time.sleep(0.05)
+
+    def stop(self):
+        from opsctl.engine.server import StopReport
+
+        if self.stop_report is None:
+            t0 = time.time()
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.terminate()
+                self.proc.wait(10)
+            self.stop_report = StopReport(round(time.time() - t0, 3), ["SIGTERM api-server"],
+                                          [], [], [], self.proc.returncode if self.proc else None)  # fmt: skip
+            if self.run_dir is not None:
+                meta = json.loads((self.run_dir / "meta.json").read_text())
+                meta["stopped_at"] = time.time()
+                (self.run_dir / "meta.json").write_text(json.dumps(meta))
+        return self.stop_report
 
 
 if __name__ == "__main__":

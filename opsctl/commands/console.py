@@ -59,7 +59,9 @@ def register(app: typer.Typer) -> None:
         source.start()
         try:
             run_console(
-                build_console_app(source, interval=interval, readonly=readonly, record=record)
+                build_console_app(
+                    source, interval=interval, readonly=readonly, record=record, api_key=api_key
+                )
             )
         finally:
             source.close()

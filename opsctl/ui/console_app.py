@@ -1,11 +1,16 @@
 """The fleet console (Textual). It reads a FleetSource (not knowing which kind) on a
 timer: ``collect()`` is a cheap in-memory read, polling happens in the source's own
 thread. The fleet table re-renders only changed cells; the drill-in reads local
-details (process tree with PSS, Engram tables, ledger, log tail) in a worker thread,
-only while it is open. ``build_console_app`` is the one factory (CLI and tests).
+details in a worker thread, only while it is open. ``build_console_app`` is the one
+factory (CLI and tests); ``run_console`` runs it under the engine lifetime policy.
 
-Keys: ``?`` help, ``/`` filter, Enter drill-in, Esc back, ``s``/``S`` sort by next
-column / reverse, ``r`` refresh now, ``p`` pause, ``q`` quit.
+Actions (checks, servers, admin calls, reaping, bundles; opsctl.ui.console_actions)
+run in worker threads; a check's result stays on its endpoint's row (column "check")
+and in the drill-in. With ``record`` every frame (snapshot + row notes) is written as
+JSONL (opsctl.console.replay); a replay source adds step and speed keys and no actions.
+
+Keys: ``?`` help (lists every key), ``/`` filter, Enter drill-in, Esc back, ``s``/``S``
+sort, ``r`` refresh now, ``p`` pause, ``q`` quit; actions ``d j n x R c a b :``.
 """
 
 from __future__ import annotations
@@ -15,114 +20,24 @@ from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Footer, Input
 
+from opsctl.console.actions import Jobs
 from opsctl.console.local import LocalDetail, collect_detail
+from opsctl.console.servers import ServerManager
 from opsctl.console.source import FleetSource
-from opsctl.domain.console import EndpointView, FleetSnapshot
+from opsctl.domain.console import FleetSnapshot
+from opsctl.ui.console_actions import ActionsMixin, JobEvent, ServerChanged
+from opsctl.ui.console_checks import ChecksScreen
+from opsctl.ui.console_screens import DetailScreen, HelpScreen, actions_text
 from opsctl.ui.panels.console import COLUMNS, FleetHeader, FleetTable, header_text, matches
-from opsctl.ui.panels.console_detail import (
-    SPARKS,
-    EngramPanel,
-    LatencyTable,
-    SparkPanel,
-    figures_text,
-    server_info_text,
-    summary_text,
-)
-from opsctl.ui.panels.serve import LedgerPanel, LogPanel, ProcessPanel
+from opsctl.ui.panels.console_detail import SPARKS
 
-HELP = """\
-[b]opsctl console[/b]: keys
-
-  ↑/↓        move in the fleet table
-  Enter      drill into the endpoint under the cursor
-  Esc        back (closes the filter, the drill-in, this help)
-  /          filter rows (words match name, url, state, model, labels, reason)
-  s / S      sort by the next column / reverse the order (or click a header)
-  r          poll every endpoint now
-  p          pause / resume polling
-  ?          this help
-  q          quit
-
-States: starting, ready, busy, stalled (requests running, generation flat for the
-stall window, /health may still say 200), dead, unreachable, unauthorized, restarted.
-'-' is missing data; 'Ns stale' is the age of data older than 1.5 polls."""
+__all__ = ["ConsoleApp", "DetailScreen", "HelpScreen", "build_console_app", "run_console"]
+REPLAY_ACTIONS = {"step_forward", "step_back", "faster", "slower"}
 
 
-class HelpScreen(ModalScreen):
-    BINDINGS = [("escape", "dismiss", "Back"), ("question_mark", "dismiss", "Back")]
-    DEFAULT_CSS = "HelpScreen { align: center middle; } #help { width: 84; border: round $accent; padding: 1 2; background: $panel; }"
-
-    def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
-
-
-class DetailScreen(Screen):
-    """One endpoint. Fleet data on every tick; local details every DETAIL_EVERY_S."""
-
-    BINDINGS = [("escape", "app.pop_screen", "Back"), ("r", "app.refresh_now", "Refresh")]
-    DEFAULT_CSS = """
-    #d-summary, #d-figures, #d-info { height: auto; padding: 0 1; }
-    #d-top { height: auto; }
-    #d-top > LatencyTable { border: round $accent; margin-right: 1; }
-    #d-top > SparkPanel { width: 1fr; }
-    """
-    DETAIL_EVERY_S = 2.0
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
-        self.url = url
-        self.detail: LocalDetail | None = None
-        self.detail_at = 0.0
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(id="d-summary")
-            yield Static(id="d-figures")
-            with Horizontal(id="d-top"):
-                yield LatencyTable()
-                yield SparkPanel()
-            yield Static(id="d-info")
-            with Vertical(id="d-local"):
-                yield ProcessPanel()
-                yield EngramPanel()
-                yield LedgerPanel()
-                yield LogPanel()
-        yield Footer()
-
-    def show(self, view: EndpointView, now: float, interval: float, series) -> None:
-        self.query_one("#d-summary", Static).update(summary_text(view, now, interval))
-        self.query_one("#d-figures", Static).update(figures_text(view))
-        self.query_one(LatencyTable).show(view)
-        self.query_one(SparkPanel).show(series)
-        self.query_one("#d-info", Static).update(server_info_text(view))
-        local = self.query_one("#d-local")
-        local.display = view.target.pid is not None
-        if view.target.pid is not None and now - self.detail_at >= self.DETAIL_EVERY_S:
-            self.detail_at = now
-            self.app.run_worker(
-                lambda: self._collect(view), thread=True, group="detail", exclusive=True
-            )
-
-    def _collect(self, view: EndpointView) -> None:
-        detail = self.app.detail_fn(view.target)  # type: ignore[attr-defined]
-        if detail is not None:
-            self.app.call_from_thread(self.show_detail, detail)
-
-    def show_detail(self, d: LocalDetail) -> None:
-        self.detail = d
-        self.query_one(ProcessPanel).update_snapshot(d)
-        self.query_one(EngramPanel).update_snapshot(d)
-        self.query_one(LedgerPanel).update_snapshot(d)
-        self.query_one(LedgerPanel).display = bool(d.ledger)
-        self.query_one(LogPanel).update_snapshot(d)
-        self.query_one(LogPanel).display = bool(d.log_tail)
-
-
-class ConsoleApp(App):
+class ConsoleApp(ActionsMixin, App):
     TITLE = "opsctl console"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
@@ -134,8 +49,24 @@ class ConsoleApp(App):
         Binding("p", "pause", "Pause"),
         Binding("s", "sort_next", "Sort"),
         Binding("S", "sort_reverse", "Reverse", show=False),
+        Binding("d", "run_check", "Check"),
+        Binding("j", "checks", "Checks"),
+        Binding("n", "new_server", "Serve"),
+        Binding("x", "stop_server", "Stop"),
+        Binding("R", "restart_server", "Restart", show=False),
+        Binding("c", "reap", "Reap", show=False),
+        Binding("a", "admin", "Admin"),
+        Binding("b", "bundle", "Bundle", show=False),
+        Binding("colon", "command", "Command", key_display=":"),
+        Binding("full_stop", "step_forward", "Step", key_display="."),
+        Binding("comma", "step_back", "Back step", key_display=",", show=False),
+        Binding("plus", "faster", "Faster", key_display="+"),
+        Binding("minus", "slower", "Slower", key_display="-", show=False),
     ]
-    CSS = "#filter { display: none; } #filter.on { display: block; }"
+    CSS = """
+    #filter, #command { display: none; }
+    #filter.on, #command.on { display: block; }
+    """
 
     def __init__(
         self,
@@ -145,6 +76,8 @@ class ConsoleApp(App):
         detail_fn: Callable[..., LocalDetail | None] = collect_detail,
         tick: float | None = None,
         record: Path | None = None,
+        api_key: str | None = None,
+        engine_factory: Callable | None = None,
     ) -> None:
         super().__init__()
         from opsctl.console.replay import Recorder
@@ -153,16 +86,25 @@ class ConsoleApp(App):
         self.source = source
         self.interval = interval
         self.tick_s = tick if tick is not None else min(interval, 1.0)
-        self.readonly = readonly
+        self.replaying = hasattr(source, "step")
+        self.readonly = readonly or self.replaying
+        self.api_key = api_key
         self.detail_fn = detail_fn
         self.filter_text = ""
         self.last: FleetSnapshot | None = None
+        self.notes: dict[str, str] = {}
         self.ticks = 0
+        self.action_log: list[str] = []
+        self.jobs = Jobs(on_event=lambda job, snap: self.post_message(JobEvent(job, snap)))
+        self.servers = ServerManager(
+            on_change=lambda m: self.post_message(ServerChanged(m)), engine_factory=engine_factory
+        )
 
     def compose(self) -> ComposeResult:
         yield FleetHeader(id="fleet-header")
         yield Input(placeholder="filter: words (Esc clears)", id="filter")
         yield FleetTable(id="fleet")
+        yield Input(placeholder=": command (e.g. diag invariance; Esc cancels)", id="command")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -170,28 +112,57 @@ class ConsoleApp(App):
         self.table = self.query_one(FleetTable)
         self.header = self.query_one(FleetHeader)
         self.filter_box = self.query_one("#filter", Input)
+        self.command_box = self.query_one("#command", Input)
         self.table.focus()
         self.tick()
         self.set_interval(self.tick_s, self.tick)
 
+    def on_unmount(self) -> None:
+        """Checks stop at their next step; servers this console started stop now."""
+        self.jobs.cancel_all()
+        self.servers.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in REPLAY_ACTIONS:
+            return self.replaying
+        return True
+
     def tick(self) -> None:
         snap = self.source.collect()
         self.last = snap
-        if self.recorder is not None:
-            self.recorder.write(snap)
         self.ticks += 1
+        notes = self.source.notes() if self.replaying else self.jobs.notes()  # type: ignore[attr-defined]
+        self.notes = notes
+        if self.recorder is not None:
+            self.recorder.write(snap, notes)
         views = [v for v in snap.endpoints if matches(v, self.filter_text)]
         now = snap.taken_at
-        self.header.show(header_text(snap, len(views), self.filter_text, self.readonly))
-        self.table.show(views, now, snap.interval_s)
+        extra = self.source.status_line() if self.replaying else ""  # type: ignore[attr-defined]
+        self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
+        self.table.show(views, now, snap.interval_s, notes)
         screen = self.screen
         if isinstance(screen, DetailScreen):
             view = next((v for v in snap.endpoints if v.target.url == screen.url), None)
             if view is not None:
                 series = {k: self.source.series(screen.url, k) for k, _ in SPARKS}
-                screen.show(view, now, snap.interval_s, series)
+                ours = self.servers.owned(view.target.url) is not None
+                block = actions_text(view, self.jobs.for_url(view.target.url), ours, self.readonly)
+                if self.replaying and view.target.url in notes:
+                    block = f"{notes[view.target.url]}\n{block}"
+                screen.show(view, now, snap.interval_s, series, block)
 
-    # ---- actions -------------------------------------------------------------------------
+    def selected_url(self) -> str | None:
+        screen = self.screen
+        if isinstance(screen, DetailScreen):
+            return screen.url
+        if isinstance(screen, ChecksScreen):
+            job = screen.job(screen.shown)
+            return job.url if job else None
+        return self.table.selected_url()
+
+    # ---- navigation ----------------------------------------------------------------------
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -200,23 +171,37 @@ class ConsoleApp(App):
         box.add_class("on")
         box.focus()
 
+    def action_command(self) -> None:
+        box = self.command_box
+        box.value = ""
+        box.add_class("on")
+        box.focus()
+
     def on_input_changed(self, event: Input.Changed) -> None:
-        self.filter_text = event.value.strip()
-        self.tick()
+        if event.input.id == "filter":
+            self.filter_text = event.value.strip()
+            self.tick()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "command":
+            text = event.value.strip().lstrip(":")
+            self.command_box.remove_class("on")
+            self.table.focus()
+            if text:
+                self.run_command(text)
+            return
         self.table.focus()
 
     def action_back(self) -> None:
-        box = self.filter_box
-        if box.has_class("on"):
-            box.value = ""
-            box.remove_class("on")
-            self.table.focus()
+        for box in (self.filter_box, self.command_box):
+            if box.has_class("on"):
+                box.value = ""
+                box.remove_class("on")
+                self.table.focus()
 
     def action_drill(self) -> None:
         url = self.table.selected_url()
-        if url is not None and not isinstance(self.screen, DetailScreen | HelpScreen):
+        if url is not None and self.screen is self.screen_stack[0]:
             self.push_screen(DetailScreen(url))
             self.call_after_refresh(self.tick)
 
@@ -244,8 +229,27 @@ class ConsoleApp(App):
         self.set_timer(0.2, self.tick)
 
     def action_pause(self) -> None:
-        paused = not (self.last.paused if self.last else False)
-        self.source.set_paused(paused)
+        current = getattr(self.source, "paused", None)
+        if current is None:
+            current = self.last.paused if self.last else False
+        self.source.set_paused(not current)
+        self.tick()
+
+    # ---- replay --------------------------------------------------------------------------
+    def action_step_forward(self) -> None:
+        self.source.step(1)  # type: ignore[attr-defined]
+        self.tick()
+
+    def action_step_back(self) -> None:
+        self.source.step(-1)  # type: ignore[attr-defined]
+        self.tick()
+
+    def action_faster(self) -> None:
+        self.source.faster()  # type: ignore[attr-defined]
+        self.tick()
+
+    def action_slower(self) -> None:
+        self.source.slower()  # type: ignore[attr-defined]
         self.tick()
 
 
@@ -262,10 +266,6 @@ def run_console(app: ConsoleApp) -> None:
         if app._loop is not None:
             app._loop.call_soon_threadsafe(app.exit)
 
-    try:
-        with lifetime.tui_app(exit_from_signal):
-            app.run()
-    finally:
-        if app.recorder is not None:
-            app.recorder.close()
+    with lifetime.tui_app(exit_from_signal):
+        app.run()
     lifetime.raise_if_received()

@@ -35,6 +35,7 @@ COLUMNS = (
     ("hit", "prefix hit"),
     ("restarts", "restarts"),
     ("age", "age"),
+    ("check", "check"),
     ("url", "url"),
     ("reason", "reason"),
 )
@@ -52,7 +53,7 @@ def age_text(v: EndpointView, now: float, interval: float) -> str:
     return f"{age:.0f}s stale" if age > 1.5 * interval + 0.5 else ""
 
 
-def row_cells(v: EndpointView, now: float, interval: float) -> tuple[str, ...]:
+def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> tuple[str, ...]:
     f = v.figures
     ttft = f.latency.get("ttft")
     return (
@@ -70,6 +71,7 @@ def row_cells(v: EndpointView, now: float, interval: float) -> tuple[str, ...]:
         fmt(f.prefix_hit_rate, ".0f", 100, " %"),
         str(v.restarts),
         age_text(v, now, interval),
+        note[:60],
         v.target.url,
         (v.reason or "")[:80],
     )
@@ -94,7 +96,9 @@ def matches(v: EndpointView, text: str) -> bool:
     return all(word in hay for word in text.lower().split())
 
 
-def header_text(snap: FleetSnapshot, shown: int, filt: str, readonly: bool) -> Text:
+def header_text(
+    snap: FleetSnapshot, shown: int, filt: str, readonly: bool, extra: str = ""
+) -> Text:
     counts = state_counts(snap.endpoints)
     t = Text()
     t.append(f" {len(snap.endpoints)} endpoints ", style="bold")
@@ -109,6 +113,8 @@ def header_text(snap: FleetSnapshot, shown: int, filt: str, readonly: bool) -> T
         t.append("  PAUSED", style="bold reverse yellow")
     if readonly:
         t.append("  readonly", style="dim")
+    if extra:
+        t.append(f"  {extra}", style="bold reverse cyan")
     if snap.hint:
         t.append(f"\n {snap.hint}", style="italic")
     return t
@@ -144,10 +150,29 @@ class FleetTable(DataTable):
             return Text(value, style=STATE_STYLE.get(value, ""))
         if key == "age" and value:
             return Text(value, style="yellow")
+        if key == "check" and value:
+            style = (
+                "red"
+                if ("FAIL" in value or "ERROR" in value)
+                else "green"
+                if "PASS" in value
+                else "yellow"
+            )
+            return Text(value, style=style)
         return value
 
-    def show(self, views: list[EndpointView], now: float, interval: float) -> None:
-        wanted = {v.target.url: row_cells(v, now, interval) for v in views}
+    def show(
+        self,
+        views: list[EndpointView],
+        now: float,
+        interval: float,
+        notes: dict[str, str] | None = None,
+    ) -> None:
+        """``notes``: per URL, the text of the "check" column (a check's result)."""
+        notes = notes or {}
+        wanted = {
+            v.target.url: row_cells(v, now, interval, notes.get(v.target.url, "")) for v in views
+        }
         resort = False
         for url in [u for u in self.cells if u not in wanted]:
             self.remove_row(url)

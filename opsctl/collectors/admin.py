@@ -1,0 +1,30 @@
+"""One HTTP call to a vLLM admin route (opsctl.domain.admin_routes says which and what
+the answer means). I/O only: the answer, or why there was none, never a raise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from opsctl.collectors.http import client
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAnswer:
+    status: int | None  # None: no HTTP answer
+    body: object  # decoded JSON, else the text
+    error: str | None = None
+
+
+def call(url: str, method: str, path: str, api_key: str | None, timeout: float) -> AdminAnswer:
+    try:
+        with client(api_key, timeout=timeout) as c:
+            r = c.request(method, f"{url.rstrip('/')}{path}")
+    except httpx.HTTPError as exc:
+        return AdminAnswer(None, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
+    try:
+        body: object = r.json()
+    except ValueError:
+        body = r.text.strip()
+    return AdminAnswer(r.status_code, body)

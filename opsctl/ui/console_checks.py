@@ -1,0 +1,102 @@
+"""The checks run from the console: a table of jobs (check, endpoint, state, verdict,
+first finding) and the live DiagPanel of the one under the cursor, fed by its events.
+The panel of another job is rebuilt from that job's recorded snapshots."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from opsctl.console.actions import CheckJob
+from opsctl.ui.panels.diag import DiagPanel
+
+JOB_COLUMNS = ("#", "check", "endpoint", "state", "verdict", "first finding / error")
+
+
+def job_cells(j: CheckJob) -> tuple[str, ...]:
+    return (
+        str(j.id),
+        j.check.name,
+        j.endpoint,
+        j.state if not j.running else f"running: {j.phase}",
+        (j.verdict or "-").upper(),
+        (j.finding or j.error or "")[:100],
+    )
+
+
+class ChecksScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("K", "cancel_job", "Cancel check"),
+    ]
+    DEFAULT_CSS = """
+    ChecksScreen #jobs { height: auto; max-height: 10; }
+    ChecksScreen #jobs-title { height: 1; padding: 0 1; }
+    """
+
+    def __init__(self, jobs: list[CheckJob], show: int | None = None) -> None:
+        super().__init__()
+        self.jobs = jobs
+        self.shown: int | None = show if show is not None else (jobs[-1].id if jobs else None)
+
+    def compose(self) -> ComposeResult:
+        yield Static("checks run from this console (Esc back, K cancel)", id="jobs-title")
+        yield DataTable(id="jobs", cursor_type="row")
+        yield DiagPanel(self._title(), id="check-panel")
+        yield Footer()
+
+    def _title(self) -> str:
+        job = self.job(self.shown)
+        return f"{job.check.title} on {job.endpoint}" if job else "no check yet"
+
+    def job(self, job_id: int | None) -> CheckJob | None:
+        return next((j for j in self.jobs if j.id == job_id), None)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#jobs", DataTable)
+        for key in JOB_COLUMNS:
+            table.add_column(key, key=key)
+        self.refresh_jobs()
+        self._replay()
+
+    def refresh_jobs(self) -> None:
+        table = self.query_one("#jobs", DataTable)
+        for j in self.jobs:
+            key = str(j.id)
+            cells = job_cells(j)
+            if key not in table.rows:
+                table.add_row(*cells, key=key)
+            else:
+                for col, value in zip(JOB_COLUMNS, cells, strict=True):
+                    table.update_cell(key, col, value, update_width=True)
+        if self.shown is not None and str(self.shown) in table.rows:
+            table.move_cursor(row=table.get_row_index(str(self.shown)))
+
+    def _replay(self) -> None:
+        job = self.job(self.shown)
+        panel = self.query_one(DiagPanel)
+        for snap in list(job.snapshots) if job else []:
+            panel.update_snapshot(snap)
+
+    def on_job_event(self, job: CheckJob, snap: dict) -> None:
+        """A job's new snapshot (called by the app on the UI thread)."""
+        self.refresh_jobs()
+        if job.id == self.shown:
+            self.query_one(DiagPanel).update_snapshot(snap)
+
+    async def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        job_id = int(event.row_key.value or 0)
+        if job_id == self.shown:
+            return
+        self.shown = job_id
+        await self.query_one(DiagPanel).remove()
+        await self.mount(DiagPanel(self._title(), id="check-panel"), before=self.query_one(Footer))
+        self._replay()
+
+    def action_cancel_job(self) -> None:
+        job = self.job(self.shown)
+        if job is not None and job.running:
+            job.cancelled.set()
+            self.notify(f"cancelling {job.check.title} on {job.endpoint} (at its next step)")

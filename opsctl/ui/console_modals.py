@@ -1,0 +1,148 @@
+"""The console's modal screens: confirm a destructive action, pick one of a list (a
+check, an admin route), the start-a-server form. Each dismisses with its answer (None:
+cancelled); the caller acts on it."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from opsctl.console.servers import StartRequest
+from opsctl.errors import BadInput
+
+_BOX = "align: center middle; } #box { width: 90; height: auto; border: thick $warning; padding: 1 2; background: $panel; }"
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """y / Enter on "Yes" confirms; n / Esc cancels."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n", "answer(False)", "No"),
+        Binding("escape", "answer(False)", "Cancel"),
+    ]
+    DEFAULT_CSS = "ConfirmScreen { " + _BOX + " #buttons { height: auto; margin-top: 1; }"
+
+    def __init__(self, question: str, detail: str = "") -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="box"):
+            yield Static(f"[b]{escape(self.question)}[/b]", id="question")
+            if self.detail:
+                yield Static(escape(self.detail), id="detail")
+            with Horizontal(id="buttons"):
+                yield Button("Yes (y)", variant="error", id="yes")
+                yield Button("No (n, Esc)", variant="primary", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class PickScreen(ModalScreen[str | None]):
+    """One of ``choices`` ((id, label) pairs); Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = (
+        "PickScreen { "
+        + _BOX.replace("$warning", "$accent")
+        + " OptionList { height: auto; max-height: 20; }"
+    )
+
+    def __init__(self, title: str, choices: list[tuple[str, str]], note: str = "") -> None:
+        super().__init__()
+        self.title_text = title
+        self.choices = choices
+        self.note = note
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="box"):
+            yield Static(f"[b]{escape(self.title_text)}[/b]")
+            yield OptionList(*(Option(escape(label), id=cid) for cid, label in self.choices))
+            if self.note:
+                yield Static(escape(self.note), id="note")
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class StartServerScreen(ModalScreen[StartRequest | None]):
+    """Model (embedded name or directory), weights (dummy | real), port (empty: free)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = (
+        "StartServerScreen { "
+        + _BOX.replace("$warning", "$accent")
+        + " Input { margin-bottom: 1; } #error { color: $error; }"
+    )
+
+    def __init__(self, models: list[str], api_key: str | None = None) -> None:
+        super().__init__()
+        self.models = models
+        self.api_key = api_key
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="box"):
+            yield Static("[b]start a vLLM server[/b] (it stops when the console exits)")
+            yield Label(f"model: an embedded name ({', '.join(self.models)}) or a directory")
+            yield Input(value="tiny-llama", id="model")
+            yield Label("weights: dummy (fast, random) or real (the model's own)")
+            yield Input(value="dummy", id="weights")
+            yield Label("port (empty: a free one)")
+            yield Input(value="", id="port")
+            yield Static("", id="error")
+            with Horizontal():
+                yield Button("Start", variant="success", id="start")
+                yield Button("Cancel (Esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#model", Input).focus()
+
+    def request(self) -> StartRequest:
+        model = self.query_one("#model", Input).value.strip()
+        weights = self.query_one("#weights", Input).value.strip() or "dummy"
+        port_text = self.query_one("#port", Input).value.strip()
+        if not model:
+            raise BadInput("give a model")
+        if port_text and not port_text.isdigit():
+            raise BadInput(f"port must be a number, not {port_text!r}")
+        port = int(port_text) if port_text else None
+        return StartRequest(model=model, weights=weights, port=port, api_key=self.api_key)
+
+    def _submit(self) -> None:
+        try:
+            self.dismiss(self.request())
+        except BadInput as exc:
+            self.query_one("#error", Static).update(escape(exc.message))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._submit()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
