@@ -89,9 +89,20 @@ class DirectScrapeSource:
         return self.api_key
 
     def _sync_targets(self, found: list[Target]) -> list[_Endpoint]:
+        """Add newly found endpoints (returned: they need a poll task); drop discovered
+        ones that discovery no longer finds (a run stopped in order, a server that went
+        away), so a stopped run is not shown as dead for ever. Endpoints given as
+        arguments or in a targets file stay, whatever happens to them."""
         merged = targets.merge(self.static, found)
+        keys = {t.key for t in merged}
         added = []
         with self.lock:
+            gone = [ep for key, ep in self.endpoints.items() if key not in keys]
+            for ep in gone:
+                if ep.target.source in ("opsctl-run", "discovered"):
+                    if ep.task is not None:
+                        ep.task.cancel()
+                    del self.endpoints[ep.target.key]
             for t in merged:
                 ep = self.endpoints.get(t.key)
                 if ep is None:

@@ -148,3 +148,29 @@ def test_tui_refuses_without_a_terminal_and_names_the_plain_flag():
     assert r.exit_code == 2
     assert "terminal" in r.stderr and "--once" in r.stderr
     assert r.stdout == ""
+
+
+def test_a_discovered_endpoint_that_discovery_no_longer_finds_is_dropped(monkeypatch):
+    """A run stopped in order (meta.json stopped_at) is no longer discovered: its row goes
+    away instead of reading 'dead' for ever; an endpoint given as an argument stays."""
+    from opsctl.console import direct
+    from opsctl.domain.console import Target
+
+    monkeypatch.setattr(direct, "DISCOVER_EVERY_S", 0.1)
+    with StandInFleet(["healthy", "healthy"]) as fleet:
+        run = Target("tiny-llama@run", fleet.urls[0], "opsctl-run", run_dir="/nowhere")
+        found = [[run]]
+        src = DirectScrapeSource(
+            targets.from_urls([fleet.urls[1]]),
+            discover=True,
+            settings=Settings(interval_s=0.1, stall_window_s=10.0),
+            discover_fn=lambda: found[0],
+        )
+        src.start()
+        try:
+            wait_until(lambda: len(src.collect().endpoints) == 2, 20, "both endpoints")
+            found[0] = []  # the run stopped
+            wait_until(lambda: len(src.collect().endpoints) == 1, 20, "the run's row to go")
+            assert [v.target.url for v in src.collect().endpoints] == [fleet.urls[1]]
+        finally:
+            src.close()
