@@ -100,6 +100,7 @@ def inspect(
     )
     doc = document(
         "engram.inspect",
+        **_mapper_identity(data["tables"]),
         verify=options.verify,
         pids=pids or None,
         block_size=options.block_size,
@@ -109,6 +110,27 @@ def inspect(
         exit_code=dom.exit_status(findings),
     )
     return EngramReport(result, doc, failure=dom.inspect_failure(findings))
+
+
+def _mapper_identity(tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """``platform`` and ``vllm_version`` of the processes that map the tables, where an
+    engine opsctl started recorded them (its ledger); said plainly when unknown."""
+    from opsctl.collectors.engine_records import identity_of_pids
+    from opsctl.domain import platform as plat
+
+    pids = sorted({p for t in tables for p in t.get("mapper_pids") or []})
+    known = identity_of_pids(pids)
+    if not pids:
+        why = "unknown (no process maps a table)"
+    elif not known:
+        why = "unknown (no mapping process was started by opsctl)"
+    else:
+        why = "unknown"
+    return {
+        "platform": plat.joined([p for p, _ in known.values()]) or why,
+        "vllm_version": plat.joined([v for _, v in known.values()]),
+        "platform_pids": sorted(known),
+    }
 
 
 def _collector_progress(progress: ev.Progress):

@@ -54,6 +54,7 @@ from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import invariance as inv
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import invariance_images as img
+from opsctl.domain import platform as plat
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
@@ -254,8 +255,8 @@ def _report(
     vias = [r["batch"]["via"] for r in runs if r["batch"].get("via")]
     doc = output.document(
         SCHEMA,
-        platform=eng.joined([r.get("platform") for r in runs]),
-        vllm_version=eng.joined([r.get("vllm_version") for r in runs]),
+        platform=plat.joined([r.get("platform") for r in runs]),
+        vllm_version=plat.joined([r.get("vllm_version") for r in runs]),
         verdict=verdict,
         reasons=[f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]],
         comparison=inv.comparison_label(options.atol),
@@ -291,6 +292,7 @@ class _Measured:
     pictures: tuple[tuple[img.RGB, ...], ...]  # each prompt's images (all () for text)
     via: str  # list | requests
     text_tokens: list[int | None] | None = None  # /tokenize without images (no mm probe)
+    platform: str = eng.NO_LEDGER_PLATFORM  # what the engine's records (or server) name
 
     @property
     def images(self) -> int:
@@ -423,6 +425,9 @@ class _Job:
         text_tokens = None
         if n_img and records.mm_items is None:  # no engine probe: the usage cross-check
             text_tokens = mmc.text_token_counts(live.url, model, o.prompts, api_key=key)
+        platform = eng.platform_of(records.info, records.probe_init, "") or (
+            records.platform or engine_records.identity_at(None, live.url, key)[0]
+        )
         return _Measured(
             live,
             model,
@@ -436,6 +441,7 @@ class _Job:
             pictures,
             via,
             text_tokens,
+            platform,
         )
 
     def _compare(self, m: _Measured, label: str) -> list[inv.PromptResult]:
@@ -501,7 +507,7 @@ class _Job:
             "run_dir": str(m.live.run_dir) if m.live.run_dir else None,
             "model": m.model,
             "vllm_version": m.version or rec.vllm_version,
-            "platform": eng.platform_of(rec.info, rec.probe_init),
+            "platform": m.platform,
             "execution": eng.execution_of(rec.info),
             "summary": summary.to_dict(),
             "settings": [s.to_dict() for s in settings],

@@ -33,9 +33,10 @@ from opsctl.checks import events as ev
 from opsctl.checks import report as base
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
-from opsctl.collectors import ledger
+from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import mm_uuid as collect
 from opsctl.domain import mm_uuid as D
+from opsctl.domain import platform as plat
 from opsctl.domain.findings import verdict
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
@@ -155,8 +156,11 @@ def _document(state: _State, options: Options, found: list, v: str) -> dict[str,
     for r in state.runs:
         knobs.update(ledger.knobs_of([r["run_dir"]]))
     warning = knob_warning(knobs)
+    found_ids = [engine_records.identity(Path(r["run_dir"])) for r in state.runs]
     return document(
         SCHEMA,
+        platform=plat.label(plat.joined([p for p, _ in found_ids])),
+        vllm_version=plat.joined([v for _, v in found_ids]),
         runs=state.runs,
         uuid_prefix=options.uuid_prefix,
         images_per_request=state.images_per_request,

@@ -8,6 +8,11 @@ endpoint state and its reason, and the key figures of that one /metrics body (ra
 two scrapes: ``opsctl console --once`` has them). The target's ``api_key`` is sent as a
 bearer token. Status only looks at a running server, so it never uses ``session``.
 
+``platform`` names what vLLM's ``current_platform`` reported: from the server's
+/server_info when exposed (``VLLM_SERVER_DEV_MODE=1``), else from the patch ledger when
+opsctl started the server, else "unknown (not started by opsctl)"; ``vllm_version``
+repeats ``version`` under the name every diag report uses.
+
 Verdict pass when /health answers 200, else fail. Nothing answering is
 EngineUnreachable, a refused key "authentication required" (both exit 3).
 
@@ -68,6 +73,8 @@ def run(
         healthy=healthy,
         health_status=scrape.health.status,
         version=info.version if info else None,
+        vllm_version=info.version if info else None,
+        platform=_platform(base, info.server_info if info else None),
         models=[m.id for m in info.models] if info else [],
         state=state,
         reason=reason,
@@ -77,6 +84,16 @@ def run(
     verdict = PASS if healthy else FAIL
     progress(ev.Finished(verdict, f"{state}: {reason}" if reason else state))
     return Report(verdict, doc)
+
+
+def _platform(url: str, server_info: Any) -> str:
+    """/server_info's device type, else the ledger of the run that started ``url``."""
+    from opsctl.collectors.engine_records import identity
+    from opsctl.collectors.runs import find_run_dir
+    from opsctl.domain import platform as plat
+
+    found = plat.from_server_info(server_info)
+    return plat.label(found or identity(find_run_dir(url))[0])
 
 
 def _metrics(samples: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from opsctl.checks import events as ev
 from opsctl.checks import report as base
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
-from opsctl.collectors import ledger
+from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import scoring as collect
 from opsctl.domain import usage as U
 from opsctl.domain import usage_tokens as T
@@ -122,9 +122,12 @@ def run(
         table = tuple(tuple(r) for r in U.table_rows(rows))
         progress(ev.Finished(verdict, U.summary(rows, verdict), rows=table))
         knobs = ledger.knobs_of([live.run_dir])
+        platform, version = engine_records.identity_at(live.run_dir, live.url, live.api_key)
     template = counting.template
     doc = _document(
         url=live.url,
+        platform=platform,
+        vllm_version=version,
         model=served.name,
         kind=kind,
         kind_source=how,

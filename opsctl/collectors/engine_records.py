@@ -8,19 +8,27 @@ Read once into a frozen :class:`EngineRecords`; an engine without a run director
 external server) gives the empty value. Used by `diag invariance` to read back the
 isolating settings, the batches the engine really formed and the images it got.
 
-:func:`identity`: the platform vLLM's ``current_platform`` reported in the engine and
-the vLLM version, from the ledger (every diag report names both).
+:func:`identity` / :func:`identity_at`: the platform vLLM's ``current_platform``
+reported in the engine and the vLLM version (every diag report names both): from the
+ledger, else (a server opsctl did not start) from the server's ``/server_info`` (only
+with ``VLLM_SERVER_DEV_MODE=1``) and ``/version``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsctl.collectors import ledger
+import httpx
+import psutil
+
+from opsctl import paths
+from opsctl.collectors import http, ledger
+from opsctl.domain import platform as plat
 from opsctl.domain.invariance_engine import prompt_index
 
 
@@ -33,9 +41,6 @@ class EngineRecords:
     test_knobs: Mapping[str, str] = field(default_factory=dict)
     mm_items: tuple[Mapping[str, Any], ...] | None = None  # mm_uuid records; None: no probe
     platform: str | None = None  # vLLM's current_platform in the engine (ledger)
-
-
-NOT_STARTED = "unknown (not started by opsctl)"
 
 
 def _platform(records: list[dict]) -> str | None:
@@ -53,6 +58,60 @@ def identity(run_dir: Path | None) -> tuple[str | None, str | None]:
     records = ledger.read_records(run_dir)
     version = next((r["vllm_version"] for r in reversed(records) if r.get("vllm_version")), None)
     return _platform(records), version
+
+
+def _get_json(url: str, path: str, api_key: str | None, timeout: float) -> dict | None:
+    try:
+        with http.client(api_key, timeout=timeout) as c:
+            r = c.get(f"{url}{path}")
+        doc = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def identity_at(
+    run_dir: Path | None, url: str | None, api_key: str | None = None, timeout: float = 10.0
+) -> tuple[str, str | None]:
+    """(platform, vLLM version) of the engine behind ``url``: its ledger when opsctl
+    started it, else what the server says (/server_info, /version); the platform is
+    "unknown (not started by opsctl)" when nothing names it."""
+    platform, version = identity(run_dir)
+    if url and platform is None:
+        platform = plat.from_server_info(
+            _get_json(url, "/server_info?config_format=json", api_key, timeout)
+        )
+    if url and version is None:
+        found = (_get_json(url, "/version", api_key, timeout) or {}).get("version")
+        version = str(found) if found else None
+    return plat.label(platform), version
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def identity_of_pids(pids: list[int], runs_root: Path | None = None) -> dict[int, tuple]:
+    """pid -> (platform, vLLM version) for the live processes among ``pids`` that an
+    engine opsctl started recorded in a ledger (``<run>/ledger/<pid>.json``, written
+    after that process started, so a reused pid is not mistaken for it)."""
+    root = paths.runs_dir() if runs_root is None else runs_root
+    out: dict[int, tuple] = {}
+    for pid in sorted(set(pids)):
+        started = _started(pid)
+        if started is None:
+            continue
+        for path in root.glob(f"*/ledger/{pid}.json"):
+            try:
+                rec = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(rec, dict) and float(rec.get("time") or 0) >= started - 1.0:
+                out[pid] = (rec.get("platform"), rec.get("vllm_version"))
+    return out
 
 
 def _mm_probe_active(records: list[dict]) -> bool:

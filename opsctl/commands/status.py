@@ -41,6 +41,7 @@ def _render(console, doc: dict) -> None:
     t.add_row("health", "ok" if doc["healthy"] else f"HTTP {doc['health_status']}")
     t.add_row("state", doc["state"] + (f" ({doc['reason']})" if doc["reason"] else ""))
     t.add_row("version", str(doc["version"]))
+    t.add_row("platform", str(doc.get("platform")))
     t.add_row("models", ", ".join(doc["models"]) or "-")
     for k, v in (doc["metrics"] or {}).items():
         t.add_row(k, "-" if v is None else f"{v:g}")

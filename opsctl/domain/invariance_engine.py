@@ -352,19 +352,15 @@ def assess_run(
     return RunFindings(tuple(failures), tuple(warnings))
 
 
-def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str:
-    return (
-        (engine_info or {}).get("platform")
-        or (probe_init or {}).get("platform")
-        or "unknown (external server without an opsctl ledger)"
-    )
+NO_LEDGER_PLATFORM = "unknown (external server without an opsctl ledger)"
 
 
-def joined(values: Sequence[object]) -> str | None:
-    """The distinct non-empty values of several runs, in order, as one string (None when
-    there are none): a report's top-level platform / vLLM version over its modes."""
-    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "", "?")))
-    return ", ".join(seen) if seen else None
+def platform_of(
+    engine_info: Mapping | None, probe_init: Mapping | None, fallback: str = NO_LEDGER_PLATFORM
+) -> str:
+    """The platform the engine's own records name (engine_info, else the batch probe's
+    init record), else ``fallback``."""
+    return (engine_info or {}).get("platform") or (probe_init or {}).get("platform") or fallback
 
 
 def execution_of(engine_info: Mapping | None) -> dict[str, Any] | None:

@@ -14,6 +14,11 @@ from opsctl.output import human_bytes, render_findings
 
 def render_inspect(console: Console, doc: dict[str, Any]) -> None:
     s = doc["shm"]
+    console.print(
+        f"[b]engram inspect[/] (this node): mappers on vLLM {doc.get('vllm_version') or '?'}, "
+        f"platform {doc.get('platform') or '?'}",
+        highlight=False,
+    )
     t = Table(*COLUMNS, title=f"Engram tables ({doc['prefix']}*)")
     for table in doc["tables"]:
         t.add_row(*table_row(table))

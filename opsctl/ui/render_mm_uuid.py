@@ -21,6 +21,10 @@ def observation(d: dict[str, Any]) -> Observation:
 
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:
     def _render(console: Console) -> None:
+        console.print(
+            f"[b]diag mm-uuid[/] on vLLM {doc.get('vllm_version') or '?'}, "
+            f"platform {doc.get('platform') or '?'}"
+        )
         t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
         for cells in table_rows([observation(d) for d in doc["items"]]):
             v = cells[-1]

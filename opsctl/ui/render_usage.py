@@ -19,6 +19,10 @@ COLOURS = {"PASS": "green", "UNVERIFIED": "yellow"}  # anything else (FAIL) is r
 
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:
     def _render(console: Console) -> None:
+        console.print(
+            f"[b]diag usage[/] {escape(str(doc['model']))} on vLLM "
+            f"{doc.get('vllm_version') or '?'}, platform {doc.get('platform') or '?'}"
+        )
         rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
         for endpoint in dict.fromkeys(r.endpoint for r in rows):
             t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")

@@ -69,6 +69,8 @@ def test_report_is_the_json_document(tmp_path: Path) -> None:
     assert report.schema == "opsctl.diag.mm_uuid/1" and report.verdict == doc["verdict"] == "fail"
     assert list(doc) == [
         "schema",
+        "platform",
+        "vllm_version",
         "runs",
         "uuid_prefix",
         "images_per_request",

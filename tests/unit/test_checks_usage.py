@@ -59,6 +59,8 @@ def test_report_is_the_json_document() -> None:
     assert list(doc) == [
         "schema",
         "url",
+        "platform",
+        "vllm_version",
         "model",
         "kind",
         "kind_source",
