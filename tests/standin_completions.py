@@ -12,6 +12,15 @@ request; the prompts of one multi-prompt request share their steps). Options
   knobs); :func:`register_run` makes find_run_dir() find it for the stand-in's URL;
 - ``max_logprobs``: asking for more is HTTP 400 with vLLM's message;
 - ``generative=False``: /v1/completions answers 404 (a pooling model).
+
+As a vision-language server (``model`` "tiny-vlm-multi", or a run directory whose
+engine_info says ``multimodal``): /v1/chat/completions answers with chat logprobs that
+depend on the text and the images, ``usage.prompt_tokens`` counting
+``IMAGE_TOKENS`` per image, and /tokenize counts a message's text. Requests in flight
+at once are "batched": each holds ``hold`` seconds and the run directory gets the
+``mm_uuid`` probe's record of its images (with the uuids sent) and batch-probe steps
+and encoder records naming every chat request in flight. ``drop_images``: a server
+that silently ignores images (no image tokens, no mm_uuid record, no encoder call).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from pathlib import Path
 from tests.standin import JSONHandler, serving
 
 MODEL = "stand-in-llama"
+IMAGE_TOKENS = 7  # what one image adds to usage.prompt_tokens (tiny-vlm-multi's count)
 VERSION = "0.0-standin"
 ENGINE_INFO = {
     "enable_prefix_caching": False,
@@ -49,6 +59,12 @@ class Behaviour:
     tokens: int = 0  # vllm:generation_tokens_total
     bodies: list[dict] = field(default_factory=list)  # every /v1/completions body
     lock: threading.Lock = field(default_factory=threading.Lock)
+    model: str = MODEL
+    drop_images: bool = False
+    hold: float = 0.2  # seconds a chat request stays in flight (its "batch")
+    inflight: dict[str, int] = field(default_factory=dict)  # engine id -> images
+    chats: list[dict] = field(default_factory=list)  # every chat body
+    encoded: set[str] = field(default_factory=set)  # engine ids whose images "ran"
 
 
 def _token(prompt: str, pos: int) -> int:
@@ -111,6 +127,68 @@ def _append(path: Path, records: list[dict]) -> None:
         fh.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def _chat_parts(body: dict) -> tuple[str, list[dict]]:
+    (message,) = body["messages"]
+    parts = message["content"]
+    text = " ".join(p["text"] for p in parts if p.get("type") == "text")
+    return text, [p for p in parts if p.get("type") == "image_url"]
+
+
+def chat_choice(key: str, max_tokens: int, k: int, shift: dict) -> dict:
+    content = []
+    for pos in range(max_tokens):
+        tok, lp = _token(key, pos), _logprob(key, pos) + shift.get(pos, 0.0)
+        tops = [{"token": f"token_id:{tok}", "logprob": lp}]
+        tops += [{"token": f"token_id:{1000 + j}", "logprob": lp - 1.0 - j} for j in range(k - 1)]
+        content.append({"token": f"token_id:{tok}", "logprob": lp, "top_logprobs": tops})
+    return {"index": 0, "finish_reason": "length", "logprobs": {"content": content}}
+
+
+def _record_chat(b: Behaviour, rid: str, images: list[dict], steps: int) -> None:
+    """Probe records of one chat request (the caller holds ``b.lock``)."""
+    if b.run_dir is None:
+        return
+    ev = b.run_dir / "events"
+    if not b.drop_images and images:
+        items = [{"index": j, "identifier": p.get("uuid")} for j, p in enumerate(images)]
+        _append(ev / "mm_uuid.jsonl", [{"request_id": rid, "items": items}])
+        encoded = {r: n for r, n in b.inflight.items() if n and r not in b.encoded}
+        b.encoded.update(encoded)
+        if encoded:
+            _append(ev / "batch.jsonl", [{"event": "encoder", "items": encoded}])
+    ids = list(b.inflight)
+    _append(ev / "batch.jsonl", [{"event": "step", "num_reqs": len(ids), "req_ids": ids}] * steps)
+
+
+def chat(b: Behaviour, body: dict) -> tuple[int, dict]:
+    """The answer to one /v1/chat/completions body (images are part of the input)."""
+    text, images = _chat_parts(body)
+    max_tokens, k = int(body.get("max_tokens") or 16), int(body.get("top_logprobs") or 0)
+    rid = f"chatcmpl-{body.get('request_id') or 'anon'}-ffff0000"
+    seen = [] if b.drop_images else images
+    key = text + "|" + "|".join(p["image_url"]["url"] for p in seen)
+    with b.lock:
+        b.chats.append(body)
+        b.inflight[rid] = len(seen)
+    time.sleep(b.hold)  # the others of a group arrive meanwhile: one "batch"
+    with b.lock:
+        batched = len(b.inflight) > 1
+        _record_chat(b, rid, images, max_tokens)
+    shift = {b.diverge[1]: b.diverge[2]} if b.diverge and batched and b.diverge[0] in text else {}
+    time.sleep(b.hold)
+    with b.lock:
+        b.inflight.pop(rid)
+        b.steps += max_tokens
+        b.tokens += max_tokens
+    usage = {"prompt_tokens": len(text.split()) + IMAGE_TOKENS * len(seen)}
+    return 200, {"id": rid, "choices": [chat_choice(key, max_tokens, k, shift)], "usage": usage}
+
+
+def tokenize(body: dict) -> dict:
+    text, images = _chat_parts(body)
+    return {"count": len(text.split()) + IMAGE_TOKENS * len(images)}
+
+
 def metrics(b: Behaviour) -> bytes:
     return (
         "vllm:num_requests_running 0\n"
@@ -127,7 +205,7 @@ def handler_for(b: Behaviour) -> type[JSONHandler]:
             elif self.path == "/version":
                 self._send(200, {"version": VERSION})
             elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": MODEL}]})
+                self._send(200, {"data": [{"id": b.model}]})
             elif self.path == "/metrics":
                 data = metrics(b)
                 self.send_response(200)
@@ -140,10 +218,14 @@ def handler_for(b: Behaviour) -> type[JSONHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            if self.path != "/v1/completions":
+            if self.path == "/v1/chat/completions":
+                self._send(*chat(b, body))
+            elif self.path == "/tokenize":
+                self._send(200, tokenize(body))
+            elif self.path != "/v1/completions":
                 self._send(404, {"detail": "Not Found"})
-                return
-            self._send(*completion(b, body))
+            else:
+                self._send(*completion(b, body))
 
     return Handler
 
@@ -155,8 +237,10 @@ def write_run_dir(
     env: dict | None = None,
     nudge: dict | None = None,
     knobs: dict | None = None,
+    patches: list[dict] | None = None,
 ) -> Path:
-    """A run directory as opsctl's engine leaves it (before any request)."""
+    """A run directory as opsctl's engine leaves it (before any request); ``patches``:
+    the ledger's patch entries (e.g. the mm_uuid probe applied)."""
     (run_dir / "events").mkdir(parents=True, exist_ok=True)
     (run_dir / "ledger").mkdir(exist_ok=True)
     _append(run_dir / "events" / "engine_info.jsonl", [info or ENGINE_INFO])
@@ -169,7 +253,7 @@ def write_run_dir(
     }
     _append(run_dir / "events" / "batch.jsonl", [init])
     record = {"pid": os.getpid(), "time": time.time(), "role": "api", "vllm_version": VERSION}
-    record.update({"patches": [], "test_knobs": knobs or {}})
+    record.update({"patches": patches or [], "test_knobs": knobs or {}})
     (run_dir / "ledger" / f"{os.getpid()}.json").write_text(json.dumps(record))
     return run_dir
 

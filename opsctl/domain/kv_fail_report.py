@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsctl.domain import platform as plat
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
 from opsctl.domain.kv_fail import (
     PATCH_NAME,
@@ -31,6 +32,9 @@ COLUMNS = (  # the results table (live panel and terminal report)
 )
 
 
+NO_RECORD = "unknown (the engine recorded no platform)"
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """What the engine says about itself: its engine_info event and ledger records."""
@@ -52,7 +56,7 @@ def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
     detail = patch.get("detail")
     return EngineFacts(
         core.get("vllm_version"),
-        core.get("platform") or info.get("platform"),
+        plat.label(core.get("platform"), info.get("platform"), fallback=NO_RECORD),
         info.get("kv_cache_groups"),
         info.get("kv_load_failure_policy"),
         {

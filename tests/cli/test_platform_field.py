@@ -1,0 +1,176 @@
+"""Every report names the platform vLLM's ``current_platform`` reported in the engine,
+next to the vLLM version (issue 14 point 3, vLLM's XPU CI change): top-level
+``platform`` and ``vllm_version`` in each check's JSON and in its human header.
+
+Played against the stand-ins with a fake run directory whose patch ledger names
+platform "xpu": the value can only come from the engine's own record (nothing in opsctl
+says "xpu"), and a server opsctl did not start says so instead of guessing. diag
+kv-fail needs a real engine, so its document fields are built from a ledger read from
+disk the way the check reads it; certify belongs to its own tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from engram_tables import shared_table, unique_prefix
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+from opsctl.collectors.ledger import read_events, read_records
+from opsctl.domain import kv_fail as kv
+from opsctl.domain import kv_fail_report as kvr
+from opsctl.domain.platform import NOT_STARTED
+from tests.standin_vllm import StandInFleet
+
+FAKE = "xpu"  # a platform this CPU machine cannot have: it must come from the ledger
+VERSION = "0.32.0-ledger"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A private OPSCTL_HOME (its runs/ is where find_run_dir looks)."""
+    h = tmp_path / "home"
+    (h / "runs").mkdir(parents=True)
+    real = Path(os.environ["OPSCTL_HOME"])
+    if (real / "models").is_dir():
+        (h / "models").symlink_to(real / "models", target_is_directory=True)
+    monkeypatch.setenv("OPSCTL_HOME", str(h))
+    return h
+
+
+def ledger(run_dir: Path, pid: int = 1, **extra) -> Path:
+    """One engine-core ledger record naming the fake platform."""
+    (run_dir / "ledger").mkdir(parents=True, exist_ok=True)
+    rec = {"pid": pid, "role": "engine_core", "time": time.time(), "platform": FAKE}
+    rec.update({"vllm_version": VERSION, "patches": [], "test_knobs": {}, **extra})
+    (run_dir / "ledger" / f"{pid}.json").write_text(json.dumps(rec))
+    return run_dir
+
+
+def register(run_dir: Path, url: str) -> None:
+    meta = {"url": url, "pid": os.getpid(), "started_at": time.time()}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def cli(*args: str, codes: tuple[int, ...] = (0,)) -> tuple[dict, str]:
+    """(JSON document, human output) of one command."""
+    runner = CliRunner()
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code in codes, (args, r.stdout, r.stderr)
+    human = runner.invoke(app, list(args))
+    assert human.exit_code in codes, (args, human.stdout, human.stderr)
+    return json.loads(r.stdout), human.stdout
+
+
+def test_diag_usage(home):
+    from tests.standin_scoring import stand_in
+
+    with stand_in() as url:
+        doc, _ = cli("diag", "usage", url)
+        assert (doc["platform"], doc["vllm_version"]) == (NOT_STARTED, None)
+        register(ledger(home / "runs" / "u"), url)
+        doc, human = cli("diag", "usage", url)
+    assert (doc["platform"], doc["vllm_version"]) == (FAKE, VERSION)
+    assert f"on vLLM {VERSION}, platform {FAKE}" in human.splitlines()[0]
+
+
+def test_diag_mm_uuid(tmp_path):
+    from tests.standin_mm_uuid import stand_in, write_run_dir
+
+    write_run_dir(tmp_path)
+    rec = json.loads((tmp_path / "ledger" / "1.json").read_text())
+    (tmp_path / "ledger" / "1.json").write_text(json.dumps({**rec, "platform": FAKE}))
+    with stand_in(tmp_path) as url:
+        doc, human = cli("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
+    assert (doc["platform"], doc["vllm_version"]) == (FAKE, "x")
+    assert f"platform {FAKE}" in human.splitlines()[0]
+
+
+def test_diag_invariance(home, tmp_path):
+    from tests.standin_completions import ENGINE_INFO, completions_server, write_run_dir
+    from tests.standin_completions import VERSION as SERVED
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a\nb\n")
+    args = ("--mode", "eager", "--prompts", str(prompts))
+    with completions_server() as (url, _):
+        doc, _ = cli("diag", "invariance", url, *args)
+        assert doc["platform"] == doc["runs"][0]["platform"] == NOT_STARTED
+        assert doc["vllm_version"] == SERVED  # the server's /version
+        run_dir = write_run_dir(home / "runs" / "r", info={**ENGINE_INFO, "platform": FAKE})
+        register(run_dir, url)
+        doc, human = cli("diag", "invariance", url, *args)
+    assert (doc["platform"], doc["vllm_version"]) == (FAKE, SERVED)
+    assert doc["runs"][0]["platform"] == FAKE
+    assert f"on vLLM {SERVED}, platform {FAKE}" in human.splitlines()[0]
+
+
+def test_status(home):
+    with StandInFleet(["healthy"]) as fleet:
+        url = fleet.urls[0]
+        doc, _ = cli("status", url)
+        assert doc["platform"] == NOT_STARTED  # no /server_info, no ledger
+        assert doc["vllm_version"] == doc["version"] == "0.32.0"
+        register(ledger(home / "runs" / "s"), url)
+        doc, human = cli("status", url)
+    assert doc["platform"] == FAKE and doc["schema"] == "opsctl.status/2"
+    assert any(line.split() == ["│", "platform", "│", FAKE, "│"] for line in human.splitlines())
+
+
+def test_engram_inspect(home):
+    prefix = unique_prefix("plat")
+    doc, _ = cli("engram", "inspect", "--prefix", prefix)
+    assert doc["platform"] == "unknown (no process maps a table)"
+    with shared_table(prefix, mappers=2) as table:
+        doc, _ = cli("engram", "inspect", "--prefix", prefix)
+        assert doc["platform"] == "unknown (no mapping process was started by opsctl)"
+        assert doc["platform_pids"] == [] and doc["vllm_version"] is None
+        mapper = table.pids[0]
+        ledger(home / "runs" / "e", pid=mapper)
+        ledger(home / "runs" / "old", pid=table.pids[1], time=1.0)  # an earlier pid owner
+        doc, human = cli("engram", "inspect", "--prefix", prefix)
+    assert (doc["platform"], doc["vllm_version"], doc["platform_pids"]) == (
+        FAKE,
+        VERSION,
+        [mapper],
+    )
+    assert f"platform {FAKE}" in human.splitlines()[0]
+
+
+def test_diag_kv_fail_fields_from_the_ledger_on_disk(tmp_path):
+    run_dir = ledger(tmp_path)
+    (tmp_path / "events").mkdir()
+    info = {"platform": "cpu", "kv_load_failure_policy": "recompute", "kv_cache_groups": []}
+    (tmp_path / "events" / "engine_info.jsonl").write_text(json.dumps(info) + "\n")
+    engine = kvr.engine_facts(read_events(run_dir, "engine_info")[-1], read_records(run_dir))
+    s = kv.Settings(rate=0.5, seed=3)
+    work = kv.workload(s, 320)
+    fields = kvr.report_fields(
+        kvr.Facts(s),
+        model="m",
+        engine=engine,
+        targets=work.targets,
+        recoveries=(),
+        metrics=None,
+        phase_seconds={},
+        baseline=[],
+        prompts=work.prompts,
+        run_dir=str(run_dir),
+    )
+    assert (fields["platform"], fields["vllm_version"]) == (FAKE, VERSION)  # the core's ledger
+    assert kvr.engine_facts({}, []).platform == kvr.NO_RECORD
+
+
+def test_diag_lora(home):
+    from tests.standin_lora import VERSION as SERVED
+    from tests.standin_lora import Behaviour, lora_server
+
+    with lora_server(Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})) as url:
+        doc, human = cli("diag", "lora", url, "--max-tokens", "4")
+    assert doc["platform"].startswith("unknown") and doc["vllm_version"] == SERVED
+    assert "platform unknown" in human
