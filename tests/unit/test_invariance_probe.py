@@ -122,3 +122,42 @@ def test_marker_matched_in_the_request_id_without_decoding():
     runner = SimpleNamespace(requests={})
     assert tracker.matches_marker(runner, "cmpl-opsctl-inv-x-bs8-p2-ab-0-cd")
     assert not tracker.matches_marker(runner, "cmpl-opsctl-inv-x-bs8-p3-ab-0-cd")
+
+
+def test_marker_matched_in_an_image_uuid():
+    """An image request is found by its items' identifiers (the uuids sent), before any
+    decoding of its prompt."""
+    tracker = bp._Tracker(bp.Nudge("-p5-abcd-img1", 0), tokenizer_path=None)
+    image = SimpleNamespace(identifier="tag-bs8-p5-abcd-img1", data=object())
+    runner = SimpleNamespace(
+        requests={
+            "chatcmpl-x-0": SimpleNamespace(mm_features=[image], prompt_token_ids=None),
+            "chatcmpl-y-0": SimpleNamespace(mm_features=[], prompt_token_ids=None),
+        }
+    )
+    assert tracker.matches_marker(runner, "chatcmpl-x-0")
+    assert not tracker.matches_marker(runner, "chatcmpl-y-0")
+    assert bp.item_identifiers(SimpleNamespace()) == []
+
+
+def test_encoder_calls_are_recorded_with_the_items_that_ran(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
+    feature = SimpleNamespace
+    runner = SimpleNamespace(
+        requests={
+            "a": SimpleNamespace(mm_features=[feature(data=1), feature(data=2)]),
+            "b": SimpleNamespace(mm_features=[feature(data=None), feature(data=3)]),
+            "c": SimpleNamespace(mm_features=[feature(data=None)]),
+        }
+    )
+    out = SimpleNamespace(scheduled_encoder_inputs={"a": [0, 1], "b": [0, 1], "c": [0]})
+    assert bp.encoder_items(runner, out) == {"a": 2, "b": 1}  # cached items do not run
+    calls = []
+    wrapped = bp._wrap_encoder(lambda self, so: calls.append(so) or ["emb"])
+    assert wrapped(runner, out) == ["emb"] and calls == [out]
+    wrapped(runner, SimpleNamespace(scheduled_encoder_inputs={}))  # nothing to record
+    (rec,) = [e for e in read_events(tmp_path, "batch") if e["event"] == "encoder"]
+    assert rec["items"] == {"a": 2, "b": 1}
+    broken = bp._wrap_encoder(lambda self, so: "ran")
+    assert broken(SimpleNamespace(), out) == "ran"  # a probe error never stops the call
+    assert read_events(tmp_path, "batch")[-1]["event"] == "error"
