@@ -36,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.checks import events as ev
+from opsctl.checks import invariance_images as mm
 from opsctl.checks.report import FAIL, PASS, Report
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
@@ -77,8 +77,6 @@ DEFAULT_PROMPTS = (
 ISOLATING_ARGS = ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0")
 ISOLATING_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 PROBES = frozenset({"batch"})
-IMAGE_PROBES = frozenset({"batch", "mm_uuid"})  # with images: what the engine core received
-LIMIT_ARG = "--limit-mm-per-prompt"
 COLUMNS = ("mode", "#", "prompt", "status", "first divergence", "largest |Δ|")
 
 
@@ -151,48 +149,22 @@ class InvarianceReport(Report):
         return any(r.get("timed_out") for r in self.document["runs"])
 
 
-LIST_REFUSAL = (
-    "--batch-via list sends the N prompts in one /v1/completions request, which carries "
-    "no images; prompts with images go as N concurrent chat requests (--batch-via requests)"
-)
-
-
-def _catalog(model: str | None) -> tuple[str | None, int | None]:
-    """(archetype, images per prompt) of an embedded model's name; (None, None) else."""
-    from opsctl.embedded import catalog
-
-    spec = catalog.CATALOG.get(model or "")
-    return (spec.archetype, spec.images_per_prompt) if spec is not None else (None, None)
-
-
-def spec_images(spec: EngineSpec, options: Options) -> int:
-    """Most images per prompt a run on ``spec``'s model sends (0: a text-only model).
-    BadInput for ``options.images`` on a text-only model."""
-    from opsctl.engine.model import resolve
-
-    resolved = resolve(spec.model or DEFAULT_MODEL)
-    _, per_prompt = _catalog(resolved.name) if resolved.embedded else (None, None)
-    multimodal = resolved.archetype == "vision-language"
-    return img.images_for(multimodal, per_prompt or 1, options.images, resolved.name)
-
-
 def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
     """The engine one mode runs on: ``spec`` (default model tiny-llama) with the isolating
     arguments and environment, the batch probe (and the mm_uuid probe and the image
     limit when the prompts carry images), room for the batch and the execution mode.
     Idempotent, so a planner can pass its result back in."""
-    images = spec_images(spec, options)
+    images = mm.spec_images(spec, options.images, DEFAULT_MODEL)
     args = spec.extra_args
     n = len(ISOLATING_ARGS)
     if not any(args[i : i + n] == ISOLATING_ARGS for i in range(len(args))):
         args = (*args, *ISOLATING_ARGS)
-    if images > 1 and LIMIT_ARG not in args:
-        args = (*args, LIMIT_ARG, json.dumps({"image": images}))
+    args = mm.with_limit(args, images)
     return spec.with_defaults(
         DEFAULT_MODEL,
         extra_args=args,
         env=tuple(sorted({**dict(spec.env), **ISOLATING_ENV}.items())),
-        probes=spec.probes | (IMAGE_PROBES if images else PROBES),
+        probes=spec.probes | (mm.PROBES if images else PROBES),
         enforce_eager=mode == "eager",
         max_num_seqs=max(spec.max_num_seqs, options.n),
         timeout=options.timeout or spec.timeout,
@@ -215,8 +187,8 @@ def plan(target: Target, options: Options) -> list[tuple[str | None, Target]]:
             f"{resolved.name} is a {resolved.archetype} model; diag invariance needs a "
             "generative model (e.g. tiny-llama)"
         )
-    if options.batch_via == "list" and spec_images(target, options):
-        raise BadInput(LIST_REFUSAL)
+    if options.batch_via == "list" and mm.spec_images(target, options.images, DEFAULT_MODEL):
+        raise BadInput(mm.LIST_REFUSAL)
     modes = ["default", "eager"] if options.mode == "both" else [options.mode or "default"]
     return [(m, isolated_spec(target, m, options)) for m in modes]
 
@@ -364,50 +336,12 @@ class _Job:
 
         return on_done
 
-    def _pictures(self, live: Live, model: str) -> tuple[tuple[img.RGB, ...], ...]:
-        """Each prompt's images on this server: the engine's own record says whether
-        the model is multimodal and its image limit (else opsctl's catalog, else the
-        archetype of the engine opsctl started); none for a text-only model."""
-        info = engine_records.read(live.run_dir).info or {}
-        archetype, per_prompt = _catalog(live.model or model)
-        multimodal = info.get("multimodal")
-        if not isinstance(multimodal, bool):
-            multimodal = "vision-language" in (archetype, live.archetype)
-        limits = info.get("limit_mm_per_prompt")
-        limit = img.model_limit(
-            per_prompt, limits.get("image") if isinstance(limits, dict) else None
-        )
-        images = img.images_for(multimodal, limit, self.options.images, model)
-        return img.plan(len(self.options.prompts), images)
-
-    def _senders(self, live: Live, params: cc.CompletionParams, pictures) -> tuple:
-        """(BS=1 call, BS=N call, via): completions for text, chat with images."""
-        o, url, key = self.options, live.url, live.api_key
-        prompts = list(o.prompts)
-        if not any(pictures):
-            via = o.batch_via or "list"
-            together_fn = cc.run_together_list if via == "list" else cc.run_together
-            return (
-                lambda tag, done: cc.run_alone(url, params, prompts, tag, done, api_key=key),
-                lambda tag, done: together_fn(url, params, prompts, tag, o.n, done, api_key=key),
-                via,
-            )
-        if o.batch_via == "list":
-            raise BadInput(LIST_REFUSAL)
-        return (
-            lambda tag, done: mmc.run_alone(url, params, prompts, pictures, tag, done, api_key=key),
-            lambda tag, done: mmc.run_together(
-                url, params, prompts, pictures, tag, o.n, done, api_key=key
-            ),
-            "requests",
-        )
-
     def _measure(self, live: Live, mode: str | None, label: str, engine_s: float) -> _Measured:
         o, key = self.options, live.api_key
         model, version = self._served_model(live)
-        pictures = self._pictures(live, model)
+        pictures = mm.pictures(live, model, o.images, len(o.prompts))
         params = cc.CompletionParams(model, o.max_tokens, o.logprobs)
-        alone_fn, together_fn, via = self._senders(live, params, pictures)
+        alone_fn, together_fn, via = mm.senders(live, params, o.prompts, o.n, o.batch_via, pictures)
         n_img = sum(map(len, pictures))
         what = f" with {n_img} images" if n_img else ""
         tags = (f"{self.tag}-{mode or 'url'}-bs1", f"{self.tag}-{mode or 'url'}-bs{o.n}")
@@ -488,7 +422,7 @@ class _Job:
             bs1_shared=shared,
             nudge=(rec.probe_init or {}).get("nudge"),
         )
-        images = _image_evidence(m)
+        images = mm.evidence(m.pictures, m.tags, m.records, (m.alone, m.together), m.text_tokens)
         img_failures, img_warnings = img.assess(images, o.n)
         failures = [*img_failures, *findings.failures]
         warnings = [*img_warnings, *findings.warnings]
@@ -531,30 +465,6 @@ class _Job:
             "seconds_alone": round(m.alone[r.index].seconds, 4),
             "seconds_batched": round(m.together[r.index].seconds, 4),
         }
-
-
-def _image_evidence(m: _Measured) -> img.ImageEvidence:
-    """What shows each request's images reached the engine: its probes' records, else
-    the usage cross-check (prompt tokens minus the text-only count)."""
-    sent = [len(p) for p in m.pictures]
-    tokens = None
-    if m.text_tokens is not None:
-        tokens = {
-            side: [
-                None
-                if t.generated.prompt_tokens is None or base is None
-                else t.generated.prompt_tokens - base
-                for t, base in zip(timed, m.text_tokens, strict=True)
-            ]
-            for side, timed in zip(img.SIDES, (m.alone, m.together), strict=True)
-        }
-    return img.evidence(
-        sent,
-        m.tags,
-        mm_events=m.records.mm_items,
-        batch_events=m.records.batch,
-        image_tokens=tokens,
-    )
 
 
 def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
