@@ -12,11 +12,19 @@ plugin's junit-10.xsd (the test data under tests/data/schemas).
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 PACKAGE = "opsctl.certify"
+# characters XML 1.0 cannot carry at all (ElementTree writes them anyway: invalid XML)
+_NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def clean(text: object) -> str:
+    """``text`` as XML can carry it (control characters such as ESC become U+FFFD)."""
+    return _NOT_XML.sub("\ufffd", str(text))
 
 
 def _time(seconds: Any) -> str:
@@ -32,9 +40,9 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
         for k, v in value.items():
             yield from flatten(v, f"{prefix}.{k}")
     elif isinstance(value, list | tuple):
-        yield prefix, json.dumps(value, separators=(",", ":"), default=str)
+        yield prefix, clean(json.dumps(value, separators=(",", ":"), default=str))
     else:
-        yield prefix, "" if value is None else str(value)
+        yield prefix, "" if value is None else clean(value)
 
 
 def suite_name(doc: Mapping[str, Any]) -> str:
@@ -49,7 +57,7 @@ def _finding_text(findings: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"{f.get('severity')}: {f.get('code')}: {f.get('message')}")
         if f.get("details"):
             lines.append("  details: " + json.dumps(f["details"], default=str)[:2000])
-    return "\n".join(lines)
+    return clean("\n".join(lines))
 
 
 def _first(findings: Sequence[Mapping[str, Any]], severity: str) -> Mapping[str, Any] | None:
@@ -66,14 +74,14 @@ def testcase(check: Mapping[str, Any]) -> ET.Element:
     )
     findings = list(check.get("findings") or [])
     verdict = check.get("verdict")
-    message = str(check.get("first_finding") or check.get("reason") or verdict)
+    message = clean(check.get("first_finding") or check.get("reason") or verdict)
     if verdict == "skipped":
-        ET.SubElement(case, "skipped", message=str(check.get("reason") or "skipped"))
+        ET.SubElement(case, "skipped", message=clean(check.get("reason") or "skipped"))
     elif verdict in ("fail", "error"):
         first = _first(findings, "fail")
         kind = "error" if verdict == "error" else "failure"
         el = ET.SubElement(
-            case, kind, type=str(first["code"] if first else f"{name}.{verdict}"), message=message
+            case, kind, type=clean(first["code"] if first else f"{name}.{verdict}"), message=message
         )
         el.text = _finding_text(findings) or message
     if findings and verdict != "skipped":
@@ -84,7 +92,7 @@ def testcase(check: Mapping[str, Any]) -> ET.Element:
 def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Element:
     checks = list(doc.get("checks") or [])
     attrs = {
-        "name": suite_name(doc),
+        "name": clean(suite_name(doc)),
         "tests": str(len(checks)),
         "failures": str(sum(c.get("verdict") == "fail" for c in checks)),
         "errors": str(sum(c.get("verdict") == "error" for c in checks)),
