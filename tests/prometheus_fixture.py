@@ -214,11 +214,13 @@ def record(out_dir: Path, stall_window: float = 3.0) -> None:
         fleet.reset_counters(len(RECORD_MODES) - 1)
         time.sleep(2.5)  # two scrapes after the reset
         api = f"{p.url}/api/v1"
+        latency = " or ".join(f"({q})" for q in prom.latency_queries(JOB, w))  # one file
         answers = {
             "targets": httpx.get(f"{api}/targets", params={"state": "active"}),
-            "query": httpx.post(f"{api}/query", data={"query": prom.instant_query(JOB, w)}),
+            "query": httpx.post(f"{api}/query", data={"query": prom.figures_query(JOB, w)}),
+            "latency": httpx.post(f"{api}/query", data={"query": latency}),
             "stall": httpx.post(f"{api}/query", data={"query": prom.stall_query(JOB, w)}),
-            "query_all": httpx.post(f"{api}/query", data={"query": prom.instant_query(None, w)}),
+            "query_all": httpx.post(f"{api}/query", data={"query": prom.figures_query(None, w)}),
             "error": httpx.post(f"{api}/query", data={"query": "rate(up)"}),
         }
         modes = {ep.url: ep.mode for ep in fleet.endpoints}

@@ -6,7 +6,8 @@ One background event-loop thread polls Prometheus every period (the console's in
 but never faster than the endpoints' scrape interval): the active targets, one instant
 query (every figure of every endpoint, split by the instance label) and one range
 selector (raw samples for the stall rule), the three concurrently, each under the
-source's timeout. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
+source's timeout. The latency percentiles (the query that costs Prometheus most) run
+apart, every LATENCY_EVERY_S, and a poll uses the latest that came back. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
 Prometheus does not answer, the rows keep their last data (their age grows) and the
 hint says why.
 """
@@ -26,6 +27,9 @@ from opsctl.domain.console import FleetSnapshot
 from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput, EngineUnreachable
 
+LATENCY_EVERY_S = 15.0  # percentiles are over the 60 s latency window anyway
+_ERRORS = (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError)
+
 
 class PrometheusSource:
     name = prom_view.SOURCE
@@ -42,8 +46,14 @@ class PrometheusSource:
         self.job = job or None
         self.settings = settings or Settings()
         self.scrape_s: float | None = None  # the endpoints' scrape interval, once known
-        self.timeout = timeout if timeout is not None else max(2.0, min(10.0, 2 * self.period))
+        self.timeout = timeout if timeout is not None else max(5.0, min(30.0, 2 * self.period))
         self.endpoints: dict[str, prom_view.PromEndpoint] = {}
+        self.latency: dict[prom.Key, dict[str, float | None]] = {}
+        self.latency_task: asyncio.Task | None = None
+        self.latency_started = 0.0
+        self.latency_error: str | None = None
+        self.latency_s: float | None = None  # how long the last latency query took
+        self.complete = False  # a poll was applied with latency figures (or their error)
         self.error: str | None = None
         self.hint: str | None = None
         self.polls = 0
@@ -60,7 +70,15 @@ class PrometheusSource:
 
     @property
     def period(self) -> float:
+        """Seconds between polls: the console's interval, never faster than scrapes."""
         return max(self.settings.interval_s, self.scrape_s or 0.0)
+
+    @property
+    def data_interval(self) -> float:
+        """How old a healthy row's data can be: a scrape interval (Prometheus's sample)
+        plus a poll period (the console's read). Snapshots carry it as their interval,
+        so a row is called stale (1.5 intervals) only when it missed a scrape."""
+        return self.period + (self.scrape_s or 0.0)
 
     def check(self) -> None:
         """Raise EngineUnreachable (exit 3) when nothing answers at the URL, BadInput (2)
@@ -98,8 +116,11 @@ class PrometheusSource:
                     with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                         await asyncio.wait_for(self.wake.wait(), delay)
 
-    async def _get(self, client: httpx.AsyncClient, path: str, data: dict | None = None):
-        r = await (client.post(path, data=data) if data else client.get(path))
+    async def _get(
+        self, client: httpx.AsyncClient, path: str, data: dict | None = None, timeout=None
+    ):
+        t = timeout or self.timeout
+        r = await (client.post(path, data=data, timeout=t) if data else client.get(path, timeout=t))
         try:
             return r.json()
         except ValueError:
@@ -113,19 +134,48 @@ class PrometheusSource:
             found = prom.parse_targets(tdoc)
             self.scrape_s = prom_view.scrape_interval(found, self.settings.interval_s)
         w = prom_view.windows(self.settings, self.scrape_s)
+        self._start_latency(client, w)
         tdoc, vdoc, mdoc = await asyncio.gather(
             self._get(client, targets_path),
-            self._get(client, "/api/v1/query", {"query": prom.instant_query(self.job, w)}),
+            self._get(client, "/api/v1/query", {"query": prom.figures_query(self.job, w)}),
             self._get(client, "/api/v1/query", {"query": prom.stall_query(self.job, w)}),
         )
         return tdoc, prom.data_of(vdoc, "vector"), prom.data_of(mdoc, "matrix")
+
+    def _start_latency(self, client: httpx.AsyncClient, w: prom.Windows) -> None:
+        busy = self.latency_task is not None and not self.latency_task.done()
+        if busy or time.monotonic() - self.latency_started < LATENCY_EVERY_S:
+            return
+        self.latency_started = time.monotonic()
+        self.latency_task = asyncio.create_task(self._latency(client, w))
+
+    async def _latency(self, client: httpx.AsyncClient, w: prom.Windows) -> None:
+        t0 = time.monotonic()
+        timeout = max(30.0, self.timeout)
+        try:
+            docs = await asyncio.gather(
+                *(
+                    self._get(client, "/api/v1/query", {"query": q}, timeout)
+                    for q in prom.latency_queries(self.job, w)
+                )
+            )
+            result = [item for doc in docs for item in prom.data_of(doc, "vector")]
+            groups = prom.group_results(result, self.job)
+        except _ERRORS as exc:
+            self.latency_error = f"latency query: {type(exc).__name__}: {exc}"[:300]
+        else:
+            with self.lock:
+                self.latency = {k: d.scalars for k, d in groups.items()}
+            self.latency_error = None
+        self.latency_s = time.monotonic() - t0
+        self.refresh()  # the next poll uses them now
 
     async def _poll(self, client: httpx.AsyncClient) -> None:
         t0 = time.monotonic()
         try:
             tdoc, vector, matrix = await self._fetch(client)
             found = prom.parse_targets(tdoc)
-        except (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError) as exc:
+        except _ERRORS as exc:
             with self.lock:
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
                 self.hint = prom_view.fleet_hint(self.url, self.job, self.error, [], {}, set())
@@ -139,6 +189,7 @@ class PrometheusSource:
         chosen, health = prom_view.select(found, self.job, prom.jobs_with_vllm(data))
         self.scrape_s = prom_view.scrape_interval(chosen, self.settings.interval_s)
         jobs = {t.job for t in found}
+        latency_known = self.latency_task is not None and self.latency_task.done()
         with self.lock:
             self.error = None
             self.hint = prom_view.fleet_hint(self.url, self.job, None, chosen, health, jobs)
@@ -146,20 +197,22 @@ class PrometheusSource:
             for t in chosen:
                 ep = self.endpoints.get(t.url) or prom_view.PromEndpoint(t, self.settings)
                 key = (t.job, t.instance)
-                poll = prom_view.PromPoll(
-                    t, health.get(t.url), data.get(key), points.get(key, []), now
-                )
+                d = data.get(key)
+                d = d.with_scalars(self.latency.get(key)) if d is not None else None
+                poll = prom_view.PromPoll(t, health.get(t.url), d, points.get(key, []), now)
                 ep.observe(poll)
                 kept[t.url] = ep
             self.endpoints = kept  # a target Prometheus dropped leaves the fleet
             self.polls += 1
+            self.complete = self.complete or latency_known
 
     # ---- the interface ---------------------------------------------------------------------
     def collect(self) -> FleetSnapshot:
         with self.lock:
             views = tuple(ep.view for ep in self.endpoints.values())
             hint = self.hint
-        return FleetSnapshot(time.time(), views, self.period, self.name, self.paused, hint)
+        interval = self.data_interval
+        return FleetSnapshot(time.time(), views, interval, self.name, self.paused, hint)
 
     def series(self, url: str, name: str) -> list[float]:
         with self.lock:
@@ -184,13 +237,13 @@ class PrometheusSource:
         self.loop.call_soon_threadsafe(apply)
 
     def wait_settled(self, timeout: float) -> bool:
-        """Until a poll answered and every endpoint was scraped (with rates where it is
-        a live vLLM server); False on the deadline."""
+        """Until a poll answered with the latency figures and every endpoint was scraped
+        (with rates where it is a live vLLM server); False on the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
                 views = [ep.view for ep in self.endpoints.values()]
-                polled = self.polls > 0
+                polled = self.complete
             if polled and all(prom_view.settled(v) for v in views):
                 return True
             time.sleep(0.05)

@@ -2,7 +2,8 @@
 back (JSON documents in, frozen values out; no I/O). opsctl.domain.prom_view turns the
 parsed values into the console's views.
 
-One poll is three requests, each serving every endpoint at once:
+One poll is three requests (ten with the latency ones), each serving every endpoint at
+once:
 
 - ``/api/v1/targets?state=active``: the endpoints (a job's targets), their scrape health,
   last error, last scrape time and duration; targets scraping ``/health`` (any job) give
@@ -11,8 +12,10 @@ One poll is three requests, each serving every endpoint at once:
 - one instant query, the union (``or``) of every figure, each ``sum by (instance)``
   (``job, instance`` without --job) and tagged with ``opsctl_q`` by ``label_replace``:
   gauges, counters, ``rate()``/``increase()`` over the rate window, ``resets()`` and
-  ``changes(process_start_time_seconds)`` over the restart hold, ``histogram_quantile()``
-  over the latency window where it saw requests, else over the server's lifetime;
+  ``changes(process_start_time_seconds)`` over the restart hold;
+- every few polls (they cost Prometheus most: every histogram bucket of every endpoint),
+  one union per latency histogram: ``histogram_quantile()`` over the latency window where
+  it saw requests, else over the server's lifetime;
 - one range selector (raw samples of running, generation tokens, engine steps over the
   stall window plus two scrapes) for the stall rule of opsctl.domain.console_state.
 """
@@ -115,12 +118,14 @@ def group_by(job: str | None) -> str:
     return "instance" if job else "job, instance"
 
 
-def query_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
-    """(tag, PromQL) of every figure: each yields at most one sample per endpoint (per
-    label value for the labelled ones)."""
+def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
+    """(tag, PromQL) of every figure but the latency percentiles: each yields at most one
+    sample per endpoint (per label value for the labelled ones)."""
     sel, by = selector(job), group_by(job)
-    r, lw, hold = _dur(w.rate_s), _dur(w.latency_s), _dur(w.restart_s)
+    r, hold = _dur(w.rate_s), _dur(w.restart_s)
     parts = [("up", f"sum by ({by}) (up{sel})")]
+    # when the data were scraped (the target list's lastScrape may be a newer scrape)
+    parts.append(("sample_t", f"max by ({by}) (timestamp({RUNNING}{sel}))"))
     parts += [(k, f"sum by ({by}) ({m}{sel})") for k, m in GAUGES.items()]
     parts += [(k, f"sum by ({by}) (rate({m}{sel}[{r}]))") for k, m in RATES.items()]
     parts += [(k, f"sum by ({by}) (increase({m}{sel}[{r}]))") for k, m in INCREASES.items()]
@@ -136,34 +141,46 @@ def query_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     parts.append(("models", f"count by ({by}, model_name) ({RUNNING}{sel})"))
     parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({RUNNING}{sel}))"))
     parts.append(("cache", f"max by ({by}, num_gpu_blocks, block_size) ({CACHE_CONFIG_INFO}{sel})"))
-    for short, h in LATENCY_HISTOGRAMS.items():
-        parts += _latency_parts(short, h, sel, by, lw)
     return parts
 
 
-def _latency_parts(short: str, h: str, sel: str, by: str, lw: str) -> list[tuple[str, str]]:
-    """Per histogram: observations in the window (only where > 0), lifetime count and
-    sum, window sum, and each quantile over the window where it saw requests, else over
-    the lifetime (``or`` keeps the left side where both exist)."""
+def latency_parts(job: str | None, w: Windows, short: str) -> list[tuple[str, str]]:
+    """Of one latency histogram: observations and sum over the latency window (count
+    only where > 0), lifetime count and sum, each quantile over the window (where it
+    saw requests: NaN is dropped by ``>= 0``) and over the lifetime (only where the
+    window saw none)."""
+    sel, by, lw = selector(job), group_by(job), _dur(w.latency_s)
+    h = LATENCY_HISTOGRAMS[short]
     seen = f"(sum by ({by}) (increase({h}_count{sel}[{lw}])) > 0)"
     out = [
         (f"wc.{short}", seen),
-        (f"ws.{short}", f"sum by ({by}) (increase({h}_sum{sel}[{lw}])) and on ({by}) {seen}"),
+        (f"ws.{short}", f"sum by ({by}) (increase({h}_sum{sel}[{lw}]))"),
         (f"lc.{short}", f"sum by ({by}) ({h}_count{sel})"),
         (f"ls.{short}", f"sum by ({by}) ({h}_sum{sel})"),
     ]
+    window = f"sum by ({by}, le) (rate({h}_bucket{sel}[{lw}]))"
+    life = f"sum by ({by}, le) ({h}_bucket{sel})"
     for q, name in zip(QUANTILES, QNAMES, strict=True):
-        window = f"histogram_quantile({q}, sum by ({by}, le) (rate({h}_bucket{sel}[{lw}])))"
-        life = f"histogram_quantile({q}, sum by ({by}, le) ({h}_bucket{sel}))"
-        out.append((f"q.{short}.{name}", f"({window} and on ({by}) {seen}) or {life}"))
+        out.append((f"qw.{short}.{name}", f"histogram_quantile({q}, {window}) >= 0"))
+        out.append(
+            (f"ql.{short}.{name}", f"histogram_quantile({q}, {life}) >= 0 unless on ({by}) {seen}")
+        )
     return out
 
 
-def instant_query(job: str | None, w: Windows) -> str:
-    """The one instant query of a poll: every part tagged with its key."""
-    return " or ".join(
-        f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in query_parts(job, w)
-    )
+def union(parts: list[tuple[str, str]]) -> str:
+    """One instant query of many parts, each tagged with its key (``opsctl_q``)."""
+    return " or ".join(f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in parts)
+
+
+def figures_query(job: str | None, w: Windows) -> str:
+    return union(figure_parts(job, w))
+
+
+def latency_queries(job: str | None, w: Windows) -> list[str]:
+    """One query per histogram: sent concurrently, Prometheus evaluates them on several
+    cores (one query's evaluation is mostly one goroutine)."""
+    return [union(latency_parts(job, w, short)) for short in LATENCY_HISTOGRAMS]
 
 
 def stall_query(job: str | None, w: Windows) -> str:
@@ -305,6 +322,12 @@ class InstanceData:
 
     def get(self, key: str) -> float | None:
         return self.scalars.get(key)
+
+    def with_scalars(self, more: dict[str, float | None] | None) -> InstanceData:
+        """These figures plus ``more`` (the latency ones of another query)."""
+        if not more:
+            return self
+        return InstanceData({**more, **self.scalars}, self.labelled, self.models, self.cache)
 
 
 Key = tuple[str, str]  # (job, instance)

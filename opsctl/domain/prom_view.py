@@ -75,12 +75,13 @@ def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
     for short in LATENCY_HISTOGRAMS:
         window = d.get(f"wc.{short}")
         life = d.get(f"lc.{short}")
+        kind = "qw" if window else "ql"
         count, total = (window, d.get(f"ws.{short}")) if window else (life, d.get(f"ls.{short}"))
         if not count:
             if life is not None:
                 out[short] = Quantiles()
             continue
-        qs = [d.get(f"q.{short}.{n}") for n in QNAMES]
+        qs = [d.get(f"{kind}.{short}.{n}") for n in QNAMES]
         mean = None if total is None else total / count
         out[short] = Quantiles(qs[0], qs[1], qs[2], qs[3], mean, count)
         if window:
@@ -210,7 +211,7 @@ def as_scrape(
         return None
     auth = next((s for s in (health, metrics) if s.status in (401, 403)), None)
     samples = _samples(d) if metrics.status == 200 else None
-    at = t.last_scrape or now
+    at = (d.get("sample_t") if d and samples else None) or t.last_scrape or now
     return Scrape(t.url, at - (t.scrape_s or 0.0), at, health, metrics, samples, None, auth)
 
 

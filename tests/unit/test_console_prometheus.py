@@ -14,7 +14,7 @@ from opsctl.console.report import document, endpoint_dict
 from opsctl.domain import prom, prom_view
 from opsctl.domain.console import Quantiles, Scrape, Target
 from opsctl.domain.console_state import EndpointTracker, Settings
-from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS, MetricSamples
+from opsctl.domain.metrics import GEN_TOKENS, LATENCY_HISTOGRAMS, RUNNING, STEPS, MetricSamples
 from opsctl.domain.prom import InstanceData, PromTarget
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -40,6 +40,10 @@ def recorded_views(job: str | None = "vllm") -> dict[str, prom_view.PromEndpoint
     found = prom.parse_targets(load("targets"))
     query = load("query" if job else "query_all")  # sum by (instance) | by (job, instance)
     data = prom.group_results(prom.data_of(query, "vector"), job)
+    if job:  # the latency query was recorded with the job (figures fall back to none)
+        latency = prom.group_results(prom.data_of(load("latency"), "vector"), job)
+        data = {k: d.with_scalars(latency[k].scalars if k in latency else None)
+                for k, d in data.items()}  # fmt: skip
     points = prom.stall_points(prom.data_of(load("stall"), "matrix"), job)
     chosen, health = prom_view.select(found, job, prom.jobs_with_vllm(data))
     out = {}
@@ -114,18 +118,22 @@ def test_base_urls(scrape_url, base, path):
 # ---- the queries ----------------------------------------------------------------------------
 
 
-def test_one_instant_query_carries_every_figure_with_unique_tags():
+def test_two_instant_queries_carry_every_figure_with_unique_tags():
     w = prom.Windows(rate_s=2.0, latency_s=60.0, restart_s=10.0, stall_s=12.0)
-    parts = prom.query_parts("vllm", w)
+    parts = prom.figure_parts("vllm", w)
+    parts += [p for short in LATENCY_HISTOGRAMS for p in prom.latency_parts("vllm", w, short)]
     tags = [k for k, _ in parts]
     assert len(tags) == len(set(tags))
-    q = prom.instant_query("vllm", w)
-    for fn in ("rate(", "increase(", "resets(", "changes(", "histogram_quantile(", "up{"):
+    q = prom.figures_query("vllm", w)
+    for fn in ("rate(", "increase(", "resets(", "changes(", "up{", "timestamp("):
         assert fn in q
-    assert "[2000ms]" in q and "[60000ms]" in q and "[10000ms]" in q
-    assert q.count(" or label_replace(") == len(parts) - 1
+    assert "[2000ms]" in q and "[10000ms]" in q and "histogram_quantile" not in q
+    lat = prom.latency_queries("vllm", w)
+    assert len(lat) == 7 and all(q.count("histogram_quantile(") == 4 * 2 for q in lat)
+    assert all("[60000ms]" in q for q in lat)
+    assert q.count(" or label_replace(") == len(prom.figure_parts("vllm", w)) - 1
     assert "sum by (instance)" in q and "job, instance" not in q
-    assert "sum by (job, instance)" in prom.instant_query(None, w)
+    assert "sum by (job, instance)" in prom.figures_query(None, w)
     assert prom.stall_query("vllm", w).endswith('job="vllm"}[12000ms]')
 
 
@@ -171,6 +179,10 @@ def test_recorded_figures_match_the_stand_in_bodies():
     assert ttft.p50 is not None and ttft.p50 <= ttft.p95 <= ttft.p99 and ttft.count > 0
     assert idle.finished_by_reason and idle.requests_total == sum(idle.finished_by_reason.values())
     assert mode["healthy"].info.models[0].id == "tiny-llama"
+    # the data's own scrape time (timestamp()), not the target list's newer lastScrape
+    data = prom.group_results(prom.data_of(load("query"), "vector"), "vllm")
+    healthy = next(u for u, m in FLEET["modes"].items() if m == "healthy")
+    assert mode["healthy"].last_ok_at == data[("vllm", healthy.split("//")[1])].get("sample_t")
     assert mode["dead"].figures.running == 0  # /metrics still answered
 
 
@@ -232,13 +244,13 @@ def _inst(**scalars) -> InstanceData:
 
 def test_latency_window_where_it_saw_requests_else_lifetime():
     d = _inst(**{"wc.ttft": 4.0, "ws.ttft": 2.0, "lc.ttft": 10.0, "ls.ttft": 9.0,
-                 "q.ttft.p50": 0.4, "q.ttft.p90": 0.8, "q.ttft.p95": 0.9, "q.ttft.p99": 1.0,
-                 "lc.e2e": 10.0, "ls.e2e": 20.0, "q.e2e.p50": 1.5,
-                 "lc.itl": 0.0})  # fmt: skip
+                 "qw.ttft.p50": 0.4, "qw.ttft.p90": 0.8, "qw.ttft.p95": 0.9, "qw.ttft.p99": 1.0,
+                 "ql.ttft.p50": 9.0, "lc.e2e": 10.0, "ls.e2e": 20.0, "ql.e2e.p50": 1.5,
+                 "qw.e2e.p50": 7.0, "lc.itl": 0.0})  # fmt: skip
     lat, basis = prom_view.latency(d)
     assert basis == "window"
     assert lat["ttft"] == Quantiles(0.4, 0.8, 0.9, 1.0, 0.5, 4.0)
-    assert lat["e2e"].mean == 2.0 and lat["e2e"].count == 10.0  # lifetime
+    assert lat["e2e"].mean == 2.0 and lat["e2e"].count == 10.0 and lat["e2e"].p50 == 1.5
     assert lat["itl"] == Quantiles() and "tpot" not in lat
     assert prom_view.latency(_inst(**{"lc.e2e": 3.0, "ls.e2e": 3.0}))[1] == "lifetime"
     assert prom_view.latency(_inst())[1] == "none"

@@ -63,7 +63,9 @@ def test_prometheus_and_direct_read_the_same_states(both):
         )
     assert states(via_prom) == states(direct)
     snap = via_prom.collect()
-    assert snap.source == "prometheus" and snap.hint is None and snap.interval_s == 1.0
+    assert (
+        snap.source == "prometheus" and snap.hint is None and snap.interval_s == 2.0
+    )  # scrape + poll
     p = {v.target.url: v for v in snap.endpoints}
     d = {v.target.url: v for v in direct.collect().endpoints}
     for url, mode in zip(fleet.urls, MODES, strict=True):
