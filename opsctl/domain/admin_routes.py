@@ -35,14 +35,16 @@ class Route:
     dev: bool  # registered only with VLLM_SERVER_DEV_MODE=1
     destructive: bool  # changes what the server does: the console asks first
     what: str
-    caveat: str = ""
+    caveat: str = ""  # said with the question and after a success
+    refused: str = ""  # why it may answer success=false
 
 
 ROUTES: dict[str, Route] = {
     r.name: r
     for r in (
         Route("reset_prefix_cache", "POST", "/reset_prefix_cache", True, True,
-              "drop the prefix cache", "fails (success=false) while requests hold blocks"),
+              "drop the prefix cache",
+              refused="vLLM refuses while requests hold cache blocks: retry when idle"),
         Route("reset_mm_cache", "POST", "/reset_mm_cache", True, True,
               "drop the multimodal processor cache"),
         Route("sleep", "POST", "/sleep?level=1", True, True,
@@ -109,7 +111,7 @@ def outcome(
         detail = body.get("error") or body.get("detail") if isinstance(body, dict) else body
         return Outcome(False, f"{where}: HTTP {status} {str(detail or '')[:200]}".rstrip())
     if isinstance(body, dict) and body.get("success") is False:
-        return Outcome(False, f"{where}: success=false ({r.caveat or 'the server refused'})")
+        return Outcome(False, f"{where}: success=false ({r.refused or 'the server refused'})")
     shown = "ok" if body in (None, "", {}) else str(body)[:300]
     note = f"  note: {r.caveat}" if r.caveat else ""
     return Outcome(True, f"{where}: {shown}{note}")

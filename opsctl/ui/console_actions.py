@@ -252,7 +252,7 @@ class ActionsMixin:
             return f"{view.target.name}: {out.text}"
 
         if r.destructive:
-            detail = r.what + (f"\n{r.caveat}" if r.caveat else "")
+            detail = r.what + "".join(f"\n{x}" for x in (r.caveat, r.refused) if x)
             self.confirm(f"{r.method} {r.path} on {view.target.url}?", detail,
                          lambda: self.background(work))  # fmt: skip
         else:

@@ -143,7 +143,7 @@ class ConsoleApp(ActionsMixin, App):
         self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
         self.table.show(views, now, snap.interval_s, notes)
         screen = self.screen
-        if isinstance(screen, DetailScreen):
+        if isinstance(screen, DetailScreen) and screen.ready:
             view = next((v for v in snap.endpoints if v.target.url == screen.url), None)
             if view is not None:
                 series = {k: self.source.series(screen.url, k) for k, _ in SPARKS}

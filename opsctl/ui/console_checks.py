@@ -40,6 +40,7 @@ class ChecksScreen(Screen):
         super().__init__()
         self.jobs = jobs
         self.shown: int | None = show if show is not None else (jobs[-1].id if jobs else None)
+        self.ready = False  # the panel is mounted and holds the shown job's snapshots
 
     def compose(self) -> ComposeResult:
         yield Static("checks run from this console (Esc back, K cancel)", id="jobs-title")
@@ -60,6 +61,7 @@ class ChecksScreen(Screen):
             table.add_column(key, key=key)
         self.refresh_jobs()
         self._replay()
+        self.ready = True
 
     def refresh_jobs(self) -> None:
         table = self.query_one("#jobs", DataTable)
@@ -81,7 +83,10 @@ class ChecksScreen(Screen):
             panel.update_snapshot(snap)
 
     def on_job_event(self, job: CheckJob, snap: dict) -> None:
-        """A job's new snapshot (called by the app on the UI thread)."""
+        """A job's new snapshot (called by the app on the UI thread). Before the panel is
+        ready the snapshot is skipped: the replay of the job's snapshots brings it."""
+        if not self.ready:
+            return
         self.refresh_jobs()
         if job.id == self.shown:
             self.query_one(DiagPanel).update_snapshot(snap)
@@ -91,9 +96,11 @@ class ChecksScreen(Screen):
         if job_id == self.shown:
             return
         self.shown = job_id
+        self.ready = False
         await self.query_one(DiagPanel).remove()
         await self.mount(DiagPanel(self._title(), id="check-panel"), before=self.query_one(Footer))
         self._replay()
+        self.ready = True
 
     def action_cancel_job(self) -> None:
         job = self.job(self.shown)

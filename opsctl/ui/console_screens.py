@@ -113,6 +113,7 @@ class DetailScreen(Screen):
         self.url = url
         self.detail: LocalDetail | None = None
         self.detail_at = 0.0
+        self.ready = False  # composed: show() may run
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
@@ -132,6 +133,7 @@ class DetailScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#d-actions").border_title = "checks and actions"
+        self.ready = True
 
     def show(self, view: EndpointView, now: float, interval: float, series, actions: str) -> None:
         self.query_one("#d-summary", Static).update(summary_text(view, now, interval))
