@@ -80,13 +80,13 @@ class ConsoleApp(ActionsMixin, App):
         engine_factory: Callable | None = None,
     ) -> None:
         super().__init__()
-        from opsctl.console.replay import Recorder
+        from opsctl.console.replay import Recorder, ReplaySource
 
         self.recorder = Recorder(record) if record is not None else None
         self.source = source
         self.interval = interval
         self.tick_s = tick if tick is not None else min(interval, 1.0)
-        self.replaying = hasattr(source, "step")
+        self.replaying = isinstance(source, ReplaySource)  # step/speed keys, no actions
         self.readonly = readonly or self.replaying
         self.api_key = api_key
         self.detail_fn = detail_fn
