@@ -143,10 +143,12 @@ def test_proxy_inflating_score_usage_fails_exactly_usage(engine, tmp_path):
     assert {x["ruleId"] for x in errors if x["level"] == "error"} == {"usage.mismatch"}
     usage = next(c for c in doc["checks"] if c["check"] == "usage")
     rows = usage["report"]["rows"]
-    score_rows = [row for row in rows if row["endpoint"] == "score"]
+    score_rows = [row for row in rows if row["endpoint"] == "/score"]
     assert score_rows and all(
         row["reported_prompt"] == row["expected"] + INFLATE for row in score_rows
     )
+    rerank_rows = [row for row in rows if row["endpoint"] == "/rerank"]  # not inflated
+    assert rerank_rows and all(row["verdict"] == "pass" for row in rerank_rows)
     # the proxy is no opsctl engine: its ledger cannot be found, so that check is skipped
     patches = next(c for c in doc["checks"] if c["check"] == "patches")
     assert patches["verdict"] == "skipped" and "no opsctl run directory" in patches["reason"]
