@@ -102,8 +102,8 @@ class CertifyApp(App):
 
     def set_row(self, name: str, verdict: str, seconds: str) -> None:
         table = self.query_one("#checks", DataTable)
-        table.update_cell(name, "verdict", verdict.lower())
-        table.update_cell(name, "time", seconds)
+        table.update_cell(name, "verdict", verdict.lower(), update_width=True)
+        table.update_cell(name, "time", seconds, update_width=True)
 
     def show(self, name: str) -> None:
         self.query_one("#panels", ContentSwitcher).current = f"panel-{name}"

@@ -160,3 +160,17 @@ def test_library_call_typed_events_one_case_per_check(home):
     assert any(isinstance(e.event, ev.Finished) for e in inner)
     assert isinstance(seen[0], ev.Started) and isinstance(seen[-1], ev.Finished)
     assert report.verdicts()["engram"] == "skipped"
+
+
+def test_a_check_timing_out_is_exit_4_and_reported_as_error(tmp_path):
+    from tests.standin_scoring import stand_in
+
+    with stand_in(sleep=3.0) as url:
+        r, doc, junit, sarif = invoke(url, "--checks", "usage", "--timeout", "1", tmp=tmp_path)
+    assert r.exit_code == 4, r.stderr
+    usage = next(c for c in doc["checks"] if c["check"] == "usage")
+    assert usage["verdict"] == "error" and usage["timed_out"]
+    assert doc["exit_code"] == 4
+    root, log = validated(junit, sarif)
+    assert root.find("testsuite/testcase[@name='usage']/error") is not None
+    assert [x["ruleId"] for x in log["runs"][0]["results"]] == ["usage.timeout"]
