@@ -1,0 +1,118 @@
+"""The pure rules of certify's own checks (opsctl.domain.certify_checks): liveness,
+patch-ledger sanity, Engram hygiene, shutdown hygiene; and the selection for a hybrid
+KV cache model."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.domain import certify as dom
+from opsctl.domain import certify_checks as rules
+
+
+def live(**kw) -> rules.Liveness:
+    base = dict(
+        health_status=200, health_error=None, endpoint="/v1/completions", request_status=200,
+        request_error=None, tokens=4, counter=rules.GEN_COUNTER, before=10.0, after=14.0,
+        waited=0.2,
+    )  # fmt: skip
+    return rules.Liveness(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("kw", "codes", "verdict"),
+    [
+        ({}, ["liveness.progress"], "pass"),
+        ({"after": 10.0}, ["liveness.no_progress"], "fail"),
+        ({"health_status": 503}, ["liveness.health", "liveness.progress"], "fail"),
+        (
+            {"request_status": None, "request_error": "no answer within 5 s", "after": 10.0},
+            ["liveness.request"],
+            "fail",
+        ),
+        ({"before": None, "after": None}, ["liveness.unverified"], "unverified"),
+    ],
+)
+def test_liveness(kw, codes, verdict):
+    found = rules.liveness_findings(live(**kw))
+    assert [f.code for f in found] == codes
+    assert rules.verdict_of(found) == verdict
+
+
+def test_a_stuck_engine_is_named_as_such():
+    (f,) = rules.liveness_findings(live(after=10.0, waited=15.0))
+    assert "did not advance within 15 s" in f.message and "no forward progress" in f.message
+
+
+RECORD = {
+    "pid": 7,
+    "role": "engine_core",
+    "vllm_version": "0.32.0",
+    "platform": "cpu",
+    "patches": [{"name": "a", "status": "applied"}, {"name": "b", "status": "skipped"}],
+    "test_knobs": {},
+}
+
+
+def test_ledger_sane_failed_and_knobs():
+    assert [f.code for f in rules.ledger_findings([RECORD])] == ["patches.sane"]
+    broken = {**RECORD, "patches": [{"name": "b", "status": "failed", "detail": "boom\ntrace"}]}
+    (f,) = rules.ledger_findings([RECORD, broken])
+    assert f.code == "patches.failed" and f.message.endswith(": boom")
+    knobbed = {**RECORD, "test_knobs": {"OPSCTL_PROBE_NUDGE": "fox:3"}}
+    (f,) = rules.ledger_findings([knobbed])
+    assert f.code == "patches.test_knobs" and "OPSCTL_PROBE_NUDGE=fox:3" in f.message
+    assert rules.ledger_findings([])[0].code == "patches.no_ledger"
+    summary = rules.ledger_summary([{**RECORD, "role": "api_server", "platform": None}, broken])
+    assert summary["platform"] == "cpu" and summary["failed"] == ["b"]
+    assert summary["patches"] == {"a": {"applied": 1}, "b": {"skipped": 1, "failed": 1}}
+
+
+def test_engram_hygiene():
+    found = rules.engram_findings([], [], None)
+    assert [f.code for f in found] == ["engram.no_orphans", "engram.not_in_model"]
+    orphans = [{"name": "vllm_engram_x", "size": 64}]
+    capacity = {"total_bytes": 10, "shm_free": 5, "fits_shm": False, "chosen": "dp-sharded"}
+    inspect = [{"severity": "fail", "code": "engram.fill_mismatch", "message": "m"}]
+    found = rules.engram_findings(inspect, orphans, capacity)
+    assert [f.code for f in found] == [
+        "engram.fill_mismatch",
+        "engram.orphans",
+        "engram.shm_capacity",
+    ]
+    assert rules.verdict_of(found) == "fail"
+    assert "falls back to dp-sharded" in found[-1].message
+
+
+def shut(**kw) -> rules.Shutdown:
+    base = dict(
+        index=0, url="http://x", stopped=True, seconds=0.5, signals=("SIGTERM api-server",),
+        leftover_pids=(), alive_now=(), shm_removed=("psm_1",), shm_kept=(), shm_left_now=(),
+    )  # fmt: skip
+    return rules.Shutdown(**{**base, **kw})
+
+
+def test_shutdown_hygiene():
+    assert [f.code for f in rules.shutdown_findings([shut()])] == ["shutdown.clean"]
+    found = rules.shutdown_findings([shut(alive_now=(42,), shm_left_now=("psm_2",))])
+    assert [f.code for f in found] == ["shutdown.processes", "shutdown.segments"]
+    assert found[0].details == {"pids": [42]}
+    assert rules.shutdown_findings([shut(stopped=False)])[0].code == "shutdown.not_stopped"
+    assert rules.shutdown_findings([])[0].code == "shutdown.no_engine"
+
+
+def test_hybrid_model_selection_and_kind():
+    s = dom.Subject(
+        managed=True, model="tiny-hybrid", archetype="hybrid-decoder", kv_groups=2, run_dir=True
+    )
+    assert dom.select(s).run == (
+        "liveness",
+        "patches",
+        "engram",
+        "invariance",
+        "kv-fail",
+        "shutdown",
+    )
+    assert s.kind()["hybrid_kv"] and s.kind()["generative"]
+    pooled = dom.Subject(managed=False, model="m", archetype="pooling", run_dir=False)
+    assert dom.select(pooled).run == ("liveness", "engram", "usage")
