@@ -287,7 +287,7 @@ def counts(results: Sequence[CheckResult]) -> dict[str, int]:
     return out
 
 
-def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 90) -> list[list[str]]:
+def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[list[str]]:
     """The human summary from the document's ``checks``: check, verdict, time, first
     finding (cut to ``width``)."""
     rows = []
