@@ -176,11 +176,10 @@ def run(
     try:
         facts, selection = _select(target, options, own)
         job = _Job(target, options, facts, selection, own, progress)
-        results = job.run_checks()
+        job.run_checks()
     finally:
         own.close(progress)
-    results = job.finish(results)
-    return _report(job, results, time.monotonic() - started)
+    return _report(job, job.finish(), time.monotonic() - started)
 
 
 def _name(target: Target) -> str:
@@ -224,9 +223,8 @@ class _Job:
             from opsctl.embedded.catalog import DEFAULT_MODEL
 
             base = replace(target, model=target.model or DEFAULT_MODEL, timeout=options.timeout)
-            self.targets = {c: base for c in selection.run}
             plan = planning.engine_plan(base, facts, selection.run, self.inv)
-            self.targets.update(plan.targets)
+            self.targets = plan.targets
             session.plan(plan.specs)
         self.results: dict[str, dom.CheckResult] = {
             c: dom.skipped(c, why) for c, why in selection.skipped.items()
@@ -240,15 +238,15 @@ class _Job:
         rows = [tuple(r) for r in dom.summary_rows(now)]
         self.progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(rows)))
 
-    def run_checks(self) -> list[dom.CheckResult]:
+    def run_checks(self) -> None:
+        """Every selected check but shutdown, in order, on the shared session."""
         self.table()
         todo = [c for c in self.selection.run if c != dom.SHUTDOWN]
         for n, check in enumerate(todo, 1):
             self.results[check] = self.run_one(check, n, len(self.selection.run))
             self.table()
-        return self.ordered()
 
-    def finish(self, results: list[dom.CheckResult]) -> list[dom.CheckResult]:
+    def finish(self) -> list[dom.CheckResult]:
         """After the session closed: shutdown hygiene (when selected)."""
         if dom.SHUTDOWN in self.selection.run:
             n = len(self.selection.run)
