@@ -164,6 +164,47 @@ def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
     return knobs.with_knobs(env, opts.knobs)
 
 
+class _EngineLock:
+    """Development aid: with OPSCTL_ENGINE_LOCK=path, engines started by concurrent test
+    runs on one small machine queue up instead of competing for two cores.
+
+    Process-wide and counted: flock() conflicts between two open file descriptions even
+    inside one process, so a second engine of the same process (a session holding two
+    engines, the console starting two servers) waiting on its own flock would wait for
+    ever. The first engine of a process takes the flock; the others share it; the last
+    one to stop releases it."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.fh: object | None = None
+        self.count = 0
+
+    def acquire(self) -> object | None:
+        path = os.environ.get("OPSCTL_ENGINE_LOCK")
+        if not path:
+            return None
+        import fcntl
+
+        with self.mutex:
+            if self.fh is None:
+                try:  # read-only is enough for flock, and works on another user's file
+                    fh = open(path)  # noqa: SIM115 - held until the last release
+                except FileNotFoundError:
+                    fh = open(path, "a")  # noqa: SIM115 - held until the last release
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                self.fh = fh
+            self.count += 1
+            return self.fh
+
+    def release(self) -> None:
+        with self.mutex:
+            self.count -= 1
+            if self.count == 0 and self.fh is not None:
+                self.fh.close()  # type: ignore[attr-defined]
+                self.fh = None
+
+
+_ENGINE_LOCK = _EngineLock()
 _LIVE: weakref.WeakSet[EngineServer] = weakref.WeakSet()
 
 
@@ -217,23 +258,13 @@ class EngineServer:
         return self.run_dir / "server.log"
 
     def _take_engine_lock(self) -> None:
-        """Development aid: with OPSCTL_ENGINE_LOCK=path, engines started by concurrent
-        test runs on one small machine queue up instead of competing for two cores."""
-        path = os.environ.get("OPSCTL_ENGINE_LOCK")
-        if not path or self._lock_fh is not None:
-            return
-        import fcntl
-
-        try:  # read-only is enough for flock, and works on a lock file another user made
-            self._lock_fh = open(path)  # noqa: SIM115 - held until stop()
-        except FileNotFoundError:
-            self._lock_fh = open(path, "a")  # noqa: SIM115 - held until stop()
-        fcntl.flock(self._lock_fh, fcntl.LOCK_EX)
+        if self._lock_fh is None:
+            self._lock_fh = _ENGINE_LOCK.acquire()
 
     def _release_engine_lock(self) -> None:
         if self._lock_fh is not None:
-            self._lock_fh.close()
             self._lock_fh = None
+            _ENGINE_LOCK.release()
 
     def _check_port(self, port: int) -> None:
         if not port_free(self.opts.host, port):

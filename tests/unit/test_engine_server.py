@@ -24,3 +24,28 @@ def test_a_reused_pid_is_never_treated_as_ours():
     finally:
         child.kill()
         child.wait()
+
+
+def test_engine_lock_is_shared_within_a_process_and_held_against_others(tmp_path, monkeypatch):
+    """Two engines of one process (a session holding two, the console starting two) used
+    to wait for ever on their own flock; other processes must still queue."""
+    from opsctl.engine import server as srv
+
+    path = tmp_path / "engine.lock"
+    monkeypatch.setenv("OPSCTL_ENGINE_LOCK", str(path))
+    lock = srv._EngineLock()
+    probe = (
+        "import fcntl, sys; fh = open(sys.argv[1]); fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    )
+
+    def others_can_take_it() -> bool:
+        r = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True)
+        return r.returncode == 0
+
+    first, second = lock.acquire(), lock.acquire()  # returns at once: no self-deadlock
+    assert first is second and lock.count == 2
+    assert not others_can_take_it()
+    lock.release()
+    assert not others_can_take_it()  # the other engine still runs
+    lock.release()
+    assert others_can_take_it()
