@@ -53,6 +53,8 @@ def register(app: typer.Typer) -> None:
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
         if once or as_json:
+            if record is not None:
+                raise BadInput("--record writes the live console's frames: drop --once/--json")
             raise typer.Exit(_once(source, interval, as_json))
         from opsctl.ui.console_app import build_console_app, run_console
 

@@ -177,6 +177,8 @@ def test_cli_replay_once_json_and_refusals(recording, tmp_path):
     for extra in (["http://x:1"], ["--record", str(tmp_path / "r.jsonl")]):
         r = runner.invoke(cli, ["console", "--replay", str(recording), "--once", *extra])
         assert r.exit_code == 2, r.output
+    r = runner.invoke(cli, ["console", "http://127.0.0.1:9", "--once", "--record", "x.jsonl"])
+    assert r.exit_code == 2 and "--record writes the live console" in r.stderr
     (tmp_path / "no.jsonl").write_text("{}\n")
     r = runner.invoke(cli, ["console", "--replay", str(tmp_path / "no.jsonl"), "--once"])
     assert r.exit_code == 2 and "not a console recording" in r.stderr
