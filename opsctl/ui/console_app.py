@@ -172,6 +172,13 @@ class ConsoleApp(ActionsMixin, App):
         box.focus()
 
     def action_command(self) -> None:
+        """The command line lives on the fleet screen: from a drill-in or the checks
+        screen go back to it, keeping that endpoint selected."""
+        url = self.selected_url()
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        if url is not None and url in self.table.cells:
+            self.table.move_cursor(row=self.table.get_row_index(url))
         box = self.command_box
         box.value = ""
         box.add_class("on")

@@ -116,6 +116,14 @@ async def test_admin_calls_confirm_cancel_and_the_404_explained(admins):
             await command(pilot, "bogus verb")
             await wait_for(pilot, lambda: logged(app, "not a console command"))
             assert posts(plain) == ["/reset_prefix_cache"]
+            # from a drill-in, ':' acts on the endpoint shown there
+            await select(pilot, app, dev_url)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
+            app.table.move_cursor(row=app.table.get_row_index(plain_url))
+            await command(pilot, "admin is_paused")
+            await wait_for(pilot, lambda: logged(app, "'is_paused': False"), what="dev answer")
+            assert ("GET", "/is_paused") in dev.calls and ("GET", "/is_paused") not in plain.calls
     finally:
         src.close()
 
