@@ -17,7 +17,8 @@ As a vision-language server (``model`` "tiny-vlm-multi", or a run directory whos
 engine_info says ``multimodal``): /v1/chat/completions answers with chat logprobs that
 depend on the text and the images, ``usage.prompt_tokens`` counting
 ``IMAGE_TOKENS`` per image, and /tokenize counts a message's text. Requests in flight
-at once are "batched": each holds ``hold`` seconds and the run directory gets the
+at once are "batched" (``solo``: the next so many are scheduled alone, as when they reach
+the engine one after another): each holds ``hold`` seconds and the run directory gets the
 ``mm_uuid`` probe's record of its images (with the uuids sent) and batch-probe steps
 and encoder records naming every chat request in flight. ``drop_images``: a server
 that silently ignores images (no image tokens, no mm_uuid record, no encoder call).
@@ -65,6 +66,7 @@ class Behaviour:
     inflight: dict[str, int] = field(default_factory=dict)  # engine id -> images
     chats: list[dict] = field(default_factory=list)  # every chat body
     encoded: set[str] = field(default_factory=set)  # engine ids whose images "ran"
+    solo: int = 0  # the next this many chat requests are "scheduled" alone
 
 
 def _token(prompt: str, pos: int) -> int:
@@ -144,19 +146,20 @@ def chat_choice(key: str, max_tokens: int, k: int, shift: dict) -> dict:
     return {"index": 0, "finish_reason": "length", "logprobs": {"content": content}}
 
 
-def _record_chat(b: Behaviour, rid: str, images: list[dict], steps: int) -> None:
+def _record_chat(b: Behaviour, rid: str, images: list[dict], steps: int, solo: bool) -> None:
     """Probe records of one chat request (the caller holds ``b.lock``)."""
     if b.run_dir is None:
         return
     ev = b.run_dir / "events"
+    batch = {rid: b.inflight[rid]} if solo else b.inflight
     if not b.drop_images and images:
         items = [{"index": j, "identifier": p.get("uuid")} for j, p in enumerate(images)]
         _append(ev / "mm_uuid.jsonl", [{"request_id": rid, "items": items}])
-        encoded = {r: n for r, n in b.inflight.items() if n and r not in b.encoded}
+        encoded = {r: n for r, n in batch.items() if n and r not in b.encoded}
         b.encoded.update(encoded)
         if encoded:
             _append(ev / "batch.jsonl", [{"event": "encoder", "items": encoded}])
-    ids = list(b.inflight)
+    ids = list(batch)
     _append(ev / "batch.jsonl", [{"event": "step", "num_reqs": len(ids), "req_ids": ids}] * steps)
 
 
@@ -170,10 +173,11 @@ def chat(b: Behaviour, body: dict) -> tuple[int, dict]:
     with b.lock:
         b.chats.append(body)
         b.inflight[rid] = len(seen)
+        solo, b.solo = b.solo > 0, max(0, b.solo - 1)
     time.sleep(b.hold)  # the others of a group arrive meanwhile: one "batch"
     with b.lock:
-        batched = len(b.inflight) > 1
-        _record_chat(b, rid, images, max_tokens)
+        batched = len(b.inflight) > 1 and not solo
+        _record_chat(b, rid, images, max_tokens, solo)
     shift = {b.diverge[1]: b.diverge[2]} if b.diverge and batched and b.diverge[0] in text else {}
     time.sleep(b.hold)
     with b.lock:

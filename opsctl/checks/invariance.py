@@ -94,6 +94,7 @@ class Options:
     timeout: float | None = None  # seconds for a started engine's /health; None: spec's
     tag: str | None = None  # request-id tag; None: a fresh opsctl-inv-XXXXXX
     images: int | None = None  # most images per prompt; None: the model's; 0: text only
+    batch_attempts: int = 3  # BS=N sent again while the batch probe shows prompts alone
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -115,6 +116,8 @@ class Options:
             )
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be positive")
+        if self.batch_attempts < 1:
+            raise BadInput("batch_attempts must be at least 1")
         if self.images is not None and self.images < 0:
             raise BadInput("--images must be 0 or more")
         if self.batch_via is not None and self.batch_via not in BATCH_VIA:
@@ -265,6 +268,7 @@ class _Measured:
     via: str  # list | requests
     text_tokens: list[int | None] | None = None  # /tokenize without images (no mm probe)
     platform: str = eng.NO_LEDGER_PLATFORM  # what the engine's records (or server) name
+    attempts: int = 1  # BS=N phases sent until the batch formed (see Options.batch_attempts)
 
     @property
     def images(self) -> int:
@@ -349,13 +353,10 @@ class _Job:
         t0 = time.monotonic()
         alone = alone_fn(tags[0], on_done)
         t_alone = time.monotonic() - t0
-        on_done = self._phase(label, f"BS={o.n}", f"prompts{what} sent together")
-        t0 = time.monotonic()
-        with cc.RunningSampler(live.url, api_key=key) as sampler:
-            together = together_fn(tags[1], on_done)
-        t_together = time.monotonic() - t0
-        sampler.settle(sum(len(t.generated.token_ids) for t in together))
-        records = engine_records.read_after(live.run_dir, tags[1], len(o.prompts))
+        together, records, sampler, t_together, last_tag, attempts = self._together(
+            live, together_fn, tags[1], label, what
+        )
+        tags = (tags[0], last_tag)
         text_tokens = None
         if n_img and records.mm_items is None:  # no engine probe: the usage cross-check
             text_tokens = mmc.text_token_counts(live.url, model, o.prompts, api_key=key)
@@ -376,7 +377,37 @@ class _Job:
             via,
             text_tokens,
             platform,
+            attempts,
         )
+
+    def _together(self, live: Live, together_fn: mm.Phase, tag: str, label: str, what: str):
+        """The BS=N phase, sent again under a fresh tag while the batch probe shows
+        prompts that ran alone (separate requests reach the engine when the API server
+        hands them over, e.g. one image request after another on a busy machine), at most
+        ``batch_attempts`` times. Returns (results, records, sampler, seconds, tag,
+        attempts); the last attempt is what the check judges."""
+        o = self.options
+        for attempt in range(1, o.batch_attempts + 1):
+            run_tag = tag if attempt == 1 else f"{tag}r{attempt}"
+            again = f" (attempt {attempt})" if attempt > 1 else ""
+            on_done = self._phase(label, f"BS={o.n}", f"prompts{what} sent together{again}")
+            t0 = time.monotonic()
+            with cc.RunningSampler(live.url, api_key=live.api_key) as sampler:
+                together = together_fn(run_tag, on_done)
+            seconds = time.monotonic() - t0
+            sampler.settle(sum(len(t.generated.token_ids) for t in together))
+            records = engine_records.read_after(live.run_dir, run_tag, len(o.prompts))
+            probe = eng.batch_from_probe(list(records.batch), run_tag, o.n)
+            if probe is None or not probe.alone or attempt == o.batch_attempts:
+                break
+            self.progress(
+                ev.Log(
+                    f"{label}: BS={o.n} attempt {attempt}: prompt(s) {list(probe.alone)} ran "
+                    "alone (the requests reached the engine one after another); sending again",
+                    level="warning",
+                )
+            )
+        return together, records, sampler, seconds, run_tag, attempt
 
     def _compare(self, m: _Measured, label: str) -> list[inv.PromptResult]:
         o = self.options
@@ -426,6 +457,11 @@ class _Job:
         img_failures, img_warnings = img.assess(images, o.n)
         failures = [*img_failures, *findings.failures]
         warnings = [*img_warnings, *findings.warnings]
+        if m.attempts > 1:
+            warnings.append(
+                f"BS={o.n} was sent {m.attempts} times: before, some requests reached the "
+                f"engine after the others had finished; attempt {m.attempts} is compared"
+            )
         summary = inv.summarize(results, o.atol, failures)
         self.progress(ev.Phase(f"{label}: done"))
         reasons = "; ".join(summary.reasons) or "all prompts matched"
@@ -445,7 +481,12 @@ class _Job:
             "execution": eng.execution_of(rec.info),
             "summary": summary.to_dict(),
             "settings": [s.to_dict() for s in settings],
-            "batch": {**evidence.to_dict(), "via": m.via, "bs1_max_shared": shared},
+            "batch": {
+                **evidence.to_dict(),
+                "via": m.via,
+                "bs1_max_shared": shared,
+                "attempts": m.attempts,
+            },
             "images": {**images.to_dict(), "max_per_prompt": m.images},
             "warnings": warnings,
             "prompts": [self._prompt_doc(m, r) for r in results],

@@ -184,3 +184,37 @@ def test_engine_specs_for_the_vlms():
     assert text.probes == {"batch"}
     ((_, llama),) = check.plan(EngineSpec("tiny-llama"), options())
     assert llama.probes == {"batch"} and "--limit-mm-per-prompt" not in llama.extra_args
+
+
+def test_bs_n_is_sent_again_when_its_requests_reached_the_engine_one_by_one(home):
+    """The first BS=N attempt runs every request alone (as when a busy API server hands
+    image requests over one after another): the check sends the phase again under a
+    fresh tag, judges the attempt that batched, and says so."""
+    run_dir = vlm_run_dir(home)
+    b = Behaviour(run_dir=run_dir, hold=0.1, solo=8)  # 4 BS=1 + the 4 of attempt 1
+    seen: list[ev.Event] = []
+    with completions_server(b) as (url, _):
+        register_run(run_dir, url)
+        report = check.run(UrlTarget(url), options(tag="re"), seen.append)
+    assert report.verdict == "pass", report.reasons
+    run = report.runs[0]
+    assert run["batch"]["attempts"] == 2 and run["batch"]["alone"] == []
+    assert run["images"]["received"]["BS=N"] == [1, 2, 3, 1]  # the judged attempt's records
+    assert any("was sent 2 times" in w for w in run["warnings"])
+    assert len(b.chats) == 12
+    assert any(
+        isinstance(e, ev.Log) and "attempt 1: prompt(s) [0, 1, 2, 3] ran alone" in e.text
+        for e in seen
+    )
+
+
+def test_a_batch_that_never_forms_fails_after_the_last_attempt(home):
+    run_dir = vlm_run_dir(home)
+    b = Behaviour(run_dir=run_dir, hold=0.05, solo=100)
+    with completions_server(b) as (url, _):
+        register_run(run_dir, url)
+        report = check.run(UrlTarget(url), options(batch_attempts=2))
+    run = report.runs[0]
+    assert report.verdict == "fail" and run["batch"]["attempts"] == 2
+    assert len(b.chats) == 4 + 2 * 4
+    assert any("ran alone in the BS=4 phase" in r for r in report.reasons)
