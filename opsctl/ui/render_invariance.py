@@ -18,9 +18,10 @@ SETTING_STYLE = {"verified": "green", "mismatch": "red", "not verified": "yellow
 
 def _batch_text(run: dict) -> str:
     b = run["batch"]
+    again = f", attempt {b['attempts']}" if (b.get("attempts") or 1) > 1 else ""
     if b.get("tokens") is not None:  # counters give a lower bound on the peak
-        return f">= {b['max_batch']} together ({b['tokens']} tokens in {b['steps']} steps)"
-    return f"{b['max_batch']} together ({b['source']})"
+        return f">= {b['max_batch']} together ({b['tokens']} tokens in {b['steps']} steps{again})"
+    return f"{b['max_batch']} together ({b['source']}{again})"
 
 
 def _divergence(p: dict[str, Any]) -> str:
