@@ -26,7 +26,7 @@ from opsctl.console.actions import Jobs
 from opsctl.console.local import LocalDetail, collect_detail
 from opsctl.console.servers import ServerManager
 from opsctl.console.source import FleetSource
-from opsctl.domain.console import FleetSnapshot
+from opsctl.domain.console import DEAD, FleetSnapshot
 from opsctl.ui.console_actions import ActionsMixin, JobEvent, ServerChanged
 from opsctl.ui.console_checks import ChecksScreen
 from opsctl.ui.console_screens import DetailScreen, HelpScreen, actions_text
@@ -35,6 +35,7 @@ from opsctl.ui.panels.console_detail import SPARKS
 
 __all__ = ["ConsoleApp", "DetailScreen", "HelpScreen", "build_console_app", "run_console"]
 REPLAY_ACTIONS = {"step_forward", "step_back", "faster", "slower"}
+BUNDLE_NOTE = "dead: b bundles its run"
 
 
 class ConsoleApp(ActionsMixin, App):
@@ -133,7 +134,13 @@ class ConsoleApp(ActionsMixin, App):
         snap = self.source.collect()
         self.last = snap
         self.ticks += 1
-        notes = self.source.notes() if self.replaying else self.jobs.notes()  # type: ignore[attr-defined]
+        if self.replaying:
+            notes = self.source.notes()  # type: ignore[attr-defined]
+        else:
+            notes = self.jobs.notes()
+            for v in snap.endpoints:  # a dead run offers its forensics bundle
+                if v.state == DEAD and v.target.run_dir and v.target.url not in notes:
+                    notes[v.target.url] = BUNDLE_NOTE
         self.notes = notes
         if self.recorder is not None:
             self.recorder.write(snap, notes)

@@ -20,11 +20,11 @@ from opsctl.console.servers import RESTART_FOREIGN
 from opsctl.domain.console_state import Settings
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.server import LaunchOptions
-from opsctl.ui.console_app import DetailScreen, build_console_app
+from opsctl.ui.console_app import BUNDLE_NOTE, DetailScreen, build_console_app
 from opsctl.ui.console_checks import ChecksScreen
 from opsctl.ui.console_modals import ConfirmScreen, PickScreen, StartServerScreen
 from tests.standin_admin import StandInEngine
-from tests.ui.test_console_actions import command, logged, pick, select, wait_for
+from tests.ui.test_console_actions import COL, command, logged, pick, select, wait_for
 
 MAMBA = {"architectures": ["MambaForCausalLM"], "model_type": "mamba"}
 
@@ -162,6 +162,7 @@ async def test_another_opsctls_run_is_stopped_not_restarted_orphans_reaped_dead_
             # its engine died under a live owner: a dead row, which offers its bundle
             await wait_for(pilot, lambda: state_of(app, other.url) == "dead", what="dead row",
                            show=lambda: [(v.target.url, v.state) for v in app.last.endpoints])  # fmt: skip
+            await wait_for(pilot, lambda: app.table.cells[other.url][COL] == BUNDLE_NOTE)
             await pilot.press("enter")
             await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
             block = app.screen.query_one("#d-actions")
