@@ -34,17 +34,23 @@ Example::
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from opsctl.checks import events as ev
+from opsctl.checks.lora_plan import (
+    Adapter,
+    Options,
+    Plan,
+    embedded_adapters,
+    images_for,
+    plan,
+)
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession, opened
-from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
+from opsctl.checks.target import EngineSpec, Live, Target
 from opsctl.collectors import ledger
 from opsctl.collectors import lora as collect
 from opsctl.domain import invariance as inv
@@ -55,39 +61,6 @@ from opsctl.errors import BadInput
 
 TITLE = "diag lora"
 SCHEMA = "diag.lora"
-DEFAULT_MODEL = "tiny-llama"
-PROBES = frozenset({"batch", "lora"})
-GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
-
-
-@dataclass(frozen=True)
-class Options:
-    """What the CLI flags set. Invalid values are :class:`BadInput` (exit 2)."""
-
-    adapters: tuple[str, ...] = ()  # PEFT adapter dirs; (): embedded / the server's
-    max_tokens: int = 16
-    logprobs: int = 5
-    atol: float | None = None  # mixed vs alone logprob tolerance; None: bitwise
-    images: int | None = None  # images per request; None: by model (0 text-only)
-    timeout: float | None = None  # seconds for a started engine's /health; None: spec's
-    request_timeout: float = 120.0
-    tag: str | None = None  # request-id tag; None: a fresh opsctl-lora-XXXXXX
-    max_loras: int | None = None  # LoRA slots of a started engine; None: one per adapter
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "adapters", tuple(self.adapters))
-        if self.max_tokens < 1:
-            raise BadInput("--max-tokens must be at least 1")
-        if self.logprobs < 0:
-            raise BadInput("--logprobs must be 0 or more")
-        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
-            raise BadInput("--atol must be a finite number >= 0")
-        if self.images is not None and self.images < 0:
-            raise BadInput("--images must be 0 or more")
-        if self.timeout is not None and self.timeout <= 0:
-            raise BadInput("--timeout must be positive")
-        if self.max_loras is not None and self.max_loras < 1:
-            raise BadInput("--max-loras must be at least 1")
 
 
 class LoraReport(Report):
@@ -110,126 +83,6 @@ class LoraReport(Report):
         return self.document["mixed"]["first_divergence"]
 
 
-@dataclass(frozen=True, slots=True)
-class Adapter:
-    """An adapter the check uses: where it comes from and the parts it targets."""
-
-    name: str
-    path: Path | None
-    source: str  # embedded | dir | server
-    parts: tuple[str, ...] = ()  # () : not known (an adapter opsctl did not build)
-    rank: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "path": str(self.path) if self.path else None,
-            "source": self.source,
-            "parts": list(self.parts),
-            "rank": self.rank,
-        }
-
-
-def embedded_adapters(model: str) -> list[Adapter]:
-    from opsctl.embedded import lora as built
-
-    paths = built.ensure(model)
-    return [
-        Adapter(s.name, paths[s.name], "embedded", s.parts, built.RANK)
-        for s in built.adapters_for(model)
-    ]
-
-
-def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
-    out = [collect.read_adapter_dir(d) for d in dirs]
-    names = [a.name for a in out]
-    if len(set(names)) != len(names):
-        raise BadInput(f"adapter directories must have distinct names, got {names}")
-    return [Adapter(a.name, a.path, "dir", (), a.rank) for a in out]
-
-
-def images_for(model: str | None, archetype: str | None, options: Options) -> int:
-    """Images per request: the option, else 0 for a text model, 2 for a model that takes
-    several (the catalog's images_per_prompt), else 1."""
-    from opsctl.embedded import catalog
-
-    if options.images is not None:
-        return options.images
-    if archetype != "vision-language":
-        return 0
-    spec = catalog.CATALOG.get(model or "")
-    return 2 if spec is not None and spec.images_per_prompt > 1 else 1
-
-
-@dataclass(frozen=True)
-class Plan:
-    target: Target  # the URL, or the spec with every LoRA argument
-    adapters: tuple[Adapter, ...]  # () for a URL without --adapters: the server's
-    images: int | None  # None: decided once the URL's model is known
-    model: str | None = None
-
-
-def lora_spec(
-    spec: EngineSpec, adapters: list[Adapter], images: int, options: Options
-) -> EngineSpec:
-    """The engine the check starts: ``spec`` plus LoRA, the probes and room for the batch."""
-    rank = D.lora_rank([a.rank or 8 for a in adapters])
-    args = [
-        "--enable-lora",
-        "--max-loras",
-        str(options.max_loras or len(adapters)),
-        "--max-lora-rank",
-        str(rank),
-        "--lora-modules",
-        *(f"{a.name}={a.path}" for a in adapters),
-        "--no-enable-prefix-caching",
-    ]
-    if images:
-        args += ["--enable-tower-connector-lora", "--mm-processor-cache-gb", "0"]
-    if images > 1:
-        args += ["--limit-mm-per-prompt", json.dumps({"image": images})]
-    mixed = len(D.plan_mixed([a.name for a in adapters], images))
-    return spec.with_defaults(
-        DEFAULT_MODEL,
-        extra_args=(*spec.extra_args, *args),
-        probes=spec.probes | PROBES,
-        max_num_seqs=max(spec.max_num_seqs, mixed),
-        enforce_eager=False,
-        timeout=options.timeout or spec.timeout,
-    )
-
-
-def plan(target: Target, options: Options) -> Plan:
-    """Refuse bad input before anything starts (adapter dirs, a pooling model) and build
-    the engine spec; a URL keeps its adapters open until its server is seen."""
-    given = dir_adapters(options.adapters) if options.adapters else []
-    if isinstance(target, UrlTarget):
-        if options.max_loras is not None:
-            raise BadInput("--max-loras needs an engine opsctl starts (use --model, not a URL)")
-        return Plan(target, tuple(given), options.images)
-    from opsctl.engine.model import resolve
-
-    resolved = resolve(target.model or DEFAULT_MODEL)
-    if resolved.archetype not in GENERATIVE:
-        raise BadInput(
-            f"{resolved.name} is a {resolved.archetype} model; diag lora needs a generative "
-            "model (e.g. tiny-llama)"
-        )
-    if not given and not resolved.embedded:
-        raise BadInput(f"no embedded LoRA adapters for the model directory {resolved.path}")
-    adapters = given or embedded_adapters(resolved.name)
-    if len(adapters) < 2:
-        raise BadInput(f"{len(adapters)} adapter given; the mixed batch needs at least 2")
-    if options.max_loras is not None and options.max_loras < len(adapters):
-        raise BadInput(
-            f"--max-loras {options.max_loras} is below the {len(adapters)} adapters: they could "
-            "never share a step"
-        )
-    images = images_for(resolved.name, resolved.archetype, options)
-    spec = lora_spec(target, adapters, images, options)
-    return Plan(spec, tuple(adapters), images, resolved.name)
-
-
 # ---- run ------------------------------------------------------------------------------------
 
 
@@ -247,7 +100,7 @@ def run(
     progress(ev.Table(D.COLUMNS, ()))
     with opened(p.target, session, progress, label="diag-lora") as live:
         engine_s = time.monotonic() - started
-        if line := knob_warning(_knobs(live)):
+        if line := knob_warning(ledger.knobs_of([live.run_dir])):
             progress(ev.Alert(line))
         job = _Job(live, options, tag, progress)
         try:
@@ -258,8 +111,13 @@ def run(
     return _decide(job, measured, {"engine": engine_s, "total": time.monotonic() - started})
 
 
-def _knobs(live: Live) -> dict[str, str]:
-    return ledger.test_knobs(ledger.read_records(live.run_dir)) if live.run_dir else {}
+@dataclass(frozen=True)
+class _Attempt:
+    """One send of the mixed batch (its own request-id tag)."""
+
+    tag: str
+    batched: tuple[inv.Generated, ...]
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -267,8 +125,7 @@ class _Measured:
     mixed: tuple[D.LoraRequest, ...]
     alone: dict[D.Key, inv.Generated]
     alone_seconds: float
-    together: tuple[inv.Generated, ...]
-    mixed_seconds: float
+    attempts: tuple[_Attempt, ...]  # the last one is the mixed batch judged
     facts: collect.EngineFacts
 
 
@@ -372,21 +229,48 @@ class _Job:
             url, params, alone_reqs, self.tag, self._on_done(phase, len(alone_reqs)), api_key=key
         )
         t_alone = time.monotonic() - t0
-        phase = f"mixed batch: {len(mixed)} requests sent together"
-        self.progress(ev.Phase(phase, 0, len(mixed)))
-        t0 = time.monotonic()
-        together = collect.run_together(
-            url, params, mixed, self.tag, self._on_done(phase, len(mixed)), api_key=key
-        )
-        t_mixed = time.monotonic() - t0
+        attempts, facts = self._send_mixed(params, mixed)
         return _Measured(
             mixed,
             {(r.adapter, r.index): t.generated for r, t in zip(alone_reqs, alone, strict=True)},
             t_alone,
-            tuple(t.generated for t in together),
-            t_mixed,
-            collect.engine_facts(self.live.run_dir, self.tag, len(mixed)),
+            tuple(attempts),
+            facts,
         )
+
+    def _send_mixed(
+        self, params: collect.Params, mixed: tuple[D.LoraRequest, ...]
+    ) -> tuple[list[_Attempt], collect.EngineFacts]:
+        """Send the mixed batch; again (up to ``attempts``) while the batch probe shows a
+        request that never shared a step with another adapter's request (on a fast
+        engine a request can finish before the next one arrives)."""
+        out: list[_Attempt] = []
+        for k in range(1, self.options.attempts + 1):
+            tag = f"{self.tag}-{k}"
+            phase = f"mixed batch: {len(mixed)} requests sent together (attempt {k})"
+            self.progress(ev.Phase(phase, 0, len(mixed)))
+            t0 = time.monotonic()
+            together = collect.run_together(
+                self.live.url,
+                params,
+                mixed,
+                tag,
+                self._on_done(phase, len(mixed)),
+                api_key=self.live.api_key,
+            )
+            out.append(_Attempt(tag, tuple(t.generated for t in together), time.monotonic() - t0))
+            facts = collect.engine_facts(self.live.run_dir, tag, len(mixed))
+            evidence = D.mixed_evidence(facts.steps, tag, mixed)
+            if evidence.formed is not False:
+                break
+            self.progress(
+                ev.Log(
+                    f"attempt {k}: request(s) {list(evidence.apart)} never shared a step with "
+                    "another adapter's request",
+                    level="warning",
+                )
+            )
+        return out, facts
 
 
 # ---- decide and report ----------------------------------------------------------------------
@@ -405,24 +289,24 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     names = [a.name for a in job.adapters]
     indexes = [r.index for r in m.mixed]
     single = _single(job, m)
-    rows = D.compare_mixed(
-        m.mixed, m.alone, m.together, max_tokens=o.max_tokens, logprobs=o.logprobs, atol=o.atol
-    )
-    evidence = D.mixed_evidence(facts.steps, job.tag, m.mixed)
+    kw = {"max_tokens": o.max_tokens, "logprobs": o.logprobs}
+    sends = [D.compare_mixed(m.mixed, m.alone, a.batched, atol=o.atol, **kw) for a in m.attempts]
+    rows, last = sends[-1], m.attempts[-1]
+    evidence = D.mixed_evidence(facts.steps, last.tag, m.mixed)
     tower = (
-        D.mixed_evidence(facts.encoder, job.tag, m.mixed, event="encoder", source="lora probe")
+        D.mixed_evidence(facts.encoder, last.tag, m.mixed, event="encoder", source="lora probe")
         if job.images
         else None
     )
-    same = D.identical_pairs(names, indexes, m.alone, max_tokens=o.max_tokens, logprobs=o.logprobs)
     found = D.assess(
         single,
         rows,
         evidence,
-        same_pairs=same,
+        same_pairs=D.identical_pairs(names, indexes, m.alone, **kw),
         alone_shared_max=D.alone_shared(facts.steps, job.tag),
         swaps=facts.swaps,
         tower=tower,
+        earlier=sends[:-1],
     )
     parts = DS.support(
         job.images > 0,
@@ -437,8 +321,8 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
             job.progress(ev.CaseResult(f"mixed {r.request.describe()}", D.FAIL, r.result.status))
     job.progress(ev.Table(D.COLUMNS, table))
     job.progress(ev.Finished(found.verdict, "; ".join(found.reasons) or "every case passed", table))
-    seconds = {**seconds, "alone": m.alone_seconds, "mixed": m.mixed_seconds}
-    doc = _document(job, m, found, single, rows, (evidence, tower), parts, seconds)
+    seconds = {**seconds, "alone": m.alone_seconds, "mixed": sum(a.seconds for a in m.attempts)}
+    doc = _document(job, m, found, single, sends, (evidence, tower), parts, seconds)
     return LoraReport(found.verdict, doc)
 
 
@@ -447,7 +331,7 @@ def _document(
     m: _Measured,
     found: D.Findings,
     single: list[D.SingleResult],
-    rows: list[D.MixedRow],
+    sends: list[list[D.MixedRow]],
     evidence: tuple[D.MixedEvidence, D.MixedEvidence | None],
     parts: list[DS.PartSupport],
     seconds: dict[str, float],
@@ -475,10 +359,13 @@ def _document(
         single=[s.to_dict() for s in single],
         mixed={
             "verdict": found.mixed_verdict,
-            "requests": [r.to_dict() for r in rows],
+            "requests": [r.to_dict() for r in sends[-1]],
+            "attempts": [
+                _attempt_doc(a, rows, facts) for a, rows in zip(m.attempts, sends, strict=True)
+            ],
             "batch": evidence[0].to_dict(),
             "encoder": evidence[1].to_dict() if evidence[1] else None,
-            "first_divergence": D.first_divergence(rows),
+            "first_divergence": D.first_divergence(sends[-1]),
             "swaps": [dict(s) for s in facts.swaps],
         },
         comparison=inv.comparison_label(o.atol),
@@ -490,3 +377,12 @@ def _document(
         test_knobs=knobs,
         seconds={k: round(v, 2) for k, v in seconds.items()},
     )
+
+
+def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts) -> dict:
+    return {
+        "tag": a.tag,
+        "batch": D.mixed_evidence(facts.steps, a.tag, [r.request for r in rows]).to_dict(),
+        "diverged": [r.request.index for r in rows if not r.result.passed],
+        "seconds": round(a.seconds, 3),
+    }

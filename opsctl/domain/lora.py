@@ -395,17 +395,18 @@ def _row_reason(r: MixedRow) -> str:
 
 
 def slot_hint(failed: Sequence[MixedRow]) -> str | None:
-    """When every failed request is a base-model request served with one same adapter:
-    the signature of a no-adapter row read as a LoRA slot (vLLM's torch LoRA ops, used on
-    CPU, index the stacked weights with -1, i.e. the last slot; upstream PR 48421)."""
-    seen = {r.looks_like for r in failed}
+    """When every failed request is a base-model request, and those whose output equals
+    another adapter's all got one same adapter (the others got it only in some of their
+    steps): the signature of a no-adapter row read as a LoRA slot (vLLM's torch LoRA ops,
+    used on CPU, index the stacked weights with -1, i.e. the last slot; upstream PR
+    48421)."""
+    seen = {r.looks_like for r in failed} - {None}
     if not failed or any(r.request.adapter is not None for r in failed) or len(seen) != 1:
         return None
     (adapter,) = seen
-    if adapter is None or adapter == BASE:
-        return None
     return (
-        f"base-model requests batched with LoRA requests were served with adapter {adapter}: "
+        f"base-model requests batched with LoRA requests were served (in the steps they "
+        f"shared with them) with adapter {adapter}: "
         "a no-adapter row read as the last LoRA slot (vLLM's torch LoRA ops index -1; "
         "upstream PR 48421); a free LoRA slot (--max-loras above the adapters in use) avoids it"
     )
@@ -428,15 +429,21 @@ def assess(
     alone_shared_max: int = 0,
     swaps: Sequence[Mapping[str, Any]] = (),
     tower: MixedEvidence | None = None,
+    earlier: Sequence[Sequence[MixedRow]] = (),
 ) -> Findings:
     """fail: an adapter not applied, a request error, a mixed output that differs from
     its alone run, or a batch the probe shows never mixed adapters. unverified: the batch
     could not be shown (no probe), two adapters are indistinguishable, or (``tower``: the
     encoder calls, vision-language models) no encoder call mixed two adapters' images.
-    Else pass."""
+    ``earlier``: the rows of earlier sends of the mixed batch (resent because they did
+    not mix adapters): a divergence there fails too. Else pass."""
     reasons = [f"adapter {s.adapter}: {s.detail}" for s in single if s.verdict != PASS]
     mixed_fail = [r for r in rows if not r.result.passed]
     reasons += [_row_reason(r) for r in mixed_fail]
+    for k, sent in enumerate(earlier, 1):  # earlier sends that did not mix adapters
+        failed = [r for r in sent if not r.result.passed]
+        mixed_fail += failed
+        reasons += [f"attempt {k}: {_row_reason(r)}" for r in failed]
     if hint := slot_hint(mixed_fail):
         reasons.append(hint)
     inconclusive: list[str] = []

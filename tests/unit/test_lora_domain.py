@@ -315,3 +315,21 @@ def test_engine_summary_and_table() -> None:
     assert table[0][:4] == ("support: language", "-", "-", DS.APPLIED)
     assert [r[0] for r in table].count("mixed") == len(rows)
     assert all(len(r) == len(D.COLUMNS) for r in table)
+
+
+def test_slot_hint_when_some_base_requests_got_the_adapter_only_in_part() -> None:
+    mixed = D.plan_mixed(ADAPTERS, 0)
+    alone = alone_runs(mixed)
+    batched = [alone[(r.adapter, r.index)] for r in mixed]
+    batched[2] = alone[("beta", 2)]
+    batched[5] = gen(999)  # neither base nor any adapter alone: a mix of steps
+    failed = [
+        r for r in D.compare_mixed(mixed, alone, batched, atol=None, **KW) if not r.result.passed
+    ]
+    assert [(r.request.index, r.looks_like) for r in failed] == [(2, "beta"), (5, None)]
+    assert "adapter beta" in (D.slot_hint(failed) or "")
+    batched[5] = alone[("alpha", 5)]  # two different adapters: no single slot to blame
+    failed = [
+        r for r in D.compare_mixed(mixed, alone, batched, atol=None, **KW) if not r.result.passed
+    ]
+    assert D.slot_hint(failed) is None

@@ -70,7 +70,7 @@ def lora(
         metavar="DIR",
         help="PEFT adapter directory (repeatable; default: embedded)",
     ),
-    max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="tokens generated per request"),
     logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
     atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
     images: int = typer.Option(None, "--images", help="images per request (default: by model)"),
