@@ -333,3 +333,14 @@ def test_slot_hint_when_some_base_requests_got_the_adapter_only_in_part() -> Non
         r for r in D.compare_mixed(mixed, alone, batched, atol=None, **KW) if not r.result.passed
     ]
     assert D.slot_hint(failed) is None
+
+
+def test_a_divergence_in_an_earlier_send_fails_too() -> None:
+    mixed, alone, single, rows, ev = passing()
+    batched = [alone[(r.adapter, r.index)] for r in mixed]
+    batched[3] = alone[("beta", 3)]
+    earlier = D.compare_mixed(mixed, alone, batched, atol=None, **KW)
+    found = D.assess(single, rows, ev, earlier=[earlier])
+    assert found.verdict == D.FAIL == found.mixed_verdict
+    assert found.reasons[0].startswith("attempt 1: mixed batch r3 (alpha)")
+    assert D.assess(single, rows, ev, earlier=[rows]).verdict == D.PASS
