@@ -51,7 +51,7 @@ from opsctl.checks.lora_plan import (
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target
-from opsctl.collectors import ledger
+from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import lora as collect
 from opsctl.domain import invariance as inv
 from opsctl.domain import lora as D
@@ -127,6 +127,7 @@ class _Measured:
     alone_seconds: float
     attempts: tuple[_Attempt, ...]  # the last one is the mixed batch judged
     facts: collect.EngineFacts
+    identity: tuple[str, str | None]  # (platform, vLLM version) of the engine
 
 
 class _Job:
@@ -236,6 +237,7 @@ class _Job:
             t_alone,
             tuple(attempts),
             facts,
+            engine_records.identity_at(self.live.run_dir, url, key),
         )
 
     def _send_mixed(
@@ -350,8 +352,8 @@ def _document(
         url=live.url,
         external=live.external,
         run_dir=str(live.run_dir) if live.run_dir else None,
-        platform=facts.platform or "unknown (external server without an opsctl ledger)",
-        vllm_version=job.served.version or facts.vllm_version,
+        platform=m.identity[0],
+        vllm_version=m.identity[1],
         engine=DS.engine_summary(facts.manager, facts.info, facts.adapters),
         adapters=[a.to_dict() for a in job.adapters],
         loaded_at_runtime=list(job.loaded),

@@ -13,9 +13,9 @@ or loads at runtime, the requests (alone, or all at once), and what the engine r
   ``/v1/chat/completions`` (one image part per image, PNGs made in memory, each with
   its own ``uuid`` so no request reuses another's encoder output). Together:
   threads released at once by a barrier. Errors become values, never exceptions.
-- :func:`engine_facts`: the batch probe's steps, the lora probe's records, and the
-  platform and vLLM version from the patch ledger, read once the probe shows every
-  mixed request (or at a deadline).
+- :func:`engine_facts`: the batch probe's steps, the lora probe's records, the
+  engine_info record and the test knobs of the patch ledger, read once the probe shows
+  every mixed request (or at a deadline).
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ def read_adapter_dir(raw: str | Path) -> AdapterDir:
 class Served:
     base: str
     adapters: Mapping[str, str] = field(default_factory=dict)  # name -> root (path)
-    version: str | None = None
     base_root: str | None = None  # the base model's path on the server
 
 
@@ -122,8 +121,6 @@ def served(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Se
     try:
         with http.client(api_key, timeout=timeout) as c:
             data = http.check_auth(c.get(f"{url}/v1/models"), api_key).json().get("data") or []
-            r = c.get(f"{url}/version")
-            version = str(r.json().get("version")) if r.status_code == 200 else None
     except httpx.HTTPError as exc:
         raise _fail(url, "GET /v1/models", exc) from None
     except (ValueError, AttributeError):
@@ -134,7 +131,7 @@ def served(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Se
         raise BadInput(f"{url}/v1/models lists no base model")
     adapters = {str(d.get("id")): str(d.get("root")) for d in rows if d.get("parent")}
     root = bases[0].get("root")
-    return Served(str(bases[0].get("id")), adapters, version, str(root) if root else None)
+    return Served(str(bases[0].get("id")), adapters, str(root) if root else None)
 
 
 def load_adapter(
@@ -311,8 +308,6 @@ class EngineFacts:
     swaps: tuple[Mapping[str, Any], ...] = ()  # lora probe: test-knob swaps
     encoder: tuple[Mapping[str, Any], ...] = ()  # lora probe: vision encoder calls
     info: Mapping[str, Any] | None = None  # engine_info probe (EngineCore config)
-    platform: str | None = None  # vLLM's current_platform, from the ledger
-    vllm_version: str | None = None
     test_knobs: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -331,8 +326,6 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
         tuple(r for r in lora if r.get("event") == "swap"),
         tuple(r for r in lora if r.get("event") == "encoder"),
         infos[-1] if infos else None,
-        next((str(r["platform"]) for r in reversed(records) if r.get("platform")), None),
-        records[-1].get("vllm_version") if records else None,
         ledger.test_knobs(records),
     )
 

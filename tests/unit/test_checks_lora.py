@@ -15,6 +15,7 @@ from opsctl.checks import events as ev
 from opsctl.checks import lora as check
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
+from opsctl.domain.platform import NOT_STARTED
 from opsctl.embedded import lora as built
 from opsctl.errors import BadInput
 from tests.standin_lora import BASE, VERSION, Behaviour, lora_server
@@ -41,7 +42,7 @@ def test_listed_adapters_pass_but_the_batch_is_unverified_without_probes() -> No
     assert {r["status"] for r in doc["mixed"]["requests"]} == {"identical"}
     assert doc["mixed"]["verdict"] == "unverified" and doc["mixed"]["batch"]["source"] == "none"
     assert doc["model"] == BASE and doc["vllm_version"] == VERSION
-    assert doc["platform"].startswith("unknown") and doc["engine"] is None
+    assert doc["platform"] == NOT_STARTED and doc["engine"] is None
     assert [a["source"] for a in doc["adapters"]] == ["server", "server"]
     assert doc["support"] == [
         {
