@@ -33,6 +33,7 @@ ENDPOINT = "/v1/chat/completions"
 DEFAULT_LIMIT = 999  # vLLM's per-modality count when no --limit-mm-per-prompt was given
 PROBES_SOURCE = "engine probes (mm_uuid: items received; batch: items encoded)"
 USAGE_SOURCE = "usage.prompt_tokens minus the text-only /tokenize count"
+TEXT_ONLY = "text only: no images sent"
 
 
 def colour(k: int) -> RGB:
@@ -92,7 +93,7 @@ def image_uuid(request_id: str, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ImageEvidence:
-    source: str  # PROBES_SOURCE | USAGE_SOURCE | "none"
+    source: str  # PROBES_SOURCE | USAGE_SOURCE | TEXT_ONLY | "none"
     sent: tuple[int, ...]  # images per prompt
     received: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
     encoded: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
@@ -109,13 +110,16 @@ class ImageEvidence:
         out = []
         for side in SIDES:
             for i, n in enumerate(self.sent):
-                why = _short(side, i, n, self)
+                why = _short(side, i, n, self) if n else None
                 if why:
                     out.append(f"{side} prompt {i}: {why}")
         return out
 
     @property
-    def reached(self) -> bool:
+    def reached(self) -> bool | None:
+        """Every request's images shown arriving; None when no image was sent."""
+        if self.total == 0:
+            return None
         return self.source != "none" and not self.missing()
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,6 +221,8 @@ def evidence(
     records (None: probe not active there); ``image_tokens`` per side and prompt: the
     usage fallback (None when not measured)."""
     n = len(sent)
+    if not any(sent):
+        return ImageEvidence(TEXT_ONLY, tuple(sent))
     if mm_events is not None:
         received, encoded, matched, batch = {}, {}, 0, None
         for side, tag in zip(SIDES, tags, strict=True):

@@ -218,3 +218,17 @@ def test_a_batch_that_never_forms_fails_after_the_last_attempt(home):
     assert report.verdict == "fail" and run["batch"]["attempts"] == 2
     assert len(b.chats) == 4 + 2 * 4
     assert any("ran alone in the BS=4 phase" in r for r in report.reasons)
+
+
+def test_a_text_model_sends_no_images_and_says_so(home):
+    with completions_server() as (url, b):
+        report = check.run(UrlTarget(url), options())
+    doc = report.to_dict()
+    run = doc["runs"][0]
+    assert report.verdict == "pass" and doc["images_per_prompt"] == 0
+    assert (run["images"]["source"], run["images"]["reached"]) == (
+        "text only: no images sent",
+        None,
+    )
+    assert run["images"]["missing"] == [] and {p["images"] for p in run["prompts"]} == {0}
+    assert doc["batch_via"] == "list" and not b.chats

@@ -223,3 +223,10 @@ def test_engine_info_records_the_multimodal_settings():
     text = engine_info.describe(scheduler(None))
     assert text["multimodal"] is False
     assert text["mm_processor_cache_gb"] is None and text["limit_mm_per_prompt"] is None
+
+
+def test_a_text_only_run_has_nothing_to_show():
+    ev = img.evidence([0, 0], TAGS, mm_events=None, batch_events=[])
+    assert (ev.source, ev.reached, ev.missing()) == (img.TEXT_ONLY, None, [])
+    mixed = img.evidence([0, 1], TAGS, mm_events=None, batch_events=[])
+    assert [m.split(":")[0] for m in mixed.missing()] == ["BS=1 prompt 1", "BS=N prompt 1"]
