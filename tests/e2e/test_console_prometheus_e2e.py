@@ -1,0 +1,236 @@
+"""The console via a real Prometheus against two real vLLM servers (tiny-llama, dummy
+weights, started by opsctl's machinery; one module holds both under one engine lock).
+Prometheus (Debian's package, scrape interval 1 s, /metrics and /health jobs) and the
+direct source watch the same two servers:
+
+- idle: the same figures;
+- mid-load, the EngineCores stopped with requests running and waiting (see Cores): the
+  Prometheus data equal the direct figures (running, waiting, KV usage, token totals)
+  at most one scrape interval after the direct source read them, and both read
+  'stalled' (the stall rule on Prometheus's samples) while /health says 200;
+- resumed and drained: the same final figures, within one scrape interval again.
+
+Agreement lines (AGREE ...) are printed: run with -s to see them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from opsctl.console import discovery, targets
+from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.prometheus import PrometheusSource
+from opsctl.domain.console_state import Settings
+from tests.bare_vllm import _engine_lock
+from tests.conftest import running_engine
+from tests.prometheus_fixture import running_prometheus
+
+pytestmark = pytest.mark.engine
+SCRAPE_S = 1.0
+N_REQUESTS, MAX_TOKENS, MAX_SEQS = 32, 480, 4  # per server: 4 run, the others wait
+FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
+
+
+@contextlib.contextmanager
+def _no_inner_lock():
+    """Both engines run under the one engine lock this module holds (a second flock from
+    this process on another descriptor would wait for ourselves)."""
+    saved = os.environ.pop("OPSCTL_ENGINE_LOCK", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["OPSCTL_ENGINE_LOCK"] = saved
+
+
+@pytest.fixture(scope="module")
+def engines():
+    kw = dict(load_format="dummy", max_model_len=512, max_num_seqs=MAX_SEQS)
+    with (
+        _engine_lock(),
+        _no_inner_lock(),
+        running_engine("tiny-llama", **kw) as a,
+        running_engine("tiny-llama", **kw) as b,
+    ):
+        yield a, b
+
+
+def wait_until(cond, timeout: float, what: str, show=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {show()}"
+        time.sleep(0.05)
+
+
+def _views(src) -> dict:
+    return {v.target.url: v for v in src.collect().endpoints}
+
+
+def _figs(view) -> tuple:
+    return tuple(getattr(view.figures, f) for f in FIELDS)
+
+
+def _states(*sources) -> list[dict[str, str]]:
+    return [{u: v.state for u, v in _views(s).items()} for s in sources]
+
+
+class _Since:
+    """Per endpoint: its current figures, when their scrape first carried them, and when
+    this test first saw them."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, tuple[tuple, float, float]] = {}
+
+    def see(self, src) -> None:
+        now = time.time()
+        for u, v in _views(src).items():
+            if v.last_ok_at is not None and self.at.get(u, (None,))[0] != _figs(v):
+                self.at[u] = (_figs(v), v.last_ok_at, now)
+
+
+def converge(urls, via_prom, direct, what: str) -> dict[str, tuple]:
+    """Once the direct figures stop changing (two scrape intervals unchanged) and the
+    Prometheus ones equal them: how long after the direct source first read them the
+    Prometheus data first carried them (their scrape time), and the console showed them."""
+    d, p = _Since(), _Since()
+
+    def done() -> bool:
+        d.see(direct)
+        p.see(via_prom)
+        now = time.time()
+        return len(d.at) == len(urls) and all(
+            now - d.at[u][1] >= 2 * SCRAPE_S and p.at.get(u, (None,))[0] == d.at[u][0] for u in urls
+        )
+
+    wait_until(done, 120, f"equal figures ({what})", lambda: (d.at, p.at))
+    out = {}
+    for u in urls:
+        figs, d_t, d_seen = d.at[u]
+        data_lag, shown_lag = p.at[u][1] - d_t, p.at[u][2] - d_seen
+        out[u] = (data_lag, shown_lag, figs)
+        print(f"AGREE {what} {u}: Prometheus data {data_lag:+.2f} s, console {shown_lag:+.2f} s "
+              f"from direct; " + ", ".join(f"{f}={x}" for f, x in zip(FIELDS, figs, strict=True)))  # fmt: skip
+        assert data_lag <= SCRAPE_S + 0.25, (u, data_lag)
+    return out
+
+
+class Cores:
+    """The servers' EngineCores, stopped and let run in short slices: tiny-llama on CPU
+    steps far faster than the API server drains outputs, whose loop then starves
+    admissions and /metrics until a burst ends; with the cores stopped the API server
+    admits every request, and a 20 ms slice lets the scheduler take them in (some
+    running, the rest waiting) and report it, then the state holds still."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.stopped = False
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self.stopped = False
+
+    def slice(self, seconds: float = 0.02) -> None:
+        self.resume()
+        time.sleep(seconds)  # the run slice itself, not a wait for a condition
+        self.stop()
+
+
+def _load(urls: list[str], failed: list) -> threading.Thread:
+    """N_REQUESTS completions per server from one thread (one event loop)."""
+    import asyncio
+
+    async def one(client: httpx.AsyncClient, url: str) -> None:
+        body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": MAX_TOKENS,
+                "ignore_eos": True}  # fmt: skip
+        try:
+            (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
+        except httpx.HTTPError as exc:
+            failed.append(repr(exc))
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=2 * N_REQUESTS)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            await asyncio.gather(*(one(client, u) for u in urls for _ in range(N_REQUESTS)))
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),))
+    thread.start()
+    return thread
+
+
+def _run_until_queued(cores: Cores, direct, urls: list[str], failed: list) -> None:
+    """Run the stopped cores in slices until the direct source reads requests running
+    and waiting on both servers (the cores stay stopped)."""
+    deadline = time.monotonic() + 120
+
+    def polls() -> int:
+        return sum(direct.tracker(u).scrapes for u in urls)
+
+    while True:
+        figs = [v.figures for v in _views(direct).values()]
+        if len(figs) == 2 and all(f.running and f.waiting for f in figs):
+            return
+        assert time.monotonic() < deadline, f"never running and waiting: {figs} {failed}"
+        cores.slice()
+        seen = polls()
+        wait_until(lambda s=seen: polls() >= s + 2 * len(urls), 30, "direct polls")
+
+
+def test_prometheus_and_direct_agree_on_two_real_servers(engines):
+    urls = [e.url for e in engines]
+    core_pids = [
+        next(p.pid for p in discovery.process_roles(e.pid) if p.role == "EngineCore")
+        for e in engines
+    ]
+    settings = Settings(interval_s=0.25, stall_window_s=3.0)
+    with running_prometheus(urls, interval=SCRAPE_S, up=True) as server:
+        via_prom = PrometheusSource(server.url, job="vllm", settings=settings, timeout=5.0)
+        direct = DirectScrapeSource(
+            targets.from_urls(urls), discover=False, settings=settings, timeout=5.0
+        )
+        via_prom.start()
+        direct.start()
+        cores = Cores(core_pids)
+        try:
+            wait_until(lambda: _states(via_prom, direct) == [dict.fromkeys(urls, "ready")] * 2,
+                       60, "both ready in both sources", lambda: _states(via_prom, direct))  # fmt: skip
+            assert via_prom.collect().hint is None  # /health is scraped too
+            converge(urls, via_prom, direct, "idle")
+            failed: list = []
+            cores.stop()
+            load = _load(urls, failed)
+            _run_until_queued(cores, direct, urls, failed)
+            frozen = converge(urls, via_prom, direct, "stopped mid-load")
+            for u, (_, _, figs) in frozen.items():
+                f = dict(zip(FIELDS, figs, strict=True))
+                assert f["running"] > 0 and f["waiting"] > 0 and f["kv_usage"] > 0, (u, f)
+            wait_until(lambda: _states(via_prom, direct) == [dict.fromkeys(urls, "stalled")] * 2,
+                       30, "stalled in both", lambda: _states(via_prom, direct))  # fmt: skip
+            assert {v.health_status for v in _views(via_prom).values()} == {200}
+            cores.resume()
+            load.join(600)
+            assert failed == []
+            done = converge(urls, via_prom, direct, "drained")
+            total = sum(dict(zip(FIELDS, f[2], strict=True))["generation_tokens_total"]
+                        for f in done.values())  # fmt: skip
+            assert total >= 2 * N_REQUESTS * MAX_TOKENS
+            wait_until(lambda: _states(via_prom) == [dict.fromkeys(urls, "ready")], 30, "ready")
+        finally:
+            if cores.stopped:
+                cores.resume()
+            via_prom.close()
+            direct.close()
