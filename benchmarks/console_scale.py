@@ -8,6 +8,16 @@ period p95 (time between two polls of one endpoint), and data age p95/max of the
 endpoints. Bodies are "busy" (they change every poll, so every body is parsed) unless
 the row says idle.
 
+Part 3 (Prometheus, with --prometheus 256,1024): N stand-in targets (one hung) scraped by
+a real Prometheus (Debian's package, scrape interval 5 s, /metrics and /health jobs) and
+the console reading them through Prometheus's API (`--prometheus URL --job vllm`), against
+the console scraping the same N directly at 1 s and at 5 s (the freshness Prometheus
+gives). Columns: console CPU (% of one core), refresh latency p95 (direct: one endpoint's
+poll; Prometheus: one poll of the whole fleet: targets, figures and stall samples, three
+requests plus parsing), the percentiles query p95 (Prometheus: seven histogram_quantile
+unions every 15 s, apart from the poll), row period p95, data age p95 / max (Prometheus:
+the data's own scrape time), and Prometheus's own CPU while the console reads it.
+
 Part 2 (real server, with --real): one bare tiny-llama vLLM server; the `opsctl console`
 TUI and vllmstat's TUI each watch it at 1 Hz in a pseudo-terminal for DURATION seconds
 (CPU % of one core, CPU per poll), and both tools' `--once --json` figures side by side.
@@ -15,6 +25,7 @@ vllmstat comes from the `bench` extra; set VLLMSTAT=/path/to/vllmstat (a separat
 is fine: `python -m venv /tmp/vs-venv && /tmp/vs-venv/bin/pip install vllmstat`).
 
     python benchmarks/console_scale.py [--duration 30] [--sizes 8,64,256] [--real]
+        [--prometheus 256,1024] [--no-direct-sizes]
 """
 
 from __future__ import annotations
@@ -41,51 +52,75 @@ def p95(xs: list[float]) -> float | None:
 # ---- child: the console app, headless, measuring itself ---------------------------------------
 
 
-def child(urls: list[str], duration: float, interval: float) -> dict:
-    import asyncio
-
+def make_source(urls: list[str], interval: float, prom_url: str | None):
     from opsctl.console import targets
     from opsctl.console.direct import DirectScrapeSource
+    from opsctl.console.prometheus import PrometheusSource
     from opsctl.domain.console_state import Settings
+
+    settings = Settings(interval_s=interval)
+    if prom_url:
+        return PrometheusSource(prom_url, job="vllm", settings=settings)
+    return DirectScrapeSource(targets.from_urls(urls), discover=False, settings=settings)
+
+
+def child(urls: list[str], duration: float, interval: float, prom_url: str | None = None) -> dict:
+    import asyncio
+
     from opsctl.ui.console_app import build_console_app
 
-    src = DirectScrapeSource(
-        targets.from_urls(urls), discover=False, settings=Settings(interval_s=interval)
-    )
+    src = make_source(urls, interval, prom_url)
     hung = urls[-1]
     ages: list[float] = []
     polls: list[float] = []
     periods: list[float] = []
+    latency_polls: list[float] = []
     last_seen: dict[str, float] = {}
     out: dict = {}
+
+    def sample() -> None:
+        now = time.time()
+        for v in src.collect().endpoints:
+            if v.target.url == hung or v.last_ok_at is None:
+                continue
+            ages.append(now - v.last_ok_at)
+            if v.poll_s is not None and not prom_url:
+                polls.append(v.poll_s)
+            prev = last_seen.get(v.target.url)
+            if v.last_scrape_at and prev and v.last_scrape_at != prev:
+                periods.append(v.last_scrape_at - prev)
+            if v.last_scrape_at:
+                last_seen[v.target.url] = v.last_scrape_at
+        if prom_url and src.poll_s is not None and src.polls != out.get("_polls"):
+            out["_polls"] = src.polls
+            polls.append(src.poll_s)
+        if prom_url and src.latency_s is not None and src.latency_started != out.get("_lat"):
+            out["_lat"] = src.latency_started
+            latency_polls.append(src.latency_s)
 
     async def run() -> None:
         src.start()
         app = build_console_app(src, interval=interval)
         async with app.run_test(headless=True, size=(200, 60)) as pilot:
-            await pilot.pause(3 * interval + 2)  # warm-up: first polls, info fetches
+            # warm-up: first polls, info fetches (a Prometheus poll period is 5 s)
+            await pilot.pause(3 * max(interval, 5.0 if prom_url else 0.0) + 2)
             t0, c0 = time.monotonic(), time.process_time()
             while time.monotonic() - t0 < duration:
                 await pilot.pause(interval / 2)
-                now = time.time()
-                for v in src.collect().endpoints:
-                    if v.target.url == hung or v.last_ok_at is None:
-                        continue
-                    ages.append(now - v.last_ok_at)
-                    if v.poll_s is not None:
-                        polls.append(v.poll_s)
-                    prev = last_seen.get(v.target.url)
-                    if v.last_scrape_at and prev and v.last_scrape_at != prev:
-                        periods.append(v.last_scrape_at - prev)
-                    if v.last_scrape_at:
-                        last_seen[v.target.url] = v.last_scrape_at
+                sample()
             out["cpu_pct"] = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
             out["renders"] = app.table.renders
-            out["hung_state"] = src.tracker(hung).view.state
+            out["hung_state"] = next(
+                (v.state for v in src.collect().endpoints if v.target.url == hung), "missing"
+            )
+            out["rows"] = len(src.collect().endpoints)
         src.close()
 
     asyncio.run(run())
+    out.pop("_polls", None)
+    out.pop("_lat", None)
     out.update(
+        latency_query_p95_s=p95(latency_polls),
         poll_p95_ms=1000 * (p95(polls) or 0),
         period_p95_s=p95(periods),
         age_p95_s=p95(ages),
@@ -109,23 +144,32 @@ def standins(modes: list[str]) -> tuple[subprocess.Popen, list[str]]:
     return proc, json.loads(proc.stdout.readline())
 
 
+def run_child(urls: list[str], duration: float, interval: float = 1.0, prom: str = "") -> dict:
+    args = ["--duration", str(duration), "--interval", str(interval), "--prom", prom]
+    r = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(urls), *args],
+        capture_output=True,
+        text=True,
+        timeout=duration + 180,
+        cwd=REPO,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def stop_standins(proc: subprocess.Popen) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(30)
+
+
 def scale_row(n: int, duration: float, body: str) -> dict:
     proc, urls = standins([body] * (n - 1) + ["hung"])
     try:
-        r = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(urls), "--duration", str(duration)],
-            capture_output=True,
-            text=True,
-            timeout=duration + 120,
-            cwd=REPO,
-        )
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr[-2000:])
-        return {"n": n, "body": body, **json.loads(r.stdout.strip().splitlines()[-1])}
+        return {"n": n, "body": body, **run_child(urls, duration)}
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(10)
+        stop_standins(proc)
 
 
 def part1(sizes: list[int], duration: float) -> list[dict]:
@@ -143,18 +187,78 @@ def part1(sizes: list[int], duration: float) -> list[dict]:
     return rows
 
 
+# ---- part 3: through Prometheus ------------------------------------------------------------
+
+PROM_SCRAPE_S = 5.0
+
+
+def prom_rows(n: int, duration: float) -> list[dict]:
+    """Direct at 1 s and 5 s, then through a real Prometheus, over the same N stand-ins
+    (Prometheus runs only in its own row, so it takes no CPU from the direct rows)."""
+    import psutil
+
+    from tests.prometheus_fixture import running_prometheus
+
+    proc, urls = standins(["busy"] * (n - 1) + ["hung"])
+    rows = []
+    try:
+        for interval in (1.0, PROM_SCRAPE_S):
+            rows.append(
+                {"n": n, "how": f"direct, {interval:g} s", **run_child(urls, duration, interval)}
+            )
+        with running_prometheus(urls, interval=PROM_SCRAPE_S, timeout=300) as server:
+            p = psutil.Process(server.proc.pid)
+            c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
+            r = run_child(urls, duration, 1.0, server.url)
+            r["prom_cpu_pct"] = 100 * (sum(p.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+            rows.append({"n": n, "how": f"Prometheus, scrape {PROM_SCRAPE_S:g} s", **r})
+    finally:
+        stop_standins(proc)
+    return rows
+
+
+def _f(v: float | None, spec: str, unit: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{unit}"
+
+
+def part3(sizes: list[int], duration: float) -> list[dict]:
+    rows = [r for n in sizes for r in prom_rows(n, duration)]
+    print("\n| N (1 hung) | console reads | console CPU % of a core | refresh p95 | "
+          "percentiles query p95 | row period p95 | data age p95 / max | hung endpoint | "
+          "rows | Prometheus CPU % |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']} | {r['how']} | {_f(r['cpu_pct'], '.1f')} | "
+            f"{_f(r['poll_p95_ms'], '.0f', ' ms')} | {_f(r['latency_query_p95_s'], '.1f', ' s')} | "
+            f"{_f(r['period_p95_s'], '.2f', ' s')} | {_f(r['age_p95_s'], '.1f', ' s')} / "
+            f"{_f(r['age_max_s'], '.1f', ' s')} | {r['hung_state']} | {r['rows']} | "
+            f"{_f(r.get('prom_cpu_pct'), '.1f')} |"
+        )
+    print(json.dumps(rows))
+    return rows
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--sizes", default="8,64,256")
     ap.add_argument("--real", action="store_true")
+    ap.add_argument("--prometheus", default="", help="sizes for part 3, e.g. 256,1024")
+    ap.add_argument("--no-direct-sizes", action="store_true", help="skip part 1")
     ap.add_argument("--child")
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--prom", default="")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child), args.duration, 1.0)))
+        result = child(json.loads(args.child), args.duration, args.interval, args.prom or None)
+        print(json.dumps(result))
         raise SystemExit(0)
     os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
-    part1([int(x) for x in args.sizes.split(",")], args.duration)
+    if not args.no_direct_sizes:
+        part1([int(x) for x in args.sizes.split(",")], args.duration)
+    if args.prometheus:
+        part3([int(x) for x in args.prometheus.split(",")], args.duration)
     if args.real:
         from benchmarks.console_vs_vllmstat import part2
 
