@@ -306,3 +306,37 @@ def test_progress_rule_equals_the_direct_trackers(name, window):
         progress.feed([(start + j, *p) for j, p in enumerate(seq)])
         assert progress.stall(window) == tracker._stall(), (name, i)
         assert (tracker.view.state == "stalled") == (progress.stall(window)[0] is not None)
+
+
+# ---- the command: bad combinations and an absent Prometheus --------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["--prometheus", "http://p:9090", "http://h:8000"], 2, "drop URL arguments"),
+        (["--prometheus", "http://p:9090", "--targets", "t.toml"], 2, "drop --targets"),
+        (["--job", "vllm"], 2, "--job selects a Prometheus scrape job"),
+        (["--prometheus", "ftp://p"], 2, "not an http(s) URL"),
+        (["--prometheus", "http://127.0.0.1:{port}"], 3, "cannot reach Prometheus"),
+    ],
+)
+def test_console_prometheus_flags(args, code, needle):
+    from typer.testing import CliRunner
+
+    from opsctl.cli import app
+
+    args = [a.replace("{port}", str(_free_port())) for a in args]
+    r = CliRunner().invoke(app, ["console", *args, "--once", "--json"])
+    lines = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
+    assert r.exit_code == code, (r.stdout, r.stderr)
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert r.stdout == ""
