@@ -286,7 +286,7 @@ class Jobs:
 # ---- admin calls, reap, bundle -----------------------------------------------------------
 
 
-def admin(view: EndpointView, name: str, api_key: str | None, timeout: float = 10.0):
+def admin(view: EndpointView, name: str, api_key: str | None, timeout: float = 10.0) -> adm.Outcome:
     """Call the admin route ``name`` on ``view``'s server -> domain Outcome."""
     from opsctl.collectors import admin as col
 

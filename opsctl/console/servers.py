@@ -18,7 +18,6 @@ from those threads on every state change.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -85,15 +84,13 @@ class ServerManager:
                     return m
         return None
 
-    def start(self, req: StartRequest, *, wait: bool = False) -> Managed:
+    def start(self, req: StartRequest) -> Managed:
         m = Managed(req)
         with self._lock:
             self.managed.append(m)
         m.thread = threading.Thread(target=self._start, args=(m,), name="console-serve")
         m.thread.daemon = True
         m.thread.start()
-        if wait:
-            m.thread.join()
         return m
 
     def _start(self, m: Managed) -> None:
@@ -151,12 +148,6 @@ class ServerManager:
         for m in live:
             m.server.stop()  # type: ignore[attr-defined]
             m.state = "stopped"
-
-    def wait(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for m in list(self.managed):
-            if m.thread is not None:
-                m.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def stop_foreign(run_dir: str, grace: float = 15.0) -> str:
