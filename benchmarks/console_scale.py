@@ -146,11 +146,12 @@ def standins(modes: list[str]) -> tuple[subprocess.Popen, list[str]]:
 
 def run_child(urls: list[str], duration: float, interval: float = 1.0, prom: str = "") -> dict:
     args = ["--duration", str(duration), "--interval", str(interval), "--prom", prom]
-    r = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(urls), *args],
+    r = subprocess.run(  # the URLs on stdin: 1024 of them are a long command line
+        [sys.executable, __file__, "--child", "-", *args],
+        input=json.dumps(urls),
         capture_output=True,
         text=True,
-        timeout=duration + 180,
+        timeout=duration + 300,
         cwd=REPO,
     )
     if r.returncode != 0:
@@ -203,15 +204,16 @@ def prom_rows(n: int, duration: float) -> list[dict]:
     rows = []
     try:
         for interval in (1.0, PROM_SCRAPE_S):
-            rows.append(
-                {"n": n, "how": f"direct, {interval:g} s", **run_child(urls, duration, interval)}
-            )
+            how = f"direct, {interval:g} s"
+            rows.append({"n": n, "how": how, **run_child(urls, duration, interval)})
+            print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
         with running_prometheus(urls, interval=PROM_SCRAPE_S, timeout=300) as server:
             p = psutil.Process(server.proc.pid)
             c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
             r = run_child(urls, duration, 1.0, server.url)
             r["prom_cpu_pct"] = 100 * (sum(p.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
             rows.append({"n": n, "how": f"Prometheus, scrape {PROM_SCRAPE_S:g} s", **r})
+            print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
     finally:
         stop_standins(proc)
     return rows
@@ -251,7 +253,8 @@ if __name__ == "__main__":
     ap.add_argument("--prom", default="")
     args = ap.parse_args()
     if args.child:
-        result = child(json.loads(args.child), args.duration, args.interval, args.prom or None)
+        urls = json.loads(sys.stdin.read() if args.child == "-" else args.child)
+        result = child(urls, args.duration, args.interval, args.prom or None)
         print(json.dumps(result))
         raise SystemExit(0)
     os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
