@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from opsctl.collectors import scrape as scrape_mod
 from opsctl.console import discovery, targets
-from opsctl.console.source import EMPTY_HINT
+from opsctl.console.source import EMPTY_HINT, LoopThreadSource
 from opsctl.domain.console import DEAD, STARTING, UNREACHABLE, FleetSnapshot, Target
 from opsctl.domain.console_state import EndpointTracker, Settings
 
@@ -41,7 +40,7 @@ class _Endpoint:
         return fetched is None or now - fetched > INFO_EVERY_S or t.restarts != self.restarts_seen
 
 
-class DirectScrapeSource:
+class DirectScrapeSource(LoopThreadSource):
     name = "direct"
 
     def __init__(
@@ -65,15 +64,8 @@ class DirectScrapeSource:
             timeout if timeout is not None else max(1.0, min(5.0, 2 * self.settings.interval_s))
         )
         self.endpoints: dict[str, _Endpoint] = {}
-        self.lock = threading.Lock()
-        self.paused = False
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="console-scrape", daemon=True
-        )
-        self.wake: asyncio.Event | None = None
-        self.unpaused: asyncio.Event | None = None
-        self.main: asyncio.Future | None = None
+        self._init_loop("console-scrape")
+        self.main = None
 
     # ---- targets ---------------------------------------------------------------------------
     def _discover(self) -> list[Target]:
@@ -185,23 +177,6 @@ class DirectScrapeSource:
         ep = self.endpoints.get(url)
         return ep.tracker if ep else None
 
-    def refresh(self) -> None:
-        def kick() -> None:
-            if self.wake is not None:
-                self.wake.set()
-                self.wake.clear()
-
-        self.loop.call_soon_threadsafe(kick)
-
-    def set_paused(self, paused: bool) -> None:
-        self.paused = paused
-
-        def apply() -> None:
-            if self.unpaused is not None:
-                (self.unpaused.clear if paused else self.unpaused.set)()
-
-        self.loop.call_soon_threadsafe(apply)
-
     def wait_settled(self, timeout: float) -> bool:
         """Until every endpoint has two scrapes (rates need two), or one that says it is
         not a live vLLM server; False on the deadline."""
@@ -213,21 +188,6 @@ class DirectScrapeSource:
                 return True
             time.sleep(0.05)
         return False
-
-    def close(self) -> None:
-        if self.main is not None:
-
-            async def cancel_all() -> None:
-                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
 
 
 def _settled(ep: _Endpoint) -> bool:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 
 import httpx
 
+from opsctl.console.source import LoopThreadSource
 from opsctl.console.targets import normalise_url
 from opsctl.domain import prom, prom_view
 from opsctl.domain.console import FleetSnapshot
@@ -31,7 +31,7 @@ LATENCY_EVERY_S = 15.0  # percentiles are over the 60 s latency window anyway
 _ERRORS = (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError)
 
 
-class PrometheusSource:
+class PrometheusSource(LoopThreadSource):
     name = prom_view.SOURCE
 
     def __init__(
@@ -58,15 +58,8 @@ class PrometheusSource:
         self.hint: str | None = None
         self.polls = 0
         self.poll_s: float | None = None  # how long the last poll took
-        self.lock = threading.Lock()
-        self.paused = False
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="console-prom", daemon=True
-        )
-        self.wake: asyncio.Event | None = None
-        self.unpaused: asyncio.Event | None = None
-        self.main: asyncio.Future | None = None
+        self._init_loop("console-prom")
+        self.main = None
 
     @property
     def period(self) -> float:
@@ -219,23 +212,6 @@ class PrometheusSource:
             ep = self.endpoints.get(url)
             return ep.series(name) if ep else []
 
-    def refresh(self) -> None:
-        def kick() -> None:
-            if self.wake is not None:
-                self.wake.set()
-                self.wake.clear()
-
-        self.loop.call_soon_threadsafe(kick)
-
-    def set_paused(self, paused: bool) -> None:
-        self.paused = paused
-
-        def apply() -> None:
-            if self.unpaused is not None:
-                (self.unpaused.clear if paused else self.unpaused.set)()
-
-        self.loop.call_soon_threadsafe(apply)
-
     def wait_settled(self, timeout: float) -> bool:
         """Until a poll answered with the latency figures and every endpoint was scraped
         (with rates where it is a live vLLM server); False on the deadline."""
@@ -248,18 +224,3 @@ class PrometheusSource:
                 return True
             time.sleep(0.05)
         return False
-
-    def close(self) -> None:
-        if self.main is not None:
-
-            async def cancel_all() -> None:
-                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)

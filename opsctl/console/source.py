@@ -10,6 +10,9 @@ implementation it has (direct scraping here; a Prometheus-backed one comes later
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from typing import Protocol
 
 from opsctl.domain.console import FleetSnapshot
@@ -36,3 +39,58 @@ class FleetSource(Protocol):
     def wait_settled(self, timeout: float) -> bool: ...
 
     def close(self) -> None: ...
+
+
+class LoopThreadSource:
+    """What the background sources share: an asyncio loop on one daemon thread, a wake
+    event for ``refresh()``, an un-paused event for ``set_paused()``, and ``close()``
+    cancelling every task of the loop before stopping it. Subclasses call
+    ``_init_loop(thread_name)`` and set ``self.main`` (the loop's main future) in start()."""
+
+    paused: bool
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    wake: asyncio.Event | None
+    unpaused: asyncio.Event | None
+    main: asyncio.Future | None
+
+    def _init_loop(self, thread_name: str) -> None:
+        self.lock = threading.Lock()
+        self.paused = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=thread_name, daemon=True)
+        self.wake = None
+        self.unpaused = None
+        self.main = None
+
+    def refresh(self) -> None:
+        def kick() -> None:
+            if self.wake is not None:
+                self.wake.set()
+                self.wake.clear()
+
+        self.loop.call_soon_threadsafe(kick)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+        def apply() -> None:
+            if self.unpaused is not None:
+                (self.unpaused.clear if paused else self.unpaused.set)()
+
+        self.loop.call_soon_threadsafe(apply)
+
+    def close(self) -> None:
+        if self.main is not None:
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
