@@ -15,11 +15,13 @@ sort, ``r`` refresh now, ``p`` pause, ``q`` quit; actions ``d j n x R c a b :``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input
 
 from opsctl.console.actions import Jobs
@@ -158,7 +160,8 @@ class ConsoleApp(ActionsMixin, App):
                 block = actions_text(view, self.jobs.for_url(view.target.url), ours, self.readonly)
                 if self.replaying and view.target.url in notes:
                     block = f"{notes[view.target.url]}\n{block}"
-                screen.show(view, now, snap.interval_s, series, block)
+                with contextlib.suppress(NoMatches):  # still mounting: the next tick draws it
+                    screen.show(view, now, snap.interval_s, series, block)
 
     def selected_url(self) -> str | None:
         screen = self.screen
