@@ -96,12 +96,16 @@ def _complete(url: str, done: list, failed: list) -> None:
         failed.append(repr(exc))
 
 
-def _running(url: str) -> float:
+def _running(url: str, errors: list) -> float:
+    """vllm:num_requests_running; on a loaded machine an API server rendering /metrics
+    beside the burst can take seconds, so the timeout is generous and errors kept."""
     from opsctl.domain.metrics import RUNNING, parse_samples
 
-    with contextlib.suppress(httpx.HTTPError):
-        return parse_samples(httpx.get(f"{url}/metrics", timeout=5).text).get(RUNNING) or 0.0
-    return 0.0
+    try:
+        return parse_samples(httpx.get(f"{url}/metrics", timeout=30).text).get(RUNNING) or 0.0
+    except httpx.HTTPError as exc:
+        errors.append(repr(exc))
+        return 0.0
 
 
 def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
@@ -109,7 +113,7 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
     core = next(p.pid for p in discovery.process_roles(ours.pid) if p.role == "EngineCore")
     settings = Settings(interval_s=0.5, stall_window_s=4.0)
     target = targets.from_urls([ours.url])
-    src = DirectScrapeSource(target, discover=False, settings=settings, timeout=3.0)
+    src = DirectScrapeSource(target, discover=False, settings=settings, timeout=15.0)
     src.start()
     done: list = []
     failed: list = []
@@ -118,15 +122,21 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
     ]
     stopped = False
     try:
-        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 60, "ready")
+        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 180, "ready")
         for t in threads:
             t.start()
-        wait_until(lambda: _running(ours.url) > 0, 60, "requests running", lambda: failed[:3])
+        scrape_errors: list = []
+        wait_until(
+            lambda: _running(ours.url, scrape_errors) > 0,
+            180,
+            "requests running",
+            lambda: (failed[:3], scrape_errors[-3:], len(done)),
+        )
         os.kill(core, signal.SIGSTOP)
         stopped, t_stop = True, time.monotonic()
         wait_until(
             lambda: src.tracker(ours.url).view.state == "stalled",
-            30,
+            90,
             "stalled",
             lambda: (src.tracker(ours.url).view, len(done)),
         )
@@ -134,18 +144,22 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
         view = src.tracker(ours.url).view
         health = httpx.get(f"{ours.url}/health", timeout=5).status_code
         assert health == 200 and view.health_status == 200
-        assert took <= settings.stall_window_s + 4 * settings.interval_s + 3.0, took
+        # the stall window, a few poll intervals, and one slow scrape on a loaded machine
+        assert took <= settings.stall_window_s + 4 * settings.interval_s + 15.0, took
+        print(f"stalled reported {took:.1f} s after SIGSTOP (window {settings.stall_window_s} s)")
         assert view.figures.running and view.figures.running > 0
         assert "generation tokens flat" in view.reason
         os.kill(core, signal.SIGCONT)
         stopped = False
         wait_until(
-            lambda: src.tracker(ours.url).view.state in ("ready", "busy"), 60, "ready after SIGCONT"
+            lambda: src.tracker(ours.url).view.state in ("ready", "busy"),
+            180,
+            "ready after SIGCONT",
         )
         for t in threads:
             t.join(120)
         assert failed == [] and len(done) == N_REQUESTS
-        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 30, "idle again")
+        wait_until(lambda: src.tracker(ours.url).view.state == "ready", 120, "idle again")
     finally:
         if stopped:
             os.kill(core, signal.SIGCONT)
