@@ -64,68 +64,96 @@ def make_source(urls: list[str], interval: float, prom_url: str | None):
     return DirectScrapeSource(targets.from_urls(urls), discover=False, settings=settings)
 
 
-def child(urls: list[str], duration: float, interval: float, prom_url: str | None = None) -> dict:
+class Sampler:
+    """What a console shows, read every half interval: data ages, poll times, periods."""
+
+    def __init__(self, src, hung: str, prom: bool) -> None:
+        self.src, self.hung, self.prom = src, hung, prom
+        self.ages: list[float] = []
+        self.polls: list[float] = []
+        self.periods: list[float] = []
+        self.latency: list[float] = []
+        self.last_seen: dict[str, float] = {}
+        self.seen_poll: int | None = None
+        self.seen_latency: float | None = None
+
+    def sample(self) -> None:
+        now = time.time()
+        for v in self.src.collect().endpoints:
+            if v.target.url == self.hung or v.last_ok_at is None:
+                continue
+            self.ages.append(now - v.last_ok_at)
+            if v.poll_s is not None and not self.prom:
+                self.polls.append(v.poll_s)
+            prev = self.last_seen.get(v.target.url)
+            if v.last_scrape_at and prev and v.last_scrape_at != prev:
+                self.periods.append(v.last_scrape_at - prev)
+            if v.last_scrape_at:
+                self.last_seen[v.target.url] = v.last_scrape_at
+        src = self.src
+        if self.prom and src.poll_s is not None and src.polls != self.seen_poll:
+            self.seen_poll = src.polls
+            self.polls.append(src.poll_s)
+        if self.prom and src.latency_s is not None and src.latency_started != self.seen_latency:
+            self.seen_latency = src.latency_started
+            self.latency.append(src.latency_s)
+
+    def result(self) -> dict:
+        views = self.src.collect().endpoints
+        states: dict[str, int] = {}
+        for v in views:
+            states[v.state] = states.get(v.state, 0) + 1
+        return {
+            "hung_state": next((v.state for v in views if v.target.url == self.hung), "missing"),
+            "rows": len(views),
+            "states": states,
+            "latency_query_p95_s": p95(self.latency),
+            "poll_p95_ms": 1000 * (p95(self.polls) or 0),
+            "period_p95_s": p95(self.periods),
+            "age_p95_s": p95(self.ages),
+            "age_max_s": max(self.ages) if self.ages else None,
+        }
+
+
+def child(
+    urls: list[str], duration: float, interval: float, prom_url: str | None = None, ui: bool = True
+) -> dict:
+    """The console (the app headless, or with ``ui`` False its source alone) measuring
+    itself over ``duration`` after a warm-up (first polls; a Prometheus period is 5 s)."""
     import asyncio
 
     from opsctl.ui.console_app import build_console_app
 
     src = make_source(urls, interval, prom_url)
-    hung = urls[-1]
-    ages: list[float] = []
-    polls: list[float] = []
-    periods: list[float] = []
-    latency_polls: list[float] = []
-    last_seen: dict[str, float] = {}
+    sampler = Sampler(src, urls[-1], bool(prom_url))
+    warm = 3 * max(interval, 5.0 if prom_url else 0.0) + 2
     out: dict = {}
 
-    def sample() -> None:
-        now = time.time()
-        for v in src.collect().endpoints:
-            if v.target.url == hung or v.last_ok_at is None:
-                continue
-            ages.append(now - v.last_ok_at)
-            if v.poll_s is not None and not prom_url:
-                polls.append(v.poll_s)
-            prev = last_seen.get(v.target.url)
-            if v.last_scrape_at and prev and v.last_scrape_at != prev:
-                periods.append(v.last_scrape_at - prev)
-            if v.last_scrape_at:
-                last_seen[v.target.url] = v.last_scrape_at
-        if prom_url and src.poll_s is not None and src.polls != out.get("_polls"):
-            out["_polls"] = src.polls
-            polls.append(src.poll_s)
-        if prom_url and src.latency_s is not None and src.latency_started != out.get("_lat"):
-            out["_lat"] = src.latency_started
-            latency_polls.append(src.latency_s)
-
-    async def run() -> None:
-        src.start()
+    async def run_app() -> None:
         app = build_console_app(src, interval=interval)
         async with app.run_test(headless=True, size=(200, 60)) as pilot:
-            # warm-up: first polls, info fetches (a Prometheus poll period is 5 s)
-            await pilot.pause(3 * max(interval, 5.0 if prom_url else 0.0) + 2)
+            await pilot.pause(warm)
             t0, c0 = time.monotonic(), time.process_time()
             while time.monotonic() - t0 < duration:
                 await pilot.pause(interval / 2)
-                sample()
+                sampler.sample()
             out["cpu_pct"] = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
             out["renders"] = app.table.renders
-            out["hung_state"] = next(
-                (v.state for v in src.collect().endpoints if v.target.url == hung), "missing"
-            )
-            out["rows"] = len(src.collect().endpoints)
-        src.close()
 
-    asyncio.run(run())
-    out.pop("_polls", None)
-    out.pop("_lat", None)
-    out.update(
-        latency_query_p95_s=p95(latency_polls),
-        poll_p95_ms=1000 * (p95(polls) or 0),
-        period_p95_s=p95(periods),
-        age_p95_s=p95(ages),
-        age_max_s=max(ages) if ages else None,
-    )
+    src.start()
+    try:
+        if ui:
+            asyncio.run(run_app())
+        else:
+            time.sleep(warm)
+            t0, c0 = time.monotonic(), time.process_time()
+            while time.monotonic() - t0 < duration:
+                time.sleep(interval / 2)
+                sampler.sample()
+            out["cpu_pct"] = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
+        out.update(sampler.result())
+    finally:
+        src.close()
     return out
 
 
@@ -144,8 +172,11 @@ def standins(modes: list[str]) -> tuple[subprocess.Popen, list[str]]:
     return proc, json.loads(proc.stdout.readline())
 
 
-def run_child(urls: list[str], duration: float, interval: float = 1.0, prom: str = "") -> dict:
+def run_child(
+    urls: list[str], duration: float, interval: float = 1.0, prom: str = "", ui: bool = True
+) -> dict:
     args = ["--duration", str(duration), "--interval", str(interval), "--prom", prom]
+    args += [] if ui else ["--no-ui"]
     try:
         r = subprocess.run(  # the URLs on stdin: 1024 of them are a long command line
             [sys.executable, __file__, "--child", "-", *args],
@@ -215,11 +246,21 @@ def prom_rows(n: int, duration: float) -> list[dict]:
             print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
         with running_prometheus(urls, interval=PROM_SCRAPE_S, timeout=300) as server:
             p = psutil.Process(server.proc.pid)
-            c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
-            r = run_child(urls, duration, 1.0, server.url)
-            r["prom_cpu_pct"] = 100 * (sum(p.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
-            rows.append({"n": n, "how": f"Prometheus, scrape {PROM_SCRAPE_S:g} s", **r})
-            print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
+
+            def cpu() -> float:
+                return sum(p.cpu_times()[:2])
+
+            c0, t0 = cpu(), time.monotonic()
+            time.sleep(min(duration, 30.0))  # Prometheus alone: scraping, nobody reading
+            alone = 100 * (cpu() - c0) / (time.monotonic() - t0)
+            for ui in (False, True):
+                c0, t0 = cpu(), time.monotonic()
+                r = run_child(urls, duration, 1.0, server.url, ui)
+                r["prom_cpu_pct"] = 100 * (cpu() - c0) / (time.monotonic() - t0)
+                r["prom_alone_cpu_pct"] = alone
+                how = f"Prometheus, scrape {PROM_SCRAPE_S:g} s" + ("" if ui else ", source only")
+                rows.append({"n": n, "how": how, **r})
+                print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
     finally:
         stop_standins(proc)
     return rows
@@ -232,16 +273,19 @@ def _f(v: float | None, spec: str, unit: str = "") -> str:
 def part3(sizes: list[int], duration: float) -> list[dict]:
     rows = [r for n in sizes for r in prom_rows(n, duration)]
     print("\n| N (1 hung) | console reads | console CPU % of a core | refresh p95 | "
-          "percentiles query p95 | row period p95 | data age p95 / max | hung endpoint | "
-          "rows | Prometheus CPU % |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "percentiles query p95 | row period p95 | data age p95 / max | states | "
+          "Prometheus CPU % (alone / while read) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        states = ", ".join(f"{k} {v}" for k, v in sorted((r.get("states") or {}).items()))
+        prom = "-"
+        if r.get("prom_cpu_pct") is not None:
+            prom = f"{r['prom_alone_cpu_pct']:.0f} / {r['prom_cpu_pct']:.0f}"
         print(
             f"| {r['n']} | {r['how']} | {_f(r['cpu_pct'], '.1f')} | "
             f"{_f(r['poll_p95_ms'], '.0f', ' ms')} | {_f(r['latency_query_p95_s'], '.1f', ' s')} | "
-            f"{_f(r['period_p95_s'], '.2f', ' s')} | {_f(r['age_p95_s'], '.1f', ' s')} / "
-            f"{_f(r['age_max_s'], '.1f', ' s')} | {r['hung_state']} | {r['rows']} | "
-            f"{_f(r.get('prom_cpu_pct'), '.1f')} |"
+            f"{_f(r['period_p95_s'], '.1f', ' s')} | {_f(r['age_p95_s'], '.1f', ' s')} / "
+            f"{_f(r['age_max_s'], '.1f', ' s')} | {states or r['hung_state']} | {prom} |"
         )
     print(json.dumps(rows))
     return rows
@@ -257,10 +301,11 @@ if __name__ == "__main__":
     ap.add_argument("--child")
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--prom", default="")
+    ap.add_argument("--no-ui", action="store_true")
     args = ap.parse_args()
     if args.child:
         urls = json.loads(sys.stdin.read() if args.child == "-" else args.child)
-        result = child(urls, args.duration, args.interval, args.prom or None)
+        result = child(urls, args.duration, args.interval, args.prom or None, not args.no_ui)
         print(json.dumps(result))
         raise SystemExit(0)
     os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
