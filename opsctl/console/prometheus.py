@@ -6,8 +6,10 @@ One background event-loop thread polls Prometheus every period (the console's in
 but never faster than the endpoints' scrape interval): the active targets, one instant
 query (every figure of every endpoint, split by the instance label) and one range
 selector (raw samples for the stall rule), the three concurrently, each under the
-source's timeout. The latency percentiles (the query that costs Prometheus most) run
-apart, every LATENCY_EVERY_S, and a poll uses the latest that came back. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
+source's timeout. The latency percentiles (the queries that cost Prometheus most) run
+apart, every LATENCY_EVERY_S or four times what they took, whichever is longer, and a
+poll uses the latest that came back. A poll that takes long stretches the period
+(at least twice the last poll), so a slow Prometheus is not piled on. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
 Prometheus does not answer, the rows keep their last data (their age grows) and the
 hint says why.
 """
@@ -28,6 +30,7 @@ from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput, EngineUnreachable
 
 LATENCY_EVERY_S = 15.0  # percentiles are over the 60 s latency window anyway
+LATENCY_SHARE = 4  # ... and at least 4x what the last took (Prometheus's busiest query)
 _ERRORS = (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError)
 
 
@@ -46,6 +49,7 @@ class PrometheusSource(LoopThreadSource):
         self.job = job or None
         self.settings = settings or Settings()
         self.scrape_s: float | None = None  # the endpoints' scrape interval, once known
+        self.poll_s: float | None = None  # how long the last poll took
         self.timeout = timeout if timeout is not None else max(5.0, min(30.0, 2 * self.period))
         self.endpoints: dict[str, prom_view.PromEndpoint] = {}
         self.latency: dict[prom.Key, dict[str, float | None]] = {}
@@ -57,14 +61,14 @@ class PrometheusSource(LoopThreadSource):
         self.error: str | None = None
         self.hint: str | None = None
         self.polls = 0
-        self.poll_s: float | None = None  # how long the last poll took
         self._init_loop("console-prom")
         self.main = None
 
     @property
     def period(self) -> float:
-        """Seconds between polls: the console's interval, never faster than scrapes."""
-        return max(self.settings.interval_s, self.scrape_s or 0.0)
+        """Seconds between polls: the console's interval, never faster than scrapes, and
+        at least twice what the last poll took (a busy Prometheus is not piled on)."""
+        return max(self.settings.interval_s, self.scrape_s or 0.0, 2 * (self.poll_s or 0.0))
 
     @property
     def data_interval(self) -> float:
@@ -137,7 +141,8 @@ class PrometheusSource(LoopThreadSource):
 
     def _start_latency(self, client: httpx.AsyncClient, w: prom.Windows) -> None:
         busy = self.latency_task is not None and not self.latency_task.done()
-        if busy or time.monotonic() - self.latency_started < LATENCY_EVERY_S:
+        every = max(LATENCY_EVERY_S, LATENCY_SHARE * (self.latency_s or 0.0))
+        if busy or time.monotonic() - self.latency_started < every:
             return
         self.latency_started = time.monotonic()
         self.latency_task = asyncio.create_task(self._latency(client, w))
