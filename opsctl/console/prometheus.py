@@ -62,7 +62,6 @@ class PrometheusSource(LoopThreadSource):
         self.hint: str | None = None
         self.polls = 0
         self._init_loop("console-prom")
-        self.main = None
 
     @property
     def period(self) -> float:
