@@ -4,7 +4,7 @@ Prometheus (Debian's package, scrape interval 1 s, /metrics and /health jobs) an
 direct source watch the same two servers:
 
 - idle: the same figures;
-- mid-load, the EngineCores stopped with requests running and waiting (see Cores): the
+- mid-load, the EngineCores stopped with requests running and waiting (tests/engine_cores.py): the
   Prometheus data equal the direct figures (running, waiting, KV usage, token totals)
   at most one scrape interval after the direct source read them, and both read
   'stalled' (the stall rule on Prometheus's samples) while /health says 200;
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 
@@ -29,11 +28,13 @@ from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain.console_state import Settings
 from tests.bare_vllm import _engine_lock
 from tests.conftest import running_engine
+from tests.engine_cores import Cores, wait_fresh
 from tests.prometheus_fixture import running_prometheus
 
 pytestmark = pytest.mark.engine
 SCRAPE_S = 1.0
-N_REQUESTS, MAX_TOKENS, MAX_SEQS = 32, 480, 4  # per server: 4 run, the others wait
+N_REQUESTS, MAX_TOKENS, MAX_SEQS = 96, 480, 4  # per server: 4 run, the others wait; work
+# enough (about 12 s of one core alone) that a slice overrun cannot finish it
 FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
 
 
@@ -120,36 +121,6 @@ def converge(urls, via_prom, direct, what: str) -> dict[str, tuple]:
     return out
 
 
-class Cores:
-    """The servers' EngineCores, stopped and let run in short slices: tiny-llama on CPU
-    steps far faster than the API server drains outputs, whose loop then starves
-    admissions and /metrics until a burst ends; with the cores stopped the API server
-    admits every request, and a 20 ms slice lets the scheduler take them in (some
-    running, the rest waiting) and report it, then the state holds still."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
-        self.stopped = False
-
-    def _signal(self, sig: int) -> None:
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def stop(self) -> None:
-        self._signal(signal.SIGSTOP)
-        self.stopped = True
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-        self.stopped = False
-
-    def slice(self, seconds: float = 0.02) -> None:
-        self.resume()
-        time.sleep(seconds)  # the run slice itself, not a wait for a condition
-        self.stop()
-
-
 def _load(urls: list[str], failed: list) -> threading.Thread:
     """N_REQUESTS completions per server from one thread (one event loop)."""
     import asyncio
@@ -173,29 +144,34 @@ def _load(urls: list[str], failed: list) -> threading.Thread:
 
 
 def _run_until_queued(cores: Cores, direct, urls: list[str], failed: list) -> None:
-    """Run the stopped cores in slices until the direct source reads requests running
-    and waiting on both servers (the cores stay stopped)."""
-    deadline = time.monotonic() + 120
+    """Slice the stopped cores until the direct source reads requests running and
+    waiting on both servers (the cores stay stopped; each core is sliced only until its
+    own server reads that)."""
 
-    def polls() -> int:
-        return sum(direct.tracker(u).scrapes for u in urls)
+    def figs() -> list:
+        views = _views(direct)
+        return [views[u].figures if u in views else None for u in urls]
 
-    while True:
-        figs = [v.figures for v in _views(direct).values()]
-        if len(figs) == 2 and all(f.running and f.waiting for f in figs):
-            return
-        assert time.monotonic() < deadline, f"never running and waiting: {figs} {failed}"
-        cores.slice()
-        seen = polls()
-        wait_until(lambda s=seen: polls() >= s + 2 * len(urls), 30, "direct polls")
+    def pending() -> list[int]:
+        return [
+            p
+            for p, f in zip(cores.pids, figs(), strict=True)
+            if not (f and f.running and f.waiting)
+        ]
+
+    def settle() -> None:
+        for u in urls:
+            wait_fresh(lambda u=u: direct.tracker(u).last_ok_at, 90, u)
+
+    cores.run_until(
+        pending,
+        lambda: [f and (f.running, f.waiting, f.generation_tokens_total) for f in figs()],
+        settle,
+        timeout=240,
+        show=lambda: (figs(), failed[:3]),
+    )
 
 
-@pytest.mark.xfail(
-    reason="racy provocation on a loaded 2-core machine (issue 12 left open): freezing the "
-    "EngineCores mid-load relies on the API servers having handed the requests over; in a "
-    "fresh-clone run this session the engines showed running 0 / waiting 0 at the freeze",
-    strict=False,
-)
 def test_prometheus_and_direct_agree_on_two_real_servers(engines):
     urls = [e.url for e in engines]
     core_pids = [

@@ -17,6 +17,7 @@ over 80 lines, no command module over 160 lines.
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,9 +111,10 @@ def violations_of(module: str, path: Path) -> list[str]:
         if star:
             out.append(f"{where} (star import)")
         top = target.split(".")[0]
-        if top in THIRD_PARTY_FORBIDDEN.get(src, ()):
-            if not (src == "domain" and target in PURE_ENGINE_MODULES):
-                out.append(f"{where} ({src} may not import {top})")
+        if top in THIRD_PARTY_FORBIDDEN.get(src, ()) and not (
+            src == "domain" and target in PURE_ENGINE_MODULES
+        ):
+            out.append(f"{where} ({src} may not import {top})")
         if src == "domain" and top == "engine_patches" and target not in PURE_ENGINE_MODULES:
             out.append(f"{where} (domain may import only the pure engine_patches modules)")
         if top != "opsctl" or src == "engine_patches":
@@ -166,7 +168,7 @@ def test_no_import_cycles_at_import_time():
 
 
 def _package_only(cycle: list[str]) -> bool:
-    return all(a.startswith(b) or b.startswith(a) for a, b in zip(cycle, cycle[1:], strict=False))
+    return all(a.startswith(b) or b.startswith(a) for a, b in itertools.pairwise(cycle))
 
 
 def long_functions(limit: int = 80) -> list[tuple[int, str]]:
