@@ -70,6 +70,18 @@ def _engine_lock() -> Iterator[None]:
         fh.close()
 
 
+@contextlib.contextmanager
+def no_inner_lock() -> Iterator[None]:
+    """For a module that holds the engine lock itself around several engines: a second
+    flock from this process on another descriptor would wait for ourselves."""
+    saved = os.environ.pop("OPSCTL_ENGINE_LOCK", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["OPSCTL_ENGINE_LOCK"] = saved
+
+
 def _shm_names() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))

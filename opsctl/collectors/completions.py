@@ -127,32 +127,31 @@ def request_id(tag: str, index: int) -> str:
     return f"{tag}-p{index}-{uuid.uuid4().hex[:8]}"
 
 
-def run_alone(
-    url: str,
-    params: CompletionParams,
-    prompts: list[str],
-    tag: str,
+SendOne = Callable[[httpx.Client, int], Timed]
+
+
+def send_alone(
+    n: int,
+    send_one: SendOne,
     on_done: Callable[[int, Timed], None] | None = None,
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=1: one request at a time, in prompt order."""
+    """BS=1: requests 0..n-1 one at a time, in order (``send_one(client, i)`` sends one)."""
     out: list[Timed] = []
     with http.client(api_key) as client:
-        for i, prompt in enumerate(prompts):
-            res = complete(client, url, params, prompt, request_id(tag, i))
+        for i in range(n):
+            res = send_one(client, i)
             out.append(res)
             if on_done:
                 on_done(i, res)
     return out
 
 
-def run_together(
-    url: str,
-    params: CompletionParams,
-    prompts: list[str],
-    tag: str,
+def send_in_groups(
+    n: int,
     batch_size: int,
+    send_one: SendOne,
     on_done: Callable[[int, Timed], None] | None = None,
     *,
     api_key: str | None = None,
@@ -161,17 +160,17 @@ def run_together(
     released together by a barrier, the next group after the previous one finished.
     Closer to real traffic, but a busy API server may hand some of them to the engine
     after the others finished (the batch probe shows it)."""
-    results: list[Timed | None] = [None] * len(prompts)
+    results: list[Timed | None] = [None] * n
     limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
     with http.client(api_key, limits=limits) as client:
-        for start in range(0, len(prompts), batch_size):
-            group = list(range(start, min(start + batch_size, len(prompts))))
+        for start in range(0, n, batch_size):
+            group = list(range(start, min(start + batch_size, n)))
             barrier = threading.Barrier(len(group))
 
             def work(i: int, barrier: threading.Barrier = barrier) -> None:
                 with contextlib.suppress(threading.BrokenBarrierError):
                     barrier.wait(timeout=30)
-                results[i] = complete(client, url, params, prompts[i], request_id(tag, i))
+                results[i] = send_one(client, i)
                 if on_done:
                     on_done(i, results[i])  # type: ignore[arg-type]
 
@@ -184,6 +183,44 @@ def run_together(
         r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
         for r in results
     ]
+
+
+def run_alone(
+    url: str,
+    params: CompletionParams,
+    prompts: list[str],
+    tag: str,
+    on_done: Callable[[int, Timed], None] | None = None,
+    *,
+    api_key: str | None = None,
+) -> list[Timed]:
+    """BS=1: one request at a time, in prompt order."""
+    return send_alone(
+        len(prompts),
+        lambda c, i: complete(c, url, params, prompts[i], request_id(tag, i)),
+        on_done,
+        api_key=api_key,
+    )
+
+
+def run_together(
+    url: str,
+    params: CompletionParams,
+    prompts: list[str],
+    tag: str,
+    batch_size: int,
+    on_done: Callable[[int, Timed], None] | None = None,
+    *,
+    api_key: str | None = None,
+) -> list[Timed]:
+    """BS=N as separate requests (see send_in_groups)."""
+    return send_in_groups(
+        len(prompts),
+        batch_size,
+        lambda c, i: complete(c, url, params, prompts[i], request_id(tag, i)),
+        on_done,
+        api_key=api_key,
+    )
 
 
 def group_request_id(tag: str, start: int) -> str:

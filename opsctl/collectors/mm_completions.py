@@ -22,8 +22,6 @@ Errors become values (``Generated.error``), never exceptions.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,7 +30,14 @@ from typing import Any
 import httpx
 
 from opsctl.collectors import http
-from opsctl.collectors.completions import CompletionParams, Timed, parse_response, token_key
+from opsctl.collectors.completions import (
+    CompletionParams,
+    Timed,
+    parse_response,
+    send_alone,
+    send_in_groups,
+    token_key,
+)
 from opsctl.collectors.completions import request_id as make_request_id
 from opsctl.collectors.mm_uuid import image_data_url
 from opsctl.domain.invariance import Generated, TokenKey
@@ -158,14 +163,12 @@ def run_alone(
     api_key: str | None = None,
 ) -> list[Timed]:
     """BS=1: one request at a time, in prompt order."""
-    out: list[Timed] = []
-    with http.client(api_key) as client:
-        for i, text in enumerate(prompts):
-            res = send(client, url, params, text, images[i], make_request_id(tag, i))
-            out.append(res)
-            if on_done:
-                on_done(i, res)
-    return out
+    return send_alone(
+        len(prompts),
+        lambda c, i: send(c, url, params, prompts[i], images[i], make_request_id(tag, i)),
+        on_done,
+        api_key=api_key,
+    )
 
 
 def run_together(
@@ -181,30 +184,13 @@ def run_together(
 ) -> list[Timed]:
     """BS=N: groups of ``batch_size`` requests sent at once (threads released together
     by a barrier); the next group after the previous one finished."""
-    results: list[Timed | None] = [None] * len(prompts)
-    limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
-    with http.client(api_key, limits=limits) as client:
-        for start in range(0, len(prompts), batch_size):
-            group = list(range(start, min(start + batch_size, len(prompts))))
-            barrier = threading.Barrier(len(group))
-
-            def work(i: int, barrier: threading.Barrier = barrier) -> None:
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    barrier.wait(timeout=30)
-                rid = make_request_id(tag, i)
-                results[i] = send(client, url, params, prompts[i], images[i], rid)
-                if on_done:
-                    on_done(i, results[i])  # type: ignore[arg-type]
-
-            threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in group]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    return [
-        r if r is not None else Timed(Generated(error="request thread did not finish"), 0.0, "")
-        for r in results
-    ]
+    return send_in_groups(
+        len(prompts),
+        batch_size,
+        lambda c, i: send(c, url, params, prompts[i], images[i], make_request_id(tag, i)),
+        on_done,
+        api_key=api_key,
+    )
 
 
 def text_token_counts(

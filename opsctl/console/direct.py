@@ -60,12 +60,15 @@ class DirectScrapeSource(LoopThreadSource):
         self.runs_root = runs_root
         self.discover_fn = discover_fn
         self.api_key = api_key
+        # a scrape's timeout: two intervals, but at least 3 s (a loaded host's API server
+        # answered /metrics in seconds here, and --once at --interval 0.3 read a healthy
+        # stand-in as unreachable with 1 s) and at most 10 s; a slow endpoint never ages
+        # the others (one task each)
         self.timeout = (
-            timeout if timeout is not None else max(1.0, min(5.0, 2 * self.settings.interval_s))
+            timeout if timeout is not None else max(3.0, min(10.0, 2 * self.settings.interval_s))
         )
         self.endpoints: dict[str, _Endpoint] = {}
         self._init_loop("console-scrape")
-        self.main = None
 
     # ---- targets ---------------------------------------------------------------------------
     def _discover(self) -> list[Target]:

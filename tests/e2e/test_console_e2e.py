@@ -6,9 +6,7 @@ and 'ready'/'busy' again after SIGCONT."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -20,23 +18,12 @@ import pytest
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
-from tests.bare_vllm import _engine_lock, bare_vllm
+from tests.bare_vllm import _engine_lock, bare_vllm, no_inner_lock
 from tests.conftest import OPSCTL, running_engine
 from tests.engine_cores import Cores, wait_fresh
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
-
-
-@contextlib.contextmanager
-def _no_inner_lock():
-    """Both engines run under the one engine lock this module holds (a second flock from
-    this process on another descriptor would wait for ourselves)."""
-    saved = os.environ.pop("OPSCTL_ENGINE_LOCK", None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ["OPSCTL_ENGINE_LOCK"] = saved
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +32,13 @@ def engines():
 
     with (
         _engine_lock(),
-        _no_inner_lock(),
+        no_inner_lock(),
         running_engine(
             "tiny-llama", load_format="dummy", max_model_len=512, max_num_seqs=16
         ) as ours,
         bare_vllm(str(resolve("tiny-llama").path)) as bare,
     ):
         yield ours, bare
-
-
-def wait_until(cond, timeout: float, what: str, show=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {show()}"
-        time.sleep(0.1)
 
 
 def test_both_servers_discovered_with_roles_and_pids(engines):

@@ -14,8 +14,6 @@ Agreement lines (AGREE ...) are printed: run with -s to see them."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 
@@ -26,10 +24,11 @@ from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain.console_state import Settings
-from tests.bare_vllm import _engine_lock
+from tests.bare_vllm import _engine_lock, no_inner_lock
 from tests.conftest import running_engine
 from tests.engine_cores import Cores, wait_fresh
 from tests.prometheus_fixture import running_prometheus
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 SCRAPE_S = 1.0
@@ -38,35 +37,16 @@ N_REQUESTS, MAX_TOKENS, MAX_SEQS = 96, 480, 4  # per server: 4 run, the others w
 FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
 
 
-@contextlib.contextmanager
-def _no_inner_lock():
-    """Both engines run under the one engine lock this module holds (a second flock from
-    this process on another descriptor would wait for ourselves)."""
-    saved = os.environ.pop("OPSCTL_ENGINE_LOCK", None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ["OPSCTL_ENGINE_LOCK"] = saved
-
-
 @pytest.fixture(scope="module")
 def engines():
     kw = dict(load_format="dummy", max_model_len=512, max_num_seqs=MAX_SEQS)
     with (
         _engine_lock(),
-        _no_inner_lock(),
+        no_inner_lock(),
         running_engine("tiny-llama", **kw) as a,
         running_engine("tiny-llama", **kw) as b,
     ):
         yield a, b
-
-
-def wait_until(cond, timeout: float, what: str, show=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {show()}"
-        time.sleep(0.05)
 
 
 def _views(src) -> dict:

@@ -19,18 +19,9 @@ import pytest
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL
 from tests.e2e.test_serve_e2e import gone, new_orphans, read_event, served, shm_names
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
-
-
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def tree(pid: int) -> list[int]:

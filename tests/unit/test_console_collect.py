@@ -16,13 +16,7 @@ from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
 from tests.standin_vllm import KEY, StandInFleet
-
-
-def wait_until(cond, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+from tests.waiting import wait_until
 
 
 def source(urls, **kw) -> DirectScrapeSource:

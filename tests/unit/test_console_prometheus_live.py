@@ -20,6 +20,7 @@ from opsctl.errors import BadInput
 from tests.conftest import OPSCTL
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
 from tests.standin_vllm import StandInFleet
+from tests.waiting import wait_until
 
 MODES = ["healthy", "busy", "stalled", "dead", "hung", "unauthorized", "notvllm"]
 WANT = ["ready", "busy", "stalled", "dead", "unreachable", "unauthorized", "unreachable"]
@@ -28,13 +29,6 @@ SETTINGS = Settings(interval_s=0.5, stall_window_s=3.0, restart_hold_s=4.0)
 
 def states(src) -> dict[str, str]:
     return {v.target.url: v.state for v in src.collect().endpoints}
-
-
-def wait_until(cond, timeout: float, what: str, show=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {show()}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
