@@ -98,3 +98,81 @@ def wait_fresh(last_ok: Callable[[], float | None], timeout: float, what: str) -
             assert time.monotonic() < deadline, f"no fresh scrape of {what} in {timeout:.0f} s"
             time.sleep(0.05)
         t0 = t
+
+
+def wait_idle(pids: list[int], timeout: float, window: float = 1.0, busy: float = 0.05) -> None:
+    """Wait until each process used under ``busy`` s of CPU over ``window`` s: with the
+    cores stopped, an API server that went idle has admitted every request it was sent
+    and handed it to its core (none left for it to trickle in during the slices)."""
+    import psutil
+
+    procs = [psutil.Process(p) for p in pids]
+
+    def cpu() -> list[float]:
+        return [sum(p.cpu_times()[:2]) for p in procs]
+
+    deadline = time.monotonic() + timeout
+    while True:
+        before = cpu()
+        time.sleep(window)  # the measurement window itself
+        used = [b - a for a, b in zip(before, cpu(), strict=True)]
+        if max(used) < busy:
+            return
+        assert time.monotonic() < deadline, (
+            f"processes {pids} still busy after {timeout:.0f} s: {used}"
+        )
+
+
+class ClosedLoad:
+    """``clients`` closed-loop clients per server, each sending the next completion as
+    soon as its last one answered, until stop(): the engines never run out of work,
+    so a slice that overruns by seconds (measured: 3.5 and 12 s under a CPU hog, the
+    slicing shell starved while a core ran) still leaves requests to freeze. One thread,
+    one event loop; ``done`` counts answers per URL, ``failed`` keeps every HTTP error."""
+
+    def __init__(self, urls: list[str], clients: int, body: dict) -> None:
+        import asyncio
+        import threading
+
+        self.urls, self.clients, self.body = urls, clients, body
+        self.done = dict.fromkeys(urls, 0)
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+
+    async def _client(self, client, url: str) -> None:
+        import httpx
+
+        while not self._stop.is_set():
+            try:
+                r = await client.post(f"{url}/v1/completions", json=self.body)
+                r.raise_for_status()
+                self.done[url] += 1
+            except httpx.HTTPError as exc:
+                self.failed.append(repr(exc))
+                return
+
+    async def _main(self) -> None:
+        import asyncio
+
+        import httpx
+
+        limits = httpx.Limits(max_connections=len(self.urls) * self.clients + 2)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            await asyncio.gather(
+                *(self._client(client, u) for u in self.urls for _ in range(self.clients))
+            )
+
+    def start(self) -> ClosedLoad:
+        self._thread.start()
+        return self
+
+    def halt(self) -> None:
+        """No new requests (the ones in flight still answer)."""
+        self._stop.set()
+
+    def stop(self, timeout: float) -> None:
+        """No new requests; wait (deadline) for the ones in flight to answer."""
+        self._stop.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"requests still in flight after {timeout:.0f} s"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -20,7 +19,7 @@ from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
 from tests.bare_vllm import _engine_lock, bare_vllm, no_inner_lock
 from tests.conftest import OPSCTL, running_engine
-from tests.engine_cores import Cores, wait_fresh
+from tests.engine_cores import ClosedLoad, Cores, wait_fresh
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -62,18 +61,9 @@ def test_both_servers_discovered_with_roles_and_pids(engines):
         assert e["kv_capacity_tokens"] and e["requests_running"] is not None
 
 
-N_REQUESTS = 96  # x 480 tokens with 16 running at a time: seconds of work on 2 cores
-
-
-def _complete(url: str, done: list, failed: list) -> None:
-    # 480 tokens fit only the opsctl-started engine (max_model_len 512); an HTTP error
-    # is recorded, never swallowed (a 400 for a too-long request once hid a dead test)
-    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
-    try:
-        httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
-        done.append(1)
-    except httpx.HTTPError as exc:
-        failed.append(repr(exc))
+N_CLIENTS = 48  # closed-loop clients, 16 running at a time (max_num_seqs 16)
+# 480 tokens fit only the opsctl-started engine (max_model_len 512)
+BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
 
 
 def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
@@ -88,11 +78,7 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
     src = DirectScrapeSource(target, discover=False, settings=settings, timeout=15.0)
     src.start()
     cores = Cores([core])
-    done: list = []
-    failed: list = []
-    threads = [
-        threading.Thread(target=_complete, args=(ours.url, done, failed)) for _ in range(N_REQUESTS)
-    ]
+    load = ClosedLoad([ours.url], N_CLIENTS, BODY)
 
     def view():
         return src.tracker(ours.url).view
@@ -103,18 +89,16 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
     try:
         wait_until(lambda: view().state == "ready", 180, "ready", view)
         cores.stop()
-        for t in threads:
-            t.start()
+        load.start()
         cores.run_until(
             lambda: [] if view().figures.running else [core],
             lambda: (view().figures.running, view().figures.generation_tokens_total),
             settle,
             timeout=240,
-            show=lambda: (view(), failed[:3], len(done)),
+            show=lambda: (view(), load.failed[:3], load.done),
         )
         t_stop = time.monotonic()  # the core has been stopped since the last slice
-        assert len(done) < N_REQUESTS, "the burst ended before the core was frozen"
-        wait_until(lambda: view().state == "stalled", 90, "stalled", lambda: (view(), len(done)))
+        wait_until(lambda: view().state == "stalled", 90, "stalled", lambda: (view(), load.done))
         took = time.monotonic() - t_stop
         health = httpx.get(f"{ours.url}/health", timeout=15).status_code
         assert health == 200 and view().health_status == 200
@@ -126,11 +110,11 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
         assert "generation tokens flat" in view().reason
         cores.resume()
         wait_until(lambda: view().state in ("ready", "busy"), 180, "ready after SIGCONT", view)
-        for t in threads:
-            t.join(600)
-        assert failed == [] and len(done) == N_REQUESTS
+        load.stop(600)
+        assert load.failed == [] and load.done[ours.url] > 0, load.done
         wait_until(lambda: view().state == "ready", 120, "idle again", view)
     finally:
+        load.halt()
         if cores.stopped:
             cores.resume()
         src.close()

@@ -4,7 +4,7 @@ Prometheus (Debian's package, scrape interval 1 s, /metrics and /health jobs) an
 direct source watch the same two servers:
 
 - idle: the same figures;
-- mid-load, the EngineCores stopped with requests running and waiting (tests/engine_cores.py): the
+- mid-load, the EngineCores stopped with requests running (and waiting) (tests/engine_cores.py): the
   Prometheus data equal the direct figures (running, waiting, KV usage, token totals)
   at most one scrape interval after the direct source read them, and both read
   'stalled' (the stall rule on Prometheus's samples) while /health says 200;
@@ -14,10 +14,8 @@ Agreement lines (AGREE ...) are printed: run with -s to see them."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-import httpx
 import pytest
 
 from opsctl.console import discovery, targets
@@ -26,14 +24,14 @@ from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain.console_state import Settings
 from tests.bare_vllm import _engine_lock, no_inner_lock
 from tests.conftest import running_engine
-from tests.engine_cores import Cores, wait_fresh
+from tests.engine_cores import ClosedLoad, Cores, wait_fresh, wait_idle
 from tests.prometheus_fixture import running_prometheus
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 SCRAPE_S = 1.0
-N_REQUESTS, MAX_TOKENS, MAX_SEQS = 96, 480, 4  # per server: 4 run, the others wait; work
-# enough (about 12 s of one core alone) that a slice overrun cannot finish it
+N_CLIENTS, MAX_TOKENS, MAX_SEQS = 32, 480, 4  # per server: 4 run, the others wait
+BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
 
 
@@ -101,43 +99,22 @@ def converge(urls, via_prom, direct, what: str) -> dict[str, tuple]:
     return out
 
 
-def _load(urls: list[str], failed: list) -> threading.Thread:
-    """N_REQUESTS completions per server from one thread (one event loop)."""
-    import asyncio
-
-    async def one(client: httpx.AsyncClient, url: str) -> None:
-        body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": MAX_TOKENS,
-                "ignore_eos": True}  # fmt: skip
-        try:
-            (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
-        except httpx.HTTPError as exc:
-            failed.append(repr(exc))
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=2 * N_REQUESTS)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-            await asyncio.gather(*(one(client, u) for u in urls for _ in range(N_REQUESTS)))
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),))
-    thread.start()
-    return thread
-
-
-def _run_until_queued(cores: Cores, direct, urls: list[str], failed: list) -> None:
-    """Slice the stopped cores until the direct source reads requests running and
-    waiting on both servers (the cores stay stopped; each core is sliced only until its
-    own server reads that)."""
+def _run_until_queued(
+    cores: Cores, api_pids: list[int], direct, urls: list[str], failed: list
+) -> None:
+    """Once the API servers went idle (every request admitted and handed to its stopped
+    core), slice the cores until the direct source reads requests running on both
+    servers (the cores stay stopped; each core is sliced only until its own server reads
+    that). Waiting only when the API server had handed every request over: one that
+    trickled them in kept a core at running 4 / waiting 0 until it had run them all."""
+    wait_idle(api_pids, 120)
 
     def figs() -> list:
         views = _views(direct)
         return [views[u].figures if u in views else None for u in urls]
 
     def pending() -> list[int]:
-        return [
-            p
-            for p, f in zip(cores.pids, figs(), strict=True)
-            if not (f and f.running and f.waiting)
-        ]
+        return [p for p, f in zip(cores.pids, figs(), strict=True) if not (f and f.running)]
 
     def settle() -> None:
         for u in urls:
@@ -167,31 +144,32 @@ def test_prometheus_and_direct_agree_on_two_real_servers(engines):
         via_prom.start()
         direct.start()
         cores = Cores(core_pids)
+        load = ClosedLoad(urls, N_CLIENTS, BODY)
         try:
             wait_until(lambda: _states(via_prom, direct) == [dict.fromkeys(urls, "ready")] * 2,
                        60, "both ready in both sources", lambda: _states(via_prom, direct))  # fmt: skip
             assert via_prom.collect().hint is None  # /health is scraped too
             converge(urls, via_prom, direct, "idle")
-            failed: list = []
             cores.stop()
-            load = _load(urls, failed)
-            _run_until_queued(cores, direct, urls, failed)
+            load.start()
+            _run_until_queued(cores, [e.pid for e in engines], direct, urls, load.failed)
             frozen = converge(urls, via_prom, direct, "stopped mid-load")
             for u, (_, _, figs) in frozen.items():
                 f = dict(zip(FIELDS, figs, strict=True))
-                assert f["running"] > 0 and f["waiting"] > 0 and f["kv_usage"] > 0, (u, f)
+                assert f["running"] > 0 and f["kv_usage"] > 0, (u, f)
             wait_until(lambda: _states(via_prom, direct) == [dict.fromkeys(urls, "stalled")] * 2,
                        30, "stalled in both", lambda: _states(via_prom, direct))  # fmt: skip
             assert {v.health_status for v in _views(via_prom).values()} == {200}
             cores.resume()
-            load.join(600)
-            assert failed == []
-            done = converge(urls, via_prom, direct, "drained")
-            total = sum(dict(zip(FIELDS, f[2], strict=True))["generation_tokens_total"]
-                        for f in done.values())  # fmt: skip
-            assert total >= 2 * N_REQUESTS * MAX_TOKENS
+            load.stop(600)
+            assert load.failed == [] and all(load.done.values()), load.done
+            drained = converge(urls, via_prom, direct, "drained")
+            for u, (_, _, figs) in drained.items():  # every answer carried its 480 tokens
+                f = dict(zip(FIELDS, figs, strict=True))
+                assert f["generation_tokens_total"] == load.done[u] * MAX_TOKENS, (u, f, load.done)
             wait_until(lambda: _states(via_prom) == [dict.fromkeys(urls, "ready")], 30, "ready")
         finally:
+            load.halt()
             if cores.stopped:
                 cores.resume()
             via_prom.close()
