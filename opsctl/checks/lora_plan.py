@@ -33,7 +33,8 @@ class Options:
     request_timeout: float = 120.0
     tag: str | None = None  # request-id tag; None: a fresh opsctl-lora-XXXXXX
     max_loras: int | None = None  # LoRA slots of a started engine; None: one per adapter
-    attempts: int = 3  # sends of the mixed batch until the probe shows it mixed adapters
+    attempts: int = 6  # sends of the mixed batch until the probe shows it mixed adapters
+    # (6: under a CPU hog 3 sends of 6 requests never all shared a step)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adapters", tuple(self.adapters))
