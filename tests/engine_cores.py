@@ -15,12 +15,19 @@ give a stopped core almost no CPU time, or overrun by seconds (4.2 s measured)."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+
+import httpx
+import psutil
+
+from tests.waiting import wait_until
 
 
 class Cores:
@@ -43,11 +50,11 @@ class Cores:
         self.stopped = False
 
     def slice(self, seconds: float, pids: list[int]) -> None:
-        """Let ``pids`` (stopped cores) run for about ``seconds``. The resume, the sleep
-        and the stop happen in a child shell, not in this process: here a slice once took
-        4.2 s instead of 20 ms under a CPU hog (this process's other threads, the console
-        sources and the load, hold its interpreter lock), and a core ran every request to
-        the end inside it. Callers slice only the cores that still need it."""
+        """Let ``pids`` (stopped cores) run for about ``seconds`` (resume, sleep and stop in
+        a child shell). About: under a CPU hog a 20 ms slice took 4.2 s done in-process
+        and 12.35 s from the shell (3.5 s with the cores at nice 19) -- the slicing
+        process itself is starved while a core runs, so callers give the cores more work
+        than an overrun can finish (ClosedLoad) and slice only the cores that need it."""
         ids = " ".join(map(str, pids))
         script = (
             f"kill -CONT {ids} 2>/dev/null; sleep {seconds}; kill -STOP {ids} 2>/dev/null; true"
@@ -94,18 +101,17 @@ def wait_fresh(last_ok: Callable[[], float | None], timeout: float, what: str) -
     t0 = time.time()
     deadline = time.monotonic() + timeout
     for _ in range(2):
-        while (t := last_ok()) is None or t <= t0:
-            assert time.monotonic() < deadline, f"no fresh scrape of {what} in {timeout:.0f} s"
-            time.sleep(0.05)
-        t0 = t
+        t0 = wait_until(
+            lambda t0=t0: (t := last_ok()) is not None and t > t0 and t,
+            max(0.0, deadline - time.monotonic()),
+            f"a fresh scrape of {what}",
+        )
 
 
 def wait_idle(pids: list[int], timeout: float, window: float = 1.0, busy: float = 0.05) -> None:
     """Wait until each process used under ``busy`` s of CPU over ``window`` s: with the
     cores stopped, an API server that went idle has admitted every request it was sent
     and handed it to its core (none left for it to trickle in during the slices)."""
-    import psutil
-
     procs = [psutil.Process(p) for p in pids]
 
     def cpu() -> list[float]:
@@ -131,9 +137,6 @@ class ClosedLoad:
     one event loop; ``done`` counts answers per URL, ``failed`` keeps every HTTP error."""
 
     def __init__(self, urls: list[str], clients: int, body: dict) -> None:
-        import asyncio
-        import threading
-
         self.urls, self.clients, self.body = urls, clients, body
         self.done = dict.fromkeys(urls, 0)
         self.failed: list[str] = []
@@ -141,8 +144,6 @@ class ClosedLoad:
         self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
 
     async def _client(self, client, url: str) -> None:
-        import httpx
-
         while not self._stop.is_set():
             try:
                 r = await client.post(f"{url}/v1/completions", json=self.body)
@@ -153,10 +154,6 @@ class ClosedLoad:
                 return
 
     async def _main(self) -> None:
-        import asyncio
-
-        import httpx
-
         limits = httpx.Limits(max_connections=len(self.urls) * self.clients + 2)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
             await asyncio.gather(
