@@ -76,7 +76,7 @@ DEFAULT_PROMPTS = (
 )
 ISOLATING_ARGS = ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0")
 ISOLATING_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
-PROBES = frozenset({"batch"})
+PROBES = frozenset({"batch", "gate"})
 COLUMNS = ("mode", "#", "prompt", "status", "first divergence", "largest |Δ|")
 
 

@@ -27,7 +27,7 @@ from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import invariance_images as img
 from opsctl.errors import BadInput
 
-PROBES = frozenset({"batch", "mm_uuid"})  # with images: what the engine core received
+PROBES = frozenset({"batch", "gate", "mm_uuid"})  # with images: what the engine core received
 LIMIT_ARG = "--limit-mm-per-prompt"
 LIST_REFUSAL = (
     "--batch-via list sends the N prompts in one /v1/completions request, which carries "

@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from engine_patches.patches import batch_gate
 from opsctl.checks import events as ev
 from opsctl.checks.lora_plan import (
     Adapter,
@@ -244,11 +245,13 @@ class _Job:
         self, params: collect.Params, mixed: tuple[D.LoraRequest, ...]
     ) -> tuple[list[_Attempt], collect.EngineFacts]:
         """Send the mixed batch; again (up to ``attempts``) while the batch probe shows a
-        request that never shared a step with another adapter's request (on a fast
-        engine a request can finish before the next one arrives)."""
+        request that never shared a step with another adapter's request (a request can
+        finish before the next one arrives). Each send carries a gather marker: an engine
+        with the ``gate`` probe (every engine this check starts) holds the requests until
+        all arrived, so they are scheduled together; other servers ignore it."""
         out: list[_Attempt] = []
         for k in range(1, self.options.attempts + 1):
-            tag = f"{self.tag}-{k}"
+            tag = f"{self.tag}-{k}-{batch_gate.marker(len(mixed))}"
             phase = f"mixed batch: {len(mixed)} requests sent together (attempt {k})"
             self.progress(ev.Phase(phase, 0, len(mixed)))
             t0 = time.monotonic()
@@ -382,8 +385,10 @@ def _document(
 
 
 def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts) -> dict:
+    gathered = [g for g in facts.gathered if str(g.get("group")) in a.tag]
     return {
         "tag": a.tag,
+        "gathered": dict(gathered[-1]) if gathered else None,  # by the engine's gate probe
         "batch": D.mixed_evidence(facts.steps, a.tag, [r.request for r in rows]).to_dict(),
         "diverged": [r.request.index for r in rows if not r.result.passed],
         "seconds": round(a.seconds, 3),

@@ -16,7 +16,7 @@ from opsctl.domain import lora as D
 from opsctl.errors import BadInput
 
 DEFAULT_MODEL = "tiny-llama"
-PROBES = frozenset({"batch", "lora"})
+PROBES = frozenset({"batch", "lora", "gate"})
 GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 
 

@@ -123,8 +123,22 @@ def complete(
     return Timed(gen, time.perf_counter() - t0, request_id)
 
 
-def request_id(tag: str, index: int) -> str:
-    return f"{tag}-p{index}-{uuid.uuid4().hex[:8]}"
+def request_id(tag: str, index: int, gather: str = "") -> str:
+    """``<tag>-p<index>-<hex8>``, then the group's gather marker when there is one."""
+    return f"{tag}-p{index}-{uuid.uuid4().hex[:8]}" + (f"-{gather}" if gather else "")
+
+
+def gather_marks(n: int, batch_size: int) -> list[str]:
+    """Per request index, the gather marker of its group of ``batch_size`` (the last
+    group may be smaller): an engine with opsctl's ``gate`` probe schedules a group only
+    once all its requests arrived; other servers ignore the marker."""
+    from engine_patches.patches.batch_gate import marker
+
+    out: list[str] = []
+    for start in range(0, n, batch_size):
+        size = min(batch_size, n - start)
+        out += [marker(size)] * size
+    return out
 
 
 SendOne = Callable[[httpx.Client, int], Timed]
@@ -213,11 +227,13 @@ def run_together(
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N as separate requests (see send_in_groups)."""
+    """BS=N as separate requests (see send_in_groups), each group gathered by the
+    engine's gate probe where it runs."""
+    marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),
         batch_size,
-        lambda c, i: complete(c, url, params, prompts[i], request_id(tag, i)),
+        lambda c, i: complete(c, url, params, prompts[i], request_id(tag, i, marks[i])),
         on_done,
         api_key=api_key,
     )

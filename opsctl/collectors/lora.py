@@ -308,6 +308,7 @@ class EngineFacts:
     swaps: tuple[Mapping[str, Any], ...] = ()  # lora probe: test-knob swaps
     encoder: tuple[Mapping[str, Any], ...] = ()  # lora probe: vision encoder calls
     info: Mapping[str, Any] | None = None  # engine_info probe (EngineCore config)
+    gathered: tuple[Mapping[str, Any], ...] = ()  # gate probe: groups released together
     test_knobs: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -326,6 +327,7 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
         tuple(r for r in lora if r.get("event") == "swap"),
         tuple(r for r in lora if r.get("event") == "encoder"),
         infos[-1] if infos else None,
+        tuple(r for r in ledger.read_events(run_dir, "gate") if r.get("event") == "released"),
         ledger.test_knobs(records),
     )
 

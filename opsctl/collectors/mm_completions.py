@@ -33,6 +33,7 @@ from opsctl.collectors import http
 from opsctl.collectors.completions import (
     CompletionParams,
     Timed,
+    gather_marks,
     parse_response,
     send_alone,
     send_in_groups,
@@ -183,11 +184,13 @@ def run_together(
     api_key: str | None = None,
 ) -> list[Timed]:
     """BS=N: groups of ``batch_size`` requests sent at once (threads released together
-    by a barrier); the next group after the previous one finished."""
+    by a barrier; gathered by the engine's gate probe where it runs); the next group
+    after the previous one finished."""
+    marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),
         batch_size,
-        lambda c, i: send(c, url, params, prompts[i], images[i], make_request_id(tag, i)),
+        lambda c, i: send(c, url, params, prompts[i], images[i], make_request_id(tag, i, marks[i])),
         on_done,
         api_key=api_key,
     )

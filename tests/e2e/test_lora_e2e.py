@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from engine_patches import knobs
 from opsctl.checks import events as ev
 from opsctl.checks import lora as check
+from opsctl.checks.lora_plan import PROBES
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
 from opsctl.embedded import lora as built
@@ -58,6 +59,17 @@ def swapped_requests(doc: dict) -> set[int]:
     return {int(rid.split("-mix-r")[1].split("-")[0]) for rid in ids}
 
 
+def assert_gathered(doc: dict) -> None:
+    """The engine's gate held the mixed batch until every request had arrived, then
+    scheduled it at once: one send was enough (without the gate, under a CPU hog, the
+    API server handed the requests over one by one and 6 sends never formed it)."""
+    [attempt] = doc["mixed"]["attempts"]
+    gathered = attempt["gathered"]
+    assert gathered and gathered["why"] == "complete", attempt
+    assert gathered["count"] == gathered["size"] == len(doc["mixed"]["requests"])
+    assert attempt["batch"]["formed"] is True
+
+
 @pytest.fixture(scope="module")
 def served():
     """tiny-llama with alpha and beta, three LoRA slots, runtime loading allowed."""
@@ -65,7 +77,8 @@ def served():
     args = ["--enable-lora", "--max-loras", "3", "--max-lora-rank", "8"]
     args += ["--no-enable-prefix-caching", "--lora-modules"]
     args += [f"{n}={p}" for n, p in paths.items()]
-    env = {"OPSCTL_PROBES": "batch,lora", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    probes = ",".join(sorted(PROBES))  # batch, gate, lora
+    env = {"OPSCTL_PROBES": probes, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     with running_engine("tiny-llama", extra_args=args, env=env, max_num_seqs=8) as server:
         yield server
 
@@ -81,6 +94,7 @@ def test_listed_adapters_pass_on_tiny_llama(served):
     assert [s["verdict"] for s in doc["single"]] == ["pass", "pass"]
     assert all(s["differs_from_base"] == 6 for s in doc["single"])
     assert {r["status"] for r in doc["mixed"]["requests"]} == {"identical"}
+    assert_gathered(doc)
     batch = doc["mixed"]["batch"]
     assert (
         batch["source"] == "batch probe" and batch["formed"] and batch["max_adapters_per_step"] == 3
@@ -98,6 +112,7 @@ def test_cli_on_the_server(served):
     assert r.exit_code == 0, r.stderr
     assert doc["schema"] == "opsctl.diag.lora/1" and doc["verdict"] == "pass"
     assert doc["run_dir"] and doc["external"] is True  # a URL, even to an opsctl run
+    assert_gathered(doc)
 
 
 def test_every_slot_in_use_base_requests_get_the_last_slots_adapter(served, tmp_path):

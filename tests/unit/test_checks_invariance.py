@@ -227,7 +227,7 @@ def test_isolated_spec_keeps_the_callers_settings_and_is_idempotent():
     spec = check.isolated_spec(base, "eager", options(timeout=12.0))
     assert spec.extra_args == ("--seed", "1", *check.ISOLATING_ARGS)
     assert dict(spec.env) == {"A": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    assert spec.probes == {"mm_uuid", "batch"} and spec.knobs == (("K", "v"),)
+    assert spec.probes == {"mm_uuid", "batch", "gate"} and spec.knobs == (("K", "v"),)
     assert spec.enforce_eager is True and spec.max_num_seqs == 4 and spec.timeout == 12.0
     assert check.isolated_spec(spec, "eager", options(timeout=12.0)) == spec
     default = check.isolated_spec(EngineSpec(), "default", options(batch_size=3))
@@ -281,7 +281,7 @@ def test_mode_both_runs_default_then_eager_on_the_isolated_engines(two_engines):
     assert [label for label, _ in session.asked] == ["invariance-default", "invariance-eager"]
     for (_, asked), eager in zip(session.asked, (False, True), strict=True):
         assert asked.enforce_eager is eager and asked.model == "tiny-llama"
-        assert asked.extra_args == check.ISOLATING_ARGS and asked.probes == {"batch"}
+        assert asked.extra_args == check.ISOLATING_ARGS and asked.probes == {"batch", "gate"}
         assert dict(asked.env) == check.ISOLATING_ENV and asked.timeout == 30.0
         assert asked.knobs == spec.knobs
     runs = {r["mode"]: r for r in report.runs}

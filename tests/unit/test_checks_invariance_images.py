@@ -173,17 +173,17 @@ def test_engine_specs_for_the_vlms():
     assert isinstance(multi, EngineSpec)
     args = multi.extra_args
     assert args[args.index("--limit-mm-per-prompt") + 1] == json.dumps({"image": 4})
-    assert "--mm-processor-cache-gb" in args and multi.probes == {"batch", "mm_uuid"}
+    assert "--mm-processor-cache-gb" in args and multi.probes == {"batch", "gate", "mm_uuid"}
     assert check.isolated_spec(multi, "eager", options()) == multi  # idempotent
     two = check.isolated_spec(EngineSpec("tiny-vlm-multi"), "eager", options(images=2))
     assert json.dumps({"image": 2}) in two.extra_args
     ((_, single),) = check.plan(EngineSpec("tiny-vlm"), options())
     assert "--limit-mm-per-prompt" not in single.extra_args  # BLIP-2: one image per prompt
-    assert single.probes == {"batch", "mm_uuid"}
+    assert single.probes == {"batch", "gate", "mm_uuid"}
     ((_, text),) = check.plan(EngineSpec("tiny-vlm"), options(images=0))
-    assert text.probes == {"batch"}
+    assert text.probes == {"batch", "gate"}
     ((_, llama),) = check.plan(EngineSpec("tiny-llama"), options())
-    assert llama.probes == {"batch"} and "--limit-mm-per-prompt" not in llama.extra_args
+    assert llama.probes == {"batch", "gate"} and "--limit-mm-per-prompt" not in llama.extra_args
 
 
 def test_bs_n_is_sent_again_when_its_requests_reached_the_engine_one_by_one(home):

@@ -119,7 +119,7 @@ def test_engine_spec_carries_every_lora_argument() -> None:
     assert json.loads(args[args.index("--limit-mm-per-prompt") + 1]) == {"image": 2}
     mods = args[args.index("--lora-modules") + 1 : args.index("--lora-modules") + 4]
     assert [m.split("=")[0] for m in mods] == ["alpha", "beta", "vision"]
-    assert spec.probes >= {"batch", "lora"} and spec.enforce_eager is False
+    assert spec.probes >= {"batch", "lora", "gate"} and spec.enforce_eager is False
     assert spec.max_num_seqs == 8
     text = check.plan(EngineSpec(), check.Options()).target
     assert isinstance(text, EngineSpec) and text.model == "tiny-llama"

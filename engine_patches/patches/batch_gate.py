@@ -1,0 +1,215 @@
+"""Probe: gather a group of requests in the engine core, so they are scheduled together.
+
+A check that must run requests *in one batch* (``diag lora``'s mixed batch, invariance's
+BS=N side) cannot get that from the client: the API server hands requests to the engine
+one after another, and on a busy machine the first ones can finish before the last ones
+arrive (measured under a CPU hog: 6 sends of 6 requests, never all in shared steps).
+
+Inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``gate``. Then it wraps
+``EngineCore.add_request``: a request whose id contains a gather marker
+(:func:`marker`, ``opsctl-gather<N>x<group>``) is held back until all ``N`` requests of
+its group have arrived, and then all of them are added to the scheduler at once, in
+arrival order, before the next schedule. Requests without a marker are never touched.
+
+A group that does not fill within ``HOLD_S`` (a request rejected by the API server, a
+client that gave up) is released as it is: a timer puts the held requests back on the
+engine core's input queue (the only thread-safe way in), so the engine never waits on
+a client. A held request that is aborted is dropped. Every hold and release is appended
+to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size", "count",
+"waited_s", "why": "complete" | "timeout"}``), so a report can say the batch was
+gathered by the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
+
+PROBE = "gate"
+HOLD_S = 30.0
+MAX_SIZE = 256
+_MARK = re.compile(r"opsctl-gather(\d+)x([0-9a-f]{4,32})")
+ORIGINALS: dict[str, Any] = {}
+
+
+def requested(env: dict[str, str] | None = None) -> bool:
+    raw = (env if env is not None else os.environ).get("OPSCTL_PROBES", "")
+    return PROBE in {p.strip() for p in raw.split(",")}
+
+
+def marker(size: int, group: str | None = None) -> str:
+    """The text a request id carries to be gathered with ``size - 1`` others."""
+    if not 1 <= size <= MAX_SIZE:
+        raise ValueError(f"gather group size must be 1..{MAX_SIZE}, not {size}")
+    return f"opsctl-gather{size}x{group or uuid.uuid4().hex[:12]}"
+
+
+def parse(request_id: str) -> tuple[str, int] | None:
+    """(group, size) of a marked request id; None for any other id."""
+    m = _MARK.search(request_id)
+    if m is None or not 1 <= int(m[1]) <= MAX_SIZE:
+        return None
+    return m[0], int(m[1])
+
+
+@dataclass
+class _Group:
+    size: int
+    started: float
+    held: list[tuple[Any, int]] = field(default_factory=list)  # (Request, wave)
+
+
+class Gate:
+    """Held groups of one engine core. ``add`` and ``abort`` run on the core's busy
+    loop; the timer only puts items on the core's (thread-safe) input queue."""
+
+    def __init__(self, requeue, hold_s: float = HOLD_S) -> None:
+        self.requeue = requeue  # (request, wave) -> None, from any thread
+        self.hold_s = hold_s
+        self.groups: dict[str, _Group] = {}
+        self.released: set[str] = set()  # request ids the timer handed back
+        self.lock = threading.Lock()
+
+    def add(self, request: Any, wave: int) -> list[tuple[Any, int]]:
+        """What to add to the scheduler now (possibly nothing, possibly a whole group)."""
+        rid = str(request.request_id)
+        with self.lock:
+            if rid in self.released:
+                self.released.discard(rid)
+                return [(request, wave)]
+        found = parse(rid)
+        if found is None:
+            return [(request, wave)]
+        key, size = found
+        with self.lock:
+            group = self.groups.setdefault(key, _Group(size, time.monotonic()))
+            group.held.append((request, wave))
+            if len(group.held) < size:
+                if len(group.held) == 1:
+                    timer = threading.Timer(self.hold_s, self._expire, args=(key,))
+                    timer.daemon = True
+                    timer.start()
+                return []
+            del self.groups[key]
+        self._record(key, group, "complete")
+        return group.held
+
+    def _expire(self, key: str) -> None:
+        with self.lock:
+            group = self.groups.pop(key, None)
+            if group is None:
+                return
+            self.released.update(str(r.request_id) for r, _ in group.held)
+        self._record(key, group, "timeout")
+        for request, wave in group.held:
+            self.requeue(request, wave)
+
+    def abort(self, request_ids) -> None:
+        gone = {str(r) for r in request_ids or ()}
+        with self.lock:
+            for key, group in list(self.groups.items()):
+                group.held = [(r, w) for r, w in group.held if str(r.request_id) not in gone]
+                if not group.held:
+                    del self.groups[key]
+
+    @staticmethod
+    def _record(key: str, group: _Group, why: str) -> None:
+        record_event(
+            PROBE,
+            {
+                "event": "released",
+                "group": key,
+                "size": group.size,
+                "count": len(group.held),
+                "waited_s": round(time.monotonic() - group.started, 3),
+                "why": why,
+            },
+        )
+
+
+def _gate_of(core) -> Gate:
+    gate = getattr(core, "_opsctl_gate", None)
+    if gate is None:
+        from vllm.v1.engine import EngineCoreRequestType
+
+        def requeue(request, wave, q=getattr(core, "input_queue", None)):
+            if q is not None:
+                q.put_nowait((EngineCoreRequestType.ADD, (request, wave)))
+
+        gate = core._opsctl_gate = Gate(requeue)
+    return gate
+
+
+def _wrap_add(original):
+    @functools.wraps(original)
+    def add_request(self, request, request_wave: int = 0):
+        try:
+            ready = _gate_of(self).add(request, request_wave)
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "error": repr(exc)})
+            ready = [(request, request_wave)]
+        for req, wave in ready:
+            original(self, req, wave)
+
+    add_request._opsctl_gate = True  # type: ignore[attr-defined]
+    return add_request
+
+
+def _wrap_abort(original):
+    @functools.wraps(original)
+    def abort_requests(self, request_ids):
+        try:
+            _gate_of(self).abort(request_ids)
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "error": repr(exc)})
+        return original(self, request_ids)
+
+    abort_requests._opsctl_gate = True  # type: ignore[attr-defined]
+    return abort_requests
+
+
+def apply() -> Outcome:
+    if not requested():
+        return Outcome(SKIPPED, f"inert: OPSCTL_PROBES does not contain {PROBE!r}")
+    from vllm.v1.engine import core
+
+    cls = core.EngineCore
+    for attr, wrap in (("add_request", _wrap_add), ("abort_requests", _wrap_abort)):
+        current = getattr(cls, attr)
+        if not getattr(current, "_opsctl_gate", False):
+            ORIGINALS[attr] = current
+            setattr(cls, attr, wrap(current))
+    return Outcome(
+        APPLIED,
+        f"holds requests marked opsctl-gather<N>x<group> until all N arrived (at most "
+        f"{HOLD_S:.0f} s), records releases in events/gate.jsonl",
+    )
+
+
+def undo() -> None:
+    """Restore the wrapped methods (tests)."""
+    from vllm.v1.engine import core
+
+    for attr, original in ORIGINALS.items():
+        setattr(core.EngineCore, attr, original)
+    ORIGINALS.clear()
+
+
+PATCH = Patch(
+    name="batch_gate",
+    target="vllm.v1.engine.core.EngineCore.add_request, .abort_requests",
+    versions="0.32 (EngineCore.add_request(request, request_wave), input_queue of "
+    "(EngineCoreRequestType, payload))",
+    reason="opsctl probe for diag lora and invariance: requests meant to be batched "
+    "together reach the scheduler together (PR 55897, PR 56528)",
+    apply=apply,
+    roles=("engine_core",),
+)
