@@ -16,7 +16,7 @@ client that gave up) is released as it is: a timer puts the held requests back o
 engine core's input queue (the only thread-safe way in), so the engine never waits on
 a client. A held request that is aborted is dropped. Every hold and release is appended
 to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size", "count",
-"waited_s", "why": "complete" | "timeout"}``), so a report can say the batch was
+"waited_s", "why": "complete" | "timeout", "req_ids"}``), so a report can say the batch was
 gathered by the engine.
 """
 
@@ -131,6 +131,7 @@ class Gate:
                 "count": len(group.held),
                 "waited_s": round(time.monotonic() - group.started, 3),
                 "why": why,
+                "req_ids": [str(r.request_id) for r, _ in group.held],
             },
         )
 

@@ -486,6 +486,7 @@ class _Job:
                 "via": m.via,
                 "bs1_max_shared": shared,
                 "attempts": m.attempts,
+                "gathered": _gathered(rec.gathered, m.tags[1]),
             },
             "images": {**images.to_dict(), "max_per_prompt": m.images},
             "warnings": warnings,
@@ -535,3 +536,16 @@ def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
         "warnings": [],
         "seconds": {"engine": "-", "bs1": "-", "bsn": "-"},
     }
+
+
+def _gathered(released, tag: str) -> dict[str, int] | None:
+    """How the engine's gate probe released the judged BS=N groups: {"complete": n,
+    "timeout": m}; None when no group of that send went through a gate."""
+    ours = [
+        r
+        for r in released
+        if any(eng.prompt_index(str(i), tag) is not None for i in r.get("req_ids") or ())
+    ]
+    if not ours:
+        return None
+    return {why: sum(1 for r in ours if r.get("why") == why) for why in ("complete", "timeout")}

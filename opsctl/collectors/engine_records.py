@@ -41,6 +41,7 @@ class EngineRecords:
     test_knobs: Mapping[str, str] = field(default_factory=dict)
     mm_items: tuple[Mapping[str, Any], ...] | None = None  # mm_uuid records; None: no probe
     platform: str | None = None  # vLLM's current_platform in the engine (ledger)
+    gathered: tuple[Mapping[str, Any], ...] = ()  # gate probe: groups released together
 
 
 def _platform(records: list[dict]) -> str | None:
@@ -140,6 +141,7 @@ def read(run_dir: Path | None) -> EngineRecords:
         ledger.test_knobs(records),
         tuple(mm) if mm is not None else None,
         _platform(records),
+        tuple(r for r in ledger.read_events(run_dir, "gate") if r.get("event") == "released"),
     )
 
 

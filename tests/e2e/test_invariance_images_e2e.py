@@ -72,6 +72,9 @@ def test_images_reach_the_engine_and_bs1_equals_bsn(passing, session):
     batch = run["batch"]
     assert batch["source"] == "batch probe" and batch["formed"] is True
     assert batch["max_batch"] >= 2 and batch["alone"] == [] and batch["bs1_max_shared"] == 1
+    # the engine's gate held each group of N image requests until all had arrived
+    groups = -(-doc["prompts"] // doc["batch_size"])
+    assert batch["gathered"] == {"complete": groups, "timeout": 0} and batch["attempts"] == 1
     status = {s["name"]: (s["status"], s["seen"]) for s in run["settings"]}
     assert status["mm processor cache"] == ("verified", "0.0 GiB")
     assert status["prefix caching"] == ("verified", "False")

@@ -77,6 +77,7 @@ def test_real_add_request_holds_a_group_until_complete(monkeypatch, tmp_path) ->
     assert c.added == ["plain-1", f"a-{m}-r0", f"a-{m}-r1", f"a-{m}-r2"]
     [rec] = read_events(tmp_path, "gate")
     assert rec["why"] == "complete" and rec["count"] == 3 and rec["group"] == m
+    assert rec["req_ids"] == [f"a-{m}-r{i}" for i in range(3)]
 
 
 def test_unfilled_group_is_handed_back_after_the_hold(tmp_path) -> None:
