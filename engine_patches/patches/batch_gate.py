@@ -9,7 +9,8 @@ Inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``gate``. Then it wrap
 ``EngineCore.add_request``: a request whose id contains a gather marker
 (:func:`marker`, ``opsctl-gather<N>x<group>``) is held back until all ``N`` requests of
 its group have arrived, and then all of them are added to the scheduler at once, in
-arrival order, before the next schedule. Requests without a marker are never touched.
+arrival order, before the next schedule. Requests without a marker are never touched,
+nor is an in-process engine core (no input queue to hand a timed-out group back to).
 
 A group that does not fill within ``HOLD_S`` (a request rejected by the API server, a
 client that gave up) is released as it is: a timer puts the held requests back on the
@@ -141,9 +142,8 @@ def _gate_of(core) -> Gate:
     if gate is None:
         from vllm.v1.engine import EngineCoreRequestType
 
-        def requeue(request, wave, q=getattr(core, "input_queue", None)):
-            if q is not None:
-                q.put_nowait((EngineCoreRequestType.ADD, (request, wave)))
+        def requeue(request, wave, q=core.input_queue):
+            q.put_nowait((EngineCoreRequestType.ADD, (request, wave)))
 
         gate = core._opsctl_gate = Gate(requeue)
     return gate
@@ -152,6 +152,8 @@ def _gate_of(core) -> Gate:
 def _wrap_add(original):
     @functools.wraps(original)
     def add_request(self, request, request_wave: int = 0):
+        if getattr(self, "input_queue", None) is None:  # in-process core: nothing to
+            return original(self, request, request_wave)  # hand a timed-out group back to
         try:
             ready = _gate_of(self).add(request, request_wave)
         except Exception as exc:  # a probe never breaks the engine

@@ -80,6 +80,18 @@ def test_real_add_request_holds_a_group_until_complete(monkeypatch, tmp_path) ->
     assert rec["req_ids"] == [f"a-{m}-r{i}" for i in range(3)]
 
 
+def test_in_process_core_is_never_gated(monkeypatch) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    monkeypatch.setenv("OPSCTL_PROBES", "gate")
+    G.apply()
+    c = core()
+    del c.input_queue  # an in-process EngineCore: no queue a timer could hand back through
+    m = G.marker(2)
+    EngineCore.add_request(c, request(f"b-{m}-r0"))
+    assert c.added == [f"b-{m}-r0"]
+
+
 def test_unfilled_group_is_handed_back_after_the_hold(tmp_path) -> None:
     q: queue.Queue = queue.Queue()
     gate = G.Gate(lambda r, w: q.put((r, w)), hold_s=0.2)
