@@ -15,9 +15,15 @@ nor is an in-process engine core (no input queue to hand a timed-out group back 
 A group that does not fill within ``HOLD_S`` (a request rejected by the API server, a
 client that gave up) is released as it is: a timer puts the held requests back on the
 engine core's input queue (the only thread-safe way in), so the engine never waits on
-a client. A held request that is aborted is dropped. Every hold and release is appended
+a client; its late members then pass at once. A held request that is aborted is
+dropped (also when the abort comes while the timer hands it back). At shutdown every
+held request goes to the scheduler, which drains or aborts it like any other.
+
+Limits: held requests are not counted in the scheduler's waiting figures (for at most
+``HOLD_S``); a pause does not wait for them; with data parallelism each engine core has
+its own gate, so a group spread over ranks is released on timeout, not gathered. Every hold and release is appended
 to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size", "count",
-"waited_s", "why": "complete" | "timeout", "req_ids"}``), so a report can say the batch was
+"waited_s", "why": "complete" | "timeout" | "shutdown", "req_ids"}``), so a report can say the batch was
 gathered by the engine.
 """
 
@@ -77,12 +83,17 @@ class Gate:
         self.hold_s = hold_s
         self.groups: dict[str, _Group] = {}
         self.released: set[str] = set()  # request ids the timer handed back
+        self.dropped: set[str] = set()  # handed back, then aborted before re-added
+        self.expired: set[str] = set()  # groups released on timeout: late members pass
         self.lock = threading.Lock()
 
     def add(self, request: Any, wave: int) -> list[tuple[Any, int]]:
         """What to add to the scheduler now (possibly nothing, possibly a whole group)."""
         rid = str(request.request_id)
         with self.lock:
+            if rid in self.dropped:
+                self.dropped.discard(rid)
+                return []
             if rid in self.released:
                 self.released.discard(rid)
                 return [(request, wave)]
@@ -91,6 +102,8 @@ class Gate:
             return [(request, wave)]
         key, size = found
         with self.lock:
+            if key in self.expired:
+                return [(request, wave)]
             group = self.groups.setdefault(key, _Group(size, time.monotonic()))
             group.held.append((request, wave))
             if len(group.held) < size:
@@ -108,6 +121,7 @@ class Gate:
             group = self.groups.pop(key, None)
             if group is None:
                 return
+            self.expired.add(key)
             self.released.update(str(r.request_id) for r, _ in group.held)
         self._record(key, group, "timeout")
         for request, wave in group.held:
@@ -116,10 +130,21 @@ class Gate:
     def abort(self, request_ids) -> None:
         gone = {str(r) for r in request_ids or ()}
         with self.lock:
+            self.dropped |= gone & self.released  # still on its way back through the queue
+            self.released -= gone
             for key, group in list(self.groups.items()):
                 group.held = [(r, w) for r, w in group.held if str(r.request_id) not in gone]
                 if not group.held:
                     del self.groups[key]
+
+    def flush(self) -> list[tuple[Any, int]]:
+        """Every held request, in arrival order per group (at shutdown: the scheduler
+        then drains or aborts them like any other request)."""
+        with self.lock:
+            groups, self.groups = self.groups, {}
+        for key, group in groups.items():
+            self._record(key, group, "shutdown")
+        return [held for group in groups.values() for held in group.held]
 
     @staticmethod
     def _record(key: str, group: _Group, why: str) -> None:
@@ -170,7 +195,8 @@ def _wrap_abort(original):
     @functools.wraps(original)
     def abort_requests(self, request_ids):
         try:
-            _gate_of(self).abort(request_ids)
+            if getattr(self, "_opsctl_gate", None) is not None:
+                self._opsctl_gate.abort(request_ids)
         except Exception as exc:  # a probe never breaks the engine
             record_event(PROBE, {"event": "error", "error": repr(exc)})
         return original(self, request_ids)
@@ -179,17 +205,41 @@ def _wrap_abort(original):
     return abort_requests
 
 
+def _wrap_shutdown(original):
+    """Once a shutdown is requested, hand every held request to the scheduler first,
+    so the engine drains or aborts it (and answers its client) instead of losing it."""
+
+    @functools.wraps(original)
+    def _handle_shutdown(self):
+        gate = getattr(self, "_opsctl_gate", None)
+        if gate is not None and gate.groups and not self.is_running():
+            add = ORIGINALS.get("add_request")
+            try:
+                for req, wave in gate.flush():
+                    add(self, req, wave)
+            except Exception as exc:  # a probe never breaks the engine
+                record_event(PROBE, {"event": "error", "where": "shutdown", "error": repr(exc)})
+        return original(self)
+
+    _handle_shutdown._opsctl_gate = True  # type: ignore[attr-defined]
+    return _handle_shutdown
+
+
+def _install(owner, attr: str, wrap) -> None:
+    current = getattr(owner, attr)
+    if not getattr(current, "_opsctl_gate", False):
+        ORIGINALS[attr] = current
+        setattr(owner, attr, wrap(current))
+
+
 def apply() -> Outcome:
     if not requested():
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES does not contain {PROBE!r}")
     from vllm.v1.engine import core
 
-    cls = core.EngineCore
-    for attr, wrap in (("add_request", _wrap_add), ("abort_requests", _wrap_abort)):
-        current = getattr(cls, attr)
-        if not getattr(current, "_opsctl_gate", False):
-            ORIGINALS[attr] = current
-            setattr(cls, attr, wrap(current))
+    _install(core.EngineCore, "add_request", _wrap_add)
+    _install(core.EngineCore, "abort_requests", _wrap_abort)
+    _install(core.EngineCoreProc, "_handle_shutdown", _wrap_shutdown)
     return Outcome(
         APPLIED,
         f"holds requests marked opsctl-gather<N>x<group> until all N arrived (at most "
@@ -202,13 +252,15 @@ def undo() -> None:
     from vllm.v1.engine import core
 
     for attr, original in ORIGINALS.items():
-        setattr(core.EngineCore, attr, original)
+        owner = core.EngineCoreProc if attr == "_handle_shutdown" else core.EngineCore
+        setattr(owner, attr, original)
     ORIGINALS.clear()
 
 
 PATCH = Patch(
     name="batch_gate",
-    target="vllm.v1.engine.core.EngineCore.add_request, .abort_requests",
+    target="vllm.v1.engine.core.EngineCore.add_request, .abort_requests, "
+    "EngineCoreProc._handle_shutdown",
     versions="0.32 (EngineCore.add_request(request, request_wave), input_queue of "
     "(EngineCoreRequestType, payload))",
     reason="opsctl probe for diag lora and invariance: requests meant to be batched "

@@ -116,3 +116,48 @@ def test_aborted_held_request_is_dropped() -> None:
     assert gate.groups == {}
     with pytest.raises(queue.Empty):
         q.get(timeout=1.0)  # the timer found nothing to hand back
+
+
+def test_abort_while_handed_back_drops_it_and_late_members_pass() -> None:
+    q: queue.Queue = queue.Queue()
+    gate = G.Gate(lambda r, w: q.put((r, w)), hold_s=0.2)
+    m = G.marker(3)
+    first = request(f"z-{m}-0")
+    gate.add(first, 0)
+    q.get(timeout=30)  # the timer handed it back; the ADD is still on the queue
+    gate.abort([first.request_id])  # the client gave up before the core re-added it
+    assert gate.add(first, 0) == []  # so it never reaches the scheduler
+    late = request(f"z-{m}-1")
+    assert gate.add(late, 0) == [(late, 0)]  # its group timed out: no second hold
+
+
+def test_shutdown_hands_held_requests_to_the_scheduler(monkeypatch, tmp_path) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    monkeypatch.setenv("OPSCTL_PROBES", "gate")
+    G.apply()
+    c, m = core(), G.marker(3)
+    EngineCore.add_request(c, request(f"s-{m}-0"))
+    assert c.added == []
+    seen = []
+    shutdown = G._wrap_shutdown(lambda self: seen.append(list(self.added)) or False)
+    c.is_running = lambda: True
+    assert shutdown(c) is False and seen == [[]]  # running: nothing flushed
+    c.is_running = lambda: False
+    shutdown(c)
+    assert seen[-1] == [f"s-{m}-0"]  # added before vLLM's shutdown handling ran
+    [rec] = read_events(tmp_path, "gate")
+    assert rec["why"] == "shutdown" and rec["count"] == 1
+
+
+def test_abort_on_a_core_without_a_gate_is_untouched(monkeypatch, tmp_path) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    monkeypatch.setenv("OPSCTL_PROBES", "gate")
+    G.apply()
+    finished = []
+    c = SimpleNamespace(
+        scheduler=SimpleNamespace(finish_requests=lambda ids, st: finished.append(ids))
+    )
+    EngineCore.abort_requests(c, ["r1"])
+    assert finished == [["r1"]] and read_events(tmp_path, "gate") == []
