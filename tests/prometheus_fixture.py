@@ -233,3 +233,32 @@ def record(out_dir: Path, stall_window: float = 3.0) -> None:
 
 if __name__ == "__main__":
     record(Path(__file__).parent / "data")
+
+
+# ---- what Prometheus stored, scrape by scrape -------------------------------------------------
+
+
+def raw_history(
+    server: PromServer, instance: str, metrics: tuple[str, ...], seconds: float
+) -> dict[float, tuple | None]:
+    """Every scrape of ``instance`` (host:port) in the job over the last ``seconds``: scrape
+    time -> the ``metrics`` (each summed over its series) it stored, or None where the scrape
+    failed (``up`` 0). Raw samples (range selectors), not what a query would interpolate."""
+    sel = f'{{job="{server.job}",instance="{instance}"}}[{max(1, round(seconds))}s]'
+
+    def samples(name: str) -> dict[float, float]:
+        r = httpx.get(f"{server.url}/api/v1/query", params={"query": name + sel}, timeout=30)
+        r.raise_for_status()
+        out: dict[float, float] = {}
+        for series in r.json()["data"]["result"]:
+            for t, v in series["values"]:
+                out[float(t)] = out.get(float(t), 0.0) + float(v)
+        return out
+
+    up = samples("up")
+    values = [samples(m) for m in metrics]
+    hist: dict[float, tuple | None] = {}
+    for t in sorted(up):
+        row = tuple(v.get(t) for v in values)
+        hist[t] = row if up[t] == 1 and None not in row else None
+    return hist
