@@ -116,9 +116,10 @@ def converge(urls, via_prom, direct, server, what: str) -> dict[str, tuple]:
     out = {}
     for u in urls:
         figs, d_t, d_seen = d.at[u]
-        stored = lambda u=u, d_t=d_t: [
-            r for _, r in _scrapes_after(server, u, d_t) if r is not None
-        ]  # noqa: E731
+
+        def stored(u: str = u, d_t: float = d_t) -> list:
+            return [r for _, r in _scrapes_after(server, u, d_t) if r is not None]
+
         wait_until(stored, 60, f"a successful Prometheus scrape of {u} after the direct read")
         after = _scrapes_after(server, u, d_t)
         failed = 0

@@ -12,7 +12,8 @@ Engines (each ~20-90 s to start on two cores):
    LoRA applied in language model, vision tower and connector;
 4. the same with OPSCTL_LORA_SWAP=tower (images of two requests encoded with each
    other's adapters): caught, naming the request and its images;
-5. ``--model tiny-vlm --max-loras 4`` (BLIP-2): passes, its connector reported
+5. ``--model tiny-vlm --max-loras 4 --atol 1e-4`` (BLIP-2, not bitwise batch-invariant on
+   CPU): passes, its connector reported
    unsupported (no LoRA-capable layer), never as a pass.
 """
 
@@ -200,9 +201,17 @@ def test_vlm_tower_swap_is_caught_with_the_image():
 
 
 def test_blip2_reports_its_connector_unsupported():
-    r, doc = diag("--model", "tiny-vlm", "--max-loras", "4")
+    # BLIP-2 on CPU is not batch-invariant: with the 8 requests gathered into one prefill
+    # step every mixed row (the no-adapter ones too) keeps its tokens but its logprobs
+    # differ from the request run alone by up to 8.3e-6 (measured, deterministic), so a
+    # bitwise comparison fails. The tolerance is given and reported; a swapped adapter or
+    # image moves logprobs by far more (the adapters' own effect is checked at 1e-3).
+    r, doc = diag("--model", "tiny-vlm", "--max-loras", "4", "--atol", "1e-4")
     assert r.exit_code == 0, r.stderr
     assert doc["verdict"] == "pass" and doc["images_per_request"] == 1
+    assert doc["comparison"] == "atol=0.0001"
+    assert all(row["tokens_identical"] for row in rows(doc).values())
+    assert_gathered(doc)
     support = {p["part"]: p for p in doc["support"]}
     assert support["tower"]["status"] == "applied" and support["tower"]["wrapped_modules"] == 3
     assert support["connector"]["status"] == "unsupported"
