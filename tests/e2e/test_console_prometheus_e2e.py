@@ -74,17 +74,33 @@ def _states(*sources) -> list[dict[str, str]]:
 
 
 class _Since:
-    """Per endpoint: its current figures, when their scrape first carried them, and when
-    this test first saw them."""
+    """Per endpoint: its current figures, when a scrape first carried them, and when this
+    test first saw them; and the newest scrape time (last_ok_at) seen at all."""
 
     def __init__(self) -> None:
         self.at: dict[str, tuple[tuple, float, float]] = {}
+        self.newest: dict[str, float] = {}
 
     def see(self, src) -> None:
         now = time.time()
         for u, v in _views(src).items():
-            if v.last_ok_at is not None and self.at.get(u, (None,))[0] != _figs(v):
+            if v.last_ok_at is None:
+                continue
+            self.newest[u] = v.last_ok_at
+            if self.at.get(u, (None,))[0] != _figs(v):
                 self.at[u] = (_figs(v), v.last_ok_at, now)
+
+    def settled(self, u: str, since: float, hold: float) -> bool:
+        """A scrape that finished after ``since`` read the figures, and scrapes at least
+        ``hold`` seconds apart read the same (a source whose scrapes all failed since
+        keeps showing old figures: those are not settled)."""
+        newest = self.newest.get(u)
+        return (
+            u in self.at
+            and newest is not None
+            and newest >= since
+            and (newest - self.at[u][1] >= hold)
+        )
 
 
 def _scrapes_after(server, url: str, since: float) -> list[tuple[float, tuple | None]]:
@@ -95,21 +111,25 @@ def _scrapes_after(server, url: str, since: float) -> list[tuple[float, tuple | 
 
 
 def converge(urls, via_prom, direct, server, what: str) -> dict[str, tuple]:
-    """Once the direct figures stop changing (two scrape intervals unchanged) and the console
-    via Prometheus shows the same: Prometheus's own record (raw samples) agrees with them.
+    """Once the direct figures stop changing (scrapes two intervals apart, the newer one
+    after this call, read the same) and the console via Prometheus shows the same from a
+    Prometheus scrape after this call: Prometheus's own record (raw samples) agrees with them.
     The first Prometheus scrape that started after the direct source had read the figures
     carried them (or failed: a timed-out scrape stores nothing but up 0), and so did every
     later successful scrape. Returns per endpoint: how long after the direct read
     Prometheus first stored them, how many of its scrapes failed before, how much later
     the console showed them, the figures."""
     d, p = _Since(), _Since()
+    since = time.time()
 
     def done() -> bool:
         d.see(direct)
         p.see(via_prom)
-        now = time.time()
-        return len(d.at) == len(urls) and all(
-            now - d.at[u][1] >= 2 * SCRAPE_S and p.at.get(u, (None,))[0] == d.at[u][0] for u in urls
+        return all(
+            d.settled(u, since, 2 * SCRAPE_S)
+            and p.settled(u, since, 0.0)
+            and p.at[u][0] == d.at[u][0]
+            for u in urls
         )
 
     wait_until(done, 120, f"equal figures ({what})", lambda: (d.at, p.at))
