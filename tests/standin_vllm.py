@@ -46,6 +46,7 @@ class Endpoint:
     steps: float = 737.0
     epoch: float = field(default_factory=time.monotonic)
     hits: int = 0
+    frozen: bool = False  # busy: counters only as set (a recorded scrape), not by the clock
 
     @property
     def url(self) -> str:
@@ -53,7 +54,7 @@ class Endpoint:
 
     def metrics(self) -> str:
         running = {"busy": 4.0, "stalled": 16.0}.get(self.mode, 0.0)
-        if self.mode == "busy":  # 200 tokens/s in 4 steps/s
+        if self.mode == "busy" and not self.frozen:  # 200 tokens/s in 4 steps/s
             dt = time.monotonic() - self.epoch
             self.gen, self.steps, self.epoch = (
                 self.gen + 200 * dt,
