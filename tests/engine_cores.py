@@ -154,7 +154,11 @@ class ClosedLoad:
                 return
 
     async def _main(self) -> None:
-        limits = httpx.Limits(max_connections=len(self.urls) * self.clients + 2)
+        # a new connection per request: a client starved for over 5 s (uvicorn's keep-alive
+        # timeout in vLLM) wrote its next request on a connection the server had just
+        # closed and got ReadError('') (fresh clone under a CPU hog)
+        n = len(self.urls) * self.clients + 2
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
             await asyncio.gather(
                 *(self._client(client, u) for u in self.urls for _ in range(self.clients))
