@@ -40,13 +40,8 @@ SCRAPE_S = 1.0
 N_CLIENTS, MAX_TOKENS, MAX_SEQS = 32, 480, 4  # per server: 4 run, the others wait
 BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
-METRICS = (
-    RUNNING,
-    WAITING,
-    KV_USAGE,
-    GEN_TOKENS,
-    PROMPT_TOKENS,
-)  # the same, as Prometheus stores them
+# the same figures, as Prometheus stores them
+METRICS = (RUNNING, WAITING, KV_USAGE, GEN_TOKENS, PROMPT_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +133,13 @@ def converge(urls, via_prom, direct, server, what: str) -> dict[str, tuple]:
         figs, d_t, d_seen = d.at[u]
 
         def stored(u: str = u, d_t: float = d_t) -> list:
-            return [r for _, r in _scrapes_after(server, u, d_t) if r is not None]
+            """The scrapes after the direct read, once one of them succeeded."""
+            after = _scrapes_after(server, u, d_t)
+            return after if any(r is not None for _, r in after) else []
 
-        wait_until(stored, 60, f"a successful Prometheus scrape of {u} after the direct read")
-        after = _scrapes_after(server, u, d_t)
+        after = wait_until(
+            stored, 60, f"a successful Prometheus scrape of {u} after the direct read"
+        )
         failed = 0
         while after[failed][1] is None:
             failed += 1
