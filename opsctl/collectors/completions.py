@@ -175,7 +175,7 @@ def send_in_groups(
     Closer to real traffic, but a busy API server may hand some of them to the engine
     after the others finished (the batch probe shows it)."""
     results: list[Timed | None] = [None] * n
-    limits = httpx.Limits(max_connections=batch_size + 2, max_keepalive_connections=batch_size + 2)
+    limits = http.limits(batch_size + 2)
     with http.client(api_key, limits=limits) as client:
         for start in range(0, n, batch_size):
             group = list(range(start, min(start + batch_size, n)))

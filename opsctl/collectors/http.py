@@ -20,6 +20,20 @@ from opsctl.errors import EngineUnreachable
 AUTH_STATUSES = (401, 403)
 ENV_API_KEY = "VLLM_API_KEY"  # the same variable vLLM itself reads
 _DEFAULT = httpx.Timeout(5.0)  # httpx's own default; None would mean "no timeout"
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default,
+# httpx's own expiry too). A client reusing one just as the server closes it reads
+# ReadError('') or RemoteProtocolError: a false "unreachable" or a failed request. Every
+# opsctl client drops idle connections well before the server's timeout instead.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def limits(connections: int, keepalive: int | None = None) -> httpx.Limits:
+    """Pool limits with opsctl's keep-alive expiry."""
+    return httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=connections if keepalive is None else keepalive,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -30,6 +44,7 @@ def client(
     api_key: str | None = None, timeout: float | httpx.Timeout | None = _DEFAULT, **kwargs
 ) -> httpx.Client:
     """An httpx.Client for one vLLM server, carrying its API key (if any)."""
+    kwargs.setdefault("limits", limits(100, 20))  # httpx's default pool sizes
     return httpx.Client(timeout=timeout, headers=headers(api_key), **kwargs)
 
 

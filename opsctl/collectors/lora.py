@@ -275,7 +275,7 @@ def run_together(
     """All requests at once: one thread each, released together by a barrier."""
     results: list[Timed | None] = [None] * len(requests)
     n = len(requests)
-    limits = httpx.Limits(max_connections=n + 2, max_keepalive_connections=n + 2)
+    limits = http.limits(n + 2)
     barrier = threading.Barrier(n)
     with http.client(api_key, limits=limits) as client:
 

@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from opsctl.collectors import http
 from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain.metrics import MetricSamples, filter_lines, parse_samples
 
@@ -39,8 +40,9 @@ def _ssl_context() -> ssl.SSLContext:
 
 def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
-    return httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits, verify=_ssl_context())
+    return httpx.AsyncClient(
+        timeout=timeout, headers=headers, limits=http.limits(8, 4), verify=_ssl_context()
+    )
 
 
 async def _get(
