@@ -31,7 +31,7 @@ from opsctl.domain.console_state import Settings
 from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, PROMPT_TOKENS, RUNNING, WAITING
 from tests.bare_vllm import _engine_lock, no_inner_lock
 from tests.conftest import running_engine
-from tests.engine_cores import ClosedLoad, Cores, wait_fresh, wait_idle
+from tests.engine_cores import ClosedLoad, Cores, idle_thresholds, wait_fresh, wait_idle
 from tests.prometheus_fixture import raw_history, running_prometheus
 from tests.waiting import wait_until
 
@@ -157,14 +157,14 @@ def converge(urls, via_prom, direct, server, what: str) -> dict[str, tuple]:
 
 
 def _run_until_queued(
-    cores: Cores, api_pids: list[int], direct, urls: list[str], failed: list
+    cores: Cores, api_pids: list[int], idle: list[float], direct, urls: list[str], failed: list
 ) -> None:
     """Once the API servers went idle (every request admitted and handed to its stopped
     core), slice the cores until the direct source reads requests running on both
     servers (the cores stay stopped; each core is sliced only until its own server reads
     that). Waiting only when the API server had handed every request over: one that
     trickled them in kept a core at running 4 / waiting 0 until it had run them all."""
-    wait_idle(api_pids, 120)
+    wait_idle(api_pids, 120, idle)
 
     def figs() -> list:
         views = _views(direct)
@@ -207,9 +207,12 @@ def test_prometheus_and_direct_agree_on_two_real_servers(engines):
                        60, "both ready in both sources", lambda: _states(via_prom, direct))  # fmt: skip
             assert via_prom.collect().hint is None  # /health is scraped too
             converge(urls, via_prom, direct, server, "idle")
+            api_pids = [e.pid for e in engines]
+            idle = idle_thresholds(api_pids)  # both sources scraping, no requests
+            print(f"IDLE API servers busy above {idle} s per 1 s window")
             cores.stop()
             load.start()
-            _run_until_queued(cores, [e.pid for e in engines], direct, urls, load.failed)
+            _run_until_queued(cores, api_pids, idle, direct, urls, load.failed)
             frozen = converge(urls, via_prom, direct, server, "stopped mid-load")
             for u, (*_, figs) in frozen.items():
                 f = dict(zip(FIELDS, figs, strict=True))
