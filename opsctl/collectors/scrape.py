@@ -39,9 +39,11 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.AsyncClient(
-        timeout=timeout, headers=headers, limits=http.limits(8, 4), verify=_ssl_context()
+        timeout=timeout,
+        headers=http.headers(api_key),
+        limits=http.limits(8, 4),
+        verify=_ssl_context(),
     )
 
 
