@@ -57,3 +57,18 @@ _TERMINAL_ENV = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", 
 def _plain_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in _TERMINAL_ENV:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """An empty directory with a short path, for a $TMPDIR: vLLM's Unix sockets must fit
+    in 107 bytes, which pytest's tmp_path (~60 characters) plus the engine's private
+    directory may not."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="ot-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

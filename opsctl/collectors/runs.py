@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from opsctl import paths
-from opsctl.collectors import shm
+from opsctl.collectors import engine_tmp, shm
 from opsctl.domain import engram as dom_engram
 from opsctl.domain import runs as dom
 
@@ -241,6 +241,8 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
         # what the engine's own resource tracker did not unlink; the stop's rule: only
         # segments no live process maps or holds open
         removed, kept = shm.remove_unheld(segments)
+        if snap.meta is not None:  # and the engine's private $TMPDIR (its IPC sockets)
+            engine_tmp.remove(snap.meta.tmp_dir, path)
     report = ReapReport(
         snap.name,
         tuple(sorted(p.pid for p in procs)),
@@ -272,6 +274,7 @@ def prune(path: Path, root: Path | None, now: float, older_than: float) -> str |
     d = dom.clean_decision(a, dom.ended_at(snap.meta, snap.last_write), now, older_than)
     if d.action != "prune":
         return f"not removed: {d.reason}"
+    engine_tmp.remove(snap.meta.tmp_dir, path)  # only ever one made for this run
     try:
         shutil.rmtree(path)
     except OSError as exc:

@@ -85,6 +85,7 @@ class RunMeta:
     pids: tuple[tuple[int, float | None], ...]  # engine pid -> recorded start (None: legacy)
     stopped_at: float | None
     reaped_at: float | None  # set by `runs clean` after it reaped the orphan
+    tmp_dir: str | None = None  # the engine's private $TMPDIR (removed with the run)
 
     @property
     def legacy(self) -> bool:
@@ -128,7 +129,7 @@ def parse_meta(doc: Any) -> RunMeta:
             pids.append((int(k), float(v)))
     elif api_pid is not None:
         pids.append((api_pid, None))
-    for key in ("url", "model", "model_path"):
+    for key in ("url", "model", "model_path", "tmp_dir"):
         if doc.get(key) is not None and not isinstance(doc[key], str):
             raise MetaError(f"meta.json: {key} is not a string: {doc[key]!r}")
     return RunMeta(
@@ -143,6 +144,7 @@ def parse_meta(doc: Any) -> RunMeta:
         pids=tuple(sorted(pids)),
         stopped_at=_num(doc, "stopped_at"),
         reaped_at=_num(doc, "reaped_at"),
+        tmp_dir=doc.get("tmp_dir"),
     )
 
 

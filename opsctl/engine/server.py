@@ -28,7 +28,7 @@ import psutil
 
 from engine_patches import knobs
 from opsctl import paths
-from opsctl.collectors import shm
+from opsctl.collectors import engine_tmp, shm
 from opsctl.domain import serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
@@ -66,6 +66,7 @@ class StopReport:
     shm_removed: list[str]
     shm_kept: list[str]
     exit_code: int | None
+    tmp_kept: str | None = None  # why the engine's private $TMPDIR was left, if it was
 
 
 def port_free(host: str, port: int) -> bool:
@@ -138,9 +139,11 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
     return argv + list(opts.extra_args)
 
 
-def build_env(opts: LaunchOptions, run_dir: Path) -> dict[str, str]:
+def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if tmp_dir is not None:  # vLLM's IPC sockets and rendezvous file: removed at stop
+        env.update(engine_tmp.engine_env(tmp_dir))
     env.update(
         {
             "OPSCTL_RUN_DIR": str(run_dir),
@@ -213,13 +216,21 @@ def stop_all() -> list[StopReport]:
     return [server.stop() for server in list(_LIVE) if server.stop_report is None]
 
 
-def _parent_death_signal() -> None:
+def _parent_death_signal(owner_pid: int) -> Callable[[], None]:
     """preexec_fn: SIGTERM the API server when the thread that forked it dies. Covers
     the seconds before the plugin's owner watchdog runs (vLLM imports take ~10 s)."""
-    import ctypes
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    def preexec() -> None:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        # the signal only fires for a death *after* prctl: an owner killed between the
+        # fork and here has already left us to init (or a subreaper), so go now
+        if os.getppid() != owner_pid:
+            os._exit(1)
+
+    return preexec
 
 
 class EngineServer:
@@ -230,6 +241,7 @@ class EngineServer:
         self.proc: subprocess.Popen | None = None
         self.port: int = 0
         self.run_dir: Path | None = None
+        self.tmp_dir: Path | None = None  # the engine's private $TMPDIR
         self.started_at: float = 0.0
         self.healthy_at: float | None = None
         self.shm_before: set[str] = set()
@@ -291,6 +303,7 @@ class EngineServer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         argv = build_argv(opts, self.port)
         self.shm_before = {f.name for f in shm.list_files()}
+        self.tmp_dir = engine_tmp.create(self.run_dir)
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started_at = time.time()
         # the parent-death signal fires when the forking *thread* exits: only from the
@@ -305,10 +318,10 @@ class EngineServer:
             stdin=subprocess.DEVNULL,
             stdout=self._log_fh,
             stderr=subprocess.STDOUT,
-            env=build_env(opts, self.run_dir),
+            env=build_env(opts, self.run_dir, self.tmp_dir),
             start_new_session=True,
             cwd=str(self.run_dir),
-            preexec_fn=_parent_death_signal if pdeath else None,
+            preexec_fn=_parent_death_signal(os.getpid()) if pdeath else None,
         )
         self._remember([self.proc.pid])
         self._write_meta(argv=argv)
@@ -325,6 +338,7 @@ class EngineServer:
             {
                 "url": self.url,
                 "pid": self.pid,
+                "tmp_dir": str(self.tmp_dir) if self.tmp_dir else None,
                 "model": self.opts.model.name,
                 "model_path": str(self.opts.model.path),
                 "load_format": self.opts.load_format,
@@ -475,9 +489,10 @@ class EngineServer:
     def _stop(self, grace: float) -> StopReport:
         t0 = time.time()
         signals: list[str] = []
-        if self.proc is None:
+        if self.proc is None:  # never started (or Popen failed): nothing ran in tmp_dir
+            tmp_kept = engine_tmp.remove(self.tmp_dir, self.run_dir) if self.run_dir else None
             self._release_engine_lock()
-            return StopReport(0.0, [], [], [], [], None)
+            return StopReport(0.0, [], [], [], [], None, tmp_kept)
         with contextlib.suppress(Exception):
             self.track()
         pids = self._all_pids()
@@ -501,16 +516,25 @@ class EngineServer:
         leftover = [p.pid for p in self._living(pids)]
         removed: list[str] = []
         kept: list[str] = []
+        tmp_kept: str | None = None
         if not leftover:
             # Only segments created during this run that *our* processes were seen
             # mapping: another engine's fresh segment (e.g. a multiprocessing semaphore
             # between sem_open in one process and its rebuild in a child) is never ours.
             new = {f.name for f in shm.list_files()} - self.shm_before
             removed, kept = shm.remove_unheld(new & self.shm_seen)
+            if self.run_dir is not None:
+                tmp_kept = engine_tmp.remove(self.tmp_dir, self.run_dir)
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()
         _LIVE.discard(self)
         return StopReport(
-            round(time.time() - t0, 3), signals, leftover, removed, kept, self.proc.returncode
+            round(time.time() - t0, 3),
+            signals,
+            leftover,
+            removed,
+            kept,
+            self.proc.returncode,
+            tmp_kept,
         )

@@ -266,6 +266,31 @@ def test_older_than_keeps_recent_runs(home, children):
     assert not d.exists()
 
 
+def test_prune_removes_the_engine_tmpdir_made_for_that_run_only(home, children, short_tmp):
+    """An engine whose opsctl was SIGKILLed leaves its private $TMPDIR (vLLM's IPC
+    sockets) behind; pruning the run removes it, never one made for another run."""
+    from opsctl.collectors import engine_tmp
+
+    dead = write_run(home, "dead", children.dead(), {99999999: 1.0})
+    tmp = short_tmp / f"{engine_tmp.PREFIX}dead"
+    tmp.mkdir()
+    (tmp / engine_tmp.MARKER).write_text(str(dead.resolve()))
+    (tmp / "0b1e8c3e-ipc").write_text("")
+    other_meta = dict(json.loads((dead / "meta.json").read_text()), tmp_dir=str(tmp))
+    (dead / "meta.json").write_text(json.dumps(other_meta))
+    claims = write_run(home, "claims", children.dead(), {99999998: 1.0})
+    foreign = short_tmp / f"{engine_tmp.PREFIX}foreign"
+    foreign.mkdir()
+    (foreign / engine_tmp.MARKER).write_text(str(dead.resolve()))  # made for "dead"
+    meta = dict(json.loads((claims / "meta.json").read_text()), tmp_dir=str(foreign))
+    (claims / "meta.json").write_text(json.dumps(meta))
+    r = invoke("clean", "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(json.loads(r.stdout)["pruned"]) == ["claims", "dead"]
+    assert not tmp.exists()
+    assert foreign.is_dir()
+
+
 def test_a_run_whose_opsctl_still_runs_is_never_pruned(home):
     d = write_run(home, "mine", me(), {99999999: 1.0}, stopped_at=time.time() - 600)
     r = invoke("clean", "--yes", "--json")

@@ -16,9 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from opsctl.collectors import engine_tmp
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL
-from tests.e2e.test_serve_e2e import gone, new_orphans, read_event, served, shm_names
+from tests.e2e.test_serve_e2e import gone, left_in, new_orphans, read_event, served, shm_names
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -31,13 +32,22 @@ def tree(pid: int) -> list[int]:
         return []
 
 
-def test_sighup_stops_serve_in_order():
-    """Closing the terminal of a foreground `opsctl serve` (SIGHUP) used to orphan it."""
+def test_sighup_stops_serve_in_order(short_tmp):
+    """Closing the terminal of a foreground `opsctl serve` (SIGHUP) used to orphan it.
+    Also: vLLM's IPC sockets and rendezvous file (left in $TMPDIR by every engine, even
+    after an orderly stop) go to the engine's private directory, removed at the stop."""
     shm_before = shm_names()
-    with served("tiny-llama", "--load-format", "dummy", "--port", str(free_port())) as proc:
+    tmp = short_tmp
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    args = ("tiny-llama", "--load-format", "dummy", "--port", str(free_port()))
+    with served(*args, env=env) as proc:
         ready = read_event(proc)
         pids = tree(ready["pid"])
         assert len(pids) >= 3
+        private = list(tmp.glob(engine_tmp.PREFIX + "*"))
+        assert len(private) == 1, list(tmp.iterdir())
+        sockets = [p for p in private[0].iterdir() if p.is_socket()]
+        assert sockets, f"no vLLM IPC socket in {private[0]}: {list(private[0].iterdir())}"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(30) == 0, proc.stderr.read()
@@ -46,6 +56,7 @@ def test_sighup_stops_serve_in_order():
         assert time.monotonic() - t0 < 15
         assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
         assert new_orphans(shm_before) == set()
+        assert left_in(tmp) == []
 
 
 def test_second_sigterm_during_stop_hurries_it_and_never_aborts_it():

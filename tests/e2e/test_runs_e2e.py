@@ -22,8 +22,9 @@ import time
 import psutil
 import pytest
 
-from opsctl.collectors import shm
+from opsctl.collectors import engine_tmp, shm
 from tests.conftest import OPSCTL
+from tests.e2e.test_serve_e2e import left_in
 
 pytestmark = pytest.mark.engine
 
@@ -77,16 +78,18 @@ def wait_for(cond, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def test_runs_clean_reaps_a_real_orphaned_engine(tmp_path):
+def test_runs_clean_reaps_a_real_orphaned_engine(tmp_path, short_tmp):
     home = tmp_path / "home"
     run_dir = home / "runs" / "20990101-000000-orphan-tiny-llama-0"
     run_dir.parent.mkdir(parents=True)
+    tmp = short_tmp  # the owner's $TMPDIR: the engine's private one is made in it
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(run_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     engine: dict[int, float] = {}
     try:
@@ -105,6 +108,8 @@ def test_runs_clean_reaps_a_real_orphaned_engine(tmp_path):
             if not m.deleted and os.path.basename(m.path).startswith("psm_")
         }
         assert held, "the engine holds no psm_* ring buffer"
+        (private,) = tmp.glob(engine_tmp.PREFIX + "*")
+        assert any(p.is_socket() for p in private.iterdir()), list(private.iterdir())
 
         child.send_signal(signal.SIGKILL)  # opsctl dies without any chance to clean up
         child.wait(30)
@@ -131,6 +136,7 @@ def test_runs_clean_reaps_a_real_orphaned_engine(tmp_path):
         assert ours(engine) == [], f"engine processes left: {ours(engine)}"
         left = held & {f.name for f in shm.list_files()}
         assert not left, f"segments left: {left} (report: {rep})"
+        assert left_in(tmp) == []  # the engine's private $TMPDIR went with it
         print(f"reap: {rep['seconds']} s ({', '.join(rep['signals'])}), CLI {took:.1f} s")
 
         r = opsctl(home, "list", "--json")

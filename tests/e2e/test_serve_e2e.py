@@ -59,6 +59,12 @@ def shm_names() -> set[str]:
     return {f.name for f in shm.list_files()}
 
 
+def left_in(tmpdir) -> list:
+    """What an engine left in its owner's $TMPDIR, but for torch's compile cache (kept
+    there on purpose: it outlives one engine)."""
+    return sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_"))
+
+
 def new_orphans(before: set[str]) -> set[str]:
     """Segments created since ``before`` that no live process maps (an engine started
     concurrently by someone else may legitimately own new, mapped segments)."""

@@ -1,0 +1,98 @@
+"""A private temporary directory for each engine opsctl starts.
+
+vLLM leaves files in the temporary directory at every start, even after an orderly
+stop: its ZeroMQ IPC sockets (``VLLM_RPC_BASE_PATH``, default ``$TMPDIR``) and the
+``vllm_dist_*`` file of torch.distributed's file:// rendezvous (measured: 7 sockets and
+1 file per tiny-model engine, never removed). An engine opsctl starts gets its own
+directory for them instead (``$TMPDIR/opsctl-eng-XXXXXXXX``). A Unix socket path must
+fit in 107 bytes and vLLM's socket names are 36: where ``$TMPDIR`` is too long for the
+extra level, the directory is made in /tmp, and where that fails too the engine keeps
+vLLM's default (no private directory). The engine's stop, ``runs clean``'s reap and its
+prune of a finished run remove it.
+
+Removal only ever touches a directory opsctl made: a real directory (not a symlink)
+whose name has our prefix and whose marker file names the run it was made for.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+PREFIX = "opsctl-eng-"
+MARKER = ".opsctl-engine-tmp"
+SUN_PATH_MAX = 107  # bytes of a Unix socket path (sizeof(sockaddr_un.sun_path) - 1)
+VLLM_SOCKET_NAME = 36  # vLLM names its IPC sockets by a uuid4
+_DIR_LEN = len(PREFIX) + 8 + 2  # mkdtemp's 8 random characters, two slashes
+
+
+def fits(base: str) -> bool:
+    """Whether vLLM's sockets fit in a private directory made under ``base``."""
+    return len(os.fsencode(base)) + _DIR_LEN + VLLM_SOCKET_NAME <= SUN_PATH_MAX
+
+
+def create(run_dir: Path) -> Path | None:
+    """Make the private temporary directory for the engine of ``run_dir``; None when no
+    temporary directory is short enough (or none can be made)."""
+    for base in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
+        if not fits(base):
+            continue
+        try:
+            path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
+        except OSError:
+            continue
+        try:
+            (path / MARKER).write_text(str(run_dir.resolve()))
+        except OSError:
+            os.rmdir(path)
+            continue
+        return path
+    return None
+
+
+def engine_env(tmp_dir: Path) -> dict[str, str]:
+    """What the engine's environment needs so that its temporary files land in
+    ``tmp_dir``. torch's compile cache, which lives in the temporary directory by
+    default and should outlive one engine, keeps its usual place."""
+    user = "".join(c if c.isalnum() or c in "-_" else "_" for c in _user())
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{user}"
+    )
+    return {
+        "TMPDIR": str(tmp_dir),
+        "VLLM_RPC_BASE_PATH": str(tmp_dir),
+        "TORCHINDUCTOR_CACHE_DIR": inductor,
+    }
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return str(os.getuid())
+
+
+def remove(path: str | Path | None, run_dir: Path) -> str | None:
+    """Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
+    is gone (removed now, or before); otherwise why it was left."""
+    if not path:
+        return None
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return None
+    if p.is_symlink() or not p.is_dir() or not p.name.startswith(PREFIX):
+        return f"{p} is not an opsctl engine temporary directory: not removed"
+    try:
+        owner = (p / MARKER).read_text()
+    except OSError:
+        return f"{p} has no opsctl marker: not removed"
+    if owner != str(run_dir.resolve()):
+        return f"{p} was made for another run ({owner}): not removed"
+    try:
+        shutil.rmtree(p)
+    except OSError as exc:
+        return f"cannot remove {p}: {exc}"
+    return None
