@@ -28,7 +28,7 @@ prometheus:
 	  || echo "prometheus not installed (needs root and apt-get): its tests will fail" >&2
 
 test: install prometheus
-	$(BIN)/python -m pytest -x -q --timeout=1800 tests
+	$(BIN)/python -m pytest -x -q --timeout=1800 --durations=25 tests
 
 test-fast: install prometheus
 	$(BIN)/python -m pytest -q -m "not engine" tests
