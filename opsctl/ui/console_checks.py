@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -84,12 +85,17 @@ class ChecksScreen(Screen):
 
     def on_job_event(self, job: CheckJob, snap: dict) -> None:
         """A job's new snapshot (called by the app on the UI thread). Before the panel is
-        ready the snapshot is skipped: the replay of the job's snapshots brings it."""
-        if not self.ready:
+        ready the snapshot is skipped: the replay of the job's snapshots brings it. A
+        snapshot arriving while the screen is being taken down (the app exiting, the
+        panel being swapped) is dropped: a late event never kills the console."""
+        if not self.ready or not self.is_attached:
             return
-        self.refresh_jobs()
-        if job.id == self.shown:
-            self.query_one(DiagPanel).update_snapshot(snap)
+        try:
+            self.refresh_jobs()
+            if job.id == self.shown:
+                self.query_one(DiagPanel).update_snapshot(snap)
+        except NoMatches:
+            return
 
     async def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         job_id = int(event.row_key.value or 0)

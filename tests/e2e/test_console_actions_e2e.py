@@ -77,8 +77,9 @@ async def test_start_check_verdict_on_row_and_stop_from_the_console():
             assert job.verdict in ("pass", "fail")
             print(f"diag invariance from the console: {job.verdict} ({job.finding})")
             assert job.report.to_dict()["runs"][0]["prompts"]  # it really ran
-            panel = app.screen.query_one(DiagPanel)
-            assert panel.last.get("verdict") == job.verdict
+            # the final snapshot reaches the panel as a message after the job ended
+            await wait_for(pilot, lambda: app.screen.query_one(DiagPanel).last.get("verdict")
+                           == job.verdict, timeout=30, what="the verdict in the panel")  # fmt: skip
             await pilot.press("escape")
             want = f"invariance: {job.verdict.upper()}"
             await wait_for(pilot, lambda: app.table.cells[url][COL].startswith(want),

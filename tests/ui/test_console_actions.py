@@ -197,8 +197,11 @@ async def test_two_checks_at_once_panel_row_and_drill_in():
                                timeout=60, what="both checks")  # fmt: skip
                 assert app.ticks > ticks + 3  # the UI kept ticking meanwhile
                 assert usage_job.started_at < inv_job.started_at < usage_job.finished_at
+                # the final snapshot reaches the panel as a message after the job ended
+                await wait_for(pilot, lambda: app.screen.query_one(DiagPanel).last.get("verdict")
+                               == inv_job.verdict, what="the verdict in the panel")  # fmt: skip
                 panel = app.screen.query_one(DiagPanel)
-                assert panel.last.get("verdict") == inv_job.verdict == "pass"
+                assert inv_job.verdict == "pass"
                 assert "invariance" in str(panel.border_title)
                 await pilot.press("escape")
                 await wait_for(pilot, lambda: app.table.cells[gen_url][COL] == "invariance: PASS")
@@ -216,3 +219,25 @@ async def test_two_checks_at_once_panel_row_and_drill_in():
 COL = [k for k, _ in __import__("opsctl.ui.panels.console", fromlist=["COLUMNS"]).COLUMNS].index(
     "check"
 )
+
+
+@pytest.mark.anyio
+async def test_a_check_event_arriving_while_the_checks_screen_is_taken_down_is_dropped():
+    """A job's last snapshot can arrive while the app exits (its widgets already gone):
+    it used to raise NoMatches('#jobs') and kill the console."""
+    from textual.app import App
+
+    from opsctl.console.actions import CheckChoice, CheckJob
+
+    job = CheckJob(1, CheckChoice("usage", "test"), "http://127.0.0.1:9", "local")
+    app = App()
+    async with app.run_test() as pilot:
+        screen = ChecksScreen([job], show=1)
+        await app.push_screen(screen)
+        await wait_for(pilot, lambda: screen.ready, what="the checks screen")
+        await screen.query_one("#jobs").remove()  # as during the app's teardown
+        await screen.query_one(DiagPanel).remove()
+        job.state = "done"
+        screen.on_job_event(job, {"phase": "done", "verdict": "pass"})
+        await pilot.pause()
+        assert app.is_running and app.return_value is None and app._exception is None
