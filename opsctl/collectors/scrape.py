@@ -101,7 +101,9 @@ async def fetch_info(
     client: httpx.AsyncClient, url: str, timeout: float, headers: dict | None = None
 ) -> tuple[EngineInfo, HttpStatus | None]:
     """/version, /v1/models and /server_info concurrently; the second value is a
-    401/403 answer if any path gave one."""
+    401/403 answer if any path gave one. ``fetched_at`` is None unless every path got an
+    HTTP answer: a timed-out /version (a starved server) is asked again at the next poll,
+    not a minute later."""
     paths = ("/version", "/v1/models", "/server_info")
     results = await asyncio.gather(*(_get(client, url, p, timeout, headers) for p in paths))
     auth = next((st for st, _ in results if st.status in AUTH_STATUSES), None)
@@ -110,7 +112,7 @@ async def fetch_info(
         version=str(version) if version is not None else None,
         models=_models(_json(results[1][1])),
         server_info=_json(results[2][1]),
-        fetched_at=time.time(),
+        fetched_at=time.time() if all(st.status is not None for st, _ in results) else None,
     )
     return info, auth
 

@@ -159,7 +159,7 @@ class DirectScrapeSource(LoopThreadSource):
         with self.lock:
             ep.tracker.local = local
             ep.tracker.observe(s)
-        if s.info is not None:
+        if s.info is not None and s.info.fetched_at is not None:  # complete: else ask again
             ep.restarts_seen = ep.tracker.restarts
 
     # ---- the interface ---------------------------------------------------------------------

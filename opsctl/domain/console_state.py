@@ -97,6 +97,20 @@ def decide(
     return (BUSY, None) if running else (READY, None)
 
 
+def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
+    """The engine facts after a fetch. A complete fetch (every path answered) replaces
+    them; an incomplete one (``fetched_at`` None) only fills in what it got, and keeps
+    the old ``fetched_at`` so that the fetch is tried again."""
+    if new.fetched_at is not None:
+        return new
+    return EngineInfo(
+        version=new.version if new.version is not None else old.version,
+        models=new.models or old.models,
+        server_info=new.server_info if new.server_info is not None else old.server_info,
+        fetched_at=old.fetched_at,
+    )
+
+
 class EndpointTracker:
     """Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
     the samples inside the latency window for percentiles, and bounded history."""
@@ -132,7 +146,7 @@ class EndpointTracker:
     def observe(self, scrape: Scrape) -> EndpointView:
         self.scrapes += 1
         if scrape.info is not None:
-            self.info = scrape.info
+            self.info = merge_info(self.info, scrape.info)
             self.info_auth = scrape.auth  # vLLM guards /v1/* only: remember what it said
         if scrape.auth is None and self.info_auth is not None:
             scrape = replace(scrape, auth=self.info_auth)

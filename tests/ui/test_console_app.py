@@ -92,6 +92,9 @@ async def test_fleet_shows_every_state_filters_sorts_and_drills_in(live):
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
         screen = app.screen
         await wait_for(pilot, lambda: "BUSY" in str(screen.query_one("#d-summary").render()))
+        # the engine facts come with a poll of their own, retried until every path answered
+        await wait_for(pilot, lambda: "vLLM 0.32.0" in str(screen.query_one("#d-summary").render()),
+                       what="the engine facts")  # fmt: skip
         summary = str(screen.query_one("#d-summary").render())
         assert "vLLM 0.32.0" in summary and "max model len 256" in summary
         figures = str(screen.query_one("#d-figures").render())
