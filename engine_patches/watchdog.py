@@ -10,7 +10,13 @@ When the owner is gone:
 - the API server sends itself SIGTERM at once: vLLM's own shutdown stops EngineCore and
   workers and its resource tracker unlinks the shared-memory ring buffers;
 - every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (and
-  the API server its whole process group), whatever state vLLM's shutdown is in.
+  the API server its whole process group), whatever state vLLM's shutdown is in;
+- the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
+  opsctl and normally removed by its stop) on its way out: at exit when its owner is
+  gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
+  before the SIGKILL of its process group.
+
+A zombie owner counts as gone: it can no longer clean up.
 
 The test-only knob ``OPSCTL_TEST_NO_OWNER_WATCH`` (honoured only with
 ``OPSCTL_TEST_KNOBS=1``, see ``engine_patches.knobs``) switches the watchdog off, so a
@@ -21,13 +27,14 @@ Pure standard library: it runs inside vLLM before anything else of ours.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import threading
 import time
 
-from engine_patches import knobs
+from engine_patches import knobs, private_tmp
 
 OWNER_PID = "OPSCTL_OWNER_PID"
 OWNER_START = "OPSCTL_OWNER_START"
@@ -45,18 +52,38 @@ def recorded() -> bool:
     return done
 
 
-def start_ticks(pid: int) -> int | None:
-    """/proc/PID/stat field 22 (start time in clock ticks), None if the pid is gone."""
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 (state) on, None if the pid is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
     except OSError:
         return None
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """/proc/PID/stat field 22 (start time in clock ticks), None if the pid is gone."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def owner_alive(pid: int, ticks: int) -> bool:
-    return start_ticks(pid) == ticks
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z" and int(fields[19]) == ticks
+
+
+def _remove_tmp() -> None:
+    why = private_tmp.remove_own()
+    if why:
+        print(f"[opsctl] {why}", flush=True)
+
+
+def _at_exit(pid: int, ticks: int, me: int) -> None:
+    """The API server exits while its owner is gone: nobody else will remove its
+    private TMPDIR. (While the owner lives, its stop removes it and reports on it.)"""
+    if os.getpid() == me and not owner_alive(pid, ticks):
+        _remove_tmp()
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -76,6 +103,7 @@ def _on_owner_gone(role: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(KILL_AFTER)  # vLLM's orderly shutdown had its chance
     if role == "api_server":
+        _remove_tmp()
         with contextlib.suppress(OSError):
             os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -100,6 +128,8 @@ def start(role: str) -> bool:
     if owner is None:
         return False
     _started_in = os.getpid()
+    if role == "api_server":
+        atexit.register(_at_exit, *owner, os.getpid())
     threading.Thread(
         target=_run, args=(*owner, role), name="opsctl-owner-watch", daemon=True
     ).start()

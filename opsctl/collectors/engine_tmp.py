@@ -8,22 +8,25 @@ directory for them instead (``$TMPDIR/opsctl-eng-XXXXXXXX``). A Unix socket path
 fit in 107 bytes and vLLM's socket names are 36: where ``$TMPDIR`` is too long for the
 extra level, the directory is made in /tmp, and where that fails too the engine keeps
 vLLM's default (no private directory). The engine's stop, ``runs clean``'s reap and its
-prune of a finished run remove it.
+prune of a finished run remove it; so does the engine's API server when opsctl died
+without a chance to (``engine_patches.watchdog``).
 
 Removal only ever touches a directory opsctl made: a real directory (not a symlink)
-whose name has our prefix and whose marker file names the run it was made for.
+whose name has our prefix and whose marker file names the run it was made for (the rule
+is ``engine_patches.private_tmp``, shared with the engine).
 """
 
 from __future__ import annotations
 
 import getpass
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
-PREFIX = "opsctl-eng-"
-MARKER = ".opsctl-engine-tmp"
+from engine_patches import private_tmp
+from engine_patches.private_tmp import MARKER, PREFIX
+
+__all__ = ["MARKER", "PREFIX", "create", "engine_env", "fits", "remove"]
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sizeof(sockaddr_un.sun_path) - 1)
 VLLM_SOCKET_NAME = 36  # vLLM names its IPC sockets by a uuid4
 _DIR_LEN = len(PREFIX) + 8 + 2  # mkdtemp's 8 random characters, two slashes
@@ -78,21 +81,4 @@ def _user() -> str:
 def remove(path: str | Path | None, run_dir: Path) -> str | None:
     """Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
     is gone (removed now, or before); otherwise why it was left."""
-    if not path:
-        return None
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        return None
-    if p.is_symlink() or not p.is_dir() or not p.name.startswith(PREFIX):
-        return f"{p} is not an opsctl engine temporary directory: not removed"
-    try:
-        owner = (p / MARKER).read_text()
-    except OSError:
-        return f"{p} has no opsctl marker: not removed"
-    if owner != str(run_dir.resolve()):
-        return f"{p} was made for another run ({owner}): not removed"
-    try:
-        shutil.rmtree(p)
-    except OSError as exc:
-        return f"cannot remove {p}: {exc}"
-    return None
+    return private_tmp.remove(path, run_dir)

@@ -122,17 +122,22 @@ def test_sigterm_to_a_diag_mid_start_exits_130_and_leaves_nothing():
             proc.kill()
 
 
-def test_sigkill_of_opsctl_takes_the_engine_tree_down_within_15_s():
-    """No cleanup can run in opsctl: the engine's own watchdog (plugin) must act."""
-    with served("tiny-llama", "--load-format", "dummy", "--port", str(free_port())) as proc:
+def test_sigkill_of_opsctl_takes_the_engine_tree_down_within_15_s(short_tmp):
+    """No cleanup can run in opsctl: the engine's own watchdog (plugin) must act. The
+    API server also removes its private $TMPDIR (vLLM's sockets) on its way out."""
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    args = ("tiny-llama", "--load-format", "dummy", "--port", str(free_port()))
+    with served(*args, env=env) as proc:
         ready = read_event(proc)
         pids = tree(ready["pid"])
         assert len(pids) >= 3
+        assert len(list(short_tmp.glob(engine_tmp.PREFIX + "*"))) == 1, left_in(short_tmp)
         t0 = time.monotonic()
         proc.kill()
         proc.wait(10)
         wait_until(lambda: gone(pids), 15, f"engine processes {pids} to exit")
         print(f"engine tree gone {time.monotonic() - t0:.1f} s after SIGKILL of opsctl")
+        assert left_in(short_tmp) == []
 
 
 def test_sigkill_of_opsctl_during_engine_start_takes_the_server_down():
@@ -177,9 +182,10 @@ if __name__ == "__main__":
 """
 
 
-def test_owner_watchdog_stops_an_engine_whose_owner_died():
+def test_owner_watchdog_stops_an_engine_whose_owner_died(short_tmp):
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", THREADED_OWNER], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", THREADED_OWNER], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         line = proc.stdout.readline()
@@ -191,6 +197,7 @@ def test_owner_watchdog_stops_an_engine_whose_owner_died():
         proc.wait(10)
         wait_until(lambda: gone(pids), 15, f"engine processes {pids} to exit")
         print(f"watchdog: engine tree gone {time.monotonic() - t0:.1f} s after its owner died")
+        assert left_in(short_tmp) == []  # the API server removed its private $TMPDIR
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -77,3 +77,51 @@ def test_a_tmpdir_too_long_for_vllm_sockets_falls_back_to_slash_tmp(tmp_path, mo
         assert engine_tmp.remove(d, run) is None and not d.exists()
     finally:
         tempfile.tempdir = None
+
+
+def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
+    tmp_path, tmpdir_env
+):
+    """After SIGKILL of opsctl, nobody but the engine's API server is left to remove the
+    directory: its exit hook does, once the owner is gone (a zombie counts as gone),
+    and never while the owner lives (its stop removes it and reports on it)."""
+    import subprocess
+    import sys
+
+    from engine_patches import watchdog
+    from tests.waiting import wait_until
+
+    run = tmp_path / "r1"
+    d = engine_tmp.create(run)
+    env = {"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(d)}
+    os.environ.update(env)  # monkeypatch (tmpdir_env) restores TMPDIR
+    try:
+        me = os.getpid()
+        watchdog._at_exit(me, watchdog.start_ticks(me), me)  # owner alive: kept
+        assert d.is_dir()
+        owner = subprocess.Popen([sys.executable, "-c", "pass"])
+        ticks = wait_until(lambda: watchdog.start_ticks(owner.pid), 10, "the owner's stat")
+        wait_until(lambda: not watchdog.owner_alive(owner.pid, ticks), 30, "a zombie owner")
+        assert watchdog.start_ticks(owner.pid) == ticks  # not reaped yet: a zombie
+        watchdog._at_exit(owner.pid, ticks, me + 1)  # another process's hook (a fork)
+        assert d.is_dir()
+        watchdog._at_exit(owner.pid, ticks, me)
+        assert not d.exists() and list(tmpdir_env.iterdir()) == []
+        owner.wait(10)
+    finally:
+        os.environ.pop("OPSCTL_RUN_DIR", None)
+
+
+def test_the_engine_never_removes_a_tmpdir_opsctl_did_not_make_for_its_run(tmp_path, tmpdir_env):
+    from engine_patches import private_tmp
+
+    run, other = tmp_path / "r1", tmp_path / "r2"
+    mine = engine_tmp.create(run)
+    # vLLM's default kept (no private directory): the inherited TMPDIR is never touched
+    assert private_tmp.remove_own({"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(tmpdir_env)}) is None
+    assert mine.is_dir() and tmpdir_env.is_dir()
+    why = private_tmp.remove_own({"OPSCTL_RUN_DIR": str(other), "TMPDIR": str(mine) + "/"})
+    assert "another run" in why and mine.is_dir()
+    assert private_tmp.remove_own({"TMPDIR": str(mine)}) is None and mine.is_dir()
+    assert private_tmp.remove_own({"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(mine)}) is None
+    assert not mine.exists()
