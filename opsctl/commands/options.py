@@ -42,3 +42,72 @@ def parse_knobs(values: list[str] | None, *, url: str | None = None) -> dict[str
     if out and url:
         raise BadInput("--test-knob needs an engine opsctl starts (use --model, not a URL)")
     return out
+
+
+# --- the one vocabulary (docs/cli.md) ------------------------------------------------------
+
+JSON_HELP = "print the result as one schema-versioned JSON document on stdout"
+TUI_HELP = "live dashboard on a terminal (--no-tui: plain progress on stderr)"
+
+EXIT_CODES = (
+    "Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 no vLLM server answered, "
+    "4 timeout, 130 interrupted."
+)
+
+
+def epilog(*examples: str) -> str:
+    """The ``Examples:`` section and the exit codes, for every command's ``epilog=``.
+    ``\\b`` keeps click from re-wrapping the example lines."""
+    lines = ["\b", "Examples:", *(f"  {ex}" for ex in examples)]
+    return "\n".join(lines) + "\n\n" + EXIT_CODES
+
+
+def json_option():
+    import typer
+
+    return typer.Option(False, "--json", help=JSON_HELP)
+
+
+def tui_option(default: bool | None = None, help: str = TUI_HELP):
+    """``--tui/--no-tui``; None = a dashboard only when stdout and stdin are a terminal."""
+    import typer
+
+    return typer.Option(default, "--tui/--no-tui", help=help)
+
+
+def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
+    """``30``, ``30s``, ``5m``, ``2h``, ``1d`` -> seconds; a bad form, a negative value or
+    zero (unless allowed) raises typer.BadParameter (a usage error, exit 2)."""
+    import typer
+
+    from opsctl.domain.runs import parse_duration
+
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        try:
+            seconds = parse_duration(str(value))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        floor = "zero or more" if allow_zero else "more than zero"
+        raise typer.BadParameter(f"must be {floor}, not {value!r}")
+    return seconds
+
+
+def duration_option(default, *names: str, help: str, allow_zero: bool = False, **kw):
+    """A duration flag: ``30``, ``30s``, ``5m``, ``2h``, ``1d``; zero (unless allowed) or
+    negative is a usage error (exit 2). The value reaches the command as seconds (float);
+    annotate the parameter ``float``."""
+    import functools
+
+    import typer
+
+    return typer.Option(
+        default,
+        *names,
+        parser=functools.partial(parse_duration_flag, allow_zero=allow_zero),
+        metavar="DURATION",
+        help=help,
+        **kw,
+    )
