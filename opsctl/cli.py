@@ -2,6 +2,10 @@
 
 Importing this module must stay cheap: no torch, no vllm (a test checks sys.modules).
 Command modules import heavy dependencies inside their functions.
+
+One place for the CLI contract (docs/cli.md): typed errors become exit codes here, a
+usage error is one ``opsctl: error:`` line (plus a ``hint:`` line) with exit 2, ``opsctl``
+alone prints its help on stdout (exit 0), and ``--version`` reads the package metadata.
 """
 
 from __future__ import annotations
@@ -12,6 +16,11 @@ import typer
 from typer.core import TyperGroup
 
 from opsctl.errors import OpsctlError
+
+try:  # Typer >= 0.17 vendors click; its exceptions are the ones raised
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - an older Typer on plain click
+    from click import exceptions as click_exc  # type: ignore[no-redef]
 from opsctl.exit_codes import ExitCode
 
 
@@ -21,8 +30,42 @@ def report_error(err: OpsctlError) -> None:
         print(f"hint: {err.hint}", file=sys.stderr)
 
 
+def _usage_error(err: click_exc.UsageError) -> int:
+    """A click usage error as one line plus a hint naming the command's --help."""
+    message = " ".join(err.format_message().split())
+    print(f"opsctl: error: {message}", file=sys.stderr)
+    if err.ctx is not None:
+        print(f"hint: see '{err.ctx.command_path} --help'", file=sys.stderr)
+    return int(ExitCode.USAGE)
+
+
 class OpsctlGroup(TyperGroup):
     """Maps typed errors to exit codes in one place (also under Typer's CliRunner)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        try:
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+            code = rv if isinstance(rv, int) else 0
+        except click_exc.NoArgsIsHelpError as err:  # a group without its command
+            typer.echo(err.ctx.get_help() if err.ctx else "")
+            code = 0
+        except click_exc.UsageError as err:
+            code = _usage_error(err)
+        except click_exc.ClickException as err:
+            err.show()
+            code = err.exit_code
+        except typer.Abort:
+            print("opsctl: interrupted", file=sys.stderr)
+            code = int(ExitCode.INTERRUPTED)
+        if not standalone_mode:
+            return code
+        sys.exit(code)
 
     def invoke(self, ctx):  # type: ignore[override]
         before = _live_engines()
@@ -47,6 +90,29 @@ def _live_engines() -> set:
     return set(server._LIVE) if server is not None else set()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from opsctl import __version__
+
+        print(f"opsctl {__version__}")
+        raise typer.Exit(0)
+
+
+def _root(
+    ctx: typer.Context,
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print opsctl's version and exit (opsctl version: every component)",
+    ),
+) -> None:
+    if ctx.invoked_subcommand is None:  # `opsctl` alone: its help on stdout, exit 0
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
 def build_app() -> typer.Typer:
     from opsctl.commands import (
         certify,
@@ -58,18 +124,21 @@ def build_app() -> typer.Typer:
         runs,
         serve,
         status,
+        version,
     )
+    from opsctl.commands.options import EXIT_CODES
 
     app = typer.Typer(
         cls=OpsctlGroup,
         name="opsctl",
         help="Operator's command line and dashboard for vLLM.",
-        no_args_is_help=True,
-        add_completion=False,
+        epilog="Conventions (flags, durations, URLs, JSON, exit codes): docs/cli.md\n\n"
+        + EXIT_CODES,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )
-    for module in (serve, status, patches, models, engram, diag, runs, console, certify):
+    app.callback(invoke_without_command=True)(_root)
+    for module in (serve, status, patches, models, engram, diag, runs, console, certify, version):
         module.register(app)
     return app
 
@@ -80,10 +149,9 @@ app = build_app()
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (usage errors 2, typed errors mapped above)."""
     try:
-        app(args=argv, prog_name="opsctl")
+        code = app(args=argv, prog_name="opsctl", standalone_mode=False)
     except SystemExit as exc:
         code = exc.code
-        if code is None:
-            return 0
-        return code if isinstance(code, int) else 1
-    return 0
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1

