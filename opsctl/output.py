@@ -17,12 +17,61 @@ from rich.console import Console
 SCHEMA_PREFIX = "opsctl."
 
 
+# Piped output is never wrapped or cut: a line is as long as its content (like kubectl).
+PIPE_WIDTH = 1 << 15
+
+
+class PlainConsole(Console):
+    """The console for a stdout that is not a terminal: every rich Table is printed as
+    plain full-width columns (no box characters, no wrapping, no cut cells, no trailing
+    blanks), so ``opsctl ... | cat``, ``grep`` and ``awk`` see whole values."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        from rich.table import Table
+
+        if not any(isinstance(o, Table) for o in objects):
+            super().print(*objects, **kwargs)
+            return
+        with self.capture() as captured:
+            super().print(
+                *(plain_table(o) if isinstance(o, Table) else o for o in objects), **kwargs
+            )
+        self.file.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        self.file.flush()
+
+
+def plain_table(table: Any) -> Any:
+    """``table`` as plain columns: no box, no edge padding, cells never wrapped or cut,
+    the title (if any) on its own line at the left."""
+    table.box = None
+    table.show_edge = False
+    table.pad_edge = False
+    table.expand = False
+    table.padding = (0, 2, 0, 0)
+    table.title_justify = "left"
+    table.caption_justify = "left"
+    for column in table.columns:
+        column.no_wrap = True
+        column.overflow = "ignore"
+        column.max_width = None
+        column.width = None
+    return table
+
+
 def stdout_console() -> Console:
-    return Console(file=sys.stdout, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    """Rich on a terminal; :class:`PlainConsole` (no wrapping, plain tables) otherwise.
+    ``NO_COLOR`` turns colours off (rich reads it), ``FORCE_COLOR`` on."""
+    if sys.stdout.isatty():
+        return Console(file=sys.stdout, soft_wrap=False)
+    return PlainConsole(file=sys.stdout, soft_wrap=True, width=PIPE_WIDTH)
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)
+    """Progress and warnings: never wrapped when stderr is not a terminal (a log line
+    stays one line)."""
+    if sys.stderr.isatty():
+        return Console(file=sys.stderr)
+    return Console(file=sys.stderr, soft_wrap=True, width=PIPE_WIDTH)
 
 
 def document(schema: str, /, **fields: Any) -> dict[str, Any]:

@@ -37,10 +37,13 @@ def register(app: typer.Typer) -> None:
         """Every run directory: model, url, started, state (live / stopped / orphaned /
         dead / unknown), engine pids, disk size."""
         from opsctl.checks import runs
-        from opsctl.output import emit
+        from opsctl.output import emit, info
         from opsctl.ui.render_runs import render_list
 
         doc = runs.list_runs().to_dict()
+        if not doc["runs"] and not as_json:  # nothing to show: a note on stderr, no table
+            info(f"no run directories in {doc['runs_dir']}", markup=False)
+            return
         emit(doc, as_json=as_json, render=lambda console: render_list(console, doc))
 
     @runs_app.command("clean")

@@ -194,3 +194,39 @@ def test_shell_completion_is_on():
         env={"_OPSCTL_COMPLETE": "complete_bash", "COMP_WORDS": "opsctl di", "COMP_CWORD": "1"}
     )
     assert r.stdout.split() == ["diag"], (r.stdout, r.stderr)
+
+
+# --- piped output (issue 23): plain full-width columns, NO_COLOR ---------------------------
+
+BOX = set("│┃─━┏┓┗┛┡┩└┘├┤┼╇╈═║╭╮╰╯")
+
+
+def test_piped_table_is_plain_full_width_columns():
+    from opsctl.embedded import catalog
+
+    r = run_opsctl("models", "list", env={"COLUMNS": "40"})  # stdout is a pipe
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert not BOX & set(r.stdout), r.stdout
+    assert lines[0].split() == ["name", "archetype", "path", "size", "description"]
+    assert len(lines) == 1 + len(catalog.CATALOG)  # one line per model: nothing wrapped
+    for spec, line in zip(catalog.CATALOG.values(), lines[1:], strict=True):
+        assert line.startswith(spec.name + " ") and line.endswith(spec.description), line
+    assert all(line == line.rstrip() for line in lines)
+    assert max(map(len, lines)) > 100  # wider than any terminal default: never cut
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [("", True), ("1", False)])
+def test_no_color_is_honoured(no_color, coloured):
+    code = "from opsctl.output import stdout_console; stdout_console().print('[red]failed[/]')"
+    import subprocess
+    import sys
+
+    env = {"FORCE_COLOR": "1", "NO_COLOR": no_color}
+    import os
+
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert "failed" in p.stdout
+    assert ("\x1b[31m" in p.stdout) is coloured, repr(p.stdout)

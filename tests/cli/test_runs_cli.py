@@ -458,3 +458,14 @@ def test_check_clean_refuses_segments_while_some_processes_are_unreadable(
     report = runs.clean(runs.CleanOptions(yes=True, shm=True, min_age=0, force=True))
     assert report.verdict == "pass" and report.to_dict()["shm"]["removed"] == ["psm_leak"]
     assert not seg.exists()
+
+
+def test_list_with_no_runs_prints_nothing_on_stdout(tmp_path, monkeypatch):
+    # nothing to list: no empty table and no message among the results (issue 23)
+    monkeypatch.setenv("OPSCTL_HOME", str(tmp_path))
+    r = invoke("list")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""
+    assert r.stderr.strip() == f"no run directories in {tmp_path / 'runs'}"
+    r = invoke("list", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["runs"] == []
