@@ -1,16 +1,25 @@
 """Every patch module under engine_patches/patches/ that defines ``PATCH`` (or
-``PATCHES``) is registered, in module-name order. Adding a patch means adding a module."""
+``PATCHES``) is registered, in module-name order. Adding a patch means adding a module.
+
+The modules are imported on the first call of :func:`patches`, not when this module is
+imported: a patch module imports the registry (its types and event helpers), and the
+registry imports this module, so discovering at import time would run a patch module
+against a half-initialised registry. This module itself imports only
+:mod:`engine_patches.patch` (the types) and the patches package.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
 from engine_patches import patches as _pkg
-from engine_patches.registry import Patch
+from engine_patches.patch import Patch
 
 
-def _discover() -> list[Patch]:
+@functools.cache
+def _discover() -> tuple[Patch, ...]:
     found: list[Patch] = []
     for info in sorted(pkgutil.iter_modules(_pkg.__path__), key=lambda i: i.name):
         if info.name.startswith("_"):
@@ -19,7 +28,9 @@ def _discover() -> list[Patch]:
         found.extend(getattr(mod, "PATCHES", ()))
         if hasattr(mod, "PATCH"):
             found.append(mod.PATCH)
-    return found
+    return tuple(found)
 
 
-PATCHES: list[Patch] = _discover()
+def patches() -> list[Patch]:
+    """Every registered patch, in module-name order (discovered once per process)."""
+    return list(_discover())

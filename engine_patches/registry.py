@@ -1,8 +1,14 @@
-"""Patch registry: patches are data (name, target, versions, reason, apply function).
+"""Patch registry: applies the catalog's patches and writes the per-process ledger.
 
-:func:`apply_all` applies every registered patch once per process (idempotent),
-never lets one crash the engine, and writes a per-process ledger JSON file to
-``$OPSCTL_RUN_DIR/ledger/<pid>.json``.
+:func:`apply_all` applies every patch of :mod:`engine_patches.catalog` once per process
+(idempotent), never lets one crash the engine, and writes a per-process ledger JSON file
+to ``$OPSCTL_RUN_DIR/ledger/<pid>.json``.
+
+Import graph (no cycle): ``registry -> catalog -> patch`` and ``registry -> records``;
+the patch types live in :mod:`engine_patches.patch` and the process facts and event
+files in :mod:`engine_patches.records`, both leaves. The catalog imports the patch
+modules only when asked for the list (:func:`engine_patches.catalog.patches`), so a
+patch module may still import the names re-exported here.
 
 Environment:
 - ``OPSCTL_RUN_DIR``: run directory (the plugin is inert without it)
@@ -10,43 +16,30 @@ Environment:
 
 Every ledger record carries ``test_knobs``: the test-only knobs this process honours
 (:func:`engine_patches.knobs.active`; ``{}`` on an engine nobody armed), so opsctl shows
-a knob-altered engine as such from the engine's own record.
+a knob-altered engine as such from the engine's own record. ``platform`` is the device
+type vLLM reports (cpu, cuda, rocm, xpu, ...) or null; when null, ``platform_note`` says
+why (it is null otherwise).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from engine_patches import knobs
-
-APPLIED = "applied"
-UPSTREAM = "already upstream"
-SKIPPED = "skipped"
-FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    target: str
-    versions: str  # human-readable range, checked by the apply function itself
-    reason: str  # upstream PR / issue
-    apply: Callable[[], Outcome]
-    roles: tuple[str, ...] = ("api_server", "engine_core", "worker")
+from engine_patches import catalog, knobs
+from engine_patches.patch import APPLIED, FAILED, SKIPPED, UPSTREAM, Outcome, Patch
+from engine_patches.records import (
+    platform_info,
+    platform_name,
+    process_role,
+    record_event,
+    vllm_version,
+    write_ledger,
+)
 
 
 @dataclass
@@ -59,52 +52,7 @@ _STATE = _State()
 
 
 def patches() -> list[Patch]:
-    from engine_patches import catalog
-
-    return list(catalog.PATCHES)
-
-
-def process_role() -> str:
-    """Which vLLM process this is: api_server, engine_core or worker."""
-    import multiprocessing
-
-    name = multiprocessing.current_process().name
-    title = ""
-    try:
-        import setproctitle  # type: ignore[import-not-found]
-
-        title = setproctitle.getproctitle()
-    except Exception:
-        pass
-    text = f"{name} {title}"
-    if sys.argv and sys.argv[0].endswith("model_executor/models/registry.py"):
-        return "model_inspector"  # vLLM's short-lived architecture-probe subprocess
-    if "EngineCore" in text:
-        return "engine_core"
-    if "Worker" in text or "worker" in text.lower():
-        return "worker"
-    if name == "MainProcess":
-        return "api_server"
-    return name
-
-
-def vllm_version() -> str:
-    try:
-        import vllm
-
-        return str(getattr(vllm, "__version__", "unknown"))
-    except Exception as exc:  # pragma: no cover - vLLM always importable inside the engine
-        return f"unknown ({exc!r})"
-
-
-def platform_name() -> str:
-    """vLLM's current_platform device type (cpu, cuda, rocm, xpu, ...)."""
-    try:
-        from vllm.platforms import current_platform
-
-        return str(getattr(current_platform, "device_type", None) or current_platform.device_name)
-    except Exception as exc:  # pragma: no cover
-        return f"unknown ({exc!r})"
+    return catalog.patches()
 
 
 def _disabled() -> set[str]:
@@ -138,6 +86,7 @@ def apply_patch(patch: Patch, role: str) -> dict:
 def apply_all(run_dir: str | None = None) -> dict:
     """Apply every patch once in this process and write the ledger. Idempotent."""
     role = process_role()
+    platform, platform_note = platform_info()
     with _STATE.lock:
         for patch in patches():
             if patch.name not in _STATE.results:
@@ -148,7 +97,8 @@ def apply_all(run_dir: str | None = None) -> dict:
             "role": role,
             "argv": sys.argv[:4],
             "vllm_version": vllm_version(),
-            "platform": platform_name(),
+            "platform": platform,
+            "platform_note": platform_note,
             "time": time.time(),
             "test_knobs": knobs.active(),
             "patches": list(_STATE.results.values()),
@@ -157,34 +107,27 @@ def apply_all(run_dir: str | None = None) -> dict:
     return record
 
 
-def write_ledger(record: dict, run_dir: str | None = None) -> Path | None:
-    base = run_dir or os.environ.get("OPSCTL_RUN_DIR")
-    if not base:
-        return None
-    ledger = Path(base) / "ledger"
-    ledger.mkdir(parents=True, exist_ok=True)
-    path = ledger / f"{record['pid']}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def record_event(kind: str, payload: dict, run_dir: str | None = None) -> None:
-    """Append one JSON line to ``<run>/events/<kind>.jsonl`` (probes and connectors)."""
-    base = run_dir or os.environ.get("OPSCTL_RUN_DIR")
-    if not base:
-        return
-    events = Path(base) / "events"
-    events.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"pid": os.getpid(), "time": time.time(), **payload}, default=str)
-    with open(events / f"{kind}.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-
-
 def reset_for_tests() -> None:
     with _STATE.lock:
         _STATE.results.clear()
 
 
-__all__ = ["APPLIED", "FAILED", "SKIPPED", "UPSTREAM", "Outcome", "Patch", "apply_all", "asdict"]
+__all__ = [
+    "APPLIED",
+    "FAILED",
+    "SKIPPED",
+    "UPSTREAM",
+    "Outcome",
+    "Patch",
+    "apply_all",
+    "apply_patch",
+    "asdict",
+    "patches",
+    "platform_info",
+    "platform_name",
+    "process_role",
+    "record_event",
+    "reset_for_tests",
+    "vllm_version",
+    "write_ledger",
+]

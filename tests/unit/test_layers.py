@@ -10,7 +10,8 @@
 - domain: pure (no opsctl I/O layer, no httpx/psutil/typer/textual/rich/torch/vllm);
   from engine_patches only the pure modules shared with the engine;
 - engine_patches (runs inside vLLM) never imports opsctl, typer, textual or rich.
-Also: no star imports, no import cycles between opsctl modules at import time, no function
+Also: no star imports, no import cycle anywhere in opsctl or engine_patches (every import
+counts, also one inside a function), no function
 over 80 lines, no command module over 160 lines.
 """
 
@@ -53,10 +54,10 @@ THIRD_PARTY_FORBIDDEN = {
 PURE_ENGINE_MODULES = {"engine_patches.knobs", "engine_patches.connectors.injection"}
 
 
-def modules() -> Iterator[tuple[str, Path]]:
+def modules(root: Path = ROOT) -> Iterator[tuple[str, Path]]:
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            rel = path.relative_to(ROOT).with_suffix("")
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
             parts = list(rel.parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -74,7 +75,7 @@ def layer(module: str) -> str:
     return "base"
 
 
-def imports(path: Path, module: str) -> Iterator[tuple[str, int, bool, bool]]:
+def imports(path: Path, module: str, root: Path = ROOT) -> Iterator[tuple[str, int, bool, bool]]:
     """(imported module, line, at module level?, star?) for every import in the file."""
     tree = ast.parse(path.read_text(), str(path))
     top = set(map(id, tree.body))
@@ -91,12 +92,12 @@ def imports(path: Path, module: str) -> Iterator[tuple[str, int, bool, bool]]:
             star = any(a.name == "*" for a in node.names)
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                target = sub if _is_module(sub) else base
+                target = sub if _is_module(sub, root) else base
                 yield target, node.lineno, id(node) in top, star
 
 
-def _is_module(name: str) -> bool:
-    path = ROOT / Path(*name.split("."))
+def _is_module(name: str, root: Path = ROOT) -> bool:
+    path = root / Path(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
@@ -140,35 +141,115 @@ def test_layer_graph():
     assert not found, "\n".join(found)
 
 
-def test_no_import_cycles_at_import_time():
-    graph = {
-        m: {t for t, _, at_top, _ in imports(p, m) if at_top and t in ALL and t != m}
-        for m, p in ALL.items()
-    }
-    state: dict[str, int] = {}
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {imported module of opsctl/engine_patches: first line}, from every import
+    statement in the file: module level, inside functions, under TYPE_CHECKING alike."""
+    found = dict(modules(root))
+    graph: dict[str, dict[str, int]] = {}
+    for m, p in found.items():
+        edges = graph.setdefault(m, {})
+        for t, line, _, _ in imports(p, m, root):
+            if t in found and t != m:
+                edges.setdefault(t, line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (a path that returns to its start) per strongly connected component of
+    more than one module, in a stable order. Tarjan's algorithm, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    components.append(sorted(comp))
+    return [_cycle_in(graph, comp) for comp in sorted(components)]
 
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                return [*stack[stack.index(t) :], t]
-            if t not in state and (cycle := visit(t)):
-                return cycle
-        stack.pop()
-        state[m] = 2
-        return None
 
-    for m in sorted(graph):
-        if m not in state:
-            cycle = visit(m)
-            # a package importing its submodule and back is Python's normal way
-            assert cycle is None or _package_only(cycle), " -> ".join(cycle or [])
+def _cycle_in(graph: dict[str, dict[str, int]], comp: list[str]) -> list[str]:
+    """A shortest path from the component's first module back to itself."""
+    members, first = set(comp), comp[0]
+    paths = {first: [first]}
+    queue = [first]
+    for v in queue:
+        for w in sorted(graph[v]):
+            if w == first:
+                return [*paths[v], first]
+            if w in members and w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"no cycle through {first}")  # pragma: no cover - an SCC has one
 
 
-def _package_only(cycle: list[str]) -> bool:
-    return all(a.startswith(b) or b.startswith(a) for a, b in itertools.pairwise(cycle))
+def describe_cycle(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
+    return (
+        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle))
+        + f" -> {cycle[-1]}"
+    )
+
+
+def test_no_import_cycles():
+    """No cycle in opsctl or engine_patches, counting every import (also those inside
+    functions: a deferred import hides a cycle, it does not remove it). No exception for
+    packages: a child that imports its own package's __init__ is a cycle too."""
+    graph = import_graph()
+    cycles = [describe_cycle(graph, c) for c in import_cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_cycle_finder_names_a_cycle_through_a_deferred_import(tmp_path):
+    """The finder sees the shape registry.py and catalog.py once had: a module-level
+    import one way, an import inside a function the other way (and a longer loop)."""
+    pkg = tmp_path / "engine_patches"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "registry.py").write_text("def patches():\n    from engine_patches import catalog\n")
+    (pkg / "catalog.py").write_text("from engine_patches.registry import Patch\n")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("import engine_patches.c\n")
+    (pkg / "c.py").write_text("def f():\n    from engine_patches.a import x\n")
+    (pkg / "leaf.py").write_text("from engine_patches import registry\n")
+    graph = import_graph(tmp_path)
+    assert import_cycles(graph) == [
+        ["engine_patches.a", "engine_patches.b", "engine_patches.c", "engine_patches.a"],
+        ["engine_patches.catalog", "engine_patches.registry", "engine_patches.catalog"],
+    ]
+    text = describe_cycle(graph, import_cycles(graph)[1])
+    assert text == (
+        "engine_patches.catalog (line 1) -> engine_patches.registry (line 2) "
+        "-> engine_patches.catalog"
+    )
 
 
 def long_functions(limit: int = 80) -> list[tuple[int, str]]:

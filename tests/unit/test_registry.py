@@ -76,7 +76,36 @@ def test_plugin_is_inert_without_run_dir(monkeypatch):
 def test_catalog_discovers_real_patches():
     from engine_patches import catalog
 
-    names = {p.name for p in catalog.PATCHES}
+    found = catalog.patches()
+    names = {p.name for p in found}
     assert {"dummy_constant_fill", "engine_info_probe"} <= names
-    for p in catalog.PATCHES:
+    for p in found:
         assert p.reason and p.target and p.versions and callable(p.apply)
+    assert [p.name for p in registry.patches()] == [p.name for p in found]
+
+
+def test_registry_imports_without_discovering_and_patches_import_it_first():
+    """The registry imports the catalog at module level and the catalog imports the patch
+    modules only when asked: importing a patch module first (it imports the registry)
+    must work in a fresh interpreter, and so must importing the registry first."""
+    import subprocess
+    import sys
+
+    for first in ("engine_patches.patches.dummy_fill", "engine_patches.registry"):
+        code = (
+            f"import importlib; importlib.import_module({first!r})\n"
+            "from engine_patches import registry\n"
+            "names = [p.name for p in registry.patches()]\n"
+            "assert 'dummy_constant_fill' in names, names\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_ledger_platform_is_a_name_or_null_with_a_note(fake_patches, monkeypatch, tmp_path):
+    rec = registry.apply_all()
+    assert rec["platform"] == "cpu" and rec["platform_note"] is None  # vLLM CPU here
+    monkeypatch.setattr(registry, "platform_info", lambda: (None, "no vllm.platforms"))
+    registry.reset_for_tests()
+    rec = registry.apply_all()
+    ledger = json.loads((tmp_path / "ledger" / f"{rec['pid']}.json").read_text())
+    assert ledger["platform"] is None and ledger["platform_note"] == "no vllm.platforms"
