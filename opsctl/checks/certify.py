@@ -36,7 +36,7 @@ from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.domain import certify as dom
-from opsctl.errors import BadInput, OpsctlError, OpsTimeout
+from opsctl.errors import BadInput, EngineUnreachable, OpsctlError, OpsTimeout
 
 TITLE = "certify"
 
@@ -139,8 +139,12 @@ class CertifySession(EngineSession):
         return tuple(i for i, s in enumerate(self.starts) if check in self.served.get(id(s), ()))
 
 
+@dataclass(frozen=True)
 class CertifyReport(Report):
-    """``document`` is the ``opsctl.certify/1`` JSON document."""
+    """``document`` is the ``opsctl.certify/2`` JSON document; ``hint`` goes with its
+    ``error`` on stderr (e.g. "pass --api-key KEY")."""
+
+    hint: str | None = None
 
     @property
     def results(self) -> list[dict[str, Any]]:
@@ -174,12 +178,51 @@ def run(
     started = time.monotonic()
     progress(ev.Started(TITLE, f"certifying {_name(target)}"))
     try:
-        facts, selection = _select(target, options, own)
-        job = _Job(target, options, facts, selection, own, progress)
+        try:
+            facts, selection = _select(target, options, own)
+            job = _Job(target, options, facts, selection, own, progress)
+        except EngineUnreachable as err:  # nothing to certify: one failed liveness case
+            return not_reached(target, err, time.monotonic() - started, progress)
         job.run_checks()
     finally:
         own.close(progress)
     return _report(job, job.finish(), time.monotonic() - started)
+
+
+def not_reached(
+    target: Target,
+    error: BaseException,
+    seconds: float,
+    progress: ev.Progress = ev.ignore,
+    *,
+    session: EngineSession | None = None,
+) -> CertifyReport:
+    """The report of a certification that never reached its checks: no vLLM server
+    answered (``error`` an EngineUnreachable: state unreachable, exit 3), or certify
+    itself failed (any other error: state crashed, liveness as an error case, exit 1).
+    The same document, JUnit and SARIF as any other run, so CI always gets its files."""
+    from opsctl.checks.certify_facts import bare_fingerprint
+
+    unreachable = isinstance(error, EngineUnreachable)
+    if unreachable:
+        message = error.message
+    elif isinstance(error, OpsctlError):
+        message = f"certify failed before its checks: {error.message}"
+    else:
+        message = f"internal error: {type(error).__name__}: {error}"
+    results = dom.not_reached(message, seconds, crashed=not unreachable)
+    state = dom.UNREACHABLE if unreachable else dom.CRASHED
+    progress(CheckDone(results[0].check, results[0].verdict, message, seconds))
+    rows = dom.summary_rows([r.to_dict() for r in results])
+    progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))
+    progress(ev.Finished(dom.overall(results), message))
+    failed = list(session.failed) if isinstance(session, CertifySession) else []
+    report = _document(
+        target, results, seconds, state=state, error=message,
+        fingerprint=bare_fingerprint(), model_kind=None, engines=[], failed_starts=failed,
+        refused=[],
+    )  # fmt: skip
+    return replace(report, hint=getattr(error, "hint", None))
 
 
 def _name(target: Target) -> str:
@@ -306,29 +349,52 @@ class _Job:
 
 def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> CertifyReport:
     from opsctl.checks.certify_facts import engines, fingerprint
-    from opsctl.output import document
 
     session, facts = job.session, job.facts
     engine_docs = engines(session)
+    state, error = dom.RAN, None
+    if session.failed and not session.starts:  # every engine certify needed failed to start
+        state, error = dom.START_FAILED, str(session.failed[0]["error"])
+    job.progress(ev.Finished(dom.overall(results), dom.summary_line(results, len(engine_docs))))
+    return _document(
+        job.target, results, seconds, state=state, error=error,
+        fingerprint=fingerprint(job.target, facts, engine_docs),
+        model_kind=facts.subject.kind(), engines=engine_docs, failed_starts=session.failed,
+        refused=job.refused,
+    )  # fmt: skip
+
+
+def _document(
+    target: Target,
+    results: list[dom.CheckResult],
+    seconds: float,
+    *,
+    state: str,
+    error: str | None,
+    fingerprint: dict[str, Any],
+    model_kind: dict[str, Any] | None,
+    engines: list[dict[str, Any]],
+    failed_starts: list[dict[str, Any]],
+    refused: list[str],
+) -> CertifyReport:
+    from opsctl.output import document
+
     verdict = dom.overall(results)
-    summary = dom.summary_line(results, len(session.starts))
-    job.progress(ev.Finished(verdict, summary))
+    url = target.url if isinstance(target, UrlTarget) else None
     doc = document(
         dom.SCHEMA,
         verdict=verdict,
-        exit_code=dom.exit_code(results),
-        target={
-            "kind": "url" if isinstance(job.target, UrlTarget) else "managed",
-            "url": job.target.url if isinstance(job.target, UrlTarget) else None,
-            "model": facts.subject.model,
-        },
-        model_kind=facts.subject.kind(),
-        fingerprint=fingerprint(job.target, facts, engine_docs),
-        summary={**dom.counts(results), "engine_starts": len(session.starts)},
+        state=state,
+        error=error,
+        exit_code=dom.exit_code(results, state),
+        target={"kind": "url" if url else "managed", "url": url},
+        model_kind=model_kind,
+        fingerprint=fingerprint,
+        summary={**dom.counts(results), "engine_starts": len(engines)},
         checks=[r.to_dict() for r in results],
-        engines=engine_docs,
-        failed_starts=session.failed,
-        refused=job.refused,
-        seconds=round(seconds, 2),
+        engines=engines,
+        failed_starts=failed_starts,
+        refused=refused,
+        duration_s=round(seconds, 2),
     )
     return CertifyReport(verdict, doc)

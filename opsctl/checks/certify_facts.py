@@ -43,11 +43,20 @@ def engines(session: EngineSession) -> list[dict[str, Any]]:
                 "enforce_eager": spec.enforce_eager,
                 "max_model_len": spec.max_model_len,
                 "max_num_seqs": spec.max_num_seqs,
-                "seconds_to_healthy": round(start.seconds, 2),
+                "healthy_after_s": round(start.seconds, 2),
                 "served": list(served.get(id(start), start.served)),
-                "stop": asdict(stop) if stop is not None else None,
+                "stop": _stop(stop),
             }
         )
+    return out
+
+
+def _stop(report: Any) -> dict[str, Any] | None:
+    """An engine's stop report, its duration as ``duration_s``."""
+    if report is None:
+        return None
+    out = asdict(report)
+    out["duration_s"] = round(float(out.pop("seconds")), 2)
     return out
 
 
@@ -77,5 +86,18 @@ def fingerprint(target: Target, facts: Facts, engine_docs: list[dict[str, Any]])
         "model": {"name": facts.subject.model, **col.model_files(facts.model_path)},
         "engine_args": args,
         "patch_ledger": summary,
+        "opsctl_version": col.opsctl_version(),
+    }
+
+
+def bare_fingerprint() -> dict[str, Any]:
+    """The fingerprint of a certification that reached nothing: every fact unknown (null)
+    but opsctl's own version."""
+    return {
+        "vllm_version": None,
+        "platform": None,
+        "model": {"name": None, **col.model_files(None)},
+        "engine_args": [],
+        "patch_ledger": None,
         "opsctl_version": col.opsctl_version(),
     }

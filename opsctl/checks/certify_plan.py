@@ -68,16 +68,27 @@ def managed_facts(spec: EngineSpec) -> Facts:
     return Facts(subject, resolved.path, config)
 
 
+FIRST_CONTACT_S = 30.0  # the most a URL's first answer is waited for (--timeout if less)
+
+
 def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Facts:
-    """Facts of a running server: reachable (EngineUnreachable otherwise), its model
+    """Facts of a running server: a vLLM server answers (EngineUnreachable otherwise:
+    nothing answered within ``min(timeout, FIRST_CONTACT_S)``, or not vLLM), its model
     (config from /v1/models ``root`` or its run directory when readable here), kind,
     run directory, whether it runs on this node and whether its mm_uuid probe is on."""
     from opsctl.collectors import certify as col
+    from opsctl.collectors.liveness import require_vllm
     from opsctl.collectors.scoring import ScoringApi
+    from opsctl.domain.urls import normalise_url
     from opsctl.engine.model import archetype_of
+    from opsctl.errors import BadInput, EngineUnreachable
 
+    require_vllm(normalise_url(target.url), min(timeout, FIRST_CONTACT_S), target.api_key)
     with session.open(target) as live, ScoringApi(live.url, timeout, live.api_key) as api:
-        served = api.served_model()
+        try:
+            served = api.served_model()
+        except BadInput as err:  # it answered require_vllm a moment ago, then not
+            raise EngineUnreachable(f"not a vLLM server: {err.message}") from None
         meta = col.read_meta(live.run_dir)
         path = _readable_dir(meta.get("model_path") or served.root)
         config = _config(path)

@@ -78,7 +78,7 @@ def run(
             "endpoint": m.endpoint,
             "status": m.request_status,
             "error": m.request_error,
-            "seconds": round(answer.seconds, 3),
+            "duration_s": round(answer.seconds, 3),
             "tokens": m.tokens,
         },
         counter={"name": m.counter, "before": m.before, "after": m.after},

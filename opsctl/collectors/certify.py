@@ -36,7 +36,7 @@ def model_files(path: Path | None) -> dict[str, Any]:
     if path is None or not path.is_dir():
         return {"path": str(path) if path else None, "config_sha256": None, "weights": []}
     weights = [
-        {"file": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        {"file": f.name, "size_bytes": f.stat().st_size, "sha256": sha256_file(f)}
         for f in sorted(path.iterdir())
         if f.is_file() and f.suffix in WEIGHT_SUFFIXES
     ]

@@ -15,7 +15,15 @@ from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, WARNING, Finding
 
-SCHEMA = "certify"  # opsctl.certify/1
+SCHEMA = "certify/2"  # opsctl.certify/2: durations in `duration_s`, `state` and `error` added
+
+# what certify found at its target (the document's ``state``; ``error`` says why)
+RAN = "ran"  # the server answered, or every engine certify needed started: checks ran
+UNREACHABLE = "unreachable"  # no vLLM server answered at the URL (exit 3)
+START_FAILED = "start_failed"  # an engine certify started never became healthy
+CRASHED = "crashed"  # certify itself failed before its checks (an opsctl bug, exit 1)
+STATES = (RAN, UNREACHABLE, START_FAILED, CRASHED)
+EXIT_UNREACHABLE = 3
 
 # verdicts of one check in a certification
 PASS, UNVERIFIED, FAILED, ERROR, SKIPPED = "pass", "unverified", "fail", "error", "skipped"
@@ -205,7 +213,7 @@ class CheckResult:
             "check": self.check,
             "title": self.title,
             "verdict": self.verdict,
-            "seconds": round(self.seconds, 2),
+            "duration_s": round(self.seconds, 2),
             "reason": self.reason,
             "timed_out": self.timed_out,
             "engines": list(self.engines),
@@ -223,6 +231,21 @@ def errored(check: str, message: str, seconds: float, timed_out: bool, engines=(
     code = f"{check}.timeout" if timed_out else f"{check}.error"
     finding = Finding(FAIL, code, message)
     return CheckResult(check, ERROR, seconds, message, (finding,), tuple(engines), timed_out)
+
+
+def not_reached(message: str, seconds: float, *, crashed: bool = False) -> list[CheckResult]:
+    """The results when certify never reached its checks: ``liveness`` failed with the
+    reason (code ``liveness.unreachable``: no vLLM server answered), or errored when
+    certify itself failed (``crashed``: ``liveness.error``); every other check skipped,
+    saying why. One failed test case in JUnit, one SARIF result."""
+    if crashed:
+        first = errored(LIVENESS, message, seconds, False)
+        why = "not run: certify failed before its checks"
+    else:
+        finding = Finding(FAIL, "liveness.unreachable", message)
+        first = CheckResult(LIVENESS, FAILED, seconds, message, (finding,))
+        why = "not run: no vLLM server answered"
+    return [first, *(skipped(c, why) for c in CHECKS if c != LIVENESS)]
 
 
 def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> CheckResult:
@@ -270,9 +293,12 @@ def overall(results: Sequence[CheckResult]) -> str:
     return PASS if all(r.verdict in PASSING for r in ran) else FAILED
 
 
-def exit_code(results: Sequence[CheckResult]) -> int:
-    """0 all applicable checks passed; 1 any failed (or errored); 4 when the only
-    problems are checks that timed out (nothing failed on its own findings)."""
+def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
+    """3 when no vLLM server answered; else 0 all applicable checks passed; 1 any failed
+    (or errored); 4 when the only problems are checks that timed out (nothing failed on
+    its own findings)."""
+    if state == UNREACHABLE:
+        return EXIT_UNREACHABLE
     bad = [r for r in results if r.verdict in (FAILED, ERROR)]
     if not bad:
         return 0
@@ -293,7 +319,8 @@ def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[l
     rows = []
     for c in checks:
         verdict = str(c["verdict"])
-        time_cell = "-" if verdict in (SKIPPED, "pending") else f"{c.get('seconds') or 0:.1f} s"
+        seconds = c.get("duration_s") or 0
+        time_cell = "-" if verdict in (SKIPPED, "pending") else f"{seconds:.1f} s"
         text = str(c.get("first_finding") or "-")
         if len(text) > width:
             text = text[: width - 1] + "…"
@@ -306,6 +333,18 @@ def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[l
             ]
         )
     return rows
+
+
+def model_of(doc: Mapping[str, Any]) -> str | None:
+    """The certified model's name in a document (``fingerprint.model.name``)."""
+    model = ((doc.get("fingerprint") or {}).get("model")) or {}
+    return model.get("name") if isinstance(model, Mapping) else None
+
+
+def title_of(doc: Mapping[str, Any]) -> str:
+    """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
+    where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
+    return f"certify {model_of(doc) or '?'} ({where})"
 
 
 def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:

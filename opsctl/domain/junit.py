@@ -17,6 +17,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from opsctl.domain.certify import title_of
+
 PACKAGE = "opsctl.certify"
 # characters XML 1.0 cannot carry at all (ElementTree writes them anyway: invalid XML)
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -46,9 +48,7 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 
 def suite_name(doc: Mapping[str, Any]) -> str:
-    target = doc.get("target") or {}
-    where = target.get("url") or "engine started by opsctl"
-    return f"certify {target.get('model') or '?'} ({where})"
+    return title_of(doc)
 
 
 def _finding_text(findings: Sequence[Mapping[str, Any]]) -> str:
@@ -70,7 +70,7 @@ def testcase(check: Mapping[str, Any]) -> ET.Element:
         "testcase",
         name=name,
         classname=f"{PACKAGE}.{name}",
-        time=_time(check.get("seconds")),
+        time=_time(check.get("duration_s")),
     )
     findings = list(check.get("findings") or [])
     verdict = check.get("verdict")
@@ -97,7 +97,7 @@ def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Elemen
         "failures": str(sum(c.get("verdict") == "fail" for c in checks)),
         "errors": str(sum(c.get("verdict") == "error" for c in checks)),
         "skipped": str(sum(c.get("verdict") == "skipped" for c in checks)),
-        "time": _time(doc.get("seconds")),
+        "time": _time(doc.get("duration_s")),
     }
     if timestamp:
         attrs["timestamp"] = timestamp
@@ -119,7 +119,7 @@ def junit_xml(docs: Sequence[Mapping[str, Any]], timestamp: str | None = None) -
     suites = [testsuite(d, timestamp) for d in docs]
     for key, tag in (("tests", "tests"), ("failures", "failures"), ("errors", "errors")):
         root.set(tag, str(sum(int(s.get(key) or 0) for s in suites)))
-    root.set("time", _time(sum(float(d.get("seconds") or 0) for d in docs)))
+    root.set("time", _time(sum(float(d.get("duration_s") or 0) for d in docs)))
     root.extend(suites)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

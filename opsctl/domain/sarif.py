@@ -16,6 +16,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from opsctl.domain.certify import model_of
+
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 VERSION = "2.1.0"
 LEVELS = {"fail": "error", "warning": "warning", "info": "note"}
@@ -42,7 +44,7 @@ def _fingerprint(check: str, code: str, message: str, model: str) -> str:
 
 
 def _results(doc: Mapping[str, Any], artifact: Mapping[str, str]) -> list[dict[str, Any]]:
-    model = str((doc.get("target") or {}).get("model") or "")
+    model = str(model_of(doc) or "")
     out = []
     for check in doc.get("checks") or ():
         for f in check.get("findings") or ():
@@ -108,7 +110,7 @@ def sarif_log(
         for c in doc.get("checks") or ()
         if c.get("verdict") == "skipped"
     ]
-    model = (doc.get("target") or {}).get("model") or "model"
+    model = model_of(doc) or "model"
     run: dict[str, Any] = {
         "tool": {
             "driver": {

@@ -18,16 +18,14 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
         from rich.markup import escape
         from rich.table import Table
 
-        target = doc["target"]
-        title = f"certify {target['model']} ({target.get('url') or 'engine started by opsctl'})"
-        table = Table(*dom.SUMMARY_COLUMNS, title=title)
+        table = Table(*dom.SUMMARY_COLUMNS, title=dom.title_of(doc))
         for check, verdict, seconds, first in dom.summary_rows(doc["checks"]):
             colour = COLOURS.get(verdict, "dim")
             table.add_row(check, f"[{colour}]{verdict}[/]", seconds, escape(first))
         console.print(table)
         for e in doc["engines"]:
             console.print(
-                f"engine {e['index']}: {e['model']} healthy after {e['seconds_to_healthy']:.1f} s, "
+                f"engine {e['index']}: {e['model']} healthy after {e['healthy_after_s']:.1f} s, "
                 f"served {', '.join(e['served'])}",
                 highlight=False,
                 markup=False,
@@ -36,7 +34,7 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
         colour = "green" if doc["verdict"] == "pass" else "red"
         console.print(
             f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['run']} run, "
-            f"{s['skipped']} skipped, {s['engine_starts']} engine start(s), {doc['seconds']:.0f} s",
+            f"{s['skipped']} skipped, {s['engine_starts']} engine start(s), {doc['duration_s']:.0f} s",
             highlight=False,
         )
 

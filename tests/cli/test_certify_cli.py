@@ -1,17 +1,26 @@
-"""`opsctl certify` without a real engine: flag errors (exit 2), an unreachable URL (exit
-3), and whole certifications of stand-in servers (tests/standin_completions.py): a
-generative stand-in with an opsctl run directory passes liveness, the patch ledger,
-Engram hygiene and invariance and skips the rest with reasons; a stand-in that diverges
-under batching fails invariance alone, identically in JSON, JUnit and SARIF. The library
-entry point (opsctl.checks.certify.run) is called directly for its typed events."""
+"""`opsctl certify` without a real engine: flag errors (exit 2, no report), no vLLM server
+at the URL (exit 3: a closed port, an HTTP server that is not vLLM, a server that
+accepts and never answers; the real CLI process, and the JUnit and SARIF files written
+all the same, validated against the shipped schemas), a check that crashes (its error
+case, exit 1, the others reported), and whole certifications of stand-in servers
+(tests/standin_completions.py): a generative stand-in with an opsctl run directory
+passes liveness, the patch ledger, Engram hygiene and invariance and skips the rest with
+reasons; a stand-in that diverges under batching fails invariance alone, identically in
+JSON, JUnit and SARIF. The library entry point (opsctl.checks.certify.run) is called
+directly for its typed events."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import jsonschema
@@ -23,6 +32,7 @@ from opsctl.checks import certify
 from opsctl.checks import events as ev
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
+from tests.standin import serving
 from tests.standin_completions import Behaviour, completions_server, register_run, write_run_dir
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
@@ -74,21 +84,143 @@ def validated(junit: Path, sarif: Path) -> tuple[ET.Element, dict]:
         ((), "give a server URL or --model"),
         (("http://127.0.0.1:9", "--model", "tiny-llama"), "not both"),
         (("--model", "tiny-llama", "--checks", "liveness,bogus"), "unknown check(s) bogus"),
-        (("--model", "tiny-llama", "--timeout", "0"), "--timeout must be positive"),
+        (("--model", "tiny-llama", "--timeout", "0"), "Invalid value for '--timeout'"),
+        (("--model", "tiny-llama", "--timeout", "-1"), "Invalid value for '--timeout'"),
+        (("--model", "tiny-llama", "--timeout", "soon"), "--timeout"),
         (("--model", "tiny-llama", "--checks", "usage"), "cannot run usage: decoder model"),
         (("--model", "tiny-llama", "--checks", "kv-fail", "--skip", "kv-fail"), "both"),
         (("--model", "no-such-model"), "unknown embedded model"),
+        (("http://256.1.1.1:9",), "bad IPv4 address 256.1.1.1"),
+        (("notaurl",), "not an http(s) URL: 'notaurl'"),
     ],
 )
-def test_usage_errors_exit_2(args, text):
-    r = runner.invoke(app, ["certify", *args])
+def test_usage_errors_exit_2_and_write_no_report(args, text, tmp_path):
+    junit, sarif = tmp_path / "j.xml", tmp_path / "s.sarif"
+    r = runner.invoke(app, ["certify", *args, "--junit", str(junit), "--sarif", str(sarif)])
     assert r.exit_code == 2, r.stderr
-    assert text in r.stderr
+    assert text in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+    assert not junit.exists() and not sarif.exists()  # documented: bad input, no report
 
 
-def test_unreachable_url_exit_3():
-    r = runner.invoke(app, ["certify", "http://127.0.0.1:9"])
-    assert r.exit_code == 3 and "no server answered" in r.stderr
+def test_timeout_takes_durations():
+    from opsctl.commands.options import parse_duration_flag
+
+    for given, seconds in (("30", 30.0), ("30s", 30.0), ("5m", 300.0)):
+        assert parse_duration_flag(given) == seconds
+    assert "DURATION" in runner.invoke(app, ["certify", "--help"]).stdout
+
+
+# ---- no vLLM server answered: the real CLI process, and the report written anyway -----
+
+
+class NotVllm(BaseHTTPRequestHandler):
+    """An HTTP server that is not vLLM: a web page at /, 404 elsewhere."""
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = b"<html>hello</html>" if self.path == "/" else b"nope"
+        self.send_response(200 if self.path == "/" else 404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[str]:
+    """A port bound on 127.0.0.1 and never listened on: connections are refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def not_vllm() -> Iterator[str]:
+    with serving(NotVllm) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def hung() -> Iterator[str]:
+    """Listens (the kernel completes every connect), never accepts nor answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def certify_process(
+    url: str, tmp: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    junit, sarif = tmp / "ci" / "report.xml", tmp / "ci" / "report.sarif"  # ci/: made
+    args = [url, "--json", "--junit", str(junit), "--sarif", str(sarif), *extra]
+    r = subprocess.run(
+        [sys.executable, "-m", "opsctl", "certify", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp,
+    )
+    return r, junit, sarif
+
+
+@pytest.mark.parametrize(
+    ("server", "error"),
+    [
+        (closed_port, "no server answered at {url}: [Errno 111] Connection refused"),
+        (not_vllm, "not a vLLM server: {url}/v1/models answered HTTP 404"),
+        (hung, "no server answered at {url}: connected, but no HTTP answer within 2 s"),
+    ],
+    ids=["closed-port", "not-vllm", "hung"],
+)
+def test_no_vllm_server_is_one_failed_liveness_case_exit_3(server, error, tmp_path):
+    with server() as url:
+        t0 = time.monotonic()
+        r, junit, sarif = certify_process(url, tmp_path, "--timeout", "2s")
+        took = time.monotonic() - t0
+    message = error.format(url=url)
+    assert r.returncode == 3, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
+    assert errors == [f"opsctl: error: {message}"]
+    assert "Traceback" not in r.stderr
+    assert took < 60  # the hung server is given up on after --timeout, not 5 minutes
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.certify/2" and doc["exit_code"] == 3
+    assert (doc["state"], doc["error"], doc["verdict"]) == ("unreachable", message, "fail")
+    assert doc["fingerprint"]["vllm_version"] is None and doc["fingerprint"]["platform"] is None
+    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
+    assert verdicts.pop("liveness") == "fail" and set(verdicts.values()) == {"skipped"}
+    # both files, valid against the shipped schemas
+    root, log = validated(junit, sarif)
+    (suite,) = root.findall("testsuite")
+    assert (suite.get("failures"), suite.get("errors")) == ("1", "0")
+    failure = suite.find("testcase[@name='liveness']/failure")
+    assert failure.get("type") == "liveness.unreachable" and failure.get("message") == message
+    (result,) = log["runs"][0]["results"]
+    assert result["ruleId"] == "liveness.unreachable" and result["level"] == "error"
+    where = result["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert where == {"uri": "ci/report.sarif", "uriBaseId": "%SRCROOT%"}  # the report file
+    assert log["runs"][0]["invocations"][0]["exitCode"] == 3
+
+
+def test_no_vllm_server_human_summary_and_scheme_less_url(tmp_path):
+    with closed_port() as url:
+        bare = url.removeprefix("http://")
+        r = subprocess.run(
+            [sys.executable, "-m", "opsctl", "certify", bare, "--junit", "j.xml"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+    assert r.returncode == 3, r.stderr
+    assert "liveness" in r.stdout and "FAIL" in r.stdout and "verdict: FAIL" in r.stdout
+    assert r.stderr.splitlines()[-1].startswith(f"opsctl: error: no server answered at {url}")
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    assert root.find("testsuite/testcase[@name='liveness']/failure") is not None
 
 
 def test_checks_naming_a_check_a_url_cannot_run_is_exit_2(home):
@@ -102,7 +234,8 @@ def test_standin_passes_applicable_checks_and_skips_the_rest(home, tmp_path):
     with standin(home) as url:
         r, doc, junit, sarif = invoke(url, tmp=tmp_path)
     assert r.exit_code == 0, r.stderr
-    assert doc["schema"] == "opsctl.certify/1" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.certify/2" and doc["verdict"] == "pass"
+    assert (doc["state"], doc["error"]) == ("ran", None)
     verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
     assert verdicts == {
         "liveness": "pass",
@@ -174,3 +307,50 @@ def test_a_check_timing_out_is_exit_4_and_reported_as_error(tmp_path):
     root, log = validated(junit, sarif)
     assert root.find("testsuite/testcase[@name='usage']/error") is not None
     assert [x["ruleId"] for x in log["runs"][0]["results"]] == ["usage.timeout"]
+
+
+def test_a_check_that_crashes_is_an_error_case_and_the_others_are_reported(
+    home, tmp_path, monkeypatch
+):
+    from opsctl.checks import hygiene
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("engram check blew up")
+
+    monkeypatch.setattr(hygiene, "engram", broken)
+    with standin(home) as url:
+        r, doc, junit, sarif = invoke(url, tmp=tmp_path)
+    assert r.exit_code == 1, r.stderr
+    assert "certify failed: engram" in r.stderr
+    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
+    assert verdicts["engram"] == "error"
+    assert verdicts["liveness"] == verdicts["patches"] == verdicts["invariance"] == "pass"
+    engram = next(c for c in doc["checks"] if c["check"] == "engram")
+    assert engram["reason"] == "internal error: RuntimeError: engram check blew up"
+    assert (doc["state"], doc["exit_code"]) == ("ran", 1)
+    root, log = validated(junit, sarif)
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert set(cases) == set(verdicts)  # every check still reported
+    error = cases["engram"].find("error")
+    assert error is not None and error.get("type") == "engram.error"
+    assert "RuntimeError: engram check blew up" in error.get("message")
+    assert all(cases[c].find("failure") is None for c in ("liveness", "patches", "invariance"))
+    (result,) = [x for x in log["runs"][0]["results"] if x["level"] == "error"]
+    assert result["ruleId"] == "engram.error" and result["locations"]
+
+
+def test_certify_itself_crashing_still_writes_the_report(tmp_path, monkeypatch):
+    from opsctl.checks import certify_plan
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planning blew up")
+
+    monkeypatch.setattr(certify_plan, "url_facts", broken)
+    r, doc, junit, sarif = invoke("http://127.0.0.1:9", tmp=tmp_path)
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[-1] == (
+        "opsctl: error: internal error: RuntimeError: planning blew up"
+    )
+    assert (doc["state"], doc["exit_code"]) == ("crashed", 1)
+    root, _ = validated(junit, sarif)
+    assert root.find("testsuite/testcase[@name='liveness']/error") is not None
