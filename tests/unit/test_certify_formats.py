@@ -178,10 +178,12 @@ def test_summary_rows():
 
 def document(res: list[dom.CheckResult]) -> dict:
     return {
-        "schema": "opsctl.certify/1",
+        "schema": "opsctl.certify/2",
         "verdict": dom.overall(res),
+        "state": "ran",
+        "error": None,
         "exit_code": dom.exit_code(res),
-        "target": {"kind": "url", "url": "http://127.0.0.1:8000", "model": "tiny-reranker"},
+        "target": {"kind": "url", "url": "http://127.0.0.1:8000"},
         "fingerprint": {
             "vllm_version": "0.32.0",
             "platform": "cpu",
@@ -189,7 +191,7 @@ def document(res: list[dom.CheckResult]) -> dict:
                 "name": "tiny-reranker",
                 "path": "/models/tiny-reranker",
                 "config_sha256": "ab" * 32,
-                "weights": [{"file": "model.safetensors", "bytes": 10, "sha256": "cd" * 32}],
+                "weights": [{"file": "model.safetensors", "size_bytes": 10, "sha256": "cd" * 32}],
             },
             "engine_args": [{"engine": 0, "argv": ["python", "-m", "vllm"]}],
             "patch_ledger": {"failed": [], "patches": {"p": {"applied": 2}}},
@@ -197,7 +199,7 @@ def document(res: list[dom.CheckResult]) -> dict:
         },
         "summary": {**dom.counts(res), "engine_starts": 1},
         "checks": [r.to_dict() for r in res],
-        "seconds": 12.3456,
+        "duration_s": 12.3456,
     }
 
 
@@ -207,6 +209,8 @@ def test_junit_matches_document_and_schema(junit_schema):
     junit_schema.validate(text)
     root = ET.fromstring(text)
     (suite,) = root.findall("testsuite")
+    assert suite.get("name") == "certify tiny-reranker (http://127.0.0.1:8000)"
+    assert suite.get("time") == "12.346" and suite.find("testcase").get("time") == "1.500"
     assert suite.get("tests") == "5" and suite.get("failures") == "2"
     assert suite.get("errors") == "1" and suite.get("skipped") == "1"
     cases = {c.get("name"): c for c in suite.findall("testcase")}
