@@ -69,9 +69,11 @@ class OpsctlGroup(TyperGroup):
 
     def invoke(self, ctx):  # type: ignore[override]
         before = _live_engines()
+        argv = [*getattr(ctx, "_protected_args", ()), *ctx.args]
         try:
             return super().invoke(ctx)
         except OpsctlError as err:
+            _error_document(argv, err)
             report_error(err)
             raise typer.Exit(int(err.exit_code)) from None
         except KeyboardInterrupt as exc:
@@ -83,6 +85,27 @@ class OpsctlGroup(TyperGroup):
             # calling process had before, e.g. a test's shared engine, are not ours)
             for server in _live_engines() - before:
                 server.stop()
+
+
+def _error_document(argv: list[str], err: OpsctlError) -> None:
+    """``--json`` promises a document on stdout whatever happened: a command that failed
+    before printing its own (unreachable, timeout) prints ``opsctl.error/1``. Bad input
+    (exit 2) prints none: nothing was looked at."""
+    from opsctl import output
+
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    if "--json" not in args or err.exit_code == ExitCode.USAGE or output.emitted_json():
+        return
+    words = []
+    for arg in args:
+        if arg.startswith("-"):
+            break
+        words.append(arg)
+    command = " ".join(
+        words[:2] if words[:1] in (["diag"], ["runs"], ["models"], ["engram"]) else words[:1]
+    )
+    doc = output.error_document(command, int(err.exit_code), err.message, err.hint)
+    output.emit(doc, as_json=True, render=lambda _console: None)
 
 
 def _live_engines() -> set:

@@ -88,12 +88,41 @@ def document(schema: str, /, **fields: Any) -> dict[str, Any]:
     return {"schema": f"{SCHEMA_PREFIX}{name}/{version or 1}", **fields}
 
 
+_EMITTED: list[str] = []  # schemas of the JSON documents this process printed
+
+
 def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None]) -> None:
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
+        _EMITTED.append(str(doc.get("schema")))
     else:
         render(stdout_console())
+
+
+def emitted_json() -> int:
+    """How many JSON documents :func:`emit` has printed (the CLI prints an error document
+    for a ``--json`` command that failed before printing its own)."""
+    return len(_EMITTED)
+
+
+ERROR_SCHEMA = "error/1"
+ERROR_STATES = {1: "failed", 3: "unreachable", 4: "timeout", 130: "interrupted"}
+
+
+def error_document(command: str, exit_code: int, message: str, hint: str | None) -> dict:
+    """The ``opsctl.error/1`` document a ``--json`` command prints when it fails before
+    its own report exists (no vLLM server answered, a timeout, an interruption)."""
+    return document(
+        ERROR_SCHEMA,
+        command=command,
+        state="unauthorized"
+        if message.startswith("authentication required")
+        else ERROR_STATES.get(exit_code, "failed"),
+        error=message,
+        hint=hint,
+        exit_code=exit_code,
+    )
 
 
 def info(message: str, *, markup: bool = True) -> None:

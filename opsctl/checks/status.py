@@ -1,6 +1,6 @@
 """`opsctl status` as a library call: one scrape of one running vLLM server.
 
-``run(UrlTarget, Options, progress, session) -> Report`` (schema ``status/2``) polls the
+``run(UrlTarget, Options, progress, session) -> Report`` (schema ``status/3``) polls the
 server once with the console's collector (:func:`opsctl.collectors.scrape.scrape_once`:
 /health and /metrics, then /version, /v1/models and /server_info, each under its own
 deadline) and decides with the console's domain (:mod:`opsctl.domain.console`): the
@@ -8,20 +8,24 @@ endpoint state and its reason, and the key figures of that one /metrics body (ra
 two scrapes: ``opsctl console --once`` has them). The target's ``api_key`` is sent as a
 bearer token. Status only looks at a running server, so it never uses ``session``.
 
-``platform`` names what vLLM's ``current_platform`` reported: from the server's
-/server_info when exposed (``VLLM_SERVER_DEV_MODE=1``), else from the patch ledger when
-opsctl started the server, else "unknown (not started by opsctl)"; ``vllm_version``
-repeats ``version`` under the name every diag report uses.
+Like ``systemctl status``, the report always describes the state it found, a dead or
+missing server included: ``state`` is one of the console's states (ready, busy, dead,
+unreachable, unauthorized), ``reason`` says why when not ready/busy and ``error`` holds
+the failure opsctl met (null when none). :func:`exit_code` maps it: 0 ready/busy, 1 any
+other answer from a vLLM server (e.g. /health 503), 3 when no vLLM server answered
+(refused, connect or read timeout, a non-vLLM HTTP server: "not a vLLM server") or the
+API key was refused ("authentication required"). Only a bad URL raises (BadInput, 2).
 
-Verdict pass when /health answers 200, else fail. Nothing answering is
-EngineUnreachable, a refused key "authentication required" (both exit 3).
+``vllm_version`` is the server's /version; ``platform`` what vLLM's ``current_platform``
+reported (from /server_info when exposed, else the patch ledger when opsctl started the
+server), null when unknown.
 
 Example::
 
     from opsctl.checks import status
     from opsctl.checks.target import UrlTarget
     report = status.run(UrlTarget("http://127.0.0.1:8000"), status.Options(timeout=2))
-    print(report.verdict, report.to_dict()["version"], report.to_dict()["state"])
+    print(report.verdict, report.to_dict()["state"], status.exit_code(report))
 """
 
 from __future__ import annotations
@@ -32,11 +36,16 @@ from typing import TYPE_CHECKING, Any
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
 from opsctl.checks.target import UrlTarget
+from opsctl.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from opsctl.checks.session import EngineSession
 
-SCHEMA = "status/2"  # /1: the key metrics of a one-off /metrics read; see the CHANGELOG
+# /1: the key metrics of a one-off /metrics read; /2: the server version as a field;
+# /3: a document whatever the state (unreachable included, with `error`), `version`
+# dropped (one name per fact: `vllm_version`), `platform` null when unknown
+SCHEMA = "status/3"
+NO_ANSWER = ("unreachable", "unauthorized")  # no vLLM server answered us: exit 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,34 +59,28 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
-    from opsctl.collectors import http
     from opsctl.collectors.scrape import scrape_once
     from opsctl.domain.console_state import decide
-    from opsctl.domain.urls import validate_url
-    from opsctl.errors import EngineUnreachable
+    from opsctl.domain.urls import normalise_url
     from opsctl.output import document
 
-    base = validate_url(target.url)
+    base = normalise_url(target.url)
     progress(ev.Phase(f"scraping {base}"))
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
-    if scrape.health.status is None:
-        raise EngineUnreachable(f"no server answered at {base}: {scrape.health.error}")
-    if scrape.auth is not None and scrape.auth.status is not None:
-        raise http.auth_error(base, scrape.auth.status, target.api_key)
     state, reason = decide(scrape, None, None, False, False)
     info = scrape.info
-    healthy = scrape.health.status == 200
+    healthy = scrape.health.status == 200 and state not in NO_ANSWER
     doc = document(
         SCHEMA,
         url=base,
+        state=state,
+        reason=reason,
+        error=_error(base, state, reason, scrape, target.api_key),
         healthy=healthy,
         health_status=scrape.health.status,
-        version=info.version if info else None,
         vllm_version=info.version if info else None,
         platform=_platform(base, info.server_info if info else None),
         models=[m.id for m in info.models] if info else [],
-        state=state,
-        reason=reason,
         metrics=_metrics(scrape.samples) if scrape.samples is not None else None,
         metrics_error=None if scrape.samples is not None else _metrics_error(scrape.metrics),
     )
@@ -86,14 +89,45 @@ def run(
     return Report(verdict, doc)
 
 
-def _platform(url: str, server_info: Any) -> str:
-    """/server_info's device type, else the ledger of the run that started ``url``."""
+def exit_code(report: Report) -> ExitCode:
+    """0 healthy, 3 no vLLM server answered (or the key was refused), 1 otherwise."""
+    if report.document["state"] in NO_ANSWER:
+        return ExitCode.UNREACHABLE
+    return ExitCode.OK if report.passed else ExitCode.CHECK_FAILED
+
+
+def error_of(report: Report) -> tuple[str, str | None] | None:
+    """The one stderr line (and hint) for a report that did not pass, else None."""
+    doc = report.document
+    if report.passed:
+        return None
+    if doc["state"] == "unauthorized":
+        hint = "pass --api-key KEY (or set VLLM_API_KEY)"
+        return str(doc["error"]), hint
+    return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
+
+
+def _error(base: str, state: str, reason: str | None, scrape: Any, api_key: str | None) -> Any:
+    auth = scrape.auth
+    if auth is not None and auth.status is not None:
+        return f"authentication required: {base} answered HTTP {auth.status}"
+    if scrape.health.status is None:
+        return f"no server answered at {base}: {scrape.health.error}"
+    if state == "unreachable":
+        return f"not a vLLM server at {base} {(reason or '').removeprefix('not a vLLM server ')}"
+    if scrape.health.status != 200:
+        return f"{base}/health answered HTTP {scrape.health.status}"
+    return None
+
+
+def _platform(url: str, server_info: Any) -> str | None:
+    """/server_info's device type, else the ledger of the run that started ``url``;
+    None when neither tells."""
     from opsctl.collectors.engine_records import identity
     from opsctl.collectors.runs import find_run_dir
     from opsctl.domain import platform as plat
 
-    found = plat.from_server_info(server_info)
-    return plat.label(found or identity(find_run_dir(url))[0])
+    return plat.from_server_info(server_info) or identity(find_run_dir(url))[0] or None
 
 
 def _metrics(samples: Any) -> dict[str, Any]:

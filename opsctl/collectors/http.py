@@ -7,6 +7,8 @@ where a refused credential becomes a typed error.
 - :func:`auth_error` / :func:`check_auth`: a 401 or 403 answer means "authentication
   required" (exit 3, like an unreachable server: opsctl cannot look inside it), never a
   crash or a failed check.
+- :func:`require_reachable`: the first contact of every URL diag; no answer, a
+  non-vLLM HTTP server and a refused key are exit 3 (docs/cli.md, exit codes).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 
 import httpx
 
-from opsctl.errors import EngineUnreachable
+from opsctl.errors import BadInput, EngineUnreachable
 
 AUTH_STATUSES = (401, 403)
 ENV_API_KEY = "VLLM_API_KEY"  # the same variable vLLM itself reads
@@ -70,12 +72,42 @@ def check_auth(response: httpx.Response, api_key: str | None = None) -> httpx.Re
 
 
 def require_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
-    """A server answers at ``url`` and accepts our credentials: /health is open on vLLM,
-    so a guarded endpoint (/v1/models) tells whether an API key is needed (a 401/403 is
-    "authentication required", exit 3; any other answer is left to the check)."""
+    """A vLLM server answers at ``url`` and accepts our credentials, else EngineUnreachable
+    (exit 3): "no server answered" (refused, no connection or no HTTP answer within
+    ``timeout``), "not a vLLM server" (an HTTP server whose /health or /v1/models is not
+    vLLM's) or "authentication required" (401/403 on the guarded /v1/models). A URL httpx
+    cannot use is BadInput (exit 2)."""
     try:
         with client(api_key, timeout=timeout) as c:
-            c.get(f"{url}/health")
-            check_auth(c.get(f"{url}/v1/models"), api_key)
+            health = c.get(f"{url}/health")
+            models = check_auth(c.get(f"{url}/v1/models"), api_key)
+    except httpx.ConnectTimeout:
+        raise EngineUnreachable(
+            f"no server answered at {url}: no connection within {timeout:g} s"
+        ) from None
+    except httpx.TimeoutException:
+        raise EngineUnreachable(
+            f"no server answered at {url}: connected, but no HTTP answer within {timeout:g} s"
+        ) from None
+    except httpx.InvalidURL as exc:
+        raise BadInput(f"not a valid URL: {url!r} ({exc})") from None
     except httpx.HTTPError as exc:
         raise EngineUnreachable(f"no server answered at {url}: {type(exc).__name__}") from None
+    if health.status_code == 404 or not lists_models(models):
+        raise EngineUnreachable(
+            f"not a vLLM server at {url}: /health answered HTTP {health.status_code}, "
+            f"/v1/models HTTP {models.status_code}"
+            + ("" if models.status_code != 200 else " without a model list"),
+            hint="give the base URL of a vLLM server (where /health and /v1/models answer)",
+        )
+
+
+def lists_models(response: httpx.Response) -> bool:
+    """``response`` is an OpenAI-style model list (vLLM's /v1/models)."""
+    if response.status_code != 200:
+        return False
+    try:
+        doc = response.json()
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("data"), list)

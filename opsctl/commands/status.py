@@ -1,50 +1,73 @@
 """`opsctl status URL`: one-shot health and metrics snapshot of any vLLM server.
 
-``--api-key`` (default ``VLLM_API_KEY``) is sent as a bearer token; a server that
-refuses it (401/403) is "authentication required", exit 3. Typer only: the check is
-:mod:`opsctl.checks.status`."""
+Like ``systemctl status``: the state found is always reported (``--json``: the
+``opsctl.status/3`` document, unreachable included) and the exit code follows it: 0
+ready/busy, 1 a vLLM server that is not healthy, 3 no vLLM server answered (closed port,
+timeout, a non-vLLM HTTP server) or the API key was refused, 2 a bad URL. Typer only: the
+check is :mod:`opsctl.checks.status`."""
 
 from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import api_key_option
+from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("status")
+    @app.command(
+        "status",
+        short_help="Health, state and key metrics of one vLLM server.",
+        epilog=epilog(
+            "opsctl status 127.0.0.1:8000",
+            "opsctl status http://127.0.0.1:8000 --json",
+            "opsctl status https://vllm.example:443 --api-key $KEY --timeout 10s",
+        ),
+    )
     def status(
         url: str = typer.Argument(
-            ..., help="base URL of a vLLM server, e.g. http://127.0.0.1:8000"
+            ...,
+            metavar="URL",
+            help="a vLLM server: http://HOST:PORT, https://HOST:PORT or HOST:PORT",
         ),
-        as_json: bool = typer.Option(False, "--json"),
-        timeout: float = typer.Option(5.0, "--timeout", help="HTTP timeout in seconds"),
+        as_json: bool = json_option(),
+        timeout: float = duration_option(
+            5.0, "--timeout", help="the longest wait for each HTTP answer (default 5s)"
+        ),
         api_key: str | None = api_key_option(),
     ) -> None:
-        """Health and key metrics of a running vLLM server (exit 3 when unreachable)."""
+        """Health, state and key metrics of a running vLLM server (systemctl-like exit:
+        0 ready/busy, 1 unhealthy, 3 no vLLM server answered)."""
         from opsctl.checks import status as check
         from opsctl.checks.target import UrlTarget
+        from opsctl.cli import report_error
+        from opsctl.errors import OpsctlError
         from opsctl.output import emit
 
         report = check.run(UrlTarget(url, api_key or None), check.Options(timeout=timeout))
         doc = report.to_dict()
         emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
-        if not report.passed:
-            raise typer.Exit(1)
+        failure = check.error_of(report)
+        if failure is not None:
+            report_error(OpsctlError(*failure))
+        raise typer.Exit(int(check.exit_code(report)))
 
 
 def _render(console, doc: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(show_header=False)
-    t.add_row("url", doc["url"])
-    t.add_row("health", "ok" if doc["healthy"] else f"HTTP {doc['health_status']}")
-    t.add_row("state", doc["state"] + (f" ({doc['reason']})" if doc["reason"] else ""))
-    t.add_row("version", str(doc["version"]))
-    t.add_row("platform", str(doc.get("platform")))
+    t.add_row("url", escape(doc["url"]))
+    health = doc["health_status"]
+    t.add_row(
+        "health", "ok" if doc["healthy"] else "no answer" if health is None else f"HTTP {health}"
+    )
+    t.add_row("state", doc["state"] + (f" ({escape(doc['reason'])})" if doc["reason"] else ""))
+    t.add_row("vllm_version", str(doc["vllm_version"] or "-"))
+    t.add_row("platform", str(doc["platform"] or "-"))
     t.add_row("models", ", ".join(doc["models"]) or "-")
     for k, v in (doc["metrics"] or {}).items():
         t.add_row(k, "-" if v is None else f"{v:g}")
-    if doc["metrics_error"]:
-        t.add_row("metrics", doc["metrics_error"])
+    if doc["metrics_error"] and doc["health_status"] is not None:
+        t.add_row("metrics", escape(doc["metrics_error"]))
     console.print(t)
