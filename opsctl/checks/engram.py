@@ -4,12 +4,12 @@ Unlike the engine checks these look at this node, not at a server: ``inspect`` a
 ``clean`` read /dev/shm and /proc (the ``vllm_engram_*`` tables, who maps or holds
 them), ``plan`` reads a model config. So they take no target and no engine session:
 
-- ``inspect(InspectOptions, progress) -> EngramReport`` (schema ``engram.inspect/1``):
+- ``inspect(InspectOptions, progress) -> EngramReport`` (schema ``engram.inspect/2``):
   every table, its mappers with RSS/PSS, block size and fill verification; verdict fail
   on a fill mismatch or when verification was requested but could not complete.
-- ``plan(PlanOptions) -> EngramReport`` (``engram.plan/1``): table bytes per rank and per
+- ``plan(PlanOptions) -> EngramReport`` (``engram.plan/2``): table bytes per rank and per
   node for a TP/DP layout, and whether /dev/shm holds them (vLLM's fallback decision).
-- ``clean(CleanOptions, progress) -> EngramReport`` (``engram.clean/1``): orphaned tables
+- ``clean(CleanOptions, progress) -> EngramReport`` (``engram.clean/2``): orphaned tables
   (no live process in this PID namespace maps them or holds them open, older than
   ``min_age``), removed only with ``yes``; the refusal rule is
   :func:`opsctl.domain.engram.clean_refusal`.
@@ -32,6 +32,15 @@ from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
 from opsctl.domain import engram as dom
 from opsctl.errors import BadInput
+
+# /2 (issue 23): units in the field names and null for unknown. inspect: shm.{total,used,
+# free}_bytes, tables[].size_bytes, layout.total_bytes, mappers[].{rss,pss,locked}_bytes,
+# verify.{checked_bytes,duration_s}, platform a name or null + platform_note. plan:
+# shm_{total,free}_bytes, total_gib dropped (total_bytes says it). clean: min_age_s,
+# orphans[]/young[].{size_bytes,age_s}.
+INSPECT_SCHEMA = "engram.inspect/2"
+PLAN_SCHEMA = "engram.plan/2"
+CLEAN_SCHEMA = "engram.clean/2"
 
 # the results table (rich output and the --tui panel)
 COLUMNS = ("table", "size", "split (w/s)", "linked", "mappers", "RSS / PSS each", "verify")
@@ -87,19 +96,18 @@ def inspect(
         data["tables"], data["scan_errors"], as_root=os.geteuid() == 0, pids_given=bool(pids)
     )
     result = verdict(findings)
-    progress(ev.Phase("done"))
-    for f in findings:
-        progress(ev.Log(f.message))
+    progress(ev.Phase("done"))  # the findings are the result (stdout), not progress
     shm = data["shm"]
     progress(
         ev.Finished(
             result,
-            f"{len(data['tables'])} table(s); /dev/shm free {shm['free']} of {shm['total']}",
+            f"{len(data['tables'])} table(s); /dev/shm free {shm['free_bytes']} of "
+            f"{shm['total_bytes']} bytes",
             tuple(table_row(t) for t in data["tables"]),
         )
     )
     doc = document(
-        "engram.inspect",
+        INSPECT_SCHEMA,
         **_mapper_identity(data["tables"]),
         verify=options.verify,
         pids=pids or None,
@@ -113,21 +121,22 @@ def inspect(
 
 
 def _mapper_identity(tables: list[dict[str, Any]]) -> dict[str, Any]:
-    """``platform`` and ``vllm_version`` of the processes that map the tables, where an
-    engine opsctl started recorded them (its ledger); said plainly when unknown."""
+    """``platform`` (a device name or null, ``platform_note`` saying why when null) and
+    ``vllm_version`` of the processes that map the tables, where an engine opsctl started
+    recorded them (its ledger)."""
     from opsctl.collectors.engine_records import identity_of_pids
     from opsctl.domain import platform as plat
 
     pids = sorted({p for t in tables for p in t.get("mapper_pids") or []})
     known = identity_of_pids(pids)
     if not pids:
-        why = "unknown (no process maps a table)"
+        why = "no process maps a table"
     elif not known:
-        why = "unknown (no mapping process was started by opsctl)"
+        why = "no mapping process was started by opsctl (no patch ledger names it)"
     else:
-        why = "unknown"
+        why = "the mapping processes' ledgers name no platform"
     return {
-        "platform": plat.joined([p for p, _ in known.values()]) or why,
+        **plat.agreed([p for p, _ in known.values()], why),
         "vllm_version": plat.joined([v for _, v in known.values()]),
         "platform_pids": sorted(known),
     }
@@ -160,12 +169,14 @@ def table_row(t: dict[str, Any]) -> tuple[str, ...]:
     )
     ms = t["mappers"]
     each = ", ".join(
-        f"{m['pid']}:{human_bytes(m['rss'])}/{human_bytes(m['pss'])}"
-        if m.get("rss") is not None
+        f"{m['pid']}:{human_bytes(m['rss_bytes'])}/{human_bytes(m['pss_bytes'])}"
+        if m.get("rss_bytes") is not None
         else f"{m['pid']}:gone"
         for m in ms
     )
-    size = human_bytes(t["size"]) + ("" if t["size_source"] in ("file", "map_files") else " ~")
+    size = human_bytes(t["size_bytes"]) + (
+        "" if t["size_source"] in ("file", "map_files") else " ~"
+    )
     linked = "yes" if t["linked"] else "deleted"
     return (
         t["name"],
@@ -240,7 +251,7 @@ def plan(options: PlanOptions) -> EngramReport:
         raise BadInput(str(exc)) from None
     except OSError as exc:
         raise BadInput(f"cannot read /dev/shm: {exc}", hint="pass --shm-size") from None
-    return EngramReport(PASS, document("engram.plan", source=source, **layout.to_dict()))
+    return EngramReport(PASS, document(PLAN_SCHEMA, source=source, **layout.to_dict()))
 
 
 # ---- clean -----------------------------------------------------------------------------------
@@ -284,10 +295,10 @@ def clean(
             progress(ev.Log(f"removed {name}"))
     refused = dom.clean_refusal(o.yes, kept, denied, o.force)
     doc = document(
-        "engram.clean",
+        CLEAN_SCHEMA,
         prefix=o.prefix,
         dry_run=not o.yes,
-        min_age=o.min_age,
+        min_age_s=o.min_age,
         orphans=[_file(x) for x in scan.orphans],
         mapped=list(scan.mapped),
         open=list(scan.open),
@@ -311,4 +322,10 @@ def clean(
 
 
 def _file(x: Any) -> dict[str, Any]:
-    return {"name": x.name, "path": x.path, "size": x.size, "mtime": x.mtime, "age": x.age}
+    return {
+        "name": x.name,
+        "path": x.path,
+        "size_bytes": x.size,
+        "mtime": x.mtime,
+        "age_s": x.age,
+    }

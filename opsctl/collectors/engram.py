@@ -99,11 +99,23 @@ class TableReport:
     verify: VerifyResult
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["mappers"] = [asdict(m) for m in self.mappers]
+        """The JSON form: units in the names (``size_bytes``, ``rss_bytes``, ...)."""
+        d = _renamed(asdict(self), {"size": "size_bytes"})
+        if d["layout"] is not None:
+            d["layout"] = _renamed(d["layout"], {"total": "total_bytes"})
+        d["mappers"] = [_renamed(asdict(m), MAPPER_NAMES) for m in self.mappers]
         d["mapper_pids"] = sorted({m.pid for m in self.mappers})
-        d["verify"] = {**asdict(self.verify), "gbps": self.verify.gbps}
+        d["verify"] = {**_renamed(asdict(self.verify), VERIFY_NAMES), "gbps": self.verify.gbps}
         return d
+
+
+# dataclass field -> JSON name (opsctl.engram.inspect/2: units in the names)
+MAPPER_NAMES = {"rss": "rss_bytes", "pss": "pss_bytes", "locked": "locked_bytes"}
+VERIFY_NAMES = {"bytes_checked": "checked_bytes", "seconds": "duration_s"}
+
+
+def _renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {names.get(k, k): v for k, v in d.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +497,11 @@ def snapshot_to_dict(snap: InspectSnapshot) -> dict[str, Any]:
     return {
         "taken_at": snap.taken_at,
         "prefix": snap.prefix,
-        "shm": asdict(snap.capacity),
+        "shm": {
+            "total_bytes": snap.capacity.total,
+            "used_bytes": snap.capacity.used,
+            "free_bytes": snap.capacity.free,
+        },
         "tables": [t.to_dict() for t in snap.tables],
         "scan_errors": [{"pid": pid, "reason": reason} for pid, reason in snap.scan_errors],
         "ignored_symlinks": list(snap.symlinks),

@@ -19,7 +19,26 @@ from pathlib import Path
 
 import typer
 
+from opsctl.commands.options import duration_option, epilog, json_option, tui_option
+
 PREFIX_HELP = "table name prefix (narrow it to one run)"
+INSPECT_TUI_HELP = "show progress and results in the dashboard panel (default: plain, stderr)"
+EXAMPLES = {
+    "inspect": epilog(
+        "opsctl engram inspect",
+        "opsctl engram inspect --verify full --json",
+        "opsctl engram inspect --pid 4242 --verify none",
+    ),
+    "plan": epilog(
+        "opsctl engram plan --config deepseek-v4.1-flash --tp 2 --dp 4",
+        "opsctl engram plan --model ./my-model --shm-size 64G --json",
+    ),
+    "clean": epilog(
+        "opsctl engram clean",
+        "opsctl engram clean --yes --min-age 10m",
+        "opsctl engram clean --json",
+    ),
+}
 
 
 def inspect_cmd(
@@ -36,10 +55,8 @@ def inspect_cmd(
         help="force the ue8m0 scale block (elements per scale byte); default: decided "
         "from the size, else from the data, else 32 (what vLLM 0.32 builds)",
     ),
-    as_json: bool = typer.Option(False, "--json"),
-    tui: bool = typer.Option(
-        False, "--tui", help="show progress and results in the dashboard panel"
-    ),
+    as_json: bool = json_option(),
+    tui: bool | None = tui_option(help=INSPECT_TUI_HELP),
 ) -> None:
     """Find Engram tables (files and deleted mappings), who maps them, and verify the fill.
 
@@ -74,7 +91,7 @@ def plan_cmd(
         help="elements per ue8m0 scale byte (default: config engram_scale_block_size, "
         "else 32, what vLLM 0.32 builds)",
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option(),
 ) -> None:
     """Engram table bytes per rank/node for TP/DP, shared vs private, and the /dev/shm check."""
     from opsctl.checks import engram
@@ -94,12 +111,13 @@ def clean_cmd(
         help="with --yes: remove even though some processes' mappings or fds could not be read",
     ),
     prefix: str = typer.Option("vllm_engram_", "--prefix", help="only files with this prefix"),
-    min_age: str = typer.Option(
+    min_age: float = duration_option(
         "60s",
         "--min-age",
-        help="never remove a table changed less than this long ago (seconds, or 30s, 10m, 2h, 1d)",
+        help="never remove a table changed less than this long ago (30, 30s, 10m, 2h, 1d; 0: any)",
+        allow_zero=True,
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option(),
 ) -> None:
     """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
     them open, older than --min-age); --yes removes them.
@@ -109,28 +127,22 @@ def clean_cmd(
     mappings or open files cannot be read, --yes removes nothing (exit 1) unless --force
     is given. Exit 1 whenever --yes kept an orphan."""
     from opsctl.checks import engram
-    from opsctl.domain.runs import parse_duration
-    from opsctl.errors import BadInput
     from opsctl.ui.render_engram import render_clean
 
-    try:
-        age = parse_duration(min_age)
-    except ValueError as exc:
-        raise BadInput(f"--min-age: {exc}") from None
-    report = engram.clean(engram.CleanOptions(prefix, yes, force, age))
+    report = engram.clean(engram.CleanOptions(prefix, yes, force, min_age))
     _finish(report, as_json, render_clean)
 
 
 def register(app: typer.Typer) -> None:
     engram_app = typer.Typer(help="Shared Engram host tables in /dev/shm.", no_args_is_help=True)
     app.add_typer(engram_app, name="engram")
-    engram_app.command("inspect")(inspect_cmd)
-    engram_app.command("plan")(plan_cmd)
-    engram_app.command("clean")(clean_cmd)
+    for name, cmd in (("inspect", inspect_cmd), ("plan", plan_cmd), ("clean", clean_cmd)):
+        engram_app.command(name, epilog=EXAMPLES[name])(cmd)
 
 
 def _finish(report, as_json: bool, render) -> None:
-    """Warnings, the result on stdout, then exit 1 with the failure line or the hint."""
+    """Warnings on stderr, the result on stdout (once), then exit 1 with the failure line
+    or the hint (stderr)."""
     from opsctl import output
     from opsctl.errors import CheckFailed
 

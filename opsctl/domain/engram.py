@@ -296,7 +296,7 @@ def _layout_findings(table: dict[str, Any]) -> list[Finding]:
     name = table["name"]
     layout = table.get("layout")
     choice = table.get("block_choice") or {}
-    if layout is None and table.get("size"):
+    if layout is None and table.get("size_bytes"):
         detail = choice.get("detail") or "no Engram layout"
         return [Finding(WARNING, "engram.layout_unknown", f"{name}: {detail}", {"table": name})]
     if layout is not None and choice.get("how") in ("data", "default"):
@@ -325,8 +325,8 @@ def _mapper_findings(table: dict[str, Any], pids_given: bool) -> list[Finding]:
             )
         )
     if len({m["pid"] for m in mappers}) > 1:
-        pss = [m["pss"] for m in mappers if m.get("pss") is not None]
-        rss = [m["rss"] for m in mappers if m.get("rss") is not None]
+        pss = [m["pss_bytes"] for m in mappers if m.get("pss_bytes") is not None]
+        rss = [m["rss_bytes"] for m in mappers if m.get("rss_bytes") is not None]
         if pss and rss and sum(pss) <= 1.1 * max(rss):
             out.append(
                 Finding(
@@ -359,7 +359,7 @@ def _verify_finding(table: dict[str, Any]) -> Finding | None:
             OK,
             "engram.fill_constant",
             f"{name}: {v['mode']} verify: constant (weights 0x38, scales 127, "
-            f"B={block}), {v['bytes_checked']} bytes via {v['access']}",
+            f"B={block}), {v['checked_bytes']} bytes via {v['access']}",
             {"table": name},
         )
     if status == "mismatch":

@@ -39,8 +39,6 @@ from typing import Any
 
 from opsctl.domain.engram import DEFAULT_BLOCK
 
-GIB = 1024**3
-
 
 class PlanError(ValueError):
     """The config or the parallel layout cannot give a plan (bad input)."""
@@ -223,8 +221,8 @@ class Plan:
     layer_bytes: tuple[int, ...]
     total_bytes: int
     placements: tuple[Placement, ...]
-    shm_total: int | None
-    shm_free: int | None
+    shm_total_bytes: int | None  # None: unknown
+    shm_free_bytes: int | None
     shm_source: str
     chosen: str
     reason: str
@@ -239,7 +237,6 @@ class Plan:
             "row_bytes": self.spec.row_bytes,
             "total_rows": self.spec.total_rows,
         }
-        d["total_gib"] = round(self.total_bytes / GIB, 2)
         return d
 
 

@@ -16,7 +16,7 @@ def render_inspect(console: Console, doc: dict[str, Any]) -> None:
     s = doc["shm"]
     console.print(
         f"[b]engram inspect[/] (this node): mappers on vLLM {doc.get('vllm_version') or '?'}, "
-        f"platform {doc.get('platform') or '?'}",
+        f"platform {doc.get('platform') or _unknown(doc.get('platform_note'))}",
         highlight=False,
     )
     t = Table(*COLUMNS, title=f"Engram tables ({doc['prefix']}*)")
@@ -24,10 +24,14 @@ def render_inspect(console: Console, doc: dict[str, Any]) -> None:
         t.add_row(*table_row(table))
     console.print(t)
     console.print(
-        f"/dev/shm: {human_bytes(s['total'])} total, {human_bytes(s['used'])} used, "
-        f"{human_bytes(s['free'])} free"
+        f"/dev/shm: {human_bytes(s['total_bytes'])} total, {human_bytes(s['used_bytes'])} used, "
+        f"{human_bytes(s['free_bytes'])} free"
     )
     render_findings(console, doc["findings"], doc["verdict"])
+
+
+def _unknown(note: str | None) -> str:
+    return f"unknown ({note})" if note else "?"
 
 
 def render_plan(console: Console, doc: dict[str, Any]) -> None:
@@ -68,7 +72,7 @@ def render_plan(console: Console, doc: dict[str, Any]) -> None:
     console.print(t)
     fits = {True: "holds", False: "does NOT hold", None: "?"}[doc["fits_shm"]]
     console.print(
-        f"{doc['shm_source']}: {human_bytes(doc['shm_free'])} free -> {fits} the "
+        f"{doc['shm_source']}: {human_bytes(doc['shm_free_bytes'])} free -> {fits} the "
         f"{human_bytes(doc['total_bytes'])} of tables",
         highlight=False,
     )
@@ -90,7 +94,7 @@ def _orphan_status(doc: dict[str, Any], name: str) -> str:
 def render_clean(console: Console, doc: dict[str, Any]) -> None:
     t = Table("orphan", "size", "status", title=f"orphaned {doc['prefix']}* files in /dev/shm")
     for o in doc["orphans"]:
-        t.add_row(o["name"], human_bytes(o["size"]), _orphan_status(doc, o["name"]))
+        t.add_row(o["name"], human_bytes(o["size_bytes"]), _orphan_status(doc, o["name"]))
     console.print(t)
     lines = []
     if doc["mapped"]:
@@ -99,7 +103,7 @@ def render_clean(console: Console, doc: dict[str, Any]) -> None:
         lines.append(f"in use (open, not mapped, left alone): {', '.join(doc['open'])}")
     if doc.get("young"):
         lines.append(
-            f"younger than --min-age {doc['min_age']:g} s (left alone): "
+            f"younger than --min-age {doc['min_age_s']:g} s (left alone): "
             f"{', '.join(o['name'] for o in doc['young'])}"
         )
     if doc["ignored_symlinks"]:

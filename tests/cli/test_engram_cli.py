@@ -41,8 +41,11 @@ def test_plan_example_json_188_8_gib_per_node():
     )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.engram.plan/1"
-    assert doc["total_gib"] == pytest.approx(188.8, abs=0.05)
+    assert doc["schema"] == "opsctl.engram.plan/2"
+    assert doc["total_bytes"] / GIB == pytest.approx(188.8, abs=0.05)
+    assert "total_gib" not in doc  # one name per fact: total_bytes
+    assert doc["shm_total_bytes"] == doc["shm_free_bytes"] == 200 * GIB  # --shm-size 200G
+    assert not {"shm_total", "shm_free"} & set(doc)
     shared = next(p for p in doc["placements"] if p["name"] == "shared")
     assert shared["per_node_bytes"] == doc["total_bytes"]
     assert shared["per_rank_bytes"] / GIB == pytest.approx(47.2, abs=0.05)
@@ -116,10 +119,10 @@ def test_plan_default_block_is_vllms_32_and_128_is_an_override(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps(cfg))
     doc = json.loads(invoke("engram", "plan", "--config", str(p), "--json").stdout)
-    assert doc["spec"]["block"] == 32 and doc["total_gib"] == pytest.approx(188.8, abs=0.05)
+    assert doc["spec"]["block"] == 32 and doc["total_bytes"] / GIB == pytest.approx(188.8, abs=0.05)
     assert "vLLM 0.32" in doc["spec"]["block_source"]
     r = invoke("engram", "plan", "--config", str(p), "--block-size", "128", "--json")
-    assert json.loads(r.stdout)["total_gib"] == pytest.approx(184.54, abs=0.01)
+    assert json.loads(r.stdout)["total_bytes"] / GIB == pytest.approx(184.54, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +148,7 @@ def test_inspect_json_ok_then_mismatch_exit_1():
         r = invoke("engram", "inspect", "--prefix", prefix, "--verify", "full", "--json")
         assert r.exit_code == 1
         doc = json.loads(r.stdout)
-        assert doc["schema"] == "opsctl.engram.inspect/1" and doc["verdict"] == "fail"
+        assert doc["schema"] == "opsctl.engram.inspect/2" and doc["verdict"] == "fail"
         (tab,) = doc["tables"]
         assert tab["verify"]["first_mismatch"] == {
             "offset": 4096 * 256 + 3,
@@ -155,7 +158,7 @@ def test_inspect_json_ok_then_mismatch_exit_1():
         }
         assert sorted(tab["mapper_pids"]) == sorted(t.pids) and tab["linked"] is False
         assert len(error_lines(r)) == 1 and "not constant-filled" in error_lines(r)[0]
-        assert doc["shm"]["total"] > 0
+        assert doc["shm"]["total_bytes"] >= doc["shm"]["free_bytes"] > 0
     prefix = unique_prefix("cliok")
     with shared_table(prefix, mappers=2) as t:
         r = invoke("engram", "inspect", "--prefix", prefix, "--json")
@@ -376,7 +379,7 @@ def test_clean_keeps_a_table_younger_than_the_minimum_age_then_removes_it_old():
             fh.write(b"\x38" * 4096)
         r, doc = clean_yes(prefix)  # default minimum age: 60 s
         assert r.exit_code == 0, r.stderr
-        assert doc["min_age"] == 60 and doc["orphans"] == [] and doc["removed"] == []
+        assert doc["min_age_s"] == 60 and doc["orphans"] == [] and doc["removed"] == []
         assert [o["name"] for o in doc["young"]] == [os.path.basename(path)]
         assert os.path.exists(path)
         wait_age(path, 1.0)
@@ -420,3 +423,78 @@ def test_clean_refuses_when_some_fds_are_unreadable(monkeypatch):
     finally:
         if os.path.exists(orphan):
             os.unlink(orphan)
+
+
+def test_inspect_says_each_finding_once_on_stdout_and_none_on_stderr():
+    """stdout carries the result (findings included) once; stderr carries progress only:
+    inspect once repeated every finding there as a progress line (issue 23)."""
+    prefix = unique_prefix("clionce")
+    with shared_table(prefix, mappers=2, unlink=False) as t:
+        r = invoke("engram", "inspect", "--prefix", prefix)
+        assert r.exit_code == 0, r.stderr
+        j = invoke("engram", "inspect", "--prefix", prefix, "--json")
+        assert j.exit_code == 0, j.stderr
+    messages = [f["message"] for f in json.loads(j.stdout)["findings"]]
+    assert any(t.name in m and "share one copy" in m for m in messages)  # a real finding
+    for m in messages:
+        assert r.stdout.count(m) == 1, m
+        assert m not in r.stderr and m not in j.stderr, m
+    assert "[engram inspect] done" in r.stderr  # progress still goes to stderr
+
+
+def test_inspect_json_names_carry_units_and_unknown_platform_is_null():
+    prefix = unique_prefix("cliunits")
+    with shared_table(prefix, mappers=2) as t:
+        r = invoke("engram", "inspect", "--prefix", prefix, "--verify", "full", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.engram.inspect/2"
+    assert set(doc["shm"]) == {"total_bytes", "used_bytes", "free_bytes"}
+    (tab,) = doc["tables"]
+    assert tab["size_bytes"] == t.total and "size" not in tab
+    assert tab["layout"]["total_bytes"] == t.total and "total" not in tab["layout"]
+    for m in tab["mappers"]:
+        assert m["rss_bytes"] > 0 and m["pss_bytes"] > 0 and not {"rss", "pss"} & set(m)
+    v = tab["verify"]
+    assert v["checked_bytes"] == t.total and v["duration_s"] > 0 and "seconds" not in v
+    # the mappers are test processes, not engines opsctl started: unknown, said apart
+    assert doc["platform"] is None and "was started by opsctl" in doc["platform_note"]
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("30", 30), ("30s", 30), ("5m", 300), ("0", 0)])
+def test_clean_min_age_is_a_duration(value, seconds):
+    r = invoke("engram", "clean", "--prefix", unique_prefix("cliage"), "--min-age", value, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.engram.clean/2" and doc["min_age_s"] == seconds
+    assert "min_age" not in doc
+
+
+def test_clean_orphan_fields_carry_units():
+    prefix = unique_prefix("clifields")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(b"\0" * 100)
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
+        (o,) = json.loads(r.stdout)["orphans"]
+        assert o["size_bytes"] == 100 and o["age_s"] >= 0 and not {"size", "age"} & set(o)
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+
+
+@pytest.mark.parametrize("command", ["inspect", "plan", "clean"])
+def test_help_has_examples_exit_codes_and_help_on_every_option(command):
+    import click
+    import typer.main
+
+    r = invoke("engram", command, "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.split())
+    assert f"Examples: opsctl engram {command}" in text and "Exit codes: 0 ok" in text
+    group = typer.main.get_command(app).commands["engram"]
+    cmd = group.commands[command]
+    for p in cmd.params:
+        if isinstance(p, click.Option) and not p.hidden:
+            assert p.help, f"engram {command} {p.opts} has no help"

@@ -354,7 +354,7 @@ def test_check_inspect_report_events_and_failure_line():
         report = engram.inspect(engram.InspectOptions(verify="full", prefix=prefix), events.append)
         assert report.verdict == "pass" and report.failure is None
         doc = report.to_dict()
-        assert doc["schema"] == "opsctl.engram.inspect/1" and doc["exit_code"] == 0
+        assert doc["schema"] == "opsctl.engram.inspect/2" and doc["exit_code"] == 0
         assert [x["name"] for x in doc["tables"]] == [t.name]
         phases = [e.name for e in events if isinstance(e, ev.Phase)]
         assert phases[0] == "scanning /dev/shm and /proc/*/maps" and "verifying (full)" in phases
@@ -385,7 +385,7 @@ def test_check_plan_from_the_shipped_example():
     opts = engram.PlanOptions(config="deepseek-v4.1-flash", tp=4, dp=2, shm_size="200G")
     report = engram.plan(opts)
     doc = report.to_dict()
-    assert report.verdict == "pass" and doc["schema"] == "opsctl.engram.plan/1"
+    assert report.verdict == "pass" and doc["schema"] == "opsctl.engram.plan/2"
     assert doc["chosen"] == "shared" and doc["source"] == "example:deepseek-v4.1-flash"
     with pytest.raises(BadInput, match="exactly one"):
         engram.plan(engram.PlanOptions())

@@ -153,7 +153,7 @@ def test_first_mismatch():
 def test_findings_and_exit_status():
     table = {
         "name": "vllm_engram_x",
-        "size": 10,
+        "size_bytes": 10,
         "layout": None,
         "linked": True,
         "mappers": [],
@@ -179,7 +179,7 @@ def test_findings_and_exit_status():
     ok = {
         **table,
         "layout": {},
-        "verify": {"status": "constant", "mode": "sample", "bytes_checked": 1, "access": "file"},
+        "verify": {"status": "constant", "mode": "sample", "checked_bytes": 1, "access": "file"},
     }
     assert dom.exit_status(dom.inspect_findings([ok], [])) == 0
     assert dom.exit_status(dom.inspect_findings([], [])) == 0
@@ -199,8 +199,8 @@ def test_findings_and_exit_status():
     ],
 )
 def test_verification_that_could_not_complete_exits_1(verify, code):
-    table = {"name": "vllm_engram_y", "size": 33, "layout": None, "linked": False}
-    table.update(mappers=[{"pid": 9, "rss": 1, "pss": 1}], verify=verify)
+    table = {"name": "vllm_engram_y", "size_bytes": 33, "layout": None, "linked": False}
+    table.update(mappers=[{"pid": 9, "rss_bytes": 1, "pss_bytes": 1}], verify=verify)
     found = dom.inspect_findings([table], [])
     assert dom.exit_status(found) == code
     inc = [f for f in found if f.code == "engram.verify_incomplete"]
@@ -210,9 +210,9 @@ def test_verification_that_could_not_complete_exits_1(verify, code):
 
 
 def test_block_size_decision_is_a_finding_when_the_size_did_not_decide():
-    lay = {"total": AMBIGUOUS, "weight_bytes": 4300 * 256, "scale_bytes": 34400, "block": 32}
-    table = {"name": "vllm_engram_z", "size": AMBIGUOUS, "layout": lay, "linked": True}
-    table.update(mappers=[{"pid": 9, "rss": 1, "pss": 1}], verify={"status": "skipped"})
+    lay = {"total_bytes": AMBIGUOUS, "weight_bytes": 4300 * 256, "scale_bytes": 34400, "block": 32}
+    table = {"name": "vllm_engram_z", "size_bytes": AMBIGUOUS, "layout": lay, "linked": True}
+    table.update(mappers=[{"pid": 9, "rss_bytes": 1, "pss_bytes": 1}], verify={"status": "skipped"})
     for how, severity in (("data", "info"), ("default", "warning")):
         table["block_choice"] = {"block": 32, "how": how, "detail": "d", "candidates": [32, 128]}
         (f,) = [x for x in dom.table_findings(table) if x.code == "engram.block_size"]
