@@ -36,7 +36,7 @@ from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.domain import certify as dom
-from opsctl.errors import BadInput, EngineUnreachable, OpsctlError, OpsTimeout
+from opsctl.errors import BadInput, EngineDied, EngineUnreachable, OpsctlError, OpsTimeout
 
 TITLE = "certify"
 
@@ -126,10 +126,11 @@ class CertifySession(EngineSession):
                 self._stop(other, progress)
         try:
             live = super().engine(spec, progress, label=label)
-        except OpsctlError as err:
+        except Exception as exc:
+            err = _start_failure(exc)
             self._broken[key] = err
             self.failed.append({"check": self.current, "model": spec.model, "error": err.message})
-            raise
+            raise err from None
         checks = self.served.setdefault(id(self._running[key]), [])
         if self.current not in checks:
             checks.append(self.current)
@@ -137,6 +138,17 @@ class CertifySession(EngineSession):
 
     def engines_of(self, check: str) -> tuple[int, ...]:
         return tuple(i for i, s in enumerate(self.starts) if check in self.served.get(id(s), ()))
+
+
+def _start_failure(exc: Exception) -> OpsctlError:
+    """An engine certify starts for itself that does not come up fails the checks it was
+    for (an error case each), whatever the cause: vLLM rejecting certify's arguments
+    (BadInput from the engine, not from the user: never a skip) or an OSError."""
+    if isinstance(exc, OpsTimeout | EngineDied):
+        return exc
+    if isinstance(exc, OpsctlError):
+        return EngineDied(f"the engine did not start: {exc.message}", hint=exc.hint)
+    return EngineDied(f"the engine did not start: {type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True)

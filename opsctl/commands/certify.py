@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     def certify(
         url: str | None = typer.Argument(
             None,
-            metavar="[URL]",
+            metavar="URL",
             help="base URL of a running vLLM server (HOST:PORT means http://HOST:PORT)",
         ),
         model: str | None = typer.Option(
@@ -90,8 +90,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = duration_option(
             "5m",
             "--timeout",
-            help="wait this long for an engine certify starts to become healthy, and for "
-            "any one answer (a URL's first answer: at most 30s); past it, exit 4",
+            help="how long an engine certify starts may take to become healthy, and any "
+            "one answer (exit 4 past it); a URL silent for this long (30s at most) at "
+            "first contact is unreachable (exit 3)",
         ),
         load_format: str = typer.Option(
             "auto",

@@ -116,7 +116,9 @@ def test_url_of_a_reranker_passes_usage_and_skips_generative_checks(engine, tmp_
     assert reasons["mm-uuid"] == "cross-encoder model: no multimodal items to identify"
     assert reasons["kv-fail"].startswith("a URL cannot host kv-fail injection")
     assert reasons["shutdown"] == "opsctl did not start this server, so it does not stop it"
-    assert doc["target"] == {"kind": "url", "url": engine.url, "model": "tiny-reranker"}
+    assert doc["target"] == {"kind": "url", "url": engine.url}
+    assert doc["fingerprint"]["model"]["name"] == "tiny-reranker"
+    assert (doc["state"], doc["error"]) == ("ran", None)
     assert doc["summary"]["engine_starts"] == 0
     usage = next(c for c in doc["checks"] if c["check"] == "usage")
     assert usage["report"]["kind"] == "cross-encoder" and usage["report"]["rows"]
