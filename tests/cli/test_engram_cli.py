@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from engram_tables import shared_table, unique_prefix, write_byte
@@ -498,3 +499,46 @@ def test_help_has_examples_exit_codes_and_help_on_every_option(command):
     for p in cmd.params:
         if isinstance(p, click.Option) and not p.hidden:
             assert p.help, f"engram {command} {p.opts} has no help"
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
+def validate(doc: dict) -> None:
+    """Against the shipped schema named by the document (tests/data/schemas): every field
+    known, units in the names, the old names (total_gib, shm_total, size, ...) refused."""
+    import jsonschema
+
+    name, _, version = doc["schema"].partition("/")
+    schema = json.loads((SCHEMAS / f"{name}-{version}.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def test_every_engram_document_matches_its_shipped_schema():
+    import jsonschema
+
+    plan = json.loads(invoke("engram", "plan", "--config", "deepseek-v4.1-flash", "--json").stdout)
+    validate(plan)
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**plan, "total_gib": 188.8})  # one name per fact
+    prefix = unique_prefix("clischema")
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with shared_table(prefix, mappers=2, unlink=False):
+            with open(orphan, "wb") as fh:
+                fh.write(b"\0" * 100)
+            args = ("--prefix", prefix, "--json")
+            inspect = json.loads(invoke("engram", "inspect", *args).stdout)
+            clean = json.loads(invoke("engram", "clean", "--min-age", "0", *args).stdout)
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+    assert clean["orphans"] and clean["mapped"]
+    assert inspect["tables"] and inspect["tables"][0]["mappers"]
+    validate(inspect)
+    validate(clean)
+    old = {**inspect, "shm": {"total": 1, "used": 0, "free": 1}}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(old)
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**inspect, "platform": "unknown (no process maps a table)"})  # prose
