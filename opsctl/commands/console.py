@@ -4,41 +4,74 @@ file, discovered local servers), or over the servers a Prometheus server scrapes
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("console")
+    from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
+
+    @app.command(
+        "console",
+        epilog=epilog(
+            "opsctl console",
+            "opsctl console http://127.0.0.1:8000 http://10.0.0.5:8000 --readonly",
+            "opsctl console --once --json --no-discover http://127.0.0.1:8000",
+            "opsctl console --prometheus http://127.0.0.1:9090 --job vllm",
+            "opsctl console --once --stall-window 30s --interval 2s",
+        ),
+    )
     def console(
-        urls: list[str] = typer.Argument(None, help="base URLs of vLLM servers"),
-        targets_file: Path = typer.Option(None, "--targets", help="TOML file of [[targets]]"),
-        no_discover: bool = typer.Option(False, "--no-discover", help="no local discovery"),
+        urls: list[str] = typer.Argument(
+            None, metavar="URL", help="base URLs of vLLM servers (http://HOST:PORT or HOST:PORT)"
+        ),
+        targets_file: Path = typer.Option(
+            None, "--targets", metavar="FILE", help="TOML file of [[targets]] (name, url, labels)"
+        ),
+        no_discover: bool = typer.Option(
+            False, "--no-discover", help="do not add local vLLM servers and opsctl runs"
+        ),
         prometheus: str = typer.Option(
-            None, "--prometheus", help="read the fleet from this Prometheus server's API"
+            None,
+            "--prometheus",
+            metavar="URL",
+            help="read the fleet from this Prometheus server's API",
         ),
-        job: str = typer.Option(None, "--job", help="with --prometheus: the scrape job"),
-        interval: float = typer.Option(1.0, "--interval", help="seconds between polls"),
-        api_key: str = typer.Option(
-            None, "--api-key", envvar="VLLM_API_KEY", help="Bearer key (default $VLLM_API_KEY)"
+        job: str = typer.Option(
+            None, "--job", metavar="NAME", help="with --prometheus: the scrape job"
         ),
+        interval: float = duration_option("1s", "--interval", help="time between polls"),
+        api_key: str = api_key_option(),
         readonly: bool = typer.Option(False, "--readonly", help="no actions on servers"),
-        once: bool = typer.Option(False, "--once", help="one snapshot (over one interval)"),
-        as_json: bool = typer.Option(False, "--json", help="JSON (opsctl.console/1)"),
-        stall_window: float = typer.Option(10.0, "--stall-window", help="seconds"),
-        record: Path = typer.Option(None, "--record", help="write the snapshots (JSONL) to FILE"),
-        replay: Path = typer.Option(None, "--replay", help="show a --record FILE again"),
+        once: bool = typer.Option(
+            False,
+            "--once",
+            help="one look, then exit: one interval, up to --stall-window while an "
+            "endpoint with requests running has not been seen generating",
+        ),
+        as_json: bool = json_option(),
+        stall_window: float = duration_option(
+            "10s",
+            "--stall-window",
+            help="requests running with generation flat this long = stalled",
+        ),
+        record: Path = typer.Option(
+            None, "--record", metavar="FILE", help="write the snapshots (JSONL) to FILE"
+        ),
+        replay: Path = typer.Option(
+            None, "--replay", metavar="FILE", help="show a --record FILE again"
+        ),
     ) -> None:
-        """Live console over many vLLM servers: states /health misses (stalled), rates,
-        latency percentiles, process roles (exit 0 all ready, 1 any failing, 3 none
-        reachable with --once). With --prometheus, endpoints and figures come from
-        Prometheus (its active targets, PromQL), with the same states and JSON."""
+        """Live console over many vLLM servers: states, rates, latency percentiles,
+        process roles; stalled = requests running, generation flat for --stall-window,
+        even with /health 200. --once (--json: opsctl.console/2) exits 0 all healthy, 1
+        any failing or stalled, 3 none reachable or none found. With --prometheus the
+        endpoints and figures come from Prometheus (active targets, PromQL)."""
         from opsctl.domain.console_state import Settings
         from opsctl.errors import BadInput
 
-        if interval <= 0:
-            raise BadInput("--interval must be > 0")
         _check_combination(urls or [], targets_file, prometheus, job)
         if not once and not as_json:
             _need_terminal()
@@ -55,7 +88,7 @@ def register(app: typer.Typer) -> None:
         if once or as_json:
             if record is not None:
                 raise BadInput("--record writes the live console's frames: drop --once/--json")
-            raise typer.Exit(_once(source, interval, as_json))
+            raise typer.Exit(_once(source, settings, as_json))
         from opsctl.ui.console_app import build_console_app, run_console
 
         source.start()
@@ -100,8 +133,6 @@ def _prometheus_source(url, job, settings):
 
 
 def _need_terminal() -> None:
-    import sys
-
     from opsctl.errors import BadInput
 
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
@@ -111,18 +142,24 @@ def _need_terminal() -> None:
         )
 
 
-def _once(source, interval: float, as_json: bool) -> int:
+def _once(source, settings, as_json: bool) -> int:
+    from opsctl.console.once import observe
     from opsctl.console.report import document, render_plain
+    from opsctl.console.source import EMPTY_HINT, START_HINT
     from opsctl.output import emit, info
 
-    source.start()
-    try:
-        source.wait_settled(timeout=2 * interval + source.timeout + 5.0)
-        snap = source.collect()
-    finally:
-        source.close()
-    doc = document(snap)
-    emit(doc, as_json=as_json, render=lambda c: render_plain(c, snap))
-    if snap.hint and as_json:
-        info(f"hint: {snap.hint}")
-    return int(doc["exit_code"])
+    seen = observe(source, settings)
+    snap = seen.snapshot
+    doc = document(snap, stall_window_s=settings.stall_window_s, observed_s=seen.observed_s)
+    if as_json or snap.endpoints:  # no table of nothing: the reason goes to stderr
+        emit(doc, as_json=as_json, render=lambda c: render_plain(c, snap))
+    code = int(doc["exit_code"])
+    hint = snap.hint
+    if not snap.endpoints:  # nothing checked: one line (and the hint), exit 3
+        print(f"opsctl: error: {doc['reason']}", file=sys.stderr)
+        hint = START_HINT if hint == EMPTY_HINT else hint
+    elif code:
+        info(f"opsctl: {doc['reason']}", markup=False)
+    if hint:
+        info(f"hint: {hint}", markup=False)
+    return code

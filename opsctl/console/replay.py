@@ -156,6 +156,7 @@ class ReplaySource:
     """Recorded frames as a FleetSource (see the module doc)."""
 
     name = "replay"
+    live = False  # --once reads the last frame; waiting changes nothing
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path

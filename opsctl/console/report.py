@@ -1,5 +1,12 @@
-"""The console's JSON document (schema opsctl.console/1) and plain table, both from the
-same FleetSnapshot the TUI renders."""
+"""The console's JSON document (schema opsctl.console/2) and plain table, both from the
+same FleetSnapshot the TUI renders.
+
+opsctl.console/2 (from /1): ``exit_code`` is 3 for an empty fleet (was 0: a gate that
+checked nothing passed); new top-level ``reason`` (one line: why this exit code),
+``stall_window_s`` and ``observed_s`` (how long ``--once`` watched: one interval for an
+idle or progressing fleet, up to the stall window while an endpoint with requests running
+had not been seen generating); an endpoint that answers HTTP but is not vLLM has the
+reason "not a vLLM server (...)"."""
 
 from __future__ import annotations
 
@@ -7,9 +14,9 @@ from dataclasses import asdict
 from typing import Any
 
 from opsctl.domain.console import EndpointView, FleetSnapshot
-from opsctl.domain.console_state import exit_code, state_counts
+from opsctl.domain.console_state import state_counts, verdict
 
-SCHEMA = "console"
+SCHEMA = "console/2"
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -69,17 +76,26 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
     }
 
 
-def document(snap: FleetSnapshot) -> dict[str, Any]:
+def document(
+    snap: FleetSnapshot,
+    *,
+    stall_window_s: float | None = None,
+    observed_s: float | None = None,
+) -> dict[str, Any]:
     from opsctl.output import document as doc
 
     views = snap.endpoints
+    code, reason = verdict(views)
     return doc(
         SCHEMA,
         taken_at=round(snap.taken_at, 3),
         source=snap.source,
         interval_s=snap.interval_s,
+        stall_window_s=stall_window_s,
+        observed_s=_r(observed_s, 2),
         counts=state_counts(views),
-        exit_code=exit_code(views),
+        exit_code=code,
+        reason=reason,
         hint=snap.hint,
         endpoints=[endpoint_dict(v, snap.taken_at) for v in views],
     )
@@ -90,9 +106,12 @@ def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = ""
 
 
 def render_plain(console, snap: FleetSnapshot) -> None:
+    """The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
+    the title only on a terminal, so the first line is the header). The hint and the
+    verdict's reason go to stderr (the command prints them)."""
     from rich.table import Table
 
-    t = Table(title=f"{len(snap.endpoints)} endpoints")
+    t = Table(title=f"{len(snap.endpoints)} endpoints" if console.is_terminal else None)
     for col in ("name", "url", "source", "state", "model", "run", "wait", "KV %", "gen tok/s",
                 "TTFT p50", "reason"):  # fmt: skip
         t.add_column(col)
@@ -107,7 +126,3 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             v.reason or "",
         )  # fmt: skip
     console.print(t)
-    if snap.hint:
-        from opsctl.output import info
-
-        info(f"hint: {snap.hint}")

@@ -6,6 +6,8 @@ implementation it has (direct scraping here; a Prometheus-backed one comes later
 - ``series(url, name)`` is the bounded history of one figure (sparklines).
 - ``refresh()`` polls every endpoint now; ``set_paused()`` stops/resumes polling.
 - ``wait_settled(timeout)`` waits until every endpoint has enough scrapes for rates.
+- ``live`` (default True when absent): False for a replay, whose frames do not change
+  by waiting (``--once`` then takes the last frame as it is).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Protocol
 
 from opsctl.domain.console import FleetSnapshot
 
-EMPTY_HINT = (
-    "no vLLM server found: start one with `opsctl serve` in another terminal, "
+START_HINT = (
+    "start one with `opsctl serve` in another terminal, "
     "or pass a URL (opsctl console http://HOST:PORT) or --targets FILE"
 )
+EMPTY_HINT = f"no vLLM server found: {START_HINT}"
 
 
 class FleetSource(Protocol):

@@ -81,7 +81,7 @@ def decide(
     if health != 200 or not is_vllm(scrape.samples):
         metrics = scrape.metrics.status
         return UNREACHABLE, (
-            f"answers HTTP but is not a vLLM server (/health {health}, /metrics "
+            f"not a vLLM server (answers HTTP: /health {health}, /metrics "
             f"{metrics if metrics is not None else 'no answer'}, no vllm: series)"
         )
     if stall_for is not None:
@@ -244,17 +244,69 @@ def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[s
 
 UNHEALTHY_FOR_EXIT = (STALLED, DEAD, UNAUTHORIZED, UNREACHABLE, STARTING)
 
+NO_ENDPOINT = "no vLLM server found (no URL argument, no --targets entry, none discovered)"
+
 
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
-    """0 when every endpoint is healthy (ready, busy, restarted), 3 when none is
-    reachable, else 1. An empty fleet is 0 (a hint, not an error)."""
-    if not views:
-        return 0
+    """0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
+    3 when none is reachable -- and 3 for an empty fleet: a health gate that checked
+    nothing does not pass."""
+    return verdict(views)[0]
+
+
+def verdict(views: tuple[EndpointView, ...] | list[EndpointView]) -> tuple[int, str]:
+    """The exit code of ``--once`` and its one-line reason."""
     from opsctl.domain.console import REACHABLE
 
+    if not views:
+        return 3, NO_ENDPOINT
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(state_counts(views).items()))
+    of = f"of {len(views)} endpoint{'s' if len(views) != 1 else ''}"
     if not any(v.state in REACHABLE for v in views):
-        return 3
-    return 1 if any(v.state in UNHEALTHY_FOR_EXIT for v in views) else 0
+        return 3, f"no endpoint answered as a vLLM server ({counts})"
+    bad = [v for v in views if v.state in UNHEALTHY_FOR_EXIT]
+    if bad:
+        failing = state_counts(bad)
+        what = ", ".join(f"{n} {state}" for state, n in sorted(failing.items()))
+        return 1, f"{what} {of} ({counts})"
+    return 0, f"all {len(views)} healthy ({counts})"
+
+
+# ---- --once: observe until every endpoint is decided ----------------------------------------
+
+
+def undecided(v: EndpointView) -> bool:
+    """For a one-shot look (``--once``): the endpoint has requests running and its
+    generation counter was not seen moving over the last interval (or there is no rate
+    yet), and the stall window has not passed: it may be busy or stalling, so it needs a
+    longer look. Progress makes it busy; the window passing makes it stalled."""
+    if v.state not in (BUSY, RESTARTED) or not v.figures.running:
+        return False
+    tps = v.figures.generation_tps
+    return tps is None or tps <= 0
+
+
+def settle_undecided(
+    views: tuple[EndpointView, ...], observed_s: float, stall_window_s: float
+) -> tuple[EndpointView, ...]:
+    """At the end of a ``--once`` observation: an endpoint that is still undecided after
+    the whole stall window was watched (its scrapes too late or too sparse for the
+    tracker's own rule) is stalled -- a health gate never passes what it never saw
+    move."""
+    if observed_s < stall_window_s:
+        return views
+    out = []
+    for v in views:
+        if undecided(v):
+            running = v.figures.running or 0
+            why = (
+                f"{running:.0f} requests running, generation not seen moving in "
+                f"{observed_s:.0f} s of observation (stall window {stall_window_s:g} s); "
+                f"/health {v.health_status}"
+            )
+            v = replace(v, state=STALLED, reason=why)
+        out.append(v)
+    return tuple(out)
 
 
 __all__ = [
@@ -264,5 +316,8 @@ __all__ = [
     "Settings",
     "decide",
     "exit_code",
+    "settle_undecided",
     "state_counts",
+    "undecided",
+    "verdict",
 ]

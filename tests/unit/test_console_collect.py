@@ -5,7 +5,10 @@ idle body is parsed once, a Bearer key is sent; and `opsctl console --once --jso
 from __future__ import annotations
 
 import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +18,7 @@ from opsctl.collectors.scrape import scrape_once
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
+from tests.conftest import OPSCTL
 from tests.standin_vllm import KEY, StandInFleet
 from tests.waiting import wait_until
 
@@ -98,7 +102,7 @@ def run_once(args: list[str]) -> tuple[dict, int]:
 def test_once_json_schema_and_figures():
     with StandInFleet(["healthy", "busy"]) as fleet:
         doc, code = run_once(fleet.urls)
-    assert doc["schema"] == "opsctl.console/1" and code == 0
+    assert doc["schema"] == "opsctl.console/2" and code == 0
     assert doc["counts"] == {"ready": 1, "busy": 1}
     busy = next(e for e in doc["endpoints"] if e["state"] == "busy")
     for key in ("name", "url", "source", "model", "vllm_version", "requests_running",
@@ -129,12 +133,90 @@ def test_once_exit_codes(modes, want):
     assert all(e["reason"] for e in doc["endpoints"] if e["state"] != "ready")
 
 
-def test_empty_fleet_is_a_hint_not_an_error():
+def test_empty_fleet_is_exit_3_with_one_line_and_the_hint():
+    """A health gate that checked nothing does not pass."""
     r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover"])
-    assert r.exit_code == 0
+    assert r.exit_code == 3
     doc = json.loads(r.stdout)
-    assert doc["endpoints"] == [] and "opsctl serve" in doc["hint"]
-    assert "hint:" in r.stderr
+    assert doc["endpoints"] == [] and doc["exit_code"] == 3
+    assert doc["reason"].startswith("no vLLM server found") and "opsctl serve" in doc["hint"]
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("opsctl: error: no vLLM server found") and len(lines) == 2
+    assert lines[1].startswith("hint: start one with `opsctl serve`")
+    r = CliRunner().invoke(app, ["console", "--once", "--no-discover"])
+    assert r.exit_code == 3 and r.stdout == ""  # no table of nothing
+
+
+def test_once_watches_a_stall_for_the_window_and_exits_1():
+    """Requests running and generation flat: one interval cannot tell busy from stalled,
+    so --once keeps looking until the stall window has passed."""
+    with StandInFleet(["stalled", "healthy"]) as fleet:
+        doc, code = run_once([*fleet.urls, "--stall-window", "2s"])
+    stalled = doc["endpoints"][0]
+    assert code == 1 and stalled["state"] == "stalled", stalled
+    assert "generation tokens flat" in stalled["reason"]
+    assert doc["stall_window_s"] == 2.0 and doc["observed_s"] >= 2.0
+    assert doc["reason"].startswith("1 stalled of 2 endpoints")
+
+
+def test_once_answers_an_idle_or_progressing_fleet_within_about_one_interval():
+    with StandInFleet(["busy", "healthy"]) as fleet:
+        t0 = time.monotonic()
+        doc, code = run_once([*fleet.urls, "--stall-window", "30s"])
+        took = time.monotonic() - t0
+    assert code == 0 and doc["counts"] == {"busy": 1, "ready": 1}
+    assert doc["observed_s"] < 5.0 and took < 10.0, (doc["observed_s"], took)  # not the window
+
+
+def test_not_vllm_is_unreachable_not_a_vllm_server_exit_3():
+    with StandInFleet(["notvllm"]) as fleet:
+        doc, code = run_once(fleet.urls)
+    e = doc["endpoints"][0]
+    assert code == 3 and e["state"] == "unreachable"
+    assert e["reason"].startswith("not a vLLM server")
+
+
+@pytest.mark.parametrize("url", ["http://256.1.1.1:9", "ftp://127.0.0.1:9", "http://[::1", "x:0"])
+def test_an_invalid_url_is_bad_input_at_parse_time(url):
+    r = subprocess.run([*OPSCTL, "console", "--once", "--json", "--no-discover", url],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    first, *rest = r.stderr.splitlines()
+    assert first.startswith("opsctl: error: ") and url in first
+    assert len(rest) <= 1 and all(line.startswith("hint: ") for line in rest), r.stderr
+    assert "Traceback" not in r.stderr and "Task exception" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "flag", ["--stall-window=0", "--stall-window=-5", "--interval=0", "--interval=-1s"]
+)
+def test_zero_or_negative_durations_are_exit_2(flag):
+    r = CliRunner().invoke(app, ["console", "--once", "--no-discover", flag])
+    assert r.exit_code == 2 and flag.split("=")[0] in r.stderr
+
+
+def test_durations_take_units():
+    with StandInFleet(["healthy"]) as fleet:
+        r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover",
+                                     "--interval", "1s",
+                                     "--stall-window", "1m", *fleet.urls])  # fmt: skip
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["interval_s"] == 1.0 and doc["stall_window_s"] == 60.0
+
+
+def test_piped_table_is_plain_full_columns():
+    long_name = "a-very-long-endpoint-name-that-an-80-column-box-would-cut-" + "x" * 40
+    with StandInFleet(["healthy"]) as fleet:
+        f = Path(tempfile.mkdtemp()) / "t.toml"
+        f.write_text(f'[[targets]]\nname = "{long_name}"\nurl = "{fleet.urls[0]}"\n')
+        r = subprocess.run([*OPSCTL, "console", "--once", "--no-discover", "--interval", "0.3",
+                            "--targets", str(f)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["name", "url", "source", "state", "model", "run", "wait",
+                                "KV", "%", "gen", "tok/s", "TTFT", "p50", "reason"]  # fmt: skip
+    assert len(lines) == 2 and long_name in lines[1] and fleet.urls[0] in lines[1]
+    assert not set("─│┃━┏┓┗┛╇") & set(r.stdout)  # no box characters
 
 
 def test_tui_refuses_without_a_terminal_and_names_the_plain_flag():

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker, Settings, decide, exit_code
+from opsctl.domain.console_state import (
+    EndpointTracker,
+    Settings,
+    decide,
+    exit_code,
+    settle_undecided,
+    undecided,
+    verdict,
+)
 from opsctl.domain.metrics import (
     LATENCY_HISTOGRAMS,
     bucket_delta,
@@ -218,8 +226,42 @@ def test_exit_codes():
         return c.EndpointView(TARGET, state, None, c.Figures(), c.EngineInfo(), None, None,
                               None, None, 0, 0, None)  # fmt: skip
 
-    assert exit_code([]) == 0
+    assert exit_code([]) == 3  # a gate that checked nothing does not pass
+    assert "no vLLM server found" in verdict([])[1]
     assert exit_code([view(c.READY), view(c.BUSY), view(c.RESTARTED)]) == 0
     for bad in (c.STALLED, c.DEAD, c.UNAUTHORIZED, c.UNREACHABLE):
         assert exit_code([view(c.READY), view(bad)]) == 1
     assert exit_code([view(c.UNREACHABLE), view(c.UNREACHABLE)]) == 3
+    code, reason = verdict([view(c.READY), view(c.STALLED), view(c.DEAD)])
+    assert code == 1 and reason.startswith("1 dead, 1 stalled of 3 endpoints")
+
+
+def test_once_waits_on_running_requests_until_progress_or_the_window():
+    """--once: an endpoint with requests running whose generation was not seen moving is
+    undecided until the counter moves (busy) or the stall window passes (stalled); idle,
+    progressing and failing endpoints are decided at once."""
+    t = tracker(stall_window_s=3.0)
+    assert undecided(t.observe(scrape(0, body(running=4, gen=100))))  # no rate yet
+    v = t.observe(scrape(1, body(running=4, gen=100)))
+    assert v.state == c.BUSY and undecided(v)  # flat for one interval: not yet a stall
+    v = t.observe(scrape(2, body(running=4, gen=150)))
+    assert v.state == c.BUSY and not undecided(v)  # progress seen: busy
+    v = t.observe(scrape(3, body(running=4, gen=150)))
+    assert undecided(v)  # flat again: keep looking
+    v = t.observe(scrape(5, body(running=4, gen=150)))
+    assert v.state == c.STALLED and not undecided(v)  # the window passed: stalled
+    idle = tracker()
+    assert not undecided(idle.observe(scrape(0, body(running=0))))
+    assert not undecided(idle.observe(scrape(1, health=None)))
+
+
+def test_an_endpoint_still_undecided_after_the_window_is_settled_as_stalled():
+    t = tracker(stall_window_s=10.0)
+    t.observe(scrape(0, body(running=16, gen=100)))
+    v = t.observe(scrape(1, body(running=16, gen=100)))  # scrapes too sparse to decide
+    ready = tracker().observe(scrape(1, body()))
+    assert settle_undecided((v, ready), 5.0, 10.0) == (v, ready)  # window not over yet
+    out = settle_undecided((v, ready), 10.5, 10.0)
+    assert out[0].state == c.STALLED and "not seen moving in 10 s" in out[0].reason
+    assert out[1] is ready
+    assert exit_code(out) == 1

@@ -1,0 +1,59 @@
+"""``console --once``: one look at the fleet that never passes a stalled engine.
+
+A single interval cannot tell a stalled engine from a busy one: both have requests
+running, and a stall is generation staying flat for the stall window. So the look lasts
+one interval (two scrapes: rates need two) for an idle or progressing fleet, and longer
+only while some endpoint is undecided (requests running, generation not seen moving):
+until it moves (busy) or the stall window has passed (stalled). The deadline covers
+the window plus a slow scrape; what is still undecided then is stalled
+(opsctl.domain.console_state.settle_undecided)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from opsctl.console.source import FleetSource
+from opsctl.domain.console import FleetSnapshot
+from opsctl.domain.console_state import Settings, settle_undecided, undecided
+
+CHECK_EVERY_S = 0.05  # how often the collected views are looked at (no I/O: a lock)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    snapshot: FleetSnapshot
+    observed_s: float  # from start() to the snapshot
+    settled: bool  # every endpoint had its scrapes before the settle deadline
+
+
+def settle_timeout(source: FleetSource, interval_s: float) -> float:
+    return 2 * interval_s + float(getattr(source, "timeout", 10.0)) + 5.0
+
+
+def observe(source: FleetSource, settings: Settings) -> Observation:
+    """Start ``source``, look until every endpoint is decided (or the deadline), close it."""
+    t0 = time.monotonic()
+    source.start()
+    try:
+        settled = source.wait_settled(timeout=settle_timeout(source, settings.interval_s))
+        snap = source.collect()
+        if getattr(source, "live", True):  # a replay's last frame is what it is
+            # the stall is counted from the first scrapes, which finished by now; a scrape
+            # that finishes after the window passed decides (it may take a timeout)
+            deadline = (
+                time.monotonic()
+                + settings.stall_window_s
+                + 2 * settings.interval_s
+                + float(getattr(source, "timeout", 10.0))
+            )
+            while any(undecided(v) for v in snap.endpoints) and time.monotonic() < deadline:
+                time.sleep(CHECK_EVERY_S)
+                snap = source.collect()
+    finally:
+        source.close()
+    observed = time.monotonic() - t0
+    if getattr(source, "live", True):
+        views = settle_undecided(snap.endpoints, observed, settings.stall_window_s)
+        snap = replace(snap, endpoints=views)
+    return Observation(snap, observed, settled)
