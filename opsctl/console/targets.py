@@ -22,34 +22,19 @@ from opsctl.errors import BadInput
 
 
 def normalise_url(url: str) -> str:
-    """http(s)://host:port without a trailing slash; a bare host:port gets http://.
-    Anything the HTTP client would refuse (``http://256.1.1.1:9``, a bad port, a
-    non-http scheme) is BadInput (exit 2) here, at parse time, never a poll task's
-    exception later."""
+    """The console's URL rule is every command's (opsctl.domain.urls.normalise_url:
+    http(s)://HOST:PORT or a bare HOST:PORT, no trailing slash), checked at parse time;
+    what the HTTP client would still refuse is BadInput (exit 2) here too, never a poll
+    task's exception later (``http://256.1.1.1:9`` once read 'not polled')."""
     import httpx
 
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parts = urlsplit(text)
-    except ValueError as exc:  # an unclosed [IPv6 bracket
-        raise BadInput(f"not a valid URL: {url!r} ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadInput(f"not an http(s) URL: {url!r}")
-    try:
-        port = parts.port
-    except ValueError:
-        raise BadInput(f"bad port in URL: {url!r}") from None
-    if port == 0:
-        raise BadInput(f"bad port in URL (port 0): {url!r}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    netloc = f"{host}:{port}" if port else host
-    out = f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+    from opsctl.domain import urls
+
+    out = urls.normalise_url(url)
     try:
         httpx.URL(out + "/metrics")
     except httpx.InvalidURL as exc:
-        raise BadInput(f"not a valid URL: {url!r} ({exc})") from None
+        raise BadInput(f"not a valid URL: {url!r} ({exc})", hint=urls.FORMS_HINT) from None
     return out
 
 

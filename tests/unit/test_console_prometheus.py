@@ -339,4 +339,10 @@ def test_console_prometheus_flags(args, code, needle):
     lines = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
     assert r.exit_code == code, (r.stdout, r.stderr)
     assert len(lines) == 1 and needle in lines[0], r.stderr
-    assert r.stdout == ""
+    if code == 3:  # --json reports the state it found (opsctl.error/1, from opsctl.cli)
+        import json
+
+        doc = json.loads(r.stdout)
+        assert doc["state"] == "unreachable" and doc["exit_code"] == 3 and needle in doc["error"]
+    else:
+        assert r.stdout == ""
