@@ -157,6 +157,7 @@ class CertifyReport(Report):
     ``error`` on stderr (e.g. "pass --api-key KEY")."""
 
     hint: str | None = None
+    stop: KeyboardInterrupt | None = None  # interrupted: re-raised once the report is out
 
     @property
     def results(self) -> list[dict[str, Any]]:
@@ -189,15 +190,21 @@ def run(
     own = session if session is not None else CertifySession()
     started = time.monotonic()
     progress(ev.Started(TITLE, f"certifying {_name(target)}"))
+    job: _Job | None = None
     try:
         try:
             facts, selection = _select(target, options, own)
             job = _Job(target, options, facts, selection, own, progress)
         except EngineUnreachable as err:  # nothing to certify: one failed liveness case
             return not_reached(target, err, time.monotonic() - started, progress)
-        job.run_checks()
+        try:
+            job.run_checks()
+        except KeyboardInterrupt as stop:  # Ctrl-C, a stop signal, the TUI's quit
+            job.stop, job.progress = stop, ev.ignore  # the TUI's progress raises once quit
     finally:
-        own.close(progress)
+        own.close(job.progress if job is not None else progress)
+    if job.stop is not None:
+        return _report(job, job.interrupted(), time.monotonic() - started)
     return _report(job, job.finish(), time.monotonic() - started)
 
 
@@ -206,8 +213,6 @@ def not_reached(
     error: BaseException,
     seconds: float,
     progress: ev.Progress = ev.ignore,
-    *,
-    session: EngineSession | None = None,
 ) -> CertifyReport:
     """The report of a certification that never reached its checks: no vLLM server
     answered (``error`` an EngineUnreachable: state unreachable, exit 3), or certify
@@ -228,10 +233,9 @@ def not_reached(
     rows = dom.summary_rows([r.to_dict() for r in results])
     progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))
     progress(ev.Finished(dom.overall(results), message))
-    failed = list(session.failed) if isinstance(session, CertifySession) else []
     report = _document(
         target, results, seconds, state=state, error=message,
-        fingerprint=bare_fingerprint(), model_kind=None, engines=[], failed_starts=failed,
+        fingerprint=bare_fingerprint(), model_kind=None, engines=[], failed_starts=[],
         refused=[],
     )  # fmt: skip
     return replace(report, hint=getattr(error, "hint", None))
@@ -284,6 +288,8 @@ class _Job:
         self.results: dict[str, dom.CheckResult] = {
             c: dom.skipped(c, why) for c, why in selection.skipped.items()
         }
+        self.stop: KeyboardInterrupt | None = None  # the run was interrupted
+        self.started_at = 0.0  # time.monotonic() when the running check began
 
     def ordered(self) -> list[dom.CheckResult]:
         return [self.results[c] for c in dom.CHECKS if c in self.results]
@@ -309,10 +315,21 @@ class _Job:
             self.table()
         return self.ordered()
 
+    def interrupted(self) -> list[dom.CheckResult]:
+        """After an interrupt: the check that was running is an error case
+        ("interrupted"), the checks not reached are skipped, finished ones keep theirs."""
+        running = self.session.current
+        if running and running not in self.results:
+            seconds = time.monotonic() - self.started_at
+            self.results[running] = dom.errored(running, dom.INTERRUPTED_WHY, seconds, False)
+        for c in self.selection.run:
+            self.results.setdefault(c, dom.skipped(c, f"not run: {dom.INTERRUPTED_WHY}"))
+        return self.ordered()
+
     def run_one(self, check: str, index: int, total: int) -> dom.CheckResult:
         self.progress(CheckStarted(check, index, total))
         self.session.current = check
-        t0 = time.monotonic()
+        t0 = self.started_at = time.monotonic()
 
         def scoped(event: ev.Event) -> None:
             self.progress(CheckProgress(check, event))
@@ -365,15 +382,19 @@ def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> Certif
     session, facts = job.session, job.facts
     engine_docs = engines(session)
     state, error = dom.RAN, None
-    if session.failed and not session.starts:  # every engine certify needed failed to start
+    if job.stop is not None:
+        why = str(job.stop)  # Terminated: the signal's name; Ctrl-C: ""
+        state, error = dom.INTERRUPTED, f"interrupted by {why}" if why else "interrupted"
+    elif session.failed and not session.starts:  # every engine certify needed failed
         state, error = dom.START_FAILED, str(session.failed[0]["error"])
     job.progress(ev.Finished(dom.overall(results), dom.summary_line(results, len(engine_docs))))
-    return _document(
+    report = _document(
         job.target, results, seconds, state=state, error=error,
         fingerprint=fingerprint(job.target, facts, engine_docs),
         model_kind=facts.subject.kind(), engines=engine_docs, failed_starts=session.failed,
         refused=job.refused,
     )  # fmt: skip
+    return replace(report, stop=job.stop) if job.stop is not None else report
 
 
 def _document(

@@ -200,6 +200,8 @@ def _conclude(report: CertifyReport, as_json: bool) -> None:
 
     doc = report.to_dict()
     output.emit(doc, as_json=as_json, render=render_certify.render(doc))
+    if report.stop is not None:
+        raise report.stop  # exit 130, the report written
     if doc["state"] == dom.UNREACHABLE:
         raise EngineUnreachable(doc["error"], hint=report.hint)
     if doc["state"] == dom.CRASHED:

@@ -22,8 +22,10 @@ RAN = "ran"  # the server answered, or every engine certify needed started: chec
 UNREACHABLE = "unreachable"  # no vLLM server answered at the URL (exit 3)
 START_FAILED = "start_failed"  # an engine certify started never became healthy
 CRASHED = "crashed"  # certify itself failed before its checks (an opsctl bug, exit 1)
-STATES = (RAN, UNREACHABLE, START_FAILED, CRASHED)
-EXIT_UNREACHABLE = 3
+INTERRUPTED = "interrupted"  # stopped by Ctrl-C or a signal: what ran so far (exit 130)
+STATES = (RAN, UNREACHABLE, START_FAILED, CRASHED, INTERRUPTED)
+EXIT_UNREACHABLE, EXIT_INTERRUPTED = 3, 130
+INTERRUPTED_WHY = "interrupted"
 
 # verdicts of one check in a certification
 PASS, UNVERIFIED, FAILED, ERROR, SKIPPED = "pass", "unverified", "fail", "error", "skipped"
@@ -294,11 +296,13 @@ def overall(results: Sequence[CheckResult]) -> str:
 
 
 def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
-    """3 when no vLLM server answered; else 0 all applicable checks passed; 1 any failed
+    """3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1 any failed
     (or errored); 4 when the only problems are checks that timed out (nothing failed on
     its own findings)."""
     if state == UNREACHABLE:
         return EXIT_UNREACHABLE
+    if state == INTERRUPTED:
+        return EXIT_INTERRUPTED
     bad = [r for r in results if r.verdict in (FAILED, ERROR)]
     if not bad:
         return 0

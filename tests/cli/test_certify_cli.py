@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,8 +85,8 @@ def validated(junit: Path, sarif: Path) -> tuple[ET.Element, dict]:
         ((), "give a server URL or --model"),
         (("http://127.0.0.1:9", "--model", "tiny-llama"), "not both"),
         (("--model", "tiny-llama", "--checks", "liveness,bogus"), "unknown check(s) bogus"),
-        (("--model", "tiny-llama", "--timeout", "0"), "Invalid value for '--timeout'"),
-        (("--model", "tiny-llama", "--timeout", "-1"), "Invalid value for '--timeout'"),
+        (("--model", "tiny-llama", "--timeout", "0"), "--timeout"),
+        (("--model", "tiny-llama", "--timeout", "-1"), "--timeout"),
         (("--model", "tiny-llama", "--timeout", "soon"), "--timeout"),
         (("--model", "tiny-llama", "--checks", "usage"), "cannot run usage: decoder model"),
         (("--model", "tiny-llama", "--checks", "kv-fail", "--skip", "kv-fail"), "both"),
@@ -99,6 +100,8 @@ def test_usage_errors_exit_2_and_write_no_report(args, text, tmp_path):
     r = runner.invoke(app, ["certify", *args, "--junit", str(junit), "--sarif", str(sarif)])
     assert r.exit_code == 2, r.stderr
     assert text in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[0].startswith("opsctl: error:")
+    assert len(r.stderr.splitlines()) <= 2  # the error line, at most one hint
     assert r.stdout == ""
     assert not junit.exists() and not sarif.exists()  # documented: bad input, no report
 
@@ -153,15 +156,16 @@ def hung() -> Iterator[str]:
 
 
 def certify_process(
-    url: str, tmp: Path, *extra: str
+    target: str, tmp: Path, *extra: str
 ) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """The real CLI process: ``opsctl certify TARGET --json --junit --sarif ...``."""
     junit, sarif = tmp / "ci" / "report.xml", tmp / "ci" / "report.sarif"  # ci/: made
-    args = [url, "--json", "--junit", str(junit), "--sarif", str(sarif), *extra]
+    args = [*target.split(" "), "--json", "--junit", str(junit), "--sarif", str(sarif)]
     r = subprocess.run(
-        [sys.executable, "-m", "opsctl", "certify", *args],
+        [sys.executable, "-m", "opsctl", "certify", *args, *extra],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         cwd=tmp,
     )
     return r, junit, sarif
@@ -354,3 +358,71 @@ def test_certify_itself_crashing_still_writes_the_report(tmp_path, monkeypatch):
     assert (doc["state"], doc["exit_code"]) == ("crashed", 1)
     root, _ = validated(junit, sarif)
     assert root.find("testsuite/testcase[@name='liveness']/error") is not None
+
+
+def test_interrupted_certification_writes_what_ran_and_exits_130(tmp_path):
+    """SIGINT (CI cancelling a job, Ctrl-C) while liveness waits on a slow server: exit
+    130, the files hold liveness as an interrupted error case and usage not run."""
+    from tests.standin_scoring import stand_in
+    from tests.waiting import wait_until
+
+    junit, sarif = tmp_path / "j.xml", tmp_path / "s.sarif"
+    err = tmp_path / "stderr.txt"
+    with stand_in(sleep=60.0) as url, open(err, "w") as stderr:
+        args = [url, "--checks", "liveness,usage", "--json", "--junit", str(junit)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "opsctl", "certify", *args, "--sarif", str(sarif)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=tmp_path,
+        )
+        try:
+            wait_until(
+                lambda: "liveness: POST /score" in err.read_text(), 60, "the /score request",
+                err.read_text,
+            )  # fmt: skip
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err.read_text()
+    assert err.read_text().splitlines()[-1].startswith("opsctl: interrupted")
+    doc = json.loads(out)
+    assert (doc["state"], doc["exit_code"]) == ("interrupted", 130)
+    assert doc["error"] == "interrupted by SIGINT"
+    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
+    assert verdicts["liveness"] == "error"
+    usage = next(c for c in doc["checks"] if c["check"] == "usage")
+    assert (usage["verdict"], usage["reason"]) == ("skipped", "not run: interrupted")
+    root, log = validated(junit, sarif)
+    error = root.find("testsuite/testcase[@name='liveness']/error")
+    assert error is not None and error.get("message") == "interrupted"
+    assert log["runs"][0]["invocations"][0]["exitCode"] == 130
+
+
+@pytest.mark.engine
+def test_an_engine_that_never_starts_is_an_error_case_in_the_report(tmp_path):
+    """certify --model on a directory vLLM refuses: one real (failed) engine start; the
+    report names the failed start and the check it was for."""
+    model = tmp_path / "no-such-arch"
+    model.mkdir()
+    config = {"architectures": ["NoSuchArchForCausalLM"], "model_type": "llama"}
+    (model / "config.json").write_text(json.dumps(config))
+    r, junit, sarif = certify_process(f"--model {model}", tmp_path, "--checks", "liveness")
+    assert r.returncode == 1, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["state"] == "start_failed" and "before becoming healthy" in doc["error"]
+    assert doc["target"] == {"kind": "managed", "url": None}
+    (failed,) = doc["failed_starts"]
+    assert failed["check"] == "liveness" and failed["error"] == doc["error"]
+    assert doc["summary"]["engine_starts"] == 0 and doc["engines"] == []
+    live = next(c for c in doc["checks"] if c["check"] == "liveness")
+    assert live["verdict"] == "error" and live["reason"] == doc["error"]
+    root, log = validated(junit, sarif)
+    error = root.find("testsuite/testcase[@name='liveness']/error")
+    assert error is not None and error.get("message") == doc["error"]
+    assert [x["ruleId"] for x in log["runs"][0]["results"]] == ["liveness.error"]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
+    assert errors == [errors[0]] and errors[0].startswith("opsctl: error: certify failed: liveness")
