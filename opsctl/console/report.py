@@ -85,7 +85,7 @@ def document(
     from opsctl.output import document as doc
 
     views = snap.endpoints
-    code, reason = verdict(views)
+    code, reason = verdict(views, snap.source)
     return doc(
         SCHEMA,
         taken_at=round(snap.taken_at, 3),

@@ -244,7 +244,10 @@ def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[s
 
 UNHEALTHY_FOR_EXIT = (STALLED, DEAD, UNAUTHORIZED, UNREACHABLE, STARTING)
 
-NO_ENDPOINT = "no vLLM server found (no URL argument, no --targets entry, none discovered)"
+NO_ENDPOINT = {
+    "direct": "no vLLM server found (no URL argument, no --targets entry, none discovered)",
+    "prometheus": "no vLLM server found among the Prometheus server's active targets",
+}
 
 
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
@@ -254,12 +257,14 @@ def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
     return verdict(views)[0]
 
 
-def verdict(views: tuple[EndpointView, ...] | list[EndpointView]) -> tuple[int, str]:
+def verdict(
+    views: tuple[EndpointView, ...] | list[EndpointView], source: str = "direct"
+) -> tuple[int, str]:
     """The exit code of ``--once`` and its one-line reason."""
     from opsctl.domain.console import REACHABLE
 
     if not views:
-        return 3, NO_ENDPOINT
+        return 3, NO_ENDPOINT.get(source, "no vLLM server found")
     counts = ", ".join(f"{n} {state}" for state, n in sorted(state_counts(views).items()))
     of = f"of {len(views)} endpoint{'s' if len(views) != 1 else ''}"
     if not any(v.state in REACHABLE for v in views):

@@ -7,6 +7,7 @@ import pytest
 
 from opsctl.domain import console as c
 from opsctl.domain.console_state import (
+    NO_ENDPOINT,
     EndpointTracker,
     Settings,
     decide,
@@ -227,7 +228,8 @@ def test_exit_codes():
                               None, None, 0, 0, None)  # fmt: skip
 
     assert exit_code([]) == 3  # a gate that checked nothing does not pass
-    assert "no vLLM server found" in verdict([])[1]
+    assert "no vLLM server found" in verdict([])[1] and "--targets" in verdict([])[1]
+    assert verdict([], "prometheus") == (3, NO_ENDPOINT["prometheus"])
     assert exit_code([view(c.READY), view(c.BUSY), view(c.RESTARTED)]) == 0
     for bad in (c.STALLED, c.DEAD, c.UNAUTHORIZED, c.UNREACHABLE):
         assert exit_code([view(c.READY), view(bad)]) == 1

@@ -111,7 +111,10 @@ def test_cli_once_json_through_prometheus(prometheus):  # noqa: F811
         assert got == {fleet.urls[0]: ("ready", 0), fleet.urls[1]: ("busy", 4)}
         missing = [*OPSCTL, "console", "--prometheus", server.url, "--job", "nope", "--once"]
         out = subprocess.run(missing, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0 and "no active targets in job 'nope'" in out.stderr
+        # a gate that found nothing to check does not pass: exit 3, one error line + hint
+        assert out.returncode == 3 and out.stdout == "", out.stderr
+        assert out.stderr.startswith("opsctl: error: no vLLM server found among the Prometheus")
+        assert "no active targets in job 'nope'" in out.stderr
         assert "jobs: vllm, vllm-health" in out.stderr
 
 
