@@ -2,20 +2,28 @@
 fewest engine starts, as one report for people and CI.
 
 ``run(target, options, progress=ignore, session=None) -> CertifyReport`` (schema
-``certify/1``):
+``certify/2``). It returns a report whatever happens past bad input, so CI always gets
+its files (``state`` and ``error`` in the document say what happened):
 
 1. Facts (:mod:`opsctl.checks.certify_plan`): the model's kind (generative, pooling
    cross-/bi-encoder, multimodal, hybrid KV groups) and the target's (a URL or an engine
-   certify starts). A URL must answer (EngineUnreachable, exit 3).
+   certify starts). No vLLM server at the URL (refused, no answer within
+   ``min(timeout, 30 s)``, another HTTP server, a refused key) is state "unreachable":
+   one failed ``liveness`` case, every other check skipped, exit 3 (:func:`not_reached`).
 2. Selection (:func:`opsctl.domain.certify.select`): applicable checks minus
    ``Options.skip`` (or only ``Options.checks``); every other check is "skipped" with
-   its reason. A check named in ``Options.checks`` that cannot run is BadInput.
+   its reason. A check named in ``Options.checks`` that cannot run is BadInput (exit 2,
+   no report: the command line must change).
 3. Engines: compatible checks share one engine (``session.plan``; the plan is
    certify_plan's). :class:`CertifySession` keeps at most ONE engine alive: a new start
    first stops the engine before it (checks run grouped by engine, so nothing restarts).
-   Every start and the checks it served are in the report.
-4. Each check runs with the shared session; a check that errs (engine died, timeout)
-   is "error", one that finds at run time it cannot run is "skipped" (with why).
+   Every start and the checks it served are in the report; a start that fails is an
+   error case of each check it was for (state "start_failed" when none started).
+4. Each check runs with the shared session; a check that errs (engine died, timeout, a
+   bug: any exception) is "error" and the others still run; one that finds at run time
+   it cannot run is "skipped" (with why). An interrupt (Ctrl-C, a stop signal) ends the
+   run: what finished is kept, the running check is an "interrupted" error, state
+   "interrupted", exit 130 (the caller re-raises ``report.stop`` after writing).
 5. The session closes; shutdown hygiene judges the stop reports and rechecks.
 
 Progress: :class:`CheckStarted`, each check's own events wrapped in

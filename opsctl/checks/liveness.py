@@ -1,7 +1,8 @@
 """Liveness as a library call: the server is healthy, answers one request, and its
 engine makes forward progress.
 
-``run(target, options, progress, session) -> Report`` (schema ``liveness/1``):
+``run(target, options, progress, session) -> Report`` (schema ``liveness/2``: the
+request's time is ``request.duration_s``):
 
 1. ``/health`` answers 200;
 2. one small request answers 200: a 4-token greedy completion for a generative model,
@@ -29,7 +30,7 @@ from opsctl.checks.target import Live, Target
 from opsctl.collectors import liveness as col
 from opsctl.domain import certify_checks as dom
 
-SCHEMA = "liveness"
+SCHEMA = "liveness/2"
 TITLE = "liveness"
 PROMPT = "The engine is alive and"
 
