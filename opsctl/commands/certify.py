@@ -90,9 +90,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = duration_option(
             "5m",
             "--timeout",
-            help="how long an engine certify starts may take to become healthy, and any "
-            "one answer (exit 4 past it); a URL silent for this long (30s at most) at "
-            "first contact is unreachable (exit 3)",
+            help="the longest wait for an engine certify starts and for each HTTP answer "
+            "(exit 4 past it); a URL with no first answer within it (30s at most) is "
+            "unreachable (exit 3)",
         ),
         load_format: str = typer.Option(
             "auto",
