@@ -1,14 +1,27 @@
 """What a patch is: :class:`Patch` (name, target, versions, reason, apply function) and
 the :class:`Outcome` its apply function returns (one of the four statuses).
 
-A leaf module (standard library only): the patch modules, :mod:`engine_patches.catalog`
-and :mod:`engine_patches.registry` all import it, and it imports none of them, so the
+Besides the human-readable ``versions``, a patch declares for machines:
+
+- ``verified_on``: the vLLM releases it was verified on (``("0.32.0",)``); on any other
+  release the registry records ``verified: false`` and ``note: "unverified on X"``;
+- ``symbols``: the vLLM code it wraps or reads, as ``"module:Qualified.name"`` (the
+  upgrade preflight reads them from a release's sources without importing it);
+- ``watch``: vLLM code it relies on without wrapping it (how its targets are called);
+- ``upstream``: the structural rule "the fix is already upstream", a pure function of
+  ``{symbol: source text or None}`` returning ``(True | False | None, why)`` (None:
+  cannot decide). The apply function runs the same rule on the installed sources
+  (:func:`installed_sources`), the preflight on a wheel's.
+
+A leaf module (standard library only; vLLM is imported only by
+:func:`installed_sources`): the patch modules, :mod:`engine_patches.catalog` and
+:mod:`engine_patches.registry` all import it, and it imports none of them, so the
 registry can use the catalog without an import cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 APPLIED = "applied"
@@ -16,6 +29,9 @@ UPSTREAM = "already upstream"
 SKIPPED = "skipped"
 FAILED = "failed"
 STATUSES = (APPLIED, UPSTREAM, SKIPPED, FAILED)
+
+Sources = Mapping[str, "str | None"]
+UpstreamRule = Callable[[Sources], "tuple[bool | None, str]"]
 
 
 @dataclass(frozen=True)
@@ -32,3 +48,57 @@ class Patch:
     reason: str  # upstream PR / issue
     apply: Callable[[], Outcome]
     roles: tuple[str, ...] = ("api_server", "engine_core", "worker")
+    verified_on: tuple[str, ...] = ()  # vLLM releases this was verified on
+    symbols: tuple[str, ...] = ()  # "module:Qualified.name" it wraps or reads
+    watch: tuple[str, ...] = ()  # "module:Qualified.name" it relies on, unwrapped
+    upstream: UpstreamRule | None = None  # None: no upstream fix to look for
+    kind: str = "patch"  # patch | probe
+
+
+def symbols(module: str, *qualnames: str) -> tuple[str, ...]:
+    """``symbols("vllm.a.b", "C.f", "g")`` -> ``("vllm.a.b:C.f", "vllm.a.b:g")``."""
+    return tuple(f"{module}:{q}" for q in qualnames)
+
+
+def split_symbol(symbol: str) -> tuple[str, str]:
+    """``"vllm.a.b:C.f"`` -> ``("vllm.a.b", "C.f")``."""
+    module, _, qualname = symbol.partition(":")
+    return module, qualname
+
+
+def release(version: str | None) -> str | None:
+    """The release a version string names: ``0.32.0+cpu`` -> ``0.32.0``."""
+    if not version:
+        return None
+    return str(version).split("+", 1)[0].strip() or None
+
+
+def verification(patch: Patch, version: str | None) -> tuple[bool | None, str | None]:
+    """(verified, note) of ``patch`` on vLLM ``version``: None when the version is unknown."""
+    rel = release(version)
+    if rel is None:
+        return None, "vLLM version unknown: cannot tell whether this was verified on it"
+    if rel in patch.verified_on:
+        return True, None
+    return False, f"unverified on {rel}"
+
+
+def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
+    """``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
+    is missing or whose source cannot be read. A wrapper's original is followed through
+    ``__wrapped__``, so a rule sees vLLM's code, not opsctl's wrapper."""
+    import importlib
+    import inspect
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        module, qualname = split_symbol(name)
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+            obj = inspect.unwrap(obj)
+            out[name] = inspect.getsource(obj)
+        except (ImportError, AttributeError, OSError, TypeError):
+            out[name] = None
+    return out

@@ -19,6 +19,11 @@ Every ledger record carries ``test_knobs``: the test-only knobs this process hon
 a knob-altered engine as such from the engine's own record. ``platform`` is the device
 type vLLM reports (cpu, cuda, rocm, xpu, ...) or null; when null, ``platform_note`` says
 why (it is null otherwise).
+
+Each patch's record carries ``verified_on`` (the releases it declares), ``verified``
+(this vLLM's release is one of them; null when the version is unknown) and ``note``
+("unverified on 0.33.0", or null): a patch on an unverified release is still applied or
+skipped by its own target check, never silently.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 from engine_patches import catalog, knobs
-from engine_patches.patch import APPLIED, FAILED, SKIPPED, UPSTREAM, Outcome, Patch
+from engine_patches.patch import (
+    APPLIED,
+    FAILED,
+    SKIPPED,
+    UPSTREAM,
+    Outcome,
+    Patch,
+    verification,
+)
 from engine_patches.records import (
     platform_info,
     platform_name,
@@ -60,8 +73,14 @@ def _disabled() -> set[str]:
     return {p.strip() for p in raw.split(",") if p.strip()}
 
 
-def apply_patch(patch: Patch, role: str) -> dict:
+def apply_patch(patch: Patch, role: str, version: str | None = None) -> dict:
+    """Apply one patch in this process; its ledger record. ``verified`` says whether
+    ``version`` (this vLLM) is one the patch declares it was verified on; when it is
+    not, ``note`` says so ("unverified on 0.33.0") and the patch is still applied
+    (its apply function decides from the target itself: applied, skipped with the
+    reason, already upstream)."""
     started = time.perf_counter()
+    verified, note = verification(patch, version)
     disabled = _disabled()
     if "all" in disabled or patch.name in disabled:
         outcome = Outcome(SKIPPED, "disabled by OPSCTL_DISABLE_PATCHES")
@@ -77,6 +96,9 @@ def apply_patch(patch: Patch, role: str) -> dict:
         "target": patch.target,
         "versions": patch.versions,
         "reason": patch.reason,
+        "verified_on": list(patch.verified_on),
+        "verified": verified,
+        "note": note,
         "status": outcome.status,
         "detail": outcome.detail,
         "seconds": round(time.perf_counter() - started, 6),
@@ -87,16 +109,17 @@ def apply_all(run_dir: str | None = None) -> dict:
     """Apply every patch once in this process and write the ledger. Idempotent."""
     role = process_role()
     platform, platform_note = platform_info()
+    version = vllm_version()
     with _STATE.lock:
         for patch in patches():
             if patch.name not in _STATE.results:
-                _STATE.results[patch.name] = apply_patch(patch, role)
+                _STATE.results[patch.name] = apply_patch(patch, role, version)
         record = {
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "role": role,
             "argv": sys.argv[:4],
-            "vllm_version": vllm_version(),
+            "vllm_version": version,
             "platform": platform,
             "platform_note": platform_note,
             "time": time.time(),

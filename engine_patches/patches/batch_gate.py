@@ -38,6 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_patches.patch import symbols
 from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
 
 PROBE = "gate"
@@ -267,4 +268,13 @@ PATCH = Patch(
     "together reach the scheduler together (PR 55897, PR 56528)",
     apply=apply,
     roles=("engine_core",),
+    verified_on=("0.32.0",),
+    symbols=symbols(
+        "vllm.v1.engine.core",
+        "EngineCore.add_request",
+        "EngineCore.abort_requests",
+        "EngineCoreProc._handle_shutdown",
+    ),
+    watch=symbols("vllm.v1.engine.core", "EngineCoreProc._handle_client_request"),
+    kind="probe",
 )

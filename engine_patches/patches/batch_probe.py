@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_patches import knobs
+from engine_patches.patch import symbols
 from engine_patches.registry import (
     APPLIED,
     SKIPPED,
@@ -286,4 +287,12 @@ PATCH = Patch(
     reason="opsctl probe for diag invariance: show the batch the engine formed (PR 56528)",
     apply=apply,
     roles=("engine_core", "worker"),
+    verified_on=("0.32.0",),
+    symbols=symbols(
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._sample",
+        "GPUModelRunner._execute_mm_encoder",
+    ),
+    watch=symbols("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample"),
+    kind="probe",
 )

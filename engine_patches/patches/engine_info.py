@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from engine_patches.patch import symbols
 from engine_patches.registry import APPLIED, Outcome, Patch, platform_name, record_event
 
 ORIGINALS: dict[str, Any] = {}
@@ -100,4 +101,7 @@ PATCH = Patch(
     reason="opsctl probe: show the KV cache groups and settings the EngineCore really uses",
     apply=apply,
     roles=("engine_core",),
+    verified_on=("0.32.0",),
+    symbols=symbols("vllm.v1.core.sched.scheduler", "Scheduler.__init__"),
+    kind="probe",
 )

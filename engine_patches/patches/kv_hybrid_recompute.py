@@ -66,6 +66,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from engine_patches.patch import Sources
 from engine_patches.registry import APPLIED, SKIPPED, UPSTREAM, Outcome, Patch, record_event
 
 ORIGINALS: dict[str, Any] = {}
@@ -78,26 +79,38 @@ _CRASH_MARKERS = (
 )
 
 
-def upstream_handles_multi_group(scheduler_cls: type) -> tuple[bool | None, str]:
-    """(True: installed vLLM already recovers several groups | False: it crashes |
-    None: the target is missing, why)."""
-    handle = getattr(scheduler_cls, "_handle_invalid_blocks", None)
-    if handle is None:
+HANDLE = "vllm.v1.core.sched.scheduler:Scheduler._handle_invalid_blocks"
+UPDATE = "vllm.v1.core.sched.scheduler:Scheduler._update_requests_with_invalid_blocks"
+SYMBOLS = (HANDLE, UPDATE)
+
+
+def upstream_rule(sources: Sources) -> tuple[bool | None, str]:
+    """(True: the scheduler already recovers several groups | False: it crashes |
+    None: the target is missing, why), from the source text of :data:`SYMBOLS`
+    (installed or read from a wheel)."""
+    if sources.get(HANDLE) is None:
         return None, "Scheduler._handle_invalid_blocks not found (vLLM changed its KV failure path)"
-    handle = getattr(handle, "__wrapped__", handle)
-    sources = []
-    for fn in (handle, getattr(scheduler_cls, "_update_requests_with_invalid_blocks", None)):
-        if fn is None:
-            continue
-        try:
-            sources.append(inspect.getsource(getattr(fn, "__wrapped__", fn)))
-        except (OSError, TypeError):
-            return None, "cannot read the scheduler's source to decide"
-    text = "\n".join(sources)
+    text = "\n".join(src for src in (sources.get(HANDLE), sources.get(UPDATE)) if src)
     for marker in _CRASH_MARKERS:
         if marker in text:
-            return False, f"installed scheduler crashes on several groups ({marker!r})"
-    return True, "installed scheduler has no single-group-only failure path"
+            return False, f"scheduler crashes on several groups ({marker!r})"
+    return True, "scheduler has no single-group-only failure path"
+
+
+def upstream_handles_multi_group(scheduler_cls: type) -> tuple[bool | None, str]:
+    """:func:`upstream_rule` on a scheduler class (the installed one, or a test's)."""
+    sources: dict[str, str | None] = {}
+    for name in SYMBOLS:
+        fn = getattr(scheduler_cls, name.rsplit(".", 1)[1], None)
+        if fn is None:
+            sources[name] = None
+            continue
+        try:
+            sources[name] = inspect.getsource(inspect.unwrap(fn))
+        except (OSError, TypeError):
+            return None, "cannot read the scheduler's source to decide"
+    handled, why = upstream_rule(sources)
+    return handled, why.replace("scheduler", "installed scheduler", 1)
 
 
 def _is_state_spec(spec) -> bool:
@@ -332,4 +345,8 @@ PATCH = Patch(
     "model killed the EngineCore; affected requests now recompute from the start",
     apply=apply,
     roles=("engine_core",),
+    verified_on=("0.32.0",),
+    symbols=SYMBOLS,
+    watch=("vllm.v1.core.sched.scheduler:Scheduler._preempt_request",),
+    upstream=upstream_rule,
 )

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from engine_patches import knobs
+from engine_patches.patch import symbols
 from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
 
 PROBE = "lora"
@@ -269,4 +270,17 @@ PATCH = Patch(
     "(PR 55897); test knob OPSCTL_LORA_SWAP plants a mixed-batch fault",
     apply=apply,
     roles=("engine_core", "worker"),
+    verified_on=("0.32.0",),
+    symbols=(
+        *symbols("vllm.lora.model_manager", "LoRAModelManager.__init__"),
+        *symbols("vllm.lora.worker_manager", "WorkerLoRAManager._load_adapter"),
+        *symbols("vllm.v1.worker.gpu_input_batch", "InputBatch.make_lora_inputs"),
+        *symbols("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._execute_mm_encoder"),
+    ),
+    watch=symbols(
+        "vllm.lora.model_manager",
+        "LoRAModelManager._get_lora_layer_weights",
+        "LoRAModelManager.activate_adapter",
+    ),
+    kind="probe",
 )

@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from engine_patches import knobs
+from engine_patches.patch import symbols
 from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
 
 ORIGINALS: dict[str, Any] = {}
@@ -127,4 +128,7 @@ PATCH = Patch(
     reason="opsctl probe for vLLM PR 56432: show which multimodal identifier reached the engine core",
     apply=apply,
     roles=("engine_core",),
+    verified_on=("0.32.0",),
+    symbols=symbols("vllm.v1.engine.core", "EngineCore.preprocess_add_request"),
+    kind="probe",
 )
