@@ -77,13 +77,14 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
     (config from /v1/models ``root`` or its run directory when readable here), kind,
     run directory, whether it runs on this node and whether its mm_uuid probe is on."""
     from opsctl.collectors import certify as col
-    from opsctl.collectors.liveness import require_vllm
+    from opsctl.collectors.http import require_reachable
     from opsctl.collectors.scoring import ScoringApi
     from opsctl.domain.urls import normalise_url
     from opsctl.engine.model import archetype_of
     from opsctl.errors import BadInput, EngineUnreachable
 
-    require_vllm(normalise_url(target.url), min(timeout, FIRST_CONTACT_S), target.api_key)
+    first = min(timeout, FIRST_CONTACT_S)
+    require_reachable(normalise_url(target.url), first, target.api_key)
     with session.open(target) as live, ScoringApi(live.url, timeout, live.api_key) as api:
         try:
             served = api.served_model()

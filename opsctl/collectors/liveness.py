@@ -1,11 +1,6 @@
 """HTTP reads of the liveness check: /health, one small request, one /metrics counter.
 Plain values out; every network error becomes a value with its reason, never a raise
-(except a refused API key: "authentication required", exit 3).
-
-:func:`require_vllm` is certify's first contact with a URL: a vLLM server answers
-/v1/models with its model list; anything else (a refused or timed-out connection, no
-HTTP answer in time, another HTTP server) raises EngineUnreachable (exit 3) saying
-which."""
+(except a refused API key: "authentication required", exit 3)."""
 
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ import httpx
 
 from opsctl.collectors import http
 from opsctl.domain.metrics import parse_metrics
-from opsctl.errors import EngineUnreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,51 +20,6 @@ class Answer:
     payload: Any
     error: str | None
     seconds: float
-
-
-def require_vllm(url: str, timeout: float, api_key: str | None = None) -> None:
-    """A vLLM server answers at ``url`` within ``timeout`` seconds: /v1/models gives
-    200 and a model list. Otherwise EngineUnreachable: "no server answered" (refused,
-    connect timeout, no HTTP answer), "not a vLLM server" (another HTTP server) or
-    "authentication required" (401/403)."""
-    try:
-        with http.client(api_key, timeout=timeout) as c:
-            r = http.check_auth(c.get(f"{url}/v1/models"), api_key)
-    except httpx.ConnectTimeout:
-        raise EngineUnreachable(
-            f"no server answered at {url}: no connection within {timeout:g} s"
-        ) from None
-    except httpx.TimeoutException:
-        raise EngineUnreachable(
-            f"no server answered at {url}: connected, but no HTTP answer within {timeout:g} s"
-        ) from None
-    except httpx.ConnectError as exc:
-        raise EngineUnreachable(f"no server answered at {url}: {_why(exc)}") from None
-    except httpx.HTTPError as exc:
-        raise EngineUnreachable(
-            f"no server answered at {url}: {type(exc).__name__}: {_why(exc)}"
-        ) from None
-    if not _lists_models(r):
-        raise EngineUnreachable(
-            f"not a vLLM server: {url}/v1/models answered HTTP {r.status_code}"
-            + ("" if r.status_code != 200 else " without a model list"),
-            hint="point certify at a vLLM server's base URL (where /v1/models answers)",
-        )
-
-
-def _why(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__
-
-
-def _lists_models(r: httpx.Response) -> bool:
-    if r.status_code != 200:
-        return False
-    try:
-        data = r.json().get("data")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(data, list)
 
 
 def health(url: str, timeout: float) -> Answer:

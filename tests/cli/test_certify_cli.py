@@ -174,8 +174,8 @@ def certify_process(
 @pytest.mark.parametrize(
     ("server", "error"),
     [
-        (closed_port, "no server answered at {url}: [Errno 111] Connection refused"),
-        (not_vllm, "not a vLLM server: {url}/v1/models answered HTTP 404"),
+        (closed_port, "no server answered at {url}: ConnectError"),
+        (not_vllm, "not a vLLM server at {url}: /health answered HTTP 404, /v1/models HTTP 404"),
         (hung, "no server answered at {url}: connected, but no HTTP answer within 2 s"),
     ],
     ids=["closed-port", "not-vllm", "hung"],
