@@ -348,7 +348,8 @@ def model_of(doc: Mapping[str, Any]) -> str | None:
 def title_of(doc: Mapping[str, Any]) -> str:
     """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
     where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
-    return f"certify {model_of(doc) or '?'} ({where})"
+    model = model_of(doc)
+    return f"certify {model} ({where})" if model else f"certify {where}"
 
 
 def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:

@@ -113,6 +113,7 @@ def test_unreachable_is_one_failed_liveness_case_exit_3(schemas):
     assert doc["fingerprint"]["platform"] is None and doc["model_kind"] is None
     assert doc["summary"]["fail"] == 1 and doc["summary"]["skipped"] == 7
     root, log = formats(doc, schemas)
+    assert root.find("testsuite").get("name") == f"certify {URL}"  # no model known
     failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["liveness"]
     assert failed[0].find("failure").get("type") == "liveness.unreachable"
