@@ -24,6 +24,7 @@ import httpx
 import psutil
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
+STARTS: list[float] = []  # seconds from spawn to healthy, per server (the suite's summary)
 
 
 @dataclass
@@ -166,8 +167,10 @@ def bare_vllm(
                 start_new_session=True,
             )  # fmt: skip
         server = BareServer(proc, port, log_path)
+        t0 = time.monotonic()
         try:
             wait_healthy(server, timeout)
+            STARTS.append(time.monotonic() - t0)
             yield server
         finally:
             stop_tree(proc.pid)

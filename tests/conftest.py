@@ -5,7 +5,15 @@
 - OPSCTL_ENGINE_LOCK serialises engine starts across concurrent pytest runs on this
   2-core machine (CI runs sequentially anyway).
 - ``running_engine`` starts a real vLLM server with serve's machinery and always stops
-  it (no process, no shm segment left behind).
+  it (no process, no shm segment left behind): for a test that owns its engine (kills,
+  signals, freezes it...). A test that only reads from its engine uses the session pool
+  (``engine_pool``, tests/engine_pool.py; tests/ENGINES.md says who is which).
+- Order: modules without engines first (with -x a broken tree fails in the first
+  minutes), then engine modules, those sharing a pooled engine back to back.
+- Every test that starts an engine is marked ``engine`` (``make test-fast`` deselects
+  them): a test without the mark that starts one in this process fails.
+- At the end the suite prints how many engines it started and the seconds spent in
+  engine starts, per module (tests/engine_pool.py, Accounting).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.engine_pool import ACCOUNTING, bare_starts
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
@@ -41,6 +51,104 @@ def running_engine(
         yield server
     finally:
         server.stop()
+
+
+_POOLS: list = []  # the session's EnginePool, once a test asked for it
+
+
+@pytest.fixture(scope="session")
+def engine_pool() -> Iterator:
+    """The session's engine pool (tests/engine_pool.py); stopped at the session end."""
+    from tests.engine_pool import EnginePool
+
+    pool = EnginePool()
+    _POOLS.append(pool)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def pool_names(item: pytest.Item | None) -> set[str]:
+    if item is None:
+        return set()
+    return {name for m in item.iter_markers("pool") for name in m.args}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pool(*names): reads from these pooled engines")
+    ACCOUNTING.runs_root = Path(os.environ["OPSCTL_HOME"]) / "runs"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cheap modules first, then engine modules; those sharing a pooled engine (the same
+    first pool name) back to back. Modules stay whole and keep their tests' order."""
+    first: dict[object, int] = {}
+    engine: dict[object, bool] = {}
+    pool: dict[object, str] = {}
+    for i, item in enumerate(items):
+        mod = getattr(item, "module", None) or item.parent
+        first.setdefault(mod, i)
+        engine[mod] = engine.get(mod, False) or item.get_closest_marker("engine") is not None
+        names = sorted(pool_names(item))
+        if names and mod not in pool:
+            pool[mod] = names[0]
+
+    def order(indexed: tuple[int, pytest.Item]) -> tuple:
+        i, item = indexed
+        mod = getattr(item, "module", None) or item.parent
+        if not engine[mod]:
+            return (0, "", first[mod], i)
+        if mod in pool:  # grouped by name, placed where the name's first module was
+            anchor = min(first[m] for m, n in pool.items() if n == pool[mod])
+            return (1, "", anchor, pool[mod], first[mod], i)
+        return (1, "", first[mod], "", first[mod], i)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=order)]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    with ACCOUNTING.watching(item.nodeid.split("::")[0]):
+        yield
+
+
+def _unmarked_engine_check(item: pytest.Item):
+    """A test without the ``engine`` mark that starts an engine in this process (in its
+    setup or its call) fails: ``make test-fast`` would start it. Subprocess starts are
+    only counted: another pytest on the same OPSCTL_HOME may create runs meanwhile."""
+    if item.get_closest_marker("engine") is not None:
+        return (yield)
+    before, bare = ACCOUNTING.listing(), len(bare_starts())
+    result = yield
+    started = len(ACCOUNTING.own(ACCOUNTING.listing() - before)) + len(bare_starts()) - bare
+    if started:
+        pytest.fail(
+            f"{item.nodeid} started {started} engine(s) but is not marked engine "
+            "(add pytestmark = pytest.mark.engine)",
+            pytrace=False,
+        )
+    return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_unmarked_engine_check)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_unmarked_engine_check)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the pooled engine after the last test that declared it: this process holds
+    the engine lock while it lives, and the next test may start an engine elsewhere."""
+    for pool in _POOLS:
+        if pool.alive is not None and pool.alive not in pool_names(nextitem):
+            pool.release()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    lines = ACCOUNTING.summary([p.summary() for p in _POOLS])
+    if lines:
+        terminalreporter.section("engine starts")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

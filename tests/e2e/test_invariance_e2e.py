@@ -1,7 +1,9 @@
 """`opsctl diag invariance` against one real vLLM CPU engine (tiny-llama, real seeded
-weights), shared by the module: started with the diag's own isolating settings, the
-batch probe, and a planted-divergence nudge that only touches prompts containing
-"zebra" at output position 3 when they are batched with others.
+weights), the session pool's ``invariance-nudge`` (tests/engine_pool.py; the library
+calls of test_invariance_modes_e2e.py read from the same one): started with the diag's
+own isolating settings, the batch probe, and a planted-divergence nudge that only
+touches prompts containing "zebra" at output position 3 when they are batched with
+others.
 
 One engine start for: the main BS=1 vs BS=N comparison (tokens identical, logprob
 verdict as measured, settings read back from the engine, the batch really formed), the
@@ -21,14 +23,13 @@ from typer.testing import CliRunner
 from engine_patches import knobs
 from opsctl.checks import events as ev
 from opsctl.checks import invariance as check
-from opsctl.checks.invariance import DEFAULT_PROMPTS, ISOLATING_ARGS, ISOLATING_ENV
+from opsctl.checks.invariance import DEFAULT_PROMPTS
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events
 from opsctl.domain.invariance_engine import prompt_index
-from tests.conftest import running_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.pool("invariance-nudge")]
 
 MARKER, NUDGE_POS = "zebra", 3
 PLANTED_PROMPTS = [
@@ -47,16 +48,13 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def engine():
-    env = {**ISOLATING_ENV, "OPSCTL_PROBES": "batch"}
-    with running_engine(
-        "tiny-llama",
-        extra_args=list(ISOLATING_ARGS),
-        env=env,
-        knobs={knobs.NUDGE: f"{MARKER}:{NUDGE_POS}"},  # the only way a knob reaches an engine
-        max_num_seqs=8,
-    ) as server:
-        yield server
+def engine(engine_pool):
+    """Isolating settings, batch probe, 8 sequences, knob NUDGE=zebra:3 (the spec is
+    engine_pool.SPECS["invariance-nudge"]; a knob only reaches an engine that way)."""
+    live = engine_pool.engine("invariance-nudge")
+    spec = engine_pool.session.starts[-1].spec
+    assert dict(spec.knobs) == {knobs.NUDGE: f"{MARKER}:{NUDGE_POS}"} and spec.max_num_seqs == 8
+    return live
 
 
 def diag(*args: str):

@@ -1,6 +1,7 @@
 """`opsctl diag invariance` fails closed against a server that cannot return logprobs
 (started with ``--max-logprobs 0``): a failure with the server's reason, exit 1, never
-a pass or a skip. One engine start."""
+a pass or a skip. One engine start (the session pool's ``no-logprobs``: the tests only
+read from it)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from opsctl.checks.invariance import ISOLATING_ARGS
 from opsctl.cli import app
-from tests.conftest import running_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.pool("no-logprobs")]
 
 
 @pytest.fixture(scope="module")
-def engine():
-    args = [*ISOLATING_ARGS, "--max-logprobs", "0"]
-    with running_engine("tiny-llama", extra_args=args) as server:
-        yield server
+def engine(engine_pool):
+    """tiny-llama with the isolating arguments and ``--max-logprobs 0``."""
+    return engine_pool.engine("no-logprobs")
 
 
 def test_server_without_logprobs_is_a_failure_with_that_reason(engine):

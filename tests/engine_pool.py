@@ -1,0 +1,234 @@
+"""A session-wide pool of real vLLM engines for tests that only read from theirs.
+
+Which module starts what, and who may share, is in tests/ENGINES.md.
+
+A module that only sends requests to its engine and reads its records declares the pooled
+engines it uses, by name, with ``pytest.mark.pool("name")`` (in ``pytestmark``), and gets
+one from the session fixture ``engine_pool`` (tests/conftest.py)::
+
+    pytestmark = [pytest.mark.engine, pytest.mark.pool("no-logprobs")]
+
+    @pytest.fixture(scope="module")
+    def engine(engine_pool):
+        return engine_pool.engine("no-logprobs")   # a Live: .url, .run_dir, .server
+
+or, for a library call that takes a session, ``engine_pool.session_for("name")``: the
+check's own spec then finds the pooled engine through the session's compatibility rule
+(same ``EngineSpec.engine_key()``, probes included), exactly as two checks share one
+engine in certify.
+
+Rules (the pool is opsctl's :class:`~opsctl.checks.session.EngineSession`, used as is):
+
+- started on first use, kept while the tests that declared its name run back to back
+  (tests/conftest.py orders modules by pool name), stopped after the last of them;
+- ONE engine alive at a time: asking for another name stops the current one first. A
+  pytest process holds the engine lock (OPSCTL_ENGINE_LOCK) while it has an engine
+  alive, so an engine left running while a later test starts one in a subprocess
+  (``opsctl diag --model``, ``opsctl serve``, bare vLLM) would make that test wait on
+  us for ever: conftest stops the pooled engine before any test that did not declare
+  its name;
+- stopped at the session end, also after a failure or Ctrl-C (session fixture
+  finalizer; a failed start is stopped by EngineSession itself), and opsctl's lifetime
+  policy (owner watchdog, parent-death signal) covers a pytest killed outright.
+
+A test that kills, signals or freezes its engine, loads adapters into it or judges its
+start or stop keeps its own engine (``tests.conftest.running_engine``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsctl.checks.session import EngineSession
+from opsctl.checks.target import EngineSpec, Live
+
+MARK = "pool"
+
+
+def _invariance_nudge() -> EngineSpec:
+    # The engine `diag invariance --mode eager` itself asks for (isolating settings, batch
+    # probe, room for 8), with the test-only nudge armed for prompts containing "zebra"
+    # (none of the default prompts): read by test_invariance_e2e.py and by the library
+    # calls of test_invariance_modes_e2e.py.
+    from engine_patches import knobs
+    from opsctl.checks import invariance
+
+    spec = EngineSpec(knobs=((knobs.NUDGE, "zebra:3"),))
+    return invariance.isolated_spec(spec, "eager", invariance.Options())
+
+
+def _no_logprobs() -> EngineSpec:
+    from opsctl.checks.invariance import ISOLATING_ARGS
+
+    return EngineSpec("tiny-llama", extra_args=(*ISOLATING_ARGS, "--max-logprobs", "0"))
+
+
+def _tiny_embed() -> EngineSpec:
+    return EngineSpec("tiny-embed", timeout=400.0)
+
+
+# name -> the spec (built lazily: importing this module must stay cheap for conftest)
+SPECS: dict[str, Callable[[], EngineSpec]] = {
+    "invariance-nudge": _invariance_nudge,
+    "no-logprobs": _no_logprobs,
+    "tiny-embed": _tiny_embed,
+}
+
+
+@dataclass
+class PoolStart:
+    name: str
+    url: str
+    seconds: float  # to healthy, as EngineServer measured it
+    uses: int = 0
+
+
+@dataclass
+class EnginePool:
+    session: EngineSession = field(default_factory=EngineSession)
+    alive: str | None = None  # the name of the one engine running, if any
+    starts: list[PoolStart] = field(default_factory=list)
+    stop_seconds: float = 0.0
+
+    def spec(self, name: str) -> EngineSpec:
+        try:
+            return SPECS[name]()
+        except KeyError:
+            raise KeyError(f"no pooled engine {name!r}; known: {', '.join(SPECS)}") from None
+
+    def engine(self, name: str) -> Live:
+        """The pooled engine ``name``, started now unless it is the one alive."""
+        spec = self.spec(name)
+        if self.alive != name:
+            self.release()
+        before = len(self.session.starts)
+        live = self.session.engine(spec, label=f"test-pool-{name}")
+        if len(self.session.starts) > before:  # a start (first use, or more probes)
+            self.starts.append(PoolStart(name, live.url, self.session.starts[-1].seconds))
+        self.alive = name
+        self.starts[-1].uses += 1
+        return live
+
+    def session_for(self, name: str) -> EngineSession:
+        """The pool's session with ``name`` alive in it: a check given this session and a
+        spec with the same engine key reuses the engine instead of starting one."""
+        self.engine(name)
+        return self.session
+
+    def release(self) -> None:
+        """Stop the engine alive, if any (the next name, or a test that starts its own)."""
+        if self.alive is None:
+            return
+        t0 = time.monotonic()
+        try:
+            self.session.close()
+        finally:
+            self.alive = None
+            self.stop_seconds += time.monotonic() - t0
+
+    close = release
+
+    def summary(self) -> str:
+        if not self.starts:
+            return "engine pool: no engine started"
+        uses = sum(s.uses for s in self.starts)
+        secs = sum(s.seconds for s in self.starts)
+        names = ", ".join(f"{s.name} ({s.seconds:.0f} s, {s.uses} uses)" for s in self.starts)
+        return (
+            f"engine pool: {len(self.starts)} engine(s) started in {secs:.0f} s, served "
+            f"{uses} module/test requests ({uses - len(self.starts)} without a start); "
+            f"stops {self.stop_seconds:.0f} s: {names}"
+        )
+
+
+# ---- accounting: every engine the session started (printed at the end by conftest) ------
+# Run directories that appeared under $OPSCTL_HOME/runs while a test ran are attributed to
+# its module (meta.json: started_at, healthy_at); bare vLLM servers (tests/bare_vllm.py)
+# record their own start. Runs made under a test's private OPSCTL_HOME are not seen, and
+# another pytest on the same OPSCTL_HOME at the same time would be counted too (CI runs
+# one).
+
+
+@dataclass
+class Accounting:
+    runs_root: Path | None = None
+    by_module: dict[str, list[str]] = field(default_factory=dict)  # module -> run dir names
+    bare: dict[str, list[float]] = field(default_factory=dict)  # module -> seconds to healthy
+
+    def listing(self) -> frozenset[str]:
+        try:
+            return frozenset(os.listdir(self.runs_root)) if self.runs_root else frozenset()
+        except OSError:
+            return frozenset()
+
+    def meta(self, name: str) -> dict:
+        assert self.runs_root is not None
+        try:
+            return json.loads((self.runs_root / name / "meta.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def own(self, names: frozenset[str]) -> list[str]:
+        """The runs among ``names`` that this process owns (started in-process)."""
+        return [n for n in sorted(names) if self.meta(n).get("owner_pid") == os.getpid()]
+
+    @contextlib.contextmanager
+    def watching(self, module: str) -> Iterator[None]:
+        before, bare_before = self.listing(), len(bare_starts())
+        try:
+            yield
+        finally:
+            new = self.listing() - before
+            if new:
+                self.by_module.setdefault(module, []).extend(sorted(new))
+            bare = bare_starts()[bare_before:]
+            if bare:
+                self.bare.setdefault(module, []).extend(bare)
+
+    def start_seconds(self, name: str) -> tuple[float, bool]:
+        """(seconds from start to healthy, or to the stop when it never got there; healthy)"""
+        meta = self.meta(name)
+        started = meta.get("started_at")
+        if not started:
+            return 0.0, False
+        if meta.get("healthy_at"):
+            return float(meta["healthy_at"]) - float(started), True
+        return max(0.0, float(meta.get("stopped_at") or time.time()) - float(started)), False
+
+    def summary(self, pool_lines: list[str]) -> list[str]:
+        rows, total_n, total_s, failed = [], 0, 0.0, 0
+        modules = sorted(set(self.by_module) | set(self.bare))
+        for module in modules:
+            runs = [self.start_seconds(n) for n in self.by_module.get(module, [])]
+            bare = self.bare.get(module, [])
+            n, s = len(runs) + len(bare), sum(x for x, _ in runs) + sum(bare)
+            unhealthy = sum(1 for _, ok in runs if not ok)
+            total_n, total_s, failed = total_n + n, total_s + s, failed + unhealthy
+            note = f" ({len(bare)} bare vLLM)" if bare else ""
+            note += f" ({unhealthy} never healthy: stopped or killed while starting)" * bool(
+                unhealthy
+            )
+            rows.append(f"  {module}: {n} engine start(s), {s:.0f} s{note}")
+        if not rows and not any("started" in line for line in pool_lines):
+            return []
+        bare_n = sum(len(v) for v in self.bare.values())
+        head = (
+            f"{total_n} engine start(s) ({total_n - bare_n} opsctl runs, {bare_n} bare vLLM), "
+            f"{total_s:.0f} s in engine starts (start to healthy; {failed} never healthy)"
+        )
+        return [head, *rows, *pool_lines]
+
+
+ACCOUNTING = Accounting()
+
+
+def bare_starts() -> list[float]:
+    module = sys.modules.get("tests.bare_vllm")
+    return getattr(module, "STARTS", []) if module is not None else []
