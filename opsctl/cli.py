@@ -33,6 +33,10 @@ def report_error(err: OpsctlError) -> None:
 def _usage_error(err: click_exc.UsageError) -> int:
     """A click usage error as one line plus a hint naming the command's --help."""
     message = " ".join(err.format_message().split())
+    param = getattr(err, "param", None)
+    if isinstance(err, click_exc.BadParameter) and param is not None and err.param_hint is None:
+        flag = max(param.opts, key=len) if param.opts else (param.human_readable_name or "")
+        message = f"{flag}: {' '.join(str(err.message).split())}"  # "--timeout: must be ..."
     print(f"opsctl: error: {message}", file=sys.stderr)
     if err.ctx is not None:
         print(f"hint: see '{err.ctx.command_path} --help'", file=sys.stderr)
@@ -70,10 +74,12 @@ class OpsctlGroup(TyperGroup):
     def invoke(self, ctx):  # type: ignore[override]
         before = _live_engines()
         argv = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        printed = _json_printed()
         try:
             return super().invoke(ctx)
         except OpsctlError as err:
-            _error_document(argv, err)
+            if _json_printed() == printed:  # this command printed no document of its own
+                _error_document(argv, err)
             report_error(err)
             raise typer.Exit(int(err.exit_code)) from None
         except KeyboardInterrupt as exc:
@@ -94,7 +100,7 @@ def _error_document(argv: list[str], err: OpsctlError) -> None:
     from opsctl import output
 
     args = argv[: argv.index("--")] if "--" in argv else argv
-    if "--json" not in args or err.exit_code == ExitCode.USAGE or output.emitted_json():
+    if "--json" not in args or err.exit_code == ExitCode.USAGE:
         return
     words = []
     for arg in args:
@@ -106,6 +112,11 @@ def _error_document(argv: list[str], err: OpsctlError) -> None:
     )
     doc = output.error_document(command, int(err.exit_code), err.message, err.hint)
     output.emit(doc, as_json=True, render=lambda _console: None)
+
+
+def _json_printed() -> int:
+    output = sys.modules.get("opsctl.output")
+    return output.emitted_json() if output is not None else 0
 
 
 def _live_engines() -> set:

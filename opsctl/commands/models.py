@@ -6,19 +6,35 @@ from pathlib import Path
 
 import typer
 
+from opsctl.commands.options import epilog, json_option
+
 
 def register(app: typer.Typer) -> None:
-    models_app = typer.Typer(help="Embedded tiny models (generated offline).", no_args_is_help=True)
+    models_app = typer.Typer(
+        help="Embedded tiny models (generated offline).",
+        epilog=epilog("opsctl models list", "opsctl models build tiny-llama"),
+        no_args_is_help=True,
+    )
     app.add_typer(models_app, name="models")
 
-    @models_app.command("build")
+    @models_app.command(
+        "build",
+        short_help="Write the embedded models (tokenizer, config, weights).",
+        epilog=epilog(
+            "opsctl models build",
+            "opsctl models build tiny-llama tiny-vlm --force",
+            "opsctl models build tiny-llama --out ./models --json",
+        ),
+    )
     def build(
-        names: list[str] = typer.Argument(None, help="models to build (default: all)"),
+        names: list[str] = typer.Argument(
+            None, metavar="[NAME]...", help="models to build (default: all)", show_default=False
+        ),
         out: Path | None = typer.Option(
             None, "--out", help="directory to build into (default: $OPSCTL_HOME/models)"
         ),
         force: bool = typer.Option(False, "--force", help="rebuild even if present"),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = json_option(),
     ) -> None:
         """Write the embedded models: tokenizer, config.json, seeded safetensors.
 
@@ -48,8 +64,12 @@ def register(app: typer.Typer) -> None:
 
         emit(document("models.build", models=rows), as_json=as_json, render=render)
 
-    @models_app.command("list")
-    def list_(as_json: bool = typer.Option(False, "--json")) -> None:
+    @models_app.command(
+        "list",
+        short_help="The embedded models: name, kind, path, size.",
+        epilog=epilog("opsctl models list", "opsctl models list --json"),
+    )
+    def list_(as_json: bool = json_option()) -> None:
         """Show the embedded models: name, archetype, path, size, built or not."""
         from rich.table import Table
 

@@ -5,6 +5,8 @@ environment are never passed on)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from opsctl.errors import BadInput
 
 API_KEY_HELP = "bearer token for a server started with --api-key (default $VLLM_API_KEY)"
@@ -111,3 +113,24 @@ def duration_option(default, *names: str, help: str, allow_zero: bool = False, *
         help=help,
         **kw,
     )
+
+
+URL_HELP = "a running vLLM server: http://HOST:PORT, https://HOST:PORT or HOST:PORT"
+RUN_HELP = "a run directory, or a run's name (opsctl runs list)"
+
+
+def url_argument(help: str = URL_HELP + " (else --model: opsctl starts an engine)"):
+    """The optional URL positional of every command that can also start its own engine."""
+    import typer
+
+    return typer.Argument(None, metavar="URL", help=help, show_default=False)
+
+
+def run_path(run: str) -> Path:
+    """``--run RUN``: a run directory, or a run's name under $OPSCTL_HOME/runs."""
+    from opsctl.paths import runs_dir
+
+    path = Path(run).expanduser()
+    if path.is_dir() or "/" in run:
+        return path
+    return runs_dir() / run

@@ -1,26 +1,35 @@
-"""`opsctl patches [--run DIR]`: the engine-patch ledger of a run (what every vLLM
+"""`opsctl patches [--run RUN]`: the engine-patch ledger of a run (what every vLLM
 process really applied). Typer only: the check is :mod:`opsctl.checks.patches`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
+
+from opsctl.commands.options import RUN_HELP, epilog, json_option, run_path
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("patches")
-    def patches(
-        run: Path | None = typer.Option(
-            None, "--run", help="run directory (default: the latest run)"
+    @app.command(
+        "patches",
+        short_help="The engine-patch ledger of a run.",
+        epilog=epilog(
+            "opsctl patches",
+            "opsctl patches --run 20260101-000000-serve-tiny-llama-8000",
+            "opsctl patches --run ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 --json",
         ),
-        as_json: bool = typer.Option(False, "--json"),
+    )
+    def patches(
+        run: str | None = typer.Option(
+            None, "--run", metavar="RUN", help=RUN_HELP + " (default: the latest run)"
+        ),
+        as_json: bool = json_option(),
     ) -> None:
         """Show the per-process patch ledger of a run directory."""
         from opsctl.checks import patches as check
         from opsctl.output import emit
 
-        doc = check.run(check.Options(run_dir=run)).to_dict()
+        run_dir = run_path(run) if run is not None else None
+        doc = check.run(check.Options(run_dir=run_dir)).to_dict()
         emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
 
 

@@ -12,28 +12,30 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import api_key_option
-
-
-def _duration(text: str, flag: str) -> float:
-    from opsctl.domain.runs import parse_duration
-    from opsctl.errors import BadInput
-
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise BadInput(f"{flag}: {exc}") from None
+from opsctl.commands.options import (
+    RUN_HELP,
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+)
 
 
 def register(app: typer.Typer) -> None:
     runs_app = typer.Typer(
         help="Run directories of opsctl's engines: list, reap orphans, prune; leaked vLLM /dev/shm.",
+        short_help="Run directories: list, clean, bundle.",
+        epilog=epilog("opsctl runs list", "opsctl runs clean --yes", "opsctl runs bundle RUN"),
         no_args_is_help=True,
     )
     app.add_typer(runs_app, name="runs")
 
-    @runs_app.command("list")
-    def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
+    @runs_app.command(
+        "list",
+        short_help="Every run directory, its state and its engines.",
+        epilog=epilog("opsctl runs list", "opsctl runs list --json"),
+    )
+    def list_cmd(as_json: bool = json_option()) -> None:
         """Every run directory: model, url, started, state (live / stopped / orphaned /
         dead / unknown), engine pids, disk size."""
         from opsctl.checks import runs
@@ -46,13 +48,22 @@ def register(app: typer.Typer) -> None:
             return
         emit(doc, as_json=as_json, render=lambda console: render_list(console, doc))
 
-    @runs_app.command("clean")
+    @runs_app.command(
+        "clean",
+        short_help="Reap orphaned engines, prune runs, free /dev/shm.",
+        epilog=epilog(
+            "opsctl runs clean",
+            "opsctl runs clean --older-than 1d --yes",
+            "opsctl runs clean --shm --min-age 10m --yes --json",
+        ),
+    )
     def clean_cmd(
-        older_than: str = typer.Option(
+        older_than: float = duration_option(
             "0s",
             "--older-than",
             help="prune only stopped/dead runs that ended at least this long ago "
-            "(30s, 10m, 2h, 1d; default 0s: every finished run)",
+            "(0: every finished run)",
+            allow_zero=True,
         ),
         yes: bool = typer.Option(
             False, "--yes", help="really reap/prune/remove (default: dry run)"
@@ -63,18 +74,21 @@ def register(app: typer.Typer) -> None:
             help="also list vLLM /dev/shm segments (psm_*, sem.mp-*) no process maps or "
             "holds open and older than --min-age; --yes removes them",
         ),
-        min_age: str = typer.Option(
-            "60s", "--min-age", help="with --shm: never remove a segment younger than this"
+        min_age: float = duration_option(
+            "60s",
+            "--min-age",
+            help="with --shm: never remove a segment younger than this",
+            allow_zero=True,
         ),
         force: bool = typer.Option(
             False,
             "--force",
             help="with --shm --yes: remove even though some processes' maps/fds could not be read",
         ),
-        grace: str = typer.Option(
+        grace: float = duration_option(
             "15s", "--grace", help="reap: SIGTERM, then SIGKILL of what is left by this time"
         ),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = json_option(),
     ) -> None:
         """Reap orphaned engines (pid AND start time match meta.json), remove the /dev/shm
         segments they leave (only those no live process maps or holds open), and prune
@@ -88,9 +102,9 @@ def register(app: typer.Typer) -> None:
         from opsctl.ui.render_runs import render_clean
 
         opts = runs.CleanOptions(
-            older_than=_duration(older_than, "--older-than"),
-            min_age=_duration(min_age, "--min-age"),
-            grace=_duration(grace, "--grace"),
+            older_than=older_than,
+            min_age=min_age,
+            grace=grace,
             yes=yes,
             shm=with_shm,
             force=force,
@@ -107,9 +121,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _register_bundle(runs_app: typer.Typer) -> None:
-    @runs_app.command("bundle")
+    @runs_app.command(
+        "bundle",
+        short_help="A forensics tar.gz of one run, secrets redacted.",
+        epilog=epilog(
+            "opsctl runs bundle 20260101-000000-serve-tiny-llama-8000",
+            "opsctl runs bundle ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 "
+            "--out bug.tar.gz --json",
+        ),
+    )
     def bundle_cmd(
-        run: str = typer.Argument(..., help="a run's name (opsctl runs list) or its directory"),
+        run: str = typer.Argument(..., metavar="RUN", help=RUN_HELP),
         out: Path = typer.Option(
             None, "--out", help="archive to write (default ./opsctl-bundle-RUN.tar.gz)"
         ),
@@ -117,7 +139,7 @@ def _register_bundle(runs_app: typer.Typer) -> None:
         no_fetch: bool = typer.Option(
             False, "--no-fetch", help="do not ask a live server for /metrics, /server_info"
         ),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = json_option(),
     ) -> None:
         """A tar.gz forensics bundle of one run for a bug report: server log, meta.json,
         patch ledger, probe events, the server's /metrics and /server_info while it

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import test_knob_option
+from opsctl.commands.options import (
+    API_KEY_HELP,
+    duration_option,
+    epilog,
+    test_knob_option,
+    tui_option,
+)
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -46,11 +52,19 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "serve",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        short_help="Start, supervise and stop a vLLM server.",
+        epilog=epilog(
+            "opsctl serve",
+            "opsctl serve tiny-llama --port 8001 --no-tui --json",
+            "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
+        ),
     )
     def serve(
         ctx: typer.Context,
         model: str = typer.Argument(
-            None, help="embedded model name or model directory (default tiny-llama)"
+            None,
+            metavar="MODEL",
+            help="embedded model name or model directory (default tiny-llama)",
         ),
         load_format: str = typer.Option(
             "auto", "--load-format", help="dummy (random/constant) or auto (real weights)"
@@ -58,17 +72,22 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option(
             "127.0.0.1", "--host", help="bind address; beyond loopback needs --api-key"
         ),
-        port: int = typer.Option(8000, "--port"),
-        timeout: float = typer.Option(300.0, "--timeout", help="seconds to wait for /health"),
-        tui: bool = typer.Option(
-            None, "--tui/--no-tui", help="live dashboard (default: on a terminal)"
+        port: int = typer.Option(8000, "--port", help="port to serve on"),
+        timeout: float = duration_option(
+            300.0,
+            "--timeout",
+            help="the longest wait for the engine's /health",
+            show_default="5m",
         ),
-        as_json: bool = typer.Option(False, "--json", help="JSON lines: ready and stopped events"),
+        tui: bool | None = tui_option(),
+        as_json: bool = typer.Option(
+            False, "--json", help="JSON lines on stdout (opsctl.serve/1): ready and stopped events"
+        ),
         api_key: str | None = typer.Option(
             None,
             "--api-key",
             envvar="VLLM_API_KEY",
-            help="require this bearer token on /v1 (default $VLLM_API_KEY); opsctl uses it too",
+            help=API_KEY_HELP + "; serve requires it on /v1 and opsctl uses it too",
         ),
         insecure_bind: bool = typer.Option(
             False, "--insecure-bind", help="allow a non-loopback --host without an API key"
@@ -95,8 +114,6 @@ def register(app: typer.Typer) -> None:
             raise BadInput(
                 f"--load-format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}"
             )
-        if timeout <= 0:
-            raise BadInput("--timeout must be positive")
         refuse_owned_args(extra)
         api_key = api_key or None
         note = exposure_note(host, api_key, insecure_bind)

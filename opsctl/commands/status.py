@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = json_option(),
         timeout: float = duration_option(
-            5.0, "--timeout", help="the longest wait for each HTTP answer (default 5s)"
+            "5s", "--timeout", help="the longest wait for each HTTP answer"
         ),
         api_key: str | None = api_key_option(),
     ) -> None:

@@ -49,7 +49,7 @@ def prompts_file(tmp_path):
         (["--logprobs", "-1"], "--logprobs must be 0 or more"),
         (["--atol", "-1"], "--atol must be a finite number >= 0"),
         (["--atol", "inf"], "--atol must be a finite number >= 0"),
-        (["--timeout", "0"], "--timeout must be positive"),
+        (["--timeout", "0"], "--timeout: must be more than zero"),
         (["--batch-via", "carrier-pigeon"], "--batch-via must be one of list, requests"),
         (["http://127.0.0.1:1", "--model", "tiny-llama"], "give either a URL or --model"),
         (["http://127.0.0.1:1", "--mode", "both"], "--mode both needs opsctl to start the engine"),
@@ -92,7 +92,10 @@ def test_unreachable_url_exits_3():
         s.bind(("127.0.0.1", 0))  # bound, not listening: nobody else can take it meanwhile
         r = invoke(f"http://127.0.0.1:{s.getsockname()[1]}", "--json")
     assert r.exit_code == 3, r.stderr
-    assert "no server answered" in error_lines(r)[0] and r.stdout == ""
+    assert "no server answered" in error_lines(r)[0]
+    doc = json.loads(r.stdout)  # --json: a document whatever happened (issue 23)
+    assert doc["schema"] == "opsctl.error/1" and doc["state"] == "unreachable"
+    assert doc["command"] == "diag invariance" and doc["exit_code"] == 3
 
 
 DIVERGED = "diverged: pos 2 logprob: tok 695/695 lp -1.5/-1.499999523 Δ 4.77e-07"

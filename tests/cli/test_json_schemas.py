@@ -75,6 +75,7 @@ def leaf_commands() -> set[str]:
 
 CHECKED = {
     "status",
+    "version",
     "patches",
     "console",
     "models build",
@@ -96,11 +97,24 @@ def test_every_command_is_checked_or_skipped_with_a_reason():
     assert not CHECKED & set(SKIPPED)
 
 
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
+def validate(doc: dict) -> None:
+    """``doc`` against its shipped schema (tests/data/schemas/opsctl.<name>-<N>.schema.json)."""
+    import jsonschema
+
+    name, version = doc["schema"].removeprefix("opsctl.").split("/")
+    schema = json.loads((SCHEMAS / f"opsctl.{name}-{version}.schema.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(doc)
+
+
 def test_status_and_console_against_a_stand_in(fleet):
     doc = run_json("status", fleet.urls[0])
-    assert doc["schema"] == "opsctl.status/2" and doc["version"] == "0.32.0"
+    assert doc["schema"] == "opsctl.status/3" and doc["vllm_version"] == "0.32.0"
+    validate(doc)
     doc = run_json("console", fleet.urls[0], "--once", "--no-discover", "--interval", "0.2")
-    assert doc["schema"] == "opsctl.console/1" and doc["endpoints"][0]["state"] == "ready"
+    assert doc["schema"] == "opsctl.console/2" and doc["endpoints"][0]["state"] == "ready"
 
 
 def test_patches_runs_and_models(home, tmp_path):
@@ -118,16 +132,16 @@ def test_patches_runs_and_models(home, tmp_path):
 
 def test_engram_plan_inspect_clean():
     doc = run_json("engram", "plan", "--config", "deepseek-v4.1-flash", "--shm-size", "64G")
-    assert doc["schema"] == "opsctl.engram.plan/1"
+    assert doc["schema"] == "opsctl.engram.plan/2"
     prefix = unique_prefix("schema")
     with shared_table(prefix, mappers=1):
         doc = run_json("engram", "inspect", "--prefix", prefix)
-        assert doc["schema"] == "opsctl.engram.inspect/1" and len(doc["tables"]) == 1
+        assert doc["schema"] == "opsctl.engram.inspect/2" and len(doc["tables"]) == 1
     orphan = f"/dev/shm/{prefix}orphan"
     try:
         Path(orphan).write_bytes(b"\x38" * 64)
         doc = run_json("engram", "clean", "--prefix", prefix, "--min-age", "0")
-        assert doc["schema"] == "opsctl.engram.clean/1" and doc["orphans"]
+        assert doc["schema"] == "opsctl.engram.clean/2" and doc["orphans"]
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(orphan)
@@ -160,3 +174,25 @@ def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
         register_run(run_dir, url)
         doc = run_json("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
     assert doc["schema"] == "opsctl.diag.invariance/1"
+
+
+def test_status_every_state_and_error_and_version_match_their_schemas():
+    import socket
+
+    with StandInFleet(["dead", "notvllm", "unauthorized"]) as f:
+        for url, state, code in zip(
+            f.urls, ("dead", "unreachable", "unauthorized"), (1, 3, 3), strict=True
+        ):
+            doc = run_json("status", url, codes=(code,))
+            assert doc["state"] == state
+            validate(doc)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        doc = run_json("status", url, codes=(3,))
+        assert doc["state"] == "unreachable" and doc["error"].startswith("no server answered")
+        validate(doc)
+        doc = run_json("diag", "usage", url, codes=(3,))
+        assert doc["schema"] == "opsctl.error/1" and doc["command"] == "diag usage"
+        validate(doc)
+    validate(run_json("version"))

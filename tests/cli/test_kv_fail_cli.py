@@ -34,7 +34,7 @@ def run(*args: str):
         (["--blocks", "1:x"], "blocks spec"),
         (["--policy", "retry"], "unknown policy"),
         (["--requests", "0"], "--requests"),
-        (["--timeout", "0"], "--timeout must be positive"),
+        (["--timeout", "0"], "--timeout: must be more than zero"),
         (["--model", "no-such-model"], "unknown embedded model"),
         (["--model", "/nonexistent/dir"], "does not exist"),
         (["--model", "tiny-embed"], "cannot serve"),

@@ -23,7 +23,7 @@ def run(*args: str):
 def test_honest_engine_passes(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["schema"] == "opsctl.diag.mm_uuid/1" and doc["verdict"] == "pass"
@@ -44,7 +44,7 @@ def test_honest_engine_passes(tmp_path: Path) -> None:
 def test_rewritten_uuid_is_caught(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path, rewrite="canary-some-0") as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--uuid-prefix", "canary")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--uuid-prefix", "canary")
     assert r.exit_code == 1
     assert "canary-some-0~rewritten" in r.stdout and "FAIL" in r.stdout
     assert "did not reach the engine core as expected" in r.stderr
@@ -53,7 +53,7 @@ def test_rewritten_uuid_is_caught(tmp_path: Path) -> None:
 def test_caches_on_expects_content_hashes(tmp_path: Path) -> None:
     write_run_dir(tmp_path, caches_off=False)
     with stand_in(tmp_path, caches_off=False) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["runs"][0]["mode"] == "caches-on"
@@ -61,14 +61,14 @@ def test_caches_on_expects_content_hashes(tmp_path: Path) -> None:
     # a caches-off engine that hashed (or a caches-on one handing out request-local ids) fails
     write_run_dir(tmp_path, caches_off=True)
     with stand_in(tmp_path, caches_off=False) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 1
 
 
 def test_engine_without_probe_is_bad_input(tmp_path: Path) -> None:
     write_run_dir(tmp_path, probe_status="skipped")
     with stand_in(tmp_path) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path))
         assert r.exit_code == 2 and "probe is not active" in r.stderr
         r = run("diag", "mm-uuid", url)  # no run dir known for this URL
         assert r.exit_code == 2 and "no opsctl run directory" in r.stderr
@@ -82,8 +82,9 @@ def test_engine_without_probe_is_bad_input(tmp_path: Path) -> None:
         (["http://127.0.0.1:9", "--model", "tiny-vlm"], 2, "not both"),
         (["--model", "tiny-llama"], 2, "vision-language"),
         (["--model", "tiny-reranker"], 2, "vision-language"),
-        (["--modes", "sometimes"], 2, "--modes"),
-        (["--run-dir", "/tmp"], 2, "--run-dir goes with a URL"),
+        (["--mode", "sometimes"], 2, "--mode takes"),
+        (["--modes", "sometimes"], 2, "--mode takes"),  # the hidden old name
+        (["--run", "/tmp"], 2, "--run goes with a URL"),
         (["--uuid-prefix", ""], 2, "--uuid-prefix"),
         (["--load-format", "gguf"], 2, "--load-format"),
     ],
@@ -101,7 +102,7 @@ def by_item(doc: dict) -> dict:
 def test_wrong_request_local_index_is_caught(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path, index_offset=1) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 1
     it = by_item(json.loads(r.stdout))[("some explicit, some None", 1)]
     assert it["identifier"].endswith("-image-1") and it["verdict"] == "fail"
@@ -111,7 +112,7 @@ def test_wrong_request_local_index_is_caught(tmp_path: Path) -> None:
 def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path, extra_item=True) as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
     assert all(i["engine_items"] == 2 and i["verdict"] == "fail" for i in doc["items"])
@@ -134,7 +135,7 @@ def test_several_images_per_request_matched_by_position(tmp_path: Path) -> None:
     (records in reverse order) is caught."""
     write_run_dir(tmp_path)
     with stand_in(tmp_path, model_id="tiny-vlm-multi") as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     it = by_item(doc)
@@ -145,7 +146,7 @@ def test_several_images_per_request_matched_by_position(tmp_path: Path) -> None:
     assert "mm_uuid.one_image_per_request" not in {f["code"] for f in doc["findings"]}
     write_run_dir(tmp_path)
     with stand_in(tmp_path, swap=True, model_id="tiny-vlm-multi") as url:
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 1
     it = by_item(json.loads(r.stdout))
     assert it[("some explicit, some None", 0)]["verdict"] == "fail"  # got the other's id
@@ -158,7 +159,7 @@ def test_timeout_exits_4(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path, sleep=3.0) as url:
         t0 = time.monotonic()
-        r = run("diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--timeout", "0.5")
+        r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--timeout", "0.5")
     assert r.exit_code == 4, (r.stdout, r.stderr)
     assert "no answer within 0.5 s" in r.stderr and r.stdout == ""
     assert time.monotonic() - t0 < 10

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import api_key_option, test_knob_option
+from opsctl.commands.options import (
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+    test_knob_option,
+    tui_option,
+    url_argument,
+)
 from opsctl.errors import BadInput, CheckFailed, OpsTimeout
 
 
@@ -42,22 +50,45 @@ def read_prompts(path: Path | None) -> tuple[str, ...] | None:
     return tuple(prompts)
 
 
+def _mode(value: str | None) -> str | None:
+    """``--mode``: one mode, or a comma list (docs/cli.md); ``default,eager`` is both."""
+    if value is None or "," not in value:
+        return value
+    modes = {m.strip() for m in value.split(",") if m.strip()}
+    if modes == {"default", "eager"}:
+        return "both"
+    return modes.pop() if len(modes) == 1 else value
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("invariance")
+    @app.command(
+        "invariance",
+        short_help="BS=1 vs BS=N batch invariance of tokens and logprobs.",
+        epilog=epilog(
+            "opsctl diag invariance --model tiny-llama --mode eager",
+            "opsctl diag invariance 127.0.0.1:8000 --prompts prompts.txt --json",
+            "opsctl diag invariance --model tiny-vlm-multi --images 2 --atol 1e-4",
+        ),
+    )
     def invariance(
-        url: str = typer.Argument(None, help="base URL of a running vLLM server (else --model)"),
+        url: str = url_argument(),
         model: str = typer.Option(
             None, "--model", help="start this embedded model / model dir (default tiny-llama)"
         ),
         prompts_file: Path = typer.Option(
-            None, "--prompts", help="prompts: JSON list or one per line"
+            None, "--prompts", metavar="FILE", help="prompts: JSON list or one per line"
         ),
         batch_size: int = typer.Option(
             None, "--batch-size", help="N for BS=N (default: number of prompts)"
         ),
         max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per prompt"),
         logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
-        mode: str = typer.Option(None, "--mode", help="default | eager | both (started engines)"),
+        mode: str = typer.Option(
+            None,
+            "--mode",
+            metavar="MODE",
+            help="engines to start: default, eager or both (a comma list of default,eager)",
+        ),
         atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
         batch_via: str = typer.Option(
             None,
@@ -71,11 +102,11 @@ def register(app: typer.Typer) -> None:
             help="most images per prompt on a vision-language model (default: the model's; "
             "0: text only)",
         ),
-        timeout: float = typer.Option(
-            600.0, "--timeout", help="seconds to wait for a started engine"
+        timeout: float = duration_option(
+            "10m", "--timeout", help="the longest wait for a started engine (exit 4 past it)"
         ),
-        as_json: bool = typer.Option(False, "--json"),
-        tui: bool = typer.Option(False, "--tui", help="live progress and divergences"),
+        as_json: bool = json_option(),
+        tui: bool | None = tui_option(),
         api_key: str | None = api_key_option(),
         test_knob: list[str] | None = test_knob_option(),
     ) -> None:
@@ -96,7 +127,7 @@ def register(app: typer.Typer) -> None:
             batch_size,
             max_tokens,
             logprobs,
-            mode,
+            _mode(mode),
             atol,
             batch_via,
             timeout,

@@ -16,12 +16,26 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import test_knob_option
-from opsctl.errors import CheckFailed
+from opsctl.commands.options import (
+    duration_option,
+    epilog,
+    json_option,
+    test_knob_option,
+    tui_option,
+)
+from opsctl.errors import BadInput, CheckFailed
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("kv-fail")
+    @app.command(
+        "kv-fail",
+        short_help="Inject KV load failures and prove recovery.",
+        epilog=epilog(
+            "opsctl diag kv-fail",
+            "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
+            "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
+        ),
+    )
     def kv_fail(
         model: str = typer.Option(
             "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
@@ -40,18 +54,21 @@ def register(app: typer.Typer) -> None:
         ),
         requests: int = typer.Option(4, "--requests", help="requests in the workload"),
         seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
-        targets: int = typer.Option(
-            None, "--targets", help="requests that get injections (default: half; with --rate: all)"
+        fail_requests: int = typer.Option(
+            None,
+            "--fail-requests",
+            metavar="N",
+            help="how many requests get injections (default: half; with --rate: all)",
         ),
         max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
         no_patch: bool = typer.Option(
             False, "--no-patch", help="run vanilla vLLM (kv_hybrid_recompute off)"
         ),
-        timeout: float = typer.Option(
-            600.0, "--timeout", help="seconds to wait for the engine to start"
+        timeout: float = duration_option(
+            "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
         ),
-        as_json: bool = typer.Option(False, "--json"),
-        tui: bool = typer.Option(False, "--tui", help="live injections and recoveries"),
+        as_json: bool = json_option(),
+        tui: bool | None = tui_option(),
         test_knob: list[str] | None = test_knob_option(),
     ) -> None:
         """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
@@ -65,11 +82,14 @@ def register(app: typer.Typer) -> None:
         from opsctl.ui.progress import run_with_progress
         from opsctl.ui.render_kv_fail import render
 
-        settings = Settings(policy, rate, blocks, requests, seed, targets, max_tokens)
+        settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens)
         options = check.Options(settings)
         disabled = (check.PATCH_NAME,) if no_patch else ()
         spec = EngineSpec(model=model, disable_patches=disabled, timeout=timeout)
-        check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
+        try:  # bad flags exit 2 before any knob is looked at
+            check.validate(spec, options)
+        except BadInput as err:  # the domain names the setting by its old flag
+            raise BadInput(err.message.replace("--targets", "--fail-requests"), err.hint) from None
         spec = replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items())))
         report = run_with_progress(
             check.TITLE, lambda p: check.run(spec, options, p), tui=tui, as_json=as_json

@@ -10,7 +10,15 @@ from typing import Any
 
 import typer
 
-from opsctl.commands.options import api_key_option, test_knob_option
+from opsctl.commands.options import (
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+    test_knob_option,
+    tui_option,
+    url_argument,
+)
 from opsctl.errors import BadInput, CheckFailed
 
 VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]", "unverified": "[yellow]UNVERIFIED[/]"}
@@ -60,7 +68,7 @@ def render(con, doc: dict[str, Any]) -> None:
 
 
 def lora(
-    url: str = typer.Argument(None, help="base URL of a running vLLM server (else --model)"),
+    url: str = url_argument(),
     model: str = typer.Option(
         None, "--model", help="start this embedded model / model dir (default tiny-llama)"
     ),
@@ -77,9 +85,11 @@ def lora(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
-    timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for a started engine"),
-    as_json: bool = typer.Option(False, "--json"),
-    tui: bool = typer.Option(False, "--tui", help="live progress and cases"),
+    timeout: float = duration_option(
+        "10m", "--timeout", help="the longest wait for a started engine (exit 4 past it)"
+    ),
+    as_json: bool = json_option(),
+    tui: bool | None = tui_option(),
     api_key: str | None = api_key_option(),
     test_knob: list[str] | None = test_knob_option(),
 ) -> None:
@@ -120,4 +130,12 @@ def lora(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("lora")(lora)
+    app.command(
+        "lora",
+        short_help="LoRA adapters alone and in one mixed batch.",
+        epilog=epilog(
+            "opsctl diag lora --model tiny-llama",
+            "opsctl diag lora --model tiny-vlm-multi --max-loras 3 --json",
+            "opsctl diag lora 127.0.0.1:8000 --adapters ./a1 --adapters ./a2",
+        ),
+    )(lora)

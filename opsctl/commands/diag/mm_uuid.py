@@ -1,10 +1,11 @@
 """`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core
 with (the check itself: opsctl.checks.mm_uuid).
 
-With ``--model`` (default tiny-vlm-multi) it starts one engine per ``--modes`` entry
+With ``--model`` (default tiny-vlm-multi) it starts one engine per ``--mode`` entry
 (caches-off, caches-on) with the mm_uuid engine probe on; with a URL it checks that one
 engine, which opsctl must have started with the probe on (its run directory is found
-from the URL or given with --run-dir).
+from the URL or given with ``--run RUN``; ``--run-dir`` and ``--modes`` are hidden old
+names).
 
 Exit 1 when an explicit UUID is rewritten or a missing one does not get the expected
 kind of id; 2 for bad input; 3 unreachable; 4 when the server does not answer within
@@ -18,7 +19,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import api_key_option, test_knob_option
+from opsctl.commands.options import (
+    RUN_HELP,
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+    run_path,
+    test_knob_option,
+    tui_option,
+    url_argument,
+)
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.errors import BadInput, CheckFailed
 
@@ -30,36 +41,44 @@ LOAD_FORMATS = ("auto", "dummy", "safetensors")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("mm-uuid")
+    @app.command(
+        "mm-uuid",
+        short_help="Which multimodal identifier reached the engine core.",
+        epilog=epilog(
+            "opsctl diag mm-uuid",
+            "opsctl diag mm-uuid --mode caches-on --json",
+            "opsctl diag mm-uuid 127.0.0.1:8000 --run 20260101-000000-serve-tiny-vlm-multi-8000",
+        ),
+    )
     def mm_uuid(
-        url: str | None = typer.Argument(
-            None, help="base URL of an engine opsctl started with OPSCTL_PROBES=mm_uuid"
+        url: str | None = url_argument(
+            "a vLLM server opsctl started with OPSCTL_PROBES=mm_uuid: http://HOST:PORT or "
+            "HOST:PORT (else --model: opsctl starts the engines)"
         ),
         model: str | None = typer.Option(
             None, "--model", help=f"start this vision-language model (default {DEFAULT_MODEL})"
         ),
-        run_dir: Path | None = typer.Option(
-            None, "--run-dir", help="run directory of the engine at URL"
+        run: str | None = typer.Option(
+            None, "--run", metavar="RUN", help=RUN_HELP + " of the engine at URL"
         ),
+        run_dir_alias: Path | None = typer.Option(None, "--run-dir", hidden=True),
         uuid_prefix: str = typer.Option(
             "opsctl", "--uuid-prefix", help="prefix of the explicit UUIDs sent"
         ),
         modes: str = typer.Option(
             "caches-off,caches-on",
-            "--modes",
-            help="with --model: which engines to start (caches-off, caches-on)",
+            "--mode",
+            metavar="MODE",
+            help="with --model: engines to start, caches-off and/or caches-on (a comma list)",
         ),
+        modes_alias: str | None = typer.Option(None, "--modes", hidden=True),
         load_format: str = typer.Option(
             "auto", "--load-format", help="auto (real weights) or dummy"
         ),
-        as_json: bool = typer.Option(
-            False, "--json", help="print the schema-versioned JSON report"
-        ),
-        tui: bool | None = typer.Option(
-            None, "--tui/--no-tui", help="show a live panel while it runs"
-        ),
-        timeout: float = typer.Option(
-            120.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
+        as_json: bool = json_option(),
+        tui: bool | None = tui_option(),
+        timeout: float = duration_option(
+            "2m", "--timeout", help="the longest wait for each HTTP answer (exit 4 past it)"
         ),
         api_key: str | None = api_key_option(),
         test_knob: list[str] | None = test_knob_option(),
@@ -68,6 +87,8 @@ def register(app: typer.Typer) -> None:
         from opsctl.checks import mm_uuid as check
         from opsctl.ui.progress import run_with_progress
 
+        run_dir = run_path(run) if run is not None else run_dir_alias  # --run-dir: old name
+        modes = modes_alias or modes  # --modes: the old name of --mode
         target, options = _request(
             url, model, run_dir, uuid_prefix, modes, load_format, timeout, api_key, test_knob
         )
@@ -100,15 +121,13 @@ def _request(
         raise BadInput("give either a URL or --model, not both")
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not mode_list or any(m not in MODES for m in mode_list):
-        raise BadInput(f"--modes takes caches-off and/or caches-on, not {modes!r}")
+        raise BadInput(f"--mode takes caches-off and/or caches-on, not {modes!r}")
     if load_format not in LOAD_FORMATS:
         raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
     if not uuid_prefix or any(c.isspace() for c in uuid_prefix):
         raise BadInput("--uuid-prefix must be a non-empty string without spaces")
     if run_dir is not None and not url:
-        raise BadInput("--run-dir goes with a URL")
-    if not timeout > 0:
-        raise BadInput(f"--timeout must be positive, not {timeout}")
+        raise BadInput("--run goes with a URL")
     knobs = parse_knobs(test_knob, url=url)
     options = check.Options(uuid_prefix, mode_list, run_dir, timeout)
     if url:

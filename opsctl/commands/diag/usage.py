@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import api_key_option, test_knob_option
+from opsctl.commands.options import (
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+    test_knob_option,
+    tui_option,
+    url_argument,
+)
 from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
@@ -23,11 +31,17 @@ LOAD_FORMATS = ("auto", "dummy", "safetensors")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("usage")
-    def usage(
-        url: str | None = typer.Argument(
-            None, help="base URL of a running vLLM server (or use --model)"
+    @app.command(
+        "usage",
+        short_help="/score and /rerank usage against the engine inputs.",
+        epilog=epilog(
+            "opsctl diag usage --model tiny-reranker",
+            "opsctl diag usage 127.0.0.1:8000 --json",
+            "opsctl diag usage http://127.0.0.1:8000 --timeout 2m --no-tui",
         ),
+    )
+    def usage(
+        url: str | None = url_argument(),
         model: str | None = typer.Option(
             None, "--model", help="start this model (embedded name or directory)"
         ),
@@ -37,14 +51,10 @@ def register(app: typer.Typer) -> None:
         load_format: str = typer.Option(
             "auto", "--load-format", help="auto (real weights) or dummy"
         ),
-        as_json: bool = typer.Option(
-            False, "--json", help="print the schema-versioned JSON report"
-        ),
-        tui: bool | None = typer.Option(
-            None, "--tui/--no-tui", help="show a live panel while it runs"
-        ),
-        timeout: float = typer.Option(
-            60.0, "--timeout", help="seconds to wait for each HTTP answer (exit 4 past it)"
+        as_json: bool = json_option(),
+        tui: bool | None = tui_option(),
+        timeout: float = duration_option(
+            "60s", "--timeout", help="the longest wait for each HTTP answer (exit 4 past it)"
         ),
         api_key: str | None = api_key_option(),
         test_knob: list[str] | None = test_knob_option(),
@@ -92,8 +102,6 @@ def _request(
         )
     if url and model:
         raise BadInput("give either a URL or --model, not both")
-    if not timeout > 0:
-        raise BadInput(f"--timeout must be positive, not {timeout}")
     knobs = parse_knobs(test_knob, url=url)
     if url:
         return UrlTarget(url, api_key), check.Options(kind, timeout)
