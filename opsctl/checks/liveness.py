@@ -60,11 +60,12 @@ def run(
         progress(ev.Phase("GET /health"))
         health = col.health(live.url, min(options.timeout, 10.0))
         progress(ev.Log(f"/health -> {health.status or health.error}"))
-        model = _served(live, options.timeout)
+        model = _served(live, options.timeout)  # None: unknown (the JSON's null)
+        name = model or "?"  # what the request names when the server did not say
         generative = options.generative
         if generative is None:
-            generative = _answers_completions(live, model, options.timeout)
-        m, answer = _request(live, model, generative, options, health, progress)
+            generative = _answers_completions(live, name, options.timeout)
+        m, answer = _request(live, name, generative, options, health, progress)
     found = dom.liveness_findings(m)
     verdict = dom.verdict_of(found)
     summary = next((f.message for f in found if f.severity != "ok"), found[-1].message)
@@ -89,10 +90,10 @@ def run(
     return Report(verdict, doc)
 
 
-def _served(live: Live, timeout: float) -> str:
+def _served(live: Live, timeout: float) -> str | None:
     from opsctl.collectors.completions import served_model
 
-    return served_model(live.url, timeout, api_key=live.api_key) or live.model or "?"
+    return served_model(live.url, timeout, api_key=live.api_key) or live.model
 
 
 def _answers_completions(live: Live, model: str, timeout: float) -> bool:

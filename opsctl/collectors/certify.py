@@ -59,12 +59,10 @@ def read_meta(run_dir: Path | None) -> dict[str, Any]:
 
 
 def opsctl_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """opsctl's version: the one source, the package metadata (``opsctl.__version__``)."""
+    from opsctl import __version__
 
-    try:
-        return version("opsctl")
-    except PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def shm_names() -> set[str]:
