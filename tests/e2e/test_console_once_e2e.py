@@ -2,7 +2,7 @@
 for the module): it answers an idle server within about one interval, never passes a
 stalled one (EngineCore SIGSTOPped with requests in flight, /health still 200: it keeps
 looking for the stall window and exits 1 'stalled'), and passes it again once resumed
-(busy while the load runs, ready once drained). The real CLI runs in its own process."""
+(busy or ready while the load runs, ready once drained). The real CLI runs in its own process."""
 
 from __future__ import annotations
 
@@ -110,12 +110,16 @@ def test_stalled_engine_fails_the_gate_and_passes_again_once_resumed(server):
         print(f"stalled: --once observed {doc['observed_s']} s (window {WINDOW_S:g} s), "
               f"process {took:.1f} s; slices {cores.slices}")  # fmt: skip
 
+        frozen = e["generation_tokens_total"]
         cores.resume()
+        # the load goes on; tiny-llama on dummy weights finishes a request in a blink,
+        # so a scrape may fall between a client's answer and its next request (ready)
         code, doc, took = once(server.url, "--stall-window", "60s")
         e = doc["endpoints"][0]
-        assert code == 0 and e["state"] == "busy", (doc["reason"], e)
-        assert e["generation_tokens_per_s"] > 0
-        print(f"resumed: busy, --once observed {doc['observed_s']} s, process {took:.1f} s")
+        assert code == 0 and e["state"] in ("busy", "ready"), (doc["reason"], e)
+        assert e["generation_tokens_total"] > frozen  # it generates again
+        print(f"resumed: {e['state']}, --once observed {doc['observed_s']} s, "
+              f"process {took:.1f} s")  # fmt: skip
 
         load.stop(600)
         assert load.failed == [] and load.done[server.url] > 0, load.done
