@@ -4,7 +4,8 @@
   ``--load-format dummy``: every /score and /rerank usage must equal the sum of the
   (query, document) pairs tokenized together, which is also recomputed here with the
   model's own tokenizer exactly as vLLM calls it;
-- tiny-embed (bi-encoder, real seeded weights) in a module fixture, checked by URL
+- tiny-embed (bi-encoder, real seeded weights) from the session pool (``tiny-embed``,
+  tests/engine_pool.py: the tests only read from it), checked by URL
   (through the CLI and as a library call, opsctl.checks.usage.run): usage must equal
   every text once (query once + documents), and the embeddings are the real,
   non-constant ones.
@@ -26,9 +27,8 @@ from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.domain import usage as U
 from opsctl.embedded import catalog
-from tests.conftest import running_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-embed")]
 
 
 def local_tokenizer(name: str):
@@ -61,9 +61,8 @@ def reranker_report() -> dict:
 
 
 @pytest.fixture(scope="module")
-def embed_engine():
-    with running_engine("tiny-embed") as server:
-        yield server
+def embed_engine(engine_pool):
+    return engine_pool.engine("tiny-embed")
 
 
 def test_cross_encoder_usage_matches_pair_inputs(reranker_report) -> None:
