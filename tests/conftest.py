@@ -78,6 +78,7 @@ def pool_names(item: pytest.Item | None) -> set[str]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool(*names): reads from these pooled engines")
     ACCOUNTING.runs_root = Path(os.environ["OPSCTL_HOME"]) / "runs"
+    ACCOUNTING.watch()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,10 @@ one from the session fixture ``engine_pool`` (tests/conftest.py)::
     def engine(engine_pool):
         return engine_pool.engine("no-logprobs")   # a Live: .url, .run_dir, .server
 
+A module whose engine no other module asks for passes its spec along:
+``engine_pool.engine("mm-uuid-rewrite", EngineSpec(...))``; an engine shared by modules
+is named in ``SPECS`` below.
+
 or, for a library call that takes a session, ``engine_pool.session_for("name")``: the
 check's own spec then finds the pooled engine through the session's compatibility rule
 (same ``EngineSpec.engine_key()``, probes included), exactly as two checks share one
@@ -41,10 +45,13 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live
@@ -103,9 +110,10 @@ class EnginePool:
         except KeyError:
             raise KeyError(f"no pooled engine {name!r}; known: {', '.join(SPECS)}") from None
 
-    def engine(self, name: str) -> Live:
-        """The pooled engine ``name``, started now unless it is the one alive."""
-        spec = self.spec(name)
+    def engine(self, name: str, spec: EngineSpec | None = None) -> Live:
+        """The pooled engine ``name``, started now unless it is the one alive. ``spec``:
+        a module's own engine (a name no other module uses); else SPECS[name]."""
+        spec = spec or self.spec(name)
         if self.alive != name:
             self.release()
         before = len(self.session.starts)
@@ -151,9 +159,11 @@ class EnginePool:
 # ---- accounting: every engine the session started (printed at the end by conftest) ------
 # Run directories that appeared under $OPSCTL_HOME/runs while a test ran are attributed to
 # its module (meta.json: started_at, healthy_at); bare vLLM servers (tests/bare_vllm.py)
-# record their own start. Runs made under a test's private OPSCTL_HOME are not seen, and
-# another pytest on the same OPSCTL_HOME at the same time would be counted too (CI runs
-# one).
+# record their own start. A run is ours when its owner is this process or a descendant
+# (``opsctl serve``/``diag`` in a subprocess): a watcher thread looks at each new run
+# while its owner still lives, so runs of another pytest on the same OPSCTL_HOME are left
+# out. A run whose owner was gone before the watcher saw it (a start that failed within
+# a second) is counted as ours. Runs made under a test's private OPSCTL_HOME are not seen.
 
 
 @dataclass
@@ -161,6 +171,44 @@ class Accounting:
     runs_root: Path | None = None
     by_module: dict[str, list[str]] = field(default_factory=dict)  # module -> run dir names
     bare: dict[str, list[float]] = field(default_factory=dict)  # module -> seconds to healthy
+    ours: dict[str, bool] = field(default_factory=dict)  # run dir name -> owned by us
+    others: int = 0  # runs of other processes seen during our tests (left out)
+    _watcher: threading.Thread | None = None
+
+    def classify(self, name: str) -> bool | None:
+        """True: owned by this process or a descendant; False: by someone else; None:
+        not known (no meta.json yet, or the owner is gone)."""
+        if name in self.ours:
+            return self.ours[name]
+        meta = self.meta(name)
+        owner = meta.get("owner_pid")
+        if not isinstance(owner, int):
+            return None
+        if owner == os.getpid():
+            verdict: bool | None = True
+        else:
+            try:
+                verdict = os.getpid() in {p.pid for p in psutil.Process(owner).parents()}
+            except psutil.Error:
+                verdict = None
+        if verdict is not None:
+            self.ours[name] = verdict
+        return verdict
+
+    def watch(self) -> None:
+        """Classify new runs once a second while their owners live (daemon thread)."""
+        if self._watcher is not None or self.runs_root is None:
+            return
+        known = self.listing()
+
+        def loop() -> None:
+            while True:
+                for name in self.listing() - known:
+                    self.classify(name)
+                time.sleep(1.0)
+
+        self._watcher = threading.Thread(target=loop, name="engine-accounting", daemon=True)
+        self._watcher.start()
 
     def listing(self) -> frozenset[str]:
         try:
@@ -185,9 +233,10 @@ class Accounting:
         try:
             yield
         finally:
-            new = self.listing() - before
+            new = [n for n in sorted(self.listing() - before) if self.classify(n) is not False]
+            self.others += len(self.listing() - before) - len(new)
             if new:
-                self.by_module.setdefault(module, []).extend(sorted(new))
+                self.by_module.setdefault(module, []).extend(new)
             bare = bare_starts()[bare_before:]
             if bare:
                 self.bare.setdefault(module, []).extend(bare)
@@ -223,6 +272,8 @@ class Accounting:
             f"{total_n} engine start(s) ({total_n - bare_n} opsctl runs, {bare_n} bare vLLM), "
             f"{total_s:.0f} s in engine starts (start to healthy; {failed} never healthy)"
         )
+        if self.others:
+            head += f"; {self.others} run(s) of other processes left out"
         return [head, *rows, *pool_lines]
 
 
