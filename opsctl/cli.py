@@ -24,6 +24,17 @@ except ImportError:  # pragma: no cover - an older Typer on plain click
 from opsctl.exit_codes import ExitCode
 
 
+def _plain_usage_name(self) -> str:
+    """A positional in the usage line as POSIX usage writes it: ``URL`` when required,
+    ``[MODEL]`` when optional, ``...`` when repeated (Typer writes ``{URL}``)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # Typer >= 0.17
+    typer.core.TyperArgument._usage_display_name = _plain_usage_name
+
+
 def report_error(err: OpsctlError) -> None:
     print(f"opsctl: error: {err.message}", file=sys.stderr)
     if err.hint:
@@ -160,14 +171,19 @@ def build_app() -> typer.Typer:
         status,
         version,
     )
-    from opsctl.commands.options import EXIT_CODES
+    from opsctl.commands.options import EXIT_CODES, epilog
 
     app = typer.Typer(
         cls=OpsctlGroup,
         name="opsctl",
         help="Operator's command line and dashboard for vLLM.",
-        epilog="Conventions (flags, durations, URLs, JSON, exit codes): docs/cli.md\n\n"
-        + EXIT_CODES,
+        epilog=epilog(
+            "opsctl serve",
+            "opsctl status 127.0.0.1:8000 --json",
+            "opsctl diag invariance --model tiny-llama",
+        ).replace(
+            EXIT_CODES, "Conventions (flags, durations, URLs, JSON): docs/cli.md\n\n" + EXIT_CODES
+        ),
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )

@@ -130,6 +130,13 @@ def info(message: str, *, markup: bool = True) -> None:
     stderr_console().print(message, highlight=False, markup=markup)
 
 
+def error(message: str, hint: str | None = None) -> None:
+    """The one ``opsctl: error:`` line (and its ``hint:``) on stderr."""
+    print(f"opsctl: error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
 def warn(message: str) -> None:
     from rich.markup import escape
 

@@ -49,7 +49,7 @@ def _printer(as_json: bool):
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(
+    app.command(
         "serve",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
         short_help="Start, supervise and stop a vLLM server.",
@@ -58,74 +58,76 @@ def register(app: typer.Typer) -> None:
             "opsctl serve tiny-llama --port 8001 --no-tui --json",
             "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
         ),
-    )
-    def serve(
-        ctx: typer.Context,
-        model: str = typer.Argument(
-            None,
-            metavar="MODEL",
-            help="embedded model name or model directory (default tiny-llama)",
-        ),
-        load_format: str = typer.Option(
-            "auto", "--load-format", help="dummy (random/constant) or auto (real weights)"
-        ),
-        host: str = typer.Option(
-            "127.0.0.1", "--host", help="bind address; beyond loopback needs --api-key"
-        ),
-        port: int = typer.Option(8000, "--port", help="port to serve on"),
-        timeout: float = duration_option(
-            300.0,
-            "--timeout",
-            help="the longest wait for the engine's /health",
-            show_default="5m",
-        ),
-        tui: bool | None = tui_option(),
-        as_json: bool = typer.Option(
-            False, "--json", help="JSON lines on stdout (opsctl.serve/1): ready and stopped events"
-        ),
-        api_key: str | None = typer.Option(
-            None,
-            "--api-key",
-            envvar="VLLM_API_KEY",
-            help=API_KEY_HELP + "; serve requires it on /v1 and opsctl uses it too",
-        ),
-        insecure_bind: bool = typer.Option(
-            False, "--insecure-bind", help="allow a non-loopback --host without an API key"
-        ),
-        test_knob: list[str] | None = test_knob_option(),
-    ) -> None:
-        """Start vLLM's OpenAI server with opsctl's plugin; supervise until Ctrl-C/SIGTERM.
+    )(serve)
 
-        Extra vLLM server arguments go after `--` (not --host, --port, --api-key: those
-        are opsctl's own options).
-        """
-        from opsctl import output
-        from opsctl.commands.options import parse_knobs
-        from opsctl.domain.exposure import exposure_note, refuse_owned_args
-        from opsctl.engine import supervise
-        from opsctl.engine.server import reachable_url
-        from opsctl.errors import BadInput
 
-        extra = list(ctx.args)
-        if model is not None and model.startswith("-"):
-            extra.insert(0, model)
-            model = None
-        if load_format not in LOAD_FORMATS:
-            raise BadInput(
-                f"--load-format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}"
-            )
-        refuse_owned_args(extra)
-        api_key = api_key or None
-        note = exposure_note(host, api_key, insecure_bind)
-        knobs = parse_knobs(test_knob)
-        if note:
-            output.warn(f"{note}; reachable as {reachable_url(host, port)}")
-        if knobs:
-            output.warn(f"TEST KNOBS requested for this engine: {knobs}")
-        dashboard = None
-        if output.want_tui(tui, as_json):
-            from opsctl.ui.serve_app import run_dashboard as dashboard
-        req = supervise.ServeRequest(
-            model, load_format, host, port, timeout, tuple(extra), api_key, knobs
+def serve(
+    ctx: typer.Context,
+    model: str = typer.Argument(
+        None,
+        metavar="MODEL",
+        help="embedded model name or model directory (default tiny-llama)",
+    ),
+    load_format: str = typer.Option(
+        "auto", "--load-format", help="dummy (random/constant) or auto (real weights)"
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="bind address; beyond loopback needs --api-key"
+    ),
+    port: int = typer.Option(8000, "--port", help="port to serve on"),
+    timeout: float = duration_option(
+        300.0,
+        "--timeout",
+        help="the longest wait for the engine's /health",
+        show_default="5m",
+    ),
+    tui: bool | None = tui_option(),
+    as_json: bool = typer.Option(
+        False, "--json", help="JSON lines on stdout (opsctl.serve/1): ready and stopped events"
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="VLLM_API_KEY",
+        help=API_KEY_HELP + "; serve requires it on /v1 and opsctl uses it too",
+    ),
+    insecure_bind: bool = typer.Option(
+        False, "--insecure-bind", help="allow a non-loopback --host without an API key"
+    ),
+    test_knob: list[str] | None = test_knob_option(),
+) -> None:
+    """Start vLLM's OpenAI server with opsctl's plugin; supervise until Ctrl-C/SIGTERM.
+
+    Extra vLLM server arguments go after `--` (not --host, --port, --api-key: those
+    are opsctl's own options).
+    """
+    from opsctl import output
+    from opsctl.commands.options import parse_knobs
+    from opsctl.domain.exposure import exposure_note, refuse_owned_args
+    from opsctl.engine import supervise
+    from opsctl.engine.server import reachable_url
+    from opsctl.errors import BadInput
+
+    extra = list(ctx.args)
+    if model is not None and model.startswith("-"):
+        extra.insert(0, model)
+        model = None
+    if load_format not in LOAD_FORMATS:
+        raise BadInput(
+            f"--load-format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}"
         )
-        raise typer.Exit(supervise.serve(req, _printer(as_json), dashboard))
+    refuse_owned_args(extra)
+    api_key = api_key or None
+    note = exposure_note(host, api_key, insecure_bind)
+    knobs = parse_knobs(test_knob)
+    if note:
+        output.warn(f"{note}; reachable as {reachable_url(host, port)}")
+    if knobs:
+        output.warn(f"TEST KNOBS requested for this engine: {knobs}")
+    dashboard = None
+    if output.want_tui(tui, as_json):
+        from opsctl.ui.serve_app import run_dashboard as dashboard
+    req = supervise.ServeRequest(
+        model, load_format, host, port, timeout, tuple(extra), api_key, knobs
+    )
+    raise typer.Exit(supervise.serve(req, _printer(as_json), dashboard))

@@ -39,16 +39,14 @@ def register(app: typer.Typer) -> None:
         0 ready/busy, 1 unhealthy, 3 no vLLM server answered)."""
         from opsctl.checks import status as check
         from opsctl.checks.target import UrlTarget
-        from opsctl.cli import report_error
-        from opsctl.errors import OpsctlError
-        from opsctl.output import emit
+        from opsctl.output import emit, error
 
         report = check.run(UrlTarget(url, api_key or None), check.Options(timeout=timeout))
         doc = report.to_dict()
         emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
         failure = check.error_of(report)
         if failure is not None:
-            report_error(OpsctlError(*failure))
+            error(*failure)
         raise typer.Exit(int(check.exit_code(report)))
 
 

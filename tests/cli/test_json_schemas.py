@@ -124,7 +124,7 @@ def test_patches_runs_and_models(home, tmp_path):
     assert run_json("runs", "clean")["schema"] == "opsctl.runs.clean/1"
     doc = run_json("runs", "bundle", "20260101-000000-serve-tiny-llama-8000", "--out",
                    str(tmp_path / "bundle.tar.gz"))  # fmt: skip
-    assert doc["schema"] == "opsctl.runs.bundle/1"
+    assert doc["schema"] == "opsctl.runs.bundle/2"
     assert run_json("models", "list")["schema"] == "opsctl.models.list/1"
     doc = run_json("models", "build", "tiny-llama", "--out", str(tmp_path / "models"))
     assert doc["schema"] == "opsctl.models.build/1"
@@ -151,7 +151,7 @@ def test_diag_usage_against_its_stand_in():
     from tests.standin_scoring import stand_in
 
     with stand_in() as url:
-        assert run_json("diag", "usage", url)["schema"] == "opsctl.diag.usage/1"
+        assert run_json("diag", "usage", url)["schema"] == "opsctl.diag.usage/2"
 
 
 def test_diag_mm_uuid_against_its_stand_in(tmp_path):
@@ -160,7 +160,7 @@ def test_diag_mm_uuid_against_its_stand_in(tmp_path):
     write_run_dir(tmp_path)
     with stand_in(tmp_path) as url:
         doc = run_json("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
-    assert doc["schema"] == "opsctl.diag.mm_uuid/1"
+    assert doc["schema"] == "opsctl.diag.mm_uuid/2"
 
 
 def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
@@ -173,7 +173,7 @@ def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
     with completions_server() as (url, _):
         register_run(run_dir, url)
         doc = run_json("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
-    assert doc["schema"] == "opsctl.diag.invariance/1"
+    assert doc["schema"] == "opsctl.diag.invariance/2"
 
 
 def test_status_every_state_and_error_and_version_match_their_schemas():

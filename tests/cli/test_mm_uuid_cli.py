@@ -26,7 +26,7 @@ def test_honest_engine_passes(tmp_path: Path) -> None:
         r = run("diag", "mm-uuid", url, "--run", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.diag.mm_uuid/1" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.diag.mm_uuid/2" and doc["verdict"] == "pass"
     assert doc["runs"][0]["mode"] == "caches-off"
     by = {(i["case"], i["index"]): i for i in doc["items"]}
     assert by[("all explicit", 0)]["identifier"] == "opsctl-all-0"

@@ -24,7 +24,7 @@ def test_honest_stand_in_passes() -> None:
         r = run("diag", "usage", url, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.diag.usage/1" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.diag.usage/2" and doc["verdict"] == "pass"
     assert doc["kind"] == "cross-encoder" and doc["kind_source"] == "/classify answers"
     assert doc["pair_separator"] == "[SEP]"
     assert len(doc["rows"]) == 8 and all(r["reported_prompt"] == r["expected"] for r in doc["rows"])

@@ -55,13 +55,11 @@ def _mode(value: str | None) -> str | None:
     if value is None or "," not in value:
         return value
     modes = {m.strip() for m in value.split(",") if m.strip()}
-    if modes == {"default", "eager"}:
-        return "both"
-    return modes.pop() if len(modes) == 1 else value
+    return "both" if modes == {"default", "eager"} else ",".join(sorted(modes))
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(
+    app.command(
         "invariance",
         short_help="BS=1 vs BS=N batch invariance of tokens and logprobs.",
         epilog=epilog(
@@ -69,87 +67,93 @@ def register(app: typer.Typer) -> None:
             "opsctl diag invariance 127.0.0.1:8000 --prompts prompts.txt --json",
             "opsctl diag invariance --model tiny-vlm-multi --images 2 --atol 1e-4",
         ),
-    )
-    def invariance(
-        url: str = url_argument(),
-        model: str = typer.Option(
-            None, "--model", help="start this embedded model / model dir (default tiny-llama)"
-        ),
-        prompts_file: Path = typer.Option(
-            None, "--prompts", metavar="FILE", help="prompts: JSON list or one per line"
-        ),
-        batch_size: int = typer.Option(
-            None, "--batch-size", help="N for BS=N (default: number of prompts)"
-        ),
-        max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per prompt"),
-        logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
-        mode: str = typer.Option(
-            None,
-            "--mode",
-            metavar="MODE",
-            help="engines to start: default, eager or both (a comma list of default,eager)",
-        ),
-        atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
-        batch_via: str = typer.Option(
-            None,
-            "--batch-via",
-            help="BS=N as one request with N prompts (list; text default) or N concurrent "
-            "requests (requests; the only way with images)",
-        ),
-        images: int = typer.Option(
-            None,
-            "--images",
-            help="most images per prompt on a vision-language model (default: the model's; "
-            "0: text only)",
-        ),
-        timeout: float = duration_option(
-            "10m", "--timeout", help="the longest wait for a started engine (exit 4 past it)"
-        ),
-        as_json: bool = json_option(),
-        tui: bool | None = tui_option(),
-        api_key: str | None = api_key_option(),
-        test_knob: list[str] | None = test_knob_option(),
-    ) -> None:
-        """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
-        from opsctl import output
-        from opsctl.checks import invariance as check
-        from opsctl.checks.target import EngineSpec, Target, UrlTarget
-        from opsctl.commands.options import parse_knobs
-        from opsctl.domain.urls import validate_url
-        from opsctl.ui.progress import run_with_progress
-        from opsctl.ui.render_invariance import render
+    )(invariance)
 
-        if url and model:
-            raise BadInput("give either a URL or --model, not both")
-        base = validate_url(url) if url else None
-        options = check.Options(
-            read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
-            batch_size,
-            max_tokens,
-            logprobs,
-            _mode(mode),
-            atol,
-            batch_via,
-            timeout,
-            images=images,
+
+def invariance(
+    url: str = url_argument(),
+    model: str = typer.Option(
+        None, "--model", help="start this embedded model / model dir (default tiny-llama)"
+    ),
+    prompts_file: Path = typer.Option(
+        None, "--prompts", metavar="FILE", help="prompts: JSON list or one per line"
+    ),
+    batch_size: int = typer.Option(None, "--batch-size", help="N for BS=N (default: prompts)"),
+    max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per prompt"),
+    logprobs: int = typer.Option(5, "--logprobs", help="top logprobs compared per position"),
+    mode: str = typer.Option(
+        None,
+        "--mode",
+        metavar="MODE",
+        help="engines to start: default, eager or both (a comma list of default,eager)",
+    ),
+    atol: float = typer.Option(None, "--atol", help="logprob tolerance (default: bitwise)"),
+    batch_via: str = typer.Option(
+        None,
+        "--batch-via",
+        help="BS=N as one request with N prompts (list; text default) or N concurrent "
+        "requests (requests; the only way with images)",
+    ),
+    images: int = typer.Option(
+        None,
+        "--images",
+        help="most images per prompt on a vision-language model (default: the model's; "
+        "0: text only)",
+    ),
+    timeout: float = duration_option(
+        "10m", "--timeout", help="the longest wait for a started engine (exit 4 past it)"
+    ),
+    as_json: bool = json_option(),
+    tui: bool | None = tui_option(),
+    api_key: str | None = api_key_option(),
+    test_knob: list[str] | None = test_knob_option(),
+) -> None:
+    """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
+    from opsctl.checks import invariance as check
+    from opsctl.checks.target import EngineSpec, Target, UrlTarget
+    from opsctl.commands.options import parse_knobs
+    from opsctl.domain.urls import validate_url
+    from opsctl.ui.progress import run_with_progress
+
+    if url and model:
+        raise BadInput("give either a URL or --model, not both")
+    base = validate_url(url) if url else None
+    options = check.Options(
+        read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
+        batch_size,
+        max_tokens,
+        logprobs,
+        _mode(mode),
+        atol,
+        batch_via,
+        timeout,
+        images=images,
+    )
+    knobs = tuple(parse_knobs(test_knob, url=base).items())
+    target: Target = UrlTarget(base, api_key) if base else EngineSpec(model, knobs=knobs)
+    check.plan(target, options)  # bad input is refused before any engine or panel
+    report = run_with_progress(
+        check.TITLE,
+        lambda progress: check.run(target, options, progress),
+        tui=tui,
+        as_json=as_json,
+    )
+    _conclude(report, as_json, atol)
+
+
+def _conclude(report, as_json: bool, atol: float | None) -> None:
+    """Warnings, the report, and the exit code it maps to."""
+    from opsctl import output
+    from opsctl.ui.render_invariance import render
+
+    for line in report.warnings:  # after the run: never while a panel owns the terminal
+        output.warn(line)
+    doc = report.to_dict()
+    output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
+    if report.timed_out:
+        raise OpsTimeout("an engine did not become healthy within --timeout; see the report")
+    if not report.passed:
+        raise CheckFailed(
+            "batch invariance failed: " + "; ".join(report.reasons or ["see report"])[:600],
+            hint="--atol X allows a stated logprob tolerance" if atol is None else None,
         )
-        knobs = tuple(parse_knobs(test_knob, url=base).items())
-        target: Target = UrlTarget(base, api_key) if base else EngineSpec(model, knobs=knobs)
-        check.plan(target, options)  # bad input is refused before any engine or panel
-        report = run_with_progress(
-            check.TITLE,
-            lambda progress: check.run(target, options, progress),
-            tui=tui,
-            as_json=as_json,
-        )
-        for line in report.warnings:  # after the run: never while a panel owns the terminal
-            output.warn(line)
-        doc = report.to_dict()
-        output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
-        if report.timed_out:
-            raise OpsTimeout("an engine did not become healthy within --timeout; see the report")
-        if not report.passed:
-            raise CheckFailed(
-                "batch invariance failed: " + "; ".join(report.reasons or ["see report"])[:600],
-                hint="--atol X allows a stated logprob tolerance" if atol is None else None,
-            )
