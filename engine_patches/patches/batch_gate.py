@@ -19,11 +19,17 @@ a client; its late members then pass at once. A held request that is aborted is
 dropped (also when the abort comes while the timer hands it back). At shutdown every
 held request goes to the scheduler, which drains or aborts it like any other.
 
+A pause (``EngineCoreProc.pause_scheduler``, which vLLM's ``pause_generation`` calls)
+first hands every held request to the scheduler, so the pause treats it like any request
+accepted before it (abort: aborted and answered; wait: drained; keep: kept); a request
+the timer hands back while vLLM >= 0.33 rejects new work during a pause
+(``_reject_add_while_paused``) is let through, since it was accepted before.
+
 Limits: held requests are not counted in the scheduler's waiting figures (for at most
-``HOLD_S``); a pause does not wait for them; with data parallelism each engine core has
+``HOLD_S``); with data parallelism each engine core has
 its own gate, so a group spread over ranks is released on timeout, not gathered. Every hold and release is appended
 to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size", "count",
-"waited_s", "why": "complete" | "timeout" | "shutdown", "req_ids"}``), so a report can say the batch was
+"waited_s", "why": "complete" | "timeout" | "shutdown" | "pause", "req_ids"}``), so a report can say the batch was
 gathered by the engine.
 """
 
@@ -138,14 +144,22 @@ class Gate:
                 if not group.held:
                     del self.groups[key]
 
-    def flush(self) -> list[tuple[Any, int]]:
-        """Every held request, in arrival order per group (at shutdown: the scheduler
-        then drains or aborts them like any other request)."""
+    def flush(self, why: str = "shutdown") -> list[tuple[Any, int]]:
+        """Every held request, in arrival order per group (at shutdown or a pause: the
+        scheduler then drains, keeps or aborts them like any other accepted request).
+        Late members of a flushed group pass at once."""
         with self.lock:
             groups, self.groups = self.groups, {}
+            self.expired.update(groups)
         for key, group in groups.items():
-            self._record(key, group, "shutdown")
+            self._record(key, group, why)
         return [held for group in groups.values() for held in group.held]
+
+    def accepted(self, request_id: str) -> bool:
+        """Whether a request is one the gate held and handed back (so it was accepted
+        before any pause that rejects new work now)."""
+        with self.lock:
+            return str(request_id) in self.released
 
     @staticmethod
     def _record(key: str, group: _Group, why: str) -> None:
@@ -226,6 +240,67 @@ def _wrap_shutdown(original):
     return _handle_shutdown
 
 
+def _wrap_pause(original):
+    """vLLM >= 0.33 rejects new ADDs during a user pause, and every pause mode acts on
+    the scheduler's requests only: before the pause, hand every held request to the
+    scheduler, so "abort" aborts it (its client is answered), "wait" drains it and
+    "keep" keeps it, like any request accepted before the pause."""
+
+    @functools.wraps(original)
+    def pause_scheduler(self, *args, **kwargs):
+        gate = getattr(self, "_opsctl_gate", None)
+        if gate is not None and gate.groups:
+            add = ORIGINALS.get("add_request")
+            try:
+                for req, wave in gate.flush("pause"):
+                    add(self, req, wave)
+            except Exception as exc:  # a probe never breaks the engine
+                record_event(PROBE, {"event": "error", "where": "pause", "error": repr(exc)})
+        return original(self, *args, **kwargs)
+
+    pause_scheduler._opsctl_gate = True  # type: ignore[attr-defined]
+    return pause_scheduler
+
+
+def _wrap_reject_paused(original):
+    """A held request the timer hands back through the input queue was accepted before
+    any pause: vLLM >= 0.33's ``_reject_add_while_paused`` must not take it for new
+    work (it would fail it with a retryable "engine_paused" error)."""
+
+    @functools.wraps(original)
+    def _reject_add_while_paused(self, request):
+        gate = getattr(self, "_opsctl_gate", None)
+        try:
+            if gate is not None and gate.accepted(str(request.request_id)):
+                return False
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "where": "paused", "error": repr(exc)})
+        return original(self, request)
+
+    _reject_add_while_paused._opsctl_gate = True  # type: ignore[attr-defined]
+    return _reject_add_while_paused
+
+
+PROC_ATTRS = ("_handle_shutdown", "pause_scheduler", "_reject_add_while_paused")
+
+
+def install(core_cls, proc_cls) -> list[str]:
+    """Wrap the engine core's methods (``proc_cls`` may lack the pause methods: vLLM
+    0.32 has no ``_reject_add_while_paused``); the names wrapped."""
+    done = []
+    for owner, attr, wrap in (
+        (core_cls, "add_request", _wrap_add),
+        (core_cls, "abort_requests", _wrap_abort),
+        (proc_cls, "_handle_shutdown", _wrap_shutdown),
+        (proc_cls, "pause_scheduler", _wrap_pause),
+        (proc_cls, "_reject_add_while_paused", _wrap_reject_paused),
+    ):
+        if getattr(owner, attr, None) is not None:
+            _install(owner, attr, wrap)
+            done.append(attr)
+    return done
+
+
 def _install(owner, attr: str, wrap) -> None:
     current = getattr(owner, attr)
     if not getattr(current, "_opsctl_gate", False):
@@ -238,13 +313,12 @@ def apply() -> Outcome:
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES does not contain {PROBE!r}")
     from vllm.v1.engine import core
 
-    _install(core.EngineCore, "add_request", _wrap_add)
-    _install(core.EngineCore, "abort_requests", _wrap_abort)
-    _install(core.EngineCoreProc, "_handle_shutdown", _wrap_shutdown)
+    done = install(core.EngineCore, core.EngineCoreProc)
+    pause = "; held requests join the scheduler before a pause" if "pause_scheduler" in done else ""
     return Outcome(
         APPLIED,
         f"holds requests marked opsctl-gather<N>x<group> until all N arrived (at most "
-        f"{HOLD_S:.0f} s), records releases in events/gate.jsonl",
+        f"{HOLD_S:.0f} s), records releases in events/gate.jsonl{pause}",
     )
 
 
@@ -253,7 +327,7 @@ def undo() -> None:
     from vllm.v1.engine import core
 
     for attr, original in ORIGINALS.items():
-        owner = core.EngineCoreProc if attr == "_handle_shutdown" else core.EngineCore
+        owner = core.EngineCoreProc if attr in PROC_ATTRS else core.EngineCore
         setattr(owner, attr, original)
     ORIGINALS.clear()
 
@@ -261,7 +335,7 @@ def undo() -> None:
 PATCH = Patch(
     name="batch_gate",
     target="vllm.v1.engine.core.EngineCore.add_request, .abort_requests, "
-    "EngineCoreProc._handle_shutdown",
+    "EngineCoreProc._handle_shutdown, .pause_scheduler, ._reject_add_while_paused (>= 0.33)",
     versions="0.32 (EngineCore.add_request(request, request_wave), input_queue of "
     "(EngineCoreRequestType, payload))",
     reason="opsctl probe for diag lora and invariance: requests meant to be batched "
@@ -274,7 +348,12 @@ PATCH = Patch(
         "EngineCore.add_request",
         "EngineCore.abort_requests",
         "EngineCoreProc._handle_shutdown",
+        "EngineCoreProc.pause_scheduler",
     ),
-    watch=symbols("vllm.v1.engine.core", "EngineCoreProc._handle_client_request"),
+    watch=symbols(
+        "vllm.v1.engine.core",
+        "EngineCoreProc._handle_client_request",
+        "EngineCoreProc._reject_add_while_paused",
+    ),
     kind="probe",
 )

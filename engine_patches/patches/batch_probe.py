@@ -242,9 +242,17 @@ def apply() -> Outcome:
         else {"marker": nudge.marker, "position": nudge.position, "delta": nudge.delta},
     }
     record_event("batch", init)
-    from vllm.v1.worker import gpu_model_runner as gmr
-
+    try:
+        from vllm.v1.worker import gpu_model_runner as gmr
+    except ImportError:  # vLLM >= 0.34: the V1 model runner is gone (V2 runners only)
+        return Outcome(
+            SKIPPED,
+            "no vllm.v1.worker.gpu_model_runner in this vLLM (V2 model runner, not "
+            "supported yet): formed batches are not recorded",
+        )
     cls = gmr.GPUModelRunner
+    if getattr(cls, "_sample", None) is None:
+        return Outcome(SKIPPED, "GPUModelRunner._sample not in this vLLM: batches not recorded")
     if getattr(cls._sample, "_opsctl_batch_probe", False):
         return Outcome(APPLIED, "already applied in this process")
     original = cls._sample

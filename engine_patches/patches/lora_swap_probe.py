@@ -11,7 +11,9 @@ it appends to ``<run>/events/lora.jsonl``
   model's ``get_mm_mapping()``), max_loras, max_lora_rank and the compilation mode;
 - ``{"event": "adapter", ...}`` per adapter loaded: its name, id, and per part the
   modules the adapter carries and how many of them the engine wrapped (an adapter's
-  weights for a module the engine did not wrap are silently unused);
+  weights for a module the engine did not wrap are silently unused); on vLLM >= 0.33 a
+  text-only adapter's ``model.layers.*`` names count for a multimodal model's language
+  model, as that vLLM applies them there (``text_only``: how many);
 - ``{"event": "encoder", "req_ids", "lora_ids"}`` per vision encoder call
   (``GPUModelRunner._execute_mm_encoder``): whose images ran the tower together, with
   which adapters (0: none).
@@ -113,13 +115,40 @@ def describe_manager(manager: Any, vllm_config: Any) -> dict:
     }
 
 
+def text_only_names(manager: Any, modules: Sequence[str]) -> dict[str, str]:
+    """``{name a text-only adapter uses: the module it reaches}``. vLLM >= 0.33 applies
+    an adapter trained on the text-only ``*ForCausalLM`` (``model.layers.*``,
+    ``lm_head``) to a multimodal model's language model (mounted under a prefix such as
+    ``language_model.``), through ``LoRAModelManager._get_text_lora_names``; {} on a
+    vLLM without it (0.32 leaves such weights unused) or a text-only model."""
+    names_of = getattr(manager, "_get_text_lora_names", None)
+    if names_of is None:
+        return {}
+    out: dict[str, str] = {}
+    for module in modules:
+        try:
+            names = names_of(module)
+        except Exception:  # a probe never breaks the engine
+            continue
+        for name in names or ():
+            out.setdefault(name, module)
+    return out
+
+
 def describe_adapter(request: Any, lora_model: Any, manager: Any) -> dict:
+    """Per part (language / tower / connector / other): the modules an adapter carries
+    and how many of them reach a module the engine wrapped. A text-only adapter's names
+    on a multimodal model count for the language model when this vLLM maps them there
+    (``text_only``: how many did)."""
     mapping = getattr(manager, "mm_mapping", None)
     carried = list(getattr(lora_model, "loras", {}) or {})
-    wrapped = set(manager.modules) | set(getattr(manager, "packed_modules", {}) or {})
-    packed = {m for names in (getattr(manager, "packed_modules", {}) or {}).values() for m in names}
+    packed_of = getattr(manager, "packed_modules", {}) or {}
+    wrapped = set(manager.modules) | set(packed_of)
+    packed = {m for names in packed_of.values() for m in names}
+    text = text_only_names(manager, sorted(wrapped | packed))
+    resolved = {n: text.get(n, n) if n not in wrapped | packed else n for n in carried}
     parts: dict[str, dict[str, int]] = {}
-    for part, names in _by_part(carried, mapping).items():
+    for part, names in _by_part(list(resolved.values()), mapping).items():
         applied = sum(1 for n in names if n in wrapped or n in packed)
         parts[part] = {"modules": len(names), "applied": applied}
     return {
@@ -128,6 +157,7 @@ def describe_adapter(request: Any, lora_model: Any, manager: Any) -> dict:
         "lora_id": getattr(request, "lora_int_id", None),
         "path": getattr(request, "lora_path", None),
         "parts": parts,
+        "text_only": sum(1 for n, r in resolved.items() if r != n),
     }
 
 
@@ -233,7 +263,11 @@ def apply() -> Outcome:
     if not probe and scope is None:
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES has no {PROBE!r} and {SWAP_ENV} is unset")
     from vllm.lora import model_manager, worker_manager
-    from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+
+    try:
+        from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+    except ImportError:  # vLLM >= 0.34: the V1 model runner is gone (V2 runners only)
+        gpu_input_batch = gpu_model_runner = None
 
     done = []
     if probe:
@@ -241,6 +275,14 @@ def apply() -> Outcome:
         _install(manager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
         _install(worker, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
         done.append("records the LoRA manager, adapters and encoder calls in events/lora.jsonl")
+    if gpu_model_runner is None or gpu_input_batch is None:
+        done.append(
+            "no vllm.v1.worker.gpu_model_runner in this vLLM (V2 model runner): "
+            "encoder calls not recorded, no adapter swap"
+        )
+        if not probe:
+            return Outcome(SKIPPED, done[0])
+        return Outcome(APPLIED, "; ".join(done))
     if scope in ("lm", "all"):
         _install(gpu_input_batch.InputBatch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
     if probe or scope in ("tower", "all"):

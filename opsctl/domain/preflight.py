@@ -1,0 +1,260 @@
+"""Upgrade preflight, the pure part: source text of a vLLM release in, findings out.
+
+A *symbol* is ``"module:Qualified.name"`` (``"vllm.v1.engine.core:EngineCore.add_request"``).
+:func:`extract` finds its definition in a module's source with :mod:`ast` (no import)
+and :func:`digest` hashes its normalised text (dedented, trailing blanks dropped), so
+two releases compare by text without either being installed. The *scope* of a symbol
+is what encloses it (its class, or the module for a top-level function); the members
+of a scope that changed between the verified release and the target release are what
+"changed around" a patch's target.
+
+No I/O here: :mod:`opsctl.collectors.vllm_sources` reads the sources,
+:mod:`opsctl.checks.preflight` runs the patches' own upstream rules and builds the
+report from these findings.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import textwrap
+from dataclasses import dataclass, field
+
+DIGEST_CHARS = 16
+EXCERPT_LINES = 24
+MAX_AROUND = 12
+
+# verdicts, worst first
+MISSING = "missing"  # a target is gone: the patch would be skipped, the probe sees nothing
+CHANGED = "changed"  # a target's code differs from the verified release: review it
+UPSTREAM = "upstream"  # the patch's own rule finds the fix upstream: it stands down
+REVIEW = "review"  # targets unchanged, code it relies on (watched) changed
+UNCHANGED = "unchanged"  # targets and watched code identical to the verified release
+UNKNOWN = "unknown"  # no recorded hashes to compare with
+VERDICTS = (MISSING, CHANGED, UPSTREAM, REVIEW, UNCHANGED, UNKNOWN)
+
+
+def split(symbol: str) -> tuple[str, str]:
+    module, _, qualname = symbol.partition(":")
+    return module, qualname
+
+
+def module_paths(module: str) -> tuple[str, str]:
+    """Where a module's source lies in a wheel or site-packages (file, package)."""
+    base = module.replace(".", "/")
+    return f"{base}.py", f"{base}/__init__.py"
+
+
+def scope_of(symbol: str) -> str:
+    """``m:C.f`` -> ``m:C``; ``m:f`` -> ``m:`` (the module)."""
+    module, qualname = split(symbol)
+    return f"{module}:{qualname.rpartition('.')[0]}"
+
+
+def _find(tree: ast.AST, qualname: str) -> ast.AST | None:
+    node: ast.AST | None = tree
+    for part in qualname.split(".") if qualname else ():
+        body = getattr(node, "body", None) or []
+        node = next(
+            (
+                n
+                for n in reversed(body)  # the last definition wins, as at import time
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return None
+    return node
+
+
+def normalise(text: str) -> str:
+    lines = [line.rstrip() for line in textwrap.dedent(text).splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def extract(source: str | None, qualname: str) -> str | None:
+    """The normalised source of ``qualname`` in a module's ``source``; None if absent
+    (or the module is missing or does not parse)."""
+    if source is None:
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    node = _find(tree, qualname)
+    if node is None or node is tree:
+        return None
+    segment = ast.get_source_segment(source, node, padded=True)
+    return None if segment is None else normalise(segment)
+
+
+def digest(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return hashlib.sha256(normalise(text).encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
+    """``{name: digest}`` of the functions and classes directly in a scope (a class,
+    or the module when ``scope_qualname`` is empty); None when the scope is absent."""
+    if source is None:
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    node = _find(tree, scope_qualname)
+    if node is None:
+        return None
+    out: dict[str, str] = {}
+    for child in getattr(node, "body", []):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            text = ast.get_source_segment(source, child, padded=True)
+            out[child.name] = digest(text or "") or ""
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    added: int
+    removed: int
+    excerpt: tuple[str, ...]  # the first changed lines of a unified diff, trimmed
+
+    def to_dict(self) -> dict:
+        return {
+            "added_lines": self.added,
+            "removed_lines": self.removed,
+            "excerpt": list(self.excerpt),
+        }
+
+
+def diff(old: str, new: str, limit: int = EXCERPT_LINES) -> Diff:
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines(), new.splitlines(), "verified", "target", n=1, lineterm=""
+        )
+    )
+    body = [ln for ln in lines[2:]]
+    added = sum(1 for ln in body if ln.startswith("+"))
+    removed = sum(1 for ln in body if ln.startswith("-"))
+    excerpt = body[:limit] + (
+        [f"... {len(body) - limit} more diff lines"] if len(body) > limit else []
+    )
+    return Diff(added, removed, tuple(excerpt))
+
+
+@dataclass(frozen=True, slots=True)
+class SymbolFinding:
+    symbol: str
+    exists: bool
+    digest: str | None
+    verified_digest: str | None
+    verified_exists: bool | None  # None: nothing recorded for the verified release
+    diff: Diff | None = None  # only when the verified text was at hand
+
+    @property
+    def unchanged(self) -> bool | None:
+        """Same code as on the verified release (absent on both counts as unchanged);
+        None when nothing was recorded to compare with."""
+        if self.verified_exists is None:
+            return None
+        if self.exists != self.verified_exists:
+            return False
+        return not self.exists or self.digest == self.verified_digest
+
+    def to_dict(self) -> dict:
+        return {
+            "symbol": self.symbol,
+            "exists": self.exists,
+            "unchanged": self.unchanged,
+            "sha256_16": self.digest,
+            "verified_sha256_16": self.verified_digest,
+            "verified_exists": self.verified_exists,
+            "diff": None if self.diff is None else self.diff.to_dict(),
+        }
+
+
+def symbol_finding(
+    symbol: str,
+    target_text: str | None,
+    recorded: dict[str, str | None] | None,
+    verified_text: str | None,
+) -> SymbolFinding:
+    """One symbol of the target release against the verified release's ``recorded``
+    digests (``{symbol: digest or None when absent}``; None: nothing recorded)."""
+    found = digest(target_text)
+    known = recorded is not None and symbol in recorded
+    verified = recorded.get(symbol) if known and recorded is not None else None
+    change = None
+    if target_text is not None and verified_text is not None and found != verified:
+        change = diff(verified_text, target_text)
+    exists_before = (verified is not None) if known else None
+    return SymbolFinding(symbol, target_text is not None, found, verified, exists_before, change)
+
+
+def changed_members(verified: dict[str, str] | None, target: dict[str, str] | None) -> list[str]:
+    """``["name (changed)", "name (new)", "name (gone)"]`` between two scopes' members."""
+    if verified is None or target is None:
+        return []
+    out = [f"{n} (changed)" for n in verified if n in target and target[n] != verified[n]]
+    out += [f"{n} (new)" for n in target if n not in verified]
+    out += [f"{n} (gone)" for n in verified if n not in target]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PatchFinding:
+    name: str
+    kind: str
+    verified_on: tuple[str, ...]
+    targets: tuple[SymbolFinding, ...]
+    watched: tuple[SymbolFinding, ...]
+    upstream: bool | None  # the patch's own rule; None: no rule, or it cannot decide
+    upstream_why: str | None
+    around: dict[str, list[str]] = field(default_factory=dict)  # scope -> changed members
+
+    @property
+    def exists(self) -> bool:
+        return all(t.exists for t in self.targets)
+
+    @property
+    def unchanged(self) -> bool | None:
+        states = [t.unchanged for t in self.targets]
+        if False in states:
+            return False
+        return None if None in states else True
+
+    @property
+    def verdict(self) -> str:
+        if not self.exists:
+            return MISSING
+        if self.upstream is True:
+            return UPSTREAM
+        if self.unchanged is False:
+            return CHANGED
+        if self.unchanged is None:
+            return UNKNOWN
+        if any(w.unchanged is False for w in self.watched):
+            return REVIEW
+        return UNCHANGED
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "verified_on": list(self.verified_on),
+            "verdict": self.verdict,
+            "exists": self.exists,
+            "unchanged": self.unchanged,
+            "upstream": self.upstream,
+            "upstream_why": self.upstream_why,
+            "targets": [t.to_dict() for t in self.targets],
+            "watched": [w.to_dict() for w in self.watched],
+            "changed_around": {k: v[:MAX_AROUND] for k, v in self.around.items() if v},
+            "changed_around_count": sum(len(v) for v in self.around.values()),
+        }

@@ -1,0 +1,85 @@
+"""Rich output of the upgrade preflight (`opsctl patches --against VERSION|WHEEL`) on a
+terminal: one table (per patch and probe: exists / unchanged / upstream / changed
+around / verdict), then per patch what needs a look (missing or changed targets with a
+diff excerpt, changed watched code, the members changed around it). Reads only the
+report's JSON document (``opsctl.preflight/1``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+COLOURS = {
+    "unchanged": "green",
+    "upstream": "cyan",
+    "review": "yellow",
+    "changed": "yellow",
+    "unknown": "yellow",
+    "missing": "red",
+}
+VERDICT_COLOURS = {"pass": "green", "unverified": "yellow", "fail": "red"}
+EXCERPT = 12
+
+
+def _yn(v: Any) -> str:
+    return "-" if v is None else ("yes" if v else "no")
+
+
+def _symbols(console: Console, title: str, findings: list[dict]) -> None:
+    for t in findings:
+        if t["unchanged"] is True:
+            continue
+        if not t["exists"]:
+            state = "missing"
+        elif t.get("verified_exists") is False:
+            state = "new (absent on the verified release)"
+        else:
+            state = "changed" if t["unchanged"] is False else "not recorded"
+        console.print(f"  {title} [b]{escape(t['symbol'])}[/]: {state}")
+        diff = t.get("diff")
+        if diff:
+            console.print(f"    +{diff['added_lines']} -{diff['removed_lines']} lines", style="dim")
+            for line in diff["excerpt"][:EXCERPT]:
+                console.print("    " + escape(line), style="dim", soft_wrap=True)
+
+
+def render(console: Console, doc: dict[str, Any]) -> None:
+    source = doc.get("source") or {}
+    console.print(
+        f"[b]patches --against[/] vLLM {escape(str(doc.get('vllm_version') or '?'))} "
+        f"({escape(str(source.get('kind')))}: {escape(str(source.get('path')))}), "
+        f"verified on {', '.join(doc.get('verified_releases') or []) or 'nothing recorded'}"
+    )
+    table = Table("patch", "kind", "exists", "unchanged", "upstream", "changed around", "verdict")
+    for p in doc["patches"]:
+        v = p["verdict"]
+        table.add_row(
+            escape(p["name"]),
+            p["kind"],
+            _yn(p["exists"]),
+            _yn(p["unchanged"]),
+            "n/a" if p["upstream_why"] is None else _yn(p["upstream"]),
+            str(p["changed_around_count"]),
+            f"[{COLOURS.get(v, 'red')}]{v}[/]",
+        )
+    console.print(table)
+    for p in doc["patches"]:
+        if p["verdict"] == "unchanged":
+            continue
+        note = f" ({escape(p['note'])})" if p.get("note") else ""
+        console.print(f"[b]{escape(p['name'])}[/]: {p['verdict']}{note}")
+        if p["upstream_why"]:
+            console.print(f"  upstream rule: {escape(p['upstream_why'])}")
+        _symbols(console, "target", p["targets"])
+        _symbols(console, "relies on", p["watched"])
+        for scope, names in p["changed_around"].items():
+            more = p["changed_around_count"] if len(p["changed_around"]) == 1 else None
+            tail = f" (of {more})" if more and more > len(names) else ""
+            console.print(
+                f"  around {escape(scope)}{tail}: {escape(', '.join(names))}", soft_wrap=True
+            )
+    colour = VERDICT_COLOURS.get(doc["verdict"], "red")
+    console.print(f"verdict: [{colour}]{doc['verdict']}[/]")
