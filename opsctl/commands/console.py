@@ -4,25 +4,23 @@ file, discovered local servers), or over the servers a Prometheus server scrapes
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
+from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
+
+EPILOG = epilog(
+    "opsctl console",
+    "opsctl console http://127.0.0.1:8000 http://10.0.0.5:8000 --readonly",
+    "opsctl console --once --json --no-discover http://127.0.0.1:8000",
+    "opsctl console --prometheus http://127.0.0.1:9090 --job vllm",
+    "opsctl console --once --stall-window 30s --interval 2s",
+)
+
 
 def register(app: typer.Typer) -> None:
-    from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
-
-    @app.command(
-        "console",
-        epilog=epilog(
-            "opsctl console",
-            "opsctl console http://127.0.0.1:8000 http://10.0.0.5:8000 --readonly",
-            "opsctl console --once --json --no-discover http://127.0.0.1:8000",
-            "opsctl console --prometheus http://127.0.0.1:9090 --job vllm",
-            "opsctl console --once --stall-window 30s --interval 2s",
-        ),
-    )
+    @app.command("console", epilog=EPILOG)
     def console(
         urls: list[str] = typer.Argument(
             None, metavar="URL", help="base URLs of vLLM servers (http://HOST:PORT or HOST:PORT)"
@@ -70,7 +68,6 @@ def register(app: typer.Typer) -> None:
         any failing or stalled, 3 none reachable or none found. With --prometheus the
         endpoints and figures come from Prometheus (active targets, PromQL)."""
         from opsctl.domain.console_state import Settings
-        from opsctl.errors import BadInput
 
         _check_combination(urls or [], targets_file, prometheus, job)
         if not once and not as_json:
@@ -86,20 +83,22 @@ def register(app: typer.Typer) -> None:
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
         if once or as_json:
-            if record is not None:
-                raise BadInput("--record writes the live console's frames: drop --once/--json")
-            raise typer.Exit(_once(source, settings, as_json))
-        from opsctl.ui.console_app import build_console_app, run_console
+            raise typer.Exit(_once(source, settings, as_json, record))
+        _live(source, interval, readonly, record, api_key)
 
-        source.start()
-        try:
-            run_console(
-                build_console_app(
-                    source, interval=interval, readonly=readonly, record=record, api_key=api_key
-                )
+
+def _live(source, interval: float, readonly: bool, record: Path | None, api_key) -> None:
+    from opsctl.ui.console_app import build_console_app, run_console
+
+    source.start()
+    try:
+        run_console(
+            build_console_app(
+                source, interval=interval, readonly=readonly, record=record, api_key=api_key
             )
-        finally:
-            source.close()
+        )
+    finally:
+        source.close()
 
 
 def _check_combination(
@@ -133,6 +132,8 @@ def _prometheus_source(url, job, settings):
 
 
 def _need_terminal() -> None:
+    import sys
+
     from opsctl.errors import BadInput
 
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
@@ -142,24 +143,10 @@ def _need_terminal() -> None:
         )
 
 
-def _once(source, settings, as_json: bool) -> int:
-    from opsctl.console.once import observe
-    from opsctl.console.report import document, render_plain
-    from opsctl.console.source import EMPTY_HINT, START_HINT
-    from opsctl.output import emit, info
+def _once(source, settings, as_json: bool, record: Path | None) -> int:
+    from opsctl.console.once import report
+    from opsctl.errors import BadInput
 
-    seen = observe(source, settings)
-    snap = seen.snapshot
-    doc = document(snap, stall_window_s=settings.stall_window_s, observed_s=seen.observed_s)
-    if as_json or snap.endpoints:  # no table of nothing: the reason goes to stderr
-        emit(doc, as_json=as_json, render=lambda c: render_plain(c, snap))
-    code = int(doc["exit_code"])
-    hint = snap.hint
-    if not snap.endpoints:  # nothing checked: one line (and the hint), exit 3
-        print(f"opsctl: error: {doc['reason']}", file=sys.stderr)
-        hint = START_HINT if hint == EMPTY_HINT else hint
-    elif code:
-        info(f"opsctl: {doc['reason']}", markup=False)
-    if hint:
-        info(f"hint: {hint}", markup=False)
-    return code
+    if record is not None:
+        raise BadInput("--record writes the live console's frames: drop --once/--json")
+    return report(source, settings, as_json=as_json)

@@ -57,3 +57,30 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
         views = settle_undecided(snap.endpoints, observed, settings.stall_window_s)
         snap = replace(snap, endpoints=views)
     return Observation(snap, observed, settled)
+
+
+def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
+    """``--once``: observe, print the document (``--json``) or the table on stdout, the
+    verdict's reason and any hint on stderr; return the exit code. Nothing found is one
+    ``opsctl: error:`` line (exit 3) and no table."""
+    import sys
+
+    from opsctl.console.report import document, render_plain
+    from opsctl.console.source import EMPTY_HINT, START_HINT
+    from opsctl.output import emit, info
+
+    seen = observe(source, settings)
+    snap = seen.snapshot
+    doc = document(snap, stall_window_s=settings.stall_window_s, observed_s=seen.observed_s)
+    if as_json or snap.endpoints:  # no table of nothing: the reason goes to stderr
+        emit(doc, as_json=as_json, render=lambda c: render_plain(c, snap))
+    code = int(doc["exit_code"])
+    hint = snap.hint
+    if not snap.endpoints:
+        print(f"opsctl: error: {doc['reason']}", file=sys.stderr)
+        hint = START_HINT if hint == EMPTY_HINT else hint
+    elif code:
+        info(f"opsctl: {doc['reason']}", markup=False)
+    if hint:
+        info(f"hint: {hint}", markup=False)
+    return code
