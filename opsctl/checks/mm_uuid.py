@@ -41,7 +41,7 @@ from opsctl.domain.findings import verdict
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
-SCHEMA = "diag.mm_uuid"
+SCHEMA = "diag.mm_uuid/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag mm-uuid"
 DEFAULT_MODEL = D.DEFAULT_MODEL
 PROBE = "mm_uuid"
@@ -159,7 +159,7 @@ def _document(state: _State, options: Options, found: list, v: str) -> dict[str,
     found_ids = [engine_records.identity(Path(r["run_dir"])) for r in state.runs]
     return document(
         SCHEMA,
-        platform=plat.label(plat.joined([p for p, _ in found_ids])),
+        **plat.agreed([p for p, _ in found_ids], plat.NO_RECORD_NOTE),
         vllm_version=plat.joined([v for _, v in found_ids]),
         runs=state.runs,
         uuid_prefix=options.uuid_prefix,

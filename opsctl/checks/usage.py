@@ -31,12 +31,13 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import scoring as collect
+from opsctl.domain import platform as plat
 from opsctl.domain import usage as U
 from opsctl.domain import usage_tokens as T
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
-SCHEMA = "diag.usage"
+SCHEMA = "diag.usage/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag usage"
 PROBE_TEXT = "hello world"  # tokenized with and without specials: the pair template
 UNK_SAMPLE = "the capital of france"  # a vocabulary that maps it to [UNK] only is broken
@@ -126,7 +127,7 @@ def run(
     template = counting.template
     doc = _document(
         url=live.url,
-        platform=platform,
+        **plat.fields(platform, note=engine_records.platform_note(live.run_dir)),
         vllm_version=version,
         model=served.name,
         kind=kind,

@@ -11,7 +11,8 @@ isolating settings, the batches the engine really formed and the images it got.
 :func:`identity` / :func:`identity_at`: the platform vLLM's ``current_platform``
 reported in the engine and the vLLM version (every diag report names both): from the
 ledger, else (a server opsctl did not start) from the server's ``/server_info`` (only
-with ``VLLM_SERVER_DEV_MODE=1``) and ``/version``.
+with ``VLLM_SERVER_DEV_MODE=1``) and ``/version``. The platform is a device name or None
+(issue 23's JSON rule: null for unknown, never prose; reports add ``platform_note``).
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ def _get_json(url: str, path: str, api_key: str | None, timeout: float) -> dict 
 
 def identity_at(
     run_dir: Path | None, url: str | None, api_key: str | None = None, timeout: float = 10.0
-) -> tuple[str, str | None]:
+) -> tuple[str | None, str | None]:
     """(platform, vLLM version) of the engine behind ``url``: its ledger when opsctl
-    started it, else what the server says (/server_info, /version); the platform is
-    "unknown (not started by opsctl)" when nothing names it."""
+    started it, else what the server says (/server_info, /version); either is None when
+    nothing names it (the platform is a device name, never prose)."""
     platform, version = identity(run_dir)
     if url and platform is None:
         platform = plat.from_server_info(
@@ -85,7 +86,15 @@ def identity_at(
     if url and version is None:
         found = (_get_json(url, "/version", api_key, timeout) or {}).get("version")
         version = str(found) if found else None
-    return plat.label(platform), version
+    return plat.first(platform), version
+
+
+def platform_note(run_dir: Path | None) -> str:
+    """Why the platform of the engine of ``run_dir`` is unknown (a report's
+    ``platform_note``): it recorded none, or opsctl did not start it."""
+    if run_dir is not None and ledger.read_records(run_dir):
+        return plat.NO_RECORD_NOTE
+    return plat.NOT_STARTED_NOTE
 
 
 def _started(pid: int) -> float | None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from opsctl.domain import platform as plat
+
 if TYPE_CHECKING:
     from opsctl.domain.invariance import Generated
 
@@ -352,15 +354,14 @@ def assess_run(
     return RunFindings(tuple(failures), tuple(warnings))
 
 
-NO_LEDGER_PLATFORM = "unknown (external server without an opsctl ledger)"
+FAILED_RUN_PLATFORM_NOTE = "the engine of this mode did not run the comparison"
 
 
-def platform_of(
-    engine_info: Mapping | None, probe_init: Mapping | None, fallback: str = NO_LEDGER_PLATFORM
-) -> str:
-    """The platform the engine's own records name (engine_info, else the batch probe's
-    init record), else ``fallback``."""
-    return (engine_info or {}).get("platform") or (probe_init or {}).get("platform") or fallback
+def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str | None:
+    """The platform (a device name) the engine's own records name: engine_info, else the
+    batch probe's init record; None when neither names one (a report's ``platform`` is
+    then null, with a ``platform_note``)."""
+    return plat.first((engine_info or {}).get("platform"), (probe_init or {}).get("platform"))
 
 
 def execution_of(engine_info: Mapping | None) -> dict[str, Any] | None:

@@ -32,15 +32,13 @@ COLUMNS = (  # the results table (live panel and terminal report)
 )
 
 
-NO_RECORD = "unknown (the engine recorded no platform)"
-
-
 @dataclass(frozen=True)
 class EngineFacts:
     """What the engine says about itself: its engine_info event and ledger records."""
 
     vllm_version: str | None = None
-    platform: str | None = None
+    platform: str | None = None  # a device name; None: the engine recorded none
+    platform_note: str | None = None  # why platform is None
     kv_cache_groups: Any = None  # engine_info's list of {"spec", "sliding_window", ...}
     policy: str | None = None  # kv_load_failure_policy the engine runs with
     patch: Mapping[str, Any] = field(default_factory=dict)  # {"name", "status", "detail"}
@@ -54,9 +52,11 @@ def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
     patches = core.get("patches", [])
     patch: Mapping[str, Any] = next((p for p in patches if p.get("name") == PATCH_NAME), {})
     detail = patch.get("detail")
+    where = plat.fields(core.get("platform"), info.get("platform"), note=plat.NO_RECORD_NOTE)
     return EngineFacts(
         core.get("vllm_version"),
-        plat.label(core.get("platform"), info.get("platform"), fallback=NO_RECORD),
+        where["platform"],
+        where["platform_note"],
         info.get("kv_cache_groups"),
         info.get("kv_load_failure_policy"),
         {
@@ -291,11 +291,12 @@ def report_fields(
     prompts: Sequence[Sequence[int]],
     run_dir: str,
 ) -> dict:
-    """The fields of the ``diag.kv-fail`` document (schema 1), in their order."""
+    """The fields of the ``diag.kv-fail`` document (schema 2), in their order."""
     s = f.settings
     return {
         "vllm_version": engine.vllm_version,
         "platform": engine.platform,
+        "platform_note": engine.platform_note,
         "model": model,
         "kv_cache_groups": engine.kv_cache_groups,
         "kv_load_failure_policy": engine.policy or s.policy,
@@ -312,7 +313,7 @@ def report_fields(
         "engine_death": list(f.death) or None,
         "died_in_phase": f.died_in,
         "metrics_delta": dict(metrics) if metrics else None,
-        "phase_seconds": dict(phase_seconds),
+        "phase_durations_s": dict(phase_seconds),
         "requests": [r.to_dict() for r in f.rows],
         "baseline": [o.to_dict() for o in baseline],
         "prompts": [list(p) for p in prompts],

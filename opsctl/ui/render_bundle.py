@@ -16,10 +16,10 @@ def render_bundle(console: Console, doc: dict[str, Any]) -> None:
     t = Table("file", "bytes", "from", title=f"bundle of run {escape(doc['run'])} ({doc['state']})")
     for f in doc["files"]:
         cut = " (last part)" if f.get("truncated") else ""
-        t.add_row(escape(f["name"]), human_bytes(f["bytes"]) + cut, f["source"])
+        t.add_row(escape(f["name"]), human_bytes(f["size_bytes"]) + cut, f["source"])
     for m in doc["missing"]:
         t.add_row(f"[dim]{escape(m['what'])}[/]", "-", f"[dim]{escape(m['why'])}[/]")
     console.print(t)
     console.print(
-        f"{escape(doc['out'])}: {human_bytes(doc['bytes'])}, {doc['redactions']} secret(s) redacted"
+        f"{escape(doc['out'])}: {human_bytes(doc['size_bytes'])}, {doc['redactions']} secret(s) redacted"
     )

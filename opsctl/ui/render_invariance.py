@@ -1,6 +1,6 @@
 """Rich tables for `opsctl diag invariance` (a terminal without ``--json``): the modes
 side by side, then per mode its isolating settings, its prompts and its warnings. Reads
-only the report's JSON document (``opsctl.diag.invariance/1``)."""
+only the report's JSON document (``opsctl.diag.invariance/2``)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,23 @@ def _reached_text(run: dict) -> str:
     return text
 
 
+def platform_text(doc: dict) -> str:
+    """A document's (or run's) platform for a human line: the name, else "unknown
+    (<platform_note>)", else "-"."""
+    note = doc.get("platform_note")
+    return doc.get("platform") or (f"unknown ({note})" if note else "-")
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def header(doc: dict) -> str:
     """The first line: what ran where (the platform vLLM reported and its version)."""
     models = ", ".join(dict.fromkeys(str(r["model"]) for r in doc["runs"] if r.get("model")))
     return (
         f"[b]diag invariance[/] {escape(models or '?')} on vLLM {doc.get('vllm_version') or '?'}, "
-        f"platform {doc.get('platform') or '?'}"
+        f"platform {escape(platform_text(doc))}"
     )
 
 
@@ -95,9 +106,12 @@ def _modes_table(doc: dict) -> Table:
         "execution",
         lambda r: ", ".join(f"{k}={v}" for k, v in (r["execution"] or {}).items()) or "?",
     )
-    row("platform", lambda r: r["platform"])
+    row("platform", lambda r: r.get("platform") or "-")
     row("vLLM", lambda r: r["vllm_version"] or "?")
-    row("seconds engine / BS=1 / BS=N", lambda r: "{engine} / {bs1} / {bsn}".format(**r["seconds"]))
+    row(
+        "seconds engine / BS=1 / BS=N",
+        lambda r: " / ".join(_num(r["durations_s"].get(k)) for k in ("engine", "bs1", "bsn")),
+    )
     return head
 
 
@@ -144,4 +158,4 @@ def render(con: Console, doc: dict) -> None:
         for w in r["warnings"]:
             con.print(f"[yellow]warning:[/] {escape(w)}")
     verdict = VERDICT.get(doc["verdict"], doc["verdict"])
-    con.print(f"verdict: {verdict}  ({doc.get('seconds', '?')} s)")
+    con.print(f"verdict: {verdict}  ({_num(doc.get('duration_s'))} s)")

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from opsctl.domain.kv_fail_report import COLUMNS
@@ -46,17 +47,23 @@ def _requests(doc: Mapping[str, Any]) -> Table:
     return table
 
 
+def platform_text(doc: Mapping[str, Any]) -> str:
+    """The platform for a human line: the name, else "unknown (<platform_note>)", else "-"."""
+    note = doc.get("platform_note")
+    return doc.get("platform") or (f"unknown ({note})" if note else "-")
+
+
 def render(con: Console, doc: Mapping[str, Any]) -> None:
     con.print(
-        f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version')} "
-        f"({doc.get('platform')}), {_groups(doc)}"
+        f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version') or '?'}, "
+        f"platform {escape(platform_text(doc))}, {_groups(doc)}"
     )
     patch = doc.get("patch") or {}
     inj = doc.get("injection") or {}
     what = inj.get("rate") if inj.get("mode") == "rate" else inj.get("blocks")
     con.print(
         f"policy {doc.get('kv_load_failure_policy')}; patch {patch.get('name')}: "
-        f"{patch.get('status')}; injection {inj.get('mode')} {what} "
+        f"{patch.get('status') or '-'}; injection {inj.get('mode')} {what} "
         f"seed {inj.get('seed')} on requests {inj.get('targets')}"
     )
     con.print(_requests(doc))
@@ -71,5 +78,5 @@ def render(con: Console, doc: Mapping[str, Any]) -> None:
         con,
         list(doc.get("findings", [])),
         doc["verdict"],
-        f"  ({doc.get('seconds')} s, run {doc.get('run_dir')})",
+        f"  ({doc.get('duration_s')} s, run {doc.get('run_dir')})",
     )

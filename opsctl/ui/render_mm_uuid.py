@@ -1,6 +1,6 @@
 """Rich tables for `opsctl diag mm-uuid` (a terminal without ``--json``): the identifier
 each image reached the engine core with, the reused-UUID requests, the findings. Reads
-only the report's JSON document (``opsctl.diag.mm_uuid/1``)."""
+only the report's JSON document (``opsctl.diag.mm_uuid/2``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ from opsctl.domain.mm_uuid import TABLE_COLUMNS, Observation, reuse_rows, table_
 from opsctl.output import render_findings
 
 
+def platform_text(doc: dict[str, Any]) -> str:
+    """The platform for a human line: the name, else "unknown (<platform_note>)", else "-"."""
+    note = doc.get("platform_note")
+    return doc.get("platform") or (f"unknown ({note})" if note else "-")
+
+
 def observation(d: dict[str, Any]) -> Observation:
     return Observation(**{k: d[k] for k in Observation.__slots__})  # type: ignore[attr-defined]
 
@@ -23,7 +29,7 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
     def _render(console: Console) -> None:
         console.print(
             f"[b]diag mm-uuid[/] on vLLM {doc.get('vllm_version') or '?'}, "
-            f"platform {doc.get('platform') or '?'}"
+            f"platform {escape(platform_text(doc))}"
         )
         t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
         for cells in table_rows([observation(d) for d in doc["items"]]):

@@ -1,6 +1,6 @@
 """Rich tables for `opsctl diag usage` (a terminal without ``--json``): one table per
 endpoint, then the findings. Reads only the report's JSON document
-(``opsctl.diag.usage/1``)."""
+(``opsctl.diag.usage/2``)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ from opsctl.output import render_findings
 COLOURS = {"PASS": "green", "UNVERIFIED": "yellow"}  # anything else (FAIL) is red
 
 
+def platform_text(doc: dict[str, Any]) -> str:
+    """The platform for a human line: the name, else "unknown (<platform_note>)", else "-"."""
+    note = doc.get("platform_note")
+    return doc.get("platform") or (f"unknown ({note})" if note else "-")
+
+
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:
     def _render(console: Console) -> None:
         console.print(
             f"[b]diag usage[/] {escape(str(doc['model']))} on vLLM "
-            f"{doc.get('vllm_version') or '?'}, platform {doc.get('platform') or '?'}"
+            f"{doc.get('vllm_version') or '?'}, platform {escape(platform_text(doc))}"
         )
         rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
         for endpoint in dict.fromkeys(r.endpoint for r in rows):

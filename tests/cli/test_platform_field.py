@@ -68,6 +68,12 @@ def unknown(doc: dict) -> None:
         assert isinstance(doc["platform_note"], str) and doc["platform_note"]
 
 
+def unknown_line(human: str, note: str) -> None:
+    """The human header of a report whose platform is null: the note, never "None"."""
+    first = human.splitlines()[0]
+    assert f"platform unknown ({note})" in first and "None" not in first, first
+
+
 def prose_in(path: str):
     """xfail (strict) for a producer that still writes prose into ``platform``."""
     return pytest.mark.xfail(
@@ -85,14 +91,15 @@ def cli(*args: str, codes: tuple[int, ...] = (0,)) -> tuple[dict, str]:
     return json.loads(r.stdout), human.stdout
 
 
-@prose_in("opsctl/checks/usage.py (via collectors/engine_records.identity_at)")
 def test_diag_usage_unknown_is_null():
     from tests.standin_scoring import stand_in
 
     with stand_in() as url:
-        doc, _ = cli("diag", "usage", url)
+        doc, human = cli("diag", "usage", url)
     assert doc["vllm_version"] is None
     unknown(doc)
+    assert doc["platform_note"] == plat.NOT_STARTED_NOTE  # no run directory, no /server_info
+    unknown_line(human, plat.NOT_STARTED_NOTE)
 
 
 def test_diag_usage(home):
@@ -117,7 +124,6 @@ def test_diag_mm_uuid(tmp_path):
     assert f"platform {FAKE}" in human.splitlines()[0]
 
 
-@prose_in("opsctl/checks/mm_uuid.py (plat.label)")
 def test_diag_mm_uuid_unknown_is_null(tmp_path):
     from tests.standin_mm_uuid import stand_in, write_run_dir
 
@@ -127,8 +133,10 @@ def test_diag_mm_uuid_unknown_is_null(tmp_path):
         rec.pop("platform", None)  # an engine that recorded no platform
         path.write_text(json.dumps(rec))
     with stand_in(tmp_path) as url:
-        doc, _ = cli("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
+        doc, human = cli("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
     unknown(doc)
+    assert doc["platform_note"] == plat.NO_RECORD_NOTE  # a ledger without a platform
+    unknown_line(human, plat.NO_RECORD_NOTE)
 
 
 def test_diag_invariance(home, tmp_path):
@@ -147,7 +155,6 @@ def test_diag_invariance(home, tmp_path):
     assert f"on vLLM {SERVED}, platform {FAKE}" in human.splitlines()[0]
 
 
-@prose_in("opsctl/checks/invariance.py (eng.NO_LEDGER_PLATFORM, identity_at)")
 def test_diag_invariance_unknown_is_null(tmp_path):
     from tests.standin_completions import VERSION as SERVED
     from tests.standin_completions import completions_server
@@ -155,10 +162,12 @@ def test_diag_invariance_unknown_is_null(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a\nb\n")
     with completions_server() as (url, _):
-        doc, _ = cli("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
+        doc, human = cli("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
     assert doc["vllm_version"] == SERVED  # the server's /version
     unknown(doc)
     unknown(doc["runs"][0])
+    assert doc["platform_note"] == doc["runs"][0]["platform_note"] == plat.NOT_STARTED_NOTE
+    unknown_line(human, plat.NOT_STARTED_NOTE)
 
 
 def test_status(home):
@@ -227,21 +236,58 @@ def test_diag_kv_fail_fields_from_the_ledger_on_disk(tmp_path):
     assert (fields["platform"], fields["vllm_version"]) == (FAKE, VERSION)  # the core's ledger
 
 
-@prose_in("opsctl/domain/kv_fail_report.py (NO_RECORD)")
 def test_diag_kv_fail_unknown_is_null():
-    assert kvr.engine_facts({}, []).platform is None
+    from rich.console import Console
+
+    from opsctl.ui.render_kv_fail import render
+
+    engine = kvr.engine_facts({}, [{"role": "engine_core", "vllm_version": VERSION}])
+    assert (engine.platform, engine.platform_note) == (None, plat.NO_RECORD_NOTE)
+    s = kv.Settings(rate=0.5, seed=3)
+    work = kv.workload(s, 320)
+    fields = kvr.report_fields(
+        kvr.Facts(s),
+        model="m",
+        engine=engine,
+        targets=work.targets,
+        recoveries=(),
+        metrics=None,
+        phase_seconds={},
+        baseline=[],
+        prompts=work.prompts,
+        run_dir="r",
+    )
+    unknown(fields)
+    con = Console(record=True, width=200)
+    render(con, {**fields, "duration_s": 1.0})
+    unknown_line(con.export_text(), plat.NO_RECORD_NOTE)
 
 
-@prose_in("opsctl/checks/lora.py (identity from collectors/engine_records.identity_at)")
-def test_diag_lora_unknown_is_null(home):
-    from tests.standin_lora import VERSION as SERVED
+def lora_unknown() -> tuple[dict, str]:
     from tests.standin_lora import Behaviour, lora_server
 
     with lora_server(Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})) as url:
-        doc, human = cli("diag", "lora", url, "--max-tokens", "4")
+        return cli("diag", "lora", url, "--max-tokens", "4")
+
+
+def test_diag_lora_unknown_is_null(home):
+    from tests.standin_lora import VERSION as SERVED
+
+    doc, _ = lora_unknown()
     assert doc["vllm_version"] == SERVED
-    assert "platform unknown" in human or "platform -" in human or "platform ?" in human
     unknown(doc)
+    assert doc["platform_note"] == plat.NOT_STARTED_NOTE
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="opsctl/commands/diag/lora.py render() prints `platform {doc['platform']}`: "
+    "'platform None' for a null platform (the document itself is null + platform_note)",
+)
+def test_diag_lora_unknown_human_line(home):
+    _, human = lora_unknown()
+    assert "platform unknown" in human or "platform -" in human
+    assert "platform None" not in human
 
 
 # ---- the rule itself (opsctl/domain/platform.py) ---------------------------------------

@@ -17,6 +17,8 @@ import pytest
 from opsctl.checks import events as ev
 from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec, Live, UrlTarget
+from opsctl.domain import invariance_engine as eng
+from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
 from tests.standin_completions import (
     VERSION,
@@ -75,7 +77,7 @@ def test_typed_events_and_report_of_a_planted_divergence(diverging):
 
     doc = report.to_dict()
     assert report.verdict == "fail" and not report.passed and not report.timed_out
-    assert doc["schema"] == "opsctl.diag.invariance/1" and doc["request_tag"] == "t1"
+    assert doc["schema"] == "opsctl.diag.invariance/2" and doc["request_tag"] == "t1"
     assert (doc["comparison"], doc["batch_size"], doc["prompts"]) == ("bitwise", 3, 3)
     assert report.reasons == [
         f"[unknown (external server)] prompt {ZEBRA}: first divergence at position {POS} (logprob)"
@@ -88,13 +90,18 @@ def test_typed_events_and_report_of_a_planted_divergence(diverging):
     assert div["token_alone"] == div["token_batched"]
     assert div["diff"] == pytest.approx(4.77e-7, rel=1e-3)
     assert run["summary"]["tokens_identical"] is True
+    # durations carry their unit (issue 23: `_s`), one name per fact
+    assert isinstance(doc["duration_s"], float) and "seconds" not in doc
+    assert set(run["durations_s"]) == {"engine", "bs1", "bsn", "total"} and "seconds" not in run
+    assert all(isinstance(p["alone_s"], float) and p["batched_s"] >= 0 for p in run["prompts"])
     assert doc["test_knobs"] == {} and doc["warnings"] == []
 
 
 def test_no_ledger_means_metrics_evidence_and_settings_not_verified(diverging):
     url, _ = diverging
     run = check.run(UrlTarget(url), options()).runs[0]
-    assert run["run_dir"] is None and run["platform"].startswith("unknown")
+    assert run["run_dir"] is None and run["platform"] is None
+    assert run["platform_note"] == plat.NOT_STARTED_NOTE  # no ledger, no /server_info
     batch = run["batch"]  # 3 prompts x 4 tokens in 4 engine steps: all 3 shared steps
     assert batch["source"] == "metrics (generated tokens per engine step)"
     assert (batch["tokens"], batch["steps"], batch["max_batch"], batch["formed"]) == (
@@ -355,3 +362,11 @@ def test_the_tui_panel_shows_progress_and_the_divergence(diverging):
     assert report is not None and report.verdict == "fail"
     assert rows == 3
     assert any(f"prompt {ZEBRA} -> fail: diverged" in line for line in lines), lines
+
+
+def test_a_failed_mode_names_no_platform_and_no_duration():
+    """A mode whose engine never compared anything: null (not "?" or "-") for what it
+    could not know, and why the platform is unknown."""
+    run = check.failed_run("eager", "engine died", timed_out=False)
+    assert run["platform"] is None and run["platform_note"] == eng.FAILED_RUN_PLATFORM_NOTE
+    assert run["durations_s"] == {"engine": None, "bs1": None, "bsn": None, "total": None}

@@ -17,6 +17,7 @@ import pytest
 from opsctl.checks import events as ev
 from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec, UrlTarget
+from opsctl.domain import platform as plat
 from opsctl.domain.invariance_images import PROBES_SOURCE, USAGE_SOURCE
 from opsctl.errors import BadInput
 from tests.standin_completions import (
@@ -120,7 +121,7 @@ def test_without_probes_the_token_counts_show_the_images(home):
     counts = [n * IMAGE_TOKENS for n in (1, 2, 3, 4)]
     assert run["images"]["image_tokens"] == {"BS=1": counts, "BS=N": counts}
     assert any("token counts only" in w for w in run["warnings"])
-    assert run["platform"] == "unknown (not started by opsctl)"
+    assert run["platform"] is None and run["platform_note"] == plat.NOT_STARTED_NOTE
     with completions_server(Behaviour(model="tiny-vlm-multi", drop_images=True)) as (url, _):
         report = check.run(UrlTarget(url), options())
     assert report.verdict == "fail"

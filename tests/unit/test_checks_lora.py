@@ -15,7 +15,7 @@ from opsctl.checks import events as ev
 from opsctl.checks import lora as check
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
-from opsctl.domain.platform import NOT_STARTED
+from opsctl.domain.platform import NOT_STARTED_NOTE
 from opsctl.embedded import lora as built
 from opsctl.errors import BadInput
 from tests.standin_lora import BASE, VERSION, Behaviour, lora_server
@@ -35,14 +35,17 @@ def test_listed_adapters_pass_but_the_batch_is_unverified_without_probes() -> No
     with lora_server(b) as url:
         report = check.run(UrlTarget(url), OPTS, seen.append)
     doc = report.to_dict()
-    assert doc["schema"] == "opsctl.diag.lora/1" and report.verdict == "unverified"
+    assert doc["schema"] == "opsctl.diag.lora/2" and report.verdict == "unverified"
     assert report.passed  # exit 0, with the reasons as warnings
     assert "no batch probe on this server" in report.reasons[0]
     assert [s["verdict"] for s in doc["single"]] == ["pass", "pass"]
     assert {r["status"] for r in doc["mixed"]["requests"]} == {"identical"}
     assert doc["mixed"]["verdict"] == "unverified" and doc["mixed"]["batch"]["source"] == "none"
     assert doc["model"] == BASE and doc["vllm_version"] == VERSION
-    assert doc["platform"] == NOT_STARTED and doc["engine"] is None
+    assert doc["platform"] is None and doc["platform_note"] == NOT_STARTED_NOTE
+    assert doc["engine"] is None
+    assert {"alone", "mixed"} <= set(doc["durations_s"]) and "seconds" not in doc
+    assert all(a["duration_s"] >= 0 for a in doc["mixed"]["attempts"])
     assert [a["source"] for a in doc["adapters"]] == ["server", "server"]
     assert doc["support"] == [
         {
@@ -135,7 +138,7 @@ def test_cli_json_and_exit_codes(tmp_path) -> None:
         r = cli(url, "--json", "--max-tokens", "4")
         assert r.exit_code == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert doc["schema"] == "opsctl.diag.lora/1" and doc["verdict"] == "unverified"
+        assert doc["schema"] == "opsctl.diag.lora/2" and doc["verdict"] == "unverified"
         assert "no batch probe" in r.stderr
         human = cli(url, "--max-tokens", "4")
         assert human.exit_code == 0 and "UNVERIFIED" in human.stdout and "platform" in human.stdout

@@ -66,10 +66,11 @@ def test_report_is_the_json_document(tmp_path: Path) -> None:
     with stand_in(tmp_path, rewrite="opsctl-all-1") as url:
         report, seen = check(url, tmp_path)
     doc = report.to_dict()
-    assert report.schema == "opsctl.diag.mm_uuid/1" and report.verdict == doc["verdict"] == "fail"
+    assert report.schema == "opsctl.diag.mm_uuid/2" and report.verdict == doc["verdict"] == "fail"
     assert list(doc) == [
         "schema",
         "platform",
+        "platform_note",
         "vllm_version",
         "runs",
         "uuid_prefix",

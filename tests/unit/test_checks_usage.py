@@ -15,6 +15,7 @@ from opsctl.checks import events as ev
 from opsctl.checks import usage
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
+from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 from tests.standin_scoring import stand_in
 
@@ -55,11 +56,12 @@ def test_report_is_the_json_document() -> None:
     with stand_in(inflate=2) as url:
         report, seen = check(url)
     doc = report.to_dict()
-    assert report.schema == doc["schema"] == "opsctl.diag.usage/1"
+    assert report.schema == doc["schema"] == "opsctl.diag.usage/2"
     assert list(doc) == [
         "schema",
         "url",
         "platform",
+        "platform_note",
         "vllm_version",
         "model",
         "kind",
@@ -80,6 +82,7 @@ def test_report_is_the_json_document() -> None:
     assert report.verdict == doc["verdict"] == "fail" and not report.passed
     assert report.count("fail") == 8 and report.count("pass") == 0
     assert doc["engine_started"] is False and doc["run_dir"] is None
+    assert doc["platform"] is None and doc["platform_note"] == plat.NOT_STARTED_NOTE
     assert doc["test_knobs"] == {} and doc["warnings"] == [] and report.knob_warning is None
     assert json.loads(json.dumps(doc))["rows"][0]["parts"] == list(doc["rows"][0]["parts"])
     assert {e.verdict for e in seen if isinstance(e, ev.CaseResult)} == {"fail"}

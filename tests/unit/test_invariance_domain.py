@@ -340,7 +340,8 @@ def test_run_findings_that_are_only_warnings():
 def test_platform_and_execution_from_the_records():
     assert eng.platform_of(ENGINE_INFO, None) == "cpu"
     assert eng.platform_of(None, {"platform": "cuda"}) == "cuda"
-    assert eng.platform_of(None, None).startswith("unknown (external server")
+    assert eng.platform_of(None, None) is None  # null in the report, with a platform_note
+    assert eng.platform_of({"platform": "unknown (x)"}, {"platform": "xpu"}) == "xpu"
     assert eng.execution_of(ENGINE_INFO) == {"enforce_eager": True, "compilation_mode": "NONE"}
     assert eng.execution_of(None) is None
 

@@ -155,8 +155,8 @@ def test_platform_from_server_info_and_labels():
     assert plat.label(None, "cpu") == "cpu" and plat.label(None) == plat.NOT_STARTED
     assert plat.joined(["cpu", None, "cpu", "?", "xpu"]) == "cpu, xpu"
     assert plat.joined([None]) is None
-    assert eng.platform_of(None, None) == eng.NO_LEDGER_PLATFORM
-    assert eng.platform_of(None, {"platform": "rocm"}, "") == "rocm"
+    assert eng.platform_of(None, None) is None
+    assert eng.platform_of(None, {"platform": "rocm"}) == "rocm"
 
 
 def test_chat_body_and_response():

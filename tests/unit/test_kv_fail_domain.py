@@ -362,7 +362,7 @@ def test_engine_facts_from_engine_core_record():
     assert kvr.engine_facts({}, []).patch["status"] is None
 
 
-def test_report_fields_keep_the_schema_1_shape():
+def test_report_fields_keep_the_schema_2_shape():
     s = dom.Settings(rate=0.5, seed=3)
     work = dom.workload(s, 320)
     out = dom.Output(True, "length", (5,), (-0.5,))
@@ -381,6 +381,7 @@ def test_report_fields_keep_the_schema_1_shape():
     assert list(fields) == [
         "vllm_version",
         "platform",
+        "platform_note",
         "model",
         "kv_cache_groups",
         "kv_load_failure_policy",
@@ -400,7 +401,7 @@ def test_report_fields_keep_the_schema_1_shape():
         "engine_death",
         "died_in_phase",
         "metrics_delta",
-        "phase_seconds",
+        "phase_durations_s",
         "requests",
         "baseline",
         "prompts",
@@ -413,6 +414,8 @@ def test_report_fields_keep_the_schema_1_shape():
         "seed": 3,
         "targets": [0, 1, 2, 3],  # a rate without --targets hits every request
     }
+    assert (fields["platform"], fields["platform_note"]) == ("cpu", None)
+    assert fields["phase_durations_s"] == {"store": 1.0}
     assert fields["kv_load_failure_policy"] == "recompute"  # the engine said nothing
     assert fields["engine_death"] is None and fields["prompts"][0] == list(work.prompts[0])
     json.dumps(fields)  # plain JSON
