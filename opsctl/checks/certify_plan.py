@@ -49,6 +49,29 @@ def _kv_groups(config: dict[str, Any]) -> int:
     return max(1, len(kinds))
 
 
+def target_of(
+    url: str | None, model: str | None, load_format: str, api_key: str | None, knobs: dict
+) -> UrlTarget | EngineSpec:
+    """What the command line names: a URL (normalised: HOST:PORT is http://HOST:PORT) or
+    an engine to start; anything else is BadInput (exit 2, no report)."""
+    from opsctl.domain.urls import normalise_url
+    from opsctl.errors import BadInput
+
+    if not url and not model:
+        raise BadInput(
+            "give a server URL or --model NAME|DIR", hint="e.g. opsctl certify --model tiny-llama"
+        )
+    if url and model:
+        raise BadInput("give either a URL or --model, not both")
+    if load_format not in ("auto", "dummy", "safetensors"):
+        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    if url:
+        return UrlTarget(normalise_url(url), api_key)
+    return EngineSpec(
+        model=model, load_format=load_format, knobs=tuple(knobs.items()), api_key=api_key
+    )
+
+
 def managed_facts(spec: EngineSpec) -> Facts:
     """Facts of an engine certify starts (the model resolved, nothing started)."""
     from opsctl.domain import kv_fail as kvd

@@ -358,3 +358,25 @@ def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
         f"{c['run']} check(s) run: {c[PASS] + c[UNVERIFIED]} passed, {c[FAILED]} failed, "
         f"{c[ERROR]} errored; {c[SKIPPED]} skipped; {engine_starts} engine start(s)"
     )
+
+
+def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
+    """The command's exit code and its one stderr line for a certify document: the
+    error when nothing was certified (unreachable 3, crashed 1), the checks asked for
+    that cannot run here (2), else the summary with what failed (1) or timed out (4)."""
+    if doc["state"] in (UNREACHABLE, CRASHED):
+        return int(doc["exit_code"]), str(doc["error"])
+    if doc["refused"]:
+        return 2, f"asked for but cannot run here: {', '.join(doc['refused'])}"
+    s = doc["summary"]
+    line = (
+        f"{s['run']} run, {s[PASS] + s[UNVERIFIED]} passed, {s[FAILED]} failed, "
+        f"{s[ERROR]} errored, {s[SKIPPED]} skipped, {s['engine_starts']} engine start(s)"
+    )
+    code = int(doc["exit_code"])
+    if code == 0:
+        return 0, f"certify passed: {line}"
+    if code == 4:
+        return 4, f"certify: timed out ({line})"
+    failed = [c["check"] for c in doc["checks"] if c["verdict"] in (FAILED, ERROR)]
+    return code, f"certify failed: {', '.join(failed)} ({line})"

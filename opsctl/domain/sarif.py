@@ -155,3 +155,17 @@ def artifact_for(cwd: str, config: str | None, report: str) -> dict[str, str]:
                 "description": what,
             }
     return {"uri": PurePosixPath(report).as_uri(), "description": "the report"}
+
+
+def sarif_text(doc: Mapping[str, Any], cwd: str, report: str) -> str:
+    """The SARIF file of a certify document written to ``report`` (absolute) from
+    ``cwd``: results located at the model's config.json when under ``cwd``, else at the
+    report itself (:func:`artifact_for`)."""
+    import json
+    import posixpath
+
+    path = ((doc.get("fingerprint") or {}).get("model") or {}).get("path")
+    config = posixpath.join(path, "config.json") if path else None
+    return (
+        json.dumps(sarif_log(doc, artifact_for(cwd, config, report)), indent=2, default=str) + "\n"
+    )

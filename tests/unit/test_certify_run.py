@@ -148,3 +148,23 @@ def test_exit_code_follows_the_state():
     timed_out = [dom.errored("usage", "slow", 1.0, True)]
     assert dom.exit_code(timed_out, dom.RAN) == 4
     assert dom.exit_code([], dom.RAN) == 0
+
+
+def test_conclusion_exit_code_and_stderr_line():
+    unreachable = certify.not_reached(UrlTarget(URL), EngineUnreachable("nobody"), 0.1)
+    assert dom.conclusion(unreachable.to_dict()) == (3, "nobody")
+    crashed = certify.not_reached(UrlTarget(URL), RuntimeError("x"), 0.1)
+    assert dom.conclusion(crashed.to_dict()) == (1, "internal error: RuntimeError: x")
+    doc = {
+        "state": "ran",
+        "refused": [],
+        "exit_code": 4,
+        "summary": {**dom.counts([dom.errored("usage", "slow", 1.0, True)]), "engine_starts": 0},
+        "checks": [dom.errored("usage", "slow", 1.0, True).to_dict()],
+    }
+    code, line = dom.conclusion(doc)
+    assert code == 4 and line.startswith("certify: timed out (1 run, 0 passed, 0 failed, 1 errored")
+    assert dom.conclusion({**doc, "refused": ["kv-fail"]}) == (
+        2,
+        "asked for but cannot run here: kv-fail",
+    )
