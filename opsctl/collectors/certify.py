@@ -41,7 +41,7 @@ def model_files(path: Path | None) -> dict[str, Any]:
         if f.is_file() and f.suffix in WEIGHT_SUFFIXES
     ]
     return {
-        "path": str(path),
+        "path": str(path.resolve()),
         "config_sha256": sha256_file(path / "config.json"),
         "weights": weights,
     }
