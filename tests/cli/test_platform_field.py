@@ -81,11 +81,50 @@ def prose_in(path: str):
     )
 
 
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
+def validate(doc: dict) -> None:
+    """``doc`` against its shipped schema (tests/data/schemas), where one is shipped."""
+    import jsonschema
+
+    name, version = doc["schema"].removeprefix("opsctl.").split("/")
+    path = SCHEMAS / f"opsctl.{name}-{version}.schema.json"
+    if path.is_file():
+        jsonschema.Draft7Validator(json.loads(path.read_text())).validate(doc)
+
+
+def kv_fail_document(engine: kvr.EngineFacts) -> dict:
+    """The ``diag.kv-fail`` document the check builds around these engine facts (the
+    check itself needs a real engine: tests/e2e)."""
+    from opsctl.checks.kv_fail import SCHEMA
+    from opsctl.output import document
+
+    s = kv.Settings(rate=0.5, seed=3)
+    work = kv.workload(s, 320)
+    fields = kvr.report_fields(
+        kvr.Facts(s),
+        model="m",
+        engine=engine,
+        targets=work.targets,
+        recoveries=(),
+        metrics=None,
+        phase_seconds={"store": 1.5},
+        baseline=[],
+        prompts=work.prompts,
+        run_dir="r",
+    )
+    doc = document(SCHEMA, **fields, duration_s=2.0, test_knobs={}, warnings=[])
+    validate(doc)
+    return doc
+
+
 def cli(*args: str, codes: tuple[int, ...] = (0,)) -> tuple[dict, str]:
-    """(JSON document, human output) of one command."""
+    """(JSON document, human output) of one command; the document matches its schema."""
     runner = CliRunner()
     r = runner.invoke(app, [*args, "--json"])
     assert r.exit_code in codes, (args, r.stdout, r.stderr)
+    validate(json.loads(r.stdout))
     human = runner.invoke(app, list(args))
     assert human.exit_code in codes, (args, human.stdout, human.stderr)
     return json.loads(r.stdout), human.stdout
@@ -219,21 +258,11 @@ def test_diag_kv_fail_fields_from_the_ledger_on_disk(tmp_path):
     info = {"platform": "cpu", "kv_load_failure_policy": "recompute", "kv_cache_groups": []}
     (tmp_path / "events" / "engine_info.jsonl").write_text(json.dumps(info) + "\n")
     engine = kvr.engine_facts(read_events(run_dir, "engine_info")[-1], read_records(run_dir))
-    s = kv.Settings(rate=0.5, seed=3)
-    work = kv.workload(s, 320)
-    fields = kvr.report_fields(
-        kvr.Facts(s),
-        model="m",
-        engine=engine,
-        targets=work.targets,
-        recoveries=(),
-        metrics=None,
-        phase_seconds={},
-        baseline=[],
-        prompts=work.prompts,
-        run_dir=str(run_dir),
-    )
-    assert (fields["platform"], fields["vllm_version"]) == (FAKE, VERSION)  # the core's ledger
+    doc = kv_fail_document(engine)
+    assert doc["schema"] == "opsctl.diag.kv-fail/2"
+    assert (doc["platform"], doc["vllm_version"]) == (FAKE, VERSION)  # the core's ledger
+    assert doc["platform_note"] is None
+    assert (doc["duration_s"], doc["phase_durations_s"]) == (2.0, {"store": 1.5})
 
 
 def test_diag_kv_fail_unknown_is_null():
@@ -243,24 +272,13 @@ def test_diag_kv_fail_unknown_is_null():
 
     engine = kvr.engine_facts({}, [{"role": "engine_core", "vllm_version": VERSION}])
     assert (engine.platform, engine.platform_note) == (None, plat.NO_RECORD_NOTE)
-    s = kv.Settings(rate=0.5, seed=3)
-    work = kv.workload(s, 320)
-    fields = kvr.report_fields(
-        kvr.Facts(s),
-        model="m",
-        engine=engine,
-        targets=work.targets,
-        recoveries=(),
-        metrics=None,
-        phase_seconds={},
-        baseline=[],
-        prompts=work.prompts,
-        run_dir="r",
-    )
-    unknown(fields)
+    doc = kv_fail_document(engine)
+    unknown(doc)
     con = Console(record=True, width=200)
-    render(con, {**fields, "duration_s": 1.0})
-    unknown_line(con.export_text(), plat.NO_RECORD_NOTE)
+    render(con, doc)
+    text = con.export_text()
+    unknown_line(text, plat.NO_RECORD_NOTE)
+    assert "(2.0 s, run r)" in text  # duration_s
 
 
 def lora_unknown() -> tuple[dict, str]:
