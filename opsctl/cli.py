@@ -95,6 +95,10 @@ class OpsctlGroup(TyperGroup):
             raise typer.Exit(int(err.exit_code)) from None
         except KeyboardInterrupt as exc:
             why = f" ({exc.args[0]})" if exc.args else ""
+            if _json_printed() == printed:
+                interrupted = OpsctlError(f"interrupted{why}")
+                interrupted.exit_code = ExitCode.INTERRUPTED
+                _error_document(argv, interrupted)
             print(f"opsctl: interrupted{why}", file=sys.stderr)
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
         finally:

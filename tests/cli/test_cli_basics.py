@@ -230,3 +230,33 @@ def test_no_color_is_honoured(no_color, coloured):
     )
     assert "failed" in p.stdout
     assert ("\x1b[31m" in p.stdout) is coloured, repr(p.stdout)
+
+
+def test_json_command_interrupted_prints_an_error_document():
+    """--json promises a document whatever happens: Ctrl-C while a diag waits on a server
+    that accepted the connection and never answers -> opsctl.error/1, exit 130."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        srv.settimeout(60)  # the deadline for the condition below
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        p = subprocess.Popen(
+            [sys.executable, "-m", "opsctl", "diag", "usage", url, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        conn, _ = srv.accept()  # the condition: opsctl is waiting on our server
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        conn.close()
+    assert p.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["schema"] == "opsctl.error/1" and doc["state"] == "interrupted"
+    assert doc["command"] == "diag usage" and doc["exit_code"] == 130
+    assert "opsctl: interrupted" in err and "Traceback" not in err
