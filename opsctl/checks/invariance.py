@@ -131,7 +131,7 @@ class Options:
 
 
 class InvarianceReport(Report):
-    """``document`` is the ``opsctl.diag.invariance/1`` JSON document."""
+    """``document`` is the ``opsctl.diag.invariance/2`` JSON document."""
 
     @property
     def runs(self) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
 
 
 class LoraReport(Report):
-    """``document`` is the ``opsctl.diag.lora/1`` JSON document."""
+    """``document`` is the ``opsctl.diag.lora/2`` JSON document."""
 
     @property
     def reasons(self) -> list[str]:

@@ -18,7 +18,7 @@ does not know); the probe's record of each request is found by its request id on
 tiny-vlm-multi (Idefics3) takes several images per prompt, so each case is ONE request;
 tiny-vlm (BLIP-2) takes one, and the report then says so (an info finding).
 
-The report's ``to_dict()`` is the ``opsctl.diag.mm_uuid/1`` document. Judgement:
+The report's ``to_dict()`` is the ``opsctl.diag.mm_uuid/2`` document. Judgement:
 opsctl.domain.mm_uuid; HTTP and the probe's records: opsctl.collectors.mm_uuid.
 """
 

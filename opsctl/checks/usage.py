@@ -16,7 +16,7 @@ inputs. Where the counts come from:
 A target is a running server (:class:`UrlTarget`, the server's own model) or an engine
 to start (:class:`EngineSpec`; its model must be given: a cross-encoder or bi-encoder,
 refused before any start otherwise). The report's ``to_dict()`` is the
-``opsctl.diag.usage/1`` document. Decisions: opsctl.domain.usage (and usage_tokens); HTTP and tokenizers:
+``opsctl.diag.usage/2`` document. Decisions: opsctl.domain.usage (and usage_tokens); HTTP and tokenizers:
 opsctl.collectors.scoring.
 """
 
