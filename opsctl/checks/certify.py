@@ -235,8 +235,10 @@ def not_reached(
         message = f"certify failed before its checks: {error.message}"
     else:
         message = f"internal error: {type(error).__name__}: {error}"
-    results = dom.not_reached(message, seconds, crashed=not unreachable)
     state = dom.UNREACHABLE if unreachable else dom.CRASHED
+    if unreachable and message.startswith("authentication required"):  # collectors.http
+        state = dom.UNAUTHORIZED
+    results = dom.not_reached(message, seconds, state)
     progress(CheckDone(results[0].check, results[0].verdict, message, seconds))
     rows = dom.summary_rows([r.to_dict() for r in results])
     progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))

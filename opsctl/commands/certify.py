@@ -118,7 +118,7 @@ def _run(call, tui: bool | None, as_json: bool) -> CertifyReport:
     from opsctl.output import want_tui
     from opsctl.ui.progress import run_with_progress
 
-    if want_tui(tui, as_json):
+    if not as_json and want_tui(tui, as_json):  # --json: no dashboard (docs/cli.md)
         from opsctl.ui.certify_app import run_tui
 
         return run_tui(call)

@@ -20,10 +20,12 @@ SCHEMA = "certify/2"  # opsctl.certify/2: durations in `duration_s`, `state` and
 # what certify found at its target (the document's ``state``; ``error`` says why)
 RAN = "ran"  # the server answered, or every engine certify needed started: checks ran
 UNREACHABLE = "unreachable"  # no vLLM server answered at the URL (exit 3)
+UNAUTHORIZED = "unauthorized"  # it answered 401/403: the API key is missing or wrong (3)
 START_FAILED = "start_failed"  # an engine certify started never became healthy
 CRASHED = "crashed"  # certify itself failed before its checks (an opsctl bug, exit 1)
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C or a signal: what ran so far (exit 130)
-STATES = (RAN, UNREACHABLE, START_FAILED, CRASHED, INTERRUPTED)
+STATES = (RAN, UNREACHABLE, UNAUTHORIZED, START_FAILED, CRASHED, INTERRUPTED)
+NOT_REACHED = (UNREACHABLE, UNAUTHORIZED, CRASHED)  # no check ran: the error says why
 EXIT_UNREACHABLE, EXIT_INTERRUPTED = 3, 130
 INTERRUPTED_WHY = "interrupted"
 
@@ -235,16 +237,17 @@ def errored(check: str, message: str, seconds: float, timed_out: bool, engines=(
     return CheckResult(check, ERROR, seconds, message, (finding,), tuple(engines), timed_out)
 
 
-def not_reached(message: str, seconds: float, *, crashed: bool = False) -> list[CheckResult]:
+def not_reached(message: str, seconds: float, state: str = UNREACHABLE) -> list[CheckResult]:
     """The results when certify never reached its checks: ``liveness`` failed with the
-    reason (code ``liveness.unreachable``: no vLLM server answered), or errored when
-    certify itself failed (``crashed``: ``liveness.error``); every other check skipped,
-    saying why. One failed test case in JUnit, one SARIF result."""
-    if crashed:
+    reason (code ``liveness.unreachable`` or ``liveness.unauthorized``: no vLLM server
+    answered us), or errored when certify itself failed (state ``crashed``:
+    ``liveness.error``); every other check skipped, saying why. One failed test case in
+    JUnit, one SARIF result."""
+    if state == CRASHED:
         first = errored(LIVENESS, message, seconds, False)
         why = "not run: certify failed before its checks"
     else:
-        finding = Finding(FAIL, "liveness.unreachable", message)
+        finding = Finding(FAIL, f"{LIVENESS}.{state}", message)
         first = CheckResult(LIVENESS, FAILED, seconds, message, (finding,))
         why = "not run: no vLLM server answered"
     return [first, *(skipped(c, why) for c in CHECKS if c != LIVENESS)]
@@ -299,7 +302,7 @@ def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
     """3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1 any failed
     (or errored); 4 when the only problems are checks that timed out (nothing failed on
     its own findings)."""
-    if state == UNREACHABLE:
+    if state in (UNREACHABLE, UNAUTHORIZED):
         return EXIT_UNREACHABLE
     if state == INTERRUPTED:
         return EXIT_INTERRUPTED
@@ -364,7 +367,7 @@ def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
     """The command's exit code and its one stderr line for a certify document: the
     error when nothing was certified (unreachable 3, crashed 1), the checks asked for
     that cannot run here (2), else the summary with what failed (1) or timed out (4)."""
-    if doc["state"] in (UNREACHABLE, CRASHED):
+    if doc["state"] in NOT_REACHED:
         return int(doc["exit_code"]), str(doc["error"])
     if doc["refused"]:
         return 2, f"asked for but cannot run here: {', '.join(doc['refused'])}"

@@ -426,3 +426,25 @@ def test_an_engine_that_never_starts_is_an_error_case_in_the_report(tmp_path):
     assert [x["ruleId"] for x in log["runs"][0]["results"]] == ["liveness.error"]
     errors = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
     assert errors == [errors[0]] and errors[0].startswith("opsctl: error: certify failed: liveness")
+
+
+def test_a_refused_api_key_is_state_unauthorized_exit_3(tmp_path, monkeypatch):
+    from tests.standin import GuardedHandler
+
+    class Guarded(GuardedHandler):
+        seen: list = []
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with serving(Guarded) as url:
+        r, doc, junit, sarif = invoke(url, "--api-key", "wrong", tmp=tmp_path)
+    assert r.exit_code == 3, r.stderr
+    assert (doc["state"], doc["exit_code"]) == ("unauthorized", 3)
+    assert doc["error"] == f"authentication required: {url}/v1/models answered HTTP 401"
+    assert r.stderr.splitlines()[-2:] == [
+        f"opsctl: error: {doc['error']}",
+        "hint: the server refused the API key given (--api-key / VLLM_API_KEY)",
+    ]
+    root, log = validated(junit, sarif)
+    failure = root.find("testsuite/testcase[@name='liveness']/failure")
+    assert failure.get("type") == "liveness.unauthorized"
+    assert [x["ruleId"] for x in log["runs"][0]["results"]] == ["liveness.unauthorized"]
