@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from opsctl.checks import events as ev
@@ -364,9 +366,14 @@ def test_the_tui_panel_shows_progress_and_the_divergence(diverging):
     assert any(f"prompt {ZEBRA} -> fail: diverged" in line for line in lines), lines
 
 
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
 def test_a_failed_mode_names_no_platform_and_no_duration():
     """A mode whose engine never compared anything: null (not "?" or "-") for what it
     could not know, and why the platform is unknown."""
     run = check.failed_run("eager", "engine died", timed_out=False)
     assert run["platform"] is None and run["platform_note"] == eng.FAILED_RUN_PLATFORM_NOTE
     assert run["durations_s"] == {"engine": None, "bs1": None, "bsn": None, "total": None}
+    schema = json.loads((SCHEMAS / "opsctl.diag.invariance-2.schema.json").read_text())
+    jsonschema.Draft7Validator(schema["properties"]["runs"]["items"]).validate(run)
