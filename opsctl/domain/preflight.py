@@ -2,7 +2,8 @@
 
 A *symbol* is ``"module:Qualified.name"`` (``"vllm.v1.engine.core:EngineCore.add_request"``).
 :func:`extract` finds its definition in a module's source with :mod:`ast` (no import)
-and :func:`digest` hashes its normalised text (dedented, trailing blanks dropped), so
+and :func:`digest` hashes its normalised text (the text ``ast.get_source_segment(padded=True)`` gives, dedented, trailing
+blanks dropped), so
 two releases compare by text without either being installed. The *scope* of a symbol
 is what encloses it (its class, or the module for a top-level function); the members
 of a scope that changed between the verified release and the target release are what
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import hashlib
 import textwrap
 from dataclasses import dataclass, field
@@ -70,6 +72,29 @@ def _find(tree: ast.AST, qualname: str) -> ast.AST | None:
     return node
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str) -> tuple[ast.Module, tuple[bytes, ...]] | None:
+    """A module's tree and its lines as UTF-8 (ast offsets count bytes), parsed once."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    return tree, tuple(line.encode() for line in source.splitlines(keepends=True))
+
+
+def _segment(lines: tuple[bytes, ...], node: ast.AST) -> str:
+    """``ast.get_source_segment(source, node, padded=True)`` on pre-split lines (the
+    standard one splits the whole module again on every call)."""
+    first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined,operator]
+    col, end_col = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+    if first == last:
+        return " " * col + lines[first][col:end_col].decode()
+    body = [lines[first][col:].decode()]
+    body += [ln.decode() for ln in lines[first + 1 : last]]
+    body.append(lines[last][:end_col].decode())
+    return " " * col + "".join(body)
+
+
 def normalise(text: str) -> str:
     lines = [line.rstrip() for line in textwrap.dedent(text).splitlines()]
     while lines and not lines[-1]:
@@ -80,17 +105,14 @@ def normalise(text: str) -> str:
 def extract(source: str | None, qualname: str) -> str | None:
     """The normalised source of ``qualname`` in a module's ``source``; None if absent
     (or the module is missing or does not parse)."""
-    if source is None:
+    parsed = _parsed(source) if source is not None else None
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
+    tree, lines = parsed
     node = _find(tree, qualname)
     if node is None or node is tree:
         return None
-    segment = ast.get_source_segment(source, node, padded=True)
-    return None if segment is None else normalise(segment)
+    return normalise(_segment(lines, node))
 
 
 def digest(text: str | None) -> str | None:
@@ -102,20 +124,17 @@ def digest(text: str | None) -> str | None:
 def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
     """``{name: digest}`` of the functions and classes directly in a scope (a class,
     or the module when ``scope_qualname`` is empty); None when the scope is absent."""
-    if source is None:
+    parsed = _parsed(source) if source is not None else None
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
+    tree, lines = parsed
     node = _find(tree, scope_qualname)
     if node is None:
         return None
     out: dict[str, str] = {}
     for child in getattr(node, "body", []):
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            text = ast.get_source_segment(source, child, padded=True)
-            out[child.name] = digest(text or "") or ""
+            out[child.name] = digest(_segment(lines, child)) or ""
     return out
 
 
