@@ -61,8 +61,8 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
 
 def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
     """``--once``: observe, print the document (``--json``) or the table on stdout, the
-    verdict's reason and any hint on stderr; return the exit code. Nothing found is one
-    ``opsctl: error:`` line (exit 3) and no table."""
+    verdict's reason (one ``opsctl: error:`` line unless all is well) and any hint on
+    stderr; return the exit code. Nothing found prints no table."""
     import sys
 
     from opsctl.console.report import document, render_plain
@@ -77,10 +77,9 @@ def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
     code = int(doc["exit_code"])
     hint = snap.hint
     if not snap.endpoints:
-        print(f"opsctl: error: {doc['reason']}", file=sys.stderr)
         hint = START_HINT if hint == EMPTY_HINT else hint
-    elif code:
-        info(f"opsctl: {doc['reason']}", markup=False)
+    if code:  # one line says why (none found, none answered, which failed)
+        print(f"opsctl: error: {doc['reason']}", file=sys.stderr)
     if hint:
         info(f"hint: {hint}", markup=False)
     return code

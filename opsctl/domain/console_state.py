@@ -43,7 +43,7 @@ class Settings:
 def http_reason(scrape: Scrape) -> str:
     h = scrape.health
     if h.status is None:
-        return f"no answer on /health: {h.error or 'connection failed'}"
+        return f"no server answered (/health: {h.error or 'connection failed'})"
     return f"/health HTTP {h.status}"
 
 
@@ -268,7 +268,8 @@ def verdict(
     counts = ", ".join(f"{n} {state}" for state, n in sorted(state_counts(views).items()))
     of = f"of {len(views)} endpoint{'s' if len(views) != 1 else ''}"
     if not any(v.state in REACHABLE for v in views):
-        return 3, f"no endpoint answered as a vLLM server ({counts})"
+        first = views[0]
+        return 3, f"no vLLM server answered ({counts}): {first.target.url}: {first.reason}"
     bad = [v for v in views if v.state in UNHEALTHY_FOR_EXIT]
     if bad:
         failing = state_counts(bad)

@@ -170,10 +170,15 @@ def test_once_answers_an_idle_or_progressing_fleet_within_about_one_interval():
 
 def test_not_vllm_is_unreachable_not_a_vllm_server_exit_3():
     with StandInFleet(["notvllm"]) as fleet:
-        doc, code = run_once(fleet.urls)
+        r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover",
+                                     "--interval", "0.3", *fleet.urls])  # fmt: skip
+    doc = json.loads(r.stdout)
     e = doc["endpoints"][0]
-    assert code == 3 and e["state"] == "unreachable"
+    assert r.exit_code == 3 and e["state"] == "unreachable"
     assert e["reason"].startswith("not a vLLM server")
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("opsctl: error: ")]
+    assert len(errors) == 1 and "no vLLM server answered" in errors[0]
+    assert "not a vLLM server" in errors[0] and errors[0].endswith(doc["reason"])
 
 
 @pytest.mark.parametrize("url", ["http://256.1.1.1:9", "ftp://127.0.0.1:9", "http://[::1", "x:0"])
