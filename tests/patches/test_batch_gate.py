@@ -63,6 +63,26 @@ def test_inert_unless_asked(monkeypatch) -> None:
     assert EngineCore.add_request is before
 
 
+def test_pause_is_wrapped_on_032_and_undone(monkeypatch) -> None:
+    """0.32 has pause_scheduler (wrapped: held requests join the scheduler first) and no
+    _reject_add_while_paused (0.33+; nothing to wrap); undo restores both owners."""
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+    pause, shutdown = EngineCoreProc.pause_scheduler, EngineCoreProc._handle_shutdown
+    inproc_pause = EngineCore.pause_scheduler  # in-process core: no gate, never wrapped
+    assert not hasattr(EngineCoreProc, "_reject_add_while_paused")
+    monkeypatch.setenv("OPSCTL_PROBES", "gate")
+    outcome = G.apply()
+    assert outcome.status == APPLIED and "before a pause" in outcome.detail
+    assert EngineCoreProc.pause_scheduler.__wrapped__ is pause
+    assert EngineCore.pause_scheduler is inproc_pause
+    assert not hasattr(EngineCoreProc, "_reject_add_while_paused")
+    G.undo()
+    assert EngineCoreProc.pause_scheduler is pause
+    assert EngineCoreProc._handle_shutdown is shutdown
+    assert EngineCore.pause_scheduler is inproc_pause
+
+
 def test_real_add_request_holds_a_group_until_complete(monkeypatch, tmp_path) -> None:
     from vllm.v1.engine.core import EngineCore
 
