@@ -21,7 +21,7 @@ and when the check refuses (a generative model, a server without /score).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +134,27 @@ class UsageRow:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+        """The row in the report (``diag.usage/2``): token counts named ``*_tokens``."""
+        return {
+            JSON_NAMES.get(f, f): getattr(self, f)
+            for f in self.__slots__  # type: ignore[attr-defined]
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> UsageRow:
+        """A row read back from its report (:meth:`to_dict`)."""
+        fields = {f: d[JSON_NAMES.get(f, f)] for f in cls.__slots__}  # type: ignore[attr-defined]
+        return cls(**{**fields, "parts": tuple(fields["parts"])})
+
+
+# attribute -> report field: the token counts carry their unit (docs/cli.md, issue 23)
+JSON_NAMES = {
+    "reported_prompt": "reported_prompt_tokens",
+    "reported_total": "reported_total_tokens",
+    "expected": "expected_tokens",
+    "parts": "input_tokens",  # one count per engine input
+    "cross_check": "cross_check_tokens",
+}
 
 
 def compare(

@@ -29,7 +29,7 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
             f"[b]diag usage[/] {escape(str(doc['model']))} on vLLM "
             f"{doc.get('vllm_version') or '?'}, platform {escape(platform_text(doc))}"
         )
-        rows = [UsageRow(**{**r, "parts": tuple(r["parts"])}) for r in doc["rows"]]
+        rows = [UsageRow.from_dict(r) for r in doc["rows"]]
         for endpoint in dict.fromkeys(r.endpoint for r in rows):
             t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
             for r, cells in zip(rows, table_rows(rows), strict=True):

@@ -84,7 +84,10 @@ def test_report_is_the_json_document() -> None:
     assert doc["engine_started"] is False and doc["run_dir"] is None
     assert doc["platform"] is None and doc["platform_note"] == plat.NOT_STARTED_NOTE
     assert doc["test_knobs"] == {} and doc["warnings"] == [] and report.knob_warning is None
-    assert json.loads(json.dumps(doc))["rows"][0]["parts"] == list(doc["rows"][0]["parts"])
+    row = json.loads(json.dumps(doc))["rows"][0]
+    assert row["input_tokens"] == list(doc["rows"][0]["input_tokens"])
+    assert row["reported_prompt_tokens"] == row["reported_total_tokens"] is not None
+    assert {"reported_prompt", "expected", "parts", "cross_check"}.isdisjoint(row)
     assert {e.verdict for e in seen if isinstance(e, ev.CaseResult)} == {"fail"}
     with pytest.raises(TypeError):
         report.document["verdict"] = "pass"  # type: ignore[index]

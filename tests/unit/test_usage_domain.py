@@ -4,6 +4,8 @@ counting, model kind and refusals."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from opsctl.domain import usage as U
@@ -268,3 +270,14 @@ def test_unk_findings_and_summary() -> None:
     unknown = compare(U.CROSS, CASE3, {}, lambda x: None)
     assert U.summary([good, unknown], "unverified") == "1/2 match, 1 unverified"
     assert U.summary([good], "pass") == "1/1 match"
+
+
+def test_report_rows_name_token_counts_with_their_unit() -> None:
+    """``diag.usage/2`` rows: every token count is a ``*_tokens`` field (docs/cli.md);
+    the terminal view reads the same row back."""
+    row = compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21})
+    d = row.to_dict()
+    assert (d["reported_prompt_tokens"], d["reported_total_tokens"]) == (21, 21)
+    assert d["expected_tokens"] == row.expected and d["input_tokens"] == row.parts
+    assert "cross_check_tokens" in d and not {"reported_prompt", "expected", "parts"} & set(d)
+    assert U.UsageRow.from_dict(json.loads(json.dumps(d))) == row
