@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 APPLIED = "applied"
 UPSTREAM = "already upstream"
@@ -94,11 +95,10 @@ def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
     for name in names:
         module, qualname = split_symbol(name)
         try:
-            obj = importlib.import_module(module)
+            obj: Any = importlib.import_module(module)
             for part in qualname.split("."):
                 obj = getattr(obj, part)
-            obj = inspect.unwrap(obj)
-            out[name] = inspect.getsource(obj)
+            out[name] = inspect.getsource(inspect.unwrap(obj))
         except (ImportError, AttributeError, OSError, TypeError):
             out[name] = None
     return out

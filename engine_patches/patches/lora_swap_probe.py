@@ -264,6 +264,8 @@ def apply() -> Outcome:
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES has no {PROBE!r} and {SWAP_ENV} is unset")
     from vllm.lora import model_manager, worker_manager
 
+    gpu_input_batch: Any
+    gpu_model_runner: Any
     try:
         from vllm.v1.worker import gpu_input_batch, gpu_model_runner
     except ImportError:  # vLLM >= 0.34: the V1 model runner is gone (V2 runners only)
