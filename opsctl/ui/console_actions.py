@@ -264,7 +264,7 @@ class ActionsMixin:
 
         def work() -> str:
             doc = act.bundle(view, self.api_key, out).to_dict()
-            return f"bundle of {doc['run']}: {doc['out']} ({doc['bytes']} bytes)"
+            return f"bundle of {doc['run']}: {doc['out']} ({doc['size_bytes']} bytes)"
 
         self.background(work)
 
