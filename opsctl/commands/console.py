@@ -20,7 +20,11 @@ EPILOG = epilog(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("console", epilog=EPILOG)
+    @app.command(
+        "console",
+        short_help="Live console over many vLLM servers; --once is a health gate.",
+        epilog=EPILOG,
+    )
     def console(
         urls: list[str] = typer.Argument(
             None, metavar="URL", help="base URLs of vLLM servers (http://HOST:PORT or HOST:PORT)"
