@@ -472,7 +472,7 @@ class _Job:
         for w in warnings:
             self.progress(ev.Log(f"{label}: {w}", level="warning"))
         return {
-            "mode": mode or "unknown (external server)",
+            "mode": mode or "server as is",  # the label failed_run and progress use
             "requested_mode": mode,
             "verdict": summary.verdict,
             "url": m.live.url,

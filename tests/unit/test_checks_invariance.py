@@ -82,7 +82,7 @@ def test_typed_events_and_report_of_a_planted_divergence(diverging):
     assert doc["schema"] == "opsctl.diag.invariance/2" and doc["request_tag"] == "t1"
     assert (doc["comparison"], doc["batch_size"], doc["prompts"]) == ("bitwise", 3, 3)
     assert report.reasons == [
-        f"[unknown (external server)] prompt {ZEBRA}: first divergence at position {POS} (logprob)"
+        f"[server as is] prompt {ZEBRA}: first divergence at position {POS} (logprob)"
     ]
     (run,) = report.runs
     assert run["requested_mode"] is None and run["external"] is True
