@@ -19,6 +19,7 @@ from opsctl.domain.console_state import Settings
 from tests.bare_vllm import bare_vllm
 from tests.conftest import OPSCTL
 from tests.engine_cores import ClosedLoad, Cores, wait_fresh
+from tests.unit.test_console_collect import validate
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -48,7 +49,7 @@ def once(url: str, *flags: str) -> tuple[int, dict, float]:
     )  # fmt: skip
     took = time.monotonic() - t0
     assert r.stdout, r.stderr
-    return r.returncode, json.loads(r.stdout), took
+    return r.returncode, validate(json.loads(r.stdout)), took
 
 
 def test_idle_server_answers_within_about_one_interval(server):

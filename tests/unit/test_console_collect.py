@@ -92,11 +92,22 @@ def test_target_api_key_env(monkeypatch, tmp_path):
     assert states == {"with": "ready", "without": "unauthorized"} and code == 1
 
 
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-2.schema.json"
+
+
+def validate(doc: dict) -> dict:
+    """``doc`` against the shipped opsctl.console/2 schema (every --once document here)."""
+    import jsonschema
+
+    jsonschema.Draft7Validator(json.loads(SCHEMA_FILE.read_text())).validate(doc)
+    return doc
+
+
 def run_once(args: list[str]) -> tuple[dict, int]:
     r = CliRunner().invoke(
         app, ["console", "--once", "--json", "--no-discover", "--interval", "0.3", *args]
     )
-    return json.loads(r.stdout), r.exit_code
+    return validate(json.loads(r.stdout)), r.exit_code
 
 
 def test_once_json_schema_and_figures():
@@ -137,7 +148,7 @@ def test_empty_fleet_is_exit_3_with_one_line_and_the_hint():
     """A health gate that checked nothing does not pass."""
     r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover"])
     assert r.exit_code == 3
-    doc = json.loads(r.stdout)
+    doc = validate(json.loads(r.stdout))
     assert doc["endpoints"] == [] and doc["exit_code"] == 3
     assert doc["reason"].startswith("no vLLM server found") and "opsctl serve" in doc["hint"]
     lines = r.stderr.splitlines()
@@ -172,7 +183,7 @@ def test_not_vllm_is_unreachable_not_a_vllm_server_exit_3():
     with StandInFleet(["notvllm"]) as fleet:
         r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover",
                                      "--interval", "0.3", *fleet.urls])  # fmt: skip
-    doc = json.loads(r.stdout)
+    doc = validate(json.loads(r.stdout))
     e = doc["endpoints"][0]
     assert r.exit_code == 3 and e["state"] == "unreachable"
     assert e["reason"].startswith("not a vLLM server")
@@ -205,7 +216,7 @@ def test_durations_take_units():
         r = CliRunner().invoke(app, ["console", "--once", "--json", "--no-discover",
                                      "--interval", "1s",
                                      "--stall-window", "1m", *fleet.urls])  # fmt: skip
-    doc = json.loads(r.stdout)
+    doc = validate(json.loads(r.stdout))
     assert r.exit_code == 0 and doc["interval_s"] == 1.0 and doc["stall_window_s"] == 60.0
 
 
