@@ -96,14 +96,15 @@ def exit_code(report: Report) -> ExitCode:
     return ExitCode.OK if report.passed else ExitCode.CHECK_FAILED
 
 
-def error_of(report: Report) -> tuple[str, str | None] | None:
+def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | None] | None:
     """The one stderr line (and hint) for a report that did not pass, else None."""
+    from opsctl.collectors.http import auth_error
+
     doc = report.document
     if report.passed:
         return None
     if doc["state"] == "unauthorized":
-        hint = "pass --api-key KEY (or set VLLM_API_KEY)"
-        return str(doc["error"]), hint
+        return str(doc["error"]), auth_error(doc["url"], 401, api_key).hint
     return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
 
 

@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         report = check.run(UrlTarget(url, api_key or None), check.Options(timeout=timeout))
         doc = report.to_dict()
         emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
-        failure = check.error_of(report)
+        failure = check.error_of(report, api_key or None)
         if failure is not None:
             error(*failure)
         raise typer.Exit(int(check.exit_code(report)))

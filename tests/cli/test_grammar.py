@@ -21,8 +21,6 @@ from opsctl.cli import build_app
 
 # "command path" -> rules it does not meet yet (empty when all commands follow the grammar)
 PENDING: dict[str, set[str]] = {
-    # console engineer (issue 23): short_help for the root listing
-    "console": {"summary"},
     # engram engineer (issue 23): short_help for the engram listing
     "engram inspect": {"summary"},
     "engram plan": {"summary"},

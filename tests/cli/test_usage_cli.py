@@ -27,7 +27,9 @@ def test_honest_stand_in_passes() -> None:
     assert doc["schema"] == "opsctl.diag.usage/2" and doc["verdict"] == "pass"
     assert doc["kind"] == "cross-encoder" and doc["kind_source"] == "/classify answers"
     assert doc["pair_separator"] == "[SEP]"
-    assert len(doc["rows"]) == 8 and all(r["reported_prompt"] == r["expected"] for r in doc["rows"])
+    assert len(doc["rows"]) == 8 and all(
+        r["reported_prompt_tokens"] == r["expected_tokens"] for r in doc["rows"]
+    )
 
 
 def test_inflated_usage_is_caught() -> None:
@@ -37,7 +39,7 @@ def test_inflated_usage_is_caught() -> None:
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "fail"
     assert all(
-        row["verdict"] == "fail" and row["reported_prompt"] == row["expected"] + 1
+        row["verdict"] == "fail" and row["reported_prompt_tokens"] == row["expected_tokens"] + 1
         for row in doc["rows"]
     )
     assert any(f["code"] == "usage.mismatch" for f in doc["findings"])
@@ -124,7 +126,7 @@ def test_roberta_pairs_are_counted_with_their_template() -> None:
     assert doc["verdict"] == "pass" and doc["pair_template"].startswith("roberta")
     assert doc["expected_source"] == "/tokenize"
     one = doc["rows"][0]  # "What is the capital of France?" + "Paris is the capital of France."
-    assert one["expected"] == 6 + 6 + 4
+    assert one["expected_tokens"] == 6 + 6 + 4
     # a BERT-style guess (3 specials per pair) would have been a false mismatch
     with stand_in(style="roberta", inflate=1) as url:
         assert run("diag", "usage", url, "--json").exit_code == 1
@@ -137,7 +139,7 @@ def test_unknown_pair_template_is_unverified_not_a_mismatch() -> None:
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "unverified" and doc["pair_template"] is None
     assert {row["verdict"] for row in doc["rows"]} == {"unverified"}
-    assert all(row["expected"] is None for row in doc["rows"])
+    assert all(row["expected_tokens"] is None for row in doc["rows"])
     assert any(f["code"] == "usage.unverified" for f in doc["findings"])
     assert "usage NOT verified for 8 of 8" in r.stderr
     with stand_in(style="odd") as url:
@@ -181,7 +183,7 @@ def test_local_tokenizer_is_the_primary_count(tmp_path) -> None:
     doc = json.loads(r.stdout)
     assert doc["expected_source"] == "local tokenizer" and doc["local_cross_check"] is True
     assert doc["verdict"] == "pass"
-    assert all(row["cross_check"] == row["expected"] for row in doc["rows"])
+    assert all(row["cross_check_tokens"] == row["expected_tokens"] for row in doc["rows"])
 
 
 def test_timeout_exits_4() -> None:
