@@ -11,8 +11,10 @@ bearer token. Status only looks at a running server, so it never uses ``session`
 Like ``systemctl status``, the report always describes the state it found, a dead or
 missing server included: ``state`` is one of the console's states (ready, busy, dead,
 unreachable, unauthorized), ``reason`` says why when not ready/busy and ``error`` holds
-the failure opsctl met (null when none). :func:`exit_code` maps it: 0 ready/busy, 1 any
-other answer from a vLLM server (e.g. /health 503), 3 when no vLLM server answered
+the failure opsctl met (null when none), ``timed_out`` whether a server that answered
+/health then gave no /metrics within the timeout. :func:`exit_code` maps it: 0
+ready/busy, 1 any other answer from a vLLM server (e.g. /health 503), 4 timed out while
+the server was there, 3 when no vLLM server answered
 (refused, connect or read timeout, a non-vLLM HTTP server: "not a vLLM server") or the
 API key was refused ("authentication required"). Only a bad URL raises (BadInput, 2).
 
@@ -68,6 +70,9 @@ def run(
     progress(ev.Phase(f"scraping {base}"))
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
     state, reason = decide(scrape, None, None, False, False)
+    late = _late(scrape, options.timeout)
+    if late is not None and state == "unreachable":  # a server answered, then went quiet
+        reason = late
     info = scrape.info
     healthy = scrape.health.status == 200 and state not in NO_ANSWER
     doc = document(
@@ -75,7 +80,8 @@ def run(
         url=base,
         state=state,
         reason=reason,
-        error=_error(base, state, reason, scrape, target.api_key),
+        error=f"{base}: {late}" if late else _error(base, state, reason, scrape),
+        timed_out=late is not None,
         healthy=healthy,
         health_status=scrape.health.status,
         vllm_version=info.version if info else None,
@@ -90,7 +96,10 @@ def run(
 
 
 def exit_code(report: Report) -> ExitCode:
-    """0 healthy, 3 no vLLM server answered (or the key was refused), 1 otherwise."""
+    """0 healthy, 4 a server answered /health and then not within the timeout, 3 no vLLM
+    server answered (or the key was refused), 1 otherwise."""
+    if report.document["timed_out"]:
+        return ExitCode.TIMEOUT
     if report.document["state"] in NO_ANSWER:
         return ExitCode.UNREACHABLE
     return ExitCode.OK if report.passed else ExitCode.CHECK_FAILED
@@ -108,7 +117,18 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
     return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
 
 
-def _error(base: str, state: str, reason: str | None, scrape: Any, api_key: str | None) -> Any:
+def _late(scrape: Any, timeout: float) -> str | None:
+    """/health answered but /metrics did not within ``timeout``: a server that is there
+    and working (exit 4), not a missing one."""
+    health, metrics = scrape.health.status, scrape.metrics
+    if health is None or metrics.status is not None or not metrics.error:
+        return None
+    if "timed out" not in metrics.error and "Timeout" not in metrics.error:
+        return None
+    return f"/metrics gave no answer within {timeout:g} s (/health answered HTTP {health})"
+
+
+def _error(base: str, state: str, reason: str | None, scrape: Any) -> Any:
     auth = scrape.auth
     if auth is not None and auth.status is not None:
         return f"authentication required: {base} answered HTTP {auth.status}"

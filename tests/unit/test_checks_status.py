@@ -118,3 +118,37 @@ def test_url_without_a_scheme_is_read_as_http(fleet):
 def test_timeout_is_a_validated_duration(value):
     r = CliRunner().invoke(app, ["status", "http://127.0.0.1:9", "--timeout", value])
     assert r.exit_code == 2 and "--timeout" in r.stderr and r.stdout == ""
+
+
+def test_a_server_that_answers_health_then_goes_quiet_is_a_timeout_exit_4():
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                release.wait(30)  # no answer until the test is done
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    try:
+        with serving(Slow) as url:
+            report = status.run(UrlTarget(url), status.Options(timeout=1))
+            release.set()
+    finally:
+        release.set()
+    doc = report.to_dict()
+    assert doc["timed_out"] is True and doc["health_status"] == 200
+    assert doc["error"] == f"{url}: /metrics gave no answer within 1 s (/health answered HTTP 200)"
+    assert status.exit_code(report) == 4
+    # and a refused port is not a timeout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        refused = status.run(UrlTarget(f"http://127.0.0.1:{s.getsockname()[1]}"))
+    assert refused.to_dict()["timed_out"] is False and status.exit_code(refused) == 3
