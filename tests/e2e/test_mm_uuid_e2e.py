@@ -7,7 +7,8 @@ images per prompt). Three engine starts in this module:
   unchanged in both modes, missing ones get request-local ids ending in ``-image-<their
   index in the request>`` (off; vLLM PR 56432: an explicit UUID at index 0 next to a
   missing one at index 1) or content hashes (on), and a reused UUID is a warning;
-- one module fixture engine (``--load-format dummy``, caches off) whose probe has the
+- one engine from the session pool (``--load-format dummy``, caches off; the tests only
+  read from it, tests/engine_pool.py) whose probe has the
   test-only rewrite knob armed for one UUID (``canary-all-0``): a run with the default
   prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1), and so
   must the library call (opsctl.checks.mm_uuid.run) with that prefix.
@@ -27,12 +28,11 @@ from engine_patches import knobs
 from opsctl.checks import events as ev
 from opsctl.checks import mm_uuid
 from opsctl.checks.mm_uuid import CACHE_ARGS, model_args
-from opsctl.checks.target import UrlTarget
+from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
-from tests.conftest import running_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.pool("mm-uuid-rewrite")]
 CANARY = "canary-all-0"
 MODEL = "tiny-vlm-multi"
 
@@ -50,16 +50,16 @@ def report() -> dict:
 
 
 @pytest.fixture(scope="module")
-def rewriting_engine():
-    args = list(CACHE_ARGS["caches-off"]) + model_args(MODEL)
-    with running_engine(
+def rewriting_engine(engine_pool):
+    spec = EngineSpec(
         MODEL,
         load_format="dummy",
-        extra_args=args,
-        env={"OPSCTL_PROBES": "mm_uuid"},
-        knobs={knobs.MM_UUID_REWRITE: CANARY},  # a knob only ever reaches an engine this way
-    ) as server:
-        yield server
+        extra_args=(*CACHE_ARGS["caches-off"], *model_args(MODEL)),
+        probes=frozenset({"mm_uuid"}),
+        knobs=((knobs.MM_UUID_REWRITE, CANARY),),  # a knob only ever reaches an engine this way
+        timeout=400.0,
+    )
+    return engine_pool.engine("mm-uuid-rewrite", spec)
 
 
 def items(doc: dict, mode: str) -> dict:

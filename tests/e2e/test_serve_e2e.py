@@ -47,6 +47,16 @@ def read_event(proc: subprocess.Popen, timeout: float = 400) -> dict:
     raise AssertionError("no event from serve")
 
 
+def json_documents(text: str) -> list:
+    """Every JSON document on ``text`` (JSON lines and indented documents alike)."""
+    decoder, docs, rest = json.JSONDecoder(), [], text.strip()
+    while rest:
+        doc, end = decoder.raw_decode(rest)
+        docs.append(doc)
+        rest = rest[end:].lstrip()
+    return docs
+
+
 def gone(pids) -> bool:
     return not [
         p
@@ -98,14 +108,37 @@ def stop_and_check(proc, ready: dict, sig: int, shm_before: set[str]) -> dict:
     return stopped
 
 
-def test_serve_dummy_weights_ledger_status_and_sigterm():
+def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
+    """`serve --api-key K` with dummy weights, from a shell that exports every test knob
+    (and the enabling switch): the server is up with its three processes, /v1 needs the
+    key, the plugin ran in every vLLM process and recorded what it did, no engine process
+    sees or honours a knob (ledger test_knobs {} everywhere, nothing in
+    /proc/PID/environ, the probes that would use them record none), opsctl's own status
+    uses the key (and says so without it), and SIGTERM leaves nothing. One start for what
+    were two tests with the same setup (dummy weights, SIGTERM)."""
+    key = "e2e-" + os.urandom(6).hex()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    env.update(
+        {
+            knobs.NUDGE: "The:0",
+            knobs.MM_UUID_REWRITE: "stray-uuid",
+            knobs.NO_OWNER_WATCH: "1",
+            knobs.ENABLE: "1",
+            "OPSCTL_PROBES": "batch,mm_uuid",  # probes on, so a knob would have effect
+        }
+    )
     shm_before = shm_names()
     port = free_port()
-    with served("tiny-llama", "--load-format", "dummy", "--port", str(port)) as proc:
+    args = ("tiny-llama", "--load-format", "dummy", "--port", str(port), "--api-key", key)
+    with served(*args, env=env) as proc:
         ready = read_event(proc)
-        assert ready["event"] == "ready" and ready["url"] == f"http://127.0.0.1:{port}"
+        url = ready["url"]
+        assert ready["event"] == "ready" and url == f"http://127.0.0.1:{port}"
         assert {"APIServer", "EngineCore", "Worker"} <= set(ready["pids"])
-        assert httpx.get(f"{ready['url']}/health").status_code == 200
+        assert httpx.get(f"{url}/health").status_code == 200  # open, as in vLLM
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{url}/v1/models", headers=auth).status_code == 200
 
         # the plugin ran in every vLLM process and recorded what it did
         records = read_records(Path(ready["run_dir"]))
@@ -117,17 +150,38 @@ def test_serve_dummy_weights_ledger_status_and_sigterm():
         info = read_events(Path(ready["run_dir"]), "engine_info")
         assert len(info[-1]["kv_cache_groups"]) == 1
 
+        # exported knobs reach no engine process
+        assert all(r["test_knobs"] == {} for r in records), [r["test_knobs"] for r in records]
+        for role, pid in ready["pids"].items():
+            if role not in ("APIServer", "EngineCore", "Worker"):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            names = {e.split(b"=", 1)[0].decode() for e in environ if e}
+            assert not names & {*knobs.KNOBS, knobs.ENABLE}, (role, names & set(knobs.KNOBS))
+        inits = [e for e in read_events(Path(ready["run_dir"]), "batch") if e["event"] == "init"]
+        assert inits and all(e["nudge"] is None for e in inits)
+
         # the shm_broadcast ring buffers exist while the engine runs
         live = shm_names() - shm_before
         assert any(n.startswith("psm_") for n in live)
 
+        clean = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
         st = subprocess.run(
-            [*OPSCTL, "status", ready["url"], "--json"], capture_output=True, text=True
+            [*OPSCTL, "status", url, "--json", "--api-key", key],
+            capture_output=True,
+            text=True,
+            env=clean,
         )
         assert st.returncode == 0, st.stderr
         doc = json.loads(st.stdout)
         assert doc["healthy"] is True and doc["models"] == ["tiny-llama"]
         assert doc["metrics"]["requests_running"] == 0 and doc["metrics"]["series"] > 20
+        st = subprocess.run(
+            [*OPSCTL, "status", url, "--json"], capture_output=True, text=True, env=clean
+        )
+        assert st.returncode == 3, st.stderr
+        assert "authentication required" in st.stderr
+        assert json.loads(st.stdout)["state"] == "unauthorized"  # --json: the document says why
 
         led = subprocess.run(
             [*OPSCTL, "patches", "--run", ready["run_dir"], "--json"],
@@ -168,70 +222,6 @@ def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
         again = greedy()["text"]
         assert again == choice["text"]
         stop_and_check(proc, ready, signal.SIGINT, shm_before)
-
-
-def test_api_key_guards_the_server_and_exported_knobs_reach_no_engine_process():
-    """`serve --api-key K` from a shell that exports every test knob (and the enabling
-    switch): /v1 needs the key, opsctl's own status uses it, and no engine process sees
-    or honours a knob (ledger test_knobs {} everywhere, nothing in /proc/PID/environ,
-    the probes that would use them record none)."""
-    key = "e2e-" + os.urandom(6).hex()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    env.update(
-        {
-            knobs.NUDGE: "The:0",
-            knobs.MM_UUID_REWRITE: "stray-uuid",
-            knobs.NO_OWNER_WATCH: "1",
-            knobs.ENABLE: "1",
-            "OPSCTL_PROBES": "batch,mm_uuid",  # probes on, so a knob would have effect
-        }
-    )
-    shm_before = shm_names()
-    with served(
-        "tiny-llama",
-        "--load-format",
-        "dummy",
-        "--port",
-        str(free_port()),
-        "--api-key",
-        key,
-        env=env,
-    ) as proc:
-        ready = read_event(proc)
-        url = ready["url"]
-        assert httpx.get(f"{url}/health").status_code == 200  # open, as in vLLM
-        assert httpx.get(f"{url}/v1/models").status_code == 401
-        auth = {"Authorization": f"Bearer {key}"}
-        assert httpx.get(f"{url}/v1/models", headers=auth).status_code == 200
-
-        records = read_records(Path(ready["run_dir"]))
-        assert {"api_server", "engine_core", "worker"} <= {r["role"] for r in records}
-        assert all(r["test_knobs"] == {} for r in records), [r["test_knobs"] for r in records]
-        for role, pid in ready["pids"].items():
-            if role not in ("APIServer", "EngineCore", "Worker"):
-                continue
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            names = {e.split(b"=", 1)[0].decode() for e in environ if e}
-            assert not names & {*knobs.KNOBS, knobs.ENABLE}, (role, names & set(knobs.KNOBS))
-        inits = [e for e in read_events(Path(ready["run_dir"]), "batch") if e["event"] == "init"]
-        assert inits and all(e["nudge"] is None for e in inits)
-
-        clean = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-        st = subprocess.run(
-            [*OPSCTL, "status", url, "--json", "--api-key", key],
-            capture_output=True,
-            text=True,
-            env=clean,
-        )
-        assert st.returncode == 0, st.stderr
-        assert json.loads(st.stdout)["models"] == ["tiny-llama"]
-        st = subprocess.run(
-            [*OPSCTL, "status", url, "--json"], capture_output=True, text=True, env=clean
-        )
-        assert st.returncode == 3, st.stderr
-        assert "authentication required" in st.stderr and st.stdout == ""
-
-        stop_and_check(proc, ready, signal.SIGTERM, shm_before)
 
 
 def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
@@ -321,7 +311,10 @@ def test_timeout_exit_4_and_nothing_left():
     )
     assert proc.returncode == 4, proc.stderr
     assert "did not become healthy within 4 s" in proc.stderr
-    stopped = json.loads(proc.stdout.splitlines()[-1])
+    # stdout: the serve events (JSON lines), then the opsctl.error/1 document
+    stopped, error = json_documents(proc.stdout)
     assert stopped["event"] == "stopped" and stopped["leftover_pids"] == []
+    assert error["schema"] == "opsctl.error/1" and error["state"] == "timeout", error
+    assert error["exit_code"] == 4
     assert time.time() - t0 < 60
     assert new_orphans(shm_before) == set()
