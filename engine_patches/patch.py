@@ -84,6 +84,22 @@ def verification(patch: Patch, version: str | None) -> tuple[bool | None, str | 
     return False, f"unverified on {rel}"
 
 
+def missing_symbols(names: Iterable[str]) -> list[str]:
+    """The symbols the installed vLLM lacks (module not importable or name not there)."""
+    import importlib
+
+    missing = []
+    for name in names:
+        module, qualname = split_symbol(name)
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            missing.append(name)
+    return missing
+
+
 def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
     """``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
     is missing or whose source cannot be read. A wrapper's original is followed through

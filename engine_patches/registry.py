@@ -43,6 +43,7 @@ from engine_patches.patch import (
     UPSTREAM,
     Outcome,
     Patch,
+    missing_symbols,
     verification,
 )
 from engine_patches.records import (
@@ -90,7 +91,7 @@ def apply_patch(patch: Patch, role: str, version: str | None = None) -> dict:
         try:
             outcome = patch.apply()
         except Exception as exc:
-            outcome = Outcome(FAILED, f"{exc!r}\n{traceback.format_exc(limit=3)}")
+            outcome = _failed(patch, exc)
     return {
         "name": patch.name,
         "target": patch.target,
@@ -103,6 +104,18 @@ def apply_patch(patch: Patch, role: str, version: str | None = None) -> dict:
         "detail": outcome.detail,
         "seconds": round(time.perf_counter() - started, 6),
     }
+
+
+def _failed(patch: Patch, exc: Exception) -> Outcome:
+    """A patch that raised: skipped with the reason when this vLLM lacks one of its
+    declared targets (it cannot apply here), failed with the traceback otherwise."""
+    try:
+        missing = missing_symbols(patch.symbols)
+    except Exception:  # deciding must not fail the engine either
+        missing = []
+    if missing:
+        return Outcome(SKIPPED, f"target not in this vLLM: {', '.join(missing)} ({exc!r})")
+    return Outcome(FAILED, f"{exc!r}\n{traceback.format_exc(limit=3)}")
 
 
 def apply_all(run_dir: str | None = None) -> dict:

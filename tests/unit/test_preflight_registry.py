@@ -82,3 +82,19 @@ def test_every_real_patch_declares_what_a_preflight_needs():
         assert patch.kind in ("patch", "probe"), patch.name
     fixes = {p.name for p in catalog.patches() if p.upstream is not None}
     assert fixes == {"dummy_constant_fill", "kv_hybrid_recompute"}
+
+
+def test_a_patch_whose_target_is_missing_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.delenv("OPSCTL_DISABLE_PATCHES", raising=False)
+
+    def apply():
+        import json
+
+        return json.no_such_function()
+
+    gone = Patch(**{**_patch(apply).__dict__, "symbols": ("json:dumps", "json:no_such_function")})
+    rec = registry.apply_patch(gone, "r", "0.34.0")
+    assert rec["status"] == SKIPPED
+    assert rec["detail"].startswith("target not in this vLLM: json:no_such_function")
+    present = Patch(**{**gone.__dict__, "symbols": ("json:dumps",)})
+    assert registry.apply_patch(present, "r", "0.34.0")["status"] == "failed"  # a real failure
