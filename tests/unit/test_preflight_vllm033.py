@@ -1,6 +1,7 @@
 """The three vLLM 0.33 changes around opsctl's patches, each tested against 0.33's own
-code: the functions are read from the 0.33.0 wheel (downloaded once into
-$OPSCTL_HOME/wheels, never installed) and run on stand-in objects.
+code (and 0.34's, where they are unchanged): the functions are read from the release's
+wheel (downloaded once into $OPSCTL_HOME/wheels, never installed) and run on stand-in
+objects.
 
 - batch_gate: a paused engine (``pause_generation``) rejects new ADDs with a retryable
   error; the gate's held requests were accepted before the pause, so they join the
@@ -31,13 +32,13 @@ from opsctl.collectors.vllm_sources import WheelSources, fetch_wheel
 from opsctl.domain import preflight as D
 
 pytestmark = pytest.mark.wheels
-VERSION = "0.33.0"
 
 
-@pytest.fixture(scope="module")
-def v033() -> WheelSources:
-    reader = WheelSources(fetch_wheel(VERSION))
-    assert reader.version == VERSION
+@pytest.fixture(scope="module", params=["0.33.0", "0.34.0"])
+def v033(request) -> WheelSources:
+    """0.33.0's code, and 0.34.0's (the three changes carry over to it unchanged)."""
+    reader = WheelSources(fetch_wheel(request.param))
+    assert reader.version == request.param
     yield reader
     reader.close()
 
@@ -47,7 +48,8 @@ def load(reader: WheelSources, symbol: str, namespace: dict[str, Any]) -> Callab
     module, qualname = D.split(symbol)
     text = D.extract(reader.read(module), qualname)
     assert text is not None, f"{symbol} not in vLLM {reader.version}"
-    code = compile("from __future__ import annotations\n" + text, f"{symbol}@{VERSION}", "exec")
+    where = f"{symbol}@{reader.version}"
+    code = compile("from __future__ import annotations\n" + text, where, "exec")
     exec(code, namespace)
     return namespace[qualname.rsplit(".", 1)[-1]]
 
@@ -129,7 +131,7 @@ def proc_class(reader: WheelSources) -> type:
         def _pause_complete(self):
             return True
 
-        def _finish_pause(self, clear_cache):
+        def _finish_pause(self, *args):
             pass
 
         def _handle_shutdown(self):
