@@ -131,7 +131,7 @@ def _capacity(model_dir: Path | None, options: EngramOptions) -> dict[str, Any] 
     except BadInput:
         return None  # no Engram fields in the config: nothing to place
     doc = plan.to_dict()
-    keys = ("total_bytes", "shm_free", "shm_total", "fits_shm", "chosen", "reason")
+    keys = ("total_bytes", "shm_free_bytes", "shm_total_bytes", "fits_shm", "chosen", "reason")
     return {k: doc.get(k) for k in keys}
 
 

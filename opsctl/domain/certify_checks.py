@@ -170,14 +170,14 @@ def engram_findings(
     capacity: Mapping[str, Any] | None,
 ) -> list[Finding]:
     """``inspect``: engram inspect's findings; ``orphans``: engram clean's dry-run list;
-    ``capacity``: the plan's {"total_bytes", "shm_free", "fits_shm", "chosen"} for the
+    ``capacity``: the plan's {"total_bytes", "shm_free_bytes", "fits_shm", "chosen"} for the
     model's Engram tables, None when the model has none."""
     out = [
         Finding(str(f["severity"]), str(f["code"]), str(f["message"]), dict(f.get("details") or {}))
         for f in inspect
     ]
     if orphans:
-        size = sum(int(o.get("size") or 0) for o in orphans)
+        size = sum(int(o.get("size_bytes") or 0) for o in orphans)
         names = ", ".join(str(o["name"]) for o in orphans[:5])
         out.append(
             Finding(
@@ -197,7 +197,7 @@ def engram_findings(
                 WARNING,
                 "engram.shm_capacity",
                 f"the model's Engram tables ({capacity.get('total_bytes')} bytes) do not fit "
-                f"in /dev/shm ({capacity.get('shm_free')} bytes free): vLLM falls back to "
+                f"in /dev/shm ({capacity.get('shm_free_bytes')} bytes free): vLLM falls back to "
                 f"{capacity.get('chosen')}",
                 dict(capacity),
             )

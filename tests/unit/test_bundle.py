@@ -126,8 +126,8 @@ def test_bundle_of_a_live_run_holds_everything_and_no_secret(live_run, tmp_path)
     opts = bundle.Options(run=run.name, out=out, runs_dir=run.parent, console_view=view)
     report = bundle.bundle(opts)
     doc = report.to_dict()
-    assert report.verdict == "pass" and doc["schema"] == "opsctl.runs.bundle/1"
-    assert doc["state"] == "live" and doc["missing"] == [] and doc["bytes"] == out.stat().st_size
+    assert report.verdict == "pass" and doc["schema"] == "opsctl.runs.bundle/2"
+    assert doc["state"] == "live" and doc["missing"] == [] and doc["size_bytes"] == out.stat().st_size
     m = _members(out)
     top = run.name
     want = {"MANIFEST.json", "meta.json", "server.log", "ledger/1.json", "events/lifetime.jsonl",
@@ -190,7 +190,7 @@ def test_cli_bundle_json_and_unknown_run(live_run, tmp_path, monkeypatch):
     r = runner.invoke(app, ["runs", "bundle", run.name, "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.runs.bundle/1" and doc["out"] == str(out) and out.is_file()
+    assert doc["schema"] == "opsctl.runs.bundle/2" and doc["out"] == str(out) and out.is_file()
     r = runner.invoke(app, ["runs", "bundle", run.name, "--out", str(out), "--no-fetch"])
     assert r.exit_code == 0 and "not asked" in r.stdout and "redacted" in r.stdout
     r = runner.invoke(app, ["runs", "bundle", "no-such-run"])

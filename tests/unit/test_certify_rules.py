@@ -71,8 +71,9 @@ def test_ledger_sane_failed_and_knobs():
 def test_engram_hygiene():
     found = rules.engram_findings([], [], None)
     assert [f.code for f in found] == ["engram.no_orphans", "engram.not_in_model"]
-    orphans = [{"name": "vllm_engram_x", "size": 64}]
-    capacity = {"total_bytes": 10, "shm_free": 5, "fits_shm": False, "chosen": "dp-sharded"}
+    # the key names of engram clean's and engram plan's documents (opsctl.engram.*/2)
+    orphans = [{"name": "vllm_engram_x", "size_bytes": 64}]
+    capacity = {"total_bytes": 10, "shm_free_bytes": 5, "fits_shm": False, "chosen": "dp-sharded"}
     inspect = [{"severity": "fail", "code": "engram.fill_mismatch", "message": "m"}]
     found = rules.engram_findings(inspect, orphans, capacity)
     assert [f.code for f in found] == [
@@ -82,6 +83,7 @@ def test_engram_hygiene():
     ]
     assert rules.verdict_of(found) == "fail"
     assert "falls back to dp-sharded" in found[-1].message
+    assert "(5 bytes free)" in found[-1].message and "(64 bytes)" in found[1].message
 
 
 def shut(**kw) -> rules.Shutdown:
