@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_pool import ACCOUNTING, bare_starts
+from tests.engine_pool import ACCOUNTING, bare_starts, run_order
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
@@ -82,30 +82,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Cheap modules first, then engine modules; those sharing a pooled engine (the same
-    first pool name) back to back. Modules stay whole and keep their tests' order."""
-    first: dict[object, int] = {}
-    engine: dict[object, bool] = {}
-    pool: dict[object, str] = {}
-    for i, item in enumerate(items):
-        mod = getattr(item, "module", None) or item.parent
-        first.setdefault(mod, i)
-        engine[mod] = engine.get(mod, False) or item.get_closest_marker("engine") is not None
-        names = sorted(pool_names(item))
-        if names and mod not in pool:
-            pool[mod] = names[0]
-
-    def order(indexed: tuple[int, pytest.Item]) -> tuple:
-        i, item = indexed
-        mod = getattr(item, "module", None) or item.parent
-        if not engine[mod]:
-            return (0, "", first[mod], i)
-        if mod in pool:  # grouped by name, placed where the name's first module was
-            anchor = min(first[m] for m, n in pool.items() if n == pool[mod])
-            return (1, "", anchor, pool[mod], first[mod], i)
-        return (1, "", first[mod], "", first[mod], i)
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=order)]
+    """Cheap modules first, then engine modules; those sharing a pooled engine back to
+    back (tests/engine_pool.py, run_order). Modules stay whole, their tests in order."""
+    groups: dict[object, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(getattr(item, "module", None) or item.parent, []).append(item)
+    modules = [
+        (
+            any(i.get_closest_marker("engine") is not None for i in group),
+            min((n for i in group for n in pool_names(i)), default=None),
+        )
+        for group in groups.values()
+    ]
+    ordered = list(groups.values())
+    items[:] = [item for i in run_order(modules) for item in ordered[i]]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -89,6 +89,25 @@ SPECS: dict[str, Callable[[], EngineSpec]] = {
 }
 
 
+def run_order(modules: list[tuple[bool, str | None]]) -> list[int]:
+    """The order to run modules in, as indices into ``modules`` (collection order, each
+    ``(starts engines, first pool name or None)``): modules without engines first, then
+    engine modules; those declaring the same pool name back to back, at the place of the
+    first of them. Otherwise collection order."""
+    anchor: dict[str, int] = {}
+    for i, (_, name) in enumerate(modules):
+        if name is not None:
+            anchor.setdefault(name, i)
+
+    def key(i: int) -> tuple:
+        engine, name = modules[i]
+        if not engine:
+            return (0, i, "", i)
+        return (1, anchor[name], name, i) if name is not None else (1, i, "", i)
+
+    return sorted(range(len(modules)), key=key)
+
+
 @dataclass
 class PoolStart:
     name: str
