@@ -46,11 +46,7 @@ KINDS = {
 }
 
 # (command, kind) -> why it does not pass yet (other engineers' work in progress)
-PENDING: dict[tuple[str, str], str] = {
-    ("console --once", "closed-port"): "console engineer: 'opsctl: error:' line for none reachable",
-    ("console --once", "not-vllm"): "console engineer: 'opsctl: error:' line for none reachable",
-    ("console --once", "hung"): "console engineer: 'opsctl: error:' line for none reachable",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")
