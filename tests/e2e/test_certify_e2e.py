@@ -46,7 +46,7 @@ def test_passes_with_the_expected_checks_and_skips(certified):
     r, doc, _, _ = certified
     assert doc is not None, r.stderr[-3000:]
     assert r.exit_code == 0, r.stderr[-3000:]
-    assert doc["schema"] == "opsctl.certify/1" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.certify/2" and doc["verdict"] == "pass"
     verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
     assert verdicts == {
         "liveness": "pass",

@@ -73,8 +73,8 @@ def hybrid_no_patch():
 def test_llama_recompute_truncates_and_matches(llama_recompute):
     rc, doc, err = llama_recompute
     assert rc == 0, err[-2000:]
-    assert doc["schema"] == "opsctl.diag.kv-fail/1"
-    assert doc["test_knobs"] == {} and doc["warnings"] == [] and doc["seconds"] > 0
+    assert doc["schema"] == "opsctl.diag.kv-fail/2"
+    assert doc["test_knobs"] == {} and doc["warnings"] == [] and doc["duration_s"] > 0
     assert len(doc["kv_cache_groups"]) == 1
     assert doc["patch"]["status"] == "applied"  # applied, but single group takes upstream's path
     assert doc["failures_injected"] == 2 and doc["requests_affected"] == 2
@@ -105,7 +105,7 @@ def test_hybrid_with_patch_survives_and_matches(hybrid):
     report, _events = hybrid
     doc = report.to_dict()
     assert report.verdict == "pass" and report.failures == [], doc["findings"]
-    assert report.schema == "opsctl.diag.kv-fail/1" and doc["test_knobs"] == {}
+    assert report.schema == "opsctl.diag.kv-fail/2" and doc["test_knobs"] == {}
     assert [g["spec"] for g in doc["kv_cache_groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
     assert doc["patch"]["status"] == "applied"
     assert doc["engine_alive"] and doc["requests_failed"] == 0 and doc["outputs_identical"]

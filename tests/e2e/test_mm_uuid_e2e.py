@@ -67,7 +67,7 @@ def items(doc: dict, mode: str) -> dict:
 
 
 def test_caches_off_keeps_explicit_uuids(report) -> None:
-    assert report["schema"] == "opsctl.diag.mm_uuid/1" and report["verdict"] == "pass"
+    assert report["schema"] == "opsctl.diag.mm_uuid/2" and report["verdict"] == "pass"
     assert [r["mode"] for r in report["runs"]] == ["caches-off", "caches-on"]
     off = report["runs"][0]
     assert off["settings"] == {"enable_prefix_caching": False, "mm_processor_cache_gb": 0.0}

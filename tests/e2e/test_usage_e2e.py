@@ -67,7 +67,7 @@ def embed_engine(engine_pool):
 
 def test_cross_encoder_usage_matches_pair_inputs(reranker_report) -> None:
     doc = reranker_report
-    assert doc["schema"] == "opsctl.diag.usage/1" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.diag.usage/2" and doc["verdict"] == "pass"
     assert doc["kind"] == "cross-encoder" and doc["engine_started"] is True
     assert doc["pair_separator"] == "[SEP]" and doc["local_cross_check"] is True
     # the model's own tokenizer is the expected count; /tokenize + BERT template the check
@@ -80,9 +80,9 @@ def test_cross_encoder_usage_matches_pair_inputs(reranker_report) -> None:
     for case, row in zip(U.default_cases(), rows, strict=True):
         pairs = U.engine_inputs(U.CROSS, case)
         exact = [len(tok(text=q, text_pair=d)["input_ids"]) for q, d in pairs]
-        assert row["parts"] == exact, row  # one input per document: query + document together
-        assert row["reported_prompt"] == row["reported_total"] == sum(exact)
-        assert row["cross_check"] == sum(exact)
+        assert row["input_tokens"] == exact, row  # one input per document: query + document
+        assert row["reported_prompt_tokens"] == row["reported_total_tokens"] == sum(exact)
+        assert row["cross_check_tokens"] == sum(exact)
     top = next(r for r in rows if r["top_n"])
     assert top["results"] == 1 and top["documents"] == 3  # usage counts all 3 processed pairs
     # the engine really ran with dummy weights, started by the command
@@ -102,13 +102,12 @@ def test_bi_encoder_usage_counts_each_text_once(embed_engine) -> None:
         texts = U.engine_inputs(U.BI, case)
         assert len(texts) == len(case.queries) + len(case.documents)
         exact = [len(tok(t)["input_ids"]) for t in texts]
-        assert row["parts"] == exact and row["reported_prompt"] == row["reported_total"] == sum(
-            exact
-        )
+        assert row["input_tokens"] == exact
+        assert row["reported_prompt_tokens"] == row["reported_total_tokens"] == sum(exact)
         # the pre-fix count (query + pad + document per output pair) would differ
         q = exact[: len(case.queries)] * (len(case.documents) if len(case.queries) == 1 else 1)
         old = sum(a + 1 + b for a, b in zip(q, exact[len(case.queries) :], strict=True))
-        assert old != row["reported_prompt"]
+        assert old != row["reported_prompt_tokens"]
 
 
 def test_bi_encoder_tokenize_and_real_embeddings(embed_engine) -> None:
