@@ -169,7 +169,8 @@ def test_status_without_key_is_authentication_required(guarded, monkeypatch):
     assert r.exit_code == 3, r.output
     (line,) = error_lines(r)
     assert "authentication required" in line and "401" in line
-    assert "--api-key" in r.stderr and r.stdout == ""
+    # like systemctl status, the state found is the result: on stdout, with --json too
+    assert "--api-key" in r.stderr and json.loads(r.stdout)["state"] == "unauthorized"
 
 
 def test_status_with_a_wrong_key_is_authentication_required(guarded):
@@ -210,7 +211,8 @@ def test_url_diags_without_key_are_authentication_required(guarded, monkeypatch,
     assert r.exit_code == 3, r.output
     (line,) = error_lines(r)
     assert "authentication required" in line
-    assert r.stdout == ""
+    doc = json.loads(r.stdout)  # --json prints a document whatever happened
+    assert doc["schema"] == "opsctl.error/1" and doc["state"] == "unauthorized", doc
 
 
 @pytest.mark.parametrize(
