@@ -193,7 +193,7 @@ def _check_url(
         if run_dir is None or not run_dir.is_dir():
             raise BadInput(
                 f"no opsctl run directory found for {live.url}",
-                hint="start the engine with opsctl (OPSCTL_PROBES=mm_uuid) or pass --run-dir",
+                hint="start the engine with opsctl (OPSCTL_PROBES=mm_uuid) or pass --run RUN",
             )
         applied, why = D.probe_state(collect.probe_entries(run_dir))
         if not applied:

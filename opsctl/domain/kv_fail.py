@@ -71,7 +71,7 @@ class Settings:
         if not 1 <= self.requests <= 64:
             raise ValueError(f"--requests {self.requests} is outside 1..64")
         if self.targets is not None and not 0 <= self.targets <= self.requests:
-            raise ValueError(f"--targets {self.targets} is outside 0..{self.requests}")
+            raise ValueError(f"--fail-requests {self.targets} is outside 0..{self.requests}")
         if not 1 <= self.max_tokens <= 128:
             raise ValueError(f"--max-tokens {self.max_tokens} is outside 1..128")
         try:
@@ -151,7 +151,7 @@ def choose_targets(n: int, seed: int, k: int | None) -> list[int]:
 
 
 def targets_of(s: Settings) -> list[int]:
-    """The targeted requests: a rate without --targets applies to every request."""
+    """The targeted requests: a rate without --fail-requests applies to every request."""
     if s.rate is not None and s.targets is None:
         return list(range(s.requests))
     return choose_targets(s.requests, s.seed, s.targets)

@@ -159,7 +159,7 @@ def test_diag_mm_uuid_against_its_stand_in(tmp_path):
 
     write_run_dir(tmp_path)
     with stand_in(tmp_path) as url:
-        doc = run_json("diag", "mm-uuid", url, "--run-dir", str(tmp_path))
+        doc = run_json("diag", "mm-uuid", url, "--run", str(tmp_path))
     assert doc["schema"] == "opsctl.diag.mm_uuid/2"
 
 

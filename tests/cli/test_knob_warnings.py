@@ -29,8 +29,8 @@ def test_knobs_in_the_ledger_are_a_warning_on_top_of_the_report(tmp_path: Path) 
     write_run_dir(tmp_path)
     arm(tmp_path, **{knobs.MM_UUID_REWRITE: "canary-all-0"})
     with stand_in(tmp_path) as url:
-        r = runner.invoke(app, ["diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json"])
-        human = runner.invoke(app, ["diag", "mm-uuid", url, "--run-dir", str(tmp_path)])
+        r = runner.invoke(app, ["diag", "mm-uuid", url, "--run", str(tmp_path), "--json"])
+        human = runner.invoke(app, ["diag", "mm-uuid", url, "--run", str(tmp_path)])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["test_knobs"] == {knobs.MM_UUID_REWRITE: "canary-all-0"}
@@ -45,7 +45,7 @@ def test_no_knobs_no_warning(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     arm(tmp_path)  # a process that recorded test_knobs {}
     with stand_in(tmp_path) as url:
-        r = runner.invoke(app, ["diag", "mm-uuid", url, "--run-dir", str(tmp_path), "--json"])
+        r = runner.invoke(app, ["diag", "mm-uuid", url, "--run", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["test_knobs"] == {} and doc["warnings"] == []

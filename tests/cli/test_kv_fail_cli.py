@@ -199,7 +199,7 @@ def test_terminal_report_of_a_domain_document():
         run_dir="/tmp/x",
     )
     con = Console(record=True, width=160)
-    render(con, {**fields, "seconds": 1.0})
+    render(con, {**fields, "duration_s": 1.0})
     text = con.export_text()
     assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
     assert "2 KV cache group(s)" in text and "0.32.0" in text and "identical" in text

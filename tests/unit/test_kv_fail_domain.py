@@ -102,7 +102,7 @@ def test_prefix_len_and_key():
         ({"rate": 0.1, "blocks": "-1"}, "either --rate or --blocks"),
         ({"policy": "retry"}, "unknown policy"),
         ({"requests": 0}, "--requests"),
-        ({"targets": 9}, "--targets"),
+        ({"targets": 9}, "--fail-requests"),
         ({"blocks": "1:x"}, "blocks spec"),
     ],
 )
@@ -412,7 +412,7 @@ def test_report_fields_keep_the_schema_2_shape():
         "rate": 0.5,
         "blocks": None,
         "seed": 3,
-        "targets": [0, 1, 2, 3],  # a rate without --targets hits every request
+        "targets": [0, 1, 2, 3],  # a rate without --fail-requests hits every request
     }
     assert (fields["platform"], fields["platform_note"]) == ("cpu", None)
     assert fields["phase_durations_s"] == {"store": 1.0}

@@ -23,7 +23,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
 )
-from opsctl.errors import BadInput, CheckFailed
+from opsctl.errors import CheckFailed
 
 
 def register(app: typer.Typer) -> None:
@@ -86,10 +86,7 @@ def register(app: typer.Typer) -> None:
         options = check.Options(settings)
         disabled = (check.PATCH_NAME,) if no_patch else ()
         spec = EngineSpec(model=model, disable_patches=disabled, timeout=timeout)
-        try:  # bad flags exit 2 before any knob is looked at
-            check.validate(spec, options)
-        except BadInput as err:  # the domain names the setting by its old flag
-            raise BadInput(err.message.replace("--targets", "--fail-requests"), err.hint) from None
+        check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
         spec = replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items())))
         report = run_with_progress(
             check.TITLE, lambda p: check.run(spec, options, p), tui=tui, as_json=as_json

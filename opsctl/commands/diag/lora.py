@@ -32,7 +32,7 @@ def render(con, doc: dict[str, Any]) -> None:
     engine = doc["engine"] or {}
     con.print(
         f"diag lora: {VERDICT.get(doc['verdict'], doc['verdict'])}  model {doc['model']}  "
-        f"platform {doc['platform']}  vLLM {doc['vllm_version'] or '?'}  "
+        f"platform {doc['platform'] or 'unknown (' + str(doc.get('platform_note')) + ')'}  vLLM {doc['vllm_version'] or '?'}  "
         f"compilation {engine.get('compilation_mode', '?')}  ({doc['comparison']})"
     )
     parts = Table(title="LoRA support per part (engine record + measurement)")
