@@ -65,7 +65,7 @@ class EngineSession:
         from opsctl.domain.urls import validate_url
 
         base = validate_url(target.url)
-        require_reachable(base, api_key=target.api_key)
+        require_reachable(base, timeout=target.connect_timeout, api_key=target.api_key)
         return Live(base, target.api_key, find_run_dir(base), external=True)
 
     def engine(self, spec: EngineSpec, progress: ev.Progress = ev.ignore, *, label: str) -> Live:

@@ -24,6 +24,8 @@ class UrlTarget:
 
     url: str
     api_key: str | None = None
+    # how long the first contact may wait for an answer (the command's --timeout, capped)
+    connect_timeout: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

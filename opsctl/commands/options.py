@@ -134,3 +134,16 @@ def run_path(run: str) -> Path:
     if path.is_dir() or "/" in run:
         return path
     return runs_dir() / run
+
+
+FIRST_CONTACT_CAP_S = 30.0
+
+
+def url_target(url: str, api_key: str | None, timeout: float | None):
+    """The check target for a server at ``url``: its first contact may wait the command's
+    ``--timeout``, at most 30 s (a dead server should not hold a command for a long
+    engine-start timeout)."""
+    from opsctl.checks.target import UrlTarget
+
+    wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
+    return UrlTarget(url, api_key, connect_timeout=wait)

@@ -22,6 +22,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
     url_argument,
+    url_target,
 )
 from opsctl.errors import BadInput, CheckFailed, OpsTimeout
 
@@ -110,7 +111,7 @@ def invariance(
 ) -> None:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
-    from opsctl.checks.target import EngineSpec, Target, UrlTarget
+    from opsctl.checks.target import EngineSpec, Target
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.urls import validate_url
     from opsctl.ui.progress import run_with_progress
@@ -130,7 +131,7 @@ def invariance(
         images=images,
     )
     knobs = tuple(parse_knobs(test_knob, url=base).items())
-    target: Target = UrlTarget(base, api_key) if base else EngineSpec(model, knobs=knobs)
+    target: Target = url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)
     check.plan(target, options)  # bad input is refused before any engine or panel
     report = run_with_progress(
         check.TITLE,

@@ -18,6 +18,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
     url_argument,
+    url_target,
 )
 from opsctl.errors import BadInput, CheckFailed
 
@@ -96,7 +97,7 @@ def lora(
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
     from opsctl import output
     from opsctl.checks import lora as check
-    from opsctl.checks.target import EngineSpec, Target, UrlTarget
+    from opsctl.checks.target import EngineSpec, Target
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.urls import validate_url
     from opsctl.ui.progress import run_with_progress
@@ -115,7 +116,9 @@ def lora(
     )
     knobs = parse_knobs(test_knob, url=base)
     target: Target = (
-        UrlTarget(base, api_key) if base else EngineSpec(model, knobs=tuple(knobs.items()))
+        url_target(base, api_key, timeout)
+        if base
+        else EngineSpec(model, knobs=tuple(knobs.items()))
     )
     check.plan(target, options)  # bad input is refused before any engine or panel
     report = run_with_progress(

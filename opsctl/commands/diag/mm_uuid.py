@@ -29,6 +29,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
     url_argument,
+    url_target,
 )
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.errors import BadInput, CheckFailed
@@ -114,7 +115,7 @@ def _request(
 ) -> tuple[Target, check.Options]:
     """The flags checked (BadInput, exit 2): (target, options) for the check."""
     from opsctl.checks import mm_uuid as check
-    from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.checks.target import EngineSpec
     from opsctl.commands.options import parse_knobs
 
     if url and model:
@@ -131,7 +132,7 @@ def _request(
     knobs = parse_knobs(test_knob, url=url)
     options = check.Options(uuid_prefix, mode_list, run_dir, timeout)
     if url:
-        return UrlTarget(url, api_key), options
+        return url_target(url, api_key, timeout), options
     return EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items())), options
 
 

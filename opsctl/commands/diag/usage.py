@@ -20,6 +20,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
     url_argument,
+    url_target,
 )
 from opsctl.errors import BadInput, CheckFailed
 
@@ -87,7 +88,7 @@ def _request(
 ) -> tuple[Target, check.Options]:
     """The flags checked (BadInput, exit 2): (target, options) for the check."""
     from opsctl.checks import usage as check
-    from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.checks.target import EngineSpec
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.usage import KINDS
 
@@ -104,7 +105,7 @@ def _request(
         raise BadInput("give either a URL or --model, not both")
     knobs = parse_knobs(test_knob, url=url)
     if url:
-        return UrlTarget(url, api_key), check.Options(kind, timeout)
+        return url_target(url, api_key, timeout), check.Options(kind, timeout)
     spec = EngineSpec(model=model, load_format=load_format, knobs=tuple(knobs.items()))
     return spec, check.Options(kind, timeout)
 
