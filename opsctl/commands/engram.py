@@ -136,8 +136,12 @@ def clean_cmd(
 def register(app: typer.Typer) -> None:
     engram_app = typer.Typer(help="Shared Engram host tables in /dev/shm.", no_args_is_help=True)
     app.add_typer(engram_app, name="engram")
-    for name, cmd in (("inspect", inspect_cmd), ("plan", plan_cmd), ("clean", clean_cmd)):
-        engram_app.command(name, epilog=EXAMPLES[name])(cmd)
+    for name, cmd, summary in (  # summaries: `opsctl engram --help` cuts longer docstrings
+        ("inspect", inspect_cmd, "Engram tables in /dev/shm and live processes; verify the fill."),
+        ("plan", plan_cmd, "Engram table bytes per rank and node; does /dev/shm hold them."),
+        ("clean", clean_cmd, "List (and with --yes remove) orphaned Engram tables."),
+    ):
+        engram_app.command(name, epilog=EXAMPLES[name], short_help=summary)(cmd)
 
 
 def _finish(report, as_json: bool, render) -> None:
