@@ -100,7 +100,7 @@ def cycle(i: int, load_format: str) -> dict:
         "rc": rc,
         "request": r.status_code,
         "ready_s": round(ready_s, 1),
-        "stop_s": stopped.get("seconds"),
+        "stop_s": stopped.get("duration_s"),
         "wall_stop_s": round(wall_stop, 2),
         "leaked_pids": leaked,
         "new_shm": new_shm,

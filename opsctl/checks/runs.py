@@ -140,10 +140,10 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
     verdict = FAIL if failure else PASS
     progress(ev.Finished(verdict, failure or f"{len(reaped)} reaped, {len(pruned)} pruned"))
     doc = document(
-        "runs.clean",
+        "runs.clean/2",
         runs_dir=str(root),
         dry_run=not options.yes,
-        older_than=options.older_than,
+        older_than_s=options.older_than,
         runs=rows,
         reaped=reaped,
         pruned=pruned,
@@ -228,13 +228,13 @@ def _segments(options: CleanOptions, progress: ev.Progress) -> dict[str, Any]:
             removed, kept = shm.remove_unheld([s.name for s in free], min_age=options.min_age)
     return {
         "root": str(shm.SHM),
-        "min_age": options.min_age,
+        "min_age_s": options.min_age,
         "segments": [
             {
                 "name": s.name,
-                "size": s.size,
+                "size_bytes": s.size,
                 "pinned_bytes": s.allocated,
-                "age": s.age,
+                "age_s": s.age,
                 "status": s.status,
                 "holders": [{"pid": pid, "how": how} for pid, how in s.holders],
             }

@@ -147,7 +147,9 @@ class ReapReport:
     error: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        doc["duration_s"] = doc.pop("seconds")  # JSON names carry their unit
+        return doc
 
 
 def _living(procs: list[psutil.Process]) -> list[psutil.Process]:

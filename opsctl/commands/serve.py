@@ -30,18 +30,18 @@ def _printer(as_json: bool):
         elif name == "phase":
             output.info(f"  [{fields['elapsed']:5.1f}s] {fields['phase']}")
         elif as_json and name in ("ready", "stopped"):
-            doc = output.document("serve", event=name, **fields)
+            doc = output.document("serve/2", event=name, **fields)
             print(json.dumps(doc, default=str), flush=True)
         elif name == "ready":
             url = fields["reachable_url"]
             print(
-                f"ready: {url}  (healthy after {fields['load_seconds']:.1f} s; "
+                f"ready: {url}  (healthy after {fields['healthy_after_s']:.1f} s; "
                 f"run dir {fields['run_dir']})",
                 flush=True,
             )
             output.info("Ctrl-C stops the server")
         elif name == "stopped":
-            output.info(f"stopped in {fields['seconds']:.1f} s")
+            output.info(f"stopped in {fields['duration_s']:.1f} s")
             if fields["leftover_pids"]:
                 output.warn(f"processes still alive after stop: {fields['leftover_pids']}")
 
@@ -83,7 +83,7 @@ def serve(
     ),
     tui: bool | None = tui_option(),
     as_json: bool = typer.Option(
-        False, "--json", help="JSON lines on stdout (opsctl.serve/1): ready and stopped events"
+        False, "--json", help="JSON lines on stdout (opsctl.serve/2): ready and stopped events"
     ),
     api_key: str | None = typer.Option(
         None,

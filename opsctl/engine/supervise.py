@@ -68,7 +68,7 @@ def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = No
             on_event(
                 "stopped",
                 {
-                    "seconds": report.seconds,
+                    "duration_s": report.seconds,
                     "signals": report.signals,
                     "leftover_pids": report.leftover_pids,
                     "shm_removed": report.shm_removed,
@@ -101,7 +101,7 @@ def _watch(server: EngineServer, req: ServeRequest, on_event: OnEvent) -> int:
             "run_dir": str(server.run_dir),
             "pid": server.pid,
             "pids": {p.role: p.pid for p in tree.processes},
-            "load_seconds": round(load_s, 2),
+            "healthy_after_s": round(load_s, 2),
         },
     )
     while True:

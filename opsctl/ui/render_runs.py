@@ -60,7 +60,7 @@ def render_clean(console: Console, doc: dict[str, Any]) -> None:
     for rep in doc["reaped"]:
         console.print(
             f"reaped {rep['run']}: pids {rep['pids']} ({', '.join(rep['signals']) or 'gone'}), "
-            f"{rep['seconds']} s; shm removed {rep['shm_removed'] or '-'}"
+            f"{rep['duration_s']} s; shm removed {rep['shm_removed'] or '-'}"
             + (f"; LEFT: {rep['leftover']}" if rep["leftover"] else ""),
             highlight=False,
         )
@@ -81,16 +81,16 @@ def _render_segments(console: Console, s: dict[str, Any], dry_run: bool) -> None
             status = "kept" if not dry_run else "would remove (--yes)"
         st.add_row(
             escape(g["name"]),
-            human_bytes(g["size"]),
+            human_bytes(g["size_bytes"]),
             human_bytes(g["pinned_bytes"]),
-            f"{g['age']:.0f} s",
+            f"{g['age_s']:.0f} s",
             status,
             ", ".join(f"{h['pid']}:{h['how']}" for h in g["holders"]) or "-",
         )
     console.print(st)
     console.print(
         f"{len(s['free'])} segment(s) no process maps or holds open, older than "
-        f"{s['min_age']:g} s: {s['free_bytes']} bytes ({human_bytes(s['free_bytes'])}), "
+        f"{s['min_age_s']:g} s: {s['free_bytes']} bytes ({human_bytes(s['free_bytes'])}), "
         f"pinning {s['pinned_bytes']} bytes ({human_bytes(s['pinned_bytes'])}) of memory",
         highlight=False,
     )

@@ -121,7 +121,7 @@ def test_patches_runs_and_models(home, tmp_path):
     assert run_json("patches")["schema"] == "opsctl.patches/1"
     doc = run_json("runs", "list")
     assert doc["schema"] == "opsctl.runs.list/1" and len(doc["runs"]) == 1
-    assert run_json("runs", "clean")["schema"] == "opsctl.runs.clean/1"
+    assert run_json("runs", "clean")["schema"] == "opsctl.runs.clean/2"
     doc = run_json("runs", "bundle", "20260101-000000-serve-tiny-llama-8000", "--out",
                    str(tmp_path / "bundle.tar.gz"))  # fmt: skip
     assert doc["schema"] == "opsctl.runs.bundle/2"

@@ -213,7 +213,7 @@ def test_clean_dry_run_changes_nothing_then_yes_reaps_and_prunes(fleet, home):
     r = invoke("clean", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.runs.clean/1" and doc["dry_run"]
+    assert doc["schema"] == "opsctl.runs.clean/2" and doc["dry_run"]
     actions = {x["name"]: x["action"] for x in doc["runs"]}
     assert actions == {
         "1-live": "keep",
@@ -382,7 +382,7 @@ def test_shm_dry_run_on_the_real_dev_shm_lists_a_leaked_segment(home):
         r = invoke("clean", "--shm", "--min-age", "0", "--json")
         assert r.exit_code == 0, r.stderr
         segs = {s["name"]: s for s in json.loads(r.stdout)["shm"]["segments"]}
-        assert segs[name]["status"] == "orphan" and segs[name]["size"] == 4096
+        assert segs[name]["status"] == "orphan" and segs[name]["size_bytes"] == 4096
         assert path.exists()  # dry run
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -137,7 +137,7 @@ def test_runs_clean_reaps_a_real_orphaned_engine(tmp_path, short_tmp):
         left = held & {f.name for f in shm.list_files()}
         assert not left, f"segments left: {left} (report: {rep})"
         assert left_in(tmp) == []  # the engine's private $TMPDIR went with it
-        print(f"reap: {rep['seconds']} s ({', '.join(rep['signals'])}), CLI {took:.1f} s")
+        print(f"reap: {rep['duration_s']} s ({', '.join(rep['signals'])}), CLI {took:.1f} s")
 
         r = opsctl(home, "list", "--json")
         (run,) = json.loads(r.stdout)["runs"]
