@@ -127,7 +127,9 @@ def test_bundle_of_a_live_run_holds_everything_and_no_secret(live_run, tmp_path)
     report = bundle.bundle(opts)
     doc = report.to_dict()
     assert report.verdict == "pass" and doc["schema"] == "opsctl.runs.bundle/2"
-    assert doc["state"] == "live" and doc["missing"] == [] and doc["size_bytes"] == out.stat().st_size
+    assert (
+        doc["state"] == "live" and doc["missing"] == [] and doc["size_bytes"] == out.stat().st_size
+    )
     m = _members(out)
     top = run.name
     want = {"MANIFEST.json", "meta.json", "server.log", "ledger/1.json", "events/lifetime.jsonl",
