@@ -2,7 +2,11 @@
 one started by opsctl (a run) and one bare vLLM API server started without opsctl. Both
 are discovered with roles and pids; a real stall (SIGSTOP of the EngineCore with
 requests in flight) reads 'stalled' within the stall window while /health says 200,
-and 'ready'/'busy' again after SIGCONT."""
+and 'ready'/'busy' again after SIGCONT. The same stall is the health gate's case:
+`opsctl console --once` (the real CLI, in its own process) never passes it (it keeps
+looking for the stall window, then exit 1 'stalled'), passes the engine again once
+resumed (busy or ready while the load runs, ready once drained), and answers an idle
+server within about one interval."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from opsctl.domain.console_state import Settings
 from tests.bare_vllm import _engine_lock, bare_vllm, no_inner_lock
 from tests.conftest import OPSCTL, running_engine
 from tests.engine_cores import ClosedLoad, Cores, wait_fresh
+from tests.unit.test_console_collect import validate
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -61,6 +66,21 @@ def test_both_servers_discovered_with_roles_and_pids(engines):
         assert e["kv_capacity_tokens"] and e["requests_running"] is not None
 
 
+def once(url: str, *flags: str) -> tuple[int, dict, float]:
+    """`opsctl console --once --json` on one URL (the real CLI): exit code, its
+    document (checked against the opsctl.console/2 schema), wall seconds."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [*OPSCTL, "console", "--once", "--json", "--no-discover", "--interval", "0.5", *flags,
+         url],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert r.stdout, r.stderr
+    return r.returncode, validate(json.loads(r.stdout)), took
+
+
+ONCE_WINDOW_S = 4.0  # --stall-window of the gate's look at the stalled engine
 N_CLIENTS = 48  # closed-loop clients, 16 running at a time (max_num_seqs 16)
 # 480 tokens fit only the opsctl-started engine (max_model_len 512)
 BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
@@ -108,11 +128,32 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
               f"{settings.stall_window_s} s; slices {cores.slices})")  # fmt: skip
         assert view().figures.running and view().figures.running > 0
         assert "generation tokens flat" in view().reason
+
+        # the health gate on the same stall: never passed, however short its look
+        code, doc, took = once(ours.url, "--stall-window", f"{ONCE_WINDOW_S:g}s")
+        e = doc["endpoints"][0]
+        assert code == 1 and e["state"] == "stalled", (doc["reason"], e)
+        assert e["health_status"] == 200 and e["requests_running"] > 0
+        assert "generation" in e["reason"] and doc["reason"].startswith("1 stalled")
+        assert doc["observed_s"] >= ONCE_WINDOW_S  # it watched the window, not one interval
+        print(f"gate on the stall: --once observed {doc['observed_s']} s "
+              f"(window {ONCE_WINDOW_S:g} s), process {took:.1f} s")  # fmt: skip
+        frozen = e["generation_tokens_total"]
+
         cores.resume()
         wait_until(lambda: view().state in ("ready", "busy"), 180, "ready after SIGCONT", view)
+        # the load goes on: the gate passes (a scrape may fall between a client's answer
+        # and its next request: ready) and sees generation again
+        code, doc, took = once(ours.url, "--stall-window", "60s")
+        e = doc["endpoints"][0]
+        assert code == 0 and e["state"] in ("busy", "ready"), (doc["reason"], e)
+        assert e["generation_tokens_total"] > frozen
+        print(f"gate after SIGCONT: {e['state']}, observed {doc['observed_s']} s")
         load.stop(600)
         assert load.failed == [] and load.done[ours.url] > 0, load.done
         wait_until(lambda: view().state == "ready", 120, "idle again", view)
+        code, doc, _ = once(ours.url)
+        assert code == 0 and doc["endpoints"][0]["state"] == "ready", doc["reason"]
     finally:
         load.halt()
         if cores.stopped:
@@ -121,13 +162,15 @@ def test_sigstop_of_the_engine_core_reads_stalled_while_health_is_200(engines):
 
 
 def test_bare_server_once_json_figures_match_its_metrics(engines):
+    """Also the gate's idle case: it answers within about one interval, not the window."""
     _, bare = engines
-    out = subprocess.run(
-        [*OPSCTL, "console", "--once", "--json", "--no-discover", "--interval", "0.5", bare.url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    e = json.loads(out.stdout)["endpoints"][0]
+    code, doc, took = once(bare.url, "--stall-window", "30s")
+    assert code == 0, doc["reason"]
+    assert doc["schema"] == "opsctl.console/2" and doc["stall_window_s"] == 30.0
+    # two scrapes half a second apart (a busy host's slow /metrics aside), never the window
+    assert doc["observed_s"] < 10.0, doc["observed_s"]
+    print(f"gate on an idle server: observed {doc['observed_s']} s, process {took:.1f} s")
+    e = doc["endpoints"][0]
     assert e["source"] == "argument" and e["state"] == "ready"
     text = httpx.get(f"{bare.url}/metrics", timeout=5).text
     from opsctl.domain.metrics import parse_samples
