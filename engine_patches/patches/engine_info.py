@@ -3,7 +3,9 @@
 Wraps ``Scheduler.__init__`` (EngineCore process) and appends one JSON line to
 ``<run>/events/engine_info.jsonl``: KV cache groups (spec type, layers, block size,
 sliding window), number of blocks, and the engine settings diagnostics depend on
-(prefix caching, mm processor cache, KV transfer config, eager mode, platform). For a
+(prefix caching, mm processor cache, KV transfer config, eager mode, platform, async
+scheduling, and whether the V2 model runner runs: ``use_v2_model_runner``, None where that
+vLLM has no such setting; kv-fail names vLLM's recovery defects by them). For a
 multimodal model also whether vLLM treats it as one (``multimodal``), the processor
 cache type and the items per prompt it accepts (``limit_mm_per_prompt``); ``None``
 for a text-only model.
@@ -69,7 +71,15 @@ def describe(scheduler) -> dict:
         "max_num_seqs": _safe(lambda: vc.scheduler_config.max_num_seqs),
         "kv_connector": _safe(lambda: ktc.kv_connector if ktc else None),
         "kv_load_failure_policy": _safe(lambda: ktc.kv_load_failure_policy if ktc else None),
+        "async_scheduling": _flag(lambda: vc.scheduler_config.async_scheduling),
+        "v2_model_runner": _flag(lambda: vc.use_v2_model_runner),
     }
+
+
+def _flag(fn) -> bool | None:
+    """A setting as true/false; None where this vLLM has no such attribute (or it fails)."""
+    value = _safe(fn)
+    return value if isinstance(value, bool) else None
 
 
 def apply() -> Outcome:

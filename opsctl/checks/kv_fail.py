@@ -31,7 +31,7 @@ the engine dies, :class:`~opsctl.checks.events.Alert` for test knobs, and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from engine_patches.connectors.injection import InjectionPlan
@@ -329,10 +329,12 @@ def _on_engine(
     r = _Run(probe, model, work, options, progress)
     facts, metrics = _phases(r, PATCH_NAME in spec.disable_patches)
     records = probe.records()
+    engine = kvr.engine_facts(info, records)
+    facts = replace(facts, engine=engine)
     fields = kvr.report_fields(
         facts,
         model=model,
-        engine=kvr.engine_facts(info, records),
+        engine=engine,
         targets=work.targets,
         recoveries=probe.recoveries(),
         metrics=metrics,

@@ -47,6 +47,23 @@ def _requests(doc: Mapping[str, Any]) -> Table:
     return table
 
 
+def noise_text(noise: Mapping[str, Any] | None) -> str | None:
+    """The comparison's noise floor as one line (None: no round trip was compared, or a
+    document recorded before the field existed)."""
+    if not noise or noise.get("mode") is None:
+        return None
+    floor, mode = noise.get("max_logprob_diff"), noise["mode"]
+    if mode == "bitwise":
+        return "noise floor 0 (store/reload bitwise equal): compared bitwise"
+    sens = noise.get("min_sensitivity_max_logprob_diff")
+    head = f"noise floor {floor:.3g} (store/reload not bitwise"
+    head += ", tokens equal)" if noise.get("roundtrip_tokens_equal") else ", tokens DIFFER)"
+    if mode == "noise_floor":
+        return f"{head}: compared within {noise.get('tolerance'):.3g}, corrupted blocks {sens:.3g}"
+    against = "no sensitivity figures" if sens is None else f"corrupted blocks {sens:.3g}"
+    return f"{head}: [red]comparison inconclusive[/] ({against})"
+
+
 def platform_text(doc: Mapping[str, Any]) -> str:
     """The platform for a human line: the name, else "unknown (<platform_note>)", else "-"."""
     note = doc.get("platform_note")
@@ -74,6 +91,8 @@ def render(con: Console, doc: Mapping[str, Any]) -> None:
         f"engine alive {'yes' if doc['engine_alive'] else '[red]NO[/]'}, "
         f"outputs identical {'yes' if doc['outputs_identical'] else 'no'}"
     )
+    if line := noise_text(doc.get("noise_floor")):
+        con.print(line)
     render_findings(
         con,
         list(doc.get("findings", [])),

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from opsctl.domain import kv_fail as dom
+from opsctl.domain import kv_fail_report as kvr
 from opsctl.ui.render_kv_fail import render
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
@@ -168,3 +170,191 @@ def test_probe_recordings_of_a_served_cuda_engine():
     assert run["summary"]["identical"] == 8 and run["summary"]["largest_diff"] == 0.0
     assert run["execution"] == {"enforce_eager": True, "compilation_mode": "NONE"}
     assert run["batch"]["source"].startswith("metrics")
+
+
+# ---- the recorded engine output, judged by today's kv-fail -----------------------------
+def _cmp(c: dict | None) -> dom.Comparison | None:
+    if c is None:
+        return None
+    return dom.Comparison(
+        c["tokens_equal"], c["logprobs_equal"], c["max_logprob_diff"], c["first_divergence"]
+    )
+
+
+def _output(q: dict) -> dom.Output | None:
+    if q["finish_reason"] is None and q["error"] is None and not q["failed"]:
+        return None  # the phase never got this request (the engine died before it)
+    return dom.Output(q["error"] is None, q["finish_reason"], error=q["error"])
+
+
+def _facts(name: str) -> kvr.Facts:
+    """The facts of a recorded run, rebuilt from its report (the real engine's outputs,
+    compared against its baseline) and the engine facts of its log: async scheduling
+    from vLLM's 'Asynchronous scheduling is enabled/disabled' line, the V2 runner from
+    the trace (the 0.26 engine_info probe recorded neither yet). The round trip's load
+    count is not in the report: every request reloaded unless the recorded findings say
+    otherwise."""
+    run = RUNS[name]
+    doc, s = run["report"], run["summary"]
+    codes = {f["code"] for f in doc["findings"]}
+    log = " ".join(s["engine_log"])
+    async_on = "Asynchronous scheduling is enabled" in log
+    assert async_on or "Asynchronous scheduling is disabled" in log, name
+    rows = tuple(
+        kvr.RequestRow(
+            q["index"],
+            q["prompt_tokens"],
+            q["targeted"],
+            q["injected_blocks"],
+            _cmp(q["roundtrip"]),
+            _cmp(q["inject"]),
+            _output(q),
+            _cmp(q["sensitivity"]),
+        )
+        for q in doc["requests"]
+    )
+    engine = kvr.EngineFacts(
+        doc["vllm_version"],
+        doc["platform"],
+        policy=doc["kv_load_failure_policy"],
+        async_scheduling=async_on,
+        v2_model_runner=s["v2_runner_active"],
+    )
+    n = len(rows)
+    return kvr.Facts(
+        dom.Settings(policy=doc["kv_load_failure_policy"], blocks=doc["injection"]["blocks"]),
+        rows,
+        roundtrip_loads=0 if "kv_fail.roundtrip_not_loaded" in codes else n,
+        injections=doc["failures_injected"],
+        accounting=dom.Accounting(
+            doc["requests_rescheduled"], doc["tokens_recomputed"], doc["requests_failed"]
+        ),
+        engine_alive=doc["engine_alive"],
+        died_in=doc["died_in_phase"],
+        death=tuple(doc["engine_death"] or ()),
+        sensitivity_ran=bool(codes & {"kv_fail.sensitive", "kv_fail.insensitive"}),
+        engine=engine,
+    )
+
+
+def _judged(name: str) -> dict:
+    return kvr.summary(_facts(name))
+
+
+def _codes(summary: dict) -> set[str]:
+    return {f["code"] for f in summary["findings"]}
+
+
+RECOVERY_MISSED = {  # survived, targeted requests differ from the first token (table)
+    "v2-eager-bf16",
+    "v2-eager-bf16-nopatch",
+    "v2-graphs-bf16",
+    "v2-eager-fp32",
+    "v2-eager-bf16-sync",
+    "v1-graphs-bf16",
+    "v2fix-eager-bf16",
+    "v2fix-eager-fp32",
+}
+ENGINE_DIED = {"v1-eager-bf16", "v1-eager-fp32"}
+
+
+def test_every_recorded_configuration_is_replayed():
+    assert set(RUNS) == RECOVERY_MISSED | ENGINE_DIED | PASSING | {"v2fix-eager-fp32-sync"}
+
+
+@pytest.mark.parametrize("name", sorted(RECOVERY_MISSED))
+def test_a_missed_recovery_names_the_vllm_defects(name):
+    """Rescheduled requests that differ as much as corrupted blocks, on an engine with
+    async scheduling or the V2 runner: the report names both vLLM defects with the
+    figures and the way out; the verdict stays fail."""
+    s = _judged(name)
+    assert s["verdict"] == "fail"
+    assert {"kv_fail.output_mismatch", "kv_fail.vllm_recovery_bug"} <= _codes(s)
+    (bug,) = [f for f in s["findings"] if f["code"] == "kv_fail.vllm_recovery_bug"]
+    rec = RUNS[name]["summary"]
+    d = bug["details"]
+    assert d["requests"] == [0, 3] and d["tokens_recomputed"] == rec["tokens_recomputed"]
+    assert d["max_logprob_diff"] == max(rec["recovered_max_logprob_diff"])
+    assert d["sensitivity_max_logprob_diff"] == max(rec["sensitivity_max_logprob_diff"])
+    assert d["first_divergence"] == 0
+    assert d["v2_model_runner"] == rec["v2_runner_active"]
+    msg = bug["message"]
+    assert msg.startswith("vLLM 0.26.0 (cuda) did not recover: request(s) [0, 3]")
+    assert f"({rec['tokens_recomputed']} tokens recomputed)" in msg
+    assert f"{max(rec['recovered_max_logprob_diff']):.3g}" in msg
+    assert "V2 model runner does not apply the scheduler's rewind" in msg
+    assert "async scheduling the step already in flight" in msg
+    assert d["hint"] == (
+        "exact only with --no-async-scheduling and VLLM_USE_V2_MODEL_RUNNER=0 (vLLM <= 0.33)"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PASSING | {"v2fix-eager-fp32-sync"} | ENGINE_DIED))
+def test_no_recovery_bug_where_vllm_recovered_or_died(name):
+    assert "kv_fail.vllm_recovery_bug" not in _codes(_judged(name))
+
+
+def test_bf16_verdicts_are_unchanged_bitwise():
+    """Where the round trip is bitwise (every bf16 run) the check compares bitwise as
+    before: the same verdict as recorded, every recorded finding still there."""
+    for name, run in RUNS.items():
+        if "fp32" in name:
+            continue
+        s = _judged(name)
+        assert s["noise_floor"]["max_logprob_diff"] == 0.0, name
+        assert s["noise_floor"]["mode"] == "bitwise", name
+        assert s["verdict"] == run["report"]["verdict"], name
+        assert {f["code"] for f in run["report"]["findings"]} <= _codes(s), name
+
+
+def test_float32_correct_recovery_passes_under_the_noise_floor():
+    """V2 rewind fixed, async scheduling off, float32 (TRITON_ATTN): tokens equal, the
+    recovered requests within 3.5e-5 of the baseline, the round trip within 4.5e-5, the
+    corrupted blocks 1.39: trusted (floor < 1/1000 of 1.39), and the recovery passes."""
+    s = _judged("v2fix-eager-fp32-sync")
+    nf = s["noise_floor"]
+    assert nf["mode"] == "noise_floor" and nf["roundtrip_tokens_equal"] is True
+    assert 4.4e-5 < nf["max_logprob_diff"] < 4.5e-5
+    assert nf["tolerance"] == 2 * nf["max_logprob_diff"]
+    assert nf["min_sensitivity_max_logprob_diff"] == pytest.approx(1.3926, abs=1e-4)
+    assert s["verdict"] == "pass", s["findings"]
+    assert {"kv_fail.roundtrip_within_noise", "kv_fail.outputs_within_noise"} <= _codes(s)
+    (sens,) = [f for f in s["findings"] if f["code"] == "kv_fail.sensitive"]
+    assert "request(s) [0, 3]" in sens["message"]  # the untargeted ones drift within the floor
+    assert not _codes(s) & {"kv_fail.roundtrip_mismatch", "kv_fail.output_mismatch"}
+    assert s["outputs_identical"] is False  # not bitwise: the document says so
+
+
+def test_float32_missed_recovery_still_fails_under_the_noise_floor():
+    for name in ("v2-eager-fp32", "v2fix-eager-fp32"):
+        s = _judged(name)
+        assert s["noise_floor"]["mode"] == "noise_floor", name
+        assert s["verdict"] == "fail", name
+        assert "kv_fail.roundtrip_within_noise" in _codes(s), name
+
+
+def test_float32_engine_death_leaves_the_comparison_inconclusive():
+    """The V1 runner died in the inject phase: a noise floor (3.6e-5 .. 4.5e-5) with no
+    sensitivity figure to weigh it against is inconclusive (fail-closed)."""
+    s = _judged("v1-eager-fp32")
+    assert s["noise_floor"]["mode"] == "inconclusive"
+    assert s["noise_floor"]["min_sensitivity_max_logprob_diff"] is None
+    assert {"kv_fail.engine_died", "kv_fail.comparison_inconclusive"} <= _codes(s)
+    assert s["verdict"] == "fail"
+
+
+@pytest.mark.parametrize("name", ["v2fix-eager-fp32-sync", "v2-eager-bf16", "v1-eager-fp32"])
+def test_rejudged_reports_render_the_noise_floor(name):
+    doc = {**RUNS[name]["report"], **_judged(name)}
+    con = Console(record=True, width=400, color_system=None)
+    render(con, doc)
+    text = con.export_text()
+    mode = doc["noise_floor"]["mode"]
+    want = {
+        "bitwise": "noise floor 0 (store/reload bitwise equal): compared bitwise",
+        "noise_floor": "noise floor 4.46e-05 (store/reload not bitwise, tokens equal): "
+        "compared within 8.92e-05, corrupted blocks 1.39",
+        "inconclusive": "comparison inconclusive (no sensitivity figures)",
+    }[mode]
+    assert want in text
+    assert f"verdict: {doc['verdict'].upper()}" in text

@@ -395,6 +395,7 @@ def test_report_fields_keep_the_schema_2_shape():
         "requests_failed",
         "engine_alive",
         "outputs_identical",
+        "noise_floor",
         "findings",
         "verdict",
         "tokens_recomputed_by_patch",
