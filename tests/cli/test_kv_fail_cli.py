@@ -203,6 +203,7 @@ def test_terminal_report_of_a_domain_document():
     text = con.export_text()
     assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
     assert "2 KV cache group(s)" in text and "0.32.0" in text and "identical" in text
+    assert "noise floor 0 (store/reload bitwise equal): compared bitwise" in text
 
 
 def test_probe_of_a_reused_engine_sees_only_its_own_run(tmp_path):

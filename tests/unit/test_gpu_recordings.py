@@ -358,3 +358,18 @@ def test_rejudged_reports_render_the_noise_floor(name):
     }[mode]
     assert want in text
     assert f"verdict: {doc['verdict'].upper()}" in text
+
+
+def test_noise_floor_follows_the_schema():
+    import jsonschema
+
+    schema = json.loads((DATA.parent / "schemas" / "opsctl.diag.kv-fail-2.schema.json").read_text())
+    assert "noise_floor" in schema["required"]
+    check = jsonschema.Draft7Validator(schema["properties"]["noise_floor"])
+    modes = set()
+    for name in RUNS:
+        nf = _judged(name)["noise_floor"]
+        check.validate(nf)
+        modes.add(nf["mode"])
+    assert modes == {"bitwise", "noise_floor", "inconclusive"}
+    check.validate(kvr.summary(kvr.Facts(dom.Settings()))["noise_floor"])  # nothing compared

@@ -420,3 +420,118 @@ def test_report_fields_keep_the_schema_2_shape():
     assert fields["kv_load_failure_policy"] == "recompute"  # the engine said nothing
     assert fields["engine_death"] is None and fields["prompts"][0] == list(work.prompts[0])
     json.dumps(fields)  # plain JSON
+
+
+# ---- noise floor and vLLM's recovery defects (synthesized corners; the recorded GPU
+# ---- runs are replayed in test_gpu_recordings.py) -------------------------------------
+def _c(diff, tokens=True, first=None):
+    return dom.Comparison(tokens, diff == 0.0 and tokens, diff, first)
+
+
+def _noisy_facts(roundtrip, recovered, *, sens=1.4, quiet=None, engine=None):
+    """Requests 0 and 3 targeted (one injected block each), 1 and 2 not."""
+    done = dom.Output(True, "length", (1,), (0.0,))
+    quiet = roundtrip if quiet is None else quiet
+    rows = tuple(
+        kvr.RequestRow(
+            i,
+            100,
+            i in (0, 3),
+            int(i in (0, 3)),
+            roundtrip,
+            recovered if i in (0, 3) else quiet,
+            done,
+            _c(sens, False, 0) if i in (0, 3) else quiet,
+        )
+        for i in range(4)
+    )
+    return kvr.Facts(
+        dom.Settings(),
+        rows,
+        roundtrip_loads=4,
+        injections=2,
+        accounting=dom.Accounting(2, 64),
+        sensitivity_ran=True,
+        engine=engine or kvr.EngineFacts("0.32.0", "cpu"),
+    )
+
+
+def test_a_zero_floor_compares_bitwise():
+    """CPU (floor 0): a recovered request 1e-7 off with equal tokens fails as before."""
+    s = kvr.summary(_noisy_facts(_c(0.0), _c(1e-7)))
+    assert s["noise_floor"] == {
+        "max_logprob_diff": 0.0,
+        "mode": "bitwise",
+        "tolerance": 0.0,
+        "roundtrip_tokens_equal": True,
+        "min_sensitivity_max_logprob_diff": 1.4,
+    }
+    assert s["verdict"] == "fail" and "kv_fail.output_mismatch" in _codes_of(s)
+    assert kvr.summary(_noisy_facts(_c(0.0), _c(0.0)))["verdict"] == "pass"
+
+
+def _codes_of(summary):
+    return {f["code"] for f in summary["findings"]}
+
+
+def test_a_trusted_floor_allows_twice_the_floor_with_equal_tokens():
+    floor = 4e-5
+    ok = kvr.summary(_noisy_facts(_c(floor), _c(2 * floor)))
+    assert ok["verdict"] == "pass" and ok["noise_floor"]["mode"] == "noise_floor"
+    assert "kv_fail.outputs_within_noise" in _codes_of(ok)
+    over = kvr.summary(_noisy_facts(_c(floor), _c(2.5 * floor)))
+    assert over["verdict"] == "fail" and "kv_fail.output_mismatch" in _codes_of(over)
+    tokens = kvr.summary(_noisy_facts(_c(floor), _c(floor, tokens=False, first=5)))
+    assert tokens["verdict"] == "fail" and "kv_fail.output_mismatch" in _codes_of(tokens)
+    # the untargeted requests count into the floor too
+    quiet = kvr.summary(_noisy_facts(_c(1e-5), _c(1.5e-4), quiet=_c(8e-5)))
+    assert quiet["noise_floor"]["max_logprob_diff"] == 8e-5 and quiet["verdict"] == "pass"
+
+
+def test_a_noisy_round_trip_with_changed_tokens_is_inconclusive():
+    s = kvr.summary(_noisy_facts(_c(3e-2, tokens=False, first=7), _c(1e-5)))
+    assert s["verdict"] == "fail"
+    assert s["noise_floor"]["mode"] == "inconclusive"
+    assert s["noise_floor"]["roundtrip_tokens_equal"] is False
+    (f,) = [x for x in s["findings"] if x["code"] == "kv_fail.comparison_inconclusive"]
+    assert "changed generated tokens" in f["message"]
+    # nothing is judged on top of a comparison that cannot be trusted
+    assert not _codes_of(s) & {"kv_fail.output_mismatch", "kv_fail.outputs_within_noise"}
+
+
+def test_a_floor_not_far_below_the_sensitivity_is_inconclusive():
+    s = kvr.summary(_noisy_facts(_c(2e-3), _c(1e-3), sens=1.4))  # 2e-3 * 1000 > 1.4
+    assert s["verdict"] == "fail" and s["noise_floor"]["mode"] == "inconclusive"
+    (f,) = [x for x in s["findings"] if x["code"] == "kv_fail.comparison_inconclusive"]
+    assert "1/1000" in f["message"] and "1.4" in f["message"]
+    assert kvr.summary(_noisy_facts(_c(1e-3), _c(1e-3), sens=1.4))["verdict"] == "pass"
+
+
+def test_recovery_bug_needs_async_scheduling_or_the_v2_runner_and_a_large_difference():
+    missed = _c(1.5, tokens=False, first=0)
+    cpu = kvr.summary(_noisy_facts(_c(0.0), missed))
+    assert "kv_fail.output_mismatch" in _codes_of(cpu)
+    assert "kv_fail.vllm_recovery_bug" not in _codes_of(cpu)  # nothing recorded: no claim
+    off = kvr.EngineFacts("0.32.0", "cpu", async_scheduling=False, v2_model_runner=False)
+    assert "kv_fail.vllm_recovery_bug" not in _codes_of(
+        kvr.summary(_noisy_facts(_c(0.0), missed, engine=off))
+    )
+    for engine in (replace(off, async_scheduling=True), replace(off, v2_model_runner=True)):
+        s = kvr.summary(_noisy_facts(_c(0.0), missed, engine=engine))
+        assert s["verdict"] == "fail" and "kv_fail.vllm_recovery_bug" in _codes_of(s)
+    small = _c(0.1, tokens=False, first=9)  # far below what corrupted blocks cause (1.4)
+    s = kvr.summary(_noisy_facts(_c(0.0), small, engine=replace(off, v2_model_runner=True)))
+    assert "kv_fail.vllm_recovery_bug" not in _codes_of(s)
+    no_recompute = replace(
+        _noisy_facts(_c(0.0), missed, engine=replace(off, v2_model_runner=True)),
+        accounting=dom.Accounting(),
+    )
+    assert "kv_fail.vllm_recovery_bug" not in _codes_of(kvr.summary(no_recompute))
+
+
+def test_engine_facts_read_the_schedulers_settings():
+    e = kvr.engine_facts({"async_scheduling": True, "v2_model_runner": False}, [])
+    assert (e.async_scheduling, e.v2_model_runner) == (True, False)
+    e = kvr.engine_facts({"async_scheduling": None, "v2_model_runner": "yes"}, [])
+    assert (e.async_scheduling, e.v2_model_runner) == (None, None)
+    assert kvr.engine_facts({}, []).async_scheduling is None
