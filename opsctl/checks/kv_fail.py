@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
 
-SCHEMA = "diag.kv-fail/2"  # 2: platform null + platform_note, durations in _s
+SCHEMA = "diag.kv-fail/2"  # 2: platform null + platform_note, durations in _s, noise_floor
 TITLE = "diag kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
 PATCH_NAME = dom.PATCH_NAME  # --no-patch: the spec's disable_patches names it
