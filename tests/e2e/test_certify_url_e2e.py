@@ -147,7 +147,7 @@ def test_proxy_inflating_score_usage_fails_exactly_usage(engine, tmp_path):
     rows = usage["report"]["rows"]
     score_rows = [row for row in rows if row["endpoint"] == "/score"]
     assert score_rows and all(
-        row["reported_prompt"] == row["expected"] + INFLATE for row in score_rows
+        row["reported_prompt_tokens"] == row["expected_tokens"] + INFLATE for row in score_rows
     )
     rerank_rows = [row for row in rows if row["endpoint"] == "/rerank"]  # not inflated
     assert rerank_rows and all(row["verdict"] == "pass" for row in rerank_rows)
