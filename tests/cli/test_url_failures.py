@@ -28,9 +28,9 @@ SCHEMA = re.compile(r"^opsctl\.[a-z0-9_.-]+/[0-9]+$")
 COMMANDS = {
     "status": ["status", "--timeout", "3s"],
     "diag usage": ["diag", "usage", "--timeout", "3s"],
-    "diag invariance": ["diag", "invariance"],
+    "diag invariance": ["diag", "invariance", "--timeout", "3s"],
     "diag mm-uuid": ["diag", "mm-uuid", "--timeout", "3s"],
-    "diag lora": ["diag", "lora"],
+    "diag lora": ["diag", "lora", "--timeout", "3s"],
     "certify": ["certify", "--timeout", "5s"],
     "console --once": ["console", "--once", "--no-discover", "--interval", "0.5s"],
 }
