@@ -201,6 +201,7 @@ class NoiseFloor:
             return True
         return (
             self.roundtrip_tokens_equal
+            and self.max_logprob_diff is not None
             and self.min_sensitivity_diff is not None
             and self.max_logprob_diff * TRUST_RATIO < self.min_sensitivity_diff
         )
@@ -285,7 +286,7 @@ def _roundtrip(f: Facts) -> list[Finding]:
 
 def _noisy(f: Facts, noise: NoiseFloor) -> list[Finding]:
     """The round trip is not bitwise: a noise floor, trusted or inconclusive."""
-    n, floor = len(f.rows), noise.max_logprob_diff
+    n, floor = len(f.rows), noise.max_logprob_diff or 0.0  # not bitwise: a positive floor
     details = noise.to_dict()
     if not noise.trusted:
         if not noise.roundtrip_tokens_equal:
@@ -309,7 +310,7 @@ def _noisy(f: Facts, noise: NoiseFloor) -> list[Finding]:
         f"{n}/{n} requests reloaded their KV (every group) and matched the baseline within "
         f"a noise floor of {floor:.3g} (tokens equal; not bitwise: the attention kernel "
         f"is not bitwise reproducible here); recovered requests may differ by up to "
-        f"{noise.tolerance:.3g}, {noise.min_sensitivity_diff / floor:.0f}x below what "
+        f"{noise.tolerance:.3g}, {(noise.min_sensitivity_diff or 0.0) / floor:.0f}x below what "
         "corrupted blocks cause"
     )
     return [Finding(OK, "kv_fail.roundtrip_within_noise", msg, details)]
@@ -419,7 +420,7 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
         return []
     largest = max(r.inject.max_logprob_diff or 0.0 for r in hit if r.inject)
     corrupted = max(r.sensitivity.max_logprob_diff or 0.0 for r in hit if r.sensitivity)
-    firsts = sorted({r.inject.first_divergence for r in hit if r.inject} - {None})
+    firsts = sorted({d for r in hit if r.inject and (d := r.inject.first_divergence) is not None})
     where = f"from generated token {firsts[0]}" if firsts else "in their logprobs"
     on = []
     if e.v2_model_runner:
