@@ -54,19 +54,18 @@ def target_of(
 ) -> UrlTarget | EngineSpec:
     """What the command line names: a URL (normalised: HOST:PORT is http://HOST:PORT) or
     an engine to start; anything else is BadInput (exit 2, no report)."""
-    from opsctl.domain.urls import normalise_url
+    from opsctl.checks.target import url_or_model
     from opsctl.errors import BadInput
 
     if not url and not model:
         raise BadInput(
             "give a server URL or --model NAME|DIR", hint="e.g. opsctl certify --model tiny-llama"
         )
-    if url and model:
-        raise BadInput("give either a URL or --model, not both")
+    base = url_or_model(url, model)
     if load_format not in ("auto", "dummy", "safetensors"):
         raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
-    if url:
-        return UrlTarget(normalise_url(url), api_key)
+    if base:
+        return UrlTarget(base, api_key)
     return EngineSpec(
         model=model, load_format=load_format, knobs=tuple(knobs.items()), api_key=api_key
     )

@@ -85,10 +85,12 @@ class Live:
     server: object | None = field(default=None, compare=False)  # EngineServer, if ours
 
 
-def spec_or_url(url: str | None, spec: EngineSpec | None) -> Target:
-    """The CLI's rule: a URL or an engine spec (``--model``), never both."""
-    if url and spec is not None and spec.model:
+def url_or_model(url: str | None, model: str | None) -> str | None:
+    """The CLI's rule for every command that checks a server: a URL or ``--model``, never
+    both (BadInput). Returns the URL normalised (``HOST:PORT`` -> ``http://HOST:PORT``;
+    an invalid one is BadInput), or None when there is none."""
+    from opsctl.domain.urls import normalise_url
+
+    if url and model:
         raise BadInput("give either a URL or --model, not both")
-    if url:
-        return UrlTarget(url)
-    return spec if spec is not None else EngineSpec()
+    return normalise_url(url) if url else None

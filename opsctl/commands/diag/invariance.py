@@ -111,14 +111,11 @@ def invariance(
 ) -> None:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
-    from opsctl.checks.target import EngineSpec, Target
+    from opsctl.checks.target import EngineSpec, Target, url_or_model
     from opsctl.commands.options import parse_knobs
-    from opsctl.domain.urls import validate_url
     from opsctl.ui.progress import run_with_progress
 
-    if url and model:
-        raise BadInput("give either a URL or --model, not both")
-    base = validate_url(url) if url else None
+    base = url_or_model(url, model)
     options = check.Options(
         read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
         batch_size,

@@ -20,7 +20,7 @@ from opsctl.commands.options import (
     url_argument,
     url_target,
 )
-from opsctl.errors import BadInput, CheckFailed
+from opsctl.errors import CheckFailed
 
 VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]", "unverified": "[yellow]UNVERIFIED[/]"}
 STATUS = {"applied": "green", "supported": "green", "unsupported": "red", "not enabled": "yellow"}
@@ -97,14 +97,11 @@ def lora(
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
     from opsctl import output
     from opsctl.checks import lora as check
-    from opsctl.checks.target import EngineSpec, Target
+    from opsctl.checks.target import EngineSpec, Target, url_or_model
     from opsctl.commands.options import parse_knobs
-    from opsctl.domain.urls import validate_url
     from opsctl.ui.progress import run_with_progress
 
-    if url and model:
-        raise BadInput("give either a URL or --model, not both")
-    base = validate_url(url) if url else None
+    base = url_or_model(url, model)
     options = check.Options(
         adapters=tuple(adapters or ()),
         max_tokens=max_tokens,

@@ -115,11 +115,10 @@ def _request(
 ) -> tuple[Target, check.Options]:
     """The flags checked (BadInput, exit 2): (target, options) for the check."""
     from opsctl.checks import mm_uuid as check
-    from opsctl.checks.target import EngineSpec
+    from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
 
-    if url and model:
-        raise BadInput("give either a URL or --model, not both")
+    url = url_or_model(url, model)
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not mode_list or any(m not in MODES for m in mode_list):
         raise BadInput(f"--mode takes caches-off and/or caches-on, not {modes!r}")

@@ -88,7 +88,7 @@ def _request(
 ) -> tuple[Target, check.Options]:
     """The flags checked (BadInput, exit 2): (target, options) for the check."""
     from opsctl.checks import usage as check
-    from opsctl.checks.target import EngineSpec
+    from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.usage import KINDS
 
@@ -101,8 +101,7 @@ def _request(
             "give a server URL or --model NAME",
             hint="e.g. opsctl diag usage --model tiny-reranker",
         )
-    if url and model:
-        raise BadInput("give either a URL or --model, not both")
+    url = url_or_model(url, model)
     knobs = parse_knobs(test_knob, url=url)
     if url:
         return url_target(url, api_key, timeout), check.Options(kind, timeout)
