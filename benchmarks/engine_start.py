@@ -52,6 +52,7 @@ class Watch:
         self.log, self.root_pid, self.t0 = log, root_pid, t0
         self.marks: dict[str, float] = {}
         self.procs: dict[str, float] = {}  # role -> create time
+        self.roles: dict[int, str] = {}  # pid -> role, decided when first seen
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -79,21 +80,21 @@ class Watch:
         except psutil.Error:
             return
         for p in kids:
+            if p.pid in self.roles:
+                continue  # each process gets its role once, when first seen
             try:
                 cmd = " ".join(p.cmdline())
                 created = p.create_time()
+                parent = p.ppid()
             except psutil.Error:
                 continue
-            role = "engine_core" if "EngineCore" in p.name() or "EngineCore" in cmd else None
-            if role is None and ("Worker" in p.name() or "VllmWorker" in cmd):
-                role = "worker"
-            if role is None and "spawn_main" in cmd:
-                # spawned children are named only once they set their title: the first
-                # spawned child is the EngineCore, the second the worker
-                role = "engine_core" if "engine_core" not in self.procs else "worker"
-                if role in self.procs and self.procs[role] <= created:
-                    continue
-            if role and (role not in self.procs or created < self.procs[role]):
+            if "spawn_main" not in cmd and "EngineCore" not in cmd + p.name():
+                self.roles[p.pid] = "other"  # resource tracker, compilers
+                continue
+            # the API server spawns the EngineCore; the EngineCore spawns the worker
+            role = "engine_core" if parent == self.root_pid else "worker"
+            self.roles[p.pid] = role
+            if role not in self.procs or created < self.procs[role]:
                 self.procs[role] = created
 
     def phases(self, healthy_at: float) -> dict[str, float]:
