@@ -84,17 +84,24 @@ def verification(patch: Patch, version: str | None) -> tuple[bool | None, str | 
     return False, f"unverified on {rel}"
 
 
-def missing_symbols(names: Iterable[str]) -> list[str]:
-    """The symbols the installed vLLM lacks (module not importable or name not there)."""
+def resolve_symbol(name: str) -> Any:
+    """The installed vLLM's object for ``module:qualname`` (imports it); ImportError or
+    AttributeError when the module or the name is not there."""
     import importlib
 
+    module, qualname = split_symbol(name)
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def missing_symbols(names: Iterable[str]) -> list[str]:
+    """The symbols the installed vLLM lacks (module not importable or name not there)."""
     missing = []
     for name in names:
-        module, qualname = split_symbol(name)
         try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+            resolve_symbol(name)
         except (ImportError, AttributeError):
             missing.append(name)
     return missing
@@ -104,17 +111,12 @@ def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
     """``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
     is missing or whose source cannot be read. A wrapper's original is followed through
     ``__wrapped__``, so a rule sees vLLM's code, not opsctl's wrapper."""
-    import importlib
     import inspect
 
     out: dict[str, str | None] = {}
     for name in names:
-        module, qualname = split_symbol(name)
         try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-            out[name] = inspect.getsource(inspect.unwrap(obj))
+            out[name] = inspect.getsource(inspect.unwrap(resolve_symbol(name)))
         except (ImportError, AttributeError, OSError, TypeError):
             out[name] = None
     return out
