@@ -136,6 +136,14 @@ def run_path(run: str) -> Path:
     return runs_dir() / run
 
 
+def start_timeout_option(default: str = "10m"):
+    """``--timeout DURATION`` of a command that may start its own engine: the longest
+    wait for it (exit 4 past it); with a URL it also caps the first contact (30 s)."""
+    return duration_option(
+        default, "--timeout", help="the longest wait for a started engine (exit 4 past it)"
+    )
+
+
 FIRST_CONTACT_CAP_S = 30.0
 
 

@@ -12,9 +12,9 @@ import typer
 
 from opsctl.commands.options import (
     api_key_option,
-    duration_option,
     epilog,
     json_option,
+    start_timeout_option,
     test_knob_option,
     tui_option,
     url_argument,
@@ -86,9 +86,7 @@ def lora(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
-    timeout: float = duration_option(
-        "10m", "--timeout", help="the longest wait for a started engine (exit 4 past it)"
-    ),
+    timeout: float = start_timeout_option(),
     as_json: bool = json_option(),
     tui: bool | None = tui_option(),
     api_key: str | None = api_key_option(),
