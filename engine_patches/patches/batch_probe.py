@@ -25,8 +25,31 @@ samples more than one request. The token stays the same and its logprobs move, s
 divergence between BS=1 and BS=N is planted at a known prompt and position. Each nudge
 is recorded as ``{"event": "nudge", ...}``.
 
-Warm-up and dummy runs call the sampler directly, not ``_sample``, so they are not
-recorded. Rows of a partially prefilled request (sampled then discarded) are recorded
+Two model runners, resolved by symbol (never by version number):
+
+- V1 (``vllm.v1.worker.gpu_model_runner``; vLLM <= 0.33, and the CPU runner, which
+  inherits it): ``GPUModelRunner._sample(logits, spec_decode_metadata)`` and
+  ``._execute_mm_encoder``, as above;
+- V2 (``vllm.v1.worker.gpu.model_runner``, CUDA's default since 0.26; the only one
+  from 0.34): ``GPUModelRunner.sample(hidden_states, input_batch, grammar_output)``
+  is the sampling step (``input_batch.req_ids`` is the batch). Its logits are made
+  inside it and handed to ``self.sampler(logits, input_batch)``, so the nudge is
+  applied by a stand-in sampler for the duration of that one call (not on the
+  speculative-decoding path, which calls ``rejection_sampler``: the ledger says so).
+  Encoder calls are read around ``execute_model`` from ``scheduled_encoder_inputs``
+  and the runner's ``encoder_cache.mm_features`` (V2 has no encoder method of the
+  runner to wrap); the nudge's marker is matched against prompts and image uuids
+  captured by ``add_requests``. Rows still prefilling (``input_batch.is_prefilling_np``)
+  do not advance a request's output position.
+
+The init event names the runner hooked (``"runner": "v1"|"v2"``; null, with
+``hooked``, when this vLLM has both and the worker picks one at start); the first
+sampling step of each process also records ``{"event": "runner", "runner": ...}``,
+the runner that really ran. When neither runner's target exists the probe is skipped
+with "cannot see batches on this vLLM", never a silent no-op.
+
+Warm-up and dummy runs call the sampler directly, not ``_sample``/``sample``, so they
+are not recorded. Rows of a partially prefilled request (sampled then discarded) are recorded
 in ``num_reqs`` but do not advance that request's output position.
 """
 
@@ -130,7 +153,9 @@ class _Tracker:
         self._tokenizer: Any = None
         self.positions: dict[str, int] = {}
         self.matches: dict[str, bool] = {}
+        self.states: dict[str, Any] = {}  # V2: req id -> new request data (prompt, mm)
         self.steps = 0
+        self.runner_recorded = False
 
     def _decode(self, token_ids) -> str:
         if self._tokenizer is None:
@@ -144,7 +169,11 @@ class _Tracker:
         if req_id not in self.matches:
             marker = self.nudge.marker
             hit = marker in req_id
-            state = runner.requests.get(req_id) if not hit else None
+            state = None
+            if not hit:  # V2: captured by add_requests; V1: the runner's own states
+                state = self.states.get(req_id) or (getattr(runner, "requests", None) or {}).get(
+                    req_id
+                )
             if state is not None:
                 hit = any(marker in ident for ident in item_identifiers(state))
             if state is not None and not hit:
@@ -158,30 +187,39 @@ class _Tracker:
             keep = set(live)
             self.positions = {k: v for k, v in self.positions.items() if k in keep}
             self.matches = {k: v for k, v in self.matches.items() if k in keep}
+            self.states = {k: v for k, v in self.states.items() if k in keep}
 
 
-def observe(tracker: _Tracker, runner, logits) -> None:
-    """Record this sampling step; apply the nudge when it is due. Never raises out."""
-    if logits is None:
-        return
-    rows = int(logits.shape[0])
-    req_ids = [r for r in list(runner.input_batch.req_ids)[:rows] if r is not None]
+def record_step(tracker: _Tracker, runner, req_ids: list[str], discarded) -> list[tuple[str, int]]:
+    """Record one sampling step of ``req_ids`` (the batch, in row order); advance each
+    kept row's output position. The (req id, position) pairs the nudge is due on."""
     n = len(req_ids)
     tracker.steps += 1
     record_event(
         "batch", {"event": "step", "step": tracker.steps, "num_reqs": n, "req_ids": req_ids}
     )
-    mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
-    nudge = tracker.nudge
+    nudge, due = tracker.nudge, []
     for row, rid in enumerate(req_ids):
-        discarded = bool(mask[row]) if mask is not None and row < len(mask) else False
-        if discarded:
+        if discarded is not None and row < len(discarded) and bool(discarded[row]):
             continue
         pos = tracker.positions.get(rid, 0)
         tracker.positions[rid] = pos + 1
         if nudge is None or n < 2 or pos != nudge.position:
             continue
-        if not tracker.matches_marker(runner, rid):
+        if tracker.matches_marker(runner, rid):
+            due.append((rid, pos))
+    tracker.prune(req_ids)
+    return due
+
+
+def nudge_rows(tracker: _Tracker, logits, rows: dict[str, int], due, num_reqs: int) -> None:
+    """Add the nudge's delta to the largest logit of each due request's row
+    (``rows``: req id -> logits row) and record it."""
+    nudge = tracker.nudge
+    assert nudge is not None
+    for rid, pos in due:
+        row = rows.get(rid)
+        if row is None or row >= int(logits.shape[0]):
             continue
         top = int(logits[row].argmax().item())
         logits[row, top] += nudge.delta
@@ -193,10 +231,72 @@ def observe(tracker: _Tracker, runner, logits) -> None:
                 "position": pos,
                 "token_id": top,
                 "delta": nudge.delta,
-                "num_reqs": n,
+                "num_reqs": num_reqs,
             },
         )
-    tracker.prune(req_ids)
+
+
+def _record_runner(tracker: _Tracker, runner, name: str) -> None:
+    """Once per process and runner: which model runner really sampled."""
+    if not tracker.runner_recorded:
+        tracker.runner_recorded = True
+        record_event("batch", {"event": "runner", "runner": name, "class": type(runner).__name__})
+
+
+def observe(tracker: _Tracker, runner, logits) -> None:
+    """V1: record this sampling step; apply the nudge when it is due. Never raises out."""
+    if logits is None:
+        return
+    _record_runner(tracker, runner, "v1")
+    rows = int(logits.shape[0])
+    req_ids = [r for r in list(runner.input_batch.req_ids)[:rows] if r is not None]
+    mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
+    due = record_step(tracker, runner, req_ids, mask)
+    if due:
+        nudge_rows(tracker, logits, {r: i for i, r in enumerate(req_ids)}, due, len(req_ids))
+
+
+class _NudgingSampler:
+    """V2: stands in for ``runner.sampler`` during one ``sample`` call; nudges the
+    due rows of the logits it is handed, then samples with the real sampler."""
+
+    def __init__(self, inner, tracker: _Tracker, due, num_reqs: int) -> None:
+        self._inner, self._tracker, self._due, self._num_reqs = inner, tracker, due, num_reqs
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __call__(self, logits, input_batch, *args, **kwargs):
+        try:
+            ids = list(input_batch.req_ids)[: int(input_batch.num_reqs)]
+            if int(logits.shape[0]) == len(ids):  # one logits row per request (no drafts)
+                rows = {r: i for i, r in enumerate(ids)}
+                nudge_rows(self._tracker, logits, rows, self._due, self._num_reqs)
+        except Exception as exc:  # a probe never breaks the engine
+            record_event("batch", {"event": "error", "error": repr(exc)})
+        return self._inner(logits, input_batch, *args, **kwargs)
+
+
+def observe_v2(tracker: _Tracker, runner, input_batch) -> list[tuple[str, int]]:
+    """V2: record the step ``input_batch`` samples; the (req id, position) pairs due
+    for the nudge."""
+    _record_runner(tracker, runner, "v2")
+    n = int(input_batch.num_reqs)
+    req_ids = [str(r) for r in list(input_batch.req_ids)[:n] if r is not None]
+    return record_step(tracker, runner, req_ids, getattr(input_batch, "is_prefilling_np", None))
+
+
+def encoder_items_v2(runner, scheduled: dict) -> dict[str, int]:
+    """V2: request id -> multimodal items with data one step's encoder runs, from the
+    runner's encoder cache (``encoder_cache.mm_features``); {} when none."""
+    features_of = getattr(getattr(runner, "encoder_cache", None), "mm_features", None) or {}
+    out: dict[str, int] = {}
+    for req_id, input_ids in (scheduled or {}).items():
+        features = features_of.get(req_id) or []
+        n = sum(1 for i in input_ids if i < len(features) and features[i].data is not None)
+        if n:
+            out[str(req_id)] = n
+    return out
 
 
 def _wrap_encoder(original):
@@ -222,85 +322,198 @@ def _install_encoder(cls) -> str:
     if current is None:
         return "; no _execute_mm_encoder in this vLLM: encoder calls not recorded"
     if not getattr(current, "_opsctl_batch_probe", False):
-        ORIGINALS["_execute_mm_encoder"] = current
+        ORIGINALS["v1._execute_mm_encoder"] = (cls, "_execute_mm_encoder", current)
         cls._execute_mm_encoder = _wrap_encoder(current)
     return "; records vision encoder calls"
+
+
+V1_MODULE = "vllm.v1.worker.gpu_model_runner"
+V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+_TRACKERS: dict[int, _Tracker] = {}
+
+
+def _tracker(runner, nudge: Nudge | None) -> _Tracker:
+    tracker = _TRACKERS.get(id(runner))
+    if tracker is None:
+        path = getattr(getattr(runner.vllm_config, "model_config", None), "tokenizer", None)
+        tracker = _TRACKERS[id(runner)] = _Tracker(nudge, path)
+    return tracker
+
+
+def _install(cls, attr: str, wrapper, runner: str) -> None:
+    current = getattr(cls, attr)
+    if getattr(current, "_opsctl_batch_probe", False):
+        return
+    ORIGINALS[f"{runner}.{attr}"] = (cls, attr, current)
+    wrapped = wrapper(current)
+    wrapped._opsctl_batch_probe = True  # type: ignore[attr-defined]
+    setattr(cls, attr, wrapped)
+
+
+def hook_v1(cls, nudge: Nudge | None) -> str:
+    """Wrap the V1 runner's ``_sample`` (and encoder call); what it records."""
+
+    def wrap(original):
+        @functools.wraps(original)
+        def _sample(self, logits, spec_decode_metadata):
+            try:
+                observe(_tracker(self, nudge), self, logits)
+            except Exception as exc:  # a probe never breaks the engine
+                record_event("batch", {"event": "error", "error": repr(exc)})
+            return original(self, logits, spec_decode_metadata)
+
+        return _sample
+
+    _install(cls, "_sample", wrap, "v1")
+    return "V1 runner: formed batches" + _install_encoder(cls)
+
+
+def hook_v2(cls, nudge: Nudge | None) -> str:
+    """Wrap the V2 runner's ``sample`` (steps, nudge), ``execute_model`` (encoder
+    calls) and, with a nudge, ``add_requests`` (prompts and uuids for its marker)."""
+
+    def wrap_sample(original):
+        @functools.wraps(original)
+        def sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
+            due: list = []
+            try:
+                tracker = _tracker(self, nudge)
+                due = observe_v2(tracker, self, input_batch)
+            except Exception as exc:  # a probe never breaks the engine
+                record_event("batch", {"event": "error", "error": repr(exc)})
+            inner = getattr(self, "sampler", None)
+            if not due or inner is None:
+                return original(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+            self.sampler = _NudgingSampler(inner, tracker, due, int(input_batch.num_reqs))
+            try:
+                return original(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+            finally:
+                self.sampler = inner
+
+        return sample
+
+    def wrap_execute(original):
+        @functools.wraps(original)
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            out = original(self, scheduler_output, *args, **kwargs)
+            try:  # after the call: add_requests has filled the encoder cache
+                scheduled = getattr(scheduler_output, "scheduled_encoder_inputs", None)
+                items = encoder_items_v2(self, scheduled) if scheduled else {}
+                if items:
+                    record_event("batch", {"event": "encoder", "items": items})
+            except Exception as exc:  # a probe never breaks the engine
+                record_event("batch", {"event": "error", "error": repr(exc)})
+            return out
+
+        return execute_model
+
+    def wrap_add(original):
+        @functools.wraps(original)
+        def add_requests(self, scheduler_output, *args, **kwargs):
+            try:
+                tracker = _tracker(self, nudge)
+                for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+                    tracker.states[str(new.req_id)] = new
+            except Exception as exc:  # a probe never breaks the engine
+                record_event("batch", {"event": "error", "error": repr(exc)})
+            return original(self, scheduler_output, *args, **kwargs)
+
+        return add_requests
+
+    _install(cls, "sample", wrap_sample, "v2")
+    detail = "V2 runner: formed batches"
+    if getattr(cls, "execute_model", None) is not None:
+        _install(cls, "execute_model", wrap_execute, "v2")
+        detail += "; records vision encoder calls (from scheduled_encoder_inputs)"
+    if nudge is not None:
+        if getattr(cls, "add_requests", None) is not None:
+            _install(cls, "add_requests", wrap_add, "v2")
+        detail += "; nudge through self.sampler (not on the speculative-decoding path)"
+    return detail
+
+
+def _runner_class(module: str, method: str) -> tuple[Any, str | None]:
+    """(``module.GPUModelRunner`` when it has ``method``, else None; why not)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # V2 imports CUDA-only code; absent in some releases
+        return None, f"{module} not importable ({type(exc).__name__}: {exc})"[:300]
+    cls = getattr(mod, "GPUModelRunner", None)
+    if cls is None or getattr(cls, method, None) is None:
+        return None, f"{module}.GPUModelRunner.{method} not in this vLLM"
+    return cls, None
 
 
 def apply() -> Outcome:
     if not requested():
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
     nudge = armed_nudge()
-    env = {k: os.environ.get(k) for k in RECORDED_ENV}
-    init = {
-        "event": "init",
-        "role": process_role(),
-        "platform": platform_name(),
-        "env": env,
-        "nudge": None
-        if nudge is None
-        else {"marker": nudge.marker, "position": nudge.position, "delta": nudge.delta},
-    }
-    record_event("batch", init)
-    try:
-        from vllm.v1.worker import gpu_model_runner as gmr
-    except ImportError:  # vLLM >= 0.34: the V1 model runner is gone (V2 runners only)
+    v1, why_v1 = _runner_class(V1_MODULE, "_sample")
+    v2, why_v2 = None, "CPUModelRunner is the V1 runner"
+    if v1 is None or platform_name() != "cpu":  # CPU's worker never runs V2 when V1 exists
+        v2, why_v2 = _runner_class(V2_MODULE, "sample")
+    hooked = [name for name, cls in (("v1", v1), ("v2", v2)) if cls is not None]
+    record_event(
+        "batch",
+        {
+            "event": "init",
+            "role": process_role(),
+            "platform": platform_name(),
+            "env": {k: os.environ.get(k) for k in RECORDED_ENV},
+            "nudge": None
+            if nudge is None
+            else {"marker": nudge.marker, "position": nudge.position, "delta": nudge.delta},
+            "runner": hooked[0] if len(hooked) == 1 else None,
+            "hooked": hooked,
+        },
+    )
+    if not hooked:
         return Outcome(
             SKIPPED,
-            "no vllm.v1.worker.gpu_model_runner in this vLLM (V2 model runner, not "
-            "supported yet): formed batches are not recorded",
+            f"cannot see batches on this vLLM: {why_v1}; {why_v2}: formed batches are not recorded",
         )
-    cls = gmr.GPUModelRunner
-    if getattr(cls, "_sample", None) is None:
-        return Outcome(SKIPPED, "GPUModelRunner._sample not in this vLLM: batches not recorded")
-    if getattr(cls._sample, "_opsctl_batch_probe", False):
-        return Outcome(APPLIED, "already applied in this process")
-    original = cls._sample
-    ORIGINALS["_sample"] = original
-    trackers: dict[int, _Tracker] = {}
-
-    @functools.wraps(original)
-    def _sample(self, logits, spec_decode_metadata):
-        try:
-            tracker = trackers.get(id(self))
-            if tracker is None:
-                path = getattr(getattr(self.vllm_config, "model_config", None), "tokenizer", None)
-                tracker = trackers[id(self)] = _Tracker(nudge, path)
-            observe(tracker, self, logits)
-        except Exception as exc:  # a probe never breaks the engine
-            record_event("batch", {"event": "error", "error": repr(exc)})
-        return original(self, logits, spec_decode_metadata)
-
-    _sample._opsctl_batch_probe = True  # type: ignore[attr-defined]
-    cls._sample = _sample  # type: ignore[method-assign]
-    detail = "records formed batches into events/batch.jsonl" + _install_encoder(cls)
+    parts = []
+    if v1 is not None:
+        parts.append(hook_v1(v1, nudge))
+    if v2 is not None:
+        parts.append(hook_v2(v2, nudge))
+    detail = "records formed batches into events/batch.jsonl; " + "; ".join(parts)
     if nudge is not None:
         detail += f"; TEST NUDGE active: {nudge}"
     return Outcome(APPLIED, detail)
 
 
 def undo() -> None:
-    """Restore the original ``_sample`` and encoder call (tests)."""
-    from vllm.v1.worker import gpu_model_runner as gmr
-
-    for name in ("_sample", "_execute_mm_encoder"):
-        if name in ORIGINALS:
-            setattr(gmr.GPUModelRunner, name, ORIGINALS.pop(name))
+    """Restore every wrapped method of either runner (tests)."""
+    for cls, attr, original in ORIGINALS.values():
+        setattr(cls, attr, original)
+    ORIGINALS.clear()
+    _TRACKERS.clear()
 
 
 PATCH = Patch(
     name="batch_probe",
-    target="vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample, ._execute_mm_encoder",
-    versions="any (needs GPUModelRunner._sample(logits, spec_decode_metadata))",
+    target="V1 vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample, "
+    "._execute_mm_encoder; V2 vllm.v1.worker.gpu.model_runner.GPUModelRunner.sample, "
+    ".execute_model, .add_requests",
+    versions="any with V1 GPUModelRunner._sample(logits, spec_decode_metadata) or V2 "
+    "GPUModelRunner.sample(hidden_states, input_batch, grammar_output)",
     reason="opsctl probe for diag invariance: show the batch the engine formed (PR 56528)",
     apply=apply,
     roles=("engine_core", "worker"),
     verified_on=("0.32.0",),
     symbols=symbols(
-        "vllm.v1.worker.gpu_model_runner",
+        V1_MODULE,
         "GPUModelRunner._sample",
         "GPUModelRunner._execute_mm_encoder",
     ),
-    watch=symbols("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample"),
+    watch=symbols(
+        V2_MODULE,
+        "GPUModelRunner.sample",
+        "GPUModelRunner.execute_model",
+        "GPUModelRunner.add_requests",
+    ),
     kind="probe",
 )
