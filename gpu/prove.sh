@@ -1,0 +1,338 @@
+#!/bin/bash
+# GPU proof of opsctl on a real CUDA vLLM (issue 25, item 1): `bash gpu/prove.sh STAGE`.
+#
+# Runs on the H200 machine after the bundle of ../shared/tools/gpu/ is staged and installed
+# into /tmp/site (gpu/README.md has the device commands). One STAGE per device command;
+# each stays under its budget (PROVE_BUDGET, default 530 s: a device command may run 600 s)
+# and every opsctl call runs under `timeout -s INT` with the smaller of its own budget and
+# what is left of the stage's (a call that no longer fits is recorded as skipped). Stages
+# are independent (each builds the tiny models it needs) and can run back to back on one
+# warm machine. Expected on the H200 (engine starts 75-110 s eager, more with CUDA graphs):
+#
+#   serve    ~300 s  facts; models build; `opsctl serve tiny-llama` in vLLM's default
+#                    execution mode (no --eager); status, console --once --json (process
+#                    roles) and plain, patches, diag invariance URL against it; SIGKILL of
+#                    opsctl serve and the seconds until its engine tree is gone (15 s
+#                    allowed); then diag invariance --model tiny-llama --mode eager
+#   checks   ~450 s  diag usage --model tiny-reranker; diag mm-uuid --model tiny-vlm-multi
+#                    (caches-off and caches-on engines); diag kv-fail --model tiny-hybrid
+#   lora     ~400 s  diag lora tiny-llama; diag lora tiny-vlm-multi; diag invariance
+#                    --model tiny-vlm-multi (images, default mode)
+#   certify  ~450 s  certify --model tiny-llama (--junit, --sarif; invariance in default
+#                    mode, kv-fail tiny-llama, ...); diag invariance --model tiny-llama
+#                    --mode default when time is left
+#   facts    ~20 s   only the facts (also the first step of serve)
+#
+# Outputs: /tmp/prove/STAGE/ (per call: NAME.json or NAME.txt = stdout, NAME.err =
+# stderr; calls.jsonl = argv, rc, seconds, limit per call; runs/NAME/<run dir>/ = the
+# engine facts of the run directories the call created: meta.json, ledger/*.json,
+# events/*.jsonl, the last 2 MB of server.log; summary.log), then ONE $OUT/STAGE.tar.gz
+# of that folder and $OUT/STAGE.log (the summary, also on stdout). Every engine this
+# script started is gone at the end of a stage (killed if need be, and said so).
+#
+# Only 127.0.0.1 is ever contacted. OPSCTL_PROVE_LOCAL=1 runs it on a machine without a
+# GPU for a dry run of the flags (python3 from PATH, e.g. PATH=.venv/bin:$PATH;
+# OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
+set -u
+STAGE=${1:-}
+case "$STAGE" in facts | serve | checks | lora | certify) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify" >&2
+    exit 2
+    ;;
+esac
+T_START=$(date +%s)
+BUDGET=${PROVE_BUDGET:-530}
+DEADLINE=$((T_START + BUDGET))
+
+if [ -n "${OPSCTL_PROVE_LOCAL:-}" ]; then
+    export OPSCTL_HOME=${OPSCTL_HOME:-/tmp/provehome}
+    export OUT=${OUT:-/tmp/proveout}
+    WORK=${PROVE_WORK:-/tmp/prove-local}
+    PORT=${PROVE_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+else # the environment of ../shared/tools/gpu/bin/env.sh
+    export PYTHONPATH=/tmp/site OPSCTL_HOME=/tmp/oh
+    export OUT=${OUT:-/tmp/out}
+    WORK=${PROVE_WORK:-/tmp/prove}
+    PORT=${PROVE_PORT:-8000}
+fi
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
+export DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_COLOR=1
+URL=http://127.0.0.1:$PORT
+D=$WORK/$STAGE
+RUN_CWD=$WORK/cwd # opsctl runs from here: the bundle's opsctl, never the checkout's
+rm -rf "$D"
+mkdir -p "$D" "$RUN_CWD" "$OUT" "$OPSCTL_HOME"
+SUMMARY=$D/summary.log
+
+ts() { date -u +%H:%M:%S; }
+left() { echo $((DEADLINE - $(date +%s))); }
+say() { echo "[$(ts) +$(($(date +%s) - T_START))s] $*" | tee -a "$SUMMARY"; }
+
+# pid and command of every live process that carries this script's OPSCTL_HOME in its
+# environment (opsctl and the engines it started), bar this shell and its helpers: on a
+# shared machine another user's vLLM is never listed, let alone killed
+ours() {
+    python3 - "$OPSCTL_HOME" "$$" <<'PY'
+import os, re, sys
+want, me = ("OPSCTL_HOME=" + sys.argv[1]).encode(), {os.getpid(), os.getppid(), int(sys.argv[2])}
+for p in sorted((int(x) for x in os.listdir("/proc") if x.isdigit())):
+    if p in me:
+        continue
+    try:
+        env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+        cmd = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+        state = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        continue
+    if want in env and state != "Z" and re.search("python|vllm|VLLM|EngineCore", cmd) and not cmd.startswith("python3 - "):
+        print(p, cmd[:160])
+PY
+}
+
+# every vLLM-looking process on the machine (information only; the device runs nothing else)
+vllm_ps() { ps -eo pid,cmd | grep -E 'vllm|EngineCore' | grep -v -E 'grep|prove.sh' | cut -c1-160 | head -20; }
+
+cleanup() { # kill whatever of ours is left, say so
+    local procs
+    procs=$(ours)
+    if [ -n "$procs" ]; then
+        say "LEFTOVER processes at the end of $1, killed: $(echo "$procs" | tr '\n' ';')"
+        kill -9 $(echo "$procs" | cut -d' ' -f1) 2>/dev/null
+    else
+        say "no leftover process at the end of $1"
+    fi
+}
+
+runs_now() { ls "$OPSCTL_HOME/runs" 2>/dev/null | sort; }
+
+# copy the engine facts of the run directories not listed in $1 (runs_now before a call)
+# into $2
+collect_runs() {
+    local before=$1 dest=$2 rd
+    for rd in $(runs_now | comm -13 "$before" -); do
+        rd=$OPSCTL_HOME/runs/$rd
+        local to=$dest/$(basename "$rd")
+        mkdir -p "$to"
+        cp "$rd"/*.json "$to"/ 2>/dev/null
+        [ -d "$rd/ledger" ] && cp -r "$rd/ledger" "$to"/
+        [ -d "$rd/events" ] && cp -r "$rd/events" "$to"/
+        [ -f "$rd/server.log" ] && tail -c 2000000 "$rd/server.log" >"$to/server.log"
+    done
+}
+
+# one line about a JSON result: schema, verdict/state/exit code
+brief() {
+    python3 - "$1" <<'PY' 2>/dev/null || echo "(not JSON: $(head -c 200 "$1" | tr '\n' ' '))"
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ("schema", "verdict", "state", "exit_code", "reason", "platform", "vllm_version")
+print(" ".join(f"{k}={d[k]}" for k in keys if k in d and d[k] is not None)[:300])
+PY
+}
+
+record() { # record NAME RC SECONDS LIMIT ARGV...
+    local name=$1 rc=$2 sec=$3 lim=$4
+    shift 4
+    python3 - "$D/calls.jsonl" "$name" "$rc" "$sec" "$lim" "$@" <<'PY'
+import json, sys
+path, name, rc, sec, lim, *argv = sys.argv[1:]
+row = {"name": name, "argv": ["opsctl", *argv], "rc": None if rc == "skipped" else int(rc),
+       "skipped": rc == "skipped", "seconds": float(sec), "limit_s": int(lim)}
+open(path, "a").write(json.dumps(row) + "\n")
+PY
+}
+
+# call NAME WANT_S MIN_S ARGS...: python3 -m opsctl ARGS under timeout -s INT (the smaller
+# of WANT_S and the stage's time left less 25 s; skipped below MIN_S). "@T" in ARGS becomes
+# that limit less 30 s as a duration (for --timeout). stdout -> NAME.json (with --json) or
+# NAME.txt, stderr -> NAME.err; run directories it created -> runs/NAME/.
+call() {
+    local name=$1 want=$2 min=$3
+    shift 3
+    local lim=$(($(left) - 25))
+    [ "$lim" -gt "$want" ] && lim=$want
+    if [ "$lim" -lt "$min" ]; then
+        say "$name SKIPPED: $(left) s left in the stage, it needs $min s"
+        record "$name" skipped 0 "$lim" "$@"
+        return 0
+    fi
+    local t=$((lim - 30)) args=() a
+    [ "$t" -lt 20 ] && t=20
+    for a in "$@"; do [ "$a" = "@T" ] && args+=("${t}s") || args+=("$a"); done
+    local ext=txt
+    case " $* " in *" --json "*) ext=json ;; esac
+    local mark=$D/.runs-$name t0 rc sec
+    runs_now >"$mark"
+    say "$name: opsctl ${args[*]} (limit ${lim}s)"
+    t0=$(date +%s.%N)
+    (cd "$RUN_CWD" && exec timeout -k 20 -s INT "$lim" python3 -m opsctl "${args[@]}") >"$D/$name.$ext" 2>"$D/$name.err"
+    rc=$?
+    sec=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+    record "$name" "$rc" "$sec" "$lim" "${args[@]}"
+    collect_runs "$mark" "$D/runs/$name"
+    local what=""
+    [ "$ext" = json ] && what=$(brief "$D/$name.$ext")
+    say "$name rc=$rc ${sec}s $what"
+    [ "$rc" -ne 0 ] && tail -n 5 "$D/$name.err" | sed 's/^/    stderr: /' | tee -a "$SUMMARY"
+    return 0
+}
+
+facts() {
+    local f=$D/facts.txt
+    {
+        echo "date_utc $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        if command -v nvidia-smi >/dev/null; then
+            nvidia-smi -L
+            nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+        else
+            echo "no nvidia-smi (local dry run)"
+        fi
+        python3 --version
+        python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
+        python3 -c 'import vllm; print("vllm", vllm.__version__)'
+        nproc
+        free -g | head -2
+    } >"$f" 2>&1
+    cat "$f" | tee -a "$SUMMARY"
+    call version 60 20 version --json
+}
+
+build() { call models-build 180 30 models build "$@" --json; }
+
+# serve tiny-llama (vLLM's default execution mode), the commands against it, SIGKILL
+serve_block() {
+    local mark=$D/.runs-serve sp ready=0 t0
+    runs_now >"$mark"
+    say "serve: opsctl serve tiny-llama --no-tui --json --port $PORT --timeout 300s (default execution mode)"
+    t0=$(date +%s.%N)
+    (cd "$RUN_CWD" && exec python3 -m opsctl serve tiny-llama --no-tui --json --port "$PORT" --timeout 300s) >"$D/serve.jsonl" 2>"$D/serve.err" &
+    sp=$!
+    while [ "$(left)" -gt 200 ]; do # a condition with a deadline: ready, or serve gone
+        grep -q '"event": *"ready"' "$D/serve.jsonl" 2>/dev/null && { ready=1; break; }
+        kill -0 "$sp" 2>/dev/null || break
+        sleep 1
+    done
+    local sec
+    sec=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+    record serve-ready "$((1 - ready))" "$sec" 300 serve tiny-llama --no-tui --json --port "$PORT" --timeout 300s
+    say "serve ready=$ready after ${sec}s: $(head -c 600 "$D/serve.jsonl")"
+    if [ "$ready" = 1 ]; then
+        local run_dir
+        run_dir=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["run_dir"])' "$D/serve.jsonl")
+        call status 40 10 status "$URL" --json
+        call console-json 60 20 console --once --json "$URL"
+        call console-plain 60 20 console --once "$URL"
+        call patches 40 10 patches --run "$run_dir" --json
+        call invariance-served 200 60 diag invariance "$URL" --json --no-tui --timeout 120s
+        call status-after 40 10 status "$URL" --json
+    else
+        tail -n 30 "$D/serve.err" | sed 's/^/    serve stderr: /' | tee -a "$SUMMARY"
+    fi
+    sigkill_serve "$sp"
+    collect_runs "$mark" "$D/runs/serve"
+}
+
+# SIGKILL opsctl serve (no stopped event can follow in serve.jsonl); the seconds until every process of its tree is gone (15 s allowed,
+# watched for 30 s) -> sigkill.json
+sigkill_serve() {
+    local sp=$1
+    python3 - "$sp" "$D/sigkill.json" "$OPSCTL_HOME" <<'PY' | tee -a "$SUMMARY"
+import json, os, signal, sys, time
+sp, out, home = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def stat(p):
+    try:
+        s = open(f"/proc/{p}/stat").read()
+        return s.rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+def alive(p):
+    s = stat(p)
+    return s is not None and s[0] != "Z"
+
+def cmd(p):
+    try:
+        return open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        return ""
+
+def tree(root):
+    kids = {}
+    for x in os.listdir("/proc"):
+        if x.isdigit() and (s := stat(int(x))):
+            kids.setdefault(int(s[1]), []).append(int(x))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+before = [p for p in tree(sp) if alive(p)]
+doc = {"opsctl_pid": sp, "opsctl_alive_before": alive(sp),
+       "tree_before": [{"pid": p, "cmd": cmd(p)} for p in before], "allowed_s": 15.0}
+t0 = time.monotonic()
+try:
+    os.kill(sp, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+gone_after = None
+while time.monotonic() - t0 < 30:
+    try:
+        os.waitpid(sp, os.WNOHANG)  # sp is a child of the calling shell, not of this script
+    except ChildProcessError:
+        pass
+    if not [p for p in before if p != sp and alive(p)]:
+        gone_after = round(time.monotonic() - t0, 2)
+        break
+    time.sleep(0.1)
+doc["gone_after_s"] = gone_after
+doc["left_after_30s"] = [{"pid": p, "cmd": cmd(p)} for p in before if p != sp and alive(p)]
+doc["verdict"] = "pass" if gone_after is not None and gone_after <= 15 else "fail"
+json.dump(doc, open(out, "w"), indent=1)
+print(f"sigkill: opsctl serve pid {sp}, {len(before)} processes in its tree, "
+      f"engine tree gone after {gone_after} s (15 s allowed): {doc['verdict']}; "
+      f"left: {doc['left_after_30s']}")
+PY
+    wait "$sp" 2>/dev/null
+    say "vLLM processes now: $(vllm_ps | tr '\n' ';')"
+}
+
+say "stage $STAGE: budget ${BUDGET}s, OPSCTL_HOME=$OPSCTL_HOME, out $D, url $URL"
+cleanup "the previous stage"
+case "$STAGE" in
+facts)
+    facts
+    ;;
+serve)
+    facts
+    build tiny-llama tiny-hybrid tiny-reranker tiny-vlm-multi
+    serve_block
+    call invariance-eager 220 130 diag invariance --model tiny-llama --mode eager --json --no-tui --timeout @T
+    ;;
+checks)
+    build tiny-hybrid tiny-reranker tiny-vlm-multi
+    call usage-reranker 200 100 diag usage --model tiny-reranker --json --no-tui
+    call mm-uuid-vlm 300 150 diag mm-uuid --model tiny-vlm-multi --json --no-tui
+    call kv-fail-hybrid 200 100 diag kv-fail --model tiny-hybrid --json --no-tui --timeout @T
+    ;;
+lora)
+    build tiny-llama tiny-vlm-multi
+    call lora-llama 200 100 diag lora --model tiny-llama --json --no-tui --timeout @T
+    call lora-vlm 220 110 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
+    call invariance-vlm 220 120 diag invariance --model tiny-vlm-multi --mode default --json --no-tui --timeout @T
+    ;;
+certify)
+    build tiny-llama
+    call certify-llama 420 200 certify --model tiny-llama --json --no-tui --junit "$D/certify.xml" --sarif "$D/certify.sarif" --timeout @T
+    call invariance-default 220 150 diag invariance --model tiny-llama --mode default --json --no-tui --timeout @T
+    ;;
+esac
+cleanup "stage $STAGE"
+say "vLLM processes at the end: $(vllm_ps | tr '\n' ';')"
+say "stage $STAGE done in $(($(date +%s) - T_START))s"
+rm -f "$D"/.runs-*
+cp "$SUMMARY" "$OUT/$STAGE.log"
+tar -czf "$OUT/$STAGE.tar.gz" -C "$WORK" "$STAGE"
+ls -la "$OUT/$STAGE.tar.gz"

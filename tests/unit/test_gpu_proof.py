@@ -1,0 +1,324 @@
+"""Replays the GPU proof (issue 25, item 1): what `bash gpu/prove.sh STAGE` recorded on
+the H200 machine (CUDA vLLM 0.26.0) and `bash gpu/unpack.sh` put under
+tests/data/gpu/2026-12-03/STAGE/.
+
+Fail-closed: with a recording missing, test_every_recording_is_present fails and lists
+what is missing (every test here is marked ``gpu_recording``). For each JSON report
+present: it validates against its schema in tests/data/schemas (or its schema is one the
+repository has no schema file for, named in NO_SCHEMA_FILE), it goes through opsctl's own
+renderers (the functions the CLI calls for its plain and rich output) without error, it
+was recorded on CUDA vLLM 0.26.0 with the call's exit code matching its verdict, and
+docs/gpu.md's per-check table states for every check what the recording says (pass, fail
+or not applicable, with the reason).
+
+The table docs/gpu.md must carry (any section; the header row exactly these four
+columns, in this order; ``recording`` is STAGE/FILE under tests/data/gpu/2026-12-03,
+FILE#CHECK for one of certify's checks, or ``-`` when nothing ran):
+
+    | check | recording | result | reason |
+    |---|---|---|---|
+    | diag invariance, eager | serve/invariance-eager.json | pass | ... |
+    | certify: kv-fail | certify/certify-llama.json#kv-fail | fail | ... |
+    | diag lora, tiny-hybrid | - | not applicable | ... |
+
+OPSCTL_GPU_PROOF_DIR points the replay at another folder (a fresh unpack to look at
+before committing it, or a CPU dry run of prove.sh: OPSCTL_PROVE_LOCAL=1).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+pytestmark = pytest.mark.gpu_recording
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("OPSCTL_GPU_PROOF_DIR") or ROOT / "tests/data/gpu/2026-12-03")
+SCHEMAS = ROOT / "tests/data/schemas"
+GPU_DOC = ROOT / "docs/gpu.md"
+VLLM, TORCH, GPU = "0.26.0", "2.11.0+cu130", "NVIDIA H200"
+
+# what each stage of gpu/prove.sh writes (stdout of each call: NAME.json / NAME.txt)
+EXPECTED = {
+    "serve": [
+        "facts.txt",
+        "calls.jsonl",
+        "summary.log",
+        "version.json",
+        "serve.jsonl",
+        "status.json",
+        "console-json.json",
+        "console-plain.txt",
+        "patches.json",
+        "invariance-served.json",
+        "sigkill.json",
+        "invariance-eager.json",
+    ],
+    "checks": [
+        "calls.jsonl",
+        "summary.log",
+        "usage-reranker.json",
+        "mm-uuid-vlm.json",
+        "kv-fail-hybrid.json",
+    ],
+    "lora": [
+        "calls.jsonl",
+        "summary.log",
+        "lora-llama.json",
+        "lora-vlm.json",
+        "invariance-vlm.json",
+    ],
+    "certify": ["calls.jsonl", "summary.log", "certify-llama.json", "certify.xml"],
+}
+# opsctl documents the repository has no schema file for (their shape is asserted by
+# their own CLI tests); anything else without tests/data/schemas/<name>-<N>.schema.json fails
+NO_SCHEMA_FILE = {"opsctl.patches", "opsctl.certify", "opsctl.models.build"}
+# prove.sh's own documents (not opsctl's)
+PROVE_DOCS = {"sigkill.json"}
+
+
+def _reports() -> list[Path]:
+    if not DATA.is_dir():
+        return []
+    return sorted(p for p in DATA.glob("*/*.json") if p.name not in PROVE_DOCS)
+
+
+REPORTS = _reports()
+IDS = [f"{p.parent.name}/{p.name}" for p in REPORTS]
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        pytest.fail(f"recording missing: {path} (test_every_recording_is_present lists all)")
+    return path
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(_need(path).read_text())
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _need(path).read_text().splitlines() if line.strip()]
+
+
+def _calls(stage: str) -> dict[str, dict]:
+    path = DATA / stage / "calls.jsonl"
+    if not path.is_file():
+        return {}
+    return {r["name"]: r for r in _lines(path)}
+
+
+def _schema_name(doc: dict) -> tuple[str, str]:
+    name, _, version = str(doc.get("schema", "")).partition("/")
+    return name, version
+
+
+def test_every_recording_is_present():
+    missing = [
+        f"{stage}/{name}"
+        for stage, names in EXPECTED.items()
+        for name in names
+        if not (DATA / stage / name).is_file()
+    ]
+    assert not missing, (
+        f"GPU proof recordings missing under {DATA.relative_to(ROOT) if DATA.is_relative_to(ROOT) else DATA}: "
+        f"{', '.join(missing)} (run `bash gpu/prove.sh STAGE` on the H200 machine and "
+        "`bash gpu/unpack.sh DIR` here: gpu/README.md)"
+    )
+
+
+def test_recorded_on_an_h200_with_cuda_vllm_0_26():
+    facts = _need(DATA / "serve" / "facts.txt").read_text()
+    assert GPU in facts and f"torch {TORCH}" in facts and f"vllm {VLLM}" in facts, facts
+    assert re.search(rf"^date_utc {DATA.name}T", facts, re.M), facts  # the folder's date
+    version = _load(DATA / "serve" / "version.json")
+    assert version["vllm_version"] == VLLM, version
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=IDS)
+def test_report_follows_its_schema(path: Path):
+    import jsonschema
+
+    doc = _load(path)
+    name, version = _schema_name(doc)
+    assert name.startswith("opsctl.") and version.isdigit(), (path.name, doc.get("schema"))
+    schema_file = SCHEMAS / f"{name}-{version}.schema.json"
+    if not schema_file.is_file():
+        assert name in NO_SCHEMA_FILE, f"{path.name}: no {schema_file.name} in tests/data/schemas"
+        return
+    jsonschema.Draft7Validator(json.loads(schema_file.read_text())).validate(doc)
+
+
+def _renderer(doc: dict):
+    """The function the CLI hands opsctl.output.emit for this document (None: none that
+    renders from the document alone)."""
+    from opsctl.commands import patches, status
+    from opsctl.commands.diag import lora
+    from opsctl.ui import (
+        render_certify,
+        render_invariance,
+        render_kv_fail,
+        render_mm_uuid,
+        render_usage,
+    )
+
+    name, _ = _schema_name(doc)
+    return {
+        "opsctl.status": lambda con: status._render(con, doc),
+        "opsctl.patches": lambda con: patches._render(con, doc),
+        "opsctl.diag.invariance": lambda con: render_invariance.render(con, doc),
+        "opsctl.diag.kv-fail": lambda con: render_kv_fail.render(con, doc),
+        "opsctl.diag.lora": lambda con: lora.render(con, doc),
+        "opsctl.diag.mm_uuid": render_mm_uuid.render(doc),
+        "opsctl.diag.usage": render_usage.render(doc),
+        "opsctl.certify": render_certify.render(doc),
+    }.get(name)
+
+
+# version renders from a closure inside its command, models build prints a line per
+# model, console from its snapshot (its plain table is recorded: console-plain.txt)
+NOT_RENDERED = {"opsctl.version", "opsctl.models.build", "opsctl.console"}
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=IDS)
+def test_report_renders_plain_and_rich(path: Path):
+    from opsctl.output import PIPE_WIDTH, PlainConsole
+
+    doc = _load(path)
+    render = _renderer(doc)
+    if render is None:
+        assert _schema_name(doc)[0] in NOT_RENDERED, doc.get("schema")
+        return
+    plain = PlainConsole(file=io.StringIO(), soft_wrap=True, width=PIPE_WIDTH)
+    render(plain)
+    rich = Console(record=True, width=200, color_system=None, file=io.StringIO())
+    render(rich)
+    for text in (plain.file.getvalue(), rich.export_text()):
+        assert text.strip(), path.name
+        if isinstance(doc.get("verdict"), str) and doc["schema"] != "opsctl.diag.usage/2":
+            assert doc["verdict"].lower() in text.lower(), (path.name, text[-500:])
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=IDS)
+def test_report_is_from_cuda_vllm_and_its_exit_code_matches(path: Path):
+    doc = _load(path)
+    if "platform" in doc:
+        assert doc["platform"] == "cuda", path.name
+    if "vllm_version" in doc and doc["vllm_version"] is not None:
+        assert doc["vllm_version"] == VLLM, path.name
+    call = _calls(path.parent.name).get(path.stem)
+    assert call is not None and not call["skipped"], f"{path.name}: not in calls.jsonl"
+    verdict = doc.get("verdict")
+    if verdict == "pass":
+        assert call["rc"] == 0, (path.name, call)
+    elif verdict == "fail":
+        assert call["rc"] == 1, (path.name, call)
+    if "exit_code" in doc:
+        assert call["rc"] == doc["exit_code"], (path.name, call)
+
+
+def test_console_once_names_the_process_roles_of_the_served_engine():
+    doc = _load(DATA / "serve" / "console-json.json")
+    serve = _lines(DATA / "serve" / "serve.jsonl")
+    ready = serve[0]
+    assert ready["event"] == "ready"
+    (ep,) = [e for e in doc["endpoints"] if e["url"] == ready["url"]]
+    assert ep["state"] == "ready" and ep["vllm_version"] == VLLM
+    roles = {p["role"] for p in ep["pids"]}
+    assert {"APIServer", "EngineCore"} <= roles, ep["pids"]
+    assert {p["pid"] for p in ep["pids"]} >= set(ready["pids"].values()) - {None}
+    plain = _need(DATA / "serve" / "console-plain.txt").read_text().splitlines()
+    assert plain[0].split()[:4] == ["name", "url", "source", "state"]
+    assert any(ready["url"] in line and " ready " in f" {line} " for line in plain[1:]), plain
+
+
+def test_sigkill_of_opsctl_serve_leaves_no_engine_within_15_s():
+    kill = _load(DATA / "serve" / "sigkill.json")
+    serve = _lines(DATA / "serve" / "serve.jsonl")
+    assert [e["event"] for e in serve] == ["ready"]  # killed: no stopped event
+    engine = set(serve[0]["pids"].values())
+    assert engine <= {p["pid"] for p in kill["tree_before"]}, (engine, kill["tree_before"])
+    assert kill["left_after_30s"] == []
+    assert kill["gone_after_s"] is not None and kill["gone_after_s"] <= 15.0, kill
+    assert kill["verdict"] == "pass"
+
+
+# ---- docs/gpu.md's table against the recordings ---------------------------------------------
+RESULTS = {"pass", "fail", "not applicable"}
+CALL_OF = {"serve": "serve-ready"}  # recording stem -> its name in calls.jsonl
+# recorded for the record, not checks the table must state
+AUXILIARY = {"version.json", "models-build.json", "status-after.json"}
+NORMAL = {"skipped": "not applicable", "skip": "not applicable", "n/a": "not applicable"}
+
+
+def _table() -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    lines = GPU_DOC.read_text().splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip().lower() for c in line.strip().strip("|").split("|")]
+        if cells != ["check", "recording", "result", "reason"]:
+            continue
+        for row in lines[i + 2 :]:
+            if not row.strip().startswith("|"):
+                break
+            c = [x.strip() for x in row.strip().strip("|").split("|")]
+            rows.append(
+                {
+                    "check": c[0],
+                    "recording": c[1].strip("`"),
+                    "result": c[2].replace("*", "").strip().lower(),
+                    "reason": c[3] if len(c) > 3 else "",
+                }
+            )
+    return rows
+
+
+def _recorded_result(recording: str) -> str:
+    """pass / fail / not applicable as the recording says: the document's verdict (or,
+    for certify#CHECK, that check's), the console's and status's state, the exit code."""
+    file, _, check = recording.partition("#")
+    path = DATA / file
+    assert path.is_file(), f"docs/gpu.md names {recording}, not recorded"
+    if path.suffix != ".json":  # serve.jsonl, console-plain.txt: the call's exit code
+        rc = _calls(path.parent.name).get(CALL_OF.get(path.stem, path.stem), {}).get("rc")
+        return "pass" if rc == 0 else "fail"
+    doc = _load(path)
+    if check:
+        (c,) = [c for c in doc["checks"] if c["check"] == check]
+        verdict = c["verdict"]
+    elif "verdict" in doc:
+        verdict = doc["verdict"]
+    elif "state" in doc:
+        verdict = "pass" if doc["state"] in ("ready", "busy") else "fail"
+    else:
+        rc = _calls(path.parent.name)[path.stem]["rc"]
+        verdict = "pass" if rc == 0 else "fail"
+    verdict = verdict.lower()
+    return NORMAL.get(verdict, "fail" if verdict == "error" else verdict)
+
+
+def test_docs_gpu_md_states_every_recorded_check():
+    rows = _table()
+    assert rows, "docs/gpu.md has no '| check | recording | result | reason |' table"
+    named = {r["recording"].partition("#")[0] for r in rows}
+    reports = {f"{p.parent.name}/{p.name}" for p in REPORTS} | {"serve/sigkill.json"}
+    reports = {r for r in reports if r.partition("/")[2] not in AUXILIARY}
+    assert not reports - named, f"recorded, not in docs/gpu.md's table: {sorted(reports - named)}"
+
+
+@pytest.mark.parametrize("row", _table() if GPU_DOC.is_file() else [], ids=lambda r: r["check"])
+def test_docs_gpu_md_result_matches_the_recording(row: dict[str, str]):
+    result = NORMAL.get(row["result"], row["result"])
+    assert result in RESULTS, row
+    assert row["reason"], f"{row['check']}: no reason given"
+    if row["recording"] in ("-", ""):
+        assert result == "not applicable", row
+        return
+    assert _recorded_result(row["recording"]) == result, row
