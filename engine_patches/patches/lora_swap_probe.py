@@ -18,6 +18,15 @@ it appends to ``<run>/events/lora.jsonl``
   (``GPUModelRunner._execute_mm_encoder``): whose images ran the tower together, with
   which adapters (0: none).
 
+On vLLM's V2 model runner (``vllm.v1.worker.gpu``: CUDA's default since 0.26, the only
+runner from 0.34) the same records and swaps come from V2's own LoRA code: the encoder
+event from ``set_active_mm_loras`` (the function the V2 runner calls, by the name it
+imported, before every vision encoder pass; ``lora_state.lora_ids`` holds each request's
+adapter), the language-model swap in ``LoraState.make_lora_inputs(req_ids, idx_mapping,
+num_scheduled_tokens)``, the tower swap around ``set_active_mm_loras``. On the CPU
+platform, whose runner is the V1 one, only V1 is hooked. When neither runner's hooks
+exist the ledger says what is not observable (encoder calls, swaps).
+
 Test-only knob ``OPSCTL_LORA_SWAP`` (read through :mod:`engine_patches.knobs`, so
 honoured only with ``OPSCTL_TEST_KNOBS=1``), value ``lm`` | ``tower`` | ``all`` (any
 other non-empty value: ``all``): when a step of the model runner holds two requests
@@ -38,7 +47,7 @@ from typing import Any
 
 from engine_patches import knobs
 from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
+from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, platform_name, record_event
 
 PROBE = "lora"
 SWAP_ENV = knobs.LORA_SWAP
@@ -258,6 +267,76 @@ def _install(owner: Any, attr: str, wrapper, flag: str) -> None:
     setattr(owner, attr, wrapper(current))
 
 
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+V2_LORA = "vllm.v1.worker.gpu.lora_utils"
+
+
+def _wrap_lm_v2(original):
+    """V2: swap two requests' adapters in ``LoraState.lora_ids`` while the language
+    model's mapping is made (rows: ``idx_mapping``, the requests' state indices)."""
+
+    @functools.wraps(original)
+    def make_lora_inputs(self, req_ids, idx_mapping, num_scheduled_tokens, *args, **kwargs):
+        rows = [int(i) for i in idx_mapping]
+        with swapped(self.lora_ids, rows, list(req_ids), "lm"):
+            return original(self, req_ids, idx_mapping, num_scheduled_tokens, *args, **kwargs)
+
+    make_lora_inputs._opsctl_lora_swap = True  # type: ignore[attr-defined]
+    return make_lora_inputs
+
+
+def _wrap_mm_loras_v2(original, observe: bool, swap: bool):
+    """V2: record whose images the next encoder pass runs, with their adapters, from
+    ``set_active_mm_loras``'s arguments; swap two of them around it (tower/all)."""
+    import inspect
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def set_active_mm_loras(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            index, state = bound["req_id_to_index"], bound["lora_state"]
+            req_ids = [str(r) for r in bound["scheduled_encoder_inputs"] or {} if r in index]
+            rows = [int(index[r]) for r in req_ids]
+        except Exception as exc:  # a probe never breaks the engine
+            record_event(PROBE, {"event": "error", "where": "encoder", "error": repr(exc)})
+            return original(*args, **kwargs)
+        if observe and rows:
+            ids = [int(state.lora_ids[r]) for r in rows]
+            record_event(PROBE, {"event": "encoder", "req_ids": req_ids, "lora_ids": ids})
+        if not swap:
+            return original(*args, **kwargs)
+        with swapped(state.lora_ids, rows, req_ids, "tower"):
+            return original(*args, **kwargs)
+
+    set_active_mm_loras._opsctl_lora_swap = True  # type: ignore[attr-defined]
+    return set_active_mm_loras
+
+
+def _v2_modules() -> tuple[Any, Any, str | None]:
+    """(V2 runner module, V2 lora_utils module, why not) of this vLLM."""
+    import importlib
+
+    try:
+        runner, lora = importlib.import_module(V2_RUNNER), importlib.import_module(V2_LORA)
+    except Exception as exc:  # V2 imports CUDA-only code; absent in old releases
+        return None, None, f"{V2_RUNNER} not importable ({type(exc).__name__})"
+    if getattr(runner, "set_active_mm_loras", None) is None or not hasattr(
+        getattr(lora, "LoraState", None), "make_lora_inputs"
+    ):
+        return None, None, "V2 set_active_mm_loras / LoraState.make_lora_inputs not here"
+    return runner, lora, None
+
+
+def _install_module_fn(module: Any, attr: str, wrapper) -> None:
+    current = getattr(module, attr)
+    if getattr(current, "_opsctl_lora_swap", False):
+        return
+    ORIGINALS[f"{module.__name__}.{attr}"] = (module, attr, current)
+    setattr(module, attr, wrapper(current))
+
+
 def apply() -> Outcome:
     probe, scope = requested(), swap_scope(knobs.get(SWAP_ENV))
     if not probe and scope is None:
@@ -270,6 +349,11 @@ def apply() -> Outcome:
         from vllm.v1.worker import gpu_input_batch, gpu_model_runner
     except ImportError:  # vLLM >= 0.34: the V1 model runner is gone (V2 runners only)
         gpu_input_batch = gpu_model_runner = None
+    has_v1 = gpu_model_runner is not None and gpu_input_batch is not None
+    v2_runner = v2_lora = None
+    why_v2 = "CPUModelRunner is the V1 runner"
+    if not has_v1 or platform_name() != "cpu":
+        v2_runner, v2_lora, why_v2 = _v2_modules()
 
     done = []
     if probe:
@@ -277,21 +361,31 @@ def apply() -> Outcome:
         _install(manager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
         _install(worker, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
         done.append("records the LoRA manager, adapters and encoder calls in events/lora.jsonl")
-    if gpu_model_runner is None or gpu_input_batch is None:
+    if not has_v1 and v2_runner is None:
         done.append(
-            "no vllm.v1.worker.gpu_model_runner in this vLLM (V2 model runner): "
-            "encoder calls not recorded, no adapter swap"
+            "cannot observe encoder calls on this vLLM (no V1 GPUModelRunner._execute_mm_"
+            f"encoder; {why_v2}): encoder calls not recorded, no adapter swap"
         )
         if not probe:
             return Outcome(SKIPPED, done[0])
         return Outcome(APPLIED, "; ".join(done))
-    if scope in ("lm", "all"):
-        _install(gpu_input_batch.InputBatch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
-    if probe or scope in ("tower", "all"):
-        tower = scope in ("tower", "all")
-        wrap = functools.partial(_wrap_encoder, observe=probe, swap=tower)
-        runner = gpu_model_runner.GPUModelRunner
-        _install(runner, "_execute_mm_encoder", wrap, "_opsctl_lora_swap")
+    tower = scope in ("tower", "all")
+    if has_v1:
+        if scope in ("lm", "all"):
+            batch = gpu_input_batch.InputBatch
+            _install(batch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
+        if probe or tower:
+            wrap = functools.partial(_wrap_encoder, observe=probe, swap=tower)
+            runner = gpu_model_runner.GPUModelRunner
+            _install(runner, "_execute_mm_encoder", wrap, "_opsctl_lora_swap")
+        done.append("V1 runner hooked")
+    if v2_runner is not None:
+        if scope in ("lm", "all"):
+            _install(v2_lora.LoraState, "make_lora_inputs", _wrap_lm_v2, "_opsctl_lora_swap")
+        if probe or tower:
+            wrap = functools.partial(_wrap_mm_loras_v2, observe=probe, swap=tower)
+            _install_module_fn(v2_runner, "set_active_mm_loras", wrap)
+        done.append("V2 runner hooked (encoder calls from set_active_mm_loras)")
     if scope is not None:
         done.append(f"TEST KNOB {SWAP_ENV}={scope}: swaps two requests' adapters when batched")
     return Outcome(APPLIED, "; ".join(done))
@@ -308,7 +402,8 @@ def undo() -> None:
 PATCH = Patch(
     name="lora_swap_probe",
     target="vllm.lora.model_manager.LoRAModelManager, vllm.v1.worker.gpu_input_batch."
-    "InputBatch.make_lora_inputs, GPUModelRunner._execute_mm_encoder",
+    "InputBatch.make_lora_inputs, GPUModelRunner._execute_mm_encoder; V2: vllm.v1.worker."
+    "gpu.model_runner.set_active_mm_loras, gpu.lora_utils.LoraState.make_lora_inputs",
     versions="0.32 (LoRAModelManager.punica_wrapper_mapping, get_mm_lora_token_counts)",
     reason="opsctl probe for diag lora: LoRA on multimodal towers, mixed-adapter batches "
     "(PR 55897); test knob OPSCTL_LORA_SWAP plants a mixed-batch fault",
@@ -321,10 +416,14 @@ PATCH = Patch(
         *symbols("vllm.v1.worker.gpu_input_batch", "InputBatch.make_lora_inputs"),
         *symbols("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._execute_mm_encoder"),
     ),
-    watch=symbols(
-        "vllm.lora.model_manager",
-        "LoRAModelManager._get_lora_layer_weights",
-        "LoRAModelManager.activate_adapter",
+    watch=(
+        *symbols(
+            "vllm.lora.model_manager",
+            "LoRAModelManager._get_lora_layer_weights",
+            "LoRAModelManager.activate_adapter",
+        ),
+        *symbols(V2_RUNNER, "set_active_mm_loras"),
+        *symbols(V2_LORA, "LoraState.make_lora_inputs"),
     ),
     kind="probe",
 )
