@@ -51,10 +51,12 @@ from opsctl.collectors import completions as cc
 from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
+from opsctl.domain import findings as fd
 from opsctl.domain import invariance as inv
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
+from opsctl.domain import probe_evidence as pe
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
@@ -458,8 +460,9 @@ class _Job:
         )
         images = mm.evidence(m.pictures, m.tags, m.records, (m.alone, m.together), m.text_tokens)
         img_failures, img_warnings = img.assess(images, o.n)
-        failures = [*img_failures, *findings.failures]
-        warnings = [*img_warnings, *findings.warnings]
+        probes = probe_findings(m.live.run_dir, images=m.images > 0)
+        failures = [*img_failures, *findings.failures, *pe.lines(probes, fd.FAIL)]
+        warnings = [*img_warnings, *findings.warnings, *pe.lines(probes, fd.WARNING)]
         if m.attempts > 1:
             warnings.append(
                 f"BS={o.n} was sent {m.attempts} times: before, some requests reached the "
@@ -511,6 +514,16 @@ class _Job:
             "alone_s": round(m.alone[r.index].seconds, 4),
             "batched_s": round(m.together[r.index].seconds, 4),
         }
+
+
+def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
+    """What the engine's ledger says of the probes this check reads (the batch probe;
+    with images also mm_uuid): could not hook (fails the run) or unverified on this
+    vLLM (a warning); nothing for a server without a ledger."""
+    if run_dir is None:
+        return []
+    probes = ("batch", "mm_uuid") if images else ("batch",)
+    return pe.probe_findings(ledger.read_records(run_dir), probes, "invariance")
 
 
 def failed_run(mode: str | None, reason: str, timed_out: bool = False) -> dict:

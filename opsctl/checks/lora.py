@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_patches.patches import batch_gate
@@ -54,10 +54,12 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target
 from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import lora as collect
+from opsctl.domain import findings as fd
 from opsctl.domain import invariance as inv
 from opsctl.domain import lora as D
 from opsctl.domain import lora_support as DS
 from opsctl.domain import platform as plat
+from opsctl.domain import probe_evidence as pe
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput
 
@@ -314,6 +316,7 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
         tower=tower,
         earlier=sends[:-1],
     )
+    found = with_probe_findings(found, job.live.run_dir)
     parts = DS.support(
         job.images > 0,
         facts.manager,
@@ -330,6 +333,23 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     seconds = {**seconds, "alone": m.alone_seconds, "mixed": sum(a.seconds for a in m.attempts)}
     doc = _document(job, m, found, single, sends, (evidence, tower), parts, seconds)
     return LoraReport(found.verdict, doc)
+
+
+def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
+    """``found`` with what the engine's ledger says of the probes this check reads (lora,
+    batch): a probe that could not hook leaves the check unverified at best (its
+    evidence was not seen), one unverified on this vLLM adds a warning."""
+    if run_dir is None:
+        return found
+    probes = pe.probe_findings(ledger.read_records(run_dir), ("lora", "batch"), "lora")
+    unhooked = pe.lines(probes, fd.FAIL)
+    verdict = D.UNVERIFIED if unhooked and found.verdict == D.PASS else found.verdict
+    return replace(
+        found,
+        verdict=verdict,
+        reasons=(*found.reasons, *unhooked),
+        warnings=(*found.warnings, *pe.lines(probes, fd.WARNING)),
+    )
 
 
 def _document(

@@ -37,7 +37,8 @@ from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import mm_uuid as collect
 from opsctl.domain import mm_uuid as D
 from opsctl.domain import platform as plat
-from opsctl.domain.findings import verdict
+from opsctl.domain import probe_evidence as pe
+from opsctl.domain.findings import Finding, verdict
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
@@ -142,11 +143,23 @@ def run(
         _check_url(target, options, progress, session, state)
     else:
         _check_engines(target, options, progress, session, state)
-    found = D.findings(state.observations, state.reuse)
+    found = [*D.findings(state.observations, state.reuse), *probe_findings(state.runs)]
     v = verdict(found)
     rows = tuple(tuple(r) for r in D.table_rows(state.observations))
     progress(ev.Finished(v, D.summary(state.observations), rows=rows))
     return Report(v, _document(state, options, found, v))
+
+
+def probe_findings(runs: list[dict[str, Any]]) -> list[Finding]:
+    """What each engine's ledger says of the mm_uuid probe: could not hook (fail) or
+    unverified on this vLLM (warning), once per distinct finding."""
+    out: dict[tuple[str, str], Finding] = {}
+    for r in runs:
+        if r.get("run_dir"):
+            records = ledger.read_records(Path(r["run_dir"]))
+            for f in pe.probe_findings(records, ("mm_uuid",), "mm_uuid"):
+                out.setdefault((f.code, f.message), f)
+    return list(out.values())
 
 
 def _document(state: _State, options: Options, found: list, v: str) -> dict[str, Any]:
