@@ -24,9 +24,11 @@
 #   facts    ~20 s   only the facts (also the first step of serve)
 #
 # Outputs: /tmp/prove/STAGE/ (per call: NAME.json or NAME.txt = stdout, NAME.err =
-# stderr; calls.jsonl = argv, rc, seconds, limit per call; runs/NAME/<run dir>/ = the
-# engine facts of the run directories the call created: meta.json, ledger/*.json,
-# events/*.jsonl, the last 2 MB of server.log; summary.log), then ONE $OUT/STAGE.tar.gz
+# stderr; serve.jsonl = opsctl serve's events, sigkill.json = the SIGKILL measurement;
+# calls.jsonl = argv, rc, seconds, limit per call; runs/NAME/<run dir>/ = the run
+# directories the call created: meta.json, ledger/*.json, events/*.jsonl, the last 2 MB of
+# server.log; engine_facts.txt = per engine its execution mode, attention backend, KV
+# cache, async scheduling, from server.log; facts.txt; summary.log), then ONE $OUT/STAGE.tar.gz
 # of that folder and $OUT/STAGE.log (the summary, also on stdout). Every engine this
 # script started is gone at the end of a stage (killed if need be, and said so).
 #
@@ -62,6 +64,7 @@ D=$WORK/$STAGE
 RUN_CWD=$WORK/cwd # opsctl runs from here: the bundle's opsctl, never the checkout's
 rm -rf "$D"
 mkdir -p "$D" "$RUN_CWD" "$OUT" "$OPSCTL_HOME"
+cd "$RUN_CWD" || exit 1 # python3 here imports nothing from the checkout
 SUMMARY=$D/summary.log
 
 ts() { date -u +%H:%M:%S; }
@@ -120,6 +123,26 @@ collect_runs() {
     done
 }
 
+# engine facts of the run directories under $1 (from their server.log): execution mode,
+# attention backend, KV cache, async scheduling; one line each, also into engine_facts.txt
+engine_facts() {
+    local rd
+    for rd in "$1"/*/; do
+        [ -f "$rd/server.log" ] || continue
+        python3 - "$rd/server.log" <<'PY' | sed "s|^|    $(basename "$rd"): |" | tee -a "$D/engine_facts.txt" "$SUMMARY"
+import re, sys
+log = open(sys.argv[1], errors="replace").read()
+pats = {"enforce_eager": r"enforce_eager=(\w+)", "compilation": r"'mode': <CompilationMode\.(\w+)",
+        "cudagraph_mode": r"'cudagraph_mode': <CUDAGraphMode\.(\w+)", "attention": r"Using (\w+) (?:attention )?backend",
+        "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens", "async_scheduling": r"Asynchronous scheduling is (\w+)",
+        "v2_model_runner": r"(V2 Model Runner)", "dtype": r"dtype=(torch\.\w+)"}
+facts = {k: (m.group(1) if (m := re.search(p, log)) else None) for k, p in pats.items()}
+errors = len(re.findall(r"Traceback|ERROR", log))
+print(" ".join(f"{k}={v}" for k, v in facts.items()), f"error_lines={errors}")
+PY
+    done
+}
+
 # one line about a JSON result: schema, verdict/state/exit code
 brief() {
     python3 - "$1" <<'PY' 2>/dev/null || echo "(not JSON: $(head -c 200 "$1" | tr '\n' ' '))"
@@ -170,6 +193,7 @@ call() {
     sec=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
     record "$name" "$rc" "$sec" "$lim" "${args[@]}"
     collect_runs "$mark" "$D/runs/$name"
+    [ -d "$D/runs/$name" ] && engine_facts "$D/runs/$name"
     local what=""
     [ "$ext" = json ] && what=$(brief "$D/$name.$ext")
     say "$name rc=$rc ${sec}s $what"
@@ -190,6 +214,7 @@ facts() {
         python3 --version
         python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
         python3 -c 'import vllm; print("vllm", vllm.__version__)'
+        echo "opsctl serve --eager exists: $( (cd "$RUN_CWD" && python3 -m opsctl serve --help) | grep -c -- --eager)"
         nproc
         free -g | head -2
     } >"$f" 2>&1
@@ -230,6 +255,7 @@ serve_block() {
     fi
     sigkill_serve "$sp"
     collect_runs "$mark" "$D/runs/serve"
+    engine_facts "$D/runs/serve"
 }
 
 # SIGKILL opsctl serve (no stopped event can follow in serve.jsonl); the seconds until every process of its tree is gone (15 s allowed,
