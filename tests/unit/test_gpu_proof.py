@@ -250,6 +250,25 @@ def test_sigkill_of_opsctl_serve_leaves_no_engine_within_15_s():
     assert kill["verdict"] == "pass"
 
 
+def test_certify_junit_follows_the_xsd_and_its_document():
+    """certify's --junit file: valid against junit-10.xsd (tests/data/schemas), one
+    testcase per check of the JSON document, failure/error/skipped as its verdict."""
+    import xml.etree.ElementTree as ET
+
+    import xmlschema
+
+    text = _need(DATA / "certify" / "certify.xml").read_text()
+    xmlschema.XMLSchema(str(SCHEMAS / "junit-10.xsd")).validate(text)
+    doc = _load(DATA / "certify" / "certify-llama.json")
+    cases = {c.get("name"): c for c in ET.fromstring(text).iter("testcase")}
+    assert set(cases) == {c["check"] for c in doc["checks"]}
+    tag = {"fail": "failure", "error": "error", "skipped": "skipped"}
+    for check in doc["checks"]:
+        children = {e.tag for e in cases[check["check"]]} - {"system-out"}
+        want = tag.get(check["verdict"])
+        assert children == ({want} if want else set()), (check["check"], check["verdict"])
+
+
 # ---- docs/gpu.md's table against the recordings ---------------------------------------------
 RESULTS = {"pass", "fail", "not applicable"}
 CALL_OF = {"serve": "serve-ready"}  # recording stem -> its name in calls.jsonl
