@@ -27,14 +27,18 @@ prometheus:
 	  --no-install-recommends prometheus >/dev/null; } \
 	  || echo "prometheus not installed (needs root and apt-get): its tests will fail" >&2
 
-# Modules without engines run first (tests/conftest.py orders them), so with -x a broken
-# tree fails in the first minutes; the suite ends with its engine starts and their seconds.
+# Two tiers. First every test without an engine, on $(WORKERS) pytest-xdist workers
+# (they mostly wait on subprocesses, sockets and deadlines), so with -x a broken tree
+# fails in the first minutes. Then the engine tests, one engine at a time (cheap modules
+# first: tests/conftest.py orders them); the run ends with its engine starts and seconds.
+WORKERS ?= 4
 test: install prometheus
-	$(BIN)/python -m pytest -x -q --timeout=1800 --durations=25 tests
+	$(BIN)/python -m pytest -x -q -n $(WORKERS) -m "not engine" --durations=10 tests
+	$(BIN)/python -m pytest -x -q -m engine --timeout=1800 --durations=25 tests
 
 # The inner loop: every test but those that start a real engine (under 3 minutes)
 test-fast: install prometheus
-	$(BIN)/python -m pytest -q -m "not engine" --durations=10 tests
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not engine" --durations=10 tests
 
 bench: install
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

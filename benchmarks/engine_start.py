@@ -12,6 +12,11 @@ prints, per phase, the median seconds:
 - ``http_up``: API server wiring after the engine is ready (-> "Starting vLLM server on")
 - ``health``: "Starting vLLM server on" -> the first /health 200 seen by the launcher
 
+Three launches: ``opsctl`` (vLLM's layout, as ``opsctl serve`` starts it), ``bare vLLM``
+(the same argv without opsctl's plugin) and ``opsctl 1p`` (the single-process layout of
+opsctl's check engines: the API server forks the EngineCore, which runs the model; no
+Worker, so its ``engine_core`` phase is 0 and ``worker`` is the EngineCore's own init).
+
 Times come from process creation times (psutil) and from log lines stamped as they
 appear (the log is tailed every 20 ms; vLLM runs unbuffered). "bare" is vLLM with the
 argv and environment opsctl would use minus opsctl's plugin (no OPSCTL_RUN_DIR, so the
@@ -88,10 +93,13 @@ class Watch:
                 parent = p.ppid()
             except psutil.Error:
                 continue
-            if "spawn_main" not in cmd and "EngineCore" not in cmd + p.name():
+            if "resource_tracker" in cmd or (
+                parent != self.root_pid and "spawn_main" not in cmd and "Worker" not in p.name()
+            ):
                 self.roles[p.pid] = "other"  # resource tracker, compilers
                 continue
-            # the API server spawns the EngineCore; the EngineCore spawns the worker
+            # the API server spawns (or forks) the EngineCore; the EngineCore spawns the
+            # worker in vLLM's multiprocess layout
             role = "engine_core" if parent == self.root_pid else "worker"
             self.roles[p.pid] = role
             if role not in self.procs or created < self.procs[role]:
@@ -102,7 +110,8 @@ class Watch:
         points = [
             self.t0,
             p.get("engine_core"),
-            p.get("worker"),
+            # single process: no Worker, the EngineCore loads the model itself
+            p.get("worker", p.get("engine_core")),
             m.get("load_start"),
             m.get("kv_sized"),
             m.get("engine_ready"),
@@ -133,12 +142,17 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> flo
     raise TimeoutError("engine did not become healthy")
 
 
-def opsctl_start(model: str) -> dict[str, float]:
+def opsctl_start(model: str, single_process: bool = False) -> dict[str, float]:
     from opsctl.engine.model import resolve
     from opsctl.engine.server import EngineServer, LaunchOptions
 
     server = EngineServer(
-        LaunchOptions(model=resolve(model), load_format="dummy", label="bench-start")
+        LaunchOptions(
+            model=resolve(model),
+            load_format="dummy",
+            label="bench-start",
+            single_process=single_process,
+        )
     )
     server.start()
     watch = Watch(server.log_path, server.pid, server.started_at)
@@ -207,9 +221,14 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-llama")
     args = ap.parse_args()
     os.environ.setdefault("OPSCTL_HOME", str(Path(__file__).resolve().parents[1] / ".opsctl-home"))
-    results: dict[str, list[dict[str, float]]] = {"opsctl": [], "bare vLLM": []}
+    launches = (
+        ("opsctl", opsctl_start),
+        ("bare vLLM", bare_start),
+        ("opsctl 1p", lambda m: opsctl_start(m, single_process=True)),
+    )
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in launches}
     for i in range(args.runs):
-        for name, fn in (("opsctl", opsctl_start), ("bare vLLM", bare_start)):
+        for name, fn in launches:
             r = fn(args.model)
             results[name].append(r)
             print(f"run {i + 1} {name:9}: " + " ".join(f"{k}={v}" for k, v in r.items()),

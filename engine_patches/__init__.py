@@ -16,10 +16,27 @@ from __future__ import annotations
 
 import os
 
+_FORK_HOOK_IN: int | None = None  # pid of the process that armed the after-fork hook
+
+
+def _after_fork_in_child() -> None:
+    """A process vLLM forks (the EngineCore, with ``engine_patches.patches.engine_core_fork``)
+    inherits ``vllm.plugins.plugins_loaded``: clear it so vLLM loads the plugins again
+    where a spawned process would, and :func:`register` runs there under its own role."""
+    import sys
+
+    plugins = sys.modules.get("vllm.plugins")
+    if plugins is not None and getattr(plugins, "plugins_loaded", False):
+        plugins.plugins_loaded = False
+
 
 def register() -> None:
+    global _FORK_HOOK_IN
     if not os.environ.get("OPSCTL_RUN_DIR"):
         return
+    if _FORK_HOOK_IN is None:
+        _FORK_HOOK_IN = os.getpid()
+        os.register_at_fork(after_in_child=_after_fork_in_child)
     try:
         from engine_patches import watchdog
         from engine_patches.registry import process_role, record_event

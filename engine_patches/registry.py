@@ -60,6 +60,7 @@ from engine_patches.records import (
 class _State:
     results: dict[str, dict] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    pid: int = field(default_factory=os.getpid)  # a forked child starts its own results
 
 
 _STATE = _State()
@@ -123,6 +124,8 @@ def apply_all(run_dir: str | None = None) -> dict:
     role = process_role()
     platform, platform_note = platform_info()
     version = vllm_version()
+    if _STATE.pid != os.getpid():  # forked: this process applies (and records) its own
+        _STATE.results, _STATE.lock, _STATE.pid = {}, threading.Lock(), os.getpid()
     with _STATE.lock:
         for patch in patches():
             if patch.name not in _STATE.results:

@@ -260,6 +260,16 @@ class Accounting:
             if bare:
                 self.bare.setdefault(module, []).extend(bare)
 
+    def last_write(self, name: str) -> float | None:
+        """The newest mtime of a file in the run directory ``name``."""
+        if self.runs_root is None:
+            return None
+        try:
+            times = [p.stat().st_mtime for p in (self.runs_root / name).rglob("*") if p.is_file()]
+        except OSError:
+            return None
+        return max(times, default=None)
+
     def start_seconds(self, name: str) -> tuple[float, bool]:
         """(seconds from start to healthy, or to the stop when it never got there; healthy)"""
         meta = self.meta(name)
@@ -268,7 +278,10 @@ class Accounting:
             return 0.0, False
         if meta.get("healthy_at"):
             return float(meta["healthy_at"]) - float(started), True
-        return max(0.0, float(meta.get("stopped_at") or time.time()) - float(started)), False
+        # never healthy: to its stop, or (killed with its owner: no stop recorded) to the
+        # last write into its run directory
+        end = meta.get("stopped_at") or self.last_write(name) or float(started)
+        return max(0.0, float(end) - float(started)), False
 
     def summary(self, pool_lines: list[str]) -> list[str]:
         rows, total_n, total_s, failed = [], 0, 0.0, 0

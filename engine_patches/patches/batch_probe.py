@@ -509,8 +509,12 @@ PATCH = Patch(
         "GPUModelRunner._sample",
         "GPUModelRunner._execute_mm_encoder",
     ),
-    # V2_MODULE's execute_model and add_requests are wrapped too; listing them here
-    # needs engine_patches/verified_hashes.json re-recorded (see the report)
-    watch=symbols(V2_MODULE, "GPUModelRunner.sample"),
+    # the V2 runner (CUDA since vLLM 0.26): sample, execute_model and add_requests
+    watch=symbols(
+        V2_MODULE,
+        "GPUModelRunner.sample",
+        "GPUModelRunner.execute_model",
+        "GPUModelRunner.add_requests",
+    ),
     kind="probe",
 )

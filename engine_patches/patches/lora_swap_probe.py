@@ -416,12 +416,15 @@ PATCH = Patch(
         *symbols("vllm.v1.worker.gpu_input_batch", "InputBatch.make_lora_inputs"),
         *symbols("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._execute_mm_encoder"),
     ),
-    # the V2 targets (V2_RUNNER:set_active_mm_loras, V2_LORA:LoraState.make_lora_inputs)
-    # belong here too once engine_patches/verified_hashes.json is re-recorded
-    watch=symbols(
-        "vllm.lora.model_manager",
-        "LoRAModelManager._get_lora_layer_weights",
-        "LoRAModelManager.activate_adapter",
+    watch=(
+        *symbols(
+            "vllm.lora.model_manager",
+            "LoRAModelManager._get_lora_layer_weights",
+            "LoRAModelManager.activate_adapter",
+        ),
+        # the V2 runner's (CUDA since vLLM 0.26)
+        *symbols("vllm.v1.worker.gpu.model_runner", "set_active_mm_loras"),
+        *symbols("vllm.v1.worker.gpu.lora_utils", "LoraState.make_lora_inputs"),
     ),
     kind="probe",
 )

@@ -41,6 +41,7 @@ def engines(session: EngineSession) -> list[dict[str, Any]]:
                 "test_knobs": dict(spec.knobs),
                 "probes": sorted(spec.probes),
                 "enforce_eager": spec.enforce_eager,
+                "single_process": spec.single_process,
                 "max_model_len": spec.max_model_len,
                 "max_num_seqs": spec.max_num_seqs,
                 "healthy_after_s": round(start.seconds, 2),

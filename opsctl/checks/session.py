@@ -103,6 +103,7 @@ class EngineSession:
                 max_model_len=spec.max_model_len,
                 max_num_seqs=spec.max_num_seqs,
                 enforce_eager=spec.enforce_eager,
+                single_process=spec.single_process,
                 knobs=dict(spec.knobs),
                 api_key=spec.api_key,
             )

@@ -42,6 +42,9 @@ class EngineSpec:
     max_model_len: int = 256
     max_num_seqs: int = 8
     enforce_eager: bool = True
+    # the model runs in the EngineCore process (one GPU's default layout; on CPU it saves
+    # the Worker process's spawn): no check needs vLLM's multiprocess worker layout
+    single_process: bool = True
     timeout: float = 300.0  # seconds to wait for /health
     api_key: str | None = None
 
@@ -57,6 +60,7 @@ class EngineSpec:
             self.max_model_len,
             self.max_num_seqs,
             self.enforce_eager,
+            self.single_process,
             self.api_key,
         )
 

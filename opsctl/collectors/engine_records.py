@@ -135,6 +135,18 @@ def _last(records: list[dict], **match: Any) -> dict | None:
     return None
 
 
+def _sampler_init(batch: list[dict]) -> dict | None:
+    """The batch probe's init record of the process that samples: the one whose pid
+    recorded the steps (the Worker in vLLM's multiprocess layout, the EngineCore when
+    the model runs inside it); before any step, a Worker's, else the last one."""
+    step = _last(batch, event="step")
+    if step is not None:
+        found = _last(batch, event="init", pid=step.get("pid"))
+        if found is not None:
+            return found
+    return _last(batch, event="init", role="worker") or _last(batch, event="init")
+
+
 def read(run_dir: Path | None) -> EngineRecords:
     if run_dir is None:
         return EngineRecords()
@@ -145,7 +157,7 @@ def read(run_dir: Path | None) -> EngineRecords:
     return EngineRecords(
         infos[-1] if infos else None,
         tuple(batch),
-        _last(batch, event="init", role="worker") or _last(batch, event="init"),
+        _sampler_init(batch),
         records[-1].get("vllm_version") if records else None,
         ledger.test_knobs(records),
         tuple(mm) if mm is not None else None,

@@ -16,6 +16,14 @@ from opsctl.commands.options import (
 )
 
 LOAD_FORMATS = ("auto", "dummy")
+EAGER_HELP = (
+    "run eagerly (vLLM's --enforce-eager: no torch.compile, no CUDA graphs); starts "
+    "faster, serves slower; default: vLLM's default execution mode"
+)
+SINGLE_HELP = (
+    "run the model inside the EngineCore process (one GPU's layout; on CPU it saves "
+    "the Worker process's start); default: vLLM's process layout"
+)
 
 
 def _printer(as_json: bool):
@@ -56,6 +64,7 @@ def register(app: typer.Typer) -> None:
         epilog=epilog(
             "opsctl serve",
             "opsctl serve tiny-llama --port 8001 --no-tui --json",
+            "opsctl serve tiny-llama --eager --single-process",
             "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
         ),
     )(serve)
@@ -94,6 +103,8 @@ def serve(
     insecure_bind: bool = typer.Option(
         False, "--insecure-bind", help="allow a non-loopback --host without an API key"
     ),
+    eager: bool = typer.Option(False, "--eager", help=EAGER_HELP),
+    single_process: bool = typer.Option(False, "--single-process", help=SINGLE_HELP),
     test_knob: list[str] | None = test_knob_option(),
 ) -> None:
     """Start vLLM's OpenAI server with opsctl's plugin; supervise until Ctrl-C/SIGTERM.
@@ -128,6 +139,7 @@ def serve(
     if output.want_tui(tui, as_json):
         from opsctl.ui.serve_app import run_dashboard as dashboard
     req = supervise.ServeRequest(
-        model, load_format, host, port, timeout, tuple(extra), api_key, knobs
-    )
+        model, load_format, host, port, timeout, tuple(extra), api_key, knobs,
+        eager=eager or "--enforce-eager" in extra, single_process=single_process,
+    )  # fmt: skip
     raise typer.Exit(supervise.serve(req, _printer(as_json), dashboard))

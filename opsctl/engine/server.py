@@ -52,6 +52,11 @@ class LaunchOptions:
     run_dir: Path | None = None
     label: str = "serve"
     enforce_eager: bool = True  # False: vLLM's default execution mode (torch.compile / graphs)
+    # True: the model runs inside the EngineCore process (vLLM's uni executor), as vLLM
+    # runs one GPU by default; vLLM's CPU platform otherwise forces a separate Worker
+    # process (mp executor), a spawn + `import vllm` (~8 s on 2 cores) per start. Check
+    # engines use it; `opsctl serve` keeps vLLM's layout unless asked (--single-process).
+    single_process: bool = False
     api_key: str | None = None  # given to vLLM (VLLM_API_KEY) and used for opsctl's own requests
     # test-only knobs (engine_patches.knobs.KNOBS): the only way a knob reaches an engine;
     # knobs in the inherited environment are stripped
@@ -134,7 +139,11 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
         str(opts.max_model_len),
         "--max-num-seqs",
         str(opts.max_num_seqs),
-        *(["--enforce-eager"] if opts.enforce_eager else []),
+        *(
+            ["--enforce-eager"]
+            if opts.enforce_eager and "--enforce-eager" not in opts.extra_args
+            else []
+        ),
         "--host",
         opts.host,
         "--port",
@@ -142,7 +151,25 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
     ]
     if not has_gpu():
         argv += ["--dtype", "float32", "--gpu-memory-utilization", "0.5"]
+    if opts.single_process and not has_gpu():  # one GPU runs "uni" by default
+        argv += ["--distributed-executor-backend", "uni"]
     return argv + list(opts.extra_args)
+
+
+def cpu_worker_threads(env: dict[str, str]) -> int:
+    """The OpenMP threads vLLM's CPU Worker process would compute with: the CPUs this
+    process may use minus those vLLM reserves for the EngineCore (one, or
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU``), at least one. A single-process engine computes with
+    as many, so its numerics (reduction order) match vLLM's multiprocess layout."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        reserved = int(env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") or 1)
+    except ValueError:
+        reserved = 1
+    return max(1, cpus - reserved)
 
 
 def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -> dict[str, str]:
@@ -162,6 +189,14 @@ def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -
     )
     if opts.disable_patches:
         env["OPSCTL_DISABLE_PATCHES"] = ",".join(opts.disable_patches)
+    env.pop("OPSCTL_ENGINE_FORK", None)
+    if opts.single_process and not has_gpu():  # one GPU runs this layout by default
+        # vLLM's CPU platform turns "uni" into "mp" unless this is "0"; the API server's
+        # AsyncLLM does not read it (its EngineCore is always a separate process)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # fork the EngineCore as vLLM does on one GPU (engine_patches engine_core_fork)
+        env["OPSCTL_ENGINE_FORK"] = "1"
+        env["OMP_NUM_THREADS"] = str(cpu_worker_threads({**env, **opts.env}))
     env.update(opts.env)
     env.update(lifetime.owner_env())  # the engine stops itself when this process is gone
     # vLLM reads its API key from VLLM_API_KEY too: an inherited one would lock opsctl out

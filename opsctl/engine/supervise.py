@@ -36,6 +36,10 @@ class ServeRequest:
     extra: tuple[str, ...] = ()
     api_key: str | None = None
     knobs: dict[str, str] = field(default_factory=dict)  # test-only (hidden flag)
+    # vLLM's default execution mode (torch.compile, CUDA graphs) unless asked to run eager
+    eager: bool = False
+    # vLLM's process layout unless asked: True runs the model in the EngineCore
+    single_process: bool = False
 
 
 def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = None) -> int:
@@ -51,6 +55,8 @@ def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = No
             extra_args=list(req.extra),
             api_key=req.api_key,
             knobs=dict(req.knobs),
+            enforce_eager=req.eager,
+            single_process=req.single_process,
         )
     )
     try:
@@ -102,6 +108,8 @@ def _watch(server: EngineServer, req: ServeRequest, on_event: OnEvent) -> int:
             "pid": server.pid,
             "pids": {p.role: p.pid for p in tree.processes},
             "healthy_after_s": round(load_s, 2),
+            "eager": req.eager,
+            "single_process": req.single_process,
         },
     )
     while True:

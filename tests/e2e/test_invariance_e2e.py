@@ -111,10 +111,12 @@ def test_isolating_settings_reach_the_engine(engine, main_run):
     # and the engine's own records say so
     info = read_events(engine.run_dir, "engine_info")[-1]
     assert info["enable_prefix_caching"] is False and info["mm_processor_cache_gb"] is None
-    inits = [e for e in read_events(engine.run_dir, "batch") if e.get("event") == "init"]
-    assert any(
-        e["role"] == "worker" and e["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0" for e in inits
-    )
+    # ... in the process that samples (the EngineCore: check engines run the model there)
+    events = read_events(engine.run_dir, "batch")
+    samplers = {e["pid"] for e in events if e.get("event") == "step"}
+    inits = [e for e in events if e.get("event") == "init" and e["pid"] in samplers]
+    assert inits and all(e["role"] == "engine_core" for e in inits), events[:3]
+    assert all(e["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0" for e in inits)
 
 
 def test_the_batch_really_formed(engine, main_run):

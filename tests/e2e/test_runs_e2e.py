@@ -39,6 +39,7 @@ opts = LaunchOptions(
     model=resolve("tiny-llama"),
     load_format="dummy",
     label="orphan",
+    single_process=False,  # vLLM's layout: its Worker's psm_* ring buffers are the point
     run_dir=Path(sys.argv[1]),
     knobs={knobs.NO_OWNER_WATCH: "1"},
 )

@@ -129,7 +129,16 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
     )
     shm_before = shm_names()
     port = free_port()
-    args = ("tiny-llama", "--load-format", "dummy", "--port", str(port), "--api-key", key)
+    args = (
+        "tiny-llama",
+        "--load-format",
+        "dummy",
+        "--eager",
+        "--port",
+        str(port),
+        "--api-key",
+        key,
+    )
     with served(*args, env=env) as proc:
         ready = read_event(proc)
         url = ready["url"]
@@ -195,11 +204,19 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
         stop_and_check(proc, ready, signal.SIGTERM, shm_before)
 
 
-def test_serve_real_weights_varied_greedy_output_and_ctrl_c():
+def test_serve_real_weights_default_mode_varied_greedy_output_and_ctrl_c():
+    """Without --eager, serve runs vLLM's default execution mode (on CPU: torch.compile
+    with Dynamo, no --enforce-eager), as operators run it."""
     shm_before = shm_names()
     port = free_port()
     with served("tiny-llama", "--port", str(port)) as proc:
         ready = read_event(proc)
+        assert ready["eager"] is False and ready["single_process"] is False
+        argv = json.loads((Path(ready["run_dir"]) / "meta.json").read_text())["argv"]
+        assert "--enforce-eager" not in argv, argv
+        info = read_events(Path(ready["run_dir"]), "engine_info")[-1]
+        assert info["enforce_eager"] is False, info
+        assert info["compilation_mode"] and "NONE" not in info["compilation_mode"], info
 
         def greedy(**extra):
             body = {
@@ -231,7 +248,8 @@ def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
     will; stop() still leaves no process and no orphaned segment. (With the Worker alive,
     the SIGTERM stop() sends lets vLLM unlink both buffers itself: seen in CI.)"""
     shm_before = shm_names()
-    with running_engine("tiny-hybrid", load_format="dummy") as server:
+    # vLLM's multiprocess layout: this test kills the Worker process
+    with running_engine("tiny-hybrid", load_format="dummy", single_process=False) as server:
         info = read_events(server.run_dir, "engine_info")[-1]
         groups = info["kv_cache_groups"]
         assert len(groups) > 1, groups
