@@ -222,6 +222,7 @@ def nudge_rows(tracker: _Tracker, logits, rows: dict[str, int], due, num_reqs: i
         if row is None or row >= int(logits.shape[0]):
             continue
         top = int(logits[row].argmax().item())
+        before = float(logits[row, top].item())
         logits[row, top] += nudge.delta
         record_event(
             "batch",
@@ -231,6 +232,8 @@ def nudge_rows(tracker: _Tracker, logits, rows: dict[str, int], due, num_reqs: i
                 "position": pos,
                 "token_id": top,
                 "delta": nudge.delta,
+                # what the logits' dtype kept of the delta (0.0: lost to its precision)
+                "applied": float(logits[row, top].item()) - before,
                 "num_reqs": num_reqs,
             },
         )
@@ -271,6 +274,10 @@ class _NudgingSampler:
             ids = list(input_batch.req_ids)[: int(input_batch.num_reqs)]
             if int(logits.shape[0]) == len(ids):  # one logits row per request (no drafts)
                 rows = {r: i for i, r in enumerate(ids)}
+                if any(r in rows for r, _ in self._due) and logits.element_size() < 4:
+                    # V2 keeps the model's dtype (bf16 on a GPU): a 0.01 delta on a logit
+                    # of ~10 rounds away (seen on the H200); the sampler upcasts anyway
+                    logits = logits.float()
                 nudge_rows(self._tracker, logits, rows, self._due, self._num_reqs)
         except Exception as exc:  # a probe never breaks the engine
             record_event("batch", {"event": "error", "error": repr(exc)})

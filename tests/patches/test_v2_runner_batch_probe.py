@@ -133,12 +133,31 @@ def test_nudge_reaches_the_v2_logits_only_when_batched(runner_cls, tmp_path) -> 
     nudges = [e for e in events(tmp_path) if e["event"] == "nudge"]
     assert nudges == [
         {"event": "nudge", "req_id": "x-zebra", "position": 1, "token_id": 4}
-        | {"delta": 0.5, "num_reqs": 2}
+        | {"delta": 0.5, "applied": 0.5, "num_reqs": 2}
     ]
     alone = runner_cls()
     for _ in range(2):
         alone.sample(hidden(1), input_batch(["x-zebra"]), None)
     assert torch.equal(alone.sampled[1], hidden(1))  # BS=1: never nudged
+
+
+def test_nudge_survives_bf16_logits(runner_cls, tmp_path) -> None:
+    """V2 hands the sampler logits in the model's dtype: bf16 on the H200, where a 0.01
+    delta on a logit near 10 rounded away (9 nudges recorded, logprobs unchanged). Due
+    rows are sampled from float32 logits, and the event says what was applied."""
+    bp.hook_v2(runner_cls, bp.Nudge("zebra", 0, 0.01))
+    r = runner_cls()
+    batch = input_batch(["x-zebra", "y"])
+    logits = torch.full((2, 5), 10.0, dtype=torch.bfloat16)
+    logits[:, 4] = 12.0
+    assert float((logits[0, 4] + 0.01) - logits[0, 4]) == 0.0  # bf16 loses the delta
+    r.sample(logits, batch, None)
+    sampled = r.sampled[0]
+    assert sampled.dtype == torch.float32
+    assert float(sampled[0, 4]) == pytest.approx(12.01, abs=1e-4)
+    assert float(sampled[1, 4]) == 12.0  # the other request: untouched
+    (nudge,) = [e for e in events(tmp_path) if e["event"] == "nudge"]
+    assert nudge["applied"] == pytest.approx(0.01, abs=1e-4)
 
 
 def test_nudge_marker_matches_an_image_uuid_seen_by_add_requests(runner_cls, tmp_path) -> None:
