@@ -187,11 +187,27 @@ def _renderer(doc: dict):
 NOT_RENDERED = {"opsctl.version", "opsctl.models.build", "opsctl.console"}
 
 
+def _assert_error_document_as_the_cli_emits_it(path: Path, doc: dict) -> None:
+    """A call that failed before its report existed (e.g. no vLLM server answered): its
+    opsctl.error/1 document is the one opsctl.output.error_document builds, and the call's
+    stderr ends with the CLI's ``opsctl: error:`` line (and its hint) for the same message."""
+    from opsctl.output import error_document
+
+    assert doc == error_document(doc["command"], doc["exit_code"], doc["error"], doc["hint"])
+    assert doc["error"] and doc["exit_code"] in (1, 3, 4, 130), doc
+    err = _need(path.with_suffix(".err")).read_text().splitlines()
+    want = [f"opsctl: error: {doc['error']}"] + ([f"hint: {doc['hint']}"] if doc["hint"] else [])
+    assert err[-len(want) :] == want, (path.name, err[-3:])
+
+
 @pytest.mark.parametrize("path", REPORTS, ids=IDS)
 def test_report_renders_plain_and_rich(path: Path):
     from opsctl.output import PIPE_WIDTH, PlainConsole
 
     doc = _load(path)
+    if _schema_name(doc)[0] == "opsctl.error":
+        _assert_error_document_as_the_cli_emits_it(path, doc)
+        return
     render = _renderer(doc)
     if render is None:
         assert _schema_name(doc)[0] in NOT_RENDERED, doc.get("schema")
@@ -248,6 +264,145 @@ def test_sigkill_of_opsctl_serve_leaves_no_engine_within_15_s():
     assert kill["left_after_30s"] == []
     assert kill["gone_after_s"] is not None and kill["gone_after_s"] <= 15.0, kill
     assert kill["verdict"] == "pass"
+    # docs/gpu.md states the measured time
+    assert f"gone {kill['gone_after_s']:.1f} s after SIGKILL" in GPU_DOC.read_text()
+
+
+def _engine_facts(stage: str) -> dict[str, dict[str, str]]:
+    """engine_facts.txt of a stage: run dir name -> its key=value facts."""
+    facts: dict[str, dict[str, str]] = {}
+    for line in _need(DATA / stage / "engine_facts.txt").read_text().splitlines():
+        run, sep, rest = line.strip().partition(": ")
+        if sep:
+            facts[run] = dict(re.findall(r"(\w+)=((?:[^=]+?)(?=\s+\w+=|$))", rest))
+    return facts
+
+
+def test_serve_runs_vllm_default_execution_mode():
+    """issue 25 item 5: `opsctl serve` without --eager leaves vLLM's default mode on: torch
+    compile and CUDA graphs, the V2 model runner, async scheduling."""
+    (ready,) = _lines(DATA / "serve" / "serve.jsonl")
+    assert ready["event"] == "ready" and ready["eager"] is False, ready
+    assert ready["single_process"] is False, ready
+    facts = _engine_facts("serve")[Path(ready["run_dir"]).name]
+    assert facts["enforce_eager"] == "False", facts
+    assert facts["compilation"] == "VLLM_COMPILE", facts
+    assert facts["cudagraph_mode"] == "FULL_AND_PIECEWISE", facts
+    assert facts["v2_model_runner"] == "V2 Model Runner", facts
+    assert facts["async_scheduling"] == "enabled", facts
+    assert facts["error_lines"] == "0", facts
+    eager = _load(DATA / "serve" / "invariance-eager.json")
+    facts = _engine_facts("serve")[Path(eager["runs"][0]["run_dir"]).name]
+    assert facts["enforce_eager"] == "True" and facts["cudagraph_mode"] == "NONE", facts
+
+
+def test_the_served_unisolated_server_fails_invariance_closed():
+    doc = _load(DATA / "serve" / "invariance-served.json")
+    assert doc["verdict"] == "fail"
+    assert any("prefix caching: wanted off, engine has True" in r for r in doc["reasons"]), doc[
+        "reasons"
+    ]
+
+
+# ---- the runs by hand after the stages (extra/, its README) ---------------------------------
+EXTRA = DATA / "extra"
+RESHAPE = "cannot reshape tensor of 0 elements into shape [0, -1]"
+
+
+def _assert_v2_encoder_reshape_crash(server_log: Path) -> None:
+    log = _need(server_log).read_text()
+    assert RESHAPE in log, server_log
+    assert "vllm/v1/worker/gpu/mm/encoder_runner.py" in log, server_log  # the V2 runner's
+    assert 'idefics2_vision_model.py", line 429' in log, server_log
+    assert "EngineDeadError" in log, server_log
+
+
+def test_tiny_vlm_multi_image_requests_crash_vllm_with_every_opsctl_patch_disabled():
+    (ready, stopped) = _lines(EXTRA / "no-patches-vlm-multi" / "np-serve.jsonl")
+    assert ready["event"] == "ready" and ready["model"] == "tiny-vlm-multi" and ready["eager"]
+    assert stopped["event"] == "stopped" and stopped["leftover_pids"] == []
+    doc = _load(EXTRA / "no-patches-vlm-multi" / "np-inv.json")
+    assert doc["verdict"] == "fail" and doc["platform"] == "cuda"
+    assert doc["vllm_version"] == VLLM
+    (run,) = doc["runs"]
+    assert run["run_dir"] == ready["run_dir"]
+    assert run["summary"]["errors"] == run["summary"]["prompts"] == 8, run["summary"]
+    assert run["batch"]["source"] == "none"  # no opsctl probe answered in that engine
+    assert {s["source"] for s in run["settings"][:2]} == {
+        "no opsctl ledger for this server: could not enforce or read back"
+    }, run["settings"][:2]
+    _assert_v2_encoder_reshape_crash(EXTRA / "no-patches-vlm-multi" / "server.log")
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        "checks/runs/mm-uuid-vlm/20261203-015519-diag-mm-uuid-caches-off-tiny-vlm-multi-59129",
+        "lora/runs/lora-vlm/20261203-020019-diag-lora-tiny-vlm-multi-40695",
+        "lora/runs/invariance-vlm/20261203-020211-invariance-default-tiny-vlm-multi-44011",
+    ],
+)
+def test_the_tiny_vlm_multi_stage_failures_are_the_same_vllm_crash(run: str):
+    _assert_v2_encoder_reshape_crash(DATA / run / "server.log")
+
+
+def test_v2_nudge_run_batch_evidence_and_the_nudge_that_does_not_reach_logprobs():
+    """On the V2 runner the batch probe hooks, sees the runner and the batch forming; the
+    nudge test knob is applied but the verdict stays pass (docs/gpu.md: not proven)."""
+    doc = _load(EXTRA / "nudge-v2" / "nudge-inv.json")
+    assert doc["test_knobs"] == {"OPSCTL_PROBE_NUDGE": "opsctl-inv:2"}
+    assert doc["verdict"] == "pass" and doc["platform"] == "cuda"
+    (run,) = doc["runs"]
+    assert run["mode"] == "eager" and run["execution"]["enforce_eager"] is True
+    batch = run["batch"]
+    assert batch["source"] == "batch probe" and batch["formed"] is True, batch
+    assert batch["max_batch"] == batch["wanted"] == 8, batch
+    events = _lines(EXTRA / "nudge-v2" / "run" / "events" / "batch.jsonl")
+    kinds = [e["event"] for e in events]
+    (init,) = [e for e in events if e["event"] == "init"]
+    assert init["hooked"] == ["v1", "v2"] and init["role"] == "engine_core", init
+    assert init["nudge"] == {"marker": "opsctl-inv", "position": 2, "delta": 0.01}, init
+    (runner,) = [e for e in events if e["event"] == "runner"]
+    assert runner["runner"] == "v2", runner
+    assert kinds.count("step") == 148 and kinds.count("nudge") == 8, kinds
+    core = _load(EXTRA / "nudge-v2" / "ledger" / "6944.json")
+    assert core["role"] == "engine_core" and core["test_knobs"] == doc["test_knobs"]
+    status = {p["name"]: p["status"] for p in core["patches"]}
+    assert status["batch_probe"] == "applied", status
+    assert {e["pid"] for e in events} == {core["pid"]}
+
+
+def test_blip2_lora_engine_init_crashes_in_vllm_punica_wrapper():
+    doc = _load(EXTRA / "blip2" / "lora-blip2.json")
+    assert doc["schema"] == "opsctl.error/1" and doc["exit_code"] == 1
+    assert doc["error"].startswith("engine exited with code 1 before becoming healthy"), doc
+    log = _need(EXTRA / "blip2" / "lora-run" / "server.log").read_text()
+    assert 'punica_wrapper/punica_base.py", line 138' in log
+    assert "TypeError: empty() received an invalid combination of arguments - got (float," in log
+
+
+def test_blip2_mm_uuid_caches_off_fails_on_exactly_the_explicit_uuids():
+    """The 4 items that 'did not reach the engine core as expected' are the caches-off
+    items sent with an explicit UUID; the engine core saw request-local identifiers for
+    them (the probe's mm_uuid.jsonl), as for the items sent without one."""
+    doc = _load(EXTRA / "blip2" / "mmuuid-blip2.json")
+    assert doc["verdict"] == "fail" and doc["vllm_version"] == VLLM
+    failed = [i for i in doc["items"] if i["verdict"] == "fail"]
+    assert [(i["mode"], i["explicit_uuid"]) for i in failed] == [
+        ("caches-off", "opsctl-all-0"),
+        ("caches-off", "opsctl-all-1"),
+        ("caches-off", "opsctl-some-0"),
+        ("caches-off", ""),
+    ], failed
+    assert all(i["verdict"] == "pass" for i in doc["items"] if i["mode"] == "caches-on")
+    seen = {
+        e["request_id"]: e["items"]
+        for e in _lines(EXTRA / "blip2" / "mm-uuid-caches-off-run" / "events" / "mm_uuid.jsonl")
+    }
+    for item in (i for i in doc["items"] if i["mode"] == "caches-off"):
+        (core,) = seen[item["request_id"]]
+        assert re.fullmatch(r"renderer0-mm-\d+-image-0", core["identifier"]), core
+        assert core["identifier"] == core["mm_hash"] == item["identifier"], (core, item)
 
 
 def test_certify_junit_follows_the_xsd_and_its_document():
