@@ -27,14 +27,13 @@ prometheus:
 	  --no-install-recommends prometheus >/dev/null; } \
 	  || echo "prometheus not installed (needs root and apt-get): its tests will fail" >&2
 
-# Two tiers. First every test without an engine, on $(WORKERS) pytest-xdist workers
-# (they mostly wait on subprocesses, sockets and deadlines), so with -x a broken tree
-# fails in the first minutes. Then the engine tests, one engine at a time (cheap modules
-# first: tests/conftest.py orders them); the run ends with its engine starts and seconds.
+# Two tiers side by side (tests/tiers.sh): every test without an engine on $(WORKERS)
+# pytest-xdist workers, and the engine tests one engine at a time (cheap modules first:
+# tests/conftest.py orders them). Each stops at its first failure, a failing fast tier
+# stops the engine tier, and the run ends with its engine starts and their seconds.
 WORKERS ?= 4
 test: install prometheus
-	$(BIN)/python -m pytest -x -q -n $(WORKERS) -m "not engine" --durations=10 tests
-	$(BIN)/python -m pytest -x -q -m engine --timeout=1800 --durations=25 tests
+	bash tests/tiers.sh $(BIN)/python $(WORKERS)
 
 # The inner loop: every test but those that start a real engine (under 3 minutes)
 test-fast: install prometheus

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make test`: the two tiers of the suite side by side.
+#   - the tests without an engine, on $WORKERS pytest-xdist workers (about 3 minutes; they
+#     mostly wait on subprocesses, sockets and deadlines); its log is printed when it ends;
+#   - the engine tests, one engine at a time (cheap modules first), printed live; the run
+#     ends with its engine starts and their seconds.
+# Each tier stops at its first failure (-x); when the fast tier fails, the engine tier is
+# interrupted too (its fixtures stop their engines), so a broken tree fails in minutes.
+# Exit: 0 when both passed, else the first non-zero exit (fast tier first).
+set -u
+PY=${1:?usage: tests/tiers.sh PYTHON [WORKERS]}
+WORKERS=${2:-4}
+log=$(mktemp /tmp/opsctl-fast-tier.XXXXXX)
+t0=$(date +%s)
+"$PY" -m pytest -x -q -n "$WORKERS" -m "not engine" --durations=10 tests >"$log" 2>&1 &
+fast=$!
+"$PY" -m pytest -x -q -m engine --timeout=1800 --durations=25 tests &
+engine=$!
+wait "$fast"
+fast_rc=$?
+echo
+echo "== tests without an engine (beside the engine tests): exit $fast_rc after $(($(date +%s) - t0)) s"
+cat "$log"
+rm -f "$log"
+if [ "$fast_rc" -ne 0 ]; then
+    echo "== the fast tier failed: interrupting the engine tests" >&2
+    kill -INT "$engine" 2>/dev/null
+fi
+wait "$engine"
+engine_rc=$?
+echo "== both tiers done in $(($(date +%s) - t0)) s (fast tier exit $fast_rc, engine tier exit $engine_rc)"
+[ "$fast_rc" -ne 0 ] && exit "$fast_rc"
+exit "$engine_rc"
