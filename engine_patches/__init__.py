@@ -27,7 +27,7 @@ def _after_fork_in_child() -> None:
 
     plugins = sys.modules.get("vllm.plugins")
     if plugins is not None and getattr(plugins, "plugins_loaded", False):
-        plugins.plugins_loaded = False
+        plugins.plugins_loaded = False  # type: ignore[attr-defined]
 
 
 def register() -> None:

@@ -458,7 +458,8 @@ def apply() -> Outcome:
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
     nudge = armed_nudge()
     v1, why_v1 = _runner_class(V1_MODULE, "_sample")
-    v2, why_v2 = None, "CPUModelRunner is the V1 runner"
+    v2 = None
+    why_v2: str | None = "CPUModelRunner is the V1 runner"
     if v1 is None or platform_name() != "cpu":  # CPU's worker never runs V2 when V1 exists
         v2, why_v2 = _runner_class(V2_MODULE, "sample")
     hooked = [name for name, cls in (("v1", v1), ("v2", v2)) if cls is not None]

@@ -67,7 +67,9 @@ def revert() -> None:
     if "check_and_update_config" in ORIGINALS:
         from vllm.platforms import cpu
 
-        cpu.CpuPlatform.check_and_update_config = ORIGINALS.pop("check_and_update_config")
+        cpu.CpuPlatform.check_and_update_config = ORIGINALS.pop(  # type: ignore[method-assign]
+            "check_and_update_config"
+        )
 
 
 PATCH = Patch(

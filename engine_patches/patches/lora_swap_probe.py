@@ -351,7 +351,7 @@ def apply() -> Outcome:
         gpu_input_batch = gpu_model_runner = None
     has_v1 = gpu_model_runner is not None and gpu_input_batch is not None
     v2_runner = v2_lora = None
-    why_v2 = "CPUModelRunner is the V1 runner"
+    why_v2: str | None = "CPUModelRunner is the V1 runner"
     if not has_v1 or platform_name() != "cpu":
         v2_runner, v2_lora, why_v2 = _v2_modules()
 
@@ -379,7 +379,7 @@ def apply() -> Outcome:
             runner = gpu_model_runner.GPUModelRunner
             _install(runner, "_execute_mm_encoder", wrap, "_opsctl_lora_swap")
         done.append("V1 runner hooked")
-    if v2_runner is not None:
+    if v2_runner is not None and v2_lora is not None:
         if scope in ("lm", "all"):
             _install(v2_lora.LoraState, "make_lora_inputs", _wrap_lm_v2, "_opsctl_lora_swap")
         if probe or tower:

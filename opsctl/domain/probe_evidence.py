@@ -47,7 +47,9 @@ class ProbeState:
     why_not: tuple[str, ...] = ()  # details of the processes that could not hook it
 
 
-def _entries(records: Sequence[Mapping[str, Any]], patch: str) -> list[tuple[dict, dict]]:
+def _entries(
+    records: Sequence[Mapping[str, Any]], patch: str
+) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
     return [
         (rec, p)
         for rec in records
