@@ -8,6 +8,8 @@ Besides the human-readable ``versions``, a patch declares for machines:
 - ``symbols``: the vLLM code it wraps or reads, as ``"module:Qualified.name"`` (the
   upgrade preflight reads them from a release's sources without importing it);
 - ``watch``: vLLM code it relies on without wrapping it (how its targets are called);
+- ``alternatives``: ``(target, instead)`` pairs: where a release lacks ``target`` the
+  patch uses ``instead`` (the V2 model runner's method for the V1 runner's);
 - ``upstream``: the structural rule "the fix is already upstream", a pure function of
   ``{symbol: source text or None}`` returning ``(True | False | None, why)`` (None:
   cannot decide). The apply function runs the same rule on the installed sources
@@ -53,6 +55,9 @@ class Patch:
     symbols: tuple[str, ...] = ()  # "module:Qualified.name" it wraps or reads
     watch: tuple[str, ...] = ()  # "module:Qualified.name" it relies on, unwrapped
     upstream: UpstreamRule | None = None  # None: no upstream fix to look for
+    # (target, the symbol used instead on a vLLM without it): e.g. the V1 model runner's
+    # method and the V2 runner's that a probe wraps where V1 is gone (vLLM 0.34)
+    alternatives: tuple[tuple[str, str], ...] = ()
     kind: str = "patch"  # patch | probe
 
 

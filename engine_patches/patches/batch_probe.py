@@ -517,12 +517,15 @@ PATCH = Patch(
         "GPUModelRunner._sample",
         "GPUModelRunner._execute_mm_encoder",
     ),
-    # the V2 runner (CUDA since vLLM 0.26): sample, execute_model and add_requests
-    watch=symbols(
-        V2_MODULE,
-        "GPUModelRunner.sample",
-        "GPUModelRunner.execute_model",
-        "GPUModelRunner.add_requests",
+    # the V2 runner (CUDA since vLLM 0.26; the only one in 0.34): its sample and
+    # execute_model where V1's are gone, and add_requests (the nudge's markers)
+    alternatives=(
+        (f"{V1_MODULE}:GPUModelRunner._sample", f"{V2_MODULE}:GPUModelRunner.sample"),
+        (
+            f"{V1_MODULE}:GPUModelRunner._execute_mm_encoder",
+            f"{V2_MODULE}:GPUModelRunner.execute_model",
+        ),
     ),
+    watch=symbols(V2_MODULE, "GPUModelRunner.add_requests"),
     kind="probe",
 )

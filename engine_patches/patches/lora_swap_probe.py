@@ -422,9 +422,18 @@ PATCH = Patch(
             "LoRAModelManager._get_lora_layer_weights",
             "LoRAModelManager.activate_adapter",
         ),
-        # the V2 runner's (CUDA since vLLM 0.26)
-        *symbols("vllm.v1.worker.gpu.model_runner", "set_active_mm_loras"),
-        *symbols("vllm.v1.worker.gpu.lora_utils", "LoraState.make_lora_inputs"),
+    ),
+    # the V2 runner's (CUDA since vLLM 0.26; the only one in 0.34) where V1's are gone
+    alternatives=(
+        (
+            "vllm.v1.worker.gpu_input_batch:InputBatch.make_lora_inputs",
+            "vllm.v1.worker.gpu.lora_utils:LoraState.make_lora_inputs",
+        ),
+        (
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._execute_mm_encoder",
+            # defined here, called by the V2 runner by this name (the probe wraps that)
+            "vllm.v1.worker.gpu.mm.lora:set_active_mm_loras",
+        ),
     ),
     kind="probe",
 )

@@ -62,7 +62,11 @@ def _patches() -> list[Any]:
 
 
 def _all_symbols(patches) -> list[str]:
-    return list(dict.fromkeys(s for p in patches for s in (*p.symbols, *p.watch)))
+    return list(
+        dict.fromkeys(
+            s for p in patches for s in (*p.symbols, *p.watch, *(alt for _, alt in p.alternatives))
+        )
+    )
 
 
 class _Texts:
@@ -139,6 +143,16 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
             old = None  # the text at hand is not the verified release's
         return D.symbol_finding(symbol, target.symbol(symbol), digests, old)
 
+    instead = dict(patch.alternatives)
+    targets, replaced = [], []
+    for s in patch.symbols:
+        found = finding(s)
+        if not found.exists and s in instead:
+            alt = finding(instead[s])
+            if alt.exists:  # this release lacks the target; the patch uses the other
+                found = alt
+                replaced.append((s, instead[s]))
+        targets.append(found)
     upstream, why = None, None
     if patch.upstream is not None:
         upstream, why = patch.upstream({s: target.symbol(s) for s in patch.symbols})
@@ -150,8 +164,9 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
         name=patch.name,
         kind=patch.kind,
         verified_on=tuple(patch.verified_on),
-        targets=tuple(finding(s) for s in patch.symbols),
+        targets=tuple(targets),
         watched=tuple(finding(s) for s in patch.watch),
+        replaced=tuple(replaced),
         upstream=upstream,
         upstream_why=why,
         around=around,

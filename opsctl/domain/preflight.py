@@ -236,6 +236,8 @@ class PatchFinding:
     upstream: bool | None  # the patch's own rule; None: no rule, or it cannot decide
     upstream_why: str | None
     around: dict[str, list[str]] = field(default_factory=dict)  # scope -> changed members
+    # (target, symbol used instead): targets this release lacks whose alternative it has
+    replaced: tuple[tuple[str, str], ...] = ()
 
     @property
     def exists(self) -> bool:
@@ -254,7 +256,7 @@ class PatchFinding:
             return MISSING
         if self.upstream is True:
             return UPSTREAM
-        if self.unchanged is False:
+        if self.unchanged is False or self.replaced:  # another code path: changed
             return CHANGED
         if self.unchanged is None:
             return UNKNOWN
@@ -274,6 +276,7 @@ class PatchFinding:
             "upstream_why": self.upstream_why,
             "targets": [t.to_dict() for t in self.targets],
             "watched": [w.to_dict() for w in self.watched],
+            "replaced": [{"target": t, "instead": i} for t, i in self.replaced],
             "changed_around": {k: v[:MAX_AROUND] for k, v in self.around.items() if v},
             "changed_around_count": sum(len(v) for v in self.around.values()),
         }

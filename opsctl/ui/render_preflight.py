@@ -73,6 +73,11 @@ def render(console: Console, doc: dict[str, Any]) -> None:
         console.print(f"[b]{escape(p['name'])}[/]: {p['verdict']}{note}")
         if p["upstream_why"]:
             console.print(f"  upstream rule: {escape(p['upstream_why'])}")
+        for r in p.get("replaced") or ():
+            console.print(
+                f"  target {escape(r['target'])}: gone; uses {escape(r['instead'])} instead",
+                soft_wrap=True,
+            )
         _symbols(console, "target", p["targets"])
         _symbols(console, "relies on", p["watched"])
         for scope, names in p["changed_around"].items():

@@ -30,12 +30,13 @@ def test_033_is_unverified_exit_0_with_a_warning():
     assert "not verified on vLLM 0.33.0" in r.stderr
 
 
-def test_034_misses_probe_targets_exit_1_and_a_plain_table():
+def test_034_v1_runner_gone_probes_use_v2_exit_0_and_a_plain_table():
     fetch_wheel("0.34.0")  # the version form: read from the cache fetch_wheel filled
     r = opsctl("patches", "--against", "0.34.0")
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 0, r.stderr  # unverified, nothing missing: exit 0, a warning
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.strip()}
-    assert rows["batch_probe"][2] == "no" and rows["batch_probe"][-1] == "missing", rows
+    assert rows["batch_probe"][2] == "yes" and rows["batch_probe"][-1] == "changed", rows
+    assert "GPUModelRunner._sample: gone; uses" in r.stdout
     assert "─" not in r.stdout  # piped: plain columns
 
 
