@@ -12,10 +12,15 @@ PY=${1:?usage: tests/tiers.sh PYTHON [WORKERS]}
 WORKERS=${2:-4}
 log=$(mktemp /tmp/opsctl-fast-tier.XXXXXX)
 t0=$(date +%s)
-"$PY" -m pytest -x -q -n "$WORKERS" -m "not engine" --durations=10 tests >"$log" 2>&1 &
+# a background job of a non-interactive shell ignores SIGINT, and Python keeps an
+# ignored SIGINT ignored: restore it, so Ctrl-C (and the interruption below) reach pytest
+(trap - INT; exec "$PY" -m pytest -x -q -n "$WORKERS" -m "not engine" --durations=10 tests) \
+    >"$log" 2>&1 &
 fast=$!
-"$PY" -m pytest -x -q -m engine --timeout=1800 --durations=25 tests &
+(trap - INT; exec "$PY" -m pytest -x -q -m engine --timeout=1800 --durations=25 tests) &
 engine=$!
+# a stop of this script (CI cancelling the job) is Ctrl-C for both tiers
+trap 'kill -INT "$fast" "$engine" 2>/dev/null' TERM
 wait "$fast"
 fast_rc=$?
 echo
