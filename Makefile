@@ -27,10 +27,10 @@ prometheus:
 	  --no-install-recommends prometheus >/dev/null; } \
 	  || echo "prometheus not installed (needs root and apt-get): its tests will fail" >&2
 
-# Two tiers side by side (tests/tiers.sh): every test without an engine on $(WORKERS)
-# pytest-xdist workers, and the engine tests one engine at a time (cheap modules first:
-# tests/conftest.py orders them). Each stops at its first failure, a failing fast tier
-# stops the engine tier, and the run ends with its engine starts and their seconds.
+# Two tiers (tests/tiers.sh): every test without an engine on $(WORKERS) pytest-xdist
+# workers first (a broken tree fails in minutes), then the engine tests one engine at a
+# time (cheap modules first: tests/conftest.py orders them); each stops at its first
+# failure, and the run ends with its engine starts and their seconds.
 WORKERS ?= 4
 test: install prometheus
 	bash tests/tiers.sh $(BIN)/python $(WORKERS)
