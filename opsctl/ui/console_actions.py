@@ -127,7 +127,12 @@ class ActionsMixin:
             self.push_screen(ChecksScreen(self.jobs.jobs))  # type: ignore[attr-defined]
 
     def on_job_event(self, message: JobEvent) -> None:
-        screen = self.screen  # type: ignore[attr-defined]
+        from textual.app import ScreenStackError
+
+        try:
+            screen = self.screen  # type: ignore[attr-defined]
+        except ScreenStackError:  # a check's last event after the app closed its screens
+            return
         if isinstance(screen, ChecksScreen):
             screen.on_job_event(message.job, message.snap)
         job = message.job
