@@ -435,7 +435,10 @@ def test_inspect_says_each_finding_once_on_stdout_and_none_on_stderr():
         assert r.exit_code == 0, r.stderr
         j = invoke("engram", "inspect", "--prefix", prefix, "--json")
         assert j.exit_code == 0, j.stderr
-    messages = [f["message"] for f in json.loads(j.stdout)["findings"]]
+    # "N process(es) exited during the scan" is about whatever else ran on the machine
+    # during that one scan (another test's processes), not about this table
+    findings = json.loads(j.stdout)["findings"]
+    messages = [f["message"] for f in findings if f["code"] != "engram.process_exited"]
     assert any(t.name in m and "share one copy" in m for m in messages)  # a real finding
     for m in messages:
         assert r.stdout.count(m) == 1, m
