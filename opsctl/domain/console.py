@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opsctl.domain.gpu import GpuDevice, HostGpus
 from opsctl.domain.metrics import (
     GEN_TOKENS,
     KV_USAGE,
@@ -187,6 +188,9 @@ class EndpointView:
     scrapes: int
     restarts: int
     poll_s: float | None  # how long the last poll took
+    # the GPUs any of the endpoint's local processes use (opsctl.domain.gpu.GpuDevice,
+    # processes narrowed to this endpoint's, with roles); () when none or unknown
+    gpus: tuple[GpuDevice, ...] = ()
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
@@ -200,6 +204,7 @@ class FleetSnapshot:
     source: str = "direct"  # which FleetSource produced it
     paused: bool = False
     hint: str | None = None
+    host_gpus: HostGpus | None = None  # None: not collected
 
 
 # ---- pure helpers ---------------------------------------------------------------------------

@@ -1,0 +1,265 @@
+"""GPU telemetry, pure: the frozen types a GPU collector produces, the mapping of raw
+readings (NVML, AMD/Intel sysfs + DRM fdinfo) to them, and the mapping of per-process
+GPU memory onto the vLLM process roles the console knows (API server, EngineCore,
+workers per rank).
+
+Unknown is ``None``, never 0: a GPU whose fan NVML cannot read has ``fan_pct=None``;
+a host without a GPU (or without a readable driver) has no devices and a ``reason``.
+The raw readings are plain dicts (``opsctl.collectors.gpu`` writes them, tests replay
+them), so everything here runs without a GPU or a driver.
+
+Raw NVML document (``opsctl.gpu-raw/1``, one per collection)::
+
+    {"schema": "opsctl.gpu-raw/1", "source": "nvml", "taken_at": 1.0, "error": null,
+     "driver_version": "...", "devices": [{"index": 0, "name": "...", "uuid": "...",
+       "util_gpu": 71, "mem_used": 60e9, "mem_total": 141e9, "temp": 40,
+       "temp_slowdown": 90, "power_mw": 120000, "power_limit_mw": 700000,
+       "fan": null, "clock_sm": 1980, "clock_mem": 2619,
+       "procs": [{"pid": 123, "used": 1e9, "kind": "compute"}]}]}
+
+A reading NVML refused is ``null`` (with ``errors: {field: text}`` beside it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+RAW_SCHEMA = "opsctl.gpu-raw/1"
+VENDORS = ("nvidia", "amd", "intel")
+PCI_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
+NO_GPU = "no GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None: the driver does not say (e.g. MIG, no permission)
+    role: str | None = None  # the console's process role, None: not one of an endpoint's
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    name: str
+    uuid: str | None
+    vendor: str  # one of VENDORS
+    util_pct: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    temp_c: float | None
+    temp_slowdown_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    fan_pct: float | None
+    sm_clock_mhz: float | None
+    mem_clock_mhz: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"GPU{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostGpus:
+    """One collection on this host. ``devices`` empty with ``reason`` set: no GPU (or the
+    driver could not be read: the reason says which)."""
+
+    taken_at: float
+    source: str | None  # "nvml" | "sysfs" | None (nothing found)
+    devices: tuple[GpuDevice, ...] = ()
+    reason: str | None = None  # why there are no devices / what could not be read
+    driver_version: str | None = None
+
+
+# ---- raw readings -> types ------------------------------------------------------------------
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _div(v: Any, by: float) -> float | None:
+    return None if v is None else float(v) / by
+
+
+def device_from_nvml(raw: Mapping[str, Any]) -> GpuDevice:
+    procs: dict[int, int | None] = {}
+    for p in raw.get("procs") or ():
+        pid, used = int(p["pid"]), _int(p.get("used"))
+        # a process can be listed as compute and as graphics: count it once
+        if pid not in procs or (procs[pid] is None and used is not None):
+            procs[pid] = used
+    return GpuDevice(
+        index=int(raw["index"]),
+        name=str(raw.get("name") or f"GPU{raw['index']}"),
+        uuid=raw.get("uuid"),
+        vendor="nvidia",
+        util_pct=_num(raw.get("util_gpu")),
+        mem_used_bytes=_int(raw.get("mem_used")),
+        mem_total_bytes=_int(raw.get("mem_total")),
+        temp_c=_num(raw.get("temp")),
+        temp_slowdown_c=_num(raw.get("temp_slowdown")),
+        power_w=_div(raw.get("power_mw"), 1000.0),
+        power_limit_w=_div(raw.get("power_limit_mw"), 1000.0),
+        fan_pct=_num(raw.get("fan")),
+        sm_clock_mhz=_num(raw.get("clock_sm")),
+        mem_clock_mhz=_num(raw.get("clock_mem")),
+        processes=tuple(GpuProcess(pid, used) for pid, used in sorted(procs.items())),
+    )
+
+
+def device_from_sysfs(raw: Mapping[str, Any]) -> GpuDevice:
+    """One DRM card (AMD: gpu_busy_percent, mem_info_vram_*, hwmon; Intel: little more
+    than its name); ``procs`` from DRM fdinfo (bytes per pid)."""
+    procs = raw.get("procs") or {}
+    return GpuDevice(
+        index=int(raw["index"]),
+        name=str(raw.get("name") or raw.get("card") or f"GPU{raw['index']}"),
+        uuid=raw.get("uuid"),
+        vendor=str(raw.get("vendor") or "amd"),
+        util_pct=_num(raw.get("busy_pct")),
+        mem_used_bytes=_int(raw.get("vram_used")),
+        mem_total_bytes=_int(raw.get("vram_total")),
+        temp_c=_div(raw.get("temp_milli_c"), 1000.0),
+        temp_slowdown_c=_div(raw.get("temp_crit_milli_c"), 1000.0),
+        power_w=_div(raw.get("power_uw"), 1e6),
+        power_limit_w=_div(raw.get("power_cap_uw"), 1e6),
+        fan_pct=_fan_pct(raw.get("fan_pwm")),
+        sm_clock_mhz=_div(raw.get("sclk_hz"), 1e6),
+        mem_clock_mhz=_div(raw.get("mclk_hz"), 1e6),
+        processes=tuple(
+            GpuProcess(int(pid), _int(used)) for pid, used in sorted(procs.items(), key=_pid)
+        ),
+    )
+
+
+def _pid(item: tuple[Any, Any]) -> int:
+    return int(item[0])
+
+
+def _fan_pct(pwm: Any) -> float | None:
+    return None if pwm is None else round(float(pwm) * 100.0 / 255.0, 1)
+
+
+def host_from_raw(raw: Mapping[str, Any]) -> HostGpus:
+    """A raw collection document (``RAW_SCHEMA``) -> HostGpus."""
+    source = raw.get("source")
+    make = device_from_nvml if source == "nvml" else device_from_sysfs
+    devices = tuple(make(d) for d in raw.get("devices") or ())
+    reason = raw.get("error")
+    if not devices and not reason:
+        reason = NO_GPU
+    return HostGpus(
+        taken_at=float(raw.get("taken_at") or 0.0),
+        source=source if devices else None,
+        devices=devices,
+        reason=reason,
+        driver_version=raw.get("driver_version"),
+    )
+
+
+# ---- per endpoint ---------------------------------------------------------------------------
+
+
+def endpoint_gpus(host: HostGpus | None, roles: Iterable[Any]) -> tuple[GpuDevice, ...]:
+    """The GPUs the endpoint's processes use, each with only those processes and their
+    roles (``roles``: objects with ``pid`` and ``role``, the console's ProcRole). No
+    local processes (a remote endpoint) or no GPU: ()."""
+    by_pid = {int(r.pid): r.role for r in roles}
+    if host is None or not by_pid:
+        return ()
+    out = []
+    for d in host.devices:
+        mine = tuple(replace(p, role=by_pid[p.pid]) for p in d.processes if p.pid in by_pid)
+        if mine:
+            out.append(replace(d, processes=mine))
+    return tuple(out)
+
+
+def endpoint_gpu_bytes(gpus: Iterable[GpuDevice]) -> int | None:
+    """GPU memory the endpoint's processes hold, over its GPUs (None: not known)."""
+    total, known = 0, False
+    for d in gpus:
+        for p in d.processes:
+            if p.used_bytes is not None:
+                total += p.used_bytes
+                known = True
+    return total if known else None
+
+
+# ---- rendering helpers (pure text) ----------------------------------------------------------
+
+
+def gib(n: int | None, nd: int = 0) -> str:
+    return "?" if n is None else f"{n / 2**30:.{nd}f}"
+
+
+def short(d: GpuDevice) -> str:
+    """One GPU in a row cell: ``GPU0 71% 60/141G`` (``?`` for what is unknown)."""
+    util = "?" if d.util_pct is None else f"{d.util_pct:.0f}%"
+    return f"{d.label} {util} {gib(d.mem_used_bytes)}/{gib(d.mem_total_bytes)}G"
+
+
+def row_cell(gpus: tuple[GpuDevice, ...], host: HostGpus | None = None) -> str:
+    """The row's GPU cell: its GPUs, ``-`` when the endpoint uses none that is seen, and
+    ``no GPU`` when the host has none (so a blank never reads as zero)."""
+    if gpus:
+        return " ".join(short(d) for d in gpus)
+    if host is not None and not host.devices:
+        return NO_GPU
+    return "-"
+
+
+def device_dict(d: GpuDevice) -> dict[str, Any]:
+    """JSON of one GPU (units in the names, null for unknown)."""
+
+    def r(v: float | None, nd: int = 1) -> float | None:
+        return None if v is None else round(v, nd)
+
+    return {
+        "index": d.index,
+        "name": d.name,
+        "uuid": d.uuid,
+        "vendor": d.vendor,
+        "util_pct": r(d.util_pct),
+        "mem_used_bytes": d.mem_used_bytes,
+        "mem_total_bytes": d.mem_total_bytes,
+        "temp_c": r(d.temp_c),
+        "temp_slowdown_c": r(d.temp_slowdown_c),
+        "power_w": r(d.power_w, 2),
+        "power_limit_w": r(d.power_limit_w, 2),
+        "fan_pct": r(d.fan_pct),
+        "sm_clock_mhz": r(d.sm_clock_mhz, 0),
+        "mem_clock_mhz": r(d.mem_clock_mhz, 0),
+        "processes": [
+            {"pid": p.pid, "role": p.role, "used_bytes": p.used_bytes} for p in d.processes
+        ],
+    }
+
+
+def host_dict(host: HostGpus | None) -> dict[str, Any]:
+    """``host`` of the console document: the host's GPUs, where they were read from and
+    why there are none (``gpu_reason``: "no GPU", "NVML: ...")."""
+    if host is None:
+        return {"gpus": [], "gpu_source": None, "gpu_reason": "not collected", "gpu_driver": None}
+    return {
+        "gpus": [device_dict(d) for d in host.devices],
+        "gpu_source": host.source,
+        "gpu_reason": host.reason,
+        "gpu_driver": host.driver_version,
+    }
+
+
+def attach(views: Iterable[Any], host: HostGpus | None) -> tuple[Any, ...]:
+    """EndpointViews with ``gpus`` filled from one host collection (by their local
+    process roles)."""
+    return tuple(
+        replace(v, gpus=endpoint_gpus(host, v.local.procs if v.local else ())) for v in views
+    )
