@@ -251,6 +251,21 @@ def not_reached(
     return replace(report, hint=getattr(error, "hint", None))
 
 
+def cut_short(
+    target: Target, results: list[dom.CheckResult], seconds: float, state: str, error: str
+) -> CertifyReport:
+    """The report of a certification stopped from outside before it finished (a fleet
+    target past its deadline, or interrupted): ``results`` as far as they are known, the
+    fingerprint unknown (null) but opsctl's version."""
+    from opsctl.checks.certify_facts import bare_fingerprint
+
+    return _document(
+        target, results, seconds, state=state, error=error,
+        fingerprint=bare_fingerprint(), model_kind=None, engines=[], failed_starts=[],
+        refused=[],
+    )  # fmt: skip
+
+
 def _name(target: Target) -> str:
     return target.url if isinstance(target, UrlTarget) else str(target.model or "default model")
 

@@ -1,21 +1,15 @@
-"""`opsctl certify [URL | --model NAME|DIR]` (opsctl.checks.certify): the report is
-written whatever happens once the command line is valid (HELP); bad input writes none."""
+"""`opsctl certify [URL... | --targets FILE | --model NAME|DIR]` (opsctl.checks.certify;
+a fleet: .certify_fleet): reports written whatever happens; bad input writes none."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from opsctl.commands import options as o
-from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
-
-ERRORS = {1: CheckFailed, 2: BadInput, 3: EngineUnreachable, 4: OpsTimeout}
-
-if TYPE_CHECKING:  # pragma: no cover
-    from opsctl.checks.certify import CertifyReport
+from opsctl.errors import BadInput
 
 HELP = """Certify a vLLM build or deployment: run every applicable check (liveness,
 patches, engram, usage, invariance, mm-uuid, kv-fail, shutdown; the others skipped, why).
@@ -23,11 +17,17 @@ patches, engram, usage, invariance, mm-uuid, kv-fail, shutdown; the others skipp
 The report (--json, --junit, --sarif) is always written, whatever the verdict: no vLLM
 server answering is one failed liveness case (exit 3), a check that crashes is an error
 case (exit 1), a timeout exit 4, an interrupt exit 130. Bad input (exit 2: an invalid
-URL, an unknown model or check) writes no report."""
+URL, an unknown model or check) writes no report.
+
+Several URLs or --targets FILE (the console's TOML targets file, keys from api_key_env):
+the URL checks on every target at once (--concurrency), each within its deadline
+(--timeout); one JUnit file (a testsuite per target), one SARIF log (a run per target),
+one JSON document; exit 0 only when every target passed (a dead one fails liveness)."""
 EXAMPLES = o.epilog(
     "opsctl certify http://127.0.0.1:8000 --junit report.xml --sarif report.sarif",
     "opsctl certify --model tiny-llama --skip kv-fail",
     "opsctl certify 127.0.0.1:8000 --checks liveness,usage --json",
+    "opsctl certify --targets fleet.toml --junit fleet.xml --sarif fleet.sarif --json",
 )
 
 
@@ -39,13 +39,19 @@ def register(app: typer.Typer) -> None:
         epilog=EXAMPLES,
     )
     def certify(
-        url: str | None = typer.Argument(
+        urls: list[str] | None = typer.Argument(
             None,
-            metavar="URL",
-            help="base URL of a running vLLM server (HOST:PORT means http://HOST:PORT)",
+            metavar="URL...",
+            help="base URL(s) of running vLLM servers (HOST:PORT means http://HOST:PORT)",
         ),
         model: str | None = typer.Option(
             None, "--model", metavar="NAME|DIR", help="start this model (name or directory)"
+        ),
+        targets: Path | None = typer.Option(
+            None, "--targets", metavar="FILE", help="certify every target of this TOML file"
+        ),
+        concurrency: int = typer.Option(
+            8, "--concurrency", metavar="N", help="a fleet: at most N targets at once"
         ),
         checks: str | None = typer.Option(
             None, "--checks", metavar="LIST", help="only these checks (a,b,...)"
@@ -68,7 +74,7 @@ def register(app: typer.Typer) -> None:
             "--timeout",
             help="the longest wait for an engine certify starts and for each HTTP answer "
             "(exit 4 past it); a URL with no first answer within it (30s at most) is "
-            "unreachable (exit 3)",
+            "unreachable (exit 3); a fleet: each target's deadline",
         ),
         load_format: str = typer.Option(
             "auto",
@@ -80,80 +86,60 @@ def register(app: typer.Typer) -> None:
         test_knob: list[str] | None = o.test_knob_option(),
     ) -> None:
         from opsctl.checks import certify as check
-        from opsctl.checks import certify_plan as planning
         from opsctl.domain.certify import parse_list
+        from opsctl.ui.certify_reports import conclude, run_view, write
 
         try:
             only, skipped = parse_list(checks, "--checks"), parse_list(skip, "--skip")
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        knobs = o.parse_knobs(test_knob, url=url)
-        target = planning.target_of(url, model, load_format, api_key, knobs)
-        run = check.Options(only, skipped, timeout)
-        for path, flag in ((junit, "--junit"), (sarif, "--sarif")):
-            _writable(path, flag)
-        started = time.monotonic()
-        try:
-            report = _run(lambda progress: check.run(target, run, progress), tui, as_json)
-        except (BadInput, KeyboardInterrupt):
-            raise  # bad input: no report (the command line must change); interrupted: 130
-        except Exception as exc:  # certify itself failed: CI still gets its report
-            report = check.not_reached(target, exc, time.monotonic() - started)
-        _write(report, junit, sarif)
-        _conclude(report, as_json)
+        urls, run = urls or [], check.Options(only, skipped, timeout)
+        knobs = o.parse_knobs(test_knob, url=(urls or [None])[0])
+        if targets is None and len(urls) < 2:
+            return _single((urls or [None])[0], model, load_format, api_key, knobs, run,
+                           (junit, sarif, tui, as_json))  # fmt: skip
+        call = _fleet(urls, targets, model, knobs, api_key, run, concurrency)
+        _writable(junit, sarif)
+        report = run_view(call, tui, as_json, fleet=True)
+        write(report.docs(), junit, sarif)
+        conclude(report.to_dict(), report, as_json, fleet=True)
 
 
-def _writable(path: Path | None, flag: str) -> None:
-    """Checked (its directory made, as pytest's --junitxml does) before any engine start."""
-    if path is not None and path.is_dir():
-        raise BadInput(f"{flag} {path} is a directory; give a file name")
+def _writable(junit: Path | None, sarif: Path | None) -> None:
+    from opsctl.ui.certify_reports import writable
+
+    for path, flag in ((junit, "--junit"), (sarif, "--sarif")):
+        writable(path, flag)
+
+
+def _single(url, model, load_format, api_key, knobs, run, out) -> None:
+    from opsctl.checks import certify as check
+    from opsctl.checks import certify_plan as planning
+    from opsctl.ui.certify_reports import conclude, run_view, write
+
+    junit, sarif, tui, as_json = out
+    target = planning.target_of(url, model, load_format, api_key, knobs)
+    _writable(junit, sarif)
+    started = time.monotonic()
     try:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(f"{flag} {path}: cannot create its directory ({exc.strerror})") from None
+        report = run_view(lambda progress: check.run(target, run, progress), tui, as_json)
+    except (BadInput, KeyboardInterrupt):
+        raise  # bad input: no report (the command line must change); interrupted: 130
+    except Exception as exc:  # certify itself failed: CI still gets its report
+        report = check.not_reached(target, exc, time.monotonic() - started)
+    write([report.to_dict()], junit, sarif)
+    conclude(report.to_dict(), report, as_json)
 
 
-def _run(call, tui: bool | None, as_json: bool) -> CertifyReport:
-    from opsctl.output import want_tui
-    from opsctl.ui.progress import run_with_progress
+def _fleet(urls, targets, model, knobs, api_key, run, concurrency):
+    """The fleet's library call, its input checked (BadInput: exit 2, nothing written)."""
+    from os import environ
 
-    if not as_json and want_tui(tui, as_json):  # --json: no dashboard (docs/cli.md)
-        from opsctl.ui.certify_app import run_tui
+    from opsctl.checks import certify_fleet as fleet
+    from opsctl.console import targets as files
 
-        return run_tui(call)
-    return run_with_progress("certify", call, tui=False, as_json=as_json)
-
-
-def _write(report: CertifyReport, junit: Path | None, sarif: Path | None) -> None:
-    from opsctl import output
-    from opsctl.domain.junit import junit_xml
-    from opsctl.domain.sarif import sarif_text
-
-    doc = report.to_dict()
-    texts = [(junit, "JUnit XML", lambda: junit_xml([doc]))]
-    texts.append((sarif, "SARIF", lambda: sarif_text(doc, str(Path.cwd()), str(sarif.resolve()))))
-    for path, what, text in texts:
-        if path is None:
-            continue
-        try:
-            path.write_text(text())
-        except OSError as exc:
-            raise CheckFailed(f"cannot write the report {path}: {exc.strerror}") from None
-        output.info(f"{what} written to {path}", markup=False)
-
-
-def _conclude(report: CertifyReport, as_json: bool) -> None:
-    from opsctl import output
-    from opsctl.domain.certify import conclusion
-    from opsctl.ui import render_certify
-
-    doc = report.to_dict()
-    output.emit(doc, as_json=as_json, render=render_certify.render(doc))
-    if report.stop is not None:
-        raise report.stop  # exit 130, the report written
-    code, line = conclusion(doc)
-    if code == 0:
-        output.info(line, markup=False)
-        return
-    raise ERRORS.get(code, CheckFailed)(line, hint=report.hint)
+    if model is not None or knobs:
+        raise BadInput("--model and --test-knob certify one engine, not URLs or --targets")
+    listed = (files.from_targets_file(targets) if targets else []) + files.from_urls(urls)
+    resolved, options = fleet.resolve(listed, api_key, environ), fleet.Options(run, concurrency)
+    return lambda progress: fleet.run(resolved, options, progress)

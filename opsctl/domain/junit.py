@@ -48,7 +48,8 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 
 def suite_name(doc: Mapping[str, Any]) -> str:
-    return title_of(doc)
+    """The run's title; a fleet target's (it has a ``name``) starts with its name."""
+    return f"{doc['name']}: {title_of(doc)}" if doc.get("name") else title_of(doc)
 
 
 def _finding_text(findings: Sequence[Mapping[str, Any]]) -> str:
@@ -64,12 +65,13 @@ def _first(findings: Sequence[Mapping[str, Any]], severity: str) -> Mapping[str,
     return next((f for f in findings if f.get("severity") == severity), None)
 
 
-def testcase(check: Mapping[str, Any]) -> ET.Element:
+def testcase(check: Mapping[str, Any], target: str | None = None) -> ET.Element:
+    """``target``: a fleet target's name, in the classname (one class per target)."""
     name = str(check["check"])
     case = ET.Element(
         "testcase",
         name=name,
-        classname=f"{PACKAGE}.{name}",
+        classname=clean(f"{PACKAGE}.{target}.{name}" if target else f"{PACKAGE}.{name}"),
         time=_time(check.get("duration_s")),
     )
     findings = list(check.get("findings") or [])
@@ -104,12 +106,16 @@ def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Elemen
     suite = ET.Element("testsuite", attrs)
     props = ET.SubElement(suite, "properties")
     pairs = [("verdict", str(doc.get("verdict"))), ("schema", str(doc.get("schema")))]
+    if doc.get("name"):  # a fleet target
+        pairs = [("target", clean(doc["name"])), ("verdict", str(doc.get("verdict")))]
+        pairs += [("state", str(doc.get("state")))]
+        pairs += list(flatten(doc.get("labels") or {}, "labels"))
     pairs += list(flatten(doc.get("fingerprint") or {}, "fingerprint"))
     pairs += list(flatten(doc.get("summary") or {}, "summary"))
     for name, value in pairs:
         ET.SubElement(props, "property", name=name, value=value)
     for check in checks:
-        suite.append(testcase(check))
+        suite.append(testcase(check, doc.get("name")))
     return suite
 
 

@@ -97,7 +97,8 @@ def sarif_log(
     doc: Mapping[str, Any], artifact: Mapping[str, str], tool_version: str | None = None
 ) -> dict[str, Any]:
     """The SARIF log of one certify document. ``artifact``: {"uri", "uriBaseId"?,
-    "description"?}: where every result points."""
+    "description"?}: where every result points. A fleet target's document (it has a
+    ``name``): its run is told apart by the name (automation id, properties)."""
     results = _results(doc, artifact)
     rules = _rules(results, doc)
     version = tool_version or str((doc.get("fingerprint") or {}).get("opsctl_version") or "0")
@@ -119,7 +120,11 @@ def sarif_log(
                 "rules": rules,
             }
         },
-        "automationDetails": {"id": f"opsctl-certify/{model}/"},
+        "automationDetails": {
+            "id": f"opsctl-certify/{doc['name']}/"
+            if doc.get("name")
+            else f"opsctl-certify/{model}/"
+        },
         "invocations": [
             {
                 "executionSuccessful": doc.get("exit_code") in (0, 1),
@@ -134,6 +139,10 @@ def sarif_log(
             "fingerprint": doc.get("fingerprint"),
         },
     }
+    if doc.get("name"):
+        run["properties"].update(
+            target=doc["name"], url=(doc.get("target") or {}).get("url"), state=doc.get("state")
+        )
     return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}
 
 
@@ -169,3 +178,18 @@ def sarif_text(doc: Mapping[str, Any], cwd: str, report: str) -> str:
     return (
         json.dumps(sarif_log(doc, artifact_for(cwd, config, report)), indent=2, default=str) + "\n"
     )
+
+
+def fleet_sarif_text(docs: list[Mapping[str, Any]], cwd: str, report: str) -> str:
+    """ONE SARIF log for a fleet: one run per target (each located as :func:`sarif_text`
+    locates a single target's results)."""
+    import json
+    import posixpath
+
+    runs = []
+    for doc in docs:
+        path = ((doc.get("fingerprint") or {}).get("model") or {}).get("path")
+        config = posixpath.join(path, "config.json") if path else None
+        runs += sarif_log(doc, artifact_for(cwd, config, report))["runs"]
+    log = {"$schema": SCHEMA_URI, "version": VERSION, "runs": runs}
+    return json.dumps(log, indent=2, default=str) + "\n"

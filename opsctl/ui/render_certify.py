@@ -39,3 +39,28 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
         )
 
     return draw
+
+
+def render_fleet(doc: dict[str, Any]) -> Callable[[Console], None]:
+    """A fleet: one row per target (name, URL, verdict, state, time, first failure)."""
+    from opsctl.domain import certify_fleet as fdom
+
+    def draw(console: Console) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(*fdom.FLEET_COLUMNS, title=f"certify: {len(doc['targets'])} target(s)")
+        for name, url, verdict, state, seconds, first in fdom.summary_rows(doc["targets"]):
+            colour = COLOURS.get(verdict, "dim")
+            table.add_row(escape(name), url, f"[{colour}]{verdict}[/]", state, seconds,
+                          escape(first))  # fmt: skip
+        console.print(table)
+        s = doc["summary"]
+        colour = "green" if doc["verdict"] == "pass" else "red"
+        console.print(
+            f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['passed']} of {s['targets']} "
+            f"target(s) passed, {doc['duration_s']:.0f} s",
+            highlight=False,
+        )
+
+    return draw
