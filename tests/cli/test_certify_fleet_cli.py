@@ -1,0 +1,201 @@
+"""`opsctl certify` over a fleet without a real engine (stand-ins: tests/standin_fleet.py,
+tests/standin_completions.py): bad input in the targets file (a bad URL, a name given
+twice, one server twice, an unset ``api_key_env`` variable, --model beside targets) is
+one error line, exit 2 and no file written; a fleet of two passing stand-ins, a hung
+one and a closed port: exit 1, ONE JUnit file (valid against junit-10.xsd, a testsuite
+per target), ONE SARIF log (valid SARIF 2.1.0, a run per target), the JSON verdicts,
+in the wall time of the deadline; the library call's events and its concurrency bound
+(a hung target's slot is freed at its deadline). The e2e with real engines is
+tests/e2e/test_certify_fleet_e2e.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+import xmlschema
+
+from opsctl.checks import certify
+from opsctl.checks import certify_fleet as fleet
+from opsctl.checks import events as ev
+from opsctl.domain.certify_fleet import FleetTarget
+from tests.standin_completions import Behaviour, completions_server
+from tests.standin_fleet import KEY, hung_server, keyed_server
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
+@contextlib.contextmanager
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+
+
+def run_cli(args: list[str], tmp: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    out = ["--json", "--junit", "ci/fleet.xml", "--sarif", "ci/fleet.sarif"]
+    return subprocess.run(
+        [sys.executable, "-m", "opsctl", "certify", *args, *out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp,
+        env={**os.environ, **(env or {})},
+    )
+
+
+BAD = [
+    ('[[targets]]\nname = "a"\nurl = "http://127.0.0.1:notaport"\n', [], "not a valid URL"),
+    (
+        '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8001"\n'
+        '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8002"\n',
+        [],
+        "target name 'a' is given twice",
+    ),
+    (
+        '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8001"\n'
+        '[[targets]]\nname = "b"\nurl = "http://localhost:8001"\n',
+        [],
+        "targets a and b are the same server (127.0.0.1:8001)",
+    ),
+    (
+        '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8001"\n'
+        'api_key_env = "OPSCTL_TEST_UNSET_KEY"\n',
+        [],
+        "target 'a': its api_key_env variable OPSCTL_TEST_UNSET_KEY is not set",
+    ),
+    (
+        '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8001"\n',
+        ["--model", "tiny-llama"],
+        "--model and --test-knob certify one engine",
+    ),
+    ("[[targets]\n", [], "is not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(
+    ("toml", "extra", "text"),
+    BAD,
+    ids=["bad-url", "duplicate-name", "same-server", "unset-key-env", "model", "bad-toml"],
+)
+def test_bad_targets_file_is_one_line_exit_2_nothing_written(toml, extra, text, tmp_path):
+    (tmp_path / "fleet.toml").write_text(toml)
+    r = run_cli(["--targets", "fleet.toml", *extra], tmp_path)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
+    assert len(errors) == 1 and text in errors[0], r.stderr
+    assert len([x for x in r.stderr.splitlines() if not x.startswith("hint:")]) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "ci").exists()  # no JUnit, no SARIF, not even their directory
+
+
+def test_two_urls_one_bad_is_exit_2_nothing_written(tmp_path):
+    with completions_server(Behaviour()) as (url, _):
+        r = run_cli([url, "http://256.1.1.1:9"], tmp_path)
+    assert r.returncode == 2 and "not a valid URL" in r.stderr, r.stderr
+    assert not (tmp_path / "ci").exists()
+
+
+def test_fleet_of_standins_one_junit_one_sarif_json_verdicts(tmp_path):
+    with (
+        completions_server(Behaviour()) as (a, _),
+        keyed_server() as keyed,
+        hung_server() as hung,
+        closed_port() as dead,
+    ):
+        (tmp_path / "fleet.toml").write_text(
+            f'[[targets]]\nname = "a"\nurl = "{a}"\nlabels = {{ role = "decode" }}\n'
+            f'[[targets]]\nname = "keyed"\nurl = "{keyed}"\napi_key_env = "FLEET_KEY"\n'
+            f'[[targets]]\nname = "hung"\nurl = "{hung}"\n'
+        )
+        t0 = time.monotonic()
+        r = run_cli(
+            ["--targets", "fleet.toml", dead, "--timeout", "4s", "--skip", "engram"],
+            tmp_path,
+            {"FLEET_KEY": KEY},
+        )
+        took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.certify.fleet/1" and doc["exit_code"] == 1
+    dead_name = dead.removeprefix("http://")
+    verdicts = {t["name"]: (t["verdict"], t["state"]) for t in doc["targets"]}
+    assert verdicts == {
+        "a": ("pass", "ran"), "keyed": ("pass", "ran"),
+        "hung": ("fail", "deadline"), dead_name: ("fail", "unreachable"),
+    }  # fmt: skip
+    assert doc["summary"] == {
+        "targets": 4, "passed": 2, "failed": 2, "unreachable": 1, "deadline": 1,
+    }  # fmt: skip
+    by = {t["name"]: t for t in doc["targets"]}
+    assert by["a"]["labels"] == {"role": "decode"}
+    assert by["a"]["fingerprint"]["model"]["name"] == "stand-in-llama"
+    assert by["keyed"]["fingerprint"]["vllm_version"] == "0.0-standin"
+    assert took < 4 + 25  # the hung target's deadline, not the sum of the targets
+    # JUnit: valid, one testsuite per target; the dead and hung ones fail liveness
+    xmlschema.XMLSchema(str(SCHEMAS / "junit-10.xsd")).validate(str(tmp_path / "ci/fleet.xml"))
+    root = ET.parse(tmp_path / "ci" / "fleet.xml").getroot()
+    suites = {s.find("properties/property[@name='target']").get("value"): s for s in root}
+    assert set(suites) == {"a", "keyed", "hung", dead_name}
+    for name in ("hung", dead_name):
+        failure = suites[name].find("testcase[@name='liveness']/failure")
+        assert failure is not None and failure.get("type").startswith("liveness.")
+    assert suites["hung"].find("testcase[@name='liveness']/failure").get("type") == (
+        "liveness.deadline"
+    )
+    assert {n for n, s in suites.items() if s.get("failures") != "0"} == {"hung", dead_name}
+    # SARIF: valid, one run per target, distinct automation ids
+    log = json.loads((tmp_path / "ci" / "fleet.sarif").read_text())
+    schema = json.loads((SCHEMAS / "sarif-schema-2.1.0.json").read_text())
+    jsonschema.Draft4Validator(schema).validate(log)
+    runs = {run["properties"]["target"]: run for run in log["runs"]}
+    assert set(runs) == set(suites)
+    assert len({run["automationDetails"]["id"] for run in log["runs"]}) == 4
+    assert [x["ruleId"] for x in runs["hung"]["results"]] == ["liveness.deadline"]
+    assert [x["ruleId"] for x in runs[dead_name]["results"]] == ["liveness.unreachable"]
+    assert runs["a"]["results"] == [] or all(x["level"] != "error" for x in runs["a"]["results"])
+    # progress per target on stderr; stdout carries the document only
+    assert "[hung] -> fail (deadline" in r.stderr and "[a] -> pass (ran" in r.stderr
+
+
+def test_library_call_bounded_concurrency_and_deadline_frees_the_slot():
+    seen: list[tuple[float, ev.Event]] = []
+    with completions_server(Behaviour()) as (a, _), hung_server() as hung:
+        targets = [FleetTarget("hung", hung), FleetTarget("a", a)]
+        options = fleet.Options(certify.Options(checks=("liveness",), timeout=2.0), 1)
+        t0 = time.monotonic()
+        report = fleet.run(targets, options, lambda e: seen.append((time.monotonic(), e)))
+    assert report.verdict == "fail" and report.exit_code == 1
+    starts = {e.name: t for t, e in seen if isinstance(e, fleet.TargetStarted)}
+    dones = {e.name: (t, e.state) for t, e in seen if isinstance(e, fleet.TargetDone)}
+    assert dones["hung"][1] == "deadline" and dones["a"][1] == "ran"
+    # one at a time: "a" waits for the hung one's slot, freed at its 2 s deadline
+    assert starts["a"] >= dones["hung"][0] and starts["a"] - t0 >= 2.0
+    assert [e.name for _, e in seen if isinstance(e, fleet.TargetDone)] == ["hung", "a"]
+    inner = [e for _, e in seen if isinstance(e, fleet.TargetProgress)]
+    assert any(isinstance(e.event, certify.CheckDone) for e in inner if e.name == "a")
+    assert isinstance(seen[-1][1], ev.Finished)
+    (entry_a,) = [d for d in report.docs() if d["name"] == "a"]
+    assert entry_a["verdict"] == "pass" and "schema" not in entry_a
+
+
+def test_resolve_keys_from_env_and_api_key_for_the_rest():
+    from opsctl.domain.console import Target
+
+    listed = [
+        Target(name="a", url="http://127.0.0.1:1", source="targets", api_key_env="K1"),
+        Target(name="b", url="http://127.0.0.1:2", source="argument"),
+    ]
+    out = fleet.resolve(listed, "cli-key", {"K1": "from-env"})
+    assert [(t.name, t.api_key) for t in out] == [("a", "from-env"), ("b", "cli-key")]

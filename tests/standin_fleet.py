@@ -1,0 +1,75 @@
+"""Stand-ins for certify over a fleet (tests/cli/test_certify_fleet_cli.py, the e2e and
+benchmarks/certify_fleet.py):
+
+- :func:`hung_server`: accepts every connection and never answers (a wedged server: the
+  kernel and the accept loop work, the HTTP answer never comes);
+- :func:`keyed_server`: the generative stand-in of tests/standin_completions.py behind
+  vLLM's ``--api-key`` rule (/v1/... answers 401 without ``Authorization: Bearer KEY``;
+  /health, /version and /metrics stay open), so certify passes with the key and fails
+  liveness ("authentication required") without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+from tests.standin import serving
+from tests.standin_completions import Behaviour, handler_for
+
+KEY = "fleet-s3cret"
+
+
+@contextlib.contextmanager
+def hung_server() -> Iterator[str]:
+    """Accepts and holds every connection open without a byte of answer."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:  # the accept timeout, or the socket closed
+                continue
+            held.append(conn)
+
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        th.join(5)
+        for conn in held:
+            conn.close()
+        srv.close()
+
+
+@contextlib.contextmanager
+def keyed_server(key: str = KEY) -> Iterator[str]:
+    base = handler_for(Behaviour())
+
+    class Keyed(base):  # type: ignore[valid-type, misc]
+        def _refused(self) -> bool:
+            if self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
+                self._send(401, {"error": "Unauthorized"})
+                return True
+            return False
+
+        def do_GET(self) -> None:
+            if not self._refused():
+                super().do_GET()
+
+        def do_POST(self) -> None:
+            if not self._refused():
+                super().do_POST()
+
+    with serving(Keyed) as url:
+        yield url
