@@ -86,6 +86,9 @@ def register(app: typer.Typer) -> None:
             source = _prometheus_source(prometheus, job, settings)
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
+        from opsctl.console.advice import advised
+
+        source = advised(source)  # findings per endpoint (opsctl.domain.advisor)
         if once or as_json:
             raise typer.Exit(_once(source, settings, as_json, record))
         _live(source, interval, readonly, record, api_key)

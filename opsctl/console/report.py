@@ -6,17 +6,28 @@ checked nothing passed); new top-level ``reason`` (one line: why this exit code)
 ``stall_window_s`` and ``observed_s`` (how long ``--once`` watched: one interval for an
 idle or progressing fleet, up to the stall window while an endpoint with requests running
 had not been seen generating); an endpoint that answers HTTP but is not vLLM has the
-reason "not a vLLM server (...)"."""
+reason "not a vLLM server (...)".
+
+opsctl.console/3 (from /2): per endpoint ``findings``, the advisor's findings
+(opsctl.domain.advisor; most severe first): ``code``, ``severity``, ``message``,
+``figures`` (what triggered it; ``window_s`` the window it was taken over) and ``next``
+(the command to run next). Per endpoint ``gpus``: the GPUs its local processes use
+(opsctl.domain.gpu.device_dict: util, memory, temperature, power, fan, clocks, and
+``processes`` with pid, role, used_bytes); top-level ``host``: ``gpus`` (every GPU of
+the host), ``gpu_source`` (nvml, sysfs, null), ``gpu_reason`` ("no GPU (...)" when
+none), ``gpu_driver``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
+from opsctl.domain import advisor
+from opsctl.domain import gpu as gpu_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts, verdict
 
-SCHEMA = "console/2"
+SCHEMA = "console/3"
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -73,6 +84,8 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "pid": t.pid,
         "run_dir": t.run_dir,
         "server_info": v.info.server_info,
+        "findings": [a.to_dict() for a in advisor.findings(v)],
+        "gpus": [gpu_view.device_dict(d) for d in v.gpus],
     }
 
 
@@ -98,6 +111,7 @@ def document(
         reason=reason,
         hint=snap.hint,
         endpoints=[endpoint_dict(v, snap.taken_at) for v in views],
+        host=gpu_view.host_dict(snap.host_gpus),
     )
 
 

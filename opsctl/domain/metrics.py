@@ -123,6 +123,10 @@ _WANTED = (
     "vllm:prefix_cache_",
     CACHE_CONFIG_INFO,
     *(f"{h}_" for h in LATENCY_HISTOGRAMS.values()),
+    # the advisor (opsctl.domain.advisor): request lengths, speculative decoding
+    "vllm:request_prompt_tokens_",
+    "vllm:request_generation_tokens_",
+    "vllm:spec_decode_num_",
 )
 Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, ends at +Inf
 
