@@ -528,3 +528,43 @@ def marker(view: EndpointView) -> str:
         return ""
     more = f" +{len(found) - 1}" if len(found) > 1 else ""
     return f"{found[0].code}{more}"
+
+
+def reason_cell(view: EndpointView, width: int = 80) -> str:
+    """The row's reason cell: the state's reason, then the top finding from figures as a
+    marker (``⚑ code +N``; the state's own finding is the reason already)."""
+    reason = (view.reason or "")[:width]
+    found = ordered(getattr(view, "findings", ()))
+    if not found:
+        return reason
+    more = f" +{len(found) - 1}" if len(found) > 1 else ""
+    mark = f"⚑ {found[0].code}{more}"
+    return f"{reason}  {mark}" if reason else mark
+
+
+def detail_lines(view: EndpointView) -> list[str]:
+    """The drill-in's findings: each with its severity, message, figures and next."""
+    found = findings(view)
+    if not found:
+        return []
+    lines = [f"findings ({len(found)}):"]
+    for a in found:
+        figs = "  ".join(f"{k} {_show(v)}" for k, v in a.figures.items())
+        lines += [
+            f"  {a.severity.upper()} {a.code}: {a.message}",
+            f"    {figs}",
+            f"    next: {a.next}",
+        ]
+    return lines
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ",".join(f"{k}={x}" for k, x in v.items()) or "-"
+    if isinstance(v, list | tuple):
+        return ",".join(map(str, v)) or "-"
+    return str(v)

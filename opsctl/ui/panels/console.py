@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
+from opsctl.domain.advisor import findings as advisor_findings
+from opsctl.domain.advisor import reason_cell
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
 
@@ -73,7 +75,7 @@ def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> t
         age_text(v, now, interval),
         note[:60],
         v.target.url,
-        (v.reason or "")[:80],
+        reason_cell(v),  # the reason, then the top finding (opsctl.domain.advisor)
     )
 
 
@@ -91,7 +93,8 @@ def matches(v: EndpointView, text: str) -> bool:
         return True
     hay = " ".join(
         (v.target.name, v.target.url, v.state, v.target.source, v.reason or "",
-         *(m.id for m in v.info.models), *(f"{k}={x}" for k, x in v.target.labels))
+         *(m.id for m in v.info.models), *(f"{k}={x}" for k, x in v.target.labels),
+         *(a.code for a in advisor_findings(v)))
     ).lower()  # fmt: skip
     return all(word in hay for word in text.lower().split())
 

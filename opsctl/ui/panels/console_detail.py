@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
 from opsctl.console.local import LocalDetail
+from opsctl.domain.advisor import detail_lines as advisor_detail_lines
 from opsctl.domain.console import EndpointView
 from opsctl.output import human_bytes
 from opsctl.ui.panels.console import STATE_STYLE, age_text, fmt
@@ -61,6 +62,8 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
             f"\nlocal pid {v.target.pid}"
             + (f"   run {v.target.run_dir}" if v.target.run_dir else "")
         )
+    for line in advisor_detail_lines(v):  # findings: figures, window, next command
+        t.append(f"\n{line}", style="yellow" if line.startswith("findings") else "")
     return t
 
 

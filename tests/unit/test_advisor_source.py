@@ -1,0 +1,127 @@
+"""The advisor on the console's sources and outputs (no engine): a run's ledger read
+into facts, AdvisedSource over the direct source against stand-in servers (real HTTP,
+recorded vLLM 0.32 /metrics), the --once JSON, the row's reason cell and the drill-in's
+lines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+from opsctl.console.advice import AdvisedSource, advised, ledger_facts
+from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.targets import from_urls
+from opsctl.domain import advisor as a
+from opsctl.domain import console as c
+from opsctl.domain.console_state import Settings
+from tests.standin_vllm import StandInFleet
+from tests.waiting import wait_until
+
+
+def test_ledger_facts_failed_patches_and_knobs(tmp_path):
+    (tmp_path / "ledger").mkdir()
+    record = {
+        "pid": 123,
+        "role": "EngineCore",
+        "vllm_version": "0.32.0",
+        "time": 1.0,
+        "patches": [
+            {"name": "batch_probe", "status": "failed", "reason": "target moved"},
+            {"name": "kv_hybrid_recompute", "status": "applied"},
+        ],
+        "test_knobs": {"OPSCTL_TEST_NUDGE": "fox:3"},
+    }
+    (tmp_path / "ledger" / "123.json").write_text(json.dumps(record))
+    facts = ledger_facts(str(tmp_path))
+    assert facts.failed_patches == ("batch_probe (EngineCore pid 123): target moved",)
+    assert facts.knobs == {"OPSCTL_TEST_NUDGE": "fox:3"}
+    record["patches"] = [{"name": "kv_hybrid_recompute", "status": "applied"}]
+    record.pop("test_knobs")
+    (tmp_path / "ledger" / "123.json").write_text(json.dumps(record))
+    assert ledger_facts(str(tmp_path)) == a.LocalFacts()
+
+
+def test_advised_direct_source_reads_the_trackers_window():
+    """The recorded body has 22 length finishes of 24 and prefix caching on: lifetime
+    figures would say 'truncated', the window (counters flat) says nothing."""
+    with StandInFleet(["healthy"]) as fleet:
+        src = DirectScrapeSource(
+            from_urls(fleet.urls), discover=False, settings=Settings(interval_s=0.2)
+        )
+        source = advised(src)
+        assert isinstance(source, AdvisedSource)
+        source.start()
+        try:
+            wait_until(lambda: source.tracker(fleet.urls[0]).scrapes >= 3, timeout=30)
+            w = source.window(fleet.urls[0])
+            (v,) = source.collect().endpoints
+        finally:
+            source.close()
+    assert w is not None and w.scrapes >= 3 and w.window_s > 0
+    assert w.finished == {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
+    assert w.config["enable_prefix_caching"] == "True"
+    assert v.figures.finished_by_reason["length"] == 22  # the lifetime total
+    assert v.findings == ()
+
+
+def test_once_json_has_findings_per_endpoint():
+    with StandInFleet(["healthy", "stalled"]) as fleet:
+        r = CliRunner().invoke(
+            app,
+            ["console", "--once", "--json", "--no-discover", "--interval", "0.3",
+             "--stall-window", "1", *fleet.urls],
+        )  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "opsctl.console/3"
+    by_state = {e["state"]: e["findings"] for e in doc["endpoints"]}
+    assert by_state["ready"] == []
+    (stalled,) = by_state["stalled"]
+    assert stalled["code"] == "stalled" and stalled["severity"] == "fail"
+    assert stalled["next"].startswith("opsctl console http://127.0.0.1:")
+    assert stalled["figures"]["window_s"] is None
+
+
+def _view(state: str = c.READY, reason: str | None = None) -> c.EndpointView:
+    return c.EndpointView(
+        c.Target("t", "http://127.0.0.1:9", "argument"), state, reason, c.Figures(),
+        c.EngineInfo(), None, 200, 1.0, 1.0, 2, 0, 0.01,
+    )  # fmt: skip
+
+
+def test_reason_cell_and_drill_in_lines():
+    w = a.Window(window_s=4.0, scrapes=5, preemptions=2.0, finished={"length": 3.0},
+                 config={"enable_prefix_caching": "False"})  # fmt: skip
+    v = _view()
+    v = replace(v, findings=a.window_findings(v, w))
+    assert a.reason_cell(v) == "⚑ kv_preemption +2"
+    assert a.reason_cell(_view()) == ""
+    stalled = replace(_view(c.STALLED, "16 requests running"), findings=v.findings)
+    assert a.reason_cell(stalled) == "16 requests running  ⚑ kv_preemption +2"
+    lines = a.detail_lines(stalled)
+    assert lines[0] == "findings (4):"
+    assert lines[1].startswith("  FAIL stalled: stalled: 16 requests running")
+    assert (
+        "    preemptions_per_s 0.5  preemptions 2  kv_cache_usage -  window_s 4  "
+        "threshold_per_s 0.05"
+    ) in lines
+    assert "    next: opsctl console http://127.0.0.1:9" in lines
+    assert a.detail_lines(_view()) == []
+
+
+def test_console_row_filter_and_drill_in_show_the_findings():
+    from opsctl.ui.panels.console import COLUMNS, matches, row_cells
+    from opsctl.ui.panels.console_detail import summary_text
+
+    w = a.Window(window_s=4.0, scrapes=5, preemptions=2.0)
+    v = replace(_view(), findings=a.window_findings(_view(), w))
+    cells = dict(zip([k for k, _ in COLUMNS], row_cells(v, 1.0, 1.0), strict=True))
+    assert cells["reason"] == "⚑ kv_preemption"
+    assert matches(v, "kv_preemption") and not matches(_view(), "kv_preemption")
+    text = summary_text(v, 1.0, 1.0).plain
+    assert "findings (1):\n  WARNING kv_preemption: KV cache exhausted: 0.50 preemptions/s" in text
+    assert "next: opsctl console http://127.0.0.1:9" in text
+    assert "findings" not in summary_text(_view(), 1.0, 1.0).plain
