@@ -73,3 +73,25 @@ def keyed_server(key: str = KEY) -> Iterator[str]:
 
     with serving(Keyed) as url:
         yield url
+
+
+@contextlib.contextmanager
+def slow_server(delay: float) -> Iterator[str]:
+    """The generative stand-in answering every request ``delay`` seconds late: each
+    answer comes within an HTTP timeout above ``delay``, the certification as a whole
+    takes longer (first contact alone is two answers)."""
+    import time
+
+    base = handler_for(Behaviour())
+
+    class Slow(base):  # type: ignore[valid-type, misc]
+        def do_GET(self) -> None:
+            time.sleep(delay)
+            super().do_GET()
+
+        def do_POST(self) -> None:
+            time.sleep(delay)
+            super().do_POST()
+
+    with serving(Slow) as url:
+        yield url

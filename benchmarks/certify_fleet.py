@@ -1,0 +1,113 @@
+"""Wall time of `opsctl certify` over a fleet of N URL targets: does it grow with the
+slowest target or with N?
+
+Targets: N = 1, 4, 16 generative stand-ins (tests/standin_completions.py behind
+/version and /v1/models answers recorded from a real vLLM 0.32 tiny-llama server,
+tests/data/vllm_info_tiny_llama.json; /v1/completions and /metrics are the stand-in's
+deterministic ones, since liveness needs the counters to move), each row once without
+and once with one more target that accepts and never answers (tests/standin_fleet.py).
+Every row is the real CLI in a child process (`opsctl certify URL... --json
+--timeout T --skip engram`, default --concurrency unless --concurrency is given), its
+JSON read for each target's own duration. Columns: N, hung target, wall time, the
+slowest target's duration, the sum of the targets' durations (what one after another
+would cost), the verdicts.
+
+    python benchmarks/certify_fleet.py [--sizes 1,4,16] [--timeout 5] [--concurrency N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.standin import serving  # noqa: E402
+from tests.standin_completions import Behaviour, handler_for  # noqa: E402
+from tests.standin_fleet import hung_server  # noqa: E402
+
+INFO = json.loads((REPO / "tests" / "data" / "vllm_info_tiny_llama.json").read_text())
+
+
+def recorded_handler():
+    base = handler_for(Behaviour(model=INFO["models"]["data"][0]["id"]))
+
+    class Recorded(base):  # type: ignore[valid-type, misc]
+        def do_GET(self) -> None:
+            if self.path == "/version":
+                self._send(200, INFO["version"])
+            elif self.path == "/v1/models":
+                self._send(200, INFO["models"])
+            else:
+                super().do_GET()
+
+    return Recorded
+
+
+def row(n: int, hung: bool, timeout: float, concurrency: int | None) -> dict:
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(serving(recorded_handler())) for _ in range(n)]
+        if hung:
+            urls.append(stack.enter_context(hung_server()))
+        cmd = [sys.executable, "-m", "opsctl", "certify", *urls, "--json", "--skip", "engram"]
+        cmd += ["--timeout", f"{timeout:g}s"]
+        if n + hung == 1:
+            cmd += ["--targets", str(_one_target_file(urls[0]))]  # a fleet of one
+            cmd.remove(urls[0])
+        if concurrency:
+            cmd += ["--concurrency", str(concurrency)]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+        wall = time.monotonic() - t0
+    doc = json.loads(r.stdout)
+    durations = [t["duration_s"] for t in doc["targets"]]
+    verdicts = [t["verdict"] for t in doc["targets"]]
+    return {
+        "n": n,
+        "hung": hung,
+        "wall_s": wall,
+        "slowest_s": max(durations),
+        "sum_s": sum(durations),
+        "passed": verdicts.count("pass"),
+        "failed": len(verdicts) - verdicts.count("pass"),
+        "exit": r.returncode,
+        "concurrency": doc["concurrency"],
+    }
+
+
+def _one_target_file(url: str) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "fleet.toml"
+    path.write_text(f'[[targets]]\nname = "one"\nurl = "{url}"\n')
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1,4,16")
+    ap.add_argument("--timeout", type=float, default=5.0, help="each target's deadline (s)")
+    ap.add_argument("--concurrency", type=int, default=None)
+    args = ap.parse_args()
+    head = "| N | + hung | concurrency | wall (s) | slowest target (s) | sum of targets (s) | passed / failed | exit |"
+    print(head)
+    print("|" + "---|" * 8)
+    for n in (int(x) for x in args.sizes.split(",")):
+        for hung in (False, True):
+            r = row(n, hung, args.timeout, args.concurrency)
+            print(
+                f"| {r['n']} | {'yes' if r['hung'] else 'no'} | {r['concurrency']} | "
+                f"{r['wall_s']:.1f} | {r['slowest_s']:.1f} | {r['sum_s']:.1f} | "
+                f"{r['passed']} / {r['failed']} | {r['exit']} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
