@@ -39,7 +39,7 @@ test: install prometheus
 
 # The inner loop: every test but those that start a real engine (under 3 minutes)
 test-fast: install prometheus
-	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not engine" --durations=10 tests
+	bash tests/tiers.sh $(BIN)/python $(WORKERS) fast
 
 bench: install
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
