@@ -40,6 +40,9 @@ class AdvisedSource:
     def __init__(self, source: Any) -> None:
         self.source = source
         self._ledgers: dict[str, tuple[float, advisor.LocalFacts]] = {}
+        # url -> (what the findings were computed from, the findings): a collect between
+        # two scrapes (the TUI's redraws, --once's checks) does not compute them again
+        self._memo: dict[str, tuple[tuple, tuple[advisor.Advice, ...]]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
@@ -47,6 +50,9 @@ class AdvisedSource:
     def collect(self) -> FleetSnapshot:
         snap = self.source.collect()
         views = tuple(self.advise(v) for v in snap.endpoints)
+        if len(self._memo) > len(views):  # endpoints that left the fleet
+            urls = {v.target.url for v in views}
+            self._memo = {u: m for u, m in self._memo.items() if u in urls}
         return replace(snap, endpoints=views)
 
     def window(self, url: str) -> advisor.Window | None:
@@ -65,6 +71,9 @@ class AdvisedSource:
         rd = view.target.run_dir
         if not rd:
             return None
+        return self._ledger(rd)[1]
+
+    def _ledger(self, rd: str) -> tuple[float, advisor.LocalFacts]:
         now = time.monotonic()
         seen = self._ledgers.get(rd)
         if seen is None or now - seen[0] >= LEDGER_EVERY_S:
@@ -73,12 +82,18 @@ class AdvisedSource:
             except OSError:
                 seen = (now, advisor.LocalFacts())
             self._ledgers[rd] = seen
-        return seen[1]
+        return seen
 
     def advise(self, view: EndpointView) -> EndpointView:
-        w = self.window(view.target.url)
-        found = advisor.window_findings(view, w, self.local(view))
-        return replace(view, findings=found)
+        url, rd = view.target.url, view.target.run_dir
+        seen = self._ledger(rd) if rd else None
+        key = (view.scrapes, view.last_scrape_at, view.state, view.gpus, seen and seen[0])
+        memo = self._memo.get(url)
+        if memo is None or memo[0] != key:
+            w = self.window(url)
+            memo = (key, advisor.window_findings(view, w, seen[1] if seen else None))
+            self._memo[url] = memo
+        return replace(view, findings=memo[1])
 
 
 def advised(source: Any) -> Any:

@@ -125,3 +125,32 @@ def test_console_row_filter_and_drill_in_show_the_findings():
     assert "findings (1):\n  WARNING kv_preemption: KV cache exhausted: 0.50 preemptions/s" in text
     assert "next: opsctl console http://127.0.0.1:9" in text
     assert "findings" not in summary_text(_view(), 1.0, 1.0).plain
+
+
+class _Fixed:
+    """A source without trackers (like Prometheus's) whose views change when told."""
+
+    def __init__(self, views):
+        self.views = views
+
+    def collect(self):
+        return c.FleetSnapshot(1.0, tuple(self.views), 1.0)
+
+
+def test_findings_are_computed_once_per_scrape(monkeypatch):
+    calls = []
+    real = a.window_findings
+    monkeypatch.setattr(
+        a, "window_findings", lambda *args, **kw: calls.append(1) or real(*args, **kw)
+    )
+    v = replace(_view(), figures=c.Figures(preemption_rate=1.0, waiting=3.0))
+    fixed = _Fixed([v])
+    source = AdvisedSource(fixed)
+    first = source.collect().endpoints[0].findings
+    assert source.collect().endpoints[0].findings is first and len(calls) == 1
+    assert [f.code for f in first] == ["kv_preemption", "queue_backlog"]
+    assert first[0].figures["window_s"] is None  # no window of scrapes: the interval's rate
+    fixed.views = [replace(v, scrapes=3, figures=c.Figures())]  # a new scrape: quiet
+    assert source.collect().endpoints[0].findings == () and len(calls) == 2
+    fixed.views = []
+    assert source.collect().endpoints == () and source._memo == {}
