@@ -15,7 +15,6 @@ or what answers is not vLLM), unauthorized (401/403), restarted (counters went b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from opsctl.domain.gpu import GpuDevice, HostGpus
 from opsctl.domain.metrics import (
@@ -38,9 +37,6 @@ from opsctl.domain.metrics import (
     bucket_delta,
     histogram_quantile,
 )
-
-if TYPE_CHECKING:
-    from opsctl.domain.advisor import Advice
 
 STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
 DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED = "dead", "unreachable", "unauthorized", "restarted"
@@ -196,8 +192,9 @@ class EndpointView:
     # processes narrowed to this endpoint's, with roles); () when none or unknown
     gpus: tuple[GpuDevice, ...] = ()
     # the advisor's findings from this endpoint's window of figures (opsctl.domain.advisor
-    # .Advice; its state's findings are added when shown: advisor.findings(view))
-    findings: tuple[Advice, ...] = ()
+    # .Advice, not imported: the advisor reads this module; the state's findings are
+    # added when shown: advisor.findings(view))
+    findings: tuple = ()
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
