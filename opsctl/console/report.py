@@ -137,6 +137,6 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             v.info.models[0].id if v.info.models else "-",
             fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
             fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-            v.reason or "",
+            advisor.reason_cell(v, 200),  # the reason, then the top finding
         )  # fmt: skip
     console.print(t)

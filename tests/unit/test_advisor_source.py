@@ -154,3 +154,24 @@ def test_findings_are_computed_once_per_scrape(monkeypatch):
     assert source.collect().endpoints[0].findings == () and len(calls) == 2
     fixed.views = []
     assert source.collect().endpoints == () and source._memo == {}
+
+
+def test_prefix_caching_off_on_the_plain_row_and_in_json(monkeypatch):
+    """A server whose vllm:cache_config_info says enable_prefix_caching="False" (the
+    recorded body, that label flipped): the finding on the --once table's row and in
+    the JSON, with no window (configuration)."""
+    import tests.standin_vllm as sv
+
+    body = sv.METRICS.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
+    assert body != sv.METRICS
+    monkeypatch.setattr(sv, "METRICS", body)
+    with StandInFleet(["healthy"]) as fleet:
+        args = ["console", "--once", "--no-discover", "--interval", "0.3", *fleet.urls]
+        plain = CliRunner().invoke(app, args)
+        doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert plain.exit_code == 0, plain.stderr
+    (row,) = [line for line in plain.stdout.splitlines() if fleet.urls[0] in line]
+    assert row.rstrip().endswith("⚑ prefix_caching_off")
+    (f,) = doc["endpoints"][0]["findings"]
+    assert f["code"] == "prefix_caching_off" and f["severity"] == "info"
+    assert f["figures"]["window_s"] is None and f["next"] == f"opsctl console {fleet.urls[0]}"
