@@ -15,15 +15,25 @@ opsctl.console/3 (from /2): per endpoint ``findings``, the advisor's findings
 (opsctl.domain.gpu.device_dict: util, memory, temperature, power, fan, clocks, and
 ``processes`` with pid, role, used_bytes); top-level ``host``: ``gpus`` (every GPU of
 the host), ``gpu_source`` (nvml, sysfs, null), ``gpu_reason`` ("no GPU (...)" when
-none), ``gpu_driver``."""
+none), ``gpu_driver``. Per endpoint ``tee`` (null unless ``--tee`` is on this server): its
+``listen_url``, ``upstream_url``, ``keep_prompts``, ``requests_in_flight``,
+``requests_seen``, ``requests_failed``, ``requests_disconnected`` and ``requests`` (in
+flight oldest first, then finished newest first, 50 at most: ``endpoint``, ``model``,
+``adapter``, ``stream``, ``status`` (HTTP code, ``disconnected``, ``upstream_error``;
+null in flight), ``ttft_s``, ``duration_s``, ``prompt_tokens``, ``output_tokens``,
+``tokens_from`` (``usage`` or ``chunks``), ``prompt`` (null unless kept)); per endpoint
+``log`` (null unless ``--log``/a target's ``log``): ``path``, ``reason`` (why it could
+not be read), ``size_bytes``, ``read_bytes``, ``rotations``, ``load_phase``,
+``decisive_lines``, ``tail``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from opsctl.domain import advisor
+from opsctl.domain import advisor, logview
 from opsctl.domain import gpu as gpu_view
+from opsctl.domain import requests as requests_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts, verdict
 
@@ -86,6 +96,8 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "server_info": v.info.server_info,
         "findings": [a.to_dict() for a in advisor.findings(v)],
         "gpus": [gpu_view.device_dict(d) for d in v.gpus],
+        "tee": requests_view.requests_dict(v.requests),  # console --tee: live requests
+        "log": logview.log_dict(v.log),  # console --log / targets 'log': the tailed log
     }
 
 

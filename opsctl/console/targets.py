@@ -8,6 +8,7 @@ Targets file::
     url = "http://10.0.0.5:8000"
     api_key_env = "NODE1_VLLM_KEY"      # optional: name of the env var holding the key
     labels = { node = "n1", role = "decode" }
+    log = "/var/log/vllm/node1.log"     # optional: its server log, tailed (console)
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def from_targets_file(path: Path) -> list[Target]:
         if not isinstance(labels, dict):
             raise BadInput(f"{path}: target #{i}: labels must be a table")
         env = item.get("api_key_env")
+        log = item.get("log")
+        if log is not None and (not isinstance(log, str) or not log.strip()):
+            raise BadInput(f"{path}: target #{i}: log must be a file path (a string)")
         out.append(
             Target(
                 name=str(item.get("name") or urlsplit(url).netloc),
@@ -81,9 +85,16 @@ def from_targets_file(path: Path) -> list[Target]:
                 source="targets",
                 labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                 api_key_env=str(env) if env else None,
+                log_file=_log_path(path, log) if log else None,
             )
         )
     return out
+
+
+def _log_path(targets_file: Path, log: str) -> str:
+    """A target's log path; a relative one is relative to the targets file."""
+    p = Path(log.strip()).expanduser()
+    return str(p if p.is_absolute() else targets_file.parent / p)
 
 
 def merge(*groups: list[Target]) -> list[Target]:
@@ -103,5 +114,6 @@ def merge(*groups: list[Target]) -> list[Target]:
             pid=first.pid or second.pid,
             pid_started=first.pid_started or second.pid_started,
             run_dir=first.run_dir or second.run_dir,
+            log_file=first.log_file or second.log_file,
         )
     return list(by_key.values())

@@ -15,6 +15,7 @@ or what answers is not vLLM), unauthorized (401/403), restarted (counters went b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opsctl.domain.gpu import GpuDevice, HostGpus
 from opsctl.domain.metrics import (
@@ -37,6 +38,10 @@ from opsctl.domain.metrics import (
     bucket_delta,
     histogram_quantile,
 )
+
+if TYPE_CHECKING:
+    from opsctl.domain.logview import LogFacts
+    from opsctl.domain.requests import RequestsView
 
 STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
 DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED = "dead", "unreachable", "unauthorized", "restarted"
@@ -72,6 +77,7 @@ class Target:
     pid: int | None = None  # local API server process
     pid_started: float | None = None  # its create time (tells a reused pid apart)
     run_dir: str | None = None  # opsctl runs
+    log_file: str | None = None  # a log to tail for it (targets file 'log', --log URL=FILE)
 
     @property
     def key(self) -> str:
@@ -195,6 +201,12 @@ class EndpointView:
     # .Advice, not imported: the advisor reads this module; the state's findings are
     # added when shown: advisor.findings(view))
     findings: tuple = ()
+    # the live requests of a tee proxy in front of this server (console --tee;
+    # opsctl.domain.requests.RequestsView), None without one
+    requests: RequestsView | None = None
+    # a log file tailed for this server (console --log / targets 'log';
+    # opsctl.domain.logview.LogFacts), None without one
+    log: LogFacts | None = None
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)

@@ -1,0 +1,71 @@
+"""The console's taps on servers it does not run: ``--tee LISTEN=URL`` (a recording
+proxy, opsctl.console.tee) and ``--log URL=FILE`` (a tailed log, opsctl.console.logsource).
+:func:`parse` checks the options and binds the tee's port before anything starts (bad
+input, a port in use: BadInput, exit 2); :func:`wrap` puts them around a FleetSource."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.errors import BadInput
+
+
+@dataclass
+class Taps:
+    tee: Any = None  # a bound opsctl.console.tee.TeeProxy
+    logs: dict[str, str] = field(default_factory=dict)  # URL -> file
+
+    def urls(self) -> list[str]:
+        """The servers the taps are on (the console watches them)."""
+        out = list(self.logs)
+        if self.tee is not None:
+            out.insert(0, self.tee.spec.upstream)
+        return out
+
+
+def parse(
+    tee: str | None,
+    logs: list[str] | None,
+    *,
+    keep_prompts: bool = False,
+    any_address: bool = False,
+    replay: bool = False,
+) -> Taps:
+    if replay and (tee or logs):
+        raise BadInput("--tee and --log watch live servers: drop --replay")
+    if keep_prompts and not tee:
+        raise BadInput("--tee-keep-prompts keeps the prompts of --tee: it needs --tee")
+    if any_address and not tee:
+        raise BadInput("--tee-any-address is about --tee's LISTEN: it needs --tee")
+    from opsctl.console.logsource import parse_log_option
+
+    taps = Taps()
+    for spec in logs or ():
+        url, path = parse_log_option(spec)
+        taps.logs[url] = path
+    if tee:
+        from opsctl.console.tee import TeeProxy, parse_tee
+
+        proxy = TeeProxy(parse_tee(tee, any_address), keep_prompts=keep_prompts)
+        proxy.bind()  # a port in use is exit 2 now, not a dead proxy later
+        taps.tee = proxy
+    return taps
+
+
+def with_urls(urls: list[str], taps: Taps) -> list[str]:
+    """``urls`` plus the taps' servers that are not among them."""
+    from opsctl.console.targets import _endpoint_key, normalise_url
+
+    have = {_endpoint_key(normalise_url(u)) for u in urls}
+    return [*urls, *(u for u in taps.urls() if _endpoint_key(u) not in have)]
+
+
+def wrap(source: Any, taps: Taps) -> Any:
+    from opsctl.console.logsource import LoggedSource
+
+    if taps.tee is not None:
+        from opsctl.console.tee import TeedSource
+
+        source = TeedSource(source, taps.tee)
+    return LoggedSource(source, taps.logs)  # also a targets file's 'log' keys

@@ -1,0 +1,486 @@
+"""``opsctl console --tee LISTEN=URL``: a recording reverse proxy in front of one vLLM
+server, so the console can show its live requests.
+
+Clients talk to LISTEN (127.0.0.1 unless ``--tee-any-address``); every request is relayed
+to URL as it is, and the response back as it arrives: bytes are written to the client
+chunk by chunk (a stream is never buffered). While the bytes pass, a
+:class:`~opsctl.domain.requests.StreamCounter` reads the SSE events (time to first
+content, chunks, the final usage chunk); a JSON response's ``usage`` is read at its end.
+A client that goes away mid-response is noticed by a read on its connection that
+returns EOF, also while the server is still silent (prefill): the record says
+``disconnected`` and the upstream response is closed at once, which makes vLLM abort
+the request (its running count drops).
+
+The proxy runs its own asyncio loop on a daemon thread (asyncio streams + h11 for
+HTTP/1.1, httpx to the server), so neither the console's scrape loop nor the TUI can
+slow it. :class:`TeedSource` wraps a FleetSource: every view of the tee's server carries
+the tee's :class:`~opsctl.domain.requests.RequestsView`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import h11
+import httpx
+
+from opsctl.domain import requests as rq
+from opsctl.domain.console import FleetSnapshot
+from opsctl.errors import BadInput
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_BODY = 64 << 20  # a request body above this is refused (413)
+RECENT = 200  # finished requests kept
+MODELS_EVERY_S = 10.0  # /v1/models re-read at most this often (a new adapter name)
+# hop-by-hop headers (RFC 9110 7.6.1) and the ones h11/httpx set themselves
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TeeSpec:
+    host: str
+    port: int
+    upstream: str  # normalised base URL
+
+    @property
+    def listen_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
+    """``LISTEN=URL``; LISTEN is HOST:PORT or PORT (127.0.0.1). BadInput (exit 2) when
+    malformed, or a non-loopback LISTEN without ``any_address``."""
+    from opsctl.console.targets import normalise_url
+
+    listen, sep, url = spec.partition("=")
+    if not sep or not listen.strip() or not url.strip():
+        raise BadInput(
+            f"--tee wants LISTEN=URL, got {spec!r}",
+            hint="e.g. --tee 127.0.0.1:8100=http://127.0.0.1:8000",
+        )
+    listen = listen.strip()
+    if listen.startswith("["):
+        host, _, port_s = listen[1:].partition("]")
+        port_s = port_s.removeprefix(":")
+    elif ":" in listen:
+        host, _, port_s = listen.rpartition(":")
+    else:
+        host, port_s = "127.0.0.1", listen
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise BadInput(f"--tee: {listen!r} has no valid port") from None
+    if not 0 < port < 65536:
+        raise BadInput(f"--tee: port {port} is out of range (1-65535)")
+    if host == "localhost":
+        host = "127.0.0.1"
+    if not any_address and host not in LOOPBACK:
+        raise BadInput(
+            f"--tee listens on 127.0.0.1 only, got {host!r}",
+            hint="the tee relays the server's whole API: add --tee-any-address to "
+            "listen on another address",
+        )
+    return TeeSpec(host, port, normalise_url(url.strip()))
+
+
+# ---- the records ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request in flight (mutable; the proxy's loop thread writes it)."""
+
+    id: int
+    method: str
+    shape: rq.RequestShape
+    adapter: str | None
+    started_at: float
+    t0: float  # monotonic
+    ttft_s: float | None = None
+    status: int | str | None = None
+    tokens: tuple[int | None, int | None, str | None] = (None, None, None)
+    error: str | None = None
+    counter: rq.StreamCounter | None = None
+    body: bytearray = field(default_factory=bytearray)
+
+    def freeze(self, now: float, done: bool, duration: float | None = None) -> rq.RequestRecord:
+        prompt, output, how = self.tokens
+        if not done and self.counter is not None:
+            prompt, output, how = self.counter.tokens()
+        s = self.shape
+        return rq.RequestRecord(
+            self.id, self.method, s.endpoint, s.kind, s.model, self.adapter, s.stream,
+            self.started_at, self.status if done else None, self.ttft_s,
+            duration if duration is not None else now - self.t0, prompt, output, how,
+            not done, self.error, s.prompt,
+        )  # fmt: skip
+
+
+class RequestLog:
+    """The tee's records, thread-safe: the loop thread writes, the console reads."""
+
+    def __init__(self, spec: TeeSpec, keep_prompts: bool) -> None:
+        self.spec = spec
+        self.keep_prompts = keep_prompts
+        self.lock = threading.Lock()
+        self.live: dict[int, _Live] = {}
+        self.recent: deque[rq.RequestRecord] = deque(maxlen=RECENT)
+        self.seen = self.errors = self.disconnected = 0
+        self._next = 0
+
+    def begin(self, method: str, shape: rq.RequestShape, adapter: str | None) -> _Live:
+        with self.lock:
+            self._next += 1
+            self.seen += 1
+            rec = _Live(self._next, method, shape, adapter, time.time(), time.monotonic())
+            self.live[rec.id] = rec
+            return rec
+
+    def end(self, rec: _Live) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.live.pop(rec.id, None)
+            frozen = rec.freeze(now, True, now - rec.t0)
+            self.recent.appendleft(frozen)
+            if rec.status == rq.DISCONNECTED:
+                self.disconnected += 1
+            elif rec.status == rq.UPSTREAM_ERROR or (
+                isinstance(rec.status, int) and rec.status >= 400
+            ):
+                self.errors += 1
+
+    def view(self) -> rq.RequestsView:
+        now = time.monotonic()
+        with self.lock:
+            live = tuple(r.freeze(now, False) for r in sorted(self.live.values(), key=_id))
+            return rq.RequestsView(
+                self.spec.listen_url, self.spec.upstream, self.keep_prompts, live,
+                tuple(self.recent), self.seen, self.errors, self.disconnected,
+            )  # fmt: skip
+
+
+def _id(r: _Live) -> int:
+    return r.id
+
+
+# ---- the proxy --------------------------------------------------------------------------
+
+
+class TeeProxy:
+    """Bind with :meth:`bind` (errors are BadInput, before anything else starts), then
+    :meth:`start` the loop thread; :meth:`close` stops it and cancels what is in flight."""
+
+    def __init__(self, spec: TeeSpec, *, keep_prompts: bool = False) -> None:
+        self.spec = spec
+        self.log = RequestLog(spec, keep_prompts)
+        self.sock: socket.socket | None = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._thread, name="console-tee", daemon=True)
+        self.served: dict[str, str | None] = {}
+        self._models_at = -MODELS_EVERY_S
+        self._server: asyncio.base_events.Server | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self.spec.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.spec.host, self.spec.port))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            why = "address already in use" if exc.errno == 98 else (exc.strerror or str(exc))
+            raise BadInput(
+                f"--tee cannot listen on {self.spec.host}:{self.spec.port}: {why}"
+            ) from None
+        sock.setblocking(False)
+        self.sock = sock
+
+    def start(self) -> None:
+        if self.sock is None:
+            self.bind()
+        self.thread.start()
+        fut = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        fut.result(timeout=10)
+
+    def _thread(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None)
+        )
+        self._server = await asyncio.start_server(self._connection, sock=self.sock)
+
+    def close(self) -> None:
+        if not self.thread.is_alive():
+            if self.sock is not None:
+                self.sock.close()
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def view(self) -> rq.RequestsView:
+        return self.log.view()
+
+    # ---- one client connection ---------------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=1 << 20)
+        try:
+            while True:
+                got = await self._read_request(conn, reader, writer)
+                if got is None:
+                    break
+                if not await self._relay(conn, reader, writer, *got):
+                    break
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    break
+                conn.start_next_cycle()
+        except (ConnectionError, h11.ProtocolError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read_request(self, conn: h11.Connection, reader, writer):
+        req: h11.Request | None = None
+        body = bytearray()
+        while True:
+            ev = conn.next_event()
+            if ev is h11.NEED_DATA:
+                data = await reader.read(65536)
+                conn.receive_data(data)
+                if not data and req is None:
+                    return None
+                continue
+            if isinstance(ev, h11.Request):
+                req = ev
+            elif isinstance(ev, h11.Data):
+                body += ev.data
+                if len(body) > MAX_BODY:
+                    await self._simple(conn, writer, 413, b"request body too large\n")
+                    return None
+            elif isinstance(ev, h11.EndOfMessage):
+                assert req is not None
+                return req, bytes(body)
+            elif isinstance(ev, h11.ConnectionClosed):
+                return None
+
+    async def _simple(self, conn: h11.Connection, writer, status: int, text: bytes) -> None:
+        with contextlib.suppress(h11.LocalProtocolError, ConnectionError):
+            headers = [("content-type", "text/plain"), ("content-length", str(len(text)))]
+            writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+            writer.write(conn.send(h11.Data(data=text)))
+            writer.write(conn.send(h11.EndOfMessage()))
+            await writer.drain()
+
+    async def _adapter(self, model: str | None) -> str | None:
+        if model is None:
+            return None
+        now = time.monotonic()
+        if model not in self.served and now - self._models_at >= MODELS_EVERY_S:
+            self._models_at = now
+            assert self._client is not None
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = await self._client.get(self.spec.upstream + "/v1/models", timeout=5.0)
+                self.served = rq.served_models(r.json())
+        return rq.adapter_for(model, self.served)
+
+    async def _relay(self, conn: h11.Connection, reader, writer, req: h11.Request, body: bytes):
+        """Relay one request; True when the connection may serve another."""
+        method = req.method.decode()
+        target = req.target.decode()
+        rec = None
+        if rq.recorded(target):
+            shape = rq.parse_request(target, body, self.log.keep_prompts)
+            rec = self.log.begin(method, shape, await self._adapter(shape.model))
+            if shape.stream:
+                rec.counter = rq.StreamCounter()
+        headers = [(k.decode(), v.decode("latin-1")) for k, v in req.headers]
+        fwd = [(k, v) for k, v in headers if k.lower() not in _HOP]
+        fwd.append(("accept-encoding", "identity"))
+        assert self._client is not None
+        up_req = self._client.build_request(
+            method, self.spec.upstream + target, headers=fwd, content=body
+        )
+        try:
+            up = await self._client.send(up_req, stream=True)
+        except httpx.HTTPError as exc:
+            if rec is not None:
+                rec.status, rec.error = rq.UPSTREAM_ERROR, _why(exc)
+                self.log.end(rec)
+            await self._simple(conn, writer, 502, f"opsctl tee: {_why(exc)}\n".encode())
+            return False
+        try:
+            return await self._respond(conn, reader, writer, up, rec)
+        finally:
+            await up.aclose()  # a disconnect: closes the upstream connection (vLLM aborts)
+            if rec is not None:
+                self.log.end(rec)
+
+    async def _respond(self, conn, reader, writer, up: httpx.Response, rec: _Live | None):
+        out = [(k, v) for k, v in up.headers.multi_items() if k.lower() not in _HOP]
+        if "content-length" in up.headers and "transfer-encoding" not in up.headers:
+            out.append(("content-length", up.headers["content-length"]))
+        writer.write(conn.send(h11.Response(status_code=up.status_code, headers=out)))
+        await writer.drain()
+        if rec is not None:
+            rec.status = up.status_code
+        gone = asyncio.ensure_future(reader.read(65536))  # EOF = the client went away
+        chunks = up.aiter_raw().__aiter__()
+        try:
+            while True:
+                nxt = asyncio.ensure_future(chunks.__anext__())
+                await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done() and not nxt.done():
+                    data = gone.result()
+                    if not data:
+                        nxt.cancel()
+                        with contextlib.suppress(BaseException):
+                            await nxt
+                        _disconnected(rec)
+                        return False
+                    conn.receive_data(data)  # pipelined: h11 keeps it for the next cycle
+                    gone = asyncio.ensure_future(reader.read(65536))
+                try:
+                    chunk = await nxt
+                except StopAsyncIteration:
+                    break
+                except httpx.HTTPError as exc:
+                    if rec is not None:
+                        rec.error = f"server broke off: {_why(exc)}"
+                    return False
+                self._saw(rec, chunk)
+                try:
+                    writer.write(conn.send(h11.Data(data=chunk)))
+                    await writer.drain()
+                except ConnectionError:
+                    _disconnected(rec)
+                    return False
+            writer.write(conn.send(h11.EndOfMessage()))
+            await writer.drain()
+        finally:
+            gone.cancel()
+        if rec is not None:
+            self._finish(rec)
+        return True
+
+    def _saw(self, rec: _Live | None, chunk: bytes) -> None:
+        if rec is None or not chunk:
+            return
+        now = time.monotonic()
+        if rec.counter is not None:
+            rec.counter.feed(chunk, now)
+            if rec.ttft_s is None and rec.counter.first_content_at is not None:
+                rec.ttft_s = rec.counter.first_content_at - rec.t0
+            return
+        if rec.ttft_s is None:
+            rec.ttft_s = now - rec.t0  # a JSON answer: its first byte
+        if len(rec.body) < 4 * MAX_BODY:
+            rec.body += chunk
+
+    def _finish(self, rec: _Live) -> None:
+        if rec.counter is not None:
+            rec.tokens = rec.counter.tokens()
+            return
+        usage = rq.body_usage(bytes(rec.body))
+        rec.body = bytearray()
+        if usage is not None:
+            rec.tokens = (usage[0], usage[1], rq.FROM_USAGE)
+
+
+def _disconnected(rec: _Live | None) -> None:
+    if rec is not None:
+        rec.status = rq.DISCONNECTED
+        if rec.counter is not None:
+            rec.tokens = rec.counter.tokens()
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+# ---- the console side -------------------------------------------------------------------
+
+
+class TeedSource:
+    """A FleetSource whose views of the tee's server carry its requests (``requests``);
+    everything else is the wrapped source's."""
+
+    def __init__(self, source: Any, proxy: TeeProxy) -> None:
+        from opsctl.console.targets import _endpoint_key
+
+        self.source = source
+        self.proxy = proxy
+        self._key = _endpoint_key(proxy.spec.upstream)
+        self._keys: dict[str, bool] = {}  # url -> is the tee's server
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+    def start(self) -> None:
+        self.proxy.start()
+        self.source.start()
+
+    def close(self) -> None:
+        try:
+            self.source.close()
+        finally:
+            self.proxy.close()
+
+    def collect(self) -> FleetSnapshot:
+        from opsctl.console.targets import _endpoint_key
+
+        snap = self.source.collect()
+        view = self.proxy.view()
+        keys = self._keys
+        for v in snap.endpoints:
+            if v.target.url not in keys:
+                keys[v.target.url] = _endpoint_key(v.target.url) == self._key
+        views = tuple(
+            replace(v, requests=view) if keys[v.target.url] else v for v in snap.endpoints
+        )
+        return replace(snap, endpoints=views)

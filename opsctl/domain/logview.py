@@ -1,0 +1,95 @@
+"""What a tailed server log says, pure: the same facts the console reads from an opsctl
+run's server.log (opsctl.domain.serverlog: the load phase reached, the decisive error
+lines, the quiet tail without our own polling), for a log file of a server opsctl did
+not start (``console --log URL=FILE``). opsctl.console.logsource reads the file's end;
+this turns that text into :class:`LogFacts`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opsctl.domain.serverlog import decisive_lines, load_progress
+
+TAIL_LINES = 12
+# access-log lines of polling (the console's own and load balancers'): left out of the tail
+_POLL = ('"GET /metrics', '"GET /health', '"GET /v1/models', '"GET /version', '"GET /ping')
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    path: str
+    reason: str | None  # why nothing could be read ("log file not found: ..."), else None
+    size_bytes: int | None  # the file's size at the last read
+    read_bytes: int  # bytes of its end held (the file is never read whole)
+    rotations: int  # times it was replaced or truncated while tailed
+    load_phase: str | None  # the last start phase seen in what is held
+    decisive_lines: tuple[str, ...]  # the last distinct error lines, most recent last
+    tail: tuple[str, ...]  # the last lines, without polling access lines
+
+
+def quiet(lines: list[str], n: int = TAIL_LINES) -> list[str]:
+    return [line for line in lines if not any(p in line for p in _POLL)][-n:]
+
+
+def facts(
+    path: str,
+    text: str,
+    *,
+    size: int | None,
+    rotations: int = 0,
+    reason: str | None = None,
+) -> LogFacts:
+    """The facts of ``text`` (the held end of the file at ``path``)."""
+    phase = load_progress(text).phase if text else None
+    return LogFacts(
+        path,
+        reason,
+        size,
+        len(text.encode(errors="replace")),
+        rotations,
+        phase if phase != "starting" else None,
+        tuple(decisive_lines(text)),
+        tuple(quiet(text.splitlines()[-TAIL_LINES * 8 :])),
+    )
+
+
+def missing(path: str, why: str, rotations: int = 0) -> LogFacts:
+    return LogFacts(path, why, None, 0, rotations, None, (), ())
+
+
+def log_dict(f: LogFacts | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "path": f.path,
+        "reason": f.reason,
+        "size_bytes": f.size_bytes,
+        "read_bytes": f.read_bytes,
+        "rotations": f.rotations,
+        "load_phase": f.load_phase,
+        "decisive_lines": list(f.decisive_lines),
+        "tail": list(f.tail),
+    }
+
+
+def detail_lines(f: LogFacts | None) -> list[str]:
+    """The drill-in's log section: where it reads, the decisive lines, the tail."""
+    if f is None:
+        return []
+    if f.reason:
+        return [f"log {f.path}: {f.reason}"]
+    head = f"log {f.path}"
+    if f.load_phase:
+        head += f"   phase: {f.load_phase}"
+    if f.rotations:
+        head += f"   rotated/truncated {f.rotations}x"
+    out = [head]
+    if f.decisive_lines:
+        out.append("decisive lines:")
+        out += [f"  {line}" for line in f.decisive_lines]
+    else:
+        out.append("decisive lines: none (no error line in its end)")
+    out.append("tail:")
+    out += [f"  {line}" for line in f.tail] or ["  (empty)"]
+    return out

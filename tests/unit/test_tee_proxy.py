@@ -1,0 +1,195 @@
+"""The tee proxy's relaying against a stand-in HTTP server (no vLLM: the real-engine
+proof is tests/e2e/test_tee_e2e.py): a stream reaches the client chunk by chunk while the
+server still holds the rest (never buffered), a client that goes away closes the
+upstream connection, a closed upstream is 502 and ``upstream_error``, a port in use is
+BadInput, keep-alive serves several requests on one connection, polling is not recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler
+
+import httpx
+import pytest
+
+from opsctl.console.tee import TeeProxy, parse_tee
+from opsctl.domain import requests as rq
+from opsctl.errors import BadInput
+from tests.standin import serving
+from tests.waiting import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Upstream(BaseHTTPRequestHandler):
+    """/v1/completions: JSON with usage, or (stream) a first chunk, then the rest once
+    ``release`` is set; a write that fails is recorded in ``gone``."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+    gone = threading.Event()
+    seen: list[str] = []
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        body = b'{"data": [{"id": "base", "parent": null}, {"id": "ad", "parent": "base"}]}'
+        if self.path != "/v1/models":
+            body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.seen.append(self.path)
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not req.get("stream"):
+            body = json.dumps(
+                {"choices": [{"text": "hi"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+        self.wfile.flush()
+        self.release.wait(30)
+        try:
+            for _ in range(50):  # a closed peer fails a write within a few
+                self.wfile.write(b'data: {"choices": [{"text": "b"}]}\n\n')
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except OSError:
+            self.gone.set()
+
+
+@pytest.fixture
+def upstream():
+    class U(Upstream):
+        release = threading.Event()
+        gone = threading.Event()
+        seen: list[str] = []
+
+    with serving(U) as url:
+        yield url, U
+
+
+@pytest.fixture
+def tee(upstream):
+    url, _ = upstream
+    proxy = TeeProxy(parse_tee(f"127.0.0.1:{free_port()}={url}"))
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def test_json_request_relayed_and_recorded_with_usage_and_adapter(tee, upstream):
+    _, u = upstream
+    with httpx.Client(base_url=tee.spec.listen_url, timeout=10) as c:
+        r = c.post("/v1/completions", json={"model": "ad", "prompt": "hello", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "hi"
+        assert c.get("/metrics").text == "ok"  # same connection (keep-alive), not recorded
+        r2 = c.post("/v1/completions", json={"model": "base", "prompt": "x"})
+        assert r2.status_code == 200
+    v = wait_until(lambda: (x := tee.view()).seen == 2 and not x.in_flight and x, 10)
+    second, first = v.recent
+    assert (first.status, first.prompt_tokens, first.output_tokens, first.tokens_from) == (
+        200, 3, 2, rq.FROM_USAGE,
+    )  # fmt: skip
+    assert first.adapter == "ad" and second.adapter is None and first.prompt is None
+    assert first.ttft_s is not None and first.duration_s is not None
+    assert "/metrics" in u.seen
+
+
+def test_stream_is_passed_through_unbuffered_then_completed(tee, upstream):
+    _, u = upstream
+    body = {"model": "base", "prompt": "x", "stream": True}
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
+    ):
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")  # arrives while the server holds the rest
+        live = tee.view()
+        assert len(live.in_flight) == 1 and live.in_flight[0].output_tokens == 1
+        assert live.in_flight[0].status is None
+        u.release.set()
+        rest = [x for x in lines if x]
+    assert rest[-1] == "data: [DONE]"
+    v = wait_until(lambda: (x := tee.view()).recent and x, 10)
+    rec = v.recent[0]
+    assert (rec.status, rec.output_tokens, rec.tokens_from) == (200, 51, rq.FROM_CHUNKS)
+    assert rec.stream and not rec.in_flight
+
+
+def test_client_gone_mid_stream_closes_the_upstream(tee, upstream):
+    _, u = upstream
+    body = {"model": "base", "prompt": "x", "stream": True}
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
+    ):
+        assert next(r.iter_lines()).startswith("data:")
+    # the client closed; the tee notices it while the server is silent
+    v = wait_until(lambda: (x := tee.view()).recent and x, 10, "the record of the request")
+    assert v.recent[0].status == rq.DISCONNECTED and v.disconnected == 1
+    u.release.set()
+    wait_until(u.gone.is_set, 10, "the server's writes to fail (upstream closed)")
+
+
+def test_upstream_down_is_502_and_upstream_error():
+    proxy = TeeProxy(parse_tee(f"127.0.0.1:{free_port()}=http://127.0.0.1:{free_port()}"))
+    proxy.start()
+    try:
+        r = httpx.post(proxy.spec.listen_url + "/v1/completions", json={"model": "m"}, timeout=10)
+        assert r.status_code == 502 and "opsctl tee" in r.text
+        v = wait_until(lambda: (x := proxy.view()).recent and x, 10)
+        assert v.recent[0].status == rq.UPSTREAM_ERROR and v.errors == 1
+        assert "ConnectError" in (v.recent[0].error or "")
+    finally:
+        proxy.close()
+
+
+def test_port_in_use_is_bad_input():
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        proxy = TeeProxy(parse_tee(f"127.0.0.1:{port}=http://127.0.0.1:1"))
+        with pytest.raises(BadInput) as exc:
+            proxy.bind()
+        assert "address already in use" in str(exc.value)
+        proxy.close()
+
+
+def test_kept_prompts_only_when_asked(upstream):
+    url, _ = upstream
+    proxy = TeeProxy(parse_tee(f"127.0.0.1:{free_port()}={url}"), keep_prompts=True)
+    proxy.start()
+    try:
+        httpx.post(proxy.spec.listen_url + "/v1/completions",
+                   json={"model": "base", "prompt": "remember me"}, timeout=10)  # fmt: skip
+        v = wait_until(lambda: (x := proxy.view()).recent and x, 10)
+        assert v.recent[0].prompt == "remember me" and v.keep_prompts
+    finally:
+        proxy.close()
