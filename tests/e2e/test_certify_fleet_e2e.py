@@ -1,0 +1,144 @@
+"""certify over a fleet against real servers: two real vLLM servers (tiny-llama, dummy
+weights, single-process, both alive at once under one engine lock), a stand-in that
+accepts and never answers, and a stand-in that wants an API key (tests/standin_fleet.py).
+
+- the targets file (key from ``api_key_env``): engine A (isolated as invariance wants:
+  prefix caching off) and the keyed stand-in pass; engine B (vLLM's defaults: prefix
+  caching on) fails invariance alone, a real finding; the hung one is a failed
+  ``liveness`` case (no answer within the 30 s first contact); one JUnit file with a
+  testsuite per target, one SARIF log with a run per target, the JSON verdicts and
+  fingerprints; exit 1; the wall time is the slowest target's (the hung one), not the
+  sum of the targets';
+- URL arguments with a wrong ``--api-key``: the keyed stand-in fails liveness
+  (unauthorized), the engines (which take no key) pass.
+
+Engine starts: 2 (this module's own: the fleet needs two real servers alive at once,
+which the one-engine session pool cannot give).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.bare_vllm import _engine_lock, no_inner_lock
+from tests.conftest import running_engine
+from tests.standin_fleet import KEY, hung_server, keyed_server
+
+pytestmark = pytest.mark.engine
+DEADLINE_S = 60  # each target's deadline (--timeout): the engines finish well inside it
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from opsctl.checks.invariance import ISOLATING_ARGS, ISOLATING_ENV
+
+    kw = dict(load_format="dummy", max_model_len=256, max_num_seqs=8)
+    isolated = dict(extra_args=list(ISOLATING_ARGS), env=dict(ISOLATING_ENV))
+    with (
+        _engine_lock(),
+        no_inner_lock(),
+        running_engine("tiny-llama", **kw, **isolated) as a,
+        running_engine("tiny-llama", **kw) as b,
+    ):
+        yield a.url, b.url
+
+
+def certify(args: list[str], tmp: Path, env: dict[str, str] | None = None):
+    junit, sarif = tmp / "ci" / "fleet.xml", tmp / "ci" / "fleet.sarif"
+    cmd = [sys.executable, "-m", "opsctl", "certify", *args, "--json"]
+    cmd += ["--junit", str(junit), "--sarif", str(sarif), "--timeout", f"{DEADLINE_S}s"]
+    t0 = time.monotonic()
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=tmp, env={**os.environ, **(env or {})}
+    )
+    took = time.monotonic() - t0
+    doc = json.loads(r.stdout)
+    for t in doc["targets"]:  # shown when a test fails
+        bad = [(c["check"], c["first_finding"]) for c in t["checks"] if c["verdict"] != "pass"]
+        print(t["name"], t["verdict"], t["state"], t["duration_s"], bad)
+    return r, doc, ET.parse(junit).getroot(), json.loads(sarif.read_text()), took
+
+
+def by_name(doc: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in doc["targets"]}
+
+
+def test_targets_file_hung_target_fails_liveness_others_pass(engines, tmp_path):
+    a, b = engines
+    with hung_server() as hung, keyed_server() as keyed:
+        (tmp_path / "fleet.toml").write_text(
+            f'[[targets]]\nname = "llama-a"\nurl = "{a}"\nlabels = {{ node = "n1" }}\n'
+            f'[[targets]]\nname = "llama-b"\nurl = "{b}"\n'
+            f'[[targets]]\nname = "wedged"\nurl = "{hung}"\n'
+            f'[[targets]]\nname = "keyed"\nurl = "{keyed}"\napi_key_env = "FLEET_KEY"\n'
+        )
+        r, doc, junit, sarif, took = certify(
+            ["--targets", "fleet.toml"], tmp_path, {"FLEET_KEY": KEY}
+        )
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        "opsctl: error: certify failed on llama-b, wedged (4 target(s): 2 passed, 2 failed)"
+    )
+    assert doc["schema"] == "opsctl.certify.fleet/1" and doc["verdict"] == "fail"
+    t = by_name(doc)
+    assert {n: e["verdict"] for n, e in t.items()} == {
+        "llama-a": "pass", "llama-b": "fail", "wedged": "fail", "keyed": "pass",
+    }  # fmt: skip
+    for name, invariance in (("llama-a", "pass"), ("llama-b", "fail")):
+        ran = {c["check"]: c["verdict"] for c in t[name]["checks"] if c["verdict"] != "skipped"}
+        assert ran.pop("liveness") == "pass" and ran.pop("invariance") == invariance, ran
+        assert set(ran.values()) <= {"pass", "unverified"}, ran  # patches, engram
+        assert t[name]["fingerprint"]["model"]["name"] == "tiny-llama"
+        assert t[name]["fingerprint"]["vllm_version"]  # the real server's version
+        assert t[name]["duration_s"] < DEADLINE_S
+    assert t["llama-a"]["labels"] == {"node": "n1"}
+    assert t["keyed"]["fingerprint"]["vllm_version"] == "0.0-standin"
+    wedged = t["wedged"]
+    live = next(c for c in wedged["checks"] if c["check"] == "liveness")
+    assert live["verdict"] == "fail" and wedged["fingerprint"]["vllm_version"] is None
+    assert wedged["state"] == "unreachable" and "no HTTP answer within 30 s" in wedged["error"]
+    # bounded by the slowest target (the hung one), not by the sum of the targets
+    durations = [e["duration_s"] for e in doc["targets"]]
+    assert max(durations) == wedged["duration_s"] and wedged["duration_s"] < DEADLINE_S
+    assert took < wedged["duration_s"] + 20 and took < sum(durations), (took, durations)
+    # ONE JUnit file: a testsuite per target, the hung one's liveness a failure
+    suites = {s.find("properties/property[@name='target']").get("value"): s for s in junit}
+    assert set(suites) == {"llama-a", "llama-b", "wedged", "keyed"}
+    assert suites["wedged"].find("testcase[@name='liveness']/failure") is not None
+    failed = {n: [c.get("name") for c in s.iter("testcase") if c.find("failure") is not None]
+              for n, s in suites.items()}  # fmt: skip
+    assert failed == {"llama-a": [], "llama-b": ["invariance"], "wedged": ["liveness"], "keyed": []}
+    # ONE SARIF log: a run per target; the hung one's liveness is an error result
+    runs = {run["properties"]["target"]: run for run in sarif["runs"]}
+    assert set(runs) == set(suites)
+    errors = {n: [x["ruleId"] for x in run["results"] if x["level"] == "error"]
+              for n, run in runs.items()}  # fmt: skip
+    assert errors["llama-a"] == errors["keyed"] == []
+    assert errors["wedged"] == ["liveness.unreachable"]
+    assert errors["llama-b"] and {e.split(".")[0] for e in errors["llama-b"]} == {"invariance"}
+
+
+def test_urls_wrong_key_fails_the_keyed_target_only(engines, tmp_path):
+    a, b = engines
+    with keyed_server() as keyed:
+        r, doc, junit, sarif, took = certify(
+            [a, b, keyed, "--api-key", "wrong-key", "--checks", "liveness"], tmp_path
+        )
+    assert r.returncode == 1, r.stderr
+    t = {e["target"]["url"]: e for e in doc["targets"]}
+    assert {u: e["verdict"] for u, e in t.items()} == {a: "pass", b: "pass", keyed: "fail"}
+    assert t[keyed]["state"] == "unauthorized"
+    failure = next(s for s in junit if "fail" in [
+        p.get("value") for p in s.iter("property") if p.get("name") == "verdict"
+    ]).find("testcase[@name='liveness']/failure")  # fmt: skip
+    assert failure.get("type") == "liveness.unauthorized"
+    assert len(sarif["runs"]) == 3 and took < DEADLINE_S
