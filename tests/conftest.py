@@ -26,11 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_pool import ACCOUNTING, bare_starts, run_order
+from tests.engine_pool import ACCOUNTING, bare_starts, module_cost, run_order
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
 os.environ.setdefault("OPSCTL_ENGINE_LOCK", "/tmp/opsctl-engine.lock")
+# `make test`'s engine tier runs on 2 pytest-xdist workers (tests/tiers.sh): one engine at
+# a time per worker, so each worker has its own lock (two runs on one machine still share
+# them: at most one engine per worker slot); modules sharing a pooled engine go to one
+# worker (xdist_group, below)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OPSCTL_ENGINE_LOCK"] += "." + os.environ["PYTEST_XDIST_WORKER"]
 OPSCTL = [sys.executable, "-m", "opsctl"]
 
 
@@ -85,9 +91,13 @@ def pytest_configure(config: pytest.Config) -> None:
     ACCOUNTING.watch()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cheap modules first, then engine modules; those sharing a pooled engine back to
-    back (tests/engine_pool.py, run_order). Modules stay whole, their tests in order."""
+    back (tests/engine_pool.py, run_order). Modules stay whole, their tests in order.
+    Under pytest-xdist's ``--dist loadgroup`` (the engine tier) an engine module is one
+    unit of work, and the modules sharing a pooled engine are one (before xdist reads
+    the marks: tryfirst)."""
     groups: dict[object, list[pytest.Item]] = {}
     for item in items:
         groups.setdefault(getattr(item, "module", None) or item.parent, []).append(item)
@@ -99,7 +109,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for group in groups.values()
     ]
     ordered = list(groups.values())
-    items[:] = [item for i in run_order(modules) for item in ordered[i]]
+    for (engine, pool), group in zip(modules, ordered, strict=True):
+        if engine:
+            unit = f"pool-{pool}" if pool else group[0].nodeid.split("::")[0]
+            for item in group:
+                item.add_marker(pytest.mark.xdist_group(unit))
+    costs = [module_cost(group[0].nodeid.split("::")[0]) for group in ordered]
+    items[:] = [item for i in run_order(modules, costs) for item in ordered[i]]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -138,8 +154,25 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             pool.release()
 
 
+_WORKER_POOLS: list[str] = []  # pool summaries of the xdist workers (the controller's)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """An xdist worker hands its engine accounting to the controller (workeroutput)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["engine_accounting"] = ACCOUNTING.export([p.summary() for p in _POOLS])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    data = getattr(node, "workeroutput", {}).get("engine_accounting")
+    if data:
+        _WORKER_POOLS.extend(ACCOUNTING.merge(data))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    lines = ACCOUNTING.summary([p.summary() for p in _POOLS])
+    lines = ACCOUNTING.summary([p.summary() for p in _POOLS] + _WORKER_POOLS)
     if lines:
         terminalreporter.section("engine starts")
         for line in lines:

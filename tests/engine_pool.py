@@ -89,21 +89,59 @@ SPECS: dict[str, Callable[[], EngineSpec]] = {
 }
 
 
-def run_order(modules: list[tuple[bool, str | None]]) -> list[int]:
+# Seconds an engine module took (setup + tests, fresh clone fc7 of stop 23 and the new
+# modules' first runs; rounded): only the ORDER of the engine tier uses them, so that the
+# two xdist workers start with the longest units and end together. A module not listed
+# counts as DEFAULT_COST.
+COSTS: dict[str, float] = {
+    "test_lora_e2e.py": 200,
+    "test_serve_e2e.py": 160,
+    "test_lifetime_e2e.py": 130,
+    "test_kv_fail.py": 130,
+    "test_certify_e2e.py": 100,
+    "test_invariance_modes_e2e.py": 70,
+    "test_console_e2e.py": 90,
+    "test_console_prometheus_e2e.py": 70,
+    "test_mm_uuid_e2e.py": 75,
+    "test_invariance_images_e2e.py": 55,
+    "test_console_actions_e2e.py": 55,
+    "test_certify_nudge_e2e.py": 45,
+    "test_usage_e2e.py": 40,
+    "test_runs_e2e.py": 35,
+    "test_invariance_e2e.py": 30,
+    "test_certify_url_e2e.py": 20,
+    "test_invariance_no_logprobs_e2e.py": 15,
+    "test_certify_cli.py": 15,
+}
+DEFAULT_COST = 60.0
+
+
+def module_cost(path: str) -> float:
+    return COSTS.get(os.path.basename(path), DEFAULT_COST)
+
+
+def run_order(
+    modules: list[tuple[bool, str | None]], costs: list[float] | None = None
+) -> list[int]:
     """The order to run modules in, as indices into ``modules`` (collection order, each
     ``(starts engines, first pool name or None)``): modules without engines first, then
     engine modules; those declaring the same pool name back to back, at the place of the
-    first of them. Otherwise collection order."""
+    first of them. With ``costs`` (seconds per module), the engine units (a module, or
+    the modules of one pool name) longest first. Otherwise collection order."""
     anchor: dict[str, int] = {}
+    pool_cost: dict[str, float] = {}
     for i, (_, name) in enumerate(modules):
         if name is not None:
             anchor.setdefault(name, i)
+            pool_cost[name] = pool_cost.get(name, 0.0) + (costs[i] if costs else 0.0)
 
     def key(i: int) -> tuple:
         engine, name = modules[i]
         if not engine:
-            return (0, i, "", i)
-        return (1, anchor[name], name, i) if name is not None else (1, i, "", i)
+            return (0, 0.0, i, "", i)
+        if name is not None:
+            return (1, -pool_cost[name], anchor[name], name, i)
+        return (1, -(costs[i] if costs else 0.0), i, "", i)
 
     return sorted(range(len(modules)), key=key)
 
@@ -192,6 +230,7 @@ class Accounting:
     bare: dict[str, list[float]] = field(default_factory=dict)  # module -> seconds to healthy
     ours: dict[str, bool] = field(default_factory=dict)  # run dir name -> owned by us
     others: int = 0  # runs of other processes seen during our tests (left out)
+    merged: bool = False  # the xdist workers' accounting was merged in (controller)
     _watcher: threading.Thread | None = None
 
     def classify(self, name: str) -> bool | None:
@@ -283,6 +322,20 @@ class Accounting:
         end = meta.get("stopped_at") or self.last_write(name) or float(started)
         return max(0.0, float(end) - float(started)), False
 
+    def export(self, pool_lines: list[str]) -> dict:
+        """What an xdist worker sends its controller (JSON-able)."""
+        return {"by_module": self.by_module, "bare": self.bare, "pools": pool_lines}
+
+    def merge(self, data: dict) -> list[str]:
+        """A worker's accounting into the controller's; its pool lines. Each worker left
+        out the other's runs as "of other processes", so that count is dropped here."""
+        for module, names in data.get("by_module", {}).items():
+            self.by_module.setdefault(module, []).extend(names)
+        for module, secs in data.get("bare", {}).items():
+            self.bare.setdefault(module, []).extend(secs)
+        self.merged = True
+        return list(data.get("pools", []))
+
     def summary(self, pool_lines: list[str]) -> list[str]:
         rows, total_n, total_s, failed = [], 0, 0.0, 0
         modules = sorted(set(self.by_module) | set(self.bare))
@@ -304,7 +357,7 @@ class Accounting:
             f"{total_n} engine start(s) ({total_n - bare_n} opsctl runs, {bare_n} bare vLLM), "
             f"{total_s:.0f} s in engine starts (start to healthy; {failed} never healthy)"
         )
-        if self.others:
+        if self.others and not self.merged:
             head += f"; {self.others} run(s) of other processes left out"
         return [head, *rows, *pool_lines]
 

@@ -4,8 +4,8 @@
 #      vLLM, about 12 s, at collection) in one pytest process, beside the rest on
 #      $WORKERS pytest-xdist workers (which then never import vLLM): about 3 minutes,
 #      they mostly wait on subprocesses, sockets and deadlines; a broken tree fails here;
-#   2. the engine tests, one engine at a time (cheap modules first); the run ends with
-#      its engine starts and their seconds.
+#   2. the engine tests, on 2 workers that each run one engine at a time (see ENGINE);
+#      the run ends with its engine starts and their seconds.
 # Each stops at its first failure (-x). TIERS=parallel runs the two tiers side by side
 # (about 2 minutes less; seen flaky on 2 busy cores: timing-sensitive console tests
 # beside real engines and a CPU hog), so it is not the default.
@@ -20,7 +20,14 @@ WORKERS=${2:-4}
 ONLY=${3:-}
 MAIN=(-m pytest -x -q -n "$WORKERS" -m "not engine" --ignore=tests/patches --durations=10 tests)
 VLLM=(-m pytest -x -q -m "not engine" tests/patches)
-ENGINE=(-m pytest -x -q -m engine --timeout=1800 --durations=25 tests)
+# the engine tests on $ENGINE_WORKERS xdist workers, each with its own engine lock (one
+# engine at a time per worker; tests/conftest.py), a module (or the modules sharing a
+# pooled engine) one unit, the longest units first (tests/engine_pool.py, COSTS): an
+# engine mostly runs on one core (single-process engines get one OMP thread), so two
+# workers keep both cores busy
+ENGINE_WORKERS=${ENGINE_WORKERS:-2}
+ENGINE=(-m pytest -x -q -m engine -n "$ENGINE_WORKERS" --dist loadgroup --no-loadscope-reorder
+        --timeout=1800 --durations=25 tests)
 
 fast_tier() {
     # the two halves side by side; the vLLM half's output after the other's

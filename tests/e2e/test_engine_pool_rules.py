@@ -25,6 +25,13 @@ def test_pool_users_back_to_back_at_the_first_users_place() -> None:
     assert run_order(modules) == [2, 0, 4, 1, 3, 5]
 
 
+def test_with_costs_the_longest_engine_units_first() -> None:
+    modules = [(True, None), (True, "a"), (False, None), (True, None), (True, "a")]
+    assert run_order(modules) == [2, 0, 1, 4, 3]
+    costs = [5.0, 10.0, 99.0, 30.0, 25.0]  # pool a: 35 s in all, before the 30 s module
+    assert run_order(modules, costs) == [2, 1, 4, 3, 0]
+
+
 def test_every_named_spec_builds_and_nothing_starts_without_a_test() -> None:
     pool = EnginePool()
     keys = {name: pool.spec(name).engine_key() for name in SPECS}
