@@ -251,3 +251,22 @@ def test_readme_fleet_ci_job_runs_as_written(tmp_path):
                        text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "DECODE2_VLLM_KEY is not set" in r.stderr
     assert not (tmp_path / "fleet.xml").exists() and not (tmp_path / "fleet.sarif").exists()
+
+
+def test_interrupted_fleet_keeps_what_finished_exit_130():
+    """An interrupt (Ctrl-C, a stop signal, the live panel's quit) while the fleet runs:
+    the targets that finished keep their report, the others say "interrupted"."""
+
+    def progress(event: ev.Event) -> None:
+        if isinstance(event, fleet.TargetStarted) and event.name == "b":
+            raise KeyboardInterrupt
+
+    with completions_server(Behaviour()) as (a, _), completions_server(Behaviour()) as (b, _):
+        targets = [FleetTarget("a", a), FleetTarget("b", b)]
+        options = fleet.Options(certify.Options(checks=("liveness",), timeout=20.0), 1)
+        report = fleet.run(targets, options, progress)
+    assert report.stop is not None and report.exit_code == 130
+    docs = {d["name"]: d for d in report.docs()}
+    assert (docs["a"]["verdict"], docs["a"]["state"]) == ("pass", "ran")
+    assert docs["b"]["state"] == "interrupted" and docs["b"]["exit_code"] == 130
+    assert {c["verdict"] for c in docs["b"]["checks"]} == {"skipped"}
