@@ -170,6 +170,7 @@ def build_app() -> typer.Typer:
         engram,
         models,
         patches,
+        rules,
         runs,
         serve,
         status,
@@ -194,6 +195,7 @@ def build_app() -> typer.Typer:
     app.callback(invoke_without_command=True)(_root)
     for module in (serve, status, patches, models, engram, diag, runs, console, certify, version):
         module.register(app)
+    rules.register(app)
     return app
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
+from opsctl.domain import alert_rules
 from opsctl.domain.console import (
     BUSY,
     DEAD,
@@ -34,10 +35,10 @@ HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usag
 @dataclass(frozen=True, slots=True)
 class Settings:
     interval_s: float = 1.0
-    stall_window_s: float = 10.0
+    stall_window_s: float = alert_rules.STALL_WINDOW_S  # the alerts' window too
     latency_window_s: float = 60.0
     history_s: float = 600.0  # sparklines: the last 10 minutes
-    restart_hold_s: float = 10.0  # how long 'restarted' is shown after a reset
+    restart_hold_s: float = alert_rules.RESTART_HOLD_S  # 'restarted' shown this long
 
 
 def http_reason(scrape: Scrape) -> str:

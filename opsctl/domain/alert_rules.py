@@ -1,0 +1,264 @@
+"""The ONE definition of opsctl's fleet alerts (pure): windows, thresholds, alert names,
+severities, summaries and runbook commands, and the Prometheus rules file built from them.
+
+The console reads its own stall window and restart hold from here too
+(opsctl.domain.console_state.Settings defaults), so the console and the alerts cannot drift.
+
+The stall alert is the console's rule (EndpointTracker._stall, prom_view.Progress) in
+PromQL. The console calls an endpoint stalled at a scrape ``t`` when every scrape in
+``(t - W, t]`` had requests running and a generation-token total equal to the scrape
+before it. In PromQL, evaluated at ``t``:
+
+* ``min_over_time(running[W-1ms]) > 0``: every scrape in the window ran requests. The
+  range is one millisecond short of W so that Prometheus 2 (ranges closed on the left)
+  and 3 (open on the left) both select ``(t - W, t]``;
+* ``changes(gen[W-1ms]) == 0`` and ``gen - gen offset W == 0``: no scrape in the window
+  moved, not even the first against the one before the window (``offset W`` is the
+  last scrape at or before ``t - W``; absent before there is one, as the console needs
+  a first scrape to call anything flat);
+* ``up == 1``: the scrape itself answered (a dead server is VllmTargetDown).
+
+The rule needs two scrapes inside the window: scrape vLLM at most every W/2 (5 s for the
+default 10 s window). tests/unit/test_promtool_rules.py evaluates both rules on the same
+series and shows they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, RUNNING, WAITING
+
+# the counters whose going back is a restart, and the start time: the console's own
+from opsctl.domain.prom import REQUEST_SUCCESS, RESET_COUNTERS, START_TIME
+
+# ---- windows and thresholds (the console reads the first two) -------------------------------
+STALL_WINDOW_S = 10.0  # generation flat this long with requests running = stalled
+RESTART_HOLD_S = 10.0  # a counter that went back within this long = restarted
+RATE_WINDOW_S = 60.0  # rates, ratios and quantiles of the alerts
+RESTART_LOOP_WINDOW_S = 900.0  # restarts counted over 15 minutes ...
+RESTART_LOOP_COUNT = 3  # ... this many is a loop
+KV_SATURATED_USAGE = 0.9  # KV cache use (0..1) that, with preemptions, is saturation
+QUEUE_GROWTH_WINDOW_S = 120.0  # requests waiting the whole window and the queue growing
+ERROR_RATIO = 0.05  # finished requests with finished_reason="error", fraction
+TTFT_P99_S = 5.0  # time to first token, 99th percentile over the rate window
+DEFAULT_FOR_S = 60.0  # `opsctl rules --for`: how long a condition holds before it fires
+TARGET_SEEN_S = 3600.0  # without --job: targets that exported vLLM series this recently
+
+PREEMPTIONS = "vllm:num_preemptions_total"
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+# vLLM's KV cache gauge; vLLM before 0.10 called it gpu_cache_usage_perc
+KV_USAGE_NAMES = (KV_USAGE, "vllm:gpu_cache_usage_perc")
+
+GROUP = "opsctl-vllm"
+RECORDING_GROUP = "opsctl-vllm-recording"
+BY = "job, instance"
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    name: str
+    severity: str  # critical | warning | info
+    summary: str
+    runbook: str  # the opsctl command to run next
+    expr: str
+    for_s: float | None  # None: `--for` (conditions); 0: events, fire at once
+
+
+def dur(seconds: float) -> str:
+    """A Prometheus duration in whole milliseconds (``10000ms`` reads as 10 s)."""
+    ms = max(1, round(seconds * 1000))
+    if ms % 1000 == 0:
+        s = ms // 1000
+        return f"{s // 60}m" if s % 60 == 0 and s >= 60 else f"{s}s"
+    return f"{ms}ms"
+
+
+def quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def selector(job: str | None, extra: str = "") -> str:
+    parts = [f"job={quote(job)}"] if job else []
+    if extra:
+        parts.append(extra)
+    return "{" + ", ".join(parts) + "}" if parts else ""
+
+
+def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
+    """The console's stall rule (module docstring), per job and instance."""
+    sel = selector(job)
+    inside = dur(window_s - 0.001)
+    w = dur(window_s)
+    return (
+        f"(sum by ({BY}) (min_over_time({RUNNING}{sel}[{inside}])) > 0)\n"
+        f"and on ({BY}) (sum by ({BY}) (changes({GEN_TOKENS}{sel}[{inside}])) == 0)\n"
+        f"and on ({BY}) (sum by ({BY}) ({GEN_TOKENS}{sel} - {GEN_TOKENS}{sel} offset {w}) == 0)\n"
+        f"and on ({BY}) (up{sel} == 1)"
+    )
+
+
+def restarts_expr(job: str | None, window_s: float) -> str:
+    """Restarts per vLLM endpoint over ``window_s``: the most any of the console's restart
+    signals saw (counters that went back, process start-time changes; one restart moves
+    them all, so the most, not the sum; opsctl.domain.prom.figures_parts)."""
+    sel, w = selector(job), dur(window_s)
+    terms = [(m, f"resets({m}{sel}[{w}])") for m in RESET_COUNTERS]
+    terms.append((START_TIME, f"changes({START_TIME}{sel}[{w}])"))
+    tagged = [f'label_replace({e}, "signal", "{m}", "", "")' for m, e in terms]
+    seen = f"group by ({BY}) ({RUNNING}{sel})"
+    return f"max by ({BY}) (\n  " + "\n  or ".join(tagged) + f"\n) and on ({BY}) {seen}"
+
+
+def kv_expr(job: str | None) -> str:
+    sel = selector(job)
+    usage = " or ".join(f"sum by ({BY}) ({n}{sel})" for n in KV_USAGE_NAMES)
+    rate = f"sum by ({BY}) (rate({PREEMPTIONS}{sel}[{dur(RATE_WINDOW_S)}]))"
+    return f"(({usage}) >= {KV_SATURATED_USAGE:g})\nand on ({BY}) ({rate} > 0)"
+
+
+def queue_expr(job: str | None) -> str:
+    sel, w = selector(job), dur(QUEUE_GROWTH_WINDOW_S)
+    return (
+        f"(sum by ({BY}) (min_over_time({WAITING}{sel}[{w}])) > 0)\n"
+        f"and on ({BY}) (sum by ({BY}) (deriv({WAITING}{sel}[{w}])) > 0)"
+    )
+
+
+def errors_expr(job: str | None) -> str:
+    w = dur(RATE_WINDOW_S)
+    errored = selector(job, 'finished_reason="error"')
+    bad = f"sum by ({BY}) (rate({REQUEST_SUCCESS}{errored}[{w}]))"
+    every = f"sum by ({BY}) (rate({REQUEST_SUCCESS}{selector(job)}[{w}]))"
+    return f"({bad} / ({every} > 0)) > {ERROR_RATIO:g}"
+
+
+def ttft_expr(job: str | None) -> str:
+    rate = f"sum by ({BY}, le) (rate({TTFT_BUCKET}{selector(job)}[{dur(RATE_WINDOW_S)}]))"
+    return f"histogram_quantile(0.99, {rate}) > {TTFT_P99_S:g}"
+
+
+def down_expr(job: str | None) -> str:
+    if job:
+        return f"up{selector(job)} == 0"
+    seen = f"group by ({BY}) (last_over_time({RUNNING}[{dur(TARGET_SEEN_S)}]))"
+    return f"(up == 0) and on ({BY}) {seen}"
+
+
+CONSOLE = "opsctl console http://{{ $labels.instance }}"
+
+
+def alerts(job: str | None) -> list[Alert]:
+    w = f"{STALL_WINDOW_S:g} s"
+    loop = f"{RESTART_LOOP_COUNT} restarts in {RESTART_LOOP_WINDOW_S / 60:g} min"
+    return [
+        Alert("VllmEngineStalled", "critical",
+              f"{{{{ $labels.instance }}}}: requests running, no token generated for {w}, "
+              "/metrics still answering",
+              f"{CONSOLE} (drill in: stalled, steps flat?), then opsctl runs bundle RUN",
+              stall_expr(job), None),
+        Alert("VllmEngineRestarted", "warning",
+              "{{ $labels.instance }}: vLLM's counters went back: the server restarted",
+              f"{CONSOLE}; opsctl runs list (the engine's run, its log)",
+              f"({restarts_expr(job, RESTART_HOLD_S)}) > 0", 0.0),
+        Alert("VllmRestartLoop", "critical",
+              f"{{{{ $labels.instance }}}}: {loop}",
+              "opsctl runs bundle RUN (the engine's log and records), then "
+              "opsctl serve --model MODEL to reproduce",
+              f"({restarts_expr(job, RESTART_LOOP_WINDOW_S)}) >= {RESTART_LOOP_COUNT}", 0.0),
+        Alert("VllmKvCacheSaturated", "warning",
+              f"{{{{ $labels.instance }}}}: KV cache over {KV_SATURATED_USAGE:.0%} "
+              "and requests preempted",
+              f"{CONSOLE} (KV use, preemptions); opsctl diag kv-fail --model MODEL",
+              kv_expr(job), None),
+        Alert("VllmQueueBacklog", "warning",
+              f"{{{{ $labels.instance }}}}: requests waiting for {QUEUE_GROWTH_WINDOW_S:g} s "
+              "and the queue growing",
+              f"{CONSOLE} (waiting by reason)",
+              queue_expr(job), None),
+        Alert("VllmRequestErrors", "warning",
+              f"{{{{ $labels.instance }}}}: over {ERROR_RATIO:.0%} of requests finished "
+              "with an error",
+              f"{CONSOLE}; opsctl certify http://{{{{ $labels.instance }}}}",
+              errors_expr(job), None),
+        Alert("VllmTtftP99High", "warning",
+              f"{{{{ $labels.instance }}}}: time to first token p99 over {TTFT_P99_S:g} s",
+              f"{CONSOLE} (TTFT, waiting, KV use)",
+              ttft_expr(job), None),
+        Alert("VllmTargetDown", "critical",
+              "{{ $labels.instance }}: Prometheus cannot scrape this vLLM server",
+              "opsctl status http://{{ $labels.instance }}",
+              down_expr(job), None),
+    ]  # fmt: skip
+
+
+def recording_rules(job: str | None) -> list[dict]:
+    sel, w = selector(job), dur(RATE_WINDOW_S)
+    return [
+        {"record": "instance:vllm_requests_running:sum",
+         "expr": f"sum by ({BY}) ({RUNNING}{sel})"},
+        {"record": "instance:vllm_requests_waiting:sum",
+         "expr": f"sum by ({BY}) ({WAITING}{sel})"},
+        {"record": "instance:vllm_generation_tokens:rate1m",
+         "expr": f"sum by ({BY}) (rate({GEN_TOKENS}{sel}[{w}]))"},
+        {"record": "instance:vllm_ttft_seconds:p99_rate1m",
+         "expr": f"histogram_quantile(0.99, sum by ({BY}, le) (rate({TTFT_BUCKET}{sel}[{w}])))"},
+    ]  # fmt: skip
+
+
+def rules_document(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> dict:
+    """The rules file as a plain document (YAML-dumped by the command)."""
+    rules = []
+    for a in alerts(job):
+        rule: dict = {"alert": a.name, "expr": a.expr}
+        hold = for_s if a.for_s is None else a.for_s
+        if hold > 0:
+            rule["for"] = dur(hold)
+        rule["labels"] = {"severity": a.severity, "source": "opsctl"}
+        rule["annotations"] = {"summary": a.summary, "runbook": a.runbook}
+        rules.append(rule)
+    return {
+        "groups": [
+            {"name": RECORDING_GROUP, "rules": recording_rules(job)},
+            {"name": GROUP, "rules": rules},
+        ]
+    }
+
+
+ALERT_NAMES = tuple(a.name for a in alerts(None))
+
+__all__ = [
+    "ALERT_NAMES",
+    "DEFAULT_FOR_S",
+    "RESTART_HOLD_S",
+    "STALL_WINDOW_S",
+    "Alert",
+    "alerts",
+    "rules_document",
+    "rules_yaml",
+    "stall_expr",
+]
+
+
+def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
+    """The rules file's text: a header naming its settings, then the YAML (multi-line
+    expressions as literal blocks, so the PromQL reads as written)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    head = (
+        "# Prometheus rules for vLLM, written by `opsctl rules`"
+        f"{f' --job {job}' if job else ''} --for {dur(for_s)}.\n"
+        f"# Stall window {STALL_WINDOW_S:g} s: scrape vLLM every {STALL_WINDOW_S / 2:g} s "
+        "or faster.\n"
+    )
+    body = yaml.dump(rules_document(job, for_s), Dumper=Dumper, sort_keys=False, width=1000)
+    return head + body
