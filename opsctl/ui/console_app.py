@@ -24,6 +24,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input
 
+from opsctl.collectors.gpu import GpuFeed
 from opsctl.console.actions import Jobs
 from opsctl.console.local import LocalDetail, collect_detail
 from opsctl.console.servers import ServerManager
@@ -81,6 +82,7 @@ class ConsoleApp(ActionsMixin, App):
         record: Path | None = None,
         api_key: str | None = None,
         engine_factory: Callable | None = None,
+        gpu_feed: GpuFeed | None = None,
     ) -> None:
         super().__init__()
         from opsctl.console.replay import Recorder, ReplaySource
@@ -97,6 +99,9 @@ class ConsoleApp(ActionsMixin, App):
         self.last: FleetSnapshot | None = None
         self.notes: dict[str, str] = {}
         self.ticks = 0
+        # GPU figures per host and endpoint (a thread of their own); a replay has its own
+        live = getattr(source, "live", True)
+        self.gpu_feed = gpu_feed if gpu_feed is not None or not live else GpuFeed(interval)
         self.action_log: list[str] = []
         self.jobs = Jobs(on_event=lambda job, snap: self.post_message(JobEvent(job, snap)))
         self.servers = ServerManager(
@@ -124,6 +129,8 @@ class ConsoleApp(ActionsMixin, App):
         """Checks stop at their next step; servers this console started stop now."""
         self.jobs.cancel_all()
         self.servers.close()
+        if self.gpu_feed is not None:
+            self.gpu_feed.close()
         if self.recorder is not None:
             self.recorder.close()
 
@@ -134,6 +141,8 @@ class ConsoleApp(ActionsMixin, App):
 
     def tick(self) -> None:
         snap = self.source.collect()
+        if self.gpu_feed is not None:
+            snap = self.gpu_feed.apply(snap)
         self.last = snap
         self.ticks += 1
         if self.replaying:
@@ -150,6 +159,7 @@ class ConsoleApp(ActionsMixin, App):
         now = snap.taken_at
         extra = self.source.status_line() if self.replaying else ""  # type: ignore[attr-defined]
         self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
+        self.table.host_gpus = snap.host_gpus
         self.table.show(views, now, snap.interval_s, notes)
         screen = self.screen
         if isinstance(screen, DetailScreen) and screen.ready:

@@ -10,6 +10,9 @@ from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.advisor import reason_cell
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
+from opsctl.domain.gpu import HostGpus
+from opsctl.domain.gpu import row_cell as gpu_row_cell
+from opsctl.domain.requests import row_cell as tee_cell
 
 STATE_STYLE = {
     "starting": "yellow",
@@ -63,7 +66,7 @@ def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> t
         v.state,
         v.info.models[0].id if v.info.models else "-",
         v.target.source,
-        fmt(f.running, ".0f"),
+        fmt(f.running, ".0f") + tee_cell(v.requests),  # + in flight through --tee
         fmt(f.waiting, ".0f"),
         fmt(f.kv_usage, ".1f", 100),
         fmt(f.generation_tps),
@@ -143,6 +146,9 @@ class FleetTable(DataTable):
         self.sort_col: str | None = "name"
         self.sort_reverse = False
         self.renders = 0  # cell updates done (tests and the benchmark read it)
+        # the GPU column joins (last) once the host is seen to have a GPU
+        self.host_gpus: HostGpus | None = None
+        self.gpu_cells: dict[str, str] | None = None
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -195,8 +201,25 @@ class FleetTable(DataTable):
                         self.renders += 1
                         resort = resort or key == self.sort_col
             self.cells[url] = cells
+        self._show_gpus(views)
         if resort:
             self.apply_sort()
+
+    def _show_gpus(self, views: list[EndpointView]) -> None:
+        host = self.host_gpus
+        if self.gpu_cells is None:
+            if host is None or not host.devices:
+                return
+            self.add_column("GPU", key="gpu", default="")
+            self.gpu_cells = {}
+        for url in [u for u in self.gpu_cells if u not in self.cells]:
+            del self.gpu_cells[url]  # a removed row: drawn afresh if it comes back
+        for v in views:
+            cell = gpu_row_cell(v, host)
+            if self.gpu_cells.get(v.target.url) != cell:
+                self.update_cell(v.target.url, "gpu", cell, update_width=True)
+                self.gpu_cells[v.target.url] = cell
+                self.renders += 1
 
     def apply_sort(self) -> None:
         if self.sort_col is None or not self.cells:

@@ -14,6 +14,8 @@ from textual.widgets import DataTable, Sparkline, Static
 from opsctl.console.local import LocalDetail
 from opsctl.domain.advisor import detail_lines as advisor_detail_lines
 from opsctl.domain.console import EndpointView
+from opsctl.domain.logview import detail_lines as log_detail_lines
+from opsctl.domain.requests import detail_lines as requests_detail_lines
 from opsctl.output import human_bytes
 from opsctl.ui.panels.console import STATE_STYLE, age_text, fmt
 
@@ -64,6 +66,8 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
         )
     for line in advisor_detail_lines(v):  # findings: figures, window, next command
         t.append(f"\n{line}", style="yellow" if line.startswith("findings") else "")
+    for line in requests_detail_lines(v.requests) + log_detail_lines(v.log):  # --tee, --log
+        t.append(f"\n{line}", style="bold" if line.startswith(("requests (", "log ")) else "")
     return t
 
 
