@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
+from opsctl.console import taps as tp
 
 EPILOG = epilog(
     "opsctl console",
@@ -16,8 +17,6 @@ EPILOG = epilog(
     "opsctl console --once --json --no-discover http://127.0.0.1:8000",
     "opsctl console --prometheus http://127.0.0.1:9090 --job vllm",
     "opsctl console --once --stall-window 30s --interval 2s",
-    "opsctl console --tee 127.0.0.1:8100=http://127.0.0.1:8000",
-    "opsctl console --log http://10.0.0.5:8000=/var/log/vllm/server.log",
 )
 
 
@@ -67,43 +66,15 @@ def register(app: typer.Typer) -> None:
         replay: Path = typer.Option(
             None, "--replay", metavar="FILE", help="show a --record FILE again"
         ),
-        tee: str = typer.Option(
-            None,
-            "--tee",
-            metavar="LISTEN=URL",
-            help="a proxy on LISTEN (HOST:PORT, 127.0.0.1) in front of the server at URL: "
-            "shows its live requests (tokens, TTFT, duration, status); no prompt text kept",
-        ),
-        tee_keep_prompts: bool = typer.Option(
-            False, "--tee-keep-prompts", help="with --tee: keep and show the prompt texts"
-        ),
-        tee_any_address: bool = typer.Option(
-            False, "--tee-any-address", help="with --tee: allow a LISTEN that is not loopback"
-        ),
-        logs: list[str] = typer.Option(
-            None,
-            "--log",
-            metavar="URL=FILE",
-            help="tail FILE as the log of the server at URL (load phase, decisive error "
-            "lines, tail); repeatable",
-        ),
+        tee: str = typer.Option(None, "--tee", metavar="LISTEN=URL", help=tp.TEE_HELP),
+        tee_keep_prompts: bool = typer.Option(False, "--tee-keep-prompts", help=tp.KEEP_HELP),
+        logs: list[str] = typer.Option(None, "--log", metavar="URL=FILE", help=tp.LOG_HELP),
     ) -> None:
-        """Live console over many vLLM servers: states, rates, latency percentiles,
-        process roles; stalled = requests running, generation flat for --stall-window,
-        even with /health 200. --once (--json: opsctl.console/2) exits 0 all healthy, 1
-        any failing or stalled, 3 none reachable or none found. With --prometheus the
-        endpoints and figures come from Prometheus (active targets, PromQL)."""
+        """Live console over many vLLM servers: states (stalled = requests running, generation
+        flat for --stall-window, even with /health 200), rates, latencies, process roles."""
         from opsctl.domain.console_state import Settings
 
         _check_combination(urls or [], targets_file, prometheus, job)
-        from opsctl.console import taps as tp
-
-        taps = tp.parse(
-            tee, logs, keep_prompts=tee_keep_prompts, any_address=tee_any_address,
-            replay=replay is not None,
-        )  # fmt: skip
-        if prometheus is None and replay is None:
-            urls = tp.with_urls(urls or [], taps)  # the tapped servers are watched
         if not once and not as_json:
             _need_terminal()
         settings = Settings(interval_s=interval, stall_window_s=stall_window)
@@ -116,11 +87,9 @@ def register(app: typer.Typer) -> None:
             source = _prometheus_source(prometheus, job, settings)
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
-        if replay is None:
-            source = tp.wrap(source, taps)  # requests through --tee, --log/targets logs
         from opsctl.console.advice import advised
 
-        source = advised(source)  # findings per endpoint (opsctl.domain.advisor)
+        source = advised(tp.tapped(source, tee, logs, tee_keep_prompts, replay is not None))
         if once or as_json:
             raise typer.Exit(_once(source, settings, as_json, record))
         _live(source, interval, readonly, record, api_key)

@@ -10,11 +10,22 @@ from typing import Any
 
 from opsctl.errors import BadInput
 
+TEE_HELP = (
+    "a proxy on LISTEN (HOST:PORT or PORT, 127.0.0.1) in front of the server at URL: the "
+    "console shows its live requests (tokens, TTFT, duration, status); no prompt text kept"
+)
+KEEP_HELP = "with --tee: keep and show the prompt texts"
+LOG_HELP = "tail FILE as the log of the server at URL (phase, decisive lines); repeatable"
+
 
 @dataclass
 class Taps:
     tee: Any = None  # a bound opsctl.console.tee.TeeProxy
     logs: dict[str, str] = field(default_factory=dict)  # URL -> file
+    replay: bool = False  # a replay shows what was recorded: nothing to add
+
+    def wrap(self, source: Any) -> Any:
+        return source if self.replay else wrap(source, self)
 
     def urls(self) -> list[str]:
         """The servers the taps are on (the console watches them)."""
@@ -40,7 +51,7 @@ def parse(
         raise BadInput("--tee-any-address is about --tee's LISTEN: it needs --tee")
     from opsctl.console.logsource import parse_log_option
 
-    taps = Taps()
+    taps = Taps(replay=replay)
     for spec in logs or ():
         url, path = parse_log_option(spec)
         taps.logs[url] = path
@@ -51,6 +62,22 @@ def parse(
         proxy.bind()  # a port in use is exit 2 now, not a dead proxy later
         taps.tee = proxy
     return taps
+
+
+def tapped(
+    source: Any, tee: str | None, logs: list[str] | None, keep_prompts: bool, replay: bool
+) -> Any:
+    """``console --tee/--log`` on ``source``: the options checked and the tee's port bound
+    (BadInput, exit 2), the tapped servers added to a direct source's targets, the
+    source wrapped (a targets file's ``log`` keys are tailed too)."""
+    taps = parse(tee, logs, keep_prompts=keep_prompts, replay=replay)
+    static = getattr(source, "static", None)
+    if isinstance(static, list) and taps.urls():
+        from opsctl.console import targets as tg
+
+        have = {tg._endpoint_key(t.url) for t in static}
+        static += [t for t in tg.from_urls(taps.urls()) if tg._endpoint_key(t.url) not in have]
+    return taps.wrap(source)
 
 
 def with_urls(urls: list[str], taps: Taps) -> list[str]:

@@ -1,7 +1,8 @@
 """``opsctl console --tee LISTEN=URL``: a recording reverse proxy in front of one vLLM
 server, so the console can show its live requests.
 
-Clients talk to LISTEN (127.0.0.1 unless ``--tee-any-address``); every request is relayed
+Clients talk to LISTEN (loopback: the CLI refuses another address; the library's
+``parse_tee(any_address=True)`` allows one); every request is relayed
 to URL as it is, and the response back as it arrives: bytes are written to the client
 chunk by chunk (a stream is never buffered). While the bytes pass, a
 :class:`~opsctl.domain.requests.StreamCounter` reads the SSE events (time to first
@@ -99,8 +100,7 @@ def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
     if not any_address and host not in LOOPBACK:
         raise BadInput(
             f"--tee listens on 127.0.0.1 only, got {host!r}",
-            hint="the tee relays the server's whole API: add --tee-any-address to "
-            "listen on another address",
+            hint="the tee relays the server's whole API: it listens on loopback only",
         )
     return TeeSpec(host, port, normalise_url(url.strip()))
 
@@ -203,6 +203,7 @@ class TeeProxy:
         self._server: asyncio.base_events.Server | None = None
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.connections = 0  # client connections accepted (keep-alive serves many on one)
 
     def bind(self) -> None:
         family = socket.AF_INET6 if ":" in self.spec.host else socket.AF_INET
@@ -262,6 +263,7 @@ class TeeProxy:
 
     # ---- one client connection ---------------------------------------------------------
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.connections += 1
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -403,7 +405,7 @@ class TeeProxy:
             writer.write(conn.send(h11.EndOfMessage()))
             await writer.drain()
         finally:
-            gone.cancel()
+            await _settle(gone, conn)
         if rec is not None:
             self._finish(rec)
         return True
@@ -430,6 +432,20 @@ class TeeProxy:
         rec.body = bytearray()
         if usage is not None:
             rec.tokens = (usage[0], usage[1], rq.FROM_USAGE)
+
+
+async def _settle(gone: asyncio.Future, conn: h11.Connection) -> None:
+    """End the watch on the client's connection. What it read is the client's next
+    request (keep-alive: it may send it the moment our response ended) or its EOF:
+    handed to h11, never lost; the cancelled read is awaited so the next read() on the
+    stream does not find it still waiting."""
+    if not gone.done():
+        gone.cancel()
+    try:
+        data = await gone
+    except (asyncio.CancelledError, ConnectionError):
+        return
+    conn.receive_data(data)
 
 
 def _disconnected(rec: _Live | None) -> None:

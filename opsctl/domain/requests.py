@@ -337,5 +337,6 @@ def detail_lines(v: RequestsView | None, limit: int = 12) -> list[str]:
 
 
 def row_cell(v: RequestsView | None) -> str:
-    """The fleet row's in-flight count ('' without a tee)."""
-    return "" if v is None else f"{len(v.in_flight)} in flight"
+    """What the fleet row's running cell adds: the requests in flight through the tee
+    ('' without a tee)."""
+    return "" if v is None else f" · tee {len(v.in_flight)}"

@@ -126,7 +126,7 @@ def test_views_say_how_tokens_were_counted_and_never_show_an_absent_prompt():
     assert d["requests"][1]["tokens_from"] == "chunks" and d["requests"][1]["prompt"] is None
     lines = rq.detail_lines(v)
     assert "1 in flight" in lines[0] and "(chunks counted)" in lines[2]
-    assert rq.row_cell(v) == "1 in flight" and rq.row_cell(None) == ""
+    assert rq.row_cell(v) == " · tee 1" and rq.row_cell(None) == ""
     assert rq.requests_dict(None) is None and rq.detail_lines(None) == []
 
 
@@ -162,3 +162,29 @@ def test_parse_tee_bad_input(spec, says):
 
 def test_parse_tee_other_address_when_allowed():
     assert parse_tee("0.0.0.0:8100=http://127.0.0.1:8000", any_address=True).host == "0.0.0.0"
+
+
+def test_row_and_drill_in_show_the_tee_and_the_log():
+    from opsctl.domain.console import EndpointView, EngineInfo, Figures, Target
+    from opsctl.domain.logview import facts
+    from opsctl.ui.panels.console import row_cells
+    from opsctl.ui.panels.console_detail import summary_text
+
+    live = record(id=2, status=None, in_flight=True, stream=True, duration_s=1.0)
+    reqs = rq.RequestsView("http://127.0.0.1:1", "http://127.0.0.1:2", False, (live,),
+                           (record(),), 2, 0, 0)  # fmt: skip
+    log = facts("/var/log/v.log", "(APIServer pid=1) ERROR [x.py:1] ValueError: boom\n", size=50)
+    v = EndpointView(Target("a", "http://127.0.0.1:2", "argument"), "busy", None,
+                     Figures(running=3.0), EngineInfo(), None, 200, 1.0, 1.0, 2, 0, 0.01,
+                     requests=reqs, log=log)  # fmt: skip
+    assert row_cells(v, 2.0, 1.0)[4] == "3 · tee 1"
+    text = summary_text(v, 2.0, 1.0).plain
+    assert "requests (tee http://127.0.0.1:1 -> http://127.0.0.1:2): 1 in flight" in text
+    assert "POST /v1/completions" in text and "log /var/log/v.log" in text
+    assert "ValueError: boom" in text  # a decisive line, brackets and all
+    plain = EndpointView(Target("b", "http://127.0.0.1:3", "argument"), "ready", None,
+                         Figures(running=0.0), EngineInfo(), None, 200, 1.0, 1.0, 2, 0, 0.01)  # fmt: skip
+    assert (
+        row_cells(plain, 2.0, 1.0)[4] == "0"
+        and "requests (" not in summary_text(plain, 2.0, 1.0).plain
+    )

@@ -111,8 +111,18 @@ def test_json_request_relayed_and_recorded_with_usage_and_adapter(tee, upstream)
         assert c.get("/metrics").text == "ok"  # same connection (keep-alive), not recorded
         r2 = c.post("/v1/completions", json={"model": "base", "prompt": "x"})
         assert r2.status_code == 200
-    v = wait_until(lambda: (x := tee.view()).seen == 2 and not x.in_flight and x, 10)
-    second, first = v.recent
+        body = {"model": "base", "prompt": "x", "stream": True}
+        u.release.set()
+        with c.stream("POST", "/v1/completions", json=body) as s:
+            assert [x for x in s.iter_lines() if x][-1] == "data: [DONE]"
+        r3 = c.post("/v1/completions", json={"model": "base", "prompt": "y"})
+        assert r3.status_code == 200
+    # one connection: the client's next request, sent the moment a response ended, was
+    # read (not lost to the watch on the client's side); the stream's server closed its
+    # connection, the tee kept the client's
+    assert tee.connections == 1
+    v = wait_until(lambda: (x := tee.view()).seen == 4 and not x.in_flight and x, 10)
+    _, _, second, first = v.recent
     assert (first.status, first.prompt_tokens, first.output_tokens, first.tokens_from) == (
         200, 3, 2, rq.FROM_USAGE,
     )  # fmt: skip
