@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from opsctl.console.local import LocalDetail
 from opsctl.domain.advisor import detail_lines as advisor_detail_lines
 from opsctl.domain.console import EndpointView
+from opsctl.domain.gpu import detail_lines as gpu_detail_lines
 from opsctl.domain.logview import detail_lines as log_detail_lines
 from opsctl.domain.requests import detail_lines as requests_detail_lines
 from opsctl.output import human_bytes
@@ -87,7 +88,7 @@ def figures_text(v: EndpointView) -> str:
         f"prompt tokens by source: {_pct_map(f.prompt_tokens_by_source)}\n"
         f"totals: prompt {fmt(f.prompt_tokens_total, '.0f')}  generation "
         f"{fmt(f.generation_tokens_total, '.0f')}  requests {fmt(f.requests_total, '.0f')}"
-    )
+    ) + "".join(f"\n{line}" for line in gpu_detail_lines(v.gpus))  # per GPU and process
 
 
 class LatencyTable(DataTable):
