@@ -15,9 +15,9 @@ or what answers is not vLLM), unauthorized (401/403), restarted (counters went b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from opsctl.domain.gpu import GpuDevice, HostGpus
+from opsctl.domain.logview import LogFacts  # runtime: the replay decodes by type hints
 from opsctl.domain.metrics import (
     GEN_TOKENS,
     KV_USAGE,
@@ -38,10 +38,7 @@ from opsctl.domain.metrics import (
     bucket_delta,
     histogram_quantile,
 )
-
-if TYPE_CHECKING:
-    from opsctl.domain.logview import LogFacts
-    from opsctl.domain.requests import RequestsView
+from opsctl.domain.requests import RequestsView
 
 STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
 DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED = "dead", "unreachable", "unauthorized", "restarted"

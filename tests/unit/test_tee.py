@@ -188,3 +188,19 @@ def test_row_and_drill_in_show_the_tee_and_the_log():
         row_cells(plain, 2.0, 1.0)[4] == "0"
         and "requests (" not in summary_text(plain, 2.0, 1.0).plain
     )
+
+
+def test_a_recording_replays_the_requests_and_the_log():
+    """console --record/--replay: the tee's records and the log facts come back as
+    they were (the replay decodes by the dataclasses' type hints)."""
+    from opsctl.console.replay import decode, encode
+    from opsctl.domain.console import EndpointView, EngineInfo, Figures, FleetSnapshot, Target
+    from opsctl.domain.logview import facts
+
+    reqs = rq.RequestsView("l", "u", True, (record(id=2, status=None, in_flight=True),),
+                           (record(status=rq.DISCONNECTED, prompt="p"),), 2, 0, 1)  # fmt: skip
+    log = facts("/p", "ValueError: x\n", size=14, rotations=1)
+    v = EndpointView(Target("a", "http://127.0.0.1:2", "argument"), "ready", None, Figures(),
+                     EngineInfo(), None, 200, 1.0, 1.0, 2, 0, 0.01, requests=reqs, log=log)  # fmt: skip
+    back = decode(encode(FleetSnapshot(1.0, (v,), 1.0))).endpoints[0]
+    assert back.requests == reqs and back.log == log
