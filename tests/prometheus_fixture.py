@@ -58,6 +58,12 @@ class PromServer:
         r.raise_for_status()
         return r.json()["data"]["activeTargets"]
 
+    def alerts(self) -> list[dict]:
+        """Prometheus's active alerts (pending and firing)."""
+        r = httpx.get(f"{self.url}/api/v1/alerts", timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["alerts"]
+
 
 def binary() -> str:
     """The prometheus binary, or a test failure saying how to install it."""
@@ -77,8 +83,17 @@ def _hostports(urls: list[str]) -> list[str]:
     return [urlsplit(u).netloc for u in urls]
 
 
-def config_text(urls: list[str], interval: float, job: str = JOB, health: bool = True) -> str:
-    """Prometheus YAML (JSON is YAML) for the vLLM servers at ``urls``."""
+def config_text(
+    urls: list[str],
+    interval: float,
+    job: str = JOB,
+    health: bool = True,
+    rule_files: list[str] | None = None,
+    alertmanager: str | None = None,
+) -> str:
+    """Prometheus YAML (JSON is YAML) for the vLLM servers at ``urls``; ``rule_files`` are
+    loaded (evaluated every ``interval``), alerts go to the Alertmanager at ``alertmanager``
+    (a base URL)."""
     import json
 
     ms = f"{max(1, int(interval * 1000))}ms"
@@ -91,6 +106,11 @@ def config_text(urls: list[str], interval: float, job: str = JOB, health: bool =
         "global": {"scrape_interval": ms, "scrape_timeout": timeout, "evaluation_interval": ms},
         "scrape_configs": jobs,
     }
+    if rule_files:
+        doc["rule_files"] = list(rule_files)
+    if alertmanager:
+        am = [{"static_configs": [{"targets": [urlsplit(alertmanager).netloc]}]}]
+        doc["alerting"] = {"alertmanagers": am}
     return json.dumps(doc, indent=1)
 
 
@@ -163,17 +183,25 @@ def running_prometheus(
     health: bool = True,
     up: bool = False,
     timeout: float = 120.0,
+    rule_files: list[str] | None = None,
+    alertmanager: str | None = None,
 ) -> Iterator[PromServer]:
+    """``rule_files`` (paths) are loaded and must load (checked through /api/v1/rules);
+    firing alerts are sent to the Alertmanager at ``alertmanager`` (tests/alertmanager_fixture)."""
     with tempfile.TemporaryDirectory(prefix="opsctl-prom-") as tmp:
         workdir = Path(tmp)
         config = workdir / "prometheus.yml"
-        config.write_text(config_text(urls, interval, job, health))
+        config.write_text(config_text(urls, interval, job, health, rule_files, alertmanager))
         log_path = workdir / "prometheus.log"
         proc, url = _start(workdir, config, log_path)
         server = PromServer(proc, url, config, log_path, job)
         try:
             n = len(urls) * (2 if health else 1)
             wait_scraped(server, n, timeout, up=up)
+            if rule_files:
+                r = httpx.get(f"{url}/api/v1/rules", timeout=10)
+                groups = r.json()["data"]["groups"]
+                assert groups, f"no rule group loaded: {server.log_text()}"
             yield server
         finally:
             _stop(proc)

@@ -22,6 +22,7 @@ import time
 
 import httpx
 
+from opsctl.console import alerts as prom_alerts
 from opsctl.console.source import LoopThreadSource
 from opsctl.console.targets import normalise_url
 from opsctl.domain import prom, prom_view
@@ -60,6 +61,8 @@ class PrometheusSource(LoopThreadSource):
         self.complete = False  # a poll was applied with latency figures (or their error)
         self.error: str | None = None
         self.hint: str | None = None
+        self.alerts: list = []  # what /api/v1/alerts said last (opsctl.console.alerts)
+        self.alerts_error: str | None = None
         self.polls = 0
         self._init_loop("console-prom")
 
@@ -131,12 +134,21 @@ class PrometheusSource(LoopThreadSource):
             self.scrape_s = prom_view.scrape_interval(found, self.settings.interval_s)
         w = prom_view.windows(self.settings, self.scrape_s)
         self._start_latency(client, w)
-        tdoc, vdoc, mdoc = await asyncio.gather(
+        tdoc, vdoc, mdoc, _ = await asyncio.gather(
             self._get(client, targets_path),
             self._get(client, "/api/v1/query", {"query": prom.figures_query(self.job, w)}),
             self._get(client, "/api/v1/query", {"query": prom.stall_query(self.job, w)}),
+            self._alerts(client),
         )
         return tdoc, prom.data_of(vdoc, "vector"), prom.data_of(mdoc, "matrix")
+
+    async def _alerts(self, client: httpx.AsyncClient) -> None:
+        """The alerts Prometheus holds; a failure keeps the last ones and is remembered."""
+        try:
+            self.alerts = await prom_alerts.fetch(client, self.timeout)
+            self.alerts_error = None
+        except _ERRORS as exc:
+            self.alerts_error = f"alerts: {type(exc).__name__}: {exc}"[:300]
 
     def _start_latency(self, client: httpx.AsyncClient, w: prom.Windows) -> None:
         busy = self.latency_task is not None and not self.latency_task.done()
@@ -198,6 +210,7 @@ class PrometheusSource(LoopThreadSource):
                 d = d.with_scalars(self.latency.get(key)) if d is not None else None
                 poll = prom_view.PromPoll(t, health.get(t.url), d, points.get(key, []), now)
                 ep.observe(poll)
+                ep.view = prom_alerts.with_alerts(ep.view, t.instance, self.alerts)
                 kept[t.url] = ep
             self.endpoints = kept  # a target Prometheus dropped leaves the fleet
             self.polls += 1

@@ -24,14 +24,17 @@ null in flight), ``ttft_s``, ``duration_s``, ``prompt_tokens``, ``output_tokens`
 ``tokens_from`` (``usage`` or ``chunks``), ``prompt`` (null unless kept)); per endpoint
 ``log`` (null unless ``--log``/a target's ``log``): ``path``, ``reason`` (why it could
 not be read), ``size_bytes``, ``read_bytes``, ``rotations``, ``load_phase``,
-``decisive_lines``, ``tail``."""
+``decisive_lines``, ``tail``. Per endpoint ``alerts`` (``console --prometheus``; [] for
+other sources): the alerts firing for it in Prometheus (/api/v1/alerts, matched by the
+``instance`` label), most severe first: ``alertname``, ``state``, ``severity``,
+``summary``, ``runbook``, ``active_at``, ``job``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from opsctl.domain import advisor, logview
+from opsctl.domain import advisor, alert_rules, logview
 from opsctl.domain import gpu as gpu_view
 from opsctl.domain import requests as requests_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
@@ -98,6 +101,7 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "gpus": [gpu_view.device_dict(d) for d in v.gpus],
         "tee": requests_view.requests_dict(v.requests),  # console --tee: live requests
         "log": logview.log_dict(v.log),  # console --log / targets 'log': the tailed log
+        "alerts": [a.to_dict() for a in v.alerts],  # --prometheus: its firing alerts
     }
 
 
@@ -149,6 +153,6 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             v.info.models[0].id if v.info.models else "-",
             fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
             fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-            advisor.reason_cell(v, 200),  # the reason, then the top finding
+            alert_rules.alerts_cell(v.alerts) + advisor.reason_cell(v, 200),  # alert, reason
         )  # fmt: skip
     console.print(t)

@@ -228,18 +228,6 @@ def rules_document(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> dict
 
 ALERT_NAMES = tuple(a.name for a in alerts(None))
 
-__all__ = [
-    "ALERT_NAMES",
-    "DEFAULT_FOR_S",
-    "RESTART_HOLD_S",
-    "STALL_WINDOW_S",
-    "Alert",
-    "alerts",
-    "rules_document",
-    "rules_yaml",
-    "stall_expr",
-]
-
 
 def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
     """The rules file's text: a header naming its settings, then the YAML (multi-line
@@ -262,3 +250,89 @@ def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
     )
     body = yaml.dump(rules_document(job, for_s), Dumper=Dumper, sort_keys=False, width=1000)
     return head + body
+
+
+# ---- alerts Prometheus holds (GET /api/v1/alerts), as the console shows them -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FiredAlert:
+    """One alert Prometheus holds for an endpoint (any rules file, not only opsctl's)."""
+
+    name: str
+    state: str  # firing | pending
+    severity: str | None
+    summary: str | None
+    runbook: str | None
+    active_at: str | None  # RFC 3339, as Prometheus gives it
+    instance: str | None
+    job: str | None
+
+    def to_dict(self) -> dict:
+        return {
+            "alertname": self.name,
+            "state": self.state,
+            "severity": self.severity,
+            "summary": self.summary,
+            "runbook": self.runbook,
+            "active_at": self.active_at,
+            "job": self.job,
+        }
+
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def parse_alerts(data: object) -> list[FiredAlert]:
+    """The ``data`` of /api/v1/alerts (``{"alerts": [...]}``) as FiredAlerts; entries that
+    are not alerts are skipped."""
+    items = data.get("alerts") if isinstance(data, dict) else None
+    out = []
+    for a in items if isinstance(items, list) else []:
+        if not isinstance(a, dict) or not isinstance(a.get("labels"), dict):
+            continue
+        labels, notes = a["labels"], a.get("annotations") or {}
+        if "alertname" not in labels:
+            continue
+        out.append(
+            FiredAlert(
+                name=str(labels["alertname"]),
+                state=str(a.get("state") or "firing"),
+                severity=labels.get("severity"),
+                summary=notes.get("summary") or notes.get("description"),
+                runbook=notes.get("runbook") or notes.get("runbook_url"),
+                active_at=a.get("activeAt"),
+                instance=labels.get("instance"),
+                job=labels.get("job"),
+            )
+        )
+    return out
+
+
+def firing_for(alerts: list[FiredAlert], instance: str) -> tuple[FiredAlert, ...]:
+    """The firing alerts of the endpoint Prometheus labels ``instance`` (any job: a rule on
+    the /health job names the same server), most severe first."""
+    mine = [a for a in alerts if a.state == "firing" and a.instance == instance]
+    return tuple(sorted(mine, key=lambda a: (SEVERITY_ORDER.get(a.severity or "", 3), a.name)))
+
+
+def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
+    """The row's prefix: ``ALERT VllmEngineStalled: `` (``+N`` when there are more)."""
+    if not alerts:
+        return ""
+    more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
+    return f"ALERT {alerts[0].name}{more}: "
+
+
+def detail_lines(alerts: tuple[FiredAlert, ...]) -> list[str]:
+    """The drill-in's lines: one per firing alert, then its summary and runbook."""
+    if not alerts:
+        return []
+    lines = [f"alerts firing ({len(alerts)}, from Prometheus)"]
+    for a in alerts:
+        lines.append(f"  {a.name} [{a.severity or '-'}] since {a.active_at or '-'}")
+        if a.summary:
+            lines.append(f"    {a.summary}")
+        if a.runbook:
+            lines.append(f"    next: {a.runbook}")
+    return lines

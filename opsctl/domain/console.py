@@ -204,6 +204,9 @@ class EndpointView:
     # a log file tailed for this server (console --log / targets 'log';
     # opsctl.domain.logview.LogFacts), None without one
     log: LogFacts | None = None
+    # the alerts firing for this endpoint in Prometheus (console --prometheus; opsctl
+    # .domain.alert_rules.FiredAlert, most severe first); () for other sources
+    alerts: tuple = ()
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)

@@ -8,6 +8,7 @@ from textual.widgets import DataTable, Static
 
 from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.advisor import reason_cell
+from opsctl.domain.alert_rules import alerts_cell
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
 from opsctl.domain.gpu import HostGpus
@@ -78,7 +79,7 @@ def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> t
         age_text(v, now, interval),
         note[:60],
         v.target.url,
-        reason_cell(v),  # the reason, then the top finding (opsctl.domain.advisor)
+        alerts_cell(v.alerts) + reason_cell(v),  # Prometheus's alert, reason, top finding
     )
 
 

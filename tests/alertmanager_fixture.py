@@ -1,0 +1,181 @@
+"""A real Alertmanager (Debian's `prometheus-alertmanager`, /usr/bin/prometheus-alertmanager)
+routing every alert to a webhook receiver inside the test.
+
+``Webhook()`` is a tiny HTTP server on 127.0.0.1 that keeps every notification Alertmanager
+posts (the webhook JSON: status, alerts with labels, startsAt/endsAt), with the time it
+arrived. ``running_alertmanager(webhook_url)`` writes a minimal alertmanager.yml (one route,
+no grouping delays worth waiting for, resolved notifications on), starts Alertmanager on a
+free 127.0.0.1 port with a temporary storage dir and no cluster listener, waits (deadline)
+until it is ready, and stops it on exit (terminate, then kill).
+
+``config_text`` is also what the README's "Fleets" section shows (tests/unit/
+test_readme_fleets.py checks the two are the same)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.prometheus_fixture import _free_port, _stop
+
+BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
+MISSING = (
+    "Alertmanager is not installed ({binary} missing): run `make prometheus` as root "
+    "(apt-get install -y prometheus-alertmanager) or set OPSCTL_ALERTMANAGER"
+)
+
+
+def binary() -> str:
+    found = BINARY if os.access(BINARY, os.X_OK) else shutil.which("alertmanager")
+    if not found:
+        pytest.fail(MISSING.format(binary=BINARY), pytrace=False)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    received_at: float  # time.time() when the receiver got it
+    body: dict
+
+    def alerts(self, status: str | None = None) -> list[dict]:
+        return [a for a in self.body.get("alerts", []) if status in (None, a.get("status"))]
+
+
+class Webhook:
+    """The receiver: every POST body (JSON) kept as a Notification."""
+
+    def __init__(self) -> None:
+        self.notifications: list[Notification] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with outer._lock:
+                    outer.notifications.append(Notification(time.time(), json.loads(body)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Webhook:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(10)
+
+    def received(self, alertname: str, status: str, **labels: str) -> list[tuple[float, dict]]:
+        """(arrival time, alert) of every notified alert with this name, status and labels."""
+        with self._lock:
+            notes = list(self.notifications)
+        return [
+            (n.received_at, a)
+            for n in notes
+            for a in n.alerts(status)
+            if a["labels"].get("alertname") == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+        ]
+
+
+def config_text(webhook_url: str) -> str:
+    """alertmanager.yml: every alert to the webhook, notified a second after it arrives,
+    resolved ones too (the README's example with the test's receiver URL)."""
+    return (
+        "route:\n"
+        "  receiver: opsctl-webhook\n"
+        "  group_by: [alertname, instance]\n"
+        "  group_wait: 1s\n"
+        "  group_interval: 1s\n"
+        "  repeat_interval: 1h\n"
+        "receivers:\n"
+        "  - name: opsctl-webhook\n"
+        "    webhook_configs:\n"
+        f"      - url: {webhook_url}\n"
+        "        send_resolved: true\n"
+    )
+
+
+@dataclass
+class AmServer:
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def alerts(self) -> list[dict]:
+        r = httpx.get(f"{self.url}/api/v2/alerts", timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+
+@contextlib.contextmanager
+def running_alertmanager(webhook_url: str, timeout: float = 60.0) -> Iterator[AmServer]:
+    exe = binary()
+    with tempfile.TemporaryDirectory(prefix="opsctl-am-") as tmp:
+        workdir = Path(tmp)
+        config = workdir / "alertmanager.yml"
+        config.write_text(config_text(webhook_url))
+        log_path = workdir / "alertmanager.log"
+        for _ in range(3):  # a free port may be taken between the probe and the bind
+            port = _free_port()
+            cmd = [
+                exe,
+                f"--config.file={config}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ]
+            with log_path.open("ab") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+            url = f"http://127.0.0.1:{port}"
+            if _wait_ready(proc, url, timeout):
+                break
+            _stop(proc)
+        else:
+            raise RuntimeError(f"alertmanager did not start: {log_path.read_text()[-2000:]}")
+        try:
+            yield AmServer(proc, url, log_path)
+        finally:
+            _stop(proc)
+            assert proc.poll() is not None, "alertmanager still running"
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                return True
+        time.sleep(0.1)
+    return False
