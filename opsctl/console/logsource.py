@@ -109,7 +109,10 @@ def parse_log_option(spec: str) -> tuple[str, str]:
             f"--log wants URL=FILE, got {spec!r}",
             hint="e.g. --log http://127.0.0.1:8000=/var/log/vllm/server.log",
         )
-    return normalise_url(url.strip()), os.path.expanduser(path.strip())
+    try:
+        return normalise_url(url.strip()), os.path.expanduser(path.strip())
+    except BadInput as exc:
+        raise BadInput(f"--log: {exc.message}", exc.hint) from None
 
 
 class LoggedSource:

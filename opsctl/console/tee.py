@@ -102,7 +102,11 @@ def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
             f"--tee listens on 127.0.0.1 only, got {host!r}",
             hint="the tee relays the server's whole API: it listens on loopback only",
         )
-    return TeeSpec(host, port, normalise_url(url.strip()))
+    try:
+        upstream = normalise_url(url.strip())
+    except BadInput as exc:
+        raise BadInput(f"--tee: {exc.message}", exc.hint) from None
+    return TeeSpec(host, port, upstream)
 
 
 # ---- the records ------------------------------------------------------------------------

@@ -203,3 +203,29 @@ def test_kept_prompts_only_when_asked(upstream):
         assert v.recent[0].prompt == "remember me" and v.keep_prompts
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("case", ["port in use", "bad url", "not loopback", "no ="])
+def test_cli_bad_tee_is_one_line_exit_2(case):
+    import subprocess
+    import sys
+
+    with contextlib.closing(socket.socket()) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        spec = {
+            "port in use": f"127.0.0.1:{port}=http://127.0.0.1:1",
+            "bad url": f"127.0.0.1:{free_port()}=ftp://nowhere",
+            "not loopback": f"0.0.0.0:{free_port()}=http://127.0.0.1:1",
+            "no =": "127.0.0.1:8100",
+        }[case]
+        r = subprocess.run(
+            [sys.executable, "-m", "opsctl", "console", "--once", "--json", "--no-discover",
+             "--tee", spec],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
+    assert len(errors) == 1 and "--tee" in errors[0] and "Traceback" not in r.stderr
+    assert r.stdout == ""
