@@ -17,7 +17,7 @@ from typing import Any
 
 # how a record's token counts were obtained
 FROM_USAGE = "usage"  # the response's usage (JSON body or the final stream chunk)
-FROM_CHUNKS = "chunks"  # a stream without usage: output = content chunks counted
+FROM_CHUNKS = "chunks"  # a stream without usage: output = output chunks counted
 DISCONNECTED = "disconnected"  # the client went away before the response ended
 UPSTREAM_ERROR = "upstream_error"  # the server could not be reached or broke off
 # paths the console itself (and load balancers) poll: relayed, never recorded
@@ -127,24 +127,28 @@ def body_usage(body: bytes) -> tuple[int | None, int | None] | None:
         return None
 
 
-def _has_content(chunk: dict[str, Any]) -> bool:
+_OUT = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def _is_output(chunk: dict[str, Any]) -> bool:
+    """A chunk of generated output: vLLM sends one per engine step, also when the step's
+    text is empty (a token that ends mid-character); the chat role chunk is not one."""
     for c in chunk.get("choices") or ():
         if not isinstance(c, dict):
             continue
-        delta = c.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
-        ):
+        if isinstance(c.get("text"), str):
             return True
-        if c.get("text"):
+        delta = c.get("delta")
+        if isinstance(delta, dict) and "role" not in delta and any(k in delta for k in _OUT):
             return True
     return False
 
 
 class StreamCounter:
     """Reads an OpenAI server-sent-events stream as it passes (bytes in any split):
-    counts the chunks that carry content, notes when the first one arrived and keeps
-    the usage of the final usage chunk. Mutable; the proxy owns one per stream."""
+    counts the chunks of output (one per engine step: about one token each), notes when
+    the first arrived (TTFT) and keeps the usage of the final usage chunk. Mutable; the
+    proxy owns one per stream."""
 
     MAX_LINE = 1 << 20  # a line longer than this is not an SSE event we can read
 
@@ -179,7 +183,7 @@ class StreamCounter:
             return
         if not isinstance(chunk, dict):
             return
-        if _has_content(chunk):
+        if _is_output(chunk):
             self.content_chunks += 1
             if self.first_content_at is None:
                 self.first_content_at = now
@@ -189,8 +193,8 @@ class StreamCounter:
 
     def tokens(self) -> tuple[int | None, int | None, str | None]:
         """(prompt, output, how): from the usage chunk when there was one, else the
-        content chunks counted (vLLM sends one per step: about one token each; the
-        prompt size is then unknown)."""
+        output chunks counted (vLLM sends one per step: one token each without
+        speculative decoding; the prompt size is then unknown)."""
         if self.usage is not None:
             return self.usage[0], self.usage[1], FROM_USAGE
         if self.content_chunks:

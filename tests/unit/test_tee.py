@@ -83,8 +83,8 @@ def test_stream_counter_without_usage_counts_chunks_and_says_so():
     c = rq.StreamCounter()
     c.feed(sse(chat_chunk("", role="assistant")), now=1.0)
     assert c.first_content_at is None and c.tokens() == (None, None, None)
-    c.feed(sse({"choices": [{"text": "x"}]}, {"choices": [{"text": "y"}]}, "[DONE]"), now=2.0)
-    assert c.first_content_at == 2.0
+    c.feed(sse({"choices": [{"text": ""}]}, {"choices": [{"text": "y"}]}, "[DONE]"), now=2.0)
+    assert c.first_content_at == 2.0  # a token whose text is held back is output too
     assert c.tokens() == (None, 2, rq.FROM_CHUNKS)
 
 
