@@ -202,6 +202,7 @@ class PrometheusSource(LoopThreadSource):
         with self.lock:
             self.error = None
             self.hint = prom_view.fleet_hint(self.url, self.job, None, chosen, health, jobs)
+            self.hint = self.hint or self.alerts_error  # rows keep the last alerts they had
             kept: dict[str, prom_view.PromEndpoint] = {}
             for t in chosen:
                 ep = self.endpoints.get(t.url) or prom_view.PromEndpoint(t, self.settings)

@@ -1,0 +1,140 @@
+"""The README's "Fleets" section runs: its shell commands (`opsctl rules ...`,
+`promtool check rules ...`) in a temporary directory, its prometheus.yml through
+`promtool check config` (which loads the rules file it names) and its alertmanager.yml
+through `amtool check-config`; then a real Prometheus and a real Alertmanager start from
+those two files (addresses moved to free 127.0.0.1 ports, the scrape targets to
+stand-in vLLM servers): Prometheus loads every opsctl rule, finds the Alertmanager and
+scrapes the stand-ins; the console command the section shows reads them. The alert path
+itself (stall -> receiver) is tests/e2e/test_alerts_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.alertmanager_fixture import Webhook
+from tests.alertmanager_fixture import binary as am_binary
+from tests.conftest import OPSCTL
+from tests.prometheus_fixture import _free_port, _stop, _wait_ready
+from tests.prometheus_fixture import binary as prom_binary
+from tests.standin_vllm import StandInFleet
+from tests.waiting import wait_until
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PROMTOOL = "/usr/bin/promtool"
+AMTOOL = "/usr/bin/amtool"
+
+
+def section() -> str:
+    text = README.read_text(encoding="utf-8")
+    return text.split("\n## Fleets\n", 1)[1].split("\n## ", 1)[0]
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section(), re.S)
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    if cmd[0] == "opsctl":
+        cmd = [*OPSCTL, *cmd[1:]]
+    elif cmd[0] in ("promtool", "amtool"):
+        cmd = [f"/usr/bin/{cmd[0]}", *cmd[1:]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def configs() -> tuple[dict, dict]:
+    docs = [yaml.safe_load(b) for b in blocks("yaml")]
+    prom = next(d for d in docs if "scrape_configs" in d)
+    am = next(d for d in docs if "route" in d)
+    return prom, am
+
+
+def test_the_sections_commands_and_configs_check(tmp_path):
+    bash = blocks("bash")
+    assert bash, "no bash block in the Fleets section"
+    rules_cmds = [shlex.split(line) for line in bash[0].splitlines() if line.strip()]
+    assert [c[:2] for c in rules_cmds] == [["opsctl", "rules"], ["promtool", "check"]]
+    for cmd in rules_cmds:
+        r = run(cmd, tmp_path)
+        assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+    assert "SUCCESS: 12 rules found" in r.stdout
+    prom, am = configs()
+    assert prom["rule_files"] == ["opsctl-rules.yml"]  # the file the command wrote
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
+    r = run(["promtool", "check", "config", "prometheus.yml"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 12 rules found" in r.stdout  # check config loaded the rules file too
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am))
+    r = run(["amtool", "check-config", "alertmanager.yml"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    console = [shlex.split(line) for b in bash[1:] for line in b.splitlines() if line.strip()]
+    assert console == [["opsctl", "console", "--prometheus", "http://127.0.0.1:9090",
+                        "--job", "vllm"]]  # fmt: skip
+
+
+def test_prometheus_and_alertmanager_start_from_the_sections_files(tmp_path):
+    prom, am = configs()
+    r = run(["opsctl", "rules", "--job", "vllm", "--out", "opsctl-rules.yml"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    procs = []
+    with Webhook() as hook, StandInFleet(["healthy", "busy"]) as fleet:
+        try:
+            am_port, prom_port = _free_port(), _free_port()
+            receiver = am["receivers"][0]["webhook_configs"][0]
+            assert receiver["send_resolved"] is True
+            receiver["url"] = hook.url
+            (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am))
+            am_cmd = [am_binary(), "--config.file=alertmanager.yml",
+                      f"--storage.path={tmp_path / 'am'}",
+                      f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="]  # fmt: skip
+            log = (tmp_path / "am.log").open("ab")
+            procs.append(subprocess.Popen(am_cmd, stdout=log, stderr=log, cwd=tmp_path))
+            am_url = f"http://127.0.0.1:{am_port}"
+            assert _wait_ready(procs[-1], am_url, 30), (tmp_path / "am.log").read_text()
+
+            hosts = [u.split("//", 1)[1] for u in fleet.urls]
+            prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
+                f"127.0.0.1:{am_port}"
+            ]
+            for job in prom["scrape_configs"]:
+                job["static_configs"][0]["targets"] = hosts
+            # scrapes every second: the console's --once waits for two (the README's 5 s
+            # would make this test wait 10 s for nothing it checks)
+            prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
+            prom_cmd = [prom_binary(), "--config.file=prometheus.yml",
+                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{prom_port}"]  # fmt: skip
+            log = (tmp_path / "prom.log").open("ab")
+            procs.append(subprocess.Popen(prom_cmd, stdout=log, stderr=log, cwd=tmp_path))
+            url = f"http://127.0.0.1:{prom_port}"
+            assert _wait_ready(procs[-1], url, 30), (tmp_path / "prom.log").read_text()
+
+            groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            loaded = {r["name"] for g in groups for r in g["rules"]}
+            assert {"VllmEngineStalled", "VllmTargetDown"} <= loaded and len(loaded) == 12
+            wait_until(
+                lambda: httpx.get(f"{url}/api/v1/alertmanagers", timeout=10).json()["data"][
+                    "activeAlertmanagers"
+                ],
+                30, "Prometheus found the Alertmanager",
+            )  # fmt: skip
+            out = subprocess.run(
+                [*OPSCTL, "console", "--prometheus", url, "--job", "vllm", "--once", "--json"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            doc = json.loads(out.stdout)
+            states = {e["url"]: (e["state"], e["alerts"]) for e in doc["endpoints"]}
+            assert states == {fleet.urls[0]: ("ready", []), fleet.urls[1]: ("busy", [])}, out.stderr
+        finally:
+            for p in reversed(procs):
+                _stop(p)
+    assert all(p.poll() is not None for p in procs)
+    assert os.path.exists(tmp_path / "opsctl-rules.yml")
