@@ -1,4 +1,4 @@
-"""The console's JSON document (schema opsctl.console/2) and plain table, both from the
+"""The console's JSON document (schema opsctl.console/3) and plain table, both from the
 same FleetSnapshot the TUI renders.
 
 opsctl.console/2 (from /1): ``exit_code`` is 3 for an empty fleet (was 0: a gate that
