@@ -8,8 +8,8 @@ no grouping delays worth waiting for, resolved notifications on), starts Alertma
 free 127.0.0.1 port with a temporary storage dir and no cluster listener, waits (deadline)
 until it is ready, and stops it on exit (terminate, then kill).
 
-``config_text`` is also what the README's "Fleets" section shows (tests/unit/
-test_readme_fleets.py checks the two are the same)."""
+The README's "Fleets" section shows the same route with production delays; its own file
+is started by tests/unit/test_alert_rules_readme.py."""
 
 from __future__ import annotations
 
