@@ -193,8 +193,9 @@ class StreamCounter:
 
     def tokens(self) -> tuple[int | None, int | None, str | None]:
         """(prompt, output, how): from the usage chunk when there was one, else the
-        output chunks counted (vLLM sends one per step: one token each without
-        speculative decoding; the prompt size is then unknown)."""
+        output chunks counted (vLLM sends one per engine step, and merges steps into one
+        chunk when its API server falls behind: a lower bound of the tokens; the prompt
+        size is then unknown)."""
         if self.usage is not None:
             return self.usage[0], self.usage[1], FROM_USAGE
         if self.content_chunks:

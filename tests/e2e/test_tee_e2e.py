@@ -131,9 +131,11 @@ def test_requests_through_the_tee(console, model):
     assert chat["prompt_tokens"] == final["usage"]["prompt_tokens"]
     assert chat["prompt"] is None  # never stored unless --tee-keep-prompts
     assert counted["tokens_from"] == "chunks" and counted["prompt_tokens"] is None
-    # one output chunk per token (ignore_eos: all 7), also those whose text is empty (a
-    # token that ends mid-character: tiny-llama has many)
-    assert counted["output_tokens"] == len(texts) == 7, texts
+    # every output chunk, also those whose text is empty (a token that ends mid-character:
+    # tiny-llama has many); vLLM merges steps into one chunk when its API server falls
+    # behind (6 chunks for 7 tokens seen here), so the count is a lower bound: "chunks"
+    assert counted["output_tokens"] == len(texts), texts
+    assert 1 <= counted["output_tokens"] <= 7
     for rec in (plain, chat, counted):
         assert rec["adapter"] is None and rec["status"] == 200
         assert 0 < rec["ttft_s"] <= rec["duration_s"], rec
