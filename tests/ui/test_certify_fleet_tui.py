@@ -19,9 +19,9 @@ from tests.standin_fleet import slow_server
 
 @pytest.mark.anyio
 async def test_fleet_table_and_per_target_lines_in_the_live_panel():
-    with completions_server(Behaviour()) as (a, _), slow_server(2.0) as slow:
-        targets = [FleetTarget("a", a), FleetTarget("slow", slow)]
-        options = fleet.Options(certify.Options(checks=("liveness",), timeout=3.0))
+    with completions_server(Behaviour()) as (a, _), slow_server(3.0) as slow:
+        targets = [FleetTarget("a", a), FleetTarget("slow", slow)]  # slow: past its deadline
+        options = fleet.Options(certify.Options(checks=("liveness",), timeout=5.0))
         app = DiagApp("certify", lambda progress: fleet.run(targets, options, progress))
         async with app.run_test(size=(160, 40)) as pilot:
             until = time.monotonic() + 60  # a deadline, not a poll count (the loop is async)
@@ -32,7 +32,7 @@ async def test_fleet_table_and_per_target_lines_in_the_live_panel():
             panel = app.query_one(DiagPanel)
             assert panel.last["columns"] == list(FLEET_COLUMNS)
             rows = {r[0]: r for r in panel.last["rows"]}
-            assert (rows["a"][2], rows["a"][3]) == ("PASS", "ran")
+            assert (rows["a"][2], rows["a"][3]) == ("PASS", "ran"), rows
             assert (rows["slow"][2], rows["slow"][3]) == ("FAIL", "deadline")
             assert panel.last["verdict"] == "fail"
     assert app.error is None and app.report.exit_code == 1
