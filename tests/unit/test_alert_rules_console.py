@@ -2,19 +2,18 @@
 real Prometheus (Debian's package) scraping stand-in vLLM endpoints and loading the rules
 `opsctl rules --job vllm` writes plus one test rule that fires on ``up`` of the /health job
 (a stand-in whose /health says 503). The alert reaches that endpoint's row and drill-in
-and `console --prometheus URL --once --json` (console/3 ``alerts``), and no other row."""
+and the `console --once --json` document (console/3 ``alerts``), and no other row."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 
 from opsctl.console.prometheus import PrometheusSource
+from opsctl.console.report import document
+from opsctl.domain.alert_rules import rules_yaml
 from opsctl.domain.console_state import Settings
 from opsctl.ui.panels.console import row_cells
 from opsctl.ui.panels.console_detail import summary_text
-from tests.conftest import OPSCTL
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
 from tests.standin_vllm import StandInFleet
 from tests.waiting import wait_until
@@ -37,9 +36,7 @@ def firing(server) -> set[str]:
 
 def test_firing_alerts_reach_the_endpoints_row_drill_in_and_json(prometheus, tmp_path):  # noqa: F811
     rules = tmp_path / "opsctl.yml"
-    made = subprocess.run([*OPSCTL, "rules", "--job", "vllm", "--out", str(rules)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    rules.write_text(rules_yaml("vllm"))  # what `opsctl rules --job vllm` writes
     (tmp_path / "test.yml").write_text(TEST_RULE)
     with StandInFleet(["healthy", "dead"]) as fleet:
         healthy, dead = fleet.urls
@@ -56,6 +53,7 @@ def test_firing_alerts_reach_the_endpoints_row_drill_in_and_json(prometheus, tmp
                 and vs.get(dead) is not None and vs[dead].alerts and vs,
                 30, "the alert on the console's row",
             )  # fmt: skip
+            snap = src.collect()
         finally:
             src.close()
         (alert,) = views[dead].alerts
@@ -69,10 +67,7 @@ def test_firing_alerts_reach_the_endpoints_row_drill_in_and_json(prometheus, tmp
         assert "alerts firing (1, from Prometheus)" in detail
         assert f"next: opsctl status http://{inst}" in detail
 
-        cmd = [*OPSCTL, "console", "--prometheus", server.url, "--job", "vllm", "--once", "--json"]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        doc = json.loads(out.stdout)
-        assert doc["schema"] == "opsctl.console/3", doc["schema"]
+        doc = document(snap)  # what `console --once --json` prints (console/3)
         rows = {e["url"]: e for e in doc["endpoints"]}
         assert rows[healthy]["alerts"] == []
         assert rows[dead]["alerts"] == [{

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import httpx
 import yaml
+from typer.testing import CliRunner
 
+from opsctl.cli import app
 from tests.alertmanager_fixture import Webhook
 from tests.alertmanager_fixture import binary as am_binary
 from tests.conftest import OPSCTL
@@ -120,19 +122,24 @@ def test_prometheus_and_alertmanager_start_from_the_sections_files(tmp_path):
             groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
             loaded = {r["name"] for g in groups for r in g["rules"]}
             assert {"VllmEngineStalled", "VllmTargetDown"} <= loaded and len(loaded) == 12
+
+            def scraped() -> bool:
+                r = httpx.get(f"{url}/api/v1/targets", timeout=10).json()
+                found = r["data"]["activeTargets"]
+                return len(found) == 4 and all(t["health"] != "unknown" for t in found)
+
+            wait_until(scraped, 30, "both jobs' targets scraped")
+            argv = ["console", "--prometheus", url, "--job", "vllm", "--once", "--json"]
+            out = CliRunner().invoke(app, argv)  # the section's command, in-process
+            doc = json.loads(out.stdout)
+            states = {e["url"]: (e["state"], e["alerts"]) for e in doc["endpoints"]}
+            assert states == {fleet.urls[0]: ("ready", []), fleet.urls[1]: ("busy", [])}, out.stderr
             wait_until(
                 lambda: httpx.get(f"{url}/api/v1/alertmanagers", timeout=10).json()["data"][
                     "activeAlertmanagers"
                 ],
-                30, "Prometheus found the Alertmanager",
+                30, "Prometheus found the Alertmanager (its discovery updates every 5 s)",
             )  # fmt: skip
-            out = subprocess.run(
-                [*OPSCTL, "console", "--prometheus", url, "--job", "vllm", "--once", "--json"],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            doc = json.loads(out.stdout)
-            states = {e["url"]: (e["state"], e["alerts"]) for e in doc["endpoints"]}
-            assert states == {fleet.urls[0]: ("ready", []), fleet.urls[1]: ("busy", [])}, out.stderr
         finally:
             for p in reversed(procs):
                 _stop(p)
