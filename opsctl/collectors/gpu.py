@@ -331,23 +331,51 @@ class GpuFeed:
         self._thread: threading.Thread | None = None
 
     def apply(self, snap: Any) -> Any:
+        """The first call collects now (``--once`` looks once; NVML takes well under a
+        millisecond), then starts the thread."""
         self.pids = local_pids(snap.endpoints)
         if self._thread is None:
+            self._collect()
             self._thread = threading.Thread(target=self._loop, name="console-gpu", daemon=True)
             self._thread.start()
         return attach(snap, self.host) if self.host is not None else snap
 
+    def _collect(self) -> None:
+        try:
+            self.host = self.read(list(self.pids))
+        except Exception as exc:  # a driver error is a reason on screen, never a crash
+            self.host = HostGpus(time.time(), None, (), f"GPU collection failed: {exc}")
+        self.collections += 1
+
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.host = self.read(list(self.pids))
-            except Exception as exc:  # a driver error is a reason on screen, never a crash
-                self.host = HostGpus(time.time(), None, (), f"GPU collection failed: {exc}")
-            self.collections += 1
-            self._stop.wait(self.interval_s)
+        while not self._stop.wait(self.interval_s):
+            self._collect()
 
     def close(self) -> None:
         self._stop.set()
+
+
+class GpuSource:
+    """A FleetSource whose ``collect()`` carries this host's GPUs (``host_gpus``) and each
+    endpoint's (``gpus``), through a :class:`GpuFeed`; everything else is the wrapped
+    source's. The console wraps its live source in it first, so that what reads the
+    views after it (the advisor's gpu_mem_under and gpu_thermal) sees the GPUs."""
+
+    attaches_gpus = True  # the TUI does not add a feed of its own
+
+    def __init__(self, source: Any, interval_s: float, read: Callable | None = None) -> None:
+        self.source = source
+        self.feed = GpuFeed(interval_s, read)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+    def collect(self) -> Any:
+        return self.feed.apply(self.source.collect())
+
+    def close(self) -> None:
+        self.feed.close()
+        self.source.close()
 
 
 _SHARED: GpuCollector | None = None

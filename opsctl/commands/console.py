@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             source = _prometheus_source(prometheus, job, settings)
         else:
             source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
-        from opsctl.console.advice import advised
+        from opsctl.console.gpus import advised  # the advisor, over this host's GPUs
 
         source = advised(tp.tapped(source, tee, logs, tee_keep_prompts, replay is not None))
         if once or as_json:

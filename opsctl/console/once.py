@@ -71,10 +71,10 @@ def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
 
     seen = observe(source, settings)
     snap = seen.snapshot
-    if getattr(source, "live", True):  # a replay keeps the GPUs it recorded
+    if snap.host_gpus is None and getattr(source, "live", True):  # a replay keeps its own
         from opsctl.collectors.gpu import with_gpus
 
-        snap = with_gpus(snap)  # one GPU collection: host.gpus, each endpoint's gpus
+        snap = with_gpus(snap)  # a source without GpuSource: one GPU collection now
     doc = document(snap, stall_window_s=settings.stall_window_s, observed_s=seen.observed_s)
     if as_json or snap.endpoints:  # no table of nothing: the reason goes to stderr
         emit(doc, as_json=as_json, render=lambda c: render_plain(c, snap))

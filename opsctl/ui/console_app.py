@@ -100,8 +100,8 @@ class ConsoleApp(ActionsMixin, App):
         self.notes: dict[str, str] = {}
         self.ticks = 0
         # GPU figures per host and endpoint (a thread of their own); a replay has its own
-        live = getattr(source, "live", True)
-        self.gpu_feed = gpu_feed if gpu_feed is not None or not live else GpuFeed(interval)
+        own = getattr(source, "live", True) and not getattr(source, "attaches_gpus", False)
+        self.gpu_feed = gpu_feed if gpu_feed is not None or not own else GpuFeed(interval)
         self.action_log: list[str] = []
         self.jobs = Jobs(on_event=lambda job, snap: self.post_message(JobEvent(job, snap)))
         self.servers = ServerManager(

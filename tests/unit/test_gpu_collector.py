@@ -245,13 +245,57 @@ def test_gpu_feed_collects_in_its_thread_and_apply_reads_the_latest():
     feed = col.GpuFeed(0.2, read=read)
     snap = snapshot(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
     try:
-        feed.apply(snap)  # starts the thread; nothing collected yet is nothing attached
-        wait_until(lambda: feed.collections >= 2, 10, "two GPU collections")
+        first = feed.apply(snap)  # the first look collects now (--once looks once)
+        assert seen == [[10]] and first.endpoints[0].gpus[0].processes[0].role == "EngineCore"
+        wait_until(lambda: feed.collections >= 3, 10, "the thread's GPU collections")
         out = feed.apply(snap)
     finally:
         feed.close()
-    assert [10] in seen  # it read the endpoints' pids
+    assert seen[1:] and all(p == [10] for p in seen)  # the thread reads the endpoints' pids
     assert out.host_gpus is host and out.endpoints[0].gpus[0].processes[0].role == "EngineCore"
+
+
+class Fixed:
+    """A FleetSource of fixed views."""
+
+    live = True
+
+    def __init__(self, *views: EndpointView) -> None:
+        self.views = views
+        self.closed = False
+
+    def collect(self) -> FleetSnapshot:
+        return snapshot(*self.views)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def hot_host(temp_c: float) -> HostGpus:
+    return host_from_raw({"source": "nvml", "devices": [{"index": 0, "name": "G", "temp": temp_c,
+                          "procs": [{"pid": 10, "used": GIB}]}]})  # fmt: skip
+
+
+@pytest.mark.parametrize(("temp_c", "fires"), [(90.0, True), (60.0, False)])
+def test_the_advisor_behind_gpu_source_sees_the_gpus(temp_c, fires):
+    """The console wraps GpuSource inside the advisor: gpu_thermal reads the GPUs."""
+    from opsctl.console.gpus import advised
+    from opsctl.domain import advisor
+
+    inner = Fixed(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
+    inner.settings = types.SimpleNamespace(interval_s=0.2)
+    src = advised(inner)  # what `opsctl console` does with its live source
+    assert isinstance(src.source, col.GpuSource) and src.source.feed.interval_s == 0.2
+    src.source.feed.read = lambda pids: hot_host(temp_c)
+    try:
+        (v,) = src.collect().endpoints
+        assert v.gpus[0].temp_c == temp_c
+        codes = {a.code for a in advisor.findings(v)}
+        assert ("gpu_thermal" in codes) is fires
+        assert src.attaches_gpus  # so the TUI adds no feed of its own
+    finally:
+        src.close()
+    assert inner.closed
 
 
 def test_importing_the_collector_and_the_console_does_not_load_pynvml():
@@ -262,3 +306,12 @@ def test_importing_the_collector_and_the_console_does_not_load_pynvml():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_replay_gets_no_gpu_source():
+    from opsctl.console.gpus import advised
+
+    inner = Fixed(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
+    inner.live = False  # a replay's frames carry the GPUs they recorded
+    src = advised(inner)
+    assert src.source is inner and src.collect().host_gpus is None
