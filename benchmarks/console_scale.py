@@ -25,14 +25,24 @@ vllmstat comes from the `bench` extra; set VLLMSTAT=/path/to/vllmstat (a separat
 is fine: `python -m venv /tmp/vs-venv && /tmp/vs-venv/bin/pip install vllmstat`).
 
     python benchmarks/console_scale.py [--duration 30] [--sizes 8,64,256] [--real]
-        [--prometheus 256,1024] [--no-direct-sizes]
+        [--prometheus 256,1024] [--no-direct-sizes] [--no-ui] [--profile [DIR]]
+
+With --profile, each console child runs under cProfile (its main thread, where the
+Textual app renders, and the scrape loop's thread, both over the measured window) and
+writes DIR/console_N<n>_<how>.txt: the top functions by cumulative and by own time,
+with the share of the profiled CPU each one took. cProfile slows the console down (all
+Python calls are traced): read the shares, not the CPU % of a profiled run. --no-ui runs
+the direct rows with the source alone (no Textual app): the collection's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import subprocess
 import sys
 import time
@@ -115,8 +125,61 @@ class Sampler:
         }
 
 
+class Profiler:
+    """cProfile over the console's two busy threads: the caller's (the app) and the
+    source's event-loop thread (one Profile each, merged into one top list)."""
+
+    def __init__(self, src, path: str | None) -> None:
+        self.src, self.path = src, path
+        self.main = cProfile.Profile()
+        self.loop = cProfile.Profile()
+
+    def _in_loop(self, fn) -> None:
+        import concurrent.futures
+
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call() -> None:
+            fn()
+            done.set_result(None)
+
+        self.src.loop.call_soon_threadsafe(call)
+        done.result(timeout=30)
+
+    def start(self) -> None:
+        if self.path:
+            self._in_loop(self.loop.enable)
+            self.main.enable()
+
+    def stop(self) -> None:
+        if not self.path:
+            return
+        self.main.disable()
+        self._in_loop(self.loop.disable)
+        out = io.StringIO()
+        stats = pstats.Stats(self.main, stream=out)
+        stats.add(self.loop)
+        total = stats.total_tt or 1e-9
+        out.write(f"profiled CPU (both threads, own time summed): {total:.2f} s\n")
+        out.write("\nown time shares (top 40):\n")
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:40]
+        for (file, line, fn), (_cc, nc, tt, ct, _callers) in rows:
+            where = f"{Path(file).name}:{line}({fn})"
+            out.write(f"  {100 * tt / total:5.1f} %  own {tt:7.3f} s  cum {ct:7.3f} s  "
+                      f"calls {nc:8d}  {where}\n")  # fmt: skip
+        out.write("\ncumulative (top 60):\n")
+        stats.sort_stats("cumulative").print_stats(60)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path).write_text(out.getvalue())
+
+
 def child(
-    urls: list[str], duration: float, interval: float, prom_url: str | None = None, ui: bool = True
+    urls: list[str],
+    duration: float,
+    interval: float,
+    prom_url: str | None = None,
+    ui: bool = True,
+    profile: str | None = None,
 ) -> dict:
     """The console (the app headless, or with ``ui`` False its source alone) measuring
     itself over ``duration`` after a warm-up (first polls; a Prometheus period is 5 s)."""
@@ -126,6 +189,7 @@ def child(
 
     src = make_source(urls, interval, prom_url)
     sampler = Sampler(src, urls[-1], bool(prom_url))
+    prof = Profiler(src, profile)
     warm = 3 * max(interval, 5.0 if prom_url else 0.0) + 2
     out: dict = {}
 
@@ -133,11 +197,13 @@ def child(
         app = build_console_app(src, interval=interval)
         async with app.run_test(headless=True, size=(200, 60)) as pilot:
             await pilot.pause(warm)
+            prof.start()
             t0, c0 = time.monotonic(), time.process_time()
             while time.monotonic() - t0 < duration:
                 await pilot.pause(interval / 2)
                 sampler.sample()
             out["cpu_pct"] = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
+            prof.stop()
             out["renders"] = app.table.renders
 
     src.start()
@@ -146,11 +212,13 @@ def child(
             asyncio.run(run_app())
         else:
             time.sleep(warm)
+            prof.start()
             t0, c0 = time.monotonic(), time.process_time()
             while time.monotonic() - t0 < duration:
                 time.sleep(interval / 2)
                 sampler.sample()
             out["cpu_pct"] = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
+            prof.stop()
         out.update(sampler.result())
     finally:
         src.close()
@@ -172,11 +240,23 @@ def standins(modes: list[str]) -> tuple[subprocess.Popen, list[str]]:
     return proc, json.loads(proc.stdout.readline())
 
 
+PROFILE_DIR: str | None = None  # --profile: where the children write their top lists
+UI = True  # --no-ui: part 1 measures the source alone
+
+
 def run_child(
-    urls: list[str], duration: float, interval: float = 1.0, prom: str = "", ui: bool = True
+    urls: list[str],
+    duration: float,
+    interval: float = 1.0,
+    prom: str = "",
+    ui: bool = True,
+    label: str = "",
 ) -> dict:
     args = ["--duration", str(duration), "--interval", str(interval), "--prom", prom]
     args += [] if ui else ["--no-ui"]
+    if PROFILE_DIR:
+        name = f"console_N{len(urls)}_{label or 'row'}{'' if ui else '_source'}.txt"
+        args += ["--profile-out", str(Path(PROFILE_DIR).resolve() / name)]
     try:
         r = subprocess.run(  # the URLs on stdin: 1024 of them are a long command line
             [sys.executable, __file__, "--child", "-", *args],
@@ -205,7 +285,8 @@ def stop_standins(proc: subprocess.Popen) -> None:
 def scale_row(n: int, duration: float, body: str) -> dict:
     proc, urls = standins([body] * (n - 1) + ["hung"])
     try:
-        return {"n": n, "body": body, **run_child(urls, duration)}
+        label = "idle" if body == "healthy" else "changing"
+        return {"n": n, "body": body, "ui": UI, **run_child(urls, duration, ui=UI, label=label)}
     finally:
         stop_standins(proc)
 
@@ -213,15 +294,18 @@ def scale_row(n: int, duration: float, body: str) -> dict:
 def part1(sizes: list[int], duration: float) -> list[dict]:
     rows = [scale_row(8, duration, "healthy")]
     rows += [scale_row(n, duration, "busy") for n in sizes]
-    print("\n| N (1 hung) | bodies | console CPU % of a core | poll p95 | poll period p95 | "
-          "healthy data age p95 / max | hung endpoint |")  # fmt: skip
+    how = "app headless" if UI else "source only"
+    print(f"\n| N (1 hung) | bodies | console ({how}) CPU % of a core | poll p95 | "
+          "poll period p95 | healthy data age p95 / max | hung endpoint |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['n']} | {'idle' if r['body'] == 'healthy' else 'changing'} | "
-            f"{r['cpu_pct']:.1f} | {r['poll_p95_ms']:.0f} ms | {r['period_p95_s']:.2f} s | "
-            f"{r['age_p95_s']:.2f} s / {r['age_max_s']:.2f} s | {r['hung_state']} |"
+            f"{_f(r['cpu_pct'], '.1f')} | {_f(r['poll_p95_ms'], '.0f', ' ms')} | "
+            f"{_f(r['period_p95_s'], '.2f', ' s')} | {_f(r['age_p95_s'], '.2f', ' s')} / "
+            f"{_f(r['age_max_s'], '.2f', ' s')} | {r['hung_state']} |"
         )
+    print(json.dumps(rows))
     return rows
 
 
@@ -242,7 +326,8 @@ def prom_rows(n: int, duration: float) -> list[dict]:
     try:
         for interval in (1.0, PROM_SCRAPE_S):
             how = f"direct, {interval:g} s"
-            rows.append({"n": n, "how": how, **run_child(urls, duration, interval)})
+            label = f"direct{interval:g}s"
+            rows.append({"n": n, "how": how, **run_child(urls, duration, interval, label=label)})
             print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
         with running_prometheus(urls, interval=PROM_SCRAPE_S, timeout=300) as server:
             p = psutil.Process(server.proc.pid)
@@ -255,7 +340,7 @@ def prom_rows(n: int, duration: float) -> list[dict]:
             alone = 100 * (cpu() - c0) / (time.monotonic() - t0)
             for ui in (False, True):
                 c0, t0 = cpu(), time.monotonic()
-                r = run_child(urls, duration, 1.0, server.url, ui)
+                r = run_child(urls, duration, 1.0, server.url, ui, label="prometheus")
                 r["prom_cpu_pct"] = 100 * (cpu() - c0) / (time.monotonic() - t0)
                 r["prom_alone_cpu_pct"] = alone
                 how = f"Prometheus, scrape {PROM_SCRAPE_S:g} s" + ("" if ui else ", source only")
@@ -301,14 +386,27 @@ if __name__ == "__main__":
     ap.add_argument("--child")
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--prom", default="")
-    ap.add_argument("--no-ui", action="store_true")
+    ap.add_argument("--no-ui", action="store_true", help="part 1: the source alone, no app")
+    ap.add_argument(
+        "--profile",
+        nargs="?",
+        const="console_profiles",
+        default=None,
+        metavar="DIR",
+        help="cProfile every console child; top lists to DIR (default ./console_profiles)",
+    )
+    ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         urls = json.loads(sys.stdin.read() if args.child == "-" else args.child)
-        result = child(urls, args.duration, args.interval, args.prom or None, not args.no_ui)
+        result = child(
+            urls, args.duration, args.interval, args.prom or None, not args.no_ui, args.profile_out
+        )
         print(json.dumps(result))
         raise SystemExit(0)
     os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
+    PROFILE_DIR = args.profile
+    UI = not args.no_ui
     if not args.no_direct_sizes:
         part1([int(x) for x in args.sizes.split(",")], args.duration)
     if args.prometheus:

@@ -3,8 +3,11 @@ and /metrics concurrently (and, when asked, /version, /v1/models and /server_inf
 each under its own deadline, so a server that accepts and never answers costs its own
 row a timeout and nobody else anything. Returns frozen Scrape snapshots (domain types).
 
-/metrics is parsed with prometheus_client's parser (opsctl.domain.metrics.parse_samples);
-a body whose vLLM lines did not change since the previous poll is not parsed again.
+/metrics is read by a targeted tokenizer of the families the console reads
+(opsctl.domain.metrics_fast), proven equal to prometheus_client's parser
+(opsctl.domain.metrics.parse_samples) on recorded real bodies and falling back to it on
+anything unusual. A body whose vLLM lines did not change since the previous poll is not
+parsed again, and of a changed body only the changed lines are tokenized.
 
 One-shot use (what ``opsctl status`` can call)::
 
@@ -20,8 +23,9 @@ import time
 import httpx
 
 from opsctl.collectors import http
+from opsctl.domain import metrics_fast
 from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
-from opsctl.domain.metrics import MetricSamples, filter_lines, parse_samples
+from opsctl.domain.metrics import MetricSamples, build_samples, parse_samples
 
 AUTH_STATUSES = (401, 403)
 
@@ -62,18 +66,30 @@ async def _get(
 
 
 class MetricsCache:
-    """Parses a /metrics body only when its vLLM lines changed (an idle server's do not)."""
+    """One endpoint's parsed /metrics: an unchanged body (an idle server's vLLM lines) is
+    not parsed again; of a changed one (counters moving under load) only the lines that
+    changed since the previous poll are tokenized."""
 
     def __init__(self) -> None:
-        self.key: str | None = None
+        self.lines: list[str] | None = None
+        self.series = 0
         self.samples: MetricSamples | None = None
+        self.tokens: dict[str, tuple[str, dict[str, str], float]] = {}
 
     def parse(self, text: str) -> MetricSamples:
-        key = filter_lines(text)
-        if key != self.key or self.samples is None:
-            self.samples = parse_samples(text)
-            self.key = key
-        return self.samples
+        lines, series = metrics_fast.scan(text)
+        if self.samples is not None and lines == self.lines and series == self.series:
+            return self.samples
+        known, fresh = self.tokens, {}
+        try:
+            for line in lines:
+                tok = known.get(line)
+                fresh[line] = tok if tok is not None else metrics_fast.tokenize(line)
+            samples = build_samples([fresh[line] for line in lines], series)
+        except ValueError:  # a line the tokenizer does not handle: the reference parser
+            samples, fresh = parse_samples(text), {}
+        self.lines, self.series, self.samples, self.tokens = lines, series, samples, fresh
+        return samples
 
 
 def _json(r: httpx.Response | None) -> dict | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -147,14 +148,14 @@ class MetricSamples:
         return self.values.get(name)
 
 
+def wanted(line: str) -> bool:
+    """A sample line of a family the console reads (prefixes, no regex; no _created)."""
+    return line.startswith(_WANTED) and "_created{" not in line and "_created " not in line
+
+
 def filter_lines(text: str) -> str:
-    """Only the sample lines of the families the console reads (no regex: prefixes)."""
-    keep = [
-        line
-        for line in text.splitlines()
-        if line.startswith(_WANTED) and "_created{" not in line and "_created " not in line
-    ]
-    return "\n".join(keep) + "\n"
+    """Only the sample lines of the families the console reads."""
+    return "\n".join(line for line in text.splitlines() if wanted(line)) + "\n"
 
 
 def count_vllm_series(text: str) -> int:
@@ -162,32 +163,44 @@ def count_vllm_series(text: str) -> int:
 
 
 def parse_samples(text: str) -> MetricSamples:
-    """Parse a /metrics body with prometheus_client's parser (after a line filter)."""
+    """Parse a /metrics body with prometheus_client's parser (after a line filter): the
+    reference; opsctl.domain.metrics_fast gives the same numbers for less CPU."""
+    samples = (
+        (s.name, s.labels, float(s.value))
+        for family in text_string_to_metric_families(filter_lines(text))
+        for s in family.samples
+    )
+    return build_samples(samples, count_vllm_series(text))
+
+
+def build_samples(
+    samples: Iterable[tuple[str, dict[str, str], float]], vllm_series: int
+) -> MetricSamples:
+    """MetricSamples from (name, labels, value) samples of the families the console
+    reads (either parser's)."""
     values: dict[str, float] = {}
     labelled: dict[str, dict[str, float]] = {}
     raw_buckets: dict[str, dict[float, float]] = {}
     info: dict[str, str] = {}
     engines: set[str] = set()
-    for family in text_string_to_metric_families(filter_lines(text)):
-        for s in family.samples:
-            name, value = s.name, float(s.value)
-            if name.endswith("_bucket") and "le" in s.labels:
-                per = raw_buckets.setdefault(name[: -len("_bucket")], {})
-                le = float(s.labels["le"])
-                per[le] = per.get(le, 0.0) + value
-                continue
-            if name == CACHE_CONFIG_INFO:
-                info.update(s.labels)
-                continue
-            values[name] = values.get(name, 0.0) + value
-            label = LABELLED.get(name)
-            if label and label in s.labels:
-                d = labelled.setdefault(name, {})
-                d[s.labels[label]] = d.get(s.labels[label], 0.0) + value
-            if name == RUNNING:
-                engines.add(s.labels.get("engine", "0"))
+    for name, labels, value in samples:
+        if name.endswith("_bucket") and "le" in labels:
+            per = raw_buckets.setdefault(name[: -len("_bucket")], {})
+            le = float(labels["le"])
+            per[le] = per.get(le, 0.0) + value
+            continue
+        if name == CACHE_CONFIG_INFO:
+            info.update(labels)
+            continue
+        values[name] = values.get(name, 0.0) + value
+        label = LABELLED.get(name)
+        if label and label in labels:
+            d = labelled.setdefault(name, {})
+            d[labels[label]] = d.get(labels[label], 0.0) + value
+        if name == RUNNING:
+            engines.add(labels.get("engine", "0"))
     buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), count_vllm_series(text))
+    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
 
 
 def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:

@@ -1,0 +1,100 @@
+"""A targeted tokenizer for the /metrics sample lines the console reads.
+
+prometheus_client's parser (opsctl.domain.metrics.parse_samples, the reference) walks
+every label set character by character in Python; at 1 Hz over many endpoints with
+changing counters that was most of the console's CPU. The console reads a few families
+(metrics._WANTED), whose sample lines vLLM writes in the plain form
+
+    name{label="value",...} value [timestamp]
+
+This module splits such lines with str.find/str.split (no regex, one pass over the
+body) and builds the same MetricSamples as the reference. Anything it does not fully
+understand (an escape in a label value, a quoted or unusual name, a duplicate label,
+more than value and timestamp, a value the reference would refuse) makes it hand the
+whole body to prometheus_client's parser instead, so the numbers are the reference's
+by construction or by fallback. tests/unit/test_metrics_fast.py proves the equality
+on recorded real vLLM bodies.
+"""
+
+from __future__ import annotations
+
+from opsctl.domain.metrics import MetricSamples, build_samples, parse_samples, wanted
+
+
+class Unsupported(ValueError):
+    """A line this tokenizer does not handle: the caller falls back to the reference."""
+
+
+def _name_ok(name: str) -> bool:
+    # legacy Prometheus metric name: [a-zA-Z_:][a-zA-Z0-9_:]*
+    return name.isascii() and name.replace(":", "_").isidentifier()
+
+
+def _label_ok(name: str) -> bool:
+    return name.isascii() and name.isidentifier() and name != "__name__"
+
+
+def _value(rest: str) -> float:
+    parts = rest.split()
+    if not 1 <= len(parts) <= 2 or "_" in parts[0]:
+        raise Unsupported(rest)
+    return float(parts[0])  # ValueError for a value the reference refuses too
+
+
+def tokenize(line: str) -> tuple[str, dict[str, str], float]:
+    """(name, labels, value) of one sample line; Unsupported when not the plain form."""
+    if "\\" in line:
+        raise Unsupported(line)
+    brace = line.find("{")
+    if brace < 0:
+        name, _, rest = line.partition(" ")
+        if not rest or not _name_ok(name):
+            raise Unsupported(line)
+        return name, {}, _value(rest)
+    name = line[:brace]
+    if not _name_ok(name):
+        raise Unsupported(line)
+    labels: dict[str, str] = {}
+    i = brace + 1
+    while line[i : i + 1] != "}":
+        eq = line.find('="', i)
+        close = line.find('"', eq + 2) if eq >= 0 else -1
+        if close < 0:
+            raise Unsupported(line)
+        key = line[i:eq]
+        if not _label_ok(key) or key in labels:
+            raise Unsupported(line)
+        labels[key] = line[eq + 2 : close]
+        i = close + 1
+        sep = line[i : i + 1]
+        if sep == ",":
+            i += 1
+        elif sep != "}":
+            raise Unsupported(line)
+    return name, labels, _value(line[i + 1 :])
+
+
+def scan(text: str) -> tuple[list[str], int]:
+    """One pass over a body: the wanted sample lines, and the count of vllm:* lines."""
+    keep: list[str] = []
+    series = 0
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            series += 1
+            if wanted(line):
+                keep.append(line)
+    return keep, series
+
+
+def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:
+    """MetricSamples of scan()'s lines; the reference parser of ``text`` on anything
+    the tokenizer does not handle."""
+    try:
+        return build_samples([tokenize(line) for line in lines], series)
+    except ValueError:
+        return parse_samples(text)  # the reference decides (and raises if unparsable)
+
+
+def parse_samples_fast(text: str) -> MetricSamples:
+    lines, series = scan(text)
+    return samples_from_lines(lines, series, text)
