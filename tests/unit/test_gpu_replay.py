@@ -76,15 +76,21 @@ def test_holders_map_to_roles_and_nothing_else_is_claimed():
 # ---- (b) opsctl serve tiny-llama, console --once --json idle and under load ----------------
 
 
+# serve: the first recorded run; serve-final: the same with the code as committed (the
+# console's GpuSource under the advisor), on another H200 of the pool
+RUNS = ("serve", "serve-final")
+
+
 def _roles(doc: dict) -> list[ProcRole]:
     return [ProcRole(p["pid"], p["role"]) for p in doc["endpoints"][0]["pids"]]
 
 
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", ["idle", "load"])
-def test_the_engine_core_holds_the_gpu_memory_and_the_document_says_so(name):
-    doc = load("serve", f"console-{name}.json")
+def test_the_engine_core_holds_the_gpu_memory_and_the_document_says_so(run, name):
+    doc = load(run, f"console-{name}.json")
     ep = doc["endpoints"][0]
-    host = host_from_raw(load("serve", f"raw-{name}.json"))
+    host = host_from_raw(load(run, f"raw-{name}.json"))
     mine = endpoint_gpus(host, _roles(doc))
     # the replayed reading and the console's own (taken a moment apart) agree on who holds what
     assert [device_dict(d)["processes"] for d in mine] == [g["processes"] for g in ep["gpus"]]
@@ -106,21 +112,23 @@ def test_the_engine_core_holds_the_gpu_memory_and_the_document_says_so(name):
     assert doc["host"]["gpus"][0]["processes"][0]["role"] is None
 
 
-def test_utilisation_under_load_is_above_idle():
-    idle, busy = (load("serve", f"console-{n}.json")["endpoints"][0] for n in ("idle", "load"))
+@pytest.mark.parametrize("run", RUNS)
+def test_utilisation_under_load_is_above_idle(run):
+    idle, busy = (load(run, f"console-{n}.json")["endpoints"][0] for n in ("idle", "load"))
     assert idle["state"] == "ready" and busy["state"] == "busy"
     assert busy["requests_running"] > 0 and busy["generation_tokens_per_s"] > 0
     assert idle["gpus"][0]["util_pct"] == 0.0
     assert busy["gpus"][0]["util_pct"] > idle["gpus"][0]["util_pct"]
     # every raw reading under the load (1 s apart) saw the GPU busy
-    under = [host_from_raw(load("serve", f"raw-load-{i}.json")).devices[0] for i in range(1, 6)]
+    under = [host_from_raw(load(run, f"raw-load-{i}.json")).devices[0] for i in range(1, 6)]
     assert all(d.util_pct and d.util_pct > 0 for d in under)
-    assert host_from_raw(load("serve", "raw-idle.json")).devices[0].util_pct == 0.0
+    assert host_from_raw(load(run, "raw-idle.json")).devices[0].util_pct == 0.0
 
 
-def test_nvml_figures_match_nvidia_smi():
-    host = host_from_raw(load("serve", "raw-load.json"))
-    rows = list(csv.reader(DATA.joinpath("serve", "nvidia-smi-load.csv").read_text().splitlines()))
+@pytest.mark.parametrize("run", RUNS)
+def test_nvml_figures_match_nvidia_smi(run):
+    host = host_from_raw(load(run, "raw-load.json"))
+    rows = list(csv.reader(DATA.joinpath(run, "nvidia-smi-load.csv").read_text().splitlines()))
     pid, name, used = (x.strip() for x in rows[1])
     (proc,) = host.devices[0].processes
     assert int(pid) == proc.pid and name == "VLLM::EngineCore"
@@ -138,8 +146,18 @@ def test_row_cell_and_drill_in_text_of_the_recorded_engine():
     assert lines[1].strip().startswith("EngineCore pid ") and lines[1].endswith("129.19 GiB")
 
 
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", ["idle", "load"])
-def test_recorded_documents_validate_against_the_console_schema(name):
+def test_recorded_documents_validate_against_the_console_schema(run, name):
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((DATA.parents[1] / "schemas" / "opsctl.console-3.schema.json").read_text())
-    jsonschema.validate(load("serve", f"console-{name}.json"), schema)
+    jsonschema.validate(load(run, f"console-{name}.json"), schema)
+
+
+def test_the_advisor_saw_the_gpu_and_found_nothing_wrong_with_it():
+    """serve-final ran the advisor behind GpuSource: with gpu_memory_utilization 0.92 and
+    37 C there is no gpu_mem_under or gpu_thermal, while load findings did fire."""
+    ep = load("serve-final", "console-load.json")["endpoints"][0]
+    codes = {f["code"] for f in ep["findings"]}
+    assert ep["gpus"] and "queue_backlog" in codes  # 32 streams on --max-num-seqs 8
+    assert not codes & {"gpu_mem_under", "gpu_thermal"}
