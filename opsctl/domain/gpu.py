@@ -289,8 +289,11 @@ def local_pids(views: Iterable[Any]) -> list[int]:
 def attach(snap: Any, host: HostGpus | None) -> Any:
     """The FleetSnapshot with ``host_gpus`` and each endpoint's ``gpus`` filled from one
     host collection (by the endpoints' local process roles)."""
-    views = tuple(
-        replace(v, gpus=endpoint_gpus(host, v.local.procs if v.local else ()))
-        for v in snap.endpoints
-    )
-    return replace(snap, endpoints=views, host_gpus=host)
+    if host is None or not host.devices:  # nothing to attach: the views stay as they are
+        views = tuple(v if not v.gpus else replace(v, gpus=()) for v in snap.endpoints)
+        return replace(snap, endpoints=views, host_gpus=host)
+    out = []
+    for v in snap.endpoints:  # a remote endpoint (most of a large fleet) is not copied
+        gpus = endpoint_gpus(host, v.local.procs) if v.local is not None else ()
+        out.append(v if gpus == v.gpus else replace(v, gpus=gpus))
+    return replace(snap, endpoints=tuple(out), host_gpus=host)

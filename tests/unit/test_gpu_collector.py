@@ -5,6 +5,7 @@ hardware is "no GPU" with a reason, never an exception and never a zero."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -315,3 +316,25 @@ def test_a_replay_gets_no_gpu_source():
     inner.live = False  # a replay's frames carry the GPUs they recorded
     src = advised(inner)
     assert src.source is inner and src.collect().host_gpus is None
+
+
+def test_a_recorded_frame_keeps_its_gpus_through_the_replay_codec(nvml, tmp_path):
+    from opsctl.console.replay import decode, encode
+
+    snap = snapshot(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
+    out = col.with_gpus(snap, col.GpuCollector(drm_root=no_drm(tmp_path)))
+    back = decode(json.loads(json.dumps(encode(out))))
+    # GpuDevice/GpuProcess/HostGpus come back as themselves
+    assert back.host_gpus == out.host_gpus and back.endpoints[0].gpus == out.endpoints[0].gpus
+    assert back.endpoints[0].gpus[0].processes[0].role == "EngineCore"
+
+
+def test_attach_leaves_remote_views_uncopied():
+    from opsctl.domain.gpu import attach
+
+    remote = view("http://10.0.0.1:8000", None)
+    local = view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),))
+    out = attach(snapshot(remote, local), hot_host(50.0))
+    assert out.endpoints[0] is remote and out.endpoints[1].gpus
+    no_gpu = attach(snapshot(remote), HostGpus(1.0, None, (), "no GPU"))
+    assert no_gpu.endpoints[0] is remote and no_gpu.host_gpus.reason == "no GPU"
