@@ -145,6 +145,9 @@ def render_plain(console, snap: FleetSnapshot) -> None:
     for col in ("name", "url", "source", "state", "model", "run", "wait", "KV %", "gen tok/s",
                 "TTFT p50", "reason"):  # fmt: skip
         t.add_column(col)
+    gpu_col = snap.host_gpus is not None and bool(snap.host_gpus.devices)  # a GPU host only
+    if gpu_col:
+        t.add_column("GPU")
     for v in snap.endpoints:
         f = v.figures
         ttft = f.latency.get("ttft")
@@ -154,5 +157,6 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
             fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
             alert_rules.alerts_cell(v.alerts) + advisor.reason_cell(v, 200),  # alert, reason
+            *([gpu_view.row_cell(v, snap.host_gpus)] if gpu_col else []),
         )  # fmt: skip
     console.print(t)

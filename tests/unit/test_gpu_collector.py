@@ -338,3 +338,23 @@ def test_attach_leaves_remote_views_uncopied():
     assert out.endpoints[0] is remote and out.endpoints[1].gpus
     no_gpu = attach(snapshot(remote), HostGpus(1.0, None, (), "no GPU"))
     assert no_gpu.endpoints[0] is remote and no_gpu.host_gpus.reason == "no GPU"
+
+
+def test_once_plain_table_has_a_gpu_column_on_a_gpu_host_only(nvml, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from opsctl.console.report import render_plain
+
+    snap = snapshot(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
+
+    def table(s: FleetSnapshot) -> list[str]:
+        out = io.StringIO()
+        render_plain(Console(file=out, width=300), s)
+        return out.getvalue().splitlines()
+
+    on_gpu = table(col.with_gpus(snap, col.GpuCollector(drm_root=no_drm(tmp_path))))
+    assert "GPU" in on_gpu[1] and "GPU0 71% 60/141G" in on_gpu[3]
+    without = table(col.attach(snap, HostGpus(1.0, None, (), "no GPU")))
+    assert "GPU" not in without[1]
