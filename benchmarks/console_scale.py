@@ -30,7 +30,8 @@ is fine: `python -m venv /tmp/vs-venv && /tmp/vs-venv/bin/pip install vllmstat`)
 With --profile, each console child runs under cProfile (its main thread, where the
 Textual app renders, and the scrape loop's thread, both over the measured window) and
 writes DIR/console_N<n>_<how>.txt: the top functions by cumulative and by own time,
-with the share of the profiled CPU each one took. cProfile slows the console down (all
+with the share of the profiled CPU each one took (thread CPU time, so waiting and other
+processes' load are not counted). cProfile slows the console down (all
 Python calls are traced): read the shares, not the CPU % of a profiled run. --no-ui runs
 the direct rows with the source alone (no Textual app): the collection's own cost.
 """
@@ -131,8 +132,10 @@ class Profiler:
 
     def __init__(self, src, path: str | None) -> None:
         self.src, self.path = src, path
-        self.main = cProfile.Profile()
-        self.loop = cProfile.Profile()
+        # the thread's CPU clock, not the wall clock: on a busy host a wall-clock profile
+        # charges other processes' time to whatever function was descheduled
+        self.main = cProfile.Profile(time.thread_time)
+        self.loop = cProfile.Profile(time.thread_time)
 
     def _in_loop(self, fn) -> None:
         import concurrent.futures

@@ -207,6 +207,17 @@ def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
     """Per-bucket increase prev -> cur; None when a count went back (a reset)."""
     if prev is None:
         return cur
+    if len(prev) == len(cur):  # the usual case: the same bounds, in the same order
+        out = []
+        for (ple, pcount), (le, count) in zip(prev, cur, strict=True):
+            d = count - pcount
+            if ple != le:
+                break
+            if d < 0:
+                return None
+            out.append((le, d))
+        else:
+            return tuple(out)
     before = dict(prev)
     out = []
     for le, count in cur:

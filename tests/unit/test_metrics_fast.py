@@ -160,3 +160,31 @@ def test_cache_reuses_unchanged_lines_and_reparses_changed_ones() -> None:
     second = cache.parse(changed)
     assert second.values["vllm:generation_tokens_total"] == 999.5
     same(second, parse_samples(changed))
+
+
+def _delta_reference(prev, cur):
+    before = dict(prev)
+    out = []
+    for le, count in cur:
+        d = count - before.get(le, 0.0)
+        if d < 0:
+            return None
+        out.append((le, d))
+    return tuple(out)
+
+
+def test_bucket_delta_fast_path_equals_the_general_one() -> None:
+    from opsctl.domain.metrics import bucket_delta
+
+    inf = float("inf")
+    a = ((0.1, 1.0), (1.0, 5.0), (inf, 6.0))
+    cases = [
+        (a, ((0.1, 2.0), (1.0, 9.0), (inf, 11.0))),  # same bounds: the fast path
+        (a, a),
+        (a, ((0.1, 0.0), (1.0, 9.0), (inf, 11.0))),  # a count went back: a reset
+        (a, ((0.2, 2.0), (1.0, 9.0), (inf, 11.0))),  # other bounds, same length
+        (a, ((0.1, 2.0), (0.5, 3.0), (1.0, 9.0), (inf, 11.0))),  # a bound added
+        (((0.5, 1.0), (inf, 2.0)), ((0.1, 1.0), (inf, 3.0))),
+    ]
+    for prev, cur in cases:
+        assert bucket_delta(prev, cur) == _delta_reference(prev, cur)
