@@ -40,10 +40,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command(
         "rules",
+        short_help="Prometheus alerting rules for vLLM's failure modes.",
         epilog=epilog(
             "opsctl rules --out opsctl-rules.yml",
             "opsctl rules --job vllm --for 2m --out /etc/prometheus/opsctl-rules.yml",
-            "promtool check rules opsctl-rules.yml",
+            "opsctl rules --job vllm --for 30s",
         ),
     )
     def rules(
