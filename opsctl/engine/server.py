@@ -28,7 +28,7 @@ import psutil
 
 from engine_patches import knobs
 from opsctl import paths
-from opsctl.collectors import engine_tmp, shm
+from opsctl.collectors import engine_tmp, http, shm
 from opsctl.domain import serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
@@ -454,7 +454,7 @@ class EngineServer:
         BadInput when the server exits first, OpsTimeout after ``timeout`` seconds."""
         deadline = self.started_at + timeout
         next_tick = 0.0  # process tracking and on_tick at most every TICK_S
-        with httpx.Client() as client:
+        with httpx.Client(verify=http.tls_context()) as client:
             while True:
                 if self.exited() is not None:
                     raise self.death_error()
