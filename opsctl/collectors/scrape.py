@@ -25,7 +25,7 @@ import httpx
 from opsctl.collectors import http
 from opsctl.domain import metrics_fast
 from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
-from opsctl.domain.metrics import MetricSamples, build_samples, parse_samples
+from opsctl.domain.metrics import MetricSamples, parse_samples
 
 AUTH_STATUSES = (401, 403)
 
@@ -74,7 +74,7 @@ class MetricsCache:
         self.lines: list[str] | None = None
         self.series = 0
         self.samples: MetricSamples | None = None
-        self.tokens: dict[str, tuple[str, dict[str, str], float]] = {}
+        self.tokens: dict[str, metrics_fast.Prepared] = {}
 
     def parse(self, text: str) -> MetricSamples:
         lines, series = metrics_fast.scan(text)
@@ -84,8 +84,8 @@ class MetricsCache:
         try:
             for line in lines:
                 tok = known.get(line)
-                fresh[line] = tok if tok is not None else metrics_fast.tokenize(line)
-            samples = build_samples([fresh[line] for line in lines], series)
+                fresh[line] = tok if tok is not None else metrics_fast.prepare(line)
+            samples = metrics_fast.build_prepared([fresh[line] for line in lines], series)
         except ValueError:  # a line the tokenizer does not handle: the reference parser
             samples, fresh = parse_samples(text), {}
         self.lines, self.series, self.samples, self.tokens = lines, series, samples, fresh

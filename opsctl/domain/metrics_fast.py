@@ -18,7 +18,18 @@ on recorded real vLLM bodies.
 
 from __future__ import annotations
 
-from opsctl.domain.metrics import MetricSamples, build_samples, parse_samples, wanted
+from opsctl.domain.metrics import (
+    _WANTED,
+    CACHE_CONFIG_INFO,
+    LABELLED,
+    RUNNING,
+    MetricSamples,
+    parse_samples,
+)
+
+BUCKET, INFO, VALUE = 0, 1, 2
+# a prepared sample: what build_samples works out per line, done once per distinct line
+Prepared = tuple[int, str, object, float, dict[str, str]]
 
 
 class Unsupported(ValueError):
@@ -75,22 +86,63 @@ def tokenize(line: str) -> tuple[str, dict[str, str], float]:
 
 
 def scan(text: str) -> tuple[list[str], int]:
-    """One pass over a body: the wanted sample lines, and the count of vllm:* lines."""
+    """One pass over a body: the wanted sample lines (metrics.wanted, inlined), and the
+    count of vllm:* lines."""
     keep: list[str] = []
     series = 0
+    wanted = _WANTED
     for line in text.splitlines():
         if line.startswith("vllm:"):
             series += 1
-            if wanted(line):
+            if line.startswith(wanted) and "_created{" not in line and "_created " not in line:
                 keep.append(line)
     return keep, series
+
+
+def prepare(line: str) -> Prepared:
+    """tokenize() plus what build_samples decides per sample (kind, key, label)."""
+    name, labels, value = tokenize(line)
+    if name.endswith("_bucket") and "le" in labels:
+        return BUCKET, name[: -len("_bucket")], float(labels["le"]), value, labels
+    if name == CACHE_CONFIG_INFO:
+        return INFO, name, None, value, labels
+    label = LABELLED.get(name)
+    key = labels[label] if label and label in labels else None
+    if name == RUNNING:
+        key = labels.get("engine", "0")
+    return VALUE, name, key, value, labels
+
+
+def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
+    """build_samples over prepared samples: the same sums in the same order."""
+    values: dict[str, float] = {}
+    labelled: dict[str, dict[str, float]] = {}
+    raw_buckets: dict[str, dict[float, float]] = {}
+    info: dict[str, str] = {}
+    engines: set[str] = set()
+    for kind, name, key, value, labels in prepared:
+        if kind == BUCKET:
+            per = raw_buckets.setdefault(name, {})
+            per[key] = per.get(key, 0.0) + value  # type: ignore[index]
+        elif kind == INFO:
+            info.update(labels)
+        else:
+            values[name] = values.get(name, 0.0) + value
+            if key is not None:
+                if name == RUNNING:
+                    engines.add(key)  # type: ignore[arg-type]
+                else:
+                    d = labelled.setdefault(name, {})
+                    d[key] = d.get(key, 0.0) + value  # type: ignore[index]
+    buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
+    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
 
 
 def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:
     """MetricSamples of scan()'s lines; the reference parser of ``text`` on anything
     the tokenizer does not handle."""
     try:
-        return build_samples([tokenize(line) for line in lines], series)
+        return build_prepared([prepare(line) for line in lines], series)
     except ValueError:
         return parse_samples(text)  # the reference decides (and raises if unparsable)
 

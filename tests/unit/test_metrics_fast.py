@@ -12,7 +12,14 @@ import pytest
 from opsctl.collectors.scrape import MetricsCache
 from opsctl.domain import metrics_fast
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, build_samples, parse_samples
-from opsctl.domain.metrics_fast import Unsupported, parse_samples_fast, scan, tokenize
+from opsctl.domain.metrics_fast import (
+    Unsupported,
+    build_prepared,
+    parse_samples_fast,
+    prepare,
+    scan,
+    tokenize,
+)
 from tests.standin_vllm import render_metrics
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -21,9 +28,13 @@ REAL_BODIES = sorted(p for p in DATA.glob("vllm_metrics_*.txt"))
 
 
 def fast_only(text: str):
-    """The tokenizer without its fallback: proves the fast path itself is equal."""
+    """The tokenizer without its fallback: proves the fast path itself is equal (both
+    builders: the reference's over tokens, and the prepared one the console uses)."""
     lines, series = scan(text)
-    return build_samples([tokenize(line) for line in lines], series)
+    via_reference_builder = build_samples([tokenize(line) for line in lines], series)
+    prepared = build_prepared([prepare(line) for line in lines], series)
+    same(prepared, via_reference_builder)
+    return prepared
 
 
 def same(a, b) -> None:
