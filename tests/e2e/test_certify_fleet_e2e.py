@@ -106,10 +106,12 @@ def test_targets_file_hung_target_fails_liveness_others_pass(engines, tmp_path):
     live = next(c for c in wedged["checks"] if c["check"] == "liveness")
     assert live["verdict"] == "fail" and wedged["fingerprint"]["vllm_version"] is None
     assert wedged["state"] == "unreachable" and "no HTTP answer within 30 s" in wedged["error"]
-    # bounded by the slowest target (the hung one), not by the sum of the targets
+    # bounded by the slowest target, not by the sum of the targets (which target is the
+    # slowest depends on the load: the real servers' checks took 45 s on 2 busy cores,
+    # longer than the hung one's 30 s first-contact timeout)
     durations = [e["duration_s"] for e in doc["targets"]]
-    assert max(durations) == wedged["duration_s"] and wedged["duration_s"] < DEADLINE_S
-    assert took < wedged["duration_s"] + 20 and took < sum(durations), (took, durations)
+    assert wedged["duration_s"] < DEADLINE_S
+    assert took < max(durations) + 20 and took < sum(durations), (took, durations)
     # ONE JUnit file: a testsuite per target, the hung one's liveness a failure
     suites = {s.find("properties/property[@name='target']").get("value"): s for s in junit}
     assert set(suites) == {"llama-a", "llama-b", "wedged", "keyed"}
