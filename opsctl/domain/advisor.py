@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.domain import knobs
+from opsctl.domain.alert_rules import ERROR_RATIO as REQUEST_ERRORS_MIN_FRACTION
+from opsctl.domain.alert_rules import KV_PREEMPTION_MIN_PER_S
 from opsctl.domain.console import RESTARTED, STALLED, UNAUTHORIZED, EndpointView
 from opsctl.domain.findings import FAIL, INFO, WARNING
 from opsctl.domain.metrics import (
@@ -40,16 +42,13 @@ from opsctl.domain.metrics import (
 )
 
 # ---- thresholds (vllmstat 0.9.1 core/advisor.py unless said) --------------------------------
-# Where an alert of opsctl.domain.alert_rules watches a like condition its threshold differs
-# (left for the lead to reconcile): VllmRequestErrors ERROR_RATIO 0.05 (here 0.02, as
-# vllmstat), VllmKvCacheSaturated KV_SATURATED_USAGE 0.9 with preemptions (here any
-# preemption rate of 0.05/s), VllmQueueBacklog a queue growing over 120 s (here a peak of
-# 2 waiting in the window). Windows agree: RATE_WINDOW_S 60 s = the console's latency
-# window the advisor reads.
-KV_PREEMPTION_MIN_PER_S = 0.05  # preemptions/s over the window: KV pressure is real
+# kv_preemption and request_errors are the console's side of the alerts VllmKvCacheSaturated
+# and VllmRequestErrors: one threshold each, in opsctl.domain.alert_rules (windows agree:
+# RATE_WINDOW_S 60 s = the console's latency window the advisor reads). queue_backlog (a
+# peak of 2 waiting: a tuning hint) is not VllmQueueBacklog (a queue growing for 120 s:
+# a page).
 TRUNCATION_WARNING_FRACTION = 0.20  # finished at the length cap (of finished in the window)
 TRUNCATION_FAIL_FRACTION = 0.50
-REQUEST_ERRORS_MIN_FRACTION = 0.02  # finished with reason "error" (of finished in the window)
 CONTEXT_OVERPROVISIONED_FRACTION = 0.50  # largest request below this share of max_model_len
 GPU_MEM_UTIL_LOW = 0.85  # --gpu-memory-utilization below this: KV cache left unclaimed
 QUEUE_BACKLOG_MIN_WAITING = 2.0  # peak requests waiting in the window

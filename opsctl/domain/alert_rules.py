@@ -38,9 +38,12 @@ RESTART_HOLD_S = 10.0  # a counter that went back within this long = restarted
 RATE_WINDOW_S = 60.0  # rates, ratios and quantiles of the alerts
 RESTART_LOOP_WINDOW_S = 900.0  # restarts counted over 15 minutes ...
 RESTART_LOOP_COUNT = 3  # ... this many is a loop
-KV_SATURATED_USAGE = 0.9  # KV cache use (0..1) that, with preemptions, is saturation
+# the console advisor's findings (opsctl.domain.advisor) read these two, so a finding on
+# a console row and its alert mean the same (kv_preemption = VllmKvCacheSaturated,
+# request_errors = VllmRequestErrors), over RATE_WINDOW_S = the console's latency window
+KV_PREEMPTION_MIN_PER_S = 0.05  # preemptions/s: the KV cache is full (vllmstat's threshold)
 QUEUE_GROWTH_WINDOW_S = 120.0  # requests waiting the whole window and the queue growing
-ERROR_RATIO = 0.05  # finished requests with finished_reason="error", fraction
+ERROR_RATIO = 0.02  # finished with finished_reason="error", of finished (vllmstat's)
 TTFT_P99_S = 5.0  # time to first token, 99th percentile over the rate window
 DEFAULT_FOR_S = 60.0  # `opsctl rules --for`: how long a condition holds before it fires
 TARGET_SEEN_S = 3600.0  # without --job: targets that exported vLLM series this recently
@@ -112,10 +115,10 @@ def restarts_expr(job: str | None, window_s: float) -> str:
 
 
 def kv_expr(job: str | None) -> str:
-    sel = selector(job)
-    usage = " or ".join(f"sum by ({BY}) ({n}{sel})" for n in KV_USAGE_NAMES)
-    rate = f"sum by ({BY}) (rate({PREEMPTIONS}{sel}[{dur(RATE_WINDOW_S)}]))"
-    return f"(({usage}) >= {KV_SATURATED_USAGE:g})\nand on ({BY}) ({rate} > 0)"
+    """Requests preempted for KV cache space at the advisor's kv_preemption rate (vLLM
+    preempts only when the KV cache is full: the rate is the saturation)."""
+    rate = f"sum by ({BY}) (rate({PREEMPTIONS}{selector(job)}[{dur(RATE_WINDOW_S)}]))"
+    return f"{rate} >= {KV_PREEMPTION_MIN_PER_S:g}"
 
 
 def queue_expr(job: str | None) -> str:
@@ -131,7 +134,7 @@ def errors_expr(job: str | None) -> str:
     errored = selector(job, 'finished_reason="error"')
     bad = f"sum by ({BY}) (rate({REQUEST_SUCCESS}{errored}[{w}]))"
     every = f"sum by ({BY}) (rate({REQUEST_SUCCESS}{selector(job)}[{w}]))"
-    return f"({bad} / ({every} > 0)) > {ERROR_RATIO:g}"
+    return f"({bad} / ({every} > 0)) >= {ERROR_RATIO:g}"
 
 
 def ttft_expr(job: str | None) -> str:
@@ -168,8 +171,8 @@ def alerts(job: str | None) -> list[Alert]:
               "opsctl serve --model MODEL to reproduce",
               f"({restarts_expr(job, RESTART_LOOP_WINDOW_S)}) >= {RESTART_LOOP_COUNT}", 0.0),
         Alert("VllmKvCacheSaturated", "warning",
-              f"{{{{ $labels.instance }}}}: KV cache over {KV_SATURATED_USAGE:.0%} "
-              "and requests preempted",
+              f"{{{{ $labels.instance }}}}: KV cache full: requests preempted "
+              f"({KV_PREEMPTION_MIN_PER_S:g}/s or more over {RATE_WINDOW_S:g} s)",
               f"{CONSOLE} (KV use, preemptions); opsctl diag kv-fail --model MODEL",
               kv_expr(job), None),
         Alert("VllmQueueBacklog", "warning",
@@ -178,7 +181,7 @@ def alerts(job: str | None) -> list[Alert]:
               f"{CONSOLE} (waiting by reason)",
               queue_expr(job), None),
         Alert("VllmRequestErrors", "warning",
-              f"{{{{ $labels.instance }}}}: over {ERROR_RATIO:.0%} of requests finished "
+              f"{{{{ $labels.instance }}}}: {ERROR_RATIO:.0%} or more of requests finished "
               "with an error",
               f"{CONSOLE}; opsctl certify http://{{{{ $labels.instance }}}}",
               errors_expr(job), None),
