@@ -170,10 +170,49 @@ class Profiler:
             where = f"{Path(file).name}:{line}({fn})"
             out.write(f"  {100 * tt / total:5.1f} %  own {tt:7.3f} s  cum {ct:7.3f} s  "
                       f"calls {nc:8d}  {where}\n")  # fmt: skip
+        out.write("\nown time by part (a builtin's time goes to its callers' parts):\n")
+        for part, secs in sorted(by_part(stats).items(), key=lambda kv: -kv[1]):
+            out.write(f"  {100 * secs / total:5.1f} %  {secs:7.3f} s  {part}\n")
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        stats.dump_stats(str(Path(self.path).with_suffix(".prof")))
         out.write("\ncumulative (top 60):\n")
         stats.sort_stats("cumulative").print_stats(60)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         Path(self.path).write_text(out.getvalue())
+
+
+PARTS = (  # (part, path fragments), first match wins
+    ("parsing /metrics", ("opsctl/domain/metrics", "prometheus_client/")),
+    ("figures, histogram maths", ("opsctl/domain/console.py", "opsctl/domain/advisor")),
+    ("state tracking", ("opsctl/domain/console_state", "opsctl/console/")),
+    ("rendering (Textual, Rich, opsctl.ui)", ("textual/", "rich/", "opsctl/ui/")),
+    ("HTTP client (httpx, httpcore, h11, anyio)", ("httpx/", "httpcore/", "h11/", "anyio/",
+                                                   "sniffio/", "ssl.py", "socket.py")),
+    ("event loop (asyncio, selectors)", ("asyncio/", "selectors.py", "threading.py")),
+)  # fmt: skip
+
+
+def _part(file: str) -> str:
+    for part, frags in PARTS:
+        if any(f in file for f in frags):
+            return part
+    return "other"
+
+
+def by_part(stats: pstats.Stats) -> dict[str, float]:
+    """Own CPU per part of the console; a builtin (file "~") is charged to its callers'
+    parts in proportion to the time it spent under each caller."""
+    parts: dict[str, float] = {}
+    for (file, _line, _fn), (_cc, _nc, tt, _ct, callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if file != "~" or not callers:
+            part = _part(file)
+            parts[part] = parts.get(part, 0.0) + tt
+            continue
+        under = {k: v[2] for k, v in callers.items()}
+        whole = sum(under.values()) or 1.0
+        for (cfile, _l, _f), t in under.items():
+            part = _part(cfile)
+            parts[part] = parts.get(part, 0.0) + tt * t / whole
+    return parts
 
 
 def child(
