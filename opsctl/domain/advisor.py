@@ -30,6 +30,7 @@ from opsctl.domain import knobs
 from opsctl.domain.alert_rules import ERROR_RATIO as REQUEST_ERRORS_MIN_FRACTION
 from opsctl.domain.alert_rules import KV_PREEMPTION_MIN_PER_S
 from opsctl.domain.console import RESTARTED, STALLED, UNAUTHORIZED, EndpointView
+from opsctl.domain.endpoint_notes import Advice
 from opsctl.domain.findings import FAIL, INFO, WARNING
 from opsctl.domain.metrics import (
     CACHE_CONFIG_INFO,
@@ -94,24 +95,6 @@ PROMPT_LEN = "vllm:request_prompt_tokens"
 GEN_LEN = "vllm:request_generation_tokens"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-
-
-@dataclass(frozen=True, slots=True)
-class Advice:
-    code: str  # one of CODES
-    severity: str  # fail | warning | info
-    message: str
-    figures: dict[str, Any] = field(default_factory=dict)  # what triggered it, window_s
-    next: str = ""  # the command to run next
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "message": self.message,
-            "figures": dict(self.figures),
-            "next": self.next,
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opsctl.domain.endpoint_notes import FiredAlert
 from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, RUNNING, WAITING
 
 # the counters whose going back is a restart, and the start time: the console's own
@@ -256,31 +257,6 @@ def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
 
 
 # ---- alerts Prometheus holds (GET /api/v1/alerts), as the console shows them -------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FiredAlert:
-    """One alert Prometheus holds for an endpoint (any rules file, not only opsctl's)."""
-
-    name: str
-    state: str  # firing | pending
-    severity: str | None
-    summary: str | None
-    runbook: str | None
-    active_at: str | None  # RFC 3339, as Prometheus gives it
-    instance: str | None
-    job: str | None
-
-    def to_dict(self) -> dict:
-        return {
-            "alertname": self.name,
-            "state": self.state,
-            "severity": self.severity,
-            "summary": self.summary,
-            "runbook": self.runbook,
-            "active_at": self.active_at,
-            "job": self.job,
-        }
 
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opsctl.domain.endpoint_notes import Advice, FiredAlert
 from opsctl.domain.gpu import GpuDevice, HostGpus
 from opsctl.domain.logview import LogFacts  # runtime: the replay decodes by type hints
 from opsctl.domain.metrics import (
@@ -194,10 +195,9 @@ class EndpointView:
     # the GPUs any of the endpoint's local processes use (opsctl.domain.gpu.GpuDevice,
     # processes narrowed to this endpoint's, with roles); () when none or unknown
     gpus: tuple[GpuDevice, ...] = ()
-    # the advisor's findings from this endpoint's window of figures (opsctl.domain.advisor
-    # .Advice, not imported: the advisor reads this module; the state's findings are
-    # added when shown: advisor.findings(view))
-    findings: tuple = ()
+    # the advisor's findings from this endpoint's window of figures (opsctl.domain.advisor;
+    # the state's findings are added when shown: advisor.findings(view))
+    findings: tuple[Advice, ...] = ()
     # the live requests of a tee proxy in front of this server (console --tee;
     # opsctl.domain.requests.RequestsView), None without one
     requests: RequestsView | None = None
@@ -206,7 +206,7 @@ class EndpointView:
     log: LogFacts | None = None
     # the alerts firing for this endpoint in Prometheus (console --prometheus; opsctl
     # .domain.alert_rules.FiredAlert, most severe first); () for other sources
-    alerts: tuple = ()
+    alerts: tuple[FiredAlert, ...] = ()
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
