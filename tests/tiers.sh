@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the two tiers of the suite (`make test-fast`: the first alone).
-#   1. the tests without an engine: those under tests/patches/ (they import torch and
-#      vLLM, about 12 s, at collection) in one pytest process, beside the rest on
-#      $WORKERS pytest-xdist workers (which then never import vLLM): about 3 minutes,
-#      they mostly wait on subprocesses, sockets and deadlines; a broken tree fails here;
+#   1. the tests without an engine: those that import torch and vLLM (VLLM_TESTS) in one
+#      pytest process, beside the rest on $WORKERS pytest-xdist workers (which then never
+#      import vLLM): under 3 minutes, they mostly wait on subprocesses, sockets and
+#      deadlines; a broken tree fails here;
 #   2. the engine tests, on 2 workers that each run one engine at a time (see ENGINE);
 #      the run ends with its engine starts and their seconds.
 # Each stops at its first failure (-x). TIERS=parallel runs the two tiers side by side
@@ -18,8 +18,14 @@ unset PYTHONDONTWRITEBYTECODE
 PY=${1:?usage: tests/tiers.sh PYTHON [WORKERS] [fast]}
 WORKERS=${2:-4}
 ONLY=${3:-}
-MAIN=(-m pytest -x -q -n "$WORKERS" -m "not engine" --ignore=tests/patches --durations=10 tests)
-VLLM=(-m pytest -x -q -m "not engine" tests/patches)
+# the tests that import torch or vLLM (in the module or in the test): one process pays
+# the ~10 s import once, instead of every xdist worker that gets one of them
+VLLM_TESTS=(tests/patches tests/unit/test_registry.py tests/unit/test_lora_adapters.py
+            tests/unit/test_engine_layout.py tests/unit/test_mm_uuid_probe.py
+            tests/e2e/test_models_extra.py)
+MAIN=(-m pytest -x -q -n "$WORKERS" -m "not engine" --durations=10 tests)
+for t in "${VLLM_TESTS[@]}"; do MAIN+=(--ignore="$t"); done
+VLLM=(-m pytest -x -q -m "not engine" "${VLLM_TESTS[@]}")
 # the engine tests on $ENGINE_WORKERS xdist workers, each with its own engine lock (one
 # engine at a time per worker; tests/conftest.py), a module (or the modules sharing a
 # pooled engine) one unit, the longest units first (tests/engine_pool.py, COSTS): an
@@ -39,7 +45,7 @@ fast_tier() {
     rc_main=$?
     wait "$vllm"
     rc_vllm=$?
-    echo "== tests/patches (torch and vLLM imported): exit $rc_vllm"
+    echo "== the tests importing torch and vLLM (${VLLM_TESTS[*]}): exit $rc_vllm"
     cat "$log"
     rm -f "$log"
     [ "$rc_main" -ne 0 ] && return "$rc_main"
