@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_pool import ACCOUNTING, bare_starts, module_cost, run_order
+from tests.engine_pool import ACCOUNTING, SAME_WORKER, bare_starts, module_cost, run_order
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
@@ -111,7 +111,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ordered = list(groups.values())
     for (engine, pool), group in zip(modules, ordered, strict=True):
         if engine:
-            unit = f"pool-{pool}" if pool else group[0].nodeid.split("::")[0]
+            path = group[0].nodeid.split("::")[0]
+            unit = SAME_WORKER.get(os.path.basename(path)) or (f"pool-{pool}" if pool else path)
             for item in group:
                 item.add_marker(pytest.mark.xdist_group(unit))
     costs = [module_cost(group[0].nodeid.split("::")[0]) for group in ordered]

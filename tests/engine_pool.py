@@ -115,6 +115,16 @@ COSTS: dict[str, float] = {
 }
 DEFAULT_COST = 60.0
 
+# Engine modules that must not run beside each other on the two engine workers: one
+# xdist unit. test_tee_e2e's client-disconnect test failed in 2 of 2 fresh clones (and 1
+# of 4 runs of the two modules alone) while test_console_actions_e2e ran beside it: the
+# tee recorded the request as disconnected 30-90 ms in, while its client still read the
+# stream. Cause not found (not reproduced with logging added); tracked as a defect.
+SAME_WORKER: dict[str, str] = {
+    "test_tee_e2e.py": "tee-and-console-actions",
+    "test_console_actions_e2e.py": "tee-and-console-actions",
+}
+
 
 def module_cost(path: str) -> float:
     return COSTS.get(os.path.basename(path), DEFAULT_COST)
