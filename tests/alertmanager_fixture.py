@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.prometheus_fixture import _free_port, _stop
+from tests.prometheus_fixture import _free_port, _stop, _wait_ready
 
 BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 MISSING = (
@@ -167,15 +167,3 @@ def running_alertmanager(webhook_url: str, timeout: float = 60.0) -> Iterator[Am
         finally:
             _stop(proc)
             assert proc.poll() is not None, "alertmanager still running"
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                return True
-        time.sleep(0.1)
-    return False
