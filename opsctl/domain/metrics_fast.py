@@ -123,7 +123,7 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
     for kind, name, key, value, labels in prepared:
         if kind == BUCKET:
             per = raw_buckets.setdefault(name, {})
-            per[key] = per.get(key, 0.0) + value  # type: ignore[index]
+            per[key] = per.get(key, 0.0) + value  # type: ignore[index,call-overload]
         elif kind == INFO:
             info.update(labels)
         else:
@@ -133,7 +133,7 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
                     engines.add(key)  # type: ignore[arg-type]
                 else:
                     d = labelled.setdefault(name, {})
-                    d[key] = d.get(key, 0.0) + value  # type: ignore[index]
+                    d[key] = d.get(key, 0.0) + value  # type: ignore[index,call-overload]
     buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
     return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
 
