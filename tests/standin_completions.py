@@ -67,6 +67,7 @@ class Behaviour:
     chats: list[dict] = field(default_factory=list)  # every chat body
     encoded: set[str] = field(default_factory=set)  # engine ids whose images "ran"
     solo: int = 0  # the next this many chat requests are "scheduled" alone
+    split: int = 0  # the next this many list requests are "scheduled" in two halves
 
 
 def _token(prompt: str, pos: int) -> int:
@@ -119,7 +120,13 @@ def completion(b: Behaviour, body: dict) -> tuple[int, dict]:
         b.tokens += max_tokens * len(prompts)
         if b.run_dir is not None:
             ids = [f"cmpl-{rid}-{i}-ffff0000" for i in range(len(prompts))]
-            steps = [{"event": "step", "num_reqs": len(ids), "req_ids": ids}] * max_tokens
+            groups = [ids]
+            if b.split and batched:  # the first half ran before the rest arrived
+                b.split -= 1
+                groups = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]
+            steps = [
+                {"event": "step", "num_reqs": len(g), "req_ids": g} for g in groups
+            ] * max_tokens
             _append(b.run_dir / "events" / "batch.jsonl", steps)
     return 200, {"id": f"cmpl-{rid}", "model": MODEL, "choices": choices}
 

@@ -96,7 +96,7 @@ class Options:
     timeout: float | None = None  # seconds for a started engine's /health; None: spec's
     tag: str | None = None  # request-id tag; None: a fresh opsctl-inv-XXXXXX
     images: int | None = None  # most images per prompt; None: the model's; 0: text only
-    batch_attempts: int = 3  # BS=N sent again while the batch probe shows prompts alone
+    batch_attempts: int = 3  # BS=N sent again while the probe shows it short of N together
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -387,9 +387,10 @@ class _Job:
 
     def _together(self, live: Live, together_fn: mm.Phase, tag: str, label: str, what: str):
         """The BS=N phase, sent again under a fresh tag while the batch probe shows
-        prompts that ran alone (separate requests reach the engine when the API server
-        hands them over, e.g. one image request after another on a busy machine), at most
-        ``batch_attempts`` times. Returns (results, records, sampler, seconds, tag,
+        fewer than N of them sampled together, or prompts that ran alone (separate
+        requests, and the prompts of one request, reach the engine when the API server
+        hands them over: on a busy machine the first can start before the last
+        arrives), at most ``batch_attempts`` times. Returns (results, records, sampler, seconds, tag,
         attempts); the last attempt is what the check judges."""
         o = self.options
         for attempt in range(1, o.batch_attempts + 1):
@@ -403,12 +404,17 @@ class _Job:
             sampler.settle(sum(len(t.generated.token_ids) for t in together))
             records = engine_records.read_after(live.run_dir, run_tag, len(o.prompts))
             probe = eng.batch_from_probe(list(records.batch), run_tag, o.n)
-            if probe is None or not probe.alone or attempt == o.batch_attempts:
+            full = (probe.max_batch or 0) >= o.n if probe is not None else True
+            if probe is None or (full and not probe.alone) or attempt == o.batch_attempts:
                 break
+            if probe.alone:
+                why = f"prompt(s) {list(probe.alone)} ran alone"
+            else:  # a smaller batch is still a batch, but not the BS=N asked for
+                why = f"at most {probe.max_batch} of the {o.n} prompts were sampled together"
             self.progress(
                 ev.Log(
-                    f"{label}: BS={o.n} attempt {attempt}: prompt(s) {list(probe.alone)} ran "
-                    "alone (the requests reached the engine one after another); sending again",
+                    f"{label}: BS={o.n} attempt {attempt}: {why} (the requests reached the "
+                    "engine one after another); sending again",
                     level="warning",
                 )
             )

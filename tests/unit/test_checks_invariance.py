@@ -161,6 +161,26 @@ def test_engine_records_read_back_settings_batch_and_knobs(home):
     assert any(isinstance(e, ev.Alert) and "TEST KNOBS" in e.text for e in seen)
 
 
+def test_a_batch_short_of_n_together_is_sent_again(home):
+    """4 prompts, the first attempt sampled as 2 + 2 (none alone, but never 4 together,
+    as on a busy host where the engine starts before the last prompt arrives): sent
+    again, and the judged attempt is the one where all 4 ran together."""
+    run_dir = write_run_dir(home / "runs" / "r-split")
+    prompts = (*PROMPTS, "epsilon zeta")
+    seen: list[ev.Event] = []
+    with completions_server(Behaviour(run_dir=run_dir, split=1)) as (url, b):
+        register_run(run_dir, url)
+        report = check.run(UrlTarget(url), options(prompts=prompts), seen.append)
+    batch = report.runs[0]["batch"]
+    assert (batch["attempts"], batch["max_batch"], batch["formed"]) == (2, 4, True)
+    assert report.verdict == "pass", report.reasons
+    assert sum(len(x["prompt"]) > 1 for x in b.bodies if isinstance(x["prompt"], list)) == 2
+    assert any(
+        isinstance(e, ev.Log) and "attempt 1: at most 2 of the 4 prompts were sampled" in e.text
+        for e in seen
+    )
+
+
 def test_separate_requests_the_probe_shows_never_batched_fail(home):
     run_dir = write_run_dir(home / "runs" / "r2")
     with completions_server(Behaviour(run_dir=run_dir)) as (url, _):
