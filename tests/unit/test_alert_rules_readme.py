@@ -5,7 +5,7 @@ through `amtool check-config`; then a real Prometheus and a real Alertmanager st
 those two files (addresses moved to free 127.0.0.1 ports, the scrape targets to
 stand-in vLLM servers): Prometheus loads every opsctl rule, finds the Alertmanager and
 scrapes the stand-ins; the console command the section shows reads them. The alert path
-itself (stall -> receiver) is tests/e2e/test_alerts_e2e.py."""
+itself (stall -> receiver) is tests/e2e/test_console_prometheus_e2e.py."""
 
 from __future__ import annotations
 
