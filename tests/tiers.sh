@@ -18,13 +18,26 @@ unset PYTHONDONTWRITEBYTECODE
 PY=${1:?usage: tests/tiers.sh PYTHON [WORKERS] [fast]}
 WORKERS=${2:-4}
 ONLY=${3:-}
-# the tests that import torch or vLLM (in the module or in the test): one process pays
-# the ~10 s import once, instead of every xdist worker that gets one of them
+# the tests that import torch, transformers or vLLM (in the module or in the test): one
+# process pays the ~10 s import once, instead of every xdist worker that gets one of them
+# (a module, or one test of a module as its node id). Found with a plugin that logs, per
+# xdist worker, the test after which torch/transformers/vllm first sat in sys.modules;
+# a test that adds one of them to the fast tier belongs here
 VLLM_TESTS=(tests/patches tests/unit/test_registry.py tests/unit/test_lora_adapters.py
             tests/unit/test_engine_layout.py tests/unit/test_mm_uuid_probe.py
-            tests/e2e/test_models_extra.py)
-MAIN=(-m pytest -x -q -n "$WORKERS" -m "not engine" --durations=10 tests)
-for t in "${VLLM_TESTS[@]}"; do MAIN+=(--ignore="$t"); done
+            tests/e2e/test_models_extra.py
+            tests/unit/test_embedded_idefics3.py  # transformers' AutoProcessor
+            tests/unit/test_preflight_registry.py  # registry.apply_all imports vLLM
+            tests/unit/test_invariance_images_domain.py::test_engine_info_records_the_multimodal_settings
+            tests/unit/test_probe_evidence.py::test_real_ledger_record_of_the_batch_probe_on_an_unverified_release
+            tests/unit/test_usage_domain.py::test_roberta_template_matches_a_real_roberta_tokenizer
+            tests/cli/test_usage_cli.py::test_local_tokenizer_is_the_primary_count)
+# worksteal: an idle worker takes queued tests from a busy one, so a few long UI tests
+# dealt late to one worker no longer make the tail
+MAIN=(-m pytest -x -q -n "$WORKERS" --dist worksteal -m "not engine" --durations=10 tests)
+for t in "${VLLM_TESTS[@]}"; do
+    case "$t" in *::*) MAIN+=(--deselect="$t") ;; *) MAIN+=(--ignore="$t") ;; esac
+done
 VLLM=(-m pytest -x -q -m "not engine" "${VLLM_TESTS[@]}")
 # the engine tests on $ENGINE_WORKERS xdist workers, each with its own engine lock (one
 # engine at a time per worker; tests/conftest.py), a module (or the modules sharing a

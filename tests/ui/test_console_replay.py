@@ -70,9 +70,14 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
-@pytest.fixture
-def recording(tmp_path):
-    return tmp_path / "session.jsonl"
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple:
+    """One recorded session for the module's tests (they only read it): its file, and
+    the live console's table lines, headers and drill-ins frame by frame."""
+    import asyncio
+
+    path = tmp_path_factory.mktemp("replay") / "session.jsonl"
+    return (path, *asyncio.run(record_session(path)))
 
 
 async def record_session(path) -> tuple[list[list[str]], list[str], list[dict]]:
@@ -104,8 +109,8 @@ async def record_session(path) -> tuple[list[list[str]], list[str], list[dict]]:
 
 
 @pytest.mark.anyio
-async def test_replay_shows_the_recorded_screens(recording):
-    tables, headers, details = await record_session(recording)
+async def test_replay_shows_the_recorded_screens(recorded):
+    recording, tables, headers, details = recorded
     assert "invariance: PASS" in "\n".join(tables[-1]) and "invariance" not in "\n".join(tables[0])
     src = ReplaySource(recording)
     assert len(src.frames) == FRAMES
@@ -144,11 +149,8 @@ async def test_replay_shows_the_recorded_screens(recording):
         )
 
 
-def test_replay_snapshot(recording, snap_compare):
-    import asyncio
-
-    asyncio.run(record_session(recording))
-    src = ReplaySource(recording)
+def test_replay_snapshot(recorded, snap_compare):
+    src = ReplaySource(recorded[0])
     src.step(3)  # paused on frame 4
     app = build_console_app(src, interval=3600)
 
@@ -162,10 +164,8 @@ def test_replay_snapshot(recording, snap_compare):
     assert snap_compare(app, terminal_size=(200, 16), run_before=shown)
 
 
-def test_cli_replay_once_json_and_refusals(recording, tmp_path):
-    import asyncio
-
-    asyncio.run(record_session(recording))
+def test_cli_replay_once_json_and_refusals(recorded, tmp_path):
+    recording = recorded[0]
     runner = CliRunner()
     r = runner.invoke(cli, ["console", "--replay", str(recording), "--once", "--json"])
     assert r.exit_code == 1, r.output  # the fleet holds failing endpoints
