@@ -26,12 +26,12 @@ SCHEMA = re.compile(r"^opsctl\.[a-z0-9_.-]+/[0-9]+$")
 # command -> argv before the URL (a short --timeout where the command has one, so a hung
 # server costs seconds)
 COMMANDS = {
-    "status": ["status", "--timeout", "3s"],
-    "diag usage": ["diag", "usage", "--timeout", "3s"],
-    "diag invariance": ["diag", "invariance", "--timeout", "3s"],
-    "diag mm-uuid": ["diag", "mm-uuid", "--timeout", "3s"],
-    "diag lora": ["diag", "lora", "--timeout", "3s"],
-    "certify": ["certify", "--timeout", "5s"],
+    "status": ["status", "--timeout", "2s"],
+    "diag usage": ["diag", "usage", "--timeout", "2s"],
+    "diag invariance": ["diag", "invariance", "--timeout", "2s"],
+    "diag mm-uuid": ["diag", "mm-uuid", "--timeout", "2s"],
+    "diag lora": ["diag", "lora", "--timeout", "2s"],
+    "certify": ["certify", "--timeout", "3s"],
     "console --once": ["console", "--once", "--no-discover", "--interval", "0.5s"],
 }
 
