@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.advisor import reason_cell
@@ -195,6 +196,7 @@ class FleetTable(DataTable):
             del self.cells[url]
             for column in self.widths.values():
                 column.pop(url, None)
+        changed: dict[str, list[tuple[str, Text | str, bool]]] = {}
         for url, cells in wanted.items():
             old = self.cells.get(url)
             if old is None:
@@ -209,15 +211,62 @@ class FleetTable(DataTable):
                 for (key, _), a, b in zip(COLUMNS, old, cells, strict=True):
                     if a != b:
                         wider = self._width_changes(key, url, b)
-                        self.update_cell(url, key, self._styled(key, b), update_width=wider)
-                        self.renders += 1
+                        changed.setdefault(url, []).append((key, self._styled(key, b), wider))
                         resort = resort or key == self.sort_col
             self.cells[url] = cells
-        self._show_gpus(views)
+        self._show_gpus(views, changed)
+        self._apply(changed)
         if resort:
             self.apply_sort()
 
-    def _show_gpus(self, views: list[EndpointView]) -> None:
+    def _apply(self, changed: dict[str, list[tuple[str, Text | str, bool]]]) -> None:
+        """Put changed cells in place. DataTable's ``update_cell`` throws away every
+        rendered line of the table (its caches are keyed by one update counter) and
+        repaints the whole widget: at 64 changing rows that re-rendered every visible
+        cell each tick (two thirds of the console's CPU, docs/console_perf.md). Here a
+        cell whose column keeps its width is written in place, only its row's cached
+        renders are dropped, and only that row's region is repainted when on screen:
+        unchanged rows and off-screen rows cost nothing. A column that must change width
+        goes through ``update_cell`` (everything is re-laid out, as before)."""
+        if not changed:
+            return
+        self.renders += sum(len(cells) for cells in changed.values())
+        if any(wider for cells in changed.values() for _, _, wider in cells):
+            for url, cells in changed.items():
+                for key, value, wider in cells:
+                    self.update_cell(url, key, value, update_width=wider)
+            return
+        rows = {RowKey(url) for url in changed}
+        for url, cells in changed.items():
+            data = self._data[RowKey(url)]
+            for key, value, _ in cells:
+                data[ColumnKey(key)] = value
+        count = self._update_count
+        indexes = {self._row_locations.get(r) for r in rows}
+        for cache in (self._cell_render_cache, self._row_render_cache):
+            for k in [k for k in cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
+                cache.discard(k)
+        for k in [
+            k
+            for k in self._row_renderable_cache.keys()  # noqa: SIM118 (an LRUCache)
+            if k[0] == count and k[1] in indexes
+        ]:
+            self._row_renderable_cache.discard(k)
+        offsets = self._y_offsets
+        header = self.header_height if self.show_header else 0
+        for k in list(self._line_cache.keys()):
+            y = k[0] - header
+            if 0 <= y < len(offsets) and offsets[y][0] in rows:
+                self._line_cache.discard(k)
+        top = self.scroll_offset.y
+        bottom = top + self.size.height
+        for index in indexes:
+            if index is not None and top <= index + header < bottom:
+                self.refresh_row(index)
+
+    def _show_gpus(
+        self, views: list[EndpointView], changed: dict[str, list[tuple[str, Text | str, bool]]]
+    ) -> None:
         host = self.host_gpus
         if self.gpu_cells is None:
             if host is None or not host.devices:
@@ -230,9 +279,12 @@ class FleetTable(DataTable):
             cell = gpu_row_cell(v, host)
             if self.gpu_cells.get(v.target.url) != cell:
                 wider = self._width_changes("gpu", v.target.url, cell)
-                self.update_cell(v.target.url, "gpu", cell, update_width=wider)
+                if v.target.url in self.gpu_cells:
+                    changed.setdefault(v.target.url, []).append(("gpu", cell, wider))
+                else:  # a row just added (or the column just added): written at once
+                    self.update_cell(v.target.url, "gpu", cell, update_width=wider)
+                    self.renders += 1
                 self.gpu_cells[v.target.url] = cell
-                self.renders += 1
 
     def _width_changes(self, key: str, url: str, value: str) -> bool:
         """Record the cell's width; whether the column's widest cell changed with it."""
@@ -244,6 +296,15 @@ class FleetTable(DataTable):
     def apply_sort(self) -> None:
         if self.sort_col is None or not self.cells:
             return
+        keys = [k for k, _ in COLUMNS]
+        if self.sort_col in keys:  # already in order (the usual tick): no re-layout
+            i = keys.index(self.sort_col)
+            now = [row.key.value for row in self.ordered_rows]
+            want = sorted(
+                now, key=lambda u: sort_value(self.cells[u][i]), reverse=self.sort_reverse
+            )
+            if want == now:
+                return
         self.sort(self.sort_col, key=lambda cell: sort_value(str(cell)), reverse=self.sort_reverse)
 
     def sort_by(self, key: str) -> None:
