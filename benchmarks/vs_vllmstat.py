@@ -224,8 +224,9 @@ def excerpt(screen: str, port: int, n: int = 5) -> list[str]:
     """Up to n lines of a screen that carry the server's data, else its first lines."""
     lines = [ln.rstrip() for ln in screen.splitlines() if ln.strip()]
     keys = (str(port), "tiny-llama", "KV", "kv", "running", "waiting", "idle", "healthy")
-    hits = [ln for ln in lines if any(k in ln for k in keys)]
-    return (hits or lines)[:n]
+    picked = [i for i, ln in enumerate(lines) if any(k in ln for k in keys)][:n]
+    picked += [i for i in range(len(lines)) if i not in picked][: max(0, 3 - len(picked))]
+    return [lines[i] for i in sorted(picked)]
 
 
 def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
