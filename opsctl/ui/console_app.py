@@ -99,6 +99,8 @@ class ConsoleApp(ActionsMixin, App):
         self.last: FleetSnapshot | None = None
         self.notes: dict[str, str] = {}
         self.ticks = 0
+        self._tick_asked = False  # a key's tick is queued (they coalesce into one)
+        self._refresh_timer = None
         # GPU figures per host and endpoint (a thread of their own); a replay has its own
         own = getattr(source, "live", True) and not getattr(source, "attaches_gpus", False)
         self.gpu_feed = gpu_feed if gpu_feed is not None or not own else GpuFeed(interval)
@@ -139,7 +141,20 @@ class ConsoleApp(ActionsMixin, App):
             return self.replaying
         return True
 
+    def ask_tick(self) -> None:
+        """A tick soon, for a key (filter typing, pause): what several keys ask for
+        before it runs is drawn once."""
+        if not self._tick_asked:
+            self._tick_asked = True
+            self.call_later(self._asked_tick)
+
+    def _asked_tick(self) -> None:
+        self._tick_asked = False
+        self.tick()
+
     def tick(self) -> None:
+        """Read the source and show it; the table and header touch only what changed, so
+        a tick over idle endpoints draws nothing."""
         snap = self.source.collect()
         if self.gpu_feed is not None:
             snap = self.gpu_feed.apply(snap)
@@ -207,7 +222,7 @@ class ConsoleApp(ActionsMixin, App):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
             self.filter_text = event.value.strip()
-            self.tick()
+            self.ask_tick()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "command":
@@ -253,7 +268,13 @@ class ConsoleApp(ActionsMixin, App):
 
     def action_refresh_now(self) -> None:
         self.source.refresh()
-        self.set_timer(0.2, self.tick)
+        if self._refresh_timer is None:  # pressed again meanwhile: the same redraw
+
+            def done() -> None:
+                self._refresh_timer = None
+                self.tick()
+
+            self._refresh_timer = self.set_timer(0.2, done)
 
     def action_pause(self) -> None:
         current = getattr(self.source, "paused", None)

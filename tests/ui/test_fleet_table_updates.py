@@ -14,7 +14,9 @@ from textual.app import App, ComposeResult
 
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
+from opsctl.ui.console_app import build_console_app
 from opsctl.ui.panels.console import COLUMNS, FleetTable
+from tests.standin_vllm import MODES
 
 RESTARTS_COL = [k for k, _ in COLUMNS].index("restarts")
 
@@ -35,25 +37,34 @@ class TableApp(App):
 
 
 class Counting:
-    """Counts a table's update_cell, refresh and cell renders (wrapping the real ones)."""
+    """Counts a table's update_cell, refresh and sort calls (wrapping the real ones) and
+    the cells it rendered afresh (entries added to DataTable's cell render cache)."""
 
     def __init__(self, table: FleetTable) -> None:
         self.update_cell = self.refresh = self.sort = 0
-        self.rendered: list[int] = []  # row index of every cell rendered
         self.table = table
-        for name in ("update_cell", "refresh", "sort", "_render_cell"):
+        self.cached = self._cache()
+        for name in ("update_cell", "refresh", "sort"):
             real = getattr(table, name)
             setattr(table, name, self._counted(name, real))
 
     def _counted(self, name, real):
         def call(*a, **kw):
-            if name == "_render_cell":
-                self.rendered.append(a[0])
-            else:
-                setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + 1)
             return real(*a, **kw)
 
         return call
+
+    def _cache(self) -> dict:
+        cache = self.table._cell_render_cache
+        return {k: cache.get(k) for k in list(cache.keys())}  # a render is a new object
+
+    @property
+    def rendered(self) -> list[tuple[str, str]]:
+        """(row, column) of each cell rendered since this counter was made."""
+        now = self._cache()
+        keys = [k for k, v in now.items() if self.cached.get(k) is not v]
+        return sorted((k[0].value, k[1].value) for k in keys if k[0].value is not None)
 
 
 def screen_text(table: FleetTable) -> str:
@@ -82,7 +93,7 @@ async def test_an_unchanged_tick_touches_nothing_and_a_changed_cell_is_redrawn_a
         await pilot.pause()
         assert table.renders == renders + 1
         assert count.update_cell == 0 and table._update_count == updates  # written in place
-        assert set(count.rendered) == {3}  # only row 3's cells were rendered again
+        assert count.rendered == [("http://10.0.0.4:8000", "restarts")]  # that cell alone
         assert str(table.get_cell("http://10.0.0.4:8000", "restarts")) == "7"
         line = next(ln for ln in screen_text(table).splitlines() if "node-003" in ln)
         assert line.split()[0] == "node-003" and " 7 " in line
@@ -131,3 +142,28 @@ async def test_a_tick_that_keeps_the_order_does_not_sort_one_that_changes_it_doe
         assert count.sort == 1
         names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         assert names == ["node-001", "node-002", "node-003", "node-004", "node-000"]
+
+
+@pytest.mark.anyio
+async def test_the_console_app_draws_nothing_on_an_unchanged_tick_and_coalesces_asked_ones():
+    from tests.ui.test_console_app import StaticSource, wait_for
+
+    app = build_console_app(StaticSource(), interval=3600)  # ticks only when asked here
+    async with app.run_test(size=(200, 30)) as pilot:
+        await wait_for(pilot, lambda: app.table.row_count == len(MODES))
+        await pilot.pause()
+        count = Counting(app.table)
+        header_updates = []
+        real_update = app.header.update
+        app.header.update = lambda *a, **kw: header_updates.append(a) or real_update(*a, **kw)
+        for _ in range(3):
+            app.tick()
+            await pilot.pause()
+        assert (count.update_cell, count.refresh, count.sort, header_updates) == (0, 0, 0, [])
+        assert count.rendered == []
+        ticks = app.ticks
+        for _ in range(5):  # e.g. five filter keys before the app gets to draw
+            app.ask_tick()
+        await pilot.pause()
+        await pilot.pause()
+        assert app.ticks == ticks + 1

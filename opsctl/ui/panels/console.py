@@ -224,8 +224,8 @@ class FleetTable(DataTable):
         rendered line of the table (its caches are keyed by one update counter) and
         repaints the whole widget: at 64 changing rows that re-rendered every visible
         cell each tick (two thirds of the console's CPU, docs/console_perf.md). Here a
-        cell whose column keeps its width is written in place, only its row's cached
-        renders are dropped, and only that row's region is repainted when on screen:
+        cell whose column keeps its width is written in place, only its own cached render
+        (and its row's line) is dropped, and only that row's region is repainted when on screen:
         unchanged rows and off-screen rows cost nothing. A column that must change width
         goes through ``update_cell`` (everything is re-laid out, as before)."""
         if not changed:
@@ -243,9 +243,12 @@ class FleetTable(DataTable):
                 data[ColumnKey(key)] = value
         count = self._update_count
         indexes = {self._row_locations.get(r) for r in rows}
-        for cache in (self._cell_render_cache, self._row_render_cache):
-            for k in [k for k in cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
-                cache.discard(k)
+        cells = {(RowKey(url), ColumnKey(key)) for url, cs in changed.items() for key, _, _ in cs}
+        cell_cache, row_cache = self._cell_render_cache, self._row_render_cache
+        for k in [k for k in cell_cache.keys() if k[:2] in cells]:  # noqa: SIM118 (LRUCache)
+            cell_cache.discard(k)  # the row's other cells keep their rendering
+        for k in [k for k in row_cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
+            row_cache.discard(k)
         for k in [
             k
             for k in self._row_renderable_cache.keys()  # noqa: SIM118 (an LRUCache)
