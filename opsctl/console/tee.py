@@ -8,9 +8,10 @@ chunk by chunk (a stream is never buffered). While the bytes pass, a
 :class:`~opsctl.domain.requests.StreamCounter` reads the SSE events (time to first
 content, chunks, the final usage chunk); a JSON response's ``usage`` is read at its end.
 A client that goes away mid-response is noticed by a read on its connection that
-returns EOF, also while the server is still silent (prefill): the record says
-``disconnected`` and the upstream response is closed at once, which makes vLLM abort
-the request (its running count drops).
+returns EOF or fails (a client that closes with bytes still unread sends a reset, not
+an EOF), also while the server is still silent (prefill), or by a write to it that
+fails: the record says ``disconnected`` and the upstream response is closed at once,
+which makes vLLM abort the request (its running count drops).
 
 The proxy runs its own asyncio loop on a daemon thread (asyncio streams + h11 for
 HTTP/1.1, httpx to the server), so neither the console's scrape loop nor the TUI can
@@ -278,18 +279,22 @@ class TeeProxy:
         out = [(k, v) for k, v in up.headers.multi_items() if k.lower() not in _HOP]
         if "content-length" in up.headers and "transfer-encoding" not in up.headers:
             out.append(("content-length", up.headers["content-length"]))
-        writer.write(conn.send(h11.Response(status_code=up.status_code, headers=out)))
-        await writer.drain()
+        try:
+            writer.write(conn.send(h11.Response(status_code=up.status_code, headers=out)))
+            await writer.drain()
+        except OSError:
+            _disconnected(rec)
+            return False
         if rec is not None:
             rec.status = up.status_code
-        gone = asyncio.ensure_future(reader.read(65536))  # EOF = the client went away
+        gone = asyncio.ensure_future(reader.read(65536))  # b"" or a reset: the client left
         chunks = up.aiter_raw().__aiter__()
         try:
             while True:
                 nxt = asyncio.ensure_future(chunks.__anext__())
                 await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if gone.done() and not nxt.done():
-                    data = gone.result()
+                    data = _client_read(gone)
                     if not data:
                         nxt.cancel()
                         with contextlib.suppress(BaseException):
@@ -310,7 +315,7 @@ class TeeProxy:
                 try:
                     writer.write(conn.send(h11.Data(data=chunk)))
                     await writer.drain()
-                except ConnectionError:
+                except OSError:  # a reset or broken pipe: the client left
                     _disconnected(rec)
                     return False
             writer.write(conn.send(h11.EndOfMessage()))
@@ -354,9 +359,20 @@ async def _settle(gone: asyncio.Future, conn: h11.Connection) -> None:
         gone.cancel()
     try:
         data = await gone
-    except (asyncio.CancelledError, ConnectionError):
+    except (asyncio.CancelledError, OSError):
         return
     conn.receive_data(data)
+
+
+def _client_read(read: asyncio.Future) -> bytes:
+    """What a finished read of the client's connection got; b"" when the client left:
+    an EOF, or a read that failed (ECONNRESET: a client that closes with bytes of our
+    response still unread sends a reset, not an EOF; this is the common way a streaming
+    client stops reading and goes away)."""
+    try:
+        return read.result()
+    except OSError:
+        return b""
 
 
 def _disconnected(rec: _Live | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler
 
@@ -165,6 +166,60 @@ def test_client_gone_mid_stream_closes_the_upstream(tee, upstream):
     assert v.recent[0].status == rq.DISCONNECTED and v.disconnected == 1
     u.release.set()
     wait_until(u.gone.is_set, 10, "the server's writes to fail (upstream closed)")
+
+
+def stream_request(port: int) -> socket.socket:
+    """A raw client that sent a streaming completion and read the first event."""
+    body = json.dumps({"model": "base", "prompt": "x", "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: tee\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    got = b""
+    while b"data:" not in got:
+        got += s.recv(16)  # a few bytes at a time: some of the response stays unread
+    return s
+
+
+def test_client_reset_mid_stream_is_disconnected_not_a_success(tee, upstream):
+    # a client that closes with bytes of the response still unread (the usual way a
+    # streaming client stops and leaves: httpx closes a half-read stream's connection)
+    # makes its kernel send a reset, not an EOF: the tee's read on the client's
+    # connection fails. It was recorded as status 200 (the response's), a success.
+    _, u = upstream
+    s = stream_request(tee.spec.port)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # linger 0: a reset, whatever is unread
+    v = wait_until(lambda: (x := tee.view()).recent and x, 10, "the record of the request")
+    assert v.recent[0].status == rq.DISCONNECTED and v.disconnected == 1, v.recent
+    assert v.recent[0].output_tokens == 1  # the first chunk, counted before it left
+    u.release.set()
+    wait_until(u.gone.is_set, 10, "the server's writes to fail (upstream closed)")
+
+
+def test_a_client_holding_a_stream_is_not_gone_until_it_closes(tee, upstream):
+    # the e2e's former false "disconnected": its client dropped the iter_lines()
+    # generator after one line; CPython finalised it at once and httpcore closed the
+    # connection (GeneratorExit in its body iterator). The tee saw a real close. A
+    # client that keeps the stream open stays in flight, however slowly it reads.
+    body = {"model": "base", "prompt": "x", "stream": True}
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
+    ):
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")
+        held = tee.view()
+        assert len(held.in_flight) == 1 and not held.recent
+        # the same client, its line iterator dropped: httpcore closes the connection
+        c2 = httpx.Client(timeout=10)
+        with c2.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r2:
+            assert next(r2.iter_lines()).startswith("data:")
+            gone = wait_until(lambda: (x := tee.view()).recent and x, 10, "a record")
+            assert gone.recent[0].status == rq.DISCONNECTED, gone.recent
+        c2.close()
+        assert len(tee.view().in_flight) == 1  # the first client's stream: still live
 
 
 def test_upstream_down_is_502_and_upstream_error():
