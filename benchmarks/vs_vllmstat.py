@@ -14,7 +14,8 @@ tmux server of our own socket):
   prometheus_client's parser, and each tick also samples GPUs (here: no DRM cards, so it
   tries `import pynvml` and looks for nvidia-smi on PATH every tick, finds neither).
 
-When both screens show the server (its port), a warm-up (default 10 s), then one
+When both screens show the server up (the console's row `ready`, vllmstat's
+`● connected`), a warm-up (default 10 s), then one
 measuring window (default 60 s) for both: CPU time (user + system) of each process tree
 (children included, reaped ones too), RSS of the tree (peak of samples every 5 s),
 requests each made to the server in the window (from the server's access log, matched
@@ -181,11 +182,23 @@ class Server:
     log: Path | None
 
 
+class NoServer(Exception):
+    pass
+
+
 @contextlib.contextmanager
 def vllm_server(url: str | None) -> Iterator[Server]:
     if url:
-        port = int(url.rstrip("/").rsplit(":", 1)[1])
-        yield Server(url.rstrip("/"), port, None)
+        import httpx
+
+        url = url.rstrip("/")
+        try:
+            up = httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            up = False
+        if not up:
+            raise NoServer(f"no vLLM server answered /health at {url}")
+        yield Server(url, int(url.rsplit(":", 1)[1]), None)
         return
     from opsctl.engine.model import resolve
     from tests.bare_vllm import bare_vllm
@@ -229,6 +242,15 @@ def excerpt(screen: str, port: int, n: int = 5) -> list[str]:
     return [lines[i] for i in sorted(picked)]
 
 
+def showing(screen: str, port: int) -> bool:
+    """A line naming the server's port that says it is up: the console's row `ready`,
+    vllmstat's header `● connected`."""
+    return any(
+        str(port) in ln and (re.search(r"\bready\b", ln) or "● connected" in ln)
+        for ln in screen.splitlines()
+    )
+
+
 def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
     vs = vllmstat_exe()
     vs_python = str(Path(vs).parent / "python")
@@ -258,9 +280,9 @@ def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
         for t in tools:
             if tmux.dead(t.name.split()[-1]):
                 raise RuntimeError(f"{t.name} exited: {tmux.screen(t.name.split()[-1])[-2000:]}")
-        return all(str(server.port) in tmux.screen(t.name.split()[-1]) for t in tools)
+        return all(showing(tmux.screen(t.name.split()[-1]), server.port) for t in tools)
 
-    wait_until(drawn, 120, "both screens to show the server", every=0.5)
+    wait_until(drawn, 120, "both screens to show the server up", every=0.5)
     say(f"both drawing; warm-up {args.warmup:g} s")
     time.sleep(args.warmup)  # the warm-up is a time span by design, not a wait for a state
 
@@ -286,7 +308,8 @@ def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
     counts = requests_in(server, off0, off1)
     screens = {t.name: tmux.screen(t.name.split()[-1]) for t in tools}
 
-    print(f"\nOne idle bare tiny-llama vLLM server ({server.url}), both TUIs at once, "
+    what = "One idle bare tiny-llama vLLM server" if server.log else "The server at --url"
+    print(f"\n{what} ({server.url}), both TUIs at once, "
           f"{window:.0f} s window after {args.warmup:g} s warm-up, {COLS}x{ROWS} tmux panes\n")  # fmt: skip
     print("| tool | version | interval | CPU % of a core | CPU ms per s | RSS MiB | processes "
           "| requests to the server in the window |")  # fmt: skip
@@ -344,6 +367,9 @@ def main() -> int:
     except KeyboardInterrupt:
         say("interrupted; stopped what was started")
         return 130
+    except NoServer as e:
+        print(f"opsctl: error: {e}", file=sys.stderr)
+        return 3
     except (RuntimeError, AssertionError, TimeoutError) as e:
         print(f"opsctl: error: {e}", file=sys.stderr)
         return 1
