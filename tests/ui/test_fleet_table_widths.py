@@ -1,17 +1,20 @@
-"""FleetTable asks DataTable to re-measure a column only when its widest cell changes
-(a changing figure of the same width costs no column measurement)."""
+"""FleetTable keeps a column's width unless a wider cell appears: only then is DataTable
+asked to measure it (a changing figure of the same or a smaller width costs no column
+measurement and no relayout)."""
 
 from __future__ import annotations
 
 from opsctl.ui.panels.console import FleetTable
 
 
-def test_a_column_is_re_measured_only_when_its_widest_cell_changes() -> None:
+def test_a_column_is_measured_again_only_when_a_wider_cell_appears() -> None:
     t = FleetTable()
-    assert t._width_changes("tps", "a", "12.5") is True  # first cell: 0 -> 4
-    assert t._width_changes("tps", "b", "9.1") is False  # narrower than the widest
-    assert t._width_changes("tps", "a", "13.0") is False  # same width: no re-measure
-    assert t._width_changes("tps", "b", "1024.0") is True  # grows: 4 -> 6
-    assert t._width_changes("tps", "b", "1.0") is True  # the widest shrank: 6 -> 4
-    assert t._width_changes("gpu", "a", "GPU0 7% 130/140G") is True  # columns apart
-    assert t._width_changes("tps", "a", "日本") is False  # 4 display cells, 2 characters
+    assert t._width_changes("tps", "12.5") is True  # first cell: 0 -> 4
+    assert t._width_changes("tps", "9.1") is False  # narrower than the widest
+    assert t._width_changes("tps", "13.0") is False  # same width: no re-measure
+    assert t._width_changes("tps", "1024.0") is True  # grows: 4 -> 6
+    assert t._width_changes("tps", "1.0") is False  # narrower again: the column keeps 6
+    assert t._width_changes("tps", "1024.5") is False  # back to 6: still no re-measure
+    assert t._width_changes("gpu", "GPU0 7% 130/140G") is True  # columns apart
+    assert t._width_changes("tps", "日本語") is False  # 6 display cells, 3 characters
+    assert t._width_changes("tps", "日本語本") is True  # 8 display cells

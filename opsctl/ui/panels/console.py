@@ -149,11 +149,11 @@ class FleetTable(DataTable):
         self.sort_col: str | None = "name"
         self.sort_reverse = False
         self.renders = 0  # cell updates done (tests and the benchmark read it)
-        # per column, the width of each row's cell: a cell update asks DataTable to
-        # re-measure the column (every cell of it, when the new one is narrower) only when
-        # the column's widest cell changes, not on every changing figure (19 % of the
-        # console's CPU at 64 endpoints, docs/console_perf.md)
-        self.widths: dict[str, dict[str, int]] = {}
+        # per column, the widest cell it has shown: a column keeps its width unless a
+        # wider cell appears (then DataTable measures it). A narrower cell costs nothing:
+        # re-measuring a column re-renders every cell of it, and a relayout repaints the
+        # whole table (19 % of the console's CPU at 64 endpoints, docs/console_perf.md)
+        self.widths: dict[str, int] = {}
         # the GPU column joins (last) once the host is seen to have a GPU
         self.host_gpus: HostGpus | None = None
         self.gpu_cells: dict[str, str] | None = None
@@ -194,8 +194,6 @@ class FleetTable(DataTable):
         for url in [u for u in self.cells if u not in wanted]:
             self.remove_row(url)
             del self.cells[url]
-            for column in self.widths.values():
-                column.pop(url, None)
         changed: dict[str, list[tuple[str, Text | str, bool]]] = {}
         for url, cells in wanted.items():
             old = self.cells.get(url)
@@ -204,13 +202,13 @@ class FleetTable(DataTable):
                     *(self._styled(k, c) for (k, _), c in zip(COLUMNS, cells, strict=True)), key=url
                 )
                 for (key, _), c in zip(COLUMNS, cells, strict=True):
-                    self._width_changes(key, url, c)
+                    self._width_changes(key, c)
                 self.renders += len(cells)
                 resort = True
             elif old != cells:
                 for (key, _), a, b in zip(COLUMNS, old, cells, strict=True):
                     if a != b:
-                        wider = self._width_changes(key, url, b)
+                        wider = self._width_changes(key, b)
                         changed.setdefault(url, []).append((key, self._styled(key, b), wider))
                         resort = resort or key == self.sort_col
             self.cells[url] = cells
@@ -281,7 +279,7 @@ class FleetTable(DataTable):
         for v in views:
             cell = gpu_row_cell(v, host)
             if self.gpu_cells.get(v.target.url) != cell:
-                wider = self._width_changes("gpu", v.target.url, cell)
+                wider = self._width_changes("gpu", cell)
                 if v.target.url in self.gpu_cells:
                     changed.setdefault(v.target.url, []).append(("gpu", cell, wider))
                 else:  # a row just added (or the column just added): written at once
@@ -289,12 +287,13 @@ class FleetTable(DataTable):
                     self.renders += 1
                 self.gpu_cells[v.target.url] = cell
 
-    def _width_changes(self, key: str, url: str, value: str) -> bool:
-        """Record the cell's width; whether the column's widest cell changed with it."""
-        column = self.widths.setdefault(key, {})
-        before = max(column.values(), default=0)
-        column[url] = cell_len(value)
-        return max(column.values()) != before
+    def _width_changes(self, key: str, value: str) -> bool:
+        """Whether ``value`` is wider than every cell its column has shown (recorded)."""
+        width = cell_len(value)
+        if width <= self.widths.get(key, 0):
+            return False
+        self.widths[key] = width
+        return True
 
     def apply_sort(self) -> None:
         if self.sort_col is None or not self.cells:
