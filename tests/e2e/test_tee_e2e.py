@@ -146,38 +146,48 @@ def test_requests_through_the_tee(console, model):
 
 def test_client_disconnect_mid_stream_cancels_the_request(console, engine, model):
     source, tee = console
-    _, gen_before = figures(engine.url)
     body = {"model": model, "prompt": "Tell", "max_tokens": LONG, "ignore_eos": True,
             "stream": True}  # fmt: skip
-    with (
-        httpx.Client(timeout=120) as c,
-        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as s,
-    ):
-        # the iterator is kept: a dropped one is finalised at once, and httpcore then
-        # closes the half-read response's connection (this test's former false
-        # "disconnected": the client had left before the console looked)
-        lines = s.iter_lines()
-        first = next(lines)
-        assert first.startswith("data:")
-        # in flight on the console's row while vLLM generates the LONG tokens: the
-        # snapshot is taken here, the document made and checked after the client left,
-        # so the client leaves long before vLLM could generate all LONG tokens
-        snap = source.collect()
-    held = tee_doc(source, snap)
-    assert held["requests_in_flight"] == 1, held
-    live = held["requests"][0]
-    assert live["in_flight"] and live["status"] is None and live["stream"]
-    # the client is gone: the tee notices and closes the upstream request
-    doc = wait_until(lambda: (d := tee_doc(source))["requests_disconnected"] == 1 and d, 30,
-                     "the disconnected record", show=lambda: tee_doc(source))  # fmt: skip
-    rec = doc["requests"][0]
-    assert rec["status"] == rq.DISCONNECTED and not rec["in_flight"]
-    assert rec["output_tokens"] is not None and rec["output_tokens"] >= 1
-    wait_until(lambda: figures(engine.url)[0] == 0, 30, "vLLM's running count back to 0",
-               show=lambda: figures(engine.url))  # fmt: skip
-    # vLLM aborted it: it did not go on to generate the LONG tokens asked for
-    generated = figures(engine.url)[1] - gen_before
-    assert generated < LONG, f"{generated} tokens generated: the request ran to its end"
+    # tiny-llama generates the LONG tokens (max_model_len 256 caps them) in about a
+    # second on an idle core; on busy cores the way from its first token to its abort
+    # (relayed, read, the client gone, the tee's upstream close, vLLM's abort) can take
+    # longer. An attempt in which vLLM finished first proves nothing about the tee: one
+    # more (a tee that never closes the upstream request fails every attempt)
+    tries = []
+    for attempt in range(1, 4):
+        _, gen_before = figures(engine.url)
+        with (
+            httpx.Client(timeout=120) as c,
+            c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as s,
+        ):
+            # the iterator is kept: a dropped one is finalised at once, and httpcore
+            # then closes the half-read response's connection (this test's former false
+            # "disconnected": its client had left before the console looked)
+            lines = s.iter_lines()
+            first = next(lines)
+            assert first.startswith("data:")
+            # in flight on the console's row while vLLM generates: the snapshot taken
+            # here, its document made and checked once the client left
+            snap = source.collect()
+        held = tee_doc(source, snap)
+        assert held["requests_in_flight"] == 1, held
+        live = held["requests"][0]
+        assert live["in_flight"] and live["status"] is None and live["stream"]
+        # the client is gone: the tee notices and closes the upstream request
+        doc = wait_until(lambda n=attempt: (d := tee_doc(source))["requests_disconnected"] == n
+                         and d, 30, "the disconnected record", show=lambda: tee_doc(source))  # fmt: skip
+        rec = doc["requests"][0]
+        assert rec["status"] == rq.DISCONNECTED and not rec["in_flight"]
+        assert rec["output_tokens"] is not None and rec["output_tokens"] >= 1
+        wait_until(lambda: figures(engine.url)[0] == 0, 30, "vLLM's running count back to 0",
+                   show=lambda: figures(engine.url))  # fmt: skip
+        generated = figures(engine.url)[1] - gen_before
+        tries.append((generated, rec["ttft_s"], rec["duration_s"]))
+        if generated < LONG:
+            break  # vLLM aborted it: it did not go on to generate the LONG tokens asked
+    # (tokens generated, the record's TTFT and duration) per attempt
+    print(f"client disconnect attempts (generated, ttft_s, duration_s): {tries}")
+    assert tries[-1][0] < LONG, f"every request ran to its end: {tries}"
 
 
 def test_console_once_json_tails_the_engines_own_log(engine):
