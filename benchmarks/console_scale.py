@@ -18,6 +18,12 @@ requests plus parsing), the percentiles query p95 (Prometheus: seven histogram_q
 unions every 15 s, apart from the poll), row period p95, data age p95 / max (Prometheus:
 the data's own scrape time), and Prometheus's own CPU while the console reads it.
 
+Part 0 (rendering alone, with --render 8,64,256): the fleet table (FleetTable, the
+console's own widget) in a headless Textual app at 200x60, fed the same N rows every
+tick with 4 figures of each row changing (running, KV %, gen tok/s, prompt tok/s) and
+one tick in ten with nothing changed; the CPU of each tick, drawing included, on this
+process's CPU clock (other processes' load does not count, unlike the rows above).
+
 Part 2 (real server, with --real): one bare tiny-llama vLLM server; the `opsctl console`
 TUI and vllmstat's TUI each watch it at 1 Hz in a pseudo-terminal for DURATION seconds
 (CPU % of one core, CPU per poll), and both tools' `--once --json` figures side by side.
@@ -267,6 +273,75 @@ def child(
     return out
 
 
+# ---- part 0: the fleet table's rendering alone -----------------------------------------------
+
+
+def render_row(n: int, ticks: int = 40) -> dict:
+    """CPU per tick of FleetTable.show + Textual drawing it, N rows, 4 cells changing."""
+    import asyncio
+    from dataclasses import replace
+
+    from textual.app import App
+
+    from opsctl.domain import console as c
+    from opsctl.domain.console_state import EndpointTracker, Settings
+    from opsctl.ui.panels.console import FleetTable
+
+    base = []
+    for i in range(n):
+        target = c.Target(f"node-{i:04d}", f"http://10.0.{i // 250}.{i % 250 + 1}:8000", "targets")
+        base.append(EndpointTracker(target, Settings(interval_s=1.0)).view)
+
+    def views(t: int) -> list:
+        out = []
+        for i, v in enumerate(base):
+            k = (t + i) % 9  # 3 digits that move, widths steady (as real figures mostly are)
+            f = replace(v.figures, running=float(k), kv_usage=0.1 + k / 100,
+                        generation_tps=200.0 + k / 10, prompt_tps=100.0 + k / 10)  # fmt: skip
+            out.append(replace(v, state="busy", figures=f))
+        return out
+
+    class TableApp(App):
+        def compose(self):
+            yield FleetTable()
+
+    out: dict = {"n": n}
+
+    async def run() -> None:
+        app = TableApp()
+        async with app.run_test(headless=True, size=(200, 60)) as pilot:
+            table = app.query_one(FleetTable)
+            for t in range(3):  # warm-up: rows added, widths measured
+                table.show(views(t), 1000.0, 1.0)
+                await pilot.pause(0.05)
+            busy, idle = [], []
+            for t in range(3, 3 + ticks):
+                same = t % 10 == 0
+                c0 = time.thread_time()
+                table.show(views(t - 1 if same else t), 1000.0, 1.0)
+                await pilot.pause(0.05)  # drawn (Textual renders on its own timer)
+                (idle if same else busy).append(1000 * (time.thread_time() - c0))
+            out["ms_per_changing_tick"] = sum(busy) / len(busy)
+            out["ms_per_unchanged_tick"] = sum(idle) / len(idle)
+
+    asyncio.run(run())
+    return out
+
+
+def part0(sizes: list[int]) -> list[dict]:
+    rows = [render_row(n) for n in sizes]
+    print(
+        "\n| N rows | CPU per tick, 4 cells of every row changed | CPU per tick, nothing changed |"
+    )
+    print("|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']} | {r['ms_per_changing_tick']:.1f} ms | {r['ms_per_unchanged_tick']:.1f} ms |"
+        )
+    print(json.dumps(rows))
+    return rows
+
+
 # ---- part 1 -----------------------------------------------------------------------------------
 
 
@@ -423,6 +498,7 @@ if __name__ == "__main__":
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--sizes", default="8,64,256")
     ap.add_argument("--real", action="store_true")
+    ap.add_argument("--render", default="", help="sizes for part 0 (rendering alone), e.g. 64")
     ap.add_argument("--prometheus", default="", help="sizes for part 3, e.g. 256,1024")
     ap.add_argument("--no-direct-sizes", action="store_true", help="skip part 1")
     ap.add_argument("--child")
@@ -449,6 +525,8 @@ if __name__ == "__main__":
     os.environ.setdefault("OPSCTL_HOME", str(REPO / ".opsctl-home"))
     PROFILE_DIR = args.profile
     UI = not args.no_ui
+    if args.render:
+        part0([int(x) for x in args.render.split(",")])
     if not args.no_direct_sizes:
         part1([int(x) for x in args.sizes.split(",")], args.duration)
     if args.prometheus:
