@@ -1,7 +1,8 @@
 """The tee proxy's relaying against a stand-in HTTP server (no vLLM: the real-engine
 proof is tests/e2e/test_tee_e2e.py): a stream reaches the client chunk by chunk while the
 server still holds the rest (never buffered), a client that goes away closes the
-upstream connection, a closed upstream is 502 and ``upstream_error``, a port in use is
+upstream connection (also one that resets: disconnected, not a success; one holding its
+stream stays in flight), a closed upstream is 502 and ``upstream_error``, a port in use is
 BadInput, keep-alive serves several requests on one connection, polling is not recorded."""
 
 from __future__ import annotations
