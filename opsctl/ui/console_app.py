@@ -22,6 +22,7 @@ from pathlib import Path
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input
 
 from opsctl.collectors.gpu import GpuFeed
@@ -100,7 +101,7 @@ class ConsoleApp(ActionsMixin, App):
         self.notes: dict[str, str] = {}
         self.ticks = 0
         self._tick_asked = False  # a key's tick is queued (they coalesce into one)
-        self._refresh_timer = None
+        self._refresh_timer: Timer | None = None
         # GPU figures per host and endpoint (a thread of their own); a replay has its own
         own = getattr(source, "live", True) and not getattr(source, "attaches_gpus", False)
         self.gpu_feed = gpu_feed if gpu_feed is not None or not own else GpuFeed(interval)

@@ -241,24 +241,25 @@ class FleetTable(DataTable):
                 data[ColumnKey(key)] = value
         count = self._update_count
         indexes = {self._row_locations.get(r) for r in rows}
-        cells = {(RowKey(url), ColumnKey(key)) for url, cs in changed.items() for key, _, _ in cs}
+        keys = {(RowKey(url), ColumnKey(key)) for url, cs in changed.items() for key, _, _ in cs}
         cell_cache, row_cache = self._cell_render_cache, self._row_render_cache
-        for k in [k for k in cell_cache.keys() if k[:2] in cells]:  # noqa: SIM118 (LRUCache)
-            cell_cache.discard(k)  # the row's other cells keep their rendering
-        for k in [k for k in row_cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
-            row_cache.discard(k)
-        for k in [
+        for ck in [k for k in cell_cache.keys() if k[:2] in keys]:  # noqa: SIM118 (LRUCache)
+            cell_cache.discard(ck)  # the row's other cells keep their rendering
+        for rk in [k for k in row_cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
+            row_cache.discard(rk)
+        renderables = self._row_renderable_cache
+        for nk in [
             k
-            for k in self._row_renderable_cache.keys()  # noqa: SIM118 (an LRUCache)
+            for k in renderables.keys()  # noqa: SIM118 (an LRUCache)
             if k[0] == count and k[1] in indexes
         ]:
-            self._row_renderable_cache.discard(k)
+            renderables.discard(nk)
         offsets = self._y_offsets
         header = self.header_height if self.show_header else 0
-        for k in list(self._line_cache.keys()):
-            y = k[0] - header
+        for lk in list(self._line_cache.keys()):
+            y = lk[0] - header
             if 0 <= y < len(offsets) and offsets[y][0] in rows:
-                self._line_cache.discard(k)
+                self._line_cache.discard(lk)
         top = self.scroll_offset.y
         bottom = top + self.size.height
         for index in indexes:
@@ -301,7 +302,7 @@ class FleetTable(DataTable):
         keys = [k for k, _ in COLUMNS]
         if self.sort_col in keys:  # already in order (the usual tick): no re-layout
             i = keys.index(self.sort_col)
-            now = [row.key.value for row in self.ordered_rows]
+            now = [str(row.key.value) for row in self.ordered_rows]
             want = sorted(
                 now, key=lambda u: sort_value(self.cells[u][i]), reverse=self.sort_reverse
             )
