@@ -98,6 +98,10 @@ class ChecksScreen(Screen):
             return
 
     async def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.cursor_row != event.data_table.cursor_row:
+            # stale: the cursor moved on since it was posted (on mount, the first row's
+            # highlight can arrive after the cursor went to the job asked for, `show`)
+            return
         job_id = int(event.row_key.value or 0)
         if job_id == self.shown:
             return
