@@ -177,6 +177,8 @@ class ConsoleApp(ActionsMixin, App):
         self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
         self.table.host_gpus = snap.host_gpus
         self.table.show(views, now, snap.interval_s, notes)
+        if not self._screen_stack:  # shutting down: the refresh timer fired after the last pop
+            return
         screen = self.screen
         if isinstance(screen, DetailScreen) and screen.ready:
             view = next((v for v in snap.endpoints if v.target.url == screen.url), None)
