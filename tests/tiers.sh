@@ -4,7 +4,7 @@
 #      pytest process, beside the rest on $WORKERS pytest-xdist workers (which then never
 #      import vLLM): under 3 minutes, they mostly wait on subprocesses, sockets and
 #      deadlines; a broken tree fails here;
-#   2. the engine tests, one engine at a time (ENGINE_WORKERS=2: two workers, see ENGINE);
+#   2. the engine tests on two workers, one engine at a time on each (see ENGINE);
 #      the run ends with its engine starts and their seconds.
 # Each stops at its first failure (-x). TIERS=parallel runs the two tiers side by side
 # (about 2 minutes less; seen flaky on 2 busy cores: timing-sensitive console tests
@@ -44,11 +44,11 @@ VLLM=(-m pytest -x -q -m "not engine" "${VLLM_TESTS[@]}")
 # pooled engine) one unit, the longest units first (tests/engine_pool.py, COSTS): an
 # engine mostly runs on one core (single-process engines get one OMP thread), so two
 # workers keep both cores busy
-# (opt-in: ENGINE_WORKERS=2 is about 5 minutes faster, but beside another engine and a
-# CPU hog two tests failed in fresh clones: the tee's disconnect test beside the console
-# actions test (now on one worker, SAME_WORKER) and invariance's batch of 8 forming only
-# 5 together; one engine at a time stays the default until they are understood)
-ENGINE_WORKERS=${ENGINE_WORKERS:-1}
+# (ENGINE_WORKERS=1: one engine at a time, about 5 minutes slower. The two failures seen
+# with two workers were understood and fixed: the tee test's own client closed its
+# stream early (a dropped iterator), and on a busy host diag invariance judged a BS=8
+# that formed only 5 together, which it now sends again)
+ENGINE_WORKERS=${ENGINE_WORKERS:-2}
 ENGINE=(-m pytest -x -q -m engine -n "$ENGINE_WORKERS" --dist loadgroup --no-loadscope-reorder
         --timeout=1800 --durations=25 tests)
 
