@@ -1,7 +1,9 @@
 """Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
-and /metrics concurrently (and, when asked, /version, /v1/models and /server_info),
-each under its own deadline, so a server that accepts and never answers costs its own
-row a timeout and nobody else anything. Returns frozen Scrape snapshots (domain types).
+then /metrics on one kept connection under one deadline (and, when asked, /version,
+/v1/models and /server_info under another), so a server that accepts and never answers
+costs its own row a timeout and nobody else anything. Returns frozen Scrape snapshots
+(domain types). ``Poller`` is one endpoint's client: opsctl.collectors.fastget (a
+minimal keep-alive HTTP/1.1 GET) for plain http URLs, httpx for anything else.
 
 /metrics is read by a targeted tokenizer of the families the console reads
 (opsctl.domain.metrics_fast), proven equal to prometheus_client's parser
@@ -22,7 +24,7 @@ import time
 
 import httpx
 
-from opsctl.collectors import http
+from opsctl.collectors import fastget, http
 from opsctl.domain import metrics_fast
 from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain.metrics import MetricSamples, parse_samples
@@ -51,18 +53,37 @@ def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncC
     )
 
 
-async def _get(
-    client: httpx.AsyncClient, url: str, path: str, timeout: float, headers: dict | None
-) -> tuple[HttpStatus, httpx.Response | None]:
+def _getter(client, url: str, headers: dict | None):
+    """``get(path)`` on either client kind (the fast one knows its base URL and headers)."""
+    if isinstance(client, fastget.Client):
+        return client.get
+    return lambda path: client.get(url + path, headers=headers)
+
+
+async def _get(get, path: str) -> tuple[HttpStatus, httpx.Response | fastget.Response | None]:
+    """One GET; HTTP trouble is in the status (no deadline here: the caller's)."""
     t0 = time.monotonic()
     try:
-        r = await asyncio.wait_for(client.get(url + path, headers=headers), timeout)
-    except TimeoutError:
-        return HttpStatus(path, None, f"timed out after {timeout:g} s", timeout), None
-    except httpx.HTTPError as exc:
+        r = await get(path)
+    except (httpx.HTTPError, fastget.HTTPError) as exc:
         text = str(exc) or type(exc).__name__
         return HttpStatus(path, None, f"{type(exc).__name__}: {text}"[:200]), None
     return HttpStatus(path, r.status_code, None, time.monotonic() - t0), r
+
+
+async def _get_all(get, paths: tuple[str, ...], timeout: float) -> list:
+    """The paths one after the other on one deadline (one ``asyncio.timeout``, no task per
+    request); what answered before the deadline is kept, the rest reads "timed out"."""
+    out: list = []
+    try:
+        async with asyncio.timeout(timeout):
+            for path in paths:
+                out.append(await _get(get, path))
+    except TimeoutError:
+        pass
+    for path in paths[len(out) :]:
+        out.append((HttpStatus(path, None, f"timed out after {timeout:g} s", timeout), None))
+    return out
 
 
 class MetricsCache:
@@ -71,14 +92,18 @@ class MetricsCache:
     changed since the previous poll are tokenized."""
 
     def __init__(self) -> None:
+        self.text: str | None = None
         self.lines: list[str] | None = None
         self.series = 0
         self.samples: MetricSamples | None = None
         self.tokens: dict[str, metrics_fast.Prepared] = {}
 
     def parse(self, text: str) -> MetricSamples:
+        if self.samples is not None and text == self.text:  # the same body: ~2 us, no scan
+            return self.samples
         lines, series = metrics_fast.scan(text)
         if self.samples is not None and lines == self.lines and series == self.series:
+            self.text = text  # only non-vLLM lines changed
             return self.samples
         known, fresh = self.tokens, {}
         try:
@@ -89,6 +114,7 @@ class MetricsCache:
         except ValueError:  # a line the tokenizer does not handle: the reference parser
             samples, fresh = parse_samples(text), {}
         self.lines, self.series, self.samples, self.tokens = lines, series, samples, fresh
+        self.text = text
         return samples
 
 
@@ -114,14 +140,17 @@ def _models(doc: dict | None) -> tuple[ModelInfo, ...]:
 
 
 async def fetch_info(
-    client: httpx.AsyncClient, url: str, timeout: float, headers: dict | None = None
+    client: httpx.AsyncClient | fastget.Client,
+    url: str,
+    timeout: float,
+    headers: dict | None = None,
 ) -> tuple[EngineInfo, HttpStatus | None]:
-    """/version, /v1/models and /server_info concurrently; the second value is a
+    """/version, /v1/models and /server_info on one deadline; the second value is a
     401/403 answer if any path gave one. ``fetched_at`` is None unless every path got an
     HTTP answer: a timed-out /version (a starved server) is asked again at the next poll,
     not a minute later."""
     paths = ("/version", "/v1/models", "/server_info")
-    results = await asyncio.gather(*(_get(client, url, p, timeout, headers) for p in paths))
+    results = await _get_all(_getter(client, url, headers), paths, timeout)
     auth = next((st for st, _ in results if st.status in AUTH_STATUSES), None)
     version = (_json(results[0][1]) or {}).get("version")
     info = EngineInfo(
@@ -134,7 +163,7 @@ async def fetch_info(
 
 
 async def scrape(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | fastget.Client,
     url: str,
     *,
     timeout: float = 2.0,
@@ -142,14 +171,14 @@ async def scrape(
     cache: MetricsCache | None = None,
     headers: dict | None = None,
 ) -> Scrape:
-    """One poll of one endpoint (never raises for HTTP trouble: it is in the snapshot)."""
+    """One poll of one endpoint: /health then /metrics on one connection and one
+    deadline (``timeout`` for both; the engine facts, when asked, get their own), never
+    raising for HTTP trouble: it is in the snapshot. ``fastget.Unsupported`` is raised
+    for an answer the fast client does not handle (``Poller`` then uses httpx)."""
     started = time.time()
     cache = cache or MetricsCache()
-    jobs = [
-        _get(client, url, "/health", timeout, headers),
-        _get(client, url, "/metrics", timeout, headers),
-    ]
-    (health, _), (metrics, mr) = await asyncio.gather(*jobs)
+    get = _getter(client, url, headers)
+    (health, _), (metrics, mr) = await _get_all(get, _POLL_PATHS, timeout)
     auth = next((st for st in (health, metrics) if st.status in AUTH_STATUSES), None)
     samples = None
     if mr is not None and mr.status_code == 200:
@@ -164,11 +193,60 @@ async def scrape(
     return Scrape(url, started, time.time(), health, metrics, samples, info, auth)
 
 
+_POLL_PATHS = ("/health", "/metrics")
+
+
+class Poller:
+    """One endpoint's polls: the fast keep-alive client (opsctl.collectors.fastget) where
+    the URL allows it, httpx otherwise, and httpx from the first answer the fast client
+    does not handle on. Use as an async context manager (closes the connections)."""
+
+    def __init__(
+        self, url: str, api_key: str | None = None, timeout: float = 2.0, *, fast: bool = True
+    ) -> None:
+        self.url = url
+        self.api_key = api_key
+        self.timeout = timeout
+        headers = http.headers(api_key)
+        self.fast = fastget.Client(url, headers) if fast and fastget.usable(url) else None
+        self.slow: httpx.AsyncClient | None = None
+
+    def _slow(self) -> httpx.AsyncClient:
+        if self.slow is None:
+            self.slow = new_client(self.api_key, self.timeout)
+        return self.slow
+
+    async def scrape(self, *, want_info: bool = False, cache: MetricsCache | None = None) -> Scrape:
+        if self.fast is not None:
+            try:
+                return await scrape(
+                    self.fast, self.url, timeout=self.timeout, want_info=want_info, cache=cache
+                )
+            except fastget.Unsupported:
+                await self.fast.aclose()
+                self.fast = None
+        return await scrape(
+            self._slow(), self.url, timeout=self.timeout, want_info=want_info, cache=cache
+        )
+
+    async def aclose(self) -> None:
+        if self.fast is not None:
+            await self.fast.aclose()
+        if self.slow is not None:
+            await self.slow.aclose()
+
+    async def __aenter__(self) -> Poller:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 def scrape_once(url: str, api_key: str | None = None, timeout: float = 5.0) -> Scrape:
     """A single-endpoint, one-shot poll with engine info (for one-shot commands)."""
 
     async def run() -> Scrape:
-        async with new_client(api_key, timeout) as client:
-            return await scrape(client, url.rstrip("/"), timeout=timeout, want_info=True)
+        async with Poller(url.rstrip("/"), api_key, timeout) as poller:
+            return await poller.scrape(want_info=True)
 
     return asyncio.run(run())

@@ -1,8 +1,9 @@
 """DirectScrapeSource: scrapes every endpoint itself. One asyncio task per endpoint,
-each with its own HTTP client and deadline, on one background event-loop thread: a hung
-endpoint ages only its own row. Each task arms its next poll only after the previous
-one finished, so a slow endpoint stretches its own period instead of piling up polls.
-Discovery of local servers runs every few seconds (psutil, in an executor thread)."""
+each with its own HTTP client (scrape.Poller: one kept connection) and deadline, on one
+background event-loop thread: a hung endpoint ages only its own row. Each task arms its
+next poll only after the previous one finished, so a slow endpoint stretches its own
+period instead of piling up polls. Discovery of local servers runs every few seconds
+(psutil, in an executor thread)."""
 
 from __future__ import annotations
 
@@ -132,17 +133,18 @@ class DirectScrapeSource(LoopThreadSource):
 
     async def _run(self, ep: _Endpoint) -> None:
         assert self.wake is not None and self.unpaused is not None
-        async with scrape_mod.new_client(ep.api_key, self.timeout) as client:
+        async with scrape_mod.Poller(ep.target.url, ep.api_key, self.timeout) as poller:
             while True:
                 await self.unpaused.wait()
                 t0 = time.monotonic()
-                await self._poll(ep, client)
+                await self._poll(ep, poller)
                 delay = self.settings.interval_s - (time.monotonic() - t0)
-                if delay > 0:
-                    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                        await asyncio.wait_for(self.wake.wait(), delay)
+                if delay > 0:  # asyncio.timeout, not wait_for: no task per wait
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self.wake.wait()
 
-    async def _poll(self, ep: _Endpoint, client) -> None:
+    async def _poll(self, ep: _Endpoint, poller: scrape_mod.Poller) -> None:
         now = time.time()
         t = ep.target
         roles = now - ep.roles_at >= ROLES_EVERY_S
@@ -153,9 +155,7 @@ class DirectScrapeSource(LoopThreadSource):
         elif local is not None and ep.tracker.local is not None and not local.procs:
             local = _keep_roles(local, ep.tracker.local)
         want_info = ep.want_info(now)
-        s = await scrape_mod.scrape(
-            client, t.url, timeout=self.timeout, want_info=want_info, cache=ep.cache
-        )
+        s = await poller.scrape(want_info=want_info, cache=ep.cache)
         with self.lock:
             ep.tracker.local = local
             ep.tracker.observe(s)
