@@ -208,8 +208,6 @@ class _Conn(asyncio.Protocol):
                 return
             self.body_at = end + 4
             self.chunk_at = self.body_at
-            if self.status in (204, 304):
-                self.length = 0
         if self.chunked:
             self._chunks()
         elif self.length is not None:
@@ -241,7 +239,9 @@ class _Conn(asyncio.Protocol):
         if "close" in conn or (parts[0] == "HTTP/1.0" and "keep-alive" not in conn):
             self.keep = False
         te = headers.get("transfer-encoding")
-        if te is not None:
+        if self.status in (204, 304) or self.status < 200:  # no body, whatever it says
+            self.length = 0
+        elif te is not None:
             if te.strip().lower() != "chunked":
                 raise Unsupported(f"Transfer-Encoding: {te}")
             self.chunked = True
