@@ -25,7 +25,7 @@ import time
 import httpx
 
 from opsctl.collectors import fastget, http
-from opsctl.domain import metrics_fast
+from opsctl.domain import metrics, metrics_fast
 from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain.metrics import MetricSamples, parse_samples
 
@@ -86,36 +86,66 @@ async def _get_all(get, paths: tuple[str, ...], timeout: float) -> list:
     return out
 
 
+_OTHER, _VLLM = False, True  # what MetricsCache.seen holds for lines it does not prepare
+# line breaks str.splitlines() knows besides "\n" (metrics_fast.scan splits with it): a
+# body holding one takes metrics_fast.scan's path (vLLM writes "\n" only)
+_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
 class MetricsCache:
-    """One endpoint's parsed /metrics: an unchanged body (an idle server's vLLM lines) is
-    not parsed again; of a changed one (counters moving under load) only the lines that
-    changed since the previous poll are tokenized."""
+    """One endpoint's parsed /metrics: an unchanged body (an idle server's) is not parsed
+    again; of a changed one (counters moving under load) only the lines that changed
+    since the previous poll are looked at further than one dict lookup: ``seen`` maps
+    each line of the previous body to its prepared sample (a wanted vllm: line), or to
+    _VLLM (another vllm: line, counted) or _OTHER (comments, other families). The same
+    lines and counts as metrics_fast.scan, so the same MetricSamples (the equality is
+    tested against prometheus_client's parser)."""
 
     def __init__(self) -> None:
         self.text: str | None = None
-        self.lines: list[str] | None = None
+        self.prepared: list | None = None  # the wanted lines' samples, in body order
         self.series = 0
         self.samples: MetricSamples | None = None
-        self.tokens: dict[str, metrics_fast.Prepared] = {}
+        self.seen: dict[str, object] = {}
 
     def parse(self, text: str) -> MetricSamples:
         if self.samples is not None and text == self.text:  # the same body: ~2 us, no scan
             return self.samples
-        lines, series = metrics_fast.scan(text)
-        if self.samples is not None and lines == self.lines and series == self.series:
-            self.text = text  # only non-vLLM lines changed
-            return self.samples
-        known, fresh = self.tokens, {}
         try:
-            for line in lines:
-                tok = known.get(line)
-                fresh[line] = tok if tok is not None else metrics_fast.prepare(line)
-            samples = metrics_fast.build_prepared([fresh[line] for line in lines], series)
+            if not any(b in text for b in _BREAKS):
+                prepared, series, seen = self._scan_cached(text)
+            else:
+                lines, series = metrics_fast.scan(text)
+                prepared, seen = [metrics_fast.prepare(line) for line in lines], {}
+            if self.samples is not None and prepared == self.prepared and series == self.series:
+                samples = self.samples  # only lines the console does not read changed
+            else:
+                samples = metrics_fast.build_prepared(prepared, series)
         except ValueError:  # a line the tokenizer does not handle: the reference parser
-            samples, fresh = parse_samples(text), {}
-        self.lines, self.series, self.samples, self.tokens = lines, series, samples, fresh
+            prepared, series = None, metrics_fast.scan(text)[1]
+            samples, seen = parse_samples(text), {}
+        self.prepared, self.series, self.samples, self.seen = prepared, series, samples, seen
         self.text = text
         return samples
+
+    def _scan_cached(self, text: str):
+        """metrics_fast.scan and prepare in one go: the body's lines looked up in ``seen``
+        with C loops (split, set difference, map, zip, count), Python code only for the
+        lines new since the previous poll. Returns (prepared wanted samples in body
+        order, the count of vllm: lines, the new ``seen``)."""
+        lines = text.split("\n")
+        known = self.seen
+        wanted = metrics.wanted
+        for line in set(lines).difference(known):
+            if not line.startswith("vllm:"):
+                known[line] = _OTHER
+            elif wanted(line):
+                known[line] = metrics_fast.prepare(line)
+            else:
+                known[line] = _VLLM
+        toks = list(map(known.__getitem__, lines))
+        prepared = [t for t in toks if t is not _OTHER and t is not _VLLM]
+        return prepared, len(toks) - toks.count(_OTHER), dict(zip(lines, toks, strict=True))
 
 
 def _json(r: httpx.Response | None) -> dict | None:
