@@ -1,6 +1,6 @@
 """The fleet console (Textual). It reads a FleetSource (not knowing which kind) on a
 timer: ``collect()`` is a cheap in-memory read, polling happens in the source's own
-thread. The fleet table re-renders only changed cells; the drill-in reads local
+thread. The fleet table repaints only the rows on screen that changed; the drill-in reads local
 details in a worker thread, only while it is open. ``build_console_app`` is the one
 factory (CLI and tests); ``run_console`` runs it under the engine lifetime policy.
 
@@ -23,7 +23,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import Footer, Input
 
 from opsctl.collectors.gpu import GpuFeed
 from opsctl.console.actions import Jobs
@@ -250,13 +250,8 @@ class ConsoleApp(ActionsMixin, App):
             self.push_screen(DetailScreen(url))
             self.call_after_refresh(self.tick)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if isinstance(event.data_table, FleetTable):
-            self.action_drill()
-
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        if isinstance(event.data_table, FleetTable):
-            event.data_table.sort_by(str(event.column_key.value))
+    def on_fleet_table_row_selected(self, event: FleetTable.RowSelected) -> None:
+        self.action_drill()  # Enter on the table, or a click on the cursor's row
 
     def action_sort_next(self) -> None:
         table = self.table

@@ -127,9 +127,17 @@ async def test_stalled_then_ready_again_and_unchanged_rows_are_not_redrawn(fleet
         async with app.run_test(size=(200, 30)) as pilot:
             await wait_for(pilot, lambda: states(app).get(url) == "ready")
             await wait_for(pilot, lambda: src.tracker(url).scrapes >= 3)
-            before = app.table.renders
-            for _ in range(3):
-                app.tick()
+            deadline = time.monotonic() + 30
+            while True:  # three ticks with no poll landing among them (a poll brings news)
+                polls = src.tracker(url).scrapes
+                app.tick()  # draws what the polls since the app's last tick brought (rates)
+                before = app.table.renders
+                for _ in range(3):
+                    app.tick()
+                if src.tracker(url).scrapes == polls:
+                    break
+                assert time.monotonic() < deadline, "a poll landed among every three ticks"
+                await pilot.pause(0.02)
             assert app.table.renders == before  # nothing changed, nothing redrawn
             fleet.set_mode(0, "stalled")
             await wait_for(pilot, lambda: states(app).get(url) == "stalled")

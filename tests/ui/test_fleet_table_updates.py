@@ -1,9 +1,11 @@
 """FleetTable draws only what changed and what is visible (issue 26 item 5): an unchanged
-tick touches nothing, a changed cell is written in place and only its row is repainted
-(what the user sees is the new text), an off-screen row costs no rendering until it is
-scrolled to, a wider cell still widens its column, and a tick that keeps the order does
-not re-sort. A real Textual app (headless), real DataTable rendering; the views are the
-domain's own EndpointView (figures left empty: the "restarts" column carries the change)."""
+tick paints nothing, a changed cell repaints its row's line alone (what the user sees
+is the new text), a row off screen costs nothing until it is scrolled to, a wider cell
+widens its column (the window is repainted once), a tick that keeps the order does not
+reorder, and the cursor stays on its endpoint when rows move. A real Textual app
+(headless) painting through its compositor; the lines painted are counted where the
+compositor asks for them (``render_line``). The views are the domain's own EndpointView
+(figures left empty: the "restarts" column carries the change)."""
 
 from __future__ import annotations
 
@@ -15,99 +17,103 @@ from textual.app import App, ComposeResult
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.ui.console_app import build_console_app
-from opsctl.ui.panels.console import COLUMNS, FleetTable
+from opsctl.ui.panels.console import FleetTable
 from tests.standin_vllm import MODES
 
-RESTARTS_COL = [k for k, _ in COLUMNS].index("restarts")
+
+def url(i: int) -> str:
+    return f"http://10.0.{i // 250}.{i % 250 + 1}:8000"
 
 
 def views(n: int, restarts: dict[int, int] | None = None) -> list[c.EndpointView]:
     restarts = restarts or {}
     out = []
     for i in range(n):
-        target = c.Target(f"node-{i:03d}", f"http://10.0.{i // 250}.{i % 250 + 1}:8000", "targets")
+        target = c.Target(f"node-{i:03d}", url(i), "targets")
         base = EndpointTracker(target, Settings(interval_s=1.0)).view
         out.append(replace(base, restarts=restarts.get(i, 0)))
     return out
 
 
 class TableApp(App):
+    def __init__(self) -> None:
+        super().__init__()
+        self.selected: list[str] = []
+
     def compose(self) -> ComposeResult:
         yield FleetTable(id="fleet")
 
+    def on_fleet_table_row_selected(self, event: FleetTable.RowSelected) -> None:
+        self.selected.append(event.url)
+
 
 class Counting:
-    """Counts a table's update_cell, refresh and sort calls (wrapping the real ones) and
-    the cells it rendered afresh (entries added to DataTable's cell render cache)."""
+    """Counts a table's refresh calls and the lines the compositor had it paint (its
+    ``render_line`` calls: the row each painted, "header" for the header line)."""
 
     def __init__(self, table: FleetTable) -> None:
-        self.update_cell = self.refresh = self.sort = 0
-        self.table = table
-        self.cached = self._cache()
-        for name in ("update_cell", "refresh", "sort"):
-            real = getattr(table, name)
-            setattr(table, name, self._counted(name, real))
+        self.refresh = 0
+        self.lines: list[str | None] = []
+        real_refresh, real_line = table.refresh, table.render_line
 
-    def _counted(self, name, real):
-        def call(*a, **kw):
-            setattr(self, name, getattr(self, name) + 1)
-            return real(*a, **kw)
+        def refresh(*regions, **kw):
+            self.refresh += 1
+            return real_refresh(*regions, **kw)
 
-        return call
+        def render_line(y: int):
+            row = y - 1 + table.scroll_offset.y
+            name = None if row >= table.row_count else table.get_row_at(row)[0]
+            self.lines.append("header" if y == 0 else name)
+            return real_line(y)
 
-    def _cache(self) -> dict:
-        cache = self.table._cell_render_cache
-        return {k: cache.get(k) for k in list(cache.keys())}  # a render is a new object
-
-    @property
-    def rendered(self) -> list[tuple[str, str]]:
-        """(row, column) of each cell rendered since this counter was made."""
-        now = self._cache()
-        keys = [k for k, v in now.items() if self.cached.get(k) is not v]
-        return sorted((k[0].value, k[1].value) for k in keys if k[0].value is not None)
+        table.refresh, table.render_line = refresh, render_line
 
 
 async def settle(pilot, table: FleetTable) -> None:
-    """Until DataTable's deferred work (measuring new rows, done when the app is idle)
-    is done: on a busy host it can land after a first pause, and it refreshes."""
+    """Until what the table asked to repaint has been painted (the compositor's update
+    runs on a timer; a busy host can leave it pending after one pause)."""
     from tests.ui.test_console_app import wait_for
 
+    screen = table.screen
+    await pilot.pause()
     await wait_for(
         pilot,
-        lambda: not table._require_update_dimensions and not table._updated_cells,
-        what="the table's layout",
+        lambda: (
+            not table._repaint_required
+            and not table._repaint_regions
+            and table not in screen._dirty_widgets
+        ),
+        what="the table's repaint",
     )
-    await pilot.pause()
 
 
 def screen_text(table: FleetTable) -> str:
-    """The table's lines as the compositor gets them: through the widget's own cache of
+    """The table's lines as the compositor gets them: through the widget's cache of
     painted lines, which keeps a line until its region is refreshed (a changed row that
     was not repainted would show its old text here)."""
     return "\n".join(strip.text for strip in table.render_lines(table.size.region))
 
 
 @pytest.mark.anyio
-async def test_an_unchanged_tick_touches_nothing_and_a_changed_cell_is_redrawn_alone() -> None:
+async def test_an_unchanged_tick_paints_nothing_and_a_changed_cell_repaints_its_row_alone():
     app = TableApp()
     async with app.run_test(size=(200, 30)) as pilot:
         table = app.query_one(FleetTable)
         table.show(views(10), 1000.0, 1.0)
         await settle(pilot, table)
+        assert table.painted >= 11  # header and 10 rows were drawn once
         count = Counting(table)
-        renders, updates = table.renders, table._update_count
+        renders, sorts = table.renders, table.sorts
         for _ in range(3):
             table.show(views(10), 1000.0, 1.0)
-            await pilot.pause()
-        assert (count.update_cell, count.refresh, count.sort, table.renders) == (0, 0, 0, renders)
-        assert table._update_count == updates and count.rendered == []
+            await settle(pilot, table)
+        assert (count.refresh, count.lines, table.renders, table.sorts) == (0, [], renders, sorts)
 
         table.show(views(10, {3: 7}), 1000.0, 1.0)  # one cell, same width
-        await pilot.pause()
-        assert table.renders == renders + 1
-        assert count.update_cell == 0 and table._update_count == updates  # written in place
-        assert count.rendered == [("http://10.0.0.4:8000", "restarts")]  # that cell alone
-        assert str(table.get_cell("http://10.0.0.4:8000", "restarts")) == "7"
+        await settle(pilot, table)
+        assert table.renders == renders + 1 and table.sorts == sorts
+        assert count.refresh == 1 and count.lines == ["node-003"]  # that row's line alone
+        assert table.get_cell(url(3), "restarts") == "7"
         line = next(ln for ln in screen_text(table).splitlines() if "node-003" in ln)
         assert line.split()[0] == "node-003" and " 7 " in line
         others = [ln for ln in screen_text(table).splitlines() if "node-00" in ln]
@@ -122,24 +128,33 @@ async def test_off_screen_rows_cost_nothing_until_shown_and_wider_cells_widen() 
         table.show(views(100), 1000.0, 1.0)
         await settle(pilot, table)
         count = Counting(table)
+        renders = table.renders
         table.show(views(100, {90: 5}), 1000.0, 1.0)  # far below the window
-        await pilot.pause()
-        assert count.refresh == 0 and count.rendered == []
+        await settle(pilot, table)
+        assert table.renders == renders + 1  # in the model...
+        assert count.refresh == 0 and count.lines == []  # ...and nothing painted
         assert "node-090" not in screen_text(table)
         table.move_cursor(row=90)  # scroll to it: drawn with its new value
-        await pilot.pause()
+        await settle(pilot, table)
+        assert "node-090" in count.lines and "node-000" not in count.lines
         line = next(ln for ln in screen_text(table).splitlines() if "node-090" in ln)
-        assert " 5 " in line
+        assert " 5 " in line and table.selected_url() == url(90)
 
-        table.show(views(100, {90: 12345}), 1000.0, 1.0)  # wider: the column grows
-        await pilot.pause()
-        line = next(ln for ln in screen_text(table).splitlines() if "node-090" in ln)
-        assert " 12345 " in line
-        assert table.columns[table._column_locations.get_key(RESTARTS_COL)].content_width >= 5
+        count.lines.clear()
+        assert table.columns["restarts"].content_width == len("restarts")
+        table.show(views(100, {90: 123456789}), 1000.0, 1.0)  # wider than the header
+        await settle(pilot, table)
+        assert table.columns["restarts"].content_width == 9
+        window = table.scrollable_content_region.height  # every line moved: all repainted
+        assert len(count.lines) == window and count.lines[0] == "header"
+        text = screen_text(table).splitlines()
+        line = next(ln for ln in text if "node-090" in ln)
+        assert " 123456789 " in line
+        assert text[0].index("age") == line.index("123456789") + 9 + 2  # the next column moved
 
 
 @pytest.mark.anyio
-async def test_a_tick_that_keeps_the_order_does_not_sort_one_that_changes_it_does() -> None:
+async def test_a_tick_that_keeps_the_order_does_not_reorder_and_the_cursor_follows_its_row():
     app = TableApp()
     async with app.run_test(size=(200, 30)) as pilot:
         table = app.query_one(FleetTable)
@@ -147,14 +162,51 @@ async def test_a_tick_that_keeps_the_order_does_not_sort_one_that_changes_it_doe
         table.sort_by("restarts")
         await settle(pilot, table)
         count = Counting(table)
+        sorts = table.sorts
+        assert table.selected_url() == url(0)
         table.show(views(5, {0: 1, 1: 2, 2: 3, 3: 4, 4: 6}), 1000.0, 1.0)  # same order
-        await pilot.pause()
-        assert count.sort == 0
+        await settle(pilot, table)
+        assert table.sorts == sorts and count.lines == ["node-004"]
         table.show(views(5, {0: 9, 1: 2, 2: 3, 3: 4, 4: 6}), 1000.0, 1.0)  # node-000 last
-        await pilot.pause()
-        assert count.sort == 1
-        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        await settle(pilot, table)
+        assert table.sorts == sorts + 1
+        names = [table.get_row_at(i)[0] for i in range(table.row_count)]
         assert names == ["node-001", "node-002", "node-003", "node-004", "node-000"]
+        assert sorted(count.lines[1:]) == sorted(names)  # every row moved: all repainted
+        assert table.selected_url() == url(0) and table.cursor_row == 4  # kept its endpoint
+        text = screen_text(table).splitlines()
+        assert [ln.split()[0] for ln in text[1:6]] == names
+        table.sort_by("restarts")  # again: reversed
+        assert [table.get_row_at(i)[0] for i in range(5)] == names[::-1]
+
+
+@pytest.mark.anyio
+async def test_keys_and_clicks_move_the_cursor_sort_and_select() -> None:
+    app = TableApp()
+    async with app.run_test(size=(200, 12)) as pilot:
+        table = app.query_one(FleetTable)
+        table.show(views(40), 1000.0, 1.0)
+        await settle(pilot, table)
+        await pilot.press("down", "down")
+        assert table.selected_url() == url(2)
+        await pilot.press("end")
+        await settle(pilot, table)
+        assert table.cursor_row == 39 and "node-039" in screen_text(table)
+        await pilot.press("home", "pagedown")
+        assert 0 < table.cursor_row < 39
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.selected == [table.selected_url()]
+        x = next(i for i, ch in enumerate(screen_text(table).splitlines()[0]) if ch == "s")  # state
+        await pilot.click(FleetTable, offset=(x, 0))
+        assert table.sort_col == "state"
+        await pilot.press("home")
+        await settle(pilot, table)
+        await pilot.click(FleetTable, offset=(2, 3))  # the third row: the cursor moves there
+        assert table.cursor_row == 2 and len(app.selected) == 1
+        await pilot.click(FleetTable, offset=(2, 3))  # the cursor's row: selected
+        await pilot.pause()
+        assert app.selected[1:] == [table.order[2]]
 
 
 @pytest.mark.anyio
@@ -171,9 +223,8 @@ async def test_the_console_app_draws_nothing_on_an_unchanged_tick_and_coalesces_
         app.header.update = lambda *a, **kw: header_updates.append(a) or real_update(*a, **kw)
         for _ in range(3):
             app.tick()
-            await pilot.pause()
-        seen = (count.update_cell, count.refresh, count.sort, header_updates, count.rendered)
-        assert seen == (0, 0, 0, [], [])
+            await settle(pilot, app.table)
+        assert (count.refresh, count.lines, header_updates) == (0, [], [])
         ticks = app.ticks
         for _ in range(5):  # e.g. five filter keys before the app gets to draw
             app.ask_tick()

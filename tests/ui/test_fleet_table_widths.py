@@ -1,6 +1,6 @@
-"""FleetTable keeps a column's width unless a wider cell appears: only then is DataTable
-asked to measure it (a changing figure of the same or a smaller width costs no column
-measurement and no relayout)."""
+"""FleetTable keeps a column's width unless a wider cell appears: only then does the
+column grow and the window get repainted (a changing figure of the same or a smaller
+width repaints its own row alone; tests/ui/test_fleet_table_updates.py)."""
 
 from __future__ import annotations
 

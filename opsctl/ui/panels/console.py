@@ -1,12 +1,29 @@
 """The console's fleet view: a header line with counts by state and a sortable,
-filterable table, one row per endpoint. Only cells that changed are re-rendered."""
+filterable table, one row per endpoint.
+
+The table (``FleetTable``) is a Line API widget over a row model: per endpoint URL its
+cells (strings), the row order (sorted by one column's key), the cursor. A tick updates
+the model and repaints only the lines on screen whose text changed; an unchanged tick
+touches nothing, a row off screen costs nothing until it is scrolled to, a column only
+ever grows (then the window is repainted once), and sorting reorders the URL list (the
+lines whose row moved are repainted). Each line is drawn straight into Segments from
+its cells: no Rich renderable per cell, no render caches to invalidate."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
-from textual.widgets import DataTable, Static
-from textual.widgets.data_table import ColumnKey, RowKey
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Static
 
 from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.advisor import reason_cell
@@ -138,45 +155,142 @@ class FleetHeader(Static):
             self.update(text)
 
 
-class FleetTable(DataTable):
-    """Rows keyed by endpoint URL; ``show`` adds, removes and updates only what changed."""
+# the cells drawn in a style of their own (the rest take the row's style)
+_STATE_STYLES = {state: Style.parse(style) for state, style in STATE_STYLE.items()}
+_RED, _GREEN, _YELLOW = Style.parse("red"), Style.parse("green"), Style.parse("yellow")
 
-    DEFAULT_CSS = "FleetTable { height: 1fr; }"
+
+def cell_style(key: str, value: str) -> Style | None:
+    """The style of one cell's text, or None for the row's own."""
+    if key == "state":
+        return _STATE_STYLES.get(value)
+    if key == "age" and value:
+        return _YELLOW
+    if key == "check" and value:
+        if "FAIL" in value or "ERROR" in value:
+            return _RED
+        return _GREEN if "PASS" in value else _YELLOW
+    return None
+
+
+def one_line(value: str) -> str:
+    """A cell is one line on screen (a reason from a server may hold a newline)."""
+    return value if "\n" not in value else value.replace("\n", " ")
+
+
+@dataclass(slots=True)
+class Column:
+    key: str
+    label: Text
+    content_width: int  # the widest of its label and every cell it has shown
+
+    @property
+    def width(self) -> int:
+        """Drawn width: the content and one cell of padding on each side."""
+        return self.content_width + 2
+
+
+class FleetTable(ScrollView, can_focus=True):
+    """One row per endpoint, keyed by URL; ``show`` updates the row model and repaints
+    only the rows on screen whose text changed. A fixed header line, a row cursor that
+    stays on its endpoint when rows move; Enter or a click on the
+    cursor row drills in (``RowSelected``), a click on a header sorts by that column."""
+
+    ALLOW_SELECT = False
+    COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
+    # the look of Textual's DataTable (this widget replaced one): same colours and styles
+    DEFAULT_CSS = """
+    FleetTable {
+        background: $surface;
+        color: $foreground;
+        height: 1fr;
+        max-height: 100%;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .fleet-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .fleet-table--header { background-tint: $foreground 5%; }
+        }
+        & > .fleet-table--header { text-style: bold; background: $panel; color: $foreground; }
+        &:ansi > .fleet-table--header { background: ansi_bright_blue; color: ansi_default; }
+        & > .fleet-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+    }
+    """
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Select", show=False),  # -> RowSelected
+        Binding("up", "cursor_up", "Cursor up", show=False),
+        Binding("down", "cursor_down", "Cursor down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home,ctrl+home", "first", "First row", show=False),
+        Binding("end,ctrl+end", "last", "Last row", show=False),
+    ]
+
+    class RowSelected(Message):
+        """A row chosen: Enter, or a click on the cursor's row (the app drills in)."""
+
+        def __init__(self, table: FleetTable, url: str) -> None:
+            super().__init__()
+            self.table = table
+            self.url = url
+
+        @property
+        def control(self) -> FleetTable:
+            return self.table
 
     def __init__(self, **kw) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kw)
-        self.cells: dict[str, tuple[str, ...]] = {}
+        super().__init__(**kw)
+        self.columns: dict[str, Column] = {
+            key: Column(key, Text(label), cell_len(label)) for key, label in COLUMNS
+        }
+        self.cells: dict[str, tuple[str, ...]] = {}  # per URL, its COLUMNS cells
+        self.order: list[str] = []  # the URLs as shown, top to bottom
+        self._index: dict[str, int] = {}  # URL -> its row in ``order``
+        self._sort_keys: dict[str, tuple] = {}  # per URL, its sort column's key
         self.sort_col: str | None = "name"
         self.sort_reverse = False
-        self.renders = 0  # cell updates done (tests and the benchmark read it)
-        # per column, the widest cell it has shown: a column keeps its width unless a
-        # wider cell appears (then DataTable measures it). A narrower cell costs nothing:
-        # re-measuring a column re-renders every cell of it, and a relayout repaints the
-        # whole table (19 % of the console's CPU at 64 endpoints, docs/console_perf.md)
+        self.cursor_row = 0
+        # per column key, the widest cell it has shown (a narrower one costs nothing)
         self.widths: dict[str, int] = {}
         # the GPU column joins (last) once the host is seen to have a GPU
         self.host_gpus: HostGpus | None = None
         self.gpu_cells: dict[str, str] | None = None
+        # what the tests and the benchmark read: cells written, lines drawn, reorders
+        self.renders = 0
+        self.painted = 0
+        self.sorts = 0
 
-    def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+    # ---- the row model -------------------------------------------------------------------
+    @property
+    def row_count(self) -> int:
+        return len(self.order)
 
-    def _styled(self, key: str, value: str) -> Text | str:
-        if key == "state":
-            return Text(value, style=STATE_STYLE.get(value, ""))
-        if key == "age" and value:
-            return Text(value, style="yellow")
-        if key == "check" and value:
-            style = (
-                "red"
-                if ("FAIL" in value or "ERROR" in value)
-                else "green"
-                if "PASS" in value
-                else "yellow"
-            )
-            return Text(value, style=style)
-        return value
+    def _row(self, url: str) -> tuple[str, ...]:
+        if self.gpu_cells is None:
+            return self.cells[url]
+        return (*self.cells[url], self.gpu_cells.get(url, ""))
+
+    def get_row(self, url: str) -> list[str]:
+        return list(self._row(url))
+
+    def get_row_at(self, index: int) -> list[str]:
+        return list(self._row(self.order[index]))
+
+    def get_row_index(self, url: str) -> int:
+        return self._index[url]
+
+    def get_cell(self, url: str, key: str) -> str:
+        return self._row(url)[list(self.columns).index(key)]
+
+    def selected_url(self) -> str | None:
+        return self.order[self.cursor_row] if 0 <= self.cursor_row < len(self.order) else None
 
     def show(
         self,
@@ -190,136 +304,273 @@ class FleetTable(DataTable):
         wanted = {
             v.target.url: row_cells(v, now, interval, notes.get(v.target.url, "")) for v in views
         }
-        resort = False
-        for url in [u for u in self.cells if u not in wanted]:
-            self.remove_row(url)
-            del self.cells[url]
-        changed: dict[str, list[tuple[str, Text | str, bool]]] = {}
-        for url, cells in wanted.items():
-            old = self.cells.get(url)
+        cells = self.cells
+        removed = [u for u in cells if u not in wanted]
+        for url in removed:
+            del cells[url]
+            self._sort_keys.pop(url, None)
+            if self.gpu_cells is not None:
+                self.gpu_cells.pop(url, None)  # drawn afresh if it comes back
+        added = False
+        grew = False
+        changed: set[str] = set()
+        keys = [k for k, _ in COLUMNS]
+        for url, row in wanted.items():
+            old = cells.get(url)
             if old is None:
-                self.add_row(
-                    *(self._styled(k, c) for (k, _), c in zip(COLUMNS, cells, strict=True)), key=url
-                )
-                for (key, _), c in zip(COLUMNS, cells, strict=True):
-                    self._width_changes(key, c)
-                self.renders += len(cells)
-                resort = True
-            elif old != cells:
-                for (key, _), a, b in zip(COLUMNS, old, cells, strict=True):
+                for key, c in zip(keys, row, strict=True):
+                    grew = self._grow(key, c) or grew
+                self.renders += len(row)
+                added = True
+            elif old != row:
+                for key, a, b in zip(keys, old, row, strict=True):
                     if a != b:
-                        wider = self._width_changes(key, b)
-                        changed.setdefault(url, []).append((key, self._styled(key, b), wider))
-                        resort = resort or key == self.sort_col
-            self.cells[url] = cells
-        self._show_gpus(views, changed)
-        self._apply(changed)
-        if resort:
-            self.apply_sort()
+                        grew = self._grow(key, b) or grew
+                        self.renders += 1
+                changed.add(url)
+            else:
+                continue
+            cells[url] = row
+        grew = self._show_gpus(views, changed) or grew
+        self._place(bool(removed) or added, changed, grew)
 
-    def _apply(self, changed: dict[str, list[tuple[str, Text | str, bool]]]) -> None:
-        """Put changed cells in place. DataTable's ``update_cell`` throws away every
-        rendered line of the table (its caches are keyed by one update counter) and
-        repaints the whole widget: at 64 changing rows that re-rendered every visible
-        cell each tick (two thirds of the console's CPU, docs/console_perf.md). Here a
-        cell whose column keeps its width is written in place, only its own cached render
-        (and its row's line) is dropped, and only that row's region is repainted when on screen:
-        unchanged rows and off-screen rows cost nothing. A column that must change width
-        goes through ``update_cell`` (everything is re-laid out, as before)."""
-        if not changed:
-            return
-        self.renders += sum(len(cells) for cells in changed.values())
-        if any(wider for cells in changed.values() for _, _, wider in cells):
-            for url, cells in changed.items():
-                for key, value, wider in cells:
-                    self.update_cell(url, key, value, update_width=wider)
-            return
-        rows = {RowKey(url) for url in changed}
-        for url, cells in changed.items():
-            data = self._data[RowKey(url)]
-            for key, value, _ in cells:
-                data[ColumnKey(key)] = value
-        count = self._update_count
-        indexes = {self._row_locations.get(r) for r in rows}
-        keys = {(RowKey(url), ColumnKey(key)) for url, cs in changed.items() for key, _, _ in cs}
-        cell_cache, row_cache = self._cell_render_cache, self._row_render_cache
-        for ck in [k for k in cell_cache.keys() if k[:2] in keys]:  # noqa: SIM118 (LRUCache)
-            cell_cache.discard(ck)  # the row's other cells keep their rendering
-        for rk in [k for k in row_cache.keys() if k[0] in rows]:  # noqa: SIM118 (LRUCache)
-            row_cache.discard(rk)
-        renderables = self._row_renderable_cache
-        for nk in [
-            k
-            for k in renderables.keys()  # noqa: SIM118 (an LRUCache)
-            if k[0] == count and k[1] in indexes
-        ]:
-            renderables.discard(nk)
-        offsets = self._y_offsets
-        header = self.header_height if self.show_header else 0
-        for lk in list(self._line_cache.keys()):
-            y = lk[0] - header
-            if 0 <= y < len(offsets) and offsets[y][0] in rows:
-                self._line_cache.discard(lk)
-        top = self.scroll_offset.y
-        bottom = top + self.size.height
-        for index in indexes:
-            if index is not None and top <= index + header < bottom:
-                self.refresh_row(index)
-
-    def _show_gpus(
-        self, views: list[EndpointView], changed: dict[str, list[tuple[str, Text | str, bool]]]
-    ) -> None:
+    def _show_gpus(self, views: list[EndpointView], changed: set[str]) -> bool:
+        """The GPU cells; whether the column was added or grew."""
         host = self.host_gpus
+        grew = False
         if self.gpu_cells is None:
             if host is None or not host.devices:
-                return
-            self.add_column("GPU", key="gpu", default="")
+                return False
+            self.columns["gpu"] = Column("gpu", Text("GPU"), 3)
             self.gpu_cells = {}
-        for url in [u for u in self.gpu_cells if u not in self.cells]:
-            del self.gpu_cells[url]  # a removed row: drawn afresh if it comes back
+            grew = True
+        gpu = self.gpu_cells
         for v in views:
+            url = v.target.url
             cell = gpu_row_cell(v, host)
-            if self.gpu_cells.get(v.target.url) != cell:
-                wider = self._width_changes("gpu", cell)
-                if v.target.url in self.gpu_cells:
-                    changed.setdefault(v.target.url, []).append(("gpu", cell, wider))
-                else:  # a row just added (or the column just added): written at once
-                    self.update_cell(v.target.url, "gpu", cell, update_width=wider)
-                    self.renders += 1
-                self.gpu_cells[v.target.url] = cell
+            if gpu.get(url) != cell:
+                grew = self._grow("gpu", cell) or grew
+                gpu[url] = cell
+                changed.add(url)
+                self.renders += 1
+        return grew
 
     def _width_changes(self, key: str, value: str) -> bool:
         """Whether ``value`` is wider than every cell its column has shown (recorded)."""
-        width = cell_len(value)
+        width = cell_len(one_line(value))
         if width <= self.widths.get(key, 0):
             return False
         self.widths[key] = width
         return True
 
-    def apply_sort(self) -> None:
-        if self.sort_col is None or not self.cells:
+    def _grow(self, key: str, value: str) -> bool:
+        """Whether ``value`` makes its column wider (then every line is drawn again)."""
+        if not self._width_changes(key, value):
+            return False
+        column = self.columns.get(key)
+        if column is None or self.widths[key] <= column.content_width:
+            return False
+        column.content_width = self.widths[key]
+        return True
+
+    def _place(self, structural: bool, changed: set[str], grew: bool, scroll: bool = False) -> None:
+        """Put the model on screen: the order (re-sorted only when a row came or went or
+        a sort cell changed), the cursor (kept on its endpoint), the lines to repaint."""
+        old = self.order
+        selected = self.selected_url()
+        resort = structural
+        pos = list(self.columns).index(self.sort_col) if self.sort_col in self.columns else None
+        if pos is not None:
+            sort_keys = self._sort_keys
+            for url in self.cells if structural else changed:
+                k = sort_value(self._row(url)[pos])
+                if sort_keys.get(url) != k:
+                    sort_keys[url] = k
+                    resort = True
+        lines: set[int] = set()
+        if resort:
+            new = list(self.cells)  # arrival order: ties keep it, in both directions
+            if pos is not None:
+                new.sort(key=self._sort_keys.__getitem__, reverse=self.sort_reverse)
+            if new != old:
+                self.sorts += 1
+                self.order = new
+                self._index = {u: i for i, u in enumerate(new)}
+                top, rows = self._window()
+                for i in range(top, top + rows):  # the lines whose row moved
+                    if (old[i] if i < len(old) else None) != (new[i] if i < len(new) else None):
+                        lines.add(i)
+        n = len(self.order)
+        cursor = self._index.get(selected, self.cursor_row) if selected else self.cursor_row
+        cursor = max(0, min(cursor, n - 1))
+        if cursor != self.cursor_row:
+            lines.update((self.cursor_row, cursor))
+            self.cursor_row = cursor
+        size = Size(sum(c.width for c in self.columns.values()), n + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+        if scroll:
+            self._scroll_to_cursor()
+        if grew:  # the columns moved: every line on screen is drawn again
+            self.refresh()
             return
-        keys = [k for k, _ in COLUMNS]
-        if self.sort_col in keys:  # already in order (the usual tick): no re-layout
-            i = keys.index(self.sort_col)
-            now = [str(row.key.value) for row in self.ordered_rows]
-            want = sorted(
-                now, key=lambda u: sort_value(self.cells[u][i]), reverse=self.sort_reverse
-            )
-            if want == now:
-                return
-        self.sort(self.sort_col, key=lambda cell: sort_value(str(cell)), reverse=self.sort_reverse)
+        lines.update(self._index[u] for u in changed)
+        self._refresh_rows(lines)
+
+    def _window(self) -> tuple[int, int]:
+        """The first row on screen and how many rows fit (the header line apart)."""
+        return self.scroll_offset.y, max(0, self.scrollable_content_region.height - 1)
+
+    def _refresh_rows(self, rows: set[int]) -> None:
+        top, count = self._window()
+        width = self.size.width
+        regions = [Region(0, i - top + 1, width, 1) for i in rows if top <= i < top + count]
+        if regions:
+            self.refresh(*regions)
+
+    # ---- sorting and the cursor ----------------------------------------------------------
+    def apply_sort(self) -> None:
+        self._place(True, set(), False, scroll=True)
 
     def sort_by(self, key: str) -> None:
         self.sort_reverse = not self.sort_reverse if key == self.sort_col else False
         self.sort_col = key
         self.apply_sort()
 
-    def selected_url(self) -> str | None:
-        if not self.row_count:
-            return None
-        try:
-            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
-        except Exception:
-            return None
-        return row_key.value
+    def move_cursor(
+        self, *, row: int | None = None, column: int | None = None, animate: bool = False,
+        scroll: bool = True,
+    ) -> None:  # fmt: skip
+        """DataTable's signature (``column`` is ignored: the cursor is a row)."""
+        if row is None:
+            return
+        row = max(0, min(row, len(self.order) - 1))
+        if row != self.cursor_row:
+            self._refresh_rows({self.cursor_row, row})
+            self.cursor_row = row
+        if scroll:
+            self._scroll_to_cursor(animate)
+
+    def _scroll_to_cursor(self, animate: bool = False) -> None:
+        top, rows = self._window()
+        row = self.cursor_row
+        if row < top:
+            target = row
+        elif row >= top + rows:
+            target = row - max(rows, 1) + 1
+        else:
+            return
+        self.scroll_to(y=target, animate=animate, force=True)
+        if self.scroll_offset.y != target and not animate:  # not laid out yet: after it
+            self.call_after_refresh(self.scroll_to, y=target, animate=False, force=True)
+
+    def action_cursor_up(self) -> None:
+        self.move_cursor(row=self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self.move_cursor(row=self.cursor_row + 1)
+
+    def action_page_up(self) -> None:
+        self.move_cursor(row=self.cursor_row - max(1, self._window()[1]))
+
+    def action_page_down(self) -> None:
+        self.move_cursor(row=self.cursor_row + max(1, self._window()[1]))
+
+    def action_select_cursor(self) -> None:
+        url = self.selected_url()
+        if url is not None:
+            self.post_message(self.RowSelected(self, url))
+
+    def action_first(self) -> None:
+        self.move_cursor(row=0)
+
+    def action_last(self) -> None:
+        self.move_cursor(row=len(self.order) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        event.stop()
+        if offset.y == 0:  # the header: sort by the column clicked
+            x = offset.x + self.scroll_offset.x
+            for key, column in self.columns.items():
+                if x < column.width:
+                    self.sort_by(key)
+                    return
+                x -= column.width
+            return
+        row = offset.y - 1 + self.scroll_offset.y
+        if row >= len(self.order):
+            return
+        if row == self.cursor_row:
+            self.post_message(self.RowSelected(self, self.order[row]))
+        else:
+            self.move_cursor(row=row)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.refresh()  # focus, theme: the cursor's and the header's styles changed
+
+    # ---- drawing -------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        """Line ``y`` of the window: the header, or the row at ``y - 1`` below the top."""
+        self.painted += 1
+        width = self.size.width
+        base = self.rich_style
+        scroll_x, scroll_y = self.scroll_offset
+        if y == 0:
+            header = self.get_component_styles("fleet-table--header").rich_style
+            segments = self._header_segments(header, width)
+        else:
+            row = y - 1 + scroll_y
+            if row >= len(self.order):
+                return Strip.blank(width, base)
+            url = self.order[row]
+            segments = self._row_segments(self._row(url), row == self.cursor_row, base, width)
+        strip = Strip(segments)
+        if scroll_x or strip.cell_length > width:
+            strip = strip.crop(scroll_x, scroll_x + width)
+        return strip.adjust_cell_length(width, base)
+
+    def _header_segments(self, style: Style, width: int) -> list[Segment]:
+        out = []
+        used = 0
+        for column in self.columns.values():
+            label = column.label.plain
+            out.append(
+                Segment(f" {label}{' ' * (column.content_width - cell_len(label) + 1)}", style)
+            )
+            used += column.width
+        if width > used:
+            out.append(Segment(" " * (width - used), style))
+        return out
+
+    def _row_segments(
+        self, cells: tuple[str, ...], cursor: bool, base: Style, width: int
+    ) -> list[Segment]:
+        """One row: each cell padded to its column, in the row's style; a styled cell's
+        text in its own style too. The cursor's colour wins over a cell's (as DataTable)."""
+        if cursor:
+            cursor_style = self.get_component_rich_style("fleet-table--cursor")
+            pre = base + cursor_style
+            post = Style.from_color(color=cursor_style.color)
+            plain = pre + post
+        else:
+            pre = plain = base
+            post = None
+        out = []
+        used = 0
+        for column, value in zip(self.columns.values(), cells, strict=True):
+            text = one_line(value)
+            pad = " " * (column.content_width - cell_len(text) + 1)
+            style = cell_style(column.key, text)
+            if style is None:
+                out.append(Segment(f" {text}{pad}", plain))
+            else:
+                text_style = pre + style + post if post else pre + style
+                out += (Segment(" ", plain), Segment(text, text_style), Segment(pad, plain))
+            used += column.width
+        if width > used:
+            out.append(Segment(" " * (width - used), pre))
+        return out
