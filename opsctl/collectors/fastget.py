@@ -136,7 +136,10 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
             if self.body_at >= 0 and self.length is None and not self.chunked:
-                self._finish(bytes(self.buf[self.body_at :]))  # the close ends the body
+                try:  # the close ends the body
+                    self._finish(bytes(self.buf[self.body_at :]))
+                except HTTPError as exc:
+                    self._fail(exc)
             else:
                 self._fail(self._closed_error())
         return False  # the transport closes itself
@@ -152,7 +155,7 @@ class _Conn(asyncio.Protocol):
         self.waiter = asyncio.get_running_loop().create_future()
         self.buf.clear()
         self.got, self.status, self.body_at, self.length = False, 0, -1, None
-        self.chunked, self.chunk_at, self.keep = False, 0, True
+        self.chunked, self.chunk_at, self.keep, self.body = False, 0, True, bytearray()
         self.transport.write(req)
         try:
             return await self.waiter
@@ -179,8 +182,8 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     def _finish(self, content: bytes) -> None:
-        enc = self.headers.get("content-encoding")
-        if enc and enc != "identity":
+        enc = self.headers.get("content-encoding", "identity").lower()
+        if enc != "identity":
             content = _decode(enc, content)
         if not self.keep or self.closed:
             self._close()

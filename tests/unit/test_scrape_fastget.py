@@ -261,6 +261,27 @@ def test_a_connection_is_kept_across_polls_with_its_headers():
     asyncio.run(main())
 
 
+def test_chunked_and_gzip_answers_one_after_the_other_on_a_kept_connection():
+    """Nothing of one answer leaks into the next (the chunked body, the coding)."""
+    chunked = FRAMINGS["chunked"][0]
+    zipped = FRAMINGS["gzip"][0].replace(b"Content-Encoding: gzip", b"Content-Encoding: GZIP")
+    answers = [chunked, zipped, chunked, _ok(b"last")]
+
+    async def main() -> None:
+        script = lambda path, n: (answers[n], None)  # noqa: E731
+        async with Server(script) as srv, fastget.Client(srv.url) as client:
+            got = [(await client.get("/metrics")).content for _ in answers]
+            assert got == [BODY, BODY, BODY, b"last"] and client.connects == 1
+
+    asyncio.run(main())
+
+
+def test_a_bad_body_ended_by_the_close_is_an_error_not_a_crash():
+    raw = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\nnot gzip"
+    r, conn = asyncio.run(_answer([raw], eof=True))
+    assert isinstance(r, fastget.RemoteProtocolError) and conn.closed
+
+
 def test_a_url_path_prefix_is_kept():
     async def main() -> None:
         async with (
