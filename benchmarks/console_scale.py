@@ -22,7 +22,8 @@ Part 0 (rendering alone, with --render 8,64,256): the fleet table (FleetTable, t
 console's own widget) in a headless Textual app at 200x60, fed the same N rows every
 tick with 4 figures of each row changing (running, KV %, gen tok/s, prompt tok/s) and
 one tick in ten with nothing changed; the CPU of each tick, drawing included, on this
-process's CPU clock (other processes' load does not count, unlike the rows above).
+process's CPU clock (other processes' load does not count, unlike the rows above), and
+the lines the table painted per tick (its render_line calls).
 
 Part 2 (real server, with --real): one bare tiny-llama vLLM server; the `opsctl console`
 TUI and vllmstat's TUI each watch it at 1 Hz in a pseudo-terminal for DURATION seconds
@@ -314,15 +315,18 @@ def render_row(n: int, ticks: int = 40) -> dict:
             for t in range(3):  # warm-up: rows added, widths measured
                 table.show(views(t), 1000.0, 1.0)
                 await pilot.pause(0.05)
-            busy, idle = [], []
+            busy, idle, lines = [], [], {True: 0, False: 0}
             for t in range(3, 3 + ticks):
                 same = t % 10 == 0
-                c0 = time.thread_time()
+                c0, painted = time.thread_time(), table.painted
                 table.show(views(t - 1 if same else t), 1000.0, 1.0)
                 await pilot.pause(0.05)  # drawn (Textual renders on its own timer)
                 (idle if same else busy).append(1000 * (time.thread_time() - c0))
+                lines[same] += table.painted - painted
             out["ms_per_changing_tick"] = sum(busy) / len(busy)
             out["ms_per_unchanged_tick"] = sum(idle) / len(idle)
+            out["lines_per_changing_tick"] = lines[False] / len(busy)  # rows repainted
+            out["lines_per_unchanged_tick"] = lines[True] / len(idle)
 
     asyncio.run(run())
     return out
@@ -331,12 +335,14 @@ def render_row(n: int, ticks: int = 40) -> dict:
 def part0(sizes: list[int]) -> list[dict]:
     rows = [render_row(n) for n in sizes]
     print(
-        "\n| N rows | CPU per tick, 4 cells of every row changed | CPU per tick, nothing changed |"
+        "\n| N rows | CPU per tick, 4 cells of every row changed | lines painted |"
+        " CPU per tick, nothing changed | lines painted |"
     )
-    print("|---|---|---|")
+    print("|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['n']} | {r['ms_per_changing_tick']:.1f} ms | {r['ms_per_unchanged_tick']:.1f} ms |"
+            f"| {r['n']} | {r['ms_per_changing_tick']:.1f} ms | {r['lines_per_changing_tick']:.0f} |"
+            f" {r['ms_per_unchanged_tick']:.1f} ms | {r['lines_per_unchanged_tick']:.0f} |"
         )
     print(json.dumps(rows))
     return rows

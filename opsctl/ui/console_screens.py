@@ -29,8 +29,8 @@ from opsctl.ui.panels.serve import LedgerPanel, LogPanel, ProcessPanel
 HELP = """\
 [b]opsctl console[/b]: keys
 
-  ↑/↓        move in the fleet table
-  Enter      drill into the endpoint under the cursor
+  ↑/↓        move in the fleet table (PgUp/PgDn a page, Home/End first/last row)
+  Enter      drill into the endpoint under the cursor (or click its row again)
   Esc        back (closes the filter, the command line, the drill-in, this help)
   /          filter rows (words match name, url, state, model, labels, reason)
   s / S      sort by the next column / reverse the order (or click a header)
