@@ -35,6 +35,7 @@ IDLE_S = 4.0  # below uvicorn's 5 s keep-alive; a close racing a send is retried
 MAX_IDLE = 2  # connections kept per endpoint (one poll uses one; info fetches a few)
 MAX_HEAD = 64 * 1024
 USER_AGENT = "opsctl"
+_HEX = b"0123456789abcdefABCDEF"
 
 
 class HTTPError(Exception):
@@ -206,7 +207,7 @@ class _Conn(asyncio.Protocol):
                 if self.status == 101:
                     raise Unsupported("101 Switching Protocols")
                 del buf[: end + 4]
-                self.body_at = -1
+                self.body_at, self.length, self.chunked = -1, None, False
                 self._advance()
                 return
             self.body_at = end + 4
@@ -250,7 +251,7 @@ class _Conn(asyncio.Protocol):
             self.chunked = True
         elif "content-length" in headers:
             cl = headers["content-length"]
-            if not cl.isdigit():
+            if not (cl.isascii() and cl.isdigit()):
                 raise RemoteProtocolError(f"bad Content-Length: {cl[:40]!r}")
             self.length = int(cl)
         else:
@@ -268,10 +269,9 @@ class _Conn(asyncio.Protocol):
                     raise RemoteProtocolError("chunk size line over 1 KiB")
                 break
             size_text = bytes(buf[at:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise RemoteProtocolError(f"bad chunk size: {size_text[:40]!r}") from None
+            if not size_text or size_text.strip(_HEX):  # int() would take "-1", "0x1", "1_0"
+                raise RemoteProtocolError(f"bad chunk size: {size_text[:40]!r}")
+            size = int(size_text, 16)
             if size == 0:  # the last chunk, then trailers (ignored) and an empty line
                 if buf[eol + 2 : eol + 4] == b"\r\n":
                     end = eol + 4

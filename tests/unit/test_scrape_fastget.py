@@ -87,6 +87,8 @@ FRAMINGS = {
     "100 continue first": (
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\nno",
         401, b"no", True, False),
+    "100 continue, then a body ended by the close": (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n" + BODY, 200, BODY, False, True),
     "connection: close": (
         b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
         200, BODY, False, False),
@@ -122,6 +124,8 @@ BAD = {
         fastget.RemoteProtocolError),
     "bad chunk size": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
                        fastget.RemoteProtocolError),
+    "negative chunk size": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+                            fastget.RemoteProtocolError),
     "chunk without its CRLF": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
                                fastget.RemoteProtocolError),
     "gzip, chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
