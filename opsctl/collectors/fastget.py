@@ -322,6 +322,11 @@ class Client:
         self.prefix = u.path.rstrip("/")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = f"Host: {u.netloc}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\n{extra}\r\n"
+        fields = [self.prefix, *(f"{k}{v}" for k, v in (headers or {}).items())]
+        if any("\r" in f or "\n" in f for f in fields) or " " in self.prefix:
+            raise Unsupported("a URL path or header with a space or line break")
+        if not self._head.isascii() or not self.prefix.isascii():
+            raise Unsupported("a URL path or header that is not ASCII")
         self._requests: dict[str, bytes] = {}
         self.idle: list[_Conn] = []
         self.connects = 0  # connections opened (tests, benchmarks)

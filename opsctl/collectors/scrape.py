@@ -19,6 +19,7 @@ One-shot use (what ``opsctl status`` can call)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 
@@ -237,8 +238,10 @@ class Poller:
         self.url = url
         self.api_key = api_key
         self.timeout = timeout
-        headers = http.headers(api_key)
-        self.fast = fastget.Client(url, headers) if fast and fastget.usable(url) else None
+        self.fast: fastget.Client | None = None
+        if fast and fastget.usable(url):
+            with contextlib.suppress(fastget.Unsupported):  # an odd path or key: httpx
+                self.fast = fastget.Client(url, http.headers(api_key))
         self.slow: httpx.AsyncClient | None = None
 
     def _slow(self) -> httpx.AsyncClient:

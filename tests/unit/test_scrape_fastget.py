@@ -170,6 +170,17 @@ def test_which_urls_it_takes(url, ok, monkeypatch):
     assert fastget.usable(url) is ok
 
 
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [("http://127.0.0.1:9/a b", None), ("http://127.0.0.1:9", "k\r\nX-Evil: 1"),
+     ("http://127.0.0.1:9", "kéy"), ("http://127.0.0.1:9/é", None)],
+)  # fmt: skip
+def test_a_path_or_key_it_would_not_send_as_it_is_goes_to_httpx(url, key):
+    with pytest.raises(fastget.Unsupported):
+        fastget.Client(url, {"Authorization": f"Bearer {key}"} if key else None)
+    assert scrape.Poller(url, key).fast is None
+
+
 def test_a_proxy_in_the_environment_sends_it_to_httpx_unless_bypassed(monkeypatch):
     for var in ("HTTP_PROXY", "all_proxy", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(var, raising=False)
