@@ -182,31 +182,37 @@ async def test_a_tick_that_keeps_the_order_does_not_reorder_and_the_cursor_follo
 
 @pytest.mark.anyio
 async def test_keys_and_clicks_move_the_cursor_sort_and_select() -> None:
+    from tests.ui.test_console_app import wait_for
+
     app = TableApp()
     async with app.run_test(size=(200, 12)) as pilot:
         table = app.query_one(FleetTable)
-        table.show(views(40), 1000.0, 1.0)
+        table.show(views(40, {i: 100 - i for i in range(40)}), 1000.0, 1.0)  # 100 .. 61
         await settle(pilot, table)
         await pilot.press("down", "down")
         assert table.selected_url() == url(2)
-        await pilot.press("end")
+        await pilot.press("end")  # the last row, scrolled into view
         await settle(pilot, table)
         assert table.cursor_row == 39 and "node-039" in screen_text(table)
         await pilot.press("home", "pagedown")
-        assert 0 < table.cursor_row < 39
-        await pilot.press("enter")
-        await pilot.pause()
-        assert app.selected == [table.selected_url()]
-        x = next(i for i, ch in enumerate(screen_text(table).splitlines()[0]) if ch == "s")  # state
-        await pilot.click(FleetTable, offset=(x, 0))
-        assert table.sort_col == "state"
+        await settle(pilot, table)
+        row = table.cursor_row
+        assert 0 < row < 39 and f"node-{row:03d}" in screen_text(table)
+        await pilot.press("enter")  # the app drills in on this message
+        await wait_for(pilot, lambda: app.selected == [url(row)], what="the selection")
+        header = screen_text(table).splitlines()[0]
+        await pilot.click(FleetTable, offset=(header.index("restarts") + 2, 0))
+        await wait_for(pilot, lambda: table.sort_col == "restarts", what="the header click")
+        assert table.get_row_at(0)[0] == "node-039"  # 61 restarts first
+        assert table.selected_url() == url(row)  # the cursor kept its endpoint
         await pilot.press("home")
         await settle(pilot, table)
         await pilot.click(FleetTable, offset=(2, 3))  # the third row: the cursor moves there
-        assert table.cursor_row == 2 and len(app.selected) == 1
+        await wait_for(pilot, lambda: table.cursor_row == 2, what="the row click")
+        assert len(app.selected) == 1
         await pilot.click(FleetTable, offset=(2, 3))  # the cursor's row: selected
-        await pilot.pause()
-        assert app.selected[1:] == [table.order[2]]
+        await wait_for(pilot, lambda: len(app.selected) == 2, what="the second click")
+        assert app.selected[1] == url(37)  # node-037: 63 restarts, third
 
 
 @pytest.mark.anyio
