@@ -192,9 +192,10 @@ class Column:
 
 class FleetTable(ScrollView, can_focus=True):
     """One row per endpoint, keyed by URL; ``show`` updates the row model and repaints
-    only the rows on screen whose text changed. A fixed header line, a row cursor that
-    stays on its endpoint when rows move; Enter or a click on the
-    cursor row drills in (``RowSelected``), a click on a header sorts by that column."""
+    only the rows on screen whose text changed. A fixed header line; a row cursor that
+    stays on its endpoint when the rows move (so an action never lands on the endpoint
+    that a re-sort slid under it); Enter or a click on the cursor's row posts
+    ``RowSelected`` (the app drills in); a click on a header sorts by that column."""
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
