@@ -71,7 +71,7 @@ def main() -> None:
         try:
             urls = json.loads(child.stdout.readline())
             for fast in (False, True):
-                prof = cProfile.Profile() if args.profile else None
+                prof = cProfile.Profile(time.process_time) if args.profile else None
                 cpu, connects = asyncio.run(_rounds(urls, fast, args.rounds, prof))
                 polls = args.rounds * len(urls)
                 row = {
