@@ -13,10 +13,12 @@ Everything is torn down in ``close()`` (children stopped, file removed); use
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,6 +119,28 @@ class Table:
             os.unlink(self.path)
 
 
+# Tables of these tests live in the real /dev/shm under vLLM's prefix, some deliberately
+# not constant-filled. A test whose verdict depends on every table on the host (certify's
+# engram check scans them all) takes this lock exclusively; every shared_table holds it
+# shared for its lifetime, so on other xdist workers none is being built or planted then.
+HOST_LOCK = os.path.join(tempfile.gettempdir(), "opsctl-tests-engram-tables.lock")
+
+
+@contextlib.contextmanager
+def _host_lock(kind: int) -> Iterator[None]:
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, kind)
+        yield
+    finally:
+        os.close(fd)
+
+
+def no_test_tables() -> contextlib.AbstractContextManager[None]:
+    """While held, no other test process has a table of this module on the host."""
+    return _host_lock(fcntl.LOCK_EX)
+
+
 @contextlib.contextmanager
 def shared_table(
     prefix: str,
@@ -130,11 +154,12 @@ def shared_table(
 ) -> Iterator[Table]:
     path = f"{SHM}/{prefix}{suffix}"
     table = Table(path, 0, rows * dim, block=block)
-    try:
-        table.total = fill(path, rows, dim, block)
-        table.spawn(mappers)
-        if unlink:
-            table.unlink()  # the creator (rank 0) unlinks once every rank has mapped it
-        yield table
-    finally:
-        table.close()
+    with _host_lock(fcntl.LOCK_SH):
+        try:
+            table.total = fill(path, rows, dim, block)
+            table.spawn(mappers)
+            if unlink:
+                table.unlink()  # the creator (rank 0) unlinks once every rank has mapped it
+            yield table
+        finally:
+            table.close()
