@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from opsctl.collectors import shm
+from opsctl.domain.runs import same_process
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CHUNK = 1 << 20
@@ -76,7 +77,7 @@ def still_alive(pids: dict[int, float]) -> list[int]:
     for pid, started in sorted(pids.items()):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p = psutil.Process(pid)
-            if abs(p.create_time() - started) > 0.05:
+            if not same_process(started, p.create_time()):  # btime can move a second
                 continue
             if p.status() != psutil.STATUS_ZOMBIE:
                 out.append(pid)

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors import shm
+from opsctl.domain.runs import same_process
 
 runner = CliRunner()
 
@@ -136,7 +137,8 @@ def me() -> tuple[int, float]:
 def running(pid: int, started: float) -> bool:
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - started) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
+        # opsctl's own rule: psutil's boot time (whole seconds) can move by one
+        return same_process(started, p.create_time()) and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

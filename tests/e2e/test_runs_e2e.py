@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from opsctl.collectors import engine_tmp, shm
+from opsctl.domain.runs import same_process
 from tests.conftest import OPSCTL
 from tests.e2e.test_serve_e2e import left_in
 
@@ -64,7 +65,7 @@ def ours(pids: dict[int, float]) -> list[int]:
     for pid, started in pids.items():
         with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(pid)
-            if abs(p.create_time() - started) < 0.05 and p.status() != psutil.STATUS_ZOMBIE:
+            if same_process(started, p.create_time()) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(pid)
     return out
 
