@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors import shm
-from opsctl.domain.runs import same_process
+from opsctl.collectors.certify import still_alive
 
 runner = CliRunner()
 
@@ -135,12 +135,8 @@ def me() -> tuple[int, float]:
 
 
 def running(pid: int, started: float) -> bool:
-    try:
-        p = psutil.Process(pid)
-        # opsctl's own rule: psutil's boot time (whole seconds) can move by one
-        return same_process(started, p.create_time()) and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    """Still the very process recorded (opsctl's start-time rule), not a zombie."""
+    return still_alive({pid: started}) == [pid]
 
 
 def by_name(doc: dict) -> dict:

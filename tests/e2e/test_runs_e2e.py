@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from opsctl.collectors import engine_tmp, shm
-from opsctl.domain.runs import same_process
+from opsctl.collectors.certify import still_alive
 from tests.conftest import OPSCTL
 from tests.e2e.test_serve_e2e import left_in
 
@@ -59,15 +59,8 @@ def opsctl(home, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def ours(pids: dict[int, float]) -> list[int]:
-    """Pids still running the very process recorded (same start time), not zombies."""
-    out = []
-    for pid, started in pids.items():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p = psutil.Process(pid)
-            if same_process(started, p.create_time()) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-    return out
+# pids still running the very process recorded (same start time), not zombies
+ours = still_alive
 
 
 def wait_for(cond, timeout: float, what: str):
