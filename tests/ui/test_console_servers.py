@@ -107,6 +107,10 @@ async def test_start_check_restart_stop_and_exit_stop_servers_of_this_console(ho
                            and app.servers.managed[1].state == "ready", what="restarted")  # fmt: skip
             second = app.servers.managed[1]
             assert second.url == url and not alive(engine) and alive(second.server)
+            # the old run left the fleet and the new one joins it (the next discovery): its
+            # row, ready, is what the next key acts on
+            await wait_for(pilot, lambda: state_of(app, url) == "ready", what="row after restart")
+            await select(pilot, app, url)
             # stop: cancel, then confirm
             await pilot.press("x")
             await confirm(pilot, app, "n")
