@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from opsctl.engine.server import free_port
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
 STARTS: list[float] = []  # seconds from spawn to healthy, per server (the suite's summary)
@@ -46,12 +47,6 @@ class BareServer:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -151,7 +146,7 @@ def bare_vllm(
     if api_key:
         env["VLLM_API_KEY"] = api_key
     with _engine_lock():
-        port = _free_port()
+        port = free_port()
         argv = [
             sys.executable, "-m", API_MODULE, "--model", model_dir,
             "--served-model-name", "tiny-llama", "--load-format", load_format,

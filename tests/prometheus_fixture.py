@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from opsctl.engine.server import free_port
+
+# the old name, still imported by tests/alertmanager_fixture.py and
+# tests/unit/test_alert_rules_readme.py (the same function, no copy)
+_free_port = free_port
 
 BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
 MISSING = (
@@ -73,12 +78,6 @@ def binary() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _hostports(urls: list[str]) -> list[str]:
     return [urlsplit(u).netloc for u in urls]
 
@@ -117,7 +116,7 @@ def config_text(
 def _start(workdir: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
     exe = binary()
     for _ in range(3):  # a free port may be taken between the probe and the bind
-        port = _free_port()
+        port = free_port()
         cmd = [
             exe,
             f"--config.file={config}",

@@ -16,7 +16,6 @@ server.log, which vLLM is writing while the console reads it."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 from opsctl.checks.target import EngineSpec
 from opsctl.domain import requests as rq
 from opsctl.domain.metrics import GEN_TOKENS, RUNNING, parse_samples
+from opsctl.engine.server import free_port
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-llama")]
@@ -46,12 +46,6 @@ def engine(engine_pool):
 @pytest.fixture(scope="module")
 def model(engine) -> str:
     return httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"][0]["id"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def figures(url: str) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from opsctl.domain.console import Quantiles, Scrape, Target
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.domain.metrics import GEN_TOKENS, LATENCY_HISTOGRAMS, RUNNING, STEPS, MetricSamples
 from opsctl.domain.prom import InstanceData, PromTarget
+from opsctl.engine.server import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FLEET = json.loads((DATA / "prom_fleet.json").read_text())
@@ -311,14 +312,6 @@ def test_progress_rule_equals_the_direct_trackers(name, window):
 # ---- the command: bad combinations and an absent Prometheus --------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
@@ -334,7 +327,7 @@ def test_console_prometheus_flags(args, code, needle):
 
     from opsctl.cli import app
 
-    args = [a.replace("{port}", str(_free_port())) for a in args]
+    args = [a.replace("{port}", str(free_port())) for a in args]
     r = CliRunner().invoke(app, ["console", *args, "--once", "--json"])
     lines = [line for line in r.stderr.splitlines() if line.startswith("opsctl: error:")]
     assert r.exit_code == code, (r.stdout, r.stderr)

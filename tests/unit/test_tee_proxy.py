@@ -19,15 +19,10 @@ import pytest
 
 from opsctl.console.tee import TeeProxy, parse_tee
 from opsctl.domain import requests as rq
+from opsctl.engine.server import free_port
 from opsctl.errors import BadInput
 from tests.standin import serving
 from tests.waiting import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Upstream(BaseHTTPRequestHandler):

@@ -6,7 +6,6 @@ lists the requests and the tailed log (a real vLLM 0.32 death log)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -17,16 +16,11 @@ from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.taps import tapped
 from opsctl.domain.console_state import Settings
+from opsctl.engine.server import free_port
 from opsctl.ui.console_app import DetailScreen, build_console_app
 from tests.standin_vllm import StandInFleet
 
 LOG = Path(__file__).resolve().parents[1] / "data/serverlogs/vllm-0.32-no-such-arch-death.log"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_for(pilot, cond, timeout: float = 30.0, what: str = "the console") -> None:
