@@ -286,7 +286,7 @@ def render_row(n: int, ticks: int = 40) -> dict:
 
     from opsctl.domain import console as c
     from opsctl.domain.console_state import EndpointTracker, Settings
-    from opsctl.ui.panels.console import FleetTable
+    from opsctl.ui.panels.fleet_table import FleetTable
 
     base = []
     for i in range(n):

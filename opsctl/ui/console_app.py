@@ -34,8 +34,9 @@ from opsctl.domain.console import DEAD, FleetSnapshot
 from opsctl.ui.console_actions import ActionsMixin, JobEvent, ServerChanged
 from opsctl.ui.console_checks import ChecksScreen
 from opsctl.ui.console_screens import DetailScreen, HelpScreen, actions_text
-from opsctl.ui.panels.console import COLUMNS, FleetHeader, FleetTable, header_text, matches
+from opsctl.ui.panels.console import COLUMNS, FleetHeader, header_text, matches
 from opsctl.ui.panels.console_detail import SPARKS
+from opsctl.ui.panels.fleet_table import FleetTable
 
 __all__ = ["ConsoleApp", "DetailScreen", "HelpScreen", "build_console_app", "run_console"]
 REPLAY_ACTIONS = {"step_forward", "step_back", "faster", "slower"}

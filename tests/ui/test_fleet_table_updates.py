@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.ui.console_app import build_console_app
-from opsctl.ui.panels.console import FleetTable
+from opsctl.ui.panels.fleet_table import FleetTable
 from tests.standin_vllm import MODES
 
 
