@@ -31,6 +31,7 @@ from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain.metrics import MetricSamples, parse_samples
 
 AUTH_STATUSES = (401, 403)
+_POLL_PATHS = ("/health", "/metrics")  # one poll of one endpoint, in this order
 
 
 _SSL: ssl.SSLContext | None = None
@@ -108,20 +109,27 @@ class MetricsCache:
         self.series = 0
         self.samples: MetricSamples | None = None
         self.seen: dict[str, object] = {}
+        self.repeats = False  # the previous scanned body repeated a line
 
     def parse(self, text: str) -> MetricSamples:
         if self.samples is not None and text == self.text:  # the same body: ~2 us, no scan
             return self.samples
         try:
+            changed: set[str] | None = None  # names whose samples changed; None: unknown
             if not any(b in text for b in _BREAKS):
-                prepared, series, seen = self._scan_cached(text)
+                prepared, series, seen, changed = self._scan_cached(text)
             else:
                 lines, series = metrics_fast.scan(text)
                 prepared, seen = [metrics_fast.prepare(line) for line in lines], {}
-            if self.samples is not None and prepared == self.prepared and series == self.series:
-                samples = self.samples  # only lines the console does not read changed
-            else:
+            if self.samples is None or self.prepared is None:
                 samples = metrics_fast.build_prepared(prepared, series)
+            elif changed is None:
+                same = prepared == self.prepared and series == self.series
+                samples = self.samples if same else metrics_fast.build_prepared(prepared, series)
+            elif not changed and series == self.series:
+                samples = self.samples  # only lines the console does not read changed
+            else:  # the changed names summed again, the rest kept
+                samples = metrics_fast.build_changed(self.samples, prepared, changed, series)
         except ValueError:  # a line the tokenizer does not handle: the reference parser
             prepared, series = None, metrics_fast.scan(text)[1]
             samples, seen = parse_samples(text), {}
@@ -131,22 +139,39 @@ class MetricsCache:
 
     def _scan_cached(self, text: str):
         """metrics_fast.scan and prepare in one go: the body's lines looked up in ``seen``
-        with C loops (split, set difference, map, zip, count), Python code only for the
-        lines new since the previous poll. Returns (prepared wanted samples in body
-        order, the count of vllm: lines, the new ``seen``)."""
+        with C loops (split, set differences, map, zip, count), Python code only for the
+        lines new since the previous poll and those gone. Returns (prepared wanted
+        samples in body order, the count of vllm: lines, the new ``seen``, the names of
+        the wanted samples whose lines came or went; None when the previous body was not
+        scanned here, so nothing is known about what changed)."""
         lines = text.split("\n")
         known = self.seen
         wanted = metrics.wanted
-        for line in set(lines).difference(known):
+        present = set(lines)
+        # a repeated line (in this body or the previous): a set cannot tell its count
+        # changed, so nothing is known about what changed
+        repeats = len(lines) - len(present) > max(0, lines.count("") - 1)
+        known_before = self.prepared is not None and known and not self.repeats
+        changed: set[str] | None = set() if known_before and not repeats else None
+        self.repeats = repeats
+        for line in present.difference(known):
             if not line.startswith("vllm:"):
                 known[line] = _OTHER
             elif wanted(line):
-                known[line] = metrics_fast.prepare(line)
+                known[line] = tok = metrics_fast.prepare(line)
+                if changed is not None:
+                    changed.add(tok[1])
             else:
                 known[line] = _VLLM
+        if changed is not None:
+            for line in known.keys() - present:
+                tok = known[line]
+                if tok is not _OTHER and tok is not _VLLM:
+                    changed.add(tok[1])  # type: ignore[index]
         toks = list(map(known.__getitem__, lines))
         prepared = [t for t in toks if t is not _OTHER and t is not _VLLM]
-        return prepared, len(toks) - toks.count(_OTHER), dict(zip(lines, toks, strict=True))
+        seen = dict(zip(lines, toks, strict=True))
+        return prepared, len(toks) - toks.count(_OTHER), seen, changed
 
 
 def _json(r: httpx.Response | None) -> dict | None:
@@ -222,9 +247,6 @@ async def scrape(
         info, info_auth = await fetch_info(client, url, timeout, headers)
         auth = auth or info_auth
     return Scrape(url, started, time.time(), health, metrics, samples, info, auth)
-
-
-_POLL_PATHS = ("/health", "/metrics")
 
 
 class Poller:

@@ -14,6 +14,7 @@ or what answers is not vLLM), unauthorized (401/403), restarted (counters went b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from opsctl.domain.endpoint_notes import Advice, FiredAlert
@@ -347,22 +348,41 @@ def latency_figures(
     else over the server's lifetime."""
     out: dict[str, Quantiles] = {}
     basis = "none"
+    windowed = window is not None and window is not cur
     for short, name in LATENCY_HISTOGRAMS.items():
         cur_b = cur.buckets.get(name)
         if not cur_b:
             continue
         total_sum = cur.get(f"{name}_sum")
-        if window is not None and window is not cur:
-            delta = bucket_delta(window.buckets.get(name), cur_b)
-            if delta and delta[-1][1] > 0:
-                d_sum = counter_delta(window.get(f"{name}_sum"), total_sum)
-                out[short] = quantiles(delta, d_sum)
-                basis = "window"
-                continue
-        out[short] = quantiles(cur_b, total_sum)
-        if basis == "none" and out[short].count:
+        if windowed:
+            w_b, w_sum = window.buckets.get(name), window.get(f"{name}_sum")  # type: ignore[union-attr]
+            out[short], in_window = _histogram_figures(True, w_b, w_sum, cur_b, total_sum)
+        else:
+            out[short], in_window = _histogram_figures(False, None, None, cur_b, total_sum)
+        if in_window:
+            basis = "window"
+        elif basis == "none" and out[short].count:
             basis = "lifetime"
     return out, basis
+
+
+@functools.lru_cache(maxsize=8192)
+def _histogram_figures(
+    windowed: bool,
+    window_b: Buckets | None,
+    window_sum: float | None,
+    cur_b: Buckets,
+    total_sum: float | None,
+) -> tuple[Quantiles, bool]:
+    """One histogram's percentiles over the window (True: it saw requests there), else
+    over the lifetime. Cached on its inputs: a histogram that did not move between two
+    polls (an idle server's; under load, the families the workload does not touch) costs
+    a hash of its buckets, not their maths."""
+    if windowed:
+        delta = bucket_delta(window_b, cur_b)
+        if delta and delta[-1][1] > 0:
+            return quantiles(delta, counter_delta(window_sum, total_sum)), True
+    return quantiles(cur_b, total_sum), False
 
 
 def is_vllm(samples: MetricSamples | None) -> bool:

@@ -138,6 +138,25 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
     return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
 
 
+def build_changed(
+    prev: MetricSamples, prepared: list[Prepared], changed: set[str], vllm_series: int
+) -> MetricSamples:
+    """build_prepared(prepared) when only the samples named in ``changed`` differ from
+    those ``prev`` was built from: those names are summed again (their lines in body
+    order, so the same sums), every other name's figures are ``prev``'s own objects
+    (so a consumer can tell an unchanged histogram by identity)."""
+    part = build_prepared([p for p in prepared if p[1] in changed], vllm_series)
+    values = {k: v for k, v in prev.values.items() if k not in changed}
+    values.update(part.values)
+    labelled = {k: v for k, v in prev.labelled.items() if k not in changed}
+    labelled.update(part.labelled)
+    buckets = {k: v for k, v in prev.buckets.items() if k not in changed}
+    buckets.update(part.buckets)
+    info = part.info if CACHE_CONFIG_INFO in changed else prev.info
+    engines = part.engines if RUNNING in changed else prev.engines
+    return MetricSamples(values, labelled, buckets, info, engines, vllm_series)
+
+
 def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:
     """MetricSamples of scan()'s lines; the reference parser of ``text`` on anything
     the tokenizer does not handle."""

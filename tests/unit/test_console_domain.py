@@ -214,6 +214,19 @@ def test_percentiles_come_from_the_window_not_the_lifetime():
     assert v.figures.latency["ttft"].count == 10  # still the window since t=0
 
 
+def test_cached_percentiles_are_the_computed_ones():
+    """latency_figures caches each histogram's figures on its inputs: poll after poll
+    (the window sliding, histograms moving or not) they equal a fresh computation."""
+    t = tracker(latency_window_s=3.0)
+    bodies = [_ttft_body(1000, 0, 10)] * 2 + [_ttft_body(1000, n, 20 + n) for n in (0, 5, 5, 9)]
+    bodies += [_ttft_body(1000, 9, 30)] * 5 + [_ttft_body(2000, 9, 40)]
+    for i, text in enumerate(bodies):
+        v = t.observe(scrape(i, text))
+        c._histogram_figures.cache_clear()
+        fresh = c.latency_figures(t.window[-1][1], t.window[0][1])
+        assert (v.figures.latency, v.figures.latency_basis) == fresh, i
+
+
 def test_history_is_bounded():
     t = tracker(history_s=5.0, latency_window_s=3.0)
     for sec in range(50):

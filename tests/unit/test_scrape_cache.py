@@ -34,6 +34,14 @@ def _busy(i: int, base: str = BASE) -> str:
     )
 
 
+def _without(text: str, family: str) -> str:
+    return "".join(line for line in text.splitlines(True) if not line.startswith(family))
+
+
+def _line(text: str, name: str) -> str:
+    return next(line for line in text.splitlines(True) if line.startswith(name + "{"))
+
+
 def _sequence() -> list[tuple[str, str]]:
     many = _many_labels(BASE)
     out = [(f"recorded {p.name}", p.read_text()) for p in sorted(DATA.glob("vllm_metrics_*.txt"))]
@@ -50,6 +58,13 @@ def _sequence() -> list[tuple[str, str]]:
         ("a line separator in a comment", _busy(8).replace("# HELP", "# HELP \u2028", 1)),
         ("a new series", _busy(9) + 'vllm:num_preemptions_total{engine="5"} 3\n'),
         ("a series gone", _busy(9)),
+        ("a histogram gone", _without(_busy(10), "vllm:e2e_request_latency_seconds")),
+        ("it is back", _busy(10)),
+        ("cache config changed", _busy(11).replace(',block_size="128"', ',block_size="256"')),
+        ("a repeated line", _busy(11) + _line(_busy(11), "vllm:num_requests_running")),
+        ("repeated twice", _busy(11) + _line(_busy(11), "vllm:num_requests_running") * 2),
+        ("repeated, another", _busy(11) + _line(_busy(11), "vllm:generation_tokens_total")),
+        ("no repeat", _busy(11)),
         ("empty", ""),
         ("back", _busy(10)),
     ]
@@ -71,7 +86,7 @@ def test_scan_in_one_pass_keeps_metrics_fast_scans_lines():
     for name, text in _sequence():
         if any(b in text for b in scrape._BREAKS) or "\\" in text:
             continue
-        prepared, series, _ = cache._scan_cached(text)
+        prepared, series, _, _ = cache._scan_cached(text)
         lines, want_series = metrics_fast.scan(text)
         assert series == want_series, name
         assert repr(prepared) == repr([metrics_fast.prepare(line) for line in lines]), name
@@ -117,3 +132,22 @@ def test_not_prometheus_text_raises_and_keeps_the_previous_state():
             cache.parse(bad)
     assert cache.samples is first
     same(cache.parse(_busy(2)), parse_samples(_busy(2)))
+
+
+def test_a_changed_body_sums_again_only_the_changed_names():
+    """Only the changed names are summed again: the other figures are the previous
+    snapshot's own objects (what lets the latency figures skip unchanged histograms)."""
+    cache = MetricsCache()
+    first = cache.parse(_busy(1))
+    second = cache.parse(_busy(2))
+    same(second, parse_samples(_busy(2)))
+    ttft = "vllm:time_to_first_token_seconds"
+    assert second.buckets[ttft] is first.buckets[ttft]  # its _count changed, not a bucket
+    assert second.buckets["vllm:e2e_request_latency_seconds"] is not None
+    for name, b in first.buckets.items():
+        assert second.buckets[name] is b, name
+    assert second.info is first.info
+    assert (
+        second.values["vllm:generation_tokens_total"]
+        != first.values["vllm:generation_tokens_total"]
+    )
