@@ -538,6 +538,6 @@ if __name__ == "__main__":
     if args.prometheus:
         part3([int(x) for x in args.prometheus.split(",")], args.duration)
     if args.real:
-        from benchmarks.console_vs_vllmstat import part2
+        from benchmarks.vs_vllmstat import side_by_side as part2
 
         part2(args.duration)

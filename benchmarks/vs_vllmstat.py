@@ -29,6 +29,8 @@ capture-pane). Stops what it started (tmux server, vLLM server) on exit, on Ctrl
 vllmstat 0.9.1 in its own venv:
 `python3.11 -m venv /tmp/vstat && /tmp/vstat/bin/pip install -q vllmstat==0.9.1`.
 `--url URL` watches a server that is already running (no engine start, no poll counts).
+`benchmarks/console_scale.py --real` runs the same (``side_by_side``; its window is
+console_scale's --duration). This file is the one home of the real-server comparison.
 """
 
 from __future__ import annotations
@@ -251,7 +253,7 @@ def showing(screen: str, port: int) -> bool:
     )
 
 
-def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
+def measure(duration: float, warmup: float, tmux: Tmux, server: Server) -> None:
     vs = vllmstat_exe()
     vs_python = str(Path(vs).parent / "python")
     tools = [
@@ -283,17 +285,17 @@ def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
         return all(showing(tmux.screen(t.name.split()[-1]), server.port) for t in tools)
 
     wait_until(drawn, 120, "both screens to show the server up", every=0.5)
-    say(f"both drawing; warm-up {args.warmup:g} s")
-    time.sleep(args.warmup)  # the warm-up is a time span by design, not a wait for a state
+    say(f"both drawing; warm-up {warmup:g} s")
+    time.sleep(warmup)  # the warm-up is a time span by design, not a wait for a state
 
-    say(f"measuring {args.duration:g} s ...")
+    say(f"measuring {duration:g} s ...")
     load0 = os.getloadavg()
     off0 = log_size(server)
     for t in tools:
         t.sample(server.port)
         t.cpu0 = t.cpu()
     t0 = time.monotonic()
-    end = t0 + args.duration
+    end = t0 + duration
     while (now := time.monotonic()) < end:
         time.sleep(min(5.0, end - now))  # the window is a time span by design
         for t in tools:
@@ -310,7 +312,7 @@ def measure(args: argparse.Namespace, tmux: Tmux, server: Server) -> None:
 
     what = "One idle bare tiny-llama vLLM server" if server.log else "The server at --url"
     print(f"\n{what} ({server.url}), both TUIs at once, "
-          f"{window:.0f} s window after {args.warmup:g} s warm-up, {COLS}x{ROWS} tmux panes\n")  # fmt: skip
+          f"{window:.0f} s window after {warmup:g} s warm-up, {COLS}x{ROWS} tmux panes\n")  # fmt: skip
     print("| tool | version | interval | CPU % of a core | CPU ms per s | RSS MiB | processes "
           "| requests to the server in the window |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
@@ -342,13 +344,10 @@ def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=60.0, help="measuring window (s)")
-    ap.add_argument("--warmup", type=float, default=10.0, help="after both draw (s)")
-    ap.add_argument("--url", default=None, help="a running vLLM server (no engine start)")
-    args = ap.parse_args()
-    if args.duration <= 0 or args.warmup < 0:
+def side_by_side(duration: float = 60.0, warmup: float = 10.0, url: str | None = None) -> int:
+    """One run (the module's docstring); the exit code: 0, 1 failed, 2 bad input, 3 no
+    server at ``url``, 130 interrupted."""
+    if duration <= 0 or warmup < 0:
         print("opsctl: error: --duration must be > 0 and --warmup >= 0", file=sys.stderr)
         return 2
     if not shutil.which("tmux"):
@@ -358,10 +357,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGHUP, _sigterm)
     try:
-        with vllm_server(args.url) as server:
+        with vllm_server(url) as server:
             tmux = Tmux()
             try:
-                measure(args, tmux, server)
+                measure(duration, warmup, tmux, server)
             finally:
                 tmux.close()
     except KeyboardInterrupt:
@@ -374,6 +373,15 @@ def main() -> int:
         print(f"opsctl: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=60.0, help="measuring window (s)")
+    ap.add_argument("--warmup", type=float, default=10.0, help="after both draw (s)")
+    ap.add_argument("--url", default=None, help="a running vLLM server (no engine start)")
+    args = ap.parse_args()
+    return side_by_side(args.duration, args.warmup, args.url)
 
 
 if __name__ == "__main__":
