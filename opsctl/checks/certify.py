@@ -82,22 +82,15 @@ class CheckStarted(ev.Event):
 
 
 @dataclass(frozen=True, slots=True)
-class CheckProgress(ev.Event):
-    """An event of the running check (its panel's; the stderr log prefixes it)."""
+class CheckProgress(ev.Prefixed):
+    """An event of the running check (its panel's): every log line prefixed with the
+    check, its phase too, its warnings as they are."""
 
-    check: str
-    event: ev.Event
+    phase: bool = True
 
-    def snapshot(self) -> dict[str, Any]:
-        inner = self.event.snapshot()
-        out: dict[str, Any] = {}
-        if inner.get("events"):
-            out["events"] = [f"[{self.check}] {line}" for line in inner["events"]]
-        if inner.get("phase") and not isinstance(self.event, ev.Finished):
-            out["phase"] = f"{self.check}: {inner['phase']}"
-        if inner.get("warnings"):
-            out["warnings"] = list(inner["warnings"])
-        return out
+    @property
+    def check(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,20 +106,12 @@ class TargetStarted(ev.Event):
 
 
 @dataclass(frozen=True, slots=True)
-class TargetProgress(ev.Event):
-    """An event of one target's certification (its lines prefixed with the target)."""
+class TargetProgress(ev.Prefixed):
+    """An event of one target's certification: only its checks' verdicts and its alerts
+    are log lines, prefixed with the target, and so are its warnings."""
 
-    name: str
-    event: ev.Event
-
-    def snapshot(self) -> dict[str, Any]:
-        inner = self.event.snapshot()
-        out: dict[str, Any] = {}
-        if inner.get("events") and isinstance(self.event, certify.CheckDone | ev.Alert):
-            out["events"] = [f"[{self.name}] {line}" for line in inner["events"]]
-        if inner.get("warnings"):
-            out["warnings"] = [f"[{self.name}] {w}" for w in inner["warnings"]]
-        return out
+    lines_of: tuple[type[ev.Event], ...] = (certify.CheckDone, ev.Alert)
+    tag_warnings: bool = True
 
 
 @dataclass(frozen=True, slots=True)

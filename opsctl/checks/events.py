@@ -159,6 +159,36 @@ class Update(Event):
         return dict(self.fields)
 
 
+@dataclass(frozen=True, slots=True)
+class Prefixed(Event):
+    """An event of one named part of a larger run (a check of certify, a target of a
+    fleet): the inner event's log lines, prefixed ``[name]``. The switches:
+
+    - ``phase``: also the inner phase, as ``name: phase`` (not an inner Finished's "done":
+      the part ending is not the run ending);
+    - ``lines_of``: log lines only of inner events of these types (empty: of every event);
+    - ``tag_warnings``: warnings prefixed ``[name]`` too (else as they are).
+    """
+
+    name: str
+    event: Event
+    phase: bool = False
+    lines_of: tuple[type[Event], ...] = ()
+    tag_warnings: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        inner = self.event.snapshot()
+        out: dict[str, Any] = {}
+        if inner.get("events") and (not self.lines_of or isinstance(self.event, self.lines_of)):
+            out["events"] = [f"[{self.name}] {line}" for line in inner["events"]]
+        if self.phase and inner.get("phase") and not isinstance(self.event, Finished):
+            out["phase"] = f"{self.name}: {inner['phase']}"
+        if inner.get("warnings"):
+            tag = f"[{self.name}] " if self.tag_warnings else ""
+            out["warnings"] = [tag + w for w in inner["warnings"]]
+        return out
+
+
 Progress = Callable[[Event], None]
 
 
