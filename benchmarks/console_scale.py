@@ -25,11 +25,11 @@ one tick in ten with nothing changed; the CPU of each tick, drawing included, on
 process's CPU clock (other processes' load does not count, unlike the rows above), and
 the lines the table painted per tick (its render_line calls).
 
-Part 2 (real server, with --real): one bare tiny-llama vLLM server; the `opsctl console`
-TUI and vllmstat's TUI each watch it at 1 Hz in a pseudo-terminal for DURATION seconds
-(CPU % of one core, CPU per poll), and both tools' `--once --json` figures side by side.
-vllmstat comes from the `bench` extra; set VLLMSTAT=/path/to/vllmstat (a separate venv
-is fine: `python -m venv /tmp/vs-venv && /tmp/vs-venv/bin/pip install vllmstat`).
+Part 2 (real server, with --real): benchmarks/vs_vllmstat.py's side_by_side: one bare
+tiny-llama vLLM server, the `opsctl console` TUI and vllmstat's TUI at once, each in its
+own tmux pane, a 10 s warm-up then DURATION seconds: CPU % of a core, RSS, requests to
+the server, load average. vllmstat in its own venv (VLLMSTAT=/path/to/vllmstat, e.g.
+`python -m venv /tmp/vstat && /tmp/vstat/bin/pip install vllmstat`).
 
     python benchmarks/console_scale.py [--duration 30] [--sizes 8,64,256] [--real]
         [--prometheus 256,1024] [--no-direct-sizes] [--no-ui] [--profile [DIR]]
@@ -540,4 +540,4 @@ if __name__ == "__main__":
     if args.real:
         from benchmarks.vs_vllmstat import side_by_side as part2
 
-        part2(args.duration)
+        raise SystemExit(part2(args.duration))

@@ -29,7 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.prometheus_fixture import _free_port, _stop, _wait_ready
+from opsctl.engine.server import free_port
+from tests.prometheus_fixture import _stop, _wait_ready
 
 BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 MISSING = (
@@ -145,7 +146,7 @@ def running_alertmanager(webhook_url: str, timeout: float = 60.0) -> Iterator[Am
         config.write_text(config_text(webhook_url))
         log_path = workdir / "alertmanager.log"
         for _ in range(3):  # a free port may be taken between the probe and the bind
-            port = _free_port()
+            port = free_port()
             cmd = [
                 exe,
                 f"--config.file={config}",

@@ -34,7 +34,6 @@ from opsctl.engine.server import free_port
 
 # the old name, still imported by tests/alertmanager_fixture.py and
 # tests/unit/test_alert_rules_readme.py (the same function, no copy)
-_free_port = free_port
 
 BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
 MISSING = (

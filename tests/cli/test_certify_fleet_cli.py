@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from opsctl.checks import certify_fleet as fleet
 from opsctl.checks import events as ev
 from opsctl.cli import app
 from opsctl.domain.certify_fleet import FleetTarget
+from opsctl.engine.server import free_port
 from tests.standin_completions import Behaviour, completions_server
 from tests.standin_fleet import KEY, hung_server, keyed_server, slow_server
 
@@ -38,10 +38,7 @@ DEADLINE_S = 6  # each target's --timeout: liveness on a stand-in finishes insid
 
 @contextlib.contextmanager
 def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://127.0.0.1:{free_port()}"  # nobody listens there
 
 
 def run_cli(args: list[str], tmp: Path, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -21,10 +21,11 @@ import yaml
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from opsctl.engine.server import free_port
 from tests.alertmanager_fixture import Webhook
 from tests.alertmanager_fixture import binary as am_binary
 from tests.conftest import OPSCTL
-from tests.prometheus_fixture import _free_port, _stop, _wait_ready
+from tests.prometheus_fixture import _stop, _wait_ready
 from tests.prometheus_fixture import binary as prom_binary
 from tests.standin_vllm import StandInFleet
 from tests.waiting import wait_until
@@ -88,7 +89,7 @@ def test_prometheus_and_alertmanager_start_from_the_sections_files(tmp_path):
     procs = []
     with Webhook() as hook, StandInFleet(["healthy", "busy"]) as fleet:
         try:
-            am_port, prom_port = _free_port(), _free_port()
+            am_port, prom_port = free_port(), free_port()
             receiver = am["receivers"][0]["webhook_configs"][0]
             assert receiver["send_resolved"] is True
             receiver["url"] = hook.url

@@ -8,21 +8,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from opsctl.engine.server import free_port
 from tests.standin_vllm import StandInFleet
 
 DATA = Path(__file__).resolve().parents[1] / "data/serverlogs"
 ARCH = "Model architectures ['NoSuchArchForCausalLM'] are not supported"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def console(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +32,7 @@ def test_dead_server_log_explains_it_and_healthy_log_shows_its_phase(tmp_path):
     shutil.copy(DATA / "vllm-0.32-no-such-arch-death.log", dead_log)
     ok_log = tmp_path / "ok.log"
     shutil.copy(DATA / "vllm-0.32-tiny-llama-healthy.log", ok_log)
-    dead = f"http://127.0.0.1:{closed_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens there
     with StandInFleet(["healthy"]) as fleet:
         (ok,) = fleet.urls
         r = console("--log", f"{dead}={dead_log}", "--log", f"{ok}={ok_log}")
