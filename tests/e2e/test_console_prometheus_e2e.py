@@ -269,6 +269,23 @@ def running_now(url: str) -> float:
     )
 
 
+def freeze_with_requests_running(core: int, url: str, timeout: float = 120.0) -> float:
+    """SIGSTOP the EngineCore while requests run on it; the time of the stop. The load's
+    streams start together and end at the same step, so a stop can land in the moment
+    between two batches (nothing running: an idle server, not a stalled one); then the
+    core goes on and is stopped again once requests run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(core, signal.SIGSTOP)
+        stopped_at = time.time()
+        if running_now(url) > 0:  # the frozen core left requests running
+            return stopped_at
+        os.kill(core, signal.SIGCONT)
+        assert time.monotonic() < deadline, f"no stop with requests running in {timeout:g} s"
+        wait_until(lambda: running_now(url) > 0, max(1.0, deadline - time.monotonic()),
+                   "requests running again")  # fmt: skip
+
+
 def prom_alerts(server, name: str, state: str | None = None) -> dict[str, dict]:
     return {
         a["labels"]["instance"]: a
@@ -309,9 +326,7 @@ def test_sigstop_fires_exactly_that_servers_stall_alert_and_sigcont_resolves_it(
         try:
             wait_until(lambda: running_now(a.url) > 0 and running_now(b.url) > 0, 120,
                        "requests running on both servers")  # fmt: skip
-            os.kill(core_a, signal.SIGSTOP)
-            stopped_at = time.time()
-            assert running_now(a.url) > 0  # the frozen core left requests running
+            stopped_at = freeze_with_requests_running(core_a, a.url)
 
             # pending once the stall window passed, firing after --for
             pending = wait_until(lambda: prom_alerts(prom, ALERT).get(inst_a), 120,
