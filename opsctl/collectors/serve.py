@@ -89,7 +89,7 @@ class ServeCollector:
 
     def collect(self) -> ServeSnapshot:
         s = self.server
-        log = s.log_text()
+        log = s.launch_log_text()
         progress = load_progress(log)
         exit_code = s.exited()
         healthy = exit_code is None and s.health(self.client)

@@ -85,3 +85,13 @@ def argparse_error(log: str) -> str | None:
         ):
             return line.split(": error: ", 1)[1].strip()
     return None
+
+
+# a bind that lost a race: the API server's socket (Python's OSError), or torch's
+# c10d store (its EADDRINUSE), both taken by another process after the port was chosen
+_PORT_TAKEN = re.compile(r"\[Errno 98\] Address already in use|\bEADDRINUSE\b")
+
+
+def port_taken(log: str) -> bool:
+    """The server died because a port it was to listen on was taken meanwhile."""
+    return _PORT_TAKEN.search(log) is not None

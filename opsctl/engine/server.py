@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class StopReport:
 # 100 ms saved at the end of a start is saved by every engine a check or test starts
 HEALTH_POLL_S = 0.1
 TICK_S = 0.5  # process tree walk and progress callback while starting
+PORT_RETRIES = 2  # new ports tried when the chosen one was taken before the server bound it
 
 
 def port_free(host: str, port: int) -> bool:
@@ -90,8 +92,37 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (
+            int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        )
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_PICK = random.SystemRandom()  # never a seeded stream two processes could share
+# ports below the ephemeral range: many thousands, and only explicit binds take them
+_PICK_SPAN = 16384
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free on ``host`` now, for a server that binds it seconds later (vLLM's
+    imports take ~10 s). Chosen below the kernel's ephemeral range: a port from
+    ``bind(0)`` is one the kernel hands again to the next ``bind(0)`` or outgoing
+    connection anywhere on the machine (vLLM's own ZMQ and torch.distributed ports are
+    chosen that way), so a busy machine takes it before our server binds it. Below the
+    range only explicit binds compete, at random over ~16k ports. Falls back to
+    ``bind(0)`` where that range is too small."""
+    lo, _hi = _ephemeral_range()
+    first = max(1024, lo - _PICK_SPAN)
+    if lo - first >= 1024:
+        for _ in range(64):
+            port = _PICK.randrange(first, lo)
+            if port_free(host, port):
+                return port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -294,6 +325,8 @@ class EngineServer:
         self.stop_report: StopReport | None = None
         self._lock_fh = None
         self._stop_lock = threading.Lock()
+        self._log_from = 0  # where the current launch's output starts in server.log
+        self._relaunches = 0
 
     # ---- start ---------------------------------------------------------------
     @property
@@ -342,11 +375,18 @@ class EngineServer:
             raise
         self.run_dir = opts.run_dir or new_run_dir(opts.label, opts.model.name, self.port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        argv = build_argv(opts, self.port)
         self.shm_before = {f.name for f in shm.list_files()}
         self.tmp_dir = engine_tmp.create(self.run_dir)
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started_at = time.time()
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        opts = self.opts
+        argv = build_argv(opts, self.port)
+        assert self._log_fh is not None
+        self._log_from = self._log_fh.tell()
         # the parent-death signal fires when the forking *thread* exits: only from the
         # main thread (a worker thread may end long before the engine should)
         pdeath = (
@@ -366,7 +406,37 @@ class EngineServer:
         )
         self._remember([self.proc.pid])
         self._write_meta(argv=argv)
-        return self
+
+    def _relaunch_on_a_new_port(self) -> bool:
+        """After a death before health: when the port opsctl chose was taken before the
+        server bound it (a race no pre-check closes), start again on another port, at
+        most ``PORT_RETRIES`` times. Never for a port the operator named."""
+        if self.opts.port is not None or self._relaunches >= PORT_RETRIES:
+            return False
+        if not serverlog.port_taken(self.launch_log_text()):
+            return False
+        leftover = self._reap_dead_launch()
+        if leftover:
+            return False  # something of the dead launch still runs: let stop() report it
+        old = self.port
+        self.port = free_port(self.opts.host)
+        self._relaunches += 1
+        assert self._log_fh is not None
+        self._log_fh.write(
+            f"opsctl: port {old} was taken before the server bound it; "
+            f"starting again on port {self.port}\n".encode()
+        )
+        self._log_fh.flush()
+        self._launch()
+        return True
+
+    def _reap_dead_launch(self) -> list[int]:
+        """Every process of a launch whose API server has exited, gone: SIGKILL what is
+        left (nothing served yet); the pids still alive after 5 s."""
+        pids = self._all_pids()
+        self._signal_all(pids, kill=True)
+        self._wait_gone(pids, time.time() + 5.0)
+        return [p.pid for p in self._living(pids)]
 
     def _write_meta(self, **extra) -> None:
         assert self.run_dir is not None
@@ -406,6 +476,15 @@ class EngineServer:
         except OSError:
             return ""
 
+    def launch_log_text(self) -> str:
+        """The server log of the current launch (after a relaunch, not the dead one's)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_from)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def track(self) -> None:
         """Remember our descendants and the /dev/shm segments they map (for cleanup)."""
         if not self.proc:
@@ -435,7 +514,7 @@ class EngineServer:
             return False
 
     def death_error(self) -> Exception:
-        log = self.log_text()
+        log = self.launch_log_text()
         rc = self.exited()
         bad_args = serverlog.argparse_error(log)
         if bad_args is not None:
@@ -456,7 +535,7 @@ class EngineServer:
         next_tick = 0.0  # process tracking and on_tick at most every TICK_S
         with httpx.Client(verify=http.tls_context()) as client:
             while True:
-                if self.exited() is not None:
+                if self.exited() is not None and not self._relaunch_on_a_new_port():
                     raise self.death_error()
                 if time.monotonic() >= next_tick:
                     self.track()

@@ -90,7 +90,7 @@ def _watch(server: EngineServer, req: ServeRequest, on_event: OnEvent) -> int:
     last_phase = [""]
 
     def tick(s: EngineServer) -> None:
-        phase = load_progress(s.log_text()).phase
+        phase = load_progress(s.launch_log_text()).phase
         if phase != last_phase[0]:
             last_phase[0] = phase
             on_event("phase", {"phase": phase, "elapsed": round(time.time() - s.started_at, 1)})
@@ -116,7 +116,7 @@ def _watch(server: EngineServer, req: ServeRequest, on_event: OnEvent) -> int:
         time.sleep(1.0)
         server.track()
         if server.exited() is not None:
-            lines = decisive_lines(server.log_text())
+            lines = decisive_lines(server.launch_log_text())
             raise EngineDied(
                 f"engine died (exit code {server.exited()}): "
                 + (" | ".join(lines) or "no error line in the log"),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from opsctl.engine.server import EngineServer
 from tests.waiting import wait_until
@@ -106,3 +107,132 @@ def test_the_parent_death_preexec_lets_a_child_of_a_live_owner_run(tmp_path):
     )
     assert child.wait(60) == 0
     assert marker.exists()
+
+
+# A stand-in API server for the port race: it binds host:port the way vLLM's
+# create_server_socket does (SO_REUSEADDR, bind, listen; an OSError with errno 98 when
+# taken) once the gate file exists, then answers /health. Everything around it is
+# EngineServer's own code: port choice, launch, the wait for health, stop.
+BINDING_SERVER = """
+import http.server, os, sys, time
+port, gate = int(sys.argv[1]), sys.argv[2]
+deadline = time.monotonic() + 60
+while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+    time.sleep(0.01)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+print("INFO stand-in binding", port, flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _race_server(tmp_path, monkeypatch, picks, port=None, gate=""):
+    """An EngineServer on the stand-in; ``picks`` are the ports free_port hands out."""
+    import itertools
+
+    from opsctl.engine import server as srv
+    from opsctl.engine.model import ResolvedModel
+    from opsctl.engine.server import LaunchOptions
+
+    monkeypatch.delenv("OPSCTL_ENGINE_LOCK", raising=False)
+    monkeypatch.setattr(
+        srv, "build_argv", lambda opts, p: [sys.executable, "-c", BINDING_SERVER, str(p), gate]
+    )
+    picks = itertools.chain(picks, itertools.repeat(picks[-1]))
+    monkeypatch.setattr(srv, "free_port", lambda host="127.0.0.1": next(picks))
+    run_dir = tmp_path / "run"
+    model = ResolvedModel("tiny-llama", tmp_path, "decoder", True, {})
+    return srv.EngineServer(LaunchOptions(model=model, port=port, run_dir=run_dir))
+
+
+def _listening() -> tuple[object, int]:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypatch):
+    """CI saw it: the port opsctl chose was taken during vLLM's ~10 s of imports, and the
+    check died of `[Errno 98] Address already in use`. The server starts again on a
+    new port, within the same wait, and the dead launch leaves nothing behind."""
+    from opsctl.engine.server import free_port
+
+    taken, port_taken = _listening()
+    fresh = free_port()
+    server = _race_server(tmp_path, monkeypatch, [port_taken, fresh])
+    try:
+        with taken:
+            server.start()
+            first_pid = server.pid
+            server.wait_healthy(60)
+            assert server.port == fresh and server.url.endswith(f":{fresh}")
+            assert server.pid != first_pid and not psutil.pid_exists(first_pid)
+            log = server.log_text()
+            assert "Address already in use" in log
+            assert f"port {port_taken} was taken before the server bound it" in log
+            assert server.launch_log_text().startswith(f"INFO stand-in binding {fresh}")
+    finally:
+        report = server.stop()
+    assert report.leftover_pids == []
+
+
+def test_a_port_taken_every_time_gives_up_after_the_retries(tmp_path, monkeypatch):
+    from opsctl.engine import server as srv
+    from opsctl.errors import EngineDied
+
+    taken, port_taken = _listening()
+    server = _race_server(tmp_path, monkeypatch, [port_taken])
+    try:
+        with taken, pytest.raises(EngineDied, match="Address already in use"):
+            server.start()
+            server.wait_healthy(60)
+        assert server.log_text().count("was taken before the server bound it") == srv.PORT_RETRIES
+    finally:
+        assert server.stop().leftover_pids == []
+
+
+def test_a_port_the_operator_named_is_never_swapped(tmp_path, monkeypatch):
+    """`--port 8000` taken between opsctl's check and vLLM's bind is the operator's to
+    know about: the engine dies with the reason, on no other port."""
+    from opsctl.engine.server import free_port
+    from opsctl.errors import EngineDied
+
+    gate = tmp_path / "bind-now"
+    named = free_port()
+    server = _race_server(tmp_path, monkeypatch, [free_port()], port=named, gate=str(gate))
+    try:
+        server.start()
+        with _bound(named), pytest.raises(EngineDied, match="Address already in use"):
+            gate.touch()
+            server.wait_healthy(60)
+        assert server.port == named and "was taken" not in server.log_text()
+    finally:
+        assert server.stop().leftover_pids == []
+
+
+def _bound(port: int):
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable():
+    """Ports from bind(0) are the kernel's to hand out again (vLLM's own ZMQ and
+    torch.distributed ports, every outgoing connection): opsctl's come from below."""
+    from opsctl.engine.server import _PICK_SPAN, _ephemeral_range, free_port, port_free
+
+    lo, _ = _ephemeral_range()
+    ports = {free_port() for _ in range(20)}
+    assert all(max(1024, lo - _PICK_SPAN) <= p < lo for p in ports), ports
+    assert len(ports) > 1  # random, not one port every caller shares
+    assert all(port_free("127.0.0.1", p) for p in ports)

@@ -65,3 +65,17 @@ def test_decisive_lines_skip_warnings_and_keep_validation_detail():
     lines = decisive_lines(log)
     assert len(lines) == 1
     assert "ValidationError" in lines[0] and "max_model_len (100000)" in lines[0]
+
+
+def test_port_taken_reads_the_api_servers_and_torchs_bind_failures():
+    from opsctl.domain.serverlog import port_taken
+
+    # CI's log (vLLM's create_server_socket) and torch.distributed's TCPStore
+    assert port_taken("(APIServer pid=7) OSError: [Errno 98] Address already in use\n")
+    assert port_taken(
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+        "local network address. port: 45197, useIPv6: 0, code: -98, name: EADDRINUSE, "
+        "message: address already in use\n"
+    )
+    assert not port_taken("OSError: [Errno 99] Cannot assign requested address\n")
+    assert not port_taken("INFO Starting vLLM server on http://127.0.0.1:45197\n")
