@@ -415,19 +415,24 @@ class EngineServer:
             return False
         if not serverlog.port_taken(self.launch_log_text()):
             return False
-        leftover = self._reap_dead_launch()
-        if leftover:
-            return False  # something of the dead launch still runs: let stop() report it
-        old = self.port
-        self.port = free_port(self.opts.host)
-        self._relaunches += 1
-        assert self._log_fh is not None
-        self._log_fh.write(
-            f"opsctl: port {old} was taken before the server bound it; "
-            f"starting again on port {self.port}\n".encode()
-        )
-        self._log_fh.flush()
-        self._launch()
+        # under the stop lock: a stop() from another thread (the console stopping a
+        # starting server) either came first (no relaunch) or stops the new launch
+        with self._stop_lock:
+            if self.stop_report is not None:
+                return False
+            leftover = self._reap_dead_launch()
+            if leftover:
+                return False  # something of the dead launch still runs: stop() reports it
+            old = self.port
+            self.port = free_port(self.opts.host)
+            self._relaunches += 1
+            assert self._log_fh is not None
+            self._log_fh.write(
+                f"opsctl: port {old} was taken before the server bound it; "
+                f"starting again on port {self.port}\n".encode()
+            )
+            self._log_fh.flush()
+            self._launch()
         return True
 
     def _reap_dead_launch(self) -> list[int]:
