@@ -32,9 +32,6 @@ import pytest
 
 from opsctl.engine.server import free_port
 
-# the old name, still imported by tests/alertmanager_fixture.py and
-# tests/unit/test_alert_rules_readme.py (the same function, no copy)
-
 BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
 MISSING = (
     "Prometheus is not installed ({binary} missing): run `make prometheus` as root "

@@ -10,6 +10,7 @@ is left, and removes /dev/shm segments the run created that no live process maps
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import random
@@ -92,14 +93,12 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (what ``bind(0)`` hands out)."""
     try:
-        lo, hi = (
-            int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        )
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 _PICK = random.SystemRandom()  # never a seeded stream two processes could share
@@ -115,7 +114,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     chosen that way), so a busy machine takes it before our server binds it. Below the
     range only explicit binds compete, at random over ~16k ports. Falls back to
     ``bind(0)`` where that range is too small."""
-    lo, _hi = _ephemeral_range()
+    lo = _ephemeral_low()
     first = max(1024, lo - _PICK_SPAN)
     if lo - first >= 1024:
         for _ in range(64):
@@ -476,19 +475,22 @@ class EngineServer:
         return self.proc.poll() if self.proc else None
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return self._log_since(0)
 
     def launch_log_text(self) -> str:
         """The server log of the current launch (after a relaunch, not the dead one's)."""
+        return self._log_since(self._log_from)
+
+    def _log_since(self, offset: int) -> str:
+        """server.log from byte ``offset``, read as ``Path.read_text`` reads a file
+        (universal newlines: tqdm's ``\r`` ends a line; undecodable bytes replaced)."""
         try:
             with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_from)
-                return fh.read().decode(errors="replace")
+                fh.seek(offset)
+                data = fh.read()
         except OSError:
             return ""
+        return io.TextIOWrapper(io.BytesIO(data), errors="replace").read()
 
     def track(self) -> None:
         """Remember our descendants and the /dev/shm segments they map (for cleanup)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -149,13 +150,12 @@ def _race_server(tmp_path, monkeypatch, picks, port=None, gate=""):
     return srv.EngineServer(LaunchOptions(model=model, port=port, run_dir=run_dir))
 
 
-def _listening() -> tuple[object, int]:
-    import socket
-
+def _listening(port: int = 0) -> socket.socket:
+    """A socket listening on 127.0.0.1:port (0: a port the kernel picks)."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen()
-    return sock, sock.getsockname()[1]
+    return sock
 
 
 def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypatch):
@@ -164,7 +164,8 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, mo
     new port, within the same wait, and the dead launch leaves nothing behind."""
     from opsctl.engine.server import free_port
 
-    taken, port_taken = _listening()
+    taken = _listening()
+    port_taken = taken.getsockname()[1]
     fresh = free_port()
     server = _race_server(tmp_path, monkeypatch, [port_taken, fresh])
     try:
@@ -187,7 +188,8 @@ def test_a_port_taken_every_time_gives_up_after_the_retries(tmp_path, monkeypatc
     from opsctl.engine import server as srv
     from opsctl.errors import EngineDied
 
-    taken, port_taken = _listening()
+    taken = _listening()
+    port_taken = taken.getsockname()[1]
     server = _race_server(tmp_path, monkeypatch, [port_taken])
     try:
         with taken, pytest.raises(EngineDied, match="Address already in use"):
@@ -209,7 +211,7 @@ def test_a_port_the_operator_named_is_never_swapped(tmp_path, monkeypatch):
     server = _race_server(tmp_path, monkeypatch, [free_port()], port=named, gate=str(gate))
     try:
         server.start()
-        with _bound(named), pytest.raises(EngineDied, match="Address already in use"):
+        with _listening(named), pytest.raises(EngineDied, match="Address already in use"):
             gate.touch()
             server.wait_healthy(60)
         assert server.port == named and "was taken" not in server.log_text()
@@ -217,22 +219,27 @@ def test_a_port_the_operator_named_is_never_swapped(tmp_path, monkeypatch):
         assert server.stop().leftover_pids == []
 
 
-def _bound(port: int):
-    import socket
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", port))
-    sock.listen()
-    return sock
-
-
 def test_free_port_is_below_the_ephemeral_range_and_bindable():
     """Ports from bind(0) are the kernel's to hand out again (vLLM's own ZMQ and
     torch.distributed ports, every outgoing connection): opsctl's come from below."""
-    from opsctl.engine.server import _PICK_SPAN, _ephemeral_range, free_port, port_free
+    from opsctl.engine.server import _PICK_SPAN, _ephemeral_low, free_port, port_free
 
-    lo, _ = _ephemeral_range()
+    lo = _ephemeral_low()
     ports = {free_port() for _ in range(20)}
     assert all(max(1024, lo - _PICK_SPAN) <= p < lo for p in ports), ports
     assert len(ports) > 1  # random, not one port every caller shares
     assert all(port_free("127.0.0.1", p) for p in ports)
+
+
+def test_the_launch_log_reads_like_the_whole_log(tmp_path):
+    """Both views of server.log decode alike (tqdm's \\r ends a line, a bad byte is
+    replaced); the launch's view starts where the launch began."""
+    from opsctl.engine.server import EngineServer
+
+    server = EngineServer.__new__(EngineServer)  # the log views only: no engine
+    server.run_dir = tmp_path
+    first = b"dead launch\r\n"
+    (tmp_path / "server.log").write_bytes(first + b"shards 1/2\rshards 2/2\r\nbad \xff\n")
+    server._log_from = len(first)
+    assert server.log_text() == "dead launch\nshards 1/2\nshards 2/2\nbad \ufffd\n"
+    assert server.launch_log_text() == "shards 1/2\nshards 2/2\nbad \ufffd\n"
