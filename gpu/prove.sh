@@ -22,6 +22,16 @@
 #                    mode, kv-fail tiny-llama, ...); diag invariance --model tiny-llama
 #                    --mode default when time is left
 #   facts    ~20 s   only the facts (also the first step of serve)
+#   recovery ~450 s  issue 34: diag kv-fail --mode default (vLLM's default mode: async
+#                    scheduling, V2 runner, CUDA graphs, bf16) on tiny-llama: recompute,
+#                    --no-patch, --policy fail; then tiny-hybrid recompute
+#   recovery2 ~500 s tiny-hybrid --no-patch and --policy fail; certify --model tiny-llama;
+#                    float32 both ways (gpu/repro_kv_fail.py v2-eager-fp32 with and
+#                    without the patches: fp32.json)
+#
+# The opsctl that runs is the checkout's (PYTHONPATH=<checkout>:/tmp/site, so a change
+# needs no new bundle); PROVE_CODE=bundle runs the bundle's wheel instead. facts.txt
+# names the files imported and PROVE_COMMIT (give it on the command line).
 #
 # Outputs: /tmp/prove/STAGE/ (per call: NAME.json or NAME.txt = stdout, NAME.err =
 # stderr; serve.jsonl = opsctl serve's events, sigkill.json = the SIGKILL measurement;
@@ -37,12 +47,13 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2" >&2
     exit 2
     ;;
 esac
 T_START=$(date +%s)
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 BUDGET=${PROVE_BUDGET:-530}
 DEADLINE=$((T_START + BUDGET))
 
@@ -52,7 +63,8 @@ if [ -n "${OPSCTL_PROVE_LOCAL:-}" ]; then
     WORK=${PROVE_WORK:-/tmp/prove-local}
     PORT=${PROVE_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 else # the environment of ../shared/tools/gpu/bin/env.sh
-    export PYTHONPATH=/tmp/site OPSCTL_HOME=/tmp/oh
+    if [ "${PROVE_CODE:-checkout}" = bundle ]; then export PYTHONPATH=/tmp/site; else export PYTHONPATH=$REPO:/tmp/site; fi
+    export OPSCTL_HOME=/tmp/oh
     export OUT=${OUT:-/tmp/out}
     WORK=${PROVE_WORK:-/tmp/prove}
     PORT=${PROVE_PORT:-8000}
@@ -214,6 +226,8 @@ facts() {
         python3 --version
         python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
         python3 -c 'import vllm; print("vllm", vllm.__version__)'
+        python3 -c 'import opsctl, engine_patches; print("opsctl", opsctl.__file__, "engine_patches", engine_patches.__file__)'
+        echo "opsctl commit ${PROVE_COMMIT:-unknown}"
         echo "opsctl serve --eager exists: $( (cd "$RUN_CWD" && python3 -m opsctl serve --help) | grep -c -- --eager)"
         nproc
         free -g | head -2
@@ -348,6 +362,27 @@ lora)
     call lora-llama 200 100 diag lora --model tiny-llama --json --no-tui --timeout @T
     call lora-vlm 220 110 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
     call invariance-vlm 220 120 diag invariance --model tiny-vlm-multi --mode default --json --no-tui --timeout @T
+    ;;
+recovery)
+    facts
+    build tiny-llama tiny-hybrid
+    kvf="diag kv-fail --mode default --json --no-tui --timeout @T"
+    call kvfail-llama 200 100 $kvf --model tiny-llama
+    call kvfail-llama-nopatch 170 90 $kvf --model tiny-llama --no-patch
+    call kvfail-llama-fail 170 90 $kvf --model tiny-llama --policy fail
+    call kvfail-hybrid 200 100 $kvf --model tiny-hybrid
+    ;;
+recovery2)
+    facts
+    build tiny-llama tiny-hybrid
+    kvf="diag kv-fail --mode default --json --no-tui --timeout @T"
+    call kvfail-hybrid-nopatch 170 90 $kvf --model tiny-hybrid --no-patch
+    call kvfail-hybrid-fail 170 90 $kvf --model tiny-hybrid --policy fail
+    call certify-llama 300 150 certify --model tiny-llama --json --no-tui --junit "$D/certify.xml" --sarif "$D/certify.sarif" --timeout @T
+    lim=$(($(left) - 25))
+    say "fp32: gpu/repro_kv_fail.py v2-eager-fp32 v2-eager-fp32-nopatch (budget ${lim}s)"
+    (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/repro_kv_fail.py" --out "$D/fp32.json" --budget "$((lim - 20))" v2-eager-fp32 v2-eager-fp32-nopatch) >"$D/fp32.txt" 2>"$D/fp32.err"
+    say "fp32 rc=$?: $(cat "$D/fp32.txt" | cut -c1-400 | tr '\n' ';')"
     ;;
 certify)
     build tiny-llama

@@ -8,13 +8,15 @@ difference of a recovered request, and what the V2-runner trace saw (``gpu/v2hoo
 the scheduler's rewound ``num_computed_tokens`` against the runner's device-side one,
 and the positions the recompute step really computed).
 
-Configurations (NAME = runner-mode-dtype[-extra]):
+Configurations (NAME = [MODEL:]runner-mode-dtype[-extra]; MODEL defaults to tiny-llama):
   runner: v2 (vLLM 0.26's default on CUDA), v1 (VLLM_USE_V2_MODEL_RUNNER=0),
           v2fix (V2 with gpu/v2hook setting the device-side count to the scheduler's)
   mode:   eager (--enforce-eager, as opsctl's check engines) | graphs (vLLM's default:
           torch.compile + CUDA graphs)
   dtype:  bf16 | fp32 (--dtype float32)
-  extra:  nopatch (opsctl's kv_hybrid_recompute disabled) | sync (--no-async-scheduling)
+  extra:  nopatch (opsctl's KV recovery patches disabled: kv_hybrid_recompute,
+          kv_async_inflight, kv_rewind_v2) | sync (--no-async-scheduling) | fail
+          (kv_load_failure_policy fail instead of recompute)
 
 Run on the H200 (bundle from ../shared/tools/gpu, see docs/gpu.md), from /tmp so the
 bundle's opsctl is imported, not the checkout's:
@@ -76,14 +78,15 @@ def facts() -> dict:
 
 
 def spec_for(name: str):
-    from opsctl.checks.kv_fail import PATCH_NAME
+    from opsctl.checks.kv_fail import NO_PATCH
     from opsctl.checks.target import EngineSpec
 
+    model, _, name = name.rpartition(":")
     parts = name.split("-")
     runner, mode, dtype, extras = parts[0], parts[1], parts[2], set(parts[3:])
     if runner not in ("v1", "v2", "v2fix") or mode not in ("eager", "graphs"):
         raise SystemExit(f"bad configuration name {name!r}")
-    if dtype not in ("bf16", "fp32") or not extras <= {"nopatch", "sync"}:
+    if dtype not in ("bf16", "fp32") or not extras <= {"nopatch", "sync", "fail"}:
         raise SystemExit(f"bad configuration name {name!r}")
     env = {
         "PYTHONPATH": HOOK + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -95,10 +98,10 @@ def spec_for(name: str):
     if "sync" in extras:
         args.append("--no-async-scheduling")
     return EngineSpec(
-        model="tiny-llama",
+        model=model or "tiny-llama",
         extra_args=tuple(args),
         env=tuple(sorted(env.items())),
-        disable_patches=(PATCH_NAME,) if "nopatch" in extras else (),
+        disable_patches=NO_PATCH if "nopatch" in extras else (),
         enforce_eager=mode == "eager",
         timeout=400.0,
     )
@@ -176,6 +179,8 @@ def summary(name: str, doc: dict, trace: list[dict]) -> dict:
             [e.get("first_position"), e.get("last_position"), e.get("tokens")] for e in fwd
         ],
         "failures": [f["message"] for f in doc.get("findings", []) if f.get("severity") == "fail"],
+        "noise_floor": doc.get("noise_floor"),
+        "recovery_patches": doc.get("recovery_patches"),
     }
 
 
@@ -215,9 +220,12 @@ def main() -> int:
     result: dict = {"facts": facts(), "results": [], "skipped": []}
     took: dict[str, float] = {}
     ok = True
+    from opsctl.domain.kv_fail import Settings
+
     for name in a.configs:
         spec = spec_for(name)
-        mode = name.split("-")[1]
+        mode = name.rpartition(":")[2].split("-")[1]
+        policy = "fail" if "fail" in name.rpartition(":")[2].split("-")[3:] else "recompute"
         estimate = took.get(mode, 150.0 if mode == "eager" else 240.0)
         if time.time() - t0 + estimate > a.budget:
             result["skipped"].append(name)
@@ -225,7 +233,7 @@ def main() -> int:
             continue
         c0 = time.time()
         try:
-            report = check.run(spec, check.Options())
+            report = check.run(spec, check.Options(Settings(policy=policy)))
             doc = report.to_dict() if hasattr(report, "to_dict") else dict(report.document)
             trace = trace_events(doc.get("run_dir"))
             s = summary(name, doc, trace)

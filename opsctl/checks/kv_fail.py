@@ -8,8 +8,8 @@ engine itself with opsctl's fault-injecting KV connector
 32`` and ``--no-enable-prefix-caching`` are added to the spec's arguments, so it never
 shares an engine with another check). A URL is refused (:class:`~opsctl.errors.BadInput`):
 a server opsctl did not start with the connector cannot inject anything. To run without
-the kv_hybrid_recompute patch (``--no-patch``), put ``"kv_hybrid_recompute"`` into the
-spec's ``disable_patches``.
+opsctl's KV recovery patches (``--no-patch``), put :data:`NO_PATCH` (kv_hybrid_recompute,
+kv_async_inflight, kv_rewind_v2) into the spec's ``disable_patches``.
 
 One workload (greedy, logprobs, real seeded weights) goes through four phases on that
 engine: ``store`` (failure-free baseline; the connector stores every prompt's KV for
@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 SCHEMA = "diag.kv-fail/2"  # 2: platform null + platform_note, durations in _s, noise_floor
 TITLE = "diag kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
-PATCH_NAME = dom.PATCH_NAME  # --no-patch: the spec's disable_patches names it
+PATCH_NAME = dom.PATCH_NAME  # the multi-group recovery patch
+NO_PATCH = dom.RECOVERY_PATCHES  # --no-patch: the spec's disable_patches names them all
 
 
 @dataclass(frozen=True)

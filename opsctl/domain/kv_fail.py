@@ -28,7 +28,12 @@ from opsctl.domain.metrics import MetricsSnapshot
 POLICIES = ("recompute", "fail")
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "global", "local"}
 BLOCK_SIZE = 32  # the diag runs the engine with --block-size 32 (CPU kernels want multiples of 32)
-PATCH_NAME = "kv_hybrid_recompute"  # the engine patch this diag proves (--no-patch disables it)
+PATCH_NAME = "kv_hybrid_recompute"  # the engine patch this diag proves (multi-group recovery)
+# every engine patch that makes a failed KV load recover (docs/gpu.md): --no-patch turns
+# all of them off, the report lists each one's status
+REWIND_PATCH = "kv_rewind_v2"  # the V2 model runner applies the scheduler's rewind
+INFLIGHT_PATCH = "kv_async_inflight"  # async scheduling drops the step in flight
+RECOVERY_PATCHES = (PATCH_NAME, INFLIGHT_PATCH, REWIND_PATCH)
 METRICS = (  # /metrics counters whose change over the inject phase the report shows
     "vllm:external_prefix_cache_hits_total",
     "vllm:num_preemptions_total",

@@ -10,7 +10,10 @@ from typing import Any
 from opsctl.domain import platform as plat
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
 from opsctl.domain.kv_fail import (
+    INFLIGHT_PATCH,
     PATCH_NAME,
+    RECOVERY_PATCHES,
+    REWIND_PATCH,
     Accounting,
     Comparison,
     Output,
@@ -44,6 +47,12 @@ class EngineFacts:
     patch: Mapping[str, Any] = field(default_factory=dict)  # {"name", "status", "detail"}
     async_scheduling: bool | None = None  # None: the engine recorded nothing
     v2_model_runner: bool | None = None  # None: not recorded (or no such setting there)
+    # {"name", "status", "detail"} of each of RECOVERY_PATCHES in the EngineCore
+    recovery_patches: tuple[Mapping[str, Any], ...] = ()
+
+    def recovery_status(self, name: str) -> str | None:
+        """The EngineCore's ledger status of one recovery patch (None: not recorded)."""
+        return next((p.get("status") for p in self.recovery_patches if p.get("name") == name), None)
 
 
 def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> EngineFacts:
@@ -52,9 +61,11 @@ def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
         (r for r in records if r.get("role") == "engine_core"), records[0] if records else {}
     )
     patches = core.get("patches", [])
-    patch: Mapping[str, Any] = next((p for p in patches if p.get("name") == PATCH_NAME), {})
+    by_name = {p.get("name"): p for p in patches}
+    patch: Mapping[str, Any] = by_name.get(PATCH_NAME, {})
     detail = patch.get("detail")
     where = plat.fields(core.get("platform"), info.get("platform"), note=plat.NO_RECORD_NOTE)
+    recovery = tuple(_first_line(name, by_name.get(name, {})) for name in RECOVERY_PATCHES)
     return EngineFacts(
         core.get("vllm_version"),
         where["platform"],
@@ -68,7 +79,17 @@ def engine_facts(info: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
         },
         _flag(info.get("async_scheduling")),
         _flag(info.get("v2_model_runner")),
+        recovery,
     )
+
+
+def _first_line(name: str, patch: Mapping[str, Any]) -> dict:
+    detail = patch.get("detail")
+    return {
+        "name": name,
+        "status": patch.get("status"),
+        "detail": detail.splitlines()[0] if detail else None,
+    }
 
 
 def _flag(value: Any) -> bool | None:
@@ -167,7 +188,7 @@ class Facts:
     died_in: str | None = None
     death: tuple[str, ...] = ()
     sensitivity_ran: bool = False
-    patch_disabled: bool = False  # the engine ran without kv_hybrid_recompute (--no-patch)
+    patch_disabled: bool = False  # the engine ran without the recovery patches (--no-patch)
     engine: EngineFacts = field(default_factory=EngineFacts)
 
 
@@ -396,8 +417,25 @@ def _sensitivity(f: Facts) -> list[Finding]:
 
 
 RECOVERY_HINT = (
-    "exact only with --no-async-scheduling and VLLM_USE_V2_MODEL_RUNNER=0 (vLLM <= 0.33)"
+    "opsctl's engine patches kv_rewind_v2 and kv_async_inflight fix both (run without "
+    "--no-patch); on an unpatched vLLM exact only with --no-async-scheduling and "
+    "VLLM_USE_V2_MODEL_RUNNER=0 (vLLM <= 0.33)"
 )
+_APPLIED = "applied"
+
+
+def _defects(e: EngineFacts) -> tuple[list[str], list[str]]:
+    """(what this engine runs that has a known recovery defect, how opsctl's patch for
+    each stood): the V2 runner needs kv_rewind_v2, async scheduling kv_async_inflight."""
+    on, patches = [], []
+    for flag, what, name in (
+        (e.v2_model_runner, "the V2 model runner", REWIND_PATCH),
+        (e.async_scheduling, "async scheduling", INFLIGHT_PATCH),
+    ):
+        if flag:
+            on.append(what)
+            patches.append(f"{name} {e.recovery_status(name) or 'not recorded'}")
+    return on, patches
 
 
 def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
@@ -422,11 +460,15 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
     corrupted = max(r.sensitivity.max_logprob_diff or 0.0 for r in hit if r.sensitivity)
     firsts = sorted({d for r in hit if r.inject and (d := r.inject.first_divergence) is not None})
     where = f"from generated token {firsts[0]}" if firsts else "in their logprobs"
-    on = []
-    if e.v2_model_runner:
-        on.append("the V2 model runner")
-    if e.async_scheduling:
-        on.append("async scheduling")
+    on, patch_states = _defects(e)
+    patched = all(e.recovery_status(n) == _APPLIED for n in (REWIND_PATCH, INFLIGHT_PATCH))
+    if patched:
+        why = (
+            "opsctl's patches for both were applied (" + ", ".join(patch_states) + "), so "
+            "this is a failure they do not cover: report it with this document"
+        )
+    else:
+        why = "opsctl's patches: " + ", ".join(patch_states)
     msg = (
         f"vLLM {e.vllm_version or '?'} ({e.platform or '?'}) did not recover: request(s) "
         f"{[r.index for r in hit]} were rescheduled ({a.recomputed_tokens} tokens "
@@ -435,7 +477,7 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
         f"this engine runs {' and '.join(on)}: the V2 model runner does not apply the "
         "scheduler's rewind of num_computed_tokens after a failed KV load (the recompute "
         "computes positions past the prompt), and with async scheduling the step already "
-        "in flight over the corrupted KV is kept"
+        f"in flight over the corrupted KV is kept; {why}"
     )
     details = {
         "requests": [r.index for r in hit],
@@ -445,6 +487,7 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
         "first_divergence": firsts[0] if firsts else None,
         "async_scheduling": e.async_scheduling,
         "v2_model_runner": e.v2_model_runner,
+        "patches": {p["name"]: p.get("status") for p in e.recovery_patches},
         "hint": RECOVERY_HINT,
     }
     return [Finding(FAIL, "kv_fail.vllm_recovery_bug", msg, details)]
@@ -500,6 +543,7 @@ def report_fields(
         "kv_cache_groups": engine.kv_cache_groups,
         "kv_load_failure_policy": engine.policy or s.policy,
         "patch": dict(engine.patch),
+        "recovery_patches": [dict(p) for p in engine.recovery_patches],
         "injection": {
             "mode": s.mode,
             "rate": s.rate,

@@ -70,17 +70,24 @@ def platform_text(doc: Mapping[str, Any]) -> str:
     return doc.get("platform") or (f"unknown ({note})" if note else "-")
 
 
+def patches_text(doc: Mapping[str, Any]) -> str:
+    """The recovery patches' states ("patches kv_hybrid_recompute applied, ..."); a
+    document from before they were listed names its one patch."""
+    rows = doc.get("recovery_patches") or [doc.get("patch") or {}]
+    states = ", ".join(f"{p.get('name')} {p.get('status') or '-'}" for p in rows)
+    return f"patch{'es' if len(rows) > 1 else ''} {states}"
+
+
 def render(con: Console, doc: Mapping[str, Any]) -> None:
     con.print(
         f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version') or '?'}, "
         f"platform {escape(platform_text(doc))}, {_groups(doc)}"
     )
-    patch = doc.get("patch") or {}
     inj = doc.get("injection") or {}
     what = inj.get("rate") if inj.get("mode") == "rate" else inj.get("blocks")
     con.print(
-        f"policy {doc.get('kv_load_failure_policy')}; patch {patch.get('name')}: "
-        f"{patch.get('status') or '-'}; injection {inj.get('mode')} {what} "
+        f"policy {doc.get('kv_load_failure_policy')}; {patches_text(doc)}; "
+        f"injection {inj.get('mode')} {what} "
         f"seed {inj.get('seed')} on requests {inj.get('targets')}"
     )
     con.print(_requests(doc))

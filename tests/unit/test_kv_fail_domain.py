@@ -386,6 +386,7 @@ def test_report_fields_keep_the_schema_2_shape():
         "kv_cache_groups",
         "kv_load_failure_policy",
         "patch",
+        "recovery_patches",
         "injection",
         "failures_injected",
         "requests_affected",

@@ -81,7 +81,12 @@ def test_every_real_patch_declares_what_a_preflight_needs():
         assert patch.symbols and all(":" in s for s in patch.symbols + patch.watch), patch.name
         assert patch.kind in ("patch", "probe"), patch.name
     fixes = {p.name for p in catalog.patches() if p.upstream is not None}
-    assert fixes == {"dummy_constant_fill", "kv_hybrid_recompute"}
+    assert fixes == {
+        "dummy_constant_fill",
+        "kv_hybrid_recompute",
+        "kv_async_inflight",
+        "kv_rewind_v2",
+    }
 
 
 def test_a_patch_whose_target_is_missing_is_skipped_with_the_reason(monkeypatch):

@@ -23,7 +23,7 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
 )
-from opsctl.errors import CheckFailed
+from opsctl.errors import BadInput, CheckFailed
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
             "opsctl diag kv-fail",
             "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
             "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
+            "opsctl diag kv-fail --model tiny-llama --mode default --policy fail",
         ),
     )
     def kv_fail(
@@ -62,7 +63,16 @@ def register(app: typer.Typer) -> None:
         ),
         max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
         no_patch: bool = typer.Option(
-            False, "--no-patch", help="run vanilla vLLM (kv_hybrid_recompute off)"
+            False,
+            "--no-patch",
+            help="run vanilla vLLM (opsctl's KV recovery patches off: kv_hybrid_recompute, "
+            "kv_async_inflight, kv_rewind_v2)",
+        ),
+        mode: str = typer.Option(
+            "eager",
+            "--mode",
+            help="the engine's execution mode: eager (--enforce-eager) | default (vLLM's "
+            "own: torch.compile and CUDA graphs on a GPU)",
         ),
         timeout: float = duration_option(
             "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
@@ -84,8 +94,12 @@ def register(app: typer.Typer) -> None:
 
         settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens)
         options = check.Options(settings)
-        disabled = (check.PATCH_NAME,) if no_patch else ()
-        spec = EngineSpec(model=model, disable_patches=disabled, timeout=timeout)
+        disabled = check.NO_PATCH if no_patch else ()
+        if mode not in ("eager", "default"):
+            raise BadInput(f"--mode must be eager or default, not {mode!r}")
+        spec = EngineSpec(
+            model=model, disable_patches=disabled, timeout=timeout, enforce_eager=mode == "eager"
+        )
         check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
         spec = replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items())))
         report = run_with_progress(
