@@ -5,9 +5,12 @@ A KV connector reports blocks whose external load failed through
 ``get_block_ids_with_load_errors()``. vLLM's scheduler then rewinds the affected
 requests (policy ``recompute``) or fails them (policy ``fail``). For a model with
 more than one KV cache group (sliding window + full attention, Mamba + attention)
-vLLM 0.32 raises RuntimeError in ``Scheduler._handle_invalid_blocks`` (older
-releases raise ValueError from a single-group unpack), the EngineCore dies and
-every request on the instance fails.
+vLLM 0.31 to 0.34 raise RuntimeError up front in ``Scheduler._handle_invalid_blocks``
+("Connectors must report failed requests via KVConnectorTransferResults.failed_recving
+instead", whatever the policy), 0.26 to 0.29 raise ValueError from a single-group unpack
+(0.30 handled several groups upstream); the EngineCore dies and every request on the
+instance fails. Upstream's supported route for several groups, ``failed_recving``,
+covers asynchronous loads only: a failed synchronous load has no upstream route.
 
 This patch wraps ``Scheduler._handle_invalid_blocks`` in the EngineCore process:
 
@@ -38,8 +41,11 @@ This patch wraps ``Scheduler._handle_invalid_blocks`` in the EngineCore process:
     sharer keep the block because the first request recomputes it in place; here
     the first request restarts on fresh blocks, so a sharer restarts too.
   * policy ``recompute``: a running (sync-load) request is preempted back to the
-    waiting queue with ``num_computed_tokens = 0`` and ``skip_reading_prefix_cache``
-    set, so it is recomputed on fresh blocks rather than rewritten in place (a
+    waiting queue with ``num_computed_tokens = 0``, reading neither the prefix cache
+    nor the connector again (:func:`recompute_locally`: ``skip_reading_prefix_cache``,
+    0.34's ``prefix_cache_hit_limit``, and a guard on the connector's
+    ``get_num_new_matched_tokens``, which 0.26 does not gate), so it is recomputed on
+    fresh blocks rather than rewritten in place (a
     sliding-window group maps out-of-window positions to the null block, which an
     in-place recompute would write). An async-load request gets
     ``num_computed_tokens = 0`` and is released as a failed receive (its blocks are
@@ -75,7 +81,8 @@ MARK = "_opsctl_kv_hybrid_recompute"
 # What the unpatched scheduler does with several groups (either one means: crash).
 _CRASH_MARKERS = (
     "with multiple KV cache groups",  # 0.32: RuntimeError in _handle_invalid_blocks
-    "(req_block_ids,) =",  # <= 0.31: single-group unpack -> ValueError
+    # 0.26-0.29: single-group unpack -> ValueError (0.30's handled path unpacks per group)
+    "(req_block_ids,) = self.kv_cache_manager.get_block_ids",
 )
 
 
@@ -278,9 +285,9 @@ def handle_multi_group(
         return failed
     now = time.monotonic()
     for request in async_hit:
-        request.skip_reading_prefix_cache = True
+        recompute_locally(self, request)
     for request in sync_hit:
-        request.skip_reading_prefix_cache = True
+        recompute_locally(self, request)
         self.running.remove(request)
         self._preempt_request(request, now)
     logger.warning(
@@ -292,6 +299,42 @@ def handle_multi_group(
     # async requests are released as failed receives once their transfer ends
     self.failed_recving_kv_req_ids |= async_ids
     return sync_ids
+
+
+GUARD = "_opsctl_local_recompute"  # on a request: never load its KV from the connector again
+
+
+def recompute_locally(scheduler, request) -> None:
+    """Make ``request``'s restart read neither the local prefix cache nor the
+    connector: the KV that failed to load would otherwise be loaded (and fail) again,
+    for ever on a connector that keeps failing (seen on vLLM 0.26 on the H200: 18,646
+    recoveries in 200 s). Each release spells it differently: 0.32/0.33 read
+    ``skip_reading_prefix_cache`` for both lookups, 0.34 has ``prefix_cache_hit_limit``
+    instead, 0.26 reads the flag for the local cache only; the connector guard
+    (:func:`guard_connector`) covers every release."""
+    request.skip_reading_prefix_cache = True
+    if hasattr(request, "prefix_cache_hit_limit"):  # 0.34: 0 blocks both lookups
+        request.prefix_cache_hit_limit = 0
+    setattr(request, GUARD, True)
+    guard_connector(scheduler)
+
+
+def guard_connector(scheduler) -> None:
+    """Wrap the scheduler's connector once: a request marked by
+    :func:`recompute_locally` is told the connector has nothing for it."""
+    connector = getattr(scheduler, "connector", None)
+    if connector is None or getattr(connector, "__dict__", {}).get(GUARD):
+        return
+    original = connector.get_num_new_matched_tokens
+
+    @functools.wraps(original)
+    def get_num_new_matched_tokens(request, num_computed_tokens):
+        if getattr(request, GUARD, False):
+            return 0, False
+        return original(request, num_computed_tokens)
+
+    connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+    setattr(connector, GUARD, True)
 
 
 def _record(event: dict) -> None:
@@ -340,7 +383,7 @@ def revert() -> None:
 PATCH = Patch(
     name="kv_hybrid_recompute",
     target="vllm.v1.core.sched.scheduler.Scheduler._handle_invalid_blocks",
-    versions="vLLM < PR 50388 (0.32 raises RuntimeError; <= 0.31 ValueError)",
+    versions="vLLM < PR 50388 (0.31-0.34 raise RuntimeError; 0.26-0.29 ValueError)",
     reason="PR 50388 / issues 45474, 50687: one failed KV block load on a hybrid "
     "model killed the EngineCore; affected requests now recompute from the start",
     apply=apply,

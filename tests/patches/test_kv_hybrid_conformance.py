@@ -224,6 +224,11 @@ def test_attention_failure_replays_from_zero(model_dir, tmp_path):
     # the next step starts the prompt again, on fresh blocks, without the connector
     again = s.schedule()
     assert again.num_scheduled_tokens["a"] == BATCH and a.num_computed_tokens == BATCH
+    # the connector is never asked again (0.26 does not gate it on skip_reading_prefix_cache:
+    # the failed KV was loaded and failed for ever there)
+    asked = s.connector.get_num_new_matched_tokens.__wrapped__.call_count
+    assert s.connector.get_num_new_matched_tokens(a, 0) == (0, False)
+    assert s.connector.get_num_new_matched_tokens.__wrapped__.call_count == asked
 
 
 # ---- case 2: a failure reported at a Mamba position holding the null block -----------

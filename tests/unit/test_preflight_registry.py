@@ -86,6 +86,8 @@ def test_every_real_patch_declares_what_a_preflight_needs():
         "kv_hybrid_recompute",
         "kv_async_inflight",
         "kv_rewind_v2",
+        "idefics3_unsplit_patches",
+        "blip2_lora_int_tokens",
     }
 
 
