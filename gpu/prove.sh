@@ -24,10 +24,12 @@
 #   facts    ~20 s   only the facts (also the first step of serve)
 #   recovery ~450 s  issue 34: diag kv-fail --mode default (vLLM's default mode: async
 #                    scheduling, V2 runner, CUDA graphs, bf16) on tiny-llama: recompute,
-#                    --no-patch, --policy fail; then tiny-hybrid recompute
-#   recovery2 ~500 s tiny-hybrid --no-patch and --policy fail; certify --model tiny-llama;
-#                    float32 both ways (gpu/repro_kv_fail.py v2-eager-fp32 with and
-#                    without the patches: fp32.json)
+#                    --no-patch, --policy fail (tiny-hybrid too, if time is left)
+#   recovery2 ~500 s tiny-hybrid recompute, --no-patch and --policy fail; float32 both
+#                    ways (gpu/repro_kv_fail.py v2-eager-fp32 with and without the
+#                    patches: fp32.json); certify --model tiny-llama
+#   images   ~450 s  diag mm-uuid, invariance (images) and lora on tiny-vlm-multi; diag
+#                    lora on tiny-vlm (BLIP-2)
 #
 # The opsctl that runs is the checkout's (PYTHONPATH=<checkout>:/tmp/site, so a change
 # needs no new bundle); PROVE_CODE=bundle runs the bundle's wheel instead. facts.txt
@@ -47,8 +49,8 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images" >&2
     exit 2
     ;;
 esac
@@ -376,13 +378,23 @@ recovery2)
     facts
     build tiny-llama tiny-hybrid
     kvf="diag kv-fail --mode default --json --no-tui --timeout @T"
-    call kvfail-hybrid-nopatch 170 90 $kvf --model tiny-hybrid --no-patch
-    call kvfail-hybrid-fail 170 90 $kvf --model tiny-hybrid --policy fail
-    call certify-llama 300 150 certify --model tiny-llama --json --no-tui --junit "$D/certify.xml" --sarif "$D/certify.sarif" --timeout @T
-    lim=$(($(left) - 25))
-    say "fp32: gpu/repro_kv_fail.py v2-eager-fp32 v2-eager-fp32-nopatch (budget ${lim}s)"
+    call kvfail-hybrid 170 90 $kvf --model tiny-hybrid
+    call kvfail-hybrid-nopatch 120 60 $kvf --model tiny-hybrid --no-patch
+    call kvfail-hybrid-fail 120 60 $kvf --model tiny-hybrid --policy fail
+    lim=$(($(left) - 200))
+    [ "$lim" -gt 200 ] && lim=200
+    say "fp32: gpu/repro_kv_fail.py v2-eager-fp32 v2-eager-fp32-nopatch (limit ${lim}s)"
     (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/repro_kv_fail.py" --out "$D/fp32.json" --budget "$((lim - 20))" v2-eager-fp32 v2-eager-fp32-nopatch) >"$D/fp32.txt" 2>"$D/fp32.err"
-    say "fp32 rc=$?: $(cat "$D/fp32.txt" | cut -c1-400 | tr '\n' ';')"
+    say "fp32 rc=$?: $(cut -c1-300 "$D/fp32.txt" | tr '\n' ';')"
+    call certify-llama 200 120 certify --model tiny-llama --json --no-tui --junit "$D/certify.xml" --sarif "$D/certify.sarif" --timeout @T
+    ;;
+images)
+    facts
+    build tiny-vlm-multi tiny-vlm
+    call mm-uuid-vlm 150 80 diag mm-uuid --model tiny-vlm-multi --json --no-tui
+    call invariance-vlm 130 70 diag invariance --model tiny-vlm-multi --mode default --json --no-tui --timeout @T
+    call lora-vlm 130 70 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
+    call lora-blip2 130 70 diag lora --model tiny-vlm --json --no-tui --timeout @T
     ;;
 certify)
     build tiny-llama
