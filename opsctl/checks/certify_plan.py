@@ -124,8 +124,25 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
         run_dir=live.run_dir is not None,
         local=live.run_dir is not None or is_local(live.url),
         mm_probe=_mm_probe(live.run_dir) if archetype == "vision-language" else None,
+        prefix_caching=prefix_caching(live.url, live.api_key, timeout),
     )
     return Facts(subject, path, config, live.run_dir)
+
+
+def prefix_caching(url: str, api_key: str | None, timeout: float) -> bool | None:
+    """The server's own prefix caching, from its vllm:cache_config_info labels (None: no
+    /metrics, or no such label)."""
+    from opsctl.collectors.http import client
+    from opsctl.domain.metrics import parse_samples
+
+    try:
+        with client(api_key, timeout=min(timeout, FIRST_CONTACT_S)) as c:
+            r = c.get(f"{url}/metrics")
+            r.raise_for_status()
+    except Exception:  # no /metrics is no answer, not an error of certify
+        return None
+    value = parse_samples(r.text).info.get("enable_prefix_caching")
+    return {"True": True, "False": False}.get(str(value)) if value is not None else None
 
 
 def _readable_dir(path: str | None) -> Path | None:

@@ -64,6 +64,8 @@ class Subject:
     run_dir: bool = False  # an opsctl run directory (patch ledger, probe records) is known
     local: bool = True  # the server runs on this node (/dev/shm, /proc visible)
     mm_probe: str | None = None  # URL + multimodal: why the mm_uuid probe is unusable
+    # URL: the server's own prefix caching (vllm:cache_config_info); None: not known
+    prefix_caching: bool | None = None
 
     @property
     def generative(self) -> bool:
@@ -128,6 +130,20 @@ def skip_reason(check: str, s: Subject) -> str | None:
     raise ValueError(f"unknown check {check!r}")
 
 
+def excluded_by_config(check: str, s: Subject) -> str | None:
+    """Why the server's own configuration excludes ``check`` from certify's default set
+    (None: it does not). Unlike :func:`skip_reason` the check can still run: asked for
+    by name (``--checks``), it runs and judges fail-closed."""
+    if check == INVARIANCE and not s.managed and s.prefix_caching and s.generative:
+        return (
+            "not applicable to this server's configuration: it runs with prefix caching on "
+            "(vLLM's default), and batch invariance is judged with it off; "
+            f"run it anyway with `opsctl certify --checks invariance URL`, or on an isolated "
+            f"engine with `opsctl diag invariance --model {s.model or 'MODEL'}`"
+        )
+    return None
+
+
 _NO_RUN_DIR = (
     "no opsctl run directory for this server (not started by opsctl): its patch ledger "
     "cannot be read"
@@ -166,6 +182,8 @@ def select(s: Subject, only: Sequence[str] = (), skip: Sequence[str] = ()) -> Se
     skipped: dict[str, str] = {}
     for c in CHECKS:
         why = skip_reason(c, s)
+        if why is None and c not in only:
+            why = excluded_by_config(c, s)
         if why is None and c in skip:
             why = "skipped on request (--skip)"
         elif why is None and only and c not in only:

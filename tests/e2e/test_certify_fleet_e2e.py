@@ -3,8 +3,9 @@ weights, single-process, both alive at once under one engine lock), a stand-in t
 accepts and never answers, and a stand-in that wants an API key (tests/standin_fleet.py).
 
 - the targets file (key from ``api_key_env``): engine A (isolated as invariance wants:
-  prefix caching off) and the keyed stand-in pass; engine B (vLLM's defaults: prefix
-  caching on) fails invariance alone, a real finding; the hung one is a failed
+  prefix caching off), engine B (vLLM's defaults: prefix caching on, so invariance is
+  not applicable to its configuration: skipped with the reason and the command that
+  runs it) and the keyed stand-in pass; the hung one is a failed
   ``liveness`` case (no answer within the 30 s first contact); one JUnit file with a
   testsuite per target, one SARIF log with a run per target, the JSON verdicts and
   fingerprints; exit 1; the wall time is the slowest target's (the hung one), not the
@@ -86,16 +87,18 @@ def test_targets_file_hung_target_fails_liveness_others_pass(engines, tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.splitlines()[-1] == (
-        "opsctl: error: certify failed on llama-b, wedged (4 target(s): 2 passed, 2 failed)"
+        "opsctl: error: certify failed on wedged (4 target(s): 3 passed, 1 failed)"
     )
     assert doc["schema"] == "opsctl.certify.fleet/1" and doc["verdict"] == "fail"
     t = by_name(doc)
     assert {n: e["verdict"] for n, e in t.items()} == {
-        "llama-a": "pass", "llama-b": "fail", "wedged": "fail", "keyed": "pass",
+        "llama-a": "pass", "llama-b": "pass", "wedged": "fail", "keyed": "pass",
     }  # fmt: skip
-    for name, invariance in (("llama-a", "pass"), ("llama-b", "fail")):
+    (why,) = [c["reason"] for c in t["llama-b"]["checks"] if c["check"] == "invariance"]
+    assert "prefix caching on" in why and "opsctl certify --checks invariance URL" in why
+    for name, invariance in (("llama-a", "pass"), ("llama-b", None)):
         ran = {c["check"]: c["verdict"] for c in t[name]["checks"] if c["verdict"] != "skipped"}
-        assert ran.pop("liveness") == "pass" and ran.pop("invariance") == invariance, ran
+        assert ran.pop("liveness") == "pass" and ran.pop("invariance", None) == invariance, ran
         assert set(ran.values()) <= {"pass", "unverified"}, ran  # patches, engram
         assert t[name]["fingerprint"]["model"]["name"] == "tiny-llama"
         assert t[name]["fingerprint"]["vllm_version"]  # the real server's version
@@ -118,15 +121,24 @@ def test_targets_file_hung_target_fails_liveness_others_pass(engines, tmp_path):
     assert suites["wedged"].find("testcase[@name='liveness']/failure") is not None
     failed = {n: [c.get("name") for c in s.iter("testcase") if c.find("failure") is not None]
               for n, s in suites.items()}  # fmt: skip
-    assert failed == {"llama-a": [], "llama-b": ["invariance"], "wedged": ["liveness"], "keyed": []}
+    assert failed == {"llama-a": [], "llama-b": [], "wedged": ["liveness"], "keyed": []}
     # ONE SARIF log: a run per target; the hung one's liveness is an error result
     runs = {run["properties"]["target"]: run for run in sarif["runs"]}
     assert set(runs) == set(suites)
     errors = {n: [x["ruleId"] for x in run["results"] if x["level"] == "error"]
               for n, run in runs.items()}  # fmt: skip
-    assert errors["llama-a"] == errors["keyed"] == []
+    assert errors["llama-a"] == errors["llama-b"] == errors["keyed"] == []
     assert errors["wedged"] == ["liveness.unreachable"]
-    assert errors["llama-b"] and {e.split(".")[0] for e in errors["llama-b"]} == {"invariance"}
+
+
+def test_invariance_asked_by_name_on_a_prefix_caching_server_stays_fail_closed(engines, tmp_path):
+    a, b = engines
+    r, doc, junit, sarif, took = certify([a, b, "--checks", "invariance"], tmp_path)
+    assert r.returncode == 1, r.stderr
+    t = {e["target"]["url"]: e for e in doc["targets"]}
+    inv = {u: next(c for c in e["checks"] if c["check"] == "invariance") for u, e in t.items()}
+    assert inv[a]["verdict"] == "pass"
+    assert inv[b]["verdict"] == "fail" and "prefix caching" in inv[b]["first_finding"]
 
 
 def test_urls_wrong_key_fails_the_keyed_target_only(engines, tmp_path):

@@ -118,3 +118,23 @@ def test_hybrid_model_selection_and_kind():
     assert s.kind()["hybrid_kv"] and s.kind()["generative"]
     pooled = dom.Subject(managed=False, model="m", archetype="pooling", run_dir=False)
     assert dom.select(pooled).run == ("liveness", "engram", "usage")
+
+
+def test_a_server_whose_prefix_caching_is_on_is_not_judged_for_invariance_by_default():
+    served = dom.Subject(
+        managed=False, model="tiny-llama", archetype="decoder", run_dir=True, prefix_caching=True
+    )
+    chosen = dom.select(served)
+    assert "invariance" not in chosen.run
+    why = chosen.skipped["invariance"]
+    assert "prefix caching on" in why and "opsctl certify --checks invariance URL" in why
+    assert "opsctl diag invariance --model tiny-llama" in why
+    # asked for by name it runs (and judges fail-closed)
+    assert dom.select(served, only=("invariance",)).run == ("invariance",)
+    # off, or not known, or an engine opsctl starts: judged as before
+    for s in (
+        dom.Subject(managed=False, model="m", archetype="decoder", prefix_caching=False),
+        dom.Subject(managed=False, model="m", archetype="decoder", prefix_caching=None),
+        dom.Subject(managed=True, model="m", archetype="decoder", prefix_caching=True),
+    ):
+        assert "invariance" in dom.select(s).run, s
