@@ -39,6 +39,7 @@ def run(*args: str):
         (["--model", "/nonexistent/dir"], "does not exist"),
         (["--model", "tiny-embed"], "cannot serve"),
         (["--model", "tiny-vlm"], "cannot serve"),
+        (["--mode", "graphs"], "--mode must be eager or default"),
     ],
 )
 def test_bad_input_exits_2(args, needle):
@@ -113,7 +114,8 @@ def test_flags_reach_the_engine_the_check_starts(launches):
     assert res.exit_code == 2 and "recorded; not starting" in res.stderr, res.output
     (engine,) = launches
     opts = engine.opts
-    assert opts.disable_patches == ["kv_hybrid_recompute"]  # --no-patch
+    # --no-patch: every KV recovery patch
+    assert opts.disable_patches == ["kv_hybrid_recompute", "kv_async_inflight", "kv_rewind_v2"]
     assert engine.timeout == 42 and opts.label == "kv-fail" and opts.model.name == "tiny-hybrid"
     args = opts.extra_args
     cfg = json.loads(args[args.index("--kv-transfer-config") + 1])
@@ -130,6 +132,11 @@ def test_flags_reach_the_engine_the_check_starts(launches):
     assert res.exit_code == 2, res.output
     assert launches[-1].opts.disable_patches == [] and launches[-1].timeout == 600
     assert launches[-1].opts.model.name == "tiny-llama"
+    assert launches[-1].opts.enforce_eager is True  # --mode eager, the default
+
+    res = run("--model", "tiny-llama", "--mode", "default")
+    assert res.exit_code == 2, res.output
+    assert launches[-1].opts.enforce_eager is False  # vLLM's own execution mode
 
 
 def test_live_event_lines_show_injections_and_recoveries(tmp_path):

@@ -187,13 +187,17 @@ def test_hybrid_report_renders_for_the_terminal(hybrid):
     render(con, hybrid[0].to_dict())
     text = con.export_text()
     assert "verdict: PASS" in text and "SlidingWindowSpec(window 32)" in text
-    assert "patch kv_hybrid_recompute: applied" in text
+    assert (
+        "patches kv_hybrid_recompute applied, kv_async_inflight applied, kv_rewind_v2 applied"
+        in text
+    )
 
 
 def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):
     rc, doc, err = hybrid_no_patch
     assert rc == 1
     assert doc["patch"]["status"] == "skipped"
+    assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}  # all three off
     assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
     assert doc["verdict"] == "fail"
     assert any(
