@@ -8,6 +8,10 @@ Besides the human-readable ``versions``, a patch declares for machines:
 - ``symbols``: the vLLM code it wraps or reads, as ``"module:Qualified.name"`` (the
   upgrade preflight reads them from a release's sources without importing it);
 - ``watch``: vLLM code it relies on without wrapping it (how its targets are called);
+- ``attributes``: the vLLM instance attributes it reads or writes, as
+  ``"module:Class.attr"``; ``"module:Class.a|b"`` when the patch uses whichever of ``a``
+  and ``b`` a release has (the preflight checks each class's source: an attribute that
+  no longer appears there means the patch writes something nothing reads);
 - ``alternatives``: ``(target, instead)`` pairs: where a release lacks ``target`` the
   patch uses ``instead`` (the V2 model runner's method for the V1 runner's);
 - ``upstream``: the structural rule "the fix is already upstream", a pure function of
@@ -59,6 +63,7 @@ class Patch:
     # method and the V2 runner's that a probe wraps where V1 is gone (vLLM 0.34)
     alternatives: tuple[tuple[str, str], ...] = ()
     kind: str = "patch"  # patch | probe
+    attributes: tuple[str, ...] = ()  # "module:Class.attr" or "module:Class.a|b" it reads/writes
 
 
 def symbols(module: str, *qualnames: str) -> tuple[str, ...]:

@@ -34,6 +34,22 @@ Events (``<run>/events/<kind>.jsonl``): ``kv_injections`` (request id, prefix ke
 group, block, position, epoch), ``kv_transfers`` (store/load per request),
 ``kv_connector`` (start-up facts per role).
 
+Two failure routes (``route`` in the extra config), the two vLLM has:
+
+- ``blocks`` (default): loads are synchronous (in the step that computes the rest of the
+  prompt) and a chosen block is reported through ``get_block_ids_with_load_errors``;
+  vLLM truncates the request to its first failed block. vLLM 0.31-0.34 refuse this route
+  for a model with several KV cache groups (RuntimeError; 0.26-0.29 ValueError), which
+  opsctl's kv_hybrid_recompute patch makes recover.
+- ``requests``: loads are asynchronous (``load_kv_async``: the request waits in
+  WAITING_FOR_REMOTE_KVS while the worker loads) and a request with a chosen block is
+  reported as a failed receive (``KVConnectorTransferResults.failed_recving``, with
+  ``finished_recving``; vLLM 0.30+ only). Under ``recompute`` vLLM recomputes it from
+  token 0: the scheduler side learns of the failure (``update_connector_output``) and
+  never offers that request an external hit again, as a connector that knows its remote
+  failed would; under ``fail`` it finishes with an error. This is upstream's supported
+  route for several groups.
+
 Implements ``SupportsHMA`` so vLLM keeps the hybrid KV cache manager (several groups).
 """
 
@@ -62,6 +78,7 @@ from engine_patches.connectors.injection import (
     CONTROL_FILE,
     INJECTIONS,
     NULL_BLOCK_ID,
+    ROUTES,
     STORE_DIR,
     TRANSFERS,
     InjectionPlan,
@@ -97,6 +114,7 @@ class Transfer:
 class FaultKVMetadata(KVConnectorMetadata):
     loads: list[Transfer] = field(default_factory=list)
     stores: list[Transfer] = field(default_factory=list)
+    async_ids: set[str] = field(default_factory=set)  # loads of route requests
 
 
 def default_storage_path() -> str:
@@ -114,6 +132,9 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self.storage.mkdir(parents=True, exist_ok=True)
         self.control_file = Path(extra.get("control_file") or self.storage / CONTROL_FILE)
         self.plan = InjectionPlan.from_json(extra.get("inject"))
+        self.route = str(extra.get("route") or ROUTES[0])
+        if self.route not in ROUTES:
+            raise ValueError(f"route must be one of {', '.join(ROUTES)}, not {self.route!r}")
         self._control_text: str | None = None
         self.block_size = int(vllm_config.cache_config.block_size)
         groups = kv_cache_config.kv_cache_groups
@@ -124,10 +145,14 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self.num_blocks = int(kv_cache_config.num_blocks)
         # scheduler side
         self._need_load: dict[str, tuple[Request, int]] = {}
+        self._async_loads: dict[str, Transfer] = {}  # route requests: allocated, not sent
+        self._failed_requests: set[str] = set()  # route requests: never offered again
         self._storing: set[str] = set()
         # worker side
         self._kv: dict[str, torch.Tensor] = {}
         self._invalid: set[int] = set()
+        self._recv_done: set[str] = set()  # route requests: loaded (or failed) this step
+        self._recv_failed: set[str] = set()
         self._lock = threading.Lock()
         with contextlib.suppress(Exception):
             record_event(
@@ -138,6 +163,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                     "groups": len(groups),
                     "group_block_sizes": self.group_block_sizes,
                     "policy": self._kv_transfer_config.kv_load_failure_policy,
+                    "route": self.route,
                     "inject": self.plan.to_json(),
                 },
             )
@@ -166,19 +192,43 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         n, key = self._prefix(list(request.prompt_token_ids or []))
         if n <= num_computed_tokens or not self._stored(key):
             return 0, False
+        if self.route == "requests":
+            if request.request_id in self._failed_requests:
+                with contextlib.suppress(Exception):
+                    record_event(
+                        CONNECTOR,
+                        {"role": "scheduler", "request_id": request.request_id, "offered": 0},
+                    )
+                return 0, False  # its load failed: recomputed, never loaded again
+            return n - num_computed_tokens, True
         return n - num_computed_tokens, False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ):
-        if num_external_tokens > 0:
-            self._need_load[request.request_id] = (request, num_external_tokens)
+        if num_external_tokens <= 0:
+            return
+        if self.route == "requests":  # not scheduled this step: load into these blocks
+            n, key = self._prefix(list(request.prompt_token_ids or []))
+            self._async_loads[request.request_id] = self._transfer(
+                request.request_id, key, blocks.get_block_ids(), n - num_external_tokens, n
+            )
+            return
+        self._need_load[request.request_id] = (request, num_external_tokens)
+
+    def update_connector_output(self, connector_output) -> None:
+        failed = getattr(connector_output, "failed_recving", None)
+        if failed:
+            self._failed_requests |= set(failed)
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         return tuple(range(len(self.group_layers)))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = FaultKVMetadata()
+        meta.loads.extend(self._async_loads.values())
+        meta.async_ids.update(self._async_loads)
+        self._async_loads.clear()
         for new in scheduler_output.scheduled_new_reqs:
             tokens = list(new.prompt_token_ids or [])
             n, key = self._prefix(tokens)
@@ -220,14 +270,19 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._need_load.pop(request.request_id, None)
+        self._forget(request.request_id)
         return False, None
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._need_load.pop(request.request_id, None)
+        self._forget(request.request_id)
         return False, None
+
+    def _forget(self, req_id: str) -> None:
+        self._need_load.pop(req_id, None)
+        self._async_loads.pop(req_id, None)
+        self._failed_requests.discard(req_id)
 
     # ---- worker side -------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
@@ -282,7 +337,27 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             return
         self._refresh_plan()
         for t in meta.loads:
-            self._load_one(t, forward_context)
+            failed = self._load_one(t, forward_context, t.req_id in meta.async_ids)
+            if t.req_id in meta.async_ids:
+                with self._lock:
+                    self._recv_done.add(t.req_id)
+                    if failed:
+                        self._recv_failed.add(t.req_id)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        with self._lock:
+            done, self._recv_done = self._recv_done, set()
+        return None, done or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        """Route requests: the loads done this step, failed ones in both sets (vLLM's
+        contract: a failed receive is also a finished one)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        with self._lock:
+            done, self._recv_done = self._recv_done, set()
+            failed, self._recv_failed = self._recv_failed, set()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed & done)
 
     @staticmethod
     def _real_blocks(t: Transfer, ranges) -> Iterator[tuple[int, int, int]]:
@@ -293,7 +368,11 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 if ids[pos] != NULL_BLOCK_ID:
                     yield group, pos, ids[pos]
 
-    def _load_one(self, t: Transfer, forward_context: ForwardContext | None) -> None:
+    def _load_one(
+        self, t: Transfer, forward_context: ForwardContext | None, whole_request: bool = False
+    ) -> bool:
+        """Load one transfer; True when an injected failure was reported for it. With
+        ``whole_request`` (route requests) the failure is the request's, not its blocks'."""
         folder = self.storage / t.key
         missing: list[tuple[int, int, int]] = []
         loaded = 0
@@ -312,10 +391,12 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 self._block_view(kv, block).copy_(stored[name].to(kv.device, kv.dtype))
             loaded += 1
         chosen = self.plan.select(t.key, t.req_id, t.block_ids, ranges)
-        with self._lock:
-            self._invalid.update(b for _g, _p, b in missing)
-            if not self.plan.silent:
-                self._invalid.update(b for _g, _p, b in chosen)
+        reported = bool(chosen or missing) and not (self.plan.silent and not missing)
+        if not whole_request:
+            with self._lock:
+                self._invalid.update(b for _g, _p, b in missing)
+                if not self.plan.silent:
+                    self._invalid.update(b for _g, _p, b in chosen)
         for group, pos, block in chosen:
             if self.plan.corrupt or self.plan.silent:
                 self._corrupt(group, block, forward_context)
@@ -342,8 +423,10 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 "missing": len(missing),
                 "injected": len(chosen),
                 "epoch": self.plan.epoch,
+                "route": self.route,
             },
         )
+        return reported
 
     def _corrupt(self, group: int, block: int, forward_context: ForwardContext | None) -> None:
         gen = torch.Generator().manual_seed(int(self.plan.seed) * 1_000_003 + block)

@@ -45,6 +45,9 @@ from dataclasses import asdict, dataclass, field
 
 NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID
 DEFAULT_SPEC = "-1"
+# how a failed load reaches vLLM: failed blocks (get_block_ids_with_load_errors, loads in
+# the computing step) or failed requests (failed_recving, asynchronous loads; vLLM 0.30+)
+ROUTES = ("blocks", "requests")
 
 CONNECTOR_NAME = "FaultInjectingConnector"
 MODULE_PATH = "engine_patches.connectors.fault_kv"
@@ -203,11 +206,14 @@ def kv_transfer_config(
     policy: str = "recompute",
     inject: InjectionPlan | None = None,
     role: str = "kv_both",
+    route: str = ROUTES[0],
 ) -> str:
     """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector with
-    ``inject`` as its first plan (default: nothing injected)."""
+    ``inject`` as its first plan (default: nothing injected) on failure ``route``."""
     plan = inject if inject is not None else InjectionPlan(enabled=False)
     extra: dict = {"inject": plan.to_json()}
+    if route != ROUTES[0]:
+        extra["route"] = route
     if storage_path:
         extra["storage_path"] = storage_path
     return json.dumps(

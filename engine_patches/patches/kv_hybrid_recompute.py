@@ -392,4 +392,22 @@ PATCH = Patch(
     symbols=SYMBOLS,
     watch=("vllm.v1.core.sched.scheduler:Scheduler._preempt_request",),
     upstream=upstream_rule,
+    attributes=(
+        # 0.26-0.33 read skip_reading_prefix_cache; 0.34 has prefix_cache_hit_limit instead
+        "vllm.v1.request:Request.skip_reading_prefix_cache|prefix_cache_hit_limit",
+        "vllm.v1.request:Request.num_computed_tokens",
+        "vllm.v1.request:Request.status",
+        *(
+            f"vllm.v1.core.sched.scheduler:Scheduler.{a}"
+            for a in (
+                "running",
+                "failed_recving_kv_req_ids",
+                "kv_cache_config",
+                "kv_cache_manager",
+                "recompute_kv_load_failures",
+                "block_size",
+                "connector",
+            )
+        ),
+    ),
 )

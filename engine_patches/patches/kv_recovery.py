@@ -65,7 +65,6 @@ UPDATE_INVALID = f"{SCHED}:Scheduler._update_requests_with_invalid_blocks"
 SCHEDULE = f"{SCHED}:Scheduler.schedule"
 UPDATE_FROM_OUTPUT = f"{SCHED}:Scheduler.update_from_output"
 AFTER_SCHEDULE = f"{ASYNC}:AsyncScheduler._update_after_schedule"
-ASYNC_OUTPUT = f"{ASYNC}:AsyncScheduler._update_request_with_output"
 RUNNER_UPDATE = f"{V2}:GPUModelRunner.update_requests"
 
 MARK = "_opsctl_kv_recovery"
@@ -426,8 +425,16 @@ PATCHES = (
         roles=("engine_core",),
         verified_on=("0.26.0", "0.32.0"),
         symbols=(HANDLE, UPDATE_INVALID, UPDATE_FROM_OUTPUT, AFTER_SCHEDULE),
-        watch=(*_WATCH_SCHED, ASYNC_OUTPUT),
+        watch=_WATCH_SCHED,
         upstream=inflight_rule,
+        attributes=(
+            "vllm.v1.request:Request.num_output_placeholders",
+            # 0.26 drops frames with async_tokens_to_discard, 0.32+ with stale output
+            "vllm.v1.request:Request.async_tokens_to_discard|num_stale_output_tokens",
+            "vllm.v1.request:Request.num_in_flight_tokens",
+            f"{SCHED}:Scheduler.requests",
+            f"{SCHED}:Scheduler.recompute_kv_load_failures",
+        ),
     ),
     Patch(
         name="kv_rewind_v2",
@@ -437,9 +444,31 @@ PATCHES = (
         "rewind after a failed KV load; the device count, total_len and bin counts now follow it",
         apply=apply_rewind,
         roles=("engine_core", "worker"),
-        verified_on=("0.26.0",),
+        # 0.26.0: on the H200 (docs/gpu.md); 0.32.0: the scheduler half on its real
+        # AsyncScheduler, the runner half on stand-ins (the CPU build cannot run the V2
+        # runner; its update_requests is 0.26's, line for line)
+        verified_on=("0.26.0", "0.32.0"),
         symbols=(HANDLE, SCHEDULE, RUNNER_UPDATE),
         watch=(*_WATCH_SCHED, "vllm.v1.worker.gpu.states:RequestState"),
         upstream=rewind_rule,
+        attributes=(
+            "vllm.v1.request:Request.status",
+            f"{SCHED}:Scheduler.requests",
+            "vllm.v1.core.sched.output:CachedRequestData.num_output_tokens",
+            "vllm.v1.core.sched.output:CachedRequestData.num_computed_tokens",
+            *(
+                f"vllm.v1.worker.gpu.states:RequestState.{a}"
+                for a in (
+                    "num_computed_tokens",
+                    "total_len",
+                    "prompt_len",
+                    "all_token_ids",
+                    "req_id_to_index",
+                )
+            ),
+            f"{V2}:GPUModelRunner.req_states",
+            f"{V2}:GPUModelRunner.sampler",
+            "vllm.v1.worker.gpu.sample.penalties:PenaltiesState.output_bin_counts",
+        ),
     ),
 )

@@ -136,12 +136,21 @@ def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
 
     args = (
         "--kv-transfer-config",
-        kv_transfer_config(policy=settings.policy),
+        kv_transfer_config(policy=settings.policy, route=settings.route),
         "--block-size",
         str(dom.BLOCK_SIZE),
         "--no-enable-prefix-caching",
     )
     return target.with_defaults(DEFAULT_MODEL, extra_args=(*target.extra_args, *args))
+
+
+def request_route_supported() -> bool:
+    """Whether the installed vLLM has the request-level failure route (read from its
+    sources, never imported): ``failed_recving`` in the connector base (vLLM 0.30+)."""
+    from opsctl.collectors.vllm_sources import InstalledSources
+
+    text = InstalledSources().read("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    return bool(text) and "failed_recving" in text
 
 
 def validate(target: Target, options: Options) -> ResolvedModel:
@@ -160,6 +169,12 @@ def validate(target: Target, options: Options) -> ResolvedModel:
         raise BadInput(str(exc)) from None
     if target.timeout <= 0:
         raise BadInput("--timeout must be positive")
+    if options.settings.route == "requests" and not request_route_supported():
+        raise BadInput(
+            "--route requests needs a vLLM whose connectors can report failed requests "
+            "(KVConnectorTransferResults.failed_recving, vLLM 0.30+); this one cannot",
+            hint="use --route blocks",
+        )
     resolved = resolve(target.model or DEFAULT_MODEL)  # BadInput: unknown name / bad dir
     why = dom.servable(resolved.config)
     if why:

@@ -35,6 +35,7 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, UNVERIFIED, Report
+from opsctl.domain import kv_routes
 from opsctl.domain import preflight as D
 
 SCHEMA = "preflight"
@@ -167,6 +168,9 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
         targets=tuple(targets),
         watched=tuple(finding(s) for s in patch.watch),
         replaced=tuple(replaced),
+        attributes=tuple(
+            D.attribute_finding(a, target.symbol(a.rsplit(".", 1)[0])) for a in patch.attributes
+        ),
         upstream=upstream,
         upstream_why=why,
         around=around,
@@ -215,6 +219,7 @@ def run(
         target = _Texts(reader)
         baseline = _Texts(baseline_reader) if baseline_reader is not None else None
         findings = [assess(p, target, recorded, baseline) for p in patches]
+        routes = kv_routes.routes({m: target.module(m) for m in kv_routes.MODULES})
     finally:
         reader.close()
         if baseline_reader is not None:
@@ -237,6 +242,7 @@ def run(
         baseline_path=None if baseline_reader is None else baseline_reader.origin,
         verdict=verdict,
         patches=rows,
+        kv_failure_routes=[r.to_dict() for r in routes],
     )
     progress(ev.Finished(verdict, f"{len(rows)} patches and probes", tuple(map(table_row, rows))))
     return Report(verdict, doc)

@@ -22,7 +22,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patches.connectors.injection import InjectionPlan, SpecError, prefix_key, prefix_len
+from engine_patches.connectors.injection import (
+    ROUTES,
+    InjectionPlan,
+    SpecError,
+    prefix_key,
+    prefix_len,
+)
 from opsctl.domain.metrics import MetricsSnapshot
 
 POLICIES = ("recompute", "fail")
@@ -64,11 +70,16 @@ class Settings:
     seed: int = 0
     targets: int | None = None  # how many requests get injections (None: half, rounded up)
     max_tokens: int = 16
+    # how the connector reports a failure: failed blocks (synchronous loads) or failed
+    # requests (asynchronous loads, failed_recving: vLLM 0.30+)
+    route: str = ROUTES[0]
 
     def validate(self) -> None:
         """Raise ValueError with one line for bad arguments."""
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.route not in ROUTES:
+            raise ValueError(f"unknown route {self.route!r}; choose one of {', '.join(ROUTES)}")
         if self.rate is not None and self.blocks is not None:
             raise ValueError("give either --rate or --blocks, not both")
         if self.rate is not None and not (0.0 <= self.rate <= 1.0 and math.isfinite(self.rate)):

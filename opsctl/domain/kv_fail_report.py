@@ -545,6 +545,7 @@ def report_fields(
         "patch": dict(engine.patch),
         "recovery_patches": [dict(p) for p in engine.recovery_patches],
         "injection": {
+            "route": s.route,
             "mode": s.mode,
             "rate": s.rate,
             "blocks": None if s.rate is not None else (s.blocks or "-1"),

@@ -20,6 +20,7 @@ import ast
 import difflib
 import functools
 import hashlib
+import re
 import textwrap
 from dataclasses import dataclass, field
 
@@ -227,6 +228,32 @@ def changed_members(verified: dict[str, str] | None, target: dict[str, str] | No
 
 
 @dataclass(frozen=True, slots=True)
+class AttributeFinding:
+    """One declared attribute (``module:Class.a|b``) against a release: which of the
+    names its class's source still has (None: none of them, or no such class)."""
+
+    attribute: str
+    found: str | None
+    class_exists: bool
+
+    def to_dict(self) -> dict:
+        return {"attribute": self.attribute, "found": self.found, "class_exists": self.class_exists}
+
+
+def attribute_finding(attribute: str, class_source: str | None) -> AttributeFinding:
+    """Whether ``Class`` (its source: assignments to ``self.<name>``, class-level
+    annotations, properties and methods) still has one of the declared names."""
+    names = split(attribute)[1].split(".", 1)[1].split("|")
+    if class_source is None:
+        return AttributeFinding(attribute, None, False)
+    for name in names:
+        pattern = rf"(self\.{name}\b|^\s*{name}\s*[:=]|def {name}\()"
+        if re.search(pattern, class_source, re.M):
+            return AttributeFinding(attribute, name, True)
+    return AttributeFinding(attribute, None, True)
+
+
+@dataclass(frozen=True, slots=True)
 class PatchFinding:
     name: str
     kind: str
@@ -238,6 +265,12 @@ class PatchFinding:
     around: dict[str, list[str]] = field(default_factory=dict)  # scope -> changed members
     # (target, symbol used instead): targets this release lacks whose alternative it has
     replaced: tuple[tuple[str, str], ...] = ()
+    attributes: tuple[AttributeFinding, ...] = ()
+
+    @property
+    def lost_attributes(self) -> list[str]:
+        """Declared attributes none of whose names this release's class has."""
+        return [a.attribute for a in self.attributes if a.found is None]
 
     @property
     def exists(self) -> bool:
@@ -260,7 +293,7 @@ class PatchFinding:
             return CHANGED
         if self.unchanged is None:
             return UNKNOWN
-        if any(w.unchanged is False for w in self.watched):
+        if any(w.unchanged is False for w in self.watched) or self.lost_attributes:
             return REVIEW
         return UNCHANGED
 
@@ -277,6 +310,7 @@ class PatchFinding:
             "targets": [t.to_dict() for t in self.targets],
             "watched": [w.to_dict() for w in self.watched],
             "replaced": [{"target": t, "instead": i} for t, i in self.replaced],
+            "attributes": [a.to_dict() for a in self.attributes],
             "changed_around": {k: v[:MAX_AROUND] for k, v in self.around.items() if v},
             "changed_around_count": sum(len(v) for v in self.around.values()),
         }

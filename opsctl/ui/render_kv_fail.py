@@ -88,7 +88,8 @@ def render(con: Console, doc: Mapping[str, Any]) -> None:
     con.print(
         f"policy {doc.get('kv_load_failure_policy')}; {patches_text(doc)}; "
         f"injection {inj.get('mode')} {what} "
-        f"seed {inj.get('seed')} on requests {inj.get('targets')}"
+        f"seed {inj.get('seed')} on requests {inj.get('targets')}, "
+        f"reported as failed {inj.get('route') or 'blocks'}"
     )
     con.print(_requests(doc))
     con.print(

@@ -20,6 +20,7 @@ COLOURS = {
     "unknown": "yellow",
     "missing": "red",
 }
+ROUTE_COLOURS = {"safe": "green", "safe with opsctl": "cyan", "absent": "dim", "unsafe": "red"}
 VERDICT_COLOURS = {"pass": "green", "unverified": "yellow", "fail": "red"}
 EXCERPT = 12
 
@@ -44,6 +45,18 @@ def _symbols(console: Console, title: str, findings: list[dict]) -> None:
             console.print(f"    +{diff['added_lines']} -{diff['removed_lines']} lines", style="dim")
             for line in diff["excerpt"][:EXCERPT]:
                 console.print("    " + escape(line), style="dim", soft_wrap=True)
+
+
+def _attributes(console: Console, attributes: list[dict]) -> None:
+    """Declared attributes this release lost, or has under another of their names."""
+    for a in attributes:
+        first = a["attribute"].rsplit(".", 1)[1].split("|")[0]
+        where = escape(a["attribute"].split(":", 1)[1].split("|")[0])
+        if a["found"] is None:
+            state = "class gone" if not a["class_exists"] else "gone: nothing reads what it writes"
+            console.print(f"  attribute [b]{where}[/]: [red]{state}[/]")
+        elif a["found"] != first:
+            console.print(f"  attribute [b]{where}[/]: gone; uses {escape(a['found'])} instead")
 
 
 def render(console: Console, doc: dict[str, Any]) -> None:
@@ -80,11 +93,23 @@ def render(console: Console, doc: dict[str, Any]) -> None:
             )
         _symbols(console, "target", p["targets"])
         _symbols(console, "relies on", p["watched"])
+        _attributes(console, p.get("attributes") or [])
         for scope, names in p["changed_around"].items():
             more = p["changed_around_count"] if len(p["changed_around"]) == 1 else None
             tail = f" (of {more})" if more and more > len(names) else ""
             console.print(
                 f"  around {escape(scope)}{tail}: {escape(', '.join(names))}", soft_wrap=True
             )
+    routes = doc.get("kv_failure_routes") or []
+    if routes:
+        console.print(
+            f"[b]KV load failures on vLLM {escape(str(doc.get('vllm_version') or '?'))}[/]"
+        )
+    for r in routes:
+        colour = ROUTE_COLOURS.get(r["status"], "yellow")
+        console.print(
+            f"  {escape(r['route'])}: [{colour}]{r['status']}[/]: {escape(r['advice'])}",
+            soft_wrap=True,
+        )
     colour = VERDICT_COLOURS.get(doc["verdict"], "red")
     console.print(f"verdict: [{colour}]{doc['verdict']}[/]")

@@ -40,6 +40,7 @@ def run(*args: str):
         (["--model", "tiny-embed"], "cannot serve"),
         (["--model", "tiny-vlm"], "cannot serve"),
         (["--mode", "graphs"], "--mode must be eager or default"),
+        (["--route", "layers"], "unknown route"),
     ],
 )
 def test_bad_input_exits_2(args, needle):
@@ -137,6 +138,12 @@ def test_flags_reach_the_engine_the_check_starts(launches):
     res = run("--model", "tiny-llama", "--mode", "default")
     assert res.exit_code == 2, res.output
     assert launches[-1].opts.enforce_eager is False  # vLLM's own execution mode
+
+    res = run("--model", "tiny-llama", "--route", "requests")
+    assert res.exit_code == 2, res.output
+    args = launches[-1].opts.extra_args
+    extra = json.loads(args[args.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["route"] == "requests"
 
 
 def test_live_event_lines_show_injections_and_recoveries(tmp_path):

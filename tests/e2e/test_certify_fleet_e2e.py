@@ -133,7 +133,7 @@ def test_targets_file_hung_target_fails_liveness_others_pass(engines, tmp_path):
 
 def test_invariance_asked_by_name_on_a_prefix_caching_server_stays_fail_closed(engines, tmp_path):
     a, b = engines
-    r, doc, junit, sarif, took = certify([a, b, "--checks", "invariance"], tmp_path)
+    r, doc, _junit, _sarif, _took = certify([a, b, "--checks", "invariance"], tmp_path)
     assert r.returncode == 1, r.stderr
     t = {e["target"]["url"]: e for e in doc["targets"]}
     inv = {u: next(c for c in e["checks"] if c["check"] == "invariance") for u, e in t.items()}

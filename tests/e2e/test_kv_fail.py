@@ -2,7 +2,7 @@
 runs through the CLI (JSON, exit codes, stderr) and one through the library entry point
 (:func:`opsctl.checks.kv_fail.run`: typed events, the typed report, its terminal view).
 
-Engine starts in this module: 5 (one per diag run, plus one hybrid engine without
+Engine starts in this module: 6 (one per diag run, plus one hybrid engine without
 any connector for the no-connector baseline).
 """
 
@@ -68,6 +68,39 @@ def hybrid():
 @pytest.fixture(scope="module")
 def hybrid_no_patch():
     return diag("--model", "tiny-hybrid", "--no-patch")
+
+
+@pytest.fixture(scope="module")
+def hybrid_requests_no_patch():
+    """Upstream's supported route for several KV cache groups: failed requests."""
+    return diag("--model", "tiny-hybrid", "--no-patch", "--route", "requests")
+
+
+def test_hybrid_request_route_recovers_without_any_opsctl_patch(hybrid_requests_no_patch):
+    """vLLM 0.32 refuses failed blocks on two groups (the engine dies: the test below)
+    but recomputes a request reported failed (failed_recving) from token 0, unpatched."""
+    from pathlib import Path
+
+    rc, doc, err = hybrid_requests_no_patch
+    assert rc == 0, err[-2000:]
+    assert doc["injection"]["route"] == "requests"
+    assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}
+    assert len(doc["kv_cache_groups"]) == 2
+    assert doc["failures_injected"] >= 2 and doc["requests_affected"] == 2
+    assert doc["engine_alive"] and doc["outputs_identical"] and doc["requests_failed"] == 0
+    assert any(r["sensitivity"] and not r["sensitivity"]["identical"] for r in doc["requests"])
+    events = Path(doc["run_dir"]) / "events"
+    # the connector loaded asynchronously and never offered the failed requests again
+    loads = [json.loads(x) for x in (events / "kv_transfers.jsonl").read_text().splitlines()]
+    assert {e.get("route") for e in loads if e["op"] == "load"} == {"requests"}
+    failed = {
+        e["request_id"]
+        for e in loads
+        if e["op"] == "load" and e["injected"] and e["epoch"] == "inject"
+    }
+    conn = [json.loads(x) for x in (events / "kv_connector.jsonl").read_text().splitlines()]
+    refused = {e["request_id"] for e in conn if e.get("offered") == 0}
+    assert len(failed) == 2 and failed <= refused
 
 
 def test_llama_recompute_truncates_and_matches(llama_recompute):

@@ -156,3 +156,17 @@ def test_renderer_shows_the_table_and_the_findings(docs):
         assert name in text
     assert "GPUModelRunner._sample: gone; uses" in text and "unverified on 0.34.0" in text
     assert "verdict: unverified" in text
+
+
+def test_kv_failure_routes_per_release(docs):
+    """Which connector behaviour is safe where (opsctl.domain.kv_routes): every release
+    here has the request route, refuses failed blocks on several groups, and needs the
+    recovery patches for a failed block on one group; 0.34 has no V1 runner left."""
+    for version, doc in docs.items():
+        routes = {r["route"]: r for r in doc["kv_failure_routes"]}
+        assert routes["failed requests (async loads)"]["status"] == "safe", version
+        multi = routes["failed blocks, several KV cache groups"]
+        assert multi["status"] == "safe with opsctl" and "RuntimeError" in multi["advice"]
+        single = routes["failed blocks, one KV cache group"]
+        assert single["status"] == "safe with opsctl" and "kv_rewind_v2" in single["advice"]
+        assert ("no V1 runner" in single["advice"]) == (version == "0.34.0"), version

@@ -410,6 +410,7 @@ def test_report_fields_keep_the_schema_2_shape():
         "run_dir",
     ]
     assert fields["injection"] == {
+        "route": "blocks",
         "mode": "rate",
         "rate": 0.5,
         "blocks": None,

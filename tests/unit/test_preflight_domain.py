@@ -142,3 +142,28 @@ def test_patch_verdict(targets, watched, upstream, verdict):
     assert finding.verdict == verdict
     doc = finding.to_dict()
     assert doc["verdict"] == verdict and doc["exists"] == (targets != ["gone"])
+
+
+def test_a_declared_attribute_a_release_lost_asks_for_review():
+    request_033 = (
+        "class Request:\n    def __init__(self):\n        self.skip_reading_prefix_cache = False\n"
+    )
+    request_034 = "class Request:\n    prefix_cache_hit_limit: int | None = None\n"
+    one = "vllm.v1.request:Request.skip_reading_prefix_cache"
+    either = one + "|prefix_cache_hit_limit"
+    assert D.attribute_finding(one, request_033).found == "skip_reading_prefix_cache"
+    lost = D.attribute_finding(one, request_034)
+    assert lost.found is None and lost.class_exists
+    assert D.attribute_finding(either, request_034).found == "prefix_cache_hit_limit"
+    assert D.attribute_finding(either, None).class_exists is False
+    base = dict(name="p", kind="patch", verified_on=("0.32.0",), targets=(), watched=())
+    kept = D.PatchFinding(
+        **base,
+        upstream=False,
+        upstream_why="x",
+        attributes=(D.attribute_finding(either, request_034),),
+    )
+    gone = D.PatchFinding(**base, upstream=False, upstream_why="x", attributes=(lost,))
+    assert kept.verdict == D.UNCHANGED and kept.lost_attributes == []
+    assert gone.verdict == D.REVIEW and gone.lost_attributes == [one]
+    assert gone.to_dict()["attributes"] == [{"attribute": one, "found": None, "class_exists": True}]

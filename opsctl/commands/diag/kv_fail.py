@@ -25,6 +25,33 @@ from opsctl.commands.options import (
 )
 from opsctl.errors import BadInput, CheckFailed
 
+_ROUTE = typer.Option(
+    "blocks",
+    "--route",
+    help="how the connector reports a failed load: blocks (failed block ids, synchronous "
+    "loads) | requests (failed requests, asynchronous loads; vLLM 0.30+)",
+)
+_MODE = typer.Option(
+    "eager",
+    "--mode",
+    help="the engine's execution mode: eager (--enforce-eager) | default (vLLM's own: "
+    "torch.compile and CUDA graphs on a GPU)",
+)
+
+
+def _spec(model: str, no_patch: bool, mode: str, timeout: float):
+    """The engine the check starts: --no-patch turns every KV recovery patch off,
+    --mode picks eager or vLLM's default execution mode (anything else is exit 2)."""
+    from opsctl.checks import kv_fail as check
+    from opsctl.checks.target import EngineSpec
+
+    if mode not in ("eager", "default"):
+        raise BadInput(f"--mode must be eager or default, not {mode!r}")
+    disabled = check.NO_PATCH if no_patch else ()
+    return EngineSpec(
+        model=model, disable_patches=disabled, timeout=timeout, enforce_eager=mode == "eager"
+    )
+
 
 def register(app: typer.Typer) -> None:
     @app.command(
@@ -35,6 +62,7 @@ def register(app: typer.Typer) -> None:
             "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
             "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
             "opsctl diag kv-fail --model tiny-llama --mode default --policy fail",
+            "opsctl diag kv-fail --route requests --no-patch",
         ),
     )
     def kv_fail(
@@ -68,12 +96,8 @@ def register(app: typer.Typer) -> None:
             help="run vanilla vLLM (opsctl's KV recovery patches off: kv_hybrid_recompute, "
             "kv_async_inflight, kv_rewind_v2)",
         ),
-        mode: str = typer.Option(
-            "eager",
-            "--mode",
-            help="the engine's execution mode: eager (--enforce-eager) | default (vLLM's "
-            "own: torch.compile and CUDA graphs on a GPU)",
-        ),
+        route: str = _ROUTE,
+        mode: str = _MODE,
         timeout: float = duration_option(
             "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
         ),
@@ -86,20 +110,14 @@ def register(app: typer.Typer) -> None:
 
         from opsctl import output
         from opsctl.checks import kv_fail as check
-        from opsctl.checks.target import EngineSpec
         from opsctl.commands.options import parse_knobs
         from opsctl.domain.kv_fail import Settings
         from opsctl.ui.progress import run_with_progress
         from opsctl.ui.render_kv_fail import render
 
-        settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens)
+        settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens, route)
         options = check.Options(settings)
-        disabled = check.NO_PATCH if no_patch else ()
-        if mode not in ("eager", "default"):
-            raise BadInput(f"--mode must be eager or default, not {mode!r}")
-        spec = EngineSpec(
-            model=model, disable_patches=disabled, timeout=timeout, enforce_eager=mode == "eager"
-        )
+        spec = _spec(model, no_patch, mode, timeout)
         check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
         spec = replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items())))
         report = run_with_progress(
