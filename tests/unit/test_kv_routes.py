@@ -60,7 +60,7 @@ def test_a_release_with_both_fixes_is_safe():
     runner = RUNNER_UNFIXED.replace(
         "num_computed_tokens_np", "self.req_states.num_computed_tokens.stage_write_elem"
     )
-    requests, multi, single = K.routes({K.SCHEDULER: sched, K.V2_RUNNER: runner})
+    _requests, multi, single = K.routes({K.SCHEDULER: sched, K.V2_RUNNER: runner})
     assert (multi.status, single.status) == (K.SAFE, K.SAFE)
 
 
