@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 # /1: the key metrics of a one-off /metrics read; /2: the server version as a field;
 # /3: a document whatever the state (unreachable included, with `error`), `version`
-# dropped (one name per fact: `vllm_version`), `platform` null when unknown
+# dropped (one name per fact: `vllm_version`), `platform` null when unknown; later,
+# within /3 (optional fields): `canary` and `stopped_processes`
 SCHEMA = "status/3"
 NO_ANSWER = ("unreachable", "unauthorized")  # no vLLM server answered us: exit 3
 
@@ -53,6 +54,10 @@ NO_ANSWER = ("unreachable", "unauthorized")  # no vLLM server answered us: exit 
 @dataclass(frozen=True, slots=True)
 class Options:
     timeout: float = 5.0  # seconds, for each HTTP request
+    # the canary's deadline (a 1-token completion sent to a ready or busy server, whose
+    # gauges cannot show a stopped engine); None: no canary
+    canary_timeout: float | None = 10.0
+    local: bool = True  # look at the server's local processes (stopped ones: stalled)
 
 
 def run(
@@ -62,19 +67,28 @@ def run(
     session: EngineSession | None = None,
 ) -> Report:
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.console_state import decide
+    from opsctl.domain.console_state import BUSY, READY, decide, judge_canary
     from opsctl.domain.urls import normalise_url
     from opsctl.output import document
 
     base = normalise_url(target.url)
     progress(ev.Phase(f"scraping {base}"))
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
-    state, reason = decide(scrape, None, None, False, False)
+    local = _local(base) if options.local else None
+    state, reason = decide(scrape, local, None, False, False)
+    canary = None
+    models = [m.id for m in scrape.info.models] if scrape.info else []
+    if options.canary_timeout and state in (READY, BUSY) and models:
+        from opsctl.collectors.canary import send
+
+        progress(ev.Phase(f"canary: a 1-token completion to {models[0]}"))
+        canary = send(base, models[0], options.canary_timeout, target.api_key)
+        state, reason = judge_canary(state, reason, canary.ok, canary.detail)
     late = _late(scrape, options.timeout)
     if late is not None and state == "unreachable":  # a server answered, then went quiet
         reason = late
     info = scrape.info
-    healthy = scrape.health.status == 200 and state not in NO_ANSWER
+    healthy = scrape.health.status == 200 and state in (READY, BUSY)
     doc = document(
         SCHEMA,
         url=base,
@@ -89,6 +103,10 @@ def run(
         models=[m.id for m in info.models] if info else [],
         metrics=_metrics(scrape.samples) if scrape.samples is not None else None,
         metrics_error=None if scrape.samples is not None else _metrics_error(scrape.metrics),
+        canary=canary.to_dict() if canary else None,
+        stopped_processes=[
+            {"pid": p.pid, "role": p.role} for p in (local.stopped if local else ())
+        ],
     )
     verdict = PASS if healthy else FAIL
     progress(ev.Finished(verdict, f"{state}: {reason}" if reason else state))
@@ -115,6 +133,16 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
     if doc["state"] == "unauthorized":
         return str(doc["error"]), auth_error(doc["url"], 401, api_key).hint
     return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
+
+
+def _local(url: str):
+    """The local state of the server at ``url`` (its processes: stopped ones make it
+    stalled), None for a server that is not on this node."""
+    from opsctl.console.discovery import local_state, local_target
+    from opsctl.paths import runs_dir
+
+    target = local_target(url, runs_dir())
+    return local_state(target) if target is not None else None
 
 
 def _late(scrape: Any, timeout: float) -> str | None:

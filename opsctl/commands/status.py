@@ -34,14 +34,24 @@ def register(app: typer.Typer) -> None:
             "5s", "--timeout", help="the longest wait for each HTTP answer"
         ),
         api_key: str | None = api_key_option(),
+        canary_timeout: float = duration_option(
+            "10s",
+            "--canary-timeout",
+            help="the deadline of the canary, a 1-token completion sent to a ready or busy "
+            "server (a stopped engine keeps /health 200 and its gauges): none in time is stalled",
+        ),
+        no_canary: bool = typer.Option(False, "--no-canary", help="send no canary request"),
     ) -> None:
         """Health, state and key metrics of a running vLLM server (systemctl-like exit:
-        0 ready/busy, 1 unhealthy, 3 no vLLM server answered)."""
+        0 ready/busy, 1 unhealthy or stalled, 3 no vLLM server answered)."""
         from opsctl.checks import status as check
         from opsctl.checks.target import UrlTarget
         from opsctl.output import emit, error
 
-        report = check.run(UrlTarget(url, api_key or None), check.Options(timeout=timeout))
+        options = check.Options(
+            timeout=timeout, canary_timeout=None if no_canary else canary_timeout
+        )
+        report = check.run(UrlTarget(url, api_key or None), options)
         doc = report.to_dict()
         emit(doc, as_json=as_json, render=lambda console: _render(console, doc))
         failure = check.error_of(report, api_key or None)
@@ -64,6 +74,8 @@ def _render(console, doc: dict) -> None:
     t.add_row("vllm_version", str(doc["vllm_version"] or "-"))
     t.add_row("platform", str(doc["platform"] or "-"))
     t.add_row("models", ", ".join(doc["models"]) or "-")
+    if doc.get("canary"):
+        t.add_row("canary", escape(doc["canary"]["detail"]))
     for k, v in (doc["metrics"] or {}).items():
         t.add_row(k, "-" if v is None else f"{v:g}")
     if doc["metrics_error"] and doc["health_status"] is not None:

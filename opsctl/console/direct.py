@@ -54,8 +54,12 @@ class DirectScrapeSource(LoopThreadSource):
         api_key: str | None = None,
         timeout: float | None = None,
         discover_fn: Callable[[], list[Target]] | None = None,
+        identify: bool = True,
     ) -> None:
         self.settings = settings or Settings()
+        # give local URLs their server's pid (stopped processes read stalled at once);
+        # False: judge them by their scrapes alone, as a remote server
+        self.identify = identify
         self.static = static
         self.discover_enabled = discover
         self.runs_root = runs_root
@@ -111,7 +115,28 @@ class DirectScrapeSource(LoopThreadSource):
         return added
 
     # ---- the loop --------------------------------------------------------------------------
+    def _identify(self) -> None:
+        """Given local URLs get their server's pid (stopped processes, roles), even with
+        discovery off: identifying a target adds no other server."""
+        from dataclasses import replace
+
+        from opsctl.paths import runs_dir
+
+        if self.discover_fn is not None or not self.identify:  # targets as given
+            return
+        for i, t in enumerate(self.static):
+            if t.pid is None and (
+                found := discovery.local_target(t.url, self.runs_root or runs_dir())
+            ):
+                self.static[i] = replace(
+                    t,
+                    pid=found.pid,
+                    pid_started=found.pid_started,
+                    run_dir=t.run_dir or found.run_dir,
+                )
+
     def start(self) -> None:
+        self._identify()
         found = self._discover() if self.discover_enabled else []
         self._sync_targets(found)
         self.thread.start()

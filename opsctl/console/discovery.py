@@ -135,6 +135,32 @@ def discover(runs_root: Path) -> list[Target]:
     return [*discover_runs(runs_root), *discover_processes()]
 
 
+def local_target(url: str, runs_root: Path) -> Target | None:
+    """The local server (an opsctl run, else a discovered vLLM process) that answers at
+    ``url``, with its API server's pid; None for a URL of another host or one no local
+    process serves. Identifies a given target: it adds no other server."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+        return None
+
+    def same(t: Target) -> bool:
+        other = urlsplit(t.url)
+        return other.port == parts.port and (other.hostname or "") in (
+            host,
+            "127.0.0.1",
+            "0.0.0.0",
+            "localhost",
+        )
+
+    for t in discover_runs(runs_root):
+        if same(t) and t.pid:
+            return t
+    return next((t for t in discover_processes() if same(t)), None)
+
+
 def process_roles(pid: int) -> tuple[ProcRole, ...]:
     """The API server and its descendants with their vLLM roles (cheap: no memory reads)."""
     try:
@@ -178,4 +204,28 @@ def local_state(
     )
     roles = process_roles(target.pid) if alive and with_roles else ()
     reason = None if alive else f"process {target.pid} exited"
-    return LocalState(alive, reason, roles, phase, lines)
+    stopped = stopped_members(target.pid) if alive else ()
+    return LocalState(alive, reason, roles, phase, lines, stopped)
+
+
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def stopped_members(pid: int) -> tuple[ProcRole, ...]:
+    """The processes of the API server's tree that are stopped, with their roles (one
+    /proc stat read each; a process that exits meanwhile is simply not listed)."""
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return ()
+    out = []
+    for p in members:
+        try:
+            if p.status() not in STOPPED:
+                continue
+            with p.oneshot():
+                out.append(ProcRole(p.pid, classify(p.name(), " ".join(p.cmdline()), p.pid == pid)))
+        except psutil.Error:
+            continue
+    return tuple(out)

@@ -137,6 +137,9 @@ class LocalState:
     procs: tuple[ProcRole, ...] = ()
     load_phase: str | None = None  # opsctl runs: from the server log
     death_lines: tuple[str, ...] = ()  # opsctl runs: decisive log lines
+    # processes of the tree that are stopped (SIGSTOP, a debugger's stop): they answer
+    # nothing, while the API server may still answer /health 200
+    stopped: tuple[ProcRole, ...] = ()
 
 
 # ---- outputs --------------------------------------------------------------------------------

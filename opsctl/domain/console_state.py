@@ -48,6 +48,22 @@ def http_reason(scrape: Scrape) -> str:
     return f"/health HTTP {h.status}"
 
 
+def stopped_reason(stopped, health: int | None) -> str:
+    """Why an endpoint with stopped processes is stalled, naming each one."""
+    who = ", ".join(f"{p.role} (pid {p.pid})" for p in stopped)
+    answer = f"/health {health}" if health is not None else "/health no answer"
+    return f"{who} stopped (SIGSTOP or a debugger): nothing it holds can progress; {answer}"
+
+
+def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
+    """The state after a canary: a ready or busy endpoint whose 1-token completion did
+    not return in time is stalled (its gauges are stale or it stopped while idle); an
+    answer, or an inconclusive one, leaves the state as it was."""
+    if ok is False and state in (READY, BUSY):
+        return STALLED, f"canary: {detail}, while /health answers 200 and the gauges say {state}"
+    return state, reason
+
+
 def decide(
     scrape: Scrape | None,
     local: LocalState | None,
@@ -71,6 +87,8 @@ def decide(
     if auth is not None and auth.status in (401, 403):
         return UNAUTHORIZED, f"HTTP {auth.status} on {auth.path}: pass --api-key (or api_key_env)"
     health = scrape.health.status
+    if local is not None and local.stopped:
+        return STALLED, stopped_reason(local.stopped, health)
     if health is None:
         if local is not None and local.alive:
             phase = local.load_phase or "process up, HTTP not answering yet"

@@ -1,0 +1,72 @@
+"""A stopped engine is never ready (issue 35 item 4): the domain's rule for stopped
+processes and for the canary, and the canary against a stand-in whose API answers
+/health 200 and /metrics but never finishes a completion (the real engine's case is
+tests/e2e/test_console_e2e.py::test_an_engine_stopped_while_idle_is_never_ready)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from opsctl.checks import status
+from opsctl.checks.target import UrlTarget
+from opsctl.collectors.canary import send
+from opsctl.domain import console as c
+from opsctl.domain.console_state import decide, judge_canary
+from tests.standin import GuardedHandler, serving
+from tests.unit.test_console_domain import body, scrape
+
+
+def test_a_stopped_process_makes_an_answering_server_stalled():
+    healthy = scrape(0, body())
+    stopped = c.LocalState(True, stopped=(c.ProcRole(42, "EngineCore"),))
+    state, why = decide(healthy, stopped, None, False, False)
+    assert state == c.STALLED
+    assert why.startswith("EngineCore (pid 42) stopped (SIGSTOP or a debugger)")
+    assert why.endswith("/health 200")
+    assert decide(healthy, c.LocalState(True), None, False, False)[0] == c.READY
+
+
+def test_the_canary_turns_ready_or_busy_into_stalled_only_when_it_hung():
+    for state in (c.READY, c.BUSY):
+        got, why = judge_canary(state, None, False, "no answer within 3 s")
+        assert got == c.STALLED and why.startswith("canary: no answer within 3 s")
+        assert judge_canary(state, None, True, "fine") == (state, None)
+        assert judge_canary(state, None, None, "HTTP 404") == (state, None)  # inconclusive
+    assert judge_canary(c.DEAD, "gone", False, "x") == (c.DEAD, "gone")
+
+
+class Hanging(GuardedHandler):
+    """Answers everything at once but /v1/completions, which it holds until released."""
+
+    API_KEY = ""
+    release = threading.Event()
+
+    def _guarded(self) -> bool:
+        return False
+
+    def do_POST(self) -> None:
+        self.release.wait(30)
+        self._send(200, {"choices": [{"text": "k"}]})
+
+
+def test_status_of_a_server_whose_completions_hang_is_stalled():
+    Hanging.release.clear()
+    try:
+        with serving(Hanging) as url:
+            t0 = time.monotonic()
+            doc = status.run(UrlTarget(url), status.Options(canary_timeout=1.0)).to_dict()
+            assert doc["state"] == "stalled" and not doc["healthy"], doc
+            assert doc["health_status"] == 200 and doc["canary"]["ok"] is False
+            assert time.monotonic() - t0 < 10
+            assert (
+                status.exit_code(status.run(UrlTarget(url), status.Options(canary_timeout=1.0)))
+                == 1
+            )
+            Hanging.release.set()
+            ok = send(url, "stand-in", 5.0)
+            assert ok.ok is True and "returned" in ok.detail
+            off = status.run(UrlTarget(url), status.Options(canary_timeout=None)).to_dict()
+            assert off["state"] == "ready" and off["canary"] is None  # --no-canary
+    finally:
+        Hanging.release.set()
