@@ -136,13 +136,31 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
 
 
 def _local(url: str):
-    """The local state of the server at ``url`` (its processes: stopped ones make it
-    stalled), None for a server that is not on this node."""
-    from opsctl.console.discovery import local_state, local_target
-    from opsctl.paths import runs_dir
+    """What this node says of the server at ``url``: its processes, stopped ones named
+    (they make it stalled); None for a server of another host or no local process."""
+    import json
+    from urllib.parse import urlsplit
 
-    target = local_target(url, runs_dir())
-    return local_state(target) if target is not None else None
+    from opsctl.collectors.processes import listening_pid, stopped_members
+    from opsctl.collectors.runs import find_run_dir
+    from opsctl.domain.console import LocalState
+
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not (host == "localhost" or host.startswith("127.") or host == "::1") or not parts.port:
+        return None
+    run = find_run_dir(url)
+    pid = None
+    if run is not None:
+        try:
+            pid = json.loads((run / "meta.json").read_text()).get("pid")
+        except (OSError, ValueError):
+            pid = None
+    pid = pid if isinstance(pid, int) else listening_pid(parts.port)
+    stopped = stopped_members(pid) if pid else ()
+    # only stopped processes add to what HTTP says (a server not answering stays
+    # unreachable, exit 3, as before: status judges by its answers otherwise)
+    return LocalState(True, stopped=stopped) if stopped else None
 
 
 def _late(scrape: Any, timeout: float) -> str | None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from opsctl.domain.console import ProcRole
+
 
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
@@ -128,3 +130,40 @@ def alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def stopped_members(pid: int) -> tuple[ProcRole, ...]:
+    """The processes of the API server ``pid``'s tree that are stopped (SIGSTOP, a
+    debugger's stop), with their roles: one /proc stat read each; a process that exits
+    meanwhile is simply not listed."""
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return ()
+    out = []
+    for p in members:
+        try:
+            if p.status() not in STOPPED:
+                continue
+            with p.oneshot():
+                role = classify(p.name(), " ".join(p.cmdline()), p.pid == pid)
+        except psutil.Error:
+            continue
+        out.append(ProcRole(p.pid, role))
+    return tuple(out)
+
+
+def listening_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` of this node (None: none, or not visible)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return c.pid
+    return None

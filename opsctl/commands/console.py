@@ -8,8 +8,14 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
+from opsctl.commands.options import (
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+)
 from opsctl.console import taps as tp
+from opsctl.domain.console_state import CANARY_HELP
 
 EPILOG = epilog(
     "opsctl console",
@@ -18,6 +24,10 @@ EPILOG = epilog(
     "opsctl console --prometheus http://127.0.0.1:9090 --job vllm",
     "opsctl console --once --stall-window 30s --interval 2s",
 )
+
+
+_CANARY_TIMEOUT = duration_option("10s", "--canary-timeout", help="--once: " + CANARY_HELP)
+_NO_CANARY = typer.Option(False, "--no-canary", help="--once: send no canary request")
 
 
 def register(app: typer.Typer) -> None:
@@ -69,24 +79,30 @@ def register(app: typer.Typer) -> None:
         tee: str = typer.Option(None, "--tee", metavar="LISTEN=URL", help=tp.TEE_HELP),
         tee_keep_prompts: bool = typer.Option(False, "--tee-keep-prompts", help=tp.KEEP_HELP),
         logs: list[str] = typer.Option(None, "--log", metavar="URL=FILE", help=tp.LOG_HELP),
+        canary_timeout: float = _CANARY_TIMEOUT,
+        no_canary: bool = _NO_CANARY,
     ) -> None:
         """Live console over many vLLM servers: states (stalled = requests running, generation
         flat for --stall-window, even with /health 200), rates, latencies, process roles."""
+        from opsctl.console import fleet
         from opsctl.domain.console_state import Settings
 
-        _check_combination(urls or [], targets_file, prometheus, job)
+        fleet.check_combination(urls or [], targets_file, prometheus, job)
         if not once and not as_json:
             _need_terminal()
-        settings = Settings(interval_s=interval, stall_window_s=stall_window)
+        canary = None if no_canary else canary_timeout
+        settings = Settings(
+            interval_s=interval, stall_window_s=stall_window, canary_timeout_s=canary
+        )
         if replay is not None:
             from opsctl.console.replay import open_replay
 
             others = bool(urls or targets_file or prometheus)
             source = open_replay(replay, others=others, record=record, once=once)
         elif prometheus is not None:
-            source = _prometheus_source(prometheus, job, settings)
+            source = fleet.prometheus_source(prometheus, job, settings)
         else:
-            source = _direct_source(urls or [], targets_file, no_discover, settings, api_key)
+            source = fleet.direct_source(urls or [], targets_file, no_discover, settings, api_key)
         from opsctl.console.gpus import advised  # the advisor, over this host's GPUs
 
         source = advised(tp.tapped(source, tee, logs, tee_keep_prompts, replay is not None))
@@ -107,36 +123,6 @@ def _live(source, interval: float, readonly: bool, record: Path | None, api_key)
         )
     finally:
         source.close()
-
-
-def _check_combination(
-    urls: list[str], targets_file: Path | None, prometheus: str | None, job: str | None
-) -> None:
-    from opsctl.errors import BadInput
-
-    if prometheus is not None and (urls or targets_file is not None):
-        what = "URL arguments" if urls else "--targets"
-        raise BadInput(f"--prometheus reads the fleet from Prometheus: drop {what}")
-    if job is not None and prometheus is None:
-        raise BadInput("--job selects a Prometheus scrape job: it needs --prometheus URL")
-
-
-def _direct_source(urls, targets_file, no_discover, settings, api_key):
-    from opsctl.console import targets as tg
-    from opsctl.console.direct import DirectScrapeSource
-
-    static = tg.from_urls(urls)
-    if targets_file is not None:
-        static += tg.from_targets_file(targets_file)
-    return DirectScrapeSource(static, discover=not no_discover, settings=settings, api_key=api_key)
-
-
-def _prometheus_source(url, job, settings):
-    from opsctl.console.prometheus import PrometheusSource
-
-    source = PrometheusSource(url, job=job, settings=settings)
-    source.check()  # exit 3 when nothing answers, 2 when it is not Prometheus
-    return source
 
 
 def _need_terminal() -> None:

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import api_key_option, duration_option, epilog, json_option
+from opsctl.commands.options import (
+    api_key_option,
+    duration_option,
+    epilog,
+    json_option,
+)
+from opsctl.domain.console_state import CANARY_HELP
+
+_CANARY_TIMEOUT = duration_option("10s", "--canary-timeout", help=CANARY_HELP)
+_NO_CANARY = typer.Option(False, "--no-canary", help="send no canary request")
 
 
 def register(app: typer.Typer) -> None:
@@ -34,13 +43,8 @@ def register(app: typer.Typer) -> None:
             "5s", "--timeout", help="the longest wait for each HTTP answer"
         ),
         api_key: str | None = api_key_option(),
-        canary_timeout: float = duration_option(
-            "10s",
-            "--canary-timeout",
-            help="the deadline of the canary, a 1-token completion sent to a ready or busy "
-            "server (a stopped engine keeps /health 200 and its gauges): none in time is stalled",
-        ),
-        no_canary: bool = typer.Option(False, "--no-canary", help="send no canary request"),
+        canary_timeout: float = _CANARY_TIMEOUT,
+        no_canary: bool = _NO_CANARY,
     ) -> None:
         """Health, state and key metrics of a running vLLM server (systemctl-like exit:
         0 ready/busy, 1 unhealthy or stalled, 3 no vLLM server answered)."""

@@ -83,7 +83,8 @@ class DirectScrapeSource(LoopThreadSource):
 
         return discovery.discover(self.runs_root or runs_dir())
 
-    def _key_for(self, t: Target) -> str | None:
+    def api_key_for(self, t: Target) -> str | None:
+        """The API key sent to ``t`` (its api_key_env, else the console's --api-key)."""
         if t.api_key_env:
             return os.environ.get(t.api_key_env) or None
         return self.api_key
@@ -106,7 +107,7 @@ class DirectScrapeSource(LoopThreadSource):
             for t in merged:
                 ep = self.endpoints.get(t.key)
                 if ep is None:
-                    ep = _Endpoint(t, self.settings, self._key_for(t))
+                    ep = _Endpoint(t, self.settings, self.api_key_for(t))
                     self.endpoints[t.key] = ep
                     added.append(ep)
                 elif t.pid and t.pid != ep.target.pid:  # a new server on the same port

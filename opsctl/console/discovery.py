@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from opsctl.collectors.processes import classify
+from opsctl.collectors.processes import classify, stopped_members
 from opsctl.domain.console import LocalState, ProcRole, Target
 from opsctl.domain.serverlog import decisive_lines, load_progress
 
@@ -206,26 +206,3 @@ def local_state(
     reason = None if alive else f"process {target.pid} exited"
     stopped = stopped_members(target.pid) if alive else ()
     return LocalState(alive, reason, roles, phase, lines, stopped)
-
-
-STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-
-
-def stopped_members(pid: int) -> tuple[ProcRole, ...]:
-    """The processes of the API server's tree that are stopped, with their roles (one
-    /proc stat read each; a process that exits meanwhile is simply not listed)."""
-    try:
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return ()
-    out = []
-    for p in members:
-        try:
-            if p.status() not in STOPPED:
-                continue
-            with p.oneshot():
-                out.append(ProcRole(p.pid, classify(p.name(), " ".join(p.cmdline()), p.pid == pid)))
-        except psutil.Error:
-            continue
-    return tuple(out)

@@ -59,6 +59,37 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
     return Observation(snap, observed, settled)
 
 
+def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> FleetSnapshot:
+    """Send the canary (one 1-token completion, in parallel) to every ready endpoint the
+    scrapes cannot vouch for: an engine stopped while idle keeps /health 200 and its
+    gauges at 0. Only for a live direct source (it knows each endpoint's API key)."""
+    key_for = getattr(source, "api_key_for", None)
+    if not settings.canary_timeout_s or key_for is None or not getattr(source, "live", True):
+        return snap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opsctl.collectors.canary import send
+    from opsctl.domain.console_state import READY, judge_canary
+
+    todo = [v for v in snap.endpoints if v.state == READY and v.info.models]
+    if not todo:
+        return snap
+    timeout = settings.canary_timeout_s
+    with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+        sent = pool.map(
+            lambda v: send(v.target.url, v.info.models[0].id, timeout, key_for(v.target)), todo
+        )
+        results = {v.target.url: r for v, r in zip(todo, sent, strict=True)}
+    views = []
+    for v in snap.endpoints:
+        r = results.get(v.target.url)
+        if r is not None:
+            state, reason = judge_canary(v.state, v.reason, r.ok, r.detail)
+            v = replace(v, state=state, reason=reason)
+        views.append(v)
+    return replace(snap, endpoints=tuple(views))
+
+
 def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
     """``--once``: observe, print the document (``--json``) or the table on stdout, the
     verdict's reason (one ``opsctl: error:`` line unless all is well) and any hint on
@@ -70,7 +101,7 @@ def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
     from opsctl.output import emit, info
 
     seen = observe(source, settings)
-    snap = seen.snapshot
+    snap = canaried(seen.snapshot, source, settings)
     if snap.host_gpus is None and getattr(source, "live", True):  # a replay keeps its own
         from opsctl.collectors.gpu import with_gpus
 

@@ -39,6 +39,8 @@ class Settings:
     latency_window_s: float = 60.0
     history_s: float = 600.0  # sparklines: the last 10 minutes
     restart_hold_s: float = alert_rules.RESTART_HOLD_S  # 'restarted' shown this long
+    # --once: the canary's deadline for a ready endpoint (None: no canary)
+    canary_timeout_s: float | None = 10.0
 
 
 def http_reason(scrape: Scrape) -> str:
@@ -276,12 +278,22 @@ def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
     return verdict(views)[0]
 
 
+CANARY_HELP = (
+    "the deadline of the canary, a 1-token completion sent to a server whose gauges cannot "
+    "vouch for it (an engine stopped while idle keeps /health 200): none in time is stalled"
+)
+GIVEN = ("argument", "targets")  # endpoints the operator named (not discovered)
+
+
 def verdict(
     views: tuple[EndpointView, ...] | list[EndpointView], source: str = "direct"
 ) -> tuple[int, str]:
-    """The exit code of ``--once`` and its one-line reason."""
+    """The exit code of ``--once`` and its one-line reason. With endpoints the operator
+    named, the verdict is about those: discovered servers are shown, not judged."""
     from opsctl.domain.console import REACHABLE
 
+    if any(v.target.source in GIVEN for v in views):
+        views = [v for v in views if v.target.source in GIVEN]
     if not views:
         return 3, NO_ENDPOINT.get(source, "no vLLM server found")
     counts = ", ".join(f"{n} {state}" for state, n in sorted(state_counts(views).items()))
