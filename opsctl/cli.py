@@ -173,6 +173,7 @@ def build_app() -> typer.Typer:
         rules,
         runs,
         serve,
+        stacks,
         status,
         version,
     )
@@ -193,7 +194,19 @@ def build_app() -> typer.Typer:
         rich_markup_mode=None,
     )
     app.callback(invoke_without_command=True)(_root)
-    for module in (serve, status, patches, models, engram, diag, runs, console, certify, version):
+    for module in (
+        serve,
+        status,
+        stacks,
+        patches,
+        models,
+        engram,
+        diag,
+        runs,
+        console,
+        certify,
+        version,
+    ):
         module.register(app)
     rules.register(app)
     return app

@@ -217,6 +217,14 @@ def test_an_engine_stopped_while_idle_is_never_ready(engines):
         assert doc["state"] == "stalled" and doc["canary"]["ok"] is False, doc
         assert doc["reason"].startswith("canary: a 1-token completion did not return within 3 s")
         assert doc["canary"]["seconds"] >= 3.0
+        # where it is: the stopped EngineCore read by py-spy (it cannot run a handler)
+        r = subprocess.run(
+            [*OPSCTL, "stacks", ours.url, "--json"], capture_output=True, text=True, timeout=120
+        )
+        st = json.loads(r.stdout)
+        (engine,) = [p for p in st["processes"] if p["pid"] == core]
+        assert engine["state"] == "stopped" and "[stopped]" in engine["verdict"], engine
+        assert engine["source"] in ("py-spy", "none"), engine
     finally:
         cores.resume()
     r = subprocess.run(
@@ -225,3 +233,26 @@ def test_an_engine_stopped_while_idle_is_never_ready(engines):
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["state"] == "ready", doc
     assert doc["canary"]["ok"] is True and doc["stopped_processes"] == []
+
+
+def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
+    """opsctl stacks on the opsctl run (the stack_dump probe: SIGUSR2, faulthandler) and
+    on the bare server (py-spy): every process labelled, the EngineCore waiting in vLLM's
+    engine loop, both engines still serving afterwards."""
+    ours, bare = engines
+    for url, source in ((ours.url, "signal"), (bare.url, "py-spy")):
+        r = subprocess.run(
+            [*OPSCTL, "stacks", url, "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["schema"] == "opsctl.stacks/1" and doc["verdict"] == "pass"
+        roles = {p["role"]: p for p in doc["processes"]}
+        assert {"APIServer", "EngineCore"} <= set(roles), roles.keys()
+        core = roles["EngineCore"]
+        assert core["source"] == source, core
+        assert "vllm/v1/engine/core.py" in core["verdict"], core["verdict"]
+        assert doc["groups"] and all(g["frames"] for g in doc["groups"])
+        assert httpx.get(f"{url}/health", timeout=15).status_code == 200
+    r = subprocess.run([*OPSCTL, "stacks", ours.url], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "EngineCore (pid" in r.stdout and "thread(s)" in r.stdout

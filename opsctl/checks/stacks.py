@@ -1,0 +1,151 @@
+"""`opsctl stacks` as a library call: the Python stacks of every process of a local vLLM
+server (API server, EngineCore, workers), each labelled with its role, taken without
+stopping the engine (opsctl.collectors.stacks), with identical stacks grouped and one
+line per process naming where it waits (opsctl.domain.stacks).
+
+``run(target, Options, progress) -> Report`` (schema ``opsctl.stacks/1``). ``target`` is
+a URL (this node's only), an opsctl run (its directory or its name under the runs
+directory) or a pid (of any process of a vLLM server tree). Bad input (a URL of another
+host: stacks are local only; a pid that is not vLLM) is BadInput (exit 2); a run that
+has finished, or a URL no local process serves, is EngineUnreachable (exit 3). The
+verdict is fail (exit 1) when no process's stacks could be read (another user's server,
+tracing not allowed): each process's line says why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from opsctl.checks import events as ev
+from opsctl.checks.report import FAIL, PASS, Report
+from opsctl.domain import stacks as dom
+from opsctl.errors import BadInput, EngineUnreachable
+
+TITLE = "stacks"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    timeout: float = 5.0  # seconds for the dumps to arrive (per call of py-spy too)
+    native: bool = False  # py-spy --native: C frames too (CUDA syncs, collectives, locks)
+
+
+def _is_vllm(pid: int) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        text = f"{p.name()} {' '.join(p.cmdline())}"
+    except psutil.Error:
+        return False
+    return "vllm" in text.lower() or "EngineCore" in text
+
+
+def root_of(pid: int) -> int:
+    """The topmost vLLM process above ``pid`` (an EngineCore's API server)."""
+    import psutil
+
+    root = pid
+    try:
+        parent = psutil.Process(pid).parent()
+        while parent is not None and _is_vllm(parent.pid):
+            root, parent = parent.pid, parent.parent()
+    except psutil.Error:
+        pass
+    return root
+
+
+def _run_meta(run_dir: Path) -> dict:
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        raise BadInput(
+            f"{run_dir} is not an opsctl run directory (no readable meta.json)"
+        ) from None
+    return meta if isinstance(meta, dict) else {}
+
+
+def resolve(target: str) -> tuple[int, Path | None]:
+    """(the API server's pid, the run directory or None) of ``target``."""
+    import psutil
+
+    from opsctl.collectors.processes import listening_pid
+    from opsctl.collectors.runs import find_run_dir
+    from opsctl.paths import runs_dir
+
+    if target.isdigit():
+        pid = int(target)
+        if not psutil.pid_exists(pid):
+            raise EngineUnreachable(f"no process {pid}")
+        if not _is_vllm(pid):
+            raise BadInput(f"pid {pid} is not a vLLM server process")
+        root = root_of(pid)
+        return root, _run_of(root)
+    if "://" in target or (":" in target and not Path(target).exists()):
+        from opsctl.domain.urls import normalise_url
+
+        url = normalise_url(target)
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+            raise BadInput(
+                f"stacks are local only: {url} is another host's (run opsctl stacks there)"
+            )
+        run = find_run_dir(url)
+        pid = _run_meta(run).get("pid") if run else listening_pid(parts.port or 80)
+        if not pid:
+            raise EngineUnreachable(f"no local process serves {url}")
+        return int(pid), run
+    run = Path(target) if Path(target).is_dir() else runs_dir() / target
+    if not run.is_dir():
+        raise BadInput(f"{target!r} is neither a URL, a pid nor an opsctl run")
+    meta = _run_meta(run)
+    pid = int(meta.get("pid") or 0)
+    if meta.get("stopped_at") or not pid or not psutil.pid_exists(pid):
+        raise EngineUnreachable(f"run {run.name} has finished: no engine to take stacks of")
+    return pid, run
+
+
+def _run_of(pid: int) -> Path | None:
+    from opsctl.paths import runs_dir
+
+    for meta_path in runs_dir().glob("*/meta.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("pid") == pid and not meta.get("stopped_at"):
+            return meta_path.parent
+    return None
+
+
+def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ignore) -> Report:
+    from opsctl.collectors.stacks import take
+    from opsctl.output import document
+
+    progress(ev.Started(TITLE, target))
+    pid, run_dir = resolve(target)
+    progress(ev.Phase(f"taking the stacks of the tree of pid {pid}"))
+    t0 = time.monotonic()
+    procs = take(pid, run_dir, timeout=options.timeout, native=options.native)
+    seconds = round(time.monotonic() - t0, 3)
+    read = [p for p in procs if p.threads]
+    verdict = PASS if read else FAIL
+    doc = document(
+        dom.SCHEMA,
+        target=target,
+        pid=pid,
+        run_dir=str(run_dir) if run_dir else None,
+        taken_at=round(time.time(), 3),
+        seconds=seconds,
+        verdict=verdict,
+        processes=[p.to_dict() for p in procs],
+        groups=[g.to_dict() for g in dom.group(procs)],
+    )
+    lines = tuple((p.verdict(),) for p in procs)
+    progress(ev.Finished(verdict, f"{len(read)}/{len(procs)} processes read", lines))
+    return Report(verdict, doc)

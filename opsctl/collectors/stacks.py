@@ -1,0 +1,164 @@
+"""Take the Python stacks of every process of a local vLLM server tree, without
+stopping it (``opsctl stacks``).
+
+- A process of an opsctl run whose ledger says ``stack_dump`` is armed gets SIGUSR2: its
+  faulthandler writes every thread's stack to ``<run>/stacks/<pid>.txt`` from inside the
+  signal handler (it works while the main thread is blocked in C). Only the new part of
+  the file is read. A process not armed is never signalled: SIGUSR2's default action
+  would terminate it.
+- Any other process, and a stopped one (it cannot run a signal handler until it is
+  continued), is read by py-spy (``py-spy dump --nonblocking``: it reads the process's
+  memory without pausing it) when py-spy is installed and the kernel allows tracing;
+  else the process gets one line saying why and what would allow it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from opsctl.collectors.ledger import read_records
+from opsctl.collectors.processes import classify
+from opsctl.domain.stacks import ProcessStacks, parse_faulthandler, parse_pyspy
+
+PROBE = "stack_dump"
+SIGNAL = signal.SIGUSR2
+STACKS_DIR = "stacks"
+SETTLE_S = 0.15  # a dump file unchanged this long after it grew is complete
+
+
+def tree(root_pid: int) -> list[tuple[int, str, str | None]]:
+    """(pid, role, state) of the API server ``root_pid`` and its descendants."""
+    try:
+        root = psutil.Process(root_pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    out = []
+    for p in members:
+        try:
+            with p.oneshot():
+                role = classify(p.name(), " ".join(p.cmdline()), p.pid == root_pid)
+                state = p.status()
+        except psutil.Error:
+            continue
+        out.append((p.pid, role, state))
+    return out
+
+
+def armed_pids(run_dir: Path | None) -> set[int]:
+    """The processes whose ledger records the stack_dump probe as applied."""
+    if run_dir is None:
+        return set()
+    armed = set()
+    for rec in read_records(run_dir):
+        for p in rec.get("patches", []):
+            if p.get("name") == PROBE and p.get("status") == "applied":
+                armed.add(int(rec.get("pid") or 0))
+    return armed
+
+
+def _by_signal(run_dir: Path, pids: list[int], timeout: float) -> dict[int, str]:
+    """Signal each pid, wait (``timeout``) until its dump file grew and settled; the new
+    text per pid (absent: no dump came)."""
+    files = {pid: run_dir / STACKS_DIR / f"{pid}.txt" for pid in pids}
+    start = {pid: (f.stat().st_size if f.is_file() else 0) for pid, f in files.items()}
+    for pid in pids:
+        try:
+            os.kill(pid, SIGNAL)
+        except OSError:
+            files.pop(pid)
+    deadline = time.monotonic() + timeout
+    last: dict[int, tuple[int, float]] = {}
+    done: dict[int, str] = {}
+    while files and time.monotonic() < deadline:
+        now = time.monotonic()
+        for pid, f in list(files.items()):
+            size = f.stat().st_size if f.is_file() else 0
+            if size <= start[pid]:
+                continue
+            prev = last.get(pid)
+            if prev is None or prev[0] != size:
+                last[pid] = (size, now)
+            elif now - prev[1] >= SETTLE_S:
+                with open(f, encoding="utf-8", errors="replace") as fh:
+                    fh.seek(start[pid])
+                    done[pid] = fh.read()
+                files.pop(pid)
+        time.sleep(0.03)
+    return done
+
+
+def pyspy_path() -> str | None:
+    """py-spy next to this interpreter (the venv's bin), else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.is_file() else shutil.which("py-spy")
+
+
+def ptrace_scope() -> int | None:
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str | None]:
+    """(py-spy's threads, None) or (None, why not)."""
+    exe = pyspy_path()
+    if exe is None:
+        return None, "no stack handler armed here and py-spy is not installed (pip install py-spy)"
+    cmd = [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"]
+    if native:
+        cmd.append("--native")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy gave no dump within {timeout:g} s"
+    if r.returncode != 0:
+        err = (r.stderr or r.stdout).strip().splitlines()
+        text = err[-1] if err else f"exit {r.returncode}"
+        if "ermission" in text or "ptrace" in text.lower() or "Operation not permitted" in text:
+            scope = ptrace_scope()
+            return None, (
+                f"py-spy may not trace pid {pid} ({text}): tracing needs the same user and "
+                f"kernel.yama.ptrace_scope 0 (now {scope}), or root / CAP_SYS_PTRACE"
+            )
+        return None, f"py-spy failed: {text}"
+    try:
+        return json.loads(r.stdout), None
+    except ValueError:
+        return None, "py-spy printed no JSON"
+
+
+def take(
+    root_pid: int, run_dir: Path | None, *, timeout: float = 5.0, native: bool = False
+) -> list[ProcessStacks]:
+    """Stacks of every process of the tree under ``root_pid`` (signal where armed, else
+    py-spy), in tree order."""
+    procs = tree(root_pid)
+    armed = armed_pids(run_dir)
+    signalled = [pid for pid, _r, state in procs if pid in armed and state != psutil.STATUS_STOPPED]
+    dumps = _by_signal(run_dir, signalled, timeout) if run_dir and signalled and not native else {}
+    out = []
+    for pid, role, state in procs:
+        shown = "stopped" if state in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else state
+        if pid in dumps:
+            threads = parse_faulthandler(dumps[pid])
+            out.append(ProcessStacks(pid, role, "signal", threads, shown))
+            continue
+        doc, why = _by_pyspy(pid, native, timeout)
+        if doc is None:
+            if pid in signalled:
+                why = f"armed, but no dump within {timeout:g} s ({why})"
+            out.append(ProcessStacks(pid, role, "none", (), shown, why))
+        else:
+            out.append(ProcessStacks(pid, role, "py-spy", parse_pyspy(doc), shown))
+    return out

@@ -1,0 +1,191 @@
+"""Stacks of a vLLM server's processes (``opsctl stacks``): parse what faulthandler or
+py-spy gave, group identical stacks across processes, and say in one line per process
+where it waits. Pure: no I/O.
+
+A frame is (function, file, line); a thread's frames go innermost first, as both tools
+print them. The line names the main thread's innermost frame that is not in the
+standard library's plumbing (threading, selectors, queue, multiprocessing connection,
+socket), with the plumbing frame it sits in: ``waits in EngineCoreProc.run_busy_loop
+(vllm/v1/engine/core.py:912) via queue.get``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+SCHEMA = "opsctl.stacks/1"
+
+_THREAD = re.compile(
+    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):"
+)
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.+)$')
+_PLUMBING = (
+    "/threading.py",
+    "/selectors.py",
+    "/queue.py",
+    "/multiprocessing/connection.py",
+    "/multiprocessing/synchronize.py",
+    "/socket.py",
+    "/asyncio/",
+    "/concurrent/futures/",
+    "/zmq/",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    def short(self) -> str:
+        """``func (pkg/module.py:line)``, the path cut to its site-packages-relative part."""
+        path = self.file.split("site-packages/")[-1]
+        return f"{self.func} ({path}:{self.line})"
+
+    def to_dict(self) -> dict:
+        return {"func": self.func, "file": self.file, "line": self.line}
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    ident: str
+    frames: tuple[Frame, ...]  # innermost first
+    current: bool = False  # faulthandler's "Current thread": the one that handled the signal
+    name: str | None = None
+
+    def key(self) -> tuple:
+        return tuple((f.func, f.file, f.line) for f in self.frames)
+
+    def to_dict(self) -> dict:
+        return {
+            "ident": self.ident,
+            "name": self.name,
+            "current": self.current,
+            "frames": [f.to_dict() for f in self.frames],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStacks:
+    pid: int
+    role: str
+    source: str  # "signal" (faulthandler) | "py-spy" | "none"
+    threads: tuple[Thread, ...] = ()
+    state: str | None = None  # the process state (running, sleeping, stopped, disk-sleep)
+    error: str | None = None  # why there are no stacks
+
+    @property
+    def main(self) -> Thread | None:
+        """The main thread: faulthandler's signal-handling thread, else the last listed."""
+        for t in self.threads:
+            if t.current:
+                return t
+        return self.threads[-1] if self.threads else None
+
+    def verdict(self) -> str:
+        """One line: where this process waits (or why nothing can be said)."""
+        head = f"{self.role} (pid {self.pid})"
+        if self.state == "stopped":
+            head += " [stopped]"
+        if self.error:
+            return f"{head}: {self.error}"
+        main = self.main
+        if main is None or not main.frames:
+            return f"{head}: no stack"
+        return f"{head}: {where(main.frames)}"
+
+    def to_dict(self) -> dict:
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "source": self.source,
+            "state": self.state,
+            "error": self.error,
+            "verdict": self.verdict(),
+            "threads": [t.to_dict() for t in self.threads],
+        }
+
+
+def where(frames: Sequence[Frame]) -> str:
+    """``waits in <first own frame> via <plumbing it sits in>``, innermost first."""
+    plumbing = [f for f in frames if any(p in f.file for p in _PLUMBING)]
+    own = next((f for f in frames if not any(p in f.file for p in _PLUMBING)), None)
+    if own is None:
+        return f"in {frames[0].short()}"
+    if plumbing and frames[0] is plumbing[0]:
+        module = plumbing[0].file.rsplit("/", 1)[-1].removesuffix(".py")
+        return f"waits in {own.short()} via {module}.{plumbing[0].func}"
+    return f"in {own.short()}"
+
+
+def parse_faulthandler(text: str) -> tuple[Thread, ...]:
+    """The threads of the last complete dump in ``text`` (a dump file may hold several)."""
+    dumps: list[list[Thread]] = [[]]
+    ident, current, frames = None, False, []
+
+    def close() -> None:
+        if ident is not None:
+            dumps[-1].append(Thread(ident, tuple(frames), current))
+
+    seen_idents: set[str] = set()
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            close()
+            new_ident = m.group(2)
+            if new_ident in seen_idents:  # the same thread again: a new dump began
+                dumps.append([])
+                seen_idents = set()
+            seen_idents.add(new_ident)
+            ident, current, frames = new_ident, m.group(1) == "Current thread", []
+            continue
+        f = _FRAME.match(line)
+        if f and ident is not None:
+            frames.append(Frame(f.group("func").strip(), f.group("file"), int(f.group("line"))))
+    close()
+    return tuple(dumps[-1])
+
+
+def parse_pyspy(doc: Iterable[dict]) -> tuple[Thread, ...]:
+    """py-spy's ``dump --json``: a list of threads with ``frames`` innermost first."""
+    out = []
+    for t in doc:
+        frames = tuple(
+            Frame(str(f.get("name")), str(f.get("filename")), int(f.get("line") or 0))
+            for f in t.get("frames") or ()
+        )
+        ident = hex(int(t.get("thread_id") or 0))
+        name = t.get("thread_name")
+        out.append(Thread(ident, frames, current=False, name=name))
+    # py-spy lists the main thread first; faulthandler's order puts it last
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One stack shared by several threads (across processes: identical workers)."""
+
+    frames: tuple[Frame, ...]
+    members: tuple[tuple[int, str, str], ...] = field(default_factory=tuple)  # (pid, role, thread)
+
+    def to_dict(self) -> dict:
+        return {
+            "members": [{"pid": p, "role": r, "thread": t} for p, r, t in self.members],
+            "frames": [f.to_dict() for f in self.frames],
+        }
+
+
+def group(processes: Sequence[ProcessStacks]) -> list[Group]:
+    """Identical stacks (every frame equal) grouped, largest group first."""
+    by_key: dict[tuple, list[tuple[int, str, str]]] = {}
+    frames_of: dict[tuple, tuple[Frame, ...]] = {}
+    for p in processes:
+        for t in p.threads:
+            k = t.key()
+            by_key.setdefault(k, []).append((p.pid, p.role, t.ident))
+            frames_of[k] = t.frames
+    groups = [Group(frames_of[k], tuple(m)) for k, m in by_key.items()]
+    return sorted(groups, key=lambda g: (-len(g.members), g.members[0]))

@@ -1,0 +1,131 @@
+"""opsctl stacks on real processes (no engine: the collector and the probe are the same
+for any Python process): a child that applied the stack_dump probe and wrote its ledger
+as an engine process does, blocked on a lock in a function named ``planted_hang``; a
+child without the probe, read by py-spy. Both stay alive: taking stacks stops nothing.
+The vLLM engine case is tests/e2e/test_console_e2e.py::test_stacks_of_a_real_engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from opsctl.collectors import stacks as col
+from opsctl.domain import stacks as dom
+from tests.waiting import wait_until
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, threading
+    armed = sys.argv[1] == "armed"
+    if armed:
+        from engine_patches.registry import apply_patch, write_ledger
+        from engine_patches.patches import stack_dump
+        rec = apply_patch(stack_dump.PATCH, "engine_core", "0.32.0")
+        write_ledger({"pid": os.getpid(), "role": "engine_core", "patches": [rec]}, None)
+    lock = threading.Lock()
+    lock.acquire()
+    def planted_hang():
+        print("ready", flush=True)
+        lock.acquire()  # never released: the hang the stacks must name
+    threading.Thread(target=lambda: threading.Event().wait(), name="idle", daemon=True).start()
+    planted_hang()
+    """
+)
+
+
+@pytest.fixture
+def child(tmp_path):
+    procs = []
+
+    def start(mode: str):
+        env = {**os.environ, "OPSCTL_RUN_DIR": str(tmp_path)}
+        p = subprocess.Popen(
+            [sys.executable, "-c", CHILD, mode], env=env, stdout=subprocess.PIPE, text=True
+        )
+        procs.append(p)
+        assert p.stdout.readline().strip() == "ready"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait(10)
+
+
+def test_an_armed_process_dumps_on_the_signal_and_lives_on(child, tmp_path):
+    p = child("armed")
+    wait_until(
+        lambda: (tmp_path / "ledger").is_dir() and any((tmp_path / "ledger").iterdir()),
+        30,
+        "ledger",
+    )
+    assert col.armed_pids(tmp_path) == {p.pid}
+    (got,) = col.take(p.pid, tmp_path, timeout=10)
+    assert got.source == "signal" and got.error is None
+    assert "planted_hang" in got.verdict() and "via threading" not in got.verdict()
+    assert got.verdict().startswith(f"{got.role} (pid {p.pid}): in planted_hang") or (
+        "planted_hang" in got.verdict()
+    )
+    assert {t.current for t in got.threads} == {True, False}
+    assert psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE and p.poll() is None
+    # a second take reads only the new dump
+    (again,) = col.take(p.pid, tmp_path, timeout=10)
+    assert len(again.threads) == len(got.threads)
+
+
+@pytest.mark.skipif(col.pyspy_path() is None, reason="py-spy is a dependency: install it")
+def test_a_process_without_the_probe_is_read_by_py_spy_and_never_signalled(child, tmp_path):
+    p = child("plain")
+    (got,) = col.take(p.pid, tmp_path, timeout=20)
+    assert p.poll() is None  # SIGUSR2 was not sent: it would have killed it
+    if got.source == "none":  # tracing not allowed here: the line says why
+        assert "py-spy" in got.error, got.error
+        return
+    assert got.source == "py-spy"
+    assert any(f.func == "planted_hang" for t in got.threads for f in t.frames)
+
+
+def test_a_stopped_armed_process_is_not_signalled(child, tmp_path):
+    p = child("armed")
+    wait_until(lambda: col.armed_pids(tmp_path) == {p.pid}, 30, "ledger")
+    os.kill(p.pid, 19)  # SIGSTOP: it could not run the handler
+    try:
+        wait_until(lambda: psutil.Process(p.pid).status() == psutil.STATUS_STOPPED, 10, "stopped")
+        t0 = time.monotonic()
+        (got,) = col.take(p.pid, tmp_path, timeout=5)
+        assert got.state == "stopped" and got.verdict().startswith(
+            f"{got.role} (pid {p.pid}) [stopped]"
+        )
+        assert got.source in ("py-spy", "none")
+        assert time.monotonic() - t0 < 30
+    finally:
+        os.kill(p.pid, 18)  # SIGCONT
+
+
+def test_parse_group_and_where():
+    text = (
+        "Thread 0x1 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+        '  File "/x/site-packages/vllm/v1/engine/core.py", line 912 in run_busy_loop\n'
+        "\n"
+        "Current thread 0x2 (most recent call first):\n"
+        '  File "/x/site-packages/vllm/v1/engine/core.py", line 900 in step\n'
+    )
+    threads = dom.parse_faulthandler(text)
+    assert [t.ident for t in threads] == ["0x1", "0x2"] and threads[1].current
+    p = dom.ProcessStacks(7, "EngineCore", "signal", threads, "sleeping")
+    assert p.verdict() == "EngineCore (pid 7): in step (vllm/v1/engine/core.py:900)"
+    assert dom.where(threads[0].frames) == (
+        "waits in run_busy_loop (vllm/v1/engine/core.py:912) via threading.wait"
+    )
+    q = dom.ProcessStacks(8, "Worker", "signal", threads, "sleeping")
+    groups = dom.group([p, q])
+    assert [len(g.members) for g in groups] == [2, 2]
+    # two dumps in one text: the last one counts
+    assert len(dom.parse_faulthandler(text + text)) == 2
