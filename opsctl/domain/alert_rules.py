@@ -160,7 +160,8 @@ def alerts(job: str | None) -> list[Alert]:
         Alert("VllmEngineStalled", "critical",
               f"{{{{ $labels.instance }}}}: requests running, no token generated for {w}, "
               "/metrics still answering",
-              f"{CONSOLE} (drill in: stalled, steps flat?), then opsctl runs bundle RUN",
+              f"{CONSOLE} (drill in: stalled, steps flat?); on its host opsctl stacks "
+              "http://INSTANCE (where each process waits), then opsctl runs bundle RUN",
               stall_expr(job), None),
         Alert("VllmEngineRestarted", "warning",
               "{{ $labels.instance }}: vLLM's counters went back: the server restarted",
