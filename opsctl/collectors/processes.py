@@ -135,26 +135,34 @@ def alive(pids: list[int]) -> list[int]:
 STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
-def stopped_members(pid: int) -> tuple[ProcRole, ...]:
-    """The processes of the API server ``pid``'s tree that are stopped (SIGSTOP, a
-    debugger's stop), with their roles: one /proc stat read each; a process that exits
-    meanwhile is simply not listed."""
+def members(pid: int) -> list[tuple[int, str, str | None]]:
+    """(pid, vLLM role, process state) of the API server ``pid`` and its descendants
+    (cheap: no memory reads); a process that exits meanwhile is simply not listed."""
     try:
         root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return ()
+        return []
     out = []
-    for p in members:
+    for p in procs:
         try:
-            if p.status() not in STOPPED:
-                continue
             with p.oneshot():
                 role = classify(p.name(), " ".join(p.cmdline()), p.pid == pid)
+                state = p.status()
         except psutil.Error:
             continue
-        out.append(ProcRole(p.pid, role))
-    return tuple(out)
+        out.append((p.pid, role, state))
+    return out
+
+
+def process_roles(pid: int) -> tuple[ProcRole, ...]:
+    """The API server and its descendants with their vLLM roles."""
+    return tuple(ProcRole(p, role) for p, role, _state in members(pid))
+
+
+def stopped_members(pid: int) -> tuple[ProcRole, ...]:
+    """The processes of the tree that are stopped (SIGSTOP, a debugger's stop)."""
+    return tuple(ProcRole(p, role) for p, role, state in members(pid) if state in STOPPED)
 
 
 def listening_pid(port: int) -> int | None:

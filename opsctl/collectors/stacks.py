@@ -26,32 +26,13 @@ from pathlib import Path
 import psutil
 
 from opsctl.collectors.ledger import read_records
-from opsctl.collectors.processes import classify
+from opsctl.collectors.processes import STOPPED, members
 from opsctl.domain.stacks import ProcessStacks, parse_faulthandler, parse_pyspy
 
 PROBE = "stack_dump"
 SIGNAL = signal.SIGUSR2
 STACKS_DIR = "stacks"
 SETTLE_S = 0.15  # a dump file unchanged this long after it grew is complete
-
-
-def tree(root_pid: int) -> list[tuple[int, str, str | None]]:
-    """(pid, role, state) of the API server ``root_pid`` and its descendants."""
-    try:
-        root = psutil.Process(root_pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-    out = []
-    for p in members:
-        try:
-            with p.oneshot():
-                role = classify(p.name(), " ".join(p.cmdline()), p.pid == root_pid)
-                state = p.status()
-        except psutil.Error:
-            continue
-        out.append((p.pid, role, state))
-    return out
 
 
 def armed_pids(run_dir: Path | None) -> set[int]:
@@ -143,13 +124,13 @@ def take(
 ) -> list[ProcessStacks]:
     """Stacks of every process of the tree under ``root_pid`` (signal where armed, else
     py-spy), in tree order."""
-    procs = tree(root_pid)
+    procs = members(root_pid)
     armed = armed_pids(run_dir)
     signalled = [pid for pid, _r, state in procs if pid in armed and state != psutil.STATUS_STOPPED]
     dumps = _by_signal(run_dir, signalled, timeout) if run_dir and signalled and not native else {}
     out = []
     for pid, role, state in procs:
-        shown = "stopped" if state in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else state
+        shown = "stopped" if state in STOPPED else state
         if pid in dumps:
             threads = parse_faulthandler(dumps[pid])
             out.append(ProcessStacks(pid, role, "signal", threads, shown))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 
-from opsctl.collectors.processes import classify, stopped_members
-from opsctl.domain.console import LocalState, ProcRole, Target
+from opsctl.collectors.processes import process_roles, stopped_members
+from opsctl.domain.console import LocalState, Target
 from opsctl.domain.serverlog import decisive_lines, load_progress
 
 API_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -159,24 +159,6 @@ def local_target(url: str, runs_root: Path) -> Target | None:
         if same(t) and t.pid:
             return t
     return next((t for t in discover_processes() if same(t)), None)
-
-
-def process_roles(pid: int) -> tuple[ProcRole, ...]:
-    """The API server and its descendants with their vLLM roles (cheap: no memory reads)."""
-    try:
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return ()
-    out = []
-    for p in members:
-        try:
-            with p.oneshot():
-                role = classify(p.name(), " ".join(p.cmdline()), p.pid == pid)
-        except psutil.Error:
-            continue  # exited meanwhile: it is simply not in the tree any more
-        out.append(ProcRole(p.pid, role))
-    return tuple(out)
 
 
 def _log_facts(run_dir: str | None, dead: bool) -> tuple[str | None, tuple[str, ...]]:
