@@ -24,7 +24,9 @@ from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch
 
 SIGNAL = signal.SIGUSR2
 DIR = "stacks"  # under the run directory
-_FILE: dict[int, IO[str]] = {}  # pid -> the open dump file (kept open: the handler writes to its fd)
+_FILE: dict[
+    int, IO[str]
+] = {}  # pid -> the open dump file (kept open: the handler writes to its fd)
 
 
 def path_of(run_dir: str | os.PathLike, pid: int) -> Path:
@@ -47,7 +49,10 @@ def apply() -> Outcome:
     chain = previous not in (signal.SIG_DFL, signal.SIG_IGN)
     faulthandler.register(SIGNAL, file=fh, all_threads=True, chain=chain)
     _FILE[pid] = fh
-    return Outcome(APPLIED, f"SIG{SIGNAL.name.removeprefix('SIG')} dumps every thread's stack to {DIR}/{pid}.txt")
+    return Outcome(
+        APPLIED,
+        f"SIG{SIGNAL.name.removeprefix('SIG')} dumps every thread's stack to {DIR}/{pid}.txt",
+    )
 
 
 def revert() -> None:

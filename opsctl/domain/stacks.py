@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-SCHEMA = "opsctl.stacks/1"
+SCHEMA = "stacks/1"  # opsctl.output.document adds "opsctl."
 
 _THREAD = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):"
@@ -79,9 +79,16 @@ class ProcessStacks:
 
     @property
     def main(self) -> Thread | None:
-        """The main thread: faulthandler's signal-handling thread, else the last listed."""
+        """The main thread: named so (py-spy), else the one not started by ``threading``
+        (its outermost frame is not ``_bootstrap``; faulthandler's "current thread" is
+        whichever thread the signal landed on), else the last listed."""
         for t in self.threads:
-            if t.current:
+            if t.name == "MainThread":
+                return t
+        for t in self.threads:
+            if t.frames and not (
+                t.frames[-1].func == "_bootstrap" and t.frames[-1].file.endswith("threading.py")
+            ):
                 return t
         return self.threads[-1] if self.threads else None
 

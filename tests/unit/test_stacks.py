@@ -120,7 +120,14 @@ def test_parse_group_and_where():
     threads = dom.parse_faulthandler(text)
     assert [t.ident for t in threads] == ["0x1", "0x2"] and threads[1].current
     p = dom.ProcessStacks(7, "EngineCore", "signal", threads, "sleeping")
-    assert p.verdict() == "EngineCore (pid 7): in step (vllm/v1/engine/core.py:900)"
+    # the main thread (no threading._bootstrap at its bottom), not where the signal landed
+    assert p.verdict() == (
+        "EngineCore (pid 7): waits in run_busy_loop (vllm/v1/engine/core.py:912) via threading.wait"
+    )
+    # a thread started by threading is never the main one, wherever the signal landed
+    bootstrap = dom.Frame("_bootstrap", "/usr/lib/python3.11/threading.py", 1002)
+    helper = dom.Thread("0x3", (threads[1].frames[0], bootstrap), current=True)
+    assert dom.ProcessStacks(7, "EngineCore", "signal", (threads[0], helper)).main is threads[0]
     assert dom.where(threads[0].frames) == (
         "waits in run_busy_loop (vllm/v1/engine/core.py:912) via threading.wait"
     )
