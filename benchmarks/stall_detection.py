@@ -1,0 +1,164 @@
+"""Stall detection on a real engine (issue 35): how fast `opsctl status` and `opsctl
+console --once` say `stalled`, and whether they ever say it when nothing is wrong.
+
+One tiny-llama engine (dummy weights, the planted-hang test knob armed), then, one case
+after the other, each judged by the real CLI in a child process:
+
+  idle      nothing runs: status every --every seconds for --idle seconds; any answer
+            but ready is a false alarm
+  slow      a closed load of 4 clients while the EngineCore is given 30 % of the time
+            (SIGSTOP/SIGCONT slices of 0.3 s / 0.7 s): steps advance, slowly: any
+            `stalled` is a false alarm
+  sigstop   the EngineCore stopped while idle: seconds from SIGSTOP to `stalled`
+            (status reads the stopped process; the canary's own path is the next case)
+  hang      the step blocked in planted_hang (no process stopped): seconds to
+            `stalled` through the canary, for --canary-timeout 3 s and 10 s
+
+Prints one row per case: checks made, false alarms, detection seconds (min/median/max
+over --repeat), and the canary's cost on the engine's counters (requests and generation
+tokens added per status call on an idle engine).
+
+    python benchmarks/stall_detection.py [--idle 600] [--every 5] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+OPSCTL = [sys.executable, "-m", "opsctl"]
+
+
+def status(url: str, *flags: str) -> dict:
+    r = subprocess.run(
+        [*OPSCTL, "status", url, "--json", *flags], capture_output=True, text=True, timeout=180
+    )
+    return json.loads(r.stdout)
+
+
+def core_pid(api_pid: int) -> int:
+    from opsctl.collectors.processes import process_roles
+
+    return next(p.pid for p in process_roles(api_pid) if p.role == "EngineCore")
+
+
+def counters(url: str) -> tuple[float, float]:
+    from opsctl.domain.metrics import parse_samples
+
+    s = parse_samples(httpx.get(f"{url}/metrics", timeout=10).text)
+    return s.get("vllm:request_success_total") or 0.0, s.get("vllm:generation_tokens_total") or 0.0
+
+
+def until_stalled(url: str, t0: float, *flags: str, limit: float = 120.0) -> float | None:
+    while time.monotonic() - t0 < limit:
+        if status(url, *flags)["state"] == "stalled":
+            return time.monotonic() - t0
+    return None
+
+
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{min(xs):.1f} / {statistics.median(xs):.1f} / {max(xs):.1f} s"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--idle", type=float, default=600.0, help="seconds of the idle case")
+    p.add_argument("--slow", type=float, default=120.0, help="seconds of the slowed case")
+    p.add_argument("--every", type=float, default=5.0, help="seconds between checks")
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args()
+    from engine_patches import knobs
+    from tests.conftest import running_engine
+
+    trigger = Path(tempfile.mkdtemp()) / "hold"
+    with running_engine(
+        "tiny-llama", load_format="dummy", knobs={knobs.HANG_STEP: str(trigger)}
+    ) as s:
+        url = s.url
+        core = core_pid(s.pid)
+        # idle: never stalled; and the canary's cost per call
+        before, t_end, checks, alarms = counters(url), time.monotonic() + a.idle, 0, 0
+        while time.monotonic() < t_end:
+            checks += 1
+            alarms += status(url)["state"] != "ready"
+            time.sleep(a.every)
+        after = counters(url)
+        cost = ((after[0] - before[0]) / checks, (after[1] - before[1]) / checks)
+        print(
+            f"idle      {checks} checks in {a.idle:.0f} s, false alarms {alarms}; canary cost per "
+            f"status: {cost[0]:.2f} requests, {cost[1]:.2f} generation tokens"
+        )
+        # slowed: a load while the core runs 30 % of the time
+        stop = threading.Event()
+
+        def load() -> None:
+            body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 64}
+            with httpx.Client(timeout=300) as c:
+                while not stop.is_set():
+                    c.post(f"{url}/v1/completions", json=body)
+
+        clients = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+        for c in clients:
+            c.start()
+        t_end, checks, alarms = time.monotonic() + a.slow, 0, 0
+        while time.monotonic() < t_end:
+            os.kill(core, signal.SIGSTOP)
+            time.sleep(0.7)
+            os.kill(core, signal.SIGCONT)
+            time.sleep(0.3)
+            if int(time.monotonic()) % max(1, int(a.every)) == 0:
+                checks += 1
+                alarms += status(url, "--canary-timeout", "30s")["state"] == "stalled"
+        stop.set()
+        print(f"slow      {checks} checks in {a.slow:.0f} s (core at 30 %), false alarms {alarms}")
+        for c in clients:
+            c.join(300)
+        # sigstop while idle
+        took = []
+        for _ in range(a.repeat):
+            t0 = time.monotonic()
+            os.kill(core, signal.SIGSTOP)
+            try:
+                got = until_stalled(url, t0)
+            finally:
+                os.kill(core, signal.SIGCONT)
+            if got is not None:
+                took.append(got)
+            time.sleep(2)
+        print(
+            f"sigstop   detected {len(took)}/{a.repeat}: {spread(took)} (status, stopped process)"
+        )
+        # planted hang: the canary
+        for timeout in ("3s", "10s"):
+            took = []
+            for _ in range(a.repeat):
+                trigger.touch()
+                t0 = time.monotonic()
+                try:
+                    got = until_stalled(url, t0, "--canary-timeout", timeout)
+                finally:
+                    trigger.unlink(missing_ok=True)
+                if got is not None:
+                    took.append(got)
+                time.sleep(2)
+            print(f"hang      detected {len(took)}/{a.repeat}: {spread(took)} (canary {timeout})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
