@@ -31,6 +31,8 @@ SKIPPED = {
     "diag kv-fail": "injects KV load failures inside a real engine",
     "diag lora": "schema asserted in tests/unit/test_checks_lora.py (stand-in) and e2e",
     "certify": "schema asserted in tests/cli/test_certify_cli.py (stand-in) and e2e",
+    "stacks": "needs a live vLLM process tree: its schema is validated in "
+    "tests/e2e/test_console_e2e.py (a real engine) and tests/unit/test_stacks.py",
     "rules": "writes a Prometheus rules file (YAML, no --json): promtool checks and tests it "
     "(tests/unit/test_promtool_rules.py)",
 }

@@ -235,6 +235,12 @@ def test_an_engine_stopped_while_idle_is_never_ready(engines):
     assert doc["canary"]["ok"] is True and doc["stopped_processes"] == []
 
 
+def validate_stacks(doc: dict) -> None:
+    from tests.cli.test_json_schemas import validate as by_schema
+
+    by_schema(doc)
+
+
 def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
     """opsctl stacks on the opsctl run (the stack_dump probe: SIGUSR2, faulthandler) and
     on the bare server (py-spy): every process labelled, the EngineCore waiting in vLLM's
@@ -247,6 +253,7 @@ def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["schema"] == "opsctl.stacks/1" and doc["verdict"] == "pass"
+        validate_stacks(doc)
         roles = {p["role"]: p for p in doc["processes"]}
         assert {"APIServer", "EngineCore"} <= set(roles), roles.keys()
         core = roles["EngineCore"]

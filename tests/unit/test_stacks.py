@@ -136,3 +136,17 @@ def test_parse_group_and_where():
     assert [len(g.members) for g in groups] == [2, 2]
     # two dumps in one text: the last one counts
     assert len(dom.parse_faulthandler(text + text)) == 2
+
+
+def test_a_stacks_document_follows_its_schema(child, tmp_path, monkeypatch):
+    """The library's document for a (non-vLLM) armed process, through the check's own
+    assembly (resolve() is what refuses a non-vLLM pid; it is bypassed here)."""
+    from opsctl.checks import stacks as check
+    from tests.cli.test_json_schemas import validate
+
+    p = child("armed")
+    wait_until(lambda: col.armed_pids(tmp_path) == {p.pid}, 30, "ledger")
+    monkeypatch.setattr(check, "resolve", lambda target: (p.pid, tmp_path))
+    doc = check.run(str(p.pid), check.Options(timeout=10)).to_dict()
+    validate(doc)
+    assert doc["verdict"] == "pass" and doc["processes"][0]["source"] == "signal"
