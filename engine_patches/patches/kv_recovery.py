@@ -175,6 +175,8 @@ def _wrap_after_schedule(original):
 
     @functools.wraps(original)
     def _update_after_schedule(self, scheduler_output):
+        if getattr(self, "connector", None) is None:  # no connector: no failed load, ever
+            return original(self, scheduler_output)
         before = {
             r: self.requests[r].num_output_placeholders
             for r in scheduler_output.num_scheduled_tokens
@@ -198,6 +200,8 @@ def _wrap_after_schedule(original):
 def _wrap_update_from_output(original):
     @functools.wraps(original)
     def update_from_output(self, scheduler_output, model_runner_output):
+        if getattr(self, "connector", None) is None:  # no connector: no failed load, ever
+            return original(self, scheduler_output, model_runner_output)
         self._opsctl_step_output = scheduler_output
         try:
             return original(self, scheduler_output, model_runner_output)

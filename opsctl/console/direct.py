@@ -125,15 +125,16 @@ class DirectScrapeSource(LoopThreadSource):
 
         if self.discover_fn is not None or not self.identify:  # targets as given
             return
+        found = discovery.local_targets(
+            [t.url for t in self.static if t.pid is None], self.runs_root or runs_dir()
+        )
         for i, t in enumerate(self.static):
-            if t.pid is None and (
-                found := discovery.local_target(t.url, self.runs_root or runs_dir())
-            ):
+            if t.pid is None and (local := found.get(t.url)) is not None:
                 self.static[i] = replace(
                     t,
-                    pid=found.pid,
-                    pid_started=found.pid_started,
-                    run_dir=t.run_dir or found.run_dir,
+                    pid=local.pid,
+                    pid_started=local.pid_started,
+                    run_dir=t.run_dir or local.run_dir,
                 )
 
     def start(self) -> None:

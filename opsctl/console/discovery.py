@@ -135,30 +135,40 @@ def discover(runs_root: Path) -> list[Target]:
     return [*discover_runs(runs_root), *discover_processes()]
 
 
-def local_target(url: str, runs_root: Path) -> Target | None:
-    """The local server (an opsctl run, else a discovered vLLM process) that answers at
-    ``url``, with its API server's pid; None for a URL of another host or one no local
-    process serves. Identifies a given target: it adds no other server."""
+def _local_key(url: str) -> int | None:
+    """The port of a URL of this node (loopback), None for another host's."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
-    if not (host == "localhost" or host.startswith("127.") or host == "::1"):
-        return None
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return parts.port
+    return None
 
-    def same(t: Target) -> bool:
-        other = urlsplit(t.url)
-        return other.port == parts.port and (other.hostname or "") in (
-            host,
-            "127.0.0.1",
-            "0.0.0.0",
-            "localhost",
-        )
 
+def local_targets(urls: list[str], runs_root: Path) -> dict[str, Target]:
+    """For each URL of this node, the local server that answers there (an opsctl run,
+    else a discovered vLLM process) with its API server's pid; one scan for them all.
+    Identifies given targets: it adds no other server."""
+    wanted = {u: port for u in urls if (port := _local_key(u)) is not None}
+    if not wanted:
+        return {}
+    by_port: dict[int, Target] = {}
     for t in discover_runs(runs_root):
-        if same(t) and t.pid:
-            return t
-    return next((t for t in discover_processes() if same(t)), None)
+        port = _local_key(t.url)
+        if t.pid and port is not None:
+            by_port.setdefault(port, t)
+    if set(wanted.values()) - set(by_port):
+        for t in discover_processes():
+            port = _local_key(t.url)
+            if port is not None:
+                by_port.setdefault(port, t)
+    return {u: by_port[port] for u, port in wanted.items() if port in by_port}
+
+
+def local_target(url: str, runs_root: Path) -> Target | None:
+    """:func:`local_targets` for one URL."""
+    return local_targets([url], runs_root).get(url)
 
 
 def _log_facts(run_dir: str | None, dead: bool) -> tuple[str | None, tuple[str, ...]]:
