@@ -131,7 +131,9 @@ def where(frames: Sequence[Frame]) -> str:
 def parse_faulthandler(text: str) -> tuple[Thread, ...]:
     """The threads of the last complete dump in ``text`` (a dump file may hold several)."""
     dumps: list[list[Thread]] = [[]]
-    ident, current, frames = None, False, []
+    ident: str | None = None
+    current = False
+    frames: list[Frame] = []
 
     def close() -> None:
         if ident is not None:
