@@ -78,7 +78,12 @@ def run(
     state, reason = decide(scrape, local, None, False, False)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
-    if options.canary_timeout and state in (READY, BUSY) and models:
+    if (
+        options.canary_timeout
+        and state in (READY, BUSY)
+        and models
+        and not _moving(scrape, base, target, options)
+    ):
         from opsctl.collectors.canary import send
 
         progress(ev.Phase(f"canary: a 1-token completion to {models[0]}"))
@@ -133,6 +138,28 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
     if doc["state"] == "unauthorized":
         return str(doc["error"]), auth_error(doc["url"], 401, api_key).hint
     return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
+
+
+GENERATION = "vllm:generation_tokens_total"
+PROGRESS_LOOK_S = 1.0  # a busy server is looked at again after this long
+
+
+def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
+    """A busy server whose generation counter moves within a second vouches for itself
+    (no canary: under load a canary could wait longer than its deadline and read a slow
+    engine as stalled); an idle one cannot."""
+    import time
+
+    from opsctl.collectors.scrape import scrape_once
+
+    running = scrape.samples.get("vllm:num_requests_running") if scrape.samples else None
+    before = scrape.samples.get(GENERATION) if scrape.samples else None
+    if not running or before is None:
+        return False
+    time.sleep(PROGRESS_LOOK_S)
+    again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
+    after = again.samples.get(GENERATION) if again.samples else None
+    return after is not None and after > before
 
 
 def _local(url: str):

@@ -70,3 +70,34 @@ def test_status_of_a_server_whose_completions_hang_is_stalled():
             assert off["state"] == "ready" and off["canary"] is None  # --no-canary
     finally:
         Hanging.release.set()
+
+
+class BusyMoving(Hanging):
+    """Requests running and the generation counter moving at every scrape; completions
+    would hang (under load a canary may wait longer than its deadline)."""
+
+    tokens = 0
+
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            return super().do_GET()
+        type(self).tokens += 7
+        data = (
+            "vllm:num_requests_running 4\nvllm:num_requests_waiting 0\n"
+            f"vllm:generation_tokens_total {self.tokens}\n"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_busy_server_whose_generation_moves_gets_no_canary():
+    BusyMoving.release.clear()
+    try:
+        with serving(BusyMoving) as url:
+            doc = status.run(UrlTarget(url), status.Options(canary_timeout=1.0)).to_dict()
+            assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
+    finally:
+        BusyMoving.release.set()
