@@ -141,6 +141,14 @@ def no_test_tables() -> contextlib.AbstractContextManager[None]:
     return _host_lock(fcntl.LOCK_EX)
 
 
+def planting() -> contextlib.AbstractContextManager[None]:
+    """Held (shared) by a test that writes tables into /dev/shm itself, not through
+    :func:`shared_table`, for as long as they may be there: certify's engram check on
+    another xdist worker (no_test_tables) waits for it. Two fresh clones failed a
+    certify test on test_engram_cli's directly planted table without it."""
+    return _host_lock(fcntl.LOCK_SH)
+
+
 @contextlib.contextmanager
 def shared_table(
     prefix: str,

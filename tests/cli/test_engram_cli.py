@@ -9,13 +9,20 @@ import os
 from pathlib import Path
 
 import pytest
-from engram_tables import shared_table, unique_prefix, write_byte
+from engram_tables import planting, shared_table, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
 
 runner = CliRunner()
 GIB = 1024**3
+
+
+@pytest.fixture(autouse=True)
+def _planting():
+    """Every test here may write tables into /dev/shm itself: hold the host lock shared."""
+    with planting():
+        yield
 
 
 def invoke(*args):

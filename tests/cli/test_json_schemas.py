@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from engram_tables import shared_table, unique_prefix
+from engram_tables import planting, shared_table, unique_prefix
 from typer.testing import CliRunner
 
 from opsctl.cli import app
@@ -143,13 +143,14 @@ def test_engram_plan_inspect_clean():
         doc = run_json("engram", "inspect", "--prefix", prefix)
         assert doc["schema"] == "opsctl.engram.inspect/2" and len(doc["tables"]) == 1
     orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        Path(orphan).write_bytes(b"\x38" * 64)
-        doc = run_json("engram", "clean", "--prefix", prefix, "--min-age", "0")
-        assert doc["schema"] == "opsctl.engram.clean/2" and doc["orphans"]
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(orphan)
+    with planting():  # certify's engram check on another worker must not see it
+        try:
+            Path(orphan).write_bytes(b"\x38" * 64)
+            doc = run_json("engram", "clean", "--prefix", prefix, "--min-age", "0")
+            assert doc["schema"] == "opsctl.engram.clean/2" and doc["orphans"]
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(orphan)
 
 
 def test_diag_usage_against_its_stand_in():
