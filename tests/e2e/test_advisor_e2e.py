@@ -108,8 +108,10 @@ def once(url: str) -> dict:
     import jsonschema
 
     r = subprocess.run(
+        # --no-canary: a canary's 1-token request would itself read as a truncated
+        # output and a small prompt in the next look's window (the advisor's subject here)
         [sys.executable, "-m", "opsctl", "console", url, "--once", "--json", "--no-discover",
-         "--interval", "2s"],
+         "--interval", "2s", "--no-canary"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
