@@ -18,7 +18,6 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
@@ -86,17 +85,16 @@ def resolve(target: str) -> tuple[int, Path | None]:
         root = root_of(pid)
         return root, _run_of(root)
     if "://" in target or (":" in target and not Path(target).exists()):
-        from opsctl.domain.urls import normalise_url
+        from opsctl.domain.urls import loopback_port, normalise_url
 
         url = normalise_url(target)
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-        if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+        port = loopback_port(url)
+        if port is None:
             raise BadInput(
                 f"stacks are local only: {url} is another host's (run opsctl stacks there)"
             )
         run = find_run_dir(url)
-        pid = _run_meta(run).get("pid") if run else listening_pid(parts.port or 80)
+        pid = _run_meta(run).get("pid") if run else listening_pid(port or 80)
         if not pid:
             raise EngineUnreachable(f"no local process serves {url}")
         return int(pid), run

@@ -166,15 +166,14 @@ def _local(url: str):
     """What this node says of the server at ``url``: its processes, stopped ones named
     (they make it stalled); None for a server of another host or no local process."""
     import json
-    from urllib.parse import urlsplit
 
     from opsctl.collectors.processes import listening_pid, stopped_members
     from opsctl.collectors.runs import find_run_dir
     from opsctl.domain.console import LocalState
+    from opsctl.domain.urls import loopback_port
 
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    if not (host == "localhost" or host.startswith("127.") or host == "::1") or not parts.port:
+    port = loopback_port(url)
+    if not port:
         return None
     run = find_run_dir(url)
     pid = None
@@ -183,7 +182,7 @@ def _local(url: str):
             pid = json.loads((run / "meta.json").read_text()).get("pid")
         except (OSError, ValueError):
             pid = None
-    pid = pid if isinstance(pid, int) else listening_pid(parts.port)
+    pid = pid if isinstance(pid, int) else listening_pid(port)
     stopped = stopped_members(pid) if pid else ()
     # only stopped processes add to what HTTP says (a server not answering stays
     # unreachable, exit 3, as before: status judges by its answers otherwise)

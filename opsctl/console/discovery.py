@@ -13,6 +13,7 @@ import psutil
 from opsctl.collectors.processes import process_roles, stopped_members
 from opsctl.domain.console import LocalState, Target
 from opsctl.domain.serverlog import decisive_lines, load_progress
+from opsctl.domain.urls import loopback_port
 
 API_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 _PID_TOLERANCE = 1.0  # seconds between psutil's create_time reads
@@ -135,32 +136,21 @@ def discover(runs_root: Path) -> list[Target]:
     return [*discover_runs(runs_root), *discover_processes()]
 
 
-def _local_key(url: str) -> int | None:
-    """The port of a URL of this node (loopback), None for another host's."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        return parts.port
-    return None
-
-
 def local_targets(urls: list[str], runs_root: Path) -> dict[str, Target]:
     """For each URL of this node, the local server that answers there (an opsctl run,
     else a discovered vLLM process) with its API server's pid; one scan for them all.
     Identifies given targets: it adds no other server."""
-    wanted = {u: port for u in urls if (port := _local_key(u)) is not None}
+    wanted = {u: port for u in urls if (port := loopback_port(u)) is not None}
     if not wanted:
         return {}
     by_port: dict[int, Target] = {}
     for t in discover_runs(runs_root):
-        port = _local_key(t.url)
+        port = loopback_port(t.url)
         if t.pid and port is not None:
             by_port.setdefault(port, t)
     if set(wanted.values()) - set(by_port):
         for t in discover_processes():
-            port = _local_key(t.url)
+            port = loopback_port(t.url)
             if port is not None:
                 by_port.setdefault(port, t)
     return {u: by_port[port] for u, port in wanted.items() if port in by_port}

@@ -67,3 +67,15 @@ def _host(hostname: str, url: str) -> str:
 
 # the older name, kept for callers that validate
 validate_url = normalise_url
+
+
+def loopback_port(url: str) -> int | None:
+    """The port of a URL naming this node's loopback (localhost, 127.x, ::1); None for
+    another host's URL or one without a port."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return parts.port
+    return None
