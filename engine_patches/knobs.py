@@ -22,7 +22,8 @@ MM_UUID_REWRITE = "OPSCTL_MM_UUID_REWRITE"
 NO_OWNER_WATCH = "OPSCTL_TEST_NO_OWNER_WATCH"
 LORA_SWAP = "OPSCTL_LORA_SWAP"
 HANG_STEP = "OPSCTL_HANG_STEP"  # a file: while it exists the EngineCore's step blocks
-KNOBS = (NUDGE, MM_UUID_REWRITE, NO_OWNER_WATCH, LORA_SWAP, HANG_STEP)
+HANG_GPU = "OPSCTL_HANG_GPU"  # a file: while it exists the model step spins the GPU
+KNOBS = (NUDGE, MM_UUID_REWRITE, NO_OWNER_WATCH, LORA_SWAP, HANG_STEP, HANG_GPU)
 
 
 def active(env: Mapping[str, str] | None = None) -> dict[str, str]:

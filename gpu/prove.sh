@@ -30,6 +30,13 @@
 #                    patches: fp32.json); certify --model tiny-llama
 #   images   ~450 s  diag mm-uuid, invariance (images) and lora on tiny-vlm-multi; diag
 #                    lora on tiny-vlm (BLIP-2)
+#   images2  ~550 s  diag mm-uuid on tiny-vlm-multi (caches off and on: two engines, 300 s)
+#                    and diag lora --model tiny-vlm-multi (250 s): the calls `images` ran
+#                    out of time for
+#   hang     ~500 s  issue 35 item 5: gpu/hang_gpu.py (one tiny-llama engine in the
+#                    default mode, a GPU-side hang (spinning kernel) and a host-side one:
+#                    console --once's state and GPU signature, stacks, py-spy --native;
+#                    hang.json, hang-run/), then diag lora --model tiny-vlm (BLIP-2)
 #
 # The opsctl that runs is the checkout's (PYTHONPATH=<checkout>:/tmp/site, so a change
 # needs no new bundle); PROVE_CODE=bundle runs the bundle's wheel instead. facts.txt
@@ -49,8 +56,8 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang" >&2
     exit 2
     ;;
 esac
@@ -395,6 +402,23 @@ images)
     call invariance-vlm 130 70 diag invariance --model tiny-vlm-multi --mode default --json --no-tui --timeout @T
     call lora-vlm 130 70 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
     call lora-blip2 130 70 diag lora --model tiny-vlm --json --no-tui --timeout @T
+    ;;
+images2)
+    facts
+    build tiny-vlm-multi
+    call mm-uuid-vlm 300 200 diag mm-uuid --model tiny-vlm-multi --json --no-tui
+    call lora-vlm 250 150 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
+    ;;
+hang)
+    facts
+    build tiny-llama tiny-vlm
+    export PATH=/tmp/site/bin:$PATH # py-spy, installed from the carried wheel (stacks --native)
+    lim=$(($(left) - 200))
+    [ "$lim" -gt 300 ] && lim=300
+    say "hang: gpu/hang_gpu.py (limit ${lim}s; py-spy: $(command -v py-spy || echo none))"
+    (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/hang_gpu.py" --out "$D/hang.json" --budget "$((lim - 20))") >"$D/hang.txt" 2>"$D/hang.err"
+    say "hang rc=$?: $(cut -c1-400 "$D/hang.txt" | tr '\n' ';')"
+    call lora-blip2 180 100 diag lora --model tiny-vlm --json --no-tui --timeout @T
     ;;
 certify)
     build tiny-llama

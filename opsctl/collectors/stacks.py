@@ -92,13 +92,15 @@ def ptrace_scope() -> int | None:
 
 
 def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str | None]:
-    """(py-spy's threads, None) or (None, why not)."""
+    """(py-spy's threads, None) or (None, why not). Python frames are read without
+    pausing the process (``--nonblocking``); C frames need the process paused while
+    py-spy unwinds it (py-spy refuses ``--native`` with ``--nonblocking``), so ``native``
+    pauses each process for that one read (milliseconds) and nothing else does."""
     exe = pyspy_path()
     if exe is None:
         return None, "no stack handler armed here and py-spy is not installed (pip install py-spy)"
-    cmd = [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"]
-    if native:
-        cmd.append("--native")
+    cmd = [exe, "dump", "--pid", str(pid), "--json"]
+    cmd.append("--native" if native else "--nonblocking")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -137,7 +139,7 @@ def take(
             continue
         doc, why = _by_pyspy(pid, native, timeout)
         if doc is None:
-            if pid in signalled:
+            if pid in signalled and not native:
                 why = f"armed, but no dump within {timeout:g} s ({why})"
             out.append(ProcessStacks(pid, role, "none", (), shown, why))
         else:

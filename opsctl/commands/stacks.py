@@ -27,7 +27,10 @@ def register(app: typer.Typer) -> None:
         native: bool = typer.Option(
             False,
             "--native",
-            help="C frames too, through py-spy (a CUDA sync, a collective, a lock)",
+            help=(
+                "C frames too, through py-spy (a CUDA sync, a collective, a lock); "
+                "py-spy pauses each process for that read"
+            ),
         ),
         timeout: float = duration_option("5s", "--timeout", help="the longest wait for the dumps"),
     ) -> None:

@@ -58,7 +58,7 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "source": t.source,
         "labels": dict(t.labels),
         "state": v.state,
-        "reason": v.reason,
+        "reason": gpu_view.shown_reason(v),
         "model": model.id if model else None,
         "max_model_len": model.max_model_len if model else None,
         "models": [m.id for m in v.info.models],
@@ -99,6 +99,7 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "server_info": v.info.server_info,
         "findings": [a.to_dict() for a in advisor.findings(v)],
         "gpus": [gpu_view.device_dict(d) for d in v.gpus],
+        "stall_gpu": (sg.to_dict() if (sg := gpu_view.stall_gpu(v.state, v.gpus)) else None),
         "tee": requests_view.requests_dict(v.requests),  # console --tee: live requests
         "log": logview.log_dict(v.log),  # console --log / targets 'log': the tailed log
         "alerts": [a.to_dict() for a in v.alerts],  # --prometheus: its firing alerts

@@ -522,7 +522,9 @@ def marker(view: EndpointView) -> str:
 def reason_cell(view: EndpointView, width: int = 80) -> str:
     """The row's reason cell: the state's reason, then the top finding from figures as a
     marker (``⚑ code +N``; the state's own finding is the reason already)."""
-    reason = (view.reason or "")[:width]
+    from opsctl.domain.gpu import shown_reason
+
+    reason = (shown_reason(view) or "")[:width]
     found = ordered(getattr(view, "findings", ()))
     if not found:
         return reason

@@ -194,6 +194,70 @@ def endpoint_gpu_bytes(gpus: Iterable[GpuDevice]) -> int | None:
     return total if known else None
 
 
+# ---- the GPU signature of a stall -----------------------------------------------------------
+
+GPU_BUSY_PCT = 50.0  # a stalled engine's GPU at or above this: busy (a kernel never ends)
+GPU_IDLE_PCT = 5.0  # at or below: idle (the host side waits)
+STALL_GPU_KINDS = ("busy", "idle", "mixed", "unknown")
+STALL_GPU_MEANING = {
+    "busy": "a kernel or collective that does not finish (the host waits on the device)",
+    "idle": "the host side waits (a lock, I/O, a Python step), nothing runs on the device",
+    "mixed": "some GPUs busy, some idle: a collective waiting for a rank that never came",
+    "unknown": "the driver did not give the utilisation",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StallGpu:
+    """What the GPUs of a stalled endpoint do: ``kind`` one of STALL_GPU_KINDS, ``util``
+    the utilisation per GPU label (None: not read)."""
+
+    kind: str
+    util: tuple[tuple[str, float | None], ...]
+
+    @property
+    def detail(self) -> str:
+        cells = ", ".join(f"{k} {'?' if u is None else f'{u:.0f} %'}" for k, u in self.util)
+        return f"GPU {self.kind} ({cells}): {STALL_GPU_MEANING[self.kind]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "signature": self.kind,
+            "util_pct": {k: u for k, u in self.util},
+            "detail": self.detail,
+        }
+
+
+def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
+    """The GPU signature of a stalled endpoint (None for any other state, or without a
+    GPU of its own): busy when every GPU it uses reads at least GPU_BUSY_PCT, idle when
+    every one reads at most GPU_IDLE_PCT, mixed otherwise; unknown when none was read."""
+    if state != "stalled":
+        return None
+    util = tuple((d.label, d.util_pct) for d in gpus)
+    if not util:
+        return None
+    known = [u for _, u in util if u is not None]
+    if not known:
+        kind = "unknown"
+    elif min(known) >= GPU_BUSY_PCT:
+        kind = "busy"
+    elif max(known) <= GPU_IDLE_PCT:
+        kind = "idle"
+    else:
+        kind = "mixed"
+    return StallGpu(kind, util)
+
+
+def shown_reason(view: Any) -> str | None:
+    """The endpoint's reason as shown (row, drill-in, JSON): a stalled endpoint's reason
+    with its GPU signature after it."""
+    sig = stall_gpu(view.state, getattr(view, "gpus", ()))
+    if sig is None:
+        return view.reason
+    return f"{view.reason}; {sig.detail}" if view.reason else sig.detail
+
+
 # ---- rendering helpers (pure text) ----------------------------------------------------------
 
 

@@ -31,6 +31,8 @@ _PLUMBING = (
     "/asyncio/",
     "/concurrent/futures/",
     "/zmq/",
+    "/torch/cuda/",  # a synchronisation: the frame that called it is the one to name
+    "/torch/distributed/",  # a collective: likewise
 )
 
 
@@ -116,8 +118,25 @@ class ProcessStacks:
         }
 
 
+def is_native(f: Frame) -> bool:
+    """A C frame of a native dump (py-spy --native): its file is a shared library."""
+    return ".so" in f.file.rsplit("/", 1)[-1]
+
+
 def where(frames: Sequence[Frame]) -> str:
-    """``waits in <first own frame> via <plumbing it sits in>``, innermost first."""
+    """``waits in <first own frame> via <plumbing it sits in>``, innermost first. With C
+    frames below (``--native``): ``waits in <first named C function> (<library>) under
+    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it."""
+    if frames and is_native(frames[0]):
+        named = next((f for f in frames if is_native(f) and not f.func.startswith("0x")), None)
+        python = [f for f in frames if not is_native(f)]
+        if named is not None:
+            lib = named.file.rsplit("/", 1)[-1]
+            own = next((f for f in python if not any(p in f.file for p in _PLUMBING)), None)
+            top = own or (python[0] if python else None)
+            under = f" under {top.short()}" if top is not None else ""
+            return f"waits in {named.func} ({lib}){under}"
+        frames = python or frames
     plumbing = [f for f in frames if any(p in f.file for p in _PLUMBING)]
     own = next((f for f in frames if not any(p in f.file for p in _PLUMBING)), None)
     if own is None:

@@ -150,3 +150,35 @@ def test_a_stacks_document_follows_its_schema(child, tmp_path, monkeypatch):
     doc = check.run(str(p.pid), check.Options(timeout=10)).to_dict()
     validate(doc)
     assert doc["verdict"] == "pass" and doc["processes"][0]["source"] == "signal"
+
+
+def test_native_stacks_show_the_c_frames_under_the_python_ones(child, tmp_path):
+    """--native: py-spy unwinds the C frames too (it refuses that in non-blocking mode, so
+    this read pauses the process once); an armed process is read by py-spy, not
+    signalled, and lives on."""
+    p = child("armed")
+    wait_until(lambda: col.armed_pids(tmp_path) == {p.pid}, 30, "ledger")
+    (got,) = col.take(p.pid, tmp_path, timeout=20, native=True)
+    assert p.poll() is None
+    if got.source == "none":  # tracing not allowed here: the line says why
+        assert "py-spy may not trace" in got.error, got.error
+        return
+    assert got.source == "py-spy", got.error
+    frames = [f for t in got.threads for f in t.frames]
+    assert any(f.func == "planted_hang" for f in frames)
+    assert any(not (f.file or "").endswith(".py") for f in frames), frames  # a C frame
+
+
+def test_a_native_verdict_names_the_c_function_and_the_python_frame_above_it():
+    frames = (
+        dom.Frame("0x7f1d77ea3e96", "/usr/lib/x86_64-linux-gnu/libc.so.6", 0),
+        dom.Frame("cudaStreamSynchronize", "/tmp/site/nvidia/cu13/lib/libcudart.so.13", 0),
+        dom.Frame("synchronize", "/tmp/site/torch/cuda/streams.py", 92),
+        dom.Frame("planted_gpu_hang", "/repo/engine_patches/patches/gpu_hang_knob.py", 46),
+    )
+    assert dom.where(frames) == (
+        "waits in cudaStreamSynchronize (libcudart.so.13) under planted_gpu_hang "
+        "(/repo/engine_patches/patches/gpu_hang_knob.py:46)"
+    )
+    assert dom.where(frames[2:]).startswith("waits in planted_gpu_hang")
+    assert dom.where(frames[2:]).endswith("via streams.synchronize")

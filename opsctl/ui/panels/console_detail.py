@@ -16,6 +16,7 @@ from opsctl.domain.advisor import detail_lines as advisor_detail_lines
 from opsctl.domain.alert_rules import detail_lines as alert_detail_lines
 from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import detail_lines as gpu_detail_lines
+from opsctl.domain.gpu import shown_reason
 from opsctl.domain.logview import detail_lines as log_detail_lines
 from opsctl.domain.requests import detail_lines as requests_detail_lines
 from opsctl.output import human_bytes
@@ -50,8 +51,9 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
     age = age_text(v, now, interval)
     if age:
         t.append(f"  {age}", style="yellow")
-    if v.reason:
-        t.append(f"\n{v.reason}", style="bold")
+    reason = shown_reason(v)
+    if reason:
+        t.append(f"\n{reason}", style="bold")
     model = v.info.models[0] if v.info.models else None
     t.append(
         f"\nvLLM {v.info.version or '-'}   model {model.id if model else '-'}   max model len "
