@@ -9,6 +9,9 @@ a bigger file) and, under ``collected/``:
 - ``metrics.txt`` and ``server_info.json``: asked of the server now, only while an
   engine process of the run is alive (a dead run's port may serve someone else);
   /server_info exists only with VLLM_SERVER_DEV_MODE=1, and the manifest says so;
+- ``stacks.json``: the stacks of every process of the engine tree, taken now (``opsctl
+  stacks``' document: where each process waits), only while an engine process lives;
+  stack dumps taken earlier are among the run directory's files (``stacks/*.txt``);
 - ``console.json``: the console's last view of the endpoint, when the console made it;
 - ``environment.json``: the API server's environment (from /proc while it lives) and
   this opsctl's, with secrets redacted, plus versions;
@@ -96,7 +99,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     # environment.json keeps secret-named variables' names only
     count += sum(map(redact.is_secret_name, [*os.environ, *(engine_env or {})]))
     progress(ev.Phase("asking the server"))
-    extra, why = _collected(options, meta, state, engine_env, env_source, secrets)
+    extra, why = _collected(options, path, meta, state, engine_env, env_source, secrets)
     missing += why
     for name, data in extra:
         text, n = redact.redact_text(data.decode(errors="replace"), secrets)
@@ -154,6 +157,7 @@ def _redacted(rel: str, data: bytes, secrets: set[str]) -> tuple[bytes, int]:
 
 def _collected(
     options: Options,
+    run_dir: Path,
     meta: dict[str, Any],
     state: dict[str, Any],
     engine_env: dict[str, str] | None,
@@ -181,10 +185,31 @@ def _collected(
         else:
             why = DEV_MODE_HINT if info.status == 404 else info.why or "?"
             missing.append({"what": "server_info.json", "why": why})
+    if options.fetch and alive:
+        out_stacks, why_not = _stacks(run_dir)
+        if out_stacks is not None:
+            out.append(("stacks.json", out_stacks))
+        else:
+            missing.append({"what": "stacks.json", "why": why_not})
+    else:
+        missing.append({"what": "stacks.json", "why": "not asked" if not options.fetch
+                        else f"no engine process alive ({state['state']})"})  # fmt: skip
     if options.console_view is not None:
         out.append(("console.json", _json(dict(options.console_view))))
     out.append(("environment.json", _json(_environment(engine_env, env_source))))
     return out, missing
+
+
+def _stacks(run_dir: Path) -> tuple[bytes | None, str]:
+    """``opsctl stacks``' document of the run's live engine tree, or why there is none."""
+    from opsctl.checks import stacks
+    from opsctl.errors import OpsctlError
+
+    try:
+        report = stacks.run(str(run_dir), stacks.Options(timeout=5.0))
+    except OpsctlError as exc:
+        return None, exc.message
+    return _json(dict(report.document)), ""
 
 
 def _environment(engine_env: dict[str, str] | None, source: str) -> dict[str, Any]:

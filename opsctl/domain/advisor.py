@@ -48,6 +48,10 @@ from opsctl.domain.metrics import (
 # RATE_WINDOW_S 60 s = the console's latency window the advisor reads). queue_backlog (a
 # peak of 2 waiting: a tuning hint) is not VllmQueueBacklog (a queue growing for 120 s:
 # a page).
+# a share of finished requests says something only over enough of them: a window that saw
+# one request (the console's 1-token canary, finished at its length cap, a 1-word
+# prompt) is no evidence of truncation or of an over-sized context
+SHARES_MIN_FINISHED = 10.0
 TRUNCATION_WARNING_FRACTION = 0.20  # finished at the length cap (of finished in the window)
 TRUNCATION_FAIL_FRACTION = 0.50
 CONTEXT_OVERPROVISIONED_FRACTION = 0.50  # largest request below this share of max_model_len
@@ -238,7 +242,7 @@ def _finished(w: Window | None) -> tuple[float, dict[str, float]]:
 
 def output_truncation(view: EndpointView, w: Window | None) -> Advice | None:
     total, by = _finished(w)
-    if total <= 0 or w is None:
+    if total < SHARES_MIN_FINISHED or w is None:
         return None
     frac = by.get("length", 0.0) / total
     if frac < TRUNCATION_WARNING_FRACTION:
@@ -288,6 +292,8 @@ def context_overprovisioned(view: EndpointView, w: Window | None) -> Advice | No
     model = view.info.models[0] if view.info.models else None
     mml = model.max_model_len if model else None
     if not mml or w is None or w.max_prompt_tokens is None or w.max_output_tokens is None:
+        return None
+    if _finished(w)[0] < SHARES_MIN_FINISHED:
         return None
     largest = w.max_prompt_tokens + w.max_output_tokens
     frac = largest / mml

@@ -217,3 +217,35 @@ def group(processes: Sequence[ProcessStacks]) -> list[Group]:
             frames_of[k] = t.frames
     groups = [Group(frames_of[k], tuple(m)) for k, m in by_key.items()]
     return sorted(groups, key=lambda g: (-len(g.members), g.members[0]))
+
+
+# where a process of a healthy engine waits between requests: not what a stall is about
+IDLE_WAITS = (
+    "uvloop/",  # the API server's event loop
+    "shm_broadcast.py",  # an EngineCore waiting for its workers, a worker for work
+    "_process_input_queue",  # an idle EngineCore waiting for requests
+    "resource_tracker.py",
+    "worker_busy_loop",
+)
+_ROLE_ORDER = ("Worker", "EngineCore")  # where a step runs, then the others
+
+
+def _rank(role: str) -> int:
+    return next((i for i, r in enumerate(_ROLE_ORDER) if role.startswith(r)), len(_ROLE_ORDER))
+
+
+def headline_of(processes: Sequence[dict]) -> str:
+    """The one-line verdict over a stacks document's processes: the first process (a
+    worker, then the EngineCore, then the others) that is stopped, or waits anywhere but
+    the idle waits of a healthy engine; else that every process waits idle."""
+    ordered = sorted(processes, key=lambda p: _rank(str(p.get("role") or "")))
+    for p in ordered:
+        line = str(p.get("verdict") or "")
+        if p.get("state") == "stopped":
+            return line
+        if p.get("threads") and not any(w in line for w in IDLE_WAITS):
+            return line
+    read = [p for p in ordered if p.get("threads")]
+    if not read:
+        return "no stacks could be read: " + "; ".join(str(p.get("verdict")) for p in ordered)
+    return "every process waits where an idle engine waits: " + str(read[0].get("verdict"))

@@ -263,6 +263,21 @@ class ActionsMixin:
         else:
             self.background(work)
 
+    def action_stacks(self) -> None:
+        """Take the selected endpoint's stacks now (read-only: allowed under --readonly,
+        not in a replay); the drill-in shows them."""
+        view = self.selected_view()
+        if view is None:
+            return
+        if getattr(self, "replaying", False):
+            self.say("a replay has no processes to take stacks of", ok=False)
+            return
+        why = self.stall_stacks.take_now(view)  # type: ignore[attr-defined]
+        if why is not None:
+            self.say(why, ok=False)
+        else:
+            self.say(f"taking the stacks of {view.target.name} (drill in: Enter)")
+
     def action_bundle(self, out: Path | None = None) -> None:
         if (view := self.selected_view()) is None:
             return

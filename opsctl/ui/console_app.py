@@ -10,7 +10,9 @@ and in the drill-in. With ``record`` every frame (snapshot + row notes) is writt
 JSONL (opsctl.console.replay); a replay source adds step and speed keys and no actions.
 
 Keys: ``?`` help (lists every key), ``/`` filter, Enter drill-in, Esc back, ``s``/``S``
-sort, ``r`` refresh now, ``p`` pause, ``q`` quit; actions ``d j n x R c a b :``.
+sort, ``r`` refresh now, ``p`` pause, ``q`` quit; actions ``d j n x R c a b t :``.
+A stalled local endpoint's stacks are taken once per stall (opsctl.console.stall_stacks)
+and shown in its drill-in; ``t`` takes them on demand.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from opsctl.console.actions import Jobs
 from opsctl.console.local import LocalDetail, collect_detail
 from opsctl.console.servers import ServerManager
 from opsctl.console.source import FleetSource
+from opsctl.console.stall_stacks import StallStacks
 from opsctl.domain.console import DEAD, FleetSnapshot
 from opsctl.ui.console_actions import ActionsMixin, JobEvent, ServerChanged
 from opsctl.ui.console_checks import ChecksScreen
@@ -63,6 +66,7 @@ class ConsoleApp(ActionsMixin, App):
         Binding("c", "reap", "Reap", show=False),
         Binding("a", "admin", "Admin"),
         Binding("b", "bundle", "Bundle", show=False),
+        Binding("t", "stacks", "Stacks", show=False),
         Binding("colon", "command", "Command", key_display=":"),
         Binding("full_stop", "step_forward", "Step", key_display="."),
         Binding("comma", "step_back", "Back step", key_display=",", show=False),
@@ -107,6 +111,7 @@ class ConsoleApp(ActionsMixin, App):
         own = getattr(source, "live", True) and not getattr(source, "attaches_gpus", False)
         self.gpu_feed = gpu_feed if gpu_feed is not None or not own else GpuFeed(interval)
         self.action_log: list[str] = []
+        self.stall_stacks = StallStacks()  # taken once per stall, or with t
         self.jobs = Jobs(on_event=lambda job, snap: self.post_message(JobEvent(job, snap)))
         self.servers = ServerManager(
             on_change=lambda m: self.post_message(ServerChanged(m)), engine_factory=engine_factory
@@ -170,6 +175,8 @@ class ConsoleApp(ActionsMixin, App):
                 if v.state == DEAD and v.target.run_dir and v.target.url not in notes:
                     notes[v.target.url] = BUNDLE_NOTE
         self.notes = notes
+        if not self.replaying:
+            self.stall_stacks.observe(snap.endpoints)
         if self.recorder is not None:
             self.recorder.write(snap, notes)
         views = [v for v in snap.endpoints if matches(v, self.filter_text)]
@@ -186,7 +193,9 @@ class ConsoleApp(ActionsMixin, App):
             if view is not None:
                 series = {k: self.source.series(screen.url, k) for k, _ in SPARKS}
                 ours = self.servers.owned(view.target.url) is not None
-                block = actions_text(view, self.jobs.for_url(view.target.url), ours, self.readonly)
+                jobs = self.jobs.for_url(view.target.url)
+                stacks = self.stall_stacks.lines(view.target.url)
+                block = actions_text(view, jobs, ours, self.readonly, stacks)
                 if self.replaying and view.target.url in notes:
                     block = f"{notes[view.target.url]}\n{block}"
                 with contextlib.suppress(NoMatches):  # still mounting: the next tick draws it

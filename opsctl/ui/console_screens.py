@@ -51,6 +51,8 @@ HELP = """\
              pause*, resume, is_paused, server_info, load, version); a 404 says
              which server setting exposes the route
   b          forensics bundle of its opsctl run (opsctl runs bundle)
+  t          take the stacks of its processes now (local servers; a stalled one's
+             are taken once when it is judged stalled), shown in its drill-in
   :          command mode, the CLI's verbs: diag CHECK, serve [MODEL] [--weights
              dummy|real] [--port N], stop, restart, runs clean [--older-than D],
              runs bundle [--out FILE], admin ROUTE, checks, help, quit
@@ -70,9 +72,16 @@ class HelpScreen(ModalScreen):
         yield Static(HELP, id="help")
 
 
-def actions_text(view: EndpointView, jobs: list[CheckJob], ours: bool, readonly: bool) -> str:
-    """The drill-in's checks and actions block (rich markup)."""
-    lines = []
+def actions_text(
+    view: EndpointView,
+    jobs: list[CheckJob],
+    ours: bool,
+    readonly: bool,
+    stacks: list[str] | None = None,
+) -> str:
+    """The drill-in's checks and actions block (rich markup); ``stacks``: the lines of
+    the stacks the console took of it (opsctl.console.stall_stacks), first."""
+    lines = [f"[b]{escape(s)}[/]" if i == 0 else escape(s) for i, s in enumerate(stacks or ())]
     for j in jobs[-5:]:
         colour = {"pass": "green", "fail": "red"}.get(j.verdict or "", "yellow")
         lines.append(f"[{colour}]{escape(j.note())}[/]  (j: its panel)")
@@ -86,6 +95,8 @@ def actions_text(view: EndpointView, jobs: list[CheckJob], ours: bool, readonly:
         offers += ["x stop"] + (["R restart"] if ours else [])
     if view.target.run_dir:
         offers.append("b forensics bundle")
+    if view.local is not None or view.target.pid:
+        offers.append("t stacks")
     lines.append("actions: " + ", ".join(offers))
     if view.state == DEAD and view.target.run_dir:
         lines.append(

@@ -263,3 +263,61 @@ def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
         assert httpx.get(f"{url}/health", timeout=15).status_code == 200
     r = subprocess.run([*OPSCTL, "stacks", ours.url], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "EngineCore (pid" in r.stdout and "thread(s)" in r.stdout
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_console_takes_a_stalled_engines_stacks_once_and_on_demand(engines):
+    """Issue 35 item 2 in the TUI: the EngineCore stopped while idle reads stalled (its
+    process is seen stopped); the console takes the tree's stacks once for that stall
+    (not on every tick), its drill-in shows them with the one-line verdict naming the
+    stopped EngineCore, and `t` takes them again on demand. Resumed, it is ready again."""
+    from opsctl.console.stall_stacks import AT_STALL, ON_DEMAND
+    from opsctl.ui.console_app import DetailScreen, build_console_app
+    from tests.ui.test_console_actions import select, wait_for
+
+    ours, _ = engines
+    url = ours.url
+    core = next(p.pid for p in discovery.process_roles(ours.pid) if p.role == "EngineCore")
+    settings = Settings(interval_s=0.5, stall_window_s=4.0)
+    src = DirectScrapeSource(targets.from_urls([url]), discover=False, settings=settings)
+    src.start()
+    app = build_console_app(src, interval=0.5)
+    cores = Cores([core])
+    try:
+        async with app.run_test(size=(200, 50)) as pilot:
+            await wait_for(pilot, lambda: url in app.table.cells, 120, "row")
+            await wait_for(pilot, lambda: app.table.cells[url][1] == "ready", 180, "ready")
+            assert app.stall_stacks.get(url) is None  # nothing taken while healthy
+            cores.stop()
+            await wait_for(pilot, lambda: app.table.cells[url][1] == "stalled", 60, "stalled")
+            taken = lambda: app.stall_stacks.get(url)  # noqa: E731
+            await wait_for(pilot, lambda: taken() and taken().done, 120, "stacks taken")
+            first = taken()
+            assert first.why == AT_STALL and first.error is None, first
+            assert f"EngineCore (pid {core}) [stopped]" in first.headline, first
+            ticks = app.ticks
+            await wait_for(pilot, lambda: app.ticks >= ticks + 6, 60, "six more ticks")
+            assert taken() is first  # once per stall, not per tick
+            await select(pilot, app, url)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen), 30, "drill-in")
+            block = app.screen.query_one("#d-actions")
+            await wait_for(
+                pilot, lambda: "stacks taken at the stall" in str(block.render()), 30, "block"
+            )
+            assert "[stopped]" in str(block.render())
+            await pilot.press("t")
+            await wait_for(pilot, lambda: taken().why == ON_DEMAND and taken().done, 120, "t")
+            assert f"EngineCore (pid {core}) [stopped]" in taken().headline
+            cores.resume()
+            await wait_for(pilot, lambda: app.last and app.last.endpoints[0].state == "ready",
+                           180, "ready again")  # fmt: skip
+    finally:
+        if cores.stopped:
+            cores.resume()
+        src.close()

@@ -118,7 +118,9 @@ def test_request_errors_fraction(errors, fires):
 )
 def test_context_overprovisioned_largest_request_in_the_window(prompt, output, mml, fires):
     v = view(max_model_len=mml)
-    found = codes(v, win(max_prompt_tokens=prompt, max_output_tokens=output))
+    found = codes(
+        v, win(max_prompt_tokens=prompt, max_output_tokens=output, finished={"stop": 10.0})
+    )
     assert ("context_overprovisioned" in found) is fires
     if fires:
         assert found["context_overprovisioned"].figures["largest_request_tokens"] == 499
@@ -126,6 +128,16 @@ def test_context_overprovisioned_largest_request_in_the_window(prompt, output, m
 
 def test_context_overprovisioned_needs_requests_in_the_window():
     assert "context_overprovisioned" not in codes(view(), win())
+
+
+@pytest.mark.parametrize(("n", "fires"), [(1, False), (9, False), (10, True)])
+def test_shares_need_ten_finished_requests(n, fires):
+    """One request in a window -- the console's canary: 1 token, finished at its cap, a
+    one-word prompt -- is no evidence: neither truncation nor an over-sized context."""
+    w = win(finished={"length": float(n)}, max_prompt_tokens=1, max_output_tokens=1)
+    found = codes(view(max_model_len=1000), w)
+    assert ("output_truncation" in found) is fires
+    assert ("context_overprovisioned" in found) is fires
 
 
 @pytest.mark.parametrize(

@@ -134,8 +134,13 @@ def test_bundle_of_a_live_run_holds_everything_and_no_secret(live_run, tmp_path)
     top = run.name
     want = {"MANIFEST.json", "meta.json", "server.log", "ledger/1.json", "events/lifetime.jsonl",
             "collected/state.json", "collected/metrics.txt", "collected/server_info.json",
-            "collected/console.json", "collected/environment.json"}  # fmt: skip
+            "collected/console.json", "collected/environment.json",
+            "collected/stacks.json"}  # fmt: skip
     assert set(m) == {f"{top}/{n}" for n in want}
+    stacks = json.loads(m[f"{top}/collected/stacks.json"])  # taken now, of the live tree
+    assert stacks["schema"] == "opsctl.stacks/1" and stacks["pid"] == proc.pid
+    assert [p["pid"] for p in stacks["processes"]] == [proc.pid]
+    assert stacks["processes"][0]["threads"], stacks["processes"][0]  # py-spy read it
     assert b"vllm:num_requests_running" in m[f"{top}/collected/metrics.txt"]
     assert json.loads(m[f"{top}/collected/server_info.json"])["standin"] is True
     env = json.loads(m[f"{top}/collected/environment.json"])
@@ -161,6 +166,7 @@ def test_bundle_after_the_engine_died_says_what_it_could_not_get(live_run, tmp_p
     assert doc["state"] == "dead"
     whys = {m["what"]: m["why"] for m in doc["missing"]}
     assert whys["metrics.txt"] == whys["server_info.json"] == "no engine process alive (dead)"
+    assert whys["stacks.json"] == "no engine process alive (dead)"
     m = _members(out)
     env = json.loads(m[f"{run.name}/collected/environment.json"])
     assert env["engine"] is None and "has exited" in env["engine_source"]
