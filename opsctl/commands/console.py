@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         stall_window: float = duration_option(
             "10s",
             "--stall-window",
-            help="requests running with generation flat this long = stalled",
+            help="requests running with generation and engine steps flat this long = stalled",
         ),
         record: Path = typer.Option(
             None, "--record", metavar="FILE", help="write the snapshots (JSONL) to FILE"

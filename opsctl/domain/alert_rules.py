@@ -6,8 +6,9 @@ The console reads its own stall window and restart hold from here too
 
 The stall alert is the console's rule (EndpointTracker._stall, prom_view.Progress) in
 PromQL. The console calls an endpoint stalled at a scrape ``t`` when every scrape in
-``(t - W, t]`` had requests running and a generation-token total equal to the scrape
-before it. In PromQL, evaluated at ``t``:
+``(t - W, t]`` had requests running and a generation-token total and an engine-step count
+(``vllm:iteration_tokens_total_count``) equal to the scrape before it: a long prefill or
+a slowed engine advances its steps and is slow, not stalled. In PromQL, evaluated at ``t``:
 
 * ``min_over_time(running[W-1ms]) > 0``: every scrape in the window ran requests. The
   range is one millisecond short of W so that Prometheus 2 (ranges closed on the left)
@@ -15,7 +16,7 @@ before it. In PromQL, evaluated at ``t``:
 * ``changes(gen[W-1ms]) == 0`` and ``gen - gen offset W == 0``: no scrape in the window
   moved, not even the first against the one before the window (``offset W`` is the
   last scrape at or before ``t - W``; absent before there is one, as the console needs
-  a first scrape to call anything flat);
+  a first scrape to call anything flat); the same two for the step count;
 * ``up == 1``: the scrape itself answered (a dead server is VllmTargetDown).
 
 The rule needs two scrapes inside the window: scrape vLLM at most every W/2 (5 s for the
@@ -28,13 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsctl.domain.endpoint_notes import FiredAlert
-from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, RUNNING, WAITING
+from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, RUNNING, STEPS, WAITING
 
 # the counters whose going back is a restart, and the start time: the console's own
 from opsctl.domain.prom import REQUEST_SUCCESS, RESET_COUNTERS, START_TIME
 
 # ---- windows and thresholds (the console reads the first two) -------------------------------
-STALL_WINDOW_S = 10.0  # generation flat this long with requests running = stalled
+STALL_WINDOW_S = 10.0  # generation and steps flat this long with requests running = stalled
 RESTART_HOLD_S = 10.0  # a counter that went back within this long = restarted
 RATE_WINDOW_S = 60.0  # rates, ratios and quantiles of the alerts
 RESTART_LOOP_WINDOW_S = 900.0  # restarts counted over 15 minutes ...
@@ -99,6 +100,8 @@ def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
         f"(sum by ({BY}) (min_over_time({RUNNING}{sel}[{inside}])) > 0)\n"
         f"and on ({BY}) (sum by ({BY}) (changes({GEN_TOKENS}{sel}[{inside}])) == 0)\n"
         f"and on ({BY}) (sum by ({BY}) ({GEN_TOKENS}{sel} - {GEN_TOKENS}{sel} offset {w}) == 0)\n"
+        f"and on ({BY}) (sum by ({BY}) (changes({STEPS}{sel}[{inside}])) == 0)\n"
+        f"and on ({BY}) (sum by ({BY}) ({STEPS}{sel} - {STEPS}{sel} offset {w}) == 0)\n"
         f"and on ({BY}) (up{sel} == 1)"
     )
 
@@ -158,8 +161,8 @@ def alerts(job: str | None) -> list[Alert]:
     loop = f"{RESTART_LOOP_COUNT} restarts in {RESTART_LOOP_WINDOW_S / 60:g} min"
     return [
         Alert("VllmEngineStalled", "critical",
-              f"{{{{ $labels.instance }}}}: requests running, no token generated for {w}, "
-              "/metrics still answering",
+              f"{{{{ $labels.instance }}}}: requests running, no token generated and no "
+              f"engine step for {w}, /metrics still answering",
               f"{CONSOLE} (drill in: stalled, steps flat?); on its host opsctl stacks "
               "http://INSTANCE (where each process waits), then opsctl runs bundle RUN",
               stall_expr(job), None),

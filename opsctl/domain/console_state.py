@@ -75,9 +75,10 @@ def decide(
 ) -> tuple[str, str | None]:
     """The state of one endpoint and the reason for any state but ready/busy.
 
-    ``stall_for``: seconds the generation counter has been flat while requests were
-    running (None when it is moving or nothing runs); ``steps_flat``: the engine-step
-    counter is flat over that time too."""
+    ``stall_for``: seconds the generation and engine-step counters have been flat while
+    requests were running (None when either moves or nothing runs); ``steps_flat``: the
+    engine-step counter is flat over that time too (a source without the step counter
+    judges by generation alone and says so)."""
     if local is not None and not local.alive:
         why = local.reason or "process gone"
         if local.death_lines:
@@ -197,11 +198,13 @@ class EndpointTracker:
         self._record_history()
 
     def _track_progress(self, t: float, cur: MetricSamples, prev: MetricSamples | None) -> None:
+        """Progress is a generated token or an engine step: a long prefill or a slowed
+        engine (steps advance, generation flat for a while) is slow, not stalled."""
         running = cur.get(RUNNING) or 0.0
-        moved = prev is None or (cur.get(GEN_TOKENS) or 0.0) != (prev.get(GEN_TOKENS) or 0.0)
-        if running <= 0 or moved or self.progress_at is None:
-            self.progress_at = t
         stepped = prev is None or (cur.get(STEPS) or 0.0) != (prev.get(STEPS) or 0.0)
+        generated = prev is None or (cur.get(GEN_TOKENS) or 0.0) != (prev.get(GEN_TOKENS) or 0.0)
+        if running <= 0 or generated or stepped or self.progress_at is None:
+            self.progress_at = t
         if running <= 0 or stepped or self.steps_at is None:
             self.steps_at = t
 
@@ -313,13 +316,15 @@ def verdict(
 
 
 def undecided(v: EndpointView) -> bool:
-    """For a one-shot look (``--once``): the endpoint has requests running and its
-    generation counter was not seen moving over the last interval (or there is no rate
-    yet), and the stall window has not passed: it may be busy or stalling, so it needs a
+    """For a one-shot look (``--once``): the endpoint has requests running and neither
+    its generation counter nor its engine steps were seen moving over the last interval
+    (or there is no rate yet), and the stall window has not passed: it may be busy or stalling, so it needs a
     longer look. Progress makes it busy; the window passing makes it stalled."""
     if v.state not in (BUSY, RESTARTED) or not v.figures.running:
         return False
-    tps = v.figures.generation_tps
+    tps, steps = v.figures.generation_tps, v.figures.steps_per_s
+    if steps is not None and steps > 0:  # a long prefill steps on: slow, decided busy
+        return False
     return tps is None or tps <= 0
 
 
@@ -337,7 +342,7 @@ def settle_undecided(
         if undecided(v):
             running = v.figures.running or 0
             why = (
-                f"{running:.0f} requests running, generation not seen moving in "
+                f"{running:.0f} requests running, generation and engine steps not seen moving in "
                 f"{observed_s:.0f} s of observation (stall window {stall_window_s:g} s); "
                 f"/health {v.health_status}"
             )

@@ -147,16 +147,16 @@ class Progress:
                 continue
             t, running, gen, steps = p
             prev = self.last
-            moved = prev is None or gen != prev[2]
+            stepped = prev is None or steps != prev[3]
+            moved = prev is None or gen != prev[2] or stepped  # EndpointTracker's rule
             if running <= 0 or moved or self.progress_at is None:
                 self.progress_at = t
-            stepped = prev is None or steps != prev[3]
             if running <= 0 or stepped or self.steps_at is None:
                 self.steps_at = t
             self.last = p
 
     def stall(self, window_s: float) -> tuple[float | None, bool]:
-        """(seconds generation has been flat with requests running, steps flat too), or
+        """(seconds generation and steps have been flat with requests running, steps flat), or
         (None, False) below the stall window (EndpointTracker._stall)."""
         if self.last is None or self.progress_at is None:
             return None, False

@@ -93,7 +93,7 @@ def _view(state: str = c.READY, reason: str | None = None) -> c.EndpointView:
 
 
 def test_reason_cell_and_drill_in_lines():
-    w = a.Window(window_s=4.0, scrapes=5, preemptions=2.0, finished={"length": 3.0},
+    w = a.Window(window_s=4.0, scrapes=5, preemptions=2.0, finished={"length": 10.0},
                  config={"enable_prefix_caching": "False"})  # fmt: skip
     v = _view()
     v = replace(v, findings=a.window_findings(v, w))

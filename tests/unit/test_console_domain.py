@@ -113,12 +113,17 @@ def test_stall_needs_the_full_window_then_recovers():
     assert v.state == c.BUSY and v.reason is None
 
 
-def test_generation_flat_while_steps_advance_is_a_stall_that_says_so():
+def test_generation_flat_while_steps_advance_is_slow_not_stalled():
+    """A long prefill (or a slowed engine): engine steps advance while no token is
+    generated for longer than the window: busy, never stalled (issue 35 item 3)."""
     t = tracker(stall_window_s=2.0)
     t.observe(scrape(0, body(running=2, gen=5, steps=10)))
-    t.observe(scrape(1, body(running=2, gen=5, steps=20)))
-    v = t.observe(scrape(2.5, body(running=2, gen=5, steps=30)))
-    assert v.state == c.STALLED and "engine steps still counted" in v.reason
+    for sec in range(1, 8):
+        v = t.observe(scrape(sec, body(running=2, gen=5, steps=10 + 10 * sec)))
+        assert v.state == c.BUSY, (sec, v.reason)
+    for sec in range(8, 11):  # then the steps stop too: a stall, after the full window
+        v = t.observe(scrape(sec, body(running=2, gen=5, steps=80)))
+    assert v.state == c.STALLED and "engine steps flat too" in v.reason
 
 
 def test_no_requests_is_never_stalled():
@@ -268,6 +273,10 @@ def test_once_waits_on_running_requests_until_progress_or_the_window():
     idle = tracker()
     assert not undecided(idle.observe(scrape(0, body(running=0))))
     assert not undecided(idle.observe(scrape(1, health=None)))
+    prefill = tracker(stall_window_s=3.0)  # no token, but the steps move: decided busy
+    prefill.observe(scrape(0, body(running=1, gen=100, steps=10)))
+    v = prefill.observe(scrape(1, body(running=1, gen=100, steps=14)))
+    assert v.state == c.BUSY and not undecided(v)
 
 
 def test_an_endpoint_still_undecided_after_the_window_is_settled_as_stalled():

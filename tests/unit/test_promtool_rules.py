@@ -64,15 +64,17 @@ def server(
     ok: list[float] | None = None,
     errors: list[float] | None = None,
     ttft_slow: bool = False,
+    steps: list[float] | None = None,
 ) -> list[dict]:
-    """Every series the rules read of one vLLM server (n samples, one per second)."""
+    """Every series the rules read of one vLLM server (n samples, one per second); engine
+    steps move with generation unless given."""
     gaps = [g is None for g in gen]  # no samples there (a server that went away)
     zero = [None if gap else 0.0 for gap in gaps]
 
     def of(values, fn):
         return [None if v is None else fn(v) for v in values]
 
-    steps = of(gen, lambda g: g / 4)
+    steps = steps or of(gen, lambda g: g / 4)
     done = ok or of(gen, lambda g: g / 16)
     slow = of(done, round) if ttft_slow else zero
     fast = zero if ttft_slow else of(done, round)
@@ -171,6 +173,8 @@ def fleet_tests() -> list[dict]:
         + server("busy:1", n, [3.0] * n, ramp(n, 25), kv=[0.7] * n, waiting=[1.0] * n)
         + server("drained:1", n, [3.0] * 20 + [0.0] * (n - 20), flat_after)
         + server("stalled:1", n, [2.0] * n, flat_after)
+        # a long prefill: no token after t=20, but the engine steps on: slow, not stalled
+        + server("prefill:1", n, [1.0] * n, flat_after, steps=ramp(n, 1))
         + server("kv:1", n, [8.0] * n, ramp(n, 30), kv=[0.95] * n, preempt=ramp(n, 0.5))
         + server("errors:1", n, [1.0] * n, ramp(n, 10), ok=ramp(n, 1), errors=ramp(n, 1))
         + server("ttft:1", n, [4.0] * n, ramp(n, 20), ttft_slow=True)
