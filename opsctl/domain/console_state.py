@@ -27,7 +27,14 @@ from opsctl.domain.console import (
     is_vllm,
     went_back,
 )
-from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS, MetricSamples
+from opsctl.domain.metrics import (
+    GEN_TOKENS,
+    RUNNING,
+    STEPS,
+    WAITING,
+    WAITING_BY_REASON,
+    MetricSamples,
+)
 
 HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usage", "ttft_p50")
 
@@ -110,13 +117,27 @@ def decide(
         running = scrape.samples.get(RUNNING) if scrape.samples else None
         steps = "engine steps flat too" if steps_flat else "engine steps still counted"
         return STALLED, (
-            f"{running or 0:.0f} requests running, generation tokens flat for "
-            f"{stall_for:.0f} s ({steps}); /health {health}"
+            f"{running or 0:.0f} requests running{waiting_text(scrape.samples)}, generation "
+            f"tokens flat for {stall_for:.0f} s ({steps}); /health {health}"
         )
     if restarted_recently:
         return RESTARTED, "counters went back: the server restarted"
     running = scrape.samples.get(RUNNING) if scrape.samples else None
     return (BUSY, None) if running else (READY, None)
+
+
+def waiting_text(samples: MetricSamples | None) -> str:
+    """``, 3 waiting (capacity 1, deferred 2: ...)`` for a stall's reason: requests the
+    scheduler skips (vLLM's waiting-by-reason, #56640: LoRA budget, KV transfer, blocked)
+    are named; empty when nothing waits."""
+    waiting = samples.get(WAITING) if samples else None
+    if not waiting:
+        return ""
+    by = samples.labelled.get(WAITING_BY_REASON, {}) if samples else {}
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items()) if v)
+    deferred = " (deferred: skipped by the scheduler for the LoRA budget, a KV transfer or a block)"
+    note = deferred if by.get("deferred") else ""
+    return f", {waiting:.0f} waiting" + (f" ({parts}){note}" if parts else "")
 
 
 def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:

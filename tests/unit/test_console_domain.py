@@ -289,3 +289,24 @@ def test_an_endpoint_still_undecided_after_the_window_is_settled_as_stalled():
     assert out[0].state == c.STALLED and "not seen moving in 10 s" in out[0].reason
     assert out[1] is ready
     assert exit_code(out) == 1
+
+
+def test_a_stall_names_the_requests_waiting_by_reason():
+    """vLLM's waiting-by-reason (#56640): requests the scheduler skips (LoRA budget, KV
+    transfer, blocked) are named in a stall's reason, next to those waiting for capacity."""
+    from opsctl.domain.console_state import waiting_text
+    from opsctl.domain.metrics import WAITING, WAITING_BY_REASON, MetricSamples
+
+    by = {"capacity": 1.0, "deferred": 2.0}
+    s = MetricSamples({WAITING: 3.0, "vllm:num_requests_running": 2.0},
+                      {WAITING_BY_REASON: by}, {}, {}, 1, 2)  # fmt: skip
+    text = waiting_text(s)
+    assert text.startswith(", 3 waiting (capacity 1, deferred 2) (deferred: skipped by")
+    assert waiting_text(MetricSamples({WAITING: 0.0}, {}, {}, {}, 1, 1)) == ""
+    plain = MetricSamples({WAITING: 4.0}, {}, {}, {}, 1, 1)  # a vLLM without the gauge
+    assert waiting_text(plain) == ", 4 waiting"
+    t = tracker(stall_window_s=2.0)
+    more = {"vllm:num_requests_waiting": 3.0}
+    for sec in (0, 1, 2.5):
+        v = t.observe(scrape(sec, body(running=2, gen=5, steps=9, **more)))
+    assert v.state == c.STALLED and "2 requests running, 3 waiting, generation" in v.reason
