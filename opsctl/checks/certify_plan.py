@@ -55,6 +55,7 @@ def target_of(
     """What the command line names: a URL (normalised: HOST:PORT is http://HOST:PORT) or
     an engine to start; anything else is BadInput (exit 2, no report)."""
     from opsctl.checks.target import url_or_model
+    from opsctl.domain.weights import check_load_format
     from opsctl.errors import BadInput
 
     if not url and not model:
@@ -62,8 +63,7 @@ def target_of(
             "give a server URL or --model NAME|DIR", hint="e.g. opsctl certify --model tiny-llama"
         )
     base = url_or_model(url, model)
-    if load_format not in ("auto", "dummy", "safetensors"):
-        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    check_load_format(load_format)
     if base:
         return UrlTarget(base, api_key)
     return EngineSpec(

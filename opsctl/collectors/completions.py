@@ -103,6 +103,54 @@ def parse_response(status: int, payload: object) -> Generated:
     return Generated(tokens, values, tuple(tops), finish, len(choices), None, True)
 
 
+def _prompt_tokens(payload: dict) -> int | None:
+    usage = payload.get("usage")
+    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def parse_chat(status: int, payload: object) -> Generated:
+    """A /v1/chat/completions response with logprobs -> Generated (with usage); a
+    top-logprob entry without a logprob is left out (never ``float(None)``)."""
+    if (
+        status != 200
+        or not isinstance(payload, dict)
+        or not isinstance(payload.get("choices"), list)
+    ):
+        return parse_response(status, payload)
+    choices = payload["choices"]
+    if not choices:
+        return Generated(outputs=0, prompt_tokens=_prompt_tokens(payload))
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    finish = choice.get("finish_reason")
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return Generated(finish_reason=finish, outputs=len(choices), has_logprobs=False)
+    tokens: list[TokenKey] = []
+    values: list[float | None] = []
+    tops: list[dict[TokenKey, float] | None] = []
+    for item in content:
+        tokens.append(token_key(str(item.get("token"))))
+        values.append(None if item.get("logprob") is None else float(item["logprob"]))
+        tops.append(
+            {
+                token_key(str(t["token"])): float(t["logprob"])
+                for t in item.get("top_logprobs") or []
+                if t.get("logprob") is not None
+            }
+        )
+    return Generated(
+        tuple(tokens),
+        tuple(values),
+        tuple(tops),
+        finish,
+        len(choices),
+        None,
+        True,
+        _prompt_tokens(payload),
+    )
+
+
 def complete(
     client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
 ) -> Timed:

@@ -33,10 +33,10 @@ from typing import Any
 import httpx
 
 from opsctl.collectors import http, ledger
-from opsctl.collectors.completions import Timed, parse_response, token_key
+from opsctl.collectors.completions import Timed, parse_chat, parse_response
 from opsctl.collectors.mm_uuid import image_data_url
 from opsctl.domain import lora as D
-from opsctl.domain.invariance import Generated, TokenKey
+from opsctl.domain.invariance import Generated
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 
 IMAGE_SIZE = 32
@@ -198,31 +198,6 @@ def body(params: Params, req: D.LoraRequest, rid: str) -> tuple[str, dict[str, A
     content.append({"type": "text", "text": req.prompt})
     chat = {"messages": [{"role": "user", "content": content}], "logprobs": True}
     return "/v1/chat/completions", {**common, **chat, "top_logprobs": params.logprobs}
-
-
-def parse_chat(status: int, payload: object) -> Generated:
-    """A /v1/chat/completions response with logprobs -> Generated."""
-    if status != 200 or not isinstance(payload, dict) or not payload.get("choices"):
-        return parse_response(status, payload)
-    choice = payload["choices"][0]
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice, dict) else None
-    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    if not isinstance(content, list):
-        return Generated(finish_reason=finish, outputs=len(payload["choices"]), has_logprobs=False)
-    tokens: list[TokenKey] = []
-    values: list[float | None] = []
-    tops: list[dict[TokenKey, float] | None] = []
-    for item in content:
-        tokens.append(token_key(str(item.get("token"))))
-        values.append(None if item.get("logprob") is None else float(item["logprob"]))
-        tops.append(
-            {
-                token_key(str(t["token"])): float(t["logprob"])
-                for t in item.get("top_logprobs") or []
-            }
-        )
-    n = len(payload["choices"])
-    return Generated(tuple(tokens), tuple(values), tuple(tops), finish, n, None, True)
 
 
 def send(client: httpx.Client, url: str, params: Params, req: D.LoraRequest, rid: str) -> Timed:

@@ -34,14 +34,13 @@ from opsctl.collectors.completions import (
     CompletionParams,
     Timed,
     gather_marks,
-    parse_response,
+    parse_chat,
     send_alone,
     send_in_groups,
-    token_key,
 )
 from opsctl.collectors.completions import request_id as make_request_id
 from opsctl.collectors.mm_uuid import image_data_url
-from opsctl.domain.invariance import Generated, TokenKey
+from opsctl.domain.invariance import Generated
 from opsctl.domain.invariance_images import ENDPOINT, RGB, image_uuid
 
 IMAGE_SIZE = 32
@@ -81,53 +80,6 @@ def chat_body(params: CompletionParams, text: str, images: Sequence[RGB], rid: s
         "cache_salt": uuid.uuid4().hex,
         "stream": False,
     }
-
-
-def _prompt_tokens(payload: dict) -> int | None:
-    usage = payload.get("usage")
-    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return value if isinstance(value, int) else None
-
-
-def parse_chat(status: int, payload: object) -> Generated:
-    """A /v1/chat/completions response with logprobs -> Generated (with usage)."""
-    if (
-        status != 200
-        or not isinstance(payload, dict)
-        or not isinstance(payload.get("choices"), list)
-    ):
-        return parse_response(status, payload)
-    choices = payload["choices"]
-    if not choices:
-        return Generated(outputs=0, prompt_tokens=_prompt_tokens(payload))
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    finish = choice.get("finish_reason")
-    content = (choice.get("logprobs") or {}).get("content")
-    if not isinstance(content, list):
-        return Generated(finish_reason=finish, outputs=len(choices), has_logprobs=False)
-    tokens: list[TokenKey] = []
-    values: list[float | None] = []
-    tops: list[dict[TokenKey, float] | None] = []
-    for item in content:
-        tokens.append(token_key(str(item.get("token"))))
-        values.append(None if item.get("logprob") is None else float(item["logprob"]))
-        tops.append(
-            {
-                token_key(str(t["token"])): float(t["logprob"])
-                for t in item.get("top_logprobs") or []
-                if t.get("logprob") is not None
-            }
-        )
-    return Generated(
-        tuple(tokens),
-        tuple(values),
-        tuple(tops),
-        finish,
-        len(choices),
-        None,
-        True,
-        _prompt_tokens(payload),
-    )
 
 
 def send(

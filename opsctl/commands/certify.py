@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from opsctl.commands import options as o
+from opsctl.domain.weights import LOAD_FORMAT_HELP
 from opsctl.errors import BadInput
 
 HELP = """Certify a vLLM build or deployment: run every applicable check (liveness,
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
             "auto",
             "--load-format",
             metavar="FORMAT",
-            help="with --model: auto, safetensors or dummy (random weights)",
+            help=f"with --model: {LOAD_FORMAT_HELP}",
         ),
         api_key: str | None = o.api_key_option(),
         test_knob: list[str] | None = o.test_knob_option(),

@@ -14,8 +14,8 @@ from opsctl.commands.options import (
     test_knob_option,
     tui_option,
 )
+from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 
-LOAD_FORMATS = ("auto", "dummy")
 EAGER_HELP = (
     "run eagerly (vLLM's --enforce-eager: no torch.compile, no CUDA graphs); starts "
     "faster, serves slower; default: vLLM's default execution mode"
@@ -77,9 +77,7 @@ def serve(
         metavar="MODEL",
         help="embedded model name or model directory (default tiny-llama)",
     ),
-    load_format: str = typer.Option(
-        "auto", "--load-format", help="dummy (random/constant) or auto (real weights)"
-    ),
+    load_format: str = typer.Option("auto", "--load-format", help=LOAD_FORMAT_HELP),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="bind address; beyond loopback needs --api-key"
     ),
@@ -117,16 +115,12 @@ def serve(
     from opsctl.domain.exposure import exposure_note, refuse_owned_args
     from opsctl.engine import supervise
     from opsctl.engine.server import reachable_url
-    from opsctl.errors import BadInput
 
     extra = list(ctx.args)
     if model is not None and model.startswith("-"):
         extra.insert(0, model)
         model = None
-    if load_format not in LOAD_FORMATS:
-        raise BadInput(
-            f"--load-format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}"
-        )
+    check_load_format(load_format)
     refuse_owned_args(extra)
     api_key = api_key or None
     note = exposure_note(host, api_key, insecure_bind)

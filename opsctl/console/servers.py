@@ -22,9 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from opsctl.domain.weights import load_format_of
 from opsctl.errors import BadInput
-
-LOAD_FORMATS = {"dummy": "dummy", "real": "auto", "auto": "auto"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +38,7 @@ class StartRequest:
     timeout: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.weights not in LOAD_FORMATS:
-            raise BadInput(f"weights are dummy or real, not {self.weights!r}")
+        load_format_of(self.weights)  # BadInput for an unknown word
         if self.port is not None and not 0 < self.port < 65536:
             raise BadInput(f"port {self.port} is out of range 1..65535")
 
@@ -102,7 +100,7 @@ class ServerManager:
         try:
             model = resolve(req.model)
             opts = LaunchOptions(
-                model=model, load_format=LOAD_FORMATS[req.weights], host=req.host,
+                model=model, load_format=load_format_of(req.weights), host=req.host,
                 port=req.port, max_model_len=req.max_model_len, max_num_seqs=req.max_num_seqs,
                 label="console", api_key=req.api_key,
             )  # fmt: skip

@@ -240,3 +240,15 @@ def test_replay_refuses_what_is_not_a_recording(tmp_path):
     rec.close()
     cut.write_text(cut.read_text() + '{"t": 1, "snap')
     assert len(ReplaySource(cut).frames) == 1
+
+
+def test_the_start_form_takes_the_console_words_and_vllms_names():
+    """One definition (opsctl.domain.weights): real -> auto, dummy -> dummy, and vLLM's
+    names as given; anything else is BadInput (the form shows the line)."""
+    from opsctl.console.servers import StartRequest
+    from opsctl.domain.weights import LOAD_FORMATS, load_format_of
+
+    assert load_format_of("real") == "auto" and load_format_of("dummy") == "dummy"
+    assert [load_format_of(f) for f in LOAD_FORMATS] == list(LOAD_FORMATS)
+    with pytest.raises(BadInput, match="weights are dummy or real"):
+        StartRequest(weights="pt")

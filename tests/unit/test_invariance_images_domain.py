@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine_patches.patches import engine_info
-from opsctl.collectors.completions import CompletionParams
-from opsctl.collectors.mm_completions import chat_body, messages, parse_chat
+from opsctl.collectors.completions import CompletionParams, parse_chat
+from opsctl.collectors.mm_completions import chat_body, messages
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
@@ -230,3 +230,12 @@ def test_a_text_only_run_has_nothing_to_show():
     assert (ev.source, ev.reached, ev.missing()) == (img.TEXT_ONLY, None, [])
     mixed = img.evidence([0, 1], TAGS, mm_events=None, batch_events=[])
     assert [m.split(":")[0] for m in mixed.missing()] == ["BS=1 prompt 1", "BS=N prompt 1"]
+
+
+def test_a_top_logprob_without_a_value_is_left_out_not_a_crash():
+    """One parse_chat for LoRA and images (opsctl.collectors.completions): the LoRA copy
+    it replaced called float(None) on a top-logprob entry without a logprob."""
+    item = {"token": "a", "logprob": -0.5, "top_logprobs": [{"token": "a", "logprob": None}]}
+    payload = {"choices": [{"logprobs": {"content": [item]}, "finish_reason": "length"}]}
+    g = parse_chat(200, payload)
+    assert g.logprobs == (-0.5,) and g.top_logprobs == ({},) and g.finish_reason == "length"

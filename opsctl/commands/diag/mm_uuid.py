@@ -32,13 +32,12 @@ from opsctl.commands.options import (
     url_target,
 )
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
+from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
     from opsctl.checks import mm_uuid as check
     from opsctl.checks.target import Target
-
-LOAD_FORMATS = ("auto", "dummy", "safetensors")
 
 
 def register(app: typer.Typer) -> None:
@@ -73,9 +72,7 @@ def register(app: typer.Typer) -> None:
             help="with --model: engines to start, caches-off and/or caches-on (a comma list)",
         ),
         modes_alias: str | None = typer.Option(None, "--modes", hidden=True),
-        load_format: str = typer.Option(
-            "auto", "--load-format", help="auto (real weights) or dummy"
-        ),
+        load_format: str = typer.Option("auto", "--load-format", help=LOAD_FORMAT_HELP),
         as_json: bool = json_option(),
         tui: bool | None = tui_option(),
         timeout: float = duration_option(
@@ -122,8 +119,7 @@ def _request(
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not mode_list or any(m not in MODES for m in mode_list):
         raise BadInput(f"--mode takes caches-off and/or caches-on, not {modes!r}")
-    if load_format not in LOAD_FORMATS:
-        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    check_load_format(load_format)
     if not uuid_prefix or any(c.isspace() for c in uuid_prefix):
         raise BadInput("--uuid-prefix must be a non-empty string without spaces")
     if run_dir is not None and not url:

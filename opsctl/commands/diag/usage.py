@@ -22,13 +22,12 @@ from opsctl.commands.options import (
     url_argument,
     url_target,
 )
+from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
     from opsctl.checks import usage as check
     from opsctl.checks.target import Target
-
-LOAD_FORMATS = ("auto", "dummy", "safetensors")
 
 
 def register(app: typer.Typer) -> None:
@@ -49,9 +48,7 @@ def register(app: typer.Typer) -> None:
         kind: str | None = typer.Option(
             None, "--kind", help="cross-encoder | bi-encoder (default: detect)"
         ),
-        load_format: str = typer.Option(
-            "auto", "--load-format", help="auto (real weights) or dummy"
-        ),
+        load_format: str = typer.Option("auto", "--load-format", help=LOAD_FORMAT_HELP),
         as_json: bool = json_option(),
         tui: bool | None = tui_option(),
         timeout: float = duration_option(
@@ -94,8 +91,7 @@ def _request(
 
     if kind is not None and kind not in KINDS:
         raise BadInput(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    if load_format not in LOAD_FORMATS:
-        raise BadInput(f"--load-format must be auto, safetensors or dummy, not {load_format!r}")
+    check_load_format(load_format)
     if not url and not model:
         raise BadInput(
             "give a server URL or --model NAME",
