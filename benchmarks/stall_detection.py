@@ -46,7 +46,10 @@ def status(url: str, *flags: str) -> dict:
     r = subprocess.run(
         [*OPSCTL, "status", url, "--json", *flags], capture_output=True, text=True, timeout=180
     )
-    return json.loads(r.stdout)
+    try:
+        return json.loads(r.stdout)
+    except ValueError:  # opsctl itself failed: say so, never count it as a verdict
+        raise SystemExit(f"opsctl status printed no JSON (exit {r.returncode}): {r.stderr[-2000:]}")
 
 
 def core_pid(api_pid: int) -> int:
