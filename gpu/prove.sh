@@ -33,6 +33,8 @@
 #   images2  ~550 s  diag mm-uuid on tiny-vlm-multi (caches off and on: two engines, 300 s)
 #                    and diag lora --model tiny-vlm-multi (250 s): the calls `images` ran
 #                    out of time for
+#   uuid     ~350 s  diag mm-uuid on tiny-vlm-multi and on tiny-vlm (BLIP-2), caches off and
+#                    on, with the mm_uuid_keep patch (PR 56432's fix, which 0.26 lacks)
 #   hang     ~500 s  issue 35 item 5: gpu/hang_gpu.py (one tiny-llama engine in the
 #                    default mode, a GPU-side hang (spinning kernel) and a host-side one:
 #                    console --once's state and GPU signature, stacks, py-spy --native;
@@ -56,8 +58,8 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang|uuid" >&2
     exit 2
     ;;
 esac
@@ -408,6 +410,12 @@ images2)
     build tiny-vlm-multi
     call mm-uuid-vlm 300 200 diag mm-uuid --model tiny-vlm-multi --json --no-tui
     call lora-vlm 250 150 diag lora --model tiny-vlm-multi --json --no-tui --timeout @T
+    ;;
+uuid)
+    facts
+    build tiny-vlm-multi tiny-vlm
+    call mm-uuid-vlm 220 150 diag mm-uuid --model tiny-vlm-multi --json --no-tui
+    call mm-uuid-blip2 220 150 diag mm-uuid --model tiny-vlm --json --no-tui
     ;;
 hang)
     facts

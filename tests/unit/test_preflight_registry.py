@@ -88,6 +88,7 @@ def test_every_real_patch_declares_what_a_preflight_needs():
         "kv_rewind_v2",
         "idefics3_unsplit_patches",
         "blip2_lora_int_tokens",
+        "mm_uuid_keep",
     }
 
 
