@@ -119,8 +119,10 @@ class ProcessStacks:
 
 
 def is_native(f: Frame) -> bool:
-    """A C frame of a native dump (py-spy --native): its file is a shared library."""
-    return ".so" in f.file.rsplit("/", 1)[-1]
+    """A C frame of a native dump (py-spy --native): its file is a shared library, a C
+    source or an executable (a statically linked libpython), not Python's ``.py`` nor
+    ``<string>``/``<frozen ...>``."""
+    return not (f.file.endswith((".py", ".pyc")) or f.file.startswith("<") or not f.file)
 
 
 def where(frames: Sequence[Frame]) -> str:

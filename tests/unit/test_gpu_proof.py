@@ -84,7 +84,7 @@ EXPECTED = {
 # their own CLI tests); anything else without tests/data/schemas/<name>-<N>.schema.json fails
 NO_SCHEMA_FILE = {"opsctl.patches", "opsctl.certify", "opsctl.models.build"}
 # prove.sh's own documents (not opsctl's)
-PROVE_DOCS = {"sigkill.json", "fp32.json"}  # gpu/prove.sh's own documents
+PROVE_DOCS = {"sigkill.json", "fp32.json", "hang.json"}  # gpu/prove.sh's own documents
 
 
 def _reports() -> list[Path]:
