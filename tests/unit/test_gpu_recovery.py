@@ -208,3 +208,28 @@ def test_idefics3_images_run_on_cuda_with_the_patch():
     assert err.count("[caches-off]") >= 8 and "reuse #2" in err
     (log,) = (DATA / "images/runs/mm-uuid-vlm").glob("*caches-off*/server.log")
     assert "cannot reshape tensor of 0 elements" not in log.read_text()
+
+
+@pytest.mark.parametrize("name", ["mm-uuid-vlm", "mm-uuid-blip2"])
+def test_explicit_uuids_kept_on_cuda_with_mm_uuid_keep(name):
+    """vLLM 0.26 lacks PR 56432: with both caches off it renamed the client's UUIDs
+    (images2, before the patch); with mm_uuid_keep applied in the API server both image
+    models keep them, caches off and on (uuid stage)."""
+    doc = _doc(f"uuid/{name}.json")
+    assert doc["verdict"] == "pass" and doc["platform"] == "cuda", doc["findings"]
+    runs = sorted((DATA / "uuid/runs" / name).glob("*"))
+    assert {r.name.split("-diag-mm-uuid-")[1].split("-tiny")[0] for r in runs} == {
+        "caches-off",
+        "caches-on",
+    }
+    for run in runs:
+        (api,) = [
+            led
+            for p in (run / "ledger").glob("*.json")
+            if (led := json.loads(p.read_text()))["role"] == "api_server"
+        ]
+        assert {p["name"]: p["status"] for p in api["patches"]}["mm_uuid_keep"] == "applied"
+    before = _doc("images2/mm-uuid-vlm.json")
+    assert before["verdict"] == "fail"
+    rewritten = [f for f in before["findings"] if "rewritten to 'renderer0-mm-" in str(f)]
+    assert len(rewritten) == 4  # opsctl-all-0, opsctl-all-1, opsctl-some-0 and ''
