@@ -137,23 +137,20 @@ class CertifyApp(App):
         if self.done.is_set():
             self.exit()
 
-    def exit_from_signal(self) -> None:
+    def on_stop_signal(self) -> None:
+        """A stop signal (opsctl.ui.runner): cancel the run and stop its engines now."""
         from opsctl.engine.server import stop_all
 
         self.cancelled.set()
         stop_all()
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.exit)
 
 
 def run_tui(call: Callable[[ev.Progress], Any], title: str = "certify") -> Any:
     """Run the certification under the app; its report (errors re-raised after exit)."""
-    from opsctl.engine import lifetime
+    from opsctl.ui.runner import run_app
 
     app = CertifyApp(call, title)
-    with lifetime.tui_app(app.exit_from_signal):
-        app.run()
-    lifetime.raise_if_received()
+    run_app(app)
     if app.error is not None:
         raise app.error
     if app.report is None:

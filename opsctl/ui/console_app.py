@@ -315,13 +315,7 @@ def build_console_app(source: FleetSource, interval: float = 1.0, **kw) -> Conso
 
 def run_console(app: ConsoleApp) -> None:
     """Run the console in this terminal under the engine lifetime policy: a stop signal
-    exits the app, and the engines it started stop with it."""
-    from opsctl.engine import lifetime
+    exits the app, and the engines it started stop with it (on_unmount)."""
+    from opsctl.ui.runner import run_app
 
-    def exit_from_signal() -> None:
-        if app._loop is not None:
-            app._loop.call_soon_threadsafe(app.exit)
-
-    with lifetime.tui_app(exit_from_signal):
-        app.run()
-    lifetime.raise_if_received()
+    run_app(app)

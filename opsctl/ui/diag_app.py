@@ -78,13 +78,11 @@ class DiagApp(App):
         if self.done.is_set():
             self.exit()
 
-    def exit_from_signal(self) -> None:
-        """Called by the lifetime policy in a signal handler (main thread): cancel the
-        pipeline, stop the engines this process started right now (the pipeline's worker
-        thread may be blocked in a long wait), and schedule the exit."""
+    def on_stop_signal(self) -> None:
+        """A stop signal (opsctl.ui.runner, main thread): cancel the pipeline and stop
+        the engines this process started right now (the pipeline's worker thread may be
+        blocked in a long wait); the runner exits the app."""
         from opsctl.engine.server import stop_all
 
         self.cancelled.set()
         stop_all()
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.exit)

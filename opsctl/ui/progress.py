@@ -45,13 +45,11 @@ def run_with_progress(
     use_tui = want_tui(bool(tui), as_json) if tui else False
     if not use_tui:
         return call(stderr_progress(title))
-    from opsctl.engine import lifetime
     from opsctl.ui.diag_app import DiagApp
+    from opsctl.ui.runner import run_app
 
     app = DiagApp(title, call)
-    with lifetime.tui_app(app.exit_from_signal):
-        app.run()
-    lifetime.raise_if_received()
+    run_app(app)
     if app.error is not None:
         raise app.error
     if app.report is None:

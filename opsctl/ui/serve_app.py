@@ -67,11 +67,6 @@ class ServeDashboard(App):
             return
         self._poll()
 
-    def exit_from_signal(self) -> None:
-        """Called by the lifetime policy in a signal handler: only schedules the exit."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.exit)
-
     def _poll(self) -> None:
         self.run_worker(self._collect, thread=True, group="collect", exclusive=True)
 
@@ -140,8 +135,8 @@ def run_dashboard(
 
     from opsctl.collectors.serve import ServeCollector
     from opsctl.domain import serve_state
-    from opsctl.engine import lifetime
     from opsctl.errors import EngineDied, OpsTimeout
+    from opsctl.ui import runner
 
     collector = ServeCollector(server)
     record = os.environ.get("OPSCTL_RECORD_SNAPSHOTS")
@@ -159,12 +154,11 @@ def run_dashboard(
 
     app = build_serve_app(collector.collect, record=Path(record) if record else None, until=until)
     try:
-        with lifetime.tui_app(app.exit_from_signal):
-            (run_app or ServeDashboard.run)(app)
+        # a stop signal exits the app and is raised here: the caller stops the server
+        runner.run_app(app, run_app)
     finally:
         collector.stopping = True
         collector.close()
-    lifetime.raise_if_received()  # SIGTERM/SIGHUP: the caller stops the server in order
     if app.result_code == 4:
         raise OpsTimeout(
             f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}"
