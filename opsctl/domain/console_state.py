@@ -34,6 +34,7 @@ from opsctl.domain.metrics import (
     WAITING,
     WAITING_BY_REASON,
     MetricSamples,
+    Point,
 )
 
 HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usage", "ttft_p50")
@@ -154,6 +155,74 @@ def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
     )
 
 
+# ---- the stall rule and the sparklines' history (both sources) ----------------------------------------------------------
+
+
+class Progress:
+    """The stall rule's memory for one endpoint, the one for both sources: the last
+    time generation or the engine steps moved (or nothing ran) and the last time the
+    steps moved. The direct source feeds one point per scrape, the Prometheus source
+    overlapping ranges of raw samples poll after poll (a sample is used once).
+    Progress is a generated token or an engine step: a long prefill or a slowed engine
+    is slow, not stalled."""
+
+    def __init__(self) -> None:
+        self.last: Point | None = None
+        self.progress_at: float | None = None
+        self.steps_at: float | None = None
+
+    def feed(self, points: list[Point]) -> None:
+        for p in points:
+            if self.last is not None and p[0] <= self.last[0]:
+                continue
+            t, running, gen, steps = p
+            prev = self.last
+            stepped = prev is None or steps != prev[3]
+            moved = prev is None or gen != prev[2] or stepped
+            if running <= 0 or moved or self.progress_at is None:
+                self.progress_at = t
+            if running <= 0 or stepped or self.steps_at is None:
+                self.steps_at = t
+            self.last = p
+
+    def stall(self, window_s: float) -> tuple[float | None, bool]:
+        """(seconds generation and steps have been flat with requests running, steps
+        flat too), or (None, False) below the stall window."""
+        if self.last is None or self.progress_at is None:
+            return None, False
+        flat = self.last[0] - self.progress_at
+        if flat < window_s:
+            return None, False
+        steps_flat = self.steps_at is not None and self.last[0] - self.steps_at >= flat
+        return flat, steps_flat
+
+
+class History:
+    """Bounded history of one endpoint's figures for the sparklines (HISTORY_SERIES,
+    ``history_s`` long at ``interval_s``), the same for both sources."""
+
+    def __init__(self, settings: Settings) -> None:
+        n = max(2, int(settings.history_s / max(settings.interval_s, 0.05)))
+        self._series: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
+
+    def record(self, f: Figures) -> None:
+        ttft = f.latency.get("ttft")
+        values = {
+            "generation_tps": f.generation_tps,
+            "prompt_tps": f.prompt_tps,
+            "running": f.running,
+            "waiting": f.waiting,
+            "kv_usage": f.kv_usage,
+            "ttft_p50": ttft.p50 if ttft and f.latency_basis == "window" else None,
+        }
+        for k, v in values.items():
+            self._series[k].append(v)
+
+    def series(self, name: str) -> list[float]:
+        """One series for a sparkline (missing points as 0)."""
+        return [v or 0.0 for v in self._series[name]]
+
+
 class EndpointTracker:
     """Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
     the samples inside the latency window for percentiles, and bounded history."""
@@ -166,8 +235,8 @@ class EndpointTracker:
         self.window: deque[tuple[float, MetricSamples]] = deque(
             maxlen=max(2, int(s.latency_window_s / max(s.interval_s, 0.05)) + 2)
         )
-        n = max(2, int(s.history_s / max(s.interval_s, 0.05)))
-        self.history: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
+        self.history = History(s)
+        self.progress = Progress()
         self.info = EngineInfo()
         self.info_auth: HttpStatus | None = None
         self.local: LocalState | None = None
@@ -177,8 +246,6 @@ class EndpointTracker:
         self.scrapes = 0
         self.restarts = 0
         self.restarted_at: float | None = None
-        self.progress_at: float | None = None  # last time generation moved or nothing ran
-        self.steps_at: float | None = None  # last time the step counter moved
         self.view = self._view()
 
     def set_local(self, local: LocalState | None) -> EndpointView:
@@ -209,48 +276,20 @@ class EndpointTracker:
             self.window.clear()
             self.prev = None
             prev = None
-        self._track_progress(t, cur, prev)
+        point = (t, cur.get(RUNNING) or 0.0, cur.get(GEN_TOKENS) or 0.0, cur.get(STEPS) or 0.0)
+        self.progress.feed([point])
         dt = t - self.prev[0] if self.prev else None
         self.window.append((t, cur))
         while self.window and t - self.window[0][0] > self.settings.latency_window_s:
             self.window.popleft()
         self.figures = figures(cur, prev, dt, self.window[0][1] if self.window else None)
         self.prev = (t, cur)
-        self._record_history()
-
-    def _track_progress(self, t: float, cur: MetricSamples, prev: MetricSamples | None) -> None:
-        """Progress is a generated token or an engine step: a long prefill or a slowed
-        engine (steps advance, generation flat for a while) is slow, not stalled."""
-        running = cur.get(RUNNING) or 0.0
-        stepped = prev is None or (cur.get(STEPS) or 0.0) != (prev.get(STEPS) or 0.0)
-        generated = prev is None or (cur.get(GEN_TOKENS) or 0.0) != (prev.get(GEN_TOKENS) or 0.0)
-        if running <= 0 or generated or stepped or self.progress_at is None:
-            self.progress_at = t
-        if running <= 0 or stepped or self.steps_at is None:
-            self.steps_at = t
-
-    def _record_history(self) -> None:
-        f = self.figures
-        ttft = f.latency.get("ttft")
-        values = {
-            "generation_tps": f.generation_tps,
-            "prompt_tps": f.prompt_tps,
-            "running": f.running,
-            "waiting": f.waiting,
-            "kv_usage": f.kv_usage,
-            "ttft_p50": ttft.p50 if ttft and f.latency_basis == "window" else None,
-        }
-        for k, v in values.items():
-            self.history[k].append(v)
+        self.history.record(self.figures)
 
     def _stall(self) -> tuple[float | None, bool]:
-        if self.last_ok_at is None or self.progress_at is None:
+        if self.last_ok_at is None:
             return None, False
-        flat = self.last_ok_at - self.progress_at
-        if flat < self.settings.stall_window_s:
-            return None, False
-        steps_flat = self.steps_at is not None and self.last_ok_at - self.steps_at >= flat
-        return flat, steps_flat
+        return self.progress.stall(self.settings.stall_window_s)
 
     def _view(self) -> EndpointView:
         stall_for, steps_flat = self._stall()
@@ -277,7 +316,7 @@ class EndpointTracker:
 
     def series(self, name: str) -> list[float]:
         """History for a sparkline (missing points as 0)."""
-        return [v or 0.0 for v in self.history[name]]
+        return self.history.series(name)
 
 
 def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[str, int]:

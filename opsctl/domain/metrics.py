@@ -30,6 +30,7 @@ def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
     return MetricsSnapshot(taken_at if taken_at is not None else time.time(), values)
 
 
+Point = tuple[float, float, float, float]  # (time, running, generation tokens, steps)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"

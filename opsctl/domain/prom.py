@@ -45,6 +45,7 @@ from opsctl.domain.metrics import (
     STEPS,
     WAITING,
     WAITING_BY_REASON,
+    Point,
 )
 
 TAG = "opsctl_q"
@@ -367,9 +368,6 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
         k: InstanceData(s, labelled.get(k, {}), tuple(sorted(models.get(k, []))), cache.get(k, {}))
         for k, s in scalars.items()
     }
-
-
-Point = tuple[float, float, float, float]  # (time, running, generation tokens, steps)
 
 
 def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:

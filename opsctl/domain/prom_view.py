@@ -14,7 +14,6 @@ step, prompt sources) from ``increase()`` over it, else lifetime; percentiles fr
 from __future__ import annotations
 
 import re
-from collections import deque
 from dataclasses import dataclass
 
 from opsctl.domain.console import (
@@ -27,7 +26,7 @@ from opsctl.domain.console import (
     Scrape,
     Target,
 )
-from opsctl.domain.console_state import HISTORY_SERIES, Settings, decide
+from opsctl.domain.console_state import History, Progress, Settings, decide
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
 from opsctl.domain.prom import (
     QNAMES,
@@ -128,45 +127,6 @@ def figures(d: InstanceData) -> Figures:
     )
 
 
-# ---- the stall rule on raw samples ----------------------------------------------------------
-
-
-class Progress:
-    """EndpointTracker's stall rule over Prometheus's raw samples of one endpoint: the
-    last time generation moved (or nothing ran) and the last time the step counter
-    moved. Fed overlapping ranges poll after poll; a sample is used once."""
-
-    def __init__(self) -> None:
-        self.last: Point | None = None
-        self.progress_at: float | None = None
-        self.steps_at: float | None = None
-
-    def feed(self, points: list[Point]) -> None:
-        for p in points:
-            if self.last is not None and p[0] <= self.last[0]:
-                continue
-            t, running, gen, steps = p
-            prev = self.last
-            stepped = prev is None or steps != prev[3]
-            moved = prev is None or gen != prev[2] or stepped  # EndpointTracker's rule
-            if running <= 0 or moved or self.progress_at is None:
-                self.progress_at = t
-            if running <= 0 or stepped or self.steps_at is None:
-                self.steps_at = t
-            self.last = p
-
-    def stall(self, window_s: float) -> tuple[float | None, bool]:
-        """(seconds generation and steps have been flat with requests running, steps flat), or
-        (None, False) below the stall window (EndpointTracker._stall)."""
-        if self.last is None or self.progress_at is None:
-            return None, False
-        flat = self.last[0] - self.progress_at
-        if flat < window_s:
-            return None, False
-        steps_flat = self.steps_at is not None and self.last[0] - self.steps_at >= flat
-        return flat, steps_flat
-
-
 # ---- health from scrape results -------------------------------------------------------------
 
 
@@ -249,8 +209,7 @@ class PromEndpoint:
         s = self.settings
         self.target = target_of(target)
         self.progress = Progress()
-        n = max(2, int(s.history_s / max(s.interval_s, 0.05)))
-        self.history: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
+        self.history = History(s)
         self.figures = Figures()
         self.info = EngineInfo()
         self.scrapes = 0
@@ -275,24 +234,10 @@ class PromEndpoint:
             self.restarts += restarted and not self.restarting
             models = tuple(ModelInfo(m, None) for m in d.models)
             self.info = EngineInfo(None, models, None, poll.now)
-            self._record_history()
+            self.history.record(self.figures)
         self.restarting = restarted
         self.view = self._view(scrape, restarted)
         return self.view
-
-    def _record_history(self) -> None:
-        f = self.figures
-        ttft = f.latency.get("ttft")
-        values = {
-            "generation_tps": f.generation_tps,
-            "prompt_tps": f.prompt_tps,
-            "running": f.running,
-            "waiting": f.waiting,
-            "kv_usage": f.kv_usage,
-            "ttft_p50": ttft.p50 if ttft and f.latency_basis == "window" else None,
-        }
-        for k, v in values.items():
-            self.history[k].append(v)
 
     def _view(self, scrape: Scrape | None, restarted: bool | None) -> EndpointView:
         stall_for, steps_flat = self.progress.stall(self.settings.stall_window_s)
@@ -315,7 +260,7 @@ class PromEndpoint:
         )
 
     def series(self, name: str) -> list[float]:
-        return [v or 0.0 for v in self.history[name]]
+        return self.history.series(name)
 
 
 # ---- the fleet --------------------------------------------------------------------------------
