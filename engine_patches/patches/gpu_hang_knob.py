@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from typing import Any
 
 from engine_patches import knobs
@@ -32,11 +31,10 @@ def planted_gpu_hang(trigger: str) -> None:
     each in the current stream (a host thread blocked in a CUDA synchronisation)."""
     import torch
 
-    if not torch.cuda.is_available():  # no device: hold the step like hang_knob
-        lock = threading.Lock()
-        lock.acquire()
-        while os.path.exists(trigger):
-            lock.acquire(timeout=0.2)
+    if not torch.cuda.is_available():  # no device: hold the step as hang_knob does
+        from engine_patches.patches.hang_knob import planted_hang
+
+        planted_hang(trigger)
         return
     stream = torch.cuda.current_stream()
     while os.path.exists(trigger):
