@@ -35,6 +35,25 @@ if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # Typer >= 0.17
     typer.core.TyperArgument._usage_display_name = _plain_usage_name
 
 
+def _option_value_name(self, ctx) -> str | None:
+    """An option's value in help by its name (``--port PORT``, ``--api-key API_KEY``),
+    or its metavar (``DURATION``), never Typer's Python type (``<int>``, ``<str>``)."""
+    if self.metavar is not None:
+        return self.metavar
+    name = (self.name or "value").upper()
+    return name + ("..." if self.nargs != 1 else "")
+
+
+def _no_argument_type(self, ctx) -> None:
+    """A positional in help is its name alone (``URL``), not ``URL <list[str]>``."""
+    return None
+
+
+if hasattr(typer.core.TyperOption, "display_type_rich"):  # Typer >= 0.20 shows types
+    typer.core.TyperOption.display_type_rich = _option_value_name
+    typer.core.TyperArgument.display_type_rich = _no_argument_type
+
+
 def report_error(err: OpsctlError) -> None:
     print(f"opsctl: error: {err.message}", file=sys.stderr)
     if err.hint:

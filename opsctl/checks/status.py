@@ -74,7 +74,8 @@ def run(
     base = normalise_url(target.url)
     progress(ev.Phase(f"scraping {base}"))
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
-    local = _local(base) if options.local else None
+    pid = server_pid(base) if options.local else None
+    local = _local(pid)
     state, reason = decide(scrape, local, None, False, False)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
@@ -112,6 +113,7 @@ def run(
         stopped_processes=[
             {"pid": p.pid, "role": p.role} for p in (local.stopped if local else ())
         ],
+        processes=_processes(pid),
     )
     verdict = PASS if healthy else FAIL
     progress(ev.Finished(verdict, f"{state}: {reason}" if reason else state))
@@ -162,14 +164,13 @@ def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
     return after is not None and after > before
 
 
-def _local(url: str):
-    """What this node says of the server at ``url``: its processes, stopped ones named
-    (they make it stalled); None for a server of another host or no local process."""
+def server_pid(url: str) -> int | None:
+    """The pid of the local process serving ``url`` (its opsctl run's, else the one
+    listening on its port); None for another host's server or none found."""
     import json
 
-    from opsctl.collectors.processes import listening_pid, stopped_members
+    from opsctl.collectors.processes import listening_pid
     from opsctl.collectors.runs import find_run_dir
-    from opsctl.domain.console import LocalState
     from opsctl.domain.urls import loopback_port
 
     port = loopback_port(url)
@@ -182,11 +183,26 @@ def _local(url: str):
             pid = json.loads((run / "meta.json").read_text()).get("pid")
         except (OSError, ValueError):
             pid = None
-    pid = pid if isinstance(pid, int) else listening_pid(port)
+    return pid if isinstance(pid, int) else listening_pid(port)
+
+
+def _local(pid: int | None):
+    """The server's stopped processes (they make it stalled), as a LocalState; None
+    when none is stopped or there is no local process."""
+    from opsctl.collectors.processes import stopped_members
+    from opsctl.domain.console import LocalState
+
     stopped = stopped_members(pid) if pid else ()
     # only stopped processes add to what HTTP says (a server not answering stays
     # unreachable, exit 3, as before: status judges by its answers otherwise)
     return LocalState(True, stopped=stopped) if stopped else None
+
+
+def _processes(pid: int | None) -> list[dict[str, Any]]:
+    """Every process of a local server's tree with its role (empty for a remote one)."""
+    from opsctl.collectors.processes import process_roles
+
+    return [{"pid": p.pid, "role": p.role} for p in process_roles(pid)] if pid else []
 
 
 def _late(scrape: Any, timeout: float) -> str | None:

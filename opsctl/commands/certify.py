@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "certify",
         help=HELP,
-        short_help="run every applicable check; JSON, JUnit and SARIF reports for CI",
+        short_help="Run every applicable check; JSON, JUnit and SARIF reports for CI.",
         epilog=EXAMPLES,
     )
     def certify(

@@ -82,8 +82,9 @@ def register(app: typer.Typer) -> None:
         canary_timeout: float = _CANARY_TIMEOUT,
         no_canary: bool = _NO_CANARY,
     ) -> None:
-        """Live console over many vLLM servers: states (stalled = requests running, generation
-        flat for --stall-window, even with /health 200), rates, latencies, process roles."""
+        """Live console over many vLLM servers: states (stalled = requests running,
+        generation and engine steps flat for --stall-window, even with /health 200), rates,
+        latencies, process roles."""
         from opsctl.console import fleet
         from opsctl.domain.console_state import Settings
 

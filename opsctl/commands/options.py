@@ -105,6 +105,11 @@ def duration_option(default, *names: str, help: str, allow_zero: bool = False, *
 
     import typer
 
+    shown = kw.pop("show_default", None)
+    if isinstance(shown, str):  # Typer would print "[default: (5m)]"
+        help, kw["show_default"] = f"{help}  [default: {shown}]", False
+    elif shown is not None:
+        kw["show_default"] = shown
     return typer.Option(
         default,
         *names,

@@ -64,24 +64,39 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(int(check.exit_code(report)))
 
 
+def _number(v) -> str:
+    """A figure as a reader wants it: ``1,048,576``, ``0.0123``, ``-`` for unknown."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:.4g}"
+
+
 def _render(console, doc: dict) -> None:
+    """The status table; nothing when no server answered (stderr has the one line)."""
     from rich.markup import escape
     from rich.table import Table
 
+    health = doc["health_status"]
+    if health is None and not doc.get("processes"):
+        return
     t = Table(show_header=False)
     t.add_row("url", escape(doc["url"]))
-    health = doc["health_status"]
     t.add_row(
         "health", "ok" if doc["healthy"] else "no answer" if health is None else f"HTTP {health}"
     )
     t.add_row("state", doc["state"] + (f" ({escape(doc['reason'])})" if doc["reason"] else ""))
     t.add_row("vllm_version", str(doc["vllm_version"] or "-"))
-    t.add_row("platform", str(doc["platform"] or "-"))
+    t.add_row("platform", doc["platform"] or "not reported (no /server_info, not an opsctl run)")
     t.add_row("models", ", ".join(doc["models"]) or "-")
+    procs = doc.get("processes") or []
+    if procs:
+        t.add_row("processes", ", ".join(f"{p['role']} {p['pid']}" for p in procs))
     if doc.get("canary"):
         t.add_row("canary", escape(doc["canary"]["detail"]))
     for k, v in (doc["metrics"] or {}).items():
-        t.add_row(k, "-" if v is None else f"{v:g}")
+        t.add_row(k, _number(v))
     if doc["metrics_error"] and doc["health_status"] is not None:
         t.add_row("metrics", escape(doc["metrics_error"]))
     console.print(t)

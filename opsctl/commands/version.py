@@ -92,9 +92,10 @@ def register(app: typer.Typer) -> None:
         doc = document("version", **versions())
 
         def render(console) -> None:
-            for key, value in doc.items():
-                if key != "schema":
-                    console.print(f"{key:<18} {'-' if value is None else value}", highlight=False)
+            rows = {k: v for k, v in doc.items() if k != "schema"}
+            width = max(map(len, rows))
+            for key, value in rows.items():
+                console.print(f"{key:<{width}}  {'-' if value is None else value}", highlight=False)
 
         emit(doc, as_json=as_json, render=render)
         if doc["vllm_verified"] is False:

@@ -71,12 +71,14 @@ class Alert:
 
 
 def dur(seconds: float) -> str:
-    """A Prometheus duration in whole milliseconds (``10000ms`` reads as 10 s)."""
+    """A Prometheus duration to the millisecond, as a reader writes it: ``10s``, ``15m``,
+    ``9s999ms`` (a compound duration, Prometheus 2.x and 3.x), ``250ms``."""
     ms = max(1, round(seconds * 1000))
     if ms % 1000 == 0:
         s = ms // 1000
         return f"{s // 60}m" if s % 60 == 0 and s >= 60 else f"{s}s"
-    return f"{ms}ms"
+    s, rest = divmod(ms, 1000)
+    return f"{s}s{rest}ms" if s else f"{rest}ms"
 
 
 def quote(value: str) -> str:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from opsctl.output import human_bytes
 
-LIST_COLUMNS = ("run", "state", "model", "url", "started", "pids", "disk", "why")
+LIST_COLUMNS = ("run", "state", "model", "url", "started", "alive/pids", "disk", "why")
 STATE_COLOURS = {"live": "green", "orphaned": "red", "dead": "yellow", "unknown": "magenta"}
 
 
@@ -40,6 +40,10 @@ def render_list(console: Console, doc: dict[str, Any]) -> None:
         ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no run directories",
         highlight=False,
     )
+    if doc["runs"]:
+        console.print(
+            "alive/pids: processes of the run still alive / processes it started", highlight=False
+        )
 
 
 def render_clean(console: Console, doc: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ def test_the_console_reads_its_stall_window_and_restart_hold_from_the_rules():
 
 
 @pytest.mark.parametrize(
-    "seconds, text", [(10, "10s"), (9.999, "9999ms"), (60, "1m"), (900, "15m"), (90, "90s")]
+    "seconds, text",
+    [(10, "10s"), (9.999, "9s999ms"), (0.25, "250ms"), (60, "1m"), (900, "15m"), (90, "90s")],
 )
 def test_durations(seconds, text):
     assert ar.dur(seconds) == text
