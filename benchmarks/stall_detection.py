@@ -49,7 +49,8 @@ def status(url: str, *flags: str) -> dict:
     try:
         return json.loads(r.stdout)
     except ValueError:  # opsctl itself failed: say so, never count it as a verdict
-        raise SystemExit(f"opsctl status printed no JSON (exit {r.returncode}): {r.stderr[-2000:]}")
+        why = r.stderr[-2000:]
+        raise SystemExit(f"opsctl status printed no JSON (exit {r.returncode}): {why}") from None
 
 
 def core_pid(api_pid: int) -> int:
