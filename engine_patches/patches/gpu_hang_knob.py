@@ -65,7 +65,7 @@ def apply() -> Outcome:
         return Outcome(SKIPPED, "Worker.execute_model not found")
     if not getattr(fn, MARK, False):
         ORIGINALS["execute_model"] = fn
-        cls.execute_model = _wrap(fn, trigger)
+        cls.execute_model = _wrap(fn, trigger)  # type: ignore[method-assign]
     import torch
 
     how = "spins the GPU" if torch.cuda.is_available() else "blocks (no CUDA device here)"

@@ -76,7 +76,7 @@ def apply() -> Outcome:
 
     ORIGINALS[METHOD] = base.BaseRenderer.__dict__["_process_mm_uuids"]
     process_mm_uuids.__qualname__ = "BaseRenderer._process_mm_uuids"
-    base.BaseRenderer._process_mm_uuids = process_mm_uuids
+    base.BaseRenderer._process_mm_uuids = process_mm_uuids  # type: ignore[method-assign]
     return Outcome(APPLIED, f"explicit multimodal UUIDs kept with both caches off ({why})")
 
 
@@ -86,7 +86,7 @@ def revert() -> None:
     if original is not None:
         from vllm.renderers import base
 
-        base.BaseRenderer._process_mm_uuids = original
+        base.BaseRenderer._process_mm_uuids = original  # type: ignore[method-assign]
 
 
 PATCH = Patch(
