@@ -1,11 +1,11 @@
 """Wall time of `opsctl certify` over a fleet of N URL targets: does it grow with the
 slowest target or with N?
 
-Targets: N = 1, 4, 16 generative stand-ins (tests/standin_completions.py behind
+Targets: N = 1, 4, 16 generative stand-ins (tests/standins/completions.py behind
 /version and /v1/models answers recorded from a real vLLM 0.32 tiny-llama server,
 tests/data/vllm_info_tiny_llama.json; /v1/completions and /metrics are the stand-in's
 deterministic ones, since liveness needs the counters to move), each row once without
-and once with one more target that accepts and never answers (tests/standin_fleet.py).
+and once with one more target that accepts and never answers (tests/standins/fleet.py).
 Every row is the real CLI in a child process (`opsctl certify URL... --json --timeout T
 --concurrency C`), its JSON read for each target's own duration; C is every target at
 once unless --concurrency is given. Two kinds of rows: `--checks liveness` (the client
@@ -32,9 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.standin import serving  # noqa: E402
-from tests.standin_completions import Behaviour, handler_for  # noqa: E402
-from tests.standin_fleet import hung_server  # noqa: E402
+from tests.standins.base import serving  # noqa: E402
+from tests.standins.completions import Behaviour, handler_for  # noqa: E402
+from tests.standins.fleet import hung_server  # noqa: E402
 
 INFO = json.loads((REPO / "tests" / "data" / "vllm_info_tiny_llama.json").read_text())
 

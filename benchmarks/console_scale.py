@@ -354,7 +354,7 @@ def part0(sizes: list[int]) -> list[dict]:
 
 def standins(modes: list[str]) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.standin_vllm", *modes],
+        [sys.executable, "-m", "tests.standins.vllm_server", *modes],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

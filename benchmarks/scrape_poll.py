@@ -1,6 +1,6 @@
 """CPU per poll of one endpoint (/health + /metrics, parsing included), by HTTP client.
 
-Stand-in endpoints (tests/standin_vllm.py) run in a child process, so this process's CPU
+Stand-in endpoints (tests/standins/vllm_server.py) run in a child process, so this process's CPU
 clock counts the console's side only. For each client (httpx: ``Poller(fast=False)``;
 fast: opsctl.collectors.fastget) and each body kind (busy: a changed body every poll;
 healthy: the same body), N endpoints are polled together, ROUNDS times, each endpoint by
@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     for mode in ("busy", "healthy"):
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.standin_vllm", *[mode] * args.endpoints],
+            [sys.executable, "-m", "tests.standins.vllm_server", *[mode] * args.endpoints],
             cwd=REPO,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

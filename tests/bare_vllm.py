@@ -23,6 +23,7 @@ import httpx
 import psutil
 
 from opsctl.engine.server import free_port
+from tests.standins.shm_watch import TreeShm
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
 STARTS: list[float] = []  # seconds from spawn to healthy, per server (the suite's summary)
@@ -78,21 +79,19 @@ def no_inner_lock() -> Iterator[None]:
             os.environ["OPSCTL_ENGINE_LOCK"] = saved
 
 
-def _shm_names() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
+def _remove_left(watch) -> None:
+    """Unlink what the bare server's own tree held and left (vLLM leaves its ring buffers
+    and semaphores when killed), never a segment a live process still maps or holds."""
+    from opsctl.collectors import shm
 
-
-def _mapped_shm() -> set[str]:
-    mapped: set[str] = set()
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as fh:
-            for line in fh:
-                if "/dev/shm/" in line:
-                    mapped.add(line.split("/dev/shm/", 1)[1].split()[0])
-    return mapped
+    left = watch.left()
+    if not left:
+        return
+    held = shm.scan_holders().held_paths()
+    for name in left:
+        if f"/dev/shm/{name}" not in held:
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{name}")
 
 
 def stop_tree(root_pid: int, grace: float = 10.0) -> None:
@@ -154,7 +153,6 @@ def bare_vllm(
             "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
             "--host", "127.0.0.1", "--port", str(port),
         ]  # fmt: skip
-        shm_before = _shm_names()
         log_path = Path(tempfile.mkstemp(prefix="bare-vllm-", suffix=".log")[1])
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
@@ -162,6 +160,7 @@ def bare_vllm(
                 start_new_session=True,
             )  # fmt: skip
         server = BareServer(proc, port, log_path)
+        watch = TreeShm(proc.pid).__enter__()  # the segments this server's tree holds
         t0 = time.monotonic()
         try:
             wait_healthy(server, timeout)
@@ -171,9 +170,7 @@ def bare_vllm(
             stop_tree(proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-            new = {n for n in _shm_names() - shm_before if n.startswith(("psm_", "sem.mp-"))}
-            for name in new - _mapped_shm():
-                with contextlib.suppress(OSError):
-                    os.unlink(f"/dev/shm/{name}")
+            watch.__exit__(None, None, None)
+            _remove_left(watch)
             with contextlib.suppress(OSError):
                 log_path.unlink()

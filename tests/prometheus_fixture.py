@@ -228,7 +228,7 @@ def record(out_dir: Path, stall_window: float = 3.0) -> None:
 
     from opsctl.domain import prom, prom_view
     from opsctl.domain.console_state import Settings
-    from tests.standin_vllm import StandInFleet
+    from tests.standins.vllm_server import StandInFleet
 
     settings = Settings(interval_s=1.0, stall_window_s=stall_window)
     w = prom_view.windows(settings, 1.0)

@@ -105,19 +105,10 @@ def duration_option(default, *names: str, help: str, allow_zero: bool = False, *
 
     import typer
 
-    shown = kw.pop("show_default", None)
-    if isinstance(shown, str):  # Typer would print "[default: (5m)]"
-        help, kw["show_default"] = f"{help}  [default: {shown}]", False
-    elif shown is not None:
-        kw["show_default"] = shown
-    return typer.Option(
-        default,
-        *names,
-        parser=functools.partial(parse_duration_flag, allow_zero=allow_zero),
-        metavar="DURATION",
-        help=help,
-        **kw,
-    )
+    if isinstance(kw.get("show_default"), str):  # Typer would print "[default: (5m)]"
+        help, kw["show_default"] = f"{help}  [default: {kw['show_default']}]", False
+    parse = functools.partial(parse_duration_flag, allow_zero=allow_zero)
+    return typer.Option(default, *names, parser=parse, metavar="DURATION", help=help, **kw)
 
 
 URL_HELP = "a running vLLM server: http://HOST:PORT, https://HOST:PORT or HOST:PORT"

@@ -74,19 +74,22 @@ def _number(v) -> str:
 
 
 def _render(console, doc: dict) -> None:
-    """The status table; nothing when no server answered (stderr has the one line)."""
+    """The status table (the state found is the result, on stdout); when no server
+    answered, why is the one stderr line, not said twice."""
     from rich.markup import escape
     from rich.table import Table
 
     health = doc["health_status"]
-    if health is None and not doc.get("processes"):
-        return
     t = Table(show_header=False)
     t.add_row("url", escape(doc["url"]))
     t.add_row(
         "health", "ok" if doc["healthy"] else "no answer" if health is None else f"HTTP {health}"
     )
-    t.add_row("state", doc["state"] + (f" ({escape(doc['reason'])})" if doc["reason"] else ""))
+    said = doc["reason"] and health is not None
+    t.add_row("state", doc["state"] + (f" ({escape(doc['reason'])})" if said else ""))
+    if health is None:
+        console.print(t)
+        return
     t.add_row("vllm_version", str(doc["vllm_version"] or "-"))
     t.add_row("platform", doc["platform"] or "not reported (no /server_info, not an opsctl run)")
     t.add_row("models", ", ".join(doc["models"]) or "-")

@@ -1,7 +1,7 @@
 """Bad input across every command, table-driven, through the real CLI process: one
 "opsctl: error:" line on stderr (plus at most one "hint:" line) and nothing else, the
 documented exit code, and nothing left running or written (no new run directory, no
-process left in opsctl's process group, no new /dev/shm entry)."""
+process left in opsctl's process group, no /dev/shm segment its process tree held left)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.standin import GuardedHandler, serving
-from tests.standin_vllm import StandInFleet
+from tests.standins.base import GuardedHandler, serving
+from tests.standins.shm_watch import TreeShm
+from tests.standins.vllm_server import StandInFleet
 
 OPSCTL = [sys.executable, "-m", "opsctl"]
 USAGE, UNREACHABLE = 2, 3
@@ -119,30 +120,6 @@ CASES = [
 ]
 
 
-def shm_names() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
-def new_orphans(before: set[str]) -> set[str]:
-    """Segments created since ``before`` that no live process maps or holds open (an
-    engine another test run starts meanwhile owns its own, held segments)."""
-    from opsctl.collectors import shm
-
-    held = shm.scan_holders(path_prefix="/dev/shm/").held_paths()
-    return {n for n in shm_names() - before if f"/dev/shm/{n}" not in held}
-
-
-def settled_orphans(before: set[str], timeout: float = 10.0) -> set[str]:
-    """new_orphans once it stays empty, or what is left at the deadline: another engine's
-    fresh semaphore is briefly unheld while its creator hands it to a child."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while (left := new_orphans(before)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
 @pytest.fixture
 def home(tmp_path) -> Path:
     """A private OPSCTL_HOME (its runs/ must stay empty) sharing the built models."""
@@ -158,7 +135,6 @@ def home(tmp_path) -> Path:
 def test_bad_input_is_one_line_the_documented_code_and_leaves_nothing(
     world, home, argv, code, words
 ):
-    shm_before = shm_names()
     env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_ENGINE_LOCK": "", "VLLM_API_KEY": ""}
     proc = subprocess.Popen(
         [*OPSCTL, *argv.format(**world).split()],
@@ -168,7 +144,8 @@ def test_bad_input_is_one_line_the_documented_code_and_leaves_nothing(
         env=env,
         start_new_session=True,  # its own process group: whatever it spawned is findable
     )
-    out, err = proc.communicate(timeout=180)
+    with TreeShm(proc.pid) as watch:  # the segments its own tree holds, if any
+        out, err = proc.communicate(timeout=180)
     lines = err.splitlines()
     assert proc.returncode == code, err
     assert len(lines) in (1, 2), err
@@ -183,7 +160,7 @@ def test_bad_input_is_one_line_the_documented_code_and_leaves_nothing(
     left = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == proc.pid and p.pid != proc.pid]
     assert left == [], left
     assert not (home / "runs").exists() or list((home / "runs").iterdir()) == []
-    assert settled_orphans(shm_before) == set()
+    assert watch.left() == set(), watch.left()
 
 
 def _pgid(pid: int) -> int | None:

@@ -3,7 +3,7 @@ at the URL (exit 3: a closed port, an HTTP server that is not vLLM, a server tha
 accepts and never answers; the real CLI process, and the JUnit and SARIF files written
 all the same, validated against the shipped schemas), a check that crashes (its error
 case, exit 1, the others reported), and whole certifications of stand-in servers
-(tests/standin_completions.py): a generative stand-in with an opsctl run directory
+(tests/standins/completions.py): a generative stand-in with an opsctl run directory
 passes liveness, the patch ledger, Engram hygiene and invariance and skips the rest with
 reasons; a stand-in that diverges under batching fails invariance alone, identically in
 JSON, JUnit and SARIF. The library entry point (opsctl.checks.certify.run) is called
@@ -34,8 +34,8 @@ from opsctl.checks import events as ev
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from tests.engram_tables import no_test_tables
-from tests.standin import serving
-from tests.standin_completions import Behaviour, completions_server, register_run, write_run_dir
+from tests.standins.base import serving
+from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 runner = CliRunner()
@@ -309,7 +309,7 @@ def test_library_call_typed_events_one_case_per_check(home):
 
 
 def test_a_check_timing_out_is_exit_4_and_reported_as_error(tmp_path):
-    from tests.standin_scoring import stand_in
+    from tests.standins.scoring import stand_in
 
     with stand_in(sleep=3.0) as url:
         r, doc, junit, sarif = invoke(url, "--checks", "usage", "--timeout", "1", tmp=tmp_path)
@@ -372,7 +372,7 @@ def test_certify_itself_crashing_still_writes_the_report(tmp_path, monkeypatch):
 def test_interrupted_certification_writes_what_ran_and_exits_130(tmp_path):
     """SIGINT (CI cancelling a job, Ctrl-C) while liveness waits on a slow server: exit
     130, the files hold liveness as an interrupted error case and usage not run."""
-    from tests.standin_scoring import stand_in
+    from tests.standins.scoring import stand_in
     from tests.waiting import wait_until
 
     junit, sarif = tmp_path / "j.xml", tmp_path / "s.sarif"
@@ -438,7 +438,7 @@ def test_an_engine_that_never_starts_is_an_error_case_in_the_report(tmp_path):
 
 
 def test_a_refused_api_key_is_state_unauthorized_exit_3(tmp_path, monkeypatch):
-    from tests.standin import GuardedHandler
+    from tests.standins.base import GuardedHandler
 
     class Guarded(GuardedHandler):
         seen: list = []

@@ -1,5 +1,5 @@
-"""`opsctl certify` over a fleet without a real engine (stand-ins: tests/standin_fleet.py,
-tests/standin_completions.py): bad input in the targets file (a bad URL, a name given
+"""`opsctl certify` over a fleet without a real engine (stand-ins: tests/standins/fleet.py,
+tests/standins/completions.py): bad input in the targets file (a bad URL, a name given
 twice, one server twice, an unset ``api_key_env`` variable, --model beside targets) is
 one error line, exit 2 and no file written; a fleet of two passing stand-ins, a hung
 one and a closed port: exit 1, ONE JUnit file (valid against junit-10.xsd, a testsuite
@@ -29,8 +29,8 @@ from opsctl.checks import events as ev
 from opsctl.cli import app
 from opsctl.domain.certify_fleet import FleetTarget
 from opsctl.engine.server import free_port
-from tests.standin_completions import Behaviour, completions_server
-from tests.standin_fleet import KEY, hung_server, keyed_server, slow_server
+from tests.standins.completions import Behaviour, completions_server
+from tests.standins.fleet import KEY, hung_server, keyed_server, slow_server
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 DEADLINE_S = 6  # each target's --timeout: liveness on a stand-in finishes inside it on busy cores

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from engine_patches import knobs
 from opsctl.cli import app
-from tests.standin import GuardedHandler, serving
+from tests.standins.base import GuardedHandler, serving
 
 runner = CliRunner()
 

@@ -1,6 +1,6 @@
 """`opsctl diag invariance` CLI contract without an engine: bad options exit 2 with one
 stderr line, an unreachable URL exits 3, a pooling model is refused before any engine
-starts; against a stand-in server (tests/standin_completions.py) the JSON report, the
+starts; against a stand-in server (tests/standins/completions.py) the JSON report, the
 rich tables, the knob warning on stderr and the exit code (0 only when every prompt
 matched). `--mode both` side by side: tests/unit/test_checks_invariance.py (stand-ins)
 and tests/e2e/test_invariance_modes_e2e.py (real engines)."""
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from opsctl.checks import invariance as check
 from opsctl.cli import app
 from opsctl.commands.diag import invariance
-from tests.standin_completions import Behaviour, completions_server, register_run, write_run_dir
+from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
 
 runner = CliRunner()
 
@@ -103,7 +103,7 @@ DIVERGED = "diverged: pos 2 logprob: tok 695/695 lp -1.5/-1.499999523 Δ 4.77e-0
 
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
-    """A stand-in server (tests/standin_completions.py) whose prompts containing "zebra"
+    """A stand-in server (tests/standins/completions.py) whose prompts containing "zebra"
     diverge at position 2 when batched, with the run directory of an eager engine that
     honoured a test knob (OPSCTL_HOME of this test)."""
     home = tmp_path / "home"

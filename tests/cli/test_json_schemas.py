@@ -21,7 +21,7 @@ from engram_tables import planting, shared_table, unique_prefix
 from typer.testing import CliRunner
 
 from opsctl.cli import app
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 
 SCHEMA = re.compile(r"^opsctl\.[a-z0-9_.]+/[0-9]+$")
 
@@ -154,14 +154,14 @@ def test_engram_plan_inspect_clean():
 
 
 def test_diag_usage_against_its_stand_in():
-    from tests.standin_scoring import stand_in
+    from tests.standins.scoring import stand_in
 
     with stand_in() as url:
         assert run_json("diag", "usage", url)["schema"] == "opsctl.diag.usage/2"
 
 
 def test_diag_mm_uuid_against_its_stand_in(tmp_path):
-    from tests.standin_mm_uuid import stand_in, write_run_dir
+    from tests.standins.mm_uuid import stand_in, write_run_dir
 
     write_run_dir(tmp_path)
     with stand_in(tmp_path) as url:
@@ -170,7 +170,7 @@ def test_diag_mm_uuid_against_its_stand_in(tmp_path):
 
 
 def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
-    from tests.standin_completions import completions_server, register_run, write_run_dir
+    from tests.standins.completions import completions_server, register_run, write_run_dir
 
     monkeypatch.setenv("OPSCTL_HOME", str(tmp_path / "home"))
     run_dir = write_run_dir(tmp_path / "home" / "runs" / "r")

@@ -14,7 +14,7 @@ from engine_patches import knobs
 from opsctl.cli import app
 from opsctl.collectors.ledger import knobs_of
 from opsctl.domain.knobs import warning
-from tests.standin_mm_uuid import stand_in, write_run_dir
+from tests.standins.mm_uuid import stand_in, write_run_dir
 
 runner = CliRunner()
 

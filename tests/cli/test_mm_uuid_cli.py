@@ -1,6 +1,6 @@
 """CLI tests of `opsctl diag mm-uuid` without an engine: bad input, unreachable, exit
 codes, rendering, and the judgement wired end to end through a stand-in server that
-plays the engine and its probe (tests/standin_mm_uuid.py), honest and with faults. The
+plays the engine and its probe (tests/standins/mm_uuid.py), honest and with faults. The
 check itself, called without the CLI: tests/unit/test_checks_mm_uuid.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
-from tests.standin_mm_uuid import stand_in, write_run_dir
+from tests.standins.mm_uuid import stand_in, write_run_dir
 
 
 def run(*args: str):

@@ -28,7 +28,7 @@ from opsctl.collectors.ledger import read_events, read_records
 from opsctl.domain import kv_fail as kv
 from opsctl.domain import kv_fail_report as kvr
 from opsctl.domain import platform as plat
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 
 FAKE = "xpu"  # a platform this CPU machine cannot have: it must come from the ledger
 VERSION = "0.32.0-ledger"
@@ -131,7 +131,7 @@ def cli(*args: str, codes: tuple[int, ...] = (0,)) -> tuple[dict, str]:
 
 
 def test_diag_usage_unknown_is_null():
-    from tests.standin_scoring import stand_in
+    from tests.standins.scoring import stand_in
 
     with stand_in() as url:
         doc, human = cli("diag", "usage", url)
@@ -142,7 +142,7 @@ def test_diag_usage_unknown_is_null():
 
 
 def test_diag_usage(home):
-    from tests.standin_scoring import stand_in
+    from tests.standins.scoring import stand_in
 
     with stand_in() as url:
         register(ledger(home / "runs" / "u"), url)
@@ -152,7 +152,7 @@ def test_diag_usage(home):
 
 
 def test_diag_mm_uuid(tmp_path):
-    from tests.standin_mm_uuid import stand_in, write_run_dir
+    from tests.standins.mm_uuid import stand_in, write_run_dir
 
     write_run_dir(tmp_path)
     rec = json.loads((tmp_path / "ledger" / "1.json").read_text())
@@ -164,7 +164,7 @@ def test_diag_mm_uuid(tmp_path):
 
 
 def test_diag_mm_uuid_unknown_is_null(tmp_path):
-    from tests.standin_mm_uuid import stand_in, write_run_dir
+    from tests.standins.mm_uuid import stand_in, write_run_dir
 
     write_run_dir(tmp_path)
     for path in (tmp_path / "ledger").glob("*.json"):
@@ -179,8 +179,8 @@ def test_diag_mm_uuid_unknown_is_null(tmp_path):
 
 
 def test_diag_invariance(home, tmp_path):
-    from tests.standin_completions import ENGINE_INFO, completions_server, write_run_dir
-    from tests.standin_completions import VERSION as SERVED
+    from tests.standins.completions import ENGINE_INFO, completions_server, write_run_dir
+    from tests.standins.completions import VERSION as SERVED
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a\nb\n")
@@ -195,8 +195,8 @@ def test_diag_invariance(home, tmp_path):
 
 
 def test_diag_invariance_unknown_is_null(tmp_path):
-    from tests.standin_completions import VERSION as SERVED
-    from tests.standin_completions import completions_server
+    from tests.standins.completions import VERSION as SERVED
+    from tests.standins.completions import completions_server
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a\nb\n")
@@ -282,14 +282,14 @@ def test_diag_kv_fail_unknown_is_null():
 
 
 def lora_unknown() -> tuple[dict, str]:
-    from tests.standin_lora import Behaviour, lora_server
+    from tests.standins.lora import Behaviour, lora_server
 
     with lora_server(Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})) as url:
         return cli("diag", "lora", url, "--max-tokens", "4")
 
 
 def test_diag_lora_unknown_is_null(home):
-    from tests.standin_lora import VERSION as SERVED
+    from tests.standins.lora import VERSION as SERVED
 
     doc, _ = lora_unknown()
     assert doc["vllm_version"] == SERVED

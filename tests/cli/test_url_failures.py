@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 
 SCHEMA = re.compile(r"^opsctl\.[a-z0-9_.-]+/[0-9]+$")
 

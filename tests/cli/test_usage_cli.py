@@ -1,6 +1,6 @@
 """CLI tests of `opsctl diag usage` (no engine): bad input, unreachable, exit codes,
 rendering, and proof the check can fail, using a stand-in HTTP server that reports
-inflated usage (tests/standin_scoring.py). The check itself, called without the CLI:
+inflated usage (tests/standins/scoring.py). The check itself, called without the CLI:
 tests/unit/test_checks_usage.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
-from tests.standin_scoring import stand_in
+from tests.standins.scoring import stand_in
 
 
 def run(*args: str):

@@ -1,6 +1,6 @@
 """certify over a fleet against real servers: two real vLLM servers (tiny-llama, dummy
 weights, single-process, both alive at once under one engine lock), a stand-in that
-accepts and never answers, and a stand-in that wants an API key (tests/standin_fleet.py).
+accepts and never answers, and a stand-in that wants an API key (tests/standins/fleet.py).
 
 - the targets file (key from ``api_key_env``): engine A (isolated as invariance wants:
   prefix caching off), engine B (vLLM's defaults: prefix caching on, so invariance is
@@ -31,7 +31,7 @@ import pytest
 
 from tests.bare_vllm import _engine_lock, no_inner_lock
 from tests.conftest import running_engine
-from tests.standin_fleet import KEY, hung_server, keyed_server
+from tests.standins.fleet import KEY, hung_server, keyed_server
 
 pytestmark = pytest.mark.engine
 DEADLINE_S = 60  # each target's deadline (--timeout): the engines finish well inside it

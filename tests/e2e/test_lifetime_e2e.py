@@ -19,7 +19,8 @@ import pytest
 from opsctl.collectors import engine_tmp
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL
-from tests.e2e.test_serve_e2e import gone, left_in, new_orphans, read_event, served, shm_names
+from tests.e2e.test_serve_e2e import gone, left_in, read_event, served
+from tests.standins.shm_watch import TreeShm
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -36,7 +37,6 @@ def test_sighup_stops_serve_in_order(short_tmp):
     """Closing the terminal of a foreground `opsctl serve` (SIGHUP) used to orphan it.
     Also: vLLM's IPC sockets and rendezvous file (left in $TMPDIR by every engine, even
     after an orderly stop) go to the engine's private directory, removed at the stop."""
-    shm_before = shm_names()
     tmp = short_tmp
     env = {**os.environ, "TMPDIR": str(tmp)}
     # the check engines' layout (the API server forks its EngineCore, which runs the
@@ -58,7 +58,7 @@ def test_sighup_stops_serve_in_order(short_tmp):
         assert stopped["event"] == "stopped" and stopped["leftover_pids"] == []
         assert time.monotonic() - t0 < 15
         assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
-        assert new_orphans(shm_before) == set()
+        assert proc.shm.left() == set()  # what its engine held is gone
         assert left_in(tmp) == []
 
 
@@ -67,7 +67,6 @@ def test_second_sigterm_during_stop_hurries_it_and_never_aborts_it():
     and Worker, frozen or not, but leaves the tracker to exit by itself), so the stop
     waits in its polite phase; a second SIGTERM then makes it SIGKILL at once. The
     stop completes: exit 0, nothing left, well before the 9 s polite phase would end."""
-    shm_before = shm_names()
     args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(free_port()))
     with served(*args) as proc:
         ready = read_event(proc)
@@ -88,18 +87,18 @@ def test_second_sigterm_during_stop_hurries_it_and_never_aborts_it():
         assert stopped["leftover_pids"] == [] and "SIGKILL" in stopped["signals"], stopped
         assert elapsed < 8, elapsed  # hurried: the polite phase alone lasts 9 s
         assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
-        assert new_orphans(shm_before) == set()
+        assert proc.shm.left() == set()
 
 
 def test_sigterm_to_a_diag_mid_start_exits_130_and_leaves_nothing():
     """A diag that started its own engine used to die on SIGTERM without stopping it."""
-    shm_before = shm_names()
     proc = subprocess.Popen(
         [*OPSCTL, "diag", "usage", "--model", "tiny-reranker", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    watch = TreeShm(proc.pid).__enter__()  # its engine tree's segments, seen while it runs
     try:
         # wait until the engine's EngineCore exists (meta.json lists its processes)
         def engine_pids() -> list[int]:
@@ -120,8 +119,11 @@ def test_sigterm_to_a_diag_mid_start_exits_130_and_leaves_nothing():
         assert rc == 130, stderr
         assert "interrupted" in stderr
         assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
-        assert new_orphans(shm_before) == set()
+        watch.__exit__(None, None, None)
+        assert any(n.startswith("psm_") for n in watch.names()), watch.names()
+        assert watch.left() == set(), watch.left()
     finally:
+        watch.__exit__(None, None, None)
         if proc.poll() is None:
             proc.kill()
 

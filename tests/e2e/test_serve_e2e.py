@@ -1,6 +1,8 @@
 """`opsctl serve` end to end on the real vLLM CPU engine: dummy and real weights,
 health, the patch ledger from every vLLM process, `status`, clean shutdown (SIGTERM and
-Ctrl-C) with no process and no /dev/shm segment left, engine death and bad input."""
+Ctrl-C) with no process and none of the /dev/shm segments its engine held left (its own
+tree watched, tests.standins.shm_watch: never the machine's /dev/shm), engine death and bad
+input."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from opsctl.collectors.ledger import read_events, read_records
 from opsctl.collectors.processes import classify
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL, running_engine
+from tests.standins.shm_watch import TreeShm
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -69,32 +73,39 @@ def shm_names() -> set[str]:
     return {f.name for f in shm.list_files()}
 
 
+def run_watched(args: list[str], timeout: float, env: dict[str, str]):
+    """``subprocess.run`` of ``args`` with its process tree's /dev/shm segments watched
+    (tests.standins.shm_watch): (the completed process, the watch)."""
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    with TreeShm(proc.pid) as watch:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), watch
+
+
 def left_in(tmpdir) -> list:
     """What an engine left in its owner's $TMPDIR, but for torch's compile cache (kept
     there on purpose: it outlives one engine)."""
     return sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_"))
 
 
-def new_orphans(before: set[str]) -> set[str]:
-    """Segments created since ``before`` that no live process maps (an engine started
-    concurrently by someone else may legitimately own new, mapped segments)."""
-    new = shm_names() - before
-    mapped = {os.path.basename(p) for p in shm.mapped_paths(shm.scan_mappings())}
-    return new - mapped
-
-
 @contextlib.contextmanager
 def served(*args: str, env: dict[str, str] | None = None):
+    """``opsctl serve`` in a child process, its tree's /dev/shm segments watched
+    (``proc.shm``: tests.standins.shm_watch.TreeShm) while it runs."""
     proc = start_cli(*args, env=env)
     try:
-        yield proc
+        with TreeShm(proc.pid) as watch:
+            proc.shm = watch  # type: ignore[attr-defined]
+            yield proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
 
 
-def stop_and_check(proc, ready: dict, sig: int, shm_before: set[str]) -> dict:
+def stop_and_check(proc, ready: dict, sig: int) -> dict:
     pids = list(ready["pids"].values())
     t0 = time.time()
     proc.send_signal(sig)
@@ -104,7 +115,7 @@ def stop_and_check(proc, ready: dict, sig: int, shm_before: set[str]) -> dict:
     assert time.time() - t0 < 15
     assert stopped["event"] == "stopped" and stopped["leftover_pids"] == []
     assert gone(pids), f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
-    assert new_orphans(shm_before) == set()
+    assert proc.shm.left() == set(), proc.shm.left()  # what its engine held is gone
     return stopped
 
 
@@ -127,7 +138,6 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
             "OPSCTL_PROBES": "batch,mm_uuid",  # probes on, so a knob would have effect
         }
     )
-    shm_before = shm_names()
     port = free_port()
     args = (
         "tiny-llama",
@@ -170,9 +180,8 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
         inits = [e for e in read_events(Path(ready["run_dir"]), "batch") if e["event"] == "init"]
         assert inits and all(e["nudge"] is None for e in inits)
 
-        # the shm_broadcast ring buffers exist while the engine runs
-        live = shm_names() - shm_before
-        assert any(n.startswith("psm_") for n in live)
+        # the shm_broadcast ring buffers exist while the engine runs, and are its own
+        wait_until(lambda: any(n.startswith("psm_") for n in proc.shm.names()), 30, "psm_")
 
         clean = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
         st = subprocess.run(
@@ -201,13 +210,12 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
             "worker"
         }
 
-        stop_and_check(proc, ready, signal.SIGTERM, shm_before)
+        stop_and_check(proc, ready, signal.SIGTERM)
 
 
 def test_serve_real_weights_default_mode_varied_greedy_output_and_ctrl_c():
     """Without --eager, serve runs vLLM's default execution mode (on CPU: torch.compile
     with Dynamo, no --enforce-eager), as operators run it."""
-    shm_before = shm_names()
     port = free_port()
     with served("tiny-llama", "--port", str(port)) as proc:
         ready = read_event(proc)
@@ -238,7 +246,7 @@ def test_serve_real_weights_default_mode_varied_greedy_output_and_ctrl_c():
         # greedy is deterministic: the same request gives the same text
         again = greedy()["text"]
         assert again == choice["text"]
-        stop_and_check(proc, ready, signal.SIGINT, shm_before)
+        stop_and_check(proc, ready, signal.SIGINT)
 
 
 def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
@@ -247,7 +255,6 @@ def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
     the worker_response_mq ring buffer and only its creator unlinks one, so nobody else
     will; stop() still leaves no process and no orphaned segment. (With the Worker alive,
     the SIGTERM stop() sends lets vLLM unlink both buffers itself: seen in CI.)"""
-    shm_before = shm_names()
     # vLLM's multiprocess layout: this test kills the Worker process
     with running_engine("tiny-hybrid", load_format="dummy", single_process=False) as server:
         info = read_events(server.run_dir, "engine_info")[-1]
@@ -276,7 +283,6 @@ def test_tiny_hybrid_groups_and_cleanup_after_a_crash():
     # the crash left a ring buffer nobody would unlink; stop() removed it
     assert set(report.shm_removed) & ours, (ours, report)
     assert not ours & shm_names()
-    assert new_orphans(shm_before) == set()
 
 
 # These start a server process that never gets to load a model: no engine lock needed.
@@ -284,18 +290,12 @@ NO_LOCK = {**os.environ, "OPSCTL_ENGINE_LOCK": ""}
 
 
 def test_invalid_vllm_argument_is_bad_input_and_leaves_nothing():
-    shm_before = shm_names()
-    proc = subprocess.run(
-        [*OPSCTL, "serve", "--no-tui", "--port", str(free_port()), "--", "--no-such-flag", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=NO_LOCK,
-    )
+    argv = [*OPSCTL, "serve", "--no-tui", "--port", str(free_port()), "--", "--no-such-flag", "3"]
+    proc, watch = run_watched(argv, 300, NO_LOCK)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("opsctl: error:")]
     assert len(errors) == 1 and "--no-such-flag" in errors[0]
-    assert new_orphans(shm_before) == set()
+    assert watch.left() == set()
 
 
 def test_engine_death_is_explained_with_exit_1():
@@ -324,15 +324,9 @@ def test_engine_death_is_explained_with_exit_1():
 
 
 def test_timeout_exit_4_and_nothing_left():
-    shm_before = shm_names()
     t0 = time.time()
-    proc = subprocess.run(
-        [*OPSCTL, "serve", "--no-tui", "--json", "--port", str(free_port()), "--timeout", "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=NO_LOCK,
-    )
+    argv = [*OPSCTL, "serve", "--no-tui", "--json", "--port", str(free_port()), "--timeout", "4"]
+    proc, watch = run_watched(argv, 120, NO_LOCK)
     assert proc.returncode == 4, proc.stderr
     assert "did not become healthy within 4 s" in proc.stderr
     # stdout: the serve events (JSON lines), then the opsctl.error/1 document
@@ -341,4 +335,4 @@ def test_timeout_exit_4_and_nothing_left():
     assert error["schema"] == "opsctl.error/1" and error["state"] == "timeout", error
     assert error["exit_code"] == 4
     assert time.time() - t0 < 60
-    assert new_orphans(shm_before) == set()
+    assert watch.left() == set(), watch.left()  # what its engine held is gone

@@ -14,7 +14,7 @@ from opsctl.checks import certify
 from opsctl.checks.target import UrlTarget
 from opsctl.ui.certify_app import CertifyApp
 from opsctl.ui.panels.diag import DiagPanel
-from tests.standin_completions import Behaviour, completions_server
+from tests.standins.completions import Behaviour, completions_server
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from opsctl.checks import certify_fleet as fleet
 from opsctl.domain.certify_fleet import FLEET_COLUMNS, FleetTarget
 from opsctl.ui.diag_app import DiagApp
 from opsctl.ui.panels.diag import DiagPanel
-from tests.standin_completions import Behaviour, completions_server
-from tests.standin_fleet import slow_server
+from tests.standins.completions import Behaviour, completions_server
+from tests.standins.fleet import slow_server
 
 
 @pytest.mark.anyio

@@ -19,9 +19,9 @@ from opsctl.ui.console_checks import ChecksScreen
 from opsctl.ui.console_modals import ConfirmScreen, PickScreen
 from opsctl.ui.console_screens import HELP
 from opsctl.ui.panels.diag import DiagPanel
-from tests.standin_admin import admin_server
-from tests.standin_completions import completions_server
-from tests.standin_scoring import stand_in as scoring_stand_in
+from tests.standins.admin import admin_server
+from tests.standins.completions import completions_server
+from tests.standins.scoring import stand_in as scoring_stand_in
 
 
 async def wait_for(

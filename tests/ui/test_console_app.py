@@ -18,7 +18,7 @@ from opsctl.domain.metrics import parse_samples
 from opsctl.ui.console_app import DetailScreen, HelpScreen, build_console_app
 from opsctl.ui.panels.console_detail import LatencyTable
 from opsctl.ui.panels.serve import ProcessPanel
-from tests.standin_vllm import MODES, Endpoint, StandInFleet, answer
+from tests.standins.vllm_server import MODES, Endpoint, StandInFleet, answer
 
 
 async def wait_for(pilot, cond, timeout: float = 30.0, what: str = "the console") -> None:

@@ -19,7 +19,7 @@ from opsctl.console.replay import ReplaySource
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.ui.console_app import DetailScreen, build_console_app
-from tests.standin_vllm import MODES, Endpoint
+from tests.standins.vllm_server import MODES, Endpoint
 from tests.ui.test_console_app import StaticSource
 
 FRAMES = 6

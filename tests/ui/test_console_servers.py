@@ -1,4 +1,4 @@
-"""Console server actions (Pilot) over stand-in engines (tests.standin_admin.StandInEngine:
+"""Console server actions (Pilot) over stand-in engines (tests.standins.admin.StandInEngine:
 a real process with a run directory and meta.json behind EngineServer's interface):
 start from the form and from ``:serve``, kv-fail offered for a server opsctl started,
 restart and stop with cancel and confirm, servers of this console stopped on exit; a
@@ -23,7 +23,7 @@ from opsctl.engine.server import LaunchOptions
 from opsctl.ui.console_app import BUNDLE_NOTE, DetailScreen, build_console_app
 from opsctl.ui.console_checks import ChecksScreen
 from opsctl.ui.console_modals import ConfirmScreen, PickScreen, StartServerScreen
-from tests.standin_admin import StandInEngine
+from tests.standins.admin import StandInEngine
 from tests.ui.test_console_actions import COL, command, logged, pick, select, wait_for
 
 MAMBA = {"architectures": ["MambaForCausalLM"], "model_type": "mamba"}

@@ -18,7 +18,7 @@ from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.ui.console_app import build_console_app
 from opsctl.ui.panels.fleet_table import FleetTable
-from tests.standin_vllm import MODES
+from tests.standins.vllm_server import MODES
 
 
 def url(i: int) -> str:

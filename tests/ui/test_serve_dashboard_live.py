@@ -1,5 +1,5 @@
 """run_dashboard and ServeCollector.collect over a live stand-in server: a real HTTP
-endpoint (tests/standin_vllm.py, recorded vLLM /metrics) and a real child process in
+endpoint (tests/standins/vllm_server.py, recorded vLLM /metrics) and a real child process in
 the role of the engine. Quit -> 0, the process dies -> EngineDied (exit 1), never
 healthy within the timeout -> OpsTimeout (exit 4)."""
 
@@ -18,7 +18,7 @@ from opsctl.engine.model import ResolvedModel
 from opsctl.engine.server import EngineServer, LaunchOptions
 from opsctl.errors import EngineDied, OpsTimeout
 from opsctl.ui.serve_app import run_dashboard
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 
 
 def standin_engine(port: int, run_dir: Path) -> EngineServer:

@@ -17,7 +17,7 @@ from opsctl.console.targets import from_urls
 from opsctl.domain import advisor as a
 from opsctl.domain import console as c
 from opsctl.domain.console_state import Settings
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
 
@@ -160,7 +160,7 @@ def test_prefix_caching_off_on_the_plain_row_and_in_json(monkeypatch):
     """A server whose vllm:cache_config_info says enable_prefix_caching="False" (the
     recorded body, that label flipped): the finding on the --once table's row and in
     the JSON, with no window (configuration)."""
-    import tests.standin_vllm as sv
+    import tests.standins.vllm_server as sv
 
     body = sv.METRICS.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
     assert body != sv.METRICS

@@ -15,7 +15,7 @@ from opsctl.domain.console_state import Settings
 from opsctl.ui.panels.console import row_cells
 from opsctl.ui.panels.console_detail import summary_text
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
 TEST_RULE = """groups:

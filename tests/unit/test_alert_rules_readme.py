@@ -27,7 +27,7 @@ from tests.alertmanager_fixture import binary as am_binary
 from tests.conftest import OPSCTL
 from tests.prometheus_fixture import _stop, _wait_ready
 from tests.prometheus_fixture import binary as prom_binary
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"

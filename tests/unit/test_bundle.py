@@ -79,7 +79,7 @@ def _start_run(runs: Path, name: str, dev: bool = True) -> tuple[Path, subproces
     (run / "events" / "lifetime.jsonl").write_text('{"event": "start"}\n')
     env = {**os.environ, **SECRETS, "PYTHONPATH": str(REPO)}
     log = (run / "server.log").open("w")
-    args = [sys.executable, "-m", "tests.standin_admin", *(["--dev"] if dev else [])]
+    args = [sys.executable, "-m", "tests.standins.admin", *(["--dev"] if dev else [])]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     url = None

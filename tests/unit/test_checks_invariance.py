@@ -1,5 +1,5 @@
 """`opsctl.checks.invariance.run` called directly (no CLI) against stand-in servers
-(tests/standin_completions.py): the typed progress events, a planted divergence found at
+(tests/standins/completions.py): the typed progress events, a planted divergence found at
 its prompt and position, atol, the engine's records read back (settings, the batch that
 formed, test knobs), the /metrics fallback, fail-closed on request errors, the engine
 specs the check asks its session for, and --mode both keeping one mode's report when
@@ -22,7 +22,7 @@ from opsctl.checks.target import EngineSpec, Live, UrlTarget
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
-from tests.standin_completions import (
+from tests.standins.completions import (
     VERSION,
     Behaviour,
     completions_server,

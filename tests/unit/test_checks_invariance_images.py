@@ -1,5 +1,5 @@
 """`opsctl.checks.invariance.run` with images, called directly against the completions
-stand-in playing a vision-language server (tests/standin_completions.py): prompts carry
+stand-in playing a vision-language server (tests/standins/completions.py): prompts carry
 1..m different images through /v1/chat/completions, the engine's records (mm_uuid probe,
 batch-probe steps and encoder calls) show they arrived, the usage cross-check stands in
 without probes, and a server that ignores images fails closed. The engine specs the
@@ -20,7 +20,7 @@ from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.domain import platform as plat
 from opsctl.domain.invariance_images import PROBES_SOURCE, USAGE_SOURCE
 from opsctl.errors import BadInput
-from tests.standin_completions import (
+from tests.standins.completions import (
     ENGINE_INFO,
     IMAGE_TOKENS,
     Behaviour,

@@ -18,7 +18,7 @@ from opsctl.cli import app
 from opsctl.domain.platform import NOT_STARTED_NOTE
 from opsctl.embedded import lora as built
 from opsctl.errors import BadInput
-from tests.standin_lora import BASE, VERSION, Behaviour, lora_server
+from tests.standins.lora import BASE, VERSION, Behaviour, lora_server
 
 OPTS = check.Options(max_tokens=4, logprobs=2)
 

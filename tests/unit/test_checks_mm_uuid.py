@@ -1,5 +1,5 @@
 """opsctl.checks.mm_uuid called as a library (no CLI): against the stand-in engine and
-probe (tests/standin_mm_uuid.py), the report it returns and the typed progress events it
+probe (tests/standins/mm_uuid.py), the report it returns and the typed progress events it
 sends. With an EngineSpec, the two modes are two engines opened through the session; an
 EngineServer double serves each from a stand-in in that mode (the real engines:
 tests/e2e/test_mm_uuid_e2e.py)."""
@@ -18,7 +18,7 @@ from opsctl.checks import mm_uuid
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
-from tests.standin_mm_uuid import stand_in, write_run_dir
+from tests.standins.mm_uuid import stand_in, write_run_dir
 
 
 def check(url: str, run_dir: Path, **options) -> tuple[mm_uuid.Report, list[ev.Event]]:

@@ -17,8 +17,8 @@ from opsctl.checks import status
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.errors import BadInput
-from tests.standin import GuardedHandler, serving
-from tests.standin_vllm import INFO, StandInFleet
+from tests.standins.base import GuardedHandler, serving
+from tests.standins.vllm_server import INFO, StandInFleet
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_busy_dead_and_not_vllm(fleet):
 
 
 def test_keyed_server_needs_the_key(fleet):
-    from tests.standin_vllm import KEY
+    from tests.standins.vllm_server import KEY
 
     refused = status.run(UrlTarget(fleet.urls[4]))
     assert refused.to_dict()["state"] == "unauthorized" and status.exit_code(refused) == 3

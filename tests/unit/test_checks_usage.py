@@ -1,5 +1,5 @@
 """opsctl.checks.usage called as a library (no CLI): against the stand-in scoring server
-(tests/standin_scoring.py), the report it returns and the typed progress events it
+(tests/standins/scoring.py), the report it returns and the typed progress events it
 sends, in order."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
-from tests.standin_scoring import stand_in
+from tests.standins.scoring import stand_in
 
 
 def check(url: str, **options) -> tuple[usage.Report, list[ev.Event]]:

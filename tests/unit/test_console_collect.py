@@ -19,7 +19,7 @@ from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
 from tests.conftest import OPSCTL
-from tests.standin_vllm import KEY, StandInFleet
+from tests.standins.vllm_server import KEY, StandInFleet
 from tests.waiting import wait_until
 
 

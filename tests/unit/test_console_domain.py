@@ -22,7 +22,7 @@ from opsctl.domain.metrics import (
     histogram_quantile,
     parse_samples,
 )
-from tests.standin_vllm import METRICS, render_metrics
+from tests.standins.vllm_server import METRICS, render_metrics
 
 URL = "http://127.0.0.1:9"
 TARGET = c.Target("t", URL, "argument")

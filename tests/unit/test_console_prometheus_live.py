@@ -19,7 +19,7 @@ from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput
 from tests.conftest import OPSCTL
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
 MODES = ["healthy", "busy", "stalled", "dead", "hung", "unauthorized", "notvllm"]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from opsctl.engine.server import free_port
-from tests.standin_vllm import StandInFleet
+from tests.standins.vllm_server import StandInFleet
 
 DATA = Path(__file__).resolve().parents[1] / "data/serverlogs"
 ARCH = "Model architectures ['NoSuchArchForCausalLM'] are not supported"

@@ -20,7 +20,7 @@ from opsctl.domain.metrics_fast import (
     scan,
     tokenize,
 )
-from tests.standin_vllm import render_metrics
+from tests.standins.vllm_server import render_metrics
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # every recorded real vLLM /metrics body in tests/data

@@ -15,7 +15,7 @@ from opsctl.collectors import scrape
 from opsctl.collectors.scrape import MetricsCache
 from opsctl.domain import metrics_fast
 from opsctl.domain.metrics import parse_samples
-from tests.standin_vllm import render_metrics
+from tests.standins.vllm_server import render_metrics
 from tests.unit.test_metrics_fast import _many_labels, same
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -18,7 +18,7 @@ import zlib
 import pytest
 
 from opsctl.collectors import fastget, scrape
-from tests.standin_vllm import METRICS
+from tests.standins.vllm_server import METRICS
 
 REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -13,7 +13,7 @@ from opsctl.checks.target import UrlTarget
 from opsctl.collectors.canary import send
 from opsctl.domain import console as c
 from opsctl.domain.console_state import decide, judge_canary
-from tests.standin import GuardedHandler, serving
+from tests.standins.base import GuardedHandler, serving
 from tests.unit.test_console_domain import body, scrape
 
 

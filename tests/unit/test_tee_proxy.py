@@ -21,7 +21,7 @@ from opsctl.console.tee import TeeProxy, parse_tee
 from opsctl.domain import requests as rq
 from opsctl.engine.server import free_port
 from opsctl.errors import BadInput
-from tests.standin import serving
+from tests.standins.base import serving
 from tests.waiting import wait_until
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.standin import JSONHandler, serving
+from tests.standins.base import JSONHandler, serving
 
 # special tokens around one text, and the true pair template, per tokenizer family
 STYLES = {

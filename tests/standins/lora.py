@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tests.standin import JSONHandler, serving
+from tests.standins.base import JSONHandler, serving
 
 BASE = "stand-in-base"
 VERSION = "0.0-standin"

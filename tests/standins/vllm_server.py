@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 METRICS = (DATA / "vllm_metrics_tiny_llama.txt").read_text()
 INFO = json.loads((DATA / "vllm_info_tiny_llama.json").read_text())
 MODES = ("healthy", "busy", "stalled", "hung", "dead", "unauthorized", "notvllm")
@@ -180,7 +180,7 @@ class StandInFleet:
 
 
 def main() -> None:
-    """`python -m tests.standin_vllm MODE [MODE ...]`: serve, print the URLs (benchmark)."""
+    """`python -m tests.standins.vllm_server MODE [MODE ...]`: serve, print the URLs (benchmark)."""
     import sys
 
     modes = sys.argv[1:] or ["healthy"]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.standin import JSONHandler, serving
+from tests.standins.base import JSONHandler, serving
 
 
 def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:

@@ -3,7 +3,7 @@ benchmarks/certify_fleet.py):
 
 - :func:`hung_server`: accepts every connection and never answers (a wedged server: the
   kernel and the accept loop work, the HTTP answer never comes);
-- :func:`keyed_server`: the generative stand-in of tests/standin_completions.py behind
+- :func:`keyed_server`: the generative stand-in of tests/standins/completions.py behind
   vLLM's ``--api-key`` rule (/v1/... answers 401 without ``Authorization: Bearer KEY``;
   /health, /version and /metrics stay open), so certify passes with the key and fails
   liveness ("authentication required") without it.
@@ -16,8 +16,8 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from tests.standin import serving
-from tests.standin_completions import Behaviour, handler_for
+from tests.standins.base import serving
+from tests.standins.completions import Behaviour, handler_for
 
 KEY = "fleet-s3cret"
 

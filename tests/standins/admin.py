@@ -5,7 +5,7 @@ only in dev mode (like VLLM_SERVER_DEV_MODE=1), /server_info, /reset_prefix_cach
 404 ``{"detail": "Not Found"}``. Every request is recorded in ``calls`` as
 (method, path with query).
 
-``python -m tests.standin_admin [--dev] [--model NAME] [--port N]`` serves in a
+``python -m tests.standins.admin [--dev] [--model NAME] [--port N]`` serves in a
 process of its own (the bundle test's "engine"), prints its URL, writes a vLLM-like
 startup line holding its API key (as vLLM logs its non-default args), serves until
 killed. :class:`StandInEngine` runs that process behind EngineServer's interface (run
@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.standin import JSONHandler, serving
+from tests.standins.base import JSONHandler, serving
 
-METRICS = (Path(__file__).parent / "data" / "vllm_metrics_tiny_llama.txt").read_text()
+METRICS = (Path(__file__).parents[1] / "data" / "vllm_metrics_tiny_llama.txt").read_text()
 DEV_GET = {"/server_info", "/is_sleeping", "/is_paused"}
 DEV_POST = {"/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume"}
 
@@ -120,7 +120,7 @@ def main() -> None:
         srv.serve_forever()
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class StandInEngine:
@@ -144,7 +144,7 @@ class StandInEngine:
         from opsctl.engine.server import new_run_dir
 
         self.run_dir = new_run_dir(self.opts.label, self.opts.model.name, self.port)
-        args = [sys.executable, "-m", "tests.standin_admin", "--dev", "--port", str(self.port),
+        args = [sys.executable, "-m", "tests.standins.admin", "--dev", "--port", str(self.port),
                 "--model", self.opts.model.name]  # fmt: skip
         log = (self.run_dir / "server.log").open("w")
         env = {**os.environ, "PYTHONPATH": str(REPO)}

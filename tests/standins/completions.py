@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.standin import JSONHandler, serving
+from tests.standins.base import JSONHandler, serving
 
 MODEL = "stand-in-llama"
 IMAGE_TOKENS = 7  # what one image adds to usage.prompt_tokens (tiny-vlm-multi's count)
