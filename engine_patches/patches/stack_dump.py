@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 from typing import IO
 
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe
 
 SIGNAL = signal.SIGUSR2
 DIR = "stacks"  # under the run directory
@@ -30,10 +30,12 @@ _FILE: dict[
 
 
 def path_of(run_dir: str | os.PathLike, pid: int) -> Path:
+    """Where process ``pid`` of the run in ``run_dir`` writes its stack dumps."""
     return Path(run_dir) / DIR / f"{pid}.txt"
 
 
 def apply() -> Outcome:
+    """Arm ``faulthandler`` on SIGUSR2 in this process, dumping into the run directory."""
     run = os.environ.get("OPSCTL_RUN_DIR")
     if not run:
         return Outcome(SKIPPED, "no run directory: nowhere to write stacks")
@@ -63,15 +65,12 @@ def revert() -> None:
         fh.close()
 
 
-PATCH = Patch(
-    name="stack_dump",
+PATCH = probe(
+    "stack_dump",
     target="faulthandler.register(SIGUSR2) in every vLLM process",
-    versions="any",
     reason="opsctl stacks: where a hung engine is stuck, without stopping it (issue 35)",
     apply=apply,
     roles=("api_server", "engine_core", "worker", "model_inspector"),
-    verified_on=("0.32.0",),
     # where an idle or stuck EngineCore's main thread waits: the verdict names it
     symbols=("vllm.v1.engine.core:EngineCoreProc.run_busy_loop",),
-    kind="probe",
 )

@@ -26,12 +26,19 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
 
-from engine_patches.patch import Sources, installed_sources
-from engine_patches.registry import APPLIED, UPSTREAM, Outcome, Patch
+from engine_patches.patch import (
+    APPLIED,
+    Outcome,
+    Sources,
+    UpstreamRule,
+    declare,
+    resolve_symbol,
+)
+from engine_patches.wrapping import ALREADY, Originals, decide_upstream
 
-ORIGINALS: dict[str, tuple[type, str, Any]] = {}
+ORIGINALS = Originals()
+MARK = "_opsctl_vlm_counts"
 
 IDEFICS3 = "vllm.model_executor.models.idefics3"
 NUM_PATCHES = f"{IDEFICS3}:Idefics3ProcessingInfo.get_num_patches"
@@ -67,53 +74,68 @@ def blip2_rule(sources: Sources) -> tuple[bool | None, str]:
     return True, "BLIP-2's LoRA token counts are integers"
 
 
-def _wrap(symbol: str, make) -> None:
-    module, _, qual = symbol.partition(":")
-    cls_name, _, attr = qual.partition(".")
-    import importlib
+def _at_least_one(original):
+    """Idefics3's patch count, clamped to at least 1."""
 
-    cls = getattr(importlib.import_module(module), cls_name)
-    original = cls.__dict__[attr]
-    ORIGINALS[symbol] = (cls, attr, original)
-    setattr(cls, attr, functools.wraps(original)(make(original)))
+    @functools.wraps(original)
+    def get_num_patches(self, *args, **kwargs):
+        return max(int(original(self, *args, **kwargs)), 1)
+
+    return get_num_patches
+
+
+def _as_int(original):
+    """A BLIP-2 LoRA token count as an integer (the method asserts divisibility)."""
+
+    @functools.wraps(original)
+    def count(self, *args, **kwargs):
+        return int(original(self, *args, **kwargs))
+
+    return count
+
+
+def _apply(
+    rule: UpstreamRule, source: str, targets: tuple[str, ...], wrapper, done: str
+) -> Outcome:
+    """Wrap each of ``targets`` with ``wrapper`` unless ``rule`` finds the fix in the
+    installed source of ``source``."""
+    if targets[0] in ORIGINALS:
+        return ALREADY
+    outcome, why = decide_upstream(rule, (source,))
+    if outcome is not None:
+        return outcome
+    for symbol in targets:
+        owner, _, attr = symbol.rpartition(".")
+        ORIGINALS.wrap(resolve_symbol(owner), attr, wrapper, MARK, key=symbol)
+    return Outcome(APPLIED, f"{done} ({why})")
 
 
 def apply_patches() -> Outcome:
-    if NUM_PATCHES in ORIGINALS:
-        return Outcome(APPLIED, "already applied in this process")
-    handled, why = patches_rule(installed_sources((NUM_PATCHES,)))
-    if handled is None:
-        return Outcome("skipped", why)
-    if handled:
-        return Outcome(UPSTREAM, why)
-    _wrap(NUM_PATCHES, lambda original: lambda self, *a, **k: max(int(original(self, *a, **k)), 1))
-    return Outcome(APPLIED, f"an unsplit Idefics3 image counts as 1 patch ({why})")
+    """Clamp Idefics3's patch count of an unsplit image to at least 1."""
+    return _apply(
+        patches_rule,
+        NUM_PATCHES,
+        (NUM_PATCHES,),
+        _at_least_one,
+        "an unsplit Idefics3 image counts as 1 patch",
+    )
 
 
 def apply_blip2() -> Outcome:
-    if BLIP2_COUNTS[0] in ORIGINALS:
-        return Outcome(APPLIED, "already applied in this process")
-    handled, why = blip2_rule(installed_sources((BLIP2_CLASS,)))
-    if handled is None:
-        return Outcome("skipped", why)
-    if handled:
-        return Outcome(UPSTREAM, why)
-    for symbol in BLIP2_COUNTS:
-        _wrap(symbol, lambda original: lambda self, *a, **k: int(original(self, *a, **k)))
-    return Outcome(APPLIED, f"BLIP-2's LoRA token counts are integers ({why})")
+    """Make BLIP-2's LoRA token counts integers."""
+    return _apply(
+        blip2_rule, BLIP2_CLASS, BLIP2_COUNTS, _as_int, "BLIP-2's LoRA token counts are integers"
+    )
 
 
 def revert() -> None:
     """Undo both patches in this process (tests)."""
-    for symbol in list(ORIGINALS):
-        cls, attr, original = ORIGINALS.pop(symbol)
-        setattr(cls, attr, original)
+    ORIGINALS.restore()
 
 
 PATCHES = (
-    Patch(
-        name="idefics3_unsplit_patches",
-        target="vllm.model_executor.models.idefics3.Idefics3ProcessingInfo.get_num_patches",
+    declare(
+        "idefics3_unsplit_patches",
         versions="vLLM < 0.32 with transformers >= 5 (upstream from 0.32)",
         reason="issue 48667 / PR 48760: an unsplit Idefics3 image counted 0 patches and "
         "killed the EngineCore on the first image request",
@@ -123,8 +145,8 @@ PATCHES = (
         symbols=(NUM_PATCHES,),
         upstream=patches_rule,
     ),
-    Patch(
-        name="blip2_lora_int_tokens",
+    declare(
+        "blip2_lora_int_tokens",
         target="vllm.model_executor.models.blip2.Blip2ForConditionalGeneration.get_num_mm_encoder_tokens",
         versions="vLLM < 0.32 (upstream from 0.32: get_mm_lora_token_counts with //)",
         reason="BLIP-2 tower/connector LoRA built its Punica wrapper with a float token "
