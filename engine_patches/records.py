@@ -13,6 +13,7 @@ None when it cannot be read; the reason then goes to ``platform_note``, never in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -98,3 +99,10 @@ def record_event(kind: str, payload: dict, run_dir: str | None = None) -> None:
     line = json.dumps({"pid": os.getpid(), "time": time.time(), **payload}, default=str)
     with open(events / f"{kind}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
+
+
+def record_quietly(kind: str, payload: dict) -> None:
+    """:func:`record_event` that never raises, for code on the engine's own path (a
+    recovery must not depend on the ledger: it is best effort)."""
+    with contextlib.suppress(Exception):
+        record_event(kind, payload)

@@ -97,8 +97,14 @@ def decide_upstream(
     ``sources``): skipped when the rule cannot decide (a target is gone), already
     upstream when the fix is there, None when the patch is to be applied."""
     handled, why = rule(installed_sources(names) if sources is None else sources)
+    return settled(handled, why), why
+
+
+def settled(handled: bool | None, why: str) -> Outcome | None:
+    """The outcome of an upstream verdict that leaves nothing to apply: skipped when it
+    cannot decide (None), already upstream when the fix is there; None to apply."""
     if handled is None:
-        return Outcome(SKIPPED, why), why
+        return Outcome(SKIPPED, why)
     if handled:
-        return Outcome(UPSTREAM, why), why
-    return None, why
+        return Outcome(UPSTREAM, why)
+    return None

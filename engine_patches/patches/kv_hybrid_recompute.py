@@ -65,17 +65,16 @@ method so tests can undo the patch (:func:`revert`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import time
 from collections.abc import Iterable
-from typing import Any
 
-from engine_patches.patch import Sources
-from engine_patches.registry import APPLIED, SKIPPED, UPSTREAM, Outcome, Patch, record_event
+from engine_patches.patch import APPLIED, Outcome, Sources, declare
+from engine_patches.records import record_quietly
+from engine_patches.wrapping import ALREADY, Originals, settled
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
 MARK = "_opsctl_kv_hybrid_recompute"
 
 # What the unpatched scheduler does with several groups (either one means: crash).
@@ -281,7 +280,7 @@ def handle_multi_group(
             n_tokens,
             failed,
         )
-        _record({**event, "action": "failed"})
+        record_quietly("kv_recoveries", {**event, "action": "failed"})
         return failed
     now = time.monotonic()
     for request in async_hit:
@@ -295,7 +294,7 @@ def handle_multi_group(
         n_requests,
         n_tokens,
     )
-    _record({**event, "action": "recomputed"})
+    record_quietly("kv_recoveries", {**event, "action": "recomputed"})
     # async requests are released as failed receives once their transfer ends
     self.failed_recving_kv_req_ids |= async_ids
     return sync_ids
@@ -337,52 +336,43 @@ def guard_connector(scheduler) -> None:
     setattr(connector, GUARD, True)
 
 
-def _record(event: dict) -> None:
-    # the ledger is best effort; recovery must not depend on it
-    with contextlib.suppress(Exception):
-        record_event("kv_recoveries", event)
-
-
 def wrap(original):
+    """``Scheduler._handle_invalid_blocks`` that takes the multi-group path for a KV
+    cache of several groups and the original otherwise."""
+
     @functools.wraps(original)
     def _handle_invalid_blocks(self, invalid_block_ids, num_scheduled_tokens):
         if len(self.kv_cache_config.kv_cache_groups) <= 1:
             return original(self, invalid_block_ids, num_scheduled_tokens)
         return handle_multi_group(self, invalid_block_ids, num_scheduled_tokens)
 
-    setattr(_handle_invalid_blocks, MARK, True)
     return _handle_invalid_blocks
 
 
 def apply() -> Outcome:
+    """Wrap ``Scheduler._handle_invalid_blocks``, unless the installed scheduler
+    already recovers several groups."""
     from vllm.v1.core.sched import scheduler as sched_mod
 
     cls = sched_mod.Scheduler
     current = getattr(cls, "_handle_invalid_blocks", None)
     if current is not None and getattr(current, MARK, False):
-        return Outcome(APPLIED, "already applied in this process")
+        return ALREADY
     handled, why = upstream_handles_multi_group(cls)
-    if handled is None:
-        return Outcome(SKIPPED, why)
-    if handled:
-        return Outcome(UPSTREAM, why)
-    ORIGINALS["_handle_invalid_blocks"] = current
-    cls._handle_invalid_blocks = wrap(current)  # type: ignore[method-assign]
+    outcome = settled(handled, why)
+    if outcome is not None:
+        return outcome
+    ORIGINALS.wrap(cls, "_handle_invalid_blocks", wrap, MARK)
     return Outcome(APPLIED, f"multi-group KV load failures recompute from the start ({why})")
 
 
 def revert() -> None:
     """Undo :func:`apply` in this process (tests)."""
-    from vllm.v1.core.sched import scheduler as sched_mod
-
-    original = ORIGINALS.pop("_handle_invalid_blocks", None)
-    if original is not None:
-        sched_mod.Scheduler._handle_invalid_blocks = original  # type: ignore[method-assign]
+    ORIGINALS.restore()
 
 
-PATCH = Patch(
-    name="kv_hybrid_recompute",
-    target="vllm.v1.core.sched.scheduler.Scheduler._handle_invalid_blocks",
+PATCH = declare(
+    "kv_hybrid_recompute",
     versions="vLLM < PR 50388 (0.31-0.34 raise RuntimeError; 0.26-0.29 ValueError)",
     reason="PR 50388 / issues 45474, 50687: one failed KV block load on a hybrid "
     "model killed the EngineCore; affected requests now recompute from the start",

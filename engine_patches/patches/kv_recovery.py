@@ -49,12 +49,13 @@ On a vLLM whose sources already do it (the rules below read them) a patch report
 
 from __future__ import annotations
 
-import contextlib
 import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from engine_patches.patch import Sources
-from engine_patches.registry import APPLIED, SKIPPED, UPSTREAM, Outcome, Patch, record_event
+from engine_patches.patch import APPLIED, Outcome, Sources, UpstreamRule, declare, dotted
+from engine_patches.records import record_quietly
+from engine_patches.wrapping import ALREADY, Originals, decide_upstream
 
 SCHED = "vllm.v1.core.sched.scheduler"
 ASYNC = "vllm.v1.core.sched.async_scheduler"
@@ -67,17 +68,15 @@ UPDATE_FROM_OUTPUT = f"{SCHED}:Scheduler.update_from_output"
 AFTER_SCHEDULE = f"{ASYNC}:AsyncScheduler._update_after_schedule"
 RUNNER_UPDATE = f"{V2}:GPUModelRunner.update_requests"
 
-MARK = "_opsctl_kv_recovery"
-ORIGINALS: dict[tuple[str, str], Any] = {}  # (patch, "module:Qual.name") -> original
+MARK = "_opsctl_kv_recovery"  # its value: the patch that wrapped
+ORIGINALS = Originals()  # (patch, "module:Qual.name") -> (owner, attribute, original)
 
 # the attribute the scheduler half sets on CachedRequestData (upstream PR 53298's name)
 REWOUND_FIELD = "rewound_req_ids"
 
 
 def _record(event: dict) -> None:
-    # the ledger is best effort; recovery must not depend on it
-    with contextlib.suppress(Exception):
-        record_event("kv_recovery", event)
+    record_quietly("kv_recovery", event)
 
 
 def _recompute(scheduler) -> bool:
@@ -166,7 +165,6 @@ def _wrap_handle_inflight(original):
             )
         return affected
 
-    setattr(_handle_invalid_blocks, MARK, "kv_async_inflight")
     return _handle_invalid_blocks
 
 
@@ -193,7 +191,6 @@ def _wrap_after_schedule(original):
                 table.clear()
             table[id(scheduler_output)] = added
 
-    setattr(_update_after_schedule, MARK, "kv_async_inflight")
     return _update_after_schedule
 
 
@@ -211,7 +208,6 @@ def _wrap_update_from_output(original):
             if table:
                 table.pop(id(scheduler_output), None)
 
-    setattr(update_from_output, MARK, "kv_async_inflight")
     return update_from_output
 
 
@@ -233,7 +229,6 @@ def _wrap_handle_rewind(original):
                     pending.add(req_id)
         return affected
 
-    setattr(_handle_invalid_blocks, MARK, "kv_rewind_v2")
     return _handle_invalid_blocks
 
 
@@ -255,7 +250,6 @@ def _wrap_schedule(original):
             )
         return out
 
-    setattr(schedule, MARK, "kv_rewind_v2")
     return schedule
 
 
@@ -309,108 +303,83 @@ def _wrap_runner_update(original):
             if records:
                 _record({"patch": "kv_rewind_v2", "action": "rewound_runner", "requests": records})
 
-    setattr(update_requests, MARK, "kv_rewind_v2")
     return update_requests
 
 
 # ---------------------------------------------------------------- apply / revert
 
-
-def _wrapped_by(fn: Any, patch: str) -> bool:
-    """Whether ``patch`` already wraps ``fn`` (anywhere along its ``__wrapped__`` chain:
-    the two patches of this module stack on the same method)."""
-    seen = 0
-    while fn is not None and seen < 16:
-        if getattr(fn, MARK, None) == patch:
-            return True
-        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
-    return False
+Install = tuple[type, str, str, Callable[[Any], Any]]  # owner, attribute, symbol, wrapper
 
 
-def _install(patch: str, cls: type, attr: str, symbol: str, wrapper) -> bool:
-    """Wrap ``cls.attr`` once; False when it is already ours (idempotent)."""
-    current = getattr(cls, attr)
-    if _wrapped_by(current, patch):
-        return False
-    ORIGINALS[(patch, symbol)] = (cls, attr, cls.__dict__.get(attr))
-    setattr(cls, attr, wrapper(current))
-    return True
+def _apply(patch: str, rule: UpstreamRule, names: Iterable[str], installs, done: str) -> Outcome:
+    """Wrap what ``installs()`` lists (imported only when the patch is needed) unless
+    ``rule`` finds the fix in the installed sources of ``names``; ``done``'s ``{why}``
+    is the rule's reason."""
+    outcome, why = decide_upstream(rule, names)
+    if outcome is not None:
+        return outcome
+    new = [
+        ORIGINALS.wrap(owner, attr, wrapper, MARK, value=patch, key=(patch, symbol))
+        for owner, attr, symbol, wrapper in installs()
+    ]
+    if not new[0]:
+        return ALREADY
+    return Outcome(APPLIED, done.format(why=why))
 
 
-def _source_of(*names: str) -> dict[str, str | None]:
-    from engine_patches.patch import installed_sources
+def _inflight_targets() -> list[Install]:
+    from vllm.v1.core.sched import async_scheduler, scheduler
 
-    return installed_sources(names)
+    sched = scheduler.Scheduler
+    return [
+        (sched, "_handle_invalid_blocks", HANDLE, _wrap_handle_inflight),
+        (sched, "update_from_output", UPDATE_FROM_OUTPUT, _wrap_update_from_output),
+        (
+            async_scheduler.AsyncScheduler,
+            "_update_after_schedule",
+            AFTER_SCHEDULE,
+            _wrap_after_schedule,
+        ),
+    ]
+
+
+def _rewind_targets() -> list[Install]:
+    from vllm.v1.core.sched import scheduler
+    from vllm.v1.worker.gpu import model_runner
+
+    sched = scheduler.Scheduler
+    return [
+        (sched, "_handle_invalid_blocks", HANDLE, _wrap_handle_rewind),
+        (sched, "schedule", SCHEDULE, _wrap_schedule),
+        (model_runner.GPUModelRunner, "update_requests", RUNNER_UPDATE, _wrap_runner_update),
+    ]
 
 
 def apply_inflight() -> Outcome:
-    from vllm.v1.core.sched import async_scheduler, scheduler
-
-    handled, why = inflight_rule(_source_of(HANDLE, UPDATE_INVALID))
-    if handled is None:
-        return Outcome(SKIPPED, why)
-    if handled:
-        return Outcome(UPSTREAM, why)
-    sched, asched = scheduler.Scheduler, async_scheduler.AsyncScheduler
-    new = _install(
-        "kv_async_inflight", sched, "_handle_invalid_blocks", HANDLE, _wrap_handle_inflight
-    )
-    _install(
+    """Make a failed KV load drop the async step in flight, unless that is upstream."""
+    return _apply(
         "kv_async_inflight",
-        sched,
-        "update_from_output",
-        UPDATE_FROM_OUTPUT,
-        _wrap_update_from_output,
-    )
-    _install(
-        "kv_async_inflight", asched, "_update_after_schedule", AFTER_SCHEDULE, _wrap_after_schedule
-    )
-    if not new:
-        return Outcome(APPLIED, "already applied in this process")
-    return Outcome(
-        APPLIED,
-        f"a failed KV load drops the async step in flight ({why}); acts only with async scheduling",
+        inflight_rule,
+        (HANDLE, UPDATE_INVALID),
+        _inflight_targets,
+        "a failed KV load drops the async step in flight ({why}); acts only with async scheduling",
     )
 
 
 def apply_rewind() -> Outcome:
-    from vllm.v1.core.sched import scheduler
-
-    sources = _source_of(HANDLE, RUNNER_UPDATE)
-    handled, why = rewind_rule(sources)
-    if handled is None:
-        return Outcome(SKIPPED, why)
-    if handled:
-        return Outcome(UPSTREAM, why)
-    from vllm.v1.worker.gpu import model_runner
-
-    sched = scheduler.Scheduler
-    new = _install("kv_rewind_v2", sched, "_handle_invalid_blocks", HANDLE, _wrap_handle_rewind)
-    _install("kv_rewind_v2", sched, "schedule", SCHEDULE, _wrap_schedule)
-    _install(
+    """Make the V2 runner apply the scheduler's rewind, unless that is upstream."""
+    return _apply(
         "kv_rewind_v2",
-        model_runner.GPUModelRunner,
-        "update_requests",
-        RUNNER_UPDATE,
-        _wrap_runner_update,
-    )
-    if not new:
-        return Outcome(APPLIED, "already applied in this process")
-    return Outcome(
-        APPLIED,
-        f"the V2 runner applies a KV-failure rewind ({why}); acts only on an engine that runs it",
+        rewind_rule,
+        (HANDLE, RUNNER_UPDATE),
+        _rewind_targets,
+        "the V2 runner applies a KV-failure rewind ({why}); acts only on an engine that runs it",
     )
 
 
 def revert() -> None:
     """Undo both patches in this process (tests), innermost last."""
-    for key in reversed(list(ORIGINALS)):
-        cls, attr, original = ORIGINALS.pop(key)
-        if original is None:
-            with contextlib.suppress(AttributeError):
-                delattr(cls, attr)
-        else:
-            setattr(cls, attr, original)
+    ORIGINALS.restore()
 
 
 _WATCH_SCHED = (
@@ -419,9 +388,8 @@ _WATCH_SCHED = (
 )
 
 PATCHES = (
-    Patch(
-        name="kv_async_inflight",
-        target="vllm.v1.core.sched.scheduler.Scheduler._handle_invalid_blocks",
+    declare(
+        "kv_async_inflight",
         versions="vLLM without PR 49252 (0.26-0.34: the failure path keeps in-flight async output)",
         reason="issue 49250 / PR 49252: with async scheduling the step in flight over a "
         "failed KV load was kept; its frames are now dropped as a preemption's are",
@@ -440,9 +408,9 @@ PATCHES = (
             f"{SCHED}:Scheduler.recompute_kv_load_failures",
         ),
     ),
-    Patch(
-        name="kv_rewind_v2",
-        target="vllm.v1.worker.gpu.model_runner.GPUModelRunner.update_requests",
+    declare(
+        "kv_rewind_v2",
+        target=dotted(RUNNER_UPDATE),
         versions="vLLM with the V2 model runner, without PR 53298 (0.26-0.34)",
         reason="issue 49250 / PRs 49252, 53298: the V2 model runner ignored the scheduler's "
         "rewind after a failed KV load; the device count, total_len and bin counts now follow it",
