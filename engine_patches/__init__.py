@@ -31,6 +31,7 @@ def _after_fork_in_child() -> None:
 
 
 def register() -> None:
+    """Start the owner watchdog and apply the patches in this vLLM process (inert without a run)."""
     global _FORK_HOOK_IN
     if not os.environ.get("OPSCTL_RUN_DIR"):
         return

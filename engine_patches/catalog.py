@@ -1,4 +1,6 @@
-"""Every patch module under engine_patches/patches/ that defines ``PATCH`` (or
+"""The list of patches: every patch module's declarations, found by walking the package.
+
+Every patch module under engine_patches/patches/ that defines ``PATCH`` (or
 ``PATCHES``) is registered, in module-name order. Adding a patch means adding a module.
 
 The modules are imported on the first call of :func:`patches`, not when this module is

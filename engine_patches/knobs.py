@@ -1,4 +1,6 @@
-"""Test-only knobs: environment variables that change what an engine does on purpose
+"""Test-only knobs that alter an engine on purpose, honoured only when opsctl set them.
+
+Test-only knobs: environment variables that change what an engine does on purpose
 (plant a logit nudge, rewrite a multimodal identifier, switch the owner watchdog off).
 
 They are never taken from an inherited environment. opsctl strips every name in

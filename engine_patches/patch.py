@@ -1,4 +1,6 @@
-"""What a patch is: :class:`Patch` (name, target, versions, reason, apply function) and
+"""What a patch is: its declaration (:class:`Patch`) and its apply outcome.
+
+What a patch is: :class:`Patch` (name, target, versions, reason, apply function) and
 the :class:`Outcome` its apply function returns (one of the four statuses).
 
 Besides the human-readable ``versions``, a patch declares for machines:
@@ -43,12 +45,16 @@ UpstreamRule = Callable[[Sources], "tuple[bool | None, str]"]
 
 @dataclass(frozen=True)
 class Outcome:
+    """What applying a patch did: one of :data:`STATUSES` and a detail."""
+
     status: str
     detail: str = ""
 
 
 @dataclass(frozen=True)
 class Patch:
+    """One patch or probe, declared as data: what it targets, why, and how to apply it."""
+
     name: str
     target: str
     versions: str  # human-readable range, checked by the apply function itself
@@ -70,7 +76,9 @@ VERIFIED_ON = ("0.32.0",)  # the release a probe is verified on unless it says o
 
 
 def dotted(symbol: str) -> str:
-    """A symbol as a dotted path, the form a ledger's ``target`` shows:
+    """A symbol as the dotted path a ledger's ``target`` shows.
+
+    A symbol as a dotted path, the form a ledger's ``target`` shows:
     ``"vllm.a.b:C.f"`` -> ``"vllm.a.b.C.f"``."""
     return symbol.replace(":", ".", 1)
 
@@ -107,7 +115,9 @@ def probe(
     verified_on: tuple[str, ...] = VERIFIED_ON,
     **fields: Any,
 ) -> Patch:
-    """A probe's :class:`Patch` (``kind="probe"``): for any vLLM release that has its
+    """A probe's declaration: a :class:`Patch` of kind ``probe`` with a probe's defaults.
+
+    A probe's :class:`Patch` (``kind="probe"``): for any vLLM release that has its
     targets, verified on :data:`VERIFIED_ON` unless it says otherwise; the rest as
     :func:`declare`."""
     return declare(
@@ -151,7 +161,9 @@ def verification(patch: Patch, version: str | None) -> tuple[bool | None, str | 
 
 
 def resolve_symbol(name: str) -> Any:
-    """The installed vLLM's object for ``module:qualname`` (imports it); ImportError or
+    """The installed vLLM's object for ``module:qualname`` (imports it).
+
+    The installed vLLM's object for ``module:qualname`` (imports it); ImportError or
     AttributeError when the module or the name is not there."""
     import importlib
 
@@ -174,7 +186,9 @@ def missing_symbols(names: Iterable[str]) -> list[str]:
 
 
 def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
-    """``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
+    """The source text of each symbol in the installed vLLM (imports it).
+
+    ``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
     is missing or whose source cannot be read. A wrapper's original is followed through
     ``__wrapped__``, so a rule sees vLLM's code, not opsctl's wrapper."""
     import inspect

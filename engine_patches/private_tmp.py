@@ -1,4 +1,6 @@
-"""The rule for removing an engine's private temporary directory, shared by opsctl (its
+"""The one rule for removing an engine's private temporary directory.
+
+The rule for removing an engine's private temporary directory, shared by opsctl (its
 stop, ``runs clean``) and the engine itself (its API server, when the opsctl process that
 started it died without a chance to clean up).
 
@@ -19,7 +21,9 @@ MARKER = ".opsctl-engine-tmp"
 
 
 def remove(path: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str]) -> str | None:
-    """Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
+    """Remove the engine temporary directory ``path`` made for ``run_dir``.
+
+    Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
     is gone (removed now, or before); otherwise why it was left."""
     if not path:
         return None
@@ -43,7 +47,9 @@ def remove(path: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str])
 
 
 def remove_own(env: dict[str, str] | None = None) -> str | None:
-    """In an engine process: remove its private ``TMPDIR`` (the one made for
+    """In an engine process: remove its own private ``TMPDIR``.
+
+    In an engine process: remove its private ``TMPDIR`` (the one made for
     ``OPSCTL_RUN_DIR``); None when there is none or it is gone."""
     env = dict(os.environ) if env is None else env
     run_dir = env.get("OPSCTL_RUN_DIR")

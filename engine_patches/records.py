@@ -1,4 +1,6 @@
-"""What a vLLM process records about itself, for opsctl to read back: which process it
+"""What a vLLM process records about itself for opsctl: role, version, ledger, events.
+
+What a vLLM process records about itself, for opsctl to read back: which process it
 is (:func:`process_role`), the vLLM version and platform it runs, and the files it
 writes under ``$OPSCTL_RUN_DIR``: the per-process ledger (:func:`write_ledger`) and
 probe events (:func:`record_event`, one JSON line per event).
@@ -57,7 +59,9 @@ def vllm_version() -> str | None:
 
 
 def platform_info() -> tuple[str | None, str | None]:
-    """(platform, note): vLLM's current_platform device type (cpu, cuda, rocm, xpu, ...)
+    """vLLM's platform device type, or None and why it is unknown.
+
+    (platform, note): vLLM's current_platform device type (cpu, cuda, rocm, xpu, ...)
     and None, or None and why it is unknown."""
     try:
         from vllm.platforms import current_platform
@@ -102,7 +106,9 @@ def record_event(kind: str, payload: dict, run_dir: str | None = None) -> None:
 
 
 def record_quietly(kind: str, payload: dict) -> None:
-    """:func:`record_event` that never raises, for code on the engine's own path (a
+    """Append an event, never raising (the ledger is best effort).
+
+    :func:`record_event` that never raises, for code on the engine's own path (a
     recovery must not depend on the ledger: it is best effort)."""
     with contextlib.suppress(Exception):
         record_event(kind, payload)

@@ -67,6 +67,7 @@ _STATE = _State()
 
 
 def patches() -> list[Patch]:
+    """Every registered patch, in the catalog's order."""
     return catalog.patches()
 
 
@@ -76,7 +77,9 @@ def _disabled() -> set[str]:
 
 
 def apply_patch(patch: Patch, role: str, version: str | None = None) -> dict:
-    """Apply one patch in this process; its ledger record. ``verified`` says whether
+    """Apply one patch in this process; its ledger record.
+
+    Apply one patch in this process; its ledger record. ``verified`` says whether
     ``version`` (this vLLM) is one the patch declares it was verified on; when it is
     not, ``note`` says so ("unverified on 0.33.0") and the patch is still applied
     (its apply function decides from the target itself: applied, skipped with the
@@ -147,6 +150,7 @@ def apply_all(run_dir: str | None = None) -> dict:
 
 
 def reset_for_tests() -> None:
+    """Forget which patches this process applied, so a test can apply them again."""
     with _STATE.lock:
         _STATE.results.clear()
 

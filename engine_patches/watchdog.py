@@ -69,6 +69,7 @@ def start_ticks(pid: int) -> int | None:
 
 
 def owner_alive(pid: int, ticks: int) -> bool:
+    """Whether process ``pid`` still is the owner that started at ``ticks`` (not a zombie)."""
     fields = _stat(pid)
     return fields is not None and fields[0] != b"Z" and int(fields[19]) == ticks
 
@@ -87,7 +88,9 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
-    """(owner pid, owner start ticks) to watch, or None (not started by opsctl, knob off,
+    """The owner to watch: (pid, start ticks), or None.
+
+    (owner pid, owner start ticks) to watch, or None (not started by opsctl, knob off,
     or malformed values)."""
     env = dict(os.environ) if env is None else env
     if knobs.get(knobs.NO_OWNER_WATCH, env):

@@ -31,7 +31,9 @@ ALREADY = Outcome(APPLIED, "already applied in this process")  # vLLM loaded plu
 
 
 def requested(probe: str, env: Mapping[str, str] | None = None, *, every: bool = False) -> bool:
-    """Whether ``OPSCTL_PROBES`` (comma-separated) names ``probe`` (or ``all``, where
+    """Whether ``OPSCTL_PROBES`` (comma-separated) names ``probe``.
+
+    Whether ``OPSCTL_PROBES`` (comma-separated) names ``probe`` (or ``all``, where
     ``every`` says the probe honours it)."""
     raw = (env if env is not None else os.environ).get(PROBES, "")
     names = {p.strip() for p in raw.split(",")}
@@ -39,7 +41,9 @@ def requested(probe: str, env: Mapping[str, str] | None = None, *, every: bool =
 
 
 def wrapped_by(fn: Any, mark: str, value: Any = True) -> bool:
-    """Whether ``fn`` or a callable along its ``__wrapped__`` chain carries ``mark``
+    """Whether ``fn`` or a callable it wraps carries ``mark`` set to ``value``.
+
+    Whether ``fn`` or a callable along its ``__wrapped__`` chain carries ``mark``
     set to ``value`` (two patches may stack on one method under one mark name)."""
     seen = 0
     while fn is not None and seen < 16:
@@ -65,7 +69,9 @@ class Originals(dict):
         value: Any = True,
         key: Any = None,
     ) -> bool:
-        """Replace ``owner.attr`` with ``wrapper(current)`` unless it is ours already
+        """Replace ``owner.attr`` with ``wrapper(current)`` once.
+
+        Replace ``owner.attr`` with ``wrapper(current)`` unless it is ours already
         (``mark`` set to ``value`` on it or along its chain); the wrapper gets the mark.
         False when it was ours (idempotent: vLLM may load plugins more than once)."""
         current = getattr(owner, attr)
@@ -93,7 +99,9 @@ class Originals(dict):
 def decide_upstream(
     rule: UpstreamRule, names: Iterable[str], sources: Mapping[str, str | None] | None = None
 ) -> tuple[Outcome | None, str]:
-    """(outcome, why) of ``rule`` on the installed sources of ``names`` (or on
+    """(outcome, why) of an upstream rule on the installed sources.
+
+    (outcome, why) of ``rule`` on the installed sources of ``names`` (or on
     ``sources``): skipped when the rule cannot decide (a target is gone), already
     upstream when the fix is there, None when the patch is to be applied."""
     handled, why = rule(installed_sources(names) if sources is None else sources)
@@ -101,7 +109,9 @@ def decide_upstream(
 
 
 def settled(handled: bool | None, why: str) -> Outcome | None:
-    """The outcome of an upstream verdict that leaves nothing to apply: skipped when it
+    """The outcome of an upstream verdict that leaves nothing to apply, or None.
+
+    The outcome of an upstream verdict that leaves nothing to apply: skipped when it
     cannot decide (None), already upstream when the fix is there; None to apply."""
     if handled is None:
         return Outcome(SKIPPED, why)

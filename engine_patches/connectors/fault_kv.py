@@ -1,4 +1,6 @@
-"""``FaultInjectingConnector``: a KV connector that stores and reloads KV for every
+"""A KV connector that stores, reloads and deliberately fails KV blocks (opsctl kv-fail).
+
+``FaultInjectingConnector``: a KV connector that stores and reloads KV for every
 KV cache group and reports chosen loaded blocks as failed.
 
 Load it with ``--kv-transfer-config`` (see
@@ -99,6 +101,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Transfer:
+    """One request's KV load or store: its prefix key, blocks and token range."""
+
     req_id: str
     key: str
     block_ids: tuple[list[int], ...]
@@ -112,17 +116,22 @@ class Transfer:
 
 @dataclass
 class FaultKVMetadata(KVConnectorMetadata):
+    """What the scheduler side hands the worker side for one step: loads and stores."""
+
     loads: list[Transfer] = field(default_factory=list)
     stores: list[Transfer] = field(default_factory=list)
     async_ids: set[str] = field(default_factory=set)  # loads of route requests
 
 
 def default_storage_path() -> str:
+    """Where stored KV goes: under the run directory, else a fixed folder in /tmp."""
     run = os.environ.get("OPSCTL_RUN_DIR")
     return str(Path(run) / STORE_DIR) if run else "/tmp/opsctl-kv-store"
 
 
 class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM V1 KV connector that round-trips every group's blocks and fails chosen ones."""
+
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ):
@@ -189,6 +198,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        """Offer the stored prefix of a prompt (async on the requests route), or nothing."""
         n, key = self._prefix(list(request.prompt_token_ids or []))
         if n <= num_computed_tokens or not self._stored(key):
             return 0, False
@@ -206,6 +216,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ):
+        """Plan the load of an offered prefix into the blocks just allocated for it."""
         if num_external_tokens <= 0:
             return
         if self.route == "requests":  # not scheduled this step: load into these blocks
@@ -217,14 +228,17 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         self._need_load[request.request_id] = (request, num_external_tokens)
 
     def update_connector_output(self, connector_output) -> None:
+        """Remember the requests whose asynchronous load failed (never offered again)."""
         failed = getattr(connector_output, "failed_recving", None)
         if failed:
             self._failed_requests |= set(failed)
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """Every KV cache group: the connector loads all of them."""
         return tuple(range(len(self.group_layers)))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The step's metadata: the loads planned so far and the new prefixes to store."""
         meta = FaultKVMetadata()
         meta.loads.extend(self._async_loads.values())
         meta.async_ids.update(self._async_loads)
@@ -270,12 +284,14 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        """Forget a finished request; its blocks are never held for a transfer."""
         self._forget(request.request_id)
         return False, None
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
+        """Forget a finished request (hybrid allocator); its blocks are never held."""
         self._forget(request.request_id)
         return False, None
 
@@ -286,6 +302,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- worker side -------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        """Learn the worker's KV cache tensors per group and adopt the current plan."""
         self._kv = dict(kv_caches)
         with contextlib.suppress(Exception):
             shapes = {name: list(t.shape) for name, t in list(self._kv.items())[:2]}
@@ -331,6 +348,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             record_event(CONNECTOR, {"role": "worker", "control_error": repr(exc)})
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Load this step's planned blocks, failing (and corrupting) the plan's choice."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, FaultKVMetadata)
         if not meta.loads:
@@ -345,12 +363,15 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                         self._recv_failed.add(t.req_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """The asynchronous loads finished since the last call (nothing is ever sent)."""
         with self._lock:
             done, self._recv_done = self._recv_done, set()
         return None, done or None
 
     def get_transfer_results(self, finished_req_ids: set[str]):
-        """Route requests: the loads done this step, failed ones in both sets (vLLM's
+        """The asynchronous loads of the step, finished and failed.
+
+        Route requests: the loads done this step, failed ones in both sets (vLLM's
         contract: a failed receive is also a finished one)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
@@ -439,14 +460,17 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             view.copy_(noise.to(view.device, view.dtype))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        """Nothing to wait for: every load completes in start_load_kv."""
         return
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
+        """Nothing per layer: stores happen once per step in wait_for_save."""
         return  # stores happen once per step in wait_for_save, every layer at once
 
     def wait_for_save(self):
+        """Store the step's new prefixes, every layer of every group at once."""
         if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
@@ -500,6 +524,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """The blocks reported as failed since the last call (then forgotten)."""
         with self._lock:
             out, self._invalid = self._invalid, set()
         return out

@@ -1,4 +1,6 @@
-"""The fault-injecting KV connector's contract: how it is configured, how its injection
+"""The fault-injecting KV connector's contract: configuration, plan and failed blocks.
+
+The fault-injecting KV connector's contract: how it is configured, how its injection
 plan is given and changed, and which loaded KV blocks it reports as failed.
 
 The one pure module (no torch, no vLLM, no opsctl I/O) that both sides import: the
@@ -62,11 +64,14 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BlockSel:
+    """One item of a blocks spec: a group (None: every group) and a position."""
+
     group: int | None  # None: every group
     position: int | None  # None: every position
 
 
 def parse_blocks_spec(spec: str) -> tuple[BlockSel, ...]:
+    """The selections of a blocks spec (``POS`` or ``GROUP:POS``, comma-separated)."""
     items = [s.strip() for s in spec.split(",")]
     if not spec.strip() or any(not s for s in items):
         raise SpecError(
@@ -90,6 +95,8 @@ def parse_blocks_spec(spec: str) -> tuple[BlockSel, ...]:
 
 @dataclass(frozen=True)
 class InjectionPlan:
+    """Which loaded KV blocks the connector fails: by spec, by rate, for which prompts."""
+
     rate: float = 0.0
     seed: int = 0
     blocks: str | None = None
@@ -110,14 +117,17 @@ class InjectionPlan:
 
     @property
     def active(self) -> bool:
+        """Whether the plan fails anything at all (enabled, with blocks or a rate)."""
         return self.enabled and (bool(self._sels) or self.rate > 0)
 
     def targets(self, key: str, request_id: str = "") -> bool:
+        """Whether the plan applies to the prefix ``key`` of request ``request_id``."""
         if not self.requests:
             return True
         return any(r == key or (r and r in request_id) for r in self.requests)
 
     def chooses(self, key: str, group: int, position: int, n_positions: int) -> bool:
+        """Whether the block at ``position`` of ``group`` is to fail (selected or drawn)."""
         for sel in self._sels:
             if sel.group is not None and sel.group != group:
                 continue
@@ -135,7 +145,9 @@ class InjectionPlan:
         block_ids_by_group: Sequence[Sequence[int]],
         ranges: Sequence[tuple[int, int]],
     ) -> list[tuple[int, int, int]]:
-        """(group, position, block id) of the loaded blocks to fail; ``ranges[g]`` is
+        """The loaded blocks the plan fails for one transfer.
+
+        (group, position, block id) of the loaded blocks to fail; ``ranges[g]`` is
         the (start, end) of the loaded positions of group g's block list."""
         if not self.active or not self.targets(key, request_id):
             return []
@@ -152,6 +164,7 @@ class InjectionPlan:
         return chosen
 
     def to_json(self) -> dict:
+        """The plan as JSON data (the connector's extra config or the control file)."""
         d = asdict(self)
         d.pop("_sels", None)
         d["requests"] = list(self.requests)
@@ -159,6 +172,7 @@ class InjectionPlan:
 
     @classmethod
     def from_json(cls, data: dict | None) -> InjectionPlan:
+        """The plan in JSON data; the defaults for what it does not say."""
         data = dict(data or {})
         data.pop("_sels", None)
         known = {
@@ -170,12 +184,15 @@ class InjectionPlan:
 
 
 def unit_draw(seed: int, key: str, group: int, position: int) -> float:
+    """A reproducible draw in [0, 1) for one block of one prefix under ``seed``."""
     digest = hashlib.sha256(f"{seed}|{key}|{group}|{position}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def prefix_len(num_prompt_tokens: int, block_size: int) -> int:
-    """Tokens the connector stores/loads for a prompt: whole blocks, leaving at
+    """How many prompt tokens the connector stores and loads for a prompt.
+
+    Tokens the connector stores/loads for a prompt: whole blocks, leaving at
     least the last prompt token to compute (so the engine samples a next token)."""
     if num_prompt_tokens <= 1:
         return 0
@@ -183,6 +200,7 @@ def prefix_len(num_prompt_tokens: int, block_size: int) -> int:
 
 
 def prefix_key(token_ids: Iterable[int]) -> str:
+    """The stored prefix's key: a short hash of its token ids."""
     data = ",".join(str(int(t)) for t in token_ids).encode()
     return hashlib.sha256(data).hexdigest()[:24]
 
@@ -208,7 +226,9 @@ def kv_transfer_config(
     role: str = "kv_both",
     route: str = ROUTES[0],
 ) -> str:
-    """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector with
+    """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector.
+
+    The ``--kv-transfer-config`` JSON that loads the fault-injecting connector with
     ``inject`` as its first plan (default: nothing injected) on failure ``route``."""
     plan = inject if inject is not None else InjectionPlan(enabled=False)
     extra: dict = {"inject": plan.to_json()}

@@ -36,7 +36,6 @@ gathered by the engine.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import threading
 import time
@@ -44,19 +43,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, record_event
+from engine_patches import wrapping
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe, symbols
+from engine_patches.records import record_event
+from engine_patches.wrapping import Originals
 
 PROBE = "gate"
 HOLD_S = 30.0
 MAX_SIZE = 256
 _MARK = re.compile(r"opsctl-gather(\d+)x([0-9a-f]{4,32})")
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
+MARK = "_opsctl_gate"  # on our wrappers; on an engine core, its Gate
 
 
 def requested(env: dict[str, str] | None = None) -> bool:
-    raw = (env if env is not None else os.environ).get("OPSCTL_PROBES", "")
-    return PROBE in {p.strip() for p in raw.split(",")}
+    """Whether ``OPSCTL_PROBES`` names this probe."""
+    return wrapping.requested(PROBE, env)
 
 
 def marker(size: int, group: str | None = None) -> str:
@@ -82,7 +84,9 @@ class _Group:
 
 
 class Gate:
-    """Held groups of one engine core. ``add`` and ``abort`` run on the core's busy
+    """The request groups one engine core holds back until each is complete.
+
+    Held groups of one engine core. ``add`` and ``abort`` run on the core's busy
     loop; the timer only puts items on the core's (thread-safe) input queue."""
 
     def __init__(self, requeue, hold_s: float = HOLD_S) -> None:
@@ -135,6 +139,7 @@ class Gate:
             self.requeue(request, wave)
 
     def abort(self, request_ids) -> None:
+        """Forget the aborted requests among those held or on their way back."""
         gone = {str(r) for r in request_ids or ()}
         with self.lock:
             self.dropped |= gone & self.released  # still on its way back through the queue
@@ -145,7 +150,9 @@ class Gate:
                     del self.groups[key]
 
     def flush(self, why: str = "shutdown") -> list[tuple[Any, int]]:
-        """Every held request, in arrival order per group (at shutdown or a pause: the
+        """Hand back every held request, in arrival order per group.
+
+        Every held request, in arrival order per group (at shutdown or a pause: the
         scheduler then drains, keeps or aborts them like any other accepted request).
         Late members of a flushed group pass at once."""
         with self.lock:
@@ -156,7 +163,9 @@ class Gate:
         return [held for group in groups.values() for held in group.held]
 
     def accepted(self, request_id: str) -> bool:
-        """Whether a request is one the gate held and handed back (so it was accepted
+        """Whether the gate held a request and handed it back.
+
+        Whether a request is one the gate held and handed back (so it was accepted
         before any pause that rejects new work now)."""
         with self.lock:
             return str(request_id) in self.released
@@ -202,7 +211,6 @@ def _wrap_add(original):
         for req, wave in ready:
             original(self, req, wave)
 
-    add_request._opsctl_gate = True  # type: ignore[attr-defined]
     return add_request
 
 
@@ -216,7 +224,6 @@ def _wrap_abort(original):
             record_event(PROBE, {"event": "error", "error": repr(exc)})
         return original(self, request_ids)
 
-    abort_requests._opsctl_gate = True  # type: ignore[attr-defined]
     return abort_requests
 
 
@@ -228,7 +235,7 @@ def _wrap_shutdown(original):
     def _handle_shutdown(self):
         gate = getattr(self, "_opsctl_gate", None)
         if gate is not None and gate.groups and not self.is_running():
-            add = ORIGINALS.get("add_request")
+            add = ORIGINALS.original("add_request")
             try:
                 for req, wave in gate.flush():
                     add(self, req, wave)
@@ -236,7 +243,6 @@ def _wrap_shutdown(original):
                 record_event(PROBE, {"event": "error", "where": "shutdown", "error": repr(exc)})
         return original(self)
 
-    _handle_shutdown._opsctl_gate = True  # type: ignore[attr-defined]
     return _handle_shutdown
 
 
@@ -250,7 +256,7 @@ def _wrap_pause(original):
     def pause_scheduler(self, *args, **kwargs):
         gate = getattr(self, "_opsctl_gate", None)
         if gate is not None and gate.groups:
-            add = ORIGINALS.get("add_request")
+            add = ORIGINALS.original("add_request")
             try:
                 for req, wave in gate.flush("pause"):
                     add(self, req, wave)
@@ -258,7 +264,6 @@ def _wrap_pause(original):
                 record_event(PROBE, {"event": "error", "where": "pause", "error": repr(exc)})
         return original(self, *args, **kwargs)
 
-    pause_scheduler._opsctl_gate = True  # type: ignore[attr-defined]
     return pause_scheduler
 
 
@@ -277,15 +282,13 @@ def _wrap_reject_paused(original):
             record_event(PROBE, {"event": "error", "where": "paused", "error": repr(exc)})
         return original(self, request)
 
-    _reject_add_while_paused._opsctl_gate = True  # type: ignore[attr-defined]
     return _reject_add_while_paused
 
 
-PROC_ATTRS = ("_handle_shutdown", "pause_scheduler", "_reject_add_while_paused")
-
-
 def install(core_cls, proc_cls) -> list[str]:
-    """Wrap the engine core's methods (``proc_cls`` may lack the pause methods: vLLM
+    """Wrap the engine core's methods that this vLLM has; the names wrapped.
+
+    Wrap the engine core's methods (``proc_cls`` may lack the pause methods: vLLM
     0.32 has no ``_reject_add_while_paused``); the names wrapped."""
     done = []
     for owner, attr, wrap in (
@@ -296,19 +299,13 @@ def install(core_cls, proc_cls) -> list[str]:
         (proc_cls, "_reject_add_while_paused", _wrap_reject_paused),
     ):
         if getattr(owner, attr, None) is not None:
-            _install(owner, attr, wrap)
+            ORIGINALS.wrap(owner, attr, wrap, MARK)
             done.append(attr)
     return done
 
 
-def _install(owner, attr: str, wrap) -> None:
-    current = getattr(owner, attr)
-    if not getattr(current, "_opsctl_gate", False):
-        ORIGINALS[attr] = current
-        setattr(owner, attr, wrap(current))
-
-
 def apply() -> Outcome:
+    """Wrap the engine core's request intake, when the probe is requested."""
     if not requested():
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES does not contain {PROBE!r}")
     from vllm.v1.engine import core
@@ -324,16 +321,11 @@ def apply() -> Outcome:
 
 def undo() -> None:
     """Restore the wrapped methods (tests)."""
-    from vllm.v1.engine import core
-
-    for attr, original in ORIGINALS.items():
-        owner = core.EngineCoreProc if attr in PROC_ATTRS else core.EngineCore
-        setattr(owner, attr, original)
-    ORIGINALS.clear()
+    ORIGINALS.restore()
 
 
-PATCH = Patch(
-    name="batch_gate",
+PATCH = probe(
+    "batch_gate",
     target="vllm.v1.engine.core.EngineCore.add_request, .abort_requests, "
     "EngineCoreProc._handle_shutdown, .pause_scheduler, ._reject_add_while_paused (>= 0.33)",
     versions="0.32 (EngineCore.add_request(request, request_wave), input_queue of "
@@ -342,7 +334,6 @@ PATCH = Patch(
     "together reach the scheduler together (PR 55897, PR 56528)",
     apply=apply,
     roles=("engine_core",),
-    verified_on=("0.32.0",),
     symbols=symbols(
         "vllm.v1.engine.core",
         "EngineCore.add_request",
@@ -355,5 +346,4 @@ PATCH = Patch(
         "EngineCoreProc._handle_client_request",
         "EngineCoreProc._reject_add_while_paused",
     ),
-    kind="probe",
 )

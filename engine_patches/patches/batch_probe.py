@@ -60,38 +60,34 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patches import knobs
-from engine_patches.patch import symbols
-from engine_patches.registry import (
-    APPLIED,
-    SKIPPED,
-    Outcome,
-    Patch,
-    platform_name,
-    process_role,
-    record_event,
-)
+from engine_patches import knobs, wrapping
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe, symbols
+from engine_patches.records import platform_name, process_role, record_event
+from engine_patches.wrapping import Originals
 
 PROBE_NAME = "batch"
-ENV_PROBES = "OPSCTL_PROBES"
+ENV_PROBES = wrapping.PROBES
 ENV_NUDGE = knobs.NUDGE
 RECORDED_ENV = ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_BATCH_INVARIANT")
 DEFAULT_DELTA = 0.01
 MAX_TRACKED = 4096
 
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
+MARK = "_opsctl_batch_probe"
 
 
 @dataclass(frozen=True, slots=True)
 class Nudge:
+    """A planted logit nudge: where (request marker, output position) and how much."""
+
     marker: str
     position: int
     delta: float = DEFAULT_DELTA
 
 
 def requested(env: dict[str, str] | None = None) -> bool:
-    raw = (env if env is not None else os.environ).get(ENV_PROBES, "")
-    return PROBE_NAME in {p.strip() for p in raw.split(",")}
+    """Whether ``OPSCTL_PROBES`` names this probe."""
+    return wrapping.requested(PROBE_NAME, env)
 
 
 def parse_nudge(spec: str | None) -> Nudge | None:
@@ -118,30 +114,47 @@ def parse_nudge(spec: str | None) -> Nudge | None:
 
 
 def armed_nudge() -> Nudge | None:
-    """The nudge this process was armed with: only an explicitly enabled test knob
+    """The nudge this process was armed with, or None.
+
+    The nudge this process was armed with: only an explicitly enabled test knob
     (``knobs.get``), never a bare ``OPSCTL_PROBE_NUDGE`` inherited from a shell."""
     return parse_nudge(knobs.get(ENV_NUDGE))
 
 
 def item_identifiers(state) -> list[str]:
-    """The identifiers of a request's multimodal items (its images' uuids, or the
+    """The identifiers of a request's multimodal items.
+
+    The identifiers of a request's multimodal items (its images' uuids, or the
     engine's own ids for items sent without one); [] for a text-only request."""
     return [str(getattr(f, "identifier", "")) for f in getattr(state, "mm_features", None) or ()]
 
 
-def encoder_items(runner, scheduler_output) -> dict[str, int]:
-    """Request id -> multimodal items with data this encoder call runs (what
-    ``_batch_mm_inputs_from_scheduler`` batches); {} when none."""
+def _items_with_data(scheduled, features_of) -> dict[str, int]:
+    """Request id -> how many of its scheduled encoder inputs are items with data
+    (``features_of(req_id)``: the request's multimodal features); {} when none."""
     out: dict[str, int] = {}
-    for req_id, input_ids in (
-        getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
-    ).items():
-        state = runner.requests.get(req_id)
-        features = getattr(state, "mm_features", None) or []
+    for req_id, input_ids in (scheduled or {}).items():
+        features = features_of(req_id) or []
         n = sum(1 for i in input_ids if i < len(features) and features[i].data is not None)
         if n:
             out[str(req_id)] = n
     return out
+
+
+def encoder_items(runner, scheduler_output) -> dict[str, int]:
+    """V1: request id -> multimodal items with data this encoder call runs.
+
+    Request id -> multimodal items with data this encoder call runs (what
+    ``_batch_mm_inputs_from_scheduler`` batches); {} when none."""
+    return _items_with_data(
+        getattr(scheduler_output, "scheduled_encoder_inputs", None),
+        lambda req_id: getattr(runner.requests.get(req_id), "mm_features", None),
+    )
+
+
+def _error(exc: Exception) -> None:
+    """Record what went wrong in the probe (a probe never breaks the engine)."""
+    record_event("batch", {"event": "error", "error": repr(exc)})
 
 
 class _Tracker:
@@ -191,7 +204,9 @@ class _Tracker:
 
 
 def record_step(tracker: _Tracker, runner, req_ids: list[str], discarded) -> list[tuple[str, int]]:
-    """Record one sampling step of ``req_ids`` (the batch, in row order); advance each
+    """Record one sampling step; the (req id, position) pairs the nudge is due on.
+
+    Record one sampling step of ``req_ids`` (the batch, in row order); advance each
     kept row's output position. The (req id, position) pairs the nudge is due on."""
     n = len(req_ids)
     tracker.steps += 1
@@ -213,7 +228,9 @@ def record_step(tracker: _Tracker, runner, req_ids: list[str], discarded) -> lis
 
 
 def nudge_rows(tracker: _Tracker, logits, rows: dict[str, int], due, num_reqs: int) -> None:
-    """Add the nudge's delta to the largest logit of each due request's row
+    """Nudge the largest logit of each due request's row and record each nudge.
+
+    Add the nudge's delta to the largest logit of each due request's row
     (``rows``: req id -> logits row) and record it."""
     nudge = tracker.nudge
     assert nudge is not None
@@ -280,12 +297,14 @@ class _NudgingSampler:
                     logits = logits.float()
                 nudge_rows(self._tracker, logits, rows, self._due, self._num_reqs)
         except Exception as exc:  # a probe never breaks the engine
-            record_event("batch", {"event": "error", "error": repr(exc)})
+            _error(exc)
         return self._inner(logits, input_batch, *args, **kwargs)
 
 
 def observe_v2(tracker: _Tracker, runner, input_batch) -> list[tuple[str, int]]:
-    """V2: record the step ``input_batch`` samples; the (req id, position) pairs due
+    """V2: record the step ``input_batch`` samples; the pairs due for the nudge.
+
+    V2: record the step ``input_batch`` samples; the (req id, position) pairs due
     for the nudge."""
     _record_runner(tracker, runner, "v2")
     n = int(input_batch.num_reqs)
@@ -294,16 +313,12 @@ def observe_v2(tracker: _Tracker, runner, input_batch) -> list[tuple[str, int]]:
 
 
 def encoder_items_v2(runner, scheduled: dict) -> dict[str, int]:
-    """V2: request id -> multimodal items with data one step's encoder runs, from the
+    """V2: request id -> multimodal items with data one step's encoder runs.
+
+    V2: request id -> multimodal items with data one step's encoder runs, from the
     runner's encoder cache (``encoder_cache.mm_features``); {} when none."""
     features_of = getattr(getattr(runner, "encoder_cache", None), "mm_features", None) or {}
-    out: dict[str, int] = {}
-    for req_id, input_ids in (scheduled or {}).items():
-        features = features_of.get(req_id) or []
-        n = sum(1 for i in input_ids if i < len(features) and features[i].data is not None)
-        if n:
-            out[str(req_id)] = n
-    return out
+    return _items_with_data(scheduled, features_of.get)
 
 
 def _wrap_encoder(original):
@@ -316,21 +331,17 @@ def _wrap_encoder(original):
             if items:
                 record_event("batch", {"event": "encoder", "items": items})
         except Exception as exc:  # a probe never breaks the engine
-            record_event("batch", {"event": "error", "error": repr(exc)})
+            _error(exc)
         return original(self, scheduler_output, *args, **kwargs)
 
-    _execute_mm_encoder._opsctl_batch_probe = True  # type: ignore[attr-defined]
     return _execute_mm_encoder
 
 
 def _install_encoder(cls) -> str:
     """Wrap the encoder call when this vLLM has it (multimodal models call it)."""
-    current = getattr(cls, "_execute_mm_encoder", None)
-    if current is None:
+    if getattr(cls, "_execute_mm_encoder", None) is None:
         return "; no _execute_mm_encoder in this vLLM: encoder calls not recorded"
-    if not getattr(current, "_opsctl_batch_probe", False):
-        ORIGINALS["v1._execute_mm_encoder"] = (cls, "_execute_mm_encoder", current)
-        cls._execute_mm_encoder = _wrap_encoder(current)
+    _install(cls, "_execute_mm_encoder", _wrap_encoder, "v1")
     return "; records vision encoder calls"
 
 
@@ -348,13 +359,8 @@ def _tracker(runner, nudge: Nudge | None) -> _Tracker:
 
 
 def _install(cls, attr: str, wrapper, runner: str) -> None:
-    current = getattr(cls, attr)
-    if getattr(current, "_opsctl_batch_probe", False):
-        return
-    ORIGINALS[f"{runner}.{attr}"] = (cls, attr, current)
-    wrapped = wrapper(current)
-    wrapped._opsctl_batch_probe = True  # type: ignore[attr-defined]
-    setattr(cls, attr, wrapped)
+    """Wrap ``cls.attr`` of the ``runner`` (v1 | v2) once."""
+    ORIGINALS.wrap(cls, attr, wrapper, MARK, key=f"{runner}.{attr}")
 
 
 def hook_v1(cls, nudge: Nudge | None) -> str:
@@ -366,7 +372,7 @@ def hook_v1(cls, nudge: Nudge | None) -> str:
             try:
                 observe(_tracker(self, nudge), self, logits)
             except Exception as exc:  # a probe never breaks the engine
-                record_event("batch", {"event": "error", "error": repr(exc)})
+                _error(exc)
             return original(self, logits, spec_decode_metadata)
 
         return _sample
@@ -376,7 +382,9 @@ def hook_v1(cls, nudge: Nudge | None) -> str:
 
 
 def hook_v2(cls, nudge: Nudge | None) -> str:
-    """Wrap the V2 runner's ``sample`` (steps, nudge), ``execute_model`` (encoder
+    """Wrap the V2 runner's methods the probe records from; what it records.
+
+    Wrap the V2 runner's ``sample`` (steps, nudge), ``execute_model`` (encoder
     calls) and, with a nudge, ``add_requests`` (prompts and uuids for its marker)."""
 
     def wrap_sample(original):
@@ -387,7 +395,7 @@ def hook_v2(cls, nudge: Nudge | None) -> str:
                 tracker = _tracker(self, nudge)
                 due = observe_v2(tracker, self, input_batch)
             except Exception as exc:  # a probe never breaks the engine
-                record_event("batch", {"event": "error", "error": repr(exc)})
+                _error(exc)
             inner = getattr(self, "sampler", None)
             if not due or inner is None:
                 return original(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
@@ -409,7 +417,7 @@ def hook_v2(cls, nudge: Nudge | None) -> str:
                 if items:
                     record_event("batch", {"event": "encoder", "items": items})
             except Exception as exc:  # a probe never breaks the engine
-                record_event("batch", {"event": "error", "error": repr(exc)})
+                _error(exc)
             return out
 
         return execute_model
@@ -422,7 +430,7 @@ def hook_v2(cls, nudge: Nudge | None) -> str:
                 for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
                     tracker.states[str(new.req_id)] = new
             except Exception as exc:  # a probe never breaks the engine
-                record_event("batch", {"event": "error", "error": repr(exc)})
+                _error(exc)
             return original(self, scheduler_output, *args, **kwargs)
 
         return add_requests
@@ -454,6 +462,7 @@ def _runner_class(module: str, method: str) -> tuple[Any, str | None]:
 
 
 def apply() -> Outcome:
+    """Hook the model runner(s) this vLLM has, when the probe is requested."""
     if not requested():
         return Outcome(SKIPPED, f"inert: {ENV_PROBES} does not contain {PROBE_NAME!r}")
     nudge = armed_nudge()
@@ -495,14 +504,12 @@ def apply() -> Outcome:
 
 def undo() -> None:
     """Restore every wrapped method of either runner (tests)."""
-    for cls, attr, original in ORIGINALS.values():
-        setattr(cls, attr, original)
-    ORIGINALS.clear()
+    ORIGINALS.restore()
     _TRACKERS.clear()
 
 
-PATCH = Patch(
-    name="batch_probe",
+PATCH = probe(
+    "batch_probe",
     target="V1 vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample, "
     "._execute_mm_encoder; V2 vllm.v1.worker.gpu.model_runner.GPUModelRunner.sample, "
     ".execute_model, .add_requests",
@@ -511,7 +518,6 @@ PATCH = Patch(
     reason="opsctl probe for diag invariance: show the batch the engine formed (PR 56528)",
     apply=apply,
     roles=("engine_core", "worker"),
-    verified_on=("0.32.0",),
     symbols=symbols(
         V1_MODULE,
         "GPUModelRunner._sample",
@@ -527,5 +533,4 @@ PATCH = Patch(
         ),
     ),
     watch=symbols(V2_MODULE, "GPUModelRunner.add_requests"),
-    kind="probe",
 )

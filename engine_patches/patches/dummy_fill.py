@@ -1,4 +1,6 @@
-"""Dummy loading: constant fill via ``dummy_weight_value`` and one init per tensor
+"""Dummy loading fills constants and initialises each tensor once (vLLM PR 56682).
+
+Dummy loading: constant fill via ``dummy_weight_value`` and one init per tensor
 (vLLM PR 56682).
 
 Upstream (vLLM >= 0.32 here) ``initialize_single_dummy_weight`` fills a tensor that
@@ -19,8 +21,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from engine_patches.patch import Sources, installed_sources
-from engine_patches.registry import APPLIED, UPSTREAM, Outcome, Patch
+from engine_patches.patch import APPLIED, UPSTREAM, Outcome, Sources, declare, installed_sources
 
 ORIGINALS: dict[str, Any] = {}
 
@@ -76,6 +77,12 @@ def calls_state_dict(source: str) -> bool:
 
 
 def constant_fill_init(original):
+    """Dummy weight init that honours ``dummy_weight_value`` for every dtype.
+
+    ``initialize_single_dummy_weight`` that fills a tensor carrying
+    ``dummy_weight_value`` with that constant (any dtype) and leaves the rest to
+    ``original``."""
+
     def initialize_single_dummy_weight(param, *args, **kwargs):
         value = getattr(param, "dummy_weight_value", None)
         if value is not None and param.device.type != "meta":
@@ -88,7 +95,9 @@ def constant_fill_init(original):
 
 
 def accepts_name(init) -> bool:
-    """Whether ``initialize_single_dummy_weight`` takes ``name=`` (vLLM >= 0.33: a
+    """Whether ``initialize_single_dummy_weight`` takes ``name=``.
+
+    Whether ``initialize_single_dummy_weight`` takes ``name=`` (vLLM >= 0.33: a
     uint8 tensor named like a scale holds E8M0 scales and gets a fixed exponent). Only
     an explicit ``name`` parameter counts (followed through ``__wrapped__``): a wrapper's
     ``**kwargs`` says nothing about the function it forwards to."""
@@ -100,7 +109,9 @@ def accepts_name(init) -> bool:
 
 
 def init_local_tensors(model, init) -> int:
-    """Initialise each module's own parameters and persistent buffers once (not the
+    """Initialise every tensor of ``model`` once; how many were visited.
+
+    Initialise each module's own parameters and persistent buffers once (not the
     descendants ``state_dict()`` would visit again), passing the tensor's name when
     ``init`` takes it, as vLLM >= 0.33's own loader does. Returns the tensors visited."""
     named = accepts_name(init)
@@ -121,12 +132,14 @@ def init_local_tensors(model, init) -> int:
 
 
 def single_visit_load_weights(self, model, model_config) -> None:
+    """``DummyModelLoader.load_weights`` that initialises every tensor once."""
     from vllm.model_executor.model_loader import weight_utils
 
     init_local_tensors(model, weight_utils.initialize_single_dummy_weight)
 
 
 def apply() -> Outcome:
+    """Wrap whichever half of PR 56682 the installed vLLM lacks."""
     from vllm.model_executor.model_loader import dummy_loader, weight_utils
 
     if ORIGINALS:  # applied earlier in this process (vLLM may call plugins more than once)
@@ -150,6 +163,7 @@ def apply() -> Outcome:
 
 
 def undo() -> None:
+    """Restore both functions (tests)."""
     from vllm.model_executor.model_loader import dummy_loader, weight_utils
 
     if "fill" in ORIGINALS:
@@ -162,8 +176,8 @@ def undo() -> None:
         dummy_loader.DummyModelLoader.load_weights = ORIGINALS.pop("load")  # type: ignore[method-assign]
 
 
-PATCH = Patch(
-    name="dummy_constant_fill",
+PATCH = declare(
+    "dummy_constant_fill",
     target="vllm.model_executor.model_loader.{weight_utils.initialize_single_dummy_weight,dummy_loader.DummyModelLoader.load_weights}",
     versions="< 0.32 (upstream from 0.32)",
     reason="vLLM PR 56682: dummy_weight_value constant fill (Engram fp8/ue8m0 tables), one init per tensor",

@@ -1,4 +1,6 @@
-"""Test knob ``OPSCTL_HANG_GPU=FILE``: while ``FILE`` exists, the worker's model step keeps
+"""Test knob: plant a GPU-side hang (a spinning kernel) in the worker's model step.
+
+Test knob ``OPSCTL_HANG_GPU=FILE``: while ``FILE`` exists, the worker's model step keeps
 the device busy with a kernel that spins (torch's ``cuda._sleep``, about a second per
 launch, launched again until ``FILE`` is gone) and waits for it in a function named
 ``planted_gpu_hang``: the way an engine stuck in a kernel or a collective that never
@@ -27,7 +29,9 @@ SPIN_CYCLES = 2_000_000_000  # ~1 s at an H200's 1.98 GHz SM clock: one launch
 
 
 def planted_gpu_hang(trigger: str) -> None:
-    """Keep the device busy with spinning kernels while ``trigger`` exists, waiting for
+    """Spin the GPU while ``trigger`` exists (block on the host without CUDA).
+
+    Keep the device busy with spinning kernels while ``trigger`` exists, waiting for
     each in the current stream (a host thread blocked in a CUDA synchronisation)."""
     import torch
 
@@ -41,7 +45,9 @@ def planted_gpu_hang(trigger: str) -> None:
 
 
 def apply() -> Outcome:
-    """Make ``Worker.execute_model`` spin the GPU (block, without CUDA) while the knob's
+    """Make ``Worker.execute_model`` hang while the knob's file exists.
+
+    Make ``Worker.execute_model`` spin the GPU (block, without CUDA) while the knob's
     file exists; skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_GPU)
     if not trigger:

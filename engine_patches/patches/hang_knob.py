@@ -1,4 +1,6 @@
-"""Test knob ``OPSCTL_HANG_STEP=FILE``: while ``FILE`` exists, the EngineCore's step blocks
+"""Test knob: plant a host-side hang in the EngineCore's step.
+
+Test knob ``OPSCTL_HANG_STEP=FILE``: while ``FILE`` exists, the EngineCore's step blocks
 on a lock in a function named ``planted_hang``, the way an engine stuck in its step looks:
 /health still answers 200 (the API server is fine), no step runs, the gauges stay where
 they were, queued requests wait for ever. Removing the file lets the step go on.
@@ -35,7 +37,9 @@ def planted_hang(trigger: str) -> None:
 
 
 def hang_while(trigger: str, hang: Callable[[str], None]) -> Callable[[Any], Any]:
-    """A wrapper of a method that, while ``trigger`` exists, first runs ``hang`` (which
+    """A method wrapper that first runs ``hang`` while the file ``trigger`` exists.
+
+    A wrapper of a method that, while ``trigger`` exists, first runs ``hang`` (which
     returns once the file is gone), then the method."""
 
     def wrap(original):
@@ -51,7 +55,9 @@ def hang_while(trigger: str, hang: Callable[[str], None]) -> Callable[[Any], Any
 
 
 def apply() -> Outcome:
-    """Make ``EngineCore.step`` (and ``step_with_batch_queue``) block while the knob's
+    """Make the EngineCore's step block while the knob's file exists.
+
+    Make ``EngineCore.step`` (and ``step_with_batch_queue``) block while the knob's
     file exists; skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_STEP)
     if not trigger:

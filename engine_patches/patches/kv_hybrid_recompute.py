@@ -1,4 +1,6 @@
-"""KV load failures on multi-group (hybrid) KV caches: recompute, never crash
+"""Multi-group (hybrid) KV caches recompute after a failed KV load (vLLM PR 50388).
+
+KV load failures on multi-group (hybrid) KV caches: recompute, never crash
 (vLLM PR 50388; issues 45474, 50687).
 
 A KV connector reports blocks whose external load failed through
@@ -91,7 +93,9 @@ SYMBOLS = (HANDLE, UPDATE)
 
 
 def upstream_rule(sources: Sources) -> tuple[bool | None, str]:
-    """(True: the scheduler already recovers several groups | False: it crashes |
+    """Whether the scheduler already recovers several groups, from its source.
+
+    (True: the scheduler already recovers several groups | False: it crashes |
     None: the target is missing, why), from the source text of :data:`SYMBOLS`
     (installed or read from a wheel)."""
     if sources.get(HANDLE) is None:
@@ -304,7 +308,9 @@ GUARD = "_opsctl_local_recompute"  # on a request: never load its KV from the co
 
 
 def recompute_locally(scheduler, request) -> None:
-    """Make ``request``'s restart read neither the local prefix cache nor the
+    """Make a request's restart read neither the prefix cache nor the connector.
+
+    Make ``request``'s restart read neither the local prefix cache nor the
     connector: the KV that failed to load would otherwise be loaded (and fail) again,
     for ever on a connector that keeps failing (seen on vLLM 0.26 on the H200: 18,646
     recoveries in 200 s). Each release spells it differently: 0.32/0.33 read
@@ -319,7 +325,9 @@ def recompute_locally(scheduler, request) -> None:
 
 
 def guard_connector(scheduler) -> None:
-    """Wrap the scheduler's connector once: a request marked by
+    """Wrap the scheduler's connector once so it offers nothing to a local recompute.
+
+    Wrap the scheduler's connector once: a request marked by
     :func:`recompute_locally` is told the connector has nothing for it."""
     connector = getattr(scheduler, "connector", None)
     if connector is None or getattr(connector, "__dict__", {}).get(GUARD):
@@ -337,7 +345,9 @@ def guard_connector(scheduler) -> None:
 
 
 def wrap(original):
-    """``Scheduler._handle_invalid_blocks`` that takes the multi-group path for a KV
+    """The patched ``Scheduler._handle_invalid_blocks``.
+
+    ``Scheduler._handle_invalid_blocks`` that takes the multi-group path for a KV
     cache of several groups and the original otherwise."""
 
     @functools.wraps(original)
@@ -350,7 +360,9 @@ def wrap(original):
 
 
 def apply() -> Outcome:
-    """Wrap ``Scheduler._handle_invalid_blocks``, unless the installed scheduler
+    """Wrap ``Scheduler._handle_invalid_blocks`` unless upstream handles several groups.
+
+    Wrap ``Scheduler._handle_invalid_blocks``, unless the installed scheduler
     already recovers several groups."""
     from vllm.v1.core.sched import scheduler as sched_mod
 

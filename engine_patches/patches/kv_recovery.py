@@ -1,4 +1,6 @@
-"""KV load failures recover on CUDA vLLM: the V2 model runner honours the scheduler's
+"""KV load failures recover on CUDA vLLM's V2 runner and with async scheduling.
+
+KV load failures recover on CUDA vLLM: the V2 model runner honours the scheduler's
 rewind, and async scheduling drops the step that was in flight (vLLM issue 49250;
 PRs 49252 and 53298, open).
 
@@ -87,7 +89,9 @@ def _recompute(scheduler) -> bool:
 
 
 def rewind_rule(sources: Sources) -> tuple[bool | None, str]:
-    """(True: the V2 runner already writes a rewound count to the device | False: it
+    """Whether the V2 runner already applies a rewind on the device, from its source.
+
+    (True: the V2 runner already writes a rewound count to the device | False: it
     writes only the CPU mirror | None: no V2 runner, why)."""
     src = sources.get(RUNNER_UPDATE)
     if src is None:
@@ -100,7 +104,9 @@ def rewind_rule(sources: Sources) -> tuple[bool | None, str]:
 
 
 def inflight_rule(sources: Sources) -> tuple[bool | None, str]:
-    """(True: the failure path already drops in-flight output | False: it keeps it |
+    """Whether the KV failure path already drops in-flight output, from its source.
+
+    (True: the failure path already drops in-flight output | False: it keeps it |
     None: the failure path is gone, why)."""
     handle, update = sources.get(HANDLE), sources.get(UPDATE_INVALID)
     if handle is None:
@@ -116,7 +122,9 @@ def inflight_rule(sources: Sources) -> tuple[bool | None, str]:
 
 
 def drop_inflight(scheduler, request, added_this_step: int) -> tuple[int, str]:
-    """Drop every output frame of ``request`` still in flight after the step whose
+    """Drop a request's output still in flight after its failed KV load.
+
+    Drop every output frame of ``request`` still in flight after the step whose
     KV load failed, as vLLM does for a preempted request's stale frames; returns how
     much was marked and in what unit: scheduled tokens (0.32+, drained in lockstep with
     each step, the failed step's share included) or output frames (0.26, one per
@@ -254,7 +262,9 @@ def _wrap_schedule(original):
 
 
 def rewind_runner_state(runner, cached_reqs, rewound: set[str]) -> list[dict]:
-    """Bring the V2 runner's state of each rewound request back to the scheduler's:
+    """Rewind the V2 runner's state of each rewound request to the scheduler's.
+
+    Bring the V2 runner's state of each rewound request back to the scheduler's:
     the device-side computed count, ``total_len``, and the output bin counts of the
     tokens the failure dropped. Returns one record per request (for the event)."""
     import torch

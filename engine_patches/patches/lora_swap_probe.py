@@ -1,4 +1,6 @@
-"""Probe and planted fault for `opsctl diag lora` (vLLM PR 55897: LoRA on multimodal
+"""Probe and planted fault for ``opsctl diag lora`` (vLLM PR 55897).
+
+Probe and planted fault for `opsctl diag lora` (vLLM PR 55897: LoRA on multimodal
 towers; are mixed-adapter batches mapped request by request?).
 
 Probe, inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``lora``: in the worker
@@ -41,24 +43,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from engine_patches import knobs
-from engine_patches.patch import symbols
-from engine_patches.registry import APPLIED, SKIPPED, Outcome, Patch, platform_name, record_event
+from engine_patches import knobs, wrapping
+from engine_patches.patch import APPLIED, SKIPPED, Outcome, probe, symbols
+from engine_patches.records import platform_name, record_event
+from engine_patches.wrapping import Originals
 
 PROBE = "lora"
 SWAP_ENV = knobs.LORA_SWAP
 SCOPES = ("lm", "tower", "all")
-ORIGINALS: dict[str, Any] = {}
+ORIGINALS = Originals()
+PROBE_MARK = "_opsctl_lora_probe"  # on the wrappers of the probe's records
+SWAP_MARK = "_opsctl_lora_swap"  # on the wrappers that may swap adapters
 _SEEN_SWAPS: set[tuple[str, str, str]] = set()
 
 
 def requested(env: dict[str, str] | None = None) -> bool:
-    raw = (env if env is not None else os.environ).get("OPSCTL_PROBES", "")
-    return PROBE in {p.strip() for p in raw.split(",")}
+    """Whether ``OPSCTL_PROBES`` names this probe."""
+    return wrapping.requested(PROBE, env)
 
 
 def swap_scope(value: str | None) -> str | None:
@@ -107,6 +111,7 @@ def _by_part(names: Sequence[str], mapping: Any) -> dict[str, list[str]]:
 
 
 def describe_manager(manager: Any, vllm_config: Any) -> dict:
+    """The ``manager`` event: what the LoRA model manager wrapped and how it is set up."""
     mapping = getattr(manager, "mm_mapping", None)
     wrappers = getattr(manager, "punica_wrapper_mapping", {}) or {}
     cfg = manager.lora_config
@@ -125,7 +130,9 @@ def describe_manager(manager: Any, vllm_config: Any) -> dict:
 
 
 def text_only_names(manager: Any, modules: Sequence[str]) -> dict[str, str]:
-    """``{name a text-only adapter uses: the module it reaches}``. vLLM >= 0.33 applies
+    """The names a text-only adapter uses, mapped to the module each reaches.
+
+    ``{name a text-only adapter uses: the module it reaches}``. vLLM >= 0.33 applies
     an adapter trained on the text-only ``*ForCausalLM`` (``model.layers.*``,
     ``lm_head``) to a multimodal model's language model (mounted under a prefix such as
     ``language_model.``), through ``LoRAModelManager._get_text_lora_names``; {} on a
@@ -145,7 +152,9 @@ def text_only_names(manager: Any, modules: Sequence[str]) -> dict[str, str]:
 
 
 def describe_adapter(request: Any, lora_model: Any, manager: Any) -> dict:
-    """Per part (language / tower / connector / other): the modules an adapter carries
+    """The ``adapter`` event: what an adapter carries and what of it the engine applies.
+
+    Per part (language / tower / connector / other): the modules an adapter carries
     and how many of them reach a module the engine wrapped. A text-only adapter's names
     on a multimodal model count for the language model when this vLLM maps them there
     (``text_only``: how many did)."""
@@ -174,7 +183,9 @@ def describe_adapter(request: Any, lora_model: Any, manager: Any) -> dict:
 def swapped(
     mapping: Any, rows: Sequence[int], req_ids: Sequence[str], scope: str
 ) -> Iterator[None]:
-    """Swap the adapters of the first mixed pair among ``rows`` of ``mapping`` (the
+    """Swap the adapters of the first mixed pair for the duration of the block.
+
+    Swap the adapters of the first mixed pair among ``rows`` of ``mapping`` (the
     input batch's per-request adapter ids) for the duration of the block."""
     ids = [int(mapping[r]) for r in rows]
     pair = pick_pair(ids)
@@ -204,7 +215,6 @@ def _wrap_lm(original):
         with swapped(self.request_lora_mapping, list(range(n)), req_ids, "lm"):
             return original(self, num_scheduled_tokens, num_sampled_tokens)
 
-    make_lora_inputs._opsctl_lora_swap = True  # type: ignore[attr-defined]
     return make_lora_inputs
 
 
@@ -227,7 +237,6 @@ def _wrap_encoder(original, observe: bool, swap: bool):
         with swapped(batch.request_lora_mapping, rows, req_ids, "tower"):
             return original(self, scheduler_output)
 
-    _execute_mm_encoder._opsctl_lora_swap = True  # type: ignore[attr-defined]
     return _execute_mm_encoder
 
 
@@ -241,7 +250,6 @@ def _wrap_manager_init(original):
         except Exception as exc:  # a probe never breaks the engine
             record_event(PROBE, {"event": "error", "where": "manager", "error": repr(exc)})
 
-    __init__._opsctl_lora_probe = True  # type: ignore[attr-defined]
     return __init__
 
 
@@ -255,16 +263,12 @@ def _wrap_load(original):
             record_event(PROBE, {"event": "error", "where": "adapter", "error": repr(exc)})
         return lora_model
 
-    _load_adapter._opsctl_lora_probe = True  # type: ignore[attr-defined]
     return _load_adapter
 
 
-def _install(owner: Any, attr: str, wrapper, flag: str) -> None:
-    current = getattr(owner, attr)
-    if getattr(current, flag, False):
-        return
-    ORIGINALS[f"{owner.__name__}.{attr}"] = (owner, attr, current)
-    setattr(owner, attr, wrapper(current))
+def _install(owner: Any, attr: str, wrapper, mark: str = SWAP_MARK) -> None:
+    """Wrap ``owner.attr`` (a class's method or a module's function) once."""
+    ORIGINALS.wrap(owner, attr, wrapper, mark, key=f"{owner.__name__}.{attr}")
 
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
@@ -281,7 +285,6 @@ def _wrap_lm_v2(original):
         with swapped(self.lora_ids, rows, list(req_ids), "lm"):
             return original(self, req_ids, idx_mapping, num_scheduled_tokens, *args, **kwargs)
 
-    make_lora_inputs._opsctl_lora_swap = True  # type: ignore[attr-defined]
     return make_lora_inputs
 
 
@@ -310,7 +313,6 @@ def _wrap_mm_loras_v2(original, observe: bool, swap: bool):
         with swapped(state.lora_ids, rows, req_ids, "tower"):
             return original(*args, **kwargs)
 
-    set_active_mm_loras._opsctl_lora_swap = True  # type: ignore[attr-defined]
     return set_active_mm_loras
 
 
@@ -329,17 +331,10 @@ def _v2_modules() -> tuple[Any, Any, str | None]:
     return runner, lora, None
 
 
-def _install_module_fn(module: Any, attr: str, wrapper) -> None:
-    current = getattr(module, attr)
-    if getattr(current, "_opsctl_lora_swap", False):
-        return
-    ORIGINALS[f"{module.__name__}.{attr}"] = (module, attr, current)
-    setattr(module, attr, wrapper(current))
-
-
 def apply() -> Outcome:
-    probe, scope = requested(), swap_scope(knobs.get(SWAP_ENV))
-    if not probe and scope is None:
+    """Hook the LoRA manager (probe) and the runner's adapter mapping (probe, knob)."""
+    recording, scope = requested(), swap_scope(knobs.get(SWAP_ENV))
+    if not recording and scope is None:
         return Outcome(SKIPPED, f"inert: OPSCTL_PROBES has no {PROBE!r} and {SWAP_ENV} is unset")
     from vllm.lora import model_manager, worker_manager
 
@@ -356,35 +351,35 @@ def apply() -> Outcome:
         v2_runner, v2_lora, why_v2 = _v2_modules()
 
     done = []
-    if probe:
+    if recording:
         manager, worker = model_manager.LoRAModelManager, worker_manager.WorkerLoRAManager
-        _install(manager, "__init__", _wrap_manager_init, "_opsctl_lora_probe")
-        _install(worker, "_load_adapter", _wrap_load, "_opsctl_lora_probe")
+        _install(manager, "__init__", _wrap_manager_init, PROBE_MARK)
+        _install(worker, "_load_adapter", _wrap_load, PROBE_MARK)
         done.append("records the LoRA manager, adapters and encoder calls in events/lora.jsonl")
     if not has_v1 and v2_runner is None:
         done.append(
             "cannot observe encoder calls on this vLLM (no V1 GPUModelRunner._execute_mm_"
             f"encoder; {why_v2}): encoder calls not recorded, no adapter swap"
         )
-        if not probe:
+        if not recording:
             return Outcome(SKIPPED, done[0])
         return Outcome(APPLIED, "; ".join(done))
     tower = scope in ("tower", "all")
     if has_v1:
         if scope in ("lm", "all"):
             batch = gpu_input_batch.InputBatch
-            _install(batch, "make_lora_inputs", _wrap_lm, "_opsctl_lora_swap")
-        if probe or tower:
-            wrap = functools.partial(_wrap_encoder, observe=probe, swap=tower)
+            _install(batch, "make_lora_inputs", _wrap_lm)
+        if recording or tower:
+            wrap = functools.partial(_wrap_encoder, observe=recording, swap=tower)
             runner = gpu_model_runner.GPUModelRunner
-            _install(runner, "_execute_mm_encoder", wrap, "_opsctl_lora_swap")
+            _install(runner, "_execute_mm_encoder", wrap)
         done.append("V1 runner hooked")
     if v2_runner is not None and v2_lora is not None:
         if scope in ("lm", "all"):
-            _install(v2_lora.LoraState, "make_lora_inputs", _wrap_lm_v2, "_opsctl_lora_swap")
-        if probe or tower:
-            wrap = functools.partial(_wrap_mm_loras_v2, observe=probe, swap=tower)
-            _install_module_fn(v2_runner, "set_active_mm_loras", wrap)
+            _install(v2_lora.LoraState, "make_lora_inputs", _wrap_lm_v2)
+        if recording or tower:
+            wrap = functools.partial(_wrap_mm_loras_v2, observe=recording, swap=tower)
+            _install(v2_runner, "set_active_mm_loras", wrap)
         done.append("V2 runner hooked (encoder calls from set_active_mm_loras)")
     if scope is not None:
         done.append(f"TEST KNOB {SWAP_ENV}={scope}: swaps two requests' adapters when batched")
@@ -393,14 +388,12 @@ def apply() -> Outcome:
 
 def undo() -> None:
     """Restore every wrapped callable (tests)."""
-    for owner, attr, original in ORIGINALS.values():
-        setattr(owner, attr, original)
-    ORIGINALS.clear()
+    ORIGINALS.restore()
     _SEEN_SWAPS.clear()
 
 
-PATCH = Patch(
-    name="lora_swap_probe",
+PATCH = probe(
+    "lora_swap_probe",
     target="vllm.lora.model_manager.LoRAModelManager, vllm.v1.worker.gpu_input_batch."
     "InputBatch.make_lora_inputs, GPUModelRunner._execute_mm_encoder; V2: vllm.v1.worker."
     "gpu.model_runner.set_active_mm_loras, gpu.lora_utils.LoraState.make_lora_inputs",
@@ -409,7 +402,6 @@ PATCH = Patch(
     "(PR 55897); test knob OPSCTL_LORA_SWAP plants a mixed-batch fault",
     apply=apply,
     roles=("engine_core", "worker"),
-    verified_on=("0.32.0",),
     symbols=(
         *symbols("vllm.lora.model_manager", "LoRAModelManager.__init__"),
         *symbols("vllm.lora.worker_manager", "WorkerLoRAManager._load_adapter"),
@@ -435,5 +427,4 @@ PATCH = Patch(
             "vllm.v1.worker.gpu.mm.lora:set_active_mm_loras",
         ),
     ),
-    kind="probe",
 )

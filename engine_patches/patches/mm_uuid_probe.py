@@ -50,7 +50,9 @@ def rewrite(features: list, target: str) -> int:
 
 
 def describe(request_id: str, features: list) -> dict:
-    """The ``mm_uuid`` event of one request: each multimodal item's identifiers and
+    """The ``mm_uuid`` event of one request.
+
+    The ``mm_uuid`` event of one request: each multimodal item's identifiers and
     placeholder position."""
     items = []
     for i, f in enumerate(features or ()):
@@ -70,7 +72,9 @@ def describe(request_id: str, features: list) -> dict:
 
 
 def wrap(original):
-    """``EngineCore.preprocess_add_request`` that records (and, with the knob, rewrites)
+    """The probing ``EngineCore.preprocess_add_request``.
+
+    ``EngineCore.preprocess_add_request`` that records (and, with the knob, rewrites)
     the identifiers of the request's multimodal items."""
 
     @functools.wraps(original)

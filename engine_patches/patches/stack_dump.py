@@ -1,4 +1,6 @@
-"""Probe: every vLLM process of an opsctl run dumps the Python stacks of all its threads
+"""Probe: every vLLM process dumps its threads' stacks on SIGUSR2 (``opsctl stacks``).
+
+Probe: every vLLM process of an opsctl run dumps the Python stacks of all its threads
 on ``SIGUSR2`` (``opsctl stacks``), into ``<run>/stacks/<pid>.txt``.
 
 Python's ``faulthandler`` C-level handler writes the dump from inside the signal

@@ -1,4 +1,6 @@
-"""Two image-model counts that vLLM before 0.32 gets wrong with transformers 5 (found on
+"""Two image-model counts vLLM before 0.32 gets wrong with transformers 5.
+
+Two image-model counts that vLLM before 0.32 gets wrong with transformers 5 (found on
 the H200 with CUDA vLLM 0.26.0 and transformers 5.17.0; docs/gpu.md, issue 34 item 5).
 
 - **idefics3_unsplit_patches** (vLLM issue 48667, fixed by PR 48760, upstream in 0.32 as
@@ -62,7 +64,9 @@ def patches_rule(sources: Sources) -> tuple[bool | None, str]:
 
 
 def blip2_rule(sources: Sources) -> tuple[bool | None, str]:
-    """(True: integer token counts, or the methods are gone | False: true division |
+    """Whether BLIP-2's LoRA token counts are integers, from the class's source.
+
+    (True: integer token counts, or the methods are gone | False: true division |
     None: no BLIP-2), from the class's source."""
     src = sources.get(BLIP2_CLASS)
     if src is None:

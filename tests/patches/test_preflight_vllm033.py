@@ -167,7 +167,7 @@ def test_033_rejects_new_adds_while_paused_even_a_handed_back_held_one(v033):
     proc_cls = proc_class(v033)
     G.ORIGINALS.clear()
     try:
-        G._install(proc_cls, "add_request", G._wrap_add)
+        G.ORIGINALS.wrap(proc_cls, "add_request", G._wrap_add, G.MARK)
         proc = proc_cls()
         group = G.marker(2, "abcd")
         add(proc, f"a-{group}")
