@@ -163,8 +163,7 @@ def verification(patch: Patch, version: str | None) -> tuple[bool | None, str | 
 def resolve_symbol(name: str) -> Any:
     """The installed vLLM's object for ``module:qualname`` (imports it).
 
-    The installed vLLM's object for ``module:qualname`` (imports it); ImportError or
-    AttributeError when the module or the name is not there."""
+    Raises ImportError or AttributeError when the module or the name is not there."""
     import importlib
 
     module, qualname = split_symbol(name)

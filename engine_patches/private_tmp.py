@@ -23,8 +23,7 @@ MARKER = ".opsctl-engine-tmp"
 def remove(path: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str]) -> str | None:
     """Remove the engine temporary directory ``path`` made for ``run_dir``.
 
-    Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
-    is gone (removed now, or before); otherwise why it was left."""
+    None when it is gone (removed now, or before); otherwise why it was left."""
     if not path:
         return None
     p = os.fspath(path)
@@ -49,8 +48,7 @@ def remove(path: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str])
 def remove_own(env: dict[str, str] | None = None) -> str | None:
     """In an engine process: remove its own private ``TMPDIR``.
 
-    In an engine process: remove its private ``TMPDIR`` (the one made for
-    ``OPSCTL_RUN_DIR``); None when there is none or it is gone."""
+    The one made for ``OPSCTL_RUN_DIR``; None when there is none or it is gone."""
     env = dict(os.environ) if env is None else env
     run_dir = env.get("OPSCTL_RUN_DIR")
     tmp = env.get("TMPDIR")

@@ -33,8 +33,7 @@ ALREADY = Outcome(APPLIED, "already applied in this process")  # vLLM loaded plu
 def requested(probe: str, env: Mapping[str, str] | None = None, *, every: bool = False) -> bool:
     """Whether ``OPSCTL_PROBES`` (comma-separated) names ``probe``.
 
-    Whether ``OPSCTL_PROBES`` (comma-separated) names ``probe`` (or ``all``, where
-    ``every`` says the probe honours it)."""
+    ``all`` counts too where ``every`` says the probe honours it."""
     raw = (env if env is not None else os.environ).get(PROBES, "")
     names = {p.strip() for p in raw.split(",")}
     return probe in names or (every and "all" in names)
@@ -43,8 +42,8 @@ def requested(probe: str, env: Mapping[str, str] | None = None, *, every: bool =
 def wrapped_by(fn: Any, mark: str, value: Any = True) -> bool:
     """Whether ``fn`` or a callable it wraps carries ``mark`` set to ``value``.
 
-    Whether ``fn`` or a callable along its ``__wrapped__`` chain carries ``mark``
-    set to ``value`` (two patches may stack on one method under one mark name)."""
+    The chain is followed through ``__wrapped__`` (two patches may stack on one
+    method under one mark name)."""
     seen = 0
     while fn is not None and seen < 16:
         if getattr(fn, mark, None) == value:
@@ -71,9 +70,9 @@ class Originals(dict):
     ) -> bool:
         """Replace ``owner.attr`` with ``wrapper(current)`` once.
 
-        Replace ``owner.attr`` with ``wrapper(current)`` unless it is ours already
-        (``mark`` set to ``value`` on it or along its chain); the wrapper gets the mark.
-        False when it was ours (idempotent: vLLM may load plugins more than once)."""
+        Nothing happens when it is ours already (``mark`` set to ``value`` on it or
+        along its chain); the wrapper gets the mark. False when it was ours
+        (idempotent: vLLM may load plugins more than once)."""
         current = getattr(owner, attr)
         if wrapped_by(current, mark, value):
             return False
@@ -111,8 +110,8 @@ def decide_upstream(
 def settled(handled: bool | None, why: str) -> Outcome | None:
     """The outcome of an upstream verdict that leaves nothing to apply, or None.
 
-    The outcome of an upstream verdict that leaves nothing to apply: skipped when it
-    cannot decide (None), already upstream when the fix is there; None to apply."""
+    Skipped when it cannot decide (None), already upstream when the fix is there;
+    None to apply."""
     if handled is None:
         return Outcome(SKIPPED, why)
     if handled:

@@ -228,8 +228,8 @@ def kv_transfer_config(
 ) -> str:
     """The ``--kv-transfer-config`` JSON that loads the fault-injecting connector.
 
-    The ``--kv-transfer-config`` JSON that loads the fault-injecting connector with
-    ``inject`` as its first plan (default: nothing injected) on failure ``route``."""
+    ``inject`` is its first plan (default: nothing injected), ``route`` its failure
+    route."""
     plan = inject if inject is not None else InjectionPlan(enabled=False)
     extra: dict = {"inject": plan.to_json()}
     if route != ROUTES[0]:

@@ -288,8 +288,8 @@ def _wrap_reject_paused(original):
 def install(core_cls, proc_cls) -> list[str]:
     """Wrap the engine core's methods that this vLLM has; the names wrapped.
 
-    Wrap the engine core's methods (``proc_cls`` may lack the pause methods: vLLM
-    0.32 has no ``_reject_add_while_paused``); the names wrapped."""
+    ``proc_cls`` may lack the pause methods: vLLM 0.32 has no
+    ``_reject_add_while_paused``."""
     done = []
     for owner, attr, wrap in (
         (core_cls, "add_request", _wrap_add),

@@ -116,16 +116,16 @@ def parse_nudge(spec: str | None) -> Nudge | None:
 def armed_nudge() -> Nudge | None:
     """The nudge this process was armed with, or None.
 
-    The nudge this process was armed with: only an explicitly enabled test knob
-    (``knobs.get``), never a bare ``OPSCTL_PROBE_NUDGE`` inherited from a shell."""
+    Only an explicitly enabled test knob (``knobs.get``) arms it, never a bare
+    ``OPSCTL_PROBE_NUDGE`` inherited from a shell."""
     return parse_nudge(knobs.get(ENV_NUDGE))
 
 
 def item_identifiers(state) -> list[str]:
     """The identifiers of a request's multimodal items.
 
-    The identifiers of a request's multimodal items (its images' uuids, or the
-    engine's own ids for items sent without one); [] for a text-only request."""
+    Its images' uuids, or the engine's own ids for items sent without one; [] for a
+    text-only request."""
     return [str(getattr(f, "identifier", "")) for f in getattr(state, "mm_features", None) or ()]
 
 
@@ -304,8 +304,7 @@ class _NudgingSampler:
 def observe_v2(tracker: _Tracker, runner, input_batch) -> list[tuple[str, int]]:
     """V2: record the step ``input_batch`` samples; the pairs due for the nudge.
 
-    V2: record the step ``input_batch`` samples; the (req id, position) pairs due
-    for the nudge."""
+    The pairs are (req id, output position)."""
     _record_runner(tracker, runner, "v2")
     n = int(input_batch.num_reqs)
     req_ids = [str(r) for r in list(input_batch.req_ids)[:n] if r is not None]
@@ -315,8 +314,8 @@ def observe_v2(tracker: _Tracker, runner, input_batch) -> list[tuple[str, int]]:
 def encoder_items_v2(runner, scheduled: dict) -> dict[str, int]:
     """V2: request id -> multimodal items with data one step's encoder runs.
 
-    V2: request id -> multimodal items with data one step's encoder runs, from the
-    runner's encoder cache (``encoder_cache.mm_features``); {} when none."""
+    Read from the runner's encoder cache (``encoder_cache.mm_features``); {} when
+    none."""
     features_of = getattr(getattr(runner, "encoder_cache", None), "mm_features", None) or {}
     return _items_with_data(scheduled, features_of.get)
 
@@ -384,8 +383,8 @@ def hook_v1(cls, nudge: Nudge | None) -> str:
 def hook_v2(cls, nudge: Nudge | None) -> str:
     """Wrap the V2 runner's methods the probe records from; what it records.
 
-    Wrap the V2 runner's ``sample`` (steps, nudge), ``execute_model`` (encoder
-    calls) and, with a nudge, ``add_requests`` (prompts and uuids for its marker)."""
+    ``sample`` (steps, nudge), ``execute_model`` (encoder calls) and, with a nudge,
+    ``add_requests`` (prompts and uuids for its marker)."""
 
     def wrap_sample(original):
         @functools.wraps(original)

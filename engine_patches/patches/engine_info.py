@@ -41,8 +41,8 @@ def _limits(mm) -> dict | None:
 def describe(scheduler) -> dict:
     """The ``engine_info`` event of a scheduler.
 
-    The ``engine_info`` event of a scheduler: its KV cache groups and the engine
-    settings diagnostics depend on (None where this vLLM lacks one)."""
+    Its KV cache groups and the engine settings diagnostics depend on (None where
+    this vLLM lacks one)."""
     kv = scheduler.kv_cache_config
     groups = []
     for g in kv.kv_cache_groups:

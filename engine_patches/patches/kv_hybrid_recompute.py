@@ -327,8 +327,8 @@ def recompute_locally(scheduler, request) -> None:
 def guard_connector(scheduler) -> None:
     """Wrap the scheduler's connector once so it offers nothing to a local recompute.
 
-    Wrap the scheduler's connector once: a request marked by
-    :func:`recompute_locally` is told the connector has nothing for it."""
+    A request marked by :func:`recompute_locally` is told the connector has nothing
+    for it."""
     connector = getattr(scheduler, "connector", None)
     if connector is None or getattr(connector, "__dict__", {}).get(GUARD):
         return

@@ -185,8 +185,8 @@ def swapped(
 ) -> Iterator[None]:
     """Swap the adapters of the first mixed pair for the duration of the block.
 
-    Swap the adapters of the first mixed pair among ``rows`` of ``mapping`` (the
-    input batch's per-request adapter ids) for the duration of the block."""
+    The pair is taken among ``rows`` of ``mapping`` (the input batch's per-request
+    adapter ids)."""
     ids = [int(mapping[r]) for r in rows]
     pair = pick_pair(ids)
     if pair is None:

@@ -52,8 +52,7 @@ def rewrite(features: list, target: str) -> int:
 def describe(request_id: str, features: list) -> dict:
     """The ``mm_uuid`` event of one request.
 
-    The ``mm_uuid`` event of one request: each multimodal item's identifiers and
-    placeholder position."""
+    Each multimodal item's identifiers and placeholder position."""
     items = []
     for i, f in enumerate(features or ()):
         pos = getattr(f, "mm_position", None)
