@@ -1,7 +1,7 @@
 """What a patch is: its declaration (:class:`Patch`) and its apply outcome.
 
-What a patch is: :class:`Patch` (name, target, versions, reason, apply function) and
-the :class:`Outcome` its apply function returns (one of the four statuses).
+:class:`Patch` holds name, target, versions, reason and apply function; the apply
+function returns an :class:`Outcome` (one of the four statuses).
 
 Besides the human-readable ``versions``, a patch declares for machines:
 

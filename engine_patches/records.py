@@ -1,9 +1,8 @@
 """What a vLLM process records about itself for opsctl: role, version, ledger, events.
 
-What a vLLM process records about itself, for opsctl to read back: which process it
-is (:func:`process_role`), the vLLM version and platform it runs, and the files it
-writes under ``$OPSCTL_RUN_DIR``: the per-process ledger (:func:`write_ledger`) and
-probe events (:func:`record_event`, one JSON line per event).
+Which process it is (:func:`process_role`), the vLLM version and platform it runs,
+and the files it writes under ``$OPSCTL_RUN_DIR``: the per-process ledger
+(:func:`write_ledger`) and probe events (:func:`record_event`, one JSON line per event).
 
 A leaf module (standard library only, vLLM imported lazily): patch modules, connectors
 and :mod:`engine_patches.registry` import it, and it imports none of them.

@@ -79,10 +79,10 @@ def _disabled() -> set[str]:
 def apply_patch(patch: Patch, role: str, version: str | None = None) -> dict:
     """Apply one patch in this process; its ledger record.
 
-    ``verified`` says whether ``version`` (this vLLM) is one the patch declares it was verified on; when it is
-    not, ``note`` says so ("unverified on 0.33.0") and the patch is still applied
-    (its apply function decides from the target itself: applied, skipped with the
-    reason, already upstream)."""
+    ``verified`` says whether ``version`` (this vLLM) is one the patch declares it was
+    verified on; when it is not, ``note`` says so ("unverified on 0.33.0") and the patch
+    is still applied (its apply function decides from the target itself: applied,
+    skipped with the reason, already upstream)."""
     started = time.perf_counter()
     verified, note = verification(patch, version)
     disabled = _disabled()

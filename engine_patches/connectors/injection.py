@@ -1,7 +1,7 @@
 """The fault-injecting KV connector's contract: configuration, plan and failed blocks.
 
-The fault-injecting KV connector's contract: how it is configured, how its injection
-plan is given and changed, and which loaded KV blocks it reports as failed.
+How the connector is configured, how its injection plan is given and changed, and
+which loaded KV blocks it reports as failed.
 
 The one pure module (no torch, no vLLM, no opsctl I/O) that both sides import: the
 connector (:mod:`engine_patches.connectors.fault_kv`, inside vLLM's worker) and opsctl

@@ -26,11 +26,11 @@ the timer hands back while vLLM >= 0.33 rejects new work during a pause
 (``_reject_add_while_paused``) is let through, since it was accepted before.
 
 Limits: held requests are not counted in the scheduler's waiting figures (for at most
-``HOLD_S``); with data parallelism each engine core has
-its own gate, so a group spread over ranks is released on timeout, not gathered. Every hold and release is appended
-to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size", "count",
-"waited_s", "why": "complete" | "timeout" | "shutdown" | "pause", "req_ids"}``), so a report can say the batch was
-gathered by the engine.
+``HOLD_S``); with data parallelism each engine core has its own gate, so a group
+spread over ranks is released on timeout, not gathered. Every hold and release is
+appended to ``<run>/events/gate.jsonl`` (``{"event": "released", "group", "size",
+"count", "waited_s", "why": "complete" | "timeout" | "shutdown" | "pause",
+"req_ids"}``), so a report can say the batch was gathered by the engine.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """KV load failures recover on CUDA vLLM's V2 runner and with async scheduling.
 
-KV load failures recover on CUDA vLLM: the V2 model runner honours the scheduler's
-rewind, and async scheduling drops the step that was in flight (vLLM issue 49250;
-PRs 49252 and 53298, open).
+The V2 model runner honours the scheduler's rewind, and async scheduling drops the
+step that was in flight (vLLM issue 49250; PRs 49252 and 53298, open).
 
 When a KV connector reports blocks whose load failed (``invalid_block_ids``) and the
 policy is ``recompute``, vLLM's scheduler truncates each affected request's

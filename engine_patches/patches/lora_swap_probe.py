@@ -1,7 +1,7 @@
 """Probe and planted fault for ``opsctl diag lora`` (vLLM PR 55897).
 
-Probe and planted fault for `opsctl diag lora` (vLLM PR 55897: LoRA on multimodal
-towers; are mixed-adapter batches mapped request by request?).
+PR 55897 is LoRA on multimodal towers: are mixed-adapter batches mapped request by
+request?
 
 Probe, inert unless ``OPSCTL_PROBES`` (comma-separated) contains ``lora``: in the worker
 it appends to ``<run>/events/lora.jsonl``

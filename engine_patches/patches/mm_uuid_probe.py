@@ -125,7 +125,8 @@ def undo() -> None:
 
 PATCH = probe(
     "mm_uuid_probe",
-    reason="opsctl probe for vLLM PR 56432: show which multimodal identifier reached the engine core",
+    reason="opsctl probe for vLLM PR 56432: show which multimodal identifier reached "
+    "the engine core",
     apply=apply,
     roles=("engine_core",),
     symbols=symbols("vllm.v1.engine.core", "EngineCore.preprocess_add_request"),

@@ -1,7 +1,7 @@
 """Probe: every vLLM process dumps its threads' stacks on SIGUSR2 (``opsctl stacks``).
 
-Probe: every vLLM process of an opsctl run dumps the Python stacks of all its threads
-on ``SIGUSR2`` (``opsctl stacks``), into ``<run>/stacks/<pid>.txt``.
+Every vLLM process of an opsctl run writes the Python stacks of all its threads to
+``<run>/stacks/<pid>.txt``.
 
 Python's ``faulthandler`` C-level handler writes the dump from inside the signal
 handler, so it works while the main thread is blocked in C (a CUDA synchronisation, a
