@@ -8,10 +8,10 @@
   which makes ``EngineServer.stop()`` skip the polite waits and SIGKILL at once. So a
   second Ctrl-C, or a SIGTERM from a supervisor that lost patience, can never abort a
   stop half-way and leave the engine tree or its /dev/shm segments behind.
-- Every engine started in this process is registered (``opsctl.engine.server``) and
-  :func:`stop_all` stops those still running; the CLI calls it on every way out,
-  whichever thread started them (a diag under ``--tui`` starts its engine in a worker
-  thread).
+- Every engine started in this process is registered in the process's
+  ``opsctl.engine.registry.EngineRegistry``; the CLI stops those a command started when
+  it ends and the entry point stops any left on every way out, whichever thread started
+  them (a diag under ``--tui`` starts its engine in a worker thread).
 - If opsctl dies without any chance to clean up (SIGKILL, OOM killer), its engines stop
   themselves: the engine plugin watches the owner given by :func:`owner_env`
   (``engine_patches.watchdog``), and the API server gets a parent-death signal.
@@ -135,11 +135,3 @@ def owner_env() -> dict[str, str]:
     import os
 
     return {"OPSCTL_OWNER_PID": str(os.getpid()), "OPSCTL_OWNER_START": str(owner_start_ticks())}
-
-
-def reset_for_tests() -> None:
-    _STATE.received = None
-    _STATE.hurry.clear()
-    _STATE.app_exit = None
-    _STATE.shielding = 0
-    _STATE.deferred = False

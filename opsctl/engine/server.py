@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from opsctl.collectors import engine_tmp, http, shm
 from opsctl.domain import serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
+from opsctl.engine.registry import EngineRegistry, process_engines
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
@@ -238,53 +238,9 @@ def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -
     return knobs.with_knobs(env, opts.knobs)
 
 
-class _EngineLock:
-    """Development aid: with OPSCTL_ENGINE_LOCK=path, engines started by concurrent test
-    runs on one small machine queue up instead of competing for two cores.
-
-    Process-wide and counted: flock() conflicts between two open file descriptions even
-    inside one process, so a second engine of the same process (a session holding two
-    engines, the console starting two servers) waiting on its own flock would wait for
-    ever. The first engine of a process takes the flock; the others share it; the last
-    one to stop releases it."""
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.fh: object | None = None
-        self.count = 0
-
-    def acquire(self) -> object | None:
-        path = os.environ.get("OPSCTL_ENGINE_LOCK")
-        if not path:
-            return None
-        import fcntl
-
-        with self.mutex:
-            if self.fh is None:
-                try:  # read-only is enough for flock, and works on another user's file
-                    fh = open(path)  # noqa: SIM115 - held until the last release
-                except FileNotFoundError:
-                    fh = open(path, "a")  # noqa: SIM115 - held until the last release
-                fcntl.flock(fh, fcntl.LOCK_EX)
-                self.fh = fh
-            self.count += 1
-            return self.fh
-
-    def release(self) -> None:
-        with self.mutex:
-            self.count -= 1
-            if self.count == 0 and self.fh is not None:
-                self.fh.close()  # type: ignore[attr-defined]
-                self.fh = None
-
-
-_ENGINE_LOCK = _EngineLock()
-_LIVE: weakref.WeakSet[EngineServer] = weakref.WeakSet()
-
-
 def stop_all() -> list[StopReport]:
     """Stop every engine this process started that is not stopped yet (any thread)."""
-    return [server.stop() for server in list(_LIVE) if server.stop_report is None]
+    return process_engines().stop_all()
 
 
 def _parent_death_signal(owner_pid: int) -> Callable[[], None]:
@@ -307,8 +263,11 @@ def _parent_death_signal(owner_pid: int) -> Callable[[], None]:
 class EngineServer:
     """A supervised vLLM API server. Use as a context manager to guarantee stop()."""
 
-    def __init__(self, opts: LaunchOptions) -> None:
+    def __init__(self, opts: LaunchOptions, registry: EngineRegistry | None = None) -> None:
         self.opts = opts
+        # where this engine is registered while it may run: the process's registry, so
+        # every way out of opsctl (a signal, the end of a command) can stop it
+        self.registry = registry or process_engines()
         self.proc: subprocess.Popen | None = None
         self.port: int = 0
         self.run_dir: Path | None = None
@@ -344,12 +303,12 @@ class EngineServer:
 
     def _take_engine_lock(self) -> None:
         if self._lock_fh is None:
-            self._lock_fh = _ENGINE_LOCK.acquire()
+            self._lock_fh = self.registry.queue.acquire()
 
     def _release_engine_lock(self) -> None:
         if self._lock_fh is not None:
             self._lock_fh = None
-            _ENGINE_LOCK.release()
+            self.registry.queue.release()
 
     def _check_port(self, port: int) -> None:
         if not port_free(self.opts.host, port):
@@ -392,7 +351,7 @@ class EngineServer:
             threading.current_thread() is threading.main_thread()
             and knobs.NO_OWNER_WATCH not in opts.knobs
         )
-        _LIVE.add(self)
+        self.registry.add(self)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -660,7 +619,7 @@ class EngineServer:
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()
-        _LIVE.discard(self)
+        self.registry.discard(self)
         return StopReport(
             round(time.time() - t0, 3),
             signals,
