@@ -18,6 +18,7 @@ the typed "authentication required" error on 401/403.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
@@ -151,24 +152,41 @@ def parse_chat(status: int, payload: object) -> Generated:
     )
 
 
-def complete(
-    client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
+def response_payload(r: httpx.Response) -> object:
+    """The response's JSON, or its text when the body is not JSON."""
+    try:
+        return r.json()
+    except ValueError:
+        return r.text
+
+
+def timed_post(
+    client: httpx.Client,
+    url: str,
+    body: dict,
+    parse: Callable[[int, object], Generated],
+    timeout: float,
+    request_id: str,
 ) -> Timed:
+    """POST ``body`` to ``url`` and time it; ``parse(status, payload)`` turns the answer
+    into a :class:`Generated`, a transport error becomes one with ``error`` set."""
     t0 = time.perf_counter()
     try:
-        r = client.post(
-            f"{url}/v1/completions",
-            json=request_body(params, prompt, request_id),
-            timeout=params.timeout,
-        )
-        try:
-            payload: object = r.json()
-        except ValueError:
-            payload = r.text
-        gen = parse_response(r.status_code, payload)
+        r = client.post(url, json=body, timeout=timeout)
+        gen = parse(r.status_code, response_payload(r))
     except httpx.HTTPError as exc:
         gen = Generated(error=f"{type(exc).__name__}: {exc}")
     return Timed(gen, time.perf_counter() - t0, request_id)
+
+
+def complete(
+    client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
+) -> Timed:
+    """One /v1/completions request for ``prompt``, timed and parsed."""
+    body = request_body(params, prompt, request_id)
+    return timed_post(
+        client, f"{url}/v1/completions", body, parse_response, params.timeout, request_id
+    )
 
 
 def request_id(tag: str, index: int, gather: str = "") -> str:
@@ -273,10 +291,14 @@ def run_together(
     batch_size: int,
     on_done: Callable[[int, Timed], None] | None = None,
     *,
+    one_request: bool = False,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N as separate requests (see send_in_groups), each group gathered by the
-    engine's gate probe where it runs."""
+    """BS=N: groups of ``batch_size`` prompts sent at once. As separate requests (see
+    send_in_groups), each group gathered by the engine's gate probe where it runs; with
+    ``one_request``, each group in ONE request (see :func:`send_lists`)."""
+    if one_request:
+        return send_lists(url, params, prompts, tag, batch_size, on_done, api_key)
     marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),
@@ -285,6 +307,9 @@ def run_together(
         on_done,
         api_key=api_key,
     )
+
+
+run_together_list = functools.partial(run_together, one_request=True)
 
 
 def group_request_id(tag: str, start: int) -> str:
@@ -308,15 +333,14 @@ def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
     return [parse_response(200, {"choices": by_index.get(i, [])}) for i in range(n)]
 
 
-def run_together_list(
+def send_lists(
     url: str,
     params: CompletionParams,
     prompts: list[str],
     tag: str,
     batch_size: int,
-    on_done: Callable[[int, Timed], None] | None = None,
-    *,
-    api_key: str | None = None,
+    on_done: Callable[[int, Timed], None] | None,
+    api_key: str | None,
 ) -> list[Timed]:
     """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
     so the API server hands all of them to the engine at once. Engine request ids are
@@ -330,11 +354,7 @@ def run_together_list(
             t0 = time.perf_counter()
             try:
                 r = client.post(f"{url}/v1/completions", json=body, timeout=params.timeout)
-                try:
-                    payload: object = r.json()
-                except ValueError:
-                    payload = r.text
-                gens = parse_choices(r.status_code, payload, len(group))
+                gens = parse_choices(r.status_code, response_payload(r), len(group))
             except httpx.HTTPError as exc:
                 gens = [Generated(error=f"{type(exc).__name__}: {exc}")] * len(group)
             secs = time.perf_counter() - t0

@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from opsctl.collectors.jsonfile import load_json_object
 from opsctl.errors import BadInput
 
 EXAMPLES = {"deepseek-v4.1-flash": "deepseek-v4.1-flash-engram.json"}
@@ -34,12 +35,4 @@ def read_config(model: Path | None, config: str | None) -> tuple[dict[str, Any],
         raise BadInput(
             f"no such config file: {path}", hint=f"shipped examples: {', '.join(EXAMPLES)}"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data, str(path)
+    return load_json_object(path), str(path)

@@ -21,8 +21,8 @@ or loads at runtime, the requests (alone, or all at once), and what the engine r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -33,10 +33,16 @@ from typing import Any
 import httpx
 
 from opsctl.collectors import http, ledger
-from opsctl.collectors.completions import Timed, parse_chat, parse_response
+from opsctl.collectors.completions import (
+    Timed,
+    parse_chat,
+    parse_response,
+    send_alone,
+    send_in_groups,
+    timed_post,
+)
 from opsctl.collectors.mm_uuid import image_data_url
 from opsctl.domain import lora as D
-from opsctl.domain.invariance import Generated
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 
 IMAGE_SIZE = 32
@@ -201,75 +207,45 @@ def body(params: Params, req: D.LoraRequest, rid: str) -> tuple[str, dict[str, A
 
 
 def send(client: httpx.Client, url: str, params: Params, req: D.LoraRequest, rid: str) -> Timed:
+    """One request (a chat request when it carries images), timed and parsed."""
     path, payload = body(params, req, rid)
-    t0 = time.perf_counter()
-    try:
-        r = client.post(f"{url}{path}", json=payload, timeout=params.timeout)
-        try:
-            data: object = r.json()
-        except ValueError:
-            data = r.text
-        gen = parse_chat(r.status_code, data) if req.images else parse_response(r.status_code, data)
-    except httpx.HTTPError as exc:
-        gen = Generated(error=f"{type(exc).__name__}: {exc}")
-    return Timed(gen, time.perf_counter() - t0, rid)
+    parse = parse_chat if req.images else parse_response
+    return timed_post(client, f"{url}{path}", payload, parse, params.timeout, rid)
 
 
 OnDone = Callable[[D.LoraRequest, Timed], None]
 
 
-def run_alone(
+def run(
     url: str,
     params: Params,
     requests: Sequence[D.LoraRequest],
     tag: str,
     on_done: OnDone | None = None,
     *,
+    together: bool,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """One request at a time, in order."""
-    out = []
-    with http.client(api_key) as client:
-        for req in requests:
-            res = send(client, url, params, req, request_id(tag, "one", req))
-            out.append(res)
-            if on_done:
-                on_done(req, res)
-    return out
+    """Send every request: one at a time, in order (``together=False``, request ids
+    ``-one-``), or all at once, one thread each released together by a barrier
+    (``together=True``, request ids ``-mix-``)."""
+    phase = "mix" if together else "one"
 
+    def send_one(client: httpx.Client, k: int) -> Timed:
+        return send(client, url, params, requests[k], request_id(tag, phase, requests[k]))
 
-def run_together(
-    url: str,
-    params: Params,
-    requests: Sequence[D.LoraRequest],
-    tag: str,
-    on_done: OnDone | None = None,
-    *,
-    api_key: str | None = None,
-) -> list[Timed]:
-    """All requests at once: one thread each, released together by a barrier."""
-    results: list[Timed | None] = [None] * len(requests)
+    def done(k: int, res: Timed) -> None:
+        if on_done:
+            on_done(requests[k], res)
+
     n = len(requests)
-    limits = http.limits(n + 2)
-    barrier = threading.Barrier(n)
-    with http.client(api_key, limits=limits) as client:
+    if together and n:
+        return send_in_groups(n, n, send_one, done, api_key=api_key)
+    return send_alone(n, send_one, done, api_key=api_key)
 
-        def work(k: int) -> None:
-            req = requests[k]
-            rid = request_id(tag, "mix", req)
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=30)
-            results[k] = send(client, url, params, req, rid)
-            if on_done:
-                on_done(req, results[k])  # type: ignore[arg-type]
 
-        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    missing = Timed(Generated(error="request thread did not finish"), 0.0, "")
-    return [r if r is not None else missing for r in results]
+run_alone = functools.partial(run, together=False)
+run_together = functools.partial(run, together=True)
 
 
 # ---- what the engine recorded -------------------------------------------------------------

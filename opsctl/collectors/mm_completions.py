@@ -22,7 +22,6 @@ Errors become values (``Generated.error``), never exceptions.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,10 +36,10 @@ from opsctl.collectors.completions import (
     parse_chat,
     send_alone,
     send_in_groups,
+    timed_post,
 )
 from opsctl.collectors.completions import request_id as make_request_id
 from opsctl.collectors.mm_uuid import image_data_url
-from opsctl.domain.invariance import Generated
 from opsctl.domain.invariance_images import ENDPOINT, RGB, image_uuid
 
 IMAGE_SIZE = 32
@@ -90,19 +89,9 @@ def send(
     images: Sequence[RGB],
     rid: str,
 ) -> Timed:
-    t0 = time.perf_counter()
-    try:
-        r = client.post(
-            f"{url}{ENDPOINT}", json=chat_body(params, text, images, rid), timeout=params.timeout
-        )
-        try:
-            payload: object = r.json()
-        except ValueError:
-            payload = r.text
-        gen = parse_chat(r.status_code, payload)
-    except httpx.HTTPError as exc:
-        gen = Generated(error=f"{type(exc).__name__}: {exc}")
-    return Timed(gen, time.perf_counter() - t0, rid)
+    """One chat request with ``text`` and ``images``, timed and parsed."""
+    body = chat_body(params, text, images, rid)
+    return timed_post(client, f"{url}{ENDPOINT}", body, parse_chat, params.timeout, rid)
 
 
 def run_alone(

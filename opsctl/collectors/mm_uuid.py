@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,16 +99,24 @@ class ChatSender:
             hint="raise --timeout if the engine is just slow",
         )
 
-    def served_model(self) -> str:
+    def _call(self, what: str, where: str, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """``send()``'s response (checked for authentication); no answer in time is
+        OpsTimeout, any other transport error EngineUnreachable ("``what`` ``where``
+        URL failed")."""
         try:
-            r = http.check_auth(self.client.get(f"{self.url}/v1/models"), self.api_key)
-            self.model = str(r.json()["data"][0]["id"])
+            return http.check_auth(send(), self.api_key)
         except httpx.TimeoutException:
-            raise self._timeout("GET /v1/models") from None
+            raise self._timeout(what) from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
-                f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
+                f"{what} {where} {self.url} failed: {type(exc).__name__}"
             ) from None
+
+    def served_model(self) -> str:
+        """Ask the server which model it serves (``GET /v1/models``); remember it."""
+        r = self._call("GET /v1/models", "at", lambda: self.client.get(f"{self.url}/v1/models"))
+        try:
+            self.model = str(r.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError):
             raise BadInput(
                 f"{self.url}/v1/models returned no model; is this a vLLM server?"
@@ -149,16 +157,11 @@ class ChatSender:
             "messages": [{"role": "user", "content": content}],
         }
         seen = len(self._events())
-        try:
-            r = http.check_auth(
-                self.client.post(f"{self.url}/v1/chat/completions", json=body), self.api_key
-            )
-        except httpx.TimeoutException:
-            raise self._timeout("POST /v1/chat/completions") from None
-        except httpx.HTTPError as exc:
-            raise EngineUnreachable(
-                f"POST /v1/chat/completions to {self.url} failed: {type(exc).__name__}"
-            ) from None
+        r = self._call(
+            "POST /v1/chat/completions",
+            "to",
+            lambda: self.client.post(f"{self.url}/v1/chat/completions", json=body),
+        )
         if r.status_code != 200:
             return ChatReply(r.status_code, error_text=r.text[:300])
         payload = r.json()

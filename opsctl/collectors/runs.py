@@ -212,14 +212,11 @@ def _record(path: Path, **fields) -> None:
             os.replace(tmp, meta_path)
 
 
-def reap(path: Path, grace: float = 15.0) -> ReapReport:
-    """Stop an orphaned run's engine and remove the segments it leaves (see module doc).
-    Refuses (``error`` set, nothing signalled) unless the run is still orphaned."""
+def stop_engine(snap: RunSnapshot, grace: float = 15.0) -> ReapReport:
+    """Stop a run's engine by the rule of the module doc: SIGTERM to its API server (vLLM
+    shuts its engine down), then SIGTERM to all, then SIGKILL, within ``grace`` seconds;
+    once nothing is left, the /dev/shm segments they held that no live process holds."""
     t0 = time.time()
-    snap = read_run(path)
-    a = snap.assessment()
-    if a.state != "orphaned":
-        return ReapReport(snap.name, (), (), (), (), (), 0.0, f"not orphaned now ({a.state})")
     procs = _engine_processes(snap)
     segments = _held_segments([p.pid for p in procs])
     signals: list[str] = []
@@ -228,24 +225,16 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
         _signal_all(api, signal.SIGTERM)
         signals.append("SIGTERM api-server")
         _wait_gone(procs, t0 + grace * 0.6)
-    if _living(procs):
-        _signal_all(_living(procs), signal.SIGTERM)
-        signals.append("SIGTERM all")
-        _wait_gone(procs, t0 + grace * 0.8)
-    if _living(procs):
-        _signal_all(_living(procs), signal.SIGKILL)
-        signals.append("SIGKILL")
-        _wait_gone(procs, t0 + grace)
+    for sig, name, share in ((signal.SIGTERM, "SIGTERM all", 0.8), (signal.SIGKILL, "SIGKILL", 1)):
+        if _living(procs):
+            _signal_all(_living(procs), sig)
+            signals.append(name)
+            _wait_gone(procs, t0 + grace * share)
     leftover = tuple(sorted(p.pid for p in _living(procs)))
-    removed: list[str] = []
-    kept: list[str] = []
-    if not leftover:
-        # what the engine's own resource tracker did not unlink; the stop's rule: only
-        # segments no live process maps or holds open
-        removed, kept = shm.remove_unheld(segments)
-        if snap.meta is not None:  # and the engine's private $TMPDIR (its IPC sockets)
-            engine_tmp.remove(snap.meta.tmp_dir, path)
-    report = ReapReport(
+    # what the engine's own resource tracker did not unlink; the stop's rule: only
+    # segments no live process maps or holds open
+    removed, kept = shm.remove_unheld(segments) if not leftover else ([], [])
+    return ReapReport(
         snap.name,
         tuple(sorted(p.pid for p in procs)),
         tuple(signals),
@@ -255,12 +244,22 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
         round(time.time() - t0, 3),
         f"{len(leftover)} process(es) survived SIGKILL" if leftover else None,
     )
-    if not leftover:
+
+
+def reap(path: Path, grace: float = 15.0) -> ReapReport:
+    """Stop an orphaned run's engine and remove the segments it leaves (see module doc).
+
+    Refuses (``error`` set, nothing signalled) unless the run is still orphaned."""
+    snap = read_run(path)
+    a = snap.assessment()
+    if a.state != "orphaned":
+        return ReapReport(snap.name, (), (), (), (), (), 0.0, f"not orphaned now ({a.state})")
+    report = stop_engine(snap, grace)
+    if not report.leftover:
+        if snap.meta is not None:  # and the engine's private $TMPDIR (its IPC sockets)
+            engine_tmp.remove(snap.meta.tmp_dir, path)
         _record(path, reaped_at=time.time(), reap=report.to_dict())
     return report
-
-
-# ---- prune -------------------------------------------------------------------------------
 
 
 def prune(path: Path, root: Path | None, now: float, older_than: float) -> str | None:

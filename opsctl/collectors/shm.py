@@ -163,16 +163,23 @@ def read_maps(pid: int, path_prefix: str = str(SHM) + "/") -> list[Mapping]:
 
 
 def all_pids() -> list[int]:
+    """Every process id visible in /proc, ascending."""
     return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+
+
+def scan_targets(pids: list[int] | None) -> list[int]:
+    """The processes a scan reads: ``pids`` as given, or every visible process except
+    this one when None."""
+    if pids is not None:
+        return list(pids)
+    me = os.getpid()
+    return [pid for pid in all_pids() if pid != me]
 
 
 def scan_mappings(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/") -> MappingScan:
     maps: list[Mapping] = []
     errors: list[tuple[int, str]] = []
-    me = os.getpid()
-    for pid in pids if pids is not None else all_pids():
-        if pid == me and pids is None:
-            continue
+    for pid in scan_targets(pids):
         try:
             maps.extend(read_maps(pid, path_prefix))
         except FileNotFoundError:
@@ -256,10 +263,7 @@ def scan_holders(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/
     maps = scan_mappings(pids, path_prefix)
     fds: list[OpenFd] = []
     errors = list(maps.errors)
-    me = os.getpid()
-    for pid in pids if pids is not None else all_pids():
-        if pid == me and pids is None:
-            continue
+    for pid in scan_targets(pids):
         try:
             fds.extend(read_fds(pid, path_prefix))
         except (FileNotFoundError, ProcessLookupError):

@@ -13,14 +13,12 @@ naming the path, deleting nothing.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl import paths
+from opsctl.embedded import builds
 from opsctl.errors import BadInput
 
 MARKER = ".opsctl-model.json"
@@ -121,16 +119,7 @@ def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
 def built_by_opsctl(path: Path) -> bool:
     """Whether ``path`` is a real directory holding opsctl's marker for a model of that
     name (any builder version): only such a directory may be replaced."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    marker = path / MARKER
-    if marker.is_symlink() or not marker.is_file():
-        return False
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("name") == path.name and "version" in meta
+    return builds.built_by_opsctl(path, MARKER)
 
 
 def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
@@ -152,26 +141,8 @@ def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -
     if not force and is_built(model, root):
         return dest
     check_target(model, root)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=dest.parent))
-    except OSError as exc:
-        raise BadInput(f"cannot build into {dest.parent}: {exc.strerror or exc}") from None
-    try:
-        model.build_fn()(tmp)
-        (tmp / MARKER).write_text(
-            json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version})
-            + "\n"
-        )
-        if dest.exists() or dest.is_symlink():
-            if not built_by_opsctl(dest):  # again: it may have appeared during the build
-                raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER})")
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    marker = {"name": model.name, "archetype": model.archetype, "version": model.version}
+    return builds.build_into(dest, MARKER, marker, model.build_fn())
 
 
 def ensure(name: str, root: Path | None = None) -> Path:

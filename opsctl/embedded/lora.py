@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from opsctl import paths
-from opsctl.embedded import blip2, idefics3, llama, weights
+from opsctl.embedded import blip2, builds, idefics3, llama, weights
 from opsctl.errors import BadInput
 
 MARKER = ".opsctl-adapter.json"
@@ -220,27 +217,15 @@ def _marker(model: str, spec: AdapterSpec) -> dict:
     return {"model": model, "name": spec.name, "version": VERSION, "parts": list(spec.parts)}
 
 
-def _read_marker(path: Path) -> dict | None:
-    marker = path / MARKER
-    if path.is_symlink() or not path.is_dir() or marker.is_symlink() or not marker.is_file():
-        return None
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
 def is_built(model: str, spec: AdapterSpec, root: Path | None = None) -> bool:
-    meta = _read_marker(adapter_path(model, spec.name, root))
+    meta = builds.read_marker(adapter_path(model, spec.name, root), MARKER)
     return meta == _marker(model, spec)
 
 
 def built_by_opsctl(path: Path) -> bool:
     """A real directory holding opsctl's adapter marker for that name: only such a
     directory may be replaced."""
-    meta = _read_marker(path)
-    return meta is not None and meta.get("name") == path.name and "version" in meta
+    return builds.built_by_opsctl(path, MARKER)
 
 
 def build(model: str, spec: AdapterSpec, root: Path | None = None, force: bool = False) -> Path:
@@ -250,23 +235,8 @@ def build(model: str, spec: AdapterSpec, root: Path | None = None, force: bool =
         return dest
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
         raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER}); not replacing it")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=dest.parent))
-    except OSError as exc:
-        raise BadInput(f"cannot build adapters into {dest.parent}: {exc.strerror or exc}") from None
-    try:
-        write(tmp, model, spec)
-        (tmp / MARKER).write_text(json.dumps(_marker(model, spec), sort_keys=True) + "\n")
-        if dest.exists() or dest.is_symlink():
-            if not built_by_opsctl(dest):  # again: it may have appeared during the build
-                raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER})")
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    marker = _marker(model, spec)
+    return builds.build_into(dest, MARKER, marker, lambda tmp: write(tmp, model, spec), "adapters")
 
 
 def ensure(model: str, root: Path | None = None) -> dict[str, Path]:

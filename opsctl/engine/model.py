@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.collectors.jsonfile import load_json_object
 from opsctl.embedded import catalog
 from opsctl.errors import BadInput
 
@@ -34,20 +34,6 @@ def archetype_of(config: dict) -> str:
     if config.get("layer_types") and len(set(config["layer_types"])) > 1:
         return "hybrid-decoder"
     return "decoder"
-
-
-def load_json_object(path: Path) -> dict:
-    """A JSON object from ``path``; unreadable, malformed or non-object files are
-    BadInput with one clear line."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data
 
 
 def read_config(path: Path) -> dict:
