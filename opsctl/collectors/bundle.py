@@ -1,4 +1,6 @@
-"""I/O of ``opsctl runs bundle``: read a run directory's files (the end of the big
+"""I/O of ``opsctl runs bundle``: read a run's files and answers, write the tar.gz.
+
+I/O of ``opsctl runs bundle``: read a run directory's files (the end of the big
 ones), ask its server for /metrics and /server_info, read the API server's environment
 (only the process meta.json recorded, same start time), write the tar.gz.
 
@@ -25,6 +27,8 @@ MAX_FILE = 16 * 1024 * 1024  # bytes kept of one file (its end: logs grow long)
 
 @dataclass(frozen=True, slots=True)
 class FileRead:
+    """One file of the run directory as read for the bundle (perhaps only its end)."""
+
     rel: str  # path inside the run directory
     data: bytes
     size: int  # on disk
@@ -32,7 +36,9 @@ class FileRead:
 
 
 def run_files(run_dir: Path, limit: int = MAX_FILE) -> tuple[list[FileRead], list[str]]:
-    """Regular files under the run directory (symlinks not followed), each cut to its
+    """The run directory's regular files, each cut to its last ``limit`` bytes.
+
+    Regular files under the run directory (symlinks not followed), each cut to its
     last ``limit`` bytes; and why some could not be read."""
     out: list[FileRead] = []
     errors: list[str] = []
@@ -58,6 +64,8 @@ def run_files(run_dir: Path, limit: int = MAX_FILE) -> tuple[list[FileRead], lis
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
+    """What the server answered to one GET for the bundle, or why there was no answer."""
+
     path: str
     status: int | None  # None: no HTTP answer
     text: str | None  # the body when 200
@@ -65,6 +73,7 @@ class Fetched:
 
 
 def fetch(url: str, path: str, api_key: str | None, timeout: float) -> Fetched:
+    """GET ``path`` from the server at ``url``; the body when 200, else why not."""
     try:
         with client(api_key, timeout=timeout) as c:
             r = c.get(f"{url.rstrip('/')}{path}")
@@ -76,7 +85,9 @@ def fetch(url: str, path: str, api_key: str | None, timeout: float) -> Fetched:
 
 
 def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] | None, str]:
-    """The environment of ``pid`` when it is still the process recorded as starting at
+    """The environment of ``pid`` when it is still the recorded process; else None and why.
+
+    The environment of ``pid`` when it is still the process recorded as starting at
     ``started``; else None and why."""
     from opsctl.domain.runs import same_process
 
@@ -94,7 +105,9 @@ def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] 
 
 
 def write_tar(out: Path, top: str, members: list[tuple[str, bytes]]) -> int:
-    """Write ``members`` (name inside ``top``/, bytes) as a gzipped tar, atomically;
+    """Write ``members`` as a gzipped tar, atomically; returns its size.
+
+    Write ``members`` (name inside ``top``/, bytes) as a gzipped tar, atomically;
     returns its size."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

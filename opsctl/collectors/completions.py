@@ -1,4 +1,6 @@
-"""Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
+"""Completion requests with logprobs for ``opsctl diag invariance`` (BS=1 and BS=N).
+
+Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
 (BS=1, one request at a time) or all together (BS=N): by default one request carrying
 the N prompts (the API server hands them to the engine at once), or N separate requests
 sent at once from threads released by a barrier.
@@ -37,6 +39,8 @@ TOKEN_ID_PREFIX = "token_id:"
 
 @dataclass(frozen=True, slots=True)
 class CompletionParams:
+    """What every completion request of a run asks for: model, tokens, logprobs, timeout."""
+
     model: str
     max_tokens: int
     logprobs: int
@@ -45,6 +49,8 @@ class CompletionParams:
 
 @dataclass(frozen=True, slots=True)
 class Timed:
+    """One request's generated output, how long it took and its request id."""
+
     generated: Generated
     seconds: float
     request_id: str
@@ -61,6 +67,7 @@ def token_key(raw: str) -> TokenKey:
 
 
 def request_body(params: CompletionParams, prompt: str, request_id: str) -> dict:
+    """The JSON body of a greedy /v1/completions request with logprobs for ``prompt``."""
     return {
         "model": params.model,
         "prompt": prompt,
@@ -111,8 +118,9 @@ def _prompt_tokens(payload: dict) -> int | None:
 
 
 def parse_chat(status: int, payload: object) -> Generated:
-    """A /v1/chat/completions response with logprobs -> Generated (with usage); a
-    top-logprob entry without a logprob is left out (never ``float(None)``)."""
+    """A /v1/chat/completions response with logprobs -> Generated (with usage).
+
+    A top-logprob entry without a logprob is left out (never ``float(None)``)."""
     if (
         status != 200
         or not isinstance(payload, dict)
@@ -168,7 +176,9 @@ def timed_post(
     timeout: float,
     request_id: str,
 ) -> Timed:
-    """POST ``body`` to ``url`` and time it; ``parse(status, payload)`` turns the answer
+    """POST ``body`` to ``url``, time it and parse the answer into a :class:`Generated`.
+
+    POST ``body`` to ``url`` and time it; ``parse(status, payload)`` turns the answer
     into a :class:`Generated`, a transport error becomes one with ``error`` set."""
     t0 = time.perf_counter()
     try:
@@ -195,9 +205,10 @@ def request_id(tag: str, index: int, gather: str = "") -> str:
 
 
 def gather_marks(n: int, batch_size: int) -> list[str]:
-    """Per request index, the gather marker of its group of ``batch_size`` (the last
-    group may be smaller): an engine with opsctl's ``gate`` probe schedules a group only
-    once all its requests arrived; other servers ignore the marker."""
+    """Per request index, the gather marker of its group of ``batch_size``.
+
+    The last group may be smaller: an engine with opsctl's ``gate`` probe schedules a group
+    only once all its requests arrived; other servers ignore the marker."""
     from engine_patches.patches.batch_gate import marker
 
     out: list[str] = []
@@ -236,7 +247,9 @@ def send_in_groups(
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N as separate requests: groups of ``batch_size`` sent at once from threads
+    """BS=N as separate requests: each group sent at once from threads behind a barrier.
+
+    BS=N as separate requests: groups of ``batch_size`` sent at once from threads
     released together by a barrier, the next group after the previous one finished.
     Closer to real traffic, but a busy API server may hand some of them to the engine
     after the others finished (the batch probe shows it)."""
@@ -294,9 +307,11 @@ def run_together(
     one_request: bool = False,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N: groups of ``batch_size`` prompts sent at once. As separate requests (see
-    send_in_groups), each group gathered by the engine's gate probe where it runs; with
-    ``one_request``, each group in ONE request (see :func:`send_lists`)."""
+    """BS=N: groups of ``batch_size`` prompts sent at once.
+
+    As separate requests (see send_in_groups), each group gathered by the engine's gate
+    probe where it runs; with ``one_request``, each group in ONE request (see
+    :func:`send_lists`)."""
     if one_request:
         return send_lists(url, params, prompts, tag, batch_size, on_done, api_key)
     marks = gather_marks(len(prompts), batch_size)
@@ -313,12 +328,14 @@ run_together_list = functools.partial(run_together, one_request=True)
 
 
 def group_request_id(tag: str, start: int) -> str:
+    """The request id of a multi-prompt request: ``<tag>-g<start>-<hex8>``."""
     return f"{tag}-g{start}-{uuid.uuid4().hex[:8]}"
 
 
 def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
-    """A multi-prompt /v1/completions response -> one Generated per prompt (by choice
-    index); a prompt without its choice gets ``outputs=0`` (fail closed)."""
+    """A multi-prompt /v1/completions response -> one Generated per prompt.
+
+    Matched by choice index; a prompt without its choice gets ``outputs=0`` (fail closed)."""
     if (
         status != 200
         or not isinstance(payload, dict)
@@ -342,8 +359,9 @@ def send_lists(
     on_done: Callable[[int, Timed], None] | None,
     api_key: str | None,
 ) -> list[Timed]:
-    """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
-    so the API server hands all of them to the engine at once. Engine request ids are
+    """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list).
+
+    The API server hands all of them to the engine at once. Engine request ids are
     ``cmpl-<tag>-g<start>-<hex8>-<i>-...`` (prompt ``start + i``)."""
     out: list[Timed] = []
     with http.client(api_key) as client:
@@ -409,7 +427,9 @@ class RunningSampler:
                 self._stop.wait(self.period)
 
     def settle(self, expected_tokens: int, timeout: float = 5.0) -> None:
-        """Read the counters again once they account for the ``expected_tokens`` the
+        """Read the counters again once they account for ``expected_tokens``.
+
+        Read the counters again once they account for the ``expected_tokens`` the
         responses carried (the server records stats just after answering)."""
         if self._base is None:
             return
@@ -440,6 +460,7 @@ class RunningSampler:
 
 
 def served_model(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
+    """The id of the first model the server at ``url`` serves; None when it cannot say."""
     try:
         with http.client(api_key, timeout=timeout) as c:
             data = http.check_auth(c.get(f"{url}/v1/models"), api_key).json().get("data") or []
@@ -449,6 +470,7 @@ def served_model(url: str, timeout: float = 5.0, *, api_key: str | None = None) 
 
 
 def server_version(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
+    """The vLLM version the server at ``url`` reports on /version; None when it cannot say."""
     try:
         with http.client(api_key, timeout=timeout) as c:
             r = c.get(f"{url}/version")
@@ -460,7 +482,9 @@ def server_version(url: str, timeout: float = 5.0, *, api_key: str | None = None
 def completions_refusal(
     url: str, model: str, timeout: float = 60.0, *, api_key: str | None = None
 ) -> str | None:
-    """Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
+    """Why the server refuses /v1/completions for ``model``, or None when it works.
+
+    Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
     or 400), or None when a one-token completion works. Network errors are left to the
     real requests, which fail closed."""
     body = {"model": model, "prompt": "a", "max_tokens": 1, "temperature": 0.0}

@@ -1,4 +1,6 @@
-"""Orphaned Engram tables in /dev/shm (what ``engram clean`` lists and removes): files
+"""Orphaned Engram tables in /dev/shm: what ``engram clean`` lists and removes.
+
+Orphaned Engram tables in /dev/shm (what ``engram clean`` lists and removes): files
 no live process visible here maps or holds open, older than a minimum age. Decisions
 (:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the
 one deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
@@ -15,6 +17,8 @@ from opsctl.domain import engram as dom
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
+    """An Engram table file no live process maps or holds open."""
+
     name: str
     path: str
     size: int
@@ -24,6 +28,8 @@ class Orphan:
 
 @dataclass(frozen=True, slots=True)
 class CleanScan:
+    """What a clean scan found: orphans, held and young files, unreadable processes."""
+
     orphans: tuple[Orphan, ...]
     mapped: tuple[str, ...]  # files some live process maps
     symlinks: tuple[str, ...]
@@ -38,7 +44,9 @@ def find_orphans(
     min_age: float = dom.DEFAULT_MIN_AGE,
     now: float | None = None,
 ) -> CleanScan:
-    """Files ``<root>/<prefix>*`` that no live process *visible here* maps or holds open
+    """Engram table files no live process visible here maps or holds open, old enough.
+
+    Files ``<root>/<prefix>*`` that no live process *visible here* maps or holds open
     (by device + inode, and by path) and that are at least ``min_age`` seconds old
     (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces
     (other containers sharing this /dev/shm) are not in this /proc at all, so what they
@@ -74,7 +82,9 @@ def remove_orphans(
     force: bool = False,
     min_age: float = dom.DEFAULT_MIN_AGE,
 ) -> tuple[list[str], list[str], tuple[int, ...]]:
-    """Remove orphans, re-checking each right before (shm.remove_unheld rescans maps and
+    """Remove orphans, re-checking each right before; (removed, kept, unreadable pids).
+
+    Remove orphans, re-checking each right before (shm.remove_unheld rescans maps and
     fds and refuses symlinks, non-regular files, anything held and anything younger
     than ``min_age``). When some process's maps or fds cannot be read, nothing is
     removed unless ``force``: a file only it holds would look orphaned. Returns

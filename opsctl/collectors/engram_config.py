@@ -1,4 +1,6 @@
-"""The model config ``engram plan`` reads: a model directory's config.json, a config
+"""The model config ``engram plan`` reads: a model directory, a file or an example.
+
+The model config ``engram plan`` reads: a model directory's config.json, a config
 JSON file, or one of the examples shipped in opsctl/data."""
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ EXAMPLES = {"deepseek-v4.1-flash": "deepseek-v4.1-flash-engram.json"}
 
 
 def read_config(model: Path | None, config: str | None) -> tuple[dict[str, Any], str]:
-    """(config dict, where it came from) for exactly one of ``model`` (a directory with a
+    """(config dict, where it came from) for exactly one of ``model`` and ``config``.
+
+    (config dict, where it came from) for exactly one of ``model`` (a directory with a
     config.json) and ``config`` (a file, or a name in :data:`EXAMPLES`); BadInput else."""
     if (model is None) == (config is None):
         raise BadInput(

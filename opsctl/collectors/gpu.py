@@ -1,4 +1,6 @@
-"""GPU telemetry of this host, I/O only: NVIDIA through NVML (``pynvml`` from the
+"""GPU telemetry of this host, I/O only: NVML for NVIDIA, sysfs and fdinfo for AMD/Intel.
+
+GPU telemetry of this host, I/O only: NVIDIA through NVML (``pynvml`` from the
 optional ``nvidia-ml-py`` package, the ``gpu`` extra; imported lazily), AMD and Intel
 through sysfs (``/sys/class/drm/card*/device``) with per-process memory from DRM fdinfo
 (``/proc/PID/fdinfo``, ``drm-memory-*``) where the kernel gives it.
@@ -209,9 +211,10 @@ def _card_no(path: str) -> int:
 
 
 def fdinfo_memory(pids: Iterable[int], proc: str = "/proc") -> dict[str, dict[int, int]]:
-    """Per PCI device, GPU memory per pid from DRM fdinfo (``drm-pdev``, ``drm-memory-*``
-    in KiB), each DRM client counted once (``drm-client-id``). Unreadable pids are
-    skipped (another user's process, or gone)."""
+    """Per PCI device, GPU memory per pid from DRM fdinfo.
+
+    ``drm-pdev``, ``drm-memory-*`` in KiB, each DRM client counted once (``drm-client-id``).
+    Unreadable pids are skipped (another user's process, or gone)."""
     out: dict[str, dict[int, int]] = {}
     for pid in pids:
         seen: set[tuple[str, str]] = set()
@@ -256,7 +259,9 @@ def _kib(v: str) -> int:
 
 
 class GpuCollector:
-    """One per console. ``collect(pids)`` reads NVML (handles cached) or sysfs once; the
+    """Reads this host's GPUs once per call (NVML or sysfs); one per console.
+
+    One per console. ``collect(pids)`` reads NVML (handles cached) or sysfs once; the
     pids are the processes whose DRM fdinfo is read for AMD/Intel per-process memory
     (NVML lists its processes itself)."""
 
@@ -268,6 +273,7 @@ class GpuCollector:
         self.last_raw: dict[str, Any] | None = None
 
     def raw(self, pids: Iterable[int] = ()) -> dict[str, Any]:
+        """One reading of the GPUs as the raw document (what the driver said, nothing derived)."""
         with self._lock:
             if self._nvml is None:
                 self._nvml = _Nvml()
@@ -298,9 +304,11 @@ class GpuCollector:
             return doc
 
     def collect(self, pids: Iterable[int] = ()) -> HostGpus:
+        """One reading of the GPUs as :class:`HostGpus` (with per-process memory of ``pids``)."""
         return host_from_raw(self.raw(pids))
 
     def close(self) -> None:
+        """Shut NVML down, if it was started."""
         with self._lock:
             if self._nvml is not None:
                 self._nvml.close()
@@ -314,7 +322,9 @@ def with_gpus(snap: Any, collector: GpuCollector | None = None) -> Any:
 
 
 class GpuFeed:
-    """The TUI's GPU figures: a daemon thread collects once per interval (the UI thread
+    """The TUI's GPU figures, collected once per interval by a daemon thread.
+
+    The TUI's GPU figures: a daemon thread collects once per interval (the UI thread
     never waits on the driver); ``apply`` attaches the latest collection to a snapshot
     (an in-memory read) and hands the thread the pids to read fdinfo of. ``read``
     replaces the collector (tests feed recorded readings)."""
@@ -331,7 +341,9 @@ class GpuFeed:
         self._thread: threading.Thread | None = None
 
     def apply(self, snap: Any) -> Any:
-        """The first call collects now (``--once`` looks once; NVML takes well under a
+        """Attach the latest GPU collection to ``snap``; hand the thread its pids.
+
+        The first call collects now (``--once`` looks once; NVML takes well under a
         millisecond), then starts the thread."""
         self.pids = local_pids(snap.endpoints)
         if self._thread is None:
@@ -352,11 +364,14 @@ class GpuFeed:
             self._collect()
 
     def close(self) -> None:
+        """Stop the collecting thread."""
         self._stop.set()
 
 
 class GpuSource:
-    """A FleetSource whose ``collect()`` carries this host's GPUs (``host_gpus``) and each
+    """A FleetSource whose ``collect()`` carries this host's GPUs and each endpoint's.
+
+    A FleetSource whose ``collect()`` carries this host's GPUs (``host_gpus``) and each
     endpoint's (``gpus``), through a :class:`GpuFeed`; everything else is the wrapped
     source's. The console wraps its live source in it first, so that what reads the
     views after it (the advisor's gpu_mem_under and gpu_thermal) sees the GPUs."""
@@ -371,9 +386,11 @@ class GpuSource:
         return getattr(self.source, name)
 
     def collect(self) -> Any:
+        """The wrapped source's collection with the GPUs attached."""
         return self.feed.apply(self.source.collect())
 
     def close(self) -> None:
+        """Stop the GPU feed and close the wrapped source."""
         self.feed.close()
         self.source.close()
 

@@ -1,4 +1,6 @@
-"""Reading a JSON object an operator points opsctl at (a model's config.json, a config
+"""Reading a JSON object an operator points opsctl at; what is wrong is one BadInput line.
+
+Reading a JSON object an operator points opsctl at (a model's config.json, a config
 file): every way it can be wrong is one clear ``BadInput`` line (exit 2)."""
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from opsctl.errors import BadInput
 
 
 def load_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; unreadable, malformed or non-object files are
+    """The JSON object in ``path``; BadInput when unreadable, malformed or not an object.
+
+    A JSON object from ``path``; unreadable, malformed or non-object files are
     BadInput with one clear line."""
     try:
         data = json.loads(path.read_text())

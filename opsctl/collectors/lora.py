@@ -1,4 +1,6 @@
-"""I/O for `opsctl diag lora`: adapter directories on disk, the adapters a server lists
+"""I/O for ``opsctl diag lora``: adapter directories, served adapters, requests, records.
+
+I/O for `opsctl diag lora`: adapter directories on disk, the adapters a server lists
 or loads at runtime, the requests (alone, or all at once), and what the engine recorded.
 
 - :func:`read_adapter_dir`: a PEFT adapter directory -> :class:`AdapterDir` (BadInput,
@@ -51,6 +53,8 @@ CONFIG_FILE = "adapter_config.json"
 
 @dataclass(frozen=True, slots=True)
 class AdapterDir:
+    """A PEFT adapter directory on disk: its name, path, rank and target modules."""
+
     name: str
     path: Path
     rank: int
@@ -84,6 +88,8 @@ def read_adapter_dir(raw: str | Path) -> AdapterDir:
 
 @dataclass(frozen=True, slots=True)
 class Served:
+    """What a server serves: its base model and the LoRA adapters it lists."""
+
     base: str
     adapters: Mapping[str, str] = field(default_factory=dict)  # name -> root (path)
     base_root: str | None = None  # the base model's path on the server
@@ -105,8 +111,10 @@ def model_config(root: str | None) -> dict | None:
 def served_adapter(
     name: str, root: str | None
 ) -> tuple[str, Path | None, tuple[str, ...], int | None]:
-    """(name, path, parts, rank) of an adapter a server lists: the parts from opsctl's
-    marker and the rank from adapter_config.json when its root is readable here."""
+    """(name, path, parts, rank) of an adapter a server lists.
+
+    The parts from opsctl's marker and the rank from adapter_config.json when its root is
+    readable here."""
     if not root:
         return name, None, (), None
     path = Path(root)
@@ -154,6 +162,7 @@ def load_adapter(
 
 
 def unload_adapter(url: str, name: str, *, api_key: str | None = None) -> None:
+    """Ask the server to unload adapter ``name``; a transport error is ignored."""
     with contextlib.suppress(httpx.HTTPError), http.client(api_key, timeout=30.0) as c:
         c.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name})
 
@@ -163,6 +172,8 @@ def unload_adapter(url: str, name: str, *, api_key: str | None = None) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Params:
+    """What every request of a LoRA run asks for: base model, tokens, logprobs, timeout."""
+
     base: str  # the served base model (requests without an adapter)
     max_tokens: int
     logprobs: int
@@ -179,6 +190,7 @@ def _image(color: str) -> str:
 
 
 def request_id(tag: str, phase: str, req: D.LoraRequest) -> str:
+    """The request id ``<tag>-<phase>-r<index>-<label>-<hex8>`` of one LoRA request."""
     return f"{tag}-{phase}-r{req.index}-{req.label}-{uuid.uuid4().hex[:8]}"
 
 
@@ -226,7 +238,9 @@ def run(
     together: bool,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """Send every request: one at a time, in order (``together=False``, request ids
+    """Send every request: one at a time in order, or all at once behind a barrier.
+
+    Send every request: one at a time, in order (``together=False``, request ids
     ``-one-``), or all at once, one thread each released together by a barrier
     (``together=True``, request ids ``-mix-``)."""
     phase = "mix" if together else "one"
@@ -253,6 +267,8 @@ run_together = functools.partial(run, together=True)
 
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
+    """What the engine recorded for a LoRA run: batch steps, LoRA manager, adapters, swaps."""
+
     steps: tuple[Mapping[str, Any], ...] = ()  # batch probe records
     manager: Mapping[str, Any] | None = None  # lora probe: the LoRA manager (worker)
     adapters: tuple[Mapping[str, Any], ...] = ()  # lora probe: adapters loaded (last per name)
@@ -264,6 +280,7 @@ class EngineFacts:
 
 
 def read_facts(run_dir: Path | None) -> EngineFacts:
+    """The LoRA and batch probes' records in ``run_dir``; empty without a run directory."""
     if run_dir is None:
         return EngineFacts()
     records = ledger.read_records(run_dir)
@@ -284,7 +301,9 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
 
 
 def engine_facts(run_dir: Path | None, tag: str, mixed: int, timeout: float = 3.0) -> EngineFacts:
-    """:func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
+    """:func:`read_facts` once the batch probe shows every ``mixed`` request (or at timeout).
+
+    :func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
     last lines may land just after the responses), or at ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

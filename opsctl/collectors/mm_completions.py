@@ -1,4 +1,6 @@
-"""Chat requests with images and logprobs for `opsctl diag invariance` on a
+"""Chat requests with images and logprobs for ``opsctl diag invariance`` on a VLM.
+
+Chat requests with images and logprobs for `opsctl diag invariance` on a
 vision-language model.
 
 /v1/completions carries no images on vLLM 0.32 (its request has no multimodal field),
@@ -48,6 +50,7 @@ OnDone = Callable[[int, Timed], None]
 
 
 def image_url(rgb: RGB) -> str:
+    """The PNG data URL of an image of colour ``rgb`` (made once, then cached)."""
     if rgb not in _URLS:
         _URLS[rgb] = image_data_url(rgb, IMAGE_SIZE)
     return _URLS[rgb]
@@ -66,6 +69,7 @@ def messages(text: str, images: Sequence[RGB], rid: str | None) -> list[dict[str
 
 
 def chat_body(params: CompletionParams, text: str, images: Sequence[RGB], rid: str) -> dict:
+    """The JSON body of a greedy chat request with ``images`` and ``text``, with logprobs."""
     return {
         "model": params.model,
         "messages": messages(text, images, rid),
@@ -124,7 +128,9 @@ def run_together(
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N: groups of ``batch_size`` requests sent at once (threads released together
+    """BS=N: groups of ``batch_size`` requests sent at once, one group after the other.
+
+    BS=N: groups of ``batch_size`` requests sent at once (threads released together
     by a barrier; gathered by the engine's gate probe where it runs); the next group
     after the previous one finished."""
     marks = gather_marks(len(prompts), batch_size)
@@ -140,7 +146,9 @@ def run_together(
 def text_token_counts(
     url: str, model: str, prompts: Sequence[str], *, api_key: str | None = None
 ) -> list[int | None]:
-    """``/tokenize`` of each prompt's chat message without images (same template as the
+    """``/tokenize`` count of each prompt's chat message without images.
+
+    ``/tokenize`` of each prompt's chat message without images (same template as the
     chat requests); None where the server gave no count."""
     out: list[int | None] = []
     with http.client(api_key, timeout=30.0) as client:

@@ -1,4 +1,6 @@
-"""I/O for `opsctl diag mm-uuid`: chat requests carrying images, and what the engine
+"""I/O for ``opsctl diag mm-uuid``: chat requests with images, and the engine's records.
+
+I/O for `opsctl diag mm-uuid`: chat requests carrying images, and what the engine
 core recorded for them.
 
 - :class:`ChatSender` sends one chat request with one or more images (a small PNG per
@@ -61,6 +63,7 @@ def engine_info(run_dir: Path) -> dict[str, Any] | None:
 
 
 def engine_record(event: dict[str, Any]) -> EngineRecord:
+    """The mm_uuid probe's event as an :class:`EngineRecord` (request id, item ids, error)."""
     items = event.get("items") or []
     return EngineRecord(
         event.get("request_id"),
@@ -70,8 +73,9 @@ def engine_record(event: dict[str, Any]) -> EngineRecord:
 
 
 class ChatSender:
-    """Chat requests to one server, each paired with the probe's record of it; use as a
-    context manager."""
+    """Chat requests to one server, each paired with the probe's record of it.
+
+    Use as a context manager."""
 
     def __init__(
         self,
@@ -134,8 +138,9 @@ class ChatSender:
         return part
 
     def record_for(self, rid: str | None, seen: int) -> EngineRecord | None:
-        """The probe's record of request ``rid`` among the events appended since
-        ``seen``; None if none arrives within ``record_wait`` seconds."""
+        """The probe's record of request ``rid`` among the events appended since ``seen``.
+
+        None if none arrives within ``record_wait`` seconds."""
         if not rid:
             return None
         deadline = time.monotonic() + self.record_wait

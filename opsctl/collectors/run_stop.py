@@ -1,4 +1,6 @@
-"""Stop the engine of a run another opsctl process started (the console's stop action on
+"""Stop the engine of a run another opsctl process started, by ``runs clean``'s rule.
+
+Stop the engine of a run another opsctl process started (the console's stop action on
 a server it did not start itself), with the rule ``runs clean`` reaps by: only the
 processes whose pid AND start time match the run's meta.json (plus their current
 descendants) are signalled: SIGTERM to the API server (vLLM shuts its engine down),

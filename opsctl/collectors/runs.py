@@ -1,4 +1,6 @@
-"""Run directories under ``paths.runs_dir()``: read once into frozen snapshots; reap an
+"""Run directories under ``paths.runs_dir()``: read, reap, prune, find leaked segments.
+
+Run directories under ``paths.runs_dir()``: read once into frozen snapshots; reap an
 orphaned engine; prune a finished run; find leaked vLLM /dev/shm segments.
 
 Reading: every subdirectory becomes a :class:`RunSnapshot` (meta.json parsed by
@@ -41,6 +43,8 @@ from opsctl.domain import runs as dom
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
+    """One run directory as read now: its meta.json, its pids' start times, its size."""
+
     name: str
     path: str
     meta: dom.RunMeta | None
@@ -51,11 +55,14 @@ class RunSnapshot:
     taken_at: float
 
     def assessment(self) -> dom.RunAssessment:
+        """What the run is now (live, orphaned, finished...) by the domain's rule."""
         return dom.assess(self.meta, self.error, dict(self.starts))
 
 
 def process_start(pid: int) -> float | None:
-    """The start time of the process with this pid now; None when there is none (or
+    """The start time of the process with this pid now; None when there is none (or a zombie).
+
+    The start time of the process with this pid now; None when there is none (or
     only a zombie: it has exited and holds nothing)."""
     try:
         p = psutil.Process(pid)
@@ -87,6 +94,7 @@ def dir_size(path: Path) -> int:
 
 
 def read_run(path: Path) -> RunSnapshot:
+    """Read one run directory; a missing or malformed meta.json is the snapshot's error."""
     meta: dom.RunMeta | None = None
     error: str | None = None
     meta_path = path / "meta.json"
@@ -122,8 +130,9 @@ def read_run(path: Path) -> RunSnapshot:
 
 
 def list_runs(root: Path | None = None) -> tuple[RunSnapshot, ...]:
-    """One snapshot per directory under the runs directory, oldest name first (names
-    start with the start time). Symlinks and plain files there are not runs."""
+    """One snapshot per directory under the runs directory, oldest name first.
+
+    Names start with the start time. Symlinks and plain files there are not runs."""
     root = paths.runs_dir() if root is None else root
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -137,6 +146,8 @@ def list_runs(root: Path | None = None) -> tuple[RunSnapshot, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ReapReport:
+    """What stopping a run's engine did: processes signalled, survivors, segments removed."""
+
     run: str
     pids: tuple[int, ...]  # processes signalled (verified by start time)
     signals: tuple[str, ...]
@@ -147,6 +158,7 @@ class ReapReport:
     error: str | None = None
 
     def to_dict(self) -> dict:
+        """The report as a JSON object (``seconds`` named ``duration_s``)."""
         doc = asdict(self)
         doc["duration_s"] = doc.pop("seconds")  # JSON names carry their unit
         return doc
@@ -213,7 +225,9 @@ def _record(path: Path, **fields) -> None:
 
 
 def stop_engine(snap: RunSnapshot, grace: float = 15.0) -> ReapReport:
-    """Stop a run's engine by the rule of the module doc: SIGTERM to its API server (vLLM
+    """Stop a run's engine by the rule of the module doc; what was signalled and removed.
+
+    Stop a run's engine by the rule of the module doc: SIGTERM to its API server (vLLM
     shuts its engine down), then SIGTERM to all, then SIGKILL, within ``grace`` seconds;
     once nothing is left, the /dev/shm segments they held that no live process holds."""
     t0 = time.time()
@@ -263,8 +277,9 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
 
 
 def prune(path: Path, root: Path | None, now: float, older_than: float) -> str | None:
-    """Remove one finished run directory; None when removed, else why not. Re-reads the
-    run and asks the domain again right before."""
+    """Remove one finished run directory; None when removed, else why not.
+
+    Re-reads the run and asks the domain again right before."""
     root = paths.runs_dir() if root is None else root
     if path.is_symlink() or not path.is_dir() or path.parent.resolve() != root.resolve():
         return "not a run directory under the runs directory"
@@ -288,6 +303,8 @@ def prune(path: Path, root: Path | None, now: float, older_than: float) -> str |
 
 @dataclass(frozen=True, slots=True)
 class Segment:
+    """One vLLM /dev/shm segment: its size, age and what clean may do with it."""
+
     name: str
     path: str
     size: int
@@ -299,13 +316,17 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class SegmentScan:
+    """Every vLLM /dev/shm segment found in one look, and the processes that could not be read."""
+
     segments: tuple[Segment, ...]
     denied_pids: tuple[int, ...]  # maps or fds unreadable: a segment only they hold looks free
     taken_at: float
 
 
 def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
-    """/dev/shm files that look like vLLM's (``psm_*``, ``sem.mp-*``) with who holds
+    """/dev/shm files that look like vLLM's, with who holds them.
+
+    /dev/shm files that look like vLLM's (``psm_*``, ``sem.mp-*``) with who holds
     them and what clean may do with them."""
     root = shm.SHM if root is None else root
     files = [f for f in shm.list_files(root) if dom.is_vllm_segment(f.name)]
@@ -330,7 +351,9 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
 
 
 def find_run_dir(url: str, root: Path | None = None) -> Path | None:
-    """The run directory of the live engine opsctl started at ``url``: its meta.json names
+    """The run directory of the live engine opsctl started at ``url``; None when there is none.
+
+    The run directory of the live engine opsctl started at ``url``: its meta.json names
     that URL, it has not stopped, and its recorded pid is still alive; the newest wins.
     None when there is none (an engine not started by opsctl, or a dead one)."""
     best: tuple[float, Path] | None = None

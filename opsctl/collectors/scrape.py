@@ -1,4 +1,6 @@
-"""Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
+"""Asynchronous scraping of vLLM OpenAI servers: /health and /metrics under one deadline.
+
+Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
 then /metrics on one kept connection under one deadline (and, when asked, /version,
 /v1/models and /server_info under another), so a server that accepts and never answers
 costs its own row a timeout and nobody else anything. Returns frozen Scrape snapshots
@@ -47,6 +49,7 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
+    """An httpx async client for scraping, with the API key and the shared TLS context."""
     return httpx.AsyncClient(
         timeout=timeout,
         headers=http.headers(api_key),
@@ -95,7 +98,9 @@ _BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u20
 
 
 class MetricsCache:
-    """One endpoint's parsed /metrics: an unchanged body (an idle server's) is not parsed
+    """One endpoint's parsed /metrics, re-parsing only what changed since the last poll.
+
+    One endpoint's parsed /metrics: an unchanged body (an idle server's) is not parsed
     again; of a changed one (counters moving under load) only the lines that changed
     since the previous poll are looked at further than one dict lookup: ``seen`` maps
     each line of the previous body to its prepared sample (a wanted vllm: line), or to
@@ -112,6 +117,7 @@ class MetricsCache:
         self.repeats = False  # the previous scanned body repeated a line
 
     def parse(self, text: str) -> MetricSamples:
+        """The samples of /metrics body ``text`` (the cached ones when it is unchanged)."""
         if self.samples is not None and text == self.text:  # the same body: ~2 us, no scan
             return self.samples
         try:
@@ -201,10 +207,11 @@ async def fetch_info(
     timeout: float,
     headers: dict | None = None,
 ) -> tuple[EngineInfo, HttpStatus | None]:
-    """/version, /v1/models and /server_info on one deadline; the second value is a
-    401/403 answer if any path gave one. ``fetched_at`` is None unless every path got an
-    HTTP answer: a timed-out /version (a starved server) is asked again at the next poll,
-    not a minute later."""
+    """/version, /v1/models and /server_info on one deadline.
+
+    The second value is a 401/403 answer if any path gave one. ``fetched_at`` is None unless
+    every path got an HTTP answer: a timed-out /version (a starved server) is asked again at
+    the next poll, not a minute later."""
     paths = ("/version", "/v1/models", "/server_info")
     results = await _get_all(_getter(client, url, headers), paths, timeout)
     auth = next((st for st, _ in results if st.status in AUTH_STATUSES), None)
@@ -227,10 +234,11 @@ async def scrape(
     cache: MetricsCache | None = None,
     headers: dict | None = None,
 ) -> Scrape:
-    """One poll of one endpoint: /health then /metrics on one connection and one
-    deadline (``timeout`` for both; the engine facts, when asked, get their own), never
-    raising for HTTP trouble: it is in the snapshot. ``fastget.Unsupported`` is raised
-    for an answer the fast client does not handle (``Poller`` then uses httpx)."""
+    """One poll of one endpoint: /health then /metrics on one connection and one deadline.
+
+    ``timeout`` for both; the engine facts, when asked, get their own, never raising for
+    HTTP trouble: it is in the snapshot. ``fastget.Unsupported`` is raised for an answer the
+    fast client does not handle (``Poller`` then uses httpx)."""
     started = time.time()
     cache = cache or MetricsCache()
     get = _getter(client, url, headers)
@@ -250,7 +258,9 @@ async def scrape(
 
 
 class Poller:
-    """One endpoint's polls: the fast keep-alive client (opsctl.collectors.fastget) where
+    """One endpoint's polls: the fast keep-alive client where it can, httpx otherwise.
+
+    One endpoint's polls: the fast keep-alive client (opsctl.collectors.fastget) where
     the URL allows it, httpx otherwise, and httpx from the first answer the fast client
     does not handle on. Use as an async context manager (closes the connections)."""
 
@@ -272,6 +282,7 @@ class Poller:
         return self.slow
 
     async def scrape(self, *, want_info: bool = False, cache: MetricsCache | None = None) -> Scrape:
+        """One poll of the endpoint (by httpx from the first answer the fast client cannot read)."""
         if self.fast is not None:
             try:
                 return await scrape(
@@ -285,6 +296,7 @@ class Poller:
         )
 
     async def aclose(self) -> None:
+        """Close the endpoint's connections."""
         if self.fast is not None:
             await self.fast.aclose()
         if self.slow is not None:

@@ -1,4 +1,6 @@
-"""Building an embedded model or adapter directory: atomically, and never over a
+"""Building an embedded model or adapter directory, atomically and never over another's.
+
+Building an embedded model or adapter directory: atomically, and never over a
 directory opsctl did not build.
 
 A build writes into a fresh temporary directory next to its destination, drops opsctl's
@@ -21,7 +23,9 @@ from opsctl.errors import BadInput
 
 
 def read_marker(path: Path, marker_file: str) -> dict[str, Any] | None:
-    """The JSON object in ``path``'s marker file; None when ``path`` is not a real
+    """The JSON object in ``path``'s marker file; None when there is no usable one.
+
+    The JSON object in ``path``'s marker file; None when ``path`` is not a real
     directory or the marker is missing, a link, unreadable or not an object."""
     marker = path / marker_file
     if path.is_symlink() or not path.is_dir() or marker.is_symlink() or not marker.is_file():
@@ -46,7 +50,9 @@ def build_into(
     write: Callable[[Path], None],
     what: str = "",
 ) -> Path:
-    """Run ``write(tmp)`` in a temporary directory beside ``dest``, add the marker and
+    """Build into a temporary directory beside ``dest`` and rename it into place.
+
+    Run ``write(tmp)`` in a temporary directory beside ``dest``, add the marker and
     rename it to ``dest`` (replacing only a build of opsctl's); ``what`` names the build
     in the error when the parent directory cannot be written ("adapters")."""
     try:

@@ -26,6 +26,8 @@ MARKER = ".opsctl-model.json"
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedModel:
+    """One model opsctl can build itself: name, archetype, builder and version."""
+
     name: str
     archetype: str
     description: str
@@ -34,6 +36,7 @@ class EmbeddedModel:
     images_per_prompt: int = 1  # vision-language: images one prompt may carry
 
     def build_fn(self) -> Callable[[Path], None]:
+        """The function that writes this model into a directory (imported now)."""
         import importlib
 
         module, fn = self.builder.split(":")
@@ -90,10 +93,12 @@ DEFAULT_MODEL = "tiny-llama"
 
 
 def register(model: EmbeddedModel) -> None:
+    """Add ``model`` to the catalog under its name."""
     CATALOG[model.name] = model
 
 
 def get(name: str) -> EmbeddedModel:
+    """The embedded model named ``name``; BadInput naming the known ones when unknown."""
     try:
         return CATALOG[name]
     except KeyError:
@@ -104,10 +109,12 @@ def get(name: str) -> EmbeddedModel:
 
 
 def model_path(name: str, root: Path | None = None) -> Path:
+    """Where the embedded model ``name`` is built (under ``root`` or opsctl's models dir)."""
     return (root or paths.models_dir()) / name
 
 
 def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
+    """Whether ``model`` is built at this builder version."""
     marker = model_path(model.name, root) / MARKER
     try:
         meta = json.loads(marker.read_text())
@@ -117,13 +124,16 @@ def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
 
 
 def built_by_opsctl(path: Path) -> bool:
-    """Whether ``path`` is a real directory holding opsctl's marker for a model of that
-    name (any builder version): only such a directory may be replaced."""
+    """Whether ``path`` is a real directory holding opsctl's marker for a model of that name.
+
+    Any builder version: only such a directory may be replaced."""
     return builds.built_by_opsctl(path, MARKER)
 
 
 def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
-    """The model's directory under ``root``; BadInput (exit 2, with the path) when
+    """The model's directory under ``root``; BadInput when something else is there.
+
+    The model's directory under ``root``; BadInput (exit 2, with the path) when
     something opsctl did not build is there (nothing is deleted)."""
     dest = model_path(model.name, root)
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
@@ -137,6 +147,7 @@ def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
 
 
 def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -> Path:
+    """Build ``model`` (unless built, or with ``force``); its directory."""
     dest = model_path(model.name, root)
     if not force and is_built(model, root):
         return dest
@@ -146,8 +157,10 @@ def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -
 
 
 def ensure(name: str, root: Path | None = None) -> Path:
+    """The directory of the embedded model ``name``, built first when needed."""
     return build(get(name), root)
 
 
 def dir_size(path: Path) -> int:
+    """The total size of the files under ``path``, in bytes."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

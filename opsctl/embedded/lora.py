@@ -1,4 +1,6 @@
-"""Seeded LoRA adapters for the embedded models, in PEFT format (``adapter_config.json``
+"""Seeded LoRA adapters for the embedded models, in PEFT format, for ``opsctl diag lora``.
+
+Seeded LoRA adapters for the embedded models, in PEFT format (``adapter_config.json``
 + ``adapter_model.safetensors``), for `opsctl diag lora`.
 
 Every adapter is a function of (model, name): the same bytes on every build (seeded
@@ -93,7 +95,9 @@ MODULES: dict[str, dict[str, dict[str, tuple[int, int]]]] = {
 
 @dataclass(frozen=True, slots=True)
 class AdapterSpec:
-    """One embedded adapter: the parts it targets, which modules of each (name
+    """One embedded adapter: the parts and modules it targets, its seed and B scale.
+
+    One embedded adapter: the parts it targets, which modules of each (name
     suffixes; empty: all), its seed and the scale of its B matrices."""
 
     name: str
@@ -159,7 +163,9 @@ def targets(model: str, spec: AdapterSpec) -> dict[str, tuple[int, int]]:
 
 
 def tensors(model: str, spec: AdapterSpec) -> dict[str, np.ndarray]:
-    """PEFT tensors: ``base_model.model.<module>.lora_A.weight`` (r, in) and
+    """The adapter's PEFT tensors (``lora_A`` and ``lora_B`` of every module).
+
+    PEFT tensors: ``base_model.model.<module>.lora_A.weight`` (r, in) and
     ``.lora_B.weight`` (out, r). ``A`` keeps activations at their scale; ``B`` makes the
     update ``scaling * B @ A`` comparable to the base weight (times ``strength``)."""
     out: dict[str, np.ndarray] = {}
@@ -206,10 +212,12 @@ def write(out: Path, model: str, spec: AdapterSpec) -> None:
 
 
 def adapters_dir() -> Path:
+    """Where opsctl builds its adapters."""
     return paths.opsctl_home() / "adapters"
 
 
 def adapter_path(model: str, name: str, root: Path | None = None) -> Path:
+    """Where adapter ``name`` of ``model`` is built."""
     return (root or adapters_dir()) / model / name
 
 
@@ -218,12 +226,15 @@ def _marker(model: str, spec: AdapterSpec) -> dict:
 
 
 def is_built(model: str, spec: AdapterSpec, root: Path | None = None) -> bool:
+    """Whether adapter ``spec`` of ``model`` is built, as this version builds it."""
     meta = builds.read_marker(adapter_path(model, spec.name, root), MARKER)
     return meta == _marker(model, spec)
 
 
 def built_by_opsctl(path: Path) -> bool:
-    """A real directory holding opsctl's adapter marker for that name: only such a
+    """Whether ``path`` holds opsctl's adapter marker for that name.
+
+    A real directory holding opsctl's adapter marker for that name: only such a
     directory may be replaced."""
     return builds.built_by_opsctl(path, MARKER)
 

@@ -93,8 +93,9 @@ def raise_if_received() -> None:
 
 @contextlib.contextmanager
 def tui_app(exit_app: Callable[[], None]) -> Iterator[None]:
-    """While a Textual app runs in the main thread, a stop signal calls ``exit_app``
-    (which must only schedule the exit); :func:`raise_if_received` afterwards."""
+    """While a Textual app runs in the main thread, a stop signal calls ``exit_app``.
+
+    ``exit_app`` must only schedule the exit; call :func:`raise_if_received` afterwards."""
     previous, _STATE.app_exit = _STATE.app_exit, exit_app
     try:
         yield
@@ -104,7 +105,9 @@ def tui_app(exit_app: Callable[[], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def shield() -> Iterator[None]:
-    """Around a stop: a first signal does not raise inside it (it is raised, in the main
+    """Around a stop: a first signal does not raise inside it; further ones hurry it.
+
+    Around a stop: a first signal does not raise inside it (it is raised, in the main
     thread, once the stop is done); further signals set :func:`hurry`."""
     _STATE.shielding += 1
     try:
@@ -118,8 +121,9 @@ def shield() -> Iterator[None]:
 
 
 def owner_start_ticks(pid: int | str = "self") -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with
-    the pid it names one process for good, even after the kernel reuses the pid."""
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22).
+
+    With the pid it names one process for good, even after the kernel reuses the pid."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()

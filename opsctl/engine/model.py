@@ -12,6 +12,8 @@ from opsctl.errors import BadInput
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
+    """A model ready to serve: served name, directory, archetype and config.json."""
+
     name: str  # served model name
     path: Path
     archetype: str
@@ -20,10 +22,12 @@ class ResolvedModel:
 
     @property
     def architectures(self) -> list[str]:
+        """The model's architectures from its config.json."""
         return list(self.config.get("architectures") or [])
 
 
 def archetype_of(config: dict) -> str:
+    """The archetype (decoder, bi-/cross-encoder, vision-language...) of a config.json."""
     archs = " ".join(config.get("architectures") or [])
     if "SequenceClassification" in archs:
         return "cross-encoder"
@@ -37,6 +41,7 @@ def archetype_of(config: dict) -> str:
 
 
 def read_config(path: Path) -> dict:
+    """The config.json of the model directory ``path``; BadInput when missing or malformed."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise BadInput(f"model directory {path} has no config.json")

@@ -133,6 +133,7 @@ _PROCESS = EngineRegistry()
 
 
 def process_engines() -> EngineRegistry:
-    """The registry of this process: every engine it starts registers here, because a
-    stop signal ends the whole process and so must stop all of them."""
+    """The registry of this process: every engine it starts registers here.
+
+    A stop signal ends the whole process and so must stop all of them."""
     return _PROCESS
