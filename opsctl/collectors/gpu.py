@@ -18,6 +18,7 @@ error beside it, never 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import threading
@@ -395,12 +396,7 @@ class GpuSource:
         self.source.close()
 
 
-_SHARED: GpuCollector | None = None
-
-
+@functools.cache
 def shared() -> GpuCollector:
     """The process's collector (NVML is initialised once per process)."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = GpuCollector()
-    return _SHARED
+    return GpuCollector()

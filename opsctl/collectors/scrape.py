@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 import time
 
@@ -36,16 +37,11 @@ AUTH_STATUSES = (401, 403)
 _POLL_PATHS = ("/health", "/metrics")  # one poll of one endpoint, in this order
 
 
-_SSL: ssl.SSLContext | None = None
-
-
+@functools.cache
 def _ssl_context() -> ssl.SSLContext:
     """One TLS context for every client: building one loads the CA store (~60 ms of CPU),
     which per endpoint made a 256-endpoint console spend seconds just starting."""
-    global _SSL
-    if _SSL is None:
-        _SSL = ssl.create_default_context()
-    return _SSL
+    return ssl.create_default_context()
 
 
 def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
