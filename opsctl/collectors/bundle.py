@@ -38,8 +38,7 @@ class FileRead:
 def run_files(run_dir: Path, limit: int = MAX_FILE) -> tuple[list[FileRead], list[str]]:
     """The run directory's regular files, each cut to its last ``limit`` bytes.
 
-    Regular files under the run directory (symlinks not followed), each cut to its
-    last ``limit`` bytes; and why some could not be read."""
+    Symlinks are not followed; also returns why some files could not be read."""
     out: list[FileRead] = []
     errors: list[str] = []
     for root, dirs, files in os.walk(run_dir, followlinks=False):
@@ -87,8 +86,8 @@ def fetch(url: str, path: str, api_key: str | None, timeout: float) -> Fetched:
 def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] | None, str]:
     """The environment of ``pid`` when it is still the recorded process; else None and why.
 
-    The environment of ``pid`` when it is still the process recorded as starting at
-    ``started``; else None and why."""
+    The recorded process is the one that started at ``started``; another process that reused the
+    pid is never read."""
     from opsctl.domain.runs import same_process
 
     if not pid:
@@ -107,8 +106,7 @@ def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] 
 def write_tar(out: Path, top: str, members: list[tuple[str, bytes]]) -> int:
     """Write ``members`` as a gzipped tar, atomically; returns its size.
 
-    Write ``members`` (name inside ``top``/, bytes) as a gzipped tar, atomically;
-    returns its size."""
+    ``members`` are (name inside ``top``/, bytes) pairs."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     now = time.time()

@@ -178,8 +178,8 @@ def timed_post(
 ) -> Timed:
     """POST ``body`` to ``url``, time it and parse the answer into a :class:`Generated`.
 
-    POST ``body`` to ``url`` and time it; ``parse(status, payload)`` turns the answer
-    into a :class:`Generated`, a transport error becomes one with ``error`` set."""
+    ``parse(status, payload)`` makes the :class:`Generated`; a transport error becomes one with
+    ``error`` set."""
     t0 = time.perf_counter()
     try:
         r = client.post(url, json=body, timeout=timeout)
@@ -249,10 +249,9 @@ def send_in_groups(
 ) -> list[Timed]:
     """BS=N as separate requests: each group sent at once from threads behind a barrier.
 
-    BS=N as separate requests: groups of ``batch_size`` sent at once from threads
-    released together by a barrier, the next group after the previous one finished.
-    Closer to real traffic, but a busy API server may hand some of them to the engine
-    after the others finished (the batch probe shows it)."""
+    The next group goes after the previous one finished. Closer to real traffic, but a busy API
+    server may hand some of them to the engine after the others finished (the batch probe shows
+    it)."""
     results: list[Timed | None] = [None] * n
     limits = http.limits(batch_size + 2)
     with http.client(api_key, limits=limits) as client:
@@ -429,8 +428,8 @@ class RunningSampler:
     def settle(self, expected_tokens: int, timeout: float = 5.0) -> None:
         """Read the counters again once they account for ``expected_tokens``.
 
-        Read the counters again once they account for the ``expected_tokens`` the
-        responses carried (the server records stats just after answering)."""
+        The server records its stats just after answering, so the ``expected_tokens`` the
+        responses carried may not be counted yet."""
         if self._base is None:
             return
         deadline = time.monotonic() + timeout

@@ -98,8 +98,7 @@ def identity_at(
 def platform_note(run_dir: Path | None) -> str:
     """Why the platform of the engine of ``run_dir`` is unknown (a report's note).
 
-    Why the platform of the engine of ``run_dir`` is unknown (a report's
-    ``platform_note``): it recorded none, or opsctl did not start it."""
+    The report's ``platform_note``: the engine recorded none, or opsctl did not start it."""
     if run_dir is not None and ledger.read_records(run_dir):
         return plat.NO_RECORD_NOTE
     return plat.NOT_STARTED_NOTE
@@ -115,9 +114,8 @@ def _started(pid: int) -> float | None:
 def identity_of_pids(pids: list[int], runs_root: Path | None = None) -> dict[int, tuple]:
     """pid -> (platform, vLLM version) for the live engine processes among ``pids``.
 
-    pid -> (platform, vLLM version) for the live processes among ``pids`` that an
-    engine opsctl started recorded in a ledger (``<run>/ledger/<pid>.json``, written
-    after that process started, so a reused pid is not mistaken for it)."""
+    Only processes an engine opsctl started recorded in a ledger (``<run>/ledger/<pid>.json``,
+    written after that process started, so a reused pid is not mistaken for it)."""
     root = paths.runs_dir() if runs_root is None else runs_root
     out: dict[int, tuple] = {}
     for pid in sorted(set(pids)):

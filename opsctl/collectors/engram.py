@@ -298,9 +298,8 @@ def _open_readers(
 def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
     """Compare every byte of ``regions`` with its constant; (bytes checked, first mismatch).
 
-    Compare every byte of ``regions`` with its constant. Returns (bytes checked,
-    first mismatch or None). Raises OSError when the reader fails or the table is shorter
-    than ``regions`` (e.g. truncated while being read)."""
+    Raises OSError when the reader fails or the table is shorter than ``regions`` (e.g.
+    truncated while being read)."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     checked = 0

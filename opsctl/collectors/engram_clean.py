@@ -84,11 +84,9 @@ def remove_orphans(
 ) -> tuple[list[str], list[str], tuple[int, ...]]:
     """Remove orphans, re-checking each right before; (removed, kept, unreadable pids).
 
-    Remove orphans, re-checking each right before (shm.remove_unheld rescans maps and
-    fds and refuses symlinks, non-regular files, anything held and anything younger
-    than ``min_age``). When some process's maps or fds cannot be read, nothing is
-    removed unless ``force``: a file only it holds would look orphaned. Returns
-    (removed, kept, pids that could not be read)."""
+    shm.remove_unheld rescans maps and fds and refuses symlinks, non-regular files, anything
+    held and anything younger than ``min_age``. When some process's maps or fds cannot be read,
+    nothing is removed unless ``force``: a file only it holds would look orphaned."""
     wanted = {n for n in names if n.startswith(prefix) and "/" not in n}
     again = find_orphans(prefix, root, min_age)
     if again.denied_pids and not force:

@@ -19,8 +19,8 @@ EXAMPLES = {"deepseek-v4.1-flash": "deepseek-v4.1-flash-engram.json"}
 def read_config(model: Path | None, config: str | None) -> tuple[dict[str, Any], str]:
     """(config dict, where it came from) for exactly one of ``model`` and ``config``.
 
-    (config dict, where it came from) for exactly one of ``model`` (a directory with a
-    config.json) and ``config`` (a file, or a name in :data:`EXAMPLES`); BadInput else."""
+    ``model`` is a directory with a config.json; ``config`` a file, or a name in
+    :data:`EXAMPLES`. BadInput else."""
     if (model is None) == (config is None):
         raise BadInput(
             "give exactly one of --model DIR or --config FILE",

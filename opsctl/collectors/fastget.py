@@ -321,8 +321,8 @@ def _decode(enc: str, content: bytes) -> bytes:
 class Client:
     """GETs from one server (``base``) over kept connections.
 
-    GETs from one server (``base``: http://host:port[/prefix]) over kept connections.
-    ``headers``: sent with every request (the Bearer key)."""
+    ``base`` is http://host:port[/prefix]; ``headers`` are sent with every request (the Bearer
+    key)."""
 
     def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
         if not usable(base):

@@ -372,10 +372,10 @@ class GpuFeed:
 class GpuSource:
     """A FleetSource whose ``collect()`` carries this host's GPUs and each endpoint's.
 
-    A FleetSource whose ``collect()`` carries this host's GPUs (``host_gpus``) and each
-    endpoint's (``gpus``), through a :class:`GpuFeed`; everything else is the wrapped
-    source's. The console wraps its live source in it first, so that what reads the
-    views after it (the advisor's gpu_mem_under and gpu_thermal) sees the GPUs."""
+    Through a :class:`GpuFeed`: this host's GPUs as ``host_gpus``, each endpoint's as ``gpus``;
+    everything else is the wrapped source's. The console wraps its live source in it first, so
+    that what reads the views after it (the advisor's gpu_mem_under and gpu_thermal) sees the
+    GPUs."""
 
     attaches_gpus = True  # the TUI does not add a feed of its own
 

@@ -40,8 +40,8 @@ POLL = 0.1  # seconds between looks while waiting for a condition
 def write_control(store: Path, plan: InjectionPlan) -> None:
     """Give the running connector a new plan, atomically.
 
-    Give the running connector a new plan (atomically: it never reads half a file;
-    it compares content, so two writes within one mtime tick both count)."""
+    It never reads half a file; it compares content, so two writes within one mtime tick both
+    count."""
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".{CONTROL_FILE}.tmp"
     tmp.write_text(control_text(plan))
@@ -193,8 +193,7 @@ class KvProbe:
     def log_until(self, mark: int, done: Callable[[str], bool], timeout: float) -> str:
         """The log since ``mark``, once ``done(text)`` holds, the engine is gone or time is up.
 
-        The log written since ``mark``, once ``done(text)`` holds, the engine is gone,
-        or ``timeout`` seconds have passed (vLLM's lines land a moment after the answer)."""
+        Time is up after ``timeout`` seconds; vLLM's lines land a moment after the answer."""
         deadline = time.monotonic() + timeout
         while True:
             text = self.log_text()[mark:]

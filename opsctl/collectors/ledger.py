@@ -72,8 +72,8 @@ def test_knobs(records: list[dict]) -> dict[str, str]:
 def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
     """The test knobs the engines of these run directories honoured, from their ledgers.
 
-    The test knobs the engines of these run directories honoured, read from their
-    ledgers (the engine's own record); ``None`` entries (no run dir) are skipped."""
+    Read from their ledgers (the engine's own record); ``None`` entries (no run dir) are
+    skipped."""
     knobs: dict[str, str] = {}
     for rd in run_dirs:
         if rd:

@@ -71,9 +71,8 @@ def wait_counter_above(
 ) -> float | None:
     """Poll counter ``name`` until it exceeds ``floor`` or ``deadline`` passes; the last value.
 
-    Poll ``name`` until it exceeds ``floor`` or ``deadline`` (time.monotonic) passes;
-    the last value read (None: never readable). vLLM updates its counters after the
-    answer is sent, so the first read may still show the old value."""
+    ``deadline`` is on time.monotonic; None when the counter was never readable. vLLM updates
+    its counters after the answer is sent, so the first read may still show the old value."""
     value = counter(url, name, api_key)
     while (value is None or value <= floor) and time.monotonic() < deadline:
         time.sleep(0.2)

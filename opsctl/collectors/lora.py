@@ -240,9 +240,8 @@ def run(
 ) -> list[Timed]:
     """Send every request: one at a time in order, or all at once behind a barrier.
 
-    Send every request: one at a time, in order (``together=False``, request ids
-    ``-one-``), or all at once, one thread each released together by a barrier
-    (``together=True``, request ids ``-mix-``)."""
+    Alone: in order, request ids ``-one-`` (``together=False``). Together: one thread each,
+    released by a barrier, request ids ``-mix-`` (``together=True``)."""
     phase = "mix" if together else "one"
 
     def send_one(client: httpx.Client, k: int) -> Timed:

@@ -148,8 +148,7 @@ def text_token_counts(
 ) -> list[int | None]:
     """``/tokenize`` count of each prompt's chat message without images.
 
-    ``/tokenize`` of each prompt's chat message without images (same template as the
-    chat requests); None where the server gave no count."""
+    Same template as the chat requests; None where the server gave no count."""
     out: list[int | None] = []
     with http.client(api_key, timeout=30.0) as client:
         for text in prompts:

@@ -62,8 +62,7 @@ class RunSnapshot:
 def process_start(pid: int) -> float | None:
     """The start time of the process with this pid now; None when there is none (or a zombie).
 
-    The start time of the process with this pid now; None when there is none (or
-    only a zombie: it has exited and holds nothing)."""
+    A zombie has exited and holds nothing."""
     try:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
@@ -326,8 +325,7 @@ class SegmentScan:
 def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
     """/dev/shm files that look like vLLM's, with who holds them.
 
-    /dev/shm files that look like vLLM's (``psm_*``, ``sem.mp-*``) with who holds
-    them and what clean may do with them."""
+    Their names are ``psm_*`` and ``sem.mp-*``; each comes with what clean may do with it."""
     root = shm.SHM if root is None else root
     files = [f for f in shm.list_files(root) if dom.is_vllm_segment(f.name)]
     scan = shm.scan_holders(None, path_prefix=f"{root}/")

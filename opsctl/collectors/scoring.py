@@ -135,8 +135,7 @@ def config_of(root: str | None) -> dict | None:
 def load_tokenizer(path: str | None) -> Any | None:
     """The model's own tokenizer when its directory is readable here; None otherwise.
 
-    The model's own tokenizer when its directory (or a local HF cache) is readable
-    here, loaded as vLLM loads it (AutoTokenizer); None otherwise."""
+    Its directory, or a local HF cache; loaded as vLLM loads it (AutoTokenizer)."""
     if not path:
         return None
     p = Path(path)

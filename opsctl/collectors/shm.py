@@ -185,10 +185,7 @@ def all_pids() -> list[int]:
 
 
 def scan_targets(pids: list[int] | None) -> list[int]:
-    """The processes a scan reads: ``pids`` as given, or every other visible process.
-
-    The processes a scan reads: ``pids`` as given, or every visible process except
-    this one when None."""
+    """The processes a scan reads: ``pids`` as given, or every other visible process."""
     if pids is not None:
         return list(pids)
     me = os.getpid()
@@ -244,8 +241,8 @@ def read_fds(pid: int, path_prefix: str = str(SHM) + "/") -> list[OpenFd]:
 class HolderScan:
     """Every mapping and open descriptor of files under one prefix, over the processes read.
 
-    Every mapping and open descriptor of files under one prefix, over all processes
-    visible here (or the given ones), plus the processes that could not be read."""
+    The processes read are all those visible here, or the given ones; the scan lists those that
+    could not be read."""
 
     taken_at: float
     mappings: tuple[Mapping, ...]
@@ -286,8 +283,8 @@ class HolderScan:
 def scan_holders(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/") -> HolderScan:
     """Mappings and open descriptors of files under ``path_prefix``.
 
-    Mappings (/proc/PID/maps) and open descriptors (/proc/PID/fd) of files under
-    ``path_prefix``. Without ``pids``: every process visible here except this one."""
+    Read from /proc/PID/maps and /proc/PID/fd; without ``pids``, of every process visible here
+    except this one."""
     maps = scan_mappings(pids, path_prefix)
     fds: list[OpenFd] = []
     errors = list(maps.errors)

@@ -128,8 +128,7 @@ def take(
 ) -> list[ProcessStacks]:
     """Stacks of every process of the tree under ``root_pid``, in tree order.
 
-    Stacks of every process of the tree under ``root_pid`` (signal where armed, else
-    py-spy), in tree order."""
+    By signal where the process is armed, else by py-spy."""
     procs = members(root_pid)
     armed = armed_pids(run_dir)
     signalled = [pid for pid, _r, state in procs if pid in armed and state != psutil.STATUS_STOPPED]

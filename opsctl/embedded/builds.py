@@ -25,8 +25,8 @@ from opsctl.errors import BadInput
 def read_marker(path: Path, marker_file: str) -> dict[str, Any] | None:
     """The JSON object in ``path``'s marker file; None when there is no usable one.
 
-    The JSON object in ``path``'s marker file; None when ``path`` is not a real
-    directory or the marker is missing, a link, unreadable or not an object."""
+    None when ``path`` is not a real directory or the marker is missing, a link, unreadable or
+    not an object."""
     marker = path / marker_file
     if path.is_symlink() or not path.is_dir() or marker.is_symlink() or not marker.is_file():
         return None
@@ -52,9 +52,9 @@ def build_into(
 ) -> Path:
     """Build into a temporary directory beside ``dest`` and rename it into place.
 
-    Run ``write(tmp)`` in a temporary directory beside ``dest``, add the marker and
-    rename it to ``dest`` (replacing only a build of opsctl's); ``what`` names the build
-    in the error when the parent directory cannot be written ("adapters")."""
+    ``write(tmp)`` fills the temporary directory, then the marker is added; only a build of
+    opsctl's is replaced. ``what`` names the build in the error when the parent directory cannot
+    be written ("adapters")."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{marker['name']}-", dir=dest.parent))

@@ -133,8 +133,8 @@ def built_by_opsctl(path: Path) -> bool:
 def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
     """The model's directory under ``root``; BadInput when something else is there.
 
-    The model's directory under ``root``; BadInput (exit 2, with the path) when
-    something opsctl did not build is there (nothing is deleted)."""
+    BadInput (exit 2, with the path) when something opsctl did not build is there; nothing is
+    deleted."""
     dest = model_path(model.name, root)
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
         raise BadInput(

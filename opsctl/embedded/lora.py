@@ -97,8 +97,7 @@ MODULES: dict[str, dict[str, dict[str, tuple[int, int]]]] = {
 class AdapterSpec:
     """One embedded adapter: the parts and modules it targets, its seed and B scale.
 
-    One embedded adapter: the parts it targets, which modules of each (name
-    suffixes; empty: all), its seed and the scale of its B matrices."""
+    The modules of each part are name suffixes (empty: all); the strength scales its B matrices."""
 
     name: str
     parts: tuple[str, ...]
@@ -234,8 +233,7 @@ def is_built(model: str, spec: AdapterSpec, root: Path | None = None) -> bool:
 def built_by_opsctl(path: Path) -> bool:
     """Whether ``path`` holds opsctl's adapter marker for that name.
 
-    A real directory holding opsctl's adapter marker for that name: only such a
-    directory may be replaced."""
+    It must be a real directory: only such a directory may be replaced."""
     return builds.built_by_opsctl(path, MARKER)
 
 

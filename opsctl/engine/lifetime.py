@@ -107,8 +107,8 @@ def tui_app(exit_app: Callable[[], None]) -> Iterator[None]:
 def shield() -> Iterator[None]:
     """Around a stop: a first signal does not raise inside it; further ones hurry it.
 
-    Around a stop: a first signal does not raise inside it (it is raised, in the main
-    thread, once the stop is done); further signals set :func:`hurry`."""
+    A first signal is raised in the main thread once the stop is done; further signals set
+    :func:`hurry`."""
     _STATE.shielding += 1
     try:
         yield
