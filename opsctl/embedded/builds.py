@@ -63,7 +63,7 @@ def build_into(
         raise BadInput(f"{doing} {dest.parent}: {exc.strerror or exc}") from None
     try:
         write(tmp)
-        (tmp / marker_file).write_text(json.dumps(marker, sort_keys=True) + "\n")
+        (tmp / marker_file).write_text(json.dumps(marker) + "\n")  # in the order given
         if dest.exists() or dest.is_symlink():
             if not built_by_opsctl(dest, marker_file):  # it may have appeared meanwhile
                 raise BadInput(f"{dest} exists and was not built by opsctl (no {marker_file})")

@@ -244,7 +244,7 @@ def build(model: str, spec: AdapterSpec, root: Path | None = None, force: bool =
         return dest
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
         raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER}); not replacing it")
-    marker = _marker(model, spec)
+    marker = dict(sorted(_marker(model, spec).items()))
     return builds.build_into(dest, MARKER, marker, lambda tmp: write(tmp, model, spec), "adapters")
 
 
