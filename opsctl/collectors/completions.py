@@ -483,9 +483,8 @@ def completions_refusal(
 ) -> str | None:
     """Why the server refuses /v1/completions for ``model``, or None when it works.
 
-    Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
-    or 400), or None when a one-token completion works. Network errors are left to the
-    real requests, which fail closed."""
+    A pooling model answers 404 or 400. Network errors are left to the real requests, which fail
+    closed."""
     body = {"model": model, "prompt": "a", "max_tokens": 1, "temperature": 0.0}
     try:
         with http.client(api_key, timeout=timeout) as c:

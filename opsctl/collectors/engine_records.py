@@ -81,9 +81,8 @@ def identity_at(
 ) -> tuple[str | None, str | None]:
     """(platform, vLLM version) of the engine behind ``url``; None where nothing names it.
 
-    (platform, vLLM version) of the engine behind ``url``: its ledger when opsctl
-    started it, else what the server says (/server_info, /version); either is None when
-    nothing names it (the platform is a device name, never prose)."""
+    Its ledger when opsctl started it, else what the server says (/server_info, /version); the
+    platform is a device name, never prose."""
     platform, version = identity(run_dir)
     if url and platform is None:
         platform = plat.from_server_info(
@@ -189,9 +188,8 @@ def _covers(batch: tuple[Mapping[str, Any], ...], tag: str, prompts: int) -> boo
 def read_after(run_dir: Path | None, tag: str, prompts: int, timeout: float = 2.0) -> EngineRecords:
     """:func:`read`, once the batch probe recorded every request tagged ``tag`` (or at timeout).
 
-    :func:`read`, once the batch probe's step records show every one of ``prompts``
-    requests tagged ``tag`` (their last lines may land just after the responses), or
-    at ``timeout``. No wait when the probe is not active in that engine."""
+    Every one of ``prompts`` requests must show in the probe's step records (their last lines
+    may land just after the responses). No wait when the probe is not active in that engine."""
     deadline = time.monotonic() + timeout
     while True:
         records = read(run_dir)

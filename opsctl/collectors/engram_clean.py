@@ -46,13 +46,11 @@ def find_orphans(
 ) -> CleanScan:
     """Engram table files no live process visible here maps or holds open, old enough.
 
-    Files ``<root>/<prefix>*`` that no live process *visible here* maps or holds open
-    (by device + inode, and by path) and that are at least ``min_age`` seconds old
-    (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces
-    (other containers sharing this /dev/shm) are not in this /proc at all, so what they
-    hold cannot be seen: run clean in the namespace of the vLLM processes. Processes
-    whose maps or fds cannot be read are listed in ``denied_pids``; files they hold
-    would look orphaned."""
+    Files ``<root>/<prefix>*``, held by device + inode or by path, at least ``min_age`` seconds
+    old (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces (other
+    containers sharing this /dev/shm) are not in this /proc at all, so what they hold cannot be
+    seen: run clean in the namespace of the vLLM processes. Processes whose maps or fds cannot
+    be read are listed in ``denied_pids``; files they hold would look orphaned."""
     files = shm.list_files(root, prefix)
     scan = shm.scan_holders(None, path_prefix=f"{root}/{prefix}")
     now = time.time() if now is None else now

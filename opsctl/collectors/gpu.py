@@ -262,9 +262,8 @@ def _kib(v: str) -> int:
 class GpuCollector:
     """Reads this host's GPUs once per call (NVML or sysfs); one per console.
 
-    One per console. ``collect(pids)`` reads NVML (handles cached) or sysfs once; the
-    pids are the processes whose DRM fdinfo is read for AMD/Intel per-process memory
-    (NVML lists its processes itself)."""
+    NVML handles are cached. The pids given to ``collect`` are the processes whose DRM fdinfo is
+    read for AMD/Intel per-process memory (NVML lists its processes itself)."""
 
     def __init__(self, drm_root: str = DRM_ROOT, proc: str = "/proc") -> None:
         self.drm_root = drm_root
@@ -325,9 +324,8 @@ def with_gpus(snap: Any, collector: GpuCollector | None = None) -> Any:
 class GpuFeed:
     """The TUI's GPU figures, collected once per interval by a daemon thread.
 
-    The TUI's GPU figures: a daemon thread collects once per interval (the UI thread
-    never waits on the driver); ``apply`` attaches the latest collection to a snapshot
-    (an in-memory read) and hands the thread the pids to read fdinfo of. ``read``
+    The UI thread never waits on the driver: ``apply`` attaches the latest collection to a
+    snapshot (an in-memory read) and hands the thread the pids to read fdinfo of. ``read``
     replaces the collector (tests feed recorded readings)."""
 
     def __init__(

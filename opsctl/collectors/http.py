@@ -94,10 +94,9 @@ def check_auth(response: httpx.Response, api_key: str | None = None) -> httpx.Re
 def require_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
     """Check that a vLLM server answers at ``url`` and accepts our credentials.
 
-    A vLLM server answers at ``url`` and accepts our credentials, else EngineUnreachable
-    (exit 3): "no server answered" (refused, no connection or no HTTP answer within
-    ``timeout``), "not a vLLM server" (an HTTP server whose /health or /v1/models is not
-    vLLM's) or "authentication required" (401/403 on the guarded /v1/models). A URL httpx
+    Else EngineUnreachable (exit 3): "no server answered" (refused, no connection or no HTTP
+    answer within ``timeout``), "not a vLLM server" (an HTTP server whose /health or /v1/models
+    is not vLLM's) or "authentication required" (401/403 on the guarded /v1/models). A URL httpx
     cannot use is BadInput (exit 2)."""
     try:
         with client(api_key, timeout=timeout) as c:

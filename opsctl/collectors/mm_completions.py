@@ -130,9 +130,8 @@ def run_together(
 ) -> list[Timed]:
     """BS=N: groups of ``batch_size`` requests sent at once, one group after the other.
 
-    BS=N: groups of ``batch_size`` requests sent at once (threads released together
-    by a barrier; gathered by the engine's gate probe where it runs); the next group
-    after the previous one finished."""
+    Threads released together by a barrier; each group gathered by the engine's gate probe where
+    it runs."""
     marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),

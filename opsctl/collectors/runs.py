@@ -226,9 +226,9 @@ def _record(path: Path, **fields) -> None:
 def stop_engine(snap: RunSnapshot, grace: float = 15.0) -> ReapReport:
     """Stop a run's engine by the rule of the module doc; what was signalled and removed.
 
-    Stop a run's engine by the rule of the module doc: SIGTERM to its API server (vLLM
-    shuts its engine down), then SIGTERM to all, then SIGKILL, within ``grace`` seconds;
-    once nothing is left, the /dev/shm segments they held that no live process holds."""
+    SIGTERM to its API server (vLLM shuts its engine down), then SIGTERM to all, then SIGKILL,
+    within ``grace`` seconds; once nothing is left, the /dev/shm segments they held that no live
+    process holds are removed."""
     t0 = time.time()
     procs = _engine_processes(snap)
     segments = _held_segments([p.pid for p in procs])
@@ -351,9 +351,8 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
 def find_run_dir(url: str, root: Path | None = None) -> Path | None:
     """The run directory of the live engine opsctl started at ``url``; None when there is none.
 
-    The run directory of the live engine opsctl started at ``url``: its meta.json names
-    that URL, it has not stopped, and its recorded pid is still alive; the newest wins.
-    None when there is none (an engine not started by opsctl, or a dead one)."""
+    Its meta.json names that URL, it has not stopped, and its recorded pid is still alive; the
+    newest wins. None for an engine not started by opsctl, or a dead one."""
     best: tuple[float, Path] | None = None
     base = paths.runs_dir() if root is None else root
     for meta_path in base.glob("*/meta.json"):

@@ -256,9 +256,8 @@ async def scrape(
 class Poller:
     """One endpoint's polls: the fast keep-alive client where it can, httpx otherwise.
 
-    One endpoint's polls: the fast keep-alive client (opsctl.collectors.fastget) where
-    the URL allows it, httpx otherwise, and httpx from the first answer the fast client
-    does not handle on. Use as an async context manager (closes the connections)."""
+    The fast client is opsctl.collectors.fastget; httpx takes over from the first answer the
+    fast client does not handle. Use as an async context manager (closes the connections)."""
 
     def __init__(
         self, url: str, api_key: str | None = None, timeout: float = 2.0, *, fast: bool = True

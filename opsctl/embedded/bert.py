@@ -49,9 +49,8 @@ EXTRA_CORPUS = [
 def wordpiece_vocab(texts: list[str], pre_tokenize) -> dict[str, int]:
     """A deterministic WordPiece vocabulary: specials, characters, then corpus words.
 
-    A deterministic WordPiece vocabulary: specials, every character (alone and as a
-    ``##`` continuation), then every corpus word by frequency, ties alphabetical.
-    (``tokenizers``' WordPieceTrainer breaks ties differently from run to run.)"""
+    Every character alone and as a ``##`` continuation; corpus words by frequency, ties
+    alphabetical (``tokenizers``' WordPieceTrainer breaks ties differently from run to run)."""
     from collections import Counter
 
     words: Counter[str] = Counter()
