@@ -1,7 +1,6 @@
 """One HTTP call to a vLLM admin route; the answer, or why there was none.
 
-One HTTP call to a vLLM admin route (opsctl.domain.admin_routes says which and what
-the answer means). I/O only: the answer, or why there was none, never a raise."""
+opsctl.domain.admin_routes says which route and what the answer means. I/O only: never a raise."""
 
 from __future__ import annotations
 

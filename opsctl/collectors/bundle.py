@@ -1,8 +1,7 @@
 """I/O of ``opsctl runs bundle``: read a run's files and answers, write the tar.gz.
 
-I/O of ``opsctl runs bundle``: read a run directory's files (the end of the big
-ones), ask its server for /metrics and /server_info, read the API server's environment
-(only the process meta.json recorded, same start time), write the tar.gz.
+The end of the big files; /metrics and /server_info of its server; the API server's environment
+(only the process meta.json recorded, same start time).
 
 Nothing here decides what is secret (opsctl.domain.redact) or what goes in the bundle
 (opsctl.checks.bundle); a file or answer that cannot be had is a ``why``, never a raise.

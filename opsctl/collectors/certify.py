@@ -1,7 +1,7 @@
 """I/O of certify: what identifies the certified build, and the after-shutdown recheck.
 
-I/O of certify: what identifies the certified build (model file hashes, the engine's
-recorded argv, versions) and the after-shutdown recheck (processes, /dev/shm).
+The build: model file hashes, the engine's recorded argv, versions. The recheck: processes,
+/dev/shm.
 
 Everything returns plain values; a file that cannot be read is reported as such, never
 raised."""

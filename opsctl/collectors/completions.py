@@ -1,8 +1,7 @@
 """Completion requests with logprobs for ``opsctl diag invariance`` (BS=1 and BS=N).
 
-Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
-(BS=1, one request at a time) or all together (BS=N): by default one request carrying
-the N prompts (the API server hands them to the engine at once), or N separate requests
+Each prompt alone (BS=1, one request at a time) or all together (BS=N): by default one request
+carrying the N prompts (the API server hands them to the engine at once), or N separate requests
 sent at once from threads released by a barrier.
 
 Every request is greedy (temperature 0), ``ignore_eos``, asks for ``logprobs`` top

@@ -1,9 +1,8 @@
 """Orphaned Engram tables in /dev/shm: what ``engram clean`` lists and removes.
 
-Orphaned Engram tables in /dev/shm (what ``engram clean`` lists and removes): files
-no live process visible here maps or holds open, older than a minimum age. Decisions
-(:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the
-one deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
+Files no live process visible here maps or holds open, older than a minimum age. Decisions
+(:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the one
+deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
 
 from __future__ import annotations
 

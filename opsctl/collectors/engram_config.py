@@ -1,7 +1,7 @@
 """The model config ``engram plan`` reads: a model directory, a file or an example.
 
-The model config ``engram plan`` reads: a model directory's config.json, a config
-JSON file, or one of the examples shipped in opsctl/data."""
+A model directory's config.json, a config JSON file, or one of the examples shipped in
+opsctl/data."""
 
 from __future__ import annotations
 

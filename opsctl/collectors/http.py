@@ -1,8 +1,5 @@
 """Where opsctl's HTTP requests to a vLLM server get their credentials and auth errors.
 
-The one place opsctl's own HTTP requests to a vLLM server get their credentials and
-where a refused credential becomes a typed error.
-
 - :func:`client` returns an ``httpx.Client`` that sends ``Authorization: Bearer KEY``
   on every request when a key is given (vLLM guards ``/v1/...`` with ``--api-key`` /
   ``VLLM_API_KEY``; ``/health``, ``/metrics`` and ``/version`` stay open).

@@ -1,7 +1,7 @@
 """Reading a JSON object an operator points opsctl at; what is wrong is one BadInput line.
 
-Reading a JSON object an operator points opsctl at (a model's config.json, a config
-file): every way it can be wrong is one clear ``BadInput`` line (exit 2)."""
+A model's config.json, a config file: every way it can be wrong is one clear ``BadInput`` line
+(exit 2)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """I/O of ``diag kv-fail`` against the engine opsctl started with the faulty KV connector.
 
-I/O of `diag kv-fail` against the engine opsctl started with the fault-injecting KV
-connector: completions over HTTP, the connector's control file, its event files and
-the patch's, the server log, /metrics, and whether the engine still lives.
+Completions over HTTP, the connector's control file, its event files and the patch's, the server
+log, /metrics, and whether the engine still lives.
 
 :class:`KvProbe` holds one HTTP client for one engine. Every wait here is a condition
 with a deadline (:meth:`KvProbe.still_alive`, :meth:`KvProbe.log_until`); nothing

@@ -1,7 +1,7 @@
 """I/O for ``opsctl diag lora``: adapter directories, served adapters, requests, records.
 
-I/O for `opsctl diag lora`: adapter directories on disk, the adapters a server lists
-or loads at runtime, the requests (alone, or all at once), and what the engine recorded.
+Adapter directories on disk, the adapters a server lists or loads at runtime, the requests
+(alone, or all at once), and what the engine recorded.
 
 - :func:`read_adapter_dir`: a PEFT adapter directory -> :class:`AdapterDir` (BadInput,
   one line, when it is missing or not an adapter).

@@ -1,8 +1,5 @@
 """Chat requests with images and logprobs for ``opsctl diag invariance`` on a VLM.
 
-Chat requests with images and logprobs for `opsctl diag invariance` on a
-vision-language model.
-
 /v1/completions carries no images on vLLM 0.32 (its request has no multimodal field),
 so prompts with images go to ``/v1/chat/completions``: one user message of image parts
 (PNG data URLs made in memory, opsctl.collectors.mm_uuid.image_data_url) followed by the

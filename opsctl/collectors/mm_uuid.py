@@ -1,8 +1,5 @@
 """I/O for ``opsctl diag mm-uuid``: chat requests with images, and the engine's records.
 
-I/O for `opsctl diag mm-uuid`: chat requests carrying images, and what the engine
-core recorded for them.
-
 - :class:`ChatSender` sends one chat request with one or more images (a small PNG per
   colour, each with its ``uuid`` field as the item says) and waits, with a deadline, for
   the ``mm_uuid`` engine probe's record of that request in the run directory

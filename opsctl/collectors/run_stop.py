@@ -1,11 +1,10 @@
 """Stop the engine of a run another opsctl process started, by ``runs clean``'s rule.
 
-Stop the engine of a run another opsctl process started (the console's stop action on
-a server it did not start itself), with the rule ``runs clean`` reaps by: only the
-processes whose pid AND start time match the run's meta.json (plus their current
-descendants) are signalled: SIGTERM to the API server (vLLM shuts its engine down),
-then SIGTERM to all, then SIGKILL, within ``grace`` seconds. The owner, if alive, sees
-its engine exit and records the stop itself; an orphan is reaped (collectors.runs.reap).
+The console's stop action on a server it did not start itself. Only the processes whose pid AND
+start time match the run's meta.json (plus their current descendants) are signalled: SIGTERM to
+the API server (vLLM shuts its engine down), then SIGTERM to all, then SIGKILL, within ``grace``
+seconds. The owner, if alive, sees its engine exit and records the stop itself; an orphan is
+reaped (collectors.runs.reap).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run directories under ``paths.runs_dir()``: read, reap, prune, find leaked segments.
 
-Run directories under ``paths.runs_dir()``: read once into frozen snapshots; reap an
-orphaned engine; prune a finished run; find leaked vLLM /dev/shm segments.
+Each run is read once into a frozen snapshot; reap stops an orphaned engine, prune removes a
+finished run.
 
 Reading: every subdirectory becomes a :class:`RunSnapshot` (meta.json parsed by
 :func:`opsctl.domain.runs.parse_meta`, the current start time of every pid it names,

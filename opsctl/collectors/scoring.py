@@ -1,7 +1,6 @@
 """I/O for ``opsctl diag usage``: the scoring endpoints and the local token counts.
 
-I/O for `opsctl diag usage`: the server's scoring endpoints and the token counts the
-check compares their ``usage`` with.
+The token counts are what the check compares the endpoints' ``usage`` with.
 
 - :class:`ScoringApi`: /v1/models, /score, /rerank, /tokenize and endpoint probes of one
   server, with its API key (opsctl.collectors.http). A 401/403 is "authentication

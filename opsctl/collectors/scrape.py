@@ -1,10 +1,9 @@
 """Asynchronous scraping of vLLM OpenAI servers: /health and /metrics under one deadline.
 
-Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
-then /metrics on one kept connection under one deadline (and, when asked, /version,
-/v1/models and /server_info under another), so a server that accepts and never answers
-costs its own row a timeout and nobody else anything. Returns frozen Scrape snapshots
-(domain types). ``Poller`` is one endpoint's client: opsctl.collectors.fastget (a
+One poll of one endpoint reads /health then /metrics on one kept connection under one deadline
+(and, when asked, /version, /v1/models and /server_info under another), so a server that accepts
+and never answers costs its own row a timeout and nobody else anything. Returns frozen Scrape
+snapshots (domain types). ``Poller`` is one endpoint's client: opsctl.collectors.fastget (a
 minimal keep-alive HTTP/1.1 GET) for plain http URLs, httpx for anything else.
 
 /metrics is read by a targeted tokenizer of the families the console reads

@@ -1,8 +1,7 @@
 """One dashboard snapshot of a supervised server, read once and frozen.
 
-One dashboard snapshot of a supervised server: state, load progress, process tree,
-key metrics, patch ledger and log tail. Read once, frozen; the CLI and the TUI render
-the same snapshot (and recorded JSONL snapshots replay into the TUI).
+State, load progress, process tree, key metrics, patch ledger and log tail. The CLI and the TUI
+render the same snapshot (and recorded JSONL snapshots replay into the TUI).
 
 ``test_knobs`` comes from the engine's own ledger (every process records the test knobs
 it honours), so the dashboard warns about a knob-altered engine from the engine's truth."""

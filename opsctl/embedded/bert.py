@@ -1,9 +1,8 @@
 """Tiny BERT encoders: ``tiny-reranker`` (cross-encoder) and ``tiny-embed`` (bi-encoder).
 
-Tiny BERT encoders: `tiny-reranker` (cross-encoder, BertForSequenceClassification with
-one label: /score and /rerank score a (query, document) pair as one input) and
-`tiny-embed` (bi-encoder, BertModel: /score and /rerank embed each text once and
-compare with cosine similarity).
+``tiny-reranker`` is a BertForSequenceClassification with one label: /score and /rerank score a
+(query, document) pair as one input. ``tiny-embed`` is a BertModel: /score and /rerank embed
+each text once and compare with cosine similarity.
 
 The tokenizer is written directly as tokenizer.json (WordPiece, BERT normaliser and
 pre-tokenizer, ``[CLS] A [SEP] B [SEP]`` post-processor with token type ids):

@@ -1,8 +1,5 @@
 """Building an embedded model or adapter directory, atomically and never over another's.
 
-Building an embedded model or adapter directory: atomically, and never over a
-directory opsctl did not build.
-
 A build writes into a fresh temporary directory next to its destination, drops opsctl's
 marker file in it (name, version, what was built) and renames it into place; whatever
 fails on the way removes the temporary directory. Only a real directory holding opsctl's

@@ -1,7 +1,7 @@
 """Tiny Llama decoders: ``tiny-llama`` and ``tiny-hybrid`` (two KV cache groups).
 
-Tiny Llama decoders: `tiny-llama` (one KV cache group) and `tiny-hybrid`
-(alternating sliding-window / full attention layers -> two KV cache groups on vLLM)."""
+``tiny-llama`` has one KV cache group; ``tiny-hybrid`` alternates sliding-window and full
+attention layers, which makes two KV cache groups on vLLM."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Seeded LoRA adapters for the embedded models, in PEFT format, for ``opsctl diag lora``.
 
-Seeded LoRA adapters for the embedded models, in PEFT format (``adapter_config.json``
-+ ``adapter_model.safetensors``), for `opsctl diag lora`.
+Files: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 Every adapter is a function of (model, name): the same bytes on every build (seeded
 numpy weights, sorted keys, fixed JSON). Weights are random at a scale that moves the
