@@ -11,6 +11,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run opsctl under the lifetime policy; return the exit code (130 on Ctrl-C)."""
     from opsctl.engine import lifetime
     from opsctl.exit_codes import ExitCode
 
@@ -23,10 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         print("opsctl: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     finally:
-        if "opsctl.engine.server" in sys.modules:  # an engine may have been started
-            from opsctl.engine.server import stop_all
+        from opsctl.engine.registry import process_engines
 
-            stop_all()
+        process_engines().stop_all()  # whatever a command left running (none, normally)
 
 
 if __name__ == "__main__":

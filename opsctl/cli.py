@@ -11,31 +11,36 @@ alone prints its help on stdout (exit 0), and ``--version`` reads the package me
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
+from opsctl.engine.registry import process_engines
 from opsctl.errors import OpsctlError
-
-try:  # Typer >= 0.17 vendors click; its exceptions are the ones raised
-    from typer._click import exceptions as click_exc
-except ImportError:  # pragma: no cover - an older Typer on plain click
-    from click import exceptions as click_exc  # type: ignore[no-redef]
 from opsctl.exit_codes import ExitCode
 
 
-def _plain_usage_name(self) -> str:
+def _usage_error_class() -> type[Exception]:
+    """Click's ``UsageError`` as Typer raises it, found through Typer's public
+    ``BadParameter`` (Typer >= 0.17 vendors click and exports no other exception)."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == "UsageError":
+            return cls
+    return typer.BadParameter  # pragma: no cover - a Typer without the class
+
+
+UsageError = _usage_error_class()
+
+
+def _plain_usage_pieces(self: TyperArgument, ctx: Any) -> list[str]:
     """A positional in the usage line as POSIX usage writes it: ``URL`` when required,
     ``[MODEL]`` when optional, ``...`` when repeated (Typer writes ``{URL}``)."""
     name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
-    return name + ("..." if self.nargs != 1 else "")
+    return [name + ("..." if self.nargs != 1 else "")]
 
 
-if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # Typer >= 0.17
-    typer.core.TyperArgument._usage_display_name = _plain_usage_name
-
-
-def _option_value_name(self, ctx) -> str | None:
+def _option_value_name(self: TyperOption, ctx: Any) -> str | None:
     """An option's value in help by its name (``--port PORT``, ``--api-key API_KEY``),
     or its metavar (``DURATION``), never Typer's Python type (``<int>``, ``<str>``)."""
     if self.metavar is not None:
@@ -44,33 +49,55 @@ def _option_value_name(self, ctx) -> str | None:
     return name + ("..." if self.nargs != 1 else "")
 
 
-def _no_argument_type(self, ctx) -> None:
+def _no_argument_type(self: TyperArgument, ctx: Any) -> None:
     """A positional in help is its name alone (``URL``), not ``URL <list[str]>``."""
     return None
 
 
-if hasattr(typer.core.TyperOption, "display_type_rich"):  # Typer >= 0.20 shows types
-    typer.core.TyperOption.display_type_rich = _option_value_name
-    typer.core.TyperArgument.display_type_rich = _no_argument_type
+# Typer builds its parameters itself (no class to pass), so opsctl's help style replaces
+# the public rendering methods of Typer's parameter classes
+TyperArgument.get_usage_pieces = _plain_usage_pieces  # type: ignore[method-assign]
+TyperOption.display_type_rich = _option_value_name  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _no_argument_type  # type: ignore[method-assign]
+
+ARGV_KEY = "opsctl.argv"  # ctx.meta: the words of the command line, as given
 
 
 def report_error(err: OpsctlError) -> None:
+    """Print a typed error as the one ``opsctl: error:`` line and its ``hint:`` line."""
     print(f"opsctl: error: {err.message}", file=sys.stderr)
     if err.hint:
         print(f"hint: {err.hint}", file=sys.stderr)
 
 
-def _usage_error(err: click_exc.UsageError) -> int:
+def _usage_error(err: Any) -> int:
     """A click usage error as one line plus a hint naming the command's --help."""
     message = " ".join(err.format_message().split())
     param = getattr(err, "param", None)
-    if isinstance(err, click_exc.BadParameter) and param is not None and err.param_hint is None:
+    if isinstance(err, typer.BadParameter) and param is not None and err.param_hint is None:
         flag = max(param.opts, key=len) if param.opts else (param.human_readable_name or "")
         message = f"{flag}: {' '.join(str(err.message).split())}"  # "--timeout: must be ..."
     print(f"opsctl: error: {message}", file=sys.stderr)
     if err.ctx is not None:
         print(f"hint: see '{err.ctx.command_path} --help'", file=sys.stderr)
     return int(ExitCode.USAGE)
+
+
+def _framework_error(err: typer.TyperException) -> int:
+    """The exit code for an error Typer raised: a group without its command prints its
+    help (exit 0), a usage error one line and a hint (2), any other is shown as is."""
+    if type(err).__name__ == "NoArgsIsHelpError":
+        ctx = getattr(err, "ctx", None)
+        typer.echo(ctx.get_help() if ctx else "")
+        return 0
+    if isinstance(err, UsageError):
+        return _usage_error(err)
+    show = getattr(err, "show", None)
+    if show is not None:
+        show()
+    else:  # pragma: no cover - every TyperException Typer raises can show itself
+        print(f"Error: {err.format_message()}", file=sys.stderr)
+    return int(err.exit_code)
 
 
 class OpsctlGroup(TyperGroup):
@@ -86,14 +113,8 @@ class OpsctlGroup(TyperGroup):
                 **extra,
             )
             code = rv if isinstance(rv, int) else 0
-        except click_exc.NoArgsIsHelpError as err:  # a group without its command
-            typer.echo(err.ctx.get_help() if err.ctx else "")
-            code = 0
-        except click_exc.UsageError as err:
-            code = _usage_error(err)
-        except click_exc.ClickException as err:
-            err.show()
-            code = err.exit_code
+        except typer.TyperException as err:  # click's errors, vendored by Typer
+            code = _framework_error(err)
         except typer.Abort:
             print("opsctl: interrupted", file=sys.stderr)
             code = int(ExitCode.INTERRUPTED)
@@ -101,30 +122,39 @@ class OpsctlGroup(TyperGroup):
             return code
         sys.exit(code)
 
+    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+        """Parse the root's arguments, keeping the command line's words in ``ctx.meta``
+        (the error document names the command that failed)."""
+        argv = list(args)
+        ctx = super().make_context(info_name, args, parent=parent, **extra)
+        ctx.meta[ARGV_KEY] = argv
+        return ctx
+
     def invoke(self, ctx):  # type: ignore[override]
-        before = _live_engines()
-        argv = [*getattr(ctx, "_protected_args", ()), *ctx.args]
-        printed = _json_printed()
-        try:
-            return super().invoke(ctx)
-        except OpsctlError as err:
-            if _json_printed() == printed:  # this command printed no document of its own
-                _error_document(argv, err)
-            report_error(err)
-            raise typer.Exit(int(err.exit_code)) from None
-        except KeyboardInterrupt as exc:
-            why = f" ({exc.args[0]})" if exc.args else ""
-            if _json_printed() == printed:
-                interrupted = OpsctlError(f"interrupted{why}")
-                interrupted.exit_code = ExitCode.INTERRUPTED
-                _error_document(argv, interrupted)
-            print(f"opsctl: interrupted{why}", file=sys.stderr)
-            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-        finally:
-            # engines this command started, by any thread, never outlive it (engines the
-            # calling process had before, e.g. a test's shared engine, are not ours)
-            for server in _live_engines() - before:
-                server.stop()
+        """Run the command; map its typed errors to exit codes and stop every engine it
+        started (by any thread) when it ends; engines the caller had before, e.g. a
+        test's shared engine, are not the command's."""
+        from opsctl import output
+
+        argv = list(ctx.meta.get(ARGV_KEY, ctx.args))
+        with process_engines().scope() as engines, output.recording() as printed:
+            try:
+                return super().invoke(ctx)
+            except OpsctlError as err:
+                if not printed.schemas:  # this command printed no document of its own
+                    _error_document(argv, err)
+                report_error(err)
+                raise typer.Exit(int(err.exit_code)) from None
+            except KeyboardInterrupt as exc:
+                why = f" ({exc.args[0]})" if exc.args else ""
+                if not printed.schemas:
+                    interrupted = OpsctlError(f"interrupted{why}")
+                    interrupted.exit_code = ExitCode.INTERRUPTED
+                    _error_document(argv, interrupted)
+                print(f"opsctl: interrupted{why}", file=sys.stderr)
+                raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+            finally:
+                engines.stop_all()
 
 
 def _error_document(argv: list[str], err: OpsctlError) -> None:
@@ -146,16 +176,6 @@ def _error_document(argv: list[str], err: OpsctlError) -> None:
     )
     doc = output.error_document(command, int(err.exit_code), err.message, err.hint)
     output.emit(doc, as_json=True, render=lambda _console: None)
-
-
-def _json_printed() -> int:
-    output = sys.modules.get("opsctl.output")
-    return output.emitted_json() if output is not None else 0
-
-
-def _live_engines() -> set:
-    server = sys.modules.get("opsctl.engine.server")
-    return set(server._LIVE) if server is not None else set()
 
 
 def _print_version(value: bool) -> None:

@@ -7,9 +7,10 @@ and hints go to stderr through :func:`info` / :func:`warn`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -88,22 +89,39 @@ def document(schema: str, /, **fields: Any) -> dict[str, Any]:
     return {"schema": f"{SCHEMA_PREFIX}{name}/{version or 1}", **fields}
 
 
-_EMITTED: list[str] = []  # schemas of the JSON documents this process printed
+class PrintedDocuments:
+    """The schemas of the JSON documents :func:`emit` printed while this record was open
+    (:func:`recording`): the CLI prints an error document for a ``--json`` command that
+    failed before printing its own."""
+
+    def __init__(self) -> None:
+        self.schemas: list[str] = []
+
+
+_OPEN_RECORDS: list[PrintedDocuments] = []  # the records of the commands now running
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[PrintedDocuments]:
+    """Record the JSON documents printed while the ``with`` block runs (any thread)."""
+    record = PrintedDocuments()
+    _OPEN_RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _OPEN_RECORDS.remove(record)
 
 
 def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None]) -> None:
+    """Print a command's result: ``doc`` as JSON with ``--json``, else ``render`` it with
+    the stdout console (rich on a terminal, plain columns in a pipe)."""
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
-        _EMITTED.append(str(doc.get("schema")))
+        for record in list(_OPEN_RECORDS):
+            record.schemas.append(str(doc.get("schema")))
     else:
         render(stdout_console())
-
-
-def emitted_json() -> int:
-    """How many JSON documents :func:`emit` has printed (the CLI prints an error document
-    for a ``--json`` command that failed before printing its own)."""
-    return len(_EMITTED)
 
 
 ERROR_SCHEMA = "error/1"

@@ -1,5 +1,6 @@
-"""One HTTP call to a vLLM admin route (opsctl.domain.admin_routes says which and what
-the answer means). I/O only: the answer, or why there was none, never a raise."""
+"""One HTTP call to a vLLM admin route; the answer, or why there was none.
+
+opsctl.domain.admin_routes says which route and what the answer means. I/O only: never a raise."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from opsctl.collectors.http import client
 
 @dataclass(frozen=True, slots=True)
 class AdminAnswer:
+    """What an admin route answered: the status, the decoded body, or why there was none."""
+
     status: int | None  # None: no HTTP answer
     body: object  # decoded JSON, else the text
     error: str | None = None
 
 
 def call(url: str, method: str, path: str, api_key: str | None, timeout: float) -> AdminAnswer:
+    """Send ``method path`` to the server at ``url``; any failure is the answer's ``error``."""
     try:
         with client(api_key, timeout=timeout) as c:
             r = c.request(method, f"{url.rstrip('/')}{path}")

@@ -1,6 +1,7 @@
-"""I/O of ``opsctl runs bundle``: read a run directory's files (the end of the big
-ones), ask its server for /metrics and /server_info, read the API server's environment
-(only the process meta.json recorded, same start time), write the tar.gz.
+"""I/O of ``opsctl runs bundle``: read a run's files and answers, write the tar.gz.
+
+The end of the big files; /metrics and /server_info of its server; the API server's environment
+(only the process meta.json recorded, same start time).
 
 Nothing here decides what is secret (opsctl.domain.redact) or what goes in the bundle
 (opsctl.checks.bundle); a file or answer that cannot be had is a ``why``, never a raise.
@@ -25,6 +26,8 @@ MAX_FILE = 16 * 1024 * 1024  # bytes kept of one file (its end: logs grow long)
 
 @dataclass(frozen=True, slots=True)
 class FileRead:
+    """One file of the run directory as read for the bundle (perhaps only its end)."""
+
     rel: str  # path inside the run directory
     data: bytes
     size: int  # on disk
@@ -32,8 +35,9 @@ class FileRead:
 
 
 def run_files(run_dir: Path, limit: int = MAX_FILE) -> tuple[list[FileRead], list[str]]:
-    """Regular files under the run directory (symlinks not followed), each cut to its
-    last ``limit`` bytes; and why some could not be read."""
+    """The run directory's regular files, each cut to its last ``limit`` bytes.
+
+    Symlinks are not followed; also returns why some files could not be read."""
     out: list[FileRead] = []
     errors: list[str] = []
     for root, dirs, files in os.walk(run_dir, followlinks=False):
@@ -58,6 +62,8 @@ def run_files(run_dir: Path, limit: int = MAX_FILE) -> tuple[list[FileRead], lis
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
+    """What the server answered to one GET for the bundle, or why there was no answer."""
+
     path: str
     status: int | None  # None: no HTTP answer
     text: str | None  # the body when 200
@@ -65,6 +71,7 @@ class Fetched:
 
 
 def fetch(url: str, path: str, api_key: str | None, timeout: float) -> Fetched:
+    """GET ``path`` from the server at ``url``; the body when 200, else why not."""
     try:
         with client(api_key, timeout=timeout) as c:
             r = c.get(f"{url.rstrip('/')}{path}")
@@ -76,8 +83,10 @@ def fetch(url: str, path: str, api_key: str | None, timeout: float) -> Fetched:
 
 
 def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] | None, str]:
-    """The environment of ``pid`` when it is still the process recorded as starting at
-    ``started``; else None and why."""
+    """The environment of ``pid`` when it is still the recorded process; else None and why.
+
+    The recorded process is the one that started at ``started``; another process that reused the
+    pid is never read."""
     from opsctl.domain.runs import same_process
 
     if not pid:
@@ -94,8 +103,9 @@ def process_env(pid: int | None, started: float | None) -> tuple[dict[str, str] 
 
 
 def write_tar(out: Path, top: str, members: list[tuple[str, bytes]]) -> int:
-    """Write ``members`` (name inside ``top``/, bytes) as a gzipped tar, atomically;
-    returns its size."""
+    """Write ``members`` as a gzipped tar, atomically; returns its size.
+
+    ``members`` are (name inside ``top``/, bytes) pairs."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     now = time.time()

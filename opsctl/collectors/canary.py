@@ -1,4 +1,6 @@
-"""The canary: one one-token completion with a deadline, as load balancers and Dynamo's
+"""The canary: one one-token completion with a deadline, for an engine that may hang.
+
+The canary: one one-token completion with a deadline, as load balancers and Dynamo's
 canary health checks send, for an engine whose own statistics cannot say whether it
 still works (idle, or its gauges stale: a stopped EngineCore leaves /metrics at its last
 values while the API server answers /health 200).
@@ -23,7 +25,9 @@ PROMPT = "ok"
 
 @dataclass(frozen=True, slots=True)
 class Canary:
-    """``ok``: True answered in time, False no answer within the deadline (the hang a
+    """What one canary request found: answered in time, hung, or answered with an error.
+
+    ``ok``: True answered in time, False no answer within the deadline (the hang a
     canary exists for), None answered with an error (the engine answered: inconclusive)."""
 
     ok: bool | None
@@ -31,6 +35,7 @@ class Canary:
     detail: str
 
     def to_dict(self) -> dict:
+        """The canary's result as a JSON object (ok, seconds, detail)."""
         return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail}
 
 

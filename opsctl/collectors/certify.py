@@ -1,5 +1,7 @@
-"""I/O of certify: what identifies the certified build (model file hashes, the engine's
-recorded argv, versions) and the after-shutdown recheck (processes, /dev/shm).
+"""I/O of certify: what identifies the certified build, and the after-shutdown recheck.
+
+The build: model file hashes, the engine's recorded argv, versions. The recheck: processes,
+/dev/shm.
 
 Everything returns plain values; a file that cannot be read is reported as such, never
 raised."""
@@ -22,6 +24,7 @@ CHUNK = 1 << 20
 
 
 def sha256_file(path: Path) -> str | None:
+    """The SHA-256 hex digest of the file at ``path``; None when it cannot be read."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as fh:
@@ -67,12 +70,14 @@ def opsctl_version() -> str:
 
 
 def shm_names() -> set[str]:
+    """The names of the files now in /dev/shm."""
     return {f.name for f in shm.list_files()}
 
 
 def still_alive(pids: dict[int, float]) -> list[int]:
-    """Which of ``pids`` (pid -> create time) still run as the same process (a pid the
-    kernel reused for another process does not count; zombies do not either)."""
+    """Which of ``pids`` (pid -> create time) still run as the same process.
+
+    A pid the kernel reused for another process does not count; zombies do not either."""
     out = []
     for pid, started in sorted(pids.items()):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):

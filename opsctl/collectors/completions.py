@@ -1,6 +1,7 @@
-"""Completion requests with logprobs for `opsctl diag invariance`: each prompt alone
-(BS=1, one request at a time) or all together (BS=N): by default one request carrying
-the N prompts (the API server hands them to the engine at once), or N separate requests
+"""Completion requests with logprobs for ``opsctl diag invariance`` (BS=1 and BS=N).
+
+Each prompt alone (BS=1, one request at a time) or all together (BS=N): by default one request
+carrying the N prompts (the API server hands them to the engine at once), or N separate requests
 sent at once from threads released by a barrier.
 
 Every request is greedy (temperature 0), ``ignore_eos``, asks for ``logprobs`` top
@@ -18,6 +19,7 @@ the typed "authentication required" error on 401/403.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
@@ -36,6 +38,8 @@ TOKEN_ID_PREFIX = "token_id:"
 
 @dataclass(frozen=True, slots=True)
 class CompletionParams:
+    """What every completion request of a run asks for: model, tokens, logprobs, timeout."""
+
     model: str
     max_tokens: int
     logprobs: int
@@ -44,6 +48,8 @@ class CompletionParams:
 
 @dataclass(frozen=True, slots=True)
 class Timed:
+    """One request's generated output, how long it took and its request id."""
+
     generated: Generated
     seconds: float
     request_id: str
@@ -60,6 +66,7 @@ def token_key(raw: str) -> TokenKey:
 
 
 def request_body(params: CompletionParams, prompt: str, request_id: str) -> dict:
+    """The JSON body of a greedy /v1/completions request with logprobs for ``prompt``."""
     return {
         "model": params.model,
         "prompt": prompt,
@@ -110,8 +117,9 @@ def _prompt_tokens(payload: dict) -> int | None:
 
 
 def parse_chat(status: int, payload: object) -> Generated:
-    """A /v1/chat/completions response with logprobs -> Generated (with usage); a
-    top-logprob entry without a logprob is left out (never ``float(None)``)."""
+    """A /v1/chat/completions response with logprobs -> Generated (with usage).
+
+    A top-logprob entry without a logprob is left out (never ``float(None)``)."""
     if (
         status != 200
         or not isinstance(payload, dict)
@@ -151,24 +159,43 @@ def parse_chat(status: int, payload: object) -> Generated:
     )
 
 
-def complete(
-    client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
+def response_payload(r: httpx.Response) -> object:
+    """The response's JSON, or its text when the body is not JSON."""
+    try:
+        return r.json()
+    except ValueError:
+        return r.text
+
+
+def timed_post(
+    client: httpx.Client,
+    url: str,
+    body: dict,
+    parse: Callable[[int, object], Generated],
+    timeout: float,
+    request_id: str,
 ) -> Timed:
+    """POST ``body`` to ``url``, time it and parse the answer into a :class:`Generated`.
+
+    ``parse(status, payload)`` makes the :class:`Generated`; a transport error becomes one with
+    ``error`` set."""
     t0 = time.perf_counter()
     try:
-        r = client.post(
-            f"{url}/v1/completions",
-            json=request_body(params, prompt, request_id),
-            timeout=params.timeout,
-        )
-        try:
-            payload: object = r.json()
-        except ValueError:
-            payload = r.text
-        gen = parse_response(r.status_code, payload)
+        r = client.post(url, json=body, timeout=timeout)
+        gen = parse(r.status_code, response_payload(r))
     except httpx.HTTPError as exc:
         gen = Generated(error=f"{type(exc).__name__}: {exc}")
     return Timed(gen, time.perf_counter() - t0, request_id)
+
+
+def complete(
+    client: httpx.Client, url: str, params: CompletionParams, prompt: str, request_id: str
+) -> Timed:
+    """One /v1/completions request for ``prompt``, timed and parsed."""
+    body = request_body(params, prompt, request_id)
+    return timed_post(
+        client, f"{url}/v1/completions", body, parse_response, params.timeout, request_id
+    )
 
 
 def request_id(tag: str, index: int, gather: str = "") -> str:
@@ -177,9 +204,10 @@ def request_id(tag: str, index: int, gather: str = "") -> str:
 
 
 def gather_marks(n: int, batch_size: int) -> list[str]:
-    """Per request index, the gather marker of its group of ``batch_size`` (the last
-    group may be smaller): an engine with opsctl's ``gate`` probe schedules a group only
-    once all its requests arrived; other servers ignore the marker."""
+    """Per request index, the gather marker of its group of ``batch_size``.
+
+    The last group may be smaller: an engine with opsctl's ``gate`` probe schedules a group
+    only once all its requests arrived; other servers ignore the marker."""
     from engine_patches.patches.batch_gate import marker
 
     out: list[str] = []
@@ -218,10 +246,11 @@ def send_in_groups(
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N as separate requests: groups of ``batch_size`` sent at once from threads
-    released together by a barrier, the next group after the previous one finished.
-    Closer to real traffic, but a busy API server may hand some of them to the engine
-    after the others finished (the batch probe shows it)."""
+    """BS=N as separate requests: each group sent at once from threads behind a barrier.
+
+    The next group goes after the previous one finished. Closer to real traffic, but a busy API
+    server may hand some of them to the engine after the others finished (the batch probe shows
+    it)."""
     results: list[Timed | None] = [None] * n
     limits = http.limits(batch_size + 2)
     with http.client(api_key, limits=limits) as client:
@@ -273,10 +302,16 @@ def run_together(
     batch_size: int,
     on_done: Callable[[int, Timed], None] | None = None,
     *,
+    one_request: bool = False,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N as separate requests (see send_in_groups), each group gathered by the
-    engine's gate probe where it runs."""
+    """BS=N: groups of ``batch_size`` prompts sent at once.
+
+    As separate requests (see send_in_groups), each group gathered by the engine's gate
+    probe where it runs; with ``one_request``, each group in ONE request (see
+    :func:`send_lists`)."""
+    if one_request:
+        return send_lists(url, params, prompts, tag, batch_size, on_done, api_key)
     marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),
@@ -287,13 +322,18 @@ def run_together(
     )
 
 
+run_together_list = functools.partial(run_together, one_request=True)
+
+
 def group_request_id(tag: str, start: int) -> str:
+    """The request id of a multi-prompt request: ``<tag>-g<start>-<hex8>``."""
     return f"{tag}-g{start}-{uuid.uuid4().hex[:8]}"
 
 
 def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
-    """A multi-prompt /v1/completions response -> one Generated per prompt (by choice
-    index); a prompt without its choice gets ``outputs=0`` (fail closed)."""
+    """A multi-prompt /v1/completions response -> one Generated per prompt.
+
+    Matched by choice index; a prompt without its choice gets ``outputs=0`` (fail closed)."""
     if (
         status != 200
         or not isinstance(payload, dict)
@@ -308,18 +348,18 @@ def parse_choices(status: int, payload: object, n: int) -> list[Generated]:
     return [parse_response(200, {"choices": by_index.get(i, [])}) for i in range(n)]
 
 
-def run_together_list(
+def send_lists(
     url: str,
     params: CompletionParams,
     prompts: list[str],
     tag: str,
     batch_size: int,
-    on_done: Callable[[int, Timed], None] | None = None,
-    *,
-    api_key: str | None = None,
+    on_done: Callable[[int, Timed], None] | None,
+    api_key: str | None,
 ) -> list[Timed]:
-    """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list),
-    so the API server hands all of them to the engine at once. Engine request ids are
+    """BS=N: each group of ``batch_size`` prompts in ONE request (``prompt`` is a list).
+
+    The API server hands all of them to the engine at once. Engine request ids are
     ``cmpl-<tag>-g<start>-<hex8>-<i>-...`` (prompt ``start + i``)."""
     out: list[Timed] = []
     with http.client(api_key) as client:
@@ -330,11 +370,7 @@ def run_together_list(
             t0 = time.perf_counter()
             try:
                 r = client.post(f"{url}/v1/completions", json=body, timeout=params.timeout)
-                try:
-                    payload: object = r.json()
-                except ValueError:
-                    payload = r.text
-                gens = parse_choices(r.status_code, payload, len(group))
+                gens = parse_choices(r.status_code, response_payload(r), len(group))
             except httpx.HTTPError as exc:
                 gens = [Generated(error=f"{type(exc).__name__}: {exc}")] * len(group)
             secs = time.perf_counter() - t0
@@ -389,8 +425,10 @@ class RunningSampler:
                 self._stop.wait(self.period)
 
     def settle(self, expected_tokens: int, timeout: float = 5.0) -> None:
-        """Read the counters again once they account for the ``expected_tokens`` the
-        responses carried (the server records stats just after answering)."""
+        """Read the counters again once they account for ``expected_tokens``.
+
+        The server records its stats just after answering, so the ``expected_tokens`` the
+        responses carried may not be counted yet."""
         if self._base is None:
             return
         deadline = time.monotonic() + timeout
@@ -420,6 +458,7 @@ class RunningSampler:
 
 
 def served_model(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
+    """The id of the first model the server at ``url`` serves; None when it cannot say."""
     try:
         with http.client(api_key, timeout=timeout) as c:
             data = http.check_auth(c.get(f"{url}/v1/models"), api_key).json().get("data") or []
@@ -429,6 +468,7 @@ def served_model(url: str, timeout: float = 5.0, *, api_key: str | None = None) 
 
 
 def server_version(url: str, timeout: float = 5.0, *, api_key: str | None = None) -> str | None:
+    """The vLLM version the server at ``url`` reports on /version; None when it cannot say."""
     try:
         with http.client(api_key, timeout=timeout) as c:
             r = c.get(f"{url}/version")
@@ -440,9 +480,10 @@ def server_version(url: str, timeout: float = 5.0, *, api_key: str | None = None
 def completions_refusal(
     url: str, model: str, timeout: float = 60.0, *, api_key: str | None = None
 ) -> str | None:
-    """Why the server refuses /v1/completions for ``model`` (a pooling model answers 404
-    or 400), or None when a one-token completion works. Network errors are left to the
-    real requests, which fail closed."""
+    """Why the server refuses /v1/completions for ``model``, or None when it works.
+
+    A pooling model answers 404 or 400. Network errors are left to the real requests, which fail
+    closed."""
     body = {"model": model, "prompt": "a", "max_tokens": 1, "temperature": 0.0}
     try:
         with http.client(api_key, timeout=timeout) as c:

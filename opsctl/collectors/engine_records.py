@@ -1,8 +1,9 @@
-"""What an engine opsctl started recorded about itself, read from its run directory:
-the engine_info probe (EngineCore config), the batch probe (its init record, one record
-per sampling step and one per vision encoder call), the mm_uuid probe (the multimodal
-items each request reached the engine core with, when that probe is active), the vLLM
-version, the platform and the test knobs in the patch ledger.
+"""What an engine opsctl started recorded about itself, read from its run directory.
+
+The engine_info probe (EngineCore config), the batch probe (its init record, one record per
+sampling step and one per vision encoder call), the mm_uuid probe (the multimodal items each
+request reached the engine core with, when that probe is active), the vLLM version, the
+platform and the test knobs in the patch ledger.
 
 Read once into a frozen :class:`EngineRecords`; an engine without a run directory (an
 external server) gives the empty value. Used by `diag invariance` to read back the
@@ -35,6 +36,8 @@ from opsctl.domain.invariance_engine import prompt_index
 
 @dataclass(frozen=True, slots=True)
 class EngineRecords:
+    """An engine's own records: engine_info, batch and mm_uuid probes, version, knobs."""
+
     info: Mapping[str, Any] | None = None  # the last engine_info record without an error
     batch: tuple[Mapping[str, Any], ...] = ()  # batch probe records (init, step, nudge)
     probe_init: Mapping[str, Any] | None = None  # the batch probe's init (worker first)
@@ -53,8 +56,9 @@ def _platform(records: list[dict]) -> str | None:
 
 
 def identity(run_dir: Path | None) -> tuple[str | None, str | None]:
-    """(platform, vLLM version) the engine of ``run_dir`` recorded in its ledger; (None,
-    None) without a run directory or ledger (a server opsctl did not start)."""
+    """(platform, vLLM version) the engine of ``run_dir`` recorded in its ledger.
+
+    (None, None) without a run directory or ledger (a server opsctl did not start)."""
     if run_dir is None:
         return None, None
     records = ledger.read_records(run_dir)
@@ -75,9 +79,10 @@ def _get_json(url: str, path: str, api_key: str | None, timeout: float) -> dict 
 def identity_at(
     run_dir: Path | None, url: str | None, api_key: str | None = None, timeout: float = 10.0
 ) -> tuple[str | None, str | None]:
-    """(platform, vLLM version) of the engine behind ``url``: its ledger when opsctl
-    started it, else what the server says (/server_info, /version); either is None when
-    nothing names it (the platform is a device name, never prose)."""
+    """(platform, vLLM version) of the engine behind ``url``; None where nothing names it.
+
+    Its ledger when opsctl started it, else what the server says (/server_info, /version); the
+    platform is a device name, never prose."""
     platform, version = identity(run_dir)
     if url and platform is None:
         platform = plat.from_server_info(
@@ -90,8 +95,9 @@ def identity_at(
 
 
 def platform_note(run_dir: Path | None) -> str:
-    """Why the platform of the engine of ``run_dir`` is unknown (a report's
-    ``platform_note``): it recorded none, or opsctl did not start it."""
+    """Why the platform of the engine of ``run_dir`` is unknown (a report's note).
+
+    The report's ``platform_note``: the engine recorded none, or opsctl did not start it."""
     if run_dir is not None and ledger.read_records(run_dir):
         return plat.NO_RECORD_NOTE
     return plat.NOT_STARTED_NOTE
@@ -105,9 +111,10 @@ def _started(pid: int) -> float | None:
 
 
 def identity_of_pids(pids: list[int], runs_root: Path | None = None) -> dict[int, tuple]:
-    """pid -> (platform, vLLM version) for the live processes among ``pids`` that an
-    engine opsctl started recorded in a ledger (``<run>/ledger/<pid>.json``, written
-    after that process started, so a reused pid is not mistaken for it)."""
+    """pid -> (platform, vLLM version) for the live engine processes among ``pids``.
+
+    Only processes an engine opsctl started recorded in a ledger (``<run>/ledger/<pid>.json``,
+    written after that process started, so a reused pid is not mistaken for it)."""
     root = paths.runs_dir() if runs_root is None else runs_root
     out: dict[int, tuple] = {}
     for pid in sorted(set(pids)):
@@ -148,6 +155,7 @@ def _sampler_init(batch: list[dict]) -> dict | None:
 
 
 def read(run_dir: Path | None) -> EngineRecords:
+    """Everything the engine of ``run_dir`` recorded; the empty value without a run directory."""
     if run_dir is None:
         return EngineRecords()
     infos = [r for r in ledger.read_events(run_dir, "engine_info") if "error" not in r]
@@ -178,9 +186,10 @@ def _covers(batch: tuple[Mapping[str, Any], ...], tag: str, prompts: int) -> boo
 
 
 def read_after(run_dir: Path | None, tag: str, prompts: int, timeout: float = 2.0) -> EngineRecords:
-    """:func:`read`, once the batch probe's step records show every one of ``prompts``
-    requests tagged ``tag`` (their last lines may land just after the responses), or
-    at ``timeout``. No wait when the probe is not active in that engine."""
+    """:func:`read`, once the batch probe recorded every request tagged ``tag`` (or at timeout).
+
+    Every one of ``prompts`` requests must show in the probe's step records (their last lines
+    may land just after the responses). No wait when the probe is not active in that engine."""
     deadline = time.monotonic() + timeout
     while True:
         records = read(run_dir)

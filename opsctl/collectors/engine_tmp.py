@@ -38,8 +38,9 @@ def fits(base: str) -> bool:
 
 
 def create(run_dir: Path) -> Path | None:
-    """Make the private temporary directory for the engine of ``run_dir``; None when no
-    temporary directory is short enough (or none can be made)."""
+    """Make the private temporary directory for the engine of ``run_dir``; None when none fits.
+
+    None when no temporary directory is short enough, or none can be made."""
     for base in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
         if not fits(base):
             continue
@@ -57,9 +58,10 @@ def create(run_dir: Path) -> Path | None:
 
 
 def engine_env(tmp_dir: Path) -> dict[str, str]:
-    """What the engine's environment needs so that its temporary files land in
-    ``tmp_dir``. torch's compile cache, which lives in the temporary directory by
-    default and should outlive one engine, keeps its usual place."""
+    """The environment variables that put the engine's temporary files in ``tmp_dir``.
+
+    torch's compile cache, which lives in the temporary directory by default and should outlive
+    one engine, keeps its usual place."""
     user = "".join(c if c.isalnum() or c in "-_" else "_" for c in _user())
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
         tempfile.gettempdir(), f"torchinductor_{user}"
@@ -79,6 +81,7 @@ def _user() -> str:
 
 
 def remove(path: str | Path | None, run_dir: Path) -> str | None:
-    """Remove the engine temporary directory ``path`` made for ``run_dir``. None when it
-    is gone (removed now, or before); otherwise why it was left."""
+    """Remove the engine temporary directory ``path``; None when gone, else why it was left.
+
+    ``path`` is the one made for ``run_dir``. None when it is gone (removed now, or before)."""
     return private_tmp.remove(path, run_dir)

@@ -53,6 +53,8 @@ def _pattern(value: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class MapperInfo:
+    """One process that maps an Engram table: its ranges, permissions and resident bytes."""
+
     pid: int
     name: str
     ranges: tuple[tuple[int, int, int], ...]  # (start, end, file offset)
@@ -69,6 +71,8 @@ class MapperInfo:
 class VerifyResult:
     # constant | mismatch | skipped (--verify none, or the table went away) | denied |
     # error | unverifiable (size or layout unknown)
+    """How verifying a table's constant fill went: status, reader, bytes and time."""
+
     status: str
     mode: str
     access: str | None = None  # file | map_files | mem
@@ -81,11 +85,14 @@ class VerifyResult:
 
     @property
     def gbps(self) -> float | None:
+        """Bytes verified per second, in GB/s; None when no time was measured."""
         return self.bytes_checked / self.seconds / 1e9 if self.seconds > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
 class TableReport:
+    """One Engram table as found: its file, size, layout, mappers and verification."""
+
     name: str
     path: str
     dev: str  # "major:minor"
@@ -120,6 +127,8 @@ def _renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class InspectSnapshot:
+    """Every Engram table found in one look, with /dev/shm's capacity and scan errors."""
+
     taken_at: float
     prefix: str
     tables: tuple[TableReport, ...]
@@ -287,9 +296,10 @@ def _open_readers(
 
 
 def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
-    """Compare every byte of ``regions`` with its constant. Returns (bytes checked,
-    first mismatch or None). Raises OSError when the reader fails or the table is shorter
-    than ``regions`` (e.g. truncated while being read)."""
+    """Compare every byte of ``regions`` with its constant; (bytes checked, first mismatch).
+
+    Raises OSError when the reader fails or the table is shorter than ``regions`` (e.g.
+    truncated while being read)."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     checked = 0
@@ -336,7 +346,9 @@ def verify_table(
     block: int | None = None,
     size_error: Exception | None = None,
 ) -> tuple[dom.LayoutDecision, VerifyResult]:
-    """Decide the layout (reading the boundary bytes when the size fits several block
+    """Decide a table's layout and verify its fill in ``mode``, by the first reader that works.
+
+    Decide the layout (reading the boundary bytes when the size fits several block
     sizes) and verify the fill in ``mode``, through the first reader that works."""
     failures: list[Exception] = [size_error] if size_error is not None else []
     if size:
@@ -435,6 +447,7 @@ def inspect(
     block: int | None = None,
 ) -> InspectSnapshot:
     """Find, measure and verify every Engram table visible from here (see module doc).
+
     ``access`` limits how tables are read (and sized); ``block`` forces the block size."""
     if verify not in dom.VERIFY_MODES:
         raise ValueError(f"verify must be one of {dom.VERIFY_MODES}")
@@ -494,6 +507,7 @@ def inspect(
 
 
 def snapshot_to_dict(snap: InspectSnapshot) -> dict[str, Any]:
+    """The inspect snapshot as the JSON document ``engram inspect --json`` prints."""
     return {
         "taken_at": snap.taken_at,
         "prefix": snap.prefix,

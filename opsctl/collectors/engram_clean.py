@@ -1,7 +1,8 @@
-"""Orphaned Engram tables in /dev/shm (what ``engram clean`` lists and removes): files
-no live process visible here maps or holds open, older than a minimum age. Decisions
-(:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the
-one deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
+"""Orphaned Engram tables in /dev/shm: what ``engram clean`` lists and removes.
+
+Files no live process visible here maps or holds open, older than a minimum age. Decisions
+(:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the one
+deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from opsctl.domain import engram as dom
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
+    """An Engram table file no live process maps or holds open."""
+
     name: str
     path: str
     size: int
@@ -24,6 +27,8 @@ class Orphan:
 
 @dataclass(frozen=True, slots=True)
 class CleanScan:
+    """What a clean scan found: orphans, held and young files, unreadable processes."""
+
     orphans: tuple[Orphan, ...]
     mapped: tuple[str, ...]  # files some live process maps
     symlinks: tuple[str, ...]
@@ -38,13 +43,13 @@ def find_orphans(
     min_age: float = dom.DEFAULT_MIN_AGE,
     now: float | None = None,
 ) -> CleanScan:
-    """Files ``<root>/<prefix>*`` that no live process *visible here* maps or holds open
-    (by device + inode, and by path) and that are at least ``min_age`` seconds old
-    (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces
-    (other containers sharing this /dev/shm) are not in this /proc at all, so what they
-    hold cannot be seen: run clean in the namespace of the vLLM processes. Processes
-    whose maps or fds cannot be read are listed in ``denied_pids``; files they hold
-    would look orphaned."""
+    """Engram table files no live process visible here maps or holds open, old enough.
+
+    Files ``<root>/<prefix>*``, held by device + inode or by path, at least ``min_age`` seconds
+    old (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces (other
+    containers sharing this /dev/shm) are not in this /proc at all, so what they hold cannot be
+    seen: run clean in the namespace of the vLLM processes. Processes whose maps or fds cannot
+    be read are listed in ``denied_pids``; files they hold would look orphaned."""
     files = shm.list_files(root, prefix)
     scan = shm.scan_holders(None, path_prefix=f"{root}/{prefix}")
     now = time.time() if now is None else now
@@ -74,11 +79,11 @@ def remove_orphans(
     force: bool = False,
     min_age: float = dom.DEFAULT_MIN_AGE,
 ) -> tuple[list[str], list[str], tuple[int, ...]]:
-    """Remove orphans, re-checking each right before (shm.remove_unheld rescans maps and
-    fds and refuses symlinks, non-regular files, anything held and anything younger
-    than ``min_age``). When some process's maps or fds cannot be read, nothing is
-    removed unless ``force``: a file only it holds would look orphaned. Returns
-    (removed, kept, pids that could not be read)."""
+    """Remove orphans, re-checking each right before; (removed, kept, unreadable pids).
+
+    shm.remove_unheld rescans maps and fds and refuses symlinks, non-regular files, anything
+    held and anything younger than ``min_age``. When some process's maps or fds cannot be read,
+    nothing is removed unless ``force``: a file only it holds would look orphaned."""
     wanted = {n for n in names if n.startswith(prefix) and "/" not in n}
     again = find_orphans(prefix, root, min_age)
     if again.denied_pids and not force:

@@ -1,5 +1,7 @@
-"""The model config ``engram plan`` reads: a model directory's config.json, a config
-JSON file, or one of the examples shipped in opsctl/data."""
+"""The model config ``engram plan`` reads: a model directory, a file or an example.
+
+A model directory's config.json, a config JSON file, or one of the examples shipped in
+opsctl/data."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from opsctl.collectors.jsonfile import load_json_object
 from opsctl.errors import BadInput
 
 EXAMPLES = {"deepseek-v4.1-flash": "deepseek-v4.1-flash-engram.json"}
 
 
 def read_config(model: Path | None, config: str | None) -> tuple[dict[str, Any], str]:
-    """(config dict, where it came from) for exactly one of ``model`` (a directory with a
-    config.json) and ``config`` (a file, or a name in :data:`EXAMPLES`); BadInput else."""
+    """(config dict, where it came from) for exactly one of ``model`` and ``config``.
+
+    ``model`` is a directory with a config.json; ``config`` a file, or a name in
+    :data:`EXAMPLES`. BadInput else."""
     if (model is None) == (config is None):
         raise BadInput(
             "give exactly one of --model DIR or --config FILE",
@@ -34,12 +39,4 @@ def read_config(model: Path | None, config: str | None) -> tuple[dict[str, Any],
         raise BadInput(
             f"no such config file: {path}", hint=f"shipped examples: {', '.join(EXAMPLES)}"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data, str(path)
+    return load_json_object(path), str(path)

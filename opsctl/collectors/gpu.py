@@ -1,7 +1,8 @@
-"""GPU telemetry of this host, I/O only: NVIDIA through NVML (``pynvml`` from the
-optional ``nvidia-ml-py`` package, the ``gpu`` extra; imported lazily), AMD and Intel
-through sysfs (``/sys/class/drm/card*/device``) with per-process memory from DRM fdinfo
-(``/proc/PID/fdinfo``, ``drm-memory-*``) where the kernel gives it.
+"""GPU telemetry of this host, I/O only: NVML for NVIDIA, sysfs and fdinfo for AMD/Intel.
+
+NVIDIA through NVML (``pynvml`` from the optional ``nvidia-ml-py`` package, the ``gpu`` extra;
+imported lazily), AMD and Intel through sysfs (``/sys/class/drm/card*/device``) with per-process
+memory from DRM fdinfo (``/proc/PID/fdinfo``, ``drm-memory-*``) where the kernel gives it.
 
 A :class:`GpuCollector` reads once per call and returns the raw document
 (``opsctl.domain.gpu.RAW_SCHEMA``: what the driver said, nothing derived) and the
@@ -16,6 +17,7 @@ error beside it, never 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import threading
@@ -209,9 +211,10 @@ def _card_no(path: str) -> int:
 
 
 def fdinfo_memory(pids: Iterable[int], proc: str = "/proc") -> dict[str, dict[int, int]]:
-    """Per PCI device, GPU memory per pid from DRM fdinfo (``drm-pdev``, ``drm-memory-*``
-    in KiB), each DRM client counted once (``drm-client-id``). Unreadable pids are
-    skipped (another user's process, or gone)."""
+    """Per PCI device, GPU memory per pid from DRM fdinfo.
+
+    ``drm-pdev``, ``drm-memory-*`` in KiB, each DRM client counted once (``drm-client-id``).
+    Unreadable pids are skipped (another user's process, or gone)."""
     out: dict[str, dict[int, int]] = {}
     for pid in pids:
         seen: set[tuple[str, str]] = set()
@@ -256,9 +259,10 @@ def _kib(v: str) -> int:
 
 
 class GpuCollector:
-    """One per console. ``collect(pids)`` reads NVML (handles cached) or sysfs once; the
-    pids are the processes whose DRM fdinfo is read for AMD/Intel per-process memory
-    (NVML lists its processes itself)."""
+    """Reads this host's GPUs once per call (NVML or sysfs); one per console.
+
+    NVML handles are cached. The pids given to ``collect`` are the processes whose DRM fdinfo is
+    read for AMD/Intel per-process memory (NVML lists its processes itself)."""
 
     def __init__(self, drm_root: str = DRM_ROOT, proc: str = "/proc") -> None:
         self.drm_root = drm_root
@@ -268,6 +272,7 @@ class GpuCollector:
         self.last_raw: dict[str, Any] | None = None
 
     def raw(self, pids: Iterable[int] = ()) -> dict[str, Any]:
+        """One reading of the GPUs as the raw document (what the driver said, nothing derived)."""
         with self._lock:
             if self._nvml is None:
                 self._nvml = _Nvml()
@@ -298,9 +303,11 @@ class GpuCollector:
             return doc
 
     def collect(self, pids: Iterable[int] = ()) -> HostGpus:
+        """One reading of the GPUs as :class:`HostGpus` (with per-process memory of ``pids``)."""
         return host_from_raw(self.raw(pids))
 
     def close(self) -> None:
+        """Shut NVML down, if it was started."""
         with self._lock:
             if self._nvml is not None:
                 self._nvml.close()
@@ -314,9 +321,10 @@ def with_gpus(snap: Any, collector: GpuCollector | None = None) -> Any:
 
 
 class GpuFeed:
-    """The TUI's GPU figures: a daemon thread collects once per interval (the UI thread
-    never waits on the driver); ``apply`` attaches the latest collection to a snapshot
-    (an in-memory read) and hands the thread the pids to read fdinfo of. ``read``
+    """The TUI's GPU figures, collected once per interval by a daemon thread.
+
+    The UI thread never waits on the driver: ``apply`` attaches the latest collection to a
+    snapshot (an in-memory read) and hands the thread the pids to read fdinfo of. ``read``
     replaces the collector (tests feed recorded readings)."""
 
     def __init__(
@@ -331,7 +339,9 @@ class GpuFeed:
         self._thread: threading.Thread | None = None
 
     def apply(self, snap: Any) -> Any:
-        """The first call collects now (``--once`` looks once; NVML takes well under a
+        """Attach the latest GPU collection to ``snap``; hand the thread its pids.
+
+        The first call collects now (``--once`` looks once; NVML takes well under a
         millisecond), then starts the thread."""
         self.pids = local_pids(snap.endpoints)
         if self._thread is None:
@@ -352,14 +362,17 @@ class GpuFeed:
             self._collect()
 
     def close(self) -> None:
+        """Stop the collecting thread."""
         self._stop.set()
 
 
 class GpuSource:
-    """A FleetSource whose ``collect()`` carries this host's GPUs (``host_gpus``) and each
-    endpoint's (``gpus``), through a :class:`GpuFeed`; everything else is the wrapped
-    source's. The console wraps its live source in it first, so that what reads the
-    views after it (the advisor's gpu_mem_under and gpu_thermal) sees the GPUs."""
+    """A FleetSource whose ``collect()`` carries this host's GPUs and each endpoint's.
+
+    Through a :class:`GpuFeed`: this host's GPUs as ``host_gpus``, each endpoint's as ``gpus``;
+    everything else is the wrapped source's. The console wraps its live source in it first, so
+    that what reads the views after it (the advisor's gpu_mem_under and gpu_thermal) sees the
+    GPUs."""
 
     attaches_gpus = True  # the TUI does not add a feed of its own
 
@@ -371,19 +384,16 @@ class GpuSource:
         return getattr(self.source, name)
 
     def collect(self) -> Any:
+        """The wrapped source's collection with the GPUs attached."""
         return self.feed.apply(self.source.collect())
 
     def close(self) -> None:
+        """Stop the GPU feed and close the wrapped source."""
         self.feed.close()
         self.source.close()
 
 
-_SHARED: GpuCollector | None = None
-
-
+@functools.cache
 def shared() -> GpuCollector:
     """The process's collector (NVML is initialised once per process)."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = GpuCollector()
-    return _SHARED
+    return GpuCollector()

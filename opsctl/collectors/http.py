@@ -1,5 +1,4 @@
-"""The one place opsctl's own HTTP requests to a vLLM server get their credentials and
-where a refused credential becomes a typed error.
+"""Where opsctl's HTTP requests to a vLLM server get their credentials and auth errors.
 
 - :func:`client` returns an ``httpx.Client`` that sends ``Authorization: Bearer KEY``
   on every request when a key is given (vLLM guards ``/v1/...`` with ``--api-key`` /
@@ -41,14 +40,17 @@ def limits(connections: int, keepalive: int | None = None) -> httpx.Limits:
 
 
 def headers(api_key: str | None) -> dict[str, str]:
+    """The Authorization header for ``api_key`` (none without a key)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """One TLS context for every client of this process: httpx builds one per client by
-    default, loading the CA bundle each time (about 150 ms holding the GIL here, ~10
-    clients per target in certify's checks: most of a fleet's time at 16 targets)."""
+    """One TLS context for every client of this process.
+
+    httpx builds one per client by default, loading the CA bundle each time (about 150 ms
+    holding the GIL here, ~10 clients per target in certify's checks: most of a fleet's time
+    at 16 targets)."""
     import certifi
 
     return ssl.create_default_context(cafile=certifi.where())
@@ -64,10 +66,12 @@ def client(
 
 
 def default_api_key() -> str | None:
+    """The API key in ``VLLM_API_KEY`` (the variable vLLM reads); None when unset."""
     return os.environ.get(ENV_API_KEY) or None
 
 
 def auth_error(url: str, status: int, api_key: str | None) -> EngineUnreachable:
+    """The typed "authentication required" error for a 401/403 answer from ``url``."""
     if api_key:
         hint = "the server refused the API key given (--api-key / VLLM_API_KEY)"
     else:
@@ -85,10 +89,11 @@ def check_auth(response: httpx.Response, api_key: str | None = None) -> httpx.Re
 
 
 def require_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
-    """A vLLM server answers at ``url`` and accepts our credentials, else EngineUnreachable
-    (exit 3): "no server answered" (refused, no connection or no HTTP answer within
-    ``timeout``), "not a vLLM server" (an HTTP server whose /health or /v1/models is not
-    vLLM's) or "authentication required" (401/403 on the guarded /v1/models). A URL httpx
+    """Check that a vLLM server answers at ``url`` and accepts our credentials.
+
+    Else EngineUnreachable (exit 3): "no server answered" (refused, no connection or no HTTP
+    answer within ``timeout``), "not a vLLM server" (an HTTP server whose /health or /v1/models
+    is not vLLM's) or "authentication required" (401/403 on the guarded /v1/models). A URL httpx
     cannot use is BadInput (exit 2)."""
     try:
         with client(api_key, timeout=timeout) as c:

@@ -1,6 +1,7 @@
-"""I/O of `diag kv-fail` against the engine opsctl started with the fault-injecting KV
-connector: completions over HTTP, the connector's control file, its event files and
-the patch's, the server log, /metrics, and whether the engine still lives.
+"""I/O of ``diag kv-fail`` against the engine opsctl started with the faulty KV connector.
+
+Completions over HTTP, the connector's control file, its event files and the patch's, the server
+log, /metrics, and whether the engine still lives.
 
 :class:`KvProbe` holds one HTTP client for one engine. Every wait here is a condition
 with a deadline (:meth:`KvProbe.still_alive`, :meth:`KvProbe.log_until`); nothing
@@ -36,8 +37,10 @@ POLL = 0.1  # seconds between looks while waiting for a condition
 
 
 def write_control(store: Path, plan: InjectionPlan) -> None:
-    """Give the running connector a new plan (atomically: it never reads half a file;
-    it compares content, so two writes within one mtime tick both count)."""
+    """Give the running connector a new plan, atomically.
+
+    It never reads half a file; it compares content, so two writes within one mtime tick both
+    count."""
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".{CONTROL_FILE}.tmp"
     tmp.write_text(control_text(plan))
@@ -53,8 +56,10 @@ def complete(
     timeout: float,
     api_key: str | None = None,
 ) -> dom.Output:
-    """One greedy completion of token ids with their logprobs; a transport error is an
-    output that failed (with the reason), a refused credential the typed error."""
+    """One greedy completion of token ids with their logprobs.
+
+    A transport error is an output that failed (with the reason), a refused credential the
+    typed error."""
     body = {
         "model": model,
         "prompt": list(prompt),
@@ -77,8 +82,9 @@ def complete(
 
 
 class EventTail:
-    """The events of one kind that appeared since the last look (the files only grow);
-    the first look returns what came after the tail was made."""
+    """The events of one kind that appeared since the last look.
+
+    The files only grow; the first look returns what came after the tail was made."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -87,20 +93,25 @@ class EventTail:
         )
 
     def new(self, kind: str) -> list[dict]:
+        """The events of ``kind`` written since the last look."""
         events = ledger.read_events(self.run_dir, kind)
         fresh = events[self._seen[kind] :]
         self._seen[kind] = len(events)
         return fresh
 
     def injections(self) -> tuple[dom.Injection, ...]:
+        """The connector's injections recorded since the last look."""
         return tuple(dom.Injection.from_event(e) for e in self.new(INJECTIONS))
 
     def recoveries(self) -> tuple[dom.Recovery, ...]:
+        """The patch's recoveries recorded since the last look."""
         return tuple(dom.Recovery.from_event(e) for e in self.new(RECOVERIES))
 
 
 class KvProbe:
-    """One engine (a :class:`opsctl.checks.target.Live` that opsctl started: ``server``
+    """One engine opsctl started, for one run of the kv-fail check.
+
+    One engine (a :class:`opsctl.checks.target.Live` that opsctl started: ``server``
     is its EngineServer, ``run_dir`` its run directory) for one run of the check.
 
     An engine may serve several runs (an engine session reuses it): a probe starts with
@@ -128,6 +139,7 @@ class KvProbe:
         return ledger.read_events(self.run_dir, kind)[self._from[kind] :]
 
     def close(self) -> None:
+        """Close the probe's HTTP client."""
         self.client.close()
 
     def __enter__(self) -> KvProbe:
@@ -138,24 +150,29 @@ class KvProbe:
 
     # ---- requests ------------------------------------------------------------------
     def set_plan(self, plan: InjectionPlan) -> None:
+        """Write ``plan`` to the connector's control file."""
         write_control(self.store, plan)
 
     def complete(
         self, model: str, prompt: Sequence[int], max_tokens: int, timeout: float
     ) -> dom.Output:
+        """One greedy completion of ``prompt`` (token ids) from this engine."""
         return complete(self.client, self.url, model, prompt, max_tokens, timeout, self.api_key)
 
     def metrics(self) -> MetricsSnapshot:
+        """The engine's /metrics now."""
         return fetch_metrics(self.client, self.url)
 
     # ---- liveness ------------------------------------------------------------------
     def alive(self) -> bool:
+        """Whether the engine process runs and /health answers."""
         return self.server.exited() is None and self.server.health(self.client)
 
     def still_alive(self, settle: float) -> bool:
-        """After a failed request: is the engine still serving? A dead EngineCore makes
-        /health fail (or the server exit) within moments; look again until ``settle``
-        seconds have passed."""
+        """After a failed request: is the engine still serving?
+
+        A dead EngineCore makes /health fail (or the server exit) within moments; look again
+        until ``settle`` seconds have passed."""
         deadline = time.monotonic() + settle
         while not self.alive():
             if time.monotonic() > deadline or self.server.exited() is not None:
@@ -165,14 +182,17 @@ class KvProbe:
 
     # ---- the server log --------------------------------------------------------------
     def log_text(self) -> str:
+        """The engine's server log so far."""
         return self.server.log_text()
 
     def log_mark(self) -> int:
+        """A mark at the log's current end, for :meth:`log_until`."""
         return len(self.log_text())
 
     def log_until(self, mark: int, done: Callable[[str], bool], timeout: float) -> str:
-        """The log written since ``mark``, once ``done(text)`` holds, the engine is gone,
-        or ``timeout`` seconds have passed (vLLM's lines land a moment after the answer)."""
+        """The log since ``mark``, once ``done(text)`` holds, the engine is gone or time is up.
+
+        Time is up after ``timeout`` seconds; vLLM's lines land a moment after the answer."""
         deadline = time.monotonic() + timeout
         while True:
             text = self.log_text()[mark:]
@@ -182,16 +202,21 @@ class KvProbe:
 
     # ---- what the engine recorded ------------------------------------------------------
     def engine_info(self) -> dict:
+        """The engine_info probe's last record (EngineCore config); ``{}`` when none."""
         return (ledger.read_events(self.run_dir, "engine_info") or [{}])[-1]
 
     def records(self) -> list[dict]:
+        """The patch ledger records of the engine's processes."""
         return ledger.read_records(self.run_dir)
 
     def injections(self) -> tuple[dom.Injection, ...]:
+        """The connector's injections since this probe was made."""
         return tuple(dom.Injection.from_event(e) for e in self._events(INJECTIONS))
 
     def transfers(self) -> tuple[dom.Transfer, ...]:
+        """The connector's KV transfers since this probe was made."""
         return tuple(dom.Transfer.from_event(e) for e in self._events(TRANSFERS))
 
     def recoveries(self) -> tuple[dom.Recovery, ...]:
+        """The patch's recoveries since this probe was made."""
         return tuple(dom.Recovery.from_event(e) for e in self._events(RECOVERIES))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
+    """One patch of one engine process as its ledger records it (and how it went)."""
+
     pid: int
     role: str
     vllm_version: str
@@ -25,6 +27,7 @@ class LedgerEntry:
 
 
 def read_records(run_dir: Path) -> list[dict]:
+    """Every ledger record of the run (one per process); a file being written is skipped."""
     out = []
     for f in sorted((run_dir / "ledger").glob("*.json")):
         try:
@@ -35,6 +38,7 @@ def read_records(run_dir: Path) -> list[dict]:
 
 
 def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
+    """One entry per patch of every ledger record."""
     rows = []
     for r in records:
         for p in r.get("patches", []):
@@ -54,8 +58,9 @@ def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
 
 
 def test_knobs(records: list[dict]) -> dict[str, str]:
-    """The test knobs any process of the run honoured (name -> value); ``{}`` when none
-    (or for ledgers written before knobs were recorded)."""
+    """The test knobs any process of the run honoured (name -> value); ``{}`` when none.
+
+    Also ``{}`` for ledgers written before knobs were recorded."""
     out: dict[str, str] = {}
     for r in records:
         knobs = r.get("test_knobs")
@@ -65,8 +70,10 @@ def test_knobs(records: list[dict]) -> dict[str, str]:
 
 
 def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
-    """The test knobs the engines of these run directories honoured, read from their
-    ledgers (the engine's own record); ``None`` entries (no run dir) are skipped."""
+    """The test knobs the engines of these run directories honoured, from their ledgers.
+
+    Read from their ledgers (the engine's own record); ``None`` entries (no run dir) are
+    skipped."""
     knobs: dict[str, str] = {}
     for rd in run_dirs:
         if rd:
@@ -75,6 +82,7 @@ def knobs_of(run_dirs: Iterable[str | Path | None]) -> dict[str, str]:
 
 
 def read_events(run_dir: Path, kind: str) -> list[dict]:
+    """The events of ``kind`` the run's probes appended (one JSON object a line)."""
     path = run_dir / "events" / f"{kind}.jsonl"
     out = []
     try:
@@ -90,5 +98,6 @@ def read_events(run_dir: Path, kind: str) -> list[dict]:
 
 
 def latest_run(runs_root: Path) -> Path | None:
+    """The run under ``runs_root`` with a ledger that changed last; None when none has one."""
     runs = [p for p in runs_root.glob("*") if (p / "ledger").is_dir()]
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None

@@ -1,6 +1,7 @@
 """HTTP reads of the liveness check: /health, one small request, one /metrics counter.
-Plain values out; every network error becomes a value with its reason, never a raise
-(except a refused API key: "authentication required", exit 3)."""
+
+Plain values out; every network error becomes a value with its reason, never a raise (except
+a refused API key: "authentication required", exit 3)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from opsctl.domain.metrics import parse_metrics
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """One HTTP read: its status, payload, error and duration."""
+
     status: int | None
     payload: Any
     error: str | None
@@ -23,6 +26,7 @@ class Answer:
 
 
 def health(url: str, timeout: float) -> Answer:
+    """GET /health at ``url``, timed; a transport error is the answer's ``error``."""
     t0 = time.monotonic()
     try:
         with http.client(None, timeout=timeout) as c:
@@ -65,9 +69,10 @@ def counter(url: str, name: str, api_key: str | None, timeout: float = 10.0) -> 
 def wait_counter_above(
     url: str, name: str, floor: float, api_key: str | None, deadline: float
 ) -> float | None:
-    """Poll ``name`` until it exceeds ``floor`` or ``deadline`` (time.monotonic) passes;
-    the last value read (None: never readable). vLLM updates its counters after the
-    answer is sent, so the first read may still show the old value."""
+    """Poll counter ``name`` until it exceeds ``floor`` or ``deadline`` passes; the last value.
+
+    ``deadline`` is on time.monotonic; None when the counter was never readable. vLLM updates
+    its counters after the answer is sent, so the first read may still show the old value."""
     value = counter(url, name, api_key)
     while (value is None or value <= floor) and time.monotonic() < deadline:
         time.sleep(0.2)

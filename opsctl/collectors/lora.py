@@ -1,5 +1,7 @@
-"""I/O for `opsctl diag lora`: adapter directories on disk, the adapters a server lists
-or loads at runtime, the requests (alone, or all at once), and what the engine recorded.
+"""I/O for ``opsctl diag lora``: adapter directories, served adapters, requests, records.
+
+Adapter directories on disk, the adapters a server lists or loads at runtime, the requests
+(alone, or all at once), and what the engine recorded.
 
 - :func:`read_adapter_dir`: a PEFT adapter directory -> :class:`AdapterDir` (BadInput,
   one line, when it is missing or not an adapter).
@@ -21,8 +23,8 @@ or loads at runtime, the requests (alone, or all at once), and what the engine r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -33,10 +35,16 @@ from typing import Any
 import httpx
 
 from opsctl.collectors import http, ledger
-from opsctl.collectors.completions import Timed, parse_chat, parse_response
+from opsctl.collectors.completions import (
+    Timed,
+    parse_chat,
+    parse_response,
+    send_alone,
+    send_in_groups,
+    timed_post,
+)
 from opsctl.collectors.mm_uuid import image_data_url
 from opsctl.domain import lora as D
-from opsctl.domain.invariance import Generated
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 
 IMAGE_SIZE = 32
@@ -45,6 +53,8 @@ CONFIG_FILE = "adapter_config.json"
 
 @dataclass(frozen=True, slots=True)
 class AdapterDir:
+    """A PEFT adapter directory on disk: its name, path, rank and target modules."""
+
     name: str
     path: Path
     rank: int
@@ -78,6 +88,8 @@ def read_adapter_dir(raw: str | Path) -> AdapterDir:
 
 @dataclass(frozen=True, slots=True)
 class Served:
+    """What a server serves: its base model and the LoRA adapters it lists."""
+
     base: str
     adapters: Mapping[str, str] = field(default_factory=dict)  # name -> root (path)
     base_root: str | None = None  # the base model's path on the server
@@ -99,8 +111,10 @@ def model_config(root: str | None) -> dict | None:
 def served_adapter(
     name: str, root: str | None
 ) -> tuple[str, Path | None, tuple[str, ...], int | None]:
-    """(name, path, parts, rank) of an adapter a server lists: the parts from opsctl's
-    marker and the rank from adapter_config.json when its root is readable here."""
+    """(name, path, parts, rank) of an adapter a server lists.
+
+    The parts from opsctl's marker and the rank from adapter_config.json when its root is
+    readable here."""
     if not root:
         return name, None, (), None
     path = Path(root)
@@ -148,6 +162,7 @@ def load_adapter(
 
 
 def unload_adapter(url: str, name: str, *, api_key: str | None = None) -> None:
+    """Ask the server to unload adapter ``name``; a transport error is ignored."""
     with contextlib.suppress(httpx.HTTPError), http.client(api_key, timeout=30.0) as c:
         c.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name})
 
@@ -157,6 +172,8 @@ def unload_adapter(url: str, name: str, *, api_key: str | None = None) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Params:
+    """What every request of a LoRA run asks for: base model, tokens, logprobs, timeout."""
+
     base: str  # the served base model (requests without an adapter)
     max_tokens: int
     logprobs: int
@@ -173,6 +190,7 @@ def _image(color: str) -> str:
 
 
 def request_id(tag: str, phase: str, req: D.LoraRequest) -> str:
+    """The request id ``<tag>-<phase>-r<index>-<label>-<hex8>`` of one LoRA request."""
     return f"{tag}-{phase}-r{req.index}-{req.label}-{uuid.uuid4().hex[:8]}"
 
 
@@ -201,75 +219,46 @@ def body(params: Params, req: D.LoraRequest, rid: str) -> tuple[str, dict[str, A
 
 
 def send(client: httpx.Client, url: str, params: Params, req: D.LoraRequest, rid: str) -> Timed:
+    """One request (a chat request when it carries images), timed and parsed."""
     path, payload = body(params, req, rid)
-    t0 = time.perf_counter()
-    try:
-        r = client.post(f"{url}{path}", json=payload, timeout=params.timeout)
-        try:
-            data: object = r.json()
-        except ValueError:
-            data = r.text
-        gen = parse_chat(r.status_code, data) if req.images else parse_response(r.status_code, data)
-    except httpx.HTTPError as exc:
-        gen = Generated(error=f"{type(exc).__name__}: {exc}")
-    return Timed(gen, time.perf_counter() - t0, rid)
+    parse = parse_chat if req.images else parse_response
+    return timed_post(client, f"{url}{path}", payload, parse, params.timeout, rid)
 
 
 OnDone = Callable[[D.LoraRequest, Timed], None]
 
 
-def run_alone(
+def run(
     url: str,
     params: Params,
     requests: Sequence[D.LoraRequest],
     tag: str,
     on_done: OnDone | None = None,
     *,
+    together: bool,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """One request at a time, in order."""
-    out = []
-    with http.client(api_key) as client:
-        for req in requests:
-            res = send(client, url, params, req, request_id(tag, "one", req))
-            out.append(res)
-            if on_done:
-                on_done(req, res)
-    return out
+    """Send every request: one at a time in order, or all at once behind a barrier.
 
+    Alone: in order, request ids ``-one-`` (``together=False``). Together: one thread each,
+    released by a barrier, request ids ``-mix-`` (``together=True``)."""
+    phase = "mix" if together else "one"
 
-def run_together(
-    url: str,
-    params: Params,
-    requests: Sequence[D.LoraRequest],
-    tag: str,
-    on_done: OnDone | None = None,
-    *,
-    api_key: str | None = None,
-) -> list[Timed]:
-    """All requests at once: one thread each, released together by a barrier."""
-    results: list[Timed | None] = [None] * len(requests)
+    def send_one(client: httpx.Client, k: int) -> Timed:
+        return send(client, url, params, requests[k], request_id(tag, phase, requests[k]))
+
+    def done(k: int, res: Timed) -> None:
+        if on_done:
+            on_done(requests[k], res)
+
     n = len(requests)
-    limits = http.limits(n + 2)
-    barrier = threading.Barrier(n)
-    with http.client(api_key, limits=limits) as client:
+    if together and n:
+        return send_in_groups(n, n, send_one, done, api_key=api_key)
+    return send_alone(n, send_one, done, api_key=api_key)
 
-        def work(k: int) -> None:
-            req = requests[k]
-            rid = request_id(tag, "mix", req)
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=30)
-            results[k] = send(client, url, params, req, rid)
-            if on_done:
-                on_done(req, results[k])  # type: ignore[arg-type]
 
-        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    missing = Timed(Generated(error="request thread did not finish"), 0.0, "")
-    return [r if r is not None else missing for r in results]
+run_alone = functools.partial(run, together=False)
+run_together = functools.partial(run, together=True)
 
 
 # ---- what the engine recorded -------------------------------------------------------------
@@ -277,6 +266,8 @@ def run_together(
 
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
+    """What the engine recorded for a LoRA run: batch steps, LoRA manager, adapters, swaps."""
+
     steps: tuple[Mapping[str, Any], ...] = ()  # batch probe records
     manager: Mapping[str, Any] | None = None  # lora probe: the LoRA manager (worker)
     adapters: tuple[Mapping[str, Any], ...] = ()  # lora probe: adapters loaded (last per name)
@@ -288,6 +279,7 @@ class EngineFacts:
 
 
 def read_facts(run_dir: Path | None) -> EngineFacts:
+    """The LoRA and batch probes' records in ``run_dir``; empty without a run directory."""
     if run_dir is None:
         return EngineFacts()
     records = ledger.read_records(run_dir)
@@ -308,7 +300,9 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
 
 
 def engine_facts(run_dir: Path | None, tag: str, mixed: int, timeout: float = 3.0) -> EngineFacts:
-    """:func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
+    """:func:`read_facts` once the batch probe shows every ``mixed`` request (or at timeout).
+
+    :func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
     last lines may land just after the responses), or at ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

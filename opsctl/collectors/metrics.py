@@ -1,5 +1,6 @@
-"""/metrics of a vLLM server, parsed with prometheus_client's text parser (never with
-regexes). The client (opsctl.collectors.http.client) carries the server's API key."""
+"""/metrics of a vLLM server, parsed with prometheus_client's text parser.
+
+Never with regexes. The client (opsctl.collectors.http.client) carries the server's API key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ __all__ = ["MetricsSnapshot", "fetch_metrics", "parse_metrics"]
 
 
 def fetch_metrics(client: httpx.Client, base_url: str) -> MetricsSnapshot:
+    """The server's /metrics now, parsed; an HTTP failure is the snapshot's error."""
     now = time.time()
     try:
         r = client.get(f"{base_url}/metrics")

@@ -1,5 +1,4 @@
-"""Chat requests with images and logprobs for `opsctl diag invariance` on a
-vision-language model.
+"""Chat requests with images and logprobs for ``opsctl diag invariance`` on a VLM.
 
 /v1/completions carries no images on vLLM 0.32 (its request has no multimodal field),
 so prompts with images go to ``/v1/chat/completions``: one user message of image parts
@@ -22,7 +21,6 @@ Errors become values (``Generated.error``), never exceptions.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,10 +35,10 @@ from opsctl.collectors.completions import (
     parse_chat,
     send_alone,
     send_in_groups,
+    timed_post,
 )
 from opsctl.collectors.completions import request_id as make_request_id
 from opsctl.collectors.mm_uuid import image_data_url
-from opsctl.domain.invariance import Generated
 from opsctl.domain.invariance_images import ENDPOINT, RGB, image_uuid
 
 IMAGE_SIZE = 32
@@ -49,6 +47,7 @@ OnDone = Callable[[int, Timed], None]
 
 
 def image_url(rgb: RGB) -> str:
+    """The PNG data URL of an image of colour ``rgb`` (made once, then cached)."""
     if rgb not in _URLS:
         _URLS[rgb] = image_data_url(rgb, IMAGE_SIZE)
     return _URLS[rgb]
@@ -67,6 +66,7 @@ def messages(text: str, images: Sequence[RGB], rid: str | None) -> list[dict[str
 
 
 def chat_body(params: CompletionParams, text: str, images: Sequence[RGB], rid: str) -> dict:
+    """The JSON body of a greedy chat request with ``images`` and ``text``, with logprobs."""
     return {
         "model": params.model,
         "messages": messages(text, images, rid),
@@ -90,19 +90,9 @@ def send(
     images: Sequence[RGB],
     rid: str,
 ) -> Timed:
-    t0 = time.perf_counter()
-    try:
-        r = client.post(
-            f"{url}{ENDPOINT}", json=chat_body(params, text, images, rid), timeout=params.timeout
-        )
-        try:
-            payload: object = r.json()
-        except ValueError:
-            payload = r.text
-        gen = parse_chat(r.status_code, payload)
-    except httpx.HTTPError as exc:
-        gen = Generated(error=f"{type(exc).__name__}: {exc}")
-    return Timed(gen, time.perf_counter() - t0, rid)
+    """One chat request with ``text`` and ``images``, timed and parsed."""
+    body = chat_body(params, text, images, rid)
+    return timed_post(client, f"{url}{ENDPOINT}", body, parse_chat, params.timeout, rid)
 
 
 def run_alone(
@@ -135,9 +125,10 @@ def run_together(
     *,
     api_key: str | None = None,
 ) -> list[Timed]:
-    """BS=N: groups of ``batch_size`` requests sent at once (threads released together
-    by a barrier; gathered by the engine's gate probe where it runs); the next group
-    after the previous one finished."""
+    """BS=N: groups of ``batch_size`` requests sent at once, one group after the other.
+
+    Threads released together by a barrier; each group gathered by the engine's gate probe where
+    it runs."""
     marks = gather_marks(len(prompts), batch_size)
     return send_in_groups(
         len(prompts),
@@ -151,8 +142,9 @@ def run_together(
 def text_token_counts(
     url: str, model: str, prompts: Sequence[str], *, api_key: str | None = None
 ) -> list[int | None]:
-    """``/tokenize`` of each prompt's chat message without images (same template as the
-    chat requests); None where the server gave no count."""
+    """``/tokenize`` count of each prompt's chat message without images.
+
+    Same template as the chat requests; None where the server gave no count."""
     out: list[int | None] = []
     with http.client(api_key, timeout=30.0) as client:
         for text in prompts:

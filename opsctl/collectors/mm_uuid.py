@@ -1,5 +1,4 @@
-"""I/O for `opsctl diag mm-uuid`: chat requests carrying images, and what the engine
-core recorded for them.
+"""I/O for ``opsctl diag mm-uuid``: chat requests with images, and the engine's records.
 
 - :class:`ChatSender` sends one chat request with one or more images (a small PNG per
   colour, each with its ``uuid`` field as the item says) and waits, with a deadline, for
@@ -17,7 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ def engine_info(run_dir: Path) -> dict[str, Any] | None:
 
 
 def engine_record(event: dict[str, Any]) -> EngineRecord:
+    """The mm_uuid probe's event as an :class:`EngineRecord` (request id, item ids, error)."""
     items = event.get("items") or []
     return EngineRecord(
         event.get("request_id"),
@@ -70,8 +70,9 @@ def engine_record(event: dict[str, Any]) -> EngineRecord:
 
 
 class ChatSender:
-    """Chat requests to one server, each paired with the probe's record of it; use as a
-    context manager."""
+    """Chat requests to one server, each paired with the probe's record of it.
+
+    Use as a context manager."""
 
     def __init__(
         self,
@@ -99,16 +100,24 @@ class ChatSender:
             hint="raise --timeout if the engine is just slow",
         )
 
-    def served_model(self) -> str:
+    def _call(self, what: str, where: str, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """``send()``'s response (checked for authentication); no answer in time is
+        OpsTimeout, any other transport error EngineUnreachable ("``what`` ``where``
+        URL failed")."""
         try:
-            r = http.check_auth(self.client.get(f"{self.url}/v1/models"), self.api_key)
-            self.model = str(r.json()["data"][0]["id"])
+            return http.check_auth(send(), self.api_key)
         except httpx.TimeoutException:
-            raise self._timeout("GET /v1/models") from None
+            raise self._timeout(what) from None
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
-                f"GET /v1/models at {self.url} failed: {type(exc).__name__}"
+                f"{what} {where} {self.url} failed: {type(exc).__name__}"
             ) from None
+
+    def served_model(self) -> str:
+        """Ask the server which model it serves (``GET /v1/models``); remember it."""
+        r = self._call("GET /v1/models", "at", lambda: self.client.get(f"{self.url}/v1/models"))
+        try:
+            self.model = str(r.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError):
             raise BadInput(
                 f"{self.url}/v1/models returned no model; is this a vLLM server?"
@@ -126,8 +135,9 @@ class ChatSender:
         return part
 
     def record_for(self, rid: str | None, seen: int) -> EngineRecord | None:
-        """The probe's record of request ``rid`` among the events appended since
-        ``seen``; None if none arrives within ``record_wait`` seconds."""
+        """The probe's record of request ``rid`` among the events appended since ``seen``.
+
+        None if none arrives within ``record_wait`` seconds."""
         if not rid:
             return None
         deadline = time.monotonic() + self.record_wait
@@ -149,16 +159,11 @@ class ChatSender:
             "messages": [{"role": "user", "content": content}],
         }
         seen = len(self._events())
-        try:
-            r = http.check_auth(
-                self.client.post(f"{self.url}/v1/chat/completions", json=body), self.api_key
-            )
-        except httpx.TimeoutException:
-            raise self._timeout("POST /v1/chat/completions") from None
-        except httpx.HTTPError as exc:
-            raise EngineUnreachable(
-                f"POST /v1/chat/completions to {self.url} failed: {type(exc).__name__}"
-            ) from None
+        r = self._call(
+            "POST /v1/chat/completions",
+            "to",
+            lambda: self.client.post(f"{self.url}/v1/chat/completions", json=body),
+        )
         if r.status_code != 200:
             return ChatReply(r.status_code, error_text=r.text[:300])
         payload = r.json()

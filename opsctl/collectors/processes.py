@@ -1,4 +1,6 @@
-"""Process-tree snapshots via psutil. A process that vanishes or denies access while
+"""Process-tree snapshots via psutil; a vanished or denied process is a field, not a crash.
+
+Process-tree snapshots via psutil. A process that vanishes or denies access while
 being read becomes a field with a reason, never a crash."""
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from opsctl.domain.console import ProcRole
 
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
+    """One process of a vLLM tree: ids, role, command line, CPU and memory."""
+
     pid: int
     ppid: int
     name: str
@@ -27,22 +31,27 @@ class ProcInfo:
 
 @dataclass(frozen=True, slots=True)
 class ProcessTree:
+    """The processes of one vLLM tree at one moment."""
+
     root_pid: int
     taken_at: float
     processes: tuple[ProcInfo, ...]
 
     @property
     def total_rss(self) -> int:
+        """Resident memory of all the tree's processes, in bytes (unknown counted as 0)."""
         return sum(p.rss or 0 for p in self.processes)
 
     @property
     def total_pss(self) -> int | None:
+        """Proportional memory of the tree, in bytes; None when one process's PSS is unknown."""
         if any(p.pss is None for p in self.processes):
             return None
         return sum(p.pss or 0 for p in self.processes)
 
 
 def classify(name: str, cmdline: str, is_root: bool) -> str:
+    """The vLLM role of a process (EngineCore, Worker, the API server...) by its name."""
     text = f"{name} {cmdline}"
     if "EngineCore" in text:
         return "EngineCore"
@@ -70,6 +79,7 @@ def _proc(pid: int) -> psutil.Process:
 
 
 def read_proc(p: psutil.Process, is_root: bool) -> ProcInfo:
+    """Read one process into a :class:`ProcInfo`; what cannot be read is a reason."""
     pid = p.pid
     try:
         with p.oneshot():
@@ -115,6 +125,7 @@ def snapshot_tree(root_pid: int) -> ProcessTree:
 
 
 def descendants(root_pid: int) -> list[int]:
+    """The pids of every descendant of ``root_pid``; ``[]`` when it is gone."""
     try:
         return [c.pid for c in psutil.Process(root_pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -122,6 +133,7 @@ def descendants(root_pid: int) -> list[int]:
 
 
 def alive(pids: list[int]) -> list[int]:
+    """Which of ``pids`` still run (zombies do not count)."""
     out = []
     for pid in pids:
         try:
@@ -136,8 +148,9 @@ STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def members(pid: int) -> list[tuple[int, str, str | None]]:
-    """(pid, vLLM role, process state) of the API server ``pid`` and its descendants
-    (cheap: no memory reads); a process that exits meanwhile is simply not listed."""
+    """(pid, vLLM role, process state) of the API server ``pid`` and its descendants.
+
+    Cheap: no memory reads; a process that exits meanwhile is simply not listed."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]

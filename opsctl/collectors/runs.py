@@ -1,5 +1,7 @@
-"""Run directories under ``paths.runs_dir()``: read once into frozen snapshots; reap an
-orphaned engine; prune a finished run; find leaked vLLM /dev/shm segments.
+"""Run directories under ``paths.runs_dir()``: read, reap, prune, find leaked segments.
+
+Each run is read once into a frozen snapshot; reap stops an orphaned engine, prune removes a
+finished run.
 
 Reading: every subdirectory becomes a :class:`RunSnapshot` (meta.json parsed by
 :func:`opsctl.domain.runs.parse_meta`, the current start time of every pid it names,
@@ -41,6 +43,8 @@ from opsctl.domain import runs as dom
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
+    """One run directory as read now: its meta.json, its pids' start times, its size."""
+
     name: str
     path: str
     meta: dom.RunMeta | None
@@ -51,12 +55,14 @@ class RunSnapshot:
     taken_at: float
 
     def assessment(self) -> dom.RunAssessment:
+        """What the run is now (live, orphaned, finished...) by the domain's rule."""
         return dom.assess(self.meta, self.error, dict(self.starts))
 
 
 def process_start(pid: int) -> float | None:
-    """The start time of the process with this pid now; None when there is none (or
-    only a zombie: it has exited and holds nothing)."""
+    """The start time of the process with this pid now; None when there is none (or a zombie).
+
+    A zombie has exited and holds nothing."""
     try:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
@@ -87,6 +93,7 @@ def dir_size(path: Path) -> int:
 
 
 def read_run(path: Path) -> RunSnapshot:
+    """Read one run directory; a missing or malformed meta.json is the snapshot's error."""
     meta: dom.RunMeta | None = None
     error: str | None = None
     meta_path = path / "meta.json"
@@ -122,8 +129,9 @@ def read_run(path: Path) -> RunSnapshot:
 
 
 def list_runs(root: Path | None = None) -> tuple[RunSnapshot, ...]:
-    """One snapshot per directory under the runs directory, oldest name first (names
-    start with the start time). Symlinks and plain files there are not runs."""
+    """One snapshot per directory under the runs directory, oldest name first.
+
+    Names start with the start time. Symlinks and plain files there are not runs."""
     root = paths.runs_dir() if root is None else root
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -137,6 +145,8 @@ def list_runs(root: Path | None = None) -> tuple[RunSnapshot, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ReapReport:
+    """What stopping a run's engine did: processes signalled, survivors, segments removed."""
+
     run: str
     pids: tuple[int, ...]  # processes signalled (verified by start time)
     signals: tuple[str, ...]
@@ -147,6 +157,7 @@ class ReapReport:
     error: str | None = None
 
     def to_dict(self) -> dict:
+        """The report as a JSON object (``seconds`` named ``duration_s``)."""
         doc = asdict(self)
         doc["duration_s"] = doc.pop("seconds")  # JSON names carry their unit
         return doc
@@ -212,14 +223,13 @@ def _record(path: Path, **fields) -> None:
             os.replace(tmp, meta_path)
 
 
-def reap(path: Path, grace: float = 15.0) -> ReapReport:
-    """Stop an orphaned run's engine and remove the segments it leaves (see module doc).
-    Refuses (``error`` set, nothing signalled) unless the run is still orphaned."""
+def stop_engine(snap: RunSnapshot, grace: float = 15.0) -> ReapReport:
+    """Stop a run's engine by the rule of the module doc; what was signalled and removed.
+
+    SIGTERM to its API server (vLLM shuts its engine down), then SIGTERM to all, then SIGKILL,
+    within ``grace`` seconds; once nothing is left, the /dev/shm segments they held that no live
+    process holds are removed."""
     t0 = time.time()
-    snap = read_run(path)
-    a = snap.assessment()
-    if a.state != "orphaned":
-        return ReapReport(snap.name, (), (), (), (), (), 0.0, f"not orphaned now ({a.state})")
     procs = _engine_processes(snap)
     segments = _held_segments([p.pid for p in procs])
     signals: list[str] = []
@@ -228,24 +238,16 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
         _signal_all(api, signal.SIGTERM)
         signals.append("SIGTERM api-server")
         _wait_gone(procs, t0 + grace * 0.6)
-    if _living(procs):
-        _signal_all(_living(procs), signal.SIGTERM)
-        signals.append("SIGTERM all")
-        _wait_gone(procs, t0 + grace * 0.8)
-    if _living(procs):
-        _signal_all(_living(procs), signal.SIGKILL)
-        signals.append("SIGKILL")
-        _wait_gone(procs, t0 + grace)
+    for sig, name, share in ((signal.SIGTERM, "SIGTERM all", 0.8), (signal.SIGKILL, "SIGKILL", 1)):
+        if _living(procs):
+            _signal_all(_living(procs), sig)
+            signals.append(name)
+            _wait_gone(procs, t0 + grace * share)
     leftover = tuple(sorted(p.pid for p in _living(procs)))
-    removed: list[str] = []
-    kept: list[str] = []
-    if not leftover:
-        # what the engine's own resource tracker did not unlink; the stop's rule: only
-        # segments no live process maps or holds open
-        removed, kept = shm.remove_unheld(segments)
-        if snap.meta is not None:  # and the engine's private $TMPDIR (its IPC sockets)
-            engine_tmp.remove(snap.meta.tmp_dir, path)
-    report = ReapReport(
+    # what the engine's own resource tracker did not unlink; the stop's rule: only
+    # segments no live process maps or holds open
+    removed, kept = shm.remove_unheld(segments) if not leftover else ([], [])
+    return ReapReport(
         snap.name,
         tuple(sorted(p.pid for p in procs)),
         tuple(signals),
@@ -255,17 +257,28 @@ def reap(path: Path, grace: float = 15.0) -> ReapReport:
         round(time.time() - t0, 3),
         f"{len(leftover)} process(es) survived SIGKILL" if leftover else None,
     )
-    if not leftover:
+
+
+def reap(path: Path, grace: float = 15.0) -> ReapReport:
+    """Stop an orphaned run's engine and remove the segments it leaves (see module doc).
+
+    Refuses (``error`` set, nothing signalled) unless the run is still orphaned."""
+    snap = read_run(path)
+    a = snap.assessment()
+    if a.state != "orphaned":
+        return ReapReport(snap.name, (), (), (), (), (), 0.0, f"not orphaned now ({a.state})")
+    report = stop_engine(snap, grace)
+    if not report.leftover:
+        if snap.meta is not None:  # and the engine's private $TMPDIR (its IPC sockets)
+            engine_tmp.remove(snap.meta.tmp_dir, path)
         _record(path, reaped_at=time.time(), reap=report.to_dict())
     return report
 
 
-# ---- prune -------------------------------------------------------------------------------
-
-
 def prune(path: Path, root: Path | None, now: float, older_than: float) -> str | None:
-    """Remove one finished run directory; None when removed, else why not. Re-reads the
-    run and asks the domain again right before."""
+    """Remove one finished run directory; None when removed, else why not.
+
+    Re-reads the run and asks the domain again right before."""
     root = paths.runs_dir() if root is None else root
     if path.is_symlink() or not path.is_dir() or path.parent.resolve() != root.resolve():
         return "not a run directory under the runs directory"
@@ -289,6 +302,8 @@ def prune(path: Path, root: Path | None, now: float, older_than: float) -> str |
 
 @dataclass(frozen=True, slots=True)
 class Segment:
+    """One vLLM /dev/shm segment: its size, age and what clean may do with it."""
+
     name: str
     path: str
     size: int
@@ -300,14 +315,17 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class SegmentScan:
+    """Every vLLM /dev/shm segment found in one look, and the processes that could not be read."""
+
     segments: tuple[Segment, ...]
     denied_pids: tuple[int, ...]  # maps or fds unreadable: a segment only they hold looks free
     taken_at: float
 
 
 def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
-    """/dev/shm files that look like vLLM's (``psm_*``, ``sem.mp-*``) with who holds
-    them and what clean may do with them."""
+    """/dev/shm files that look like vLLM's, with who holds them.
+
+    Their names are ``psm_*`` and ``sem.mp-*``; each comes with what clean may do with it."""
     root = shm.SHM if root is None else root
     files = [f for f in shm.list_files(root) if dom.is_vllm_segment(f.name)]
     scan = shm.scan_holders(None, path_prefix=f"{root}/")
@@ -331,9 +349,10 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
 
 
 def find_run_dir(url: str, root: Path | None = None) -> Path | None:
-    """The run directory of the live engine opsctl started at ``url``: its meta.json names
-    that URL, it has not stopped, and its recorded pid is still alive; the newest wins.
-    None when there is none (an engine not started by opsctl, or a dead one)."""
+    """The run directory of the live engine opsctl started at ``url``; None when there is none.
+
+    Its meta.json names that URL, it has not stopped, and its recorded pid is still alive; the
+    newest wins. None for an engine not started by opsctl, or a dead one."""
     best: tuple[float, Path] | None = None
     base = paths.runs_dir() if root is None else root
     for meta_path in base.glob("*/meta.json"):

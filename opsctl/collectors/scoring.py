@@ -1,5 +1,6 @@
-"""I/O for `opsctl diag usage`: the server's scoring endpoints and the token counts the
-check compares their ``usage`` with.
+"""I/O for ``opsctl diag usage``: the scoring endpoints and the local token counts.
+
+The token counts are what the check compares the endpoints' ``usage`` with.
 
 - :class:`ScoringApi`: /v1/models, /score, /rerank, /tokenize and endpoint probes of one
   server, with its API key (opsctl.collectors.http). A 401/403 is "authentication
@@ -28,6 +29,8 @@ from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsTimeout
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
+    """The model a server serves: the id requests name and its directory there."""
+
     name: str  # the id requests must name
     root: str | None  # the model directory as the server sees it
 
@@ -60,6 +63,7 @@ class ScoringApi:
             ) from None
 
     def served_model(self) -> ServedModel:
+        """The model the server serves (``GET /v1/models``)."""
         try:
             r = http.check_auth(self.client.get(f"{self.url}/v1/models"), self.api_key)
         except httpx.TimeoutException:
@@ -128,8 +132,9 @@ def config_of(root: str | None) -> dict | None:
 
 
 def load_tokenizer(path: str | None) -> Any | None:
-    """The model's own tokenizer when its directory (or a local HF cache) is readable
-    here, loaded as vLLM loads it (AutoTokenizer); None otherwise."""
+    """The model's own tokenizer when its directory is readable here; None otherwise.
+
+    Its directory, or a local HF cache; loaded as vLLM loads it (AutoTokenizer)."""
     if not path:
         return None
     p = Path(path)
@@ -148,8 +153,10 @@ def load_tokenizer(path: str | None) -> Any | None:
 
 
 def local_counts(tokenizer: Any, inputs: Sequence[str | tuple[str, str]]) -> tuple[int, ...]:
-    """Each engine input's length, exactly as vLLM tokenizes it (scoring io_processor:
-    ``tokenizer(text=q, text_pair=d)`` for a pair; one text with its special tokens)."""
+    """Each engine input's length, exactly as vLLM tokenizes it.
+
+    Scoring io_processor: ``tokenizer(text=q, text_pair=d)`` for a pair; one text with its
+    special tokens."""
     out = []
     for x in inputs:
         if isinstance(x, tuple):

@@ -1,8 +1,9 @@
-"""Asynchronous scraping of vLLM OpenAI servers: one poll of one endpoint reads /health
-then /metrics on one kept connection under one deadline (and, when asked, /version,
-/v1/models and /server_info under another), so a server that accepts and never answers
-costs its own row a timeout and nobody else anything. Returns frozen Scrape snapshots
-(domain types). ``Poller`` is one endpoint's client: opsctl.collectors.fastget (a
+"""Asynchronous scraping of vLLM OpenAI servers: /health and /metrics under one deadline.
+
+One poll of one endpoint reads /health then /metrics on one kept connection under one deadline
+(and, when asked, /version, /v1/models and /server_info under another), so a server that accepts
+and never answers costs its own row a timeout and nobody else anything. Returns frozen Scrape
+snapshots (domain types). ``Poller`` is one endpoint's client: opsctl.collectors.fastget (a
 minimal keep-alive HTTP/1.1 GET) for plain http URLs, httpx for anything else.
 
 /metrics is read by a targeted tokenizer of the families the console reads
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 import time
 
@@ -34,19 +36,15 @@ AUTH_STATUSES = (401, 403)
 _POLL_PATHS = ("/health", "/metrics")  # one poll of one endpoint, in this order
 
 
-_SSL: ssl.SSLContext | None = None
-
-
+@functools.cache
 def _ssl_context() -> ssl.SSLContext:
     """One TLS context for every client: building one loads the CA store (~60 ms of CPU),
     which per endpoint made a 256-endpoint console spend seconds just starting."""
-    global _SSL
-    if _SSL is None:
-        _SSL = ssl.create_default_context()
-    return _SSL
+    return ssl.create_default_context()
 
 
 def new_client(api_key: str | None = None, timeout: float = 2.0) -> httpx.AsyncClient:
+    """An httpx async client for scraping, with the API key and the shared TLS context."""
     return httpx.AsyncClient(
         timeout=timeout,
         headers=http.headers(api_key),
@@ -95,7 +93,9 @@ _BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u20
 
 
 class MetricsCache:
-    """One endpoint's parsed /metrics: an unchanged body (an idle server's) is not parsed
+    """One endpoint's parsed /metrics, re-parsing only what changed since the last poll.
+
+    One endpoint's parsed /metrics: an unchanged body (an idle server's) is not parsed
     again; of a changed one (counters moving under load) only the lines that changed
     since the previous poll are looked at further than one dict lookup: ``seen`` maps
     each line of the previous body to its prepared sample (a wanted vllm: line), or to
@@ -112,6 +112,7 @@ class MetricsCache:
         self.repeats = False  # the previous scanned body repeated a line
 
     def parse(self, text: str) -> MetricSamples:
+        """The samples of /metrics body ``text`` (the cached ones when it is unchanged)."""
         if self.samples is not None and text == self.text:  # the same body: ~2 us, no scan
             return self.samples
         try:
@@ -201,10 +202,11 @@ async def fetch_info(
     timeout: float,
     headers: dict | None = None,
 ) -> tuple[EngineInfo, HttpStatus | None]:
-    """/version, /v1/models and /server_info on one deadline; the second value is a
-    401/403 answer if any path gave one. ``fetched_at`` is None unless every path got an
-    HTTP answer: a timed-out /version (a starved server) is asked again at the next poll,
-    not a minute later."""
+    """/version, /v1/models and /server_info on one deadline.
+
+    The second value is a 401/403 answer if any path gave one. ``fetched_at`` is None unless
+    every path got an HTTP answer: a timed-out /version (a starved server) is asked again at
+    the next poll, not a minute later."""
     paths = ("/version", "/v1/models", "/server_info")
     results = await _get_all(_getter(client, url, headers), paths, timeout)
     auth = next((st for st, _ in results if st.status in AUTH_STATUSES), None)
@@ -227,10 +229,11 @@ async def scrape(
     cache: MetricsCache | None = None,
     headers: dict | None = None,
 ) -> Scrape:
-    """One poll of one endpoint: /health then /metrics on one connection and one
-    deadline (``timeout`` for both; the engine facts, when asked, get their own), never
-    raising for HTTP trouble: it is in the snapshot. ``fastget.Unsupported`` is raised
-    for an answer the fast client does not handle (``Poller`` then uses httpx)."""
+    """One poll of one endpoint: /health then /metrics on one connection and one deadline.
+
+    ``timeout`` for both; the engine facts, when asked, get their own, never raising for
+    HTTP trouble: it is in the snapshot. ``fastget.Unsupported`` is raised for an answer the
+    fast client does not handle (``Poller`` then uses httpx)."""
     started = time.time()
     cache = cache or MetricsCache()
     get = _getter(client, url, headers)
@@ -250,9 +253,10 @@ async def scrape(
 
 
 class Poller:
-    """One endpoint's polls: the fast keep-alive client (opsctl.collectors.fastget) where
-    the URL allows it, httpx otherwise, and httpx from the first answer the fast client
-    does not handle on. Use as an async context manager (closes the connections)."""
+    """One endpoint's polls: the fast keep-alive client where it can, httpx otherwise.
+
+    The fast client is opsctl.collectors.fastget; httpx takes over from the first answer the
+    fast client does not handle. Use as an async context manager (closes the connections)."""
 
     def __init__(
         self, url: str, api_key: str | None = None, timeout: float = 2.0, *, fast: bool = True
@@ -272,6 +276,7 @@ class Poller:
         return self.slow
 
     async def scrape(self, *, want_info: bool = False, cache: MetricsCache | None = None) -> Scrape:
+        """One poll of the endpoint (by httpx from the first answer the fast client cannot read)."""
         if self.fast is not None:
             try:
                 return await scrape(
@@ -285,6 +290,7 @@ class Poller:
         )
 
     async def aclose(self) -> None:
+        """Close the endpoint's connections."""
         if self.fast is not None:
             await self.fast.aclose()
         if self.slow is not None:

@@ -1,6 +1,7 @@
-"""One dashboard snapshot of a supervised server: state, load progress, process tree,
-key metrics, patch ledger and log tail. Read once, frozen; the CLI and the TUI render
-the same snapshot (and recorded JSONL snapshots replay into the TUI).
+"""One dashboard snapshot of a supervised server, read once and frozen.
+
+State, load progress, process tree, key metrics, patch ledger and log tail. The CLI and the TUI
+render the same snapshot (and recorded JSONL snapshots replay into the TUI).
 
 ``test_knobs`` comes from the engine's own ledger (every process records the test knobs
 it honours), so the dashboard warns about a knob-altered engine from the engine's truth."""
@@ -22,6 +23,8 @@ from opsctl.domain.serverlog import LoadProgress, decisive_lines, load_progress
 
 @dataclass(frozen=True, slots=True)
 class ServeSnapshot:
+    """What the serve dashboard shows at one moment: state, load, processes, metrics, log."""
+
     taken_at: float
     url: str
     model: str
@@ -39,6 +42,7 @@ class ServeSnapshot:
     test_knobs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """The snapshot as a JSON object (what recordings hold)."""
         return asdict(self)
 
 
@@ -88,6 +92,7 @@ class ServeCollector:
         self.stopping = False
 
     def collect(self) -> ServeSnapshot:
+        """Read the supervised server once into a :class:`ServeSnapshot`."""
         s = self.server
         log = s.launch_log_text()
         progress = load_progress(log)
@@ -124,4 +129,5 @@ class ServeCollector:
         )
 
     def close(self) -> None:
+        """Close the collector's HTTP client."""
         self.client.close()

@@ -28,6 +28,8 @@ SHM = Path("/dev/shm")
 
 @dataclass(frozen=True, slots=True)
 class ShmFile:
+    """One file in /dev/shm: name, path, size, inode, device and times."""
+
     name: str
     path: str
     size: int
@@ -40,16 +42,21 @@ class ShmFile:
 
     @property
     def key(self) -> tuple[tuple[int, int], int]:
+        """((major, minor), inode): what names the file whatever its path."""
         return (os.major(self.dev), os.minor(self.dev)), self.inode
 
     def age(self, now: float) -> float:
-        """Seconds since the file was created, written or changed (newest of mtime and
-        ctime: ctime moves on creation, truncate and chmod, and cannot be set back)."""
+        """Seconds since the file was created, written or changed.
+
+        Newest of mtime and ctime: ctime moves on creation, truncate and chmod, and cannot
+        be set back."""
         return now - max(self.mtime, self.ctime)
 
 
 @dataclass(frozen=True, slots=True)
 class Mapping:
+    """One mapping of a /dev/shm file in a process (a /proc/PID/maps line)."""
+
     pid: int
     start: int
     end: int
@@ -62,10 +69,12 @@ class Mapping:
 
     @property
     def size(self) -> int:
+        """The mapping's length in bytes."""
         return self.end - self.start
 
     @property
     def key(self) -> tuple[tuple[int, int], int]:
+        """((major, minor), inode) of the mapped file."""
         major, minor = self.dev.split(":")
         return (int(major, 16), int(minor, 16)), self.inode
 
@@ -83,11 +92,14 @@ class OpenFd:
 
     @property
     def key(self) -> tuple[tuple[int, int], int]:
+        """((major, minor), inode) of the open file."""
         return (os.major(self.dev), os.minor(self.dev)), self.inode
 
 
 @dataclass(frozen=True, slots=True)
 class ShmCapacity:
+    """The size, use and free space of /dev/shm, in bytes."""
+
     total: int
     used: int
     free: int
@@ -95,17 +107,21 @@ class ShmCapacity:
 
 @dataclass(frozen=True, slots=True)
 class MappingScan:
+    """The /dev/shm mappings of the processes read in one look, and the ones that failed."""
+
     taken_at: float
     mappings: tuple[Mapping, ...]
     errors: tuple[tuple[int, str], ...]  # (pid, reason)
 
 
 def capacity(root: Path = SHM) -> ShmCapacity:
+    """The size, use and free space of the file system at ``root``."""
     u = shutil.disk_usage(root)
     return ShmCapacity(u.total, u.used, u.free)
 
 
 def list_files(root: Path = SHM, prefix: str = "") -> list[ShmFile]:
+    """The regular files of ``root`` whose names start with ``prefix``."""
     out = []
     try:
         entries = list(os.scandir(root))
@@ -137,6 +153,7 @@ def list_files(root: Path = SHM, prefix: str = "") -> list[ShmFile]:
 
 
 def parse_maps_line(pid: int, line: str) -> Mapping | None:
+    """One /proc/PID/maps line as a :class:`Mapping`; None when the line has no path field."""
     parts = line.split(maxsplit=5)
     if len(parts) < 6:
         return None
@@ -163,16 +180,23 @@ def read_maps(pid: int, path_prefix: str = str(SHM) + "/") -> list[Mapping]:
 
 
 def all_pids() -> list[int]:
+    """Every process id visible in /proc, ascending."""
     return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
 
 
+def scan_targets(pids: list[int] | None) -> list[int]:
+    """The processes a scan reads: ``pids`` as given, or every other visible process."""
+    if pids is not None:
+        return list(pids)
+    me = os.getpid()
+    return [pid for pid in all_pids() if pid != me]
+
+
 def scan_mappings(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/") -> MappingScan:
+    """The mappings of files under ``path_prefix`` in ``pids`` (default: every other process)."""
     maps: list[Mapping] = []
     errors: list[tuple[int, str]] = []
-    me = os.getpid()
-    for pid in pids if pids is not None else all_pids():
-        if pid == me and pids is None:
-            continue
+    for pid in scan_targets(pids):
         try:
             maps.extend(read_maps(pid, path_prefix))
         except FileNotFoundError:
@@ -187,13 +211,15 @@ def scan_mappings(pids: list[int] | None = None, path_prefix: str = str(SHM) + "
 
 
 def mapped_paths(scan: MappingScan) -> set[str]:
+    """The paths of every mapped file in ``scan``."""
     return {m.path for m in scan.mappings}
 
 
 def read_fds(pid: int, path_prefix: str = str(SHM) + "/") -> list[OpenFd]:
-    """Open descriptors of one process on files whose path starts with ``path_prefix``
-    (linked or "(deleted)"). Raises OSError when /proc/PID/fd cannot be listed; a
-    descriptor closed while it is read is skipped."""
+    """Open descriptors of one process on files whose path starts with ``path_prefix``.
+
+    Linked files or "(deleted)" ones. Raises OSError when /proc/PID/fd cannot be listed;
+    a descriptor closed while it is read is skipped."""
     out = []
     base = f"/proc/{pid}/fd"
     for entry in os.listdir(base):
@@ -213,8 +239,10 @@ def read_fds(pid: int, path_prefix: str = str(SHM) + "/") -> list[OpenFd]:
 
 @dataclass(frozen=True, slots=True)
 class HolderScan:
-    """Every mapping and open descriptor of files under one prefix, over all processes
-    visible here (or the given ones), plus the processes that could not be read."""
+    """Every mapping and open descriptor of files under one prefix, over the processes read.
+
+    The processes read are all those visible here, or the given ones; the scan lists those that
+    could not be read."""
 
     taken_at: float
     mappings: tuple[Mapping, ...]
@@ -233,6 +261,7 @@ class HolderScan:
         return out
 
     def held_keys(self) -> set[tuple[tuple[int, int], int]]:
+        """((major, minor), inode) of every file some process maps or has open."""
         return {m.key for m in self.mappings} | {d.key for d in self.fds}
 
     def held_paths(self) -> set[str]:
@@ -242,6 +271,7 @@ class HolderScan:
         }
 
     def is_held(self, f: ShmFile) -> bool:
+        """Whether some process maps ``f`` or has it open (by inode or by path)."""
         return f.key in self.held_keys() or f.path in self.held_paths()
 
     @property
@@ -251,15 +281,14 @@ class HolderScan:
 
 
 def scan_holders(pids: list[int] | None = None, path_prefix: str = str(SHM) + "/") -> HolderScan:
-    """Mappings (/proc/PID/maps) and open descriptors (/proc/PID/fd) of files under
-    ``path_prefix``. Without ``pids``: every process visible here except this one."""
+    """Mappings and open descriptors of files under ``path_prefix``.
+
+    Read from /proc/PID/maps and /proc/PID/fd; without ``pids``, of every process visible here
+    except this one."""
     maps = scan_mappings(pids, path_prefix)
     fds: list[OpenFd] = []
     errors = list(maps.errors)
-    me = os.getpid()
-    for pid in pids if pids is not None else all_pids():
-        if pid == me and pids is None:
-            continue
+    for pid in scan_targets(pids):
         try:
             fds.extend(read_fds(pid, path_prefix))
         except (FileNotFoundError, ProcessLookupError):
@@ -278,7 +307,9 @@ def remove_unheld(
     min_age: float = 0.0,
     now: float | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Remove the given files of ``root`` (default /dev/shm) unless a live process maps
+    """Remove the given files of ``root`` that nothing holds; (removed, kept).
+
+    Remove the given files of ``root`` (default /dev/shm) unless a live process maps
     them or holds them open, they are younger than ``min_age`` seconds, or they are
     symlinks / not regular files. Holders are rescanned right before. Unreadable
     processes do not block here: callers that cannot vouch for the files check

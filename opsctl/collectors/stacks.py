@@ -1,5 +1,6 @@
-"""Take the Python stacks of every process of a local vLLM server tree, without
-stopping it (``opsctl stacks``).
+"""Take the Python stacks of every process of a local vLLM server tree, without stopping it.
+
+Used by ``opsctl stacks``.
 
 - A process of an opsctl run whose ledger says ``stack_dump`` is armed gets SIGUSR2: its
   faulthandler writes every thread's stack to ``<run>/stacks/<pid>.txt`` from inside the
@@ -85,6 +86,7 @@ def pyspy_path() -> str | None:
 
 
 def ptrace_scope() -> int | None:
+    """The kernel's Yama ptrace_scope (0-3); None when it cannot be read."""
     try:
         return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
     except (OSError, ValueError):
@@ -124,8 +126,9 @@ def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str 
 def take(
     root_pid: int, run_dir: Path | None, *, timeout: float = 5.0, native: bool = False
 ) -> list[ProcessStacks]:
-    """Stacks of every process of the tree under ``root_pid`` (signal where armed, else
-    py-spy), in tree order."""
+    """Stacks of every process of the tree under ``root_pid``, in tree order.
+
+    By signal where the process is armed, else by py-spy."""
     procs = members(root_pid)
     armed = armed_pids(run_dir)
     signalled = [pid for pid, _r, state in procs if pid in armed and state != psutil.STATUS_STOPPED]

@@ -30,6 +30,7 @@ DOWNLOAD_TIMEOUT_S = 1800.0
 
 
 def wheels_dir() -> Path:
+    """Where opsctl caches downloaded vLLM wheels."""
     from opsctl.paths import opsctl_home
 
     return opsctl_home() / "wheels"
@@ -51,6 +52,7 @@ class WheelSources:
 
     @property
     def origin(self) -> str:
+        """The wheel's path, naming where the sources came from."""
         return str(self.path)
 
     def _version(self) -> str | None:
@@ -65,12 +67,14 @@ class WheelSources:
         return None
 
     def read(self, module: str) -> str | None:
+        """The source of ``module`` in the wheel; None when it has none."""
         for path in module_paths(module):
             if path in self._names:
                 return self._zip.read(path).decode("utf-8", "replace")
         return None
 
     def close(self) -> None:
+        """Close the wheel file."""
         self._zip.close()
 
 
@@ -86,9 +90,11 @@ class InstalledSources:
 
     @property
     def origin(self) -> str:
+        """The installed vllm package's directory, naming where the sources came from."""
         return str(self.root / "vllm")
 
     def read(self, module: str) -> str | None:
+        """The source of ``module`` in the installed vLLM; None when it has none."""
         for path in module_paths(module):
             file = self.root / path
             if file.is_file():
@@ -96,6 +102,7 @@ class InstalledSources:
         return None
 
     def close(self) -> None:
+        """Nothing to close: the installed sources are plain files."""
         pass
 
 
@@ -110,6 +117,7 @@ def installed_version() -> str | None:
 
 
 def cached_wheel(version: str, cache: Path | None = None) -> Path | None:
+    """The cached wheel of vLLM ``version``; None when none is cached."""
     folder = cache or wheels_dir()
     found = sorted(folder.glob(f"vllm-{version}-*.whl")) if folder.is_dir() else []
     return found[0] if found else None
@@ -147,7 +155,9 @@ def fetch_wheel(
 
 
 def open_sources(source: str | Path | None, cache: Path | None = None, log=lambda _: None):
-    """A reader for ``source``: None or "installed" -> this environment's vLLM; a path
+    """A reader of vLLM's sources: the installed ones, a wheel file or a version's wheel.
+
+    A reader for ``source``: None or "installed" -> this environment's vLLM; a path
     to a ``.whl`` file -> that wheel; a version (``0.33.0``) -> its (cached) wheel."""
     if source is None or str(source) == "installed":
         return InstalledSources()

@@ -1,7 +1,8 @@
-"""Tiny BERT encoders: `tiny-reranker` (cross-encoder, BertForSequenceClassification with
-one label: /score and /rerank score a (query, document) pair as one input) and
-`tiny-embed` (bi-encoder, BertModel: /score and /rerank embed each text once and
-compare with cosine similarity).
+"""Tiny BERT encoders: ``tiny-reranker`` (cross-encoder) and ``tiny-embed`` (bi-encoder).
+
+``tiny-reranker`` is a BertForSequenceClassification with one label: /score and /rerank score a
+(query, document) pair as one input. ``tiny-embed`` is a BertModel: /score and /rerank embed
+each text once and compare with cosine similarity.
 
 The tokenizer is written directly as tokenizer.json (WordPiece, BERT normaliser and
 pre-tokenizer, ``[CLS] A [SEP] B [SEP]`` post-processor with token type ids):
@@ -45,9 +46,10 @@ EXTRA_CORPUS = [
 
 
 def wordpiece_vocab(texts: list[str], pre_tokenize) -> dict[str, int]:
-    """A deterministic WordPiece vocabulary: specials, every character (alone and as a
-    ``##`` continuation), then every corpus word by frequency, ties alphabetical.
-    (``tokenizers``' WordPieceTrainer breaks ties differently from run to run.)"""
+    """A deterministic WordPiece vocabulary: specials, characters, then corpus words.
+
+    Every character alone and as a ``##`` continuation; corpus words by frequency, ties
+    alphabetical (``tokenizers``' WordPieceTrainer breaks ties differently from run to run)."""
     from collections import Counter
 
     words: Counter[str] = Counter()
@@ -110,6 +112,7 @@ def write_wordpiece_tokenizer(out: Path) -> int:
 
 
 def bert_config(vocab: int, architecture: str) -> dict:
+    """The config.json of a tiny BERT with ``vocab`` tokens and ``architecture``."""
     config = {
         "architectures": [architecture],
         "model_type": "bert",
@@ -184,8 +187,10 @@ def _build(out: Path, architecture: str, seed: int) -> None:
 
 
 def build_tiny_reranker(out: Path) -> None:
+    """Write the ``tiny-reranker`` model (BertForSequenceClassification) into ``out``."""
     _build(out, "BertForSequenceClassification", seed=2468)
 
 
 def build_tiny_embed(out: Path) -> None:
+    """Write the ``tiny-embed`` model (BertModel) into ``out``."""
     _build(out, "BertModel", seed=1357)

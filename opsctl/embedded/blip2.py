@@ -27,6 +27,7 @@ CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 
 def blip2_config(vocab: int, image_token_id: int) -> dict:
+    """The config.json of the tiny BLIP-2 vision-language model."""
     text = llama.text_config(vocab, layers=2)
     return {
         "architectures": ["Blip2ForConditionalGeneration"],
@@ -110,6 +111,7 @@ def vision_qformer_tensors(seed: int) -> dict:
 
 
 def build_tiny_vlm(out: Path) -> None:
+    """Write the ``tiny-vlm`` model (BLIP-2) into ``out``."""
     vocab = tokenizer.write_bpe_tokenizer(out, extra_specials=["<image>"])
     image_id = tokenizer.token_id(out, "<image>")
     config = blip2_config(vocab, image_id)

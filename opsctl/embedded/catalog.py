@@ -13,14 +13,12 @@ naming the path, deleting nothing.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl import paths
+from opsctl.embedded import builds
 from opsctl.errors import BadInput
 
 MARKER = ".opsctl-model.json"
@@ -28,6 +26,8 @@ MARKER = ".opsctl-model.json"
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedModel:
+    """One model opsctl can build itself: name, archetype, builder and version."""
+
     name: str
     archetype: str
     description: str
@@ -36,6 +36,7 @@ class EmbeddedModel:
     images_per_prompt: int = 1  # vision-language: images one prompt may carry
 
     def build_fn(self) -> Callable[[Path], None]:
+        """The function that writes this model into a directory (imported now)."""
         import importlib
 
         module, fn = self.builder.split(":")
@@ -92,10 +93,12 @@ DEFAULT_MODEL = "tiny-llama"
 
 
 def register(model: EmbeddedModel) -> None:
+    """Add ``model`` to the catalog under its name."""
     CATALOG[model.name] = model
 
 
 def get(name: str) -> EmbeddedModel:
+    """The embedded model named ``name``; BadInput naming the known ones when unknown."""
     try:
         return CATALOG[name]
     except KeyError:
@@ -106,10 +109,12 @@ def get(name: str) -> EmbeddedModel:
 
 
 def model_path(name: str, root: Path | None = None) -> Path:
+    """Where the embedded model ``name`` is built (under ``root`` or opsctl's models dir)."""
     return (root or paths.models_dir()) / name
 
 
 def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
+    """Whether ``model`` is built at this builder version."""
     marker = model_path(model.name, root) / MARKER
     try:
         meta = json.loads(marker.read_text())
@@ -119,23 +124,17 @@ def is_built(model: EmbeddedModel, root: Path | None = None) -> bool:
 
 
 def built_by_opsctl(path: Path) -> bool:
-    """Whether ``path`` is a real directory holding opsctl's marker for a model of that
-    name (any builder version): only such a directory may be replaced."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    marker = path / MARKER
-    if marker.is_symlink() or not marker.is_file():
-        return False
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("name") == path.name and "version" in meta
+    """Whether ``path`` is a real directory holding opsctl's marker for a model of that name.
+
+    Any builder version: only such a directory may be replaced."""
+    return builds.built_by_opsctl(path, MARKER)
 
 
 def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
-    """The model's directory under ``root``; BadInput (exit 2, with the path) when
-    something opsctl did not build is there (nothing is deleted)."""
+    """The model's directory under ``root``; BadInput when something else is there.
+
+    BadInput (exit 2, with the path) when something opsctl did not build is there; nothing is
+    deleted."""
     dest = model_path(model.name, root)
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
         raise BadInput(
@@ -148,35 +147,20 @@ def check_target(model: EmbeddedModel, root: Path | None = None) -> Path:
 
 
 def build(model: EmbeddedModel, root: Path | None = None, force: bool = False) -> Path:
+    """Build ``model`` (unless built, or with ``force``); its directory."""
     dest = model_path(model.name, root)
     if not force and is_built(model, root):
         return dest
     check_target(model, root)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=dest.parent))
-    except OSError as exc:
-        raise BadInput(f"cannot build into {dest.parent}: {exc.strerror or exc}") from None
-    try:
-        model.build_fn()(tmp)
-        (tmp / MARKER).write_text(
-            json.dumps({"name": model.name, "archetype": model.archetype, "version": model.version})
-            + "\n"
-        )
-        if dest.exists() or dest.is_symlink():
-            if not built_by_opsctl(dest):  # again: it may have appeared during the build
-                raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER})")
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    marker = {"name": model.name, "archetype": model.archetype, "version": model.version}
+    return builds.build_into(dest, MARKER, marker, model.build_fn())
 
 
 def ensure(name: str, root: Path | None = None) -> Path:
+    """The directory of the embedded model ``name``, built first when needed."""
     return build(get(name), root)
 
 
 def dir_size(path: Path) -> int:
+    """The total size of the files under ``path``, in bytes."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

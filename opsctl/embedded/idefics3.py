@@ -1,4 +1,6 @@
-"""`tiny-vlm-multi`: a tiny Idefics3 (SmolVLM-style: SigLIP-like ViT + pixel-shuffle
+"""``tiny-vlm-multi``: a tiny Idefics3 that takes several images in ONE prompt.
+
+`tiny-vlm-multi`: a tiny Idefics3 (SmolVLM-style: SigLIP-like ViT + pixel-shuffle
 connector + the tiny Llama decoder) that takes several images in ONE prompt.
 
 Idefics3 runs on vLLM's CPU build without torchvision: transformers picks the PIL
@@ -30,6 +32,7 @@ SEED = 86420
 
 
 def idefics3_config(vocab: int, image_token_id: int) -> dict:
+    """The config.json of the tiny Idefics3 model."""
     return {
         "architectures": ["Idefics3ForConditionalGeneration"],
         "model_type": "idefics3",
@@ -104,6 +107,7 @@ def _json(path: Path, obj: dict) -> None:
 
 
 def build_tiny_vlm_multi(out: Path) -> None:
+    """Write the ``tiny-vlm-multi`` model (Idefics3) into ``out``."""
     vocab = tokenizer.write_bpe_tokenizer(out, extra_specials=SPECIALS)
     image_id = tokenizer.token_id(out, "<image>")
     _json(out / "config.json", idefics3_config(vocab, image_id))

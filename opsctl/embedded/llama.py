@@ -1,5 +1,7 @@
-"""Tiny Llama decoders: `tiny-llama` (one KV cache group) and `tiny-hybrid`
-(alternating sliding-window / full attention layers -> two KV cache groups on vLLM)."""
+"""Tiny Llama decoders: ``tiny-llama`` and ``tiny-hybrid`` (two KV cache groups).
+
+``tiny-llama`` has one KV cache group; ``tiny-hybrid`` alternates sliding-window and full
+attention layers, which makes two KV cache groups on vLLM."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ HEAD_DIM = 32
 
 
 def text_config(vocab: int, layers: int) -> dict:
+    """The config.json of a tiny Llama decoder with ``vocab`` tokens and ``layers`` layers."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -77,11 +80,13 @@ def _write(out: Path, config: dict, seed: int) -> None:
 
 
 def build_tiny_llama(out: Path) -> None:
+    """Write the ``tiny-llama`` model into ``out``."""
     vocab = tokenizer.write_bpe_tokenizer(out)
     _write(out, text_config(vocab, layers=2), seed=1234)
 
 
 def build_tiny_hybrid(out: Path) -> None:
+    """Write the ``tiny-hybrid`` model (sliding-window and full attention) into ``out``."""
     vocab = tokenizer.write_bpe_tokenizer(out)
     config = text_config(vocab, layers=4)
     config["sliding_window"] = 32

@@ -1,5 +1,6 @@
-"""Seeded LoRA adapters for the embedded models, in PEFT format (``adapter_config.json``
-+ ``adapter_model.safetensors``), for `opsctl diag lora`.
+"""Seeded LoRA adapters for the embedded models, in PEFT format, for ``opsctl diag lora``.
+
+Files: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 Every adapter is a function of (model, name): the same bytes on every build (seeded
 numpy weights, sorted keys, fixed JSON). Weights are random at a scale that moves the
@@ -22,16 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from opsctl import paths
-from opsctl.embedded import blip2, idefics3, llama, weights
+from opsctl.embedded import blip2, builds, idefics3, llama, weights
 from opsctl.errors import BadInput
 
 MARKER = ".opsctl-adapter.json"
@@ -96,8 +94,9 @@ MODULES: dict[str, dict[str, dict[str, tuple[int, int]]]] = {
 
 @dataclass(frozen=True, slots=True)
 class AdapterSpec:
-    """One embedded adapter: the parts it targets, which modules of each (name
-    suffixes; empty: all), its seed and the scale of its B matrices."""
+    """One embedded adapter: the parts and modules it targets, its seed and B scale.
+
+    The modules of each part are name suffixes (empty: all); the strength scales its B matrices."""
 
     name: str
     parts: tuple[str, ...]
@@ -162,7 +161,9 @@ def targets(model: str, spec: AdapterSpec) -> dict[str, tuple[int, int]]:
 
 
 def tensors(model: str, spec: AdapterSpec) -> dict[str, np.ndarray]:
-    """PEFT tensors: ``base_model.model.<module>.lora_A.weight`` (r, in) and
+    """The adapter's PEFT tensors (``lora_A`` and ``lora_B`` of every module).
+
+    PEFT tensors: ``base_model.model.<module>.lora_A.weight`` (r, in) and
     ``.lora_B.weight`` (out, r). ``A`` keeps activations at their scale; ``B`` makes the
     update ``scaling * B @ A`` comparable to the base weight (times ``strength``)."""
     out: dict[str, np.ndarray] = {}
@@ -209,10 +210,12 @@ def write(out: Path, model: str, spec: AdapterSpec) -> None:
 
 
 def adapters_dir() -> Path:
+    """Where opsctl builds its adapters."""
     return paths.opsctl_home() / "adapters"
 
 
 def adapter_path(model: str, name: str, root: Path | None = None) -> Path:
+    """Where adapter ``name`` of ``model`` is built."""
     return (root or adapters_dir()) / model / name
 
 
@@ -220,27 +223,17 @@ def _marker(model: str, spec: AdapterSpec) -> dict:
     return {"model": model, "name": spec.name, "version": VERSION, "parts": list(spec.parts)}
 
 
-def _read_marker(path: Path) -> dict | None:
-    marker = path / MARKER
-    if path.is_symlink() or not path.is_dir() or marker.is_symlink() or not marker.is_file():
-        return None
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
 def is_built(model: str, spec: AdapterSpec, root: Path | None = None) -> bool:
-    meta = _read_marker(adapter_path(model, spec.name, root))
+    """Whether adapter ``spec`` of ``model`` is built, as this version builds it."""
+    meta = builds.read_marker(adapter_path(model, spec.name, root), MARKER)
     return meta == _marker(model, spec)
 
 
 def built_by_opsctl(path: Path) -> bool:
-    """A real directory holding opsctl's adapter marker for that name: only such a
-    directory may be replaced."""
-    meta = _read_marker(path)
-    return meta is not None and meta.get("name") == path.name and "version" in meta
+    """Whether ``path`` holds opsctl's adapter marker for that name.
+
+    It must be a real directory: only such a directory may be replaced."""
+    return builds.built_by_opsctl(path, MARKER)
 
 
 def build(model: str, spec: AdapterSpec, root: Path | None = None, force: bool = False) -> Path:
@@ -250,23 +243,8 @@ def build(model: str, spec: AdapterSpec, root: Path | None = None, force: bool =
         return dest
     if (dest.exists() or dest.is_symlink()) and not built_by_opsctl(dest):
         raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER}); not replacing it")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=dest.parent))
-    except OSError as exc:
-        raise BadInput(f"cannot build adapters into {dest.parent}: {exc.strerror or exc}") from None
-    try:
-        write(tmp, model, spec)
-        (tmp / MARKER).write_text(json.dumps(_marker(model, spec), sort_keys=True) + "\n")
-        if dest.exists() or dest.is_symlink():
-            if not built_by_opsctl(dest):  # again: it may have appeared during the build
-                raise BadInput(f"{dest} exists and was not built by opsctl (no {MARKER})")
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    marker = dict(sorted(_marker(model, spec).items()))
+    return builds.build_into(dest, MARKER, marker, lambda tmp: write(tmp, model, spec), "adapters")
 
 
 def ensure(model: str, root: Path | None = None) -> dict[str, Path]:

@@ -78,6 +78,7 @@ def write_bpe_tokenizer(
 
 
 def token_id(out: Path, token: str) -> int:
+    """The id of ``token`` in the tokenizer written to ``out``; KeyError when absent."""
     from tokenizers import Tokenizer
 
     tid = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id(token)

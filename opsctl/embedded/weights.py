@@ -17,10 +17,12 @@ def seeded(name: str, shape: tuple[int, ...], std: float, seed: int) -> np.ndarr
 
 
 def save(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Save ``tensors`` as safetensors at ``path``, in name order."""
     from safetensors.numpy import save_file
 
     save_file(dict(sorted(tensors.items())), str(path), metadata={"format": "pt"})
 
 
 def ones(shape: Iterable[int]) -> np.ndarray:
+    """A float32 array of ones of ``shape``."""
     return np.ones(tuple(shape), dtype=np.float32)

@@ -1,2 +1,3 @@
-"""Starting and supervising vLLM's OpenAI API server as a child process (serve's
-machinery, shared by every diag that starts its own engine)."""
+"""Starting and supervising vLLM's OpenAI API server as a child process.
+
+Serve's machinery, shared by every diag that starts its own engine."""

@@ -8,10 +8,10 @@
   which makes ``EngineServer.stop()`` skip the polite waits and SIGKILL at once. So a
   second Ctrl-C, or a SIGTERM from a supervisor that lost patience, can never abort a
   stop half-way and leave the engine tree or its /dev/shm segments behind.
-- Every engine started in this process is registered (``opsctl.engine.server``) and
-  :func:`stop_all` stops those still running; the CLI calls it on every way out,
-  whichever thread started them (a diag under ``--tui`` starts its engine in a worker
-  thread).
+- Every engine started in this process is registered in the process's
+  ``opsctl.engine.registry.EngineRegistry``; the CLI stops those a command started when
+  it ends and the entry point stops any left on every way out, whichever thread started
+  them (a diag under ``--tui`` starts its engine in a worker thread).
 - If opsctl dies without any chance to clean up (SIGKILL, OOM killer), its engines stop
   themselves: the engine plugin watches the owner given by :func:`owner_env`
   (``engine_patches.watchdog``), and the API server gets a parent-death signal.
@@ -93,8 +93,9 @@ def raise_if_received() -> None:
 
 @contextlib.contextmanager
 def tui_app(exit_app: Callable[[], None]) -> Iterator[None]:
-    """While a Textual app runs in the main thread, a stop signal calls ``exit_app``
-    (which must only schedule the exit); :func:`raise_if_received` afterwards."""
+    """While a Textual app runs in the main thread, a stop signal calls ``exit_app``.
+
+    ``exit_app`` must only schedule the exit; call :func:`raise_if_received` afterwards."""
     previous, _STATE.app_exit = _STATE.app_exit, exit_app
     try:
         yield
@@ -104,8 +105,10 @@ def tui_app(exit_app: Callable[[], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def shield() -> Iterator[None]:
-    """Around a stop: a first signal does not raise inside it (it is raised, in the main
-    thread, once the stop is done); further signals set :func:`hurry`."""
+    """Around a stop: a first signal does not raise inside it; further ones hurry it.
+
+    A first signal is raised in the main thread once the stop is done; further signals set
+    :func:`hurry`."""
     _STATE.shielding += 1
     try:
         yield
@@ -118,8 +121,9 @@ def shield() -> Iterator[None]:
 
 
 def owner_start_ticks(pid: int | str = "self") -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with
-    the pid it names one process for good, even after the kernel reuses the pid."""
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22).
+
+    With the pid it names one process for good, even after the kernel reuses the pid."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
@@ -135,11 +139,3 @@ def owner_env() -> dict[str, str]:
     import os
 
     return {"OPSCTL_OWNER_PID": str(os.getpid()), "OPSCTL_OWNER_START": str(owner_start_ticks())}
-
-
-def reset_for_tests() -> None:
-    _STATE.received = None
-    _STATE.hurry.clear()
-    _STATE.app_exit = None
-    _STATE.shielding = 0
-    _STATE.deferred = False

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.collectors.jsonfile import load_json_object
 from opsctl.embedded import catalog
 from opsctl.errors import BadInput
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
+    """A model ready to serve: served name, directory, archetype and config.json."""
+
     name: str  # served model name
     path: Path
     archetype: str
@@ -20,10 +22,12 @@ class ResolvedModel:
 
     @property
     def architectures(self) -> list[str]:
+        """The model's architectures from its config.json."""
         return list(self.config.get("architectures") or [])
 
 
 def archetype_of(config: dict) -> str:
+    """The archetype (decoder, bi-/cross-encoder, vision-language...) of a config.json."""
     archs = " ".join(config.get("architectures") or [])
     if "SequenceClassification" in archs:
         return "cross-encoder"
@@ -36,21 +40,8 @@ def archetype_of(config: dict) -> str:
     return "decoder"
 
 
-def load_json_object(path: Path) -> dict:
-    """A JSON object from ``path``; unreadable, malformed or non-object files are
-    BadInput with one clear line."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {path}: {exc}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data
-
-
 def read_config(path: Path) -> dict:
+    """The config.json of the model directory ``path``; BadInput when missing or malformed."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise BadInput(f"model directory {path} has no config.json")

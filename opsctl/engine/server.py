@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from opsctl.collectors import engine_tmp, http, shm
 from opsctl.domain import serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
+from opsctl.engine.registry import EngineRegistry, process_engines
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
@@ -42,6 +42,8 @@ _OWNER_STARTED = psutil.Process().create_time()
 
 @dataclass
 class LaunchOptions:
+    """How to start a server: model, load format, host, port, extra args and environment."""
+
     model: ResolvedModel
     load_format: str = "auto"
     host: str = "127.0.0.1"
@@ -67,6 +69,8 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class StopReport:
+    """What stopping a server did: signals, survivors, segments removed, exit code."""
+
     seconds: float
     signals: list[str]
     leftover_pids: list[int]
@@ -84,6 +88,7 @@ PORT_RETRIES = 2  # new ports tried when the chosen one was taken before the ser
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` now."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -107,13 +112,14 @@ _PICK_SPAN = 16384
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now, for a server that binds it seconds later (vLLM's
-    imports take ~10 s). Chosen below the kernel's ephemeral range: a port from
-    ``bind(0)`` is one the kernel hands again to the next ``bind(0)`` or outgoing
-    connection anywhere on the machine (vLLM's own ZMQ and torch.distributed ports are
-    chosen that way), so a busy machine takes it before our server binds it. Below the
-    range only explicit binds compete, at random over ~16k ports. Falls back to
-    ``bind(0)`` where that range is too small."""
+    """A port free on ``host`` now, for a server that binds it seconds later.
+
+    vLLM's imports take ~10 s. Chosen below the kernel's ephemeral range: a port from
+    ``bind(0)`` is one the kernel hands again to the next ``bind(0)`` or outgoing connection
+    anywhere on the machine (vLLM's own ZMQ and torch.distributed ports are chosen that
+    way), so a busy machine takes it before our server binds it. Below the range only
+    explicit binds compete, at random over ~16k ports. Falls back to ``bind(0)`` where that
+    range is too small."""
     lo = _ephemeral_low()
     first = max(1024, lo - _PICK_SPAN)
     if lo - first >= 1024:
@@ -127,8 +133,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def reachable_url(host: str, port: int) -> str:
-    """A URL an operator can use for a server bound to ``host``: for a wildcard bind,
-    this machine's name (the bound 0.0.0.0 is no address to connect to from elsewhere)."""
+    """A URL an operator can use for a server bound to ``host``.
+
+    For a wildcard bind, this machine's name (the bound 0.0.0.0 is no address to connect to
+    from elsewhere)."""
     from opsctl.domain.exposure import is_wildcard
 
     if is_wildcard(host):
@@ -137,10 +145,12 @@ def reachable_url(host: str, port: int) -> str:
 
 
 def has_gpu() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU device."""
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd")
 
 
 def new_run_dir(label: str, model: str, port: int) -> Path:
+    """Make a new, unique run directory for a server of ``model`` on ``port``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = paths.runs_dir()
     base.mkdir(parents=True, exist_ok=True)
@@ -155,6 +165,7 @@ def new_run_dir(label: str, model: str, port: int) -> Path:
 
 
 def build_argv(opts: LaunchOptions, port: int) -> list[str]:
+    """The command line that starts vLLM's OpenAI API server for ``opts`` on ``port``."""
     argv = [
         sys.executable,
         "-m",
@@ -187,8 +198,9 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
 
 
 def cpu_worker_threads(env: dict[str, str]) -> int:
-    """The OpenMP threads vLLM's CPU Worker process would compute with: the CPUs this
-    process may use minus those vLLM reserves for the EngineCore (one, or
+    """The OpenMP threads vLLM's CPU Worker process would compute with.
+
+    The CPUs this process may use minus those vLLM reserves for the EngineCore (one, or
     ``VLLM_CPU_NUM_OF_RESERVED_CPU``), at least one. A single-process engine computes with
     as many, so its numerics (reduction order) match vLLM's multiprocess layout."""
     try:
@@ -203,6 +215,7 @@ def cpu_worker_threads(env: dict[str, str]) -> int:
 
 
 def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -> dict[str, str]:
+    """The environment of the engine process: ours plus opsctl's and the options' variables."""
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if tmp_dir is not None:  # vLLM's IPC sockets and rendezvous file: removed at stop
@@ -238,53 +251,9 @@ def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -
     return knobs.with_knobs(env, opts.knobs)
 
 
-class _EngineLock:
-    """Development aid: with OPSCTL_ENGINE_LOCK=path, engines started by concurrent test
-    runs on one small machine queue up instead of competing for two cores.
-
-    Process-wide and counted: flock() conflicts between two open file descriptions even
-    inside one process, so a second engine of the same process (a session holding two
-    engines, the console starting two servers) waiting on its own flock would wait for
-    ever. The first engine of a process takes the flock; the others share it; the last
-    one to stop releases it."""
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.fh: object | None = None
-        self.count = 0
-
-    def acquire(self) -> object | None:
-        path = os.environ.get("OPSCTL_ENGINE_LOCK")
-        if not path:
-            return None
-        import fcntl
-
-        with self.mutex:
-            if self.fh is None:
-                try:  # read-only is enough for flock, and works on another user's file
-                    fh = open(path)  # noqa: SIM115 - held until the last release
-                except FileNotFoundError:
-                    fh = open(path, "a")  # noqa: SIM115 - held until the last release
-                fcntl.flock(fh, fcntl.LOCK_EX)
-                self.fh = fh
-            self.count += 1
-            return self.fh
-
-    def release(self) -> None:
-        with self.mutex:
-            self.count -= 1
-            if self.count == 0 and self.fh is not None:
-                self.fh.close()  # type: ignore[attr-defined]
-                self.fh = None
-
-
-_ENGINE_LOCK = _EngineLock()
-_LIVE: weakref.WeakSet[EngineServer] = weakref.WeakSet()
-
-
 def stop_all() -> list[StopReport]:
     """Stop every engine this process started that is not stopped yet (any thread)."""
-    return [server.stop() for server in list(_LIVE) if server.stop_report is None]
+    return process_engines().stop_all()
 
 
 def _parent_death_signal(owner_pid: int) -> Callable[[], None]:
@@ -307,8 +276,11 @@ def _parent_death_signal(owner_pid: int) -> Callable[[], None]:
 class EngineServer:
     """A supervised vLLM API server. Use as a context manager to guarantee stop()."""
 
-    def __init__(self, opts: LaunchOptions) -> None:
+    def __init__(self, opts: LaunchOptions, registry: EngineRegistry | None = None) -> None:
         self.opts = opts
+        # where this engine is registered while it may run: the process's registry, so
+        # every way out of opsctl (a signal, the end of a command) can stop it
+        self.registry = registry or process_engines()
         self.proc: subprocess.Popen | None = None
         self.port: int = 0
         self.run_dir: Path | None = None
@@ -330,32 +302,36 @@ class EngineServer:
     # ---- start ---------------------------------------------------------------
     @property
     def url(self) -> str:
+        """The server's base URL (``http://host:port``)."""
         host = f"[{self.opts.host}]" if ":" in self.opts.host else self.opts.host
         return f"http://{host}:{self.port}"
 
     @property
     def pid(self) -> int:
+        """The pid of the API server process; 0 before it started."""
         return self.proc.pid if self.proc else 0
 
     @property
     def log_path(self) -> Path:
+        """The server's log file in its run directory."""
         assert self.run_dir is not None
         return self.run_dir / "server.log"
 
     def _take_engine_lock(self) -> None:
         if self._lock_fh is None:
-            self._lock_fh = _ENGINE_LOCK.acquire()
+            self._lock_fh = self.registry.queue.acquire()
 
     def _release_engine_lock(self) -> None:
         if self._lock_fh is not None:
             self._lock_fh = None
-            _ENGINE_LOCK.release()
+            self.registry.queue.release()
 
     def _check_port(self, port: int) -> None:
         if not port_free(self.opts.host, port):
             raise BadInput(f"port {port} on {self.opts.host} is already in use")
 
     def start(self) -> EngineServer:
+        """Start the server: queue for the engine lock, pick the port, launch vLLM."""
         opts = self.opts
         if opts.port is not None:
             if not 0 < opts.port < 65536:
@@ -392,7 +368,7 @@ class EngineServer:
             threading.current_thread() is threading.main_thread()
             and knobs.NO_OWNER_WATCH not in opts.knobs
         )
-        _LIVE.add(self)
+        self.registry.add(self)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -472,9 +448,11 @@ class EngineServer:
 
     # ---- observe -------------------------------------------------------------
     def exited(self) -> int | None:
+        """The server's exit code; None while it runs (or before it started)."""
         return self.proc.poll() if self.proc else None
 
     def log_text(self) -> str:
+        """The whole server log, over every launch."""
         return self._log_since(0)
 
     def launch_log_text(self) -> str:
@@ -515,12 +493,14 @@ class EngineServer:
                 self._write_meta()
 
     def health(self, client: httpx.Client) -> bool:
+        """Whether /health answers 200 within 2 s."""
         try:
             return client.get(f"{self.url}/health", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
 
     def death_error(self) -> Exception:
+        """The error saying why the server exited (bad arguments, or the log's decisive lines)."""
         log = self.launch_log_text()
         rc = self.exited()
         bad_args = serverlog.argparse_error(log)
@@ -536,8 +516,10 @@ class EngineServer:
     def wait_healthy(
         self, timeout: float, on_tick: Callable[[EngineServer], None] | None = None
     ) -> float:
-        """Block until /health is 200; returns seconds since start. Raises EngineDied /
-        BadInput when the server exits first, OpsTimeout after ``timeout`` seconds."""
+        """Block until /health is 200; returns seconds since start.
+
+        Raises EngineDied / BadInput when the server exits first, OpsTimeout after
+        ``timeout`` seconds."""
         deadline = self.started_at + timeout
         next_tick = 0.0  # process tracking and on_tick at most every TICK_S
         with httpx.Client(verify=http.tls_context()) as client:
@@ -607,9 +589,10 @@ class EngineServer:
                 p.kill() if kill else p.terminate()
 
     def stop(self, grace: float = 15.0) -> StopReport:
-        """Stop the server tree; idempotent and safe from any thread. Signals arriving
-        meanwhile never abort it (``lifetime.shield``): a second one only skips the
-        polite waits and goes straight to SIGKILL."""
+        """Stop the server tree; idempotent and safe from any thread.
+
+        Signals arriving meanwhile never abort it (``lifetime.shield``): a second one only
+        skips the polite waits and goes straight to SIGKILL."""
         with self._stop_lock, lifetime.shield():
             if self.stop_report is None:
                 self.stop_report = self._stop(grace)
@@ -660,7 +643,7 @@ class EngineServer:
         if self._log_fh:
             self._log_fh.close()
         self._release_engine_lock()
-        _LIVE.discard(self)
+        self.registry.discard(self)
         return StopReport(
             round(time.time() - t0, 3),
             signals,

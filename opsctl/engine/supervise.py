@@ -28,6 +28,8 @@ Dashboard = Callable[[EngineServer, float], int]
 
 @dataclass(frozen=True)
 class ServeRequest:
+    """What ``opsctl serve`` was asked to start: model, load format, address, timeout, args."""
+
     model: str | None
     load_format: str = "auto"
     host: str = "127.0.0.1"
@@ -43,6 +45,7 @@ class ServeRequest:
 
 
 def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = None) -> int:
+    """Start the requested server, supervise it until it stops; the exit code."""
     from opsctl.engine.model import resolve
 
     model = resolve(req.model)

@@ -33,11 +33,11 @@ def test_a_reused_pid_is_never_treated_as_ours():
 def test_engine_lock_is_shared_within_a_process_and_held_against_others(tmp_path, monkeypatch):
     """Two engines of one process (a session holding two, the console starting two) used
     to wait for ever on their own flock; other processes must still queue."""
-    from opsctl.engine import server as srv
+    from opsctl.engine.registry import StartQueue
 
     path = tmp_path / "engine.lock"
     monkeypatch.setenv("OPSCTL_ENGINE_LOCK", str(path))
-    lock = srv._EngineLock()
+    lock = StartQueue()
     probe = (
         "import fcntl, sys; fh = open(sys.argv[1]); fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)"
     )
