@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks import invariance_images as mm
-from opsctl.checks.report import FAIL, PASS, Report
+from opsctl.checks.report import FAIL, PASS, ReasonedReport
+from opsctl.checks.sampling import check_sampling
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.collectors import completions as cc
@@ -107,12 +108,7 @@ class Options:
             raise BadInput(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if len(self.prompts) < 2:
             raise BadInput(f"{len(self.prompts)} prompt(s) given; a batch needs at least 2")
-        if self.max_tokens < 1:
-            raise BadInput("--max-tokens must be at least 1")
-        if self.logprobs < 0:
-            raise BadInput("--logprobs must be 0 or more")
-        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
-            raise BadInput("--atol must be a finite number >= 0")
+        check_sampling(self.max_tokens, self.logprobs, self.atol)
         if self.n < 2:
             raise BadInput("--batch-size must be at least 2 (BS=N is compared with BS=1)")
         if self.n > len(self.prompts):
@@ -135,21 +131,13 @@ class Options:
         return len(self.prompts) if self.batch_size is None else self.batch_size
 
 
-class InvarianceReport(Report):
-    """``document`` is the ``opsctl.diag.invariance/2`` JSON document."""
+class InvarianceReport(ReasonedReport):
+    """The ``opsctl.diag.invariance/2`` document (its ``warnings``: each run has its own too)."""
 
     @property
     def runs(self) -> list[dict[str, Any]]:
+        """One entry per mode's run: its comparisons, reasons and warnings."""
         return list(self.document["runs"])
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.document["reasons"])
-
-    @property
-    def warnings(self) -> list[str]:
-        """Report-level warnings (the test-knob warning); each run has its own."""
-        return list(self.document["warnings"])
 
     @property
     def timed_out(self) -> bool:

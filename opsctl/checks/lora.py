@@ -49,7 +49,7 @@ from opsctl.checks.lora_plan import (
     images_for,
     plan,
 )
-from opsctl.checks.report import Report
+from opsctl.checks.report import ReasonedReport
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target
 from opsctl.collectors import engine_records, ledger
@@ -70,16 +70,8 @@ TITLE = "diag lora"
 SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
 
 
-class LoraReport(Report):
-    """``document`` is the ``opsctl.diag.lora/2`` JSON document."""
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.document["reasons"])
-
-    @property
-    def warnings(self) -> list[str]:
-        return list(self.document["warnings"])
+class LoraReport(ReasonedReport):
+    """The ``opsctl.diag.lora/2`` document and its verdict."""
 
     @property
     def support(self) -> dict[str, str]:

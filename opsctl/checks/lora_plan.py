@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.checks.sampling import check_sampling
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.collectors import lora as collect
 from opsctl.domain import lora as D
@@ -38,12 +39,7 @@ class Options:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adapters", tuple(self.adapters))
-        if self.max_tokens < 1:
-            raise BadInput("--max-tokens must be at least 1")
-        if self.logprobs < 0:
-            raise BadInput("--logprobs must be 0 or more")
-        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
-            raise BadInput("--atol must be a finite number >= 0")
+        check_sampling(self.max_tokens, self.logprobs, self.atol)
         if self.images is not None and self.images < 0:
             raise BadInput("--images must be 0 or more")
         if self.timeout is not None and self.timeout <= 0:
