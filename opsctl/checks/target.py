@@ -98,3 +98,14 @@ def url_or_model(url: str | None, model: str | None) -> str | None:
     if url and model:
         raise BadInput("give either a URL or --model, not both")
     return normalise_url(url) if url else None
+
+
+FIRST_CONTACT_CAP_S = 30.0
+
+
+def url_target(url: str, api_key: str | None, timeout: float | None) -> UrlTarget:
+    """The check target for a server at ``url``: its first contact may wait the command's
+    ``--timeout``, at most 30 s (a dead server should not hold a command for a long
+    engine-start timeout)."""
+    wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
+    return UrlTarget(url, api_key, connect_timeout=wait)

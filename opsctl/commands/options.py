@@ -6,8 +6,12 @@ environment are never passed on)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.checks.target import Target
 
 API_KEY_HELP = "bearer token for a server started with --api-key (default $VLLM_API_KEY)"
 
@@ -140,14 +144,12 @@ def start_timeout_option(default: str = "10m"):
     )
 
 
-FIRST_CONTACT_CAP_S = 30.0
+def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:
+    """The server at ``url``, else an engine spec of ``--model`` with the ``--test-knob``s.
 
+    BadInput for both a URL and --model, or for a bad knob."""
+    from opsctl.checks.target import EngineSpec, url_or_model, url_target
 
-def url_target(url: str, api_key: str | None, timeout: float | None):
-    """The check target for a server at ``url``: its first contact may wait the command's
-    ``--timeout``, at most 30 s (a dead server should not hold a command for a long
-    engine-start timeout)."""
-    from opsctl.checks.target import UrlTarget
-
-    wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
-    return UrlTarget(url, api_key, connect_timeout=wait)
+    base = url_or_model(url, model)
+    knobs = tuple(parse_knobs(test_knob, url=base).items())
+    return url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import RUN_HELP, duration_option, run_path, url_argument, url_target
+from opsctl.checks.target import url_target
+from opsctl.commands.options import RUN_HELP, duration_option, run_path, url_argument
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import duration_option, url_argument, url_target
+from opsctl.checks.target import url_target
+from opsctl.commands.options import duration_option, url_argument
 from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput
 
