@@ -1,5 +1,4 @@
-"""`diag invariance` as a library call: batch invariance of tokens and logprobs (vLLM PR
-56528).
+"""`diag invariance` as a library call: batch invariance of tokens and logprobs (vLLM PR 56528).
 
 Every prompt runs alone (BS=1) and all prompts together (BS=N, sent at once so the
 engine batches them); tokens and logprobs are compared, bitwise unless ``atol``. Fails
@@ -128,6 +127,7 @@ class Options:
 
     @property
     def n(self) -> int:
+        """N of BS=N: ``batch_size``, else the number of prompts."""
         return len(self.prompts) if self.batch_size is None else self.batch_size
 
 
@@ -146,10 +146,11 @@ class InvarianceReport(ReasonedReport):
 
 
 def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
-    """The engine one mode runs on: ``spec`` (default model tiny-llama) with the isolating
-    arguments and environment, the batch probe (and the mm_uuid probe and the image
-    limit when the prompts carry images), room for the batch and the execution mode.
-    Idempotent, so a planner can pass its result back in."""
+    """The engine one mode runs on: ``spec`` (default tiny-llama) with the isolating settings.
+
+    The isolating arguments and environment, the batch probe (and the mm_uuid probe and
+    the image limit when the prompts carry images), room for the batch and the execution
+    mode. Idempotent, so a planner can pass its result back in."""
     images = mm.spec_images(spec, options.images, DEFAULT_MODEL)
     args = spec.extra_args
     n = len(ISOLATING_ARGS)
@@ -168,9 +169,10 @@ def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
 
 
 def plan(target: Target, options: Options) -> list[tuple[str | None, Target]]:
-    """The runs to do, as (mode, target): a URL is one run on the server as it is (mode
-    None unless given); a spec is one isolated engine per mode. Refuses (BadInput) what
-    cannot work before anything starts: ``both`` on a URL, a pooling model."""
+    """The runs to do, as (mode, target): one on a URL's server, one engine per mode of a spec.
+
+    A URL is one run on the server as it is (mode None unless given). Refuses (BadInput)
+    what cannot work before anything starts: ``both`` on a URL, a pooling model."""
     if isinstance(target, UrlTarget):
         if options.mode == "both":
             raise BadInput("--mode both needs opsctl to start the engine (use --model, not a URL)")
@@ -514,7 +516,9 @@ class _Job:
 
 
 def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
-    """What the engine's ledger says of the probes this check reads (the batch probe;
+    """What the engine's ledger says of the probes this check reads.
+
+    What the engine's ledger says of the probes this check reads (the batch probe;
     with images also mm_uuid): could not hook (fails the run) or unverified on this
     vLLM (a warning); nothing for a server without a ledger."""
     if run_dir is None:

@@ -1,7 +1,8 @@
-"""What `diag lora` runs against, decided before anything starts: the options, the
-adapters (the embedded ones of an embedded model, or PEFT directories given), the images
-per request and the engine spec with every LoRA argument. Bad input is refused here
-(:class:`BadInput`, exit 2), before an engine or a panel starts."""
+"""What `diag lora` runs against, decided before anything starts.
+
+The options, the adapters (the embedded ones of an embedded model, or PEFT directories
+given), the images per request and the engine spec with every LoRA argument. Bad input
+is refused here (:class:`BadInput`, exit 2), before an engine or a panel starts."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Adapter:
     rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The adapter as the report lists it: name, path, source, parts, rank."""
         return {
             "name": self.name,
             "path": str(self.path) if self.path else None,
@@ -71,6 +73,7 @@ class Adapter:
 
 
 def embedded_adapters(model: str) -> list[Adapter]:
+    """The embedded adapters of embedded model ``model``, built on first use."""
     from opsctl.embedded import lora as built
 
     paths = built.ensure(model)
@@ -81,6 +84,7 @@ def embedded_adapters(model: str) -> list[Adapter]:
 
 
 def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
+    """The adapters in PEFT directories ``dirs`` (BadInput for two with one name)."""
     out = [collect.read_adapter_dir(d) for d in dirs]
     names = [a.name for a in out]
     if len(set(names)) != len(names):
@@ -89,8 +93,10 @@ def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
 
 
 def images_for(model: str | None, archetype: str | None, options: Options) -> int:
-    """Images per request: the option, else 0 for a text model, 2 for a model that takes
-    several (the catalog's images_per_prompt), else 1."""
+    """Images per request: the option, else by the model.
+
+    0 for a text model, 2 for a model that takes several (the catalog's
+    images_per_prompt), else 1."""
     from opsctl.embedded import catalog
 
     if options.images is not None:
@@ -103,6 +109,8 @@ def images_for(model: str | None, archetype: str | None, options: Options) -> in
 
 @dataclass(frozen=True)
 class Plan:
+    """What diag lora runs: the target, the adapters, the images per request."""
+
     target: Target  # the URL, or the spec with every LoRA argument
     adapters: tuple[Adapter, ...]  # () for a URL without --adapters: the server's
     images: int | None  # None: decided once the URL's model is known
@@ -140,8 +148,10 @@ def lora_spec(
 
 
 def plan(target: Target, options: Options) -> Plan:
-    """Refuse bad input before anything starts (adapter dirs, a pooling model) and build
-    the engine spec; a URL keeps its adapters open until its server is seen."""
+    """The plan of ``options`` on ``target``, bad input refused before anything starts.
+
+    Refuses adapter dirs that cannot be read and a pooling model, and builds the engine
+    spec; a URL keeps its adapters open until its server is seen."""
     given = dir_adapters(options.adapters) if options.adapters else []
     if isinstance(target, UrlTarget):
         if options.max_loras is not None:

@@ -1,4 +1,6 @@
-"""diag mm-uuid as a library call: which identifier each multimodal item reached the
+"""diag mm-uuid as a library call: the identifier each multimodal item reached the core with.
+
+Which identifier each multimodal item reached the
 engine core with.
 
 With an :class:`EngineSpec` (default model tiny-vlm-multi) the check opens one engine
@@ -57,6 +59,8 @@ CACHE_ARGS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The UUID prefix, the modes to open engines in, the run directory and the waits."""
+
     uuid_prefix: str = "opsctl"  # prefix of the explicit UUIDs sent
     modes: tuple[str, ...] = D.MODES  # engines to open for an EngineSpec target
     run_dir: Path | None = None  # a UrlTarget's run directory, when not found by URL
@@ -78,14 +82,17 @@ class Report(base.Report):
 
     @property
     def items(self) -> list[dict[str, Any]]:
+        """One entry per multimodal item sent: what was sent, what arrived, its verdict."""
         return list(self.document["items"])
 
     @property
     def failed_items(self) -> list[dict[str, Any]]:
+        """The items whose verdict is not pass."""
         return [i for i in self.items if i["verdict"] != "pass"]
 
     @property
     def knob_warning(self) -> str | None:
+        """The warning for the test knobs the engine ran with (None without any)."""
         return knob_warning(self.document["test_knobs"])
 
 
@@ -98,6 +105,7 @@ class ItemResult(ev.CaseResult):
     kind: str = ""
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: what was sent and what arrived."""
         return {"events": [f"{self.name}: sent {self.sent} -> {self.identifier!r} ({self.kind})"]}
 
 
@@ -112,8 +120,9 @@ class _State:
 
 
 def images_per_request(model: str) -> int:
-    """Images one request carries for the served model ``model``: the catalog's
-    ``images_per_prompt`` for an embedded model, else 1 (always accepted)."""
+    """Images one request carries for the served model ``model``.
+
+    The catalog's ``images_per_prompt`` for an embedded model, else 1 (always accepted)."""
     from opsctl.embedded import catalog
 
     spec = catalog.CATALOG.get(model)
@@ -127,8 +136,10 @@ def model_args(model: str) -> list[str]:
 
 
 def mode_spec(spec: EngineSpec, mode: str, model_name: str) -> EngineSpec:
-    """The engine of one mode: the spec's model (default tiny-vlm-multi), its cache
-    arguments, the model's image limit and the probe."""
+    """The engine of one mode: the spec with the mode's cache arguments and the probe.
+
+    The spec's model (default tiny-vlm-multi), its cache arguments, the model's image
+    limit and the probe."""
     extra = (*spec.extra_args, *CACHE_ARGS[mode], *model_args(model_name))
     return spec.with_defaults(DEFAULT_MODEL, extra_args=extra).with_probes(PROBE)
 
@@ -139,6 +150,7 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """Check which identifier each multimodal item reached the engine core with."""
     progress(ev.Started(TITLE))
     progress(ev.Table(tuple(D.TABLE_COLUMNS), ()))
     state = _State()
@@ -154,8 +166,9 @@ def run(
 
 
 def probe_findings(runs: list[dict[str, Any]]) -> list[Finding]:
-    """What each engine's ledger says of the mm_uuid probe: could not hook (fail) or
-    unverified on this vLLM (warning), once per distinct finding."""
+    """What each engine's ledger says of the mm_uuid probe.
+
+    Could not hook (fail) or unverified on this vLLM (warning), once per distinct finding."""
     out: dict[tuple[str, str], Finding] = {}
     for r in runs:
         if r.get("run_dir"):

@@ -1,4 +1,6 @@
-"""diag usage as a library call: verify /score and /rerank ``usage`` against an
+"""diag usage as a library call: /score and /rerank usage against the engine inputs.
+
+Verify /score and /rerank ``usage`` against an
 independent count of the engine inputs.
 
 ``run(target, options, progress, session)`` sends /score and /rerank requests (one and
@@ -16,8 +18,8 @@ inputs. Where the counts come from:
 A target is a running server (:class:`UrlTarget`, the server's own model) or an engine
 to start (:class:`EngineSpec`; its model must be given: a cross-encoder or bi-encoder,
 refused before any start otherwise). The report's ``to_dict()`` is the
-``opsctl.diag.usage/2`` document. Decisions: opsctl.domain.usage (and usage_tokens); HTTP and tokenizers:
-opsctl.collectors.scoring.
+``opsctl.diag.usage/2`` document. Decisions: opsctl.domain.usage (and usage_tokens);
+HTTP and tokenizers: opsctl.collectors.scoring.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ UNK_SAMPLE = "the capital of france"  # a vocabulary that maps it to [UNK] only 
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The model kind (None: detect) and the wait for each HTTP answer."""
+
     kind: str | None = None  # cross-encoder | bi-encoder; None: detect
     timeout: float = 60.0  # seconds to wait for each HTTP answer (OpsTimeout past it)
 
@@ -64,6 +68,7 @@ class Report(base.Report):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """One row per request: the reported and the expected counts, and the verdict."""
         return list(self.document["rows"])
 
     def count(self, verdict: str) -> int:
@@ -72,6 +77,7 @@ class Report(base.Report):
 
     @property
     def knob_warning(self) -> str | None:
+        """The warning for the test knobs the engine ran with (None without any)."""
         return knob_warning(self.document["test_knobs"])
 
 
@@ -83,6 +89,7 @@ class RowResult(ev.CaseResult):
     expected: int | None = None
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: reported vs expected and the verdict."""
         line = f"{self.name}: reported {self.reported}, expected {self.expected} -> {self.verdict}"
         return {"events": [line]}
 
@@ -105,6 +112,7 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """Check /score and /rerank usage of ``target`` against the engine inputs' counts."""
     archetype, model_dir = _given_model(target)
     where = f"checking {target.url}" if isinstance(target, UrlTarget) else "starting engine"
     progress(ev.Started(TITLE, where))
