@@ -1,7 +1,8 @@
-"""Options shared by commands: ``--api-key`` (default VLLM_API_KEY) for every command
-that talks to a server, and the hidden ``--test-knob NAME=VALUE`` for every command
-that starts an engine (the only way a test arms an engine_patches knob; knobs in the
-environment are never passed on)."""
+"""Options and flags shared by commands, and the target a URL or --model names.
+
+``--api-key`` (default VLLM_API_KEY) for every command that talks to a server; the hidden
+``--test-knob NAME=VALUE`` for every command that starts an engine (the only way a test
+arms an engine_patches knob; knobs in the environment are never passed on)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ def api_key_option():
 
 
 def test_knob_option():
-    """``--test-knob NAME=VALUE`` (repeatable), hidden from --help: the only way a test
-    arms an engine_patches knob in an engine a diag starts (never the environment)."""
+    """``--test-knob NAME=VALUE`` (repeatable, hidden): how a test arms an engine_patches knob."""
     import typer
 
     return typer.Option(None, "--test-knob", hidden=True)
@@ -62,13 +62,13 @@ EXIT_CODES = (
 
 
 def epilog(*examples: str) -> str:
-    """The ``Examples:`` section and the exit codes, for every command's ``epilog=``.
-    ``\\b`` keeps click from re-wrapping the example lines."""
+    """The ``Examples:`` section (kept as written) and the exit codes, for a command's epilog."""
     lines = ["\b", "Examples:", *(f"  {ex}" for ex in examples)]
     return "\n".join(lines) + "\n\n" + EXIT_CODES
 
 
 def json_option():
+    """``--json``: the result as one schema-versioned JSON document on stdout."""
     import typer
 
     return typer.Option(False, "--json", help=JSON_HELP)
@@ -82,8 +82,9 @@ def tui_option(default: bool | None = None, help: str = TUI_HELP):
 
 
 def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
-    """``30``, ``30s``, ``5m``, ``2h``, ``1d`` -> seconds; a bad form, a negative value or
-    zero (unless allowed) raises typer.BadParameter (a usage error, exit 2)."""
+    """Seconds of ``30``, ``30s``, ``5m``, ``2h``, ``1d``; a bad one is a usage error (exit 2).
+
+    Bad: a bad form, a negative value, or zero unless allowed (typer.BadParameter)."""
     import typer
 
     from opsctl.domain.runs import parse_duration
@@ -102,9 +103,9 @@ def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
 
 
 def duration_option(default, *names: str, help: str, allow_zero: bool = False, **kw):
-    """A duration flag: ``30``, ``30s``, ``5m``, ``2h``, ``1d``; zero (unless allowed) or
-    negative is a usage error (exit 2). The value reaches the command as seconds (float);
-    annotate the parameter ``float``."""
+    """A duration flag (30, 30s, 5m, 2h, 1d) that reaches the command as float seconds.
+
+    Zero (unless allowed) or negative is a usage error (exit 2)."""
     import functools
 
     import typer
@@ -137,8 +138,9 @@ def run_path(run: str) -> Path:
 
 
 def start_timeout_option(default: str = "10m"):
-    """``--timeout DURATION`` of a command that may start its own engine: the longest
-    wait for it (exit 4 past it); with a URL it also caps the first contact (30 s)."""
+    """``--timeout DURATION`` of a command that may start its own engine (exit 4 past it).
+
+    With a URL it also caps the first contact (30 s)."""
     return duration_option(
         default, "--timeout", help="the longest wait for a started engine (exit 4 past it)"
     )

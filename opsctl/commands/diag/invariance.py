@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 
 def read_prompts(path: Path | None) -> tuple[str, ...] | None:
-    """``--prompts FILE``: a JSON list of strings, or one prompt per non-blank line
-    (None without the flag: the check's default prompts)."""
+    """The prompts of ``--prompts FILE``: a JSON list of strings, or one per non-blank line.
+
+    None without the flag (the check's default prompts)."""
     if path is None:
         return None
     try:

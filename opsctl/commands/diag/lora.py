@@ -1,5 +1,6 @@
-"""`opsctl diag lora [URL | --model NAME]`: LoRA adapters alone and in one mixed batch
-(vLLM PR 55897). Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
+"""`opsctl diag lora [URL | --model NAME]`: LoRA adapters alone and in one mixed batch.
+
+vLLM PR 55897. Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
 runs :func:`opsctl.checks.lora.run`, prints the report and maps it to the exit code:
 0 pass (or unverified, with a warning), 1 fail, 2 bad input (e.g. an adapter directory
 that does not exist), 3 unreachable, 4 timeout."""

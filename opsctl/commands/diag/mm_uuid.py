@@ -1,5 +1,6 @@
-"""`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core
-with (the check itself: opsctl.checks.mm_uuid).
+"""`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core with.
+
+The check itself: opsctl.checks.mm_uuid.
 
 With ``--model`` (default tiny-vlm-multi) it starts one engine per ``--mode`` entry
 (caches-off, caches-on) with the mm_uuid engine probe on; with a URL it checks that one
