@@ -92,8 +92,7 @@ class CheckStarted(ev.Event):
 class CheckProgress(ev.Prefixed):
     """An event of the running check, wrapped for certify's panel.
 
-    An event of the running check (its panel's): every log line prefixed with the
-    check, its phase too, its warnings as they are."""
+    Every log line is prefixed with the check, its phase too; its warnings are as they are."""
 
     phase: bool = True
 
@@ -121,8 +120,7 @@ class CheckDone(ev.CaseResult):
 class CertifySession(EngineSession):
     """An engine session with one engine alive at a time, for certify.
 
-    An engine session that keeps one engine alive at a time, remembers which check
-    each start served, and does not retry a start that failed."""
+    It remembers which check each start served, and does not retry a start that failed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -240,9 +238,9 @@ def not_reached(
 ) -> CertifyReport:
     """The report of a certification that never reached its checks.
 
-    The report of a certification that never reached its checks: no vLLM server
-    answered (``error`` an EngineUnreachable: state unreachable, exit 3), or certify
-    itself failed (any other error: state crashed, liveness as an error case, exit 1).
+    No vLLM server answered (``error`` an EngineUnreachable: state unreachable, exit 3),
+    or certify itself failed (any other error: state crashed, liveness as an error case,
+    exit 1).
     The same document, JUnit and SARIF as any other run, so CI always gets its files."""
     from opsctl.checks.certify_facts import bare_fingerprint
 
@@ -274,9 +272,8 @@ def cut_short(
 ) -> CertifyReport:
     """The report of a certification stopped from outside before it finished.
 
-    The report of a certification stopped from outside before it finished (a fleet
-    target past its deadline, or interrupted): ``results`` as far as they are known, the
-    fingerprint unknown (null) but opsctl's version."""
+    A fleet target past its deadline, or interrupted: ``results`` as far as they are known,
+    the fingerprint unknown (null) but opsctl's version."""
     from opsctl.checks.certify_facts import bare_fingerprint
 
     return _document(

@@ -100,10 +100,10 @@ FIRST_CONTACT_S = 30.0  # the most a URL's first answer is waited for (--timeout
 def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Facts:
     """The facts of a running server (EngineUnreachable when no vLLM server answers).
 
-    Facts of a running server: a vLLM server answers (EngineUnreachable otherwise:
-    nothing answered within ``min(timeout, FIRST_CONTACT_S)``, or not vLLM), its model
-    (config from /v1/models ``root`` or its run directory when readable here), kind,
-    run directory, whether it runs on this node and whether its mm_uuid probe is on."""
+    EngineUnreachable: nothing answered within ``min(timeout, FIRST_CONTACT_S)``, or not
+    vLLM. The facts: its model (config from /v1/models ``root`` or its run directory when
+    readable here), kind, run directory, whether it runs on this node and whether its
+    mm_uuid probe is on."""
     from opsctl.collectors import certify as col
     from opsctl.collectors.http import require_reachable
     from opsctl.collectors.scoring import ScoringApi

@@ -188,8 +188,7 @@ class Update(Event):
 class Prefixed(Event):
     """An event of one named part of a larger run, its lines prefixed ``[name]``.
 
-    An event of one named part of a larger run (a check of certify, a target of a
-    fleet): the inner event's log lines, prefixed ``[name]``. The switches:
+    A part is a check of certify or a target of a fleet. The switches:
 
     - ``phase``: also the inner phase, as ``name: phase`` (not an inner Finished's "done":
       the part ending is not the run ending);

@@ -518,9 +518,8 @@ class _Job:
 def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
     """What the engine's ledger says of the probes this check reads.
 
-    What the engine's ledger says of the probes this check reads (the batch probe;
-    with images also mm_uuid): could not hook (fails the run) or unverified on this
-    vLLM (a warning); nothing for a server without a ledger."""
+    The probes: batch; with images also mm_uuid. Each could not hook (fails the run) or
+    unverified on this vLLM (a warning); nothing for a server without a ledger."""
     if run_dir is None:
         return []
     probes = ("batch", "mm_uuid") if images else ("batch",)
