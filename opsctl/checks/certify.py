@@ -184,7 +184,7 @@ class CertifyReport(Report):
 
     @property
     def exit_code(self) -> int:
-        """The exit code the document records (0, 1, 3 or 130)."""
+        """The exit code the document records."""
         return int(self.document["exit_code"])
 
     @property

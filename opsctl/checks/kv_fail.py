@@ -137,7 +137,7 @@ class KvFailReport(Report):
 
     @property
     def run_dir(self) -> str | None:
-        """The run directory of the engine the check started (None if none started)."""
+        """The run directory of the engine the check started (None when there is none)."""
         return self.document.get("run_dir")
 
 

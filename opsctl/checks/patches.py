@@ -31,7 +31,7 @@ class Options:
 
 
 def run(options: Options = Options()) -> Report:
-    """The ledger of ``options.run_dir`` as a ``patches/1`` report (verdict pass)."""
+    """The ledger of ``options.run_dir`` (else the newest run's) as a ``patches/1`` report."""
     from opsctl import paths
     from opsctl.collectors.ledger import latest_run, read_records
     from opsctl.errors import BadInput

@@ -46,7 +46,7 @@ COLUMNS = ("patch", "kind", "exists", "unchanged", "upstream", "changed around",
 
 
 def hashes_path() -> Path:
-    """The verified release's hashes shipped with engine_patches."""
+    """The path of the verified release's hashes, shipped with engine_patches."""
     import engine_patches
 
     return Path(engine_patches.__file__).parent / "verified_hashes.json"

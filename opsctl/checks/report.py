@@ -44,11 +44,11 @@ class Report:
 
 
 class ReasonedReport(Report):
-    """A report whose document lists ``reasons`` (why it is not a pass) and ``warnings``."""
+    """A report whose document lists the ``reasons`` for its verdict and its ``warnings``."""
 
     @property
     def reasons(self) -> list[str]:
-        """Why the verdict is not pass; empty on a pass."""
+        """The reasons the document gives for its verdict."""
         return list(self.document["reasons"])
 
     @property
