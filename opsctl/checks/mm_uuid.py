@@ -77,7 +77,7 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Report(base.Report):
+class MmUuidReport(base.KnobReport):
     """The mm-uuid report (``document`` is the JSON document)."""
 
     @property
@@ -90,10 +90,8 @@ class Report(base.Report):
         """The items whose verdict is not pass."""
         return [i for i in self.items if i["verdict"] != "pass"]
 
-    @property
-    def knob_warning(self) -> str | None:
-        """The warning for the test knobs the engine ran with (None without any)."""
-        return knob_warning(self.document["test_knobs"])
+
+Report = MmUuidReport  # the name opsctl.domain.check_registry declares
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +147,7 @@ def run(
     options: Options,
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
-) -> Report:
+) -> MmUuidReport:
     """Check which identifier each multimodal item reached the engine core with."""
     progress(ev.Started(TITLE))
     progress(ev.Table(tuple(D.TABLE_COLUMNS), ()))
@@ -162,7 +160,7 @@ def run(
     v = verdict(found)
     rows = tuple(tuple(r) for r in D.table_rows(state.observations))
     progress(ev.Finished(v, D.summary(state.observations), rows=rows))
-    return Report(v, _document(state, options, found, v))
+    return MmUuidReport(v, _document(state, options, found, v))
 
 
 def probe_findings(runs: list[dict[str, Any]]) -> list[Finding]:
@@ -327,17 +325,17 @@ def _item_result(o: D.Observation) -> ItemResult:
     return ItemResult(f"[{o.mode}] {o.case} #{o.index}", v, why, o.sent, o.identifier, o.kind)
 
 
-def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+def certify(ctx: CertifyContext, progress: ev.Progress) -> MmUuidReport:
     """The mm-uuid check as certify runs it (both cache modes, certify's timeout)."""
     return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
 
 
-def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+def on_server(server: ServerRef, progress: ev.Progress) -> MmUuidReport:
     """The mm-uuid check on a console's server (its run directory holds the probe's records)."""
     return run(server.url, Options(run_dir=server.run_dir), progress)
 
 
-def outcome(report: Report, options: Options) -> Outcome:
+def outcome(report: MmUuidReport, options: Options) -> Outcome:
     """The exit rule: 1 when any item did not reach the engine core as expected."""
     from opsctl.checks.registry import Outcome
 

@@ -55,3 +55,14 @@ class ReasonedReport(Report):
     def warnings(self) -> list[str]:
         """Report-level warnings (e.g. the test-knob warning)."""
         return list(self.document["warnings"])
+
+
+class KnobReport(Report):
+    """A report whose document lists the ``test_knobs`` of the engine it ran on."""
+
+    @property
+    def knob_warning(self) -> str | None:
+        """The warning for the test knobs the engine ran with (None without any)."""
+        from opsctl.domain.knobs import warning
+
+        return warning(self.document["test_knobs"])

@@ -63,7 +63,7 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Report(base.Report):
+class UsageReport(base.KnobReport):
     """The usage report (``document`` is the JSON document)."""
 
     @property
@@ -75,10 +75,8 @@ class Report(base.Report):
         """How many requests got ``verdict`` (pass | fail | unverified)."""
         return sum(r["verdict"] == verdict for r in self.rows)
 
-    @property
-    def knob_warning(self) -> str | None:
-        """The warning for the test knobs the engine ran with (None without any)."""
-        return knob_warning(self.document["test_knobs"])
+
+Report = UsageReport  # the name opsctl.domain.check_registry declares
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +109,7 @@ def run(
     options: Options,
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
-) -> Report:
+) -> UsageReport:
     """Check /score and /rerank usage of ``target`` against the engine inputs' counts."""
     archetype, model_dir = _given_model(target)
     where = f"checking {target.url}" if isinstance(target, UrlTarget) else "starting engine"
@@ -155,7 +153,7 @@ def run(
         verdict=verdict,
         test_knobs=knobs,
     )
-    return Report(verdict, doc)
+    return UsageReport(verdict, doc)
 
 
 def _document(**fields: Any) -> dict[str, Any]:
@@ -266,17 +264,17 @@ def _requests(
     return rows
 
 
-def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+def certify(ctx: CertifyContext, progress: ev.Progress) -> UsageReport:
     """The usage check as certify runs it (kind detected, certify's timeout)."""
     return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
 
 
-def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+def on_server(server: ServerRef, progress: ev.Progress) -> UsageReport:
     """The usage check on a console's server."""
     return run(server.url, Options(), progress)
 
 
-def outcome(report: Report, options: Options) -> Outcome:
+def outcome(report: UsageReport, options: Options) -> Outcome:
     """The exit rule: 1 on a mismatch; "unverified" is exit 0 with a warning."""
     from opsctl.checks.registry import Outcome
 
