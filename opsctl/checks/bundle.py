@@ -1,4 +1,6 @@
-"""``opsctl runs bundle`` as a library call: a tar.gz forensics bundle of one opsctl run,
+"""``opsctl runs bundle`` as a library call: a forensics tar.gz of one run.
+
+A tar.gz forensics bundle of one opsctl run,
 to attach to a bug report.
 
 ``bundle(Options(run=...), progress) -> Report`` (schema ``runs.bundle/2``). The bundle
@@ -46,6 +48,8 @@ DEV_MODE_HINT = "not exposed: vLLM serves /server_info only with VLLM_SERVER_DEV
 
 @dataclass(frozen=True)
 class Options:
+    """What to bundle (a run), where to write it, and whether to ask its live server."""
+
     run: str  # a run's name (under the runs directory) or its directory
     out: Path | None = None  # default: ./opsctl-bundle-<run>.tar.gz
     api_key: str | None = None  # for /metrics and /server_info of a guarded server
@@ -72,6 +76,7 @@ def resolve_run(run: str, runs_dir: Path | None = None) -> Path:
 
 
 def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
+    """Write the run's forensics bundle; its report is the ``runs.bundle/2`` manifest."""
     from opsctl.checks.runs import run_dict
     from opsctl.collectors import bundle as col
     from opsctl.collectors import runs as runs_col

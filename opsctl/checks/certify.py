@@ -1,4 +1,6 @@
-"""certify as a library call: every applicable check against one target, with the
+"""certify as a library call: every applicable check against one target, one report.
+
+Every applicable check against one target, with the
 fewest engine starts, as one report for people and CI.
 
 ``run(target, options, progress=ignore, session=None) -> CertifyReport`` (schema
@@ -51,6 +53,8 @@ TITLE = "certify"
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """Which checks certify runs (``checks`` or all but ``skip``) and its timeout."""
+
     checks: tuple[str, ...] = ()  # only these (each must be able to run)
     skip: tuple[str, ...] = ()
     timeout: float = 300.0  # seconds: an engine's start, and any one HTTP answer
@@ -73,23 +77,28 @@ class Options:
 
 @dataclass(frozen=True, slots=True)
 class CheckStarted(ev.Event):
+    """A check of certify began (``index`` of ``total``)."""
+
     check: str
     index: int
     total: int
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the phase, ``check (index/total)``."""
         return {"phase": f"{self.check} ({self.index}/{self.total})"}
 
 
 @dataclass(frozen=True, slots=True)
 class CheckProgress(ev.Prefixed):
-    """An event of the running check (its panel's): every log line prefixed with the
-    check, its phase too, its warnings as they are."""
+    """An event of the running check, wrapped for certify's panel.
+
+    Every log line is prefixed with the check, its phase too; its warnings are as they are."""
 
     phase: bool = True
 
     @property
     def check(self) -> str:
+        """The name of the check the event came from."""
         return self.name
 
 
@@ -100,6 +109,7 @@ class CheckDone(ev.CaseResult):
     seconds: float = 0.0
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: the check's verdict, time and detail."""
         tail = f": {self.detail}" if self.detail else ""
         return {"events": [f"{self.name} -> {self.verdict} ({self.seconds:.1f} s){tail}"]}
 
@@ -108,8 +118,9 @@ class CheckDone(ev.CaseResult):
 
 
 class CertifySession(EngineSession):
-    """An engine session that keeps one engine alive at a time, remembers which check
-    each start served, and does not retry a start that failed."""
+    """An engine session with one engine alive at a time, for certify.
+
+    It remembers which check each start served, and does not retry a start that failed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,6 +130,9 @@ class CertifySession(EngineSession):
         self._broken: dict[tuple, OpsctlError] = {}
 
     def engine(self, spec: EngineSpec, progress: ev.Progress = ev.ignore, *, label: str) -> Live:
+        """The live engine of ``spec`` (started for ``label``, stopping any other first).
+
+        A start that failed before raises its error again instead of retrying."""
         key = spec.engine_key()
         if key in self._broken:
             raise self._broken[key]
@@ -138,6 +152,7 @@ class CertifySession(EngineSession):
         return live
 
     def engines_of(self, check: str) -> tuple[int, ...]:
+        """The indexes in ``starts`` of the engines that served ``check``."""
         return tuple(i for i, s in enumerate(self.starts) if check in self.served.get(id(s), ()))
 
 
@@ -154,7 +169,9 @@ def _start_failure(exc: Exception) -> OpsctlError:
 
 @dataclass(frozen=True)
 class CertifyReport(Report):
-    """``document`` is the ``opsctl.certify/2`` JSON document; ``hint`` goes with its
+    """The ``opsctl.certify/2`` document, its verdict and the hint for its error.
+
+    ``document`` is the ``opsctl.certify/2`` JSON document; ``hint`` goes with its
     ``error`` on stderr (e.g. "pass --api-key KEY")."""
 
     hint: str | None = None
@@ -162,10 +179,12 @@ class CertifyReport(Report):
 
     @property
     def results(self) -> list[dict[str, Any]]:
+        """One result per check (run, skipped or errored), in the document's order."""
         return list(self.document["checks"])
 
     @property
     def exit_code(self) -> int:
+        """The exit code the document records."""
         return int(self.document["exit_code"])
 
     @property
@@ -174,6 +193,7 @@ class CertifyReport(Report):
         return list(self.document["refused"])
 
     def verdicts(self) -> dict[str, str]:
+        """Each check's verdict, by check name."""
         return {r["check"]: r["verdict"] for r in self.results}
 
 
@@ -186,6 +206,7 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> CertifyReport:
+    """Certify ``target``: every selected check, engines shared, one report; see the module doc."""
     if session is not None and not isinstance(session, CertifySession):
         raise TypeError("certify needs a CertifySession (or none)")
     own = session if session is not None else CertifySession()
@@ -215,9 +236,11 @@ def not_reached(
     seconds: float,
     progress: ev.Progress = ev.ignore,
 ) -> CertifyReport:
-    """The report of a certification that never reached its checks: no vLLM server
-    answered (``error`` an EngineUnreachable: state unreachable, exit 3), or certify
-    itself failed (any other error: state crashed, liveness as an error case, exit 1).
+    """The report of a certification that never reached its checks.
+
+    No vLLM server answered (``error`` an EngineUnreachable: state unreachable, exit 3),
+    or certify itself failed (any other error: state crashed, liveness as an error case,
+    exit 1).
     The same document, JUnit and SARIF as any other run, so CI always gets its files."""
     from opsctl.checks.certify_facts import bare_fingerprint
 
@@ -247,9 +270,10 @@ def not_reached(
 def cut_short(
     target: Target, results: list[dom.CheckResult], seconds: float, state: str, error: str
 ) -> CertifyReport:
-    """The report of a certification stopped from outside before it finished (a fleet
-    target past its deadline, or interrupted): ``results`` as far as they are known, the
-    fingerprint unknown (null) but opsctl's version."""
+    """The report of a certification stopped from outside before it finished.
+
+    A fleet target past its deadline, or interrupted: ``results`` as far as they are known,
+    the fingerprint unknown (null) but opsctl's version."""
     from opsctl.checks.certify_facts import bare_fingerprint
 
     return _document(

@@ -1,5 +1,6 @@
-"""What a certification records about its engines and the build it certified (read after
-the run, from the session, the run directories and the model files):
+"""What a certification records about its engines and the build it certified.
+
+Read after the run, from the session, the run directories and the model files:
 
 - :func:`engines`: every engine start: model, URL, run directory, the argv it ran,
   arguments, environment, test knobs, probes, time to healthy, the checks it served,
@@ -24,6 +25,7 @@ from opsctl.domain import certify_checks as checks_dom
 
 
 def engines(session: EngineSession) -> list[dict[str, Any]]:
+    """One record per engine ``session`` started: spec, argv, timing, served checks, stop."""
     served = getattr(session, "served", {})
     out = []
     for i, start in enumerate(session.starts):
@@ -92,8 +94,9 @@ def fingerprint(target: Target, facts: Facts, engine_docs: list[dict[str, Any]])
 
 
 def bare_fingerprint() -> dict[str, Any]:
-    """The fingerprint of a certification that reached nothing: every fact unknown (null)
-    but opsctl's own version."""
+    """The fingerprint of a certification that reached nothing.
+
+    Every fact is unknown (null) but opsctl's own version."""
     return {
         "vllm_version": None,
         "platform": None,

@@ -1,4 +1,6 @@
-"""certify over a fleet as a library call: the URL checks of ``opsctl certify URL`` on
+"""certify over a fleet as a library call: every target's URL checks, bounded, at once.
+
+The URL checks of ``opsctl certify URL`` on
 every target at once, bounded, each target with its own deadline.
 
 ``resolve(listed, api_key, environ) -> [FleetTarget]`` turns the targets file's and the
@@ -46,6 +48,8 @@ TITLE = "certify"
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """Each target's certify options (its timeout is the deadline) and the concurrency."""
+
     certify: certify.Options = field(default_factory=certify.Options)  # timeout: the deadline
     concurrency: int = fdom.DEFAULT_CONCURRENCY
 
@@ -65,8 +69,10 @@ def _server(url: str) -> tuple[str, int]:
 def resolve(
     listed: Sequence[Any], api_key: str | None, environ: Mapping[str, str]
 ) -> list[FleetTarget]:
-    """The fleet from console targets (name, url, labels, api_key_env): each name and each
-    server once; a target's key from its ``api_key_env`` variable, else ``api_key``."""
+    """The fleet from console targets (name, url, labels, api_key_env).
+
+    Each name and each server once; a target's key from its ``api_key_env`` variable,
+    else ``api_key``."""
     if not listed:
         raise BadInput("no targets to certify", hint="give URLs or --targets FILE")
     name = fdom.duplicate([t.name for t in listed])
@@ -96,19 +102,24 @@ def resolve(
 
 @dataclass(frozen=True, slots=True)
 class TargetStarted(ev.Event):
+    """A target's certification began (``index`` of ``total``)."""
+
     name: str
     url: str
     index: int
     total: int
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: the target being certified."""
         return {"events": [f"[{self.name}] certifying {self.url} ({self.index}/{self.total})"]}
 
 
 @dataclass(frozen=True, slots=True)
 class TargetProgress(ev.Prefixed):
-    """An event of one target's certification: only its checks' verdicts and its alerts
-    are log lines, prefixed with the target, and so are its warnings."""
+    """An event of one target's certification, wrapped for the fleet panel.
+
+    Only its checks' verdicts and its alerts are log lines, prefixed with the target, and
+    so are its warnings."""
 
     lines_of: tuple[type[ev.Event], ...] = (certify.CheckDone, ev.Alert)
     tag_warnings: bool = True
@@ -122,6 +133,7 @@ class TargetDone(ev.CaseResult):
     seconds: float = 0.0
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: the target's verdict, state and time."""
         tail = f": {self.detail}" if self.detail else ""
         line = f"[{self.name}] -> {self.verdict} ({self.state}, {self.seconds:.1f} s){tail}"
         return {"events": [line]}
@@ -138,6 +150,7 @@ class FleetReport(Report):
 
     @property
     def exit_code(self) -> int:
+        """The exit code the fleet document records."""
         return int(self.document["exit_code"])
 
     def docs(self) -> list[dict[str, Any]]:
@@ -260,6 +273,7 @@ class _Fleet:
 def run(
     targets: Sequence[FleetTarget], options: Options = Options(), progress: ev.Progress = ev.ignore
 ) -> FleetReport:
+    """Certify every target, at most ``concurrency`` at once; see the module doc."""
     started = time.monotonic()
     fleet = _Fleet(targets, options, progress)
     progress(ev.Started(TITLE, f"certifying {len(targets)} target(s)"))

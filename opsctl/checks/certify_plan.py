@@ -1,5 +1,7 @@
-"""certify's planning: what is certified (:class:`Facts`: the model, its kind, where it
-runs) and which engine each check runs on, so compatible checks share one engine.
+"""certify's planning: the facts certified and which engine each check runs on.
+
+:class:`Facts` are the model, its kind and where it runs; compatible checks share one
+engine.
 
 Engines (``EngineSpec.engine_key()`` is the sharing rule, opsctl.checks.target):
 
@@ -52,8 +54,10 @@ def _kv_groups(config: dict[str, Any]) -> int:
 def target_of(
     url: str | None, model: str | None, load_format: str, api_key: str | None, knobs: dict
 ) -> UrlTarget | EngineSpec:
-    """What the command line names: a URL (normalised: HOST:PORT is http://HOST:PORT) or
-    an engine to start; anything else is BadInput (exit 2, no report)."""
+    """What the command line names: a URL or an engine to start.
+
+    A URL is normalised (HOST:PORT is http://HOST:PORT); anything else is BadInput
+    (exit 2, no report)."""
     from opsctl.checks.target import url_or_model
     from opsctl.domain.weights import check_load_format
     from opsctl.errors import BadInput
@@ -94,10 +98,12 @@ FIRST_CONTACT_S = 30.0  # the most a URL's first answer is waited for (--timeout
 
 
 def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Facts:
-    """Facts of a running server: a vLLM server answers (EngineUnreachable otherwise:
-    nothing answered within ``min(timeout, FIRST_CONTACT_S)``, or not vLLM), its model
-    (config from /v1/models ``root`` or its run directory when readable here), kind,
-    run directory, whether it runs on this node and whether its mm_uuid probe is on."""
+    """The facts of a running server (EngineUnreachable when no vLLM server answers).
+
+    EngineUnreachable: nothing answered within ``min(timeout, FIRST_CONTACT_S)``, or not
+    vLLM. The facts: its model (config from /v1/models ``root`` or its run directory when
+    readable here), kind, run directory, whether it runs on this node and whether its
+    mm_uuid probe is on."""
     from opsctl.collectors import certify as col
     from opsctl.collectors.http import require_reachable
     from opsctl.collectors.scoring import ScoringApi
@@ -130,8 +136,9 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
 
 
 def prefix_caching(url: str, api_key: str | None, timeout: float) -> bool | None:
-    """The server's own prefix caching, from its vllm:cache_config_info labels (None: no
-    /metrics, or no such label)."""
+    """The server's own prefix caching, from its vllm:cache_config_info labels.
+
+    None: no /metrics, or no such label."""
     from opsctl.collectors.http import client
     from opsctl.domain.metrics import parse_samples
 

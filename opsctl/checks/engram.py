@@ -48,7 +48,9 @@ COLUMNS = ("table", "size", "split (w/s)", "linked", "mappers", "RSS / PSS each"
 
 @dataclass(frozen=True)
 class EngramReport(Report):
-    """``failure``: the line a failed verdict is reported with (the CLI's exit-1 error);
+    """An Engram report, with the lines the CLI says around it.
+
+    ``failure``: the line a failed verdict is reported with (the CLI's exit-1 error);
     ``warnings``: said before the result; ``hint``: what to do next (clean dry run)."""
 
     failure: str | None = None
@@ -61,6 +63,8 @@ class EngramReport(Report):
 
 @dataclass(frozen=True, slots=True)
 class InspectOptions:
+    """Which processes and tables ``engram inspect`` reads, and how much it verifies."""
+
     pids: tuple[int, ...] = ()  # only these processes' mappings; () = every process
     verify: str = "sample"  # none | sample | full
     prefix: str = dom.PREFIX  # narrow it to one run's tables
@@ -209,7 +213,9 @@ def _verify_text(v: dict[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
-    """Exactly one of ``model`` (a directory with config.json) and ``config`` (a config
+    """What ``engram plan`` sizes: a model directory or a config, with its layout.
+
+    Exactly one of ``model`` (a directory with config.json) and ``config`` (a config
     JSON file or a shipped example name, e.g. "deepseek-v4.1-flash")."""
 
     model: Path | None = None
@@ -223,6 +229,7 @@ class PlanOptions:
 
 def plan(options: PlanOptions) -> EngramReport:
     """Engram table bytes per rank/node for TP/DP, shared vs private, the /dev/shm check.
+
     Bad configs or layouts are BadInput."""
     from opsctl.collectors import shm
     from opsctl.collectors.engram_config import read_config
@@ -259,6 +266,8 @@ def plan(options: PlanOptions) -> EngramReport:
 
 @dataclass(frozen=True, slots=True)
 class CleanOptions:
+    """Which orphaned Engram tables ``engram clean`` lists, and whether it removes them."""
+
     prefix: str = dom.PREFIX  # only files with this prefix
     yes: bool = False  # really remove the orphans (default: only list them)
     force: bool = False  # with yes: remove even though some processes could not be read
@@ -271,8 +280,10 @@ class CleanOptions:
 def clean(
     options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ignore
 ) -> EngramReport:
-    """List (and with ``yes`` remove) orphaned Engram tables in /dev/shm. Verdict fail
-    when ``yes`` kept an orphan it listed (refused, held again, gone, not removable)."""
+    """List (and with ``yes`` remove) orphaned Engram tables in /dev/shm.
+
+    Verdict fail when ``yes`` kept an orphan it listed (refused, held again, gone, not
+    removable)."""
     from opsctl.collectors import engram_clean as col
     from opsctl.output import document
 

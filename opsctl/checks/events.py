@@ -17,7 +17,10 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """Something a check reports while it runs; a panel folds its snapshot in."""
+
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets (none for the base event)."""
         return {}
 
 
@@ -29,6 +32,7 @@ class Started(Event):
     detail: str = ""
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the title and the first phase."""
         return {"title": self.title, "phase": self.detail or "starting"}
 
 
@@ -41,16 +45,20 @@ class Phase(Event):
     total: int | None = None
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the phase."""
         return {"phase": self.name}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineStarting(Event):
+    """An engine for ``label`` is starting, with its run directory."""
+
     model: str
     run_dir: str
     label: str = ""
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the phase and one log line."""
         return {
             "phase": "starting engine",
             "events": [f"starting engine {self.model} (run dir {self.run_dir})"],
@@ -59,22 +67,28 @@ class EngineStarting(Event):
 
 @dataclass(frozen=True, slots=True)
 class EngineReady(Event):
+    """An engine answers at ``url`` (started in ``seconds``, or reused)."""
+
     url: str
     seconds: float | None = None  # None: an engine reused from the session
     reused: bool = False
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: how the engine became ready."""
         how = "reused" if self.reused else f"healthy after {self.seconds or 0:.1f} s"
         return {"events": [f"engine {how} at {self.url}"]}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineStopped(Event):
+    """An engine stopped; ``leftover_pids`` are processes that outlived it."""
+
     url: str
     seconds: float
     leftover_pids: tuple[int, ...] = ()
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: the stop and what was left."""
         left = f", LEFT {list(self.leftover_pids)}" if self.leftover_pids else ""
         return {"events": [f"engine at {self.url} stopped in {self.seconds:.1f} s{left}"]}
 
@@ -87,6 +101,7 @@ class Log(Event):
     level: str = "info"
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line (a warning prefixed so)."""
         prefix = "warning: " if self.level == "warning" else ""
         return {"events": [prefix + self.text]}
 
@@ -98,6 +113,7 @@ class Alert(Event):
     text: str
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the warning, and a log line of it."""
         return {"warnings": [self.text], "events": [f"warning: {self.text}"]}
 
 
@@ -109,6 +125,7 @@ class Table(Event):
     rows: tuple[tuple[str, ...], ...]
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the table's columns and rows."""
         return {"columns": list(self.columns), "rows": [list(r) for r in self.rows]}
 
 
@@ -121,26 +138,33 @@ class CaseResult(Event):
     detail: str = ""
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: the case's verdict and detail."""
         tail = f": {self.detail}" if self.detail else ""
         return {"events": [f"{self.name} -> {self.verdict}{tail}"]}
 
 
 @dataclass(frozen=True, slots=True)
 class Counter(Event):
+    """A named measurement (for listeners; the panel shows nothing of it)."""
+
     name: str
     value: float
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: none."""
         return {}
 
 
 @dataclass(frozen=True, slots=True)
 class Finished(Event):
+    """The check is done: its verdict, a summary and the final table rows."""
+
     verdict: str
     summary: str = ""
     rows: tuple[tuple[str, ...], ...] | None = None
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: phase done, the verdict, the summary and rows."""
         snap: dict[str, Any] = {"phase": "done", "verdict": self.verdict}
         if self.summary:
             snap["summary"] = self.summary
@@ -156,13 +180,15 @@ class Update(Event):
     fields: dict[str, Any] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: the given fields, as they are."""
         return dict(self.fields)
 
 
 @dataclass(frozen=True, slots=True)
 class Prefixed(Event):
-    """An event of one named part of a larger run (a check of certify, a target of a
-    fleet): the inner event's log lines, prefixed ``[name]``. The switches:
+    """An event of one named part of a larger run, its lines prefixed ``[name]``.
+
+    A part is a check of certify or a target of a fleet. The switches:
 
     - ``phase``: also the inner phase, as ``name: phase`` (not an inner Finished's "done":
       the part ending is not the run ending);
@@ -177,6 +203,7 @@ class Prefixed(Event):
     tag_warnings: bool = False
 
     def snapshot(self) -> dict[str, Any]:
+        """The inner event's panel fields, prefixed and filtered by the switches."""
         inner = self.event.snapshot()
         out: dict[str, Any] = {}
         if inner.get("events") and (not self.lines_of or isinstance(self.event, self.lines_of)):

@@ -53,6 +53,8 @@ def _report(schema: str, found: Sequence[Finding], progress: ev.Progress, **fiel
 
 @dataclass(frozen=True, slots=True)
 class LedgerOptions:
+    """Where the patch ledger check reads the ledger of a URL's run."""
+
     run_dir: Path | None = None  # a URL's run directory when not found from the URL
 
 
@@ -62,6 +64,7 @@ def patch_ledger(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """The patch ledger check: no failed patch and no test knob active in the engine's ledger."""
     from opsctl.checks import patches
 
     progress(ev.Started("patch ledger"))
@@ -90,6 +93,8 @@ def patch_ledger(
 
 @dataclass(frozen=True, slots=True)
 class EngramOptions:
+    """The Engram hygiene check's model directory, layout and verify level."""
+
     model_dir: Path | None = None  # the model's directory (its config tells its tables)
     tp: int = 1
     dp: int = 1
@@ -102,6 +107,7 @@ def engram(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """The Engram hygiene check: no orphaned table, every fill verified, the tables fit /dev/shm."""
     from opsctl.checks import engram as tables
 
     progress(ev.Started("Engram hygiene"))

@@ -1,5 +1,4 @@
-"""`diag invariance` as a library call: batch invariance of tokens and logprobs (vLLM PR
-56528).
+"""`diag invariance` as a library call: batch invariance of tokens and logprobs (vLLM PR 56528).
 
 Every prompt runs alone (BS=1) and all prompts together (BS=N, sent at once so the
 engine batches them); tokens and logprobs are compared, bitwise unless ``atol``. Fails
@@ -44,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks import invariance_images as mm
-from opsctl.checks.report import FAIL, PASS, Report
+from opsctl.checks.report import FAIL, PASS, ReasonedReport
+from opsctl.checks.sampling import check_sampling
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.collectors import completions as cc
@@ -107,12 +107,7 @@ class Options:
             raise BadInput(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if len(self.prompts) < 2:
             raise BadInput(f"{len(self.prompts)} prompt(s) given; a batch needs at least 2")
-        if self.max_tokens < 1:
-            raise BadInput("--max-tokens must be at least 1")
-        if self.logprobs < 0:
-            raise BadInput("--logprobs must be 0 or more")
-        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
-            raise BadInput("--atol must be a finite number >= 0")
+        check_sampling(self.max_tokens, self.logprobs, self.atol)
         if self.n < 2:
             raise BadInput("--batch-size must be at least 2 (BS=N is compared with BS=1)")
         if self.n > len(self.prompts):
@@ -132,24 +127,17 @@ class Options:
 
     @property
     def n(self) -> int:
+        """N of BS=N: ``batch_size``, else the number of prompts."""
         return len(self.prompts) if self.batch_size is None else self.batch_size
 
 
-class InvarianceReport(Report):
-    """``document`` is the ``opsctl.diag.invariance/2`` JSON document."""
+class InvarianceReport(ReasonedReport):
+    """The ``opsctl.diag.invariance/2`` document (its ``warnings``: each run has its own too)."""
 
     @property
     def runs(self) -> list[dict[str, Any]]:
+        """One entry per mode's run: its comparisons, reasons and warnings."""
         return list(self.document["runs"])
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.document["reasons"])
-
-    @property
-    def warnings(self) -> list[str]:
-        """Report-level warnings (the test-knob warning); each run has its own."""
-        return list(self.document["warnings"])
 
     @property
     def timed_out(self) -> bool:
@@ -158,10 +146,11 @@ class InvarianceReport(Report):
 
 
 def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
-    """The engine one mode runs on: ``spec`` (default model tiny-llama) with the isolating
-    arguments and environment, the batch probe (and the mm_uuid probe and the image
-    limit when the prompts carry images), room for the batch and the execution mode.
-    Idempotent, so a planner can pass its result back in."""
+    """The engine one mode runs on: ``spec`` (default tiny-llama) with the isolating settings.
+
+    The isolating arguments and environment, the batch probe (and the mm_uuid probe and
+    the image limit when the prompts carry images), room for the batch and the execution
+    mode. Idempotent, so a planner can pass its result back in."""
     images = mm.spec_images(spec, options.images, DEFAULT_MODEL)
     args = spec.extra_args
     n = len(ISOLATING_ARGS)
@@ -180,9 +169,10 @@ def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
 
 
 def plan(target: Target, options: Options) -> list[tuple[str | None, Target]]:
-    """The runs to do, as (mode, target): a URL is one run on the server as it is (mode
-    None unless given); a spec is one isolated engine per mode. Refuses (BadInput) what
-    cannot work before anything starts: ``both`` on a URL, a pooling model."""
+    """The runs to do, as (mode, target): one on a URL's server, one engine per mode of a spec.
+
+    A URL is one run on the server as it is (mode None unless given). Refuses (BadInput)
+    what cannot work before anything starts: ``both`` on a URL, a pooling model."""
     if isinstance(target, UrlTarget):
         if options.mode == "both":
             raise BadInput("--mode both needs opsctl to start the engine (use --model, not a URL)")
@@ -526,9 +516,10 @@ class _Job:
 
 
 def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
-    """What the engine's ledger says of the probes this check reads (the batch probe;
-    with images also mm_uuid): could not hook (fails the run) or unverified on this
-    vLLM (a warning); nothing for a server without a ledger."""
+    """What the engine's ledger says of the probes this check reads.
+
+    The probes: batch; with images also mm_uuid. Each could not hook (fails the run) or
+    unverified on this vLLM (a warning); nothing for a server without a ledger."""
     if run_dir is None:
         return []
     probes = ("batch", "mm_uuid") if images else ("batch",)

@@ -1,4 +1,6 @@
-"""`diag invariance` on a vision-language model: the image side of
+"""The image side of `diag invariance`: the images a vision-language model run sends.
+
+`diag invariance` on a vision-language model: the image side of
 :mod:`opsctl.checks.invariance` (vLLM PR 56528's multimodal case).
 
 - :func:`spec_images` / :func:`with_limit`: how many images per prompt a run on an
@@ -46,7 +48,8 @@ def catalog_entry(model: str | None) -> tuple[str | None, int | None]:
 
 
 def spec_images(spec: EngineSpec, requested: int | None, default_model: str) -> int:
-    """Most images per prompt a run on ``spec``'s model sends (0: a text-only model):
+    """Most images per prompt a run on ``spec``'s model sends (0: a text-only model).
+
     ``requested`` when given, else the catalog's value (1 for a model directory).
     BadInput for images on a text-only model."""
     from opsctl.engine.model import resolve
@@ -84,9 +87,11 @@ def senders(
     batch_via: str | None,
     pics: Pictures,
 ) -> tuple[Phase, Phase, str]:
-    """(BS=1 call, BS=N call, via): /v1/completions for text (``list``: one request
-    with N prompts by default), /v1/chat/completions with images (N requests at once;
-    ``list`` is refused: it cannot carry images)."""
+    """The BS=1 call, the BS=N call and how BS=N is sent (``list`` or ``requests``).
+
+    /v1/completions for text (``list``: one request with N prompts by default),
+    /v1/chat/completions with images (N requests at once; ``list`` is refused: it cannot
+    carry images)."""
     url, key, texts = live.url, live.api_key, list(prompts)
     if not any(pics):
         via = batch_via or "list"
@@ -112,8 +117,10 @@ def evidence(
     sides: tuple[list[cc.Timed], list[cc.Timed]],
     text_tokens: list[int | None] | None,
 ) -> img.ImageEvidence:
-    """What shows each request's images reached the engine: its probes' records, else
-    the usage cross-check (prompt tokens minus the text-only count per request)."""
+    """What shows each request's images reached the engine.
+
+    Its probes' records, else the usage cross-check (prompt tokens minus the text-only count
+    per request)."""
     tokens = None
     if text_tokens is not None:
         tokens = {

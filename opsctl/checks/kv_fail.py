@@ -58,6 +58,8 @@ NO_PATCH = dom.RECOVERY_PATCHES  # --no-patch: the spec's disable_patches names 
 
 @dataclass(frozen=True)
 class Options:
+    """The injection settings of diag kv-fail and its waits."""
+
     settings: dom.Settings = field(default_factory=dom.Settings)
     request_timeout: float = 180.0  # seconds for one completion
     settle: float = 5.0  # seconds a failed request's engine gets to show it still serves
@@ -72,6 +74,7 @@ class Injected(ev.Event):
     injection: dom.Injection
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line, the block injected or corrupted."""
         i = self.injection
         verb = "injected" if i.reported else "corrupted silently"
         who = "?" if self.request is None else self.request
@@ -90,6 +93,7 @@ class Recovered(ev.Event):
     recovery: dom.Recovery
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: what the patch recovered."""
         r = self.recovery
         return {
             "events": [
@@ -101,11 +105,14 @@ class Recovered(ev.Event):
 
 @dataclass(frozen=True, slots=True)
 class EngineDied(ev.Event):
+    """The engine died during ``phase``, at request ``request``."""
+
     phase: str
     request: int
     error: str | None
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: where the engine died."""
         return {"events": [f"engine died at request #{self.request}: {self.error}"]}
 
 
@@ -115,6 +122,7 @@ class KvFailReport(Report):
 
     @property
     def findings(self) -> list[dict]:
+        """The document's findings (severity, code, message), in order."""
         return list(self.document.get("findings", []))
 
     @property
@@ -124,10 +132,12 @@ class KvFailReport(Report):
 
     @property
     def warnings(self) -> list[str]:
+        """The document's warnings (e.g. the test-knob warning)."""
         return list(self.document.get("warnings", []))
 
     @property
     def run_dir(self) -> str | None:
+        """The run directory of the engine the check started (None when there is none)."""
         return self.document.get("run_dir")
 
 
@@ -146,8 +156,10 @@ def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
 
 
 def request_route_supported() -> bool:
-    """Whether the installed vLLM has the request-level failure route (read from its
-    sources, never imported): ``failed_recving`` in the connector base (vLLM 0.30+)."""
+    """Whether the installed vLLM has the request-level failure route.
+
+    Read from its sources, never imported: ``failed_recving`` in the connector base
+    (vLLM 0.30+)."""
     from opsctl.collectors.vllm_sources import InstalledSources
 
     text = InstalledSources().read("vllm.distributed.kv_transfer.kv_connector.v1.base")
@@ -155,8 +167,9 @@ def request_route_supported() -> bool:
 
 
 def validate(target: Target, options: Options) -> ResolvedModel:
-    """BadInput for what cannot run (a URL, bad settings, a model the connector cannot
-    serve); returns the resolved model."""
+    """The resolved model, once what cannot run is refused.
+
+    BadInput for a URL, bad settings or a model the connector cannot serve."""
     from opsctl.engine.model import resolve
 
     if isinstance(target, UrlTarget):
@@ -381,9 +394,10 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> KvFailReport:
-    """Run diag kv-fail on an engine started for ``target`` (an EngineSpec; a URL is
-    BadInput). Raises BadInput for bad settings or a model the connector cannot serve,
-    the engine start's errors (EngineDied, OpsTimeout); a dying engine *during* the
+    """Run diag kv-fail on an engine started for ``target`` (an EngineSpec).
+
+    A URL is BadInput. Raises BadInput for bad settings or a model the connector cannot
+    serve, the engine start's errors (EngineDied, OpsTimeout); a dying engine *during* the
     phases is a finding (verdict fail), not an exception."""
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.output import document

@@ -1,4 +1,6 @@
-"""Liveness as a library call: the server is healthy, answers one request, and its
+"""Liveness as a library call: the server is healthy, answers, and its engine progresses.
+
+The server is healthy, answers one request, and its
 engine makes forward progress.
 
 ``run(target, options, progress, session) -> Report`` (schema ``liveness/2``: the
@@ -41,6 +43,8 @@ PROMPT = "The engine is alive and"
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The request liveness sends (generative or pooling) and its waits."""
+
     generative: bool | None = None  # None: ask the server (/v1/completions refused: pooling)
     timeout: float = 60.0  # seconds for each HTTP answer
     progress_wait: float = 15.0  # seconds for the counter to advance after the answer
@@ -57,6 +61,7 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """Liveness of ``target``: /health, one request, forward progress; see the module doc."""
     from opsctl.output import document
 
     progress(ev.Started(TITLE))

@@ -1,4 +1,6 @@
-"""`diag lora` as a library call: LoRA adapters applied alone and in one mixed batch (vLLM
+"""`diag lora` as a library call: LoRA adapters alone and in one mixed batch.
+
+LoRA adapters applied alone and in one mixed batch (vLLM
 PR 55897: LoRA on multimodal towers and connectors; does a mixed-adapter batch map each
 request and each image to its own adapter?).
 
@@ -49,7 +51,7 @@ from opsctl.checks.lora_plan import (
     images_for,
     plan,
 )
-from opsctl.checks.report import Report
+from opsctl.checks.report import ReasonedReport
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target
 from opsctl.collectors import engine_records, ledger
@@ -70,23 +72,17 @@ TITLE = "diag lora"
 SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
 
 
-class LoraReport(Report):
-    """``document`` is the ``opsctl.diag.lora/2`` JSON document."""
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.document["reasons"])
-
-    @property
-    def warnings(self) -> list[str]:
-        return list(self.document["warnings"])
+class LoraReport(ReasonedReport):
+    """The ``opsctl.diag.lora/2`` document and its verdict."""
 
     @property
     def support(self) -> dict[str, str]:
+        """Each part's LoRA support status (language model, vision tower, connector)."""
         return {p["part"]: p["status"] for p in self.document["support"]}
 
     @property
     def first_divergence(self) -> dict[str, Any] | None:
+        """Where the mixed batch first differed from the requests alone (None: nowhere)."""
         return self.document["mixed"]["first_divergence"]
 
 
@@ -339,9 +335,10 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
 
 
 def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
-    """``found`` with what the engine's ledger says of the probes this check reads (lora,
-    batch): a probe that could not hook leaves the check unverified at best (its
-    evidence was not seen), one unverified on this vLLM adds a warning."""
+    """``found`` with what the engine's ledger says of the probes this check reads.
+
+    The probes are lora and batch: a probe that could not hook leaves the check unverified
+    at best (its evidence was not seen), one unverified on this vLLM adds a warning."""
     if run_dir is None:
         return found
     probes = pe.probe_findings(ledger.read_records(run_dir), ("lora", "batch"), "lora")

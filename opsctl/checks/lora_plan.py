@@ -1,7 +1,8 @@
-"""What `diag lora` runs against, decided before anything starts: the options, the
-adapters (the embedded ones of an embedded model, or PEFT directories given), the images
-per request and the engine spec with every LoRA argument. Bad input is refused here
-(:class:`BadInput`, exit 2), before an engine or a panel starts."""
+"""What `diag lora` runs against, decided before anything starts.
+
+The options, the adapters (the embedded ones of an embedded model, or PEFT directories
+given), the images per request and the engine spec with every LoRA argument. Bad input
+is refused here (:class:`BadInput`, exit 2), before an engine or a panel starts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.checks.sampling import check_sampling
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.collectors import lora as collect
 from opsctl.domain import lora as D
@@ -38,12 +40,7 @@ class Options:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adapters", tuple(self.adapters))
-        if self.max_tokens < 1:
-            raise BadInput("--max-tokens must be at least 1")
-        if self.logprobs < 0:
-            raise BadInput("--logprobs must be 0 or more")
-        if self.atol is not None and not (self.atol >= 0 and self.atol != float("inf")):
-            raise BadInput("--atol must be a finite number >= 0")
+        check_sampling(self.max_tokens, self.logprobs, self.atol)
         if self.images is not None and self.images < 0:
             raise BadInput("--images must be 0 or more")
         if self.timeout is not None and self.timeout <= 0:
@@ -65,6 +62,7 @@ class Adapter:
     rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The adapter as the report lists it: name, path, source, parts, rank."""
         return {
             "name": self.name,
             "path": str(self.path) if self.path else None,
@@ -75,6 +73,7 @@ class Adapter:
 
 
 def embedded_adapters(model: str) -> list[Adapter]:
+    """The embedded adapters of embedded model ``model``, built on first use."""
     from opsctl.embedded import lora as built
 
     paths = built.ensure(model)
@@ -85,6 +84,7 @@ def embedded_adapters(model: str) -> list[Adapter]:
 
 
 def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
+    """The adapters in PEFT directories ``dirs`` (BadInput for two with one name)."""
     out = [collect.read_adapter_dir(d) for d in dirs]
     names = [a.name for a in out]
     if len(set(names)) != len(names):
@@ -93,8 +93,10 @@ def dir_adapters(dirs: tuple[str, ...]) -> list[Adapter]:
 
 
 def images_for(model: str | None, archetype: str | None, options: Options) -> int:
-    """Images per request: the option, else 0 for a text model, 2 for a model that takes
-    several (the catalog's images_per_prompt), else 1."""
+    """Images per request: the option, else by the model.
+
+    0 for a text model, 2 for a model that takes several (the catalog's
+    images_per_prompt), else 1."""
     from opsctl.embedded import catalog
 
     if options.images is not None:
@@ -107,6 +109,8 @@ def images_for(model: str | None, archetype: str | None, options: Options) -> in
 
 @dataclass(frozen=True)
 class Plan:
+    """What diag lora runs: the target, the adapters, the images per request."""
+
     target: Target  # the URL, or the spec with every LoRA argument
     adapters: tuple[Adapter, ...]  # () for a URL without --adapters: the server's
     images: int | None  # None: decided once the URL's model is known
@@ -144,8 +148,10 @@ def lora_spec(
 
 
 def plan(target: Target, options: Options) -> Plan:
-    """Refuse bad input before anything starts (adapter dirs, a pooling model) and build
-    the engine spec; a URL keeps its adapters open until its server is seen."""
+    """The plan of ``options`` on ``target``, bad input refused before anything starts.
+
+    Refuses adapter dirs that cannot be read and a pooling model, and builds the engine
+    spec; a URL keeps its adapters open until its server is seen."""
     given = dir_adapters(options.adapters) if options.adapters else []
     if isinstance(target, UrlTarget):
         if options.max_loras is not None:

@@ -1,4 +1,6 @@
-"""diag mm-uuid as a library call: which identifier each multimodal item reached the
+"""diag mm-uuid as a library call: the identifier each multimodal item reached the core with.
+
+Which identifier each multimodal item reached the
 engine core with.
 
 With an :class:`EngineSpec` (default model tiny-vlm-multi) the check opens one engine
@@ -57,6 +59,8 @@ CACHE_ARGS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The UUID prefix, the modes to open engines in, the run directory and the waits."""
+
     uuid_prefix: str = "opsctl"  # prefix of the explicit UUIDs sent
     modes: tuple[str, ...] = D.MODES  # engines to open for an EngineSpec target
     run_dir: Path | None = None  # a UrlTarget's run directory, when not found by URL
@@ -73,20 +77,21 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Report(base.Report):
+class MmUuidReport(base.KnobReport):
     """The mm-uuid report (``document`` is the JSON document)."""
 
     @property
     def items(self) -> list[dict[str, Any]]:
+        """One entry per multimodal item sent: what was sent, what arrived, its verdict."""
         return list(self.document["items"])
 
     @property
     def failed_items(self) -> list[dict[str, Any]]:
+        """The items whose verdict is not pass."""
         return [i for i in self.items if i["verdict"] != "pass"]
 
-    @property
-    def knob_warning(self) -> str | None:
-        return knob_warning(self.document["test_knobs"])
+
+Report = MmUuidReport  # the name opsctl.domain.check_registry declares
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,7 @@ class ItemResult(ev.CaseResult):
     kind: str = ""
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: what was sent and what arrived."""
         return {"events": [f"{self.name}: sent {self.sent} -> {self.identifier!r} ({self.kind})"]}
 
 
@@ -112,8 +118,9 @@ class _State:
 
 
 def images_per_request(model: str) -> int:
-    """Images one request carries for the served model ``model``: the catalog's
-    ``images_per_prompt`` for an embedded model, else 1 (always accepted)."""
+    """Images one request carries for the served model ``model``.
+
+    The catalog's ``images_per_prompt`` for an embedded model, else 1 (always accepted)."""
     from opsctl.embedded import catalog
 
     spec = catalog.CATALOG.get(model)
@@ -127,8 +134,10 @@ def model_args(model: str) -> list[str]:
 
 
 def mode_spec(spec: EngineSpec, mode: str, model_name: str) -> EngineSpec:
-    """The engine of one mode: the spec's model (default tiny-vlm-multi), its cache
-    arguments, the model's image limit and the probe."""
+    """The engine of one mode: the spec with the mode's cache arguments and the probe.
+
+    The spec's model (default tiny-vlm-multi), its cache arguments, the model's image
+    limit and the probe."""
     extra = (*spec.extra_args, *CACHE_ARGS[mode], *model_args(model_name))
     return spec.with_defaults(DEFAULT_MODEL, extra_args=extra).with_probes(PROBE)
 
@@ -138,7 +147,8 @@ def run(
     options: Options,
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
-) -> Report:
+) -> MmUuidReport:
+    """Check which identifier each multimodal item reached the engine core with."""
     progress(ev.Started(TITLE))
     progress(ev.Table(tuple(D.TABLE_COLUMNS), ()))
     state = _State()
@@ -150,12 +160,13 @@ def run(
     v = verdict(found)
     rows = tuple(tuple(r) for r in D.table_rows(state.observations))
     progress(ev.Finished(v, D.summary(state.observations), rows=rows))
-    return Report(v, _document(state, options, found, v))
+    return MmUuidReport(v, _document(state, options, found, v))
 
 
 def probe_findings(runs: list[dict[str, Any]]) -> list[Finding]:
-    """What each engine's ledger says of the mm_uuid probe: could not hook (fail) or
-    unverified on this vLLM (warning), once per distinct finding."""
+    """What each engine's ledger says of the mm_uuid probe.
+
+    Could not hook (fail) or unverified on this vLLM (warning), once per distinct finding."""
     out: dict[tuple[str, str], Finding] = {}
     for r in runs:
         if r.get("run_dir"):
@@ -314,17 +325,17 @@ def _item_result(o: D.Observation) -> ItemResult:
     return ItemResult(f"[{o.mode}] {o.case} #{o.index}", v, why, o.sent, o.identifier, o.kind)
 
 
-def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+def certify(ctx: CertifyContext, progress: ev.Progress) -> MmUuidReport:
     """The mm-uuid check as certify runs it (both cache modes, certify's timeout)."""
     return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
 
 
-def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+def on_server(server: ServerRef, progress: ev.Progress) -> MmUuidReport:
     """The mm-uuid check on a console's server (its run directory holds the probe's records)."""
     return run(server.url, Options(run_dir=server.run_dir), progress)
 
 
-def outcome(report: Report, options: Options) -> Outcome:
+def outcome(report: MmUuidReport, options: Options) -> Outcome:
     """The exit rule: 1 when any item did not reach the engine core as expected."""
     from opsctl.checks.registry import Outcome
 

@@ -1,4 +1,6 @@
-"""`opsctl patches` as a library call: the engine-patch ledger of a run directory (what
+"""`opsctl patches` as a library call: the engine-patch ledger of a run directory.
+
+The engine-patch ledger of a run directory (what
 every vLLM process of that run really applied), read through opsctl.collectors.ledger.
 
 ``run(Options) -> Report`` (schema ``patches/1``); a run directory, not a server, so no
@@ -22,11 +24,14 @@ from opsctl.checks.report import PASS, Report
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """Which run's ledger to read (default: the newest run with a ledger)."""
+
     run_dir: Path | None = None  # None: the newest run with a ledger
     runs_root: Path | None = None  # where to look for it (default: opsctl.paths.runs_dir())
 
 
 def run(options: Options = Options()) -> Report:
+    """The ledger of ``options.run_dir`` (else the newest run's) as a ``patches/1`` report."""
     from opsctl import paths
     from opsctl.collectors.ledger import latest_run, read_records
     from opsctl.errors import BadInput

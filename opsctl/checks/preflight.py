@@ -1,4 +1,6 @@
-"""Upgrade preflight (`opsctl patches --against VERSION|WHEEL`) as a library call: read
+"""Upgrade preflight as a library call: each patch and probe against another vLLM release.
+
+Upgrade preflight (`opsctl patches --against VERSION|WHEEL`) as a library call: read
 a vLLM release's sources without installing it and say, per patch and probe of
 :mod:`engine_patches`, whether its targets exist, whether they are unchanged against the
 release it was verified on, whether the fix is already upstream (the patch's own rule,
@@ -16,8 +18,8 @@ probe records nothing), upstream (its own rule finds the fix upstream: it stands
 changed (a target's code differs from the verified release), review (targets
 identical, code it relies on changed), unchanged, unknown (nothing recorded). The
 report: fail when a target is missing (exit 1), unverified when one changed or needs
-review or cannot be compared (exit 0 with a warning), pass otherwise. Bad input (not a version, no such wheel)
-is BadInput.
+review or cannot be compared (exit 0 with a warning), pass otherwise. Bad input (not a
+version, no such wheel) is BadInput.
 
 Example::
 
@@ -44,6 +46,7 @@ COLUMNS = ("patch", "kind", "exists", "unchanged", "upstream", "changed around",
 
 
 def hashes_path() -> Path:
+    """The path of the verified release's hashes, shipped with engine_patches."""
     import engine_patches
 
     return Path(engine_patches.__file__).parent / "verified_hashes.json"
@@ -51,6 +54,8 @@ def hashes_path() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The wheel cache, the verified hashes and whether to read the baseline's text."""
+
     cache: Path | None = None  # wheel cache (default $OPSCTL_HOME/wheels)
     hashes: Path | None = None  # verified hashes (default engine_patches/verified_hashes.json)
     baseline: bool = True  # read the verified release's text (installed or cached) for diffs
@@ -92,8 +97,9 @@ class _Texts:
 
 
 def record_hashes(reader, patches=None) -> dict:
-    """``{"symbols": {symbol: digest}, "scopes": {scope: {member: digest}}}`` of a
-    release (what ``verified_hashes.json`` keeps per verified release)."""
+    """The digests of a release that ``verified_hashes.json`` keeps per verified release.
+
+    ``{"symbols": {symbol: digest}, "scopes": {scope: {member: digest}}}``."""
     texts = _Texts(reader)
     names = _all_symbols(patches if patches is not None else _patches())
     return {
@@ -178,6 +184,8 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
 
 
 def table_row(p: dict) -> tuple[str, ...]:
+    """One row of the preflight table for patch or probe ``p``."""
+
     def yn(v) -> str:
         return "-" if v is None else ("yes" if v else "no")
 
@@ -204,6 +212,7 @@ def _verdict(findings: list[D.PatchFinding]) -> str:
 def run(
     source: str | Path | None, options: Options = Options(), progress: ev.Progress = ev.ignore
 ) -> Report:
+    """Preflight of every patch and probe against ``source``; see the module doc."""
     from opsctl.collectors import vllm_sources as S
     from opsctl.output import document
 

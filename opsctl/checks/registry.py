@@ -1,4 +1,6 @@
-"""The registered checks' parts, resolved: how each runs from certify and on a server,
+"""The registered checks' parts, resolved into calls and exit rules.
+
+How each runs from certify and on a server,
 and its exit rule.
 
 The declarations are :mod:`opsctl.domain.check_registry` (one per check); this module
@@ -77,8 +79,10 @@ def certify_run(name: str, ctx: CertifyContext, progress: ev.Progress) -> Any:
 
 
 def server_call(name: str, server: ServerRef) -> Callable[[ev.Progress], Any]:
-    """``call(progress) -> report`` running check ``name`` on ``server`` (BadInput now
-    when a check for servers opsctl started has no model to start its own engine with)."""
+    """``call(progress) -> report`` running check ``name`` on ``server``.
+
+    BadInput now when a check for servers opsctl started has no model to start its own
+    engine with."""
     check = reg.get(name)
     run = _part(check, "server_run")
     if check.offer is not None and check.offer.opsctl_started and not server.model:

@@ -1,5 +1,6 @@
-"""What every check returns: a frozen report whose ``to_dict()`` is the ``--json``
-document (schema ``opsctl.<name>/<int>``), with the verdict the exit code follows."""
+"""What every check returns: a frozen report with the verdict the exit code follows.
+
+Its ``to_dict()`` is the ``--json`` document (schema ``opsctl.<name>/<int>``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
 
 @dataclass(frozen=True)
 class Report:
-    """A check's result. ``document`` is the JSON document (read-only view);
-    ``verdict`` is pass | fail | unverified (exit 0, 1, 0 with a warning)."""
+    """A check's result: its verdict and its JSON document.
+
+    ``document`` is the JSON document (read-only view); ``verdict`` is pass | fail | unverified
+    (exit 0, 1, 0 with a warning)."""
 
     verdict: str
     document: Mapping[str, Any]
@@ -27,12 +30,39 @@ class Report:
 
     @property
     def schema(self) -> str:
+        """The document's schema, ``opsctl.<name>/<int>``."""
         return str(self.document["schema"])
 
     @property
     def passed(self) -> bool:
+        """True unless the verdict is fail (unverified passes, with a warning)."""
         return self.verdict != FAIL
 
     def to_dict(self) -> dict[str, Any]:
         """A deep copy: what a caller does to it never changes the report."""
         return copy.deepcopy(dict(self.document))
+
+
+class ReasonedReport(Report):
+    """A report whose document lists the ``reasons`` for its verdict and its ``warnings``."""
+
+    @property
+    def reasons(self) -> list[str]:
+        """The reasons the document gives for its verdict."""
+        return list(self.document["reasons"])
+
+    @property
+    def warnings(self) -> list[str]:
+        """Report-level warnings (e.g. the test-knob warning)."""
+        return list(self.document["warnings"])
+
+
+class KnobReport(Report):
+    """A report whose document lists the ``test_knobs`` of the engine it ran on."""
+
+    @property
+    def knob_warning(self) -> str | None:
+        """The warning for the test knobs the engine ran with (None without any)."""
+        from opsctl.domain.knobs import warning
+
+        return warning(self.document["test_knobs"])

@@ -33,8 +33,10 @@ from opsctl.domain import runs as dom
 
 @dataclass(frozen=True)
 class RunsReport(Report):
-    """``failure``: the line a failed verdict is reported with; ``hint``: what a dry run
-    that found work suggests next."""
+    """A runs report, with the lines the CLI says around it.
+
+    ``failure``: the line a failed verdict is reported with; ``hint``: what a dry run that
+    found work suggests next."""
 
     failure: str | None = None
     hint: str | None = None
@@ -42,6 +44,8 @@ class RunsReport(Report):
 
 @dataclass(frozen=True, slots=True)
 class ListOptions:
+    """Where ``runs list`` looks for run directories."""
+
     runs_dir: Path | None = None  # default: opsctl.paths.runs_dir()
 
 
@@ -105,6 +109,8 @@ def run_dict(snap: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class CleanOptions:
+    """What ``runs clean`` reaps, prunes and removes, and whether it really does."""
+
     older_than: float = 0.0  # prune only runs that ended at least this many seconds ago
     yes: bool = False  # really reap / prune / remove (default: dry run)
     shm: bool = False  # also list (remove) leaked vLLM /dev/shm segments

@@ -34,6 +34,8 @@ class EngineStart:
 
 
 class EngineSession:
+    """The engines a run of checks shares: started once per engine key, stopped at close."""
+
     def __init__(self) -> None:
         self._probes: dict[tuple, frozenset[str]] = {}
         self._running: dict[tuple, EngineStart] = {}
@@ -41,8 +43,9 @@ class EngineSession:
 
     # ---- planning ------------------------------------------------------------
     def plan(self, specs: list[EngineSpec]) -> int:
-        """Register the specs the session will be asked for; returns how many engines
-        they need (one per distinct engine key)."""
+        """Register the specs the session will be asked for.
+
+        Returns how many engines they need (one per distinct engine key)."""
         for spec in specs:
             key = spec.engine_key()
             self._probes[key] = self._probes.get(key, frozenset()) | spec.probes
@@ -53,6 +56,7 @@ class EngineSession:
     def open(
         self, target: Target, progress: ev.Progress = ev.ignore, *, label: str = "check"
     ) -> Iterator[Live]:
+        """The live endpoint of ``target``: the server at a URL, or the session's engine."""
         if isinstance(target, UrlTarget):
             yield self._url(target)
             return
@@ -136,6 +140,7 @@ class EngineSession:
         progress(ev.EngineStopped(start.live.url, report.seconds, tuple(report.leftover_pids)))
 
     def close(self, progress: ev.Progress = ev.ignore) -> None:
+        """Stop every engine the session still runs."""
         for key in list(self._running):
             self._stop(key, progress)
 
@@ -154,8 +159,10 @@ def opened(
     *,
     label: str,
 ) -> Iterator[Live]:
-    """``session.open(target)``; without a session, a private one that stops its engine
-    when the block ends (the usual case for one check on its own)."""
+    """``session.open(target)``, or a private session's when there is none.
+
+    A private session stops its engine when the block ends (the usual case for one check
+    on its own)."""
     if session is not None:
         with session.open(target, progress, label=label) as live:
             yield live

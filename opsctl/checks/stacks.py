@@ -1,4 +1,6 @@
-"""`opsctl stacks` as a library call: the Python stacks of every process of a local vLLM
+"""`opsctl stacks` as a library call: where every process of a local vLLM server waits.
+
+The Python stacks of every process of a local vLLM
 server (API server, EngineCore, workers), each labelled with its role, taken without
 stopping the engine (opsctl.collectors.stacks), with identical stacks grouped and one
 line per process naming where it waits (opsctl.domain.stacks).
@@ -29,6 +31,8 @@ TITLE = "stacks"
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """How long to wait for the dumps, and whether to take native frames too."""
+
     timeout: float = 5.0  # seconds for the dumps to arrive (per call of py-spy too)
     native: bool = False  # py-spy --native: C frames too (CUDA syncs, collectives, locks)
 
@@ -122,6 +126,7 @@ def _run_of(pid: int) -> Path | None:
 
 
 def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ignore) -> Report:
+    """The stacks of every process of ``target``'s server tree; see the module doc."""
     from opsctl.collectors.stacks import take
     from opsctl.output import document
 

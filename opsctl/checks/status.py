@@ -53,6 +53,8 @@ NO_ANSWER = ("unreachable", "unauthorized")  # no vLLM server answered us: exit 
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The waits of ``opsctl status``, its canary, and whether to look at local processes."""
+
     timeout: float = 5.0  # seconds, for each HTTP request
     # the canary's deadline (a 1-token completion sent to a ready or busy server, whose
     # gauges cannot show a stopped engine); None: no canary
@@ -66,6 +68,7 @@ def run(
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
 ) -> Report:
+    """The health, state and key metrics of the server at ``target``."""
     from opsctl.collectors.scrape import scrape_once
     from opsctl.domain.console_state import BUSY, READY, decide, judge_canary
     from opsctl.domain.urls import normalise_url
@@ -121,7 +124,9 @@ def run(
 
 
 def exit_code(report: Report) -> ExitCode:
-    """0 healthy, 4 a server answered /health and then not within the timeout, 3 no vLLM
+    """The exit code of a status report.
+
+    0 healthy, 4 a server answered /health and then not within the timeout, 3 no vLLM
     server answered (or the key was refused), 1 otherwise."""
     if report.document["timed_out"]:
         return ExitCode.TIMEOUT
@@ -165,8 +170,10 @@ def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
 
 
 def server_pid(url: str) -> int | None:
-    """The pid of the local process serving ``url`` (its opsctl run's, else the one
-    listening on its port); None for another host's server or none found."""
+    """The pid of the local process serving ``url``.
+
+    Its opsctl run's, else the one listening on its port; None for another host's server
+    or none found."""
     import json
 
     from opsctl.collectors.processes import listening_pid

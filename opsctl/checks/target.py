@@ -1,4 +1,6 @@
-"""What a check runs against: a running server (:class:`UrlTarget`) or an engine opsctl
+"""What a check runs against: a running server or an engine opsctl starts for it.
+
+A running server (:class:`UrlTarget`) or an engine opsctl
 starts for it (:class:`EngineSpec`), and the live endpoint either becomes (:class:`Live`).
 
 Engine sharing (used by :class:`opsctl.checks.session.EngineSession` and certify):
@@ -69,6 +71,7 @@ class EngineSpec:
         return replace(self, model=self.model or model, **changes)
 
     def with_probes(self, *probes: str) -> EngineSpec:
+        """This spec with ``probes`` added to its probes."""
         return replace(self, probes=self.probes | frozenset(probes))
 
 
@@ -90,11 +93,24 @@ class Live:
 
 
 def url_or_model(url: str | None, model: str | None) -> str | None:
-    """The CLI's rule for every command that checks a server: a URL or ``--model``, never
-    both (BadInput). Returns the URL normalised (``HOST:PORT`` -> ``http://HOST:PORT``;
-    an invalid one is BadInput), or None when there is none."""
+    """The CLI's rule for every command that checks a server: a URL or ``--model``.
+
+    Never both (BadInput). Returns the URL normalised (``HOST:PORT`` ->
+    ``http://HOST:PORT``; an invalid one is BadInput), or None when there is none."""
     from opsctl.domain.urls import normalise_url
 
     if url and model:
         raise BadInput("give either a URL or --model, not both")
     return normalise_url(url) if url else None
+
+
+FIRST_CONTACT_CAP_S = 30.0
+
+
+def url_target(url: str, api_key: str | None, timeout: float | None) -> UrlTarget:
+    """The check target for a server at ``url``, its first contact capped at 30 s.
+
+    Its first contact may wait the command's ``--timeout``, at most 30 s (a dead server
+    should not hold a command for a long engine-start timeout)."""
+    wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
+    return UrlTarget(url, api_key, connect_timeout=wait)

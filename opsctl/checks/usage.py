@@ -1,4 +1,6 @@
-"""diag usage as a library call: verify /score and /rerank ``usage`` against an
+"""diag usage as a library call: /score and /rerank usage against the engine inputs.
+
+Verify /score and /rerank ``usage`` against an
 independent count of the engine inputs.
 
 ``run(target, options, progress, session)`` sends /score and /rerank requests (one and
@@ -16,8 +18,8 @@ inputs. Where the counts come from:
 A target is a running server (:class:`UrlTarget`, the server's own model) or an engine
 to start (:class:`EngineSpec`; its model must be given: a cross-encoder or bi-encoder,
 refused before any start otherwise). The report's ``to_dict()`` is the
-``opsctl.diag.usage/2`` document. Decisions: opsctl.domain.usage (and usage_tokens); HTTP and tokenizers:
-opsctl.collectors.scoring.
+``opsctl.diag.usage/2`` document. Decisions: opsctl.domain.usage (and usage_tokens);
+HTTP and tokenizers: opsctl.collectors.scoring.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ UNK_SAMPLE = "the capital of france"  # a vocabulary that maps it to [UNK] only 
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The model kind (None: detect) and the wait for each HTTP answer."""
+
     kind: str | None = None  # cross-encoder | bi-encoder; None: detect
     timeout: float = 60.0  # seconds to wait for each HTTP answer (OpsTimeout past it)
 
@@ -59,20 +63,20 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Report(base.Report):
+class UsageReport(base.KnobReport):
     """The usage report (``document`` is the JSON document)."""
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """One row per request: the reported and the expected counts, and the verdict."""
         return list(self.document["rows"])
 
     def count(self, verdict: str) -> int:
         """How many requests got ``verdict`` (pass | fail | unverified)."""
         return sum(r["verdict"] == verdict for r in self.rows)
 
-    @property
-    def knob_warning(self) -> str | None:
-        return knob_warning(self.document["test_knobs"])
+
+Report = UsageReport  # the name opsctl.domain.check_registry declares
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class RowResult(ev.CaseResult):
     expected: int | None = None
 
     def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: one log line: reported vs expected and the verdict."""
         line = f"{self.name}: reported {self.reported}, expected {self.expected} -> {self.verdict}"
         return {"events": [line]}
 
@@ -104,7 +109,8 @@ def run(
     options: Options,
     progress: ev.Progress = ev.ignore,
     session: EngineSession | None = None,
-) -> Report:
+) -> UsageReport:
+    """Check /score and /rerank usage of ``target`` against the engine inputs' counts."""
     archetype, model_dir = _given_model(target)
     where = f"checking {target.url}" if isinstance(target, UrlTarget) else "starting engine"
     progress(ev.Started(TITLE, where))
@@ -147,7 +153,7 @@ def run(
         verdict=verdict,
         test_knobs=knobs,
     )
-    return Report(verdict, doc)
+    return UsageReport(verdict, doc)
 
 
 def _document(**fields: Any) -> dict[str, Any]:
@@ -258,17 +264,17 @@ def _requests(
     return rows
 
 
-def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+def certify(ctx: CertifyContext, progress: ev.Progress) -> UsageReport:
     """The usage check as certify runs it (kind detected, certify's timeout)."""
     return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
 
 
-def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+def on_server(server: ServerRef, progress: ev.Progress) -> UsageReport:
     """The usage check on a console's server."""
     return run(server.url, Options(), progress)
 
 
-def outcome(report: Report, options: Options) -> Outcome:
+def outcome(report: UsageReport, options: Options) -> Outcome:
     """The exit rule: 1 on a mismatch; "unverified" is exit 0 with a warning."""
     from opsctl.checks.registry import Outcome
 

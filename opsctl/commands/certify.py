@@ -1,5 +1,7 @@
-"""`opsctl certify [URL... | --targets FILE | --model NAME|DIR]` (opsctl.checks.certify;
-a fleet: .certify_fleet): reports written whatever happens; bad input writes none."""
+"""`opsctl certify [URL... | --targets FILE | --model NAME|DIR]`: every applicable check.
+
+The checks: opsctl.checks.certify (a fleet: .certify_fleet). Reports are written whatever
+happens; bad input writes none."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ EXAMPLES = o.epilog(
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl certify`` to ``app``."""
+
     @app.command(
         "certify",
         help=HELP,

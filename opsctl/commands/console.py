@@ -1,6 +1,8 @@
-"""`opsctl console`: one live console over every vLLM server (URL arguments, a targets
-file, discovered local servers), or over the servers a Prometheus server scrapes
-(``--prometheus URL [--job NAME]``). Thin: options -> a FleetSource -> emit."""
+"""`opsctl console`: one live console over every vLLM server, or over a Prometheus's.
+
+The servers: URL arguments, a targets file, discovered local servers, or the servers a
+Prometheus server scrapes (``--prometheus URL [--job NAME]``). Thin: options -> a
+FleetSource -> emit."""
 
 from __future__ import annotations
 
@@ -28,9 +30,13 @@ EPILOG = epilog(
 
 _CANARY_TIMEOUT = duration_option("10s", "--canary-timeout", help="--once: " + CANARY_HELP)
 _NO_CANARY = typer.Option(False, "--no-canary", help="--once: send no canary request")
+_PROMETHEUS_HELP = "read the fleet from this Prometheus server's API"
+_PROMETHEUS = typer.Option(None, "--prometheus", metavar="URL", help=_PROMETHEUS_HELP)
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl console`` to ``app``."""
+
     @app.command(
         "console",
         short_help="Live console over many vLLM servers; --once is a health gate.",
@@ -46,12 +52,7 @@ def register(app: typer.Typer) -> None:
         no_discover: bool = typer.Option(
             False, "--no-discover", help="do not add local vLLM servers and opsctl runs"
         ),
-        prometheus: str = typer.Option(
-            None,
-            "--prometheus",
-            metavar="URL",
-            help="read the fleet from this Prometheus server's API",
-        ),
+        prometheus: str = _PROMETHEUS,
         job: str = typer.Option(
             None, "--job", metavar="NAME", help="with --prometheus: the scrape job"
         ),

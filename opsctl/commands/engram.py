@@ -5,13 +5,10 @@
   mismatch, or when verification was requested but could not complete for a table.
 - ``plan``: table bytes per rank and node for a TP/DP layout, and whether /dev/shm (or
   ``--shm-size``) holds them (vLLM's fallback decision).
-- ``clean``: orphaned ``vllm_engram_*`` files, removed only with ``--yes``; when some
-  process cannot be read, nothing is removed without ``--force`` (exit 1). Processes in
-  other PID namespaces are invisible: run clean inside the vLLM container.
+- ``clean``: orphaned ``vllm_engram_*`` files, removed only with ``--yes`` (CLEAN_HELP below).
 
-Typer only: the checks are :mod:`opsctl.checks.engram`, rendering
-:mod:`opsctl.ui.render_engram`. Heavy imports stay inside the commands.
-"""
+Typer only: the checks are :mod:`opsctl.checks.engram`, rendering :mod:`opsctl.ui.render_engram`.
+Heavy imports stay inside the commands."""
 
 from __future__ import annotations
 
@@ -39,6 +36,13 @@ EXAMPLES = {
         "opsctl engram clean --json",
     ),
 }
+CLEAN_HELP = """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
+them open, older than --min-age); --yes removes them.
+
+Only processes in this PID namespace can be seen: a file held only by a process in another
+container looks orphaned, so run clean where vLLM runs. If some process's mappings or open files
+cannot be read, --yes removes nothing (exit 1) unless --force is given. Exit 1 whenever --yes kept
+an orphan."""
 
 
 def inspect_cmd(
@@ -119,13 +123,7 @@ def clean_cmd(
     ),
     as_json: bool = json_option(),
 ) -> None:
-    """List orphaned vllm_engram_* files in /dev/shm (no live process maps them or holds
-    them open, older than --min-age); --yes removes them.
-
-    Only processes in this PID namespace can be seen: a file held only by a process in
-    another container looks orphaned, so run clean where vLLM runs. If some process's
-    mappings or open files cannot be read, --yes removes nothing (exit 1) unless --force
-    is given. Exit 1 whenever --yes kept an orphan."""
+    """``engram clean``: list (with --yes remove) orphaned Engram tables (help: CLEAN_HELP)."""
     from opsctl.checks import engram
     from opsctl.ui.render_engram import render_clean
 
@@ -134,6 +132,7 @@ def clean_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl engram`` and its inspect, plan and clean commands to ``app``."""
     engram_app = typer.Typer(help="Shared Engram host tables in /dev/shm.", no_args_is_help=True)
     app.add_typer(engram_app, name="engram")
     for name, cmd, summary in (  # summaries: `opsctl engram --help` cuts longer docstrings
@@ -141,12 +140,12 @@ def register(app: typer.Typer) -> None:
         ("plan", plan_cmd, "Engram table bytes per rank and node; does /dev/shm hold them."),
         ("clean", clean_cmd, "List (and with --yes remove) orphaned Engram tables."),
     ):
-        engram_app.command(name, epilog=EXAMPLES[name], short_help=summary)(cmd)
+        help = CLEAN_HELP if name == "clean" else None  # None: the docstring
+        engram_app.command(name, epilog=EXAMPLES[name], short_help=summary, help=help)(cmd)
 
 
 def _finish(report, as_json: bool, render) -> None:
-    """Warnings on stderr, the result on stdout (once), then exit 1 with the failure line
-    or the hint (stderr)."""
+    """Warnings (stderr), the result (stdout, once), then exit 1 on a failure, else the hint."""
     from opsctl import output
     from opsctl.errors import CheckFailed
 

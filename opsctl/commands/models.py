@@ -10,6 +10,7 @@ from opsctl.commands.options import epilog, json_option
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl models`` and its commands to ``app``."""
     models_app = typer.Typer(
         help="Embedded tiny models (generated offline).",
         epilog=epilog("opsctl models list", "opsctl models build tiny-llama"),

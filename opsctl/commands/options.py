@@ -1,13 +1,18 @@
-"""Options shared by commands: ``--api-key`` (default VLLM_API_KEY) for every command
-that talks to a server, and the hidden ``--test-knob NAME=VALUE`` for every command
-that starts an engine (the only way a test arms an engine_patches knob; knobs in the
-environment are never passed on)."""
+"""Options and flags shared by commands, and the target a URL or --model names.
+
+``--api-key`` (default VLLM_API_KEY) for every command that talks to a server; the hidden
+``--test-knob NAME=VALUE`` for every command that starts an engine (the only way a test
+arms an engine_patches knob; knobs in the environment are never passed on)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.checks.target import Target
 
 API_KEY_HELP = "bearer token for a server started with --api-key (default $VLLM_API_KEY)"
 
@@ -20,8 +25,7 @@ def api_key_option():
 
 
 def test_knob_option():
-    """``--test-knob NAME=VALUE`` (repeatable), hidden from --help: the only way a test
-    arms an engine_patches knob in an engine a diag starts (never the environment)."""
+    """``--test-knob NAME=VALUE`` (repeatable, hidden): how a test arms an engine_patches knob."""
     import typer
 
     return typer.Option(None, "--test-knob", hidden=True)
@@ -58,13 +62,13 @@ EXIT_CODES = (
 
 
 def epilog(*examples: str) -> str:
-    """The ``Examples:`` section and the exit codes, for every command's ``epilog=``.
-    ``\\b`` keeps click from re-wrapping the example lines."""
+    """The ``Examples:`` section (kept as written) and the exit codes, for a command's epilog."""
     lines = ["\b", "Examples:", *(f"  {ex}" for ex in examples)]
     return "\n".join(lines) + "\n\n" + EXIT_CODES
 
 
 def json_option():
+    """``--json``: the result as one schema-versioned JSON document on stdout."""
     import typer
 
     return typer.Option(False, "--json", help=JSON_HELP)
@@ -78,8 +82,9 @@ def tui_option(default: bool | None = None, help: str = TUI_HELP):
 
 
 def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
-    """``30``, ``30s``, ``5m``, ``2h``, ``1d`` -> seconds; a bad form, a negative value or
-    zero (unless allowed) raises typer.BadParameter (a usage error, exit 2)."""
+    """Seconds of ``30``, ``30s``, ``5m``, ``2h``, ``1d``; a bad one is a usage error (exit 2).
+
+    Bad: a bad form, a negative value, or zero unless allowed (typer.BadParameter)."""
     import typer
 
     from opsctl.domain.runs import parse_duration
@@ -98,9 +103,9 @@ def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
 
 
 def duration_option(default, *names: str, help: str, allow_zero: bool = False, **kw):
-    """A duration flag: ``30``, ``30s``, ``5m``, ``2h``, ``1d``; zero (unless allowed) or
-    negative is a usage error (exit 2). The value reaches the command as seconds (float);
-    annotate the parameter ``float``."""
+    """A duration flag (30, 30s, 5m, 2h, 1d) that reaches the command as float seconds.
+
+    Zero (unless allowed) or negative is a usage error (exit 2)."""
     import functools
 
     import typer
@@ -133,21 +138,20 @@ def run_path(run: str) -> Path:
 
 
 def start_timeout_option(default: str = "10m"):
-    """``--timeout DURATION`` of a command that may start its own engine: the longest
-    wait for it (exit 4 past it); with a URL it also caps the first contact (30 s)."""
+    """``--timeout DURATION`` of a command that may start its own engine (exit 4 past it).
+
+    With a URL it also caps the first contact (30 s)."""
     return duration_option(
         default, "--timeout", help="the longest wait for a started engine (exit 4 past it)"
     )
 
 
-FIRST_CONTACT_CAP_S = 30.0
+def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:
+    """The server at ``url``, else an engine spec of ``--model`` with the ``--test-knob``s.
 
+    BadInput for both a URL and --model, or for a bad knob."""
+    from opsctl.checks.target import EngineSpec, url_or_model, url_target
 
-def url_target(url: str, api_key: str | None, timeout: float | None):
-    """The check target for a server at ``url``: its first contact may wait the command's
-    ``--timeout``, at most 30 s (a dead server should not hold a command for a long
-    engine-start timeout)."""
-    from opsctl.checks.target import UrlTarget
-
-    wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
-    return UrlTarget(url, api_key, connect_timeout=wait)
+    base = url_or_model(url, model)
+    knobs = tuple(parse_knobs(test_knob, url=base).items())
+    return url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)

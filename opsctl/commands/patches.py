@@ -1,4 +1,6 @@
-"""`opsctl patches [--run RUN]`: the engine-patch ledger of a run (what every vLLM
+"""`opsctl patches`: a run's engine-patch ledger, or the upgrade preflight (``--against``).
+
+`opsctl patches [--run RUN]`: the engine-patch ledger of a run (what every vLLM
 process really applied). `opsctl patches --against VERSION|WHEEL`: the upgrade preflight
 (each patch and probe against another vLLM release's sources, read from its wheel without
 installing it). Typer only: the checks are :mod:`opsctl.checks.patches` and
@@ -12,6 +14,8 @@ from opsctl.commands.options import RUN_HELP, epilog, json_option, run_path
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl patches`` to ``app``."""
+
     @app.command(
         "patches",
         short_help="The engine-patch ledger of a run.",

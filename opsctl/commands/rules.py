@@ -1,5 +1,6 @@
-"""`opsctl rules [--job NAME] [--for DURATION] [--out FILE]`: the Prometheus rules file
-(recording and alerting rules) of opsctl's fleet alerts, from opsctl.domain.alert_rules
+"""`opsctl rules [--job NAME] [--for DURATION] [--out FILE]`: the Prometheus rules file.
+
+The recording and alerting rules of opsctl's fleet alerts, from opsctl.domain.alert_rules
 (the definition the console reads its stall window from too)."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def write_rules(text: str, out: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl rules`` to ``app``."""
     from opsctl.domain.alert_rules import DEFAULT_FOR_S, dur
 
     @app.command(

@@ -1,5 +1,4 @@
-"""`opsctl runs list | clean | bundle`: the run directories opsctl's engines leave,
-orphaned engines, leaked vLLM /dev/shm segments, and a forensics bundle of one run.
+"""`opsctl runs list | clean | bundle`: run directories, orphans, leaked /dev/shm, bundles.
 
 Typer only: the checks are :mod:`opsctl.checks.runs` (collector
 opsctl.collectors.runs, decisions opsctl.domain.runs) and :mod:`opsctl.checks.bundle`,
@@ -12,16 +11,23 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import (
-    RUN_HELP,
-    api_key_option,
-    duration_option,
-    epilog,
-    json_option,
-)
+from opsctl.commands.options import RUN_HELP, api_key_option, duration_option, epilog, json_option
+
+LIST_HELP = """Every run directory: model, url, started, state (live / stopped / orphaned / dead /
+unknown), engine pids, disk size."""
+CLEAN_HELP = """Reap orphaned engines (pid AND start time match meta.json), remove the /dev/shm
+segments they leave (only those no live process maps or holds open), and prune stopped/dead run
+directories whose opsctl is gone. Dry run without --yes.
+
+Exit 1 when --yes could not do something it listed (a process survived, a directory could
+not be removed, segments were refused)."""
+BUNDLE_HELP = """A tar.gz forensics bundle of one run for a bug report: server log, meta.json, patch
+ledger, probe events, the server's /metrics and /server_info while it lives, environment and
+versions; API keys, tokens, passwords redacted."""
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl runs`` and its list, clean and bundle commands to ``app``."""
     runs_app = typer.Typer(
         help="Run directories of opsctl's engines: list, reap orphans, prune; leaked vLLM /dev/shm.",
         short_help="Run directories: list, clean, bundle.",
@@ -32,12 +38,14 @@ def register(app: typer.Typer) -> None:
 
     runs_app.command(
         "list",
+        help=LIST_HELP,
         short_help="Every run directory, its state and its engines.",
         epilog=epilog("opsctl runs list", "opsctl runs list --json"),
     )(list_cmd)
 
     runs_app.command(
         "clean",
+        help=CLEAN_HELP,
         short_help="Reap orphaned engines, prune runs, free /dev/shm.",
         epilog=epilog(
             "opsctl runs clean",
@@ -52,6 +60,7 @@ def register(app: typer.Typer) -> None:
 def _register_bundle(runs_app: typer.Typer) -> None:
     runs_app.command(
         "bundle",
+        help=BUNDLE_HELP,
         short_help="A forensics tar.gz of one run, secrets redacted.",
         epilog=epilog(
             "opsctl runs bundle 20260101-000000-serve-tiny-llama-8000",
@@ -62,8 +71,7 @@ def _register_bundle(runs_app: typer.Typer) -> None:
 
 
 def list_cmd(as_json: bool = json_option()) -> None:
-    """Every run directory: model, url, started, state (live / stopped / orphaned /
-    dead / unknown), engine pids, disk size."""
+    """``runs list``: every run directory and its state (help: LIST_HELP)."""
     from opsctl.checks import runs
     from opsctl.output import emit, info
     from opsctl.ui.render_runs import render_list
@@ -106,12 +114,7 @@ def clean_cmd(
     ),
     as_json: bool = json_option(),
 ) -> None:
-    """Reap orphaned engines (pid AND start time match meta.json), remove the /dev/shm
-    segments they leave (only those no live process maps or holds open), and prune
-    stopped/dead run directories whose opsctl is gone. Dry run without --yes.
-
-    Exit 1 when --yes could not do something it listed (a process survived, a
-    directory could not be removed, segments were refused)."""
+    """``runs clean``: reap orphaned engines, free their segments, prune runs (help: CLEAN_HELP)."""
     from opsctl import output
     from opsctl.checks import runs
     from opsctl.errors import CheckFailed
@@ -145,9 +148,7 @@ def bundle_cmd(
     ),
     as_json: bool = json_option(),
 ) -> None:
-    """A tar.gz forensics bundle of one run for a bug report: server log, meta.json,
-    patch ledger, probe events, the server's /metrics and /server_info while it
-    lives, environment and versions; API keys, tokens, passwords redacted."""
+    """``runs bundle``: write a forensics tar.gz of one run (help: BUNDLE_HELP)."""
     from opsctl import output
     from opsctl.checks import bundle
     from opsctl.ui.render_bundle import render_bundle

@@ -57,6 +57,7 @@ def _printer(as_json: bool):
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl serve`` to ``app``."""
     app.command(
         "serve",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

@@ -1,5 +1,7 @@
-"""`opsctl stacks TARGET`: where every process of a local vLLM server waits (Python
-stacks, taken without stopping the engine). Thin: options -> opsctl.checks.stacks -> emit."""
+"""`opsctl stacks TARGET`: where every process of a local vLLM server waits.
+
+Python stacks, taken without stopping the engine. Thin: options -> opsctl.checks.stacks
+-> emit."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from opsctl.errors import CheckFailed
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl stacks`` to ``app``."""
+
     @app.command(
         "stacks",
         short_help="Where each process of a local vLLM server is stuck (stacks).",
@@ -49,6 +53,7 @@ def register(app: typer.Typer) -> None:
 
 
 def render(con, doc: dict) -> None:
+    """Print the stacks document: a header, each process's line, each group's frames."""
     from rich.markup import escape
 
     con.print(

@@ -23,6 +23,8 @@ _NO_CANARY = typer.Option(False, "--no-canary", help="send no canary request")
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl status`` to ``app``."""
+
     @app.command(
         "status",
         short_help="Health, state and key metrics of one vLLM server.",

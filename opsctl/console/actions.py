@@ -1,6 +1,7 @@
-"""What an operator does from the console, as library calls with no UI (the Textual side
-is opsctl.ui.console_actions): run a check on an endpoint, vLLM admin calls, reap
-orphaned engines, a forensics bundle. Servers are started and stopped by
+"""What an operator does from the console, as library calls with no UI.
+
+The Textual side is opsctl.ui.console_actions: run a check on an endpoint, vLLM admin
+calls, reap orphaned engines, a forensics bundle. Servers are started and stopped by
 :mod:`opsctl.console.servers`.
 
 Checks: :func:`applicable` says which checks fit an endpoint's model kind (read from
@@ -35,11 +36,14 @@ from opsctl.errors import BadInput
 
 @dataclass(frozen=True, slots=True)
 class CheckChoice:
+    """A check the console offers for an endpoint, and why."""
+
     name: str  # a registered check on the console (the CLI's `diag NAME`)
     why: str  # one line: why it is offered
 
     @property
     def title(self) -> str:
+        """The check's title, as the CLI names it (``diag NAME``)."""
         return f"diag {self.name}"
 
 
@@ -77,8 +81,9 @@ def model_kind(view: EndpointView, model_path: str | None = None) -> tuple[str |
 def applicable(
     view: EndpointView, *, ours: bool = False, model_path: str | None = None
 ) -> list[CheckChoice]:
-    """The registered checks that fit ``view`` (``ours``: this console started it); a
-    server of unknown kind is offered every check (each refuses a model it does not fit)."""
+    """The registered checks that fit ``view`` (``ours``: this console started it).
+
+    A server of unknown kind is offered every check (each refuses a model it does not fit)."""
     kind, how = model_kind(view, model_path)
     opsctl_started = ours or bool(view.target.run_dir)
     tag = f"{kind} model ({how})" if kind else f"model kind unknown: {how}"
@@ -133,8 +138,9 @@ class Cancelled(KeyboardInterrupt):
 
 
 def first_finding(doc: dict[str, Any]) -> str | None:
-    """The line a report leads with: its first failed finding (else warning, else any),
-    or its first reason."""
+    """The line a report leads with.
+
+    Its first failed finding (else warning, else any), or its first reason."""
     findings = [f for f in doc.get("findings") or [] if isinstance(f, dict)]
     for severity in ("fail", "warning", None):
         for f in findings:
@@ -146,6 +152,8 @@ def first_finding(doc: dict[str, Any]) -> str | None:
 
 @dataclass
 class CheckJob:
+    """One check running (or run) on an endpoint from the console: its state and panel."""
+
     id: int
     check: CheckChoice
     url: str
@@ -164,6 +172,7 @@ class CheckJob:
 
     @property
     def running(self) -> bool:
+        """True while the job's state is running."""
         return self.state == "running"
 
     def note(self) -> str:
@@ -193,6 +202,7 @@ class Jobs:
     def start(
         self, choice: CheckChoice, view: EndpointView, call: Callable[[ev.Progress], Any]
     ) -> CheckJob:
+        """Run ``call`` for ``choice`` on ``view``'s endpoint in a thread of its own."""
         job = CheckJob(next(self._ids), choice, view.target.url, view.target.name)
         with self._lock:
             self.jobs.append(job)
@@ -236,6 +246,7 @@ class Jobs:
         self._emit(job, final)
 
     def for_url(self, url: str) -> list[CheckJob]:
+        """The jobs run on the server at ``url``, oldest first."""
         with self._lock:
             return [j for j in self.jobs if j.url == url]
 
@@ -254,10 +265,12 @@ class Jobs:
         return out
 
     def cancel_all(self) -> None:
+        """Ask every job to stop (each checks its ``cancelled`` flag)."""
         for j in self.jobs:
             j.cancelled.set()
 
     def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every job; True when none still runs."""
         deadline = time.monotonic() + timeout
         for j in list(self.jobs):
             if j.thread is not None:
@@ -286,8 +299,10 @@ def reap_plan(runs_dir: Path | None = None) -> list[dict[str, Any]]:
 
 
 def reap(runs_dir: Path | None = None, older_than: float = float("inf")):
-    """``runs clean --yes``: reap orphaned engines; prune finished runs only when
-    ``older_than`` is finite (the console's default reaps and prunes nothing else)."""
+    """``runs clean --yes``: reap orphaned engines.
+
+    Finished runs are pruned only when ``older_than`` is finite (the console's default reaps
+    and prunes nothing else)."""
     from opsctl.checks import runs
 
     return runs.clean(runs.CleanOptions(older_than=older_than, yes=True, runs_dir=runs_dir))

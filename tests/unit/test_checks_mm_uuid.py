@@ -21,7 +21,7 @@ from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 from tests.standins.mm_uuid import stand_in, write_run_dir
 
 
-def check(url: str, run_dir: Path, **options) -> tuple[mm_uuid.Report, list[ev.Event]]:
+def check(url: str, run_dir: Path, **options) -> tuple[mm_uuid.MmUuidReport, list[ev.Event]]:
     seen: list[ev.Event] = []
     opts = mm_uuid.Options(run_dir=run_dir, **options)
     return mm_uuid.run(UrlTarget(url), opts, seen.append), seen
@@ -35,7 +35,7 @@ def test_events_tell_the_check_as_it_runs(tmp_path: Path) -> None:
     write_run_dir(tmp_path)
     with stand_in(tmp_path) as url:
         report, seen = check(url, tmp_path)
-    assert isinstance(report, mm_uuid.Report) and report.verdict == "pass"
+    assert isinstance(report, mm_uuid.MmUuidReport) and report.verdict == "pass"
     assert isinstance(seen[0], ev.Started) and seen[0].title == "diag mm-uuid"
     assert isinstance(seen[1], ev.Table) and seen[1].rows == ()
     phases = list(dict.fromkeys(p.name for p in of(seen, ev.Phase)))

@@ -20,7 +20,7 @@ from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
 from tests.standins.scoring import stand_in
 
 
-def check(url: str, **options) -> tuple[usage.Report, list[ev.Event]]:
+def check(url: str, **options) -> tuple[usage.UsageReport, list[ev.Event]]:
     seen: list[ev.Event] = []
     report = usage.run(UrlTarget(url), usage.Options(**options), seen.append)
     return report, seen
@@ -29,7 +29,7 @@ def check(url: str, **options) -> tuple[usage.Report, list[ev.Event]]:
 def test_events_tell_the_check_as_it_runs() -> None:
     with stand_in(inflate=0) as url:
         report, seen = check(url)
-    assert isinstance(report, usage.Report) and report.verdict == "pass" and report.passed
+    assert isinstance(report, usage.UsageReport) and report.verdict == "pass" and report.passed
     started, first_table = seen[0], seen[1]
     assert isinstance(started, ev.Started) and started.title == "diag usage"
     assert started.detail == f"checking {url}"

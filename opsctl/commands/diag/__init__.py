@@ -8,6 +8,7 @@ from opsctl.commands.options import epilog
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``opsctl diag`` and one command per registered check to ``app``."""
     from opsctl.commands.diag import skeleton
 
     diag_app = typer.Typer(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import start_timeout_option, url_argument, url_target
+from opsctl.commands.options import start_timeout_option, url_argument, url_or_engine
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 
 def read_prompts(path: Path | None) -> tuple[str, ...] | None:
-    """``--prompts FILE``: a JSON list of strings, or one prompt per non-blank line
-    (None without the flag: the check's default prompts)."""
+    """The prompts of ``--prompts FILE``: a JSON list of strings, or one per non-blank line.
+
+    None without the flag (the check's default prompts)."""
     if path is None:
         return None
     try:
@@ -91,10 +92,8 @@ def invariance(
 ) -> tuple[Target, check.Options]:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
-    from opsctl.checks.target import EngineSpec, url_or_model
-    from opsctl.commands.options import parse_knobs
 
-    base = url_or_model(url, model)
+    target = url_or_engine(url, model, api_key, timeout, test_knob)
     options = check.Options(
         read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
         batch_size,
@@ -106,7 +105,5 @@ def invariance(
         timeout,
         images=images,
     )
-    knobs = tuple(parse_knobs(test_knob, url=base).items())
-    target: Target = url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)
     check.plan(target, options)  # bad input is refused before any engine or panel
     return target, options

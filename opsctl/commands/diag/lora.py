@@ -1,5 +1,6 @@
-"""`opsctl diag lora [URL | --model NAME]`: LoRA adapters alone and in one mixed batch
-(vLLM PR 55897). Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
+"""`opsctl diag lora [URL | --model NAME]`: LoRA adapters alone and in one mixed batch.
+
+vLLM PR 55897. Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
 runs :func:`opsctl.checks.lora.run`, prints the report and maps it to the exit code:
 0 pass (or unverified, with a warning), 1 fail, 2 bad input (e.g. an adapter directory
 that does not exist), 3 unreachable, 4 timeout."""
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import start_timeout_option, url_argument, url_target
+from opsctl.commands.options import start_timeout_option, url_argument, url_or_engine
 
 if TYPE_CHECKING:
     from opsctl.checks import lora as check
@@ -41,10 +42,8 @@ def lora(
 ) -> tuple[Target, check.Options]:
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
     from opsctl.checks import lora as check
-    from opsctl.checks.target import EngineSpec, url_or_model
-    from opsctl.commands.options import parse_knobs
 
-    base = url_or_model(url, model)
+    target = url_or_engine(url, model, api_key, timeout, test_knob)
     options = check.Options(
         adapters=tuple(adapters or ()),
         max_tokens=max_tokens,
@@ -53,12 +52,6 @@ def lora(
         images=images,
         timeout=timeout,
         max_loras=max_loras,
-    )
-    knobs = parse_knobs(test_knob, url=base)
-    target: Target = (
-        url_target(base, api_key, timeout)
-        if base
-        else EngineSpec(model, knobs=tuple(knobs.items()))
     )
     check.plan(target, options)  # bad input is refused before any engine or panel
     return target, options

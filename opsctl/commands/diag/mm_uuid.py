@@ -1,5 +1,6 @@
-"""`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core
-with (the check itself: opsctl.checks.mm_uuid).
+"""`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core with.
+
+The check itself: opsctl.checks.mm_uuid.
 
 With ``--model`` (default tiny-vlm-multi) it starts one engine per ``--mode`` entry
 (caches-off, caches-on) with the mm_uuid engine probe on; with a URL it checks that one
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import RUN_HELP, duration_option, run_path, url_argument, url_target
+from opsctl.checks.target import url_target
+from opsctl.commands.options import RUN_HELP, duration_option, run_path, url_argument
 from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput

@@ -1,5 +1,6 @@
-"""The one diag command skeleton: every ``opsctl diag NAME`` is built here from its
-registration (opsctl.domain.check_registry) and its flags function.
+"""The one diag command skeleton: every ``opsctl diag NAME``, built from its registration.
+
+The registration is opsctl.domain.check_registry's; the flags function is the check's.
 
 A check's flags function (``Check.diag``) declares only its own flags and turns them
 into ``(target, options)``, refusing bad input (exit 2) before any engine starts. The
@@ -43,8 +44,9 @@ def _resolve(path: str) -> Any:
 
 
 def signature(flags: Callable[..., Any]) -> inspect.Signature:
-    """The command's signature: the flags function's own flags, then the shared ones
-    (``--json`` and ``--tui`` always; ``--api-key``, ``--test-knob`` where it takes them)."""
+    """The command's signature: the flags function's own flags, then the shared ones.
+
+    ``--json`` and ``--tui`` always; ``--api-key``, ``--test-knob`` where it takes them."""
     own = inspect.signature(flags).parameters  # its return type may be TYPE_CHECKING-only
     shared = {name: (ann, make) for name, ann, make in SHARED}
     params = [

@@ -1,5 +1,6 @@
-"""`opsctl diag usage`: verify /score and /rerank ``usage`` against an independent count
-of the engine inputs (the check itself: opsctl.checks.usage).
+"""`opsctl diag usage`: /score and /rerank ``usage`` against a count of the engine inputs.
+
+An independent count; the check itself: opsctl.checks.usage.
 
 Exit 1 on any mismatch, 2 for bad input or a generative model, 3 unreachable, 4 when the
 server does not answer within --timeout; verdict "unverified" (the expected count cannot
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import duration_option, url_argument, url_target
+from opsctl.checks.target import url_target
+from opsctl.commands.options import duration_option, url_argument
 from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput
 
