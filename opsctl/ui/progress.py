@@ -46,12 +46,6 @@ def run_with_progress(
     if not use_tui:
         return call(stderr_progress(title))
     from opsctl.ui.diag_app import DiagApp
-    from opsctl.ui.runner import run_app
+    from opsctl.ui.worker_app import run_for_report
 
-    app = DiagApp(title, call)
-    run_app(app)
-    if app.error is not None:
-        raise app.error
-    if app.report is None:
-        raise KeyboardInterrupt
-    return app.report  # type: ignore[return-value]
+    return run_for_report(DiagApp(title, call))
