@@ -185,7 +185,7 @@ class ConsoleApp(ActionsMixin, App):
         self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
         self.table.host_gpus = snap.host_gpus
         self.table.show(views, now, snap.interval_s, notes)
-        if not self._screen_stack:  # shutting down: the refresh timer fired after the last pop
+        if not self.screen_stack:  # shutting down: the refresh timer fired after the last pop
             return
         screen = self.screen
         if isinstance(screen, DetailScreen) and screen.ready:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 
 from rich.text import Text
@@ -75,11 +76,14 @@ def _fixed_columns(table: DataTable, columns: tuple[tuple[str, int], ...]) -> No
         table.add_column(label, width=width)
 
 
+_SHOWN: weakref.WeakKeyDictionary[DataTable, list[tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
 def _replace_rows(table: DataTable, rows: list[tuple[str, ...]]) -> None:
     """Show ``rows``; an unchanged table is left alone (no clear, no redraw)."""
-    if getattr(table, "_opsctl_rows", None) == rows:
+    if _SHOWN.get(table) == rows:
         return
-    table._opsctl_rows = rows  # type: ignore[attr-defined]
+    _SHOWN[table] = rows
     table.clear()
     for row in rows:
         table.add_row(*row)
