@@ -4,6 +4,8 @@ cancelled); the caller acts on it."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,6 +18,23 @@ from opsctl.console.servers import StartRequest
 from opsctl.errors import BadInput
 
 _BOX = "align: center middle; } #box { width: 90; height: auto; border: thick $warning; padding: 1 2; background: $panel; }"
+
+T = TypeVar("T")
+
+
+class CancelScreen(ModalScreen[T | None]):
+    """A modal whose Esc (and :meth:`action_cancel`) dismisses it with None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    @staticmethod
+    def accent_css(selector: str, extra: str) -> str:
+        """The DEFAULT_CSS of a modal named ``selector``: the centred box, accent border."""
+        return selector + " { " + _BOX.replace("$warning", "$accent") + extra
+
+    def action_cancel(self) -> None:
+        """Dismiss with None: cancelled."""
+        self.dismiss(None)
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -52,14 +71,11 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(event.button.id == "yes")
 
 
-class PickScreen(ModalScreen[str | None]):
+class PickScreen(CancelScreen[str]):
     """One of ``choices`` ((id, label) pairs); Esc cancels."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = (
-        "PickScreen { "
-        + _BOX.replace("$warning", "$accent")
-        + " OptionList { height: auto; max-height: 20; }"
+    DEFAULT_CSS = CancelScreen.accent_css(
+        "PickScreen", " OptionList { height: auto; max-height: 20; }"
     )
 
     def __init__(self, title: str, choices: list[tuple[str, str]], note: str = "") -> None:
@@ -81,18 +97,12 @@ class PickScreen(ModalScreen[str | None]):
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class StartServerScreen(ModalScreen[StartRequest | None]):
+class StartServerScreen(CancelScreen[StartRequest]):
     """Model (embedded name or directory), weights (dummy | real), port (empty: free)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = (
-        "StartServerScreen { "
-        + _BOX.replace("$warning", "$accent")
-        + " Input { margin-bottom: 1; } #error { color: $error; }"
+    DEFAULT_CSS = CancelScreen.accent_css(
+        "StartServerScreen", " Input { margin-bottom: 1; } #error { color: $error; }"
     )
 
     def __init__(self, models: list[str], api_key: str | None = None) -> None:
@@ -143,6 +153,3 @@ class StartServerScreen(ModalScreen[StartRequest | None]):
             self._submit()
         else:
             self.dismiss(None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
