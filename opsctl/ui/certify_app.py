@@ -44,6 +44,7 @@ class CertifyApp(WorkerApp):
         self.rows: dict[str, list[str]] = {c: [c, "pending", "-"] for c in dom.certify_checks()}
 
     def compose(self) -> ComposeResult:
+        """Header, the checks' list beside their panels (the whole run's, then each check's)."""
         yield Header()
         with Horizontal():
             yield DataTable(id="checks", cursor_type="row")
@@ -54,6 +55,7 @@ class CertifyApp(WorkerApp):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Fill the list (every check pending, the run running) and start the certification."""
         table = self.query_one("#checks", DataTable)
         for name in ("check", "verdict", "time"):
             table.add_column(name, key=name)
@@ -91,23 +93,28 @@ class CertifyApp(WorkerApp):
             self.panel(OVERALL).update_snapshot(snap)
 
     def panel(self, name: str) -> DiagPanel:
+        """The DiagPanel of check ``name`` (or of the whole run, ``certify``)."""
         return self.query_one(f"#panel-{name}", DiagPanel)
 
     def set_row(self, name: str, verdict: str, seconds: str) -> None:
+        """Show ``verdict`` (lower case) and ``seconds`` in the list row of ``name``."""
         table = self.query_one("#checks", DataTable)
         table.update_cell(name, "verdict", verdict.lower(), update_width=True)
         table.update_cell(name, "time", seconds, update_width=True)
 
     def show(self, name: str) -> None:
+        """Put the panel of ``name`` on screen."""
         self.query_one("#panels", ContentSwitcher).current = f"panel-{name}"
 
     # ---- keys ------------------------------------------------------------------------------
     def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
+        """A row picked (Enter or a click): show its panel and stop following the running check."""
         if message.row_key.value is not None:
             self.following = False
             self.show(str(message.row_key.value))
 
     def action_follow(self) -> None:
+        """Follow the running check again (``f``)."""
         self.following = True
 
 

@@ -1,6 +1,8 @@
-"""The console's modal screens: confirm a destructive action, pick one of a list (a
-check, an admin route), the start-a-server form. Each dismisses with its answer (None:
-cancelled); the caller acts on it."""
+"""The console's modal screens: confirm, pick one of a list, the start-a-server form.
+
+Confirm guards a destructive action; pick chooses a check or an admin route. Each
+dismisses with its answer (None: cancelled); the caller acts on it.
+"""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.detail = detail
 
     def compose(self) -> ComposeResult:
+        """The question, its detail and the Yes / No buttons."""
         with Vertical(id="box"):
             yield Static(f"[b]{escape(self.question)}[/b]", id="question")
             if self.detail:
@@ -62,12 +65,15 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button("No (n, Esc)", variant="primary", id="no")
 
     def on_mount(self) -> None:
+        """Focus "No": Enter alone does not confirm."""
         self.query_one("#no", Button).focus()
 
     def action_answer(self, yes: bool) -> None:
+        """Dismiss with ``yes`` (the y, n and Esc keys)."""
         self.dismiss(yes)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Dismiss with True for "Yes", False for "No"."""
         self.dismiss(event.button.id == "yes")
 
 
@@ -85,6 +91,7 @@ class PickScreen(CancelScreen[str]):
         self.note = note
 
     def compose(self) -> ComposeResult:
+        """The title, the choices as an option list and the note."""
         with Vertical(id="box"):
             yield Static(f"[b]{escape(self.title_text)}[/b]")
             yield OptionList(*(Option(escape(label), id=cid) for cid, label in self.choices))
@@ -92,9 +99,11 @@ class PickScreen(CancelScreen[str]):
                 yield Static(escape(self.note), id="note")
 
     def on_mount(self) -> None:
+        """Focus the choices."""
         self.query_one(OptionList).focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """Dismiss with the picked choice's id."""
         self.dismiss(event.option.id)
 
 
@@ -111,6 +120,7 @@ class StartServerScreen(CancelScreen[StartRequest]):
         self.api_key = api_key
 
     def compose(self) -> ComposeResult:
+        """The form: model, weights and port inputs, an error line, Start and Cancel."""
         with Vertical(id="box"):
             yield Static("[b]start a vLLM server[/b] (it stops when the console exits)")
             yield Label(f"model: an embedded name ({', '.join(self.models)}) or a directory")
@@ -125,9 +135,11 @@ class StartServerScreen(CancelScreen[StartRequest]):
                 yield Button("Cancel (Esc)", id="cancel")
 
     def on_mount(self) -> None:
+        """Focus the model input."""
         self.query_one("#model", Input).focus()
 
     def request(self) -> StartRequest:
+        """The form as a StartRequest; BadInput for an empty model or a port not a number."""
         model = self.query_one("#model", Input).value.strip()
         weights = self.query_one("#weights", Input).value.strip() or "dummy"
         port_text = self.query_one("#port", Input).value.strip()
@@ -145,10 +157,12 @@ class StartServerScreen(CancelScreen[StartRequest]):
             self.query_one("#error", Static).update(escape(exc.message))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in any input submits the form."""
         event.stop()
         self._submit()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Start submits the form; Cancel dismisses with None."""
         if event.button.id == "start":
             self._submit()
         else:

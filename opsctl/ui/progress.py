@@ -1,6 +1,6 @@
-"""Draw a check's progress events: on stderr for the plain CLI, in a live panel with
-``--tui``. Both are views over the same :mod:`opsctl.checks.events` a check emits.
+"""Draw a check's progress events: on stderr for the plain CLI, in a live panel with ``--tui``.
 
+Both are views over the same :mod:`opsctl.checks.events` a check emits.
 ``run_with_progress(title, call, tui=..., as_json=...)`` runs ``call(progress)`` and
 returns what it returns (the check's report).
 """
@@ -39,7 +39,9 @@ def run_with_progress(
     title: str, call: Callable[[ev.Progress], R], *, tui: bool | None, as_json: bool
 ) -> R:
     """Run ``call(progress)`` plainly (stderr) or under the live panel; return its result.
-    Signals follow the lifetime policy: the panel exits, engines stop, Terminated."""
+
+    Signals follow the lifetime policy: the panel exits, engines stop, Terminated.
+    """
     from opsctl.output import want_tui
 
     use_tui = want_tui(bool(tui), as_json) if tui else False
