@@ -388,7 +388,7 @@ class FleetTable(ScrollView, can_focus=True):
         self.move_cursor(row=len(self.order) - 1)
 
     def on_click(self, event: events.Click) -> None:
-        """A click on a header sorts by its column; on a row, selects it or moves the cursor there."""
+        """A click: a header sorts by its column; a row gets the cursor (or is selected)."""
         offset = event.get_content_offset(self)
         if offset is None:
             return
