@@ -10,11 +10,10 @@ CheckProgress, CheckDone and the plain ones) become panel state.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header
 
@@ -22,34 +21,30 @@ from opsctl.checks import certify as check
 from opsctl.checks import events as ev
 from opsctl.domain import certify as dom
 from opsctl.ui.panels.diag import DiagPanel
+from opsctl.ui.worker_app import WorkerApp, run_for_report
 
 OVERALL = "certify"
 
 
-class Cancelled(KeyboardInterrupt):
-    """Raised inside the certification when the user quits."""
+class CertifyApp(WorkerApp):
+    """The certification's checks as a live list beside the selected check's panel."""
 
-
-class CertifyApp(App):
     TITLE = "opsctl certify"
-    BINDINGS = [("q", "quit_certify", "Quit"), ("f", "follow", "Follow the running check")]
+    BINDINGS = [("f", "follow", "Follow the running check")]
+    STOPPING = "stopping… (the engine is being stopped)"
     CSS = """
     #checks { width: 42; border: round $accent; }
     #panels { width: 1fr; }
     """
 
     def __init__(self, call: Callable[[ev.Progress], Any], title: str = "certify") -> None:
-        super().__init__()
-        self.call = call
+        super().__init__(call)
         self.run_title = title
-        self.report: Any = None
-        self.error: BaseException | None = None
-        self.cancelled = threading.Event()
-        self.done = threading.Event()
         self.following = True
         self.rows: dict[str, list[str]] = {c: [c, "pending", "-"] for c in dom.certify_checks()}
 
     def compose(self) -> ComposeResult:
+        """Header, the checks' list beside their panels (the whole run's, then each check's)."""
         yield Header()
         with Horizontal():
             yield DataTable(id="checks", cursor_type="row")
@@ -60,6 +55,7 @@ class CertifyApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Fill the list (every check pending, the run running) and start the certification."""
         table = self.query_one("#checks", DataTable)
         for name in ("check", "verdict", "time"):
             table.add_column(name, key=name)
@@ -67,12 +63,11 @@ class CertifyApp(App):
         for c in dom.certify_checks():
             table.add_row(*self.rows[c], key=c)
         self.sub_title = self.run_title
-        self.run_worker(self._work, thread=True, exclusive=True)
+        self.start_work()
 
     # ---- events (worker thread) ----------------------------------------------------------
     def _emit(self, event: ev.Event) -> None:
-        if self.cancelled.is_set():
-            raise Cancelled()
+        self.check_cancelled()
         self.call_from_thread(self.apply, event)
 
     def apply(self, event: ev.Event) -> None:
@@ -98,61 +93,31 @@ class CertifyApp(App):
             self.panel(OVERALL).update_snapshot(snap)
 
     def panel(self, name: str) -> DiagPanel:
+        """The DiagPanel of check ``name`` (or of the whole run, ``certify``)."""
         return self.query_one(f"#panel-{name}", DiagPanel)
 
     def set_row(self, name: str, verdict: str, seconds: str) -> None:
+        """Show ``verdict`` (lower case) and ``seconds`` in the list row of ``name``."""
         table = self.query_one("#checks", DataTable)
         table.update_cell(name, "verdict", verdict.lower(), update_width=True)
         table.update_cell(name, "time", seconds, update_width=True)
 
     def show(self, name: str) -> None:
+        """Put the panel of ``name`` on screen."""
         self.query_one("#panels", ContentSwitcher).current = f"panel-{name}"
 
     # ---- keys ------------------------------------------------------------------------------
     def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
+        """A row picked (Enter or a click): show its panel and stop following the running check."""
         if message.row_key.value is not None:
             self.following = False
             self.show(str(message.row_key.value))
 
     def action_follow(self) -> None:
+        """Follow the running check again (``f``)."""
         self.following = True
-
-    def _work(self) -> None:
-        try:
-            self.report = self.call(self._emit)
-        except BaseException as exc:  # reported by the command after the app exits
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def action_quit_certify(self) -> None:
-        if not self.done.is_set():
-            self.cancelled.set()
-            self.notify("stopping… (the engine is being stopped)")
-            self.set_interval(0.2, self._exit_when_done)
-        else:
-            self.exit()
-
-    def _exit_when_done(self) -> None:
-        if self.done.is_set():
-            self.exit()
-
-    def on_stop_signal(self) -> None:
-        """A stop signal (opsctl.ui.runner): cancel the run and stop its engines now."""
-        from opsctl.engine.server import stop_all
-
-        self.cancelled.set()
-        stop_all()
 
 
 def run_tui(call: Callable[[ev.Progress], Any], title: str = "certify") -> Any:
     """Run the certification under the app; its report (errors re-raised after exit)."""
-    from opsctl.ui.runner import run_app
-
-    app = CertifyApp(call, title)
-    run_app(app)
-    if app.error is not None:
-        raise app.error
-    if app.report is None:
-        raise KeyboardInterrupt
-    return app.report
+    return run_for_report(CertifyApp(call, title))

@@ -1,4 +1,5 @@
 """The console's actions on the UI side: keys, ``:`` commands, modals, notifications.
+
 The work itself is opsctl.console.actions / servers (no Textual there); it runs in
 worker threads (checks in their own threads, the rest in Textual thread workers), and
 the UI thread only renders what they report.
@@ -27,6 +28,8 @@ from opsctl.ui.console_modals import ConfirmScreen, PickScreen, StartServerScree
 
 
 class JobEvent(Message):
+    """A check job's new progress snapshot, posted from its thread to the app."""
+
     def __init__(self, job: act.CheckJob, snap: dict[str, Any]) -> None:
         super().__init__()
         self.job = job
@@ -34,6 +37,8 @@ class JobEvent(Message):
 
 
 class ServerChanged(Message):
+    """A server this console manages changed state (starting, ready, failed)."""
+
     def __init__(self, managed: srv.Managed) -> None:
         super().__init__()
         self.managed = managed
@@ -50,11 +55,13 @@ class ActionsMixin:
 
     # ---- helpers -------------------------------------------------------------------------
     def say(self, text: str, ok: bool = True) -> None:
+        """Notify ``text`` (an error when not ``ok``) and keep it in the action log (last 200)."""
         self.action_log.append(text)
         del self.action_log[:-200]
         self.notify(text, severity="information" if ok else "error", timeout=4 if ok else 15)  # type: ignore[attr-defined]
 
     def allowed(self, what: str) -> bool:
+        """Whether ``what`` may run; under --readonly or in a replay, say why not and refuse."""
         if self.readonly:
             why = "this is a replay" if getattr(self, "replaying", False) else "--readonly"
             self.say(f"readonly: {what} is disabled ({why})", ok=False)
@@ -62,6 +69,7 @@ class ActionsMixin:
         return True
 
     def selected_view(self) -> EndpointView | None:
+        """The endpoint under the fleet table's cursor, or None (then say to select one)."""
         url = self.selected_url()  # type: ignore[attr-defined]
         last = self.last  # type: ignore[attr-defined]
         view = next((v for v in last.endpoints if v.target.url == url), None) if last else None
@@ -84,6 +92,8 @@ class ActionsMixin:
         self.run_worker(run, thread=True, group="actions")  # type: ignore[attr-defined]
 
     def confirm(self, question: str, detail: str, then: Callable[[], None]) -> None:
+        """Ask ``question`` in a ConfirmScreen; run ``then`` on yes, say "cancelled" otherwise."""
+
         def answered(yes: bool | None) -> None:
             if yes:
                 then()
@@ -98,6 +108,7 @@ class ActionsMixin:
 
     # ---- checks --------------------------------------------------------------------------
     def action_run_check(self) -> None:
+        """Pick a check that applies to the selected endpoint and start it (``d``)."""
         if not self.allowed("running a check") or (view := self.selected_view()) is None:
             return
         ours = self.servers.owned(view.target.url) is not None
@@ -113,6 +124,7 @@ class ActionsMixin:
         self.push_screen(PickScreen(title, options), picked)  # type: ignore[attr-defined]
 
     def start_check(self, view: EndpointView, choice: act.CheckChoice) -> None:
+        """Start ``choice`` on ``view`` as a job and show it in the checks screen."""
         try:
             call = act.check_call(choice, view, self.api_key, self._model_path(view))
         except OpsctlError as exc:
@@ -123,10 +135,12 @@ class ActionsMixin:
         self.push_screen(ChecksScreen(self.jobs.jobs, show=job.id))  # type: ignore[attr-defined]
 
     def action_checks(self) -> None:
+        """Show the checks screen (``j``), unless it is on screen already."""
         if not isinstance(self.screen, ChecksScreen):  # type: ignore[attr-defined]
             self.push_screen(ChecksScreen(self.jobs.jobs))  # type: ignore[attr-defined]
 
     def on_job_event(self, message: JobEvent) -> None:
+        """Pass a job's snapshot to the checks screen; say the verdict once the job has finished."""
         from textual.app import ScreenStackError
 
         try:
@@ -142,6 +156,7 @@ class ActionsMixin:
 
     # ---- servers -------------------------------------------------------------------------
     def action_new_server(self) -> None:
+        """Ask for a server to start (the StartServerScreen form) and start it."""
         if not self.allowed("starting a server"):
             return
         from opsctl.embedded.catalog import CATALOG
@@ -153,10 +168,12 @@ class ActionsMixin:
         self.push_screen(StartServerScreen(list(CATALOG), self.api_key), submitted)  # type: ignore[attr-defined]
 
     def serve(self, req: srv.StartRequest) -> None:
+        """Start the server ``req`` asks for; it stops when the console exits."""
         self.servers.start(req)
         self.say(f"starting {req.model} ({req.weights} weights); it stops with the console")
 
     def on_server_changed(self, message: ServerChanged) -> None:
+        """Say what became of a managed server: starting at its URL, ready, or failed."""
         m = message.managed
         if m.state == "ready":
             self.say(f"{m.request.model} ready at {m.url} after {m.seconds or 0:.0f} s")
@@ -167,6 +184,10 @@ class ActionsMixin:
         self.tick()  # type: ignore[attr-defined]
 
     def action_stop_server(self) -> None:
+        """Stop the selected server after a confirm: one this console started, or an opsctl run.
+
+        A server not started by opsctl (no run directory) is refused.
+        """
         if not self.allowed("stopping a server") or (view := self.selected_view()) is None:
             return
         m = self.servers.owned(view.target.url)
@@ -184,6 +205,7 @@ class ActionsMixin:
                      "servers it started (they have a run directory)", ok=False)  # fmt: skip
 
     def action_restart_server(self) -> None:
+        """Restart the selected server on its port after a confirm (one this console started)."""
         if not self.allowed("restarting a server") or (view := self.selected_view()) is None:
             return
         m = self.servers.owned(view.target.url)
@@ -199,6 +221,7 @@ class ActionsMixin:
         self.confirm(f"restart {view.target.url}?", detail, lambda: self.background(restart))
 
     def action_reap(self, older_than: float = float("inf")) -> None:
+        """Reap orphaned engines (and prune runs older than ``older_than``) after a confirm."""
         if not self.allowed("reaping orphaned engines"):
             return
 
@@ -228,6 +251,7 @@ class ActionsMixin:
 
     # ---- admin, bundle -------------------------------------------------------------------
     def action_admin(self) -> None:
+        """Pick a vLLM admin route and call it on the selected endpoint (``a``)."""
         if not self.allowed("admin calls") or (view := self.selected_view()) is None:
             return
         options = [
@@ -244,6 +268,7 @@ class ActionsMixin:
         self.push_screen(PickScreen(title, options, note), picked)  # type: ignore[attr-defined]
 
     def admin(self, view: EndpointView, name: str) -> None:
+        """Call admin route ``name`` on ``view`` in the background (confirmed if destructive)."""
         try:
             r = adm.route(name)
         except KeyError as exc:
@@ -264,8 +289,10 @@ class ActionsMixin:
             self.background(work)
 
     def action_stacks(self) -> None:
-        """Take the selected endpoint's stacks now (read-only: allowed under --readonly,
-        not in a replay); the drill-in shows them."""
+        """Take the selected endpoint's stacks now; the drill-in shows them.
+
+        Read-only: allowed under --readonly, not in a replay.
+        """
         view = self.selected_view()
         if view is None:
             return
@@ -279,6 +306,7 @@ class ActionsMixin:
             self.say(f"taking the stacks of {view.target.name} (drill in: Enter)")
 
     def action_bundle(self, out: Path | None = None) -> None:
+        """Write the forensics bundle of the selected endpoint's run (to ``out`` when given)."""
         if (view := self.selected_view()) is None:
             return
 
@@ -290,6 +318,7 @@ class ActionsMixin:
 
     # ---- command mode --------------------------------------------------------------------
     def run_command(self, text: str) -> None:
+        """Run a ``:`` command (quit, help, checks, stop, restart, diag, serve, runs-*, admin)."""
         try:
             cmd = verbs.parse(text)
         except OpsctlError as exc:

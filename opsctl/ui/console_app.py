@@ -1,8 +1,10 @@
-"""The fleet console (Textual). It reads a FleetSource (not knowing which kind) on a
-timer: ``collect()`` is a cheap in-memory read, polling happens in the source's own
-thread. The fleet table repaints only the rows on screen that changed; the drill-in reads local
-details in a worker thread, only while it is open. ``build_console_app`` is the one
-factory (CLI and tests); ``run_console`` runs it under the engine lifetime policy.
+"""The fleet console (Textual): a FleetSource read on a timer, drawn as the fleet table.
+
+The app does not know which kind of source it reads: ``collect()`` is a cheap in-memory
+read, polling happens in the source's own thread. The fleet table repaints only the rows
+on screen that changed; the drill-in reads local details in a worker thread, only while
+it is open. ``build_console_app`` is the one factory (CLI and tests); ``run_console``
+runs it under the engine lifetime policy.
 
 Actions (checks, servers, admin calls, reaping, bundles; opsctl.ui.console_actions)
 run in worker threads; a check's result stays on its endpoint's row (column "check")
@@ -47,6 +49,8 @@ BUNDLE_NOTE = "dead: b bundles its run"
 
 
 class ConsoleApp(ActionsMixin, App):
+    """The fleet console: header, filter, fleet table, command line; drill-in and checks screens."""
+
     TITLE = "opsctl console"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
@@ -118,6 +122,7 @@ class ConsoleApp(ActionsMixin, App):
         )
 
     def compose(self) -> ComposeResult:
+        """The fleet header, the filter box, the fleet table, the command box, the footer."""
         yield FleetHeader(id="fleet-header")
         yield Input(placeholder="filter: words (Esc clears)", id="filter")
         yield FleetTable(id="fleet")
@@ -125,6 +130,7 @@ class ConsoleApp(ActionsMixin, App):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Keep the fleet screen's widgets, focus the table and start ticking every ``tick_s``."""
         # kept: App.query_one looks at the active screen, which may be a drill-in
         self.table = self.query_one(FleetTable)
         self.header = self.query_one(FleetHeader)
@@ -144,13 +150,13 @@ class ConsoleApp(ActionsMixin, App):
             self.recorder.close()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Replay keys (step, speed) only in a replay; every other action is allowed."""
         if action in REPLAY_ACTIONS:
             return self.replaying
         return True
 
     def ask_tick(self) -> None:
-        """A tick soon, for a key (filter typing, pause): what several keys ask for
-        before it runs is drawn once."""
+        """A tick soon, for a key (filter typing, pause); keys asked before it runs draw once."""
         if not self._tick_asked:
             self._tick_asked = True
             self.call_later(self._asked_tick)
@@ -160,8 +166,11 @@ class ConsoleApp(ActionsMixin, App):
         self.tick()
 
     def tick(self) -> None:
-        """Read the source and show it; the table and header touch only what changed, so
-        a tick over idle endpoints draws nothing."""
+        """Read the source and show it; a tick over idle endpoints draws nothing.
+
+        The table and header touch only what changed. A dead opsctl run's row offers its
+        bundle; a drill-in on screen gets its endpoint's fresh data and actions.
+        """
         snap = self.source.collect()
         if self.gpu_feed is not None:
             snap = self.gpu_feed.apply(snap)
@@ -185,7 +194,7 @@ class ConsoleApp(ActionsMixin, App):
         self.header.show(header_text(snap, len(views), self.filter_text, self.readonly, extra))
         self.table.host_gpus = snap.host_gpus
         self.table.show(views, now, snap.interval_s, notes)
-        if not self._screen_stack:  # shutting down: the refresh timer fired after the last pop
+        if not self.screen_stack:  # shutting down: the refresh timer fired after the last pop
             return
         screen = self.screen
         if isinstance(screen, DetailScreen) and screen.ready:
@@ -202,6 +211,7 @@ class ConsoleApp(ActionsMixin, App):
                     screen.show(view, now, snap.interval_s, series, block)
 
     def selected_url(self) -> str | None:
+        """The URL of the endpoint in focus: the drill-in's, the shown check's or the cursor's."""
         screen = self.screen
         if isinstance(screen, DetailScreen):
             return screen.url
@@ -212,16 +222,20 @@ class ConsoleApp(ActionsMixin, App):
 
     # ---- navigation ----------------------------------------------------------------------
     def action_help(self) -> None:
+        """Show the help screen (``?``)."""
         self.push_screen(HelpScreen())
 
     def action_filter(self) -> None:
+        """Open the filter box (``/``)."""
         box = self.filter_box
         box.add_class("on")
         box.focus()
 
     def action_command(self) -> None:
-        """The command line lives on the fleet screen: from a drill-in or the checks
-        screen go back to it, keeping that endpoint selected."""
+        """Open the command line (``:``) on the fleet screen, keeping the endpoint selected.
+
+        From a drill-in or the checks screen it goes back to the fleet screen first.
+        """
         url = self.selected_url()
         while len(self.screen_stack) > 1:
             self.pop_screen()
@@ -233,11 +247,13 @@ class ConsoleApp(ActionsMixin, App):
         box.focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        """Filter typing: the table follows at the next tick."""
         if event.input.id == "filter":
             self.filter_text = event.value.strip()
             self.ask_tick()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the command box runs the command; either box gives focus back to the table."""
         if event.input.id == "command":
             text = event.value.strip().lstrip(":")
             self.command_box.remove_class("on")
@@ -248,6 +264,7 @@ class ConsoleApp(ActionsMixin, App):
         self.table.focus()
 
     def action_back(self) -> None:
+        """Esc: close and clear an open filter or command box."""
         for box in (self.filter_box, self.command_box):
             if box.has_class("on"):
                 box.value = ""
@@ -255,15 +272,18 @@ class ConsoleApp(ActionsMixin, App):
                 self.table.focus()
 
     def action_drill(self) -> None:
+        """Drill into the selected endpoint (Enter on the fleet screen)."""
         url = self.table.selected_url()
         if url is not None and self.screen is self.screen_stack[0]:
             self.push_screen(DetailScreen(url))
             self.call_after_refresh(self.tick)
 
     def on_fleet_table_row_selected(self, event: FleetTable.RowSelected) -> None:
+        """Enter on the table, or a click on the cursor's row: drill in."""
         self.action_drill()  # Enter on the table, or a click on the cursor's row
 
     def action_sort_next(self) -> None:
+        """Sort by the next column (``s``)."""
         table = self.table
         keys = [k for k, _ in COLUMNS]
         nxt = keys[(keys.index(table.sort_col) + 1) % len(keys)] if table.sort_col else keys[0]
@@ -271,10 +291,12 @@ class ConsoleApp(ActionsMixin, App):
         self.notify(f"sorted by {dict(COLUMNS)[nxt]}", timeout=1.5)
 
     def action_sort_reverse(self) -> None:
+        """Reverse the sort (``S``; by name when none was chosen)."""
         table = self.table
         table.sort_by(table.sort_col or "name")
 
     def action_refresh_now(self) -> None:
+        """Poll now (``r``) and redraw 0.2 s later; presses meanwhile share that redraw."""
         self.source.refresh()
         if self._refresh_timer is None:  # pressed again meanwhile: the same redraw
 
@@ -285,6 +307,7 @@ class ConsoleApp(ActionsMixin, App):
             self._refresh_timer = self.set_timer(0.2, done)
 
     def action_pause(self) -> None:
+        """Pause or resume polling (``p``)."""
         current = getattr(self.source, "paused", None)
         if current is None:
             current = self.last.paused if self.last else False
@@ -293,29 +316,36 @@ class ConsoleApp(ActionsMixin, App):
 
     # ---- replay --------------------------------------------------------------------------
     def action_step_forward(self) -> None:
+        """Replay: one frame forward (``.``)."""
         self.source.step(1)  # type: ignore[attr-defined]
         self.tick()
 
     def action_step_back(self) -> None:
+        """Replay: one frame back (``,``)."""
         self.source.step(-1)  # type: ignore[attr-defined]
         self.tick()
 
     def action_faster(self) -> None:
+        """Replay: play faster (``+``)."""
         self.source.faster()  # type: ignore[attr-defined]
         self.tick()
 
     def action_slower(self) -> None:
+        """Replay: play slower (``-``)."""
         self.source.slower()  # type: ignore[attr-defined]
         self.tick()
 
 
 def build_console_app(source: FleetSource, interval: float = 1.0, **kw) -> ConsoleApp:
+    """The console over ``source``, drawn every ``interval`` seconds (options: ConsoleApp's)."""
     return ConsoleApp(source, interval, **kw)
 
 
 def run_console(app: ConsoleApp) -> None:
-    """Run the console in this terminal under the engine lifetime policy: a stop signal
-    exits the app, and the engines it started stop with it (on_unmount)."""
+    """Run the console in this terminal under the engine lifetime policy.
+
+    A stop signal exits the app, and the engines it started stop with it (on_unmount).
+    """
     from opsctl.ui.runner import run_app
 
     run_app(app)

@@ -1,6 +1,9 @@
-"""The checks run from the console: a table of jobs (check, endpoint, state, verdict,
-first finding) and the live DiagPanel of the one under the cursor, fed by its events.
-The panel of another job is rebuilt from that job's recorded snapshots."""
+"""The checks run from the console: a table of jobs and the live DiagPanel of the one selected.
+
+The table shows check, endpoint, state, verdict and first finding; the panel of the job
+under the cursor is fed by its events. The panel of another job is rebuilt from that
+job's recorded snapshots.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ JOB_COLUMNS = ("#", "check", "endpoint", "state", "verdict", "first finding / er
 
 
 def job_cells(j: CheckJob) -> tuple[str, ...]:
+    """A job's row: id, check, endpoint, state (or running phase), verdict, finding or error."""
     return (
         str(j.id),
         j.check.name,
@@ -28,6 +32,8 @@ def job_cells(j: CheckJob) -> tuple[str, ...]:
 
 
 class ChecksScreen(Screen):
+    """The jobs table above the selected job's DiagPanel; K cancels that job, Esc goes back."""
+
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("K", "cancel_job", "Cancel check"),
@@ -44,6 +50,7 @@ class ChecksScreen(Screen):
         self.ready = False  # the panel is mounted and holds the shown job's snapshots
 
     def compose(self) -> ComposeResult:
+        """Title line, the jobs table, the shown job's panel, footer."""
         yield Static("checks run from this console (Esc back, K cancel)", id="jobs-title")
         yield DataTable(id="jobs", cursor_type="row")
         yield DiagPanel(self._title(), id="check-panel")
@@ -54,9 +61,11 @@ class ChecksScreen(Screen):
         return f"{job.check.title} on {job.endpoint}" if job else "no check yet"
 
     def job(self, job_id: int | None) -> CheckJob | None:
+        """The job with ``job_id``, or None."""
         return next((j for j in self.jobs if j.id == job_id), None)
 
     def on_mount(self) -> None:
+        """Columns, the jobs' rows and the shown job's panel replayed from its snapshots."""
         table = self.query_one("#jobs", DataTable)
         for key in JOB_COLUMNS:
             table.add_column(key, key=key)
@@ -65,6 +74,7 @@ class ChecksScreen(Screen):
         self.ready = True
 
     def refresh_jobs(self) -> None:
+        """Add new jobs' rows, update the others' cells and keep the cursor on the shown job."""
         table = self.query_one("#jobs", DataTable)
         for j in self.jobs:
             key = str(j.id)
@@ -84,10 +94,12 @@ class ChecksScreen(Screen):
             panel.update_snapshot(snap)
 
     def on_job_event(self, job: CheckJob, snap: dict) -> None:
-        """A job's new snapshot (called by the app on the UI thread). Before the panel is
-        ready the snapshot is skipped: the replay of the job's snapshots brings it. A
-        snapshot arriving while the screen is being taken down (the app exiting, the
-        panel being swapped) is dropped: a late event never kills the console."""
+        """A job's new snapshot (called by the app on the UI thread).
+
+        Before the panel is ready the snapshot is skipped: the replay of the job's snapshots
+        brings it. A snapshot arriving while the screen is being taken down (the app exiting, the
+        panel being swapped) is dropped: a late event never kills the console.
+        """
         if not self.ready or not self.is_attached:
             return
         try:
@@ -98,6 +110,7 @@ class ChecksScreen(Screen):
             return
 
     async def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """Another job under the cursor: swap in a new panel replayed from its snapshots."""
         if event.cursor_row != event.data_table.cursor_row:
             # stale: the cursor moved on since it was posted (on mount, the first row's
             # highlight can arrive after the cursor went to the job asked for, `show`)
@@ -113,6 +126,7 @@ class ChecksScreen(Screen):
         self.ready = True
 
     def action_cancel_job(self) -> None:
+        """Cancel the shown job if it runs (at its next step)."""
         job = self.job(self.shown)
         if job is not None and job.running:
             job.cancelled.set()

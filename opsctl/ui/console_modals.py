@@ -1,8 +1,12 @@
-"""The console's modal screens: confirm a destructive action, pick one of a list (a
-check, an admin route), the start-a-server form. Each dismisses with its answer (None:
-cancelled); the caller acts on it."""
+"""The console's modal screens: confirm, pick one of a list, the start-a-server form.
+
+Confirm guards a destructive action; pick chooses a check or an admin route. Each
+dismisses with its answer (None: cancelled); the caller acts on it.
+"""
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 from rich.markup import escape
 from textual.app import ComposeResult
@@ -16,6 +20,23 @@ from opsctl.console.servers import StartRequest
 from opsctl.errors import BadInput
 
 _BOX = "align: center middle; } #box { width: 90; height: auto; border: thick $warning; padding: 1 2; background: $panel; }"
+
+T = TypeVar("T")
+
+
+class CancelScreen(ModalScreen[T | None]):
+    """A modal whose Esc (and :meth:`action_cancel`) dismisses it with None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    @staticmethod
+    def accent_css(selector: str, extra: str) -> str:
+        """The DEFAULT_CSS of a modal named ``selector``: the centred box, accent border."""
+        return selector + " { " + _BOX.replace("$warning", "$accent") + extra
+
+    def action_cancel(self) -> None:
+        """Dismiss with None: cancelled."""
+        self.dismiss(None)
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -34,6 +55,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.detail = detail
 
     def compose(self) -> ComposeResult:
+        """The question, its detail and the Yes / No buttons."""
         with Vertical(id="box"):
             yield Static(f"[b]{escape(self.question)}[/b]", id="question")
             if self.detail:
@@ -43,23 +65,23 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button("No (n, Esc)", variant="primary", id="no")
 
     def on_mount(self) -> None:
+        """Focus "No": Enter alone does not confirm."""
         self.query_one("#no", Button).focus()
 
     def action_answer(self, yes: bool) -> None:
+        """Dismiss with ``yes`` (the y, n and Esc keys)."""
         self.dismiss(yes)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Dismiss with True for "Yes", False for "No"."""
         self.dismiss(event.button.id == "yes")
 
 
-class PickScreen(ModalScreen[str | None]):
+class PickScreen(CancelScreen[str]):
     """One of ``choices`` ((id, label) pairs); Esc cancels."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = (
-        "PickScreen { "
-        + _BOX.replace("$warning", "$accent")
-        + " OptionList { height: auto; max-height: 20; }"
+    DEFAULT_CSS = CancelScreen.accent_css(
+        "PickScreen", " OptionList { height: auto; max-height: 20; }"
     )
 
     def __init__(self, title: str, choices: list[tuple[str, str]], note: str = "") -> None:
@@ -69,6 +91,7 @@ class PickScreen(ModalScreen[str | None]):
         self.note = note
 
     def compose(self) -> ComposeResult:
+        """The title, the choices as an option list and the note."""
         with Vertical(id="box"):
             yield Static(f"[b]{escape(self.title_text)}[/b]")
             yield OptionList(*(Option(escape(label), id=cid) for cid, label in self.choices))
@@ -76,23 +99,19 @@ class PickScreen(ModalScreen[str | None]):
                 yield Static(escape(self.note), id="note")
 
     def on_mount(self) -> None:
+        """Focus the choices."""
         self.query_one(OptionList).focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """Dismiss with the picked choice's id."""
         self.dismiss(event.option.id)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class StartServerScreen(ModalScreen[StartRequest | None]):
+class StartServerScreen(CancelScreen[StartRequest]):
     """Model (embedded name or directory), weights (dummy | real), port (empty: free)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = (
-        "StartServerScreen { "
-        + _BOX.replace("$warning", "$accent")
-        + " Input { margin-bottom: 1; } #error { color: $error; }"
+    DEFAULT_CSS = CancelScreen.accent_css(
+        "StartServerScreen", " Input { margin-bottom: 1; } #error { color: $error; }"
     )
 
     def __init__(self, models: list[str], api_key: str | None = None) -> None:
@@ -101,6 +120,7 @@ class StartServerScreen(ModalScreen[StartRequest | None]):
         self.api_key = api_key
 
     def compose(self) -> ComposeResult:
+        """The form: model, weights and port inputs, an error line, Start and Cancel."""
         with Vertical(id="box"):
             yield Static("[b]start a vLLM server[/b] (it stops when the console exits)")
             yield Label(f"model: an embedded name ({', '.join(self.models)}) or a directory")
@@ -115,9 +135,11 @@ class StartServerScreen(ModalScreen[StartRequest | None]):
                 yield Button("Cancel (Esc)", id="cancel")
 
     def on_mount(self) -> None:
+        """Focus the model input."""
         self.query_one("#model", Input).focus()
 
     def request(self) -> StartRequest:
+        """The form as a StartRequest; BadInput for an empty model or a port not a number."""
         model = self.query_one("#model", Input).value.strip()
         weights = self.query_one("#weights", Input).value.strip() or "dummy"
         port_text = self.query_one("#port", Input).value.strip()
@@ -135,14 +157,13 @@ class StartServerScreen(ModalScreen[StartRequest | None]):
             self.query_one("#error", Static).update(escape(exc.message))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in any input submits the form."""
         event.stop()
         self._submit()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Start submits the form; Cancel dismisses with None."""
         if event.button.id == "start":
             self._submit()
         else:
             self.dismiss(None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

@@ -65,10 +65,13 @@ stall window, /health may still say 200), dead, unreachable, unauthorized, resta
 
 
 class HelpScreen(ModalScreen):
+    """The console's keys, modes and states (``?`` opens it, Esc or ``?`` closes it)."""
+
     BINDINGS = [("escape", "dismiss", "Back"), ("question_mark", "dismiss", "Back")]
     DEFAULT_CSS = "HelpScreen { align: center middle; } #help { width: 90; border: round $accent; padding: 1 2; background: $panel; }"
 
     def compose(self) -> ComposeResult:
+        """The help text."""
         yield Static(HELP, id="help")
 
 
@@ -79,8 +82,11 @@ def actions_text(
     readonly: bool,
     stacks: list[str] | None = None,
 ) -> str:
-    """The drill-in's checks and actions block (rich markup); ``stacks``: the lines of
-    the stacks the console took of it (opsctl.console.stall_stacks), first."""
+    """The drill-in's checks and actions block (rich markup).
+
+    ``stacks``: the lines of the stacks the console took of it (opsctl.console.stall_stacks),
+    first.
+    """
     lines = [f"[b]{escape(s)}[/]" if i == 0 else escape(s) for i, s in enumerate(stacks or ())]
     for j in jobs[-5:]:
         colour = {"pass": "green", "fail": "red"}.get(j.verdict or "", "yellow")
@@ -127,6 +133,7 @@ class DetailScreen(Screen):
         self.ready = False  # composed: show() may run
 
     def compose(self) -> ComposeResult:
+        """Summary, checks and actions, figures, latency, sparklines, server info, local panels."""
         with VerticalScroll():
             yield Static(id="d-summary")
             yield Static(id="d-actions")
@@ -143,10 +150,16 @@ class DetailScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Title the actions box; from now on show() may run."""
         self.query_one("#d-actions").border_title = "checks and actions"
         self.ready = True
 
     def show(self, view: EndpointView, now: float, interval: float, series, actions: str) -> None:
+        """One tick of the endpoint: fleet data now, local details when DETAIL_EVERY_S has passed.
+
+        The local details are collected in a worker thread (``app.detail_fn``), then shown by
+        :meth:`show_detail`; their panels are hidden for an endpoint without a pid.
+        """
         self.query_one("#d-summary", Static).update(summary_text(view, now, interval))
         self.query_one("#d-actions", Static).update(actions)
         self.query_one("#d-figures", Static).update(figures_text(view))
@@ -167,6 +180,7 @@ class DetailScreen(Screen):
             self.app.call_from_thread(self.show_detail, detail)
 
     def show_detail(self, d: LocalDetail) -> None:
+        """Show the local details: process tree, Engram tables, ledger, log tail (those it has)."""
         self.detail = d
         self.query_one(ProcessPanel).update_snapshot(d)
         self.query_one(EngramPanel).update_snapshot(d)

@@ -1,6 +1,6 @@
-"""Draw a check's progress events: on stderr for the plain CLI, in a live panel with
-``--tui``. Both are views over the same :mod:`opsctl.checks.events` a check emits.
+"""Draw a check's progress events: on stderr for the plain CLI, in a live panel with ``--tui``.
 
+Both are views over the same :mod:`opsctl.checks.events` a check emits.
 ``run_with_progress(title, call, tui=..., as_json=...)`` runs ``call(progress)`` and
 returns what it returns (the check's report).
 """
@@ -39,19 +39,15 @@ def run_with_progress(
     title: str, call: Callable[[ev.Progress], R], *, tui: bool | None, as_json: bool
 ) -> R:
     """Run ``call(progress)`` plainly (stderr) or under the live panel; return its result.
-    Signals follow the lifetime policy: the panel exits, engines stop, Terminated."""
+
+    Signals follow the lifetime policy: the panel exits, engines stop, Terminated.
+    """
     from opsctl.output import want_tui
 
     use_tui = want_tui(bool(tui), as_json) if tui else False
     if not use_tui:
         return call(stderr_progress(title))
     from opsctl.ui.diag_app import DiagApp
-    from opsctl.ui.runner import run_app
+    from opsctl.ui.worker_app import run_for_report
 
-    app = DiagApp(title, call)
-    run_app(app)
-    if app.error is not None:
-        raise app.error
-    if app.report is None:
-        raise KeyboardInterrupt
-    return app.report  # type: ignore[return-value]
+    return run_for_report(DiagApp(title, call))

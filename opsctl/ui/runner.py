@@ -1,5 +1,6 @@
-"""The one Textual runner: every opsctl app (serve's dashboard, the diag panels,
-certify, the console) runs in this terminal through :func:`run_app`, under the engine
+"""The one Textual runner: every opsctl app runs in this terminal through :func:`run_app`.
+
+Serve's dashboard, the diag panels, certify and the console all run under the engine
 lifetime policy (opsctl.engine.lifetime).
 
 A stop signal (SIGINT, SIGTERM, SIGHUP) arrives in the main thread, where the app's
@@ -21,9 +22,12 @@ from textual.app import App
 
 
 def run_app(app: App, run: Callable[[App], Any] | None = None) -> None:
-    """Run ``app`` in this terminal (``run``: how, for tests driving it headless) until
-    it exits; a stop signal calls ``app.on_stop_signal()`` (when the app has one) and
-    exits it; the signal is raised once the app is gone."""
+    """Run ``app`` in this terminal until it exits; a stop signal exits it, then is raised.
+
+    ``run``: how to run it, for tests driving it headless. A stop signal calls
+    ``app.on_stop_signal()`` (when the app has one) and exits the app; the signal is raised
+    once the app is gone.
+    """
     from opsctl.engine import lifetime
 
     loop = asyncio.new_event_loop()

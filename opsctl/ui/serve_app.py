@@ -1,7 +1,9 @@
-"""The serve dashboard. A worker thread collects a ServeSnapshot; the UI thread renders
-it; the next poll is armed only after rendering, so slow polls stretch the period
-instead of piling up. ``build_serve_app`` is the one factory used by the CLI and tests
-(tests feed recorded snapshots)."""
+"""The serve dashboard: a worker thread collects a ServeSnapshot, the UI thread renders it.
+
+The next poll is armed only after rendering, so slow polls stretch the period instead of
+piling up. ``build_serve_app`` is the one factory used by the CLI and tests (tests feed
+recorded snapshots).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ PANELS = (StatePanel, ProcessPanel, MetricsPanel, LedgerPanel, LogPanel)
 
 
 class ServeDashboard(App):
+    """One vLLM server under ``opsctl serve``: state, process tree, metrics, ledger, log.
+
+    ``until`` decides from each snapshot whether to stop, with which exit code.
+    """
+
     TITLE = "opsctl serve"
     BINDINGS = [("q", "quit", "Stop server & quit"), ("ctrl+c", "quit", "Stop & quit")]
     CSS = """
@@ -47,6 +54,7 @@ class ServeDashboard(App):
         self.polls = 0
 
     def compose(self) -> ComposeResult:
+        """Header, the state panel on top, process tree, metrics, ledger and log panels, footer."""
         yield Header(show_clock=self.clock)
         with Vertical():
             with Horizontal(id="top"):
@@ -58,8 +66,11 @@ class ServeDashboard(App):
         yield Footer()
 
     def on_ready(self) -> None:
-        # Ready comes after the DOM is mounted and the first frame drawn: a poll started
-        # earlier (on_mount) could deliver its snapshot before the panels' children exist
+        """Start polling (or exit at once when a stop signal came while the app started).
+
+        Ready comes after the DOM is mounted and the first frame drawn: a poll started earlier
+        (on_mount) could deliver its snapshot before the panels' children exist.
+        """
         from opsctl.engine import lifetime
 
         if lifetime.received() is not None:  # a stop signal came while the app started
@@ -82,6 +93,7 @@ class ServeDashboard(App):
         self.call_from_thread(self.show, snap)
 
     def show(self, snap: ServeSnapshot) -> None:
+        """Render one snapshot, record it, apply ``until`` and arm the next poll."""
         self.last = snap
         self.polls += 1
         self.sub_title = f"{snap.model} — {snap.state}"
@@ -106,6 +118,7 @@ class ServeDashboard(App):
 def build_serve_app(
     source: Callable[[], ServeSnapshot], interval: float = 1.0, **kw
 ) -> ServeDashboard:
+    """The serve dashboard over ``source``, polled every ``interval`` seconds."""
     return ServeDashboard(source, interval, **kw)
 
 
@@ -127,10 +140,12 @@ def replay_source(path: Path) -> Callable[[], ServeSnapshot]:
 def run_dashboard(
     server, timeout: float, run_app: Callable[[ServeDashboard], object] | None = None
 ) -> int:
-    """Run the dashboard over a started EngineServer. Returns 0 after the user quits a
-    healthy server; raises EngineDied (exit 1) if the engine died, OpsTimeout (exit 4)
-    when it did not become healthy in time. ``run_app`` runs the app (default: in this
-    terminal; tests drive it headless with Pilot)."""
+    """Run the dashboard over a started EngineServer; 0 after the user quits a healthy server.
+
+    Raises EngineDied (exit 1) if the engine died, OpsTimeout (exit 4) when it did not
+    become healthy in time. ``run_app`` runs the app (default: in this terminal; tests
+    drive it headless with Pilot).
+    """
     import os
 
     from opsctl.collectors.serve import ServeCollector

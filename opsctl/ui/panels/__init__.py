@@ -1,2 +1,4 @@
-"""Reusable panels. Each panel is a widget with ``update_snapshot(snapshot)``; the future
-`opsctl dashboard` hosts many of them over many servers."""
+"""Reusable panels: each is a widget with ``update_snapshot(snapshot)``.
+
+The future `opsctl dashboard` hosts many of them over many servers.
+"""

@@ -1,7 +1,10 @@
-"""The console's fleet view: the columns of the fleet table and one endpoint's cells
-(``row_cells``), the filter (``matches``) and the header line with counts by state
-(``header_text``, ``FleetHeader``). The table widget itself, a Line API widget over a row
-model, is ``opsctl.ui.panels.fleet_table.FleetTable``."""
+"""The console's fleet view: the fleet table's columns and cells, the filter, the header.
+
+The columns of the fleet table and one endpoint's cells (``row_cells``), the filter
+(``matches``) and the header line with counts by state (``header_text``,
+``FleetHeader``). The table widget itself, a Line API widget over a row model, is
+``opsctl.ui.panels.fleet_table.FleetTable``.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ COLUMNS = (
 
 
 def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
+    """``v`` scaled and formatted with ``spec`` plus ``suffix``; "-" when it is missing."""
     return "-" if v is None else f"{v * scale:{spec}}{suffix}"
 
 
@@ -60,6 +64,7 @@ def age_text(v: EndpointView, now: float, interval: float) -> str:
 
 
 def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> tuple[str, ...]:
+    """One endpoint's fleet-table cells, in COLUMNS order."""
     f = v.figures
     ttft = f.latency.get("ttft")
     return (
@@ -84,6 +89,10 @@ def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> t
 
 
 def matches(v: EndpointView, text: str) -> bool:
+    """Whether every word of the filter ``text`` is in the endpoint's searchable text.
+
+    That text: name, URL, state, source, reason, model ids, labels and advisor finding codes.
+    """
     if not text:
         return True
     hay = " ".join(
@@ -97,6 +106,7 @@ def matches(v: EndpointView, text: str) -> bool:
 def header_text(
     snap: FleetSnapshot, shown: int, filt: str, readonly: bool, extra: str = ""
 ) -> Text:
+    """The header line: endpoints by state, source and interval, filter, paused, readonly, hint."""
     counts = state_counts(snap.endpoints)
     t = Text()
     t.append(f" {len(snap.endpoints)} endpoints ", style="bold")
@@ -119,9 +129,12 @@ def header_text(
 
 
 class FleetHeader(Static):
+    """The fleet header line; redrawn only when its text or styles change."""
+
     DEFAULT_CSS = "FleetHeader { height: auto; padding: 0 1; }"
 
     def show(self, text: Text) -> None:
+        """Show ``text`` unless it is what is already shown."""
         if getattr(self, "_last_plain", None) != (text.plain, str(text.spans)):
             self._last_plain = (text.plain, str(text.spans))
             self.update(text)

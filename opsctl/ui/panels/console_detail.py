@@ -1,6 +1,9 @@
-"""Drill-in panels of one endpoint: state and engine info, figures, latency
-percentiles, sparklines over the last 10 minutes, and (local endpoints) the process
-tree, Engram tables, patch ledger and log tail (serve's panels, reused)."""
+"""Drill-in panels of one endpoint: its state, figures, latency, sparklines and local details.
+
+State and engine info, figures, latency percentiles, sparklines over the last 10 minutes,
+and (local endpoints) the process tree, Engram tables, patch ledger and log tail (serve's
+panels, reused).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import json
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
 from opsctl.console.local import LocalDetail
@@ -45,6 +48,10 @@ def _pct_map(d: dict[str, float]) -> str:
 
 
 def summary_text(v: EndpointView, now: float, interval: float) -> Text:
+    """The drill-in's head: state, name and URL, age, reason, engine line, labels, local run.
+
+    Then Prometheus's firing alerts, the advisor's findings and the --tee / --log lines.
+    """
     t = Text()
     t.append(f" {v.state.upper()} ", style=f"reverse {STATE_STYLE.get(v.state, '')}")
     t.append(f"  {v.target.name}  {v.target.url}  ({v.target.source})")
@@ -78,6 +85,7 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
 
 
 def figures_text(v: EndpointView) -> str:
+    """The endpoint's figures: requests, KV and prefix cache, token rates, steps, totals, GPUs."""
     f = v.figures
     return (
         f"requests running {fmt(f.running, '.0f')}  waiting {fmt(f.waiting, '.0f')} "
@@ -97,6 +105,8 @@ def figures_text(v: EndpointView) -> str:
 
 
 class LatencyTable(DataTable):
+    """Latency percentiles (p50 to p99, mean, count) per phase; redrawn only when they change."""
+
     DEFAULT_CSS = "LatencyTable { height: auto; width: auto; }"
 
     def __init__(self, **kw) -> None:
@@ -104,9 +114,11 @@ class LatencyTable(DataTable):
         self.last: tuple | None = None
 
     def on_mount(self) -> None:
+        """The latency columns."""
         self.add_columns("latency", "p50", "p90", "p95", "p99", "mean", "count")
 
     def show(self, v: EndpointView) -> None:
+        """Show ``v``'s latency rows, titled with what they are computed over."""
         lat = v.figures.latency
         rows = []
         for key, label in LATENCY_ROWS:
@@ -126,6 +138,8 @@ class LatencyTable(DataTable):
 
 
 class SparkPanel(Vertical):
+    """Sparklines over the last 10 minutes (SPARKS), each under a label with now and max."""
+
     DEFAULT_CSS = """
     SparkPanel { height: auto; border: round $accent; padding: 0 1; }
     SparkPanel Sparkline { height: 2; }
@@ -133,14 +147,17 @@ class SparkPanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
+        """A label and a sparkline per series in SPARKS."""
         for key, _label in SPARKS:
             yield Static(id=f"lbl-{key}")
             yield Sparkline([], id=f"spark-{key}")
 
     def on_mount(self) -> None:
+        """Title the panel."""
         self.border_title = "last 10 minutes"
 
     def show(self, series: dict[str, list[float]]) -> None:
+        """Show ``series`` (key -> values); a sparkline whose data is unchanged is left alone."""
         for key, label in SPARKS:
             data = series.get(key) or []
             spark = self.query_one(f"#spark-{key}", Sparkline)
@@ -155,16 +172,21 @@ class SparkPanel(Vertical):
 
 
 class EngramPanel(Vertical):
+    """The Engram tables the endpoint's processes map: size, linked, pids, RSS and PSS."""
+
     DEFAULT_CSS = "EngramPanel { height: auto; max-height: 8; border: round $accent; }"
 
     def compose(self) -> ComposeResult:
+        """The Engram table."""
         yield DataTable(id="engram-table", cursor_type="none")
 
     def on_mount(self) -> None:
+        """Title the panel and add its columns."""
         self.border_title = "Engram tables mapped"
         self.query_one(DataTable).add_columns("table", "size", "linked", "pids", "RSS", "PSS")
 
     def update_snapshot(self, d: LocalDetail) -> None:
+        """Show the Engram tables of local detail ``d`` ("(none)" when there are none)."""
         t = self.query_one(DataTable)
         t.clear()
         for r in d.engram:
@@ -177,11 +199,8 @@ class EngramPanel(Vertical):
 
 
 def server_info_text(v: EndpointView) -> str:
+    """The endpoint's /server_info as one JSON line (at most 600 chars), or why it is missing."""
     si = v.info.server_info
     if si is None:
         return "/server_info: not exposed (VLLM_SERVER_DEV_MODE=1 only)"
     return "/server_info: " + json.dumps(si, default=str)[:600]
-
-
-class InfoRow(Horizontal):
-    DEFAULT_CSS = "InfoRow { height: auto; }"

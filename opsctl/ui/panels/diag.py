@@ -1,5 +1,6 @@
-"""A reusable diagnostic panel: phase, verdict, a findings/results table and an event
-log. Fed with the progress snapshots every diag pipeline emits (plain dicts):
+"""A reusable diagnostic panel: phase, verdict, a findings/results table and an event log.
+
+It is fed with the progress snapshots every diag pipeline emits (plain dicts):
 
     {"title": str?, "phase": str, "columns": [str], "rows": [[str]],
      "events": [str] (new lines), "verdict": "pass" | "fail" | None, "summary": str?,
@@ -16,6 +17,8 @@ from textual.widgets import DataTable, RichLog, Static
 
 
 class DiagPanel(Vertical):
+    """One check's live view: a head (warnings, phase, verdict, summary), a table, an event log."""
+
     DEFAULT_CSS = """
     DiagPanel { border: round $accent; height: 1fr; }
     DiagPanel > #diag-head { height: auto; padding: 0 1; }
@@ -30,11 +33,13 @@ class DiagPanel(Vertical):
         self.last: dict = {}
 
     def compose(self) -> ComposeResult:
+        """The head, the findings table and the event log."""
         yield Static("starting", id="diag-head")
         yield DataTable(zebra_stripes=True, id="diag-table")
         yield RichLog(id="diag-log", wrap=True, markup=False, max_lines=500)
 
     def update_snapshot(self, snap: dict) -> None:
+        """Merge ``snap`` into the view: head redrawn, table reset when given, new events logged."""
         from rich.markup import escape
 
         self.last = {**self.last, **snap}

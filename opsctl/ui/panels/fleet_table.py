@@ -1,11 +1,13 @@
-"""The console's fleet table (``FleetTable``): a Line API widget over a row model: per
-endpoint URL its cells (strings, ``opsctl.ui.panels.console.row_cells``), the row order
-(sorted by one column's key), the cursor. A tick updates the model and repaints only the
-lines on screen whose text changed; an unchanged tick touches nothing, a row off screen
-costs nothing until it is scrolled to, a column only ever grows (then the window is
-repainted once), and sorting reorders the URL list (the lines whose row moved are
-repainted). Each line is drawn straight into Segments from its cells: no Rich renderable
-per cell, no render caches to invalidate."""
+"""The console's fleet table (``FleetTable``): a Line API widget over a row model.
+
+The model: per endpoint URL its cells (strings, ``opsctl.ui.panels.console.row_cells``),
+the row order (sorted by one column's key), the cursor. A tick updates the model and
+repaints only the lines on screen whose text changed; an unchanged tick touches nothing,
+a row off screen costs nothing until it is scrolled to, a column only ever grows (then
+the window is repainted once), and sorting reorders the URL list (the lines whose row
+moved are repainted). Each line is drawn straight into Segments from its cells: no Rich
+renderable per cell, no render caches to invalidate.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ def one_line(value: str) -> str:
 
 @dataclass(slots=True)
 class Column:
+    """One column of the fleet table: its key, its label and the width it has grown to."""
+
     key: str
     label: Text
     # the widest of its label and every cell it has shown (display cells): the one
@@ -75,11 +79,13 @@ class Column:
 
 
 class FleetTable(ScrollView, can_focus=True):
-    """One row per endpoint, keyed by URL; ``show`` updates the row model and repaints
-    only the rows on screen whose text changed. A fixed header line; a row cursor that
-    stays on its endpoint when the rows move (so an action never lands on the endpoint
-    that a re-sort slid under it); Enter or a click on the cursor's row posts
-    ``RowSelected`` (the app drills in); a click on a header sorts by that column."""
+    """One row per endpoint, keyed by URL; ``show`` repaints only the changed rows on screen.
+
+    A fixed header line; a row cursor that stays on its endpoint when the rows move (so an
+    action never lands on the endpoint that a re-sort slid under it); Enter or a click on
+    the cursor's row posts ``RowSelected`` (the app drills in); a click on a header sorts by
+    that column.
+    """
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
@@ -128,6 +134,7 @@ class FleetTable(ScrollView, can_focus=True):
 
         @property
         def control(self) -> FleetTable:
+            """The table the row was chosen in."""
             return self.table
 
     def __init__(self, **kw) -> None:
@@ -153,6 +160,7 @@ class FleetTable(ScrollView, can_focus=True):
     # ---- the row model -------------------------------------------------------------------
     @property
     def row_count(self) -> int:
+        """The number of rows (endpoints shown)."""
         return len(self.order)
 
     def _row(self, url: str) -> tuple[str, ...]:
@@ -161,18 +169,23 @@ class FleetTable(ScrollView, can_focus=True):
         return (*self.cells[url], self.gpu_cells.get(url, ""))
 
     def get_row(self, url: str) -> list[str]:
+        """The cells of ``url``'s row (the GPU cell last when that column is on)."""
         return list(self._row(url))
 
     def get_row_at(self, index: int) -> list[str]:
+        """The cells of the row at ``index``."""
         return list(self._row(self.order[index]))
 
     def get_row_index(self, url: str) -> int:
+        """The row index of ``url``."""
         return self._index[url]
 
     def get_cell(self, url: str, key: str) -> str:
+        """The cell of ``url``'s row in column ``key``."""
         return self._row(url)[list(self.columns).index(key)]
 
     def selected_url(self) -> str | None:
+        """The URL of the row under the cursor, or None when there are no rows."""
         return self.order[self.cursor_row] if 0 <= self.cursor_row < len(self.order) else None
 
     def show(
@@ -308,9 +321,11 @@ class FleetTable(ScrollView, can_focus=True):
 
     # ---- sorting and the cursor ----------------------------------------------------------
     def apply_sort(self) -> None:
+        """Re-sort the rows by the sort column and keep the cursor's endpoint in view."""
         self._place(True, set(), False, scroll=True)
 
     def sort_by(self, key: str) -> None:
+        """Sort by column ``key`` (ascending; the same column again reverses the order)."""
         self.sort_reverse = not self.sort_reverse if key == self.sort_col else False
         self.sort_col = key
         self.apply_sort()
@@ -343,29 +358,37 @@ class FleetTable(ScrollView, can_focus=True):
             self.call_after_refresh(self.scroll_to, y=target, animate=False, force=True)
 
     def action_cursor_up(self) -> None:
+        """Move the cursor one row up."""
         self.move_cursor(row=self.cursor_row - 1)
 
     def action_cursor_down(self) -> None:
+        """Move the cursor one row down."""
         self.move_cursor(row=self.cursor_row + 1)
 
     def action_page_up(self) -> None:
+        """Move the cursor one window up."""
         self.move_cursor(row=self.cursor_row - max(1, self._window()[1]))
 
     def action_page_down(self) -> None:
+        """Move the cursor one window down."""
         self.move_cursor(row=self.cursor_row + max(1, self._window()[1]))
 
     def action_select_cursor(self) -> None:
+        """Post RowSelected for the cursor's row (Enter)."""
         url = self.selected_url()
         if url is not None:
             self.post_message(self.RowSelected(self, url))
 
     def action_first(self) -> None:
+        """Move the cursor to the first row."""
         self.move_cursor(row=0)
 
     def action_last(self) -> None:
+        """Move the cursor to the last row."""
         self.move_cursor(row=len(self.order) - 1)
 
     def on_click(self, event: events.Click) -> None:
+        """A click: a header sorts by its column; a row gets the cursor (or is selected)."""
         offset = event.get_content_offset(self)
         if offset is None:
             return
@@ -387,6 +410,7 @@ class FleetTable(ScrollView, can_focus=True):
             self.move_cursor(row=row)
 
     def notify_style_update(self) -> None:
+        """Repaint all: focus or theme changed the cursor's and the header's styles."""
         super().notify_style_update()
         self.refresh()  # focus, theme: the cursor's and the header's styles changed
 

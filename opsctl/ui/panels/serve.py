@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 
 from rich.text import Text
@@ -26,12 +27,15 @@ def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
 
 
 class StatePanel(Vertical):
+    """The engine's state: test-knob warning, state line, load progress bar and load details."""
+
     DEFAULT_CSS = """
     StatePanel { height: auto; border: round $accent; padding: 0 1; }
     StatePanel > ProgressBar { width: 60; }
     """
 
     def compose(self) -> ComposeResult:
+        """The knob warning (hidden until knobs are active), state line, load bar, detail."""
         warning = Static(id="knob-warning")  # on top; shown only while test knobs are active
         warning.display = False
         yield warning
@@ -40,9 +44,11 @@ class StatePanel(Vertical):
         yield Static(id="state-detail")
 
     def on_mount(self) -> None:
+        """Title the panel."""
         self.border_title = "engine"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        """Show ``s``: state, model, URL, elapsed and healthy times, load, death reason, run dir."""
         from opsctl.domain.knobs import warning as knob_warning
 
         knob = knob_warning(s.test_knobs)
@@ -75,29 +81,46 @@ def _fixed_columns(table: DataTable, columns: tuple[tuple[str, int], ...]) -> No
         table.add_column(label, width=width)
 
 
+_SHOWN: weakref.WeakKeyDictionary[DataTable, list[tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
 def _replace_rows(table: DataTable, rows: list[tuple[str, ...]]) -> None:
     """Show ``rows``; an unchanged table is left alone (no clear, no redraw)."""
-    if getattr(table, "_opsctl_rows", None) == rows:
+    if _SHOWN.get(table) == rows:
         return
-    table._opsctl_rows = rows  # type: ignore[attr-defined]
+    _SHOWN[table] = rows
     table.clear()
     for row in rows:
         table.add_row(*row)
 
 
-class ProcessPanel(Vertical):
-    DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 12; border: round $accent; }"
+class TablePanel(Vertical):
+    """A titled panel holding one DataTable of fixed COLUMNS ((label, width) pairs)."""
+
+    TABLE_ID = ""
+    PANEL_TITLE = ""
+    COLUMNS: tuple[tuple[str, int], ...] = ()
 
     def compose(self) -> ComposeResult:
-        yield DataTable(id="proc-table", cursor_type="none")
-
-    COLUMNS = (("pid", 8), ("role", 20), ("CPU %", 6), ("RSS", 11), ("PSS", 11), ("note", 40))
+        """The panel's table (no cursor)."""
+        yield DataTable(id=self.TABLE_ID, cursor_type="none")
 
     def on_mount(self) -> None:
-        self.border_title = "process tree"
+        """Title the panel and give its table the fixed columns."""
+        self.border_title = self.PANEL_TITLE
         _fixed_columns(self.query_one(DataTable), self.COLUMNS)
 
+
+class ProcessPanel(TablePanel):
+    """The server's process tree: pid, role (indented by depth), CPU %, RSS, PSS; a total row."""
+
+    DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 12; border: round $accent; }"
+    TABLE_ID = "proc-table"
+    PANEL_TITLE = "process tree"
+    COLUMNS = (("pid", 8), ("role", 20), ("CPU %", 6), ("RSS", 11), ("PSS", 11), ("note", 40))
+
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        """Show the process tree of ``s`` with its RSS and PSS totals."""
         rows = []
         depth = {s.tree.root_pid: 0}
         for p in s.tree.processes:
@@ -127,6 +150,8 @@ class ProcessPanel(Vertical):
 
 
 class MetricsPanel(Vertical):
+    """The server's /metrics figures and a sparkline of generation tok/s (last 60 polls)."""
+
     DEFAULT_CSS = """
     MetricsPanel { height: auto; border: round $accent; padding: 0 1; }
     MetricsPanel > Sparkline { height: 3; }
@@ -137,13 +162,16 @@ class MetricsPanel(Vertical):
         self.history: deque[float] = deque([0.0] * 60, maxlen=60)
 
     def compose(self) -> ComposeResult:
+        """The figures text above the generation sparkline."""
         yield Static(id="metrics-text")
         yield Sparkline(list(self.history), id="gen-spark")
 
     def on_mount(self) -> None:
+        """Title the panel."""
         self.border_title = "metrics (/metrics)"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        """Show the figures of ``s`` (or that /metrics is awaited) and extend the sparkline."""
         m = s.metrics
         if m is None:
             self.query_one("#metrics-text", Static).update("waiting for /metrics…")
@@ -161,33 +189,35 @@ class MetricsPanel(Vertical):
         self.query_one("#gen-spark", Sparkline).data = list(self.history)
 
 
-class LedgerPanel(Vertical):
+class LedgerPanel(TablePanel):
+    """The patch ledger: per process and patch, its status and detail."""
+
     DEFAULT_CSS = "LedgerPanel { height: auto; max-height: 10; border: round $accent; }"
-
-    def compose(self) -> ComposeResult:
-        yield DataTable(id="ledger-table", cursor_type="none")
-
+    TABLE_ID = "ledger-table"
+    PANEL_TITLE = "patch ledger"
     COLUMNS = (("pid", 8), ("role", 12), ("patch", 22), ("status", 17), ("detail", 60))
 
-    def on_mount(self) -> None:
-        self.border_title = "patch ledger"
-        _fixed_columns(self.query_one(DataTable), self.COLUMNS)
-
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        """Show the ledger entries of ``s``."""
         rows = [(str(e.pid), e.role, e.name, e.status, e.detail[:60]) for e in s.ledger]
         _replace_rows(self.query_one(DataTable), rows)
 
 
 class LogPanel(Vertical):
+    """The tail of the server's log."""
+
     DEFAULT_CSS = "LogPanel { height: 1fr; border: round $accent; }"
 
     def compose(self) -> ComposeResult:
+        """The log text."""
         yield Static(id="log-text")
 
     def on_mount(self) -> None:
+        """Title the panel."""
         self.border_title = "server log"
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
+        """Show the log tail of ``s`` (each line cut at 200 chars)."""
         self.query_one("#log-text", Static).update(
             Text("\n".join(line[:200] for line in s.log_tail))
         )
