@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from opsctl.domain import alert_rules
 from opsctl.domain.console import (
@@ -78,15 +79,13 @@ def decide(
     scrape: Scrape | None,
     local: LocalState | None,
     stall_for: float | None,
-    steps_flat: bool,
     restarted_recently: bool,
 ) -> tuple[str, str | None]:
     """The state of one endpoint and the reason for any state but ready/busy.
 
     ``stall_for``: seconds the generation and engine-step counters have been flat while
-    requests were running (None when either moves or nothing runs); ``steps_flat``: the
-    engine-step counter is flat over that time too (a source without the step counter
-    judges by generation alone and says so)."""
+    requests were running (None when either moves or nothing runs): a stall is always
+    flat in both, since an engine step counts as progress."""
     if local is not None and not local.alive:
         why = local.reason or "process gone"
         if local.death_lines:
@@ -116,10 +115,9 @@ def decide(
         )
     if stall_for is not None:
         running = scrape.samples.get(RUNNING) if scrape.samples else None
-        steps = "engine steps flat too" if steps_flat else "engine steps still counted"
         return STALLED, (
             f"{running or 0:.0f} requests running{waiting_text(scrape.samples)}, generation "
-            f"tokens flat for {stall_for:.0f} s ({steps}); /health {health}"
+            f"tokens flat for {stall_for:.0f} s (engine steps flat too); /health {health}"
         )
     if restarted_recently:
         return RESTARTED, "counters went back: the server restarted"
@@ -155,21 +153,57 @@ def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
     )
 
 
+class Tracked(Protocol):
+    """What the tracker of either source holds for a view (EndpointTracker, PromEndpoint)."""
+
+    target: Target
+    figures: Figures
+    info: EngineInfo
+    last_ok_at: float | None
+    scrapes: int
+    restarts: int
+
+
+def endpoint_view(
+    memory: Tracked,
+    state: str,
+    reason: str | None,
+    scrape: Scrape | None,
+    local: LocalState | None = None,
+) -> EndpointView:
+    """The view of one endpoint: its state and reason, its last scrape, its local
+    processes, and what the tracker of either source (``memory``) holds."""
+    return EndpointView(
+        target=memory.target,
+        state=state,
+        reason=reason,
+        figures=memory.figures,
+        info=memory.info,
+        local=local,
+        health_status=scrape.health.status if scrape else None,
+        last_scrape_at=scrape.finished_at if scrape else None,
+        last_ok_at=memory.last_ok_at,
+        scrapes=memory.scrapes,
+        restarts=memory.restarts,
+        poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
+    )
+
+
 # ---- the stall rule and the sparklines' history (both sources) ----------------------------------------------------------
 
 
 class Progress:
-    """The stall rule's memory for one endpoint, the one for both sources: the last
-    time generation or the engine steps moved (or nothing ran) and the last time the
-    steps moved. The direct source feeds one point per scrape, the Prometheus source
-    overlapping ranges of raw samples poll after poll (a sample is used once).
+    """The stall rule's memory for one endpoint, the one for both sources.
+
+    It holds the last time generation or the engine steps moved (or nothing ran). The
+    direct source feeds one point per scrape, the Prometheus source overlapping ranges of
+    raw samples poll after poll (a sample is used once).
     Progress is a generated token or an engine step: a long prefill or a slowed engine
     is slow, not stalled."""
 
     def __init__(self) -> None:
         self.last: Point | None = None
         self.progress_at: float | None = None
-        self.steps_at: float | None = None
 
     def feed(self, points: list[Point]) -> None:
         for p in points:
@@ -177,24 +211,19 @@ class Progress:
                 continue
             t, running, gen, steps = p
             prev = self.last
-            stepped = prev is None or steps != prev[3]
-            moved = prev is None or gen != prev[2] or stepped
+            moved = prev is None or gen != prev[2] or steps != prev[3]
             if running <= 0 or moved or self.progress_at is None:
                 self.progress_at = t
-            if running <= 0 or stepped or self.steps_at is None:
-                self.steps_at = t
             self.last = p
 
-    def stall(self, window_s: float) -> tuple[float | None, bool]:
-        """(seconds generation and steps have been flat with requests running, steps
-        flat too), or (None, False) below the stall window."""
+    def stall(self, window_s: float) -> float | None:
+        """Seconds generation and steps have been flat with requests running.
+
+        None below the stall window."""
         if self.last is None or self.progress_at is None:
-            return None, False
+            return None
         flat = self.last[0] - self.progress_at
-        if flat < window_s:
-            return None, False
-        steps_flat = self.steps_at is not None and self.last[0] - self.steps_at >= flat
-        return flat, steps_flat
+        return None if flat < window_s else flat
 
 
 class History:
@@ -286,33 +315,20 @@ class EndpointTracker:
         self.prev = (t, cur)
         self.history.record(self.figures)
 
-    def _stall(self) -> tuple[float | None, bool]:
+    def _stall(self) -> float | None:
         if self.last_ok_at is None:
-            return None, False
+            return None
         return self.progress.stall(self.settings.stall_window_s)
 
     def _view(self) -> EndpointView:
-        stall_for, steps_flat = self._stall()
+        stall_for = self._stall()
         recent = (
             self.restarted_at is not None
             and self.last_ok_at is not None
             and self.last_ok_at - self.restarted_at < self.settings.restart_hold_s
         )
-        state, reason = decide(self.last, self.local, stall_for, steps_flat, recent)
-        return EndpointView(
-            target=self.target,
-            state=state,
-            reason=reason,
-            figures=self.figures,
-            info=self.info,
-            local=self.local,
-            health_status=self.last.health.status if self.last else None,
-            last_scrape_at=self.last.finished_at if self.last else None,
-            last_ok_at=self.last_ok_at,
-            scrapes=self.scrapes,
-            restarts=self.restarts,
-            poll_s=(self.last.finished_at - self.last.started_at) if self.last else None,
-        )
+        state, reason = decide(self.last, self.local, stall_for, recent)
+        return endpoint_view(self, state, reason, self.last, self.local)
 
     def series(self, name: str) -> list[float]:
         """History for a sparkline (missing points as 0)."""

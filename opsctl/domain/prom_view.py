@@ -26,7 +26,7 @@ from opsctl.domain.console import (
     Scrape,
     Target,
 )
-from opsctl.domain.console_state import History, Progress, Settings, decide
+from opsctl.domain.console_state import History, Progress, Settings, decide, endpoint_view
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
 from opsctl.domain.prom import (
     QNAMES,
@@ -240,24 +240,11 @@ class PromEndpoint:
         return self.view
 
     def _view(self, scrape: Scrape | None, restarted: bool | None) -> EndpointView:
-        stall_for, steps_flat = self.progress.stall(self.settings.stall_window_s)
+        stall_for = self.progress.stall(self.settings.stall_window_s)
         if scrape is None or scrape.samples is None:
-            stall_for, steps_flat = None, False
-        state, reason = decide(scrape, None, stall_for, steps_flat, bool(restarted))
-        return EndpointView(
-            target=self.target,
-            state=state,
-            reason=reason,
-            figures=self.figures,
-            info=self.info,
-            local=None,
-            health_status=scrape.health.status if scrape else None,
-            last_scrape_at=scrape.finished_at if scrape else None,
-            last_ok_at=self.last_ok_at,
-            scrapes=self.scrapes,
-            restarts=self.restarts,
-            poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
-        )
+            stall_for = None
+        state, reason = decide(scrape, None, stall_for, bool(restarted))
+        return endpoint_view(self, state, reason, scrape)
 
     def series(self, name: str) -> list[float]:
         return self.history.series(name)
