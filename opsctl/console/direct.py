@@ -141,13 +141,10 @@ class DirectScrapeSource(LoopThreadSource):
         self._identify()
         found = self._discover() if self.discover_enabled else []
         self._sync_targets(found)
-        self.thread.start()
-        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+        self._start_loop()
 
     async def _main(self) -> None:
-        self.wake = asyncio.Event()
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
+        self._open_events()
         for ep in list(self.endpoints.values()):
             ep.task = asyncio.create_task(self._run(ep))
         while self.discover_enabled:

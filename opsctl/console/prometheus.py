@@ -98,13 +98,10 @@ class PrometheusSource(LoopThreadSource):
 
     # ---- the loop --------------------------------------------------------------------------
     def start(self) -> None:
-        self.thread.start()
-        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+        self._start_loop()
 
     async def _main(self) -> None:
-        self.wake = asyncio.Event()
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
+        self._open_events()
         async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout) as client:
             while True:
                 await self.unpaused.wait()

@@ -66,7 +66,23 @@ class LoopThreadSource:
         self.unpaused = None
         self.main = None
 
+    def _start_loop(self) -> None:
+        """Start the loop's thread and run the subclass's ``_main()`` on it."""
+        self.thread.start()
+        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+
+    async def _main(self) -> None:
+        raise NotImplementedError
+
+    def _open_events(self) -> None:
+        """Create the wake and un-paused events; called first by ``_main()``, on the loop."""
+        self.wake = asyncio.Event()
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
+
     def refresh(self) -> None:
+        """Poll every endpoint now (wakes the loop's waits)."""
+
         def kick() -> None:
             if self.wake is not None:
                 self.wake.set()

@@ -50,9 +50,10 @@ FAILING = frozenset({STALLED, DEAD, UNAUTHORIZED, UNREACHABLE})
 REACHABLE = frozenset({READY, BUSY, STALLED, DEAD, UNAUTHORIZED, RESTARTED})
 SOURCES = ("argument", "targets", "opsctl-run", "discovered")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
-# counters whose going back means the server restarted
-_RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
-_RATES = {
+# counters whose going back means the server restarted (both sources)
+RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
+# rate figure -> the counter it is the rate of (both sources)
+RATES = {
     "prompt_tps": PROMPT_TOKENS,
     "generation_tps": GEN_TOKENS,
     "request_rate": REQUEST_SUCCESS,
@@ -241,7 +242,7 @@ def counter_delta(prev: float | None, cur: float | None) -> float | None:
 def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
     if prev is None:
         return False
-    for name in _RESET_COUNTERS:
+    for name in RESET_COUNTERS:
         a, b = prev.get(name), cur.get(name)
         if a is not None and b is not None and b < a:
             return True
@@ -257,7 +258,8 @@ def quantiles(buckets: Buckets | None, total_sum: float | None = None) -> Quanti
     return Quantiles(p50, p90, p95, p99, mean, count)
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den`` held to 0..1; None without a numerator or with a zero denominator."""
     if num is None or not den:
         return None
     return max(0.0, min(1.0, num / den))
@@ -265,15 +267,20 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 def kv_tokens(s: MetricSamples) -> tuple[int | None, int | None]:
     """KV capacity and used tokens: blocks x block size from vllm:cache_config_info."""
+    return kv_tokens_of(s.info, s.get(KV_USAGE))
+
+
+def kv_tokens_of(cache: dict[str, str], usage: float | None) -> tuple[int | None, int | None]:
+    """KV capacity and used tokens from cache_config_info's labels and the usage gauge."""
     try:
-        capacity = int(s.info["num_gpu_blocks"]) * int(s.info["block_size"])
+        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
     except (KeyError, ValueError):
         return None, None
-    usage = s.get(KV_USAGE)
     return capacity, None if usage is None else round(capacity * usage)
 
 
-def _fractions(d: dict[str, float] | None) -> dict[str, float]:
+def fractions(d: dict[str, float] | None) -> dict[str, float]:
+    """Each value's share of the total ({} when the total is not positive)."""
     total = sum((d or {}).values())
     return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
 
@@ -284,8 +291,8 @@ def _source_fractions(cur: MetricSamples, prev: MetricSamples | None) -> dict[st
         before = prev.labelled.get(PROMPT_BY_SOURCE, {})
         delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
         if sum(delta.values()) > 0 and min(delta.values()) >= 0:
-            return _fractions(delta)
-    return _fractions(now)
+            return fractions(delta)
+    return fractions(now)
 
 
 def figures(
@@ -298,19 +305,19 @@ def figures(
     seconds; None after a reset or on the first scrape), percentiles over ``window`` ->
     ``cur`` (the oldest scrape inside the latency window), else over the lifetime."""
     rates: dict[str, float | None] = {}
-    for key, name in _RATES.items():
+    for key, name in RATES.items():
         d = counter_delta(prev.get(name) if prev else None, cur.get(name))
         rates[key] = None if d is None or not dt or dt <= 0 else d / dt
     dq = counter_delta(prev.get(PREFIX_QUERIES) if prev else None, cur.get(PREFIX_QUERIES))
     dh = counter_delta(prev.get(PREFIX_HITS) if prev else None, cur.get(PREFIX_HITS))
-    life_hit = _ratio(cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
+    life_hit = ratio(cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
     dsteps = counter_delta(prev.get(STEPS) if prev else None, cur.get(STEPS))
     dstep_tokens = counter_delta(
         prev.get(STEP_TOKENS_SUM) if prev else None, cur.get(STEP_TOKENS_SUM)
     )
-    per_step = _ratio_free(dstep_tokens, dsteps)
+    per_step = ratio_free(dstep_tokens, dsteps)
     if per_step is None:
-        per_step = _ratio_free(cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
+        per_step = ratio_free(cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
     latency, basis = latency_figures(cur, window)
     capacity, used = kv_tokens(cur)
     return Figures(
@@ -319,7 +326,7 @@ def figures(
         kv_usage=cur.get(KV_USAGE),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=ratio(dh, dq) if dq else life_hit,
         prefix_hit_rate_lifetime=life_hit,
         steps_per_s=rates["steps_per_s"],
         prompt_tps=rates["prompt_tps"],
@@ -340,7 +347,8 @@ def figures(
     )
 
 
-def _ratio_free(num: float | None, den: float | None) -> float | None:
+def ratio_free(num: float | None, den: float | None) -> float | None:
+    """``num / den`` unbounded; None without a numerator or with a zero denominator."""
     return None if num is None or not den else num / den
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from opsctl.domain.console import QUANTILES
+from opsctl.domain.console import QUANTILES, RATES, RESET_COUNTERS
 from opsctl.domain.metrics import (
     CACHE_CONFIG_INFO,
     GEN_TOKENS,
@@ -52,7 +52,6 @@ TAG = "opsctl_q"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 START_TIME = "process_start_time_seconds"
-RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
 STALL_SERIES = (RUNNING, GEN_TOKENS, STEPS)
 QNAMES = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # p50 p90 p95 p99
 # figure key -> metric, summed per endpoint
@@ -68,13 +67,6 @@ GAUGES = {
     "prefix_h": PREFIX_HITS,
     "steps": STEPS,
     "step_tokens": STEP_TOKENS_SUM,
-}
-RATES = {
-    "prompt_tps": PROMPT_TOKENS,
-    "generation_tps": GEN_TOKENS,
-    "request_rate": REQUEST_SUCCESS,
-    "preemption_rate": PREEMPTIONS,
-    "steps_per_s": STEPS,
 }
 INCREASES = {"d_prefix_q": PREFIX_QUERIES, "d_prefix_h": PREFIX_HITS, "d_steps": STEPS,
              "d_step_tokens": STEP_TOKENS_SUM}  # fmt: skip

@@ -25,6 +25,10 @@ from opsctl.domain.console import (
     Quantiles,
     Scrape,
     Target,
+    fractions,
+    kv_tokens_of,
+    ratio,
+    ratio_free,
 )
 from opsctl.domain.console_state import History, Progress, Settings, decide, endpoint_view
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
@@ -42,28 +46,9 @@ SOURCE = "prometheus"
 _STATUS = re.compile(r"server returned HTTP status (\d{3})")
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or not den:
-        return None
-    return max(0.0, min(1.0, num / den))
-
-
-def _free(num: float | None, den: float | None) -> float | None:
-    return None if num is None or not den else num / den
-
-
-def _fractions(d: dict[str, float] | None) -> dict[str, float]:
-    total = sum((d or {}).values())
-    return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
-
-
 def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
-    try:
-        capacity = int(d.cache["num_gpu_blocks"]) * int(d.cache["block_size"])
-    except (KeyError, ValueError):
-        return None, None
-    usage = d.get("kv")
-    return capacity, None if usage is None else round(capacity * usage)
+    """KV capacity and used tokens of one endpoint (opsctl.domain.console.kv_tokens_of)."""
+    return kv_tokens_of(d.cache, d.get("kv"))
 
 
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
@@ -92,11 +77,11 @@ def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
 
 def figures(d: InstanceData) -> Figures:
     dq, dh = d.get("d_prefix_q"), d.get("d_prefix_h")
-    life_hit = _ratio(d.get("prefix_h"), d.get("prefix_q"))
-    per_step = _free(d.get("d_step_tokens"), d.get("d_steps"))
+    life_hit = ratio(d.get("prefix_h"), d.get("prefix_q"))
+    per_step = ratio_free(d.get("d_step_tokens"), d.get("d_steps"))
     if per_step is None:
-        per_step = _free(d.get("step_tokens"), d.get("steps"))
-    sources = _fractions(d.labelled.get("d_by_source")) or _fractions(d.labelled.get("by_source"))
+        per_step = ratio_free(d.get("step_tokens"), d.get("steps"))
+    sources = fractions(d.labelled.get("d_by_source")) or fractions(d.labelled.get("by_source"))
     lat, basis = latency(d)
     capacity, used = kv_tokens(d)
     rates = {k: d.get(k) for k in RATES}
@@ -106,7 +91,7 @@ def figures(d: InstanceData) -> Figures:
         kv_usage=d.get("kv"),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=ratio(dh, dq) if dq else life_hit,
         prefix_hit_rate_lifetime=life_hit,
         prompt_tps=rates["prompt_tps"],
         generation_tps=rates["generation_tps"],
