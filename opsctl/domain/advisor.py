@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from opsctl.domain import knobs
 from opsctl.domain.alert_rules import ERROR_RATIO as REQUEST_ERRORS_MIN_FRACTION
@@ -514,54 +513,3 @@ def findings(view: EndpointView) -> tuple[Advice, ...]:
     """Every finding of an endpoint: its state's and the ones the console computed from
     its window (``view.findings``), most severe first."""
     return ordered([*state_findings(view), *getattr(view, "findings", ())])
-
-
-def marker(view: EndpointView) -> str:
-    """The row's compact cell: the top finding's code, '+N' more; '' for none."""
-    found = findings(view)
-    if not found:
-        return ""
-    more = f" +{len(found) - 1}" if len(found) > 1 else ""
-    return f"{found[0].code}{more}"
-
-
-def reason_cell(view: EndpointView, width: int = 80) -> str:
-    """The row's reason cell: the state's reason, then the top finding from figures as a
-    marker (``⚑ code +N``; the state's own finding is the reason already)."""
-    from opsctl.domain.gpu import shown_reason
-
-    reason = (shown_reason(view) or "")[:width]
-    found = ordered(getattr(view, "findings", ()))
-    if not found:
-        return reason
-    more = f" +{len(found) - 1}" if len(found) > 1 else ""
-    mark = f"⚑ {found[0].code}{more}"
-    return f"{reason}  {mark}" if reason else mark
-
-
-def detail_lines(view: EndpointView) -> list[str]:
-    """The drill-in's findings: each with its severity, message, figures and next."""
-    found = findings(view)
-    if not found:
-        return []
-    lines = [f"findings ({len(found)}):"]
-    for a in found:
-        figs = "  ".join(f"{k} {_show(v)}" for k, v in a.figures.items())
-        lines += [
-            f"  {a.severity.upper()} {a.code}: {a.message}",
-            f"    {figs}",
-            f"    next: {a.next}",
-        ]
-    return lines
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, dict):
-        return ",".join(f"{k}={x}" for k, x in v.items()) or "-"
-    if isinstance(v, list | tuple):
-        return ",".join(map(str, v)) or "-"
-    return str(v)

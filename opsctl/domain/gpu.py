@@ -258,53 +258,6 @@ def shown_reason(view: Any) -> str | None:
     return f"{view.reason}; {sig.detail}" if view.reason else sig.detail
 
 
-# ---- rendering helpers (pure text) ----------------------------------------------------------
-
-
-def gib(n: int | None, nd: int = 0) -> str:
-    return "?" if n is None else f"{n / 2**30:.{nd}f}"
-
-
-def short(d: GpuDevice) -> str:
-    """One GPU in a row cell: ``GPU0 71% 60/141G`` (``?`` for what is unknown)."""
-    util = "?" if d.util_pct is None else f"{d.util_pct:.0f}%"
-    return f"{d.label} {util} {gib(d.mem_used_bytes)}/{gib(d.mem_total_bytes)}G"
-
-
-def row_cell(v: Any, host: HostGpus | None = None) -> str:
-    """The row's GPU cell of an EndpointView: its GPUs (``GPU0 71% 60/141G``); for a local
-    endpoint on a host without a GPU ``no GPU``, on a GPU host ``none`` (its processes
-    hold no GPU memory); ``-`` for a remote endpoint or when not collected: a blank never
-    reads as zero."""
-    if v.gpus:
-        return " ".join(short(d) for d in v.gpus)
-    if host is None or v.local is None:
-        return "-"
-    return "none" if host.devices else NO_GPU
-
-
-def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
-    return "?" if v is None else f"{v:{spec}}{suffix}"
-
-
-def detail_lines(gpus: Iterable[GpuDevice]) -> list[str]:
-    """The drill-in's GPU block: per GPU util, memory used/total, temperature (slowdown
-    at), power/limit, fan, SM/memory clocks; per process its role, pid and memory."""
-    out = []
-    for d in gpus:
-        out.append(
-            f"{d.label} {d.name}  util {_fmt(d.util_pct, '.0f', ' %')}  mem "
-            f"{gib(d.mem_used_bytes, 1)}/{gib(d.mem_total_bytes, 1)} GiB  temp "
-            f"{_fmt(d.temp_c, '.0f', ' C')} (slowdown {_fmt(d.temp_slowdown_c, '.0f', ' C')})  "
-            f"power {_fmt(d.power_w, '.0f')}/{_fmt(d.power_limit_w, '.0f', ' W')}  fan "
-            f"{_fmt(d.fan_pct, '.0f', ' %')}  clocks SM {_fmt(d.sm_clock_mhz, '.0f')} / mem "
-            f"{_fmt(d.mem_clock_mhz, '.0f', ' MHz')}"
-        )
-        for p in d.processes:
-            out.append(f"    {p.role or '?'} pid {p.pid}  {gib(p.used_bytes, 2)} GiB")
-    return out
-
-
 def device_dict(d: GpuDevice) -> dict[str, Any]:
     """JSON of one GPU (units in the names, null for unknown)."""
 
