@@ -28,53 +28,37 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from opsctl.domain import metrics as vm
 from opsctl.domain.console import QUANTILES, RATES, RESET_COUNTERS
-from opsctl.domain.metrics import (
-    CACHE_CONFIG_INFO,
-    GEN_TOKENS,
-    KV_USAGE,
-    LATENCY_HISTOGRAMS,
-    PREEMPTIONS,
-    PREFIX_HITS,
-    PREFIX_QUERIES,
-    PROMPT_BY_SOURCE,
-    PROMPT_TOKENS,
-    REQUEST_SUCCESS,
-    RUNNING,
-    STEP_TOKENS_SUM,
-    STEPS,
-    WAITING,
-    WAITING_BY_REASON,
-    Point,
-)
+from opsctl.domain.metrics import Point
 
 TAG = "opsctl_q"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 START_TIME = "process_start_time_seconds"
-STALL_SERIES = (RUNNING, GEN_TOKENS, STEPS)
+STALL_SERIES = (vm.RUNNING, vm.GEN_TOKENS, vm.STEPS)
 QNAMES = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # p50 p90 p95 p99
 # figure key -> metric, summed per endpoint
 GAUGES = {
-    "running": RUNNING,
-    "waiting": WAITING,
-    "kv": KV_USAGE,
-    "prompt_total": PROMPT_TOKENS,
-    "gen_total": GEN_TOKENS,
-    "req_total": REQUEST_SUCCESS,
-    "preempt_total": PREEMPTIONS,
-    "prefix_q": PREFIX_QUERIES,
-    "prefix_h": PREFIX_HITS,
-    "steps": STEPS,
-    "step_tokens": STEP_TOKENS_SUM,
+    "running": vm.RUNNING,
+    "waiting": vm.WAITING,
+    "kv": vm.KV_USAGE,
+    "prompt_total": vm.PROMPT_TOKENS,
+    "gen_total": vm.GEN_TOKENS,
+    "req_total": vm.REQUEST_SUCCESS,
+    "preempt_total": vm.PREEMPTIONS,
+    "prefix_q": vm.PREFIX_QUERIES,
+    "prefix_h": vm.PREFIX_HITS,
+    "steps": vm.STEPS,
+    "step_tokens": vm.STEP_TOKENS_SUM,
 }
-INCREASES = {"d_prefix_q": PREFIX_QUERIES, "d_prefix_h": PREFIX_HITS, "d_steps": STEPS,
-             "d_step_tokens": STEP_TOKENS_SUM}  # fmt: skip
+INCREASES = {"d_prefix_q": vm.PREFIX_QUERIES, "d_prefix_h": vm.PREFIX_HITS, "d_steps": vm.STEPS,
+             "d_step_tokens": vm.STEP_TOKENS_SUM}  # fmt: skip
 # key -> (metric, the label kept apart)
 LABELLED = {
-    "by_source": (PROMPT_BY_SOURCE, "source"),
-    "waiting_by_reason": (WAITING_BY_REASON, "reason"),
-    "finished": (REQUEST_SUCCESS, "finished_reason"),
+    "by_source": (vm.PROMPT_BY_SOURCE, "source"),
+    "waiting_by_reason": (vm.WAITING_BY_REASON, "reason"),
+    "finished": (vm.REQUEST_SUCCESS, "finished_reason"),
 }
 
 
@@ -118,7 +102,7 @@ def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     r, hold = _dur(w.rate_s), _dur(w.restart_s)
     parts = [("up", f"sum by ({by}) (up{sel})")]
     # when the data were scraped (the target list's lastScrape may be a newer scrape)
-    parts.append(("sample_t", f"max by ({by}) (timestamp({RUNNING}{sel}))"))
+    parts.append(("sample_t", f"max by ({by}) (timestamp({vm.RUNNING}{sel}))"))
     parts += [(k, f"sum by ({by}) ({m}{sel})") for k, m in GAUGES.items()]
     parts += [(k, f"sum by ({by}) (rate({m}{sel}[{r}]))") for k, m in RATES.items()]
     parts += [(k, f"sum by ({by}) (increase({m}{sel}[{r}]))") for k, m in INCREASES.items()]
@@ -131,9 +115,11 @@ def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     for i, m in enumerate(RESET_COUNTERS):
         parts.append((f"resets.{i}", f"sum by ({by}) (resets({m}{sel}[{hold}]))"))
     parts.append(("starts", f"sum by ({by}) (changes({START_TIME}{sel}[{hold}]))"))
-    parts.append(("models", f"count by ({by}, model_name) ({RUNNING}{sel})"))
-    parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({RUNNING}{sel}))"))
-    parts.append(("cache", f"max by ({by}, num_gpu_blocks, block_size) ({CACHE_CONFIG_INFO}{sel})"))
+    parts.append(("models", f"count by ({by}, model_name) ({vm.RUNNING}{sel})"))
+    parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({vm.RUNNING}{sel}))"))
+    parts.append(
+        ("cache", f"max by ({by}, num_gpu_blocks, block_size) ({vm.CACHE_CONFIG_INFO}{sel})")
+    )
     return parts
 
 
@@ -143,7 +129,7 @@ def latency_parts(job: str | None, w: Windows, short: str) -> list[tuple[str, st
     saw requests: NaN is dropped by ``>= 0``) and over the lifetime (only where the
     window saw none)."""
     sel, by, lw = selector(job), group_by(job), _dur(w.latency_s)
-    h = LATENCY_HISTOGRAMS[short]
+    h = vm.LATENCY_HISTOGRAMS[short]
     seen = f"(sum by ({by}) (increase({h}_count{sel}[{lw}])) > 0)"
     out = [
         (f"wc.{short}", seen),
@@ -173,7 +159,7 @@ def figures_query(job: str | None, w: Windows) -> str:
 def latency_queries(job: str | None, w: Windows) -> list[str]:
     """One query per histogram: sent concurrently, Prometheus evaluates them on several
     cores (one query's evaluation is mostly one goroutine)."""
-    return [union(latency_parts(job, w, short)) for short in LATENCY_HISTOGRAMS]
+    return [union(latency_parts(job, w, short)) for short in vm.LATENCY_HISTOGRAMS]
 
 
 def stall_query(job: str | None, w: Windows) -> str:
@@ -365,7 +351,7 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
 def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
     """Raw samples of the stall series summed per endpoint and scrape time (every
     series of one scrape carries the same timestamp), in time order."""
-    col = {RUNNING: 1, GEN_TOKENS: 2, STEPS: 3}
+    col = {vm.RUNNING: 1, vm.GEN_TOKENS: 2, vm.STEPS: 3}
     per: dict[Key, dict[float, list[float]]] = {}
     for item in result:
         metric = item.get("metric") or {}

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 
 from opsctl.domain.console import (
+    RATES,
+    RESET_COUNTERS,
     EndpointView,
     EngineInfo,
     Figures,
@@ -34,8 +36,6 @@ from opsctl.domain.console_state import History, Progress, Settings, decide, end
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
 from opsctl.domain.prom import (
     QNAMES,
-    RATES,
-    RESET_COUNTERS,
     InstanceData,
     Point,
     PromTarget,
