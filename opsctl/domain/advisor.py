@@ -134,7 +134,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 
 def max_bound(buckets: Buckets | None) -> float | None:
-    """The upper bound of the highest bucket with observations (vllmstat's
+    """The upper bound of the highest bucket with observations (None without any).
+
+    The upper bound of the highest bucket with observations (vllmstat's
     histogram_max_le); None without observations, inf when some fell above every bound."""
     if not buckets or buckets[-1][1] <= 0:
         return None
@@ -151,7 +153,9 @@ def _labelled_delta(first: MetricSamples, last: MetricSamples, name: str) -> dic
 
 
 def window_of(points: Sequence[tuple[float, MetricSamples]]) -> Window | None:
-    """The window of ``points`` ((time, samples), oldest first, one server lifetime: the
+    """The window of live ``points`` (oldest first); None without a point.
+
+    The window of ``points`` ((time, samples), oldest first, one server lifetime: the
     console clears its window when counters go back); None without a point. One point
     is a window of 0 s (its counters increased by nothing yet)."""
     if not points:
@@ -199,15 +203,18 @@ def _float_label(v: str | None) -> float | None:
 
 
 def console_cmd(view: EndpointView) -> str:
+    """The console command that watches this endpoint (a finding's default next step)."""
     return f"opsctl console {view.target.url}"
 
 
 def run_name(view: EndpointView) -> str | None:
+    """The name of the endpoint's opsctl run (its run directory's last part), if any."""
     rd = view.target.run_dir
     return rd.rstrip("/").rsplit("/", 1)[-1] if rd else None
 
 
 def kv_preemption(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the engine preempts requests for lack of KV cache."""
     f = view.figures
     if w is not None and w.preemptions is not None and w.window_s > 0:
         rate, n, window_s = w.preemptions / w.window_s, w.preemptions, _ws(w)
@@ -240,6 +247,7 @@ def _finished(w: Window | None) -> tuple[float, dict[str, float]]:
 
 
 def output_truncation(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: too many requests in the window stopped at their length limit."""
     total, by = _finished(w)
     if total < SHARES_MIN_FINISHED or w is None:
         return None
@@ -264,6 +272,7 @@ def output_truncation(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def request_errors(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: a share of the window's finished requests ended in an error."""
     total, by = _finished(w)
     errors = by.get("error", 0.0)
     if total <= 0 or w is None or errors <= 0:
@@ -288,6 +297,7 @@ def request_errors(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def context_overprovisioned(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the longest request uses a small part of max_model_len."""
     model = view.info.models[0] if view.info.models else None
     mml = model.max_model_len if model else None
     if not mml or w is None or w.max_prompt_tokens is None or w.max_output_tokens is None:
@@ -316,7 +326,9 @@ def context_overprovisioned(view: EndpointView, w: Window | None) -> Advice | No
 
 
 def gpu_mem_under(view: EndpointView, w: Window | None) -> Advice | None:
-    """Only where the console saw the engine on a GPU: vLLM on CPU reports a
+    """Finding: --gpu-memory-utilization is set low on an engine seen on a GPU.
+
+    Only where the console saw the engine on a GPU: vLLM on CPU reports a
     gpu_memory_utilization too (its KV cache is VLLM_CPU_KVCACHE_SPACE)."""
     util = _float_label(w.config.get("gpu_memory_utilization")) if w else None
     gpus = getattr(view, "gpus", ())
@@ -339,6 +351,7 @@ def gpu_mem_under(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def queue_backlog(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: requests waited in the queue (peak over the window)."""
     if w is not None and w.peak_waiting is not None:
         peak, window_s = w.peak_waiting, _ws(w)
     elif view.figures.waiting is not None:
@@ -362,6 +375,7 @@ def queue_backlog(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def spec_ineffective(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: speculative decoding's acceptance rate is low."""
     if w is None or not w.spec_draft_tokens or w.spec_accepted_tokens is None:
         return None
     acceptance = w.spec_accepted_tokens / w.spec_draft_tokens
@@ -384,6 +398,7 @@ def spec_ineffective(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def gpu_thermal(view: EndpointView) -> list[Advice]:
+    """Findings: a GPU of the endpoint runs hot or near its power limit."""
     out = []
     for g in getattr(view, "gpus", ()):
         hot = g.temp_c is not None and g.temp_c >= GPU_TEMP_HOT_C
@@ -417,6 +432,7 @@ def gpu_thermal(view: EndpointView) -> list[Advice]:
 
 
 def prefix_caching_off(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the server runs with prefix caching off."""
     enabled = _bool_label(w.config.get("enable_prefix_caching")) if w else None
     if enabled is not False:
         return None
@@ -431,6 +447,7 @@ def prefix_caching_off(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def local_findings(view: EndpointView, local: LocalFacts | None) -> list[Advice]:
+    """Findings from the run's ledger: failed patches and active test knobs."""
     if local is None:
         return []
     run = run_name(view)
@@ -481,7 +498,9 @@ def window_findings(
 
 
 def state_findings(view: EndpointView) -> list[Advice]:
-    """stalled, restarted, unauthorized: from the endpoint's state (decided by the
+    """Findings from the endpoint's state: stalled, restarted, unauthorized.
+
+    stalled, restarted, unauthorized: from the endpoint's state (decided by the
     console's state machine; the state's reason is the message)."""
     run = run_name(view)
     bundle = f"opsctl runs bundle {run}" if run else console_cmd(view)
@@ -510,6 +529,8 @@ def ordered(advice: Sequence[Advice]) -> tuple[Advice, ...]:
 
 
 def findings(view: EndpointView) -> tuple[Advice, ...]:
-    """Every finding of an endpoint: its state's and the ones the console computed from
+    """Every finding of an endpoint, most severe first.
+
+    Every finding of an endpoint: its state's and the ones the console computed from
     its window (``view.findings``), most severe first."""
     return ordered([*state_findings(view), *getattr(view, "findings", ())])

@@ -1,6 +1,8 @@
-"""The console's decisions, pure: endpoint states from scrapes, rates from counter
-deltas (resets detected and counted, never negative), latency percentiles from
-histogram bucket deltas over a window, bounded history for sparklines.
+"""The console's decisions (pure): endpoint states, rates, percentiles and history.
+
+Endpoint states from scrapes, rates from counter deltas (resets detected and counted,
+never negative), latency percentiles from histogram bucket deltas over a window, bounded
+history for sparklines.
 
 Collectors produce :class:`Scrape` and :class:`LocalState` snapshots; an
 :class:`EndpointTracker` (one per endpoint) folds them into frozen
@@ -9,8 +11,7 @@ Collectors produce :class:`Scrape` and :class:`LocalState` snapshots; an
 States: starting (local process up, no HTTP yet), ready, busy (requests running),
 stalled (requests running while generation stays flat for the stall window, /health may
 still say 200), dead (/health 5xx or the process gone), unreachable (nothing answers,
-or what answers is not vLLM), unauthorized (401/403), restarted (counters went back).
-"""
+or what answers is not vLLM), unauthorized (401/403), restarted (counters went back)."""
 
 from __future__ import annotations
 
@@ -81,11 +82,14 @@ class Target:
 
     @property
     def key(self) -> str:
+        """The target's identity in the fleet: its URL."""
         return self.url
 
 
 @dataclass(frozen=True, slots=True)
 class HttpStatus:
+    """What one HTTP request of a scrape got: the path, its status or why none came."""
+
     path: str
     status: int | None  # None: no HTTP answer
     error: str | None = None  # connect error / timeout text
@@ -94,6 +98,8 @@ class HttpStatus:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """One model an endpoint serves (/v1/models): its id, context length and root."""
+
     id: str
     max_model_len: int | None
     root: str | None = None
@@ -125,6 +131,8 @@ class Scrape:
 
 @dataclass(frozen=True, slots=True)
 class ProcRole:
+    """One local process of an endpoint and its role (API server, EngineCore, worker)."""
+
     pid: int
     role: str
 
@@ -148,6 +156,8 @@ class LocalState:
 
 @dataclass(frozen=True, slots=True)
 class Quantiles:
+    """Latency percentiles and mean of one histogram, with the count they are over."""
+
     p50: float | None = None
     p90: float | None = None
     p95: float | None = None
@@ -158,6 +168,8 @@ class Quantiles:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
+    """An endpoint's figures from one scrape: gauges, rates, ratios, totals and latency."""
+
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # 0..1
@@ -185,6 +197,8 @@ class Figures:
 
 @dataclass(frozen=True, slots=True)
 class EndpointView:
+    """What the console shows of one endpoint: its state, reason, figures and facts."""
+
     target: Target
     state: str
     reason: str | None
@@ -214,11 +228,14 @@ class EndpointView:
     alerts: tuple[FiredAlert, ...] = ()
 
     def age(self, now: float) -> float | None:
+        """Seconds since the last good scrape; None before the first."""
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
+    """Every endpoint's view at one moment, with the source, pause and host GPUs."""
+
     taken_at: float
     endpoints: tuple[EndpointView, ...]
     interval_s: float
@@ -232,7 +249,9 @@ class FleetSnapshot:
 
 
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
-    """Increase of a counter; after a reset (cur < prev) the increase is cur (it restarted
+    """Increase of a counter, never negative (after a reset: ``cur``).
+
+    Increase of a counter; after a reset (cur < prev) the increase is cur (it restarted
     from zero), never negative."""
     if prev is None or cur is None:
         return None
@@ -240,6 +259,7 @@ def counter_delta(prev: float | None, cur: float | None) -> float | None:
 
 
 def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
+    """Whether a restart counter fell from ``prev`` to ``cur`` (the server restarted)."""
     if prev is None:
         return False
     for name in RESET_COUNTERS:
@@ -250,6 +270,7 @@ def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
 
 
 def quantiles(buckets: Buckets | None, total_sum: float | None = None) -> Quantiles:
+    """Percentiles and mean of a histogram's buckets; empty without observations."""
     if not buckets or buckets[-1][1] <= 0:
         return Quantiles()
     count = buckets[-1][1]
@@ -301,7 +322,9 @@ def figures(
     dt: float | None,
     window: MetricSamples | None,
 ) -> Figures:
-    """Figures of one scrape: gauges from ``cur``, rates over ``prev`` -> ``cur`` (dt
+    """Figures of one scrape: gauges, rates since ``prev`` and windowed percentiles.
+
+    Figures of one scrape: gauges from ``cur``, rates over ``prev`` -> ``cur`` (dt
     seconds; None after a reset or on the first scrape), percentiles over ``window`` ->
     ``cur`` (the oldest scrape inside the latency window), else over the lifetime."""
     rates: dict[str, float | None] = {}
@@ -355,7 +378,9 @@ def ratio_free(num: float | None, den: float | None) -> float | None:
 def latency_figures(
     cur: MetricSamples, window: MetricSamples | None
 ) -> tuple[dict[str, Quantiles], str]:
-    """Percentiles of every latency histogram over the window when it saw requests,
+    """Percentiles of every latency histogram and their basis (window or lifetime).
+
+    Percentiles of every latency histogram over the window when it saw requests,
     else over the server's lifetime."""
     out: dict[str, Quantiles] = {}
     basis = "none"
@@ -397,4 +422,5 @@ def _histogram_figures(
 
 
 def is_vllm(samples: MetricSamples | None) -> bool:
+    """Whether a scrape's samples came from a vLLM server (any vllm: series)."""
     return samples is not None and samples.vllm_series > 0

@@ -1,5 +1,7 @@
-"""Per-endpoint state machine of the console (pure: scrapes and local states in, frozen
-views out). See opsctl.domain.console for the states and the data types."""
+"""Per-endpoint state machine of the console (pure: scrapes in, frozen views out).
+
+Local process states come in too. See opsctl.domain.console for the states and the data
+types."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usag
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """The console's timings: poll interval, stall, latency, history and restart windows."""
+
     interval_s: float = 1.0
     stall_window_s: float = alert_rules.STALL_WINDOW_S  # the alerts' window too
     latency_window_s: float = 60.0
@@ -53,6 +57,7 @@ class Settings:
 
 
 def http_reason(scrape: Scrape) -> str:
+    """Why an endpoint is unreachable or unhealthy, from its /health answer."""
     h = scrape.health
     if h.status is None:
         return f"no server answered (/health: {h.error or 'connection failed'})"
@@ -67,7 +72,9 @@ def stopped_reason(stopped, health: int | None) -> str:
 
 
 def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
-    """The state after a canary: a ready or busy endpoint whose 1-token completion did
+    """The state after a canary: ready or busy with a late answer becomes stalled.
+
+    The state after a canary: a ready or busy endpoint whose 1-token completion did
     not return in time is stalled (its gauges are stale or it stopped while idle); an
     answer, or an inconclusive one, leaves the state as it was."""
     if ok is False and state in (READY, BUSY):
@@ -126,7 +133,9 @@ def decide(
 
 
 def waiting_text(samples: MetricSamples | None) -> str:
-    """``, 3 waiting (capacity 1, deferred 2: ...)`` for a stall's reason: requests the
+    """The waiting requests by reason, as a stall reason's suffix ('' when none).
+
+    ``, 3 waiting (capacity 1, deferred 2: ...)`` for a stall's reason: requests the
     scheduler skips (vLLM's waiting-by-reason, #56640: LoRA budget, KV transfer, blocked)
     are named; empty when nothing waits."""
     waiting = samples.get(WAITING) if samples else None
@@ -140,7 +149,9 @@ def waiting_text(samples: MetricSamples | None) -> str:
 
 
 def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
-    """The engine facts after a fetch. A complete fetch (every path answered) replaces
+    """The engine facts after a fetch: replaced when complete, else filled in.
+
+    The engine facts after a fetch. A complete fetch (every path answered) replaces
     them; an incomplete one (``fetched_at`` None) only fills in what it got, and keeps
     the old ``fetched_at`` so that the fetch is tried again."""
     if new.fetched_at is not None:
@@ -171,7 +182,9 @@ def endpoint_view(
     scrape: Scrape | None,
     local: LocalState | None = None,
 ) -> EndpointView:
-    """The view of one endpoint: its state and reason, its last scrape, its local
+    """The view of one endpoint from its state, last scrape and tracker's memory.
+
+    The view of one endpoint: its state and reason, its last scrape, its local
     processes, and what the tracker of either source (``memory``) holds."""
     return EndpointView(
         target=memory.target,
@@ -206,6 +219,7 @@ class Progress:
         self.progress_at: float | None = None
 
     def feed(self, points: list[Point]) -> None:
+        """Take raw (time, running, generation, steps) points; note when progress was seen."""
         for p in points:
             if self.last is not None and p[0] <= self.last[0]:
                 continue
@@ -227,7 +241,9 @@ class Progress:
 
 
 class History:
-    """Bounded history of one endpoint's figures for the sparklines (HISTORY_SERIES,
+    """Bounded history of one endpoint's figures for the sparklines.
+
+    Bounded history of one endpoint's figures for the sparklines (HISTORY_SERIES,
     ``history_s`` long at ``interval_s``), the same for both sources."""
 
     def __init__(self, settings: Settings) -> None:
@@ -235,6 +251,7 @@ class History:
         self._series: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
 
     def record(self, f: Figures) -> None:
+        """Append the sparkline series of one scrape's figures."""
         ttft = f.latency.get("ttft")
         values = {
             "generation_tps": f.generation_tps,
@@ -253,7 +270,9 @@ class History:
 
 
 class EndpointTracker:
-    """Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
+    """Folds the scrapes of one endpoint into views (direct source).
+
+    Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
     the samples inside the latency window for percentiles, and bounded history."""
 
     def __init__(self, target: Target, settings: Settings | None = None) -> None:
@@ -278,11 +297,13 @@ class EndpointTracker:
         self.view = self._view()
 
     def set_local(self, local: LocalState | None) -> EndpointView:
+        """Take the endpoint's local process state; return the new view."""
         self.local = local
         self.view = self._view()
         return self.view
 
     def observe(self, scrape: Scrape) -> EndpointView:
+        """Fold one scrape into rates, percentiles, history and state; return the view."""
         self.scrapes += 1
         if scrape.info is not None:
             self.info = merge_info(self.info, scrape.info)
@@ -336,6 +357,7 @@ class EndpointTracker:
 
 
 def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[str, int]:
+    """How many endpoints are in each state."""
     out: dict[str, int] = {}
     for v in views:
         out[v.state] = out.get(v.state, 0) + 1
@@ -351,7 +373,9 @@ NO_ENDPOINT = {
 
 
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
-    """0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
+    """The fleet's exit code: 0 healthy, 1 any failing, 3 none reachable (or none).
+
+    0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
     3 when none is reachable -- and 3 for an empty fleet: a health gate that checked
     nothing does not pass."""
     return verdict(views)[0]
@@ -367,7 +391,9 @@ GIVEN = ("argument", "targets")  # endpoints the operator named (not discovered)
 def verdict(
     views: tuple[EndpointView, ...] | list[EndpointView], source: str = "direct"
 ) -> tuple[int, str]:
-    """The exit code of ``--once`` and its one-line reason. With endpoints the operator
+    """The exit code of ``--once`` and its one-line reason.
+
+    The exit code of ``--once`` and its one-line reason. With endpoints the operator
     named, the verdict is about those: discovered servers are shown, not judged."""
     from opsctl.domain.console import REACHABLE
 
@@ -392,10 +418,13 @@ def verdict(
 
 
 def undecided(v: EndpointView) -> bool:
-    """For a one-shot look (``--once``): the endpoint has requests running and neither
+    """Whether a one-shot look must watch longer before the endpoint is busy or stalled.
+
+    For a one-shot look (``--once``): the endpoint has requests running and neither
     its generation counter nor its engine steps were seen moving over the last interval
-    (or there is no rate yet), and the stall window has not passed: it may be busy or stalling, so it needs a
-    longer look. Progress makes it busy; the window passing makes it stalled."""
+    (or there is no rate yet), and the stall window has not passed: it may be busy or
+    stalling, so it needs a longer look. Progress makes it busy; the window passing makes
+    it stalled."""
     if v.state not in (BUSY, RESTARTED) or not v.figures.running:
         return False
     tps, steps = v.figures.generation_tps, v.figures.steps_per_s
@@ -407,7 +436,9 @@ def undecided(v: EndpointView) -> bool:
 def settle_undecided(
     views: tuple[EndpointView, ...], observed_s: float, stall_window_s: float
 ) -> tuple[EndpointView, ...]:
-    """At the end of a ``--once`` observation: an endpoint that is still undecided after
+    """End of ``--once``: an endpoint still undecided after the stall window is stalled.
+
+    At the end of a ``--once`` observation: an endpoint that is still undecided after
     the whole stall window was watched (its scrapes too late or too sparse for the
     tracker's own rule) is stalled -- a health gate never passes what it never saw
     move."""
