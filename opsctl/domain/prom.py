@@ -1,5 +1,6 @@
-"""Prometheus HTTP API, pure: the PromQL the console sends and the parsing of what comes
-back (JSON documents in, frozen values out; no I/O). opsctl.domain.prom_view turns the
+"""Prometheus HTTP API (pure): the PromQL the console sends and the parsing of answers.
+
+JSON documents in, frozen values out; no I/O. opsctl.domain.prom_view turns the
 parsed values into the console's views.
 
 One poll is three requests (ten with the latency ones), each serving every endpoint at
@@ -17,8 +18,7 @@ once:
   one union per latency histogram: ``histogram_quantile()`` over the latency window where
   it saw requests, else over the server's lifetime;
 - one range selector (raw samples of running, generation tokens, engine steps over the
-  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state.
-"""
+  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state."""
 
 from __future__ import annotations
 
@@ -88,15 +88,19 @@ def _quote(text: str) -> str:
 
 
 def selector(job: str | None) -> str:
+    """The PromQL label selector of a job (``{job="..."}``; '' for every job)."""
     return f"{{job={_quote(job)}}}" if job else ""
 
 
 def group_by(job: str | None) -> str:
+    """The labels figures are summed by: the instance (and the job without one)."""
     return "instance" if job else "job, instance"
 
 
 def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
-    """(tag, PromQL) of every figure but the latency percentiles: each yields at most one
+    """(tag, PromQL) of every figure but the latency percentiles.
+
+    (tag, PromQL) of every figure but the latency percentiles: each yields at most one
     sample per endpoint (per label value for the labelled ones)."""
     sel, by = selector(job), group_by(job)
     r, hold = _dur(w.rate_s), _dur(w.restart_s)
@@ -124,7 +128,9 @@ def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
 
 
 def latency_parts(job: str | None, w: Windows, short: str) -> list[tuple[str, str]]:
-    """Of one latency histogram: observations and sum over the latency window (count
+    """(tag, PromQL) of one latency histogram: counts, sums and quantiles.
+
+    Of one latency histogram: observations and sum over the latency window (count
     only where > 0), lifetime count and sum, each quantile over the window (where it
     saw requests: NaN is dropped by ``>= 0``) and over the lifetime (only where the
     window saw none)."""
@@ -153,16 +159,20 @@ def union(parts: list[tuple[str, str]]) -> str:
 
 
 def figures_query(job: str | None, w: Windows) -> str:
+    """The one instant query of every figure but latency: a union of tagged parts."""
     return union(figure_parts(job, w))
 
 
 def latency_queries(job: str | None, w: Windows) -> list[str]:
-    """One query per histogram: sent concurrently, Prometheus evaluates them on several
+    """One query per latency histogram (sent concurrently).
+
+    One query per histogram: sent concurrently, Prometheus evaluates them on several
     cores (one query's evaluation is mostly one goroutine)."""
     return [union(latency_parts(job, w, short)) for short in vm.LATENCY_HISTOGRAMS]
 
 
 def stall_query(job: str | None, w: Windows) -> str:
+    """The range query of the stall series' raw samples over the stall window."""
     names = "|".join(re.escape(n) for n in STALL_SERIES)
     job_part = f", job={_quote(job)}" if job else ""
     return f'{{__name__=~"{names}"{job_part}}}[{_dur(w.stall_s)}]'
@@ -210,7 +220,9 @@ def parse_duration(text: Any) -> float | None:
 
 
 def parse_time(text: Any) -> float | None:
-    """RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
+    """RFC 3339 time as epoch seconds; None for Prometheus's zero time.
+
+    RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
     time Prometheus gives a target never scraped is None."""
     if not isinstance(text, str) or not text:
         return None
@@ -243,6 +255,7 @@ class PromTarget:
 
     @property
     def is_health(self) -> bool:
+        """Whether this target scrapes a server's /health (not its /metrics)."""
         return self.path.rstrip("/").endswith(HEALTH_PATH)
 
 
@@ -261,6 +274,7 @@ def base_url(scrape_url: str) -> tuple[str, str]:
 
 
 def parse_targets(doc: Any) -> list[PromTarget]:
+    """The active targets of a /api/v1/targets answer."""
     data = data_of(doc)
     items = data.get("activeTargets") if isinstance(data, dict) else None
     if not isinstance(items, list):
@@ -290,7 +304,9 @@ def parse_targets(doc: Any) -> list[PromTarget]:
 
 @dataclass(frozen=True, slots=True)
 class InstanceData:
-    """One endpoint's answer to the instant query: tag -> value, and the labelled tags
+    """One endpoint's answer to the instant query: tag -> value, labelled tags, labels.
+
+    One endpoint's answer to the instant query: tag -> value, and the labelled tags
     (tag -> label value -> value); tags with labels of their own (models, cache) keep
     them in ``labels``."""
 
@@ -300,6 +316,7 @@ class InstanceData:
     cache: dict[str, str]
 
     def get(self, key: str) -> float | None:
+        """The value of one tag; None when Prometheus returned none."""
         return self.scalars.get(key)
 
     def with_scalars(self, more: dict[str, float | None] | None) -> InstanceData:
@@ -349,7 +366,9 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
 
 
 def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
-    """Raw samples of the stall series summed per endpoint and scrape time (every
+    """Raw stall-series samples summed per endpoint and scrape time, in time order.
+
+    Raw samples of the stall series summed per endpoint and scrape time (every
     series of one scrape carries the same timestamp), in time order."""
     col = {vm.RUNNING: 1, vm.GEN_TOKENS: 2, vm.STEPS: 3}
     per: dict[Key, dict[float, list[float]]] = {}
@@ -369,4 +388,5 @@ def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
 
 
 def jobs_with_vllm(data: dict[Key, InstanceData]) -> set[str]:
+    """The jobs of which some endpoint exports vLLM series."""
     return {k[0] for k, d in data.items() if d.models}

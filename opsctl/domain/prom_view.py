@@ -1,5 +1,6 @@
-"""Prometheus answers -> the console's EndpointViews (pure). The same states as the
-direct source by construction: the state comes from opsctl.domain.console_state.decide,
+"""Prometheus answers -> the console's EndpointViews (pure), as the direct source's.
+
+The same states as the direct source by construction: the state comes from opsctl.domain.console_state.decide,
 fed what Prometheus knows (the scrape health of /metrics and, when Prometheus also
 scrapes /health, of /health; running requests; the stall rule replayed on Prometheus's
 raw samples by :class:`Progress`, which is EndpointTracker's rule; restarts from
@@ -8,8 +9,7 @@ raw samples by :class:`Progress`, which is EndpointTracker's rule; restarts from
 Figures mirror opsctl.domain.console.figures: gauges and totals summed per endpoint,
 rates from ``rate()`` over the rate window, interval ratios (prefix hits, tokens per
 step, prompt sources) from ``increase()`` over it, else lifetime; percentiles from
-``histogram_quantile()`` over the latency window where it saw requests, else lifetime.
-"""
+``histogram_quantile()`` over the latency window where it saw requests, else lifetime."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
 
 
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
-    """Per histogram: the window's figures where it saw requests, else the lifetime's
+    """Per histogram the window's figures where it saw requests, else the lifetime's.
+
+    Per histogram: the window's figures where it saw requests, else the lifetime's
     (the basis rule of opsctl.domain.console.latency_figures)."""
     out: dict[str, Quantiles] = {}
     basis = "none"
@@ -76,6 +78,7 @@ def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
 
 
 def figures(d: InstanceData) -> Figures:
+    """The console's Figures of one endpoint from Prometheus's answer."""
     dq, dh = d.get("d_prefix_q"), d.get("d_prefix_h")
     life_hit = ratio(d.get("prefix_h"), d.get("prefix_q"))
     per_step = ratio_free(d.get("d_step_tokens"), d.get("d_steps"))
@@ -116,7 +119,9 @@ def figures(d: InstanceData) -> Figures:
 
 
 def scrape_status(t: PromTarget, path: str, up: float | None = None) -> HttpStatus | None:
-    """What Prometheus's last scrape of ``path`` said: 200 when up, the HTTP status it
+    """What Prometheus's last scrape of ``path`` said, as an HttpStatus.
+
+    What Prometheus's last scrape of ``path`` said: 200 when up, the HTTP status it
     reported when down (``server returned HTTP status 503 ...``), else no answer with
     Prometheus's error; None when not scraped yet. ``up`` (from the query) wins over the
     target list's health (both describe the same last scrape)."""
@@ -161,11 +166,14 @@ def as_scrape(
 
 
 def target_of(t: PromTarget) -> Target:
+    """The console's Target of a Prometheus target."""
     return Target(name=t.instance, url=t.url, source=SOURCE, labels=t.labels)
 
 
 def restarted_recently(d: InstanceData) -> bool:
-    """A counter went back (``resets()``) or the process start time changed within the
+    """Whether a counter went back or the start time changed within the hold.
+
+    A counter went back (``resets()``) or the process start time changed within the
     restart hold."""
     keys = [f"resets.{i}" for i in range(len(RESET_COUNTERS))] + ["starts"]
     return any(d.get(k) for k in keys)
@@ -186,7 +194,9 @@ class PromPoll:
 
 
 class PromEndpoint:
-    """Folds the polls of one endpoint into views (EndpointTracker's role for the
+    """Folds the polls of one endpoint into views (the Prometheus source's tracker).
+
+    Folds the polls of one endpoint into views (EndpointTracker's role for the
     Prometheus source): the stall rule's memory, restarts seen, bounded history."""
 
     def __init__(self, target: PromTarget, settings: Settings | None = None) -> None:
@@ -204,6 +214,7 @@ class PromEndpoint:
         self.view = self._view(None, None)
 
     def observe(self, poll: PromPoll) -> EndpointView:
+        """Fold one poll into figures, restarts, history and state; return the view."""
         self.target = target_of(poll.target)
         self.scrapes += 1
         d = poll.data
@@ -232,6 +243,7 @@ class PromEndpoint:
         return endpoint_view(self, state, reason, scrape)
 
     def series(self, name: str) -> list[float]:
+        """One sparkline series of the endpoint's history."""
         return self.history.series(name)
 
 
@@ -241,7 +253,9 @@ class PromEndpoint:
 def select(
     targets: list[PromTarget], job: str | None, vllm_jobs: set[str]
 ) -> tuple[list[PromTarget], dict[str, PromTarget]]:
-    """The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
+    """The endpoints to show (one per base URL) and the /health targets by base URL.
+
+    The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
     without one; one per base URL) and the /health targets by base URL (any job)."""
     health: dict[str, PromTarget] = {}
     chosen: dict[str, PromTarget] = {}
@@ -260,7 +274,9 @@ def scrape_interval(targets: list[PromTarget], default: float) -> float:
 
 
 def windows(settings: Settings, scrape_s: float) -> Windows:
-    """Rates over the poll period but at least two scrapes (rate() needs two samples);
+    """The PromQL windows: rates, latency, restart hold and stall samples.
+
+    Rates over the poll period but at least two scrapes (rate() needs two samples);
     latency over the direct source's window; restarts held as long as there; raw samples
     for the stall rule over the stall window plus two scrapes."""
     period = max(settings.interval_s, scrape_s)
@@ -286,6 +302,7 @@ def fleet_hint(
     health: dict[str, PromTarget],
     jobs: set[str],
 ) -> str | None:
+    """Why the fleet is empty or half-seen (error, no job, no /health); None when fine."""
     if error:
         return f"Prometheus at {url}: {error}"
     if not chosen:
