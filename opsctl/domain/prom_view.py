@@ -1,10 +1,10 @@
 """Prometheus answers -> the console's EndpointViews (pure), as the direct source's.
 
-The same states as the direct source by construction: the state comes from opsctl.domain.console_state.decide,
-fed what Prometheus knows (the scrape health of /metrics and, when Prometheus also
-scrapes /health, of /health; running requests; the stall rule replayed on Prometheus's
-raw samples by :class:`Progress`, which is EndpointTracker's rule; restarts from
-``resets()``/``changes()``).
+The same states as the direct source by construction: the state comes from
+opsctl.domain.console_state.decide, fed what Prometheus knows (the scrape health of
+/metrics and, when Prometheus also scrapes /health, of /health; running requests; the
+stall rule replayed on Prometheus's raw samples by :class:`Progress`, which is
+EndpointTracker's rule; restarts from ``resets()``/``changes()``).
 
 Figures mirror opsctl.domain.console.figures: gauges and totals summed per endpoint,
 rates from ``rate()`` over the rate window, interval ratios (prefix hits, tokens per
