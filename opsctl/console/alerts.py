@@ -1,4 +1,6 @@
-"""The alerts Prometheus holds (GET /api/v1/alerts), mapped to the console's endpoints by
+"""The alerts Prometheus holds, mapped to the console's endpoints by instance.
+
+The alerts Prometheus holds (GET /api/v1/alerts), mapped to the console's endpoints by
 their ``instance`` label, so the console and the alerts tell one story. Parsing and the
 mapping are pure (opsctl.domain.alert_rules); this module only asks.
 
