@@ -1,5 +1,6 @@
-"""Endpoints from URL arguments and from a TOML targets file, merged with discovered
-ones (one row per base URL; an explicit source wins, local pids are kept).
+"""Endpoints from URL arguments and a TOML targets file, merged with discovered ones.
+
+One row per base URL; an explicit source wins, local pids are kept.
 
 Targets file::
 
@@ -8,8 +9,7 @@ Targets file::
     url = "http://10.0.0.5:8000"
     api_key_env = "NODE1_VLLM_KEY"      # optional: name of the env var holding the key
     labels = { node = "n1", role = "decode" }
-    log = "/var/log/vllm/node1.log"     # optional: its server log, tailed (console)
-"""
+    log = "/var/log/vllm/node1.log"     # optional: its server log, tailed (console)"""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from opsctl.errors import BadInput
 
 
 def normalise_url(url: str) -> str:
-    """The console's URL rule is every command's (opsctl.domain.urls.normalise_url:
+    """An endpoint URL normalised by every command's rule; BadInput when unusable.
+
+    The console's URL rule is every command's (opsctl.domain.urls.normalise_url:
     http(s)://HOST:PORT or a bare HOST:PORT, no trailing slash), checked at parse time;
     what the HTTP client would still refuse is BadInput (exit 2) here too, never a poll
     task's exception later (``http://256.1.1.1:9`` once read 'not polled')."""
@@ -49,6 +51,7 @@ def _endpoint_key(url: str) -> tuple[str, int]:
 
 
 def from_urls(urls: list[str]) -> list[Target]:
+    """Targets of URL arguments (named by host:port)."""
     out = []
     for u in urls:
         url = normalise_url(u)
@@ -57,6 +60,7 @@ def from_urls(urls: list[str]) -> list[Target]:
 
 
 def from_targets_file(path: Path) -> list[Target]:
+    """Targets of a TOML targets file; BadInput when unreadable or malformed."""
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -98,7 +102,9 @@ def _log_path(targets_file: Path, log: str) -> str:
 
 
 def merge(*groups: list[Target]) -> list[Target]:
-    """One target per server. The first source in SOURCES order names it; a local pid or
+    """One target per server; the first source in SOURCES order names it.
+
+    One target per server. The first source in SOURCES order names it; a local pid or
     run dir learned from discovery is kept."""
     by_key: dict[tuple[str, int], Target] = {}
     rank = {s: i for i, s in enumerate(SOURCES)}
