@@ -122,10 +122,10 @@ class LoggedSource:
     """A FleetSource whose views carry their server's log facts (``log``)."""
 
     def __init__(self, source: Any, by_url: dict[str, str] | None = None) -> None:
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
         self.source = source
-        self.by_key = {_endpoint_key(u): p for u, p in (by_url or {}).items()}
+        self.by_key = {endpoint_key(u): p for u, p in (by_url or {}).items()}
         self.tails: dict[str, LogTail] = {}
         self.read_at: dict[str, float] = {}
         self.facts: dict[str, logview.LogFacts] = {}
@@ -143,9 +143,9 @@ class LoggedSource:
 
     def with_log(self, v: EndpointView) -> EndpointView:
         """The view with its log's facts (load phase, error lines, quiet tail) added."""
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
-        path = self.by_key.get(_endpoint_key(v.target.url)) if self.by_key else None
+        path = self.by_key.get(endpoint_key(v.target.url)) if self.by_key else None
         path = path or v.target.log_file
         if not path:
             return v

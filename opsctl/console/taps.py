@@ -83,17 +83,17 @@ def tapped(
     if isinstance(static, list) and taps.urls():
         from opsctl.console import targets as tg
 
-        have = {tg._endpoint_key(t.url) for t in static}
-        static += [t for t in tg.from_urls(taps.urls()) if tg._endpoint_key(t.url) not in have]
+        have = {tg.endpoint_key(t.url) for t in static}
+        static += [t for t in tg.from_urls(taps.urls()) if tg.endpoint_key(t.url) not in have]
     return taps.wrap(source)
 
 
 def with_urls(urls: list[str], taps: Taps) -> list[str]:
     """``urls`` plus the taps' servers that are not among them."""
-    from opsctl.console.targets import _endpoint_key, normalise_url
+    from opsctl.console.targets import endpoint_key, normalise_url
 
-    have = {_endpoint_key(normalise_url(u)) for u in urls}
-    return [*urls, *(u for u in taps.urls() if _endpoint_key(u) not in have)]
+    have = {endpoint_key(normalise_url(u)) for u in urls}
+    return [*urls, *(u for u in taps.urls() if endpoint_key(u) not in have)]
 
 
 def wrap(source: Any, taps: Taps) -> Any:

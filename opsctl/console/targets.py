@@ -41,8 +41,8 @@ def normalise_url(url: str) -> str:
     return out
 
 
-def _endpoint_key(url: str) -> tuple[str, int]:
-    """Same server whatever the spelling (localhost, 127.0.0.1, 0.0.0.0)."""
+def endpoint_key(url: str) -> tuple[str, int]:
+    """(host, port) of a URL: the same server whatever the spelling (localhost, 0.0.0.0)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if host in ("localhost", "0.0.0.0", "::", "::1", "127.0.0.1"):
@@ -109,7 +109,7 @@ def merge(*groups: list[Target]) -> list[Target]:
     by_key: dict[tuple[str, int], Target] = {}
     rank = {s: i for i, s in enumerate(SOURCES)}
     for t in (t for g in groups for t in g):
-        k = _endpoint_key(t.url)
+        k = endpoint_key(t.url)
         old = by_key.get(k)
         if old is None:
             by_key[k] = t

@@ -405,11 +405,11 @@ class TeedSource:
     everything else is the wrapped source's."""
 
     def __init__(self, source: Any, proxy: TeeProxy) -> None:
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
         self.source = source
         self.proxy = proxy
-        self._key = _endpoint_key(proxy.spec.upstream)
+        self._key = endpoint_key(proxy.spec.upstream)
         self._keys: dict[str, bool] = {}  # url -> is the tee's server
 
     def __getattr__(self, name: str) -> Any:
@@ -429,14 +429,14 @@ class TeedSource:
 
     def collect(self) -> FleetSnapshot:
         """The wrapped source's snapshot; the tee's server's view with its requests."""
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
         snap = self.source.collect()
         view = self.proxy.view()
         keys = self._keys
         for v in snap.endpoints:
             if v.target.url not in keys:
-                keys[v.target.url] = _endpoint_key(v.target.url) == self._key
+                keys[v.target.url] = endpoint_key(v.target.url) == self._key
         views = tuple(
             replace(v, requests=view) if keys[v.target.url] else v for v in snap.endpoints
         )
