@@ -36,8 +36,7 @@ def ledger_facts(run_dir: str) -> advisor.LocalFacts:
 class AdvisedSource:
     """A FleetSource whose collect() adds the advisor's findings to every view.
 
-    A FleetSource whose collect() adds the advisor's findings; everything else is the
-    wrapped source's (attributes are looked up on it)."""
+    Everything else is the wrapped source's (attributes are looked up on it)."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
@@ -103,10 +102,7 @@ class AdvisedSource:
 
 
 def advised(source: Any) -> Any:
-    """``source`` with the advisor's findings (a replay stays as recorded).
-
-    ``source`` with the advisor's findings (a replay's recorded frames stay as they
-    were recorded)."""
+    """``source`` with the advisor's findings (a replay stays as recorded)."""
     from opsctl.console.replay import ReplaySource
 
     return source if isinstance(source, ReplaySource) else AdvisedSource(source)

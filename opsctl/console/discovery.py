@@ -1,8 +1,8 @@
 """Discovery of local vLLM OpenAI servers: opsctl's runs and vLLM API processes.
 
-Discovery of local vLLM OpenAI servers: opsctl's live runs (<OPSCTL_HOME>/runs/*/
-meta.json) and any process whose command line is vLLM's API server, with the port it
-listens on (psutil). Also the cheap per-poll liveness check of a local endpoint."""
+opsctl's live runs are read from <OPSCTL_HOME>/runs/*/meta.json; any process whose
+command line is vLLM's API server is found with the port it listens on (psutil). Also
+the cheap per-poll liveness check of a local endpoint."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def _argv_value(cmdline: list[str], flag: str) -> str | None:
 def listening_port(proc: psutil.Process, cmdline: list[str]) -> int | None:
     """The TCP port the API server listens on (else the --port of its argv).
 
-    The TCP port the API server listens on; the --port in its argv when it does not
-    listen yet (starting) or when several are open."""
+    The --port in its argv when it does not listen yet (starting) or when several are
+    open."""
     wanted = _argv_value(cmdline, "--port")
     ports: set[int] = set()
     with contextlib.suppress(psutil.Error):
@@ -149,9 +149,8 @@ def discover(runs_root: Path) -> list[Target]:
 def local_targets(urls: list[str], runs_root: Path) -> dict[str, Target]:
     """For each URL of this node, the local server that answers there.
 
-    For each URL of this node, the local server that answers there (an opsctl run,
-    else a discovered vLLM process) with its API server's pid; one scan for them all.
-    Identifies given targets: it adds no other server."""
+    That server is an opsctl run, else a discovered vLLM process, with its API server's
+    pid; one scan for them all. Identifies given targets: it adds no other server."""
     wanted = {u: port for u in urls if (port := loopback_port(u)) is not None}
     if not wanted:
         return {}
@@ -189,9 +188,8 @@ def local_state(
 ) -> LocalState | None:
     """Liveness of a local endpoint's API server; None for a remote endpoint.
 
-    Liveness of a local endpoint's API server (None for remote endpoints); the roles
-    of its processes when asked; for opsctl runs, when asked or dead, the load phase and
-    the decisive lines of its log."""
+    Also the roles of its processes when asked; for opsctl runs, when asked or dead, the
+    load phase and the decisive lines of its log."""
     if target.pid is None:
         return None
     alive = _same_process(target.pid, target.pid_started)

@@ -1,8 +1,8 @@
 """The fleet source ``opsctl console`` watches, built from its command line.
 
-The fleet source ``opsctl console`` watches, from its command line: URL arguments and
-a targets file (direct scrapes, local servers discovered unless told not to) or a
-Prometheus server's targets; the combinations that make no sense are BadInput."""
+URL arguments and a targets file (direct scrapes, local servers discovered unless told
+not to) or a Prometheus server's targets; the combinations that make no sense are
+BadInput."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def direct_source(urls, targets_file, no_discover, settings, api_key):
 def prometheus_source(url, job, settings):
     """A Prometheus fleet source, checked (exit 3 or 2 when not usable).
 
-    A Prometheus fleet source, checked: exit 3 when nothing answers, 2 when what
-    answers is not Prometheus."""
+    Exit 3 when nothing answers, 2 when what answers is not Prometheus."""
     from opsctl.console.prometheus import PrometheusSource
 
     source = PrometheusSource(url, job=job, settings=settings)

@@ -1,10 +1,9 @@
 """Drill-in details of a LOCAL endpoint, read only while an operator looks at it.
 
-Drill-in details of a LOCAL endpoint, read only while an operator looks at it (they
-cost more than a poll): the process tree with roles and CPU/RSS/PSS, the Engram tables
-its processes map (read-only, no verification), and for opsctl runs the patch ledger
-and the log tail. Field names match the serve panels (tree, ledger, log_tail) so the
-console reuses them."""
+They cost more than a poll: the process tree with roles and CPU/RSS/PSS, the Engram
+tables its processes map (read-only, no verification), and for opsctl runs the patch
+ledger and the log tail. Field names match the serve panels (tree, ledger, log_tail) so
+the console reuses them."""
 
 from __future__ import annotations
 

@@ -98,9 +98,9 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
 def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
     """``--once``: observe, print the document or the table, return the exit code.
 
-    ``--once``: observe, print the document (``--json``) or the table on stdout, the
-    verdict's reason (one ``opsctl: error:`` line unless all is well) and any hint on
-    stderr; return the exit code. Nothing found prints no table."""
+    The document (``--json``) or the table goes to stdout; the verdict's reason (one
+    ``opsctl: error:`` line unless all is well) and any hint to stderr. Nothing found
+    prints no table."""
     import sys
 
     from opsctl.console.report import document, render_plain

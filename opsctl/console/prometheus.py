@@ -72,17 +72,16 @@ class PrometheusSource(LoopThreadSource):
     def period(self) -> float:
         """Seconds between polls: the interval, no faster than scrapes or 2x the last poll.
 
-        Seconds between polls: the console's interval, never faster than scrapes, and
-        at least twice what the last poll took (a busy Prometheus is not piled on)."""
+        A busy Prometheus is not piled on."""
         return max(self.settings.interval_s, self.scrape_s or 0.0, 2 * (self.poll_s or 0.0))
 
     @property
     def data_interval(self) -> float:
         """How old a healthy row's data can be: a scrape interval plus a poll period.
 
-        How old a healthy row's data can be: a scrape interval (Prometheus's sample)
-        plus a poll period (the console's read). Snapshots carry it as their interval,
-        so a row is called stale (1.5 intervals) only when it missed a scrape."""
+        The scrape interval is Prometheus's sample, the poll period the console's read.
+        Snapshots carry it as their interval, so a row is called stale (1.5 intervals)
+        only when it missed a scrape."""
         return self.period + (self.scrape_s or 0.0)
 
     def check(self) -> None:

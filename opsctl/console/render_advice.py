@@ -26,8 +26,8 @@ def marker(view: EndpointView) -> str:
 def reason_cell(view: EndpointView, width: int = 80) -> str:
     """The row's reason cell: the state's reason, then the top finding's marker.
 
-    The row's reason cell: the state's reason, then the top finding from figures as a
-    marker (``⚑ code +N``; the state's own finding is the reason already)."""
+    The marker is the top finding from figures (``⚑ code +N``); the state's own finding
+    is the reason already."""
     reason = (shown_reason(view) or "")[:width]
     found = ordered(getattr(view, "findings", ()))
     if not found:
@@ -82,10 +82,9 @@ def short(d: GpuDevice) -> str:
 def gpu_row_cell(v: Any, host: HostGpus | None = None) -> str:
     """The row's GPU cell: its GPUs, ``no GPU``, ``none`` or ``-`` (never blank).
 
-    The row's GPU cell of an EndpointView: its GPUs (``GPU0 71% 60/141G``); for a local
-    endpoint on a host without a GPU ``no GPU``, on a GPU host ``none`` (its processes
-    hold no GPU memory); ``-`` for a remote endpoint or when not collected: a blank never
-    reads as zero."""
+    Its GPUs read ``GPU0 71% 60/141G``; a local endpoint on a host without a GPU reads
+    ``no GPU``, on a GPU host ``none`` (its processes hold no GPU memory); ``-`` for a
+    remote endpoint or when not collected: a blank never reads as zero."""
     if v.gpus:
         return " ".join(short(d) for d in v.gpus)
     if host is None or v.local is None:
@@ -100,8 +99,8 @@ def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
 def gpu_detail_lines(gpus: Iterable[GpuDevice]) -> list[str]:
     """The drill-in's GPU block: per GPU its readings, per process role and memory.
 
-    The drill-in's GPU block: per GPU util, memory used/total, temperature (slowdown
-    at), power/limit, fan, SM/memory clocks; per process its role, pid and memory."""
+    Per GPU: util, memory used/total, temperature (slowdown at), power/limit, fan,
+    SM/memory clocks; per process its role, pid and memory."""
     out = []
     for d in gpus:
         out.append(

@@ -84,8 +84,8 @@ def decode(doc: dict[str, Any]) -> FleetSnapshot:
 class Recorder:
     """Appends frames to ``path``; an unchanged frame within ``min_gap`` s is skipped.
 
-    Appends frames to ``path`` (truncated at start). A frame equal to the previous
-    one and taken within ``min_gap`` seconds of it is not written again."""
+    The file is truncated at start. A frame equal to the previous one is written again
+    only ``min_gap`` seconds after it."""
 
     def __init__(self, path: Path, min_gap: float = 0.2) -> None:
         self.path = path

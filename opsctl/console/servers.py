@@ -47,10 +47,7 @@ class StartRequest:
 
 @dataclass
 class Managed:
-    """One server this console started, with its state (starting ... stopped).
-
-    One server this console started (``state``: starting | ready | failed | stopping
-    | stopped)."""
+    """One server this console started, with its state (starting ... stopped)."""
 
     request: StartRequest
     server: object | None = None  # EngineServer

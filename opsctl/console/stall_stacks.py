@@ -42,8 +42,7 @@ class Taken:
 def target_of(view: EndpointView) -> str | None:
     """What opsctl.checks.stacks resolves for this endpoint; None for a remote one.
 
-    What opsctl.checks.stacks resolves for this endpoint: its pid, else its run
-    directory, else a local URL; None for another host's endpoint."""
+    Its pid, else its run directory, else a local URL."""
     from opsctl.domain.urls import loopback_port
 
     t = view.target
@@ -59,8 +58,7 @@ def target_of(view: EndpointView) -> str | None:
 def take_stacks(target: str) -> tuple[str | None, tuple[str, ...], str | None]:
     """(headline, per-process lines, error) of the stacks of ``target``.
 
-    (headline, per-process lines, error) of the stacks of ``target`` (the library call
-    of ``opsctl stacks``)."""
+    The library call of ``opsctl stacks``."""
     from opsctl.checks import stacks as check
     from opsctl.domain import stacks as dom
     from opsctl.errors import OpsctlError

@@ -104,8 +104,7 @@ def _log_path(targets_file: Path, log: str) -> str:
 def merge(*groups: list[Target]) -> list[Target]:
     """One target per server; the first source in SOURCES order names it.
 
-    One target per server. The first source in SOURCES order names it; a local pid or
-    run dir learned from discovery is kept."""
+    A local pid or run dir learned from discovery is kept."""
     by_key: dict[tuple[str, int], Target] = {}
     rank = {s: i for i, s in enumerate(SOURCES)}
     for t in (t for g in groups for t in g):

@@ -401,8 +401,7 @@ def _why(exc: BaseException) -> str:
 class TeedSource:
     """A FleetSource whose views of the tee's server carry its requests.
 
-    A FleetSource whose views of the tee's server carry its requests (``requests``);
-    everything else is the wrapped source's."""
+    They go in ``EndpointView.requests``; everything else is the wrapped source's."""
 
     def __init__(self, source: Any, proxy: TeeProxy) -> None:
         from opsctl.console.targets import endpoint_key
