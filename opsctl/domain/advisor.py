@@ -136,8 +136,7 @@ def _delta(a: float | None, b: float | None) -> float | None:
 def max_bound(buckets: Buckets | None) -> float | None:
     """The upper bound of the highest bucket with observations (None without any).
 
-    The upper bound of the highest bucket with observations (vllmstat's
-    histogram_max_le); None without observations, inf when some fell above every bound."""
+    vllmstat's histogram_max_le; inf when some observations fell above every bound."""
     if not buckets or buckets[-1][1] <= 0:
         return None
     total = buckets[-1][1]
@@ -155,9 +154,9 @@ def _labelled_delta(first: MetricSamples, last: MetricSamples, name: str) -> dic
 def window_of(points: Sequence[tuple[float, MetricSamples]]) -> Window | None:
     """The window of live ``points`` (oldest first); None without a point.
 
-    The window of ``points`` ((time, samples), oldest first, one server lifetime: the
-    console clears its window when counters go back); None without a point. One point
-    is a window of 0 s (its counters increased by nothing yet)."""
+    ``points`` are (time, samples) of one server lifetime: the console clears its window
+    when counters go back. One point is a window of 0 s (its counters increased by
+    nothing yet)."""
     if not points:
         return None
     (t0, first), (t1, last) = points[0], points[-1]
@@ -531,6 +530,6 @@ def ordered(advice: Sequence[Advice]) -> tuple[Advice, ...]:
 def findings(view: EndpointView) -> tuple[Advice, ...]:
     """Every finding of an endpoint, most severe first.
 
-    Every finding of an endpoint: its state's and the ones the console computed from
-    its window (``view.findings``), most severe first."""
+    Its state's finding and the ones the console computed from its window
+    (``view.findings``)."""
     return ordered([*state_findings(view), *getattr(view, "findings", ())])

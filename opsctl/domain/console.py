@@ -251,8 +251,7 @@ class FleetSnapshot:
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
     """Increase of a counter, never negative (after a reset: ``cur``).
 
-    Increase of a counter; after a reset (cur < prev) the increase is cur (it restarted
-    from zero), never negative."""
+    After a reset (cur < prev) the counter restarted from zero, so the increase is cur."""
     if prev is None or cur is None:
         return None
     return cur if cur < prev else cur - prev
@@ -324,9 +323,9 @@ def figures(
 ) -> Figures:
     """Figures of one scrape: gauges, rates since ``prev`` and windowed percentiles.
 
-    Figures of one scrape: gauges from ``cur``, rates over ``prev`` -> ``cur`` (dt
-    seconds; None after a reset or on the first scrape), percentiles over ``window`` ->
-    ``cur`` (the oldest scrape inside the latency window), else over the lifetime."""
+    Gauges from ``cur``; rates over ``prev`` -> ``cur`` (dt seconds; None after a reset
+    or on the first scrape); percentiles over ``window`` -> ``cur`` (the oldest scrape
+    inside the latency window), else over the lifetime."""
     rates: dict[str, float | None] = {}
     for key, name in RATES.items():
         d = counter_delta(prev.get(name) if prev else None, cur.get(name))
@@ -380,8 +379,7 @@ def latency_figures(
 ) -> tuple[dict[str, Quantiles], str]:
     """Percentiles of every latency histogram and their basis (window or lifetime).
 
-    Percentiles of every latency histogram over the window when it saw requests,
-    else over the server's lifetime."""
+    Over the window when it saw requests, else over the server's lifetime."""
     out: dict[str, Quantiles] = {}
     basis = "none"
     windowed = window is not None and window is not cur

@@ -74,9 +74,9 @@ def stopped_reason(stopped, health: int | None) -> str:
 def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
     """The state after a canary: ready or busy with a late answer becomes stalled.
 
-    The state after a canary: a ready or busy endpoint whose 1-token completion did
-    not return in time is stalled (its gauges are stale or it stopped while idle); an
-    answer, or an inconclusive one, leaves the state as it was."""
+    A ready or busy endpoint whose 1-token completion did not return in time is stalled
+    (its gauges are stale or it stopped while idle); an answer, or an inconclusive one,
+    leaves the state as it was."""
     if ok is False and state in (READY, BUSY):
         return STALLED, f"canary: {detail}, while /health answers 200 and the gauges say {state}"
     return state, reason
@@ -151,9 +151,9 @@ def waiting_text(samples: MetricSamples | None) -> str:
 def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
     """The engine facts after a fetch: replaced when complete, else filled in.
 
-    The engine facts after a fetch. A complete fetch (every path answered) replaces
-    them; an incomplete one (``fetched_at`` None) only fills in what it got, and keeps
-    the old ``fetched_at`` so that the fetch is tried again."""
+    A complete fetch (every path answered) replaces them; an incomplete one
+    (``fetched_at`` None) only fills in what it got, and keeps the old ``fetched_at`` so
+    that the fetch is tried again."""
     if new.fetched_at is not None:
         return new
     return EngineInfo(
@@ -184,8 +184,8 @@ def endpoint_view(
 ) -> EndpointView:
     """The view of one endpoint from its state, last scrape and tracker's memory.
 
-    The view of one endpoint: its state and reason, its last scrape, its local
-    processes, and what the tracker of either source (``memory``) holds."""
+    Its state and reason, its last scrape, its local processes, and what the tracker of
+    either source (``memory``) holds."""
     return EndpointView(
         target=memory.target,
         state=state,
@@ -243,8 +243,7 @@ class Progress:
 class History:
     """Bounded history of one endpoint's figures for the sparklines.
 
-    Bounded history of one endpoint's figures for the sparklines (HISTORY_SERIES,
-    ``history_s`` long at ``interval_s``), the same for both sources."""
+    HISTORY_SERIES, ``history_s`` long at ``interval_s``; the same for both sources."""
 
     def __init__(self, settings: Settings) -> None:
         n = max(2, int(settings.history_s / max(settings.interval_s, 0.05)))
@@ -272,8 +271,8 @@ class History:
 class EndpointTracker:
     """Folds the scrapes of one endpoint into views (direct source).
 
-    Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
-    the samples inside the latency window for percentiles, and bounded history."""
+    Keeps the previous samples for rates, the samples inside the latency window for
+    percentiles, and bounded history."""
 
     def __init__(self, target: Target, settings: Settings | None = None) -> None:
         self.target = target
@@ -393,8 +392,8 @@ def verdict(
 ) -> tuple[int, str]:
     """The exit code of ``--once`` and its one-line reason.
 
-    The exit code of ``--once`` and its one-line reason. With endpoints the operator
-    named, the verdict is about those: discovered servers are shown, not judged."""
+    With endpoints the operator named, the verdict is about those: discovered servers
+    are shown, not judged."""
     from opsctl.domain.console import REACHABLE
 
     if any(v.target.source in GIVEN for v in views):

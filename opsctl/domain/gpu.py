@@ -127,8 +127,8 @@ def device_from_nvml(raw: Mapping[str, Any]) -> GpuDevice:
 def device_from_sysfs(raw: Mapping[str, Any]) -> GpuDevice:
     """One DRM card (AMD or Intel) from its raw sysfs and fdinfo reading.
 
-    One DRM card (AMD: gpu_busy_percent, mem_info_vram_*, hwmon; Intel: little more
-    than its name); ``procs`` from DRM fdinfo (bytes per pid)."""
+    AMD: gpu_busy_percent, mem_info_vram_*, hwmon; Intel: little more than its name;
+    ``procs`` from DRM fdinfo (bytes per pid)."""
     procs = raw.get("procs") or {}
     return GpuDevice(
         index=int(raw["index"]),
@@ -182,9 +182,8 @@ def host_from_raw(raw: Mapping[str, Any]) -> HostGpus:
 def endpoint_gpus(host: HostGpus | None, roles: Iterable[Any]) -> tuple[GpuDevice, ...]:
     """The GPUs the endpoint's processes use, each with only those processes.
 
-    The GPUs the endpoint's processes use, each with only those processes and their
-    roles (``roles``: objects with ``pid`` and ``role``, the console's ProcRole). No
-    local processes (a remote endpoint) or no GPU: ()."""
+    ``roles``: objects with ``pid`` and ``role`` (the console's ProcRole). No local
+    processes (a remote endpoint) or no GPU: ()."""
     by_pid = {int(r.pid): r.role for r in roles}
     if host is None or not by_pid:
         return ()
@@ -224,8 +223,8 @@ STALL_GPU_MEANING = {
 class StallGpu:
     """What the GPUs of a stalled endpoint do: busy, idle, mixed or unknown.
 
-    What the GPUs of a stalled endpoint do: ``kind`` one of STALL_GPU_KINDS, ``util``
-    the utilisation per GPU label (None: not read)."""
+    ``kind`` is one of STALL_GPU_KINDS, ``util`` the utilisation per GPU label (None:
+    not read)."""
 
     kind: str
     util: tuple[tuple[str, float | None], ...]
@@ -248,9 +247,8 @@ class StallGpu:
 def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
     """The GPU signature of a stalled endpoint; None in another state or without GPU.
 
-    The GPU signature of a stalled endpoint (None for any other state, or without a
-    GPU of its own): busy when every GPU it uses reads at least GPU_BUSY_PCT, idle when
-    every one reads at most GPU_IDLE_PCT, mixed otherwise; unknown when none was read."""
+    Busy when every GPU it uses reads at least GPU_BUSY_PCT, idle when every one reads
+    at most GPU_IDLE_PCT, mixed otherwise; unknown when none was read."""
     if state != "stalled":
         return None
     util = tuple((d.label, d.util_pct) for d in gpus)
@@ -271,8 +269,8 @@ def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
 def shown_reason(view: Any) -> str | None:
     """The endpoint's reason as shown, with a stalled endpoint's GPU signature.
 
-    The endpoint's reason as shown (row, drill-in, JSON): a stalled endpoint's reason
-    with its GPU signature after it."""
+    As the row, the drill-in and the JSON show it: a stalled endpoint's reason with its
+    GPU signature after it."""
     sig = stall_gpu(view.state, getattr(view, "gpus", ()))
     if sig is None:
         return view.reason
@@ -309,8 +307,7 @@ def device_dict(d: GpuDevice) -> dict[str, Any]:
 def host_dict(host: HostGpus | None) -> dict[str, Any]:
     """``host`` of the console document: the host's GPUs, their source and reason.
 
-    ``host`` of the console document: the host's GPUs, where they were read from and
-    why there are none (``gpu_reason``: "no GPU", "NVML: ...")."""
+    ``gpu_reason`` says why there are none ("no GPU", "NVML: ...")."""
     if host is None:
         return {"gpus": [], "gpu_source": None, "gpu_reason": "not collected", "gpu_driver": None}
     return {
@@ -329,8 +326,7 @@ def local_pids(views: Iterable[Any]) -> list[int]:
 def attach(snap: Any, host: HostGpus | None) -> Any:
     """The FleetSnapshot with the host's GPUs and each endpoint's own GPUs filled in.
 
-    The FleetSnapshot with ``host_gpus`` and each endpoint's ``gpus`` filled from one
-    host collection (by the endpoints' local process roles)."""
+    Both from one host collection, by the endpoints' local process roles."""
     if host is None or not host.devices:  # nothing to attach: the views stay as they are
         views = tuple(v if not v.gpus else replace(v, gpus=()) for v in snap.endpoints)
         return replace(snap, endpoints=views, host_gpus=host)

@@ -192,8 +192,7 @@ def build_samples(
 ) -> MetricSamples:
     """MetricSamples from (name, labels, value) samples (either parser's).
 
-    MetricSamples from (name, labels, value) samples of the families the console
-    reads (either parser's)."""
+    Only the families the console reads."""
     values: dict[str, float] = {}
     labelled: dict[str, dict[str, float]] = {}
     raw_buckets: dict[str, dict[float, float]] = {}

@@ -88,8 +88,7 @@ def tokenize(line: str) -> tuple[str, dict[str, str], float]:
 def scan(text: str) -> tuple[list[str], int]:
     """One pass over a body: the wanted sample lines and the count of vllm:* lines.
 
-    One pass over a body: the wanted sample lines (metrics.wanted, inlined), and the
-    count of vllm:* lines."""
+    The wanted test is metrics.wanted, inlined."""
     keep: list[str] = []
     series = 0
     wanted = _WANTED
@@ -162,10 +161,7 @@ def build_changed(
 
 
 def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:
-    """MetricSamples of scan()'s lines (the reference parser where the tokenizer fails).
-
-    MetricSamples of scan()'s lines; the reference parser of ``text`` on anything
-    the tokenizer does not handle."""
+    """MetricSamples of scan()'s lines (the reference parser where the tokenizer fails)."""
     try:
         return build_prepared([prepare(line) for line in lines], series)
     except ValueError:

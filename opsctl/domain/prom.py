@@ -100,8 +100,7 @@ def group_by(job: str | None) -> str:
 def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     """(tag, PromQL) of every figure but the latency percentiles.
 
-    (tag, PromQL) of every figure but the latency percentiles: each yields at most one
-    sample per endpoint (per label value for the labelled ones)."""
+    Each yields at most one sample per endpoint (per label value for the labelled ones)."""
     sel, by = selector(job), group_by(job)
     r, hold = _dur(w.rate_s), _dur(w.restart_s)
     parts = [("up", f"sum by ({by}) (up{sel})")]
@@ -166,8 +165,8 @@ def figures_query(job: str | None, w: Windows) -> str:
 def latency_queries(job: str | None, w: Windows) -> list[str]:
     """One query per latency histogram (sent concurrently).
 
-    One query per histogram: sent concurrently, Prometheus evaluates them on several
-    cores (one query's evaluation is mostly one goroutine)."""
+    Sent concurrently, Prometheus evaluates them on several cores (one query's
+    evaluation is mostly one goroutine)."""
     return [union(latency_parts(job, w, short)) for short in vm.LATENCY_HISTOGRAMS]
 
 
@@ -306,9 +305,8 @@ def parse_targets(doc: Any) -> list[PromTarget]:
 class InstanceData:
     """One endpoint's answer to the instant query: tag -> value, labelled tags, labels.
 
-    One endpoint's answer to the instant query: tag -> value, and the labelled tags
-    (tag -> label value -> value); tags with labels of their own (models, cache) keep
-    them in ``labels``."""
+    Labelled tags map tag -> label value -> value; tags with labels of their own
+    (models, cache) keep them in ``labels``."""
 
     scalars: dict[str, float | None]
     labelled: dict[str, dict[str, float]]

@@ -121,10 +121,10 @@ def figures(d: InstanceData) -> Figures:
 def scrape_status(t: PromTarget, path: str, up: float | None = None) -> HttpStatus | None:
     """What Prometheus's last scrape of ``path`` said, as an HttpStatus.
 
-    What Prometheus's last scrape of ``path`` said: 200 when up, the HTTP status it
-    reported when down (``server returned HTTP status 503 ...``), else no answer with
-    Prometheus's error; None when not scraped yet. ``up`` (from the query) wins over the
-    target list's health (both describe the same last scrape)."""
+    It is 200 when up, the HTTP status it reported when down (``server returned HTTP
+    status 503 ...``), else no answer with Prometheus's error; None when not scraped
+    yet. ``up`` (from the query) wins over the target list's health (both describe the
+    same last scrape)."""
     health = t.health if up is None else ("up" if up >= 1 else "down")
     if t.last_scrape is None and up is None:
         return None
@@ -196,8 +196,8 @@ class PromPoll:
 class PromEndpoint:
     """Folds the polls of one endpoint into views (the Prometheus source's tracker).
 
-    Folds the polls of one endpoint into views (EndpointTracker's role for the
-    Prometheus source): the stall rule's memory, restarts seen, bounded history."""
+    EndpointTracker's role for the Prometheus source: the stall rule's memory, restarts
+    seen, bounded history."""
 
     def __init__(self, target: PromTarget, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
