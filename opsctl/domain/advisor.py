@@ -33,8 +33,12 @@ from opsctl.domain.endpoint_notes import Advice
 from opsctl.domain.findings import FAIL, INFO, WARNING
 from opsctl.domain.metrics import (
     CACHE_CONFIG_INFO,
+    GEN_LEN,
     PREEMPTIONS,
+    PROMPT_LEN,
     REQUEST_SUCCESS,
+    SPEC_ACCEPTED,
+    SPEC_DRAFT_TOKENS,
     WAITING,
     Buckets,
     MetricSamples,
@@ -92,12 +96,6 @@ CODES = (
     PREFIX_CACHING_OFF,
 )
 _RANK = {FAIL: 0, WARNING: 1, INFO: 2}
-
-# request length histograms (context_overprovisioned) and speculative decoding counters
-PROMPT_LEN = "vllm:request_prompt_tokens"
-GEN_LEN = "vllm:request_generation_tokens"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
 
 @dataclass(frozen=True, slots=True)

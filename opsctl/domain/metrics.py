@@ -103,6 +103,11 @@ STEP_TOKENS_SUM = "vllm:iteration_tokens_total_sum"
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# the advisor's: request length histograms (context_overprovisioned), speculative decoding
+PROMPT_LEN = "vllm:request_prompt_tokens"
+GEN_LEN = "vllm:request_generation_tokens"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 # vllmstat's six latency histograms, by short name (vLLM 0.32 names, seconds)
 LATENCY_HISTOGRAMS: dict[str, str] = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -133,8 +138,8 @@ _WANTED = (
     CACHE_CONFIG_INFO,
     *(f"{h}_" for h in LATENCY_HISTOGRAMS.values()),
     # the advisor (opsctl.domain.advisor): request lengths, speculative decoding
-    "vllm:request_prompt_tokens_",
-    "vllm:request_generation_tokens_",
+    f"{PROMPT_LEN}_",
+    f"{GEN_LEN}_",
     "vllm:spec_decode_num_",
 )
 Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, ends at +Inf
