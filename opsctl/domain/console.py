@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from opsctl.domain.endpoint_notes import Advice, FiredAlert
 from opsctl.domain.gpu import GpuDevice, HostGpus
@@ -53,7 +54,7 @@ SOURCES = ("argument", "targets", "opsctl-run", "discovered")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # counters whose going back means the server restarted (both sources)
 RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
-# rate figure -> the counter it is the rate of (both sources)
+# rate figure (a Figures field) -> the counter it is the rate of (both sources)
 RATES = {
     "prompt_tps": PROMPT_TOKENS,
     "generation_tps": GEN_TOKENS,
@@ -326,20 +327,18 @@ def figures(
     Gauges from ``cur``; rates over ``prev`` -> ``cur`` (dt seconds; None after a reset
     or on the first scrape); percentiles over ``window`` -> ``cur`` (the oldest scrape
     inside the latency window), else over the lifetime."""
-    rates: dict[str, float | None] = {}
+    rates: dict[str, Any] = {}
     for key, name in RATES.items():
         d = counter_delta(prev.get(name) if prev else None, cur.get(name))
         rates[key] = None if d is None or not dt or dt <= 0 else d / dt
     dq = counter_delta(prev.get(PREFIX_QUERIES) if prev else None, cur.get(PREFIX_QUERIES))
     dh = counter_delta(prev.get(PREFIX_HITS) if prev else None, cur.get(PREFIX_HITS))
-    life_hit = ratio(cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
+    hit, life_hit = hit_rates(dh, dq, cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
     dsteps = counter_delta(prev.get(STEPS) if prev else None, cur.get(STEPS))
     dstep_tokens = counter_delta(
         prev.get(STEP_TOKENS_SUM) if prev else None, cur.get(STEP_TOKENS_SUM)
     )
-    per_step = ratio_free(dstep_tokens, dsteps)
-    if per_step is None:
-        per_step = ratio_free(cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
+    per_step = tokens_per_step(dstep_tokens, dsteps, cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
     latency, basis = latency_figures(cur, window)
     capacity, used = kv_tokens(cur)
     return Figures(
@@ -348,13 +347,8 @@ def figures(
         kv_usage=cur.get(KV_USAGE),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=hit,
         prefix_hit_rate_lifetime=life_hit,
-        steps_per_s=rates["steps_per_s"],
-        prompt_tps=rates["prompt_tps"],
-        generation_tps=rates["generation_tps"],
-        request_rate=rates["request_rate"],
-        preemption_rate=rates["preemption_rate"],
         tokens_per_step=per_step,
         preemptions_total=cur.get(PREEMPTIONS),
         prompt_tokens_total=cur.get(PROMPT_TOKENS),
@@ -366,7 +360,24 @@ def figures(
         engines=cur.engines or None,
         latency=latency,
         latency_basis=basis,
+        **rates,
     )
+
+
+def hit_rates(
+    d_hits: float | None, d_queries: float | None, hits: float | None, queries: float | None
+) -> tuple[float | None, float | None]:
+    """Prefix-cache hit rate over the interval (lifetime's without queries), and lifetime's."""
+    life = ratio(hits, queries)
+    return (ratio(d_hits, d_queries) if d_queries else life), life
+
+
+def tokens_per_step(
+    d_tokens: float | None, d_steps: float | None, tokens: float | None, steps: float | None
+) -> float | None:
+    """Tokens per engine step over the interval, else over the lifetime."""
+    per = ratio_free(d_tokens, d_steps)
+    return per if per is not None else ratio_free(tokens, steps)
 
 
 def ratio_free(num: float | None, den: float | None) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from opsctl.domain.console import (
     RATES,
@@ -28,9 +29,9 @@ from opsctl.domain.console import (
     Scrape,
     Target,
     fractions,
+    hit_rates,
     kv_tokens_of,
-    ratio,
-    ratio_free,
+    tokens_per_step,
 )
 from opsctl.domain.console_state import History, Progress, Settings, decide, endpoint_view
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
@@ -79,28 +80,21 @@ def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
 
 def figures(d: InstanceData) -> Figures:
     """The console's Figures of one endpoint from Prometheus's answer."""
-    dq, dh = d.get("d_prefix_q"), d.get("d_prefix_h")
-    life_hit = ratio(d.get("prefix_h"), d.get("prefix_q"))
-    per_step = ratio_free(d.get("d_step_tokens"), d.get("d_steps"))
-    if per_step is None:
-        per_step = ratio_free(d.get("step_tokens"), d.get("steps"))
+    g = d.get
+    hit, life_hit = hit_rates(g("d_prefix_h"), g("d_prefix_q"), g("prefix_h"), g("prefix_q"))
+    per_step = tokens_per_step(g("d_step_tokens"), g("d_steps"), g("step_tokens"), g("steps"))
     sources = fractions(d.labelled.get("d_by_source")) or fractions(d.labelled.get("by_source"))
     lat, basis = latency(d)
     capacity, used = kv_tokens(d)
-    rates = {k: d.get(k) for k in RATES}
+    rates: dict[str, Any] = {k: d.get(k) for k in RATES}
     return Figures(
         running=d.get("running"),
         waiting=d.get("waiting"),
         kv_usage=d.get("kv"),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=hit,
         prefix_hit_rate_lifetime=life_hit,
-        prompt_tps=rates["prompt_tps"],
-        generation_tps=rates["generation_tps"],
-        request_rate=rates["request_rate"],
-        preemption_rate=rates["preemption_rate"],
-        steps_per_s=rates["steps_per_s"],
         tokens_per_step=per_step,
         preemptions_total=d.get("preempt_total"),
         prompt_tokens_total=d.get("prompt_total"),
@@ -112,6 +106,7 @@ def figures(d: InstanceData) -> Figures:
         engines=int(d.get("engines") or 0) or None,
         latency=lat,
         latency_basis=basis,
+        **rates,
     )
 
 
