@@ -202,7 +202,7 @@ def endpoint_view(
     )
 
 
-# ---- the stall rule and the sparklines' history (both sources) ----------------------------------------------------------
+# ---- the stall rule and the sparklines' history (both sources) -------------------------------
 
 
 class Progress:
