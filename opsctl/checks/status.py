@@ -79,7 +79,7 @@ def run(
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
     pid = server_pid(base) if options.local else None
     local = _local(pid)
-    state, reason = decide(scrape, local, None, False, False)
+    state, reason = decide(scrape, local, None, False)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
     if (

@@ -1,5 +1,4 @@
-"""The advisor on a live fleet: :class:`AdvisedSource` wraps a FleetSource so that every
-view it collects carries its findings (``EndpointView.findings``, opsctl.domain.advisor).
+"""The advisor on a live fleet: AdvisedSource adds findings to every view.
 
 The window: for the direct source, the scrapes its tracker keeps for the latency window
 (the last ``latency_window_s`` seconds of one server lifetime; ``--once``: what it
@@ -22,6 +21,7 @@ FAILED = "failed"  # engine_patches.patch.FAILED (not imported: it runs inside v
 
 
 def ledger_facts(run_dir: str) -> advisor.LocalFacts:
+    """The advisor's facts from an opsctl run's ledger: failed patches, test knobs."""
     from opsctl.collectors import ledger
 
     records = ledger.read_records(Path(run_dir))
@@ -34,8 +34,9 @@ def ledger_facts(run_dir: str) -> advisor.LocalFacts:
 
 
 class AdvisedSource:
-    """A FleetSource whose collect() adds the advisor's findings; everything else is the
-    wrapped source's (attributes are looked up on it)."""
+    """A FleetSource whose collect() adds the advisor's findings to every view.
+
+    Everything else is the wrapped source's (attributes are looked up on it)."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
@@ -48,6 +49,7 @@ class AdvisedSource:
         return getattr(self.source, name)
 
     def collect(self) -> FleetSnapshot:
+        """The wrapped source's snapshot, every view with its findings."""
         snap = self.source.collect()
         views = tuple(self.advise(v) for v in snap.endpoints)
         if len(self._memo) > len(views):  # endpoints that left the fleet
@@ -56,6 +58,7 @@ class AdvisedSource:
         return replace(snap, endpoints=views)
 
     def window(self, url: str) -> advisor.Window | None:
+        """The advisor's window of an endpoint from its tracker's scrapes; None without."""
         tracker_of = getattr(self.source, "tracker", None)
         if not callable(tracker_of):
             return None
@@ -68,6 +71,7 @@ class AdvisedSource:
         return advisor.window_of(points)
 
     def local(self, view: EndpointView) -> advisor.LocalFacts | None:
+        """The advisor's ledger facts of an opsctl run's endpoint; None for others."""
         rd = view.target.run_dir
         if not rd:
             return None
@@ -85,6 +89,7 @@ class AdvisedSource:
         return seen
 
     def advise(self, view: EndpointView) -> EndpointView:
+        """The view with its findings (recomputed only when a new scrape came)."""
         url, rd = view.target.url, view.target.run_dir
         seen = self._ledger(rd) if rd else None
         key = (view.scrapes, view.last_scrape_at, view.state, view.gpus, seen and seen[0])
@@ -97,8 +102,7 @@ class AdvisedSource:
 
 
 def advised(source: Any) -> Any:
-    """``source`` with the advisor's findings (a replay's recorded frames stay as they
-    were recorded)."""
+    """``source`` with the advisor's findings (a replay stays as recorded)."""
     from opsctl.console.replay import ReplaySource
 
     return source if isinstance(source, ReplaySource) else AdvisedSource(source)

@@ -1,6 +1,8 @@
-"""The alerts Prometheus holds (GET /api/v1/alerts), mapped to the console's endpoints by
-their ``instance`` label, so the console and the alerts tell one story. Parsing and the
-mapping are pure (opsctl.domain.alert_rules); this module only asks.
+"""The alerts Prometheus holds, mapped to the console's endpoints by instance.
+
+Read from GET /api/v1/alerts and mapped by the ``instance`` label, so that the console
+and the alerts tell one story. Parsing and the mapping are pure
+(opsctl.domain.alert_rules); this module only asks.
 
 A Prometheus without alerts (no rules loaded) answers an empty list: every row shows none.
 An answer that fails leaves the rows' alerts as they were and says why (``error``)."""

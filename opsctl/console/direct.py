@@ -1,9 +1,10 @@
-"""DirectScrapeSource: scrapes every endpoint itself. One asyncio task per endpoint,
-each with its own HTTP client (scrape.Poller: one kept connection) and deadline, on one
-background event-loop thread: a hung endpoint ages only its own row. Each task arms its
-next poll only after the previous one finished, so a slow endpoint stretches its own
-period instead of piling up polls. Discovery of local servers runs every few seconds
-(psutil, in an executor thread)."""
+"""DirectScrapeSource: scrapes every endpoint itself.
+
+One asyncio task per endpoint, each with its own HTTP client (scrape.Poller: one kept
+connection) and deadline, on one background event-loop thread: a hung endpoint ages only
+its own row. Each task arms its next poll only after the previous one finished, so a
+slow endpoint stretches its own period instead of piling up polls. Discovery of local
+servers runs every few seconds (psutil, in an executor thread)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ class _Endpoint:
 
 
 class DirectScrapeSource(LoopThreadSource):
+    """The fleet source that scrapes every endpoint itself (one task per endpoint)."""
+
     name = "direct"
 
     def __init__(
@@ -138,16 +141,14 @@ class DirectScrapeSource(LoopThreadSource):
                 )
 
     def start(self) -> None:
+        """Identify local targets, discover servers, then start the loop's tasks."""
         self._identify()
         found = self._discover() if self.discover_enabled else []
         self._sync_targets(found)
-        self.thread.start()
-        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+        self._start_loop()
 
     async def _main(self) -> None:
-        self.wake = asyncio.Event()
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
+        self._open_events()
         for ep in list(self.endpoints.values()):
             ep.task = asyncio.create_task(self._run(ep))
         while self.discover_enabled:
@@ -191,6 +192,7 @@ class DirectScrapeSource(LoopThreadSource):
 
     # ---- the interface ---------------------------------------------------------------------
     def collect(self) -> FleetSnapshot:
+        """The current FleetSnapshot: every endpoint tracker's view."""
         with self.lock:
             views = tuple(ep.tracker.view for ep in self.endpoints.values())
         hint = EMPTY_HINT if not views else None
@@ -199,16 +201,20 @@ class DirectScrapeSource(LoopThreadSource):
         )
 
     def series(self, url: str, name: str) -> list[float]:
+        """The bounded history of one figure of one endpoint ([] for an unknown URL)."""
         with self.lock:
             ep = self.endpoints.get(url)
             return ep.tracker.series(name) if ep else []
 
     def tracker(self, url: str) -> EndpointTracker | None:
+        """The tracker of the endpoint at ``url``; None when not watched."""
         ep = self.endpoints.get(url)
         return ep.tracker if ep else None
 
     def wait_settled(self, timeout: float) -> bool:
-        """Until every endpoint has two scrapes (rates need two), or one that says it is
+        """Wait until every endpoint has scrapes enough for rates; False on the deadline.
+
+        Until every endpoint has two scrapes (rates need two), or one that says it is
         not a live vLLM server; False on the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

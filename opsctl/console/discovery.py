@@ -1,6 +1,8 @@
-"""Discovery of local vLLM OpenAI servers: opsctl's live runs (<OPSCTL_HOME>/runs/*/
-meta.json) and any process whose command line is vLLM's API server, with the port it
-listens on (psutil). Also the cheap per-poll liveness check of a local endpoint."""
+"""Discovery of local vLLM OpenAI servers: opsctl's runs and vLLM API processes.
+
+opsctl's live runs are read from <OPSCTL_HOME>/runs/*/meta.json; any process whose
+command line is vLLM's API server is found with the port it listens on (psutil). Also
+the cheap per-poll liveness check of a local endpoint."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ _PID_TOLERANCE = 1.0  # seconds between psutil's create_time reads
 
 
 def is_api_server(cmdline: list[str]) -> bool:
-    """`python -m vllm.entrypoints.openai.api_server ...`, `vllm serve ...`,
+    """Whether a command line is vLLM's OpenAI API server.
+
+    `python -m vllm.entrypoints.openai.api_server ...`, `vllm serve ...`,
     `python -m vllm.entrypoints.cli.main serve ...`."""
     if not cmdline:
         return False
@@ -41,8 +45,10 @@ def _argv_value(cmdline: list[str], flag: str) -> str | None:
 
 
 def listening_port(proc: psutil.Process, cmdline: list[str]) -> int | None:
-    """The TCP port the API server listens on; the --port in its argv when it does not
-    listen yet (starting) or when several are open."""
+    """The TCP port the API server listens on (else the --port of its argv).
+
+    The --port in its argv when it does not listen yet (starting) or when several are
+    open."""
     wanted = _argv_value(cmdline, "--port")
     ports: set[int] = set()
     with contextlib.suppress(psutil.Error):
@@ -77,6 +83,7 @@ def _topmost(procs: dict[int, tuple[psutil.Process, list[str]]]) -> list[int]:
 
 
 def discover_processes() -> list[Target]:
+    """Targets of the vLLM API server processes on this host (topmost of each tree)."""
     found: dict[int, tuple[psutil.Process, list[str]]] = {}
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
@@ -108,7 +115,9 @@ def _same_process(pid: int, started: float | None) -> bool:
 
 
 def discover_runs(runs_root: Path) -> list[Target]:
-    """opsctl runs whose API server still lives, or whose owner lives (a run that died
+    """Targets of the opsctl runs whose API server or owner still lives.
+
+    opsctl runs whose API server still lives, or whose owner lives (a run that died
     under a live `opsctl serve` is shown dead, with its log lines)."""
     out = []
     for meta_path in sorted(runs_root.glob("*/meta.json")):
@@ -133,13 +142,15 @@ def discover_runs(runs_root: Path) -> list[Target]:
 
 
 def discover(runs_root: Path) -> list[Target]:
+    """Every local server: opsctl's runs, then other vLLM API processes."""
     return [*discover_runs(runs_root), *discover_processes()]
 
 
 def local_targets(urls: list[str], runs_root: Path) -> dict[str, Target]:
-    """For each URL of this node, the local server that answers there (an opsctl run,
-    else a discovered vLLM process) with its API server's pid; one scan for them all.
-    Identifies given targets: it adds no other server."""
+    """For each URL of this node, the local server that answers there.
+
+    That server is an opsctl run, else a discovered vLLM process, with its API server's
+    pid; one scan for them all. Identifies given targets: it adds no other server."""
     wanted = {u: port for u in urls if (port := loopback_port(u)) is not None}
     if not wanted:
         return {}
@@ -175,9 +186,10 @@ def _log_facts(run_dir: str | None, dead: bool) -> tuple[str | None, tuple[str, 
 def local_state(
     target: Target, with_roles: bool = False, with_log: bool = False
 ) -> LocalState | None:
-    """Liveness of a local endpoint's API server (None for remote endpoints); the roles
-    of its processes when asked; for opsctl runs, when asked or dead, the load phase and
-    the decisive lines of its log."""
+    """Liveness of a local endpoint's API server; None for a remote endpoint.
+
+    Also the roles of its processes when asked; for opsctl runs, when asked or dead, the
+    load phase and the decisive lines of its log."""
     if target.pid is None:
         return None
     alive = _same_process(target.pid, target.pid_started)

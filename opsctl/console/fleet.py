@@ -1,6 +1,8 @@
-"""The fleet source ``opsctl console`` watches, from its command line: URL arguments and
-a targets file (direct scrapes, local servers discovered unless told not to) or a
-Prometheus server's targets; the combinations that make no sense are BadInput."""
+"""The fleet source ``opsctl console`` watches, built from its command line.
+
+URL arguments and a targets file (direct scrapes, local servers discovered unless told
+not to) or a Prometheus server's targets; the combinations that make no sense are
+BadInput."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 def check_combination(
     urls: list[str], targets_file: Path | None, prometheus: str | None, job: str | None
 ) -> None:
+    """Refuse the fleet options that make no sense together (BadInput)."""
     from opsctl.errors import BadInput
 
     if prometheus is not None and (urls or targets_file is not None):
@@ -20,6 +23,7 @@ def check_combination(
 
 
 def direct_source(urls, targets_file, no_discover, settings, api_key):
+    """A direct-scrape fleet source of URL arguments, a targets file and discovery."""
     from opsctl.console import targets as tg
     from opsctl.console.direct import DirectScrapeSource
 
@@ -30,8 +34,9 @@ def direct_source(urls, targets_file, no_discover, settings, api_key):
 
 
 def prometheus_source(url, job, settings):
-    """A Prometheus fleet source, checked: exit 3 when nothing answers, 2 when what
-    answers is not Prometheus."""
+    """A Prometheus fleet source, checked (exit 3 or 2 when not usable).
+
+    Exit 3 when nothing answers, 2 when what answers is not Prometheus."""
     from opsctl.console.prometheus import PrometheusSource
 
     source = PrometheusSource(url, job=job, settings=settings)

@@ -1,8 +1,9 @@
-"""Drill-in details of a LOCAL endpoint, read only while an operator looks at it (they
-cost more than a poll): the process tree with roles and CPU/RSS/PSS, the Engram tables
-its processes map (read-only, no verification), and for opsctl runs the patch ledger
-and the log tail. Field names match the serve panels (tree, ledger, log_tail) so the
-console reuses them."""
+"""Drill-in details of a LOCAL endpoint, read only while an operator looks at it.
+
+They cost more than a poll: the process tree with roles and CPU/RSS/PSS, the Engram
+tables its processes map (read-only, no verification), and for opsctl runs the patch
+ledger and the log tail. Field names match the serve panels (tree, ledger, log_tail) so
+the console reuses them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from opsctl.domain.console import Target
 
 @dataclass(frozen=True, slots=True)
 class EngramRow:
+    """One Engram table a local endpoint's processes map: size, link, mappers, RSS/PSS."""
+
     name: str
     size: int | None
     linked: bool
@@ -27,6 +30,8 @@ class EngramRow:
 
 @dataclass(frozen=True, slots=True)
 class LocalDetail:
+    """A local endpoint's drill-in: process tree, Engram tables, ledger, log tail."""
+
     taken_at: float
     tree: ProcessTree
     engram: tuple[EngramRow, ...]
@@ -40,6 +45,7 @@ def _sum(values: list[int | None]) -> int | None:
 
 
 def engram_rows(pids: list[int]) -> tuple[tuple[EngramRow, ...], tuple[str, ...]]:
+    """The Engram tables the processes ``pids`` map, and any error reading them."""
     from opsctl.collectors import engram
 
     try:

@@ -1,7 +1,8 @@
-"""Tailing the log file of a server opsctl did not start (``console --log URL=FILE``, or
-``log = "FILE"`` on a target of the targets file), so its row and drill-in show what an
-opsctl run's do: the load phase, the decisive error lines, the quiet tail
-(opsctl.domain.logview).
+"""Tailing the log file of a server opsctl did not start (``console --log URL=FILE``).
+
+The file is named by ``--log URL=FILE`` or by ``log = "FILE"`` on a target of the
+targets file; the server's row and drill-in then show what an opsctl run's do: the load
+phase, the decisive error lines, the quiet tail (opsctl.domain.logview).
 
 :class:`LogTail` holds at most WINDOW bytes of the file's end: the first read seeks to
 the end minus WINDOW, later reads take only what was appended (and when more than
@@ -32,6 +33,8 @@ READ_EVERY_S = 1.0
 
 
 class LogTail:
+    """The last WINDOW bytes of one log file, read incrementally across rotations."""
+
     def __init__(self, path: str, window: int = WINDOW) -> None:
         self.path = path
         self.window = window
@@ -119,10 +122,10 @@ class LoggedSource:
     """A FleetSource whose views carry their server's log facts (``log``)."""
 
     def __init__(self, source: Any, by_url: dict[str, str] | None = None) -> None:
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
         self.source = source
-        self.by_key = {_endpoint_key(u): p for u, p in (by_url or {}).items()}
+        self.by_key = {endpoint_key(u): p for u, p in (by_url or {}).items()}
         self.tails: dict[str, LogTail] = {}
         self.read_at: dict[str, float] = {}
         self.facts: dict[str, logview.LogFacts] = {}
@@ -139,9 +142,10 @@ class LoggedSource:
         return self.facts[path]
 
     def with_log(self, v: EndpointView) -> EndpointView:
-        from opsctl.console.targets import _endpoint_key
+        """The view with its log's facts (load phase, error lines, quiet tail) added."""
+        from opsctl.console.targets import endpoint_key
 
-        path = self.by_key.get(_endpoint_key(v.target.url)) if self.by_key else None
+        path = self.by_key.get(endpoint_key(v.target.url)) if self.by_key else None
         path = path or v.target.log_file
         if not path:
             return v
@@ -152,6 +156,7 @@ class LoggedSource:
         return replace(v, log=f, reason=reason)
 
     def collect(self) -> FleetSnapshot:
+        """The wrapped source's snapshot, each endpoint with a log given its facts."""
         snap = self.source.collect()
         if not self.by_key and not any(v.target.log_file for v in snap.endpoints):
             return snap  # no log to tail: nothing to add (and nothing to pay per row)

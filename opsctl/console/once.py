@@ -22,12 +22,15 @@ CHECK_EVERY_S = 0.05  # how often the collected views are looked at (no I/O: a l
 
 @dataclass(frozen=True, slots=True)
 class Observation:
+    """What ``--once`` saw: the snapshot, how long it watched, whether it settled."""
+
     snapshot: FleetSnapshot
     observed_s: float  # from start() to the snapshot
     settled: bool  # every endpoint had its scrapes before the settle deadline
 
 
 def settle_timeout(source: FleetSource, interval_s: float) -> float:
+    """Seconds ``--once`` waits for every endpoint's scrapes: two intervals and a timeout."""
     return 2 * interval_s + float(getattr(source, "timeout", 10.0)) + 5.0
 
 
@@ -60,7 +63,9 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
 
 
 def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> FleetSnapshot:
-    """Send the canary (one 1-token completion, in parallel) to every ready endpoint the
+    """The snapshot after a 1-token canary to every ready endpoint scrapes can't vouch for.
+
+    Send the canary (one 1-token completion, in parallel) to every ready endpoint the
     scrapes cannot vouch for: an engine stopped while idle keeps /health 200 and its
     gauges at 0. Only for a live direct source (it knows each endpoint's API key)."""
     key_for = getattr(source, "api_key_for", None)
@@ -91,9 +96,11 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
 
 
 def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
-    """``--once``: observe, print the document (``--json``) or the table on stdout, the
-    verdict's reason (one ``opsctl: error:`` line unless all is well) and any hint on
-    stderr; return the exit code. Nothing found prints no table."""
+    """``--once``: observe, print the document or the table, return the exit code.
+
+    The document (``--json``) or the table goes to stdout; the verdict's reason (one
+    ``opsctl: error:`` line unless all is well) and any hint to stderr. Nothing found
+    prints no table."""
     import sys
 
     from opsctl.console.report import document, render_plain

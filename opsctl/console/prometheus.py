@@ -1,6 +1,7 @@
-"""PrometheusSource: the fleet read from a Prometheus server's HTTP API instead of
-scraping every endpoint (same FleetSource interface, same views, same opsctl.console/1
-JSON; the UI does not know which source it has).
+"""PrometheusSource: the fleet read from a Prometheus server's HTTP API.
+
+It scrapes no endpoint itself: same FleetSource interface, same views, same
+opsctl.console/1 JSON; the UI does not know which source it has.
 
 One background event-loop thread polls Prometheus every period (the console's interval,
 but never faster than the endpoints' scrape interval): the active targets, one instant
@@ -9,10 +10,9 @@ selector (raw samples for the stall rule), the three concurrently, each under th
 source's timeout. The latency percentiles (the queries that cost Prometheus most) run
 apart, every LATENCY_EVERY_S or four times what they took, whichever is longer, and a
 poll uses the latest that came back. A poll that takes long stretches the period
-(at least twice the last poll), so a slow Prometheus is not piled on. Parsing and decisions are pure (opsctl.domain.prom, prom_view). When
-Prometheus does not answer, the rows keep their last data (their age grows) and the
-hint says why.
-"""
+(at least twice the last poll), so a slow Prometheus is not piled on. Parsing and
+decisions are pure (opsctl.domain.prom, prom_view). When Prometheus does not answer, the
+rows keep their last data (their age grows) and the hint says why."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ _ERRORS = (httpx.HTTPError, prom.PromError, ValueError, KeyError, TypeError)
 
 
 class PrometheusSource(LoopThreadSource):
+    """The fleet source that reads every endpoint from Prometheus's HTTP API."""
+
     name = prom_view.SOURCE
 
     def __init__(
@@ -68,19 +70,24 @@ class PrometheusSource(LoopThreadSource):
 
     @property
     def period(self) -> float:
-        """Seconds between polls: the console's interval, never faster than scrapes, and
-        at least twice what the last poll took (a busy Prometheus is not piled on)."""
+        """Seconds between polls: the interval, no faster than scrapes or 2x the last poll.
+
+        A busy Prometheus is not piled on."""
         return max(self.settings.interval_s, self.scrape_s or 0.0, 2 * (self.poll_s or 0.0))
 
     @property
     def data_interval(self) -> float:
-        """How old a healthy row's data can be: a scrape interval (Prometheus's sample)
-        plus a poll period (the console's read). Snapshots carry it as their interval,
-        so a row is called stale (1.5 intervals) only when it missed a scrape."""
+        """How old a healthy row's data can be: a scrape interval plus a poll period.
+
+        The scrape interval is Prometheus's sample, the poll period the console's read.
+        Snapshots carry it as their interval, so a row is called stale (1.5 intervals)
+        only when it missed a scrape."""
         return self.period + (self.scrape_s or 0.0)
 
     def check(self) -> None:
-        """Raise EngineUnreachable (exit 3) when nothing answers at the URL, BadInput (2)
+        """Check that a Prometheus API answers at the URL (else exit 3, or 2).
+
+        Raise EngineUnreachable (exit 3) when nothing answers at the URL, BadInput (2)
         when what answers is not a Prometheus API."""
         try:
             r = httpx.get(f"{self.url}/api/v1/status/buildinfo", timeout=self.timeout)
@@ -98,13 +105,11 @@ class PrometheusSource(LoopThreadSource):
 
     # ---- the loop --------------------------------------------------------------------------
     def start(self) -> None:
-        self.thread.start()
-        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+        """Start the polling loop on its thread."""
+        self._start_loop()
 
     async def _main(self) -> None:
-        self.wake = asyncio.Event()
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
+        self._open_events()
         async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout) as client:
             while True:
                 await self.unpaused.wait()
@@ -219,6 +224,7 @@ class PrometheusSource(LoopThreadSource):
 
     # ---- the interface ---------------------------------------------------------------------
     def collect(self) -> FleetSnapshot:
+        """The current FleetSnapshot: every endpoint's view and the fleet's hint."""
         with self.lock:
             views = tuple(ep.view for ep in self.endpoints.values())
             hint = self.hint
@@ -226,12 +232,15 @@ class PrometheusSource(LoopThreadSource):
         return FleetSnapshot(time.time(), views, interval, self.name, self.paused, hint)
 
     def series(self, url: str, name: str) -> list[float]:
+        """The bounded history of one figure of one endpoint ([] for an unknown URL)."""
         with self.lock:
             ep = self.endpoints.get(url)
             return ep.series(name) if ep else []
 
     def wait_settled(self, timeout: float) -> bool:
-        """Until a poll answered with the latency figures and every endpoint was scraped
+        """Wait until a poll brought latency and every endpoint was scraped.
+
+        Until a poll answered with the latency figures and every endpoint was scraped
         (with rates where it is a live vLLM server); False on the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

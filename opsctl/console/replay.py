@@ -1,5 +1,6 @@
-"""Record a console session as JSONL and show it again (``--record FILE``,
-``--replay FILE``), for attaching a session to a bug report.
+"""Record a console session as JSONL and show it again (``--record``, ``--replay``).
+
+For attaching a session to a bug report.
 
 The file: a header line ``{"schema": "opsctl.console-record/1", ...}``, then one line
 per frame: ``{"t": taken_at, "snapshot": <FleetSnapshot>, "notes": {url: text}}``
@@ -10,8 +11,7 @@ Each line is flushed as written, so a session that crashed still replays.
 frames at their recorded pace times ``speed``; ``set_paused``, ``step(n)`` (pauses),
 ``faster()``/``slower()`` drive it. ``series()`` is rebuilt from the frames' figures
 (one point per frame, the last 10 minutes), so a replayed sparkline has the frames'
-resolution, not the scrapes'.
-"""
+resolution, not the scrapes'."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ HISTORY_S = 600.0
 
 
 def encode(snap: FleetSnapshot) -> dict[str, Any]:
+    """A FleetSnapshot as a JSON-ready dict (one recorded frame)."""
     return asdict(snap)
 
 
@@ -73,6 +74,7 @@ def _decode(tp: Any, value: Any) -> Any:
 
 
 def decode(doc: dict[str, Any]) -> FleetSnapshot:
+    """A FleetSnapshot from a recorded frame's dict."""
     return _decode(FleetSnapshot, doc)
 
 
@@ -80,8 +82,10 @@ def decode(doc: dict[str, Any]) -> FleetSnapshot:
 
 
 class Recorder:
-    """Appends frames to ``path`` (truncated at start). A frame equal to the previous
-    one and taken within ``min_gap`` seconds of it is not written again."""
+    """Appends frames to ``path``; an unchanged frame within ``min_gap`` s is skipped.
+
+    The file is truncated at start. A frame equal to the previous one is written again
+    only ``min_gap`` seconds after it."""
 
     def __init__(self, path: Path, min_gap: float = 0.2) -> None:
         self.path = path
@@ -94,6 +98,7 @@ class Recorder:
             raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
     def write(self, snap: FleetSnapshot, notes: dict[str, str] | None = None) -> None:
+        """Write one frame (and the header before the first); skip an unchanged one."""
         notes = dict(notes or {})
         if self._fh.closed:
             return
@@ -112,6 +117,7 @@ class Recorder:
         self.frames += 1
 
     def close(self) -> None:
+        """Close the file."""
         self._fh.close()
 
 
@@ -181,6 +187,7 @@ class ReplaySource:
         self._anchor = (self.clock(), self.frames[self.index][0].taken_at)
 
     def set_paused(self, paused: bool) -> None:
+        """Pause or resume the replay at the current frame."""
         self._advance()
         self.paused = paused
         self._reanchor()
@@ -193,9 +200,11 @@ class ReplaySource:
         self._reanchor()
 
     def faster(self) -> None:
+        """Play faster (the next speed step)."""
         self._set_speed(+1)
 
     def slower(self) -> None:
+        """Play slower (the previous speed step)."""
         self._set_speed(-1)
 
     def _set_speed(self, direction: int) -> None:
@@ -206,9 +215,11 @@ class ReplaySource:
 
     @property
     def at_end(self) -> bool:
+        """Whether the replay shows its last frame."""
         return self.index == len(self.frames) - 1
 
     def status_line(self) -> str:
+        """The replay's status: file, frame, time into the session, speed, state."""
         self._advance()
         first = self.frames[0][0].taken_at
         now = self.frames[self.index][0].taken_at
@@ -220,17 +231,21 @@ class ReplaySource:
 
     # ---- FleetSource ---------------------------------------------------------------------
     def start(self) -> None:
+        """Start playing from the current frame."""
         self._reanchor()
 
     def collect(self) -> FleetSnapshot:
+        """The frame due now."""
         self._advance()
         return self.frames[self.index][0]
 
     def notes(self) -> dict[str, str]:
+        """The per-row notes recorded with the frame due now."""
         self._advance()
         return dict(self.frames[self.index][1])
 
     def series(self, url: str, name: str) -> list[float]:
+        """One figure of one endpoint over the recorded frames up to now (sparkline)."""
         now = self.frames[self.index][0].taken_at
         out = []
         for snap, _ in self.frames[: self.index + 1]:
@@ -242,17 +257,22 @@ class ReplaySource:
         return out
 
     def refresh(self) -> None:
+        """Nothing to poll: the frames are recorded."""
         return None
 
     def wait_settled(self, timeout: float) -> bool:
+        """A replay is always settled (True)."""
         return True
 
     def close(self) -> None:
+        """Nothing to stop."""
         return None
 
 
 def open_replay(path: Path, *, others: bool, record: Path | None, once: bool) -> ReplaySource:
-    """The command's --replay: refuses a live fleet or --record beside it; with --once
+    """The command's --replay source; refuses a live fleet or --record beside it.
+
+    The command's --replay: refuses a live fleet or --record beside it; with --once
     the session's last frame."""
     if others:
         raise BadInput("--replay shows a recording: drop URL arguments, --targets, --prometheus")

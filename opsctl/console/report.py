@@ -1,5 +1,6 @@
-"""The console's JSON document (schema opsctl.console/3) and plain table, both from the
-same FleetSnapshot the TUI renders.
+"""The console's JSON document (schema opsctl.console/3) and plain table.
+
+Both from the same FleetSnapshot the TUI renders.
 
 opsctl.console/2 (from /1): ``exit_code`` is 3 for an empty fleet (was 0: a gate that
 checked nothing passed); new top-level ``reason`` (one line: why this exit code),
@@ -34,6 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from opsctl.console.render_advice import gpu_row_cell, reason_cell
 from opsctl.domain import advisor, alert_rules, logview
 from opsctl.domain import gpu as gpu_view
 from opsctl.domain import requests as requests_view
@@ -48,6 +50,7 @@ def _r(v: float | None, nd: int = 4) -> float | None:
 
 
 def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
+    """One endpoint of the console document."""
     f = v.figures
     t = v.target
     ttft = f.latency.get("ttft")
@@ -112,6 +115,7 @@ def document(
     stall_window_s: float | None = None,
     observed_s: float | None = None,
 ) -> dict[str, Any]:
+    """The console document of a snapshot, with its exit code and reason."""
     from opsctl.output import document as doc
 
     views = snap.endpoints
@@ -133,11 +137,14 @@ def document(
 
 
 def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
+    """A figure as text (scaled, formatted, suffixed); ``-`` for unknown."""
     return "-" if v is None else f"{v * scale:{spec}}{suffix}"
 
 
 def render_plain(console, snap: FleetSnapshot) -> None:
-    """The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
+    """Print the snapshot's table on stdout (plain full-width when piped).
+
+    The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
     the title only on a terminal, so the first line is the header). The hint and the
     verdict's reason go to stderr (the command prints them)."""
     from rich.table import Table
@@ -157,7 +164,7 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             v.info.models[0].id if v.info.models else "-",
             fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
             fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-            alert_rules.alerts_cell(v.alerts) + advisor.reason_cell(v, 200),  # alert, reason
-            *([gpu_view.row_cell(v, snap.host_gpus)] if gpu_col else []),
+            alert_rules.alerts_cell(v.alerts) + reason_cell(v, 200),  # alert, reason
+            *([gpu_row_cell(v, snap.host_gpus)] if gpu_col else []),
         )  # fmt: skip
     console.print(t)

@@ -28,6 +28,8 @@ from opsctl.errors import BadInput
 
 @dataclass(frozen=True, slots=True)
 class StartRequest:
+    """What the console's start dialog asks for: model, weights, port and limits."""
+
     model: str = "tiny-llama"  # embedded name or model directory
     weights: str = "dummy"  # dummy | real
     port: int | None = None  # None: a free port
@@ -45,8 +47,7 @@ class StartRequest:
 
 @dataclass
 class Managed:
-    """One server this console started (``state``: starting | ready | failed | stopping
-    | stopped)."""
+    """One server this console started, with its state (starting ... stopped)."""
 
     request: StartRequest
     server: object | None = None  # EngineServer
@@ -63,7 +64,9 @@ OnChange = Callable[[Managed], None]
 
 
 class ServerManager:
-    """``engine_factory(LaunchOptions)`` makes the server (default EngineServer; tests
+    """The servers this console starts and stops, each on a thread of its own.
+
+    ``engine_factory(LaunchOptions)`` makes the server (default EngineServer; tests
     pass a stand-in with the same start / wait_healthy / stop / url / run_dir)."""
 
     def __init__(
@@ -76,6 +79,7 @@ class ServerManager:
 
     # ---- ours ----------------------------------------------------------------------------
     def owned(self, url: str) -> Managed | None:
+        """The live server this console started at ``url``; None for another's."""
         with self._lock:
             for m in reversed(self.managed):
                 if m.url == url and m.state in ("starting", "ready", "failed"):
@@ -83,6 +87,7 @@ class ServerManager:
         return None
 
     def start(self, req: StartRequest) -> Managed:
+        """Start a server in the background; return its record (state starting)."""
         m = Managed(req)
         with self._lock:
             self.managed.append(m)
@@ -119,6 +124,7 @@ class ServerManager:
         self.on_change(m)
 
     def stop_owned(self, m: Managed) -> str:
+        """Stop a server this console started; return what the stop did, in words."""
         m.state = "stopping"
         self.on_change(m)
         report = m.server.stop() if m.server is not None else None  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""FleetSource: what the console UI and ``--once`` read. The UI never knows which
-implementation it has (direct scraping here; a Prometheus-backed one comes later).
+"""FleetSource: what the console UI and ``--once`` read.
+
+The UI never knows which implementation it has (direct scraping, Prometheus, a replay).
 
 - ``start()`` begins collecting in the background; ``close()`` stops it.
 - ``collect()`` returns the current FleetSnapshot at once (no I/O on the caller's thread).
@@ -7,8 +8,7 @@ implementation it has (direct scraping here; a Prometheus-backed one comes later
 - ``refresh()`` polls every endpoint now; ``set_paused()`` stops/resumes polling.
 - ``wait_settled(timeout)`` waits until every endpoint has enough scrapes for rates.
 - ``live`` (default True when absent): False for a replay, whose frames do not change
-  by waiting (``--once`` then takes the last frame as it is).
-"""
+  by waiting (``--once`` then takes the last frame as it is)."""
 
 from __future__ import annotations
 
@@ -27,28 +27,39 @@ EMPTY_HINT = f"no vLLM server found: {START_HINT}"
 
 
 class FleetSource(Protocol):
+    """The interface of a fleet source: what the console UI and ``--once`` call."""
+
     name: str
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Begin collecting in the background."""
 
-    def collect(self) -> FleetSnapshot: ...
+    def collect(self) -> FleetSnapshot:
+        """The current FleetSnapshot, at once (no I/O on the caller's thread)."""
 
-    def series(self, url: str, name: str) -> list[float]: ...
+    def series(self, url: str, name: str) -> list[float]:
+        """The bounded history of one figure of one endpoint (a sparkline)."""
 
-    def refresh(self) -> None: ...
+    def refresh(self) -> None:
+        """Poll every endpoint now."""
 
-    def set_paused(self, paused: bool) -> None: ...
+    def set_paused(self, paused: bool) -> None:
+        """Stop or resume polling."""
 
-    def wait_settled(self, timeout: float) -> bool: ...
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until every endpoint has enough scrapes for rates; False on the deadline."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop collecting."""
 
 
 class LoopThreadSource:
-    """What the background sources share: an asyncio loop on one daemon thread, a wake
-    event for ``refresh()``, an un-paused event for ``set_paused()``, and ``close()``
-    cancelling every task of the loop before stopping it. Subclasses call
-    ``_init_loop(thread_name)`` and set ``self.main`` (the loop's main future) in start()."""
+    """What the background sources share: an asyncio loop on one daemon thread.
+
+    A wake event for ``refresh()``, an un-paused event for ``set_paused()``, and
+    ``close()`` cancelling every task of the loop before stopping it. Subclasses call
+    ``_init_loop(thread_name)`` in ``__init__``, ``_start_loop()`` in ``start()`` (it runs
+    their ``_main()`` and sets ``self.main``), and ``_open_events()`` first in ``_main()``."""
 
     paused: bool
     loop: asyncio.AbstractEventLoop
@@ -66,7 +77,23 @@ class LoopThreadSource:
         self.unpaused = None
         self.main = None
 
+    def _start_loop(self) -> None:
+        """Start the loop's thread and run the subclass's ``_main()`` on it."""
+        self.thread.start()
+        self.main = asyncio.run_coroutine_threadsafe(self._main(), self.loop)
+
+    async def _main(self) -> None:
+        raise NotImplementedError
+
+    def _open_events(self) -> None:
+        """Create the wake and un-paused events; called first by ``_main()``, on the loop."""
+        self.wake = asyncio.Event()
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
+
     def refresh(self) -> None:
+        """Poll every endpoint now (wakes the loop's waits)."""
+
         def kick() -> None:
             if self.wake is not None:
                 self.wake.set()
@@ -75,6 +102,7 @@ class LoopThreadSource:
         self.loop.call_soon_threadsafe(kick)
 
     def set_paused(self, paused: bool) -> None:
+        """Stop or resume polling (the loop's tasks wait on the un-paused event)."""
         self.paused = paused
 
         def apply() -> None:
@@ -84,6 +112,7 @@ class LoopThreadSource:
         self.loop.call_soon_threadsafe(apply)
 
     def close(self) -> None:
+        """Cancel every task of the loop, then stop the loop and join its thread."""
         if self.main is not None:
 
             async def cancel_all() -> None:

@@ -1,13 +1,13 @@
-"""Stacks of a stalled endpoint for the console (issue 35 item 2): taken once when an
-endpoint is judged stalled (not every tick: a new stall takes them again), or on demand
-(the action key), each in a thread of its own so the UI never waits. Local endpoints
-only (a process of this host: its pid, run directory or a URL a local process serves);
-a remote endpoint's row says why there are none.
+"""Stacks of a stalled endpoint for the console (issue 35 item 2).
+
+Taken once when an endpoint is judged stalled (not every tick: a new stall takes them
+again), or on demand (the action key), each in a thread of its own so the UI never
+waits. Local endpoints only (a process of this host: its pid, run directory or a URL a
+local process serves); a remote endpoint's row says why there are none.
 
 ``StallStacks.observe(views)`` on every tick; ``take_now(view)`` for the key;
 ``lines(url)`` for the drill-in: when and why they were taken, the one-line verdict
-(opsctl.domain.stacks.headline) and one line per process.
-"""
+(opsctl.domain.stacks.headline) and one line per process."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ ON_DEMAND = "on demand"
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """One taking: ``done`` False while it runs; ``processes`` the per-process verdicts,
+    """One taking of an endpoint's stacks: running or done, verdicts, headline, error.
+
+    One taking: ``done`` False while it runs; ``processes`` the per-process verdicts,
     ``headline`` the one-line verdict, ``error`` why there are none."""
 
     url: str
@@ -38,8 +40,9 @@ class Taken:
 
 
 def target_of(view: EndpointView) -> str | None:
-    """What opsctl.checks.stacks resolves for this endpoint: its pid, else its run
-    directory, else a local URL; None for another host's endpoint."""
+    """What opsctl.checks.stacks resolves for this endpoint; None for a remote one.
+
+    Its pid, else its run directory, else a local URL."""
     from opsctl.domain.urls import loopback_port
 
     t = view.target
@@ -53,8 +56,9 @@ def target_of(view: EndpointView) -> str | None:
 
 
 def take_stacks(target: str) -> tuple[str | None, tuple[str, ...], str | None]:
-    """(headline, per-process lines, error) of the stacks of ``target`` (the library call
-    of ``opsctl stacks``)."""
+    """(headline, per-process lines, error) of the stacks of ``target``.
+
+    The library call of ``opsctl stacks``."""
     from opsctl.checks import stacks as check
     from opsctl.domain import stacks as dom
     from opsctl.errors import OpsctlError
@@ -110,6 +114,7 @@ class StallStacks:
         return None
 
     def get(self, url: str) -> Taken | None:
+        """The latest taking of the endpoint at ``url``; None if none."""
         with self._lock:
             return self._taken.get(url)
 

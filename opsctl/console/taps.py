@@ -1,5 +1,7 @@
-"""The console's taps on servers it does not run: ``--tee LISTEN=URL`` (a recording
-proxy, opsctl.console.tee) and ``--log URL=FILE`` (a tailed log, opsctl.console.logsource).
+"""The console's taps on servers it does not run: ``--tee`` and ``--log``.
+
+``--tee LISTEN=URL`` is a recording proxy (opsctl.console.tee), ``--log URL=FILE`` a
+tailed log (opsctl.console.logsource).
 :func:`parse` checks the options and binds the tee's port before anything starts (bad
 input, a port in use: BadInput, exit 2); :func:`wrap` puts them around a FleetSource."""
 
@@ -20,11 +22,14 @@ LOG_HELP = "tail FILE as the log of the server at URL (phase, decisive lines); r
 
 @dataclass
 class Taps:
+    """The checked taps: a bound tee proxy, the logs by URL, and whether it replays."""
+
     tee: Any = None  # a bound opsctl.console.tee.TeeProxy
     logs: dict[str, str] = field(default_factory=dict)  # URL -> file
     replay: bool = False  # a replay shows what was recorded: nothing to add
 
     def wrap(self, source: Any) -> Any:
+        """``source`` with the taps around it (a replay unwrapped)."""
         return source if self.replay else wrap(source, self)
 
     def urls(self) -> list[str]:
@@ -43,6 +48,7 @@ def parse(
     any_address: bool = False,
     replay: bool = False,
 ) -> Taps:
+    """The taps of ``--tee`` and ``--log``, checked and with the tee's port bound."""
     if replay and (tee or logs):
         raise BadInput("--tee and --log watch live servers: drop --replay")
     if keep_prompts and not tee:
@@ -67,7 +73,9 @@ def parse(
 def tapped(
     source: Any, tee: str | None, logs: list[str] | None, keep_prompts: bool, replay: bool
 ) -> Any:
-    """``console --tee/--log`` on ``source``: the options checked and the tee's port bound
+    """``source`` with ``--tee``/``--log`` applied: options checked, targets added, wrapped.
+
+    ``console --tee/--log`` on ``source``: the options checked and the tee's port bound
     (BadInput, exit 2), the tapped servers added to a direct source's targets, the
     source wrapped (a targets file's ``log`` keys are tailed too)."""
     taps = parse(tee, logs, keep_prompts=keep_prompts, replay=replay)
@@ -75,20 +83,21 @@ def tapped(
     if isinstance(static, list) and taps.urls():
         from opsctl.console import targets as tg
 
-        have = {tg._endpoint_key(t.url) for t in static}
-        static += [t for t in tg.from_urls(taps.urls()) if tg._endpoint_key(t.url) not in have]
+        have = {tg.endpoint_key(t.url) for t in static}
+        static += [t for t in tg.from_urls(taps.urls()) if tg.endpoint_key(t.url) not in have]
     return taps.wrap(source)
 
 
 def with_urls(urls: list[str], taps: Taps) -> list[str]:
     """``urls`` plus the taps' servers that are not among them."""
-    from opsctl.console.targets import _endpoint_key, normalise_url
+    from opsctl.console.targets import endpoint_key, normalise_url
 
-    have = {_endpoint_key(normalise_url(u)) for u in urls}
-    return [*urls, *(u for u in taps.urls() if _endpoint_key(u) not in have)]
+    have = {endpoint_key(normalise_url(u)) for u in urls}
+    return [*urls, *(u for u in taps.urls() if endpoint_key(u) not in have)]
 
 
 def wrap(source: Any, taps: Taps) -> Any:
+    """``source`` wrapped by the tee (if any) and the log tails."""
     from opsctl.console.logsource import LoggedSource
 
     if taps.tee is not None:

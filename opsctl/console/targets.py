@@ -1,5 +1,6 @@
-"""Endpoints from URL arguments and from a TOML targets file, merged with discovered
-ones (one row per base URL; an explicit source wins, local pids are kept).
+"""Endpoints from URL arguments and a TOML targets file, merged with discovered ones.
+
+One row per base URL; an explicit source wins, local pids are kept.
 
 Targets file::
 
@@ -8,8 +9,7 @@ Targets file::
     url = "http://10.0.0.5:8000"
     api_key_env = "NODE1_VLLM_KEY"      # optional: name of the env var holding the key
     labels = { node = "n1", role = "decode" }
-    log = "/var/log/vllm/node1.log"     # optional: its server log, tailed (console)
-"""
+    log = "/var/log/vllm/node1.log"     # optional: its server log, tailed (console)"""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from opsctl.errors import BadInput
 
 
 def normalise_url(url: str) -> str:
-    """The console's URL rule is every command's (opsctl.domain.urls.normalise_url:
+    """An endpoint URL normalised by every command's rule; BadInput when unusable.
+
+    The console's URL rule is every command's (opsctl.domain.urls.normalise_url:
     http(s)://HOST:PORT or a bare HOST:PORT, no trailing slash), checked at parse time;
     what the HTTP client would still refuse is BadInput (exit 2) here too, never a poll
     task's exception later (``http://256.1.1.1:9`` once read 'not polled')."""
@@ -39,8 +41,8 @@ def normalise_url(url: str) -> str:
     return out
 
 
-def _endpoint_key(url: str) -> tuple[str, int]:
-    """Same server whatever the spelling (localhost, 127.0.0.1, 0.0.0.0)."""
+def endpoint_key(url: str) -> tuple[str, int]:
+    """(host, port) of a URL: the same server whatever the spelling (localhost, 0.0.0.0)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if host in ("localhost", "0.0.0.0", "::", "::1", "127.0.0.1"):
@@ -49,6 +51,7 @@ def _endpoint_key(url: str) -> tuple[str, int]:
 
 
 def from_urls(urls: list[str]) -> list[Target]:
+    """Targets of URL arguments (named by host:port)."""
     out = []
     for u in urls:
         url = normalise_url(u)
@@ -57,6 +60,7 @@ def from_urls(urls: list[str]) -> list[Target]:
 
 
 def from_targets_file(path: Path) -> list[Target]:
+    """Targets of a TOML targets file; BadInput when unreadable or malformed."""
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -98,12 +102,13 @@ def _log_path(targets_file: Path, log: str) -> str:
 
 
 def merge(*groups: list[Target]) -> list[Target]:
-    """One target per server. The first source in SOURCES order names it; a local pid or
-    run dir learned from discovery is kept."""
+    """One target per server; the first source in SOURCES order names it.
+
+    A local pid or run dir learned from discovery is kept."""
     by_key: dict[tuple[str, int], Target] = {}
     rank = {s: i for i, s in enumerate(SOURCES)}
     for t in (t for g in groups for t in g):
-        k = _endpoint_key(t.url)
+        k = endpoint_key(t.url)
         old = by_key.get(k)
         if old is None:
             by_key[k] = t

@@ -1,5 +1,6 @@
-"""``opsctl console --tee LISTEN=URL``: a recording reverse proxy in front of one vLLM
-server, so the console can show its live requests.
+"""``opsctl console --tee LISTEN=URL``: a recording reverse proxy before one server.
+
+The console shows the server's live requests from what passes.
 
 Clients talk to LISTEN (loopback: the CLI refuses another address; the library's
 ``parse_tee(any_address=True)`` allows one); every request is relayed
@@ -59,7 +60,9 @@ _HOP = frozenset(
 
 
 def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
-    """``LISTEN=URL``; LISTEN is HOST:PORT or PORT (127.0.0.1). BadInput (exit 2) when
+    """The TeeSpec of ``LISTEN=URL``; BadInput when malformed or not loopback.
+
+    ``LISTEN=URL``; LISTEN is HOST:PORT or PORT (127.0.0.1). BadInput (exit 2) when
     malformed, or a non-loopback LISTEN without ``any_address``."""
     from opsctl.console.targets import normalise_url
 
@@ -101,7 +104,9 @@ def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
 
 
 class TeeProxy:
-    """Bind with :meth:`bind` (errors are BadInput, before anything else starts), then
+    """The recording reverse proxy: bind, start its loop thread, close.
+
+    Bind with :meth:`bind` (errors are BadInput, before anything else starts), then
     :meth:`start` the loop thread; :meth:`close` stops it and cancels what is in flight."""
 
     def __init__(self, spec: TeeSpec, *, keep_prompts: bool = False) -> None:
@@ -118,6 +123,7 @@ class TeeProxy:
         self.connections = 0  # client connections accepted (keep-alive serves many on one)
 
     def bind(self) -> None:
+        """Bind the listening socket (BadInput when the address is unusable)."""
         family = socket.AF_INET6 if ":" in self.spec.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -134,6 +140,7 @@ class TeeProxy:
         self.sock = sock
 
     def start(self) -> None:
+        """Start the proxy's loop thread and begin serving (binding first if needed)."""
         if self.sock is None:
             self.bind()
         self.thread.start()
@@ -151,6 +158,7 @@ class TeeProxy:
         self._server = await asyncio.start_server(self._connection, sock=self.sock)
 
     def close(self) -> None:
+        """Stop serving, cancel what is in flight and join the thread."""
         if not self.thread.is_alive():
             if self.sock is not None:
                 self.sock.close()
@@ -171,6 +179,7 @@ class TeeProxy:
             await self._client.aclose()
 
     def view(self) -> rq.RequestsView:
+        """The requests seen so far, frozen for the console."""
         return self.log.view()
 
     # ---- one client connection ---------------------------------------------------------
@@ -390,39 +399,43 @@ def _why(exc: BaseException) -> str:
 
 
 class TeedSource:
-    """A FleetSource whose views of the tee's server carry its requests (``requests``);
-    everything else is the wrapped source's."""
+    """A FleetSource whose views of the tee's server carry its requests.
+
+    They go in ``EndpointView.requests``; everything else is the wrapped source's."""
 
     def __init__(self, source: Any, proxy: TeeProxy) -> None:
-        from opsctl.console.targets import _endpoint_key
+        from opsctl.console.targets import endpoint_key
 
         self.source = source
         self.proxy = proxy
-        self._key = _endpoint_key(proxy.spec.upstream)
+        self._key = endpoint_key(proxy.spec.upstream)
         self._keys: dict[str, bool] = {}  # url -> is the tee's server
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
 
     def start(self) -> None:
+        """Start the proxy, then the wrapped source."""
         self.proxy.start()
         self.source.start()
 
     def close(self) -> None:
+        """Close the wrapped source, then the proxy."""
         try:
             self.source.close()
         finally:
             self.proxy.close()
 
     def collect(self) -> FleetSnapshot:
-        from opsctl.console.targets import _endpoint_key
+        """The wrapped source's snapshot; the tee's server's view with its requests."""
+        from opsctl.console.targets import endpoint_key
 
         snap = self.source.collect()
         view = self.proxy.view()
         keys = self._keys
         for v in snap.endpoints:
             if v.target.url not in keys:
-                keys[v.target.url] = _endpoint_key(v.target.url) == self._key
+                keys[v.target.url] = endpoint_key(v.target.url) == self._key
         views = tuple(
             replace(v, requests=view) if keys[v.target.url] else v for v in snap.endpoints
         )

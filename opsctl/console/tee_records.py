@@ -1,5 +1,7 @@
-"""The tee proxy's records (opsctl.console.tee): a request in flight is a mutable
-:class:`_Live` the proxy's loop thread writes; :class:`RequestLog` keeps them and the
+"""The tee proxy's records: requests in flight and finished, behind a lock.
+
+A request in flight is a mutable :class:`_Live` that the loop thread of the proxy
+(opsctl.console.tee) writes; :class:`RequestLog` keeps them and the
 finished ones (frozen :class:`~opsctl.domain.requests.RequestRecord`, the newest RECENT)
 behind a lock, and gives the console a frozen :class:`~opsctl.domain.requests.RequestsView`."""
 
@@ -17,12 +19,15 @@ RECENT = 200  # finished requests kept
 
 @dataclass(frozen=True, slots=True)
 class TeeSpec:
+    """Where the tee listens and the server it relays to."""
+
     host: str
     port: int
     upstream: str  # normalised base URL
 
     @property
     def listen_url(self) -> str:
+        """The URL clients use to reach the tee."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
@@ -70,6 +75,7 @@ class RequestLog:
         self._next = 0
 
     def begin(self, method: str, shape: rq.RequestShape, adapter: str | None) -> _Live:
+        """Record a request that starts; return its live record."""
         with self.lock:
             self._next += 1
             self.seen += 1
@@ -78,6 +84,7 @@ class RequestLog:
             return rec
 
     def end(self, rec: _Live) -> None:
+        """Move a finished request to the recent ones and count its outcome."""
         now = time.monotonic()
         with self.lock:
             self.live.pop(rec.id, None)
@@ -91,6 +98,7 @@ class RequestLog:
                 self.errors += 1
 
     def view(self) -> rq.RequestsView:
+        """The requests live and recent, and the counts, frozen for the console."""
         now = time.monotonic()
         with self.lock:
             live = tuple(r.freeze(now, False) for r in sorted(self.live.values(), key=_id))

@@ -32,6 +32,8 @@ USAGE = (
 
 @dataclass(frozen=True)
 class Command:
+    """One console action to run: its verb and arguments."""
+
     verb: str  # diag | serve | stop | restart | runs-clean | runs-bundle | admin | checks |...
     args: dict[str, Any] = field(default_factory=dict)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from opsctl.domain import knobs
 from opsctl.domain.alert_rules import ERROR_RATIO as REQUEST_ERRORS_MIN_FRACTION
@@ -34,8 +33,12 @@ from opsctl.domain.endpoint_notes import Advice
 from opsctl.domain.findings import FAIL, INFO, WARNING
 from opsctl.domain.metrics import (
     CACHE_CONFIG_INFO,
+    GEN_LEN,
     PREEMPTIONS,
+    PROMPT_LEN,
     REQUEST_SUCCESS,
+    SPEC_ACCEPTED,
+    SPEC_DRAFT_TOKENS,
     WAITING,
     Buckets,
     MetricSamples,
@@ -94,12 +97,6 @@ CODES = (
 )
 _RANK = {FAIL: 0, WARNING: 1, INFO: 2}
 
-# request length histograms (context_overprovisioned) and speculative decoding counters
-PROMPT_LEN = "vllm:request_prompt_tokens"
-GEN_LEN = "vllm:request_generation_tokens"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -135,8 +132,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 
 def max_bound(buckets: Buckets | None) -> float | None:
-    """The upper bound of the highest bucket with observations (vllmstat's
-    histogram_max_le); None without observations, inf when some fell above every bound."""
+    """The upper bound of the highest bucket with observations (None without any).
+
+    vllmstat's histogram_max_le; inf when some observations fell above every bound."""
     if not buckets or buckets[-1][1] <= 0:
         return None
     total = buckets[-1][1]
@@ -152,9 +150,11 @@ def _labelled_delta(first: MetricSamples, last: MetricSamples, name: str) -> dic
 
 
 def window_of(points: Sequence[tuple[float, MetricSamples]]) -> Window | None:
-    """The window of ``points`` ((time, samples), oldest first, one server lifetime: the
-    console clears its window when counters go back); None without a point. One point
-    is a window of 0 s (its counters increased by nothing yet)."""
+    """The window of live ``points`` (oldest first); None without a point.
+
+    ``points`` are (time, samples) of one server lifetime: the console clears its window
+    when counters go back. One point is a window of 0 s (its counters increased by
+    nothing yet)."""
     if not points:
         return None
     (t0, first), (t1, last) = points[0], points[-1]
@@ -200,15 +200,18 @@ def _float_label(v: str | None) -> float | None:
 
 
 def console_cmd(view: EndpointView) -> str:
+    """The console command that watches this endpoint (a finding's default next step)."""
     return f"opsctl console {view.target.url}"
 
 
 def run_name(view: EndpointView) -> str | None:
+    """The name of the endpoint's opsctl run (its run directory's last part), if any."""
     rd = view.target.run_dir
     return rd.rstrip("/").rsplit("/", 1)[-1] if rd else None
 
 
 def kv_preemption(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the engine preempts requests for lack of KV cache."""
     f = view.figures
     if w is not None and w.preemptions is not None and w.window_s > 0:
         rate, n, window_s = w.preemptions / w.window_s, w.preemptions, _ws(w)
@@ -241,6 +244,7 @@ def _finished(w: Window | None) -> tuple[float, dict[str, float]]:
 
 
 def output_truncation(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: too many requests in the window stopped at their length limit."""
     total, by = _finished(w)
     if total < SHARES_MIN_FINISHED or w is None:
         return None
@@ -265,6 +269,7 @@ def output_truncation(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def request_errors(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: a share of the window's finished requests ended in an error."""
     total, by = _finished(w)
     errors = by.get("error", 0.0)
     if total <= 0 or w is None or errors <= 0:
@@ -289,6 +294,7 @@ def request_errors(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def context_overprovisioned(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the longest request uses a small part of max_model_len."""
     model = view.info.models[0] if view.info.models else None
     mml = model.max_model_len if model else None
     if not mml or w is None or w.max_prompt_tokens is None or w.max_output_tokens is None:
@@ -317,7 +323,9 @@ def context_overprovisioned(view: EndpointView, w: Window | None) -> Advice | No
 
 
 def gpu_mem_under(view: EndpointView, w: Window | None) -> Advice | None:
-    """Only where the console saw the engine on a GPU: vLLM on CPU reports a
+    """Finding: --gpu-memory-utilization is set low on an engine seen on a GPU.
+
+    Only where the console saw the engine on a GPU: vLLM on CPU reports a
     gpu_memory_utilization too (its KV cache is VLLM_CPU_KVCACHE_SPACE)."""
     util = _float_label(w.config.get("gpu_memory_utilization")) if w else None
     gpus = getattr(view, "gpus", ())
@@ -340,6 +348,7 @@ def gpu_mem_under(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def queue_backlog(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: requests waited in the queue (peak over the window)."""
     if w is not None and w.peak_waiting is not None:
         peak, window_s = w.peak_waiting, _ws(w)
     elif view.figures.waiting is not None:
@@ -363,6 +372,7 @@ def queue_backlog(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def spec_ineffective(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: speculative decoding's acceptance rate is low."""
     if w is None or not w.spec_draft_tokens or w.spec_accepted_tokens is None:
         return None
     acceptance = w.spec_accepted_tokens / w.spec_draft_tokens
@@ -385,6 +395,7 @@ def spec_ineffective(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def gpu_thermal(view: EndpointView) -> list[Advice]:
+    """Findings: a GPU of the endpoint runs hot or near its power limit."""
     out = []
     for g in getattr(view, "gpus", ()):
         hot = g.temp_c is not None and g.temp_c >= GPU_TEMP_HOT_C
@@ -418,6 +429,7 @@ def gpu_thermal(view: EndpointView) -> list[Advice]:
 
 
 def prefix_caching_off(view: EndpointView, w: Window | None) -> Advice | None:
+    """Finding: the server runs with prefix caching off."""
     enabled = _bool_label(w.config.get("enable_prefix_caching")) if w else None
     if enabled is not False:
         return None
@@ -432,6 +444,7 @@ def prefix_caching_off(view: EndpointView, w: Window | None) -> Advice | None:
 
 
 def local_findings(view: EndpointView, local: LocalFacts | None) -> list[Advice]:
+    """Findings from the run's ledger: failed patches and active test knobs."""
     if local is None:
         return []
     run = run_name(view)
@@ -482,7 +495,9 @@ def window_findings(
 
 
 def state_findings(view: EndpointView) -> list[Advice]:
-    """stalled, restarted, unauthorized: from the endpoint's state (decided by the
+    """Findings from the endpoint's state: stalled, restarted, unauthorized.
+
+    stalled, restarted, unauthorized: from the endpoint's state (decided by the
     console's state machine; the state's reason is the message)."""
     run = run_name(view)
     bundle = f"opsctl runs bundle {run}" if run else console_cmd(view)
@@ -511,57 +526,8 @@ def ordered(advice: Sequence[Advice]) -> tuple[Advice, ...]:
 
 
 def findings(view: EndpointView) -> tuple[Advice, ...]:
-    """Every finding of an endpoint: its state's and the ones the console computed from
-    its window (``view.findings``), most severe first."""
+    """Every finding of an endpoint, most severe first.
+
+    Its state's finding and the ones the console computed from its window
+    (``view.findings``)."""
     return ordered([*state_findings(view), *getattr(view, "findings", ())])
-
-
-def marker(view: EndpointView) -> str:
-    """The row's compact cell: the top finding's code, '+N' more; '' for none."""
-    found = findings(view)
-    if not found:
-        return ""
-    more = f" +{len(found) - 1}" if len(found) > 1 else ""
-    return f"{found[0].code}{more}"
-
-
-def reason_cell(view: EndpointView, width: int = 80) -> str:
-    """The row's reason cell: the state's reason, then the top finding from figures as a
-    marker (``⚑ code +N``; the state's own finding is the reason already)."""
-    from opsctl.domain.gpu import shown_reason
-
-    reason = (shown_reason(view) or "")[:width]
-    found = ordered(getattr(view, "findings", ()))
-    if not found:
-        return reason
-    more = f" +{len(found) - 1}" if len(found) > 1 else ""
-    mark = f"⚑ {found[0].code}{more}"
-    return f"{reason}  {mark}" if reason else mark
-
-
-def detail_lines(view: EndpointView) -> list[str]:
-    """The drill-in's findings: each with its severity, message, figures and next."""
-    found = findings(view)
-    if not found:
-        return []
-    lines = [f"findings ({len(found)}):"]
-    for a in found:
-        figs = "  ".join(f"{k} {_show(v)}" for k, v in a.figures.items())
-        lines += [
-            f"  {a.severity.upper()} {a.code}: {a.message}",
-            f"    {figs}",
-            f"    next: {a.next}",
-        ]
-    return lines
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, dict):
-        return ",".join(f"{k}={x}" for k, x in v.items()) or "-"
-    if isinstance(v, list | tuple):
-        return ",".join(map(str, v)) or "-"
-    return str(v)

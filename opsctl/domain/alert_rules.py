@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsctl.domain.endpoint_notes import FiredAlert
-from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, RUNNING, STEPS, WAITING
+from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, REQUEST_SUCCESS, RUNNING, STEPS, WAITING
 
 # the counters whose going back is a restart, and the start time: the console's own
-from opsctl.domain.prom import REQUEST_SUCCESS, RESET_COUNTERS, START_TIME
+from opsctl.domain.prom import RESET_COUNTERS, START_TIME
 
 # ---- windows and thresholds (the console reads the first two) -------------------------------
 STALL_WINDOW_S = 10.0  # generation and steps flat this long with requests running = stalled

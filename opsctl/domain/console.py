@@ -1,6 +1,8 @@
-"""The console's decisions, pure: endpoint states from scrapes, rates from counter
-deltas (resets detected and counted, never negative), latency percentiles from
-histogram bucket deltas over a window, bounded history for sparklines.
+"""The console's decisions (pure): endpoint states, rates, percentiles and history.
+
+Endpoint states from scrapes, rates from counter deltas (resets detected and counted,
+never negative), latency percentiles from histogram bucket deltas over a window, bounded
+history for sparklines.
 
 Collectors produce :class:`Scrape` and :class:`LocalState` snapshots; an
 :class:`EndpointTracker` (one per endpoint) folds them into frozen
@@ -9,13 +11,13 @@ Collectors produce :class:`Scrape` and :class:`LocalState` snapshots; an
 States: starting (local process up, no HTTP yet), ready, busy (requests running),
 stalled (requests running while generation stays flat for the stall window, /health may
 still say 200), dead (/health 5xx or the process gone), unreachable (nothing answers,
-or what answers is not vLLM), unauthorized (401/403), restarted (counters went back).
-"""
+or what answers is not vLLM), unauthorized (401/403), restarted (counters went back)."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from opsctl.domain.endpoint_notes import Advice, FiredAlert
 from opsctl.domain.gpu import GpuDevice, HostGpus
@@ -50,9 +52,10 @@ FAILING = frozenset({STALLED, DEAD, UNAUTHORIZED, UNREACHABLE})
 REACHABLE = frozenset({READY, BUSY, STALLED, DEAD, UNAUTHORIZED, RESTARTED})
 SOURCES = ("argument", "targets", "opsctl-run", "discovered")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
-# counters whose going back means the server restarted
-_RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
-_RATES = {
+# counters whose going back means the server restarted (both sources)
+RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
+# rate figure (a Figures field) -> the counter it is the rate of (both sources)
+RATES = {
     "prompt_tps": PROMPT_TOKENS,
     "generation_tps": GEN_TOKENS,
     "request_rate": REQUEST_SUCCESS,
@@ -80,11 +83,14 @@ class Target:
 
     @property
     def key(self) -> str:
+        """The target's identity in the fleet: its URL."""
         return self.url
 
 
 @dataclass(frozen=True, slots=True)
 class HttpStatus:
+    """What one HTTP request of a scrape got: the path, its status or why none came."""
+
     path: str
     status: int | None  # None: no HTTP answer
     error: str | None = None  # connect error / timeout text
@@ -93,6 +99,8 @@ class HttpStatus:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """One model an endpoint serves (/v1/models): its id, context length and root."""
+
     id: str
     max_model_len: int | None
     root: str | None = None
@@ -124,6 +132,8 @@ class Scrape:
 
 @dataclass(frozen=True, slots=True)
 class ProcRole:
+    """One local process of an endpoint and its role (API server, EngineCore, worker)."""
+
     pid: int
     role: str
 
@@ -147,6 +157,8 @@ class LocalState:
 
 @dataclass(frozen=True, slots=True)
 class Quantiles:
+    """Latency percentiles and mean of one histogram, with the count they are over."""
+
     p50: float | None = None
     p90: float | None = None
     p95: float | None = None
@@ -157,6 +169,8 @@ class Quantiles:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
+    """An endpoint's figures from one scrape: gauges, rates, ratios, totals and latency."""
+
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # 0..1
@@ -184,6 +198,8 @@ class Figures:
 
 @dataclass(frozen=True, slots=True)
 class EndpointView:
+    """What the console shows of one endpoint: its state, reason, figures and facts."""
+
     target: Target
     state: str
     reason: str | None
@@ -213,11 +229,14 @@ class EndpointView:
     alerts: tuple[FiredAlert, ...] = ()
 
     def age(self, now: float) -> float | None:
+        """Seconds since the last good scrape; None before the first."""
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
+    """Every endpoint's view at one moment, with the source, pause and host GPUs."""
+
     taken_at: float
     endpoints: tuple[EndpointView, ...]
     interval_s: float
@@ -231,17 +250,19 @@ class FleetSnapshot:
 
 
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
-    """Increase of a counter; after a reset (cur < prev) the increase is cur (it restarted
-    from zero), never negative."""
+    """Increase of a counter, never negative (after a reset: ``cur``).
+
+    After a reset (cur < prev) the counter restarted from zero, so the increase is cur."""
     if prev is None or cur is None:
         return None
     return cur if cur < prev else cur - prev
 
 
 def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
+    """Whether a restart counter fell from ``prev`` to ``cur`` (the server restarted)."""
     if prev is None:
         return False
-    for name in _RESET_COUNTERS:
+    for name in RESET_COUNTERS:
         a, b = prev.get(name), cur.get(name)
         if a is not None and b is not None and b < a:
             return True
@@ -249,6 +270,7 @@ def went_back(prev: MetricSamples | None, cur: MetricSamples) -> bool:
 
 
 def quantiles(buckets: Buckets | None, total_sum: float | None = None) -> Quantiles:
+    """Percentiles and mean of a histogram's buckets; empty without observations."""
     if not buckets or buckets[-1][1] <= 0:
         return Quantiles()
     count = buckets[-1][1]
@@ -257,7 +279,8 @@ def quantiles(buckets: Buckets | None, total_sum: float | None = None) -> Quanti
     return Quantiles(p50, p90, p95, p99, mean, count)
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den`` held to 0..1; None without a numerator or with a zero denominator."""
     if num is None or not den:
         return None
     return max(0.0, min(1.0, num / den))
@@ -265,15 +288,20 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 def kv_tokens(s: MetricSamples) -> tuple[int | None, int | None]:
     """KV capacity and used tokens: blocks x block size from vllm:cache_config_info."""
+    return kv_tokens_of(s.info, s.get(KV_USAGE))
+
+
+def kv_tokens_of(cache: dict[str, str], usage: float | None) -> tuple[int | None, int | None]:
+    """KV capacity and used tokens from cache_config_info's labels and the usage gauge."""
     try:
-        capacity = int(s.info["num_gpu_blocks"]) * int(s.info["block_size"])
+        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
     except (KeyError, ValueError):
         return None, None
-    usage = s.get(KV_USAGE)
     return capacity, None if usage is None else round(capacity * usage)
 
 
-def _fractions(d: dict[str, float] | None) -> dict[str, float]:
+def fractions(d: dict[str, float] | None) -> dict[str, float]:
+    """Each value's share of the total ({} when the total is not positive)."""
     total = sum((d or {}).values())
     return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
 
@@ -284,8 +312,8 @@ def _source_fractions(cur: MetricSamples, prev: MetricSamples | None) -> dict[st
         before = prev.labelled.get(PROMPT_BY_SOURCE, {})
         delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
         if sum(delta.values()) > 0 and min(delta.values()) >= 0:
-            return _fractions(delta)
-    return _fractions(now)
+            return fractions(delta)
+    return fractions(now)
 
 
 def figures(
@@ -294,23 +322,23 @@ def figures(
     dt: float | None,
     window: MetricSamples | None,
 ) -> Figures:
-    """Figures of one scrape: gauges from ``cur``, rates over ``prev`` -> ``cur`` (dt
-    seconds; None after a reset or on the first scrape), percentiles over ``window`` ->
-    ``cur`` (the oldest scrape inside the latency window), else over the lifetime."""
-    rates: dict[str, float | None] = {}
-    for key, name in _RATES.items():
+    """Figures of one scrape: gauges, rates since ``prev`` and windowed percentiles.
+
+    Gauges from ``cur``; rates over ``prev`` -> ``cur`` (dt seconds; None after a reset
+    or on the first scrape); percentiles over ``window`` -> ``cur`` (the oldest scrape
+    inside the latency window), else over the lifetime."""
+    rates: dict[str, Any] = {}
+    for key, name in RATES.items():
         d = counter_delta(prev.get(name) if prev else None, cur.get(name))
         rates[key] = None if d is None or not dt or dt <= 0 else d / dt
     dq = counter_delta(prev.get(PREFIX_QUERIES) if prev else None, cur.get(PREFIX_QUERIES))
     dh = counter_delta(prev.get(PREFIX_HITS) if prev else None, cur.get(PREFIX_HITS))
-    life_hit = _ratio(cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
+    hit, life_hit = hit_rates(dh, dq, cur.get(PREFIX_HITS), cur.get(PREFIX_QUERIES))
     dsteps = counter_delta(prev.get(STEPS) if prev else None, cur.get(STEPS))
     dstep_tokens = counter_delta(
         prev.get(STEP_TOKENS_SUM) if prev else None, cur.get(STEP_TOKENS_SUM)
     )
-    per_step = _ratio_free(dstep_tokens, dsteps)
-    if per_step is None:
-        per_step = _ratio_free(cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
+    per_step = tokens_per_step(dstep_tokens, dsteps, cur.get(STEP_TOKENS_SUM), cur.get(STEPS))
     latency, basis = latency_figures(cur, window)
     capacity, used = kv_tokens(cur)
     return Figures(
@@ -319,13 +347,8 @@ def figures(
         kv_usage=cur.get(KV_USAGE),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=hit,
         prefix_hit_rate_lifetime=life_hit,
-        steps_per_s=rates["steps_per_s"],
-        prompt_tps=rates["prompt_tps"],
-        generation_tps=rates["generation_tps"],
-        request_rate=rates["request_rate"],
-        preemption_rate=rates["preemption_rate"],
         tokens_per_step=per_step,
         preemptions_total=cur.get(PREEMPTIONS),
         prompt_tokens_total=cur.get(PROMPT_TOKENS),
@@ -337,18 +360,37 @@ def figures(
         engines=cur.engines or None,
         latency=latency,
         latency_basis=basis,
+        **rates,
     )
 
 
-def _ratio_free(num: float | None, den: float | None) -> float | None:
+def hit_rates(
+    d_hits: float | None, d_queries: float | None, hits: float | None, queries: float | None
+) -> tuple[float | None, float | None]:
+    """Prefix-cache hit rate over the interval (lifetime's without queries), and lifetime's."""
+    life = ratio(hits, queries)
+    return (ratio(d_hits, d_queries) if d_queries else life), life
+
+
+def tokens_per_step(
+    d_tokens: float | None, d_steps: float | None, tokens: float | None, steps: float | None
+) -> float | None:
+    """Tokens per engine step over the interval, else over the lifetime."""
+    per = ratio_free(d_tokens, d_steps)
+    return per if per is not None else ratio_free(tokens, steps)
+
+
+def ratio_free(num: float | None, den: float | None) -> float | None:
+    """``num / den`` unbounded; None without a numerator or with a zero denominator."""
     return None if num is None or not den else num / den
 
 
 def latency_figures(
     cur: MetricSamples, window: MetricSamples | None
 ) -> tuple[dict[str, Quantiles], str]:
-    """Percentiles of every latency histogram over the window when it saw requests,
-    else over the server's lifetime."""
+    """Percentiles of every latency histogram and their basis (window or lifetime).
+
+    Over the window when it saw requests, else over the server's lifetime."""
     out: dict[str, Quantiles] = {}
     basis = "none"
     windowed = window is not None and window is not cur
@@ -389,4 +431,5 @@ def _histogram_figures(
 
 
 def is_vllm(samples: MetricSamples | None) -> bool:
+    """Whether a scrape's samples came from a vLLM server (any vllm: series)."""
     return samples is not None and samples.vllm_series > 0

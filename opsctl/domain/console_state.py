@@ -1,10 +1,13 @@
-"""Per-endpoint state machine of the console (pure: scrapes and local states in, frozen
-views out). See opsctl.domain.console for the states and the data types."""
+"""Per-endpoint state machine of the console (pure: scrapes in, frozen views out).
+
+Local process states come in too. See opsctl.domain.console for the states and the data
+types."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from opsctl.domain import alert_rules
 from opsctl.domain.console import (
@@ -42,6 +45,8 @@ HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usag
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """The console's timings: poll interval, stall, latency, history and restart windows."""
+
     interval_s: float = 1.0
     stall_window_s: float = alert_rules.STALL_WINDOW_S  # the alerts' window too
     latency_window_s: float = 60.0
@@ -52,6 +57,7 @@ class Settings:
 
 
 def http_reason(scrape: Scrape) -> str:
+    """Why an endpoint is unreachable or unhealthy, from its /health answer."""
     h = scrape.health
     if h.status is None:
         return f"no server answered (/health: {h.error or 'connection failed'})"
@@ -66,9 +72,11 @@ def stopped_reason(stopped, health: int | None) -> str:
 
 
 def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
-    """The state after a canary: a ready or busy endpoint whose 1-token completion did
-    not return in time is stalled (its gauges are stale or it stopped while idle); an
-    answer, or an inconclusive one, leaves the state as it was."""
+    """The state after a canary: ready or busy with a late answer becomes stalled.
+
+    A ready or busy endpoint whose 1-token completion did not return in time is stalled
+    (its gauges are stale or it stopped while idle); an answer, or an inconclusive one,
+    leaves the state as it was."""
     if ok is False and state in (READY, BUSY):
         return STALLED, f"canary: {detail}, while /health answers 200 and the gauges say {state}"
     return state, reason
@@ -78,15 +86,13 @@ def decide(
     scrape: Scrape | None,
     local: LocalState | None,
     stall_for: float | None,
-    steps_flat: bool,
     restarted_recently: bool,
 ) -> tuple[str, str | None]:
     """The state of one endpoint and the reason for any state but ready/busy.
 
     ``stall_for``: seconds the generation and engine-step counters have been flat while
-    requests were running (None when either moves or nothing runs); ``steps_flat``: the
-    engine-step counter is flat over that time too (a source without the step counter
-    judges by generation alone and says so)."""
+    requests were running (None when either moves or nothing runs): a stall is always
+    flat in both, since an engine step counts as progress."""
     if local is not None and not local.alive:
         why = local.reason or "process gone"
         if local.death_lines:
@@ -116,10 +122,9 @@ def decide(
         )
     if stall_for is not None:
         running = scrape.samples.get(RUNNING) if scrape.samples else None
-        steps = "engine steps flat too" if steps_flat else "engine steps still counted"
         return STALLED, (
             f"{running or 0:.0f} requests running{waiting_text(scrape.samples)}, generation "
-            f"tokens flat for {stall_for:.0f} s ({steps}); /health {health}"
+            f"tokens flat for {stall_for:.0f} s (engine steps flat too); /health {health}"
         )
     if restarted_recently:
         return RESTARTED, "counters went back: the server restarted"
@@ -128,7 +133,9 @@ def decide(
 
 
 def waiting_text(samples: MetricSamples | None) -> str:
-    """``, 3 waiting (capacity 1, deferred 2: ...)`` for a stall's reason: requests the
+    """The waiting requests by reason, as a stall reason's suffix ('' when none).
+
+    ``, 3 waiting (capacity 1, deferred 2: ...)`` for a stall's reason: requests the
     scheduler skips (vLLM's waiting-by-reason, #56640: LoRA budget, KV transfer, blocked)
     are named; empty when nothing waits."""
     waiting = samples.get(WAITING) if samples else None
@@ -142,9 +149,11 @@ def waiting_text(samples: MetricSamples | None) -> str:
 
 
 def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
-    """The engine facts after a fetch. A complete fetch (every path answered) replaces
-    them; an incomplete one (``fetched_at`` None) only fills in what it got, and keeps
-    the old ``fetched_at`` so that the fetch is tried again."""
+    """The engine facts after a fetch: replaced when complete, else filled in.
+
+    A complete fetch (every path answered) replaces them; an incomplete one
+    (``fetched_at`` None) only fills in what it got, and keeps the old ``fetched_at`` so
+    that the fetch is tried again."""
     if new.fetched_at is not None:
         return new
     return EngineInfo(
@@ -155,57 +164,93 @@ def merge_info(old: EngineInfo, new: EngineInfo) -> EngineInfo:
     )
 
 
-# ---- the stall rule and the sparklines' history (both sources) ----------------------------------------------------------
+class Tracked(Protocol):
+    """What the tracker of either source holds for a view (EndpointTracker, PromEndpoint)."""
+
+    target: Target
+    figures: Figures
+    info: EngineInfo
+    last_ok_at: float | None
+    scrapes: int
+    restarts: int
+
+
+def endpoint_view(
+    memory: Tracked,
+    state: str,
+    reason: str | None,
+    scrape: Scrape | None,
+    local: LocalState | None = None,
+) -> EndpointView:
+    """The view of one endpoint from its state, last scrape and tracker's memory.
+
+    Its state and reason, its last scrape, its local processes, and what the tracker of
+    either source (``memory``) holds."""
+    return EndpointView(
+        target=memory.target,
+        state=state,
+        reason=reason,
+        figures=memory.figures,
+        info=memory.info,
+        local=local,
+        health_status=scrape.health.status if scrape else None,
+        last_scrape_at=scrape.finished_at if scrape else None,
+        last_ok_at=memory.last_ok_at,
+        scrapes=memory.scrapes,
+        restarts=memory.restarts,
+        poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
+    )
+
+
+# ---- the stall rule and the sparklines' history (both sources) -------------------------------
 
 
 class Progress:
-    """The stall rule's memory for one endpoint, the one for both sources: the last
-    time generation or the engine steps moved (or nothing ran) and the last time the
-    steps moved. The direct source feeds one point per scrape, the Prometheus source
-    overlapping ranges of raw samples poll after poll (a sample is used once).
+    """The stall rule's memory for one endpoint, the one for both sources.
+
+    It holds the last time generation or the engine steps moved (or nothing ran). The
+    direct source feeds one point per scrape, the Prometheus source overlapping ranges of
+    raw samples poll after poll (a sample is used once).
     Progress is a generated token or an engine step: a long prefill or a slowed engine
     is slow, not stalled."""
 
     def __init__(self) -> None:
         self.last: Point | None = None
         self.progress_at: float | None = None
-        self.steps_at: float | None = None
 
     def feed(self, points: list[Point]) -> None:
+        """Take raw (time, running, generation, steps) points; note when progress was seen."""
         for p in points:
             if self.last is not None and p[0] <= self.last[0]:
                 continue
             t, running, gen, steps = p
             prev = self.last
-            stepped = prev is None or steps != prev[3]
-            moved = prev is None or gen != prev[2] or stepped
+            moved = prev is None or gen != prev[2] or steps != prev[3]
             if running <= 0 or moved or self.progress_at is None:
                 self.progress_at = t
-            if running <= 0 or stepped or self.steps_at is None:
-                self.steps_at = t
             self.last = p
 
-    def stall(self, window_s: float) -> tuple[float | None, bool]:
-        """(seconds generation and steps have been flat with requests running, steps
-        flat too), or (None, False) below the stall window."""
+    def stall(self, window_s: float) -> float | None:
+        """Seconds generation and steps have been flat with requests running.
+
+        None below the stall window."""
         if self.last is None or self.progress_at is None:
-            return None, False
+            return None
         flat = self.last[0] - self.progress_at
-        if flat < window_s:
-            return None, False
-        steps_flat = self.steps_at is not None and self.last[0] - self.steps_at >= flat
-        return flat, steps_flat
+        return None if flat < window_s else flat
 
 
 class History:
-    """Bounded history of one endpoint's figures for the sparklines (HISTORY_SERIES,
-    ``history_s`` long at ``interval_s``), the same for both sources."""
+    """Bounded history of one endpoint's figures for the sparklines.
+
+    HISTORY_SERIES, ``history_s`` long at ``interval_s``; the same for both sources."""
 
     def __init__(self, settings: Settings) -> None:
         n = max(2, int(settings.history_s / max(settings.interval_s, 0.05)))
         self._series: dict[str, deque[float | None]] = {k: deque(maxlen=n) for k in HISTORY_SERIES}
 
     def record(self, f: Figures) -> None:
+        """Append the sparkline series of one scrape's figures."""
         ttft = f.latency.get("ttft")
         values = {
             "generation_tps": f.generation_tps,
@@ -224,8 +269,10 @@ class History:
 
 
 class EndpointTracker:
-    """Folds the scrapes of one endpoint into views; keeps the previous samples for rates,
-    the samples inside the latency window for percentiles, and bounded history."""
+    """Folds the scrapes of one endpoint into views (direct source).
+
+    Keeps the previous samples for rates, the samples inside the latency window for
+    percentiles, and bounded history."""
 
     def __init__(self, target: Target, settings: Settings | None = None) -> None:
         self.target = target
@@ -249,11 +296,13 @@ class EndpointTracker:
         self.view = self._view()
 
     def set_local(self, local: LocalState | None) -> EndpointView:
+        """Take the endpoint's local process state; return the new view."""
         self.local = local
         self.view = self._view()
         return self.view
 
     def observe(self, scrape: Scrape) -> EndpointView:
+        """Fold one scrape into rates, percentiles, history and state; return the view."""
         self.scrapes += 1
         if scrape.info is not None:
             self.info = merge_info(self.info, scrape.info)
@@ -286,33 +335,20 @@ class EndpointTracker:
         self.prev = (t, cur)
         self.history.record(self.figures)
 
-    def _stall(self) -> tuple[float | None, bool]:
+    def _stall(self) -> float | None:
         if self.last_ok_at is None:
-            return None, False
+            return None
         return self.progress.stall(self.settings.stall_window_s)
 
     def _view(self) -> EndpointView:
-        stall_for, steps_flat = self._stall()
+        stall_for = self._stall()
         recent = (
             self.restarted_at is not None
             and self.last_ok_at is not None
             and self.last_ok_at - self.restarted_at < self.settings.restart_hold_s
         )
-        state, reason = decide(self.last, self.local, stall_for, steps_flat, recent)
-        return EndpointView(
-            target=self.target,
-            state=state,
-            reason=reason,
-            figures=self.figures,
-            info=self.info,
-            local=self.local,
-            health_status=self.last.health.status if self.last else None,
-            last_scrape_at=self.last.finished_at if self.last else None,
-            last_ok_at=self.last_ok_at,
-            scrapes=self.scrapes,
-            restarts=self.restarts,
-            poll_s=(self.last.finished_at - self.last.started_at) if self.last else None,
-        )
+        state, reason = decide(self.last, self.local, stall_for, recent)
+        return endpoint_view(self, state, reason, self.last, self.local)
 
     def series(self, name: str) -> list[float]:
         """History for a sparkline (missing points as 0)."""
@@ -320,6 +356,7 @@ class EndpointTracker:
 
 
 def state_counts(views: tuple[EndpointView, ...] | list[EndpointView]) -> dict[str, int]:
+    """How many endpoints are in each state."""
     out: dict[str, int] = {}
     for v in views:
         out[v.state] = out.get(v.state, 0) + 1
@@ -335,7 +372,9 @@ NO_ENDPOINT = {
 
 
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
-    """0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
+    """The fleet's exit code: 0 healthy, 1 any failing, 3 none reachable (or none).
+
+    0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
     3 when none is reachable -- and 3 for an empty fleet: a health gate that checked
     nothing does not pass."""
     return verdict(views)[0]
@@ -351,8 +390,10 @@ GIVEN = ("argument", "targets")  # endpoints the operator named (not discovered)
 def verdict(
     views: tuple[EndpointView, ...] | list[EndpointView], source: str = "direct"
 ) -> tuple[int, str]:
-    """The exit code of ``--once`` and its one-line reason. With endpoints the operator
-    named, the verdict is about those: discovered servers are shown, not judged."""
+    """The exit code of ``--once`` and its one-line reason.
+
+    With endpoints the operator named, the verdict is about those: discovered servers
+    are shown, not judged."""
     from opsctl.domain.console import REACHABLE
 
     if any(v.target.source in GIVEN for v in views):
@@ -376,10 +417,13 @@ def verdict(
 
 
 def undecided(v: EndpointView) -> bool:
-    """For a one-shot look (``--once``): the endpoint has requests running and neither
+    """Whether a one-shot look must watch longer before the endpoint is busy or stalled.
+
+    For a one-shot look (``--once``): the endpoint has requests running and neither
     its generation counter nor its engine steps were seen moving over the last interval
-    (or there is no rate yet), and the stall window has not passed: it may be busy or stalling, so it needs a
-    longer look. Progress makes it busy; the window passing makes it stalled."""
+    (or there is no rate yet), and the stall window has not passed: it may be busy or
+    stalling, so it needs a longer look. Progress makes it busy; the window passing makes
+    it stalled."""
     if v.state not in (BUSY, RESTARTED) or not v.figures.running:
         return False
     tps, steps = v.figures.generation_tps, v.figures.steps_per_s
@@ -391,7 +435,9 @@ def undecided(v: EndpointView) -> bool:
 def settle_undecided(
     views: tuple[EndpointView, ...], observed_s: float, stall_window_s: float
 ) -> tuple[EndpointView, ...]:
-    """At the end of a ``--once`` observation: an endpoint that is still undecided after
+    """End of ``--once``: an endpoint still undecided after the stall window is stalled.
+
+    At the end of a ``--once`` observation: an endpoint that is still undecided after
     the whole stall window was watched (its scrapes too late or too sparse for the
     tracker's own rule) is stalled -- a health gate never passes what it never saw
     move."""

@@ -1,4 +1,6 @@
-"""GPU telemetry, pure: the frozen types a GPU collector produces, the mapping of raw
+"""GPU telemetry, pure: GPU readings as frozen types, mapped onto vLLM's processes.
+
+The frozen types a GPU collector produces, the mapping of raw
 readings (NVML, AMD/Intel sysfs + DRM fdinfo) to them, and the mapping of per-process
 GPU memory onto the vLLM process roles the console knows (API server, EngineCore,
 workers per rank).
@@ -17,8 +19,7 @@ Raw NVML document (``opsctl.gpu-raw/1``, one per collection)::
        "fan": null, "clock_sm": 1980, "clock_mem": 2619,
        "procs": [{"pid": 123, "used": 1e9, "kind": "compute"}]}]}
 
-A reading NVML refused is ``null`` (with ``errors: {field: text}`` beside it).
-"""
+A reading NVML refused is ``null`` (with ``errors: {field: text}`` beside it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ NO_GPU = "no GPU"
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
+    """One process on a GPU: its pid, the memory it holds and its console role."""
+
     pid: int
     used_bytes: int | None  # None: the driver does not say (e.g. MIG, no permission)
     role: str | None = None  # the console's process role, None: not one of an endpoint's
@@ -41,6 +44,8 @@ class GpuProcess:
 
 @dataclass(frozen=True, slots=True)
 class GpuDevice:
+    """One GPU's readings (None where unknown) and the processes on it."""
+
     index: int
     name: str
     uuid: str | None
@@ -59,12 +64,15 @@ class GpuDevice:
 
     @property
     def label(self) -> str:
+        """The GPU's short name: ``GPU<index>``."""
         return f"GPU{self.index}"
 
 
 @dataclass(frozen=True, slots=True)
 class HostGpus:
-    """One collection on this host. ``devices`` empty with ``reason`` set: no GPU (or the
+    """One collection of this host's GPUs; no devices with a ``reason``: no GPU.
+
+    One collection on this host. ``devices`` empty with ``reason`` set: no GPU (or the
     driver could not be read: the reason says which)."""
 
     taken_at: float
@@ -90,6 +98,7 @@ def _div(v: Any, by: float) -> float | None:
 
 
 def device_from_nvml(raw: Mapping[str, Any]) -> GpuDevice:
+    """One GPU from its raw NVML reading (processes counted once per pid)."""
     procs: dict[int, int | None] = {}
     for p in raw.get("procs") or ():
         pid, used = int(p["pid"]), _int(p.get("used"))
@@ -116,8 +125,10 @@ def device_from_nvml(raw: Mapping[str, Any]) -> GpuDevice:
 
 
 def device_from_sysfs(raw: Mapping[str, Any]) -> GpuDevice:
-    """One DRM card (AMD: gpu_busy_percent, mem_info_vram_*, hwmon; Intel: little more
-    than its name); ``procs`` from DRM fdinfo (bytes per pid)."""
+    """One DRM card (AMD or Intel) from its raw sysfs and fdinfo reading.
+
+    AMD: gpu_busy_percent, mem_info_vram_*, hwmon; Intel: little more than its name;
+    ``procs`` from DRM fdinfo (bytes per pid)."""
     procs = raw.get("procs") or {}
     return GpuDevice(
         index=int(raw["index"]),
@@ -169,9 +180,10 @@ def host_from_raw(raw: Mapping[str, Any]) -> HostGpus:
 
 
 def endpoint_gpus(host: HostGpus | None, roles: Iterable[Any]) -> tuple[GpuDevice, ...]:
-    """The GPUs the endpoint's processes use, each with only those processes and their
-    roles (``roles``: objects with ``pid`` and ``role``, the console's ProcRole). No
-    local processes (a remote endpoint) or no GPU: ()."""
+    """The GPUs the endpoint's processes use, each with only those processes.
+
+    ``roles``: objects with ``pid`` and ``role`` (the console's ProcRole). No local
+    processes (a remote endpoint) or no GPU: ()."""
     by_pid = {int(r.pid): r.role for r in roles}
     if host is None or not by_pid:
         return ()
@@ -209,18 +221,22 @@ STALL_GPU_MEANING = {
 
 @dataclass(frozen=True, slots=True)
 class StallGpu:
-    """What the GPUs of a stalled endpoint do: ``kind`` one of STALL_GPU_KINDS, ``util``
-    the utilisation per GPU label (None: not read)."""
+    """What the GPUs of a stalled endpoint do: busy, idle, mixed or unknown.
+
+    ``kind`` is one of STALL_GPU_KINDS, ``util`` the utilisation per GPU label (None:
+    not read)."""
 
     kind: str
     util: tuple[tuple[str, float | None], ...]
 
     @property
     def detail(self) -> str:
+        """The signature in words: kind, utilisation per GPU and what it means."""
         cells = ", ".join(f"{k} {'?' if u is None else f'{u:.0f} %'}" for k, u in self.util)
         return f"GPU {self.kind} ({cells}): {STALL_GPU_MEANING[self.kind]}"
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON of the signature: kind, utilisation per GPU and detail."""
         return {
             "signature": self.kind,
             "util_pct": {k: u for k, u in self.util},
@@ -229,9 +245,10 @@ class StallGpu:
 
 
 def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
-    """The GPU signature of a stalled endpoint (None for any other state, or without a
-    GPU of its own): busy when every GPU it uses reads at least GPU_BUSY_PCT, idle when
-    every one reads at most GPU_IDLE_PCT, mixed otherwise; unknown when none was read."""
+    """The GPU signature of a stalled endpoint; None in another state or without GPU.
+
+    Busy when every GPU it uses reads at least GPU_BUSY_PCT, idle when every one reads
+    at most GPU_IDLE_PCT, mixed otherwise; unknown when none was read."""
     if state != "stalled":
         return None
     util = tuple((d.label, d.util_pct) for d in gpus)
@@ -250,59 +267,14 @@ def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
 
 
 def shown_reason(view: Any) -> str | None:
-    """The endpoint's reason as shown (row, drill-in, JSON): a stalled endpoint's reason
-    with its GPU signature after it."""
+    """The endpoint's reason as shown, with a stalled endpoint's GPU signature.
+
+    As the row, the drill-in and the JSON show it: a stalled endpoint's reason with its
+    GPU signature after it."""
     sig = stall_gpu(view.state, getattr(view, "gpus", ()))
     if sig is None:
         return view.reason
     return f"{view.reason}; {sig.detail}" if view.reason else sig.detail
-
-
-# ---- rendering helpers (pure text) ----------------------------------------------------------
-
-
-def gib(n: int | None, nd: int = 0) -> str:
-    return "?" if n is None else f"{n / 2**30:.{nd}f}"
-
-
-def short(d: GpuDevice) -> str:
-    """One GPU in a row cell: ``GPU0 71% 60/141G`` (``?`` for what is unknown)."""
-    util = "?" if d.util_pct is None else f"{d.util_pct:.0f}%"
-    return f"{d.label} {util} {gib(d.mem_used_bytes)}/{gib(d.mem_total_bytes)}G"
-
-
-def row_cell(v: Any, host: HostGpus | None = None) -> str:
-    """The row's GPU cell of an EndpointView: its GPUs (``GPU0 71% 60/141G``); for a local
-    endpoint on a host without a GPU ``no GPU``, on a GPU host ``none`` (its processes
-    hold no GPU memory); ``-`` for a remote endpoint or when not collected: a blank never
-    reads as zero."""
-    if v.gpus:
-        return " ".join(short(d) for d in v.gpus)
-    if host is None or v.local is None:
-        return "-"
-    return "none" if host.devices else NO_GPU
-
-
-def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
-    return "?" if v is None else f"{v:{spec}}{suffix}"
-
-
-def detail_lines(gpus: Iterable[GpuDevice]) -> list[str]:
-    """The drill-in's GPU block: per GPU util, memory used/total, temperature (slowdown
-    at), power/limit, fan, SM/memory clocks; per process its role, pid and memory."""
-    out = []
-    for d in gpus:
-        out.append(
-            f"{d.label} {d.name}  util {_fmt(d.util_pct, '.0f', ' %')}  mem "
-            f"{gib(d.mem_used_bytes, 1)}/{gib(d.mem_total_bytes, 1)} GiB  temp "
-            f"{_fmt(d.temp_c, '.0f', ' C')} (slowdown {_fmt(d.temp_slowdown_c, '.0f', ' C')})  "
-            f"power {_fmt(d.power_w, '.0f')}/{_fmt(d.power_limit_w, '.0f', ' W')}  fan "
-            f"{_fmt(d.fan_pct, '.0f', ' %')}  clocks SM {_fmt(d.sm_clock_mhz, '.0f')} / mem "
-            f"{_fmt(d.mem_clock_mhz, '.0f', ' MHz')}"
-        )
-        for p in d.processes:
-            out.append(f"    {p.role or '?'} pid {p.pid}  {gib(p.used_bytes, 2)} GiB")
-    return out
 
 
 def device_dict(d: GpuDevice) -> dict[str, Any]:
@@ -333,8 +305,9 @@ def device_dict(d: GpuDevice) -> dict[str, Any]:
 
 
 def host_dict(host: HostGpus | None) -> dict[str, Any]:
-    """``host`` of the console document: the host's GPUs, where they were read from and
-    why there are none (``gpu_reason``: "no GPU", "NVML: ...")."""
+    """``host`` of the console document: the host's GPUs, their source and reason.
+
+    ``gpu_reason`` says why there are none ("no GPU", "NVML: ...")."""
     if host is None:
         return {"gpus": [], "gpu_source": None, "gpu_reason": "not collected", "gpu_driver": None}
     return {
@@ -351,8 +324,9 @@ def local_pids(views: Iterable[Any]) -> list[int]:
 
 
 def attach(snap: Any, host: HostGpus | None) -> Any:
-    """The FleetSnapshot with ``host_gpus`` and each endpoint's ``gpus`` filled from one
-    host collection (by the endpoints' local process roles)."""
+    """The FleetSnapshot with the host's GPUs and each endpoint's own GPUs filled in.
+
+    Both from one host collection, by the endpoints' local process roles."""
     if host is None or not host.devices:  # nothing to attach: the views stay as they are
         views = tuple(v if not v.gpus else replace(v, gpus=()) for v in snap.endpoints)
         return replace(snap, endpoints=views, host_gpus=host)

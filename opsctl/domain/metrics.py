@@ -11,16 +11,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
+    """One /metrics body's vllm:* values (summed over label sets) and when it was taken."""
+
     taken_at: float
     # vllm:* sample name -> value summed over label sets (e.g. over model_name)
     values: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
     def get(self, name: str) -> float | None:
+        """The summed value of one sample name; None when absent."""
         return self.values.get(name)
 
 
 def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
+    """A MetricsSnapshot of a /metrics body: every vllm:* sample summed by name."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -44,6 +48,8 @@ TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 
 @dataclass(frozen=True, slots=True)
 class KeyMetrics:
+    """The few figures a run's dashboard shows: queue, KV usage, totals, rates, TTFT."""
+
     running: float | None
     waiting: float | None
     kv_cache_usage: float | None  # 0..1
@@ -65,6 +71,7 @@ def _rate(cur: MetricsSnapshot, prev: MetricsSnapshot | None, name: str) -> floa
 
 
 def key_metrics(cur: MetricsSnapshot, prev: MetricsSnapshot | None = None) -> KeyMetrics:
+    """The key figures of ``cur``; rates and TTFT over the interval since ``prev``."""
     ttft = None
     s, c = cur.get(TTFT_SUM), cur.get(TTFT_COUNT)
     if s is not None and c:
@@ -96,6 +103,11 @@ STEP_TOKENS_SUM = "vllm:iteration_tokens_total_sum"
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# the advisor's: request length histograms (context_overprovisioned), speculative decoding
+PROMPT_LEN = "vllm:request_prompt_tokens"
+GEN_LEN = "vllm:request_generation_tokens"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 # vllmstat's six latency histograms, by short name (vLLM 0.32 names, seconds)
 LATENCY_HISTOGRAMS: dict[str, str] = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -126,8 +138,8 @@ _WANTED = (
     CACHE_CONFIG_INFO,
     *(f"{h}_" for h in LATENCY_HISTOGRAMS.values()),
     # the advisor (opsctl.domain.advisor): request lengths, speculative decoding
-    "vllm:request_prompt_tokens_",
-    "vllm:request_generation_tokens_",
+    f"{PROMPT_LEN}_",
+    f"{GEN_LEN}_",
     "vllm:spec_decode_num_",
 )
 Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, ends at +Inf
@@ -135,7 +147,9 @@ Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, 
 
 @dataclass(frozen=True, slots=True)
 class MetricSamples:
-    """One /metrics body: vllm:* sample values summed over label sets (engines, models),
+    """One /metrics body as the console reads it: values, breakdowns, buckets, info.
+
+    One /metrics body: vllm:* sample values summed over label sets (engines, models),
     the label breakdowns of LABELLED, cumulative histogram buckets, info labels."""
 
     values: dict[str, float]
@@ -146,6 +160,7 @@ class MetricSamples:
     vllm_series: int
 
     def get(self, name: str) -> float | None:
+        """The summed value of one sample name; None when absent."""
         return self.values.get(name)
 
 
@@ -160,11 +175,14 @@ def filter_lines(text: str) -> str:
 
 
 def count_vllm_series(text: str) -> int:
+    """How many lines of a /metrics body are vllm:* samples."""
     return sum(1 for line in text.splitlines() if line.startswith("vllm:"))
 
 
 def parse_samples(text: str) -> MetricSamples:
-    """Parse a /metrics body with prometheus_client's parser (after a line filter): the
+    """MetricSamples of a /metrics body by prometheus_client's parser (the reference).
+
+    Parse a /metrics body with prometheus_client's parser (after a line filter): the
     reference; opsctl.domain.metrics_fast gives the same numbers for less CPU."""
     samples = (
         (s.name, s.labels, float(s.value))
@@ -177,8 +195,9 @@ def parse_samples(text: str) -> MetricSamples:
 def build_samples(
     samples: Iterable[tuple[str, dict[str, str], float]], vllm_series: int
 ) -> MetricSamples:
-    """MetricSamples from (name, labels, value) samples of the families the console
-    reads (either parser's)."""
+    """MetricSamples from (name, labels, value) samples (either parser's).
+
+    Only the families the console reads."""
     values: dict[str, float] = {}
     labelled: dict[str, dict[str, float]] = {}
     raw_buckets: dict[str, dict[float, float]] = {}
@@ -230,7 +249,9 @@ def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
 
 
 def histogram_quantile(buckets: Buckets | None, q: float) -> float | None:
-    """Prometheus-style quantile (linear within the bucket) of cumulative buckets; None
+    """Prometheus-style quantile of cumulative buckets; None without observations.
+
+    Prometheus-style quantile (linear within the bucket) of cumulative buckets; None
     without observations. Falls in +Inf -> the largest finite bound."""
     if not buckets or buckets[-1][1] <= 0:
         return None

@@ -86,8 +86,9 @@ def tokenize(line: str) -> tuple[str, dict[str, str], float]:
 
 
 def scan(text: str) -> tuple[list[str], int]:
-    """One pass over a body: the wanted sample lines (metrics.wanted, inlined), and the
-    count of vllm:* lines."""
+    """One pass over a body: the wanted sample lines and the count of vllm:* lines.
+
+    The wanted test is metrics.wanted, inlined."""
     keep: list[str] = []
     series = 0
     wanted = _WANTED
@@ -141,7 +142,9 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
 def build_changed(
     prev: MetricSamples, prepared: list[Prepared], changed: set[str], vllm_series: int
 ) -> MetricSamples:
-    """build_prepared(prepared) when only the samples named in ``changed`` differ from
+    """MetricSamples rebuilt only for the names in ``changed``; the rest reused from ``prev``.
+
+    build_prepared(prepared) when only the samples named in ``changed`` differ from
     those ``prev`` was built from: those names are summed again (their lines in body
     order, so the same sums), every other name's figures are ``prev``'s own objects
     (so a consumer can tell an unchanged histogram by identity)."""
@@ -158,8 +161,7 @@ def build_changed(
 
 
 def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:
-    """MetricSamples of scan()'s lines; the reference parser of ``text`` on anything
-    the tokenizer does not handle."""
+    """MetricSamples of scan()'s lines (the reference parser where the tokenizer fails)."""
     try:
         return build_prepared([prepare(line) for line in lines], series)
     except ValueError:
@@ -167,5 +169,6 @@ def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSample
 
 
 def parse_samples_fast(text: str) -> MetricSamples:
+    """MetricSamples of a /metrics body: the fast tokenizer, same numbers as parse_samples."""
     lines, series = scan(text)
     return samples_from_lines(lines, series, text)

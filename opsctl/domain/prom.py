@@ -1,5 +1,6 @@
-"""Prometheus HTTP API, pure: the PromQL the console sends and the parsing of what comes
-back (JSON documents in, frozen values out; no I/O). opsctl.domain.prom_view turns the
+"""Prometheus HTTP API (pure): the PromQL the console sends and the parsing of answers.
+
+JSON documents in, frozen values out; no I/O. opsctl.domain.prom_view turns the
 parsed values into the console's views.
 
 One poll is three requests (ten with the latency ones), each serving every endpoint at
@@ -17,8 +18,7 @@ once:
   one union per latency histogram: ``histogram_quantile()`` over the latency window where
   it saw requests, else over the server's lifetime;
 - one range selector (raw samples of running, generation tokens, engine steps over the
-  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state.
-"""
+  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state."""
 
 from __future__ import annotations
 
@@ -28,61 +28,37 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from opsctl.domain.console import QUANTILES
-from opsctl.domain.metrics import (
-    CACHE_CONFIG_INFO,
-    GEN_TOKENS,
-    KV_USAGE,
-    LATENCY_HISTOGRAMS,
-    PREEMPTIONS,
-    PREFIX_HITS,
-    PREFIX_QUERIES,
-    PROMPT_BY_SOURCE,
-    PROMPT_TOKENS,
-    REQUEST_SUCCESS,
-    RUNNING,
-    STEP_TOKENS_SUM,
-    STEPS,
-    WAITING,
-    WAITING_BY_REASON,
-    Point,
-)
+from opsctl.domain import metrics as vm
+from opsctl.domain.console import QUANTILES, RATES, RESET_COUNTERS
+from opsctl.domain.metrics import Point
 
 TAG = "opsctl_q"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 START_TIME = "process_start_time_seconds"
-RESET_COUNTERS = (GEN_TOKENS, PROMPT_TOKENS, STEPS, REQUEST_SUCCESS)
-STALL_SERIES = (RUNNING, GEN_TOKENS, STEPS)
+STALL_SERIES = (vm.RUNNING, vm.GEN_TOKENS, vm.STEPS)
 QNAMES = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # p50 p90 p95 p99
 # figure key -> metric, summed per endpoint
 GAUGES = {
-    "running": RUNNING,
-    "waiting": WAITING,
-    "kv": KV_USAGE,
-    "prompt_total": PROMPT_TOKENS,
-    "gen_total": GEN_TOKENS,
-    "req_total": REQUEST_SUCCESS,
-    "preempt_total": PREEMPTIONS,
-    "prefix_q": PREFIX_QUERIES,
-    "prefix_h": PREFIX_HITS,
-    "steps": STEPS,
-    "step_tokens": STEP_TOKENS_SUM,
+    "running": vm.RUNNING,
+    "waiting": vm.WAITING,
+    "kv": vm.KV_USAGE,
+    "prompt_total": vm.PROMPT_TOKENS,
+    "gen_total": vm.GEN_TOKENS,
+    "req_total": vm.REQUEST_SUCCESS,
+    "preempt_total": vm.PREEMPTIONS,
+    "prefix_q": vm.PREFIX_QUERIES,
+    "prefix_h": vm.PREFIX_HITS,
+    "steps": vm.STEPS,
+    "step_tokens": vm.STEP_TOKENS_SUM,
 }
-RATES = {
-    "prompt_tps": PROMPT_TOKENS,
-    "generation_tps": GEN_TOKENS,
-    "request_rate": REQUEST_SUCCESS,
-    "preemption_rate": PREEMPTIONS,
-    "steps_per_s": STEPS,
-}
-INCREASES = {"d_prefix_q": PREFIX_QUERIES, "d_prefix_h": PREFIX_HITS, "d_steps": STEPS,
-             "d_step_tokens": STEP_TOKENS_SUM}  # fmt: skip
+INCREASES = {"d_prefix_q": vm.PREFIX_QUERIES, "d_prefix_h": vm.PREFIX_HITS, "d_steps": vm.STEPS,
+             "d_step_tokens": vm.STEP_TOKENS_SUM}  # fmt: skip
 # key -> (metric, the label kept apart)
 LABELLED = {
-    "by_source": (PROMPT_BY_SOURCE, "source"),
-    "waiting_by_reason": (WAITING_BY_REASON, "reason"),
-    "finished": (REQUEST_SUCCESS, "finished_reason"),
+    "by_source": (vm.PROMPT_BY_SOURCE, "source"),
+    "waiting_by_reason": (vm.WAITING_BY_REASON, "reason"),
+    "finished": (vm.REQUEST_SUCCESS, "finished_reason"),
 }
 
 
@@ -112,21 +88,24 @@ def _quote(text: str) -> str:
 
 
 def selector(job: str | None) -> str:
+    """The PromQL label selector of a job (``{job="..."}``; '' for every job)."""
     return f"{{job={_quote(job)}}}" if job else ""
 
 
 def group_by(job: str | None) -> str:
+    """The labels figures are summed by: the instance (and the job without one)."""
     return "instance" if job else "job, instance"
 
 
 def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
-    """(tag, PromQL) of every figure but the latency percentiles: each yields at most one
-    sample per endpoint (per label value for the labelled ones)."""
+    """(tag, PromQL) of every figure but the latency percentiles.
+
+    Each yields at most one sample per endpoint (per label value for the labelled ones)."""
     sel, by = selector(job), group_by(job)
     r, hold = _dur(w.rate_s), _dur(w.restart_s)
     parts = [("up", f"sum by ({by}) (up{sel})")]
     # when the data were scraped (the target list's lastScrape may be a newer scrape)
-    parts.append(("sample_t", f"max by ({by}) (timestamp({RUNNING}{sel}))"))
+    parts.append(("sample_t", f"max by ({by}) (timestamp({vm.RUNNING}{sel}))"))
     parts += [(k, f"sum by ({by}) ({m}{sel})") for k, m in GAUGES.items()]
     parts += [(k, f"sum by ({by}) (rate({m}{sel}[{r}]))") for k, m in RATES.items()]
     parts += [(k, f"sum by ({by}) (increase({m}{sel}[{r}]))") for k, m in INCREASES.items()]
@@ -139,19 +118,23 @@ def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     for i, m in enumerate(RESET_COUNTERS):
         parts.append((f"resets.{i}", f"sum by ({by}) (resets({m}{sel}[{hold}]))"))
     parts.append(("starts", f"sum by ({by}) (changes({START_TIME}{sel}[{hold}]))"))
-    parts.append(("models", f"count by ({by}, model_name) ({RUNNING}{sel})"))
-    parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({RUNNING}{sel}))"))
-    parts.append(("cache", f"max by ({by}, num_gpu_blocks, block_size) ({CACHE_CONFIG_INFO}{sel})"))
+    parts.append(("models", f"count by ({by}, model_name) ({vm.RUNNING}{sel})"))
+    parts.append(("engines", f"count by ({by}) (count by ({by}, engine) ({vm.RUNNING}{sel}))"))
+    parts.append(
+        ("cache", f"max by ({by}, num_gpu_blocks, block_size) ({vm.CACHE_CONFIG_INFO}{sel})")
+    )
     return parts
 
 
 def latency_parts(job: str | None, w: Windows, short: str) -> list[tuple[str, str]]:
-    """Of one latency histogram: observations and sum over the latency window (count
+    """(tag, PromQL) of one latency histogram: counts, sums and quantiles.
+
+    Of one latency histogram: observations and sum over the latency window (count
     only where > 0), lifetime count and sum, each quantile over the window (where it
     saw requests: NaN is dropped by ``>= 0``) and over the lifetime (only where the
     window saw none)."""
     sel, by, lw = selector(job), group_by(job), _dur(w.latency_s)
-    h = LATENCY_HISTOGRAMS[short]
+    h = vm.LATENCY_HISTOGRAMS[short]
     seen = f"(sum by ({by}) (increase({h}_count{sel}[{lw}])) > 0)"
     out = [
         (f"wc.{short}", seen),
@@ -175,16 +158,20 @@ def union(parts: list[tuple[str, str]]) -> str:
 
 
 def figures_query(job: str | None, w: Windows) -> str:
+    """The one instant query of every figure but latency: a union of tagged parts."""
     return union(figure_parts(job, w))
 
 
 def latency_queries(job: str | None, w: Windows) -> list[str]:
-    """One query per histogram: sent concurrently, Prometheus evaluates them on several
-    cores (one query's evaluation is mostly one goroutine)."""
-    return [union(latency_parts(job, w, short)) for short in LATENCY_HISTOGRAMS]
+    """One query per latency histogram (sent concurrently).
+
+    Sent concurrently, Prometheus evaluates them on several cores (one query's
+    evaluation is mostly one goroutine)."""
+    return [union(latency_parts(job, w, short)) for short in vm.LATENCY_HISTOGRAMS]
 
 
 def stall_query(job: str | None, w: Windows) -> str:
+    """The range query of the stall series' raw samples over the stall window."""
     names = "|".join(re.escape(n) for n in STALL_SERIES)
     job_part = f", job={_quote(job)}" if job else ""
     return f'{{__name__=~"{names}"{job_part}}}[{_dur(w.stall_s)}]'
@@ -232,7 +219,9 @@ def parse_duration(text: Any) -> float | None:
 
 
 def parse_time(text: Any) -> float | None:
-    """RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
+    """RFC 3339 time as epoch seconds; None for Prometheus's zero time.
+
+    RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
     time Prometheus gives a target never scraped is None."""
     if not isinstance(text, str) or not text:
         return None
@@ -265,6 +254,7 @@ class PromTarget:
 
     @property
     def is_health(self) -> bool:
+        """Whether this target scrapes a server's /health (not its /metrics)."""
         return self.path.rstrip("/").endswith(HEALTH_PATH)
 
 
@@ -283,6 +273,7 @@ def base_url(scrape_url: str) -> tuple[str, str]:
 
 
 def parse_targets(doc: Any) -> list[PromTarget]:
+    """The active targets of a /api/v1/targets answer."""
     data = data_of(doc)
     items = data.get("activeTargets") if isinstance(data, dict) else None
     if not isinstance(items, list):
@@ -312,9 +303,10 @@ def parse_targets(doc: Any) -> list[PromTarget]:
 
 @dataclass(frozen=True, slots=True)
 class InstanceData:
-    """One endpoint's answer to the instant query: tag -> value, and the labelled tags
-    (tag -> label value -> value); tags with labels of their own (models, cache) keep
-    them in ``labels``."""
+    """One endpoint's answer to the instant query: tag -> value, labelled tags, labels.
+
+    Labelled tags map tag -> label value -> value; tags with labels of their own
+    (models, cache) keep them in ``labels``."""
 
     scalars: dict[str, float | None]
     labelled: dict[str, dict[str, float]]
@@ -322,6 +314,7 @@ class InstanceData:
     cache: dict[str, str]
 
     def get(self, key: str) -> float | None:
+        """The value of one tag; None when Prometheus returned none."""
         return self.scalars.get(key)
 
     def with_scalars(self, more: dict[str, float | None] | None) -> InstanceData:
@@ -371,9 +364,11 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
 
 
 def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
-    """Raw samples of the stall series summed per endpoint and scrape time (every
+    """Raw stall-series samples summed per endpoint and scrape time, in time order.
+
+    Raw samples of the stall series summed per endpoint and scrape time (every
     series of one scrape carries the same timestamp), in time order."""
-    col = {RUNNING: 1, GEN_TOKENS: 2, STEPS: 3}
+    col = {vm.RUNNING: 1, vm.GEN_TOKENS: 2, vm.STEPS: 3}
     per: dict[Key, dict[float, list[float]]] = {}
     for item in result:
         metric = item.get("metric") or {}
@@ -391,4 +386,5 @@ def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
 
 
 def jobs_with_vllm(data: dict[Key, InstanceData]) -> set[str]:
+    """The jobs of which some endpoint exports vLLM series."""
     return {k[0] for k, d in data.items() if d.models}

@@ -1,22 +1,25 @@
-"""Prometheus answers -> the console's EndpointViews (pure). The same states as the
-direct source by construction: the state comes from opsctl.domain.console_state.decide,
-fed what Prometheus knows (the scrape health of /metrics and, when Prometheus also
-scrapes /health, of /health; running requests; the stall rule replayed on Prometheus's
-raw samples by :class:`Progress`, which is EndpointTracker's rule; restarts from
-``resets()``/``changes()``).
+"""Prometheus answers -> the console's EndpointViews (pure), as the direct source's.
+
+The same states as the direct source by construction: the state comes from
+opsctl.domain.console_state.decide, fed what Prometheus knows (the scrape health of
+/metrics and, when Prometheus also scrapes /health, of /health; running requests; the
+stall rule replayed on Prometheus's raw samples by :class:`Progress`, which is
+EndpointTracker's rule; restarts from ``resets()``/``changes()``).
 
 Figures mirror opsctl.domain.console.figures: gauges and totals summed per endpoint,
 rates from ``rate()`` over the rate window, interval ratios (prefix hits, tokens per
 step, prompt sources) from ``increase()`` over it, else lifetime; percentiles from
-``histogram_quantile()`` over the latency window where it saw requests, else lifetime.
-"""
+``histogram_quantile()`` over the latency window where it saw requests, else lifetime."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from opsctl.domain.console import (
+    RATES,
+    RESET_COUNTERS,
     EndpointView,
     EngineInfo,
     Figures,
@@ -25,13 +28,15 @@ from opsctl.domain.console import (
     Quantiles,
     Scrape,
     Target,
+    fractions,
+    hit_rates,
+    kv_tokens_of,
+    tokens_per_step,
 )
-from opsctl.domain.console_state import History, Progress, Settings, decide
+from opsctl.domain.console_state import History, Progress, Settings, decide, endpoint_view
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
 from opsctl.domain.prom import (
     QNAMES,
-    RATES,
-    RESET_COUNTERS,
     InstanceData,
     Point,
     PromTarget,
@@ -42,32 +47,15 @@ SOURCE = "prometheus"
 _STATUS = re.compile(r"server returned HTTP status (\d{3})")
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or not den:
-        return None
-    return max(0.0, min(1.0, num / den))
-
-
-def _free(num: float | None, den: float | None) -> float | None:
-    return None if num is None or not den else num / den
-
-
-def _fractions(d: dict[str, float] | None) -> dict[str, float]:
-    total = sum((d or {}).values())
-    return {k: v / total for k, v in (d or {}).items()} if total > 0 else {}
-
-
 def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
-    try:
-        capacity = int(d.cache["num_gpu_blocks"]) * int(d.cache["block_size"])
-    except (KeyError, ValueError):
-        return None, None
-    usage = d.get("kv")
-    return capacity, None if usage is None else round(capacity * usage)
+    """KV capacity and used tokens of one endpoint (opsctl.domain.console.kv_tokens_of)."""
+    return kv_tokens_of(d.cache, d.get("kv"))
 
 
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
-    """Per histogram: the window's figures where it saw requests, else the lifetime's
+    """Per histogram the window's figures where it saw requests, else the lifetime's.
+
+    Per histogram: the window's figures where it saw requests, else the lifetime's
     (the basis rule of opsctl.domain.console.latency_figures)."""
     out: dict[str, Quantiles] = {}
     basis = "none"
@@ -91,28 +79,22 @@ def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
 
 
 def figures(d: InstanceData) -> Figures:
-    dq, dh = d.get("d_prefix_q"), d.get("d_prefix_h")
-    life_hit = _ratio(d.get("prefix_h"), d.get("prefix_q"))
-    per_step = _free(d.get("d_step_tokens"), d.get("d_steps"))
-    if per_step is None:
-        per_step = _free(d.get("step_tokens"), d.get("steps"))
-    sources = _fractions(d.labelled.get("d_by_source")) or _fractions(d.labelled.get("by_source"))
+    """The console's Figures of one endpoint from Prometheus's answer."""
+    g = d.get
+    hit, life_hit = hit_rates(g("d_prefix_h"), g("d_prefix_q"), g("prefix_h"), g("prefix_q"))
+    per_step = tokens_per_step(g("d_step_tokens"), g("d_steps"), g("step_tokens"), g("steps"))
+    sources = fractions(d.labelled.get("d_by_source")) or fractions(d.labelled.get("by_source"))
     lat, basis = latency(d)
     capacity, used = kv_tokens(d)
-    rates = {k: d.get(k) for k in RATES}
+    rates: dict[str, Any] = {k: d.get(k) for k in RATES}
     return Figures(
         running=d.get("running"),
         waiting=d.get("waiting"),
         kv_usage=d.get("kv"),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
-        prefix_hit_rate=_ratio(dh, dq) if dq else life_hit,
+        prefix_hit_rate=hit,
         prefix_hit_rate_lifetime=life_hit,
-        prompt_tps=rates["prompt_tps"],
-        generation_tps=rates["generation_tps"],
-        request_rate=rates["request_rate"],
-        preemption_rate=rates["preemption_rate"],
-        steps_per_s=rates["steps_per_s"],
         tokens_per_step=per_step,
         preemptions_total=d.get("preempt_total"),
         prompt_tokens_total=d.get("prompt_total"),
@@ -124,6 +106,7 @@ def figures(d: InstanceData) -> Figures:
         engines=int(d.get("engines") or 0) or None,
         latency=lat,
         latency_basis=basis,
+        **rates,
     )
 
 
@@ -131,10 +114,12 @@ def figures(d: InstanceData) -> Figures:
 
 
 def scrape_status(t: PromTarget, path: str, up: float | None = None) -> HttpStatus | None:
-    """What Prometheus's last scrape of ``path`` said: 200 when up, the HTTP status it
-    reported when down (``server returned HTTP status 503 ...``), else no answer with
-    Prometheus's error; None when not scraped yet. ``up`` (from the query) wins over the
-    target list's health (both describe the same last scrape)."""
+    """What Prometheus's last scrape of ``path`` said, as an HttpStatus.
+
+    It is 200 when up, the HTTP status it reported when down (``server returned HTTP
+    status 503 ...``), else no answer with Prometheus's error; None when not scraped
+    yet. ``up`` (from the query) wins over the target list's health (both describe the
+    same last scrape)."""
     health = t.health if up is None else ("up" if up >= 1 else "down")
     if t.last_scrape is None and up is None:
         return None
@@ -176,11 +161,14 @@ def as_scrape(
 
 
 def target_of(t: PromTarget) -> Target:
+    """The console's Target of a Prometheus target."""
     return Target(name=t.instance, url=t.url, source=SOURCE, labels=t.labels)
 
 
 def restarted_recently(d: InstanceData) -> bool:
-    """A counter went back (``resets()``) or the process start time changed within the
+    """Whether a counter went back or the start time changed within the hold.
+
+    A counter went back (``resets()``) or the process start time changed within the
     restart hold."""
     keys = [f"resets.{i}" for i in range(len(RESET_COUNTERS))] + ["starts"]
     return any(d.get(k) for k in keys)
@@ -201,8 +189,10 @@ class PromPoll:
 
 
 class PromEndpoint:
-    """Folds the polls of one endpoint into views (EndpointTracker's role for the
-    Prometheus source): the stall rule's memory, restarts seen, bounded history."""
+    """Folds the polls of one endpoint into views (the Prometheus source's tracker).
+
+    EndpointTracker's role for the Prometheus source: the stall rule's memory, restarts
+    seen, bounded history."""
 
     def __init__(self, target: PromTarget, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
@@ -219,6 +209,7 @@ class PromEndpoint:
         self.view = self._view(None, None)
 
     def observe(self, poll: PromPoll) -> EndpointView:
+        """Fold one poll into figures, restarts, history and state; return the view."""
         self.target = target_of(poll.target)
         self.scrapes += 1
         d = poll.data
@@ -240,26 +231,14 @@ class PromEndpoint:
         return self.view
 
     def _view(self, scrape: Scrape | None, restarted: bool | None) -> EndpointView:
-        stall_for, steps_flat = self.progress.stall(self.settings.stall_window_s)
+        stall_for = self.progress.stall(self.settings.stall_window_s)
         if scrape is None or scrape.samples is None:
-            stall_for, steps_flat = None, False
-        state, reason = decide(scrape, None, stall_for, steps_flat, bool(restarted))
-        return EndpointView(
-            target=self.target,
-            state=state,
-            reason=reason,
-            figures=self.figures,
-            info=self.info,
-            local=None,
-            health_status=scrape.health.status if scrape else None,
-            last_scrape_at=scrape.finished_at if scrape else None,
-            last_ok_at=self.last_ok_at,
-            scrapes=self.scrapes,
-            restarts=self.restarts,
-            poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
-        )
+            stall_for = None
+        state, reason = decide(scrape, None, stall_for, bool(restarted))
+        return endpoint_view(self, state, reason, scrape)
 
     def series(self, name: str) -> list[float]:
+        """One sparkline series of the endpoint's history."""
         return self.history.series(name)
 
 
@@ -269,7 +248,9 @@ class PromEndpoint:
 def select(
     targets: list[PromTarget], job: str | None, vllm_jobs: set[str]
 ) -> tuple[list[PromTarget], dict[str, PromTarget]]:
-    """The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
+    """The endpoints to show (one per base URL) and the /health targets by base URL.
+
+    The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
     without one; one per base URL) and the /health targets by base URL (any job)."""
     health: dict[str, PromTarget] = {}
     chosen: dict[str, PromTarget] = {}
@@ -288,7 +269,9 @@ def scrape_interval(targets: list[PromTarget], default: float) -> float:
 
 
 def windows(settings: Settings, scrape_s: float) -> Windows:
-    """Rates over the poll period but at least two scrapes (rate() needs two samples);
+    """The PromQL windows: rates, latency, restart hold and stall samples.
+
+    Rates over the poll period but at least two scrapes (rate() needs two samples);
     latency over the direct source's window; restarts held as long as there; raw samples
     for the stall rule over the stall window plus two scrapes."""
     period = max(settings.interval_s, scrape_s)
@@ -314,6 +297,7 @@ def fleet_hint(
     health: dict[str, PromTarget],
     jobs: set[str],
 ) -> str | None:
+    """Why the fleet is empty or half-seen (error, no job, no /health); None when fine."""
     if error:
         return f"Prometheus at {url}: {error}"
     if not chosen:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from opsctl.console import render_advice as text
 from opsctl.domain import advisor as a
 from opsctl.domain import console as c
 from opsctl.domain.gpu import GpuDevice
@@ -291,8 +292,8 @@ def test_findings_most_severe_first_and_marker():
     found = a.findings(v)
     assert [f.code for f in found] == ["patch_failed", "restarted", "kv_preemption",
                                        "prefix_caching_off"]  # fmt: skip
-    assert a.marker(v) == "patch_failed +3"
-    assert a.marker(view()) == ""
+    assert text.marker(v) == "patch_failed +3"
+    assert text.marker(view()) == ""
     d = found[0].to_dict()
     assert set(d) == {"code", "severity", "message", "figures", "next"}
     assert d["figures"]["window_s"] is None

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from opsctl.console import render_advice as text
 from opsctl.console.advice import AdvisedSource, advised, ledger_facts
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.targets import from_urls
@@ -97,11 +98,11 @@ def test_reason_cell_and_drill_in_lines():
                  config={"enable_prefix_caching": "False"})  # fmt: skip
     v = _view()
     v = replace(v, findings=a.window_findings(v, w))
-    assert a.reason_cell(v) == "⚑ kv_preemption +2"
-    assert a.reason_cell(_view()) == ""
+    assert text.reason_cell(v) == "⚑ kv_preemption +2"
+    assert text.reason_cell(_view()) == ""
     stalled = replace(_view(c.STALLED, "16 requests running"), findings=v.findings)
-    assert a.reason_cell(stalled) == "16 requests running  ⚑ kv_preemption +2"
-    lines = a.detail_lines(stalled)
+    assert text.reason_cell(stalled) == "16 requests running  ⚑ kv_preemption +2"
+    lines = text.detail_lines(stalled)
     assert lines[0] == "findings (4):"
     assert lines[1].startswith("  FAIL stalled: stalled: 16 requests running")
     assert (
@@ -109,7 +110,7 @@ def test_reason_cell_and_drill_in_lines():
         "threshold_per_s 0.05"
     ) in lines
     assert "    next: opsctl console http://127.0.0.1:9" in lines
-    assert a.detail_lines(_view()) == []
+    assert text.detail_lines(_view()) == []
 
 
 def test_console_row_filter_and_drill_in_show_the_findings():

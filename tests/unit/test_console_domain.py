@@ -176,8 +176,8 @@ def test_starting_unreachable_and_not_vllm():
 
 
 def test_decide_before_any_poll():
-    assert decide(None, None, None, False, False)[0] == c.UNREACHABLE
-    assert decide(None, c.LocalState(True), None, False, False)[0] == c.STARTING
+    assert decide(None, None, None, False)[0] == c.UNREACHABLE
+    assert decide(None, c.LocalState(True), None, False)[0] == c.STARTING
 
 
 def test_recovery_from_unreachable_keeps_rates_and_marks_age():

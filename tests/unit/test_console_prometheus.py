@@ -306,7 +306,7 @@ def test_progress_rule_equals_the_direct_trackers(name, window):
         start = 100.0 + max(0, i - 2)
         progress.feed([(start + j, *p) for j, p in enumerate(seq)])
         assert progress.stall(window) == tracker._stall(), (name, i)
-        assert (tracker.view.state == "stalled") == (progress.stall(window)[0] is not None)
+        assert (tracker.view.state == "stalled") == (progress.stall(window) is not None)
 
 
 # ---- the command: bad combinations and an absent Prometheus --------------------------------

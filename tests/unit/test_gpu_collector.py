@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from opsctl.collectors import gpu as col
+from opsctl.console.render_advice import gpu_row_cell as row_cell
 from opsctl.domain.console import (
     READY,
     EndpointView,
@@ -24,7 +25,7 @@ from opsctl.domain.console import (
     ProcRole,
     Target,
 )
-from opsctl.domain.gpu import HostGpus, host_from_raw, row_cell
+from opsctl.domain.gpu import HostGpus, host_from_raw
 from tests.waiting import wait_until
 
 GIB = 2**30

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.console.render_advice import gpu_detail_lines as detail_lines
+from opsctl.console.render_advice import short
 from opsctl.domain.console import ProcRole
 from opsctl.domain.gpu import (
-    detail_lines,
     device_dict,
     endpoint_gpu_bytes,
     endpoint_gpus,
     host_from_raw,
-    short,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "console"

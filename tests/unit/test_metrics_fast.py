@@ -174,14 +174,10 @@ def test_cache_reuses_unchanged_lines_and_reparses_changed_ones() -> None:
 
 
 def _delta_reference(prev, cur):
+    """Each bound's count less the earlier count at that bound (0 where new); None if any fell."""
     before = dict(prev)
-    out = []
-    for le, count in cur:
-        d = count - before.get(le, 0.0)
-        if d < 0:
-            return None
-        out.append((le, d))
-    return tuple(out)
+    deltas = tuple((le, count - before.get(le, 0.0)) for le, count in cur)
+    return None if any(d < 0 for _, d in deltas) else deltas
 
 
 def test_bucket_delta_fast_path_equals_the_general_one() -> None:

@@ -268,7 +268,7 @@ def console_stalled(running: list[float], gen: list[float]) -> list[bool]:
     out = []
     for t, (r, g) in enumerate(zip(running, gen, strict=True)):
         p.feed([(float(t), r, g, g / 4)])
-        stall_for, _ = p.stall(alert_rules.STALL_WINDOW_S)
+        stall_for = p.stall(alert_rules.STALL_WINDOW_S)
         out.append(stall_for is not None)
     return out
 

@@ -20,11 +20,11 @@ from tests.unit.test_console_domain import body, scrape
 def test_a_stopped_process_makes_an_answering_server_stalled():
     healthy = scrape(0, body())
     stopped = c.LocalState(True, stopped=(c.ProcRole(42, "EngineCore"),))
-    state, why = decide(healthy, stopped, None, False, False)
+    state, why = decide(healthy, stopped, None, False)
     assert state == c.STALLED
     assert why.startswith("EngineCore (pid 42) stopped (SIGSTOP or a debugger)")
     assert why.endswith("/health 200")
-    assert decide(healthy, c.LocalState(True), None, False, False)[0] == c.READY
+    assert decide(healthy, c.LocalState(True), None, False)[0] == c.READY
 
 
 def test_the_canary_turns_ready_or_busy_into_stalled_only_when_it_hung():

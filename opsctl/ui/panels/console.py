@@ -11,8 +11,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from opsctl.console.render_advice import reason_cell
 from opsctl.domain.advisor import findings as advisor_findings
-from opsctl.domain.advisor import reason_cell
 from opsctl.domain.alert_rules import alerts_cell
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts

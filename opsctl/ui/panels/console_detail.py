@@ -15,10 +15,10 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
 from opsctl.console.local import LocalDetail
-from opsctl.domain.advisor import detail_lines as advisor_detail_lines
+from opsctl.console.render_advice import detail_lines as advisor_detail_lines
+from opsctl.console.render_advice import gpu_detail_lines
 from opsctl.domain.alert_rules import detail_lines as alert_detail_lines
 from opsctl.domain.console import EndpointView
-from opsctl.domain.gpu import detail_lines as gpu_detail_lines
 from opsctl.domain.gpu import shown_reason
 from opsctl.domain.logview import detail_lines as log_detail_lines
 from opsctl.domain.requests import detail_lines as requests_detail_lines

@@ -24,9 +24,9 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from opsctl.console.render_advice import gpu_row_cell
 from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import HostGpus
-from opsctl.domain.gpu import row_cell as gpu_row_cell
 from opsctl.ui.panels.console import COLUMNS, STATE_STYLE, row_cells
 
 
