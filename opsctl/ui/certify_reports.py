@@ -27,18 +27,12 @@ def writable(path: Path | None, flag: str) -> None:
 def write(docs: list[Mapping[str, Any]], junit: Path | None, sarif: Path | None) -> None:
     """ONE JUnit file (a testsuite per document) and ONE SARIF log (a run per document):
     one certify document, or a fleet's targets (each has a ``name``)."""
-    from opsctl.domain.junit import junit_xml
-    from opsctl.domain.sarif import fleet_sarif_text, sarif_text
-
-    def sarif_of(path: Path) -> str:
-        where = (str(Path.cwd()), str(path.resolve()))
-        if len(docs) == 1 and not docs[0].get("name"):
-            return sarif_text(docs[0], *where)
-        return fleet_sarif_text(list(docs), *where)
+    from opsctl.ui.render_junit import junit_xml
+    from opsctl.ui.render_sarif import sarif_text
 
     texts: list[tuple[Path | None, str, Callable[[Path], str]]] = [
         (junit, "JUnit XML", lambda _: junit_xml(docs)),
-        (sarif, "SARIF", sarif_of),
+        (sarif, "SARIF", lambda path: sarif_text(docs, str(Path.cwd()), str(path.resolve()))),
     ]
     for path, what, text in texts:
         if path is None:
