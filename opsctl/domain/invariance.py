@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsctl.domain.records import record
+
 IDENTICAL, WITHIN_ATOL, DIVERGED, ERROR = "identical", "within_atol", "diverged", "error"
 PASSING = (IDENTICAL, WITHIN_ATOL)
 
@@ -52,16 +54,8 @@ class Divergence:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "kind": self.kind,
-            "token_alone": self.token_alone,
-            "token_batched": self.token_batched,
-            "logprob_alone": self.logprob_alone,
-            "logprob_batched": self.logprob_batched,
-            "diff": self.diff,
-            "detail": self.detail,
-        }
+        """The divergence as the report holds it (every field, by its name)."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +74,8 @@ class PromptResult:
         return self.status in PASSING
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "status": self.status,
-            "reason": self.reason,
-            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
-            "largest_diff": self.largest_diff,
-            "largest_diff_position": self.largest_diff_position,
-            "tokens_identical": self.tokens_identical,
-            "compared_positions": self.compared_positions,
-        }
+        """The prompt's result as the report holds it (its first divergence nested)."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,18 +92,8 @@ class Summary:
     reasons: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "prompts": self.prompts,
-            "identical": self.identical,
-            "within_atol": self.within_atol,
-            "diverged": self.diverged,
-            "errors": self.errors,
-            "tokens_identical": self.tokens_identical,
-            "largest_diff": self.largest_diff,
-            "comparison": self.comparison,
-            "reasons": list(self.reasons),
-        }
+        """The summary as the report holds it (the reasons as a list)."""
+        return record(self)
 
 
 def comparison_label(atol: float | None) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opsctl.domain import platform as plat
+from opsctl.domain.records import record
 
 if TYPE_CHECKING:
     from opsctl.domain.invariance import Generated
@@ -38,13 +39,8 @@ class SettingCheck:
         return self.status == MISMATCH
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "wanted": self.wanted,
-            "seen": self.seen,
-            "status": self.status,
-            "source": self.source,
-        }
+        """The setting as the report's ``settings`` list holds it."""
+        return record(self)
 
 
 INFO_SOURCE = "engine_info probe (EngineCore config)"

@@ -30,6 +30,7 @@ from engine_patches.connectors.injection import (
     prefix_len,
 )
 from opsctl.domain.metrics import MetricsSnapshot
+from opsctl.domain.records import record
 
 POLICIES = ("recompute", "fail")
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "global", "local"}
@@ -211,13 +212,8 @@ class Output:
         return not self.ok or self.finish_reason == "error"
 
     def to_dict(self) -> dict:
-        return {
-            "ok": self.ok,
-            "finish_reason": self.finish_reason,
-            "token_ids": list(self.token_ids),
-            "logprobs": list(self.logprobs),
-            "error": self.error,
-        }
+        """The output as the report holds it (token ids and logprobs as lists)."""
+        return record(self)
 
 
 def output_from_response(status: int, body: Any) -> Output:

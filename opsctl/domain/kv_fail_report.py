@@ -22,6 +22,7 @@ from opsctl.domain.kv_fail import (
     compare,
     recomputed_by_patch,
 )
+from opsctl.domain.records import record
 
 COLUMNS = (  # the results table (live panel and terminal report)
     "#",
@@ -113,15 +114,7 @@ class RequestRow:
 
     def to_dict(self) -> dict:
         def cmp(c: Comparison | None) -> dict | None:
-            if c is None:
-                return None
-            return {
-                "identical": c.identical,
-                "tokens_equal": c.tokens_equal,
-                "logprobs_equal": c.logprobs_equal,
-                "max_logprob_diff": c.max_logprob_diff,
-                "first_divergence": c.first_divergence,
-            }
+            return None if c is None else {"identical": c.identical, **record(c)}
 
         return {
             "index": self.index,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opsctl.domain.preflight import extract
+from opsctl.domain.records import record
 
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 CONNECTOR_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
@@ -33,7 +34,8 @@ class Route:
     advice: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"route": self.route, "status": self.status, "advice": self.advice}
+        """The route as the report holds it."""
+        return record(self)
 
 
 def _requests(sched: str, base: str) -> Route:

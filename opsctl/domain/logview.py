@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from opsctl.domain.records import record
 from opsctl.domain.serverlog import decisive_lines, load_progress
 
 TAIL_LINES = 12
@@ -59,18 +60,8 @@ def missing(path: str, why: str, rotations: int = 0) -> LogFacts:
 
 
 def log_dict(f: LogFacts | None) -> dict[str, Any] | None:
-    if f is None:
-        return None
-    return {
-        "path": f.path,
-        "reason": f.reason,
-        "size_bytes": f.size_bytes,
-        "read_bytes": f.read_bytes,
-        "rotations": f.rotations,
-        "load_phase": f.load_phase,
-        "decisive_lines": list(f.decisive_lines),
-        "tail": list(f.tail),
-    }
+    """The log's facts as the report's ``log`` object holds them (None: no log)."""
+    return None if f is None else record(f)
 
 
 def detail_lines(f: LogFacts | None) -> list[str]:

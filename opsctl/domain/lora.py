@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain import invariance as inv
+from opsctl.domain.records import record
 
 PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
 LANGUAGE, TOWER, CONNECTOR = "language", "tower", "connector"
@@ -87,12 +88,8 @@ class LoraRequest:
         return f"r{self.index} ({self.label}{imgs})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "adapter": self.adapter,
-            "prompt": self.prompt,
-            "images": list(self.images),
-        }
+        """The request as the report holds it (its images as a list)."""
+        return record(self)
 
 
 def plan_mixed(
@@ -139,6 +136,13 @@ def is_alone(req_id: str, tag: str) -> bool:
 # ---- single-adapter validation -----------------------------------------------------------
 
 Key = tuple[str | None, int]  # (adapter, request index)
+# field -> report key where the report names a record's field otherwise
+SINGLE_KEYS = {"differs": "differs_from_base", "largest_diff": "largest_diff_while_tokens_agree"}
+MIXED_KEYS = {
+    "max_requests": "max_requests_per_step",
+    "max_groups": "max_adapters_per_step",
+    "groups": "adapters",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +155,8 @@ class SingleResult:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "adapter": self.adapter,
-            "verdict": self.verdict,
-            "requests": self.requests,
-            "differs_from_base": self.differs,
-            "largest_diff_while_tokens_agree": self.largest_diff,
-            "detail": self.detail,
-        }
+        """The adapter's row in the report (the counts under their report names)."""
+        return record(self, SINGLE_KEYS)
 
 
 def _differs(a: inv.Generated, b: inv.Generated, max_tokens: int, logprobs: int) -> bool | str:
@@ -327,15 +325,8 @@ class MixedEvidence:
         return self.max_groups >= min(self.groups, 2) and not self.apart
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "steps": self.steps,
-            "max_requests_per_step": self.max_requests,
-            "max_adapters_per_step": self.max_groups,
-            "adapters": self.groups,
-            "apart": list(self.apart),
-            "formed": self.formed,
-        }
+        """The evidence as the report holds it, ``formed`` last."""
+        return record(self, MIXED_KEYS) | {"formed": self.formed}
 
 
 def mixed_evidence(

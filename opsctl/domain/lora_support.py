@@ -30,6 +30,7 @@ from opsctl.domain.lora import (
     MixedRow,
     SingleResult,
 )
+from opsctl.domain.records import record
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +41,8 @@ class PartSupport:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "part": self.part,
-            "status": self.status,
-            "wrapped_modules": self.wrapped,
-            "detail": self.detail,
-        }
+        """The part's support as the report holds it (``wrapped`` as ``wrapped_modules``)."""
+        return record(self, {"wrapped": "wrapped_modules"})
 
 
 def _carried(adapters: Sequence[Mapping[str, Any]], part: str) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
+from opsctl.domain.records import record
 from opsctl.errors import BadInput
 
 ABSENT = "<absent>"
@@ -124,9 +125,8 @@ class Observation:
         return classify(self.identifier)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
-        d["kind"] = self.kind
-        return d
+        """The observation as the report holds it, its identifier's ``kind`` appended."""
+        return record(self) | {"kind": self.kind}
 
 
 @dataclass(frozen=True, slots=True)

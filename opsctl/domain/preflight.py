@@ -24,6 +24,8 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
+from opsctl.domain.records import record
+
 DIGEST_CHARS = 16
 EXCERPT_LINES = 24
 MAX_AROUND = 12
@@ -146,11 +148,8 @@ class Diff:
     excerpt: tuple[str, ...]  # the first changed lines of a unified diff, trimmed
 
     def to_dict(self) -> dict:
-        return {
-            "added_lines": self.added,
-            "removed_lines": self.removed,
-            "excerpt": list(self.excerpt),
-        }
+        """The diff as the report holds it (counts as ``*_lines``)."""
+        return record(self, {"added": "added_lines", "removed": "removed_lines"})
 
 
 def diff(old: str, new: str, limit: int = EXCERPT_LINES) -> Diff:
@@ -237,7 +236,8 @@ class AttributeFinding:
     class_exists: bool
 
     def to_dict(self) -> dict:
-        return {"attribute": self.attribute, "found": self.found, "class_exists": self.class_exists}
+        """The finding as the report holds it."""
+        return record(self)
 
 
 def attribute_finding(attribute: str, class_source: str | None) -> AttributeFinding:

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from opsctl.domain.records import record
+
 SCHEMA = "stacks/1"  # opsctl.output.document adds "opsctl."
 
 _THREAD = re.compile(
@@ -48,7 +50,8 @@ class Frame:
         return f"{self.func} ({path}:{self.line})"
 
     def to_dict(self) -> dict:
-        return {"func": self.func, "file": self.file, "line": self.line}
+        """The frame as the report holds it."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)

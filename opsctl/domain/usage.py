@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.domain.records import record
 from opsctl.errors import BadInput
 
 CROSS, BI = "cross-encoder", "bi-encoder"
@@ -135,10 +136,7 @@ class UsageRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row in the report (``diag.usage/2``): token counts named ``*_tokens``."""
-        return {
-            JSON_NAMES.get(f, f): getattr(self, f)
-            for f in self.__slots__  # type: ignore[attr-defined]
-        }
+        return record(self, JSON_NAMES, tuples=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> UsageRow:
