@@ -6,6 +6,7 @@ proved to fail)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,9 +40,11 @@ def stand_in(
     sleep: float = 0.0,
     root: str | None = None,
     generative: bool = False,
+    gate: threading.Event | None = None,
 ) -> Iterator[str]:
     """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
-    true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
+    true pair count + inflate; ``sleep`` delays /score and /rerank answers, ``gate``
+    holds them until it is set (at most a minute)."""
 
     class H(JSONHandler):
         def do_GET(self) -> None:
@@ -61,6 +64,8 @@ def stand_in(
                 self._send(200, {"data": []})
             elif self.path in ("/score", "/rerank") and not generative:
                 time.sleep(sleep)
+                if gate is not None:
+                    gate.wait(60)
                 if score_status != 200:
                     self._send(score_status, {"detail": "Not Found"})
                     return
