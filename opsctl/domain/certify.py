@@ -97,8 +97,11 @@ class Selection:
 
 
 def select(s: Subject, only: Sequence[str] = (), skip: Sequence[str] = ()) -> Selection:
-    """Applicable checks minus ``skip`` (or only ``only``). A check named in ``only``
-    that cannot run is ValueError (the command's exit 2), with the reason."""
+    """Applicable checks minus ``skip`` (or only ``only``).
+
+    A check named in ``only`` that cannot run is ValueError (the command's exit 2), with the
+    reason.
+    """
     refused = [f"{c}: {skip_reason(c, s)}" for c in only if skip_reason(c, s)]
     if refused:
         raise ValueError("cannot run " + "; ".join(refused))

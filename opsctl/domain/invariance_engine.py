@@ -260,11 +260,13 @@ def batch_from_metrics(
     steps: int | None = None,
     tokens: int | None = None,
 ) -> BatchEvidence:
-    """From /metrics. ``steps``/``tokens`` are the engine-step and generated-token counter
-    deltas over the BS=N phase: one request adds at most one token per step, so
-    ``tokens`` spread over ``steps`` means at least ceil(tokens/steps) requests shared
-    some step (a lower bound on the peak). The sampled running-requests gauge can only
-    raise that bound; alone it may miss a short batch."""
+    """From /metrics.
+
+    ``steps``/``tokens`` are the engine-step and generated-token counter deltas over the BS=N
+    phase: one request adds at most one token per step, so ``tokens`` spread over ``steps``
+    means at least ceil(tokens/steps) requests shared some step (a lower bound on the peak). The
+    sampled running-requests gauge can only raise that bound; alone it may miss a short batch.
+    """
     peak = int(max(running_samples)) if running_samples else None
     if steps is not None and steps > 0 and tokens is not None:
         return BatchEvidence(

@@ -217,9 +217,11 @@ def evidence(
     batch_events: Sequence[Mapping[str, Any]],
     image_tokens: Mapping[str, Sequence[int | None]] | None = None,
 ) -> ImageEvidence:
-    """What shows that each request's images arrived. ``mm_events``: the mm_uuid probe's
-    records (None: probe not active there); ``image_tokens`` per side and prompt: the
-    usage fallback (None when not measured)."""
+    """What shows that each request's images arrived.
+
+    ``mm_events``: the mm_uuid probe's records (None: probe not active there); ``image_tokens``
+    per side and prompt: the usage fallback (None when not measured).
+    """
     n = len(sent)
     if not any(sent):
         return ImageEvidence(TEXT_ONLY, tuple(sent))

@@ -1,5 +1,6 @@
-"""`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged?
-(vLLM PR 56432). Pure: no I/O; the replies and the probe's records are collected by
+"""`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged (vLLM PR 56432)?
+
+Pure: no I/O; the replies and the probe's records are collected by
 opsctl.collectors.mm_uuid and come in as :class:`ChatReply` / :class:`EngineRecord`.
 
 With prefix caching off and ``mm_processor_cache_gb=0`` vLLM used to skip content
@@ -232,8 +233,11 @@ def summary(observations: Sequence[Observation]) -> str:
 
 
 def judge_item(o: Observation) -> tuple[str, str]:
-    """(verdict, why) for one item. Explicit UUIDs must arrive unchanged; missing ones must
-    get a request-local id (caches off) or a content hash (caches on)."""
+    """(verdict, why) for one item.
+
+    Explicit UUIDs must arrive unchanged; missing ones must get a request-local id (caches off)
+    or a content hash (caches on).
+    """
     if o.status != 200:
         return "fail", f"request failed with HTTP {o.status}"
     if o.engine_items is not None and o.engine_items != o.sent_items:

@@ -81,8 +81,10 @@ def agreed(values: Sequence[object], note: str) -> dict[str, Any]:
 
 
 def label(*sources: str | None, fallback: str = NOT_STARTED) -> str:
-    """The first known platform among ``sources``, else ``fallback``: prose for a human
-    line. Not for a JSON field (a name or null there: :func:`fields`)."""
+    """The first known platform among ``sources``, else ``fallback``: prose for a human line.
+
+    Not for a JSON field (a name or null there: :func:`fields`).
+    """
     return first(*sources) or fallback
 
 

@@ -48,7 +48,9 @@ _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 def parse_duration(text: str) -> float:
     """'30s', '10m', '2h', '1d', '1.5h' or plain seconds ('90') -> seconds.
-    Raises ValueError with a one-line message for anything else (negative, empty, nan)."""
+
+    Raises ValueError with a one-line message for anything else (negative, empty, nan).
+    """
     m = _DURATION.match(str(text))
     if not m:
         raise ValueError(f"not a duration: {text!r} (e.g. 30s, 10m, 2h, 1d, or seconds)")

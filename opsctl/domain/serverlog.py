@@ -54,9 +54,11 @@ def load_progress(log: str) -> LoadProgress:
 
 
 def decisive_lines(log: str, limit: int = 3) -> list[str]:
-    """The last distinct error lines (exception messages, argparse errors), most
-    recent last. Traceback frames, warnings and WARNING-level log lines are skipped; a
-    pydantic validation error brings its indented detail line along."""
+    """The last distinct error lines (exception messages, argparse errors), most recent last.
+
+    Traceback frames, warnings and WARNING-level log lines are skipped; a pydantic validation
+    error brings its indented detail line along.
+    """
     found: list[str] = []
     lines = log.splitlines()
     for i, raw in enumerate(lines):

@@ -129,9 +129,11 @@ def is_native(f: Frame) -> bool:
 
 
 def where(frames: Sequence[Frame]) -> str:
-    """``waits in <first own frame> via <plumbing it sits in>``, innermost first. With C
-    frames below (``--native``): ``waits in <first named C function> (<library>) under
-    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it."""
+    """``waits in <first own frame> via <plumbing it sits in>``, innermost first.
+
+    With C frames below (``--native``): ``waits in <first named C function> (<library>) under
+    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it.
+    """
     if frames and is_native(frames[0]):
         named = next((f for f in frames if is_native(f) and not f.func.startswith("0x")), None)
         python = [f for f in frames if not is_native(f)]

@@ -1,5 +1,7 @@
 """Rich rendering of the ``engram inspect | plan | clean`` documents (stdout, no --json).
-The documents are the reports of :mod:`opsctl.checks.engram`."""
+
+The documents are the reports of :mod:`opsctl.checks.engram`.
+"""
 
 from __future__ import annotations
 

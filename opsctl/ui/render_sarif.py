@@ -99,9 +99,12 @@ def _rules(results: list[dict[str, Any]], doc: Mapping[str, Any]) -> list[dict[s
 def sarif_log(
     doc: Mapping[str, Any], artifact: Mapping[str, str], tool_version: str | None = None
 ) -> dict[str, Any]:
-    """The SARIF log of one certify document. ``artifact``: {"uri", "uriBaseId"?,
-    "description"?}: where every result points. A fleet target's document (it has a
-    ``name``): its run is told apart by the name (automation id, properties)."""
+    """The SARIF log of one certify document.
+
+    ``artifact``: {"uri", "uriBaseId"?, "description"?}: where every result points. A fleet
+    target's document (it has a ``name``): its run is told apart by the name (automation id,
+    properties).
+    """
     results = _results(doc, artifact)
     rules = _rules(results, doc)
     version = tool_version or str((doc.get("fingerprint") or {}).get("opsctl_version") or "0")
