@@ -50,6 +50,7 @@ VERIFY_MODES = ("none", "sample", "full")
 @dataclass(frozen=True, slots=True)
 class TableLayout:
     """How an Engram table's bytes split: fp8 weights first, then ue8m0 scales per block."""
+
     total: int
     weight_bytes: int
     scale_bytes: int
@@ -70,6 +71,7 @@ class TableLayout:
 @dataclass(frozen=True, slots=True)
 class Region:
     """A byte range of a table, and the value every byte holds in dummy mode."""
+
     name: str
     start: int  # byte offset in the table
     end: int
@@ -128,6 +130,7 @@ def looks_like_scales(data: Any) -> bool:
 @dataclass(frozen=True, slots=True)
 class LayoutDecision:
     """The layout chosen for a table, how it was chosen and the block sizes that fit."""
+
     layout: TableLayout | None
     how: str  # forced | size | data | default | none
     detail: str

@@ -47,6 +47,7 @@ class PlanError(ValueError):
 @dataclass(frozen=True, slots=True)
 class EngramSpec:
     """A model's Engram configuration: layers, table rows, hash heads, n-gram size, block."""
+
     layer_ids: tuple[int, ...]
     num_embeddings: tuple[int, ...]
     n_heads: int
@@ -208,6 +209,7 @@ def shard_rows(sizes: tuple[int, ...], shards: int) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where the tables go under one placement, and the memory and files that takes."""
+
     name: str  # shared | dp-sharded | private
     shards: int  # head shards per table
     per_rank_bytes: int  # the largest rank
@@ -222,6 +224,7 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The plan for a deployment: the spec, the parallel sizes and each placement's cost."""
+
     spec: EngramSpec
     tp: int
     dp: int

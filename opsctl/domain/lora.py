@@ -74,6 +74,7 @@ COLUMNS = ("case", "adapter", "request", "status", "detail")
 @dataclass(frozen=True, slots=True)
 class LoraRequest:
     """One request of the check: its index, adapter (None: base model), prompt and images."""
+
     index: int
     adapter: str | None  # None: the base model
     prompt: str
@@ -158,6 +159,7 @@ MIXED_KEYS = {
 @dataclass(frozen=True, slots=True)
 class SingleResult:
     """One adapter's verdict from its requests run alone against the base model."""
+
     adapter: str
     verdict: str
     requests: int
@@ -242,6 +244,7 @@ def identical_pairs(
 @dataclass(frozen=True, slots=True)
 class MixedRow:
     """One request of the mixed batch: its comparison with its alone run, and a look-alike."""
+
     request: LoraRequest
     result: inv.PromptResult
     # a diverged output that equals this request run alone with another adapter (or the
@@ -334,6 +337,7 @@ def first_divergence(rows: Sequence[MixedRow]) -> dict[str, Any] | None:
 @dataclass(frozen=True, slots=True)
 class MixedEvidence:
     """What the probe shows of the mixed batch: steps that mixed adapters, and those apart."""
+
     source: str  # "batch probe" | "none"
     steps: int  # sampling steps that held mixed requests
     max_requests: int  # most mixed requests sampled in one step
@@ -439,6 +443,7 @@ def slot_hint(failed: Sequence[MixedRow]) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Findings:
     """The check's verdict, the reasons and warnings, and the mixed batch's own verdict."""
+
     verdict: str
     reasons: tuple[str, ...]  # why it failed / is not conclusive
     warnings: tuple[str, ...]

@@ -38,6 +38,7 @@ from opsctl.domain.records import record
 @dataclass(frozen=True, slots=True)
 class PartSupport:
     """One part's LoRA support (language, tower, connector), the modules wrapped, and why."""
+
     part: str  # language | tower | connector
     status: str  # applied | supported | unsupported | not enabled | unknown
     wrapped: int | None  # modules the engine wrapped with LoRA (None: no probe)

@@ -54,6 +54,7 @@ COLORS = {
 @dataclass(frozen=True, slots=True)
 class Item:
     """One image of a case: its colour and the UUID sent with it (None: null; ABSENT: no field)."""
+
     color: str
     uuid: str | None  # ABSENT: no field
 
@@ -75,6 +76,7 @@ class Item:
 @dataclass(frozen=True, slots=True)
 class Case:
     """A named list of items sent together."""
+
     name: str
     items: tuple[Item, ...]
 
@@ -111,6 +113,7 @@ def classify(identifier: str | None) -> str:
 @dataclass(frozen=True, slots=True)
 class Observation:
     """One item of one request in one mode: what was sent and what the engine core saw."""
+
     mode: str
     case: str
     index: int

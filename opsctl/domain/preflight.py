@@ -153,6 +153,7 @@ def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
 @dataclass(frozen=True, slots=True)
 class Diff:
     """What changed between the verified and the target text: counts and a trimmed excerpt."""
+
     added: int
     removed: int
     excerpt: tuple[str, ...]  # the first changed lines of a unified diff, trimmed
@@ -181,6 +182,7 @@ def diff(old: str, new: str, limit: int = EXCERPT_LINES) -> Diff:
 @dataclass(frozen=True, slots=True)
 class SymbolFinding:
     """One patched or watched symbol of the target release against the verified release."""
+
     symbol: str
     exists: bool
     digest: str | None
@@ -281,6 +283,7 @@ def attribute_finding(attribute: str, class_source: str | None) -> AttributeFind
 @dataclass(frozen=True, slots=True)
 class PatchFinding:
     """One patch against a release: its targets, watched symbols, attributes and rule."""
+
     name: str
     kind: str
     verified_on: tuple[str, ...]
