@@ -1,6 +1,9 @@
-"""Batch invariance, engine side: the isolating settings read back from the engine's
+"""Batch invariance, engine side (pure): isolating settings, batch evidence, run findings.
+
+Batch invariance, engine side: the isolating settings read back from the engine's
 records, the evidence that the BS=N batch really formed, and what a run's engine records
-add to its verdict (failures) and its report (warnings). Pure: no I/O, no UI."""
+add to its verdict (failures) and its report (warnings). Pure: no I/O, no UI.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ VERIFIED, NOT_VERIFIED, MISMATCH, NOT_APPLICABLE, ENFORCED = (
 
 @dataclass(frozen=True, slots=True)
 class SettingCheck:
+    """One isolating setting: what was wanted, what the engine's records show, and whence."""
+
     name: str
     wanted: str
     seen: str
@@ -36,6 +41,7 @@ class SettingCheck:
 
     @property
     def failed(self) -> bool:
+        """True when the engine ran with another value than wanted."""
         return self.status == MISMATCH
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,9 +126,12 @@ def check_engine_settings(
 
 
 def check_request_settings(completions: list[Generated], max_tokens: int) -> list[SettingCheck]:
-    """Per-request settings (sent with every request) checked against the responses:
+    """Per-request settings (greedy, ignore_eos) checked against the responses.
+
+    Per-request settings (sent with every request) checked against the responses:
     greedy -> the sampled token is the top-1 at every position; ignore_eos -> every
-    completion ran to max_tokens with finish_reason "length"."""
+    completion ran to max_tokens with finish_reason "length".
+    """
     usable = [g for g in completions if g.error is None and g.has_logprobs]
     argmax_ok = True
     for g in usable:
@@ -179,8 +188,11 @@ def _fmt(v: object) -> str:
 
 
 def prompt_index(req_id: str, tag: str) -> int | None:
-    """Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
-    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt)."""
+    """Which prompt an engine request id belongs to, or None.
+
+    Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
+    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt).
+    """
     m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
     if m:
         return int(m[1]) + int(m[2])
@@ -190,6 +202,8 @@ def prompt_index(req_id: str, tag: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class BatchEvidence:
+    """What shows that the BS=N batch formed: largest co-batch, steps, prompts left alone."""
+
     source: str  # "batch probe" | "metrics (...)" | "none"
     max_batch: int | None  # largest number of this run's BS=N requests sampled together
     steps: int = 0  # sampling steps that included this run's BS=N requests
@@ -200,11 +214,13 @@ class BatchEvidence:
 
     @property
     def formed(self) -> bool | None:
+        """True when the batch formed with no prompt alone; None without evidence."""
         if self.max_batch is None:
             return None
         return self.max_batch >= 2 and not self.alone
 
     def to_dict(self) -> dict[str, Any]:
+        """The evidence as the report's ``batch`` object holds it."""
         return {
             "source": self.source,
             "max_batch": self.max_batch,
@@ -218,9 +234,12 @@ class BatchEvidence:
 
 
 def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence | None:
-    """From batch-probe step records: how many of this run's BS=N requests (ids carrying
+    """From batch-probe step records: how many BS=N requests were sampled in one step.
+
+    From batch-probe step records: how many of this run's BS=N requests (ids carrying
     ``tag``) were sampled in one step, overall and per prompt. None when no step
-    included them (probe not active in that engine)."""
+    included them (probe not active in that engine).
+    """
     best, n = 0, 0
     per_prompt: dict[int, int] = {}
     for s in steps:
@@ -242,8 +261,11 @@ def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence 
 
 
 def shared_steps(steps: list[dict], tag: str) -> int:
-    """Largest batch (any requests) that a BS=1 request of this run was sampled in:
-    above 1 means other traffic shared its steps, so that side was not truly BS=1."""
+    """Largest batch (any requests) that a BS=1 request of this run was sampled in.
+
+    Largest batch (any requests) that a BS=1 request of this run was sampled in:
+    above 1 means other traffic shared its steps, so that side was not truly BS=1.
+    """
     best = 0
     for s in steps:
         if s.get("event") != "step":
@@ -288,6 +310,8 @@ def batch_from_metrics(
 
 @dataclass(frozen=True, slots=True)
 class RunFindings:
+    """What a run's engine records add: failures (the verdict) and warnings (shown only)."""
+
     failures: tuple[str, ...]  # fail the run (besides the prompts' own results)
     warnings: tuple[str, ...]  # shown with the run; the verdict does not change
 
@@ -328,10 +352,13 @@ def assess_run(
     bs1_shared: int,
     nudge: object = None,
 ) -> RunFindings:
-    """A mismatched setting or a BS=N batch the probe shows did not form fails the run;
+    """The run's failures and warnings from its settings and batch evidence.
+
+    A mismatched setting or a BS=N batch the probe shows did not form fails the run;
     weaker evidence, a BS=1 request that shared its steps (``bs1_shared``: largest batch
     a BS=1 request was sampled in), a test nudge and settings that could not be verified
-    are warnings. ``nudge``: the batch probe's record of a test nudge, if armed."""
+    are warnings. ``nudge``: the batch probe's record of a test nudge, if armed.
+    """
     failures = [
         f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed
     ]
@@ -356,9 +383,12 @@ FAILED_RUN_PLATFORM_NOTE = "the engine of this mode did not run the comparison"
 
 
 def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str | None:
-    """The platform (a device name) the engine's own records name: engine_info, else the
+    """The platform (a device name) the engine's own records name, or None.
+
+    The platform (a device name) the engine's own records name: engine_info, else the
     batch probe's init record; None when neither names one (a report's ``platform`` is
-    then null, with a ``platform_note``)."""
+    then null, with a ``platform_note``).
+    """
     return plat.first((engine_info or {}).get("platform"), (probe_init or {}).get("platform"))
 
 
