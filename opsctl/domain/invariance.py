@@ -1,4 +1,6 @@
-"""Batch invariance: compare each prompt run alone (BS=1) with the same prompt run in a
+"""Batch invariance: compare each prompt run alone (BS=1) with it run in a batch (BS=N).
+
+Batch invariance: compare each prompt run alone (BS=1) with the same prompt run in a
 batch (BS=N), token by token and logprob by logprob. Pure: no I/O, no UI.
 
 Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
@@ -44,6 +46,8 @@ class Generated:
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
+    """Where a prompt's batched run first left its run alone: position, kind, tokens, logprobs."""
+
     position: int
     kind: str  # token | logprob | top_logprobs
     token_alone: TokenKey | None
@@ -60,6 +64,8 @@ class Divergence:
 
 @dataclass(frozen=True, slots=True)
 class PromptResult:
+    """One prompt's comparison: its status, first divergence and largest logprob difference."""
+
     index: int
     status: str  # identical | within_atol | diverged | error
     reason: str = ""
@@ -71,6 +77,7 @@ class PromptResult:
 
     @property
     def passed(self) -> bool:
+        """True when the prompt is identical or within atol."""
         return self.status in PASSING
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +87,8 @@ class PromptResult:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    """The run's verdict and counts of prompts per status."""
+
     verdict: str  # pass | fail
     prompts: int
     identical: int
@@ -97,6 +106,7 @@ class Summary:
 
 
 def comparison_label(atol: float | None) -> str:
+    """How outputs are compared: ``bitwise`` or ``atol=<value>``."""
     return "bitwise" if atol is None else f"atol={atol:g}"
 
 
@@ -240,6 +250,7 @@ def summarize(
 
 
 def fmt_diff(d: float | None) -> str:
+    """A logprob difference for a table cell: ``-``, ``0`` or three significant digits."""
     return "-" if d is None else ("0" if d == 0 else f"{d:.3g}")
 
 
@@ -250,8 +261,11 @@ def preview(text: str, n: int = 28) -> str:
 
 
 def divergence_text(r: PromptResult) -> str:
-    """Where and how one prompt diverged (its fail-closed reason for an error, "-" when
-    it matched)."""
+    """Where and how one prompt diverged, for a table cell.
+
+    Where and how one prompt diverged (its fail-closed reason for an error, "-" when
+    it matched).
+    """
     d = r.first_divergence
     if d is None:
         return r.reason or "-"
