@@ -1,4 +1,6 @@
-"""Which KV load-failure routes a vLLM release handles, read from its sources (pure: the
+"""Which KV load-failure routes a vLLM release handles, read from its sources (pure).
+
+Which KV load-failure routes a vLLM release handles, read from its sources (pure: the
 texts come from the caller), in words an operator acts on: which connector behaviour is
 safe on which release, and what opsctl's patches add. The upgrade preflight
 (`opsctl patches --against`) shows it; docs/gpu.md and tests/patches/test_kv_recovery.py
@@ -29,6 +31,8 @@ SAFE, PATCHED, UNSAFE, ABSENT, UNKNOWN = "safe", "safe with opsctl", "unsafe", "
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One KV load-failure route, its status on the release, and the advice for it."""
+
     route: str  # "requests" | "blocks, several KV cache groups" | "blocks, one group"
     status: str  # safe | safe with opsctl | unsafe | absent | unknown
     advice: str
@@ -109,8 +113,11 @@ def _blocks_single(sched: str, v2: str | None, v1: str | None) -> Route:
 
 
 def routes(texts: Mapping[str, str | None]) -> list[Route]:
-    """The routes of the release whose module sources are ``texts`` (``MODULES`` ->
-    source text or None). Without the scheduler's source nothing can be said."""
+    """The routes of the release whose module sources are ``texts``.
+
+    The routes of the release whose module sources are ``texts`` (``MODULES`` ->
+    source text or None). Without the scheduler's source nothing can be said.
+    """
     sched = texts.get(SCHEDULER)
     if not sched or "def _handle_invalid_blocks" not in sched:
         why = "the scheduler's KV failure path was not found in this release's sources"

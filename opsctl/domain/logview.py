@@ -1,8 +1,11 @@
-"""What a tailed server log says, pure: the same facts the console reads from an opsctl
+"""What a tailed server log says, pure: load phase, decisive lines and a quiet tail.
+
+What a tailed server log says, pure: the same facts the console reads from an opsctl
 run's server.log (opsctl.domain.serverlog: the load phase reached, the decisive error
 lines, the quiet tail without our own polling), for a log file of a server opsctl did
 not start (``console --log URL=FILE``). opsctl.console.logsource reads the file's end;
-this turns that text into :class:`LogFacts`."""
+this turns that text into :class:`LogFacts`.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ _POLL = ('"GET /metrics', '"GET /health', '"GET /v1/models', '"GET /version', '"
 
 @dataclass(frozen=True, slots=True)
 class LogFacts:
+    """What a tailed log holds: sizes, rotations, load phase, decisive lines and the tail."""
+
     path: str
     reason: str | None  # why nothing could be read ("log file not found: ..."), else None
     size_bytes: int | None  # the file's size at the last read
@@ -30,6 +35,7 @@ class LogFacts:
 
 
 def quiet(lines: list[str], n: int = TAIL_LINES) -> list[str]:
+    """The last ``n`` lines without the server's access lines for opsctl's own polling."""
     return [line for line in lines if not any(p in line for p in _POLL)][-n:]
 
 
@@ -56,6 +62,7 @@ def facts(
 
 
 def missing(path: str, why: str, rotations: int = 0) -> LogFacts:
+    """The facts of a log that could not be read, with why."""
     return LogFacts(path, why, None, 0, rotations, None, (), ())
 
 

@@ -1,4 +1,6 @@
-"""Which platform a report ran on: the device type vLLM's ``current_platform`` reported
+"""Which platform a report ran on: the device type vLLM's ``current_platform`` reported.
+
+Which platform a report ran on: the device type vLLM's ``current_platform`` reported
 inside the engine (cpu, cuda, rocm, xpu, ...), for every report's ``platform`` field
 (vLLM's XPU CI change: checks ask the platform, never assume a device). Pure.
 
@@ -49,8 +51,11 @@ def from_server_info(doc: Mapping[str, object] | None) -> str | None:
 
 
 def name(value: object) -> str | None:
-    """A recorded platform as a device name (lower case: cpu, cuda, rocm, xpu, ...), or
-    None when it names none: None, "", "?", "auto", or prose such as "unknown (...)"."""
+    """A recorded platform as a device name (lower case), or None when it names none.
+
+    A recorded platform as a device name (lower case: cpu, cuda, rocm, xpu, ...), or
+    None when it names none: None, "", "?", "auto", or prose such as "unknown (...)".
+    """
     if not isinstance(value, str):
         return None
     text = value.strip().lower()
@@ -71,8 +76,11 @@ def fields(*sources: object, note: str = NOT_STARTED_NOTE) -> dict[str, Any]:
 
 
 def agreed(values: Sequence[object], note: str) -> dict[str, Any]:
-    """:func:`fields` for several processes or engines: the platform when they name one
-    and the same, else null with ``note`` (none named) or the names they disagree on."""
+    """:func:`fields` for several processes or engines.
+
+    :func:`fields` for several processes or engines: the platform when they name one
+    and the same, else null with ``note`` (none named) or the names they disagree on.
+    """
     names = list(dict.fromkeys(n for n in map(name, values) if n))
     if len(names) == 1:
         return {"platform": names[0], "platform_note": None}
@@ -89,7 +97,10 @@ def label(*sources: str | None, fallback: str = NOT_STARTED) -> str:
 
 
 def joined(values: Sequence[object]) -> str | None:
-    """Distinct known values of several engines (runs, processes), in order, as one
-    string; None when none is known."""
+    """Distinct known values of several engines, in order, as one string; None if none known.
+
+    Distinct known values of several engines (runs, processes), in order, as one
+    string; None when none is known.
+    """
     seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "", "?")))
     return ", ".join(seen) if seen else None
