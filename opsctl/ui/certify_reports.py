@@ -1,6 +1,8 @@
-"""``opsctl certify``'s view: the run under progress (stderr or a live panel), the
-reports (JUnit XML, SARIF: their paths checked before any work, so bad input writes
-nothing; written whatever the verdict once the work ran), the summary and exit code."""
+"""``opsctl certify``'s view: progress, the JUnit and SARIF reports, summary and exit code.
+
+The run shows under progress (stderr or a live panel). The reports' paths are checked before any
+work, so bad input writes nothing; they are written whatever the verdict once the work ran.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ def writable(path: Path | None, flag: str) -> None:
 
 
 def write(docs: list[Mapping[str, Any]], junit: Path | None, sarif: Path | None) -> None:
-    """ONE JUnit file (a testsuite per document) and ONE SARIF log (a run per document):
-    one certify document, or a fleet's targets (each has a ``name``)."""
+    """Write ONE JUnit file (a testsuite per document) and ONE SARIF log (a run per document).
+
+    The documents: one certify document, or a fleet's targets (each has a ``name``).
+    """
     from opsctl.ui.render_junit import junit_xml
     from opsctl.ui.render_sarif import sarif_text
 
@@ -47,6 +51,7 @@ def write(docs: list[Mapping[str, Any]], junit: Path | None, sarif: Path | None)
 
 
 def run_view(call, tui: bool | None, as_json: bool, fleet: bool = False):
+    """Run ``call`` under certify's view: the dashboard, or progress lines / the live panel."""
     from opsctl.output import want_tui
     from opsctl.ui.progress import run_with_progress
 
@@ -58,6 +63,7 @@ def run_view(call, tui: bool | None, as_json: bool, fleet: bool = False):
 
 
 def conclude(doc: dict, report, as_json: bool, fleet: bool = False) -> None:
+    """Print the summary (or the JSON document), then exit with the certify exit code."""
     from opsctl import output
     from opsctl.domain import certify, certify_fleet
     from opsctl.ui import render_certify as r

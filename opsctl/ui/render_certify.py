@@ -1,5 +1,7 @@
-"""The human summary of ``opsctl certify`` (stdout): one table row per check (check,
-verdict, time, first finding), the engine starts and the verdict."""
+"""The human summary of ``opsctl certify`` (stdout), for one target or a fleet.
+
+One table row per check (check, verdict, time, first finding), the engine starts and the verdict.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ COLOURS = {"PASS": "green", "UNVERIFIED": "yellow", "FAIL": "red", "ERROR": "red
 
 
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:
+    """The summary drawer of a certify document: the checks table, engines and verdict line."""
+
     def draw(console: Console) -> None:
         from rich.markup import escape
         from rich.table import Table
