@@ -77,8 +77,8 @@ class Alert:
 def dur(seconds: float) -> str:
     """A Prometheus duration to the millisecond, as a reader writes it.
 
-    A Prometheus duration to the millisecond, as a reader writes it: ``10s``, ``15m``,
-    ``9s999ms`` (a compound duration, Prometheus 2.x and 3.x), ``250ms``.
+    For example ``10s``, ``15m``, ``250ms`` or ``9s999ms`` (a compound duration, Prometheus 2.x
+    and 3.x).
     """
     ms = max(1, round(seconds * 1000))
     if ms % 1000 == 0:
@@ -262,8 +262,7 @@ ALERT_NAMES = tuple(a.name for a in alerts(None))
 def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
     """The rules file's text: a header naming its settings, then the YAML.
 
-    The rules file's text: a header naming its settings, then the YAML (multi-line
-    expressions as literal blocks, so the PromQL reads as written).
+    Multi-line expressions are literal blocks, so the PromQL reads as written.
     """
     import yaml
 

@@ -337,9 +337,8 @@ def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
 def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
     """The command's exit code and its one stderr line for a certify document.
 
-    The command's exit code and its one stderr line for a certify document: the
-    error when nothing was certified (unreachable 3, crashed 1), the checks asked for
-    that cannot run here (2), else the summary with what failed (1) or timed out (4).
+    The error when nothing was certified (unreachable 3, crashed 1), the checks asked for that
+    cannot run here (2), else the summary with what failed (1) or timed out (4).
     """
     if doc["state"] in NOT_REACHED:
         return int(doc["exit_code"]), str(doc["error"])

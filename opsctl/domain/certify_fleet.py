@@ -60,12 +60,10 @@ def deadline_results(
 ) -> list[dom.CheckResult]:
     """The results of a certification stopped from outside (``why``).
 
-    The results of a certification stopped from outside (``why``): finished checks
-    keep their verdict; the check running then is an error case (timed out when
-    ``deadline``); the rest are skipped, saying why. At a ``deadline``, liveness when it
-    had not passed is a FAILED case (``liveness.deadline``: no vLLM server gave its
-    answers in time; a dead or hung target is a failed liveness case, never a missing
-    one).
+    Finished checks keep their verdict; the check running then is an error case (timed out when
+    ``deadline``); the rest are skipped, saying why. At a ``deadline``, liveness when it had not
+    passed is a FAILED case (``liveness.deadline``: no vLLM server gave its answers in time; a
+    dead or hung target is a failed liveness case, never a missing one).
     """
     out: dict[str, dom.CheckResult] = {}
     for check, d in done.items():

@@ -505,8 +505,8 @@ def exit_status(findings: list[Finding]) -> int:
 def inspect_failure(findings: list[Finding]) -> str | None:
     """The one line ``engram inspect`` fails with (exit 1), None when it passes.
 
-    The one line ``engram inspect`` fails with (exit 1), None when it passes
-    (:func:`exit_status` 0): a fill mismatch first, else the incomplete verification.
+    A fill mismatch comes first, else the incomplete verification (as :func:`exit_status`
+    decides).
     """
     bad = [f for f in findings if f.code == "engram.fill_mismatch"]
     if bad:

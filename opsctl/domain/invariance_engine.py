@@ -263,8 +263,7 @@ def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence 
 def shared_steps(steps: list[dict], tag: str) -> int:
     """Largest batch (any requests) that a BS=1 request of this run was sampled in.
 
-    Largest batch (any requests) that a BS=1 request of this run was sampled in:
-    above 1 means other traffic shared its steps, so that side was not truly BS=1.
+    Above 1, other traffic shared its steps, so that side was not truly BS=1.
     """
     best = 0
     for s in steps:

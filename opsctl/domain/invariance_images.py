@@ -269,9 +269,8 @@ def evidence(
 def assess(ev: ImageEvidence, batch_size: int) -> tuple[list[str], list[str]]:
     """(failures, warnings) of a run with images.
 
-    (failures, warnings) of a run with images: fail closed when the records do not
-    show every request's images arriving; warn when the BS=N phase never ran two
-    prompts' images through the encoder together (tokens may still batch).
+    Fail closed when the records do not show every request's images arriving; warn when the BS=N
+    phase never ran two prompts' images through the encoder together (tokens may still batch).
     """
     if ev.total == 0:
         return [], []

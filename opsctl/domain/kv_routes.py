@@ -115,8 +115,8 @@ def _blocks_single(sched: str, v2: str | None, v1: str | None) -> Route:
 def routes(texts: Mapping[str, str | None]) -> list[Route]:
     """The routes of the release whose module sources are ``texts``.
 
-    The routes of the release whose module sources are ``texts`` (``MODULES`` ->
-    source text or None). Without the scheduler's source nothing can be said.
+    ``texts``: ``MODULES`` -> source text or None. Without the scheduler's source nothing can be
+    said.
     """
     sched = texts.get(SCHEDULER)
     if not sched or "def _handle_invalid_blocks" not in sched:

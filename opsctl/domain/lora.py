@@ -104,9 +104,8 @@ def plan_mixed(
 ) -> tuple[LoraRequest, ...]:
     """The mixed batch: ``per_group`` requests per adapter and for the base model, interleaved.
 
-    The mixed batch: ``per_group`` requests per adapter and for the base model,
-    interleaved (r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ...). Requests 2k and
-    2k+1 carry the same images (consecutive colours), under two different adapters.
+    The order is r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ... Requests 2k and 2k+1
+    carry the same images (consecutive colours), under two different adapters.
     """
     groups: list[str | None] = [*adapters, None]
     n = per_group * len(groups)
@@ -224,8 +223,7 @@ def identical_pairs(
 ) -> list[tuple[str, str]]:
     """Pairs of adapters whose outputs agree on every request.
 
-    Pairs of adapters whose outputs agree on every request (a swap between them would
-    go unseen).
+    A swap between the two adapters of such a pair would go unseen.
     """
     out = []
     for x, a in enumerate(adapters):
@@ -302,8 +300,7 @@ def compare_mixed(
 ) -> list[MixedRow]:
     """Each batched output against the same request run alone with the same adapter.
 
-    Each batched output against the same request run alone with the same adapter; a
-    diverged one is also matched against the other adapters' alone runs.
+    A diverged one is also matched against the other adapters' alone runs.
     """
     labels = list(dict.fromkeys([None, *(r.adapter for r in mixed)]))
     rows = []
@@ -397,8 +394,7 @@ def mixed_evidence(
 def alone_shared(steps: Sequence[Mapping[str, Any]], tag: str) -> int:
     """Largest step (any requests) that held one of the check's alone requests.
 
-    Largest step (any requests) that held one of the check's alone requests: above 1,
-    other traffic shared it, so that side was not strictly alone.
+    Above 1, other traffic shared it, so that side was not strictly alone.
     """
     best = 0
     for s in steps:

@@ -1,8 +1,8 @@
 """Which platform a report ran on: the device type vLLM's ``current_platform`` reported.
 
-Which platform a report ran on: the device type vLLM's ``current_platform`` reported
-inside the engine (cpu, cuda, rocm, xpu, ...), for every report's ``platform`` field
-(vLLM's XPU CI change: checks ask the platform, never assume a device). Pure.
+The device type is the one reported inside the engine (cpu, cuda, rocm, xpu, ...), for every
+report's ``platform`` field (vLLM's XPU CI change: checks ask the platform, never assume a device).
+Pure.
 
 Sources, best first: the engine's patch ledger (each process records
 ``current_platform``; opsctl's run directory), the server's ``/server_info``
@@ -78,8 +78,8 @@ def fields(*sources: object, note: str = NOT_STARTED_NOTE) -> dict[str, Any]:
 def agreed(values: Sequence[object], note: str) -> dict[str, Any]:
     """:func:`fields` for several processes or engines.
 
-    :func:`fields` for several processes or engines: the platform when they name one
-    and the same, else null with ``note`` (none named) or the names they disagree on.
+    The platform when they name one and the same, else null with ``note`` (none named) or the
+    names they disagree on.
     """
     names = list(dict.fromkeys(n for n in map(name, values) if n))
     if len(names) == 1:

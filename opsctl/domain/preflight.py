@@ -251,8 +251,8 @@ def changed_members(verified: dict[str, str] | None, target: dict[str, str] | No
 class AttributeFinding:
     """One declared attribute (``module:Class.a|b``) against a release.
 
-    One declared attribute (``module:Class.a|b``) against a release: which of the
-    names its class's source still has (None: none of them, or no such class).
+    ``found``: which of the names its class's source still has (None: none of them, or no such
+    class).
     """
 
     attribute: str

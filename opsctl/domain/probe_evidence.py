@@ -133,7 +133,6 @@ def probe_findings(
 def lines(findings: Sequence[Finding], severity: str) -> list[str]:
     """The findings of one severity as report lines (``code: message``).
 
-    The findings of one severity as report lines (``code: message``), for checks
-    whose reports carry reasons and warnings as text.
+    For checks whose reports carry reasons and warnings as text.
     """
     return [f"{f.code}: {f.message}" for f in findings if f.severity == severity]

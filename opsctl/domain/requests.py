@@ -365,7 +365,6 @@ def detail_lines(v: RequestsView | None, limit: int = 12) -> list[str]:
 def row_cell(v: RequestsView | None) -> str:
     """What the fleet row's running cell adds: the requests in flight through the tee.
 
-    What the fleet row's running cell adds: the requests in flight through the tee
-    ('' without a tee).
+    '' without a tee.
     """
     return "" if v is None else f" · tee {len(v.in_flight)}"

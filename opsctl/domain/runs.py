@@ -201,8 +201,8 @@ def assess(
 ) -> RunAssessment:
     """The state of one run from its meta and the start times of the processes now running.
 
-    The state of one run from its meta and the start times of the processes now
-    running under the pids it names (``starts[pid]`` None or absent: no such process).
+    ``starts``: pid -> start time of the process now under each pid the run names (None or
+    absent: no such process).
     """
     if meta is None:
         return RunAssessment("unknown", error or "no meta.json", None, (), ())

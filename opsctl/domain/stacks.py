@@ -262,9 +262,8 @@ def _rank(role: str) -> int:
 def headline_of(processes: Sequence[dict]) -> str:
     """The one-line verdict over a stacks document's processes.
 
-    The one-line verdict over a stacks document's processes: the first process (a
-    worker, then the EngineCore, then the others) that is stopped, or waits anywhere but
-    the idle waits of a healthy engine; else that every process waits idle.
+    The first process (a worker, then the EngineCore, then the others) that is stopped, or waits
+    anywhere but the idle waits of a healthy engine; else that every process waits idle.
     """
     ordered = sorted(processes, key=lambda p: _rank(str(p.get("role") or "")))
     for p in ordered:

@@ -23,8 +23,7 @@ _BARE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^/:\s\[\]]+):\d+(/.*)?$")
 def normalise_url(url: str) -> str:
     """``url`` as ``scheme://host[:port][/prefix]`` without a trailing slash, or BadInput.
 
-    ``url`` as ``scheme://host[:port][/prefix]`` without a trailing slash, or BadInput
-    (exit 2) when it is not a usable http(s) base URL.
+    BadInput (exit 2) when it is not a usable http(s) base URL.
     """
     text = url.strip()
     if not text or any(c.isspace() for c in text):

@@ -248,8 +248,7 @@ def declared_kind(
 ) -> tuple[str, str] | None:
     """(kind, how it was determined) from what is known without asking the server.
 
-    (kind, how it was determined) from what is known without asking the server:
-    --kind, the embedded model's archetype, the model directory's config.json. A
+    The sources: --kind, the embedded model's archetype, the model directory's config.json. A
     config.json of another kind of model is BadInput; None: probe the endpoints.
     """
     if given:

@@ -52,8 +52,7 @@ class PairTemplate:
 def pair_template(prefix: list[str], suffix: list[str]) -> PairTemplate | None:
     """The pair template of a tokenizer that adds ``prefix``/``suffix`` around one text.
 
-    The pair template of a tokenizer that adds ``prefix``/``suffix`` around one text,
-    or None when it is not a known family (then the pair count is not derivable).
+    None when it is not a known family (then the pair count is not derivable).
     """
     known = PAIR_TEMPLATES.get((tuple(prefix), tuple(suffix)))
     if known is None:
@@ -77,9 +76,8 @@ def tokenize_requests(
 ) -> tuple[tuple[str, bool], ...]:
     """The (text, add_special_tokens) the server must tokenize to count ``inputs``.
 
-    The (text, add_special_tokens) the server must tokenize to count ``inputs``: a
-    text with its special tokens; each side of a pair without (joined by ``template``;
-    a pair is not counted at all when the template is unknown).
+    A text with its special tokens; each side of a pair without (joined by ``template``; a pair
+    is not counted at all when the template is unknown).
     """
     out: dict[tuple[str, bool], None] = {}
     for x in inputs:

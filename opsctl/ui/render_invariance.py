@@ -64,8 +64,7 @@ def _reached_text(run: dict) -> str:
 def platform_text(doc: dict) -> str:
     """A document's (or run's) platform for a human line.
 
-    A document's (or run's) platform for a human line: the name, else "unknown
-    (<platform_note>)", else "-".
+    The name, else "unknown (<platform_note>)", else "-".
     """
     note = doc.get("platform_note")
     return doc.get("platform") or (f"unknown ({note})" if note else "-")
