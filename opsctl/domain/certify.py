@@ -264,9 +264,9 @@ def overall(results: Sequence[CheckResult]) -> str:
 def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
     """The certify exit code: 0 pass, 1 failed, 3 unreachable, 4 only timeouts, 130 stop.
 
-    3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1 any failed
-    (or errored); 4 when the only problems are checks that timed out (nothing failed on
-    its own findings).
+    3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1
+    any failed (or errored); 4 when the only problems are checks that timed out (nothing failed
+    on its own findings).
     """
     if state in (UNREACHABLE, UNAUTHORIZED):
         return EXIT_UNREACHABLE

@@ -205,11 +205,11 @@ SAME_ORDER = 0.25  # a recovered difference >= 1/4 of the sensitivity one: "as m
 class NoiseFloor:
     """How far outputs drift without any failure, and whether that drift is trusted.
 
-    How far outputs drift without any failure: the largest logprob difference of the
-    store/reload round trip and of the untargeted requests (those whose tokens are equal;
-    the others are output mismatches). 0 (bf16 on CUDA, every CPU run so far): the
-    comparison is bitwise. Above 0 (float32 with TRITON_ATTN on CUDA) it is trusted only if every round-trip token is equal and the floor is under
-    1/:data:`TRUST_RATIO` of the smallest difference the sensitivity phase caused; a
+    The floor is the largest logprob difference of the store/reload round trip and of the
+    untargeted requests (those whose tokens are equal; the others are output mismatches). 0
+    (bf16 on CUDA, every CPU run so far): the comparison is bitwise. Above 0 (float32 with
+    TRITON_ATTN on CUDA) it is trusted only if every round-trip token is equal and the floor is
+    under 1/:data:`TRUST_RATIO` of the smallest difference the sensitivity phase caused; a
     recovered request then passes with equal tokens and a difference <= TOLERANCE x floor.
     Otherwise the comparison is inconclusive and the verdict fails (fail-closed).
     """
