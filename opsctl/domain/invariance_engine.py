@@ -49,6 +49,7 @@ class SettingCheck:
         return record(self)
 
 
+SENT_SOURCE = "sent with every request; checked in the responses"
 INFO_SOURCE = "engine_info probe (EngineCore config)"
 NO_LEDGER = "no opsctl ledger for this server"
 
@@ -147,23 +148,17 @@ def check_request_settings(completions: list[Generated], max_tokens: int) -> lis
     lengths_ok = all(
         len(g.token_ids) >= max_tokens and g.finish_reason in ("length", None) for g in usable
     )
-    src = "sent with every request; checked in the responses"
+
+    def sent(name: str, wanted: str, ok: bool, seen: str) -> SettingCheck:
+        status = VERIFIED if ok and usable else (MISMATCH if usable else NOT_VERIFIED)
+        return SettingCheck(name, wanted, seen, status, SENT_SOURCE)
+
     return [
-        SettingCheck(
-            "greedy (temperature 0)",
-            "argmax token",
-            "argmax at every position" if argmax_ok else "a sampled token was not the top-1",
-            VERIFIED if argmax_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
-            src,
-        ),
-        SettingCheck(
-            "ignore_eos",
-            "run to max_tokens",
-            "every completion reached max_tokens" if lengths_ok else "a completion stopped early",
-            VERIFIED if lengths_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
-            src,
-        ),
-    ]
+        sent("greedy (temperature 0)", "argmax token", argmax_ok,
+             "argmax at every position" if argmax_ok else "a sampled token was not the top-1"),
+        sent("ignore_eos", "run to max_tokens", lengths_ok,
+             "every completion reached max_tokens" if lengths_ok else "a completion stopped early"),
+    ]  # fmt: skip
 
 
 COMPILATION_MODES = {

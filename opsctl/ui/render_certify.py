@@ -35,12 +35,8 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
                 markup=False,
             )
         s = doc["summary"]
-        colour = "green" if doc["verdict"] == "pass" else "red"
-        console.print(
-            f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['run']} run, "
-            f"{s['skipped']} skipped, {s['engine_starts']} engine start(s), {doc['duration_s']:.0f} s",
-            highlight=False,
-        )
+        _verdict(console, doc, f"{s['run']} run, {s['skipped']} skipped, "
+                 f"{s['engine_starts']} engine start(s)")  # fmt: skip
 
     return draw
 
@@ -60,11 +56,14 @@ def render_fleet(doc: dict[str, Any]) -> Callable[[Console], None]:
                           escape(first))  # fmt: skip
         console.print(table)
         s = doc["summary"]
-        colour = "green" if doc["verdict"] == "pass" else "red"
-        console.print(
-            f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['passed']} of {s['targets']} "
-            f"target(s) passed, {doc['duration_s']:.0f} s",
-            highlight=False,
-        )
+        _verdict(console, doc, f"{s['passed']} of {s['targets']} target(s) passed")
 
     return draw
+
+
+def _verdict(console: Console, doc: dict[str, Any], counts: str) -> None:
+    colour = "green" if doc["verdict"] == "pass" else "red"
+    console.print(
+        f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {counts}, {doc['duration_s']:.0f} s",
+        highlight=False,
+    )
