@@ -335,17 +335,3 @@ def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
         return ""
     more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
     return f"ALERT {alerts[0].name}{more}: "
-
-
-def detail_lines(alerts: tuple[FiredAlert, ...]) -> list[str]:
-    """The drill-in's lines: one per firing alert, then its summary and runbook."""
-    if not alerts:
-        return []
-    lines = [f"alerts firing ({len(alerts)}, from Prometheus)"]
-    for a in alerts:
-        lines.append(f"  {a.name} [{a.severity or '-'}] since {a.active_at or '-'}")
-        if a.summary:
-            lines.append(f"    {a.summary}")
-        if a.runbook:
-            lines.append(f"    next: {a.runbook}")
-    return lines

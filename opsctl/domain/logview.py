@@ -69,25 +69,3 @@ def missing(path: str, why: str, rotations: int = 0) -> LogFacts:
 def log_dict(f: LogFacts | None) -> dict[str, Any] | None:
     """The log's facts as the report's ``log`` object holds them (None: no log)."""
     return None if f is None else record(f)
-
-
-def detail_lines(f: LogFacts | None) -> list[str]:
-    """The drill-in's log section: where it reads, the decisive lines, the tail."""
-    if f is None:
-        return []
-    if f.reason:
-        return [f"log {f.path}: {f.reason}"]
-    head = f"log {f.path}"
-    if f.load_phase:
-        head += f"   phase: {f.load_phase}"
-    if f.rotations:
-        head += f"   rotated/truncated {f.rotations}x"
-    out = [head]
-    if f.decisive_lines:
-        out.append("decisive lines:")
-        out += [f"  {line}" for line in f.decisive_lines]
-    else:
-        out.append("decisive lines: none (no error line in its end)")
-    out.append("tail:")
-    out += [f"  {line}" for line in f.tail] or ["  (empty)"]
-    return out

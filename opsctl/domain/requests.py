@@ -322,46 +322,6 @@ def requests_dict(v: RequestsView | None, limit: int = 50) -> dict[str, Any] | N
     }
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f} ms"
-
-
-def _num(v: int | None) -> str:
-    return "-" if v is None else str(v)
-
-
-def record_line(r: RequestRecord) -> str:
-    """One request as a human line: status, endpoint, model, tokens, TTFT and duration."""
-    status = "…" if r.in_flight else str(r.status)
-    model = r.model or "-"
-    if r.adapter:
-        model = f"{model} (adapter)"
-    how = {FROM_CHUNKS: " (chunks counted)", FROM_USAGE: ""}.get(r.tokens_from or "", "")
-    line = (
-        f"{status:>12}  {r.method} {r.endpoint}  {model}  {'stream' if r.stream else 'json'}  "
-        f"in {_num(r.prompt_tokens)} out {_num(r.output_tokens)}{how}  TTFT {_ms(r.ttft_s)}  "
-        f"{'running' if r.in_flight else 'took'} {_ms(r.duration_s)}"
-    )
-    if r.error:
-        line += f"  ({r.error})"
-    if r.prompt is not None:
-        line += f"\n{'':>14}prompt: {r.prompt[:200]!r}"
-    return line
-
-
-def detail_lines(v: RequestsView | None, limit: int = 12) -> list[str]:
-    """The drill-in's requests section (plain text lines)."""
-    if v is None:
-        return []
-    head = (
-        f"requests (tee {v.listen_url} -> {v.upstream_url}): {len(v.in_flight)} in flight, "
-        f"{v.seen} seen, {v.errors} failed, {v.disconnected} disconnected"
-        + ("; prompts kept" if v.keep_prompts else "")
-    )
-    rows = [record_line(r) for r in [*v.in_flight, *v.recent][:limit]]
-    return [head, *(rows or ["  (no request through the tee yet)"])]
-
-
 def row_cell(v: RequestsView | None) -> str:
     """What the fleet row's running cell adds: the requests in flight through the tee.
 
