@@ -318,13 +318,6 @@ def model_of(doc: Mapping[str, Any]) -> str | None:
     return model.get("name") if isinstance(model, Mapping) else None
 
 
-def title_of(doc: Mapping[str, Any]) -> str:
-    """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
-    where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
-    model = model_of(doc)
-    return f"certify {model} ({where})" if model else f"certify {where}"
-
-
 def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
     """One line: checks run, passed, failed, errored, skipped and engine starts."""
     c = counts(results)

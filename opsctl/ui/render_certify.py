@@ -5,12 +5,20 @@ One table row per check (check, verdict, time, first finding), the engine starts
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console
 
 from opsctl.domain import certify as dom
+
+
+def title_of(doc: Mapping[str, Any]) -> str:
+    """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
+    where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
+    model = dom.model_of(doc)
+    return f"certify {model} ({where})" if model else f"certify {where}"
+
 
 COLOURS = {"PASS": "green", "UNVERIFIED": "yellow", "FAIL": "red", "ERROR": "red"}
 
@@ -22,7 +30,7 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(*dom.SUMMARY_COLUMNS, title=dom.title_of(doc))
+        table = Table(*dom.SUMMARY_COLUMNS, title=title_of(doc))
         for check, verdict, seconds, first in dom.summary_rows(doc["checks"]):
             colour = COLOURS.get(verdict, "dim")
             table.add_row(check, f"[{colour}]{verdict}[/]", seconds, escape(first))

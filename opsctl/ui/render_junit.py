@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from opsctl.domain.certify import title_of
+from opsctl.ui.render_certify import title_of
 
 PACKAGE = "opsctl.certify"
 # characters XML 1.0 cannot carry at all (ElementTree writes them anyway: invalid XML)
