@@ -1,7 +1,7 @@
 """The ONE definition of opsctl's fleet alerts (pure), and the Prometheus rules file.
 
-The ONE definition of opsctl's fleet alerts (pure): windows, thresholds, alert names,
-severities, summaries and runbook commands, and the Prometheus rules file built from them.
+Windows, thresholds, alert names, severities, summaries and runbook commands, and the rules file
+built from them.
 
 The console reads its own stall window and restart hold from here too
 (opsctl.domain.console_state.Settings defaults), so the console and the alerts cannot drift.
@@ -119,9 +119,8 @@ def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
 def restarts_expr(job: str | None, window_s: float) -> str:
     """Restarts per vLLM endpoint over ``window_s``: the most any restart signal saw.
 
-    Restarts per vLLM endpoint over ``window_s``: the most any of the console's restart
-    signals saw (counters that went back, process start-time changes; one restart moves
-    them all, so the most, not the sum; opsctl.domain.prom.figures_parts).
+    The signals are the console's: counters that went back, process start-time changes. One
+    restart moves them all, so the most, not the sum (opsctl.domain.prom.figures_parts).
     """
     sel, w = selector(job), dur(window_s)
     terms = [(m, f"resets({m}{sel}[{w}])") for m in RESET_COUNTERS]
@@ -293,8 +292,7 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 def parse_alerts(data: object) -> list[FiredAlert]:
     """The ``data`` of /api/v1/alerts as FiredAlerts.
 
-    The ``data`` of /api/v1/alerts (``{"alerts": [...]}``) as FiredAlerts; entries that
-    are not alerts are skipped.
+    ``data`` is ``{"alerts": [...]}``; entries that are not alerts are skipped.
     """
     items = data.get("alerts") if isinstance(data, dict) else None
     out = []
@@ -322,8 +320,7 @@ def parse_alerts(data: object) -> list[FiredAlert]:
 def firing_for(alerts: list[FiredAlert], instance: str) -> tuple[FiredAlert, ...]:
     """The firing alerts of the endpoint Prometheus labels ``instance``, most severe first.
 
-    The firing alerts of the endpoint Prometheus labels ``instance`` (any job: a rule on
-    the /health job names the same server), most severe first.
+    Any job counts: a rule on the /health job names the same server.
     """
     mine = [a for a in alerts if a.state == "firing" and a.instance == instance]
     return tuple(sorted(mine, key=lambda a: (SEVERITY_ORDER.get(a.severity or "", 3), a.name)))

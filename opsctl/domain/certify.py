@@ -1,12 +1,12 @@
 """certify, the pure part: which checks apply, their findings, verdict and exit code.
 
-certify, the pure part: which checks apply to what is certified, how each check's
-report becomes findings, the verdict and exit code, and the human summary rows.
+Also how each check's report becomes findings, and the human summary rows.
 
 No I/O: :mod:`opsctl.checks.certify` collects the facts (:class:`Subject`), runs the
-checks and hands their documents here. The JSON document, JUnit XML
-(:mod:`opsctl.domain.junit`) and SARIF (:mod:`opsctl.domain.sarif`) are all built from
-the same :class:`CheckResult` list, so the three always agree on which checks failed.
+checks and hands their documents here. The JSON document is built from the
+:class:`CheckResult` list, and JUnit XML (:mod:`opsctl.ui.render_junit`) and SARIF
+(:mod:`opsctl.ui.render_sarif`) from that document, so the three always agree on which
+checks failed.
 """
 
 from __future__ import annotations
@@ -290,8 +290,7 @@ def counts(results: Sequence[CheckResult]) -> dict[str, int]:
 def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[list[str]]:
     """The human summary rows from the document's ``checks``.
 
-    The human summary from the document's ``checks``: check, verdict, time, first
-    finding (cut to ``width``).
+    Each row: check, verdict, time, first finding (cut to ``width``).
     """
     rows = []
     for c in checks:

@@ -1,8 +1,7 @@
 """Pure rules of the checks certify adds: liveness, patch ledger, Engram and shutdown.
 
-Pure rules of the checks certify adds: liveness, patch-ledger sanity, Engram hygiene
-and shutdown hygiene. Inputs are what the collectors read (plain values); outputs are
-findings and a verdict. The checks themselves: opsctl.checks.liveness, opsctl.checks.hygiene.
+Inputs are what the collectors read (plain values); outputs are findings and a verdict. The checks
+themselves: opsctl.checks.liveness, opsctl.checks.hygiene.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """certify over a fleet, the pure part: names, deadline results, verdict and summary.
 
-certify over a fleet, the pure part: the targets' names, a target's results when its
-deadline passed, the fleet document's verdict, exit code and summary rows.
+The targets' names, a target's results when its deadline passed, the fleet document's verdict, exit
+code and summary rows.
 
 No I/O: :mod:`opsctl.checks.certify_fleet` runs one certification per target (each a
 ``certify/2`` document, :mod:`opsctl.domain.certify`) and hands them here. The fleet
@@ -96,8 +96,7 @@ def passed(entry: Mapping[str, Any]) -> bool:
 def fleet_fields(entries: Sequence[Mapping[str, Any]], interrupted: bool) -> dict[str, Any]:
     """The fleet document's verdict, state, exit code and summary.
 
-    The fleet document's verdict, state, exit code (0 every target passed, 1 any did
-    not, 130 interrupted) and summary.
+    Exit code 0: every target passed; 1: any did not; 130: interrupted.
     """
     ok = [e for e in entries if passed(e)]
     verdict = dom.PASS if entries and len(ok) == len(entries) else dom.FAILED

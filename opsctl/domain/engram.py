@@ -104,9 +104,9 @@ def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[Tabl
 def split_table(total: int, blocks: tuple[int, ...] = BLOCKS) -> TableLayout | None:
     """The preferred split of ``total`` bytes by size alone, or None.
 
-    The preferred split of ``total`` bytes by size alone (first fitting block of
-    ``blocks``: 32 before 128), or None if no block size fits. Use :func:`decide_layout`
-    when the table's bytes can be read: it resolves sizes that fit several blocks.
+    The first fitting block of ``blocks`` (32 before 128); None if no block size fits. Use
+    :func:`decide_layout` when the table's bytes can be read: it resolves sizes that fit several
+    blocks.
     """
     cands = candidate_layouts(total, blocks)
     return cands[0] if cands else None
@@ -270,8 +270,7 @@ def sample_windows(
 ) -> list[Region]:
     """Sample mode: evenly spaced windows in each region, its first and last bytes included.
 
-    Sample mode: evenly spaced windows in each region, always including its first
-    and last bytes (so both region boundaries are checked).
+    So both region boundaries are checked.
     """
     out: list[Region] = []
     for region in layout.regions():
@@ -521,8 +520,8 @@ def inspect_failure(findings: list[Finding]) -> str | None:
 def check_prefix(prefix: str) -> str:
     """``prefix`` when it names Engram tables only, else BadInput.
 
-    ``prefix`` when it names Engram tables only (``vllm_engram_...``, no '/'): inspect
-    and clean never look at, let alone remove, anything else.
+    Engram tables only: ``vllm_engram_...``, no '/'. Inspect and clean never look at, let alone
+    remove, anything else.
     """
     if not prefix.startswith(PREFIX) or "/" in prefix:
         raise BadInput(f"--prefix must start with {PREFIX!r} and contain no '/': {prefix!r}")

@@ -1,7 +1,6 @@
 """Batch invariance: compare each prompt run alone (BS=1) with it run in a batch (BS=N).
 
-Batch invariance: compare each prompt run alone (BS=1) with the same prompt run in a
-batch (BS=N), token by token and logprob by logprob. Pure: no I/O, no UI.
+Token by token and logprob by logprob. Pure: no I/O, no UI.
 
 Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
 - Comparison is bitwise by default (``atol=None``: float equality); with ``atol`` a

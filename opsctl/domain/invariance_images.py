@@ -1,7 +1,7 @@
 """Batch invariance with images (pure): which images each prompt carries, and their arrival.
 
-Batch invariance with images (vLLM PR 56528's vision-language case): which images
-each prompt carries, and whether they really reached the engine. Pure: no I/O, no UI.
+vLLM PR 56528's vision-language case: whether the images really reached the engine. Pure: no I/O, no
+UI.
 
 - :func:`plan`: deterministic images per prompt: prompt ``i`` carries ``1 + i % m``
   images (``m``: the most one prompt may carry; 1 for a one-image model), each image a
@@ -41,8 +41,7 @@ TEXT_ONLY = "text only: no images sent"
 def colour(k: int) -> RGB:
     """The ``k``-th image's colour, distinct for k < 256.
 
-    The ``k``-th image's colour: distinct for k < 256 (each channel is a bijection
-    of k modulo 256).
+    Each channel is a bijection of k modulo 256.
     """
     return ((37 * k + 11) % 256, (91 * k + 53) % 256, (173 * k + 101) % 256)
 
@@ -96,8 +95,7 @@ def model_limit(catalog_limit: int | None, engine_limit: object) -> int:
 def image_uuid(request_id: str, index: int) -> str:
     """The ``uuid`` image ``index`` of a request is sent with, unique per request.
 
-    The ``uuid`` image ``index`` of a request is sent with: unique per request, so
-    no request reuses another's processed image or encoder output.
+    So no request reuses another's processed image or encoder output.
     """
     return f"{request_id}-img{index}"
 

@@ -405,8 +405,7 @@ def affected_requests(injections: Sequence[Injection], epoch: str = "inject") ->
 def recovery_logged(log_segment: str, affected: int) -> bool:
     """Whether vLLM's own log lines account for every affected request.
 
-    Whether vLLM's own lines account for every affected request (rescheduled under
-    recompute, failed under fail): the inject phase's log is then complete.
+    Rescheduled under recompute, failed under fail: the inject phase's log is then complete.
     """
     a = account(log_segment)
     return a.rescheduled_requests + a.failed_requests >= affected

@@ -1,10 +1,8 @@
 """Which KV load-failure routes a vLLM release handles, read from its sources (pure).
 
-Which KV load-failure routes a vLLM release handles, read from its sources (pure: the
-texts come from the caller), in words an operator acts on: which connector behaviour is
-safe on which release, and what opsctl's patches add. The upgrade preflight
-(`opsctl patches --against`) shows it; docs/gpu.md and tests/patches/test_kv_recovery.py
-hold the evidence behind each rule.
+The texts come from the caller. Said in words an operator acts on: which connector behaviour is safe
+on which release, and what opsctl's patches add. The upgrade preflight (`opsctl patches --against`)
+shows it; docs/gpu.md and tests/patches/test_kv_recovery.py hold the evidence behind each rule.
 
 A connector reports a failed load one of two ways: failed *blocks*
 (``get_block_ids_with_load_errors``, for loads done in the step that computes the rest

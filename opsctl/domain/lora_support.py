@@ -1,8 +1,7 @@
 """`opsctl diag lora`, support per part: what the engine wrapped and what was measured.
 
-`opsctl diag lora`, support per part: what the engine's LoRA manager wrapped (the
-``lora`` probe's records) and what the measurements show, for the language model, the
-vision tower and the connector; and the engine's LoRA record as the report shows it.
+What the engine's LoRA manager wrapped comes from the ``lora`` probe's records, for the language
+model, the vision tower and the connector; also the engine's LoRA record as the report shows it.
 Pure: no I/O, no UI.
 
 A part is ``applied`` only when a measurement shows it (an adapter of that part, and for

@@ -53,8 +53,8 @@ def from_server_info(doc: Mapping[str, object] | None) -> str | None:
 def name(value: object) -> str | None:
     """A recorded platform as a device name (lower case), or None when it names none.
 
-    A recorded platform as a device name (lower case: cpu, cuda, rocm, xpu, ...), or
-    None when it names none: None, "", "?", "auto", or prose such as "unknown (...)".
+    Device names: cpu, cuda, rocm, xpu, ... Names none: None, "", "?", "auto", or prose such as
+    "unknown (...)".
     """
     if not isinstance(value, str):
         return None
@@ -99,8 +99,7 @@ def label(*sources: str | None, fallback: str = NOT_STARTED) -> str:
 def joined(values: Sequence[object]) -> str | None:
     """Distinct known values of several engines, in order, as one string; None if none known.
 
-    Distinct known values of several engines (runs, processes), in order, as one
-    string; None when none is known.
+    The values of runs or processes alike.
     """
     seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "", "?")))
     return ", ".join(seen) if seen else None

@@ -110,8 +110,7 @@ def normalise(text: str) -> str:
 def extract(source: str | None, qualname: str) -> str | None:
     """The normalised source of ``qualname`` in a module's ``source``, or None.
 
-    The normalised source of ``qualname`` in a module's ``source``; None if absent
-    (or the module is missing or does not parse).
+    None if absent, or the module is missing or does not parse.
     """
     parsed = _parsed(source) if source is not None else None
     if parsed is None:
@@ -133,8 +132,8 @@ def digest(text: str | None) -> str | None:
 def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
     """``{name: digest}`` of the functions and classes directly in a scope, or None.
 
-    ``{name: digest}`` of the functions and classes directly in a scope (a class,
-    or the module when ``scope_qualname`` is empty); None when the scope is absent.
+    The scope is a class, or the module when ``scope_qualname`` is empty; None when the scope is
+    absent.
     """
     parsed = _parsed(source) if source is not None else None
     if parsed is None:
@@ -194,8 +193,7 @@ class SymbolFinding:
     def unchanged(self) -> bool | None:
         """Same code as on the verified release; None when nothing was recorded.
 
-        Same code as on the verified release (absent on both counts as unchanged);
-        None when nothing was recorded to compare with.
+        Absent on both counts as unchanged.
         """
         if self.verified_exists is None:
             return None
@@ -224,8 +222,7 @@ def symbol_finding(
 ) -> SymbolFinding:
     """One symbol of the target release against the verified release's recorded digests.
 
-    One symbol of the target release against the verified release's ``recorded``
-    digests (``{symbol: digest or None when absent}``; None: nothing recorded).
+    ``recorded``: ``{symbol: digest or None when absent}``; None: nothing recorded.
     """
     found = digest(target_text)
     known = recorded is not None and symbol in recorded

@@ -1,11 +1,10 @@
 """Live requests seen by the console's tee proxy, pure: bodies, tokens, records, views.
 
-Live requests seen by the console's tee proxy, pure: what a request body asks for
-(endpoint, model, stream, whether the final stream chunk carries usage), what a response
-says about tokens (``usage`` of a JSON body; for a stream the final usage chunk when
-``stream_options.include_usage`` was asked, else the content chunks counted), the time
-to the first content, and the frozen records and views the JSON document and the TUI
-render. No I/O: the proxy (opsctl.console.tee) feeds bytes and clock readings in.
+What a request body asks for (endpoint, model, stream, whether the final stream chunk carries
+usage), what a response says about tokens (``usage`` of a JSON body; for a stream the final usage
+chunk when ``stream_options.include_usage`` was asked, else the content chunks counted), the time to
+the first content, and the frozen records and views the JSON document and the TUI render. No I/O:
+the proxy (opsctl.console.tee) feeds bytes and clock readings in.
 
 Prompt text is kept only when the operator asked (``--tee-keep-prompts``); otherwise a
 record's ``prompt`` is None, always.
@@ -216,9 +215,8 @@ class StreamCounter:
 def adapter_for(model: str | None, served: Mapping[str, str | None]) -> str | None:
     """The LoRA adapter a request's model field names, or None.
 
-    The LoRA adapter a request's model field names: ``served`` maps each id of the
-    server's /v1/models to its ``parent`` (vLLM sets it for adapters, None for the base
-    model). None for the base model or an unknown name.
+    ``served`` maps each id of the server's /v1/models to its ``parent`` (vLLM sets it for
+    adapters, None for the base model). None for the base model or an unknown name.
     """
     if model is None:
         return None
@@ -264,8 +262,7 @@ class RequestRecord:
 class RequestsView:
     """One tee's requests at one moment: in flight and finished, with totals.
 
-    One tee's requests at one moment: in flight (oldest first) and finished (newest
-    first), with totals since the tee started.
+    In flight oldest first, finished newest first; totals since the tee started.
     """
 
     listen_url: str

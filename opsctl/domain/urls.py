@@ -74,8 +74,7 @@ validate_url = normalise_url
 def loopback_port(url: str) -> int | None:
     """The port of a URL naming this node's loopback, or None.
 
-    The port of a URL naming this node's loopback (localhost, 127.x, ::1); None for
-    another host's URL or one without a port.
+    Loopback: localhost, 127.x, ::1. None for another host's URL or one without a port.
     """
     from urllib.parse import urlsplit
 

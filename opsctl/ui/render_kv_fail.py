@@ -50,8 +50,7 @@ def _requests(doc: Mapping[str, Any]) -> Table:
 def noise_text(noise: Mapping[str, Any] | None) -> str | None:
     """The comparison's noise floor as one line, or None.
 
-    The comparison's noise floor as one line (None: no round trip was compared, or a
-    document recorded before the field existed).
+    None: no round trip was compared, or a document recorded before the field existed.
     """
     if not noise or noise.get("mode") is None:
         return None
