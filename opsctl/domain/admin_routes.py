@@ -29,6 +29,8 @@ DEV_ENV = "VLLM_SERVER_DEV_MODE=1"
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One admin route of vLLM's server: method, path, whether dev mode and a confirm are needed."""
+
     name: str
     method: str
     path: str
@@ -92,6 +94,8 @@ def explain_404(r: Route, version: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """What an admin action did: whether it worked, in one line for the operator."""
+
     ok: bool
     text: str  # one line for the operator
 

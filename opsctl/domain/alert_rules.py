@@ -1,5 +1,7 @@
-"""The ONE definition of opsctl's fleet alerts (pure): windows, thresholds, alert names,
-severities, summaries and runbook commands, and the Prometheus rules file built from them.
+"""The ONE definition of opsctl's fleet alerts (pure), and the Prometheus rules file.
+
+Windows, thresholds, alert names, severities, summaries and runbook commands, and the rules file
+built from them.
 
 The console reads its own stall window and restart hold from here too
 (opsctl.domain.console_state.Settings defaults), so the console and the alerts cannot drift.
@@ -62,6 +64,8 @@ BY = "job, instance"
 
 @dataclass(frozen=True, slots=True)
 class Alert:
+    """One fleet alert: name, severity, summary, runbook command, PromQL and its ``for``."""
+
     name: str
     severity: str  # critical | warning | info
     summary: str
@@ -71,8 +75,11 @@ class Alert:
 
 
 def dur(seconds: float) -> str:
-    """A Prometheus duration to the millisecond, as a reader writes it: ``10s``, ``15m``,
-    ``9s999ms`` (a compound duration, Prometheus 2.x and 3.x), ``250ms``."""
+    """A Prometheus duration to the millisecond, as a reader writes it.
+
+    For example ``10s``, ``15m``, ``250ms`` or ``9s999ms`` (a compound duration, Prometheus 2.x
+    and 3.x).
+    """
     ms = max(1, round(seconds * 1000))
     if ms % 1000 == 0:
         s = ms // 1000
@@ -87,6 +94,7 @@ def quote(value: str) -> str:
 
 
 def selector(job: str | None, extra: str = "") -> str:
+    """The PromQL label selector for ``job`` plus ``extra`` matchers ("" when neither)."""
     parts = [f"job={quote(job)}"] if job else []
     if extra:
         parts.append(extra)
@@ -109,9 +117,11 @@ def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
 
 
 def restarts_expr(job: str | None, window_s: float) -> str:
-    """Restarts per vLLM endpoint over ``window_s``: the most any of the console's restart
-    signals saw (counters that went back, process start-time changes; one restart moves
-    them all, so the most, not the sum; opsctl.domain.prom.figures_parts)."""
+    """Restarts per vLLM endpoint over ``window_s``: the most any restart signal saw.
+
+    The signals are the console's: counters that went back, process start-time changes. One
+    restart moves them all, so the most, not the sum (opsctl.domain.prom.figures_parts).
+    """
     sel, w = selector(job), dur(window_s)
     terms = [(m, f"resets({m}{sel}[{w}])") for m in RESET_COUNTERS]
     terms.append((START_TIME, f"changes({START_TIME}{sel}[{w}])"))
@@ -121,13 +131,17 @@ def restarts_expr(job: str | None, window_s: float) -> str:
 
 
 def kv_expr(job: str | None) -> str:
-    """Requests preempted for KV cache space at the advisor's kv_preemption rate (vLLM
-    preempts only when the KV cache is full: the rate is the saturation)."""
+    """PromQL: requests preempted for KV cache space at the advisor's kv_preemption rate.
+
+    Requests preempted for KV cache space at the advisor's kv_preemption rate (vLLM
+    preempts only when the KV cache is full: the rate is the saturation).
+    """
     rate = f"sum by ({BY}) (rate({PREEMPTIONS}{selector(job)}[{dur(RATE_WINDOW_S)}]))"
     return f"{rate} >= {KV_PREEMPTION_MIN_PER_S:g}"
 
 
 def queue_expr(job: str | None) -> str:
+    """PromQL: a waiting queue never empty and still growing over the growth window."""
     sel, w = selector(job), dur(QUEUE_GROWTH_WINDOW_S)
     return (
         f"(sum by ({BY}) (min_over_time({WAITING}{sel}[{w}])) > 0)\n"
@@ -136,6 +150,7 @@ def queue_expr(job: str | None) -> str:
 
 
 def errors_expr(job: str | None) -> str:
+    """PromQL: the share of requests finished with an error at or above ERROR_RATIO."""
     w = dur(RATE_WINDOW_S)
     errored = selector(job, 'finished_reason="error"')
     bad = f"sum by ({BY}) (rate({REQUEST_SUCCESS}{errored}[{w}]))"
@@ -144,11 +159,13 @@ def errors_expr(job: str | None) -> str:
 
 
 def ttft_expr(job: str | None) -> str:
+    """PromQL: the p99 time to first token above TTFT_P99_S."""
     rate = f"sum by ({BY}, le) (rate({TTFT_BUCKET}{selector(job)}[{dur(RATE_WINDOW_S)}]))"
     return f"histogram_quantile(0.99, {rate}) > {TTFT_P99_S:g}"
 
 
 def down_expr(job: str | None) -> str:
+    """PromQL: a vLLM target Prometheus scraped lately that is down."""
     if job:
         return f"up{selector(job)} == 0"
     seen = f"group by ({BY}) (last_over_time({RUNNING}[{dur(TARGET_SEEN_S)}]))"
@@ -159,6 +176,7 @@ CONSOLE = "opsctl console http://{{ $labels.instance }}"
 
 
 def alerts(job: str | None) -> list[Alert]:
+    """The fleet alerts for ``job`` (None: every job), in the rules file's order."""
     w = f"{STALL_WINDOW_S:g} s"
     loop = f"{RESTART_LOOP_COUNT} restarts in {RESTART_LOOP_WINDOW_S / 60:g} min"
     return [
@@ -204,6 +222,7 @@ def alerts(job: str | None) -> list[Alert]:
 
 
 def recording_rules(job: str | None) -> list[dict]:
+    """The recording rules the alerts and dashboards read, for ``job``."""
     sel, w = selector(job), dur(RATE_WINDOW_S)
     return [
         {"record": "instance:vllm_requests_running:sum",
@@ -240,8 +259,10 @@ ALERT_NAMES = tuple(a.name for a in alerts(None))
 
 
 def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
-    """The rules file's text: a header naming its settings, then the YAML (multi-line
-    expressions as literal blocks, so the PromQL reads as written)."""
+    """The rules file's text: a header naming its settings, then the YAML.
+
+    Multi-line expressions are literal blocks, so the PromQL reads as written.
+    """
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -269,8 +290,10 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def parse_alerts(data: object) -> list[FiredAlert]:
-    """The ``data`` of /api/v1/alerts (``{"alerts": [...]}``) as FiredAlerts; entries that
-    are not alerts are skipped."""
+    """The ``data`` of /api/v1/alerts as FiredAlerts.
+
+    ``data`` is ``{"alerts": [...]}``; entries that are not alerts are skipped.
+    """
     items = data.get("alerts") if isinstance(data, dict) else None
     out = []
     for a in items if isinstance(items, list) else []:
@@ -295,8 +318,10 @@ def parse_alerts(data: object) -> list[FiredAlert]:
 
 
 def firing_for(alerts: list[FiredAlert], instance: str) -> tuple[FiredAlert, ...]:
-    """The firing alerts of the endpoint Prometheus labels ``instance`` (any job: a rule on
-    the /health job names the same server), most severe first."""
+    """The firing alerts of the endpoint Prometheus labels ``instance``, most severe first.
+
+    Any job counts: a rule on the /health job names the same server.
+    """
     mine = [a for a in alerts if a.state == "firing" and a.instance == instance]
     return tuple(sorted(mine, key=lambda a: (SEVERITY_ORDER.get(a.severity or "", 3), a.name)))
 
@@ -307,17 +332,3 @@ def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
         return ""
     more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
     return f"ALERT {alerts[0].name}{more}: "
-
-
-def detail_lines(alerts: tuple[FiredAlert, ...]) -> list[str]:
-    """The drill-in's lines: one per firing alert, then its summary and runbook."""
-    if not alerts:
-        return []
-    lines = [f"alerts firing ({len(alerts)}, from Prometheus)"]
-    for a in alerts:
-        lines.append(f"  {a.name} [{a.severity or '-'}] since {a.active_at or '-'}")
-        if a.summary:
-            lines.append(f"    {a.summary}")
-        if a.runbook:
-            lines.append(f"    next: {a.runbook}")
-    return lines

@@ -1,10 +1,12 @@
-"""certify, the pure part: which checks apply to what is certified, how each check's
-report becomes findings, the verdict and exit code, and the human summary rows.
+"""certify, the pure part: which checks apply, their findings, verdict and exit code.
+
+Also how each check's report becomes findings, and the human summary rows.
 
 No I/O: :mod:`opsctl.checks.certify` collects the facts (:class:`Subject`), runs the
-checks and hands their documents here. The JSON document, JUnit XML
-(:mod:`opsctl.domain.junit`) and SARIF (:mod:`opsctl.domain.sarif`) are all built from
-the same :class:`CheckResult` list, so the three always agree on which checks failed.
+checks and hands their documents here. The JSON document is built from the
+:class:`CheckResult` list, and JUnit XML (:mod:`opsctl.ui.render_junit`) and SARIF
+(:mod:`opsctl.ui.render_sarif`) from that document, so the three always agree on which
+checks failed.
 """
 
 from __future__ import annotations
@@ -63,9 +65,12 @@ def skip_reason(check: str, s: Subject) -> str | None:
 
 
 def excluded_by_config(check: str, s: Subject) -> str | None:
-    """Why the server's own configuration excludes ``check`` from certify's default set
+    """Why the server's own configuration leaves ``check`` out of the default set, or None.
+
+    Why the server's own configuration excludes ``check`` from certify's default set
     (None: it does not). Unlike :func:`skip_reason` the check can still run: asked for
-    by name (``--checks``), it runs and judges fail-closed."""
+    by name (``--checks``), it runs and judges fail-closed.
+    """
     if check == INVARIANCE and not s.managed and s.prefix_caching and s.generative:
         return (
             "not applicable to this server's configuration: it runs with prefix caching on "
@@ -97,8 +102,11 @@ class Selection:
 
 
 def select(s: Subject, only: Sequence[str] = (), skip: Sequence[str] = ()) -> Selection:
-    """Applicable checks minus ``skip`` (or only ``only``). A check named in ``only``
-    that cannot run is ValueError (the command's exit 2), with the reason."""
+    """Applicable checks minus ``skip`` (or only ``only``).
+
+    A check named in ``only`` that cannot run is ValueError (the command's exit 2), with the
+    reason.
+    """
     refused = [f"{c}: {skip_reason(c, s)}" for c in only if skip_reason(c, s)]
     if refused:
         raise ValueError("cannot run " + "; ".join(refused))
@@ -140,6 +148,7 @@ class CheckResult:
 
     @property
     def title(self) -> str:
+        """The check's title, as certify's registry names it."""
         return title(self.check)
 
     def first_finding(self) -> Finding | None:
@@ -158,6 +167,7 @@ class CheckResult:
         return f.message if f is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as the ``certify`` document's ``checks`` list holds it."""
         return {
             "check": self.check,
             "title": self.title,
@@ -173,21 +183,26 @@ class CheckResult:
 
 
 def skipped(check: str, reason: str) -> CheckResult:
+    """The result of a check that did not run, with why."""
     return CheckResult(check, SKIPPED, reason=reason)
 
 
 def errored(check: str, message: str, seconds: float, timed_out: bool, engines=()) -> CheckResult:
+    """The result of a check that crashed or timed out: one FAIL finding with the message."""
     code = f"{check}.timeout" if timed_out else f"{check}.error"
     finding = Finding(FAIL, code, message)
     return CheckResult(check, ERROR, seconds, message, (finding,), tuple(engines), timed_out)
 
 
 def not_reached(message: str, seconds: float, state: str = UNREACHABLE) -> list[CheckResult]:
-    """The results when certify never reached its checks: ``liveness`` failed with the
+    """The results when certify never reached its checks: liveness failed, the rest skipped.
+
+    The results when certify never reached its checks: ``liveness`` failed with the
     reason (code ``liveness.unreachable`` or ``liveness.unauthorized``: no vLLM server
     answered us), or errored when certify itself failed (state ``crashed``:
     ``liveness.error``); every other check skipped, saying why. One failed test case in
-    JUnit, one SARIF result."""
+    JUnit, one SARIF result.
+    """
     if state == CRASHED:
         first = errored(LIVENESS, message, seconds, False)
         why = "not run: certify failed before its checks"
@@ -210,9 +225,12 @@ def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> Ch
 
 
 def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """A check's findings as Finding objects: its ``findings`` list where it has one; for
+    """A check's findings as Finding objects, from the check's document.
+
+    A check's findings as Finding objects: its ``findings`` list where it has one; for
     invariance (reasons and warnings, no codes) the stable codes invariance.divergence
-    and invariance.warning. Test-knob warnings become certify.test_knobs."""
+    and invariance.warning. Test-knob warnings become certify.test_knobs.
+    """
     out: list[Finding] = []
     for f in doc.get("findings") or ():
         if isinstance(f, Mapping) and f.get("code"):
@@ -244,9 +262,12 @@ def overall(results: Sequence[CheckResult]) -> str:
 
 
 def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
-    """3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1 any failed
-    (or errored); 4 when the only problems are checks that timed out (nothing failed on
-    its own findings)."""
+    """The certify exit code: 0 pass, 1 failed, 3 unreachable, 4 only timeouts, 130 stop.
+
+    3 when no vLLM server answered, 130 when interrupted; else 0 all applicable checks passed; 1
+    any failed (or errored); 4 when the only problems are checks that timed out (nothing failed
+    on its own findings).
+    """
     if state in (UNREACHABLE, UNAUTHORIZED):
         return EXIT_UNREACHABLE
     if state == INTERRUPTED:
@@ -258,6 +279,7 @@ def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
 
 
 def counts(results: Sequence[CheckResult]) -> dict[str, int]:
+    """Results per verdict, and ``run``: the results not skipped."""
     out = {v: 0 for v in (PASS, UNVERIFIED, FAILED, ERROR, SKIPPED)}
     for r in results:
         out[r.verdict] = out.get(r.verdict, 0) + 1
@@ -266,8 +288,10 @@ def counts(results: Sequence[CheckResult]) -> dict[str, int]:
 
 
 def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[list[str]]:
-    """The human summary from the document's ``checks``: check, verdict, time, first
-    finding (cut to ``width``)."""
+    """The human summary rows from the document's ``checks``.
+
+    Each row: check, verdict, time, first finding (cut to ``width``).
+    """
     rows = []
     for c in checks:
         verdict = str(c["verdict"])
@@ -293,14 +317,8 @@ def model_of(doc: Mapping[str, Any]) -> str | None:
     return model.get("name") if isinstance(model, Mapping) else None
 
 
-def title_of(doc: Mapping[str, Any]) -> str:
-    """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
-    where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
-    model = model_of(doc)
-    return f"certify {model} ({where})" if model else f"certify {where}"
-
-
 def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
+    """One line: checks run, passed, failed, errored, skipped and engine starts."""
     c = counts(results)
     return (
         f"{c['run']} check(s) run: {c[PASS] + c[UNVERIFIED]} passed, {c[FAILED]} failed, "
@@ -309,9 +327,11 @@ def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
 
 
 def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
-    """The command's exit code and its one stderr line for a certify document: the
-    error when nothing was certified (unreachable 3, crashed 1), the checks asked for
-    that cannot run here (2), else the summary with what failed (1) or timed out (4)."""
+    """The command's exit code and its one stderr line for a certify document.
+
+    The error when nothing was certified (unreachable 3, crashed 1), the checks asked for that
+    cannot run here (2), else the summary with what failed (1) or timed out (4).
+    """
     if doc["state"] in NOT_REACHED:
         return int(doc["exit_code"]), str(doc["error"])
     if doc["refused"]:

@@ -1,6 +1,7 @@
-"""Pure rules of the checks certify adds: liveness, patch-ledger sanity, Engram hygiene
-and shutdown hygiene. Inputs are what the collectors read (plain values); outputs are
-findings and a verdict. The checks themselves: opsctl.checks.liveness, opsctl.checks.hygiene.
+"""Pure rules of the checks certify adds: liveness, patch ledger, Engram and shutdown.
+
+Inputs are what the collectors read (plain values); outputs are findings and a verdict. The checks
+themselves: opsctl.checks.liveness, opsctl.checks.hygiene.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Liveness:
 
 
 def liveness_findings(m: Liveness) -> list[Finding]:
+    """Findings of the liveness check: /health, one request, and the engine's progress."""
     out: list[Finding] = []
     if m.health_status != 200:
         got = f"HTTP {m.health_status}" if m.health_status is not None else m.health_error
@@ -92,8 +94,11 @@ def liveness_findings(m: Liveness) -> list[Finding]:
 
 
 def ledger_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ledger in a few fields: processes (role, pid), vLLM version, platform, and
-    per patch the statuses it got across processes (name -> status -> count)."""
+    """The patch ledger in a few fields: processes, vLLM version, platform, patch statuses.
+
+    The ledger in a few fields: processes (role, pid), vLLM version, platform, and
+    per patch the statuses it got across processes (name -> status -> count).
+    """
     patches: dict[str, dict[str, int]] = {}
     knobs: dict[str, str] = {}
     for r in records:
@@ -123,6 +128,7 @@ def _platform(records: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def ledger_findings(records: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Findings of the patch-ledger check: no ledger, failed patches, test knobs, or sane."""
     if not records:
         return [Finding(FAIL, "patches.no_ledger", "the run directory has no patch ledger")]
     out: list[Finding] = []
@@ -169,9 +175,12 @@ def engram_findings(
     orphans: Sequence[Mapping[str, Any]],
     capacity: Mapping[str, Any] | None,
 ) -> list[Finding]:
-    """``inspect``: engram inspect's findings; ``orphans``: engram clean's dry-run list;
+    """Findings of the Engram hygiene check: inspect, orphans and /dev/shm capacity.
+
+    ``inspect``: engram inspect's findings; ``orphans``: engram clean's dry-run list;
     ``capacity``: the plan's {"total_bytes", "shm_free_bytes", "fits_shm", "chosen"} for the
-    model's Engram tables, None when the model has none."""
+    model's Engram tables, None when the model has none.
+    """
     out = [
         Finding(str(f["severity"]), str(f["code"]), str(f["message"]), dict(f.get("details") or {}))
         for f in inspect
@@ -229,6 +238,7 @@ class Shutdown:
 
 
 def shutdown_findings(engines: Sequence[Shutdown]) -> list[Finding]:
+    """Findings of the shutdown check: engines not stopped, processes or segments left."""
     if not engines:
         return [Finding(INFO, "shutdown.no_engine", "no engine was started")]
     out: list[Finding] = []

@@ -1,5 +1,7 @@
-"""certify over a fleet, the pure part: the targets' names, a target's results when its
-deadline passed, the fleet document's verdict, exit code and summary rows.
+"""certify over a fleet, the pure part: names, deadline results, verdict and summary.
+
+The targets' names, a target's results when its deadline passed, the fleet document's verdict, exit
+code and summary rows.
 
 No I/O: :mod:`opsctl.checks.certify_fleet` runs one certification per target (each a
 ``certify/2`` document, :mod:`opsctl.domain.certify`) and hands them here. The fleet
@@ -56,12 +58,13 @@ class Done:
 def deadline_results(
     done: Mapping[str, Done], running: str | None, seconds: float, why: str, deadline: bool
 ) -> list[dom.CheckResult]:
-    """The results of a certification stopped from outside (``why``): finished checks
-    keep their verdict; the check running then is an error case (timed out when
-    ``deadline``); the rest are skipped, saying why. At a ``deadline``, liveness when it
-    had not passed is a FAILED case (``liveness.deadline``: no vLLM server gave its
-    answers in time; a dead or hung target is a failed liveness case, never a missing
-    one)."""
+    """The results of a certification stopped from outside (``why``).
+
+    Finished checks keep their verdict; the check running then is an error case (timed out when
+    ``deadline``); the rest are skipped, saying why. At a ``deadline``, liveness when it had not
+    passed is a FAILED case (``liveness.deadline``: no vLLM server gave its answers in time; a
+    dead or hung target is a failed liveness case, never a missing one).
+    """
     out: dict[str, dom.CheckResult] = {}
     for check, d in done.items():
         findings: tuple[Finding, ...] = ()
@@ -86,12 +89,15 @@ def entry(target: FleetTarget, doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def passed(entry: Mapping[str, Any]) -> bool:
+    """True when the target's certification exited 0."""
     return entry.get("exit_code") == 0
 
 
 def fleet_fields(entries: Sequence[Mapping[str, Any]], interrupted: bool) -> dict[str, Any]:
-    """The fleet document's verdict, state, exit code (0 every target passed, 1 any did
-    not, 130 interrupted) and summary."""
+    """The fleet document's verdict, state, exit code and summary.
+
+    Exit code 0: every target passed; 1: any did not; 130: interrupted.
+    """
     ok = [e for e in entries if passed(e)]
     verdict = dom.PASS if entries and len(ok) == len(entries) else dom.FAILED
     code = dom.EXIT_INTERRUPTED if interrupted else (0 if verdict == dom.PASS else 1)
@@ -110,6 +116,7 @@ def fleet_fields(entries: Sequence[Mapping[str, Any]], interrupted: bool) -> dic
 
 
 def first_failure(entry: Mapping[str, Any]) -> str:
+    """The target's first failure for a human line: its error, or a failing check's finding."""
     if entry.get("error"):
         return str(entry["error"])
     for c in entry.get("checks") or ():
@@ -119,6 +126,7 @@ def first_failure(entry: Mapping[str, Any]) -> str:
 
 
 def summary_rows(entries: Sequence[Mapping[str, Any]], width: int = 60) -> list[list[str]]:
+    """The fleet summary table's rows: name, URL, verdict, state, time, first failure."""
     rows = []
     for e in entries:
         text = first_failure(e)

@@ -1,6 +1,9 @@
-"""What the console attaches to an endpoint from its advisor and from Prometheus's alerts
+"""What the console attaches to an endpoint: advisor advice and Prometheus alerts (data).
+
+What the console attaches to an endpoint from its advisor and from Prometheus's alerts
 (pure data; a leaf module: opsctl.domain.console types its views with these, and the
-advisor and alert_rules, which read that module, make them)."""
+advisor and alert_rules, which read that module, make them).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Advice:
+    """One piece of advice: code, severity, message, the figures behind it, the next command."""
+
     code: str  # one of CODES
     severity: str  # fail | warning | info
     message: str
@@ -17,6 +22,7 @@ class Advice:
     next: str = ""  # the command to run next
 
     def to_dict(self) -> dict[str, Any]:
+        """The advice as the console's and advisor's reports hold it."""
         return {
             "code": self.code,
             "severity": self.severity,
@@ -40,6 +46,7 @@ class FiredAlert:
     job: str | None
 
     def to_dict(self) -> dict:
+        """The alert as the console's report holds it (``name`` as ``alertname``)."""
         return {
             "alertname": self.name,
             "state": self.state,

@@ -49,23 +49,29 @@ VERIFY_MODES = ("none", "sample", "full")
 
 @dataclass(frozen=True, slots=True)
 class TableLayout:
+    """How an Engram table's bytes split: fp8 weights first, then ue8m0 scales per block."""
+
     total: int
     weight_bytes: int
     scale_bytes: int
     block: int
 
     def regions(self) -> tuple[Region, Region]:
+        """The weights and scales regions, each with the constant dummy fill writes there."""
         return (
             Region("weights", 0, self.weight_bytes, FP8_E4M3_ONE),
             Region("scales", self.weight_bytes, self.total, UE8M0_ONE),
         )
 
     def rows_times_dim(self) -> int:
+        """Rows x embedding dimension: one fp8 byte per weight."""
         return self.weight_bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Region:
+    """A byte range of a table, and the value every byte holds in dummy mode."""
+
     name: str
     start: int  # byte offset in the table
     end: int
@@ -73,12 +79,16 @@ class Region:
 
     @property
     def size(self) -> int:
+        """The region's length in bytes."""
         return self.end - self.start
 
 
 def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[TableLayout]:
-    """Every weight/scale split of ``total`` bytes, one per block size that fits, in
-    ``blocks`` order."""
+    """Every weight/scale split of ``total`` bytes that a block size allows.
+
+    Every weight/scale split of ``total`` bytes, one per block size that fits, in
+    ``blocks`` order.
+    """
     out: list[TableLayout] = []
     if total <= 0:
         return out
@@ -92,17 +102,23 @@ def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[Tabl
 
 
 def split_table(total: int, blocks: tuple[int, ...] = BLOCKS) -> TableLayout | None:
-    """The preferred split of ``total`` bytes by size alone (first fitting block of
-    ``blocks``: 32 before 128), or None if no block size fits. Use :func:`decide_layout`
-    when the table's bytes can be read: it resolves sizes that fit several blocks."""
+    """The preferred split of ``total`` bytes by size alone, or None.
+
+    The first fitting block of ``blocks`` (32 before 128); None if no block size fits. Use
+    :func:`decide_layout` when the table's bytes can be read: it resolves sizes that fit several
+    blocks.
+    """
     cands = candidate_layouts(total, blocks)
     return cands[0] if cands else None
 
 
 def looks_like_scales(data: Any) -> bool:
-    """Whether bytes look like ue8m0 scale exponents: a narrow band around 127 (2^0),
+    """Whether bytes look like ue8m0 scale exponents rather than fp8 weights.
+
+    Whether bytes look like ue8m0 scale exponents: a narrow band around 127 (2^0),
     no 0xFF (NaN) and no 0x00. fp8 weights are not: dummy 0x38 is far from 127, and real
-    weights carry both signs (bytes on both sides of 0x80), a spread over 64."""
+    weights carry both signs (bytes on both sides of 0x80), a spread over 64.
+    """
     import numpy as np
 
     arr = np.frombuffer(data, dtype=np.uint8)
@@ -113,12 +129,15 @@ def looks_like_scales(data: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class LayoutDecision:
+    """The layout chosen for a table, how it was chosen and the block sizes that fit."""
+
     layout: TableLayout | None
     how: str  # forced | size | data | default | none
     detail: str
     candidates: tuple[int, ...]  # block sizes the size fits
 
     def to_dict(self) -> dict[str, Any]:
+        """The decision as the report's ``layout`` object holds it."""
         return {
             "block": self.layout.block if self.layout else None,
             "how": self.how,
@@ -133,9 +152,12 @@ Window = tuple[int, int]  # (offset, length) of table bytes
 def boundary_windows(
     total: int | None, forced: int | None = None, blocks: tuple[int, ...] = BLOCKS
 ) -> tuple[Window, ...]:
-    """The table bytes :func:`decide_layout` needs to see: both sides of every candidate's
+    """The table bytes that must be read to decide its layout (often none).
+
+    The table bytes :func:`decide_layout` needs to see: both sides of every candidate's
     weight/scale boundary, only when the size fits several block sizes and none is
-    forced (else the size decides and nothing needs reading)."""
+    forced (else the size decides and nothing needs reading).
+    """
     if not total or total <= 0 or forced is not None:
         return ()
     cands = candidate_layouts(total, blocks)
@@ -222,12 +244,15 @@ def _layout_from_data(cands: list[TableLayout], data: Mapping[Window, bytes]) ->
 def size_from_mapping(
     vma_bytes: int, tail: Any | None, blocks: tuple[int, ...] = BLOCKS
 ) -> int | None:
-    """The table size behind a page-rounded mapping (deleted file read through
+    """The table size behind a page-rounded mapping, from its last page; None if unknown.
+
+    The table size behind a page-rounded mapping (deleted file read through
     /proc/PID/mem, no map_files to stat), from its last page ``tail``: the mapping's bytes
     past the file's end read as 0 and a table never ends in 0 (last byte is a ue8m0
     scale, 127 in dummy fill; ue8m0 0 would be 2^-127), so the size is one past the last
     non-zero byte. None when the tail is unknown or all zero, or the size found fits no
-    block: the size is then unknown, never guessed."""
+    block: the size is then unknown, never guessed.
+    """
     if tail is None or vma_bytes <= 0:
         return None
     import numpy as np
@@ -243,8 +268,10 @@ def size_from_mapping(
 def sample_windows(
     layout: TableLayout, windows: int = 64, window_bytes: int = 64 * 1024
 ) -> list[Region]:
-    """Sample mode: evenly spaced windows in each region, always including its first
-    and last bytes (so both region boundaries are checked)."""
+    """Sample mode: evenly spaced windows in each region, its first and last bytes included.
+
+    So both region boundaries are checked.
+    """
     out: list[Region] = []
     for region in layout.regions():
         if region.size <= windows * window_bytes:
@@ -260,6 +287,7 @@ def sample_windows(
 
 
 def verify_plan(layout: TableLayout, mode: str) -> list[Region]:
+    """The regions to verify in ``mode``: all (full), sampled windows (sample) or none."""
     if mode == "full":
         return list(layout.regions())
     if mode == "sample":
@@ -284,8 +312,10 @@ INCOMPLETE = ("denied", "error", "unverifiable")  # verify statuses: requested, 
 
 def table_findings(table: dict[str, Any], pids_given: bool = False) -> list[Finding]:
     """Findings for one table as the collector reports it (``TableReport.to_dict()``).
-    ``pids_given``: inspect looked only at some processes' mappings (``--pid``), so a
-    linked file no listed process maps is not known to be an orphan."""
+
+    ``pids_given``: inspect looked only at some processes' mappings (``--pid``), so a linked
+    file no listed process maps is not known to be an orphan.
+    """
     out = _layout_findings(table)
     out += _mapper_findings(table, pids_given)
     verify = _verify_finding(table)
@@ -438,6 +468,7 @@ def inspect_findings(
     as_root: bool = False,
     pids_given: bool = False,
 ) -> list[Finding]:
+    """The findings of ``engram inspect``: scan errors, each table's, incomplete verifications."""
     out = scan_findings(scan_errors, as_root)
     if not tables:
         out.append(Finding(INFO, "engram.none", f"no {PREFIX}* tables found (files or mappings)"))
@@ -459,17 +490,23 @@ def inspect_findings(
 
 
 def exit_status(findings: list[Finding]) -> int:
-    """0 when every table verifies (or nothing to verify); 1 on a fill mismatch, or when
+    """The exit code of ``engram inspect``: 0 when every table verifies, else 1.
+
+    0 when every table verifies (or nothing to verify); 1 on a fill mismatch, or when
     verification was requested and could not complete for some table (denied, read
     error, unknown size/layout). A table whose mappers all exited mid-scan is gone, not
-    unverified."""
+    unverified.
+    """
     bad = ("engram.fill_mismatch", "engram.verify_incomplete")
     return 1 if any(f.code in bad for f in findings) else 0
 
 
 def inspect_failure(findings: list[Finding]) -> str | None:
-    """The one line ``engram inspect`` fails with (exit 1), None when it passes
-    (:func:`exit_status` 0): a fill mismatch first, else the incomplete verification."""
+    """The one line ``engram inspect`` fails with (exit 1), None when it passes.
+
+    A fill mismatch comes first, else the incomplete verification (as :func:`exit_status`
+    decides).
+    """
     bad = [f for f in findings if f.code == "engram.fill_mismatch"]
     if bad:
         return f"{len(bad)} Engram table(s) not constant-filled: {bad[0].message}"
@@ -481,14 +518,18 @@ def inspect_failure(findings: list[Finding]) -> str | None:
 
 
 def check_prefix(prefix: str) -> str:
-    """``prefix`` when it names Engram tables only (``vllm_engram_...``, no '/'): inspect
-    and clean never look at, let alone remove, anything else."""
+    """``prefix`` when it names Engram tables only, else BadInput.
+
+    Engram tables only: ``vllm_engram_...``, no '/'. Inspect and clean never look at, let alone
+    remove, anything else.
+    """
     if not prefix.startswith(PREFIX) or "/" in prefix:
         raise BadInput(f"--prefix must start with {PREFIX!r} and contain no '/': {prefix!r}")
     return prefix
 
 
 def check_inspect_options(verify: str, prefix: str, block: int | None) -> None:
+    """Refuse (BadInput) a bad ``--verify`` mode, table prefix or ``--block-size``."""
     if verify not in VERIFY_MODES:
         raise BadInput(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
     check_prefix(prefix)
@@ -497,6 +538,7 @@ def check_inspect_options(verify: str, prefix: str, block: int | None) -> None:
 
 
 def check_clean_options(prefix: str, yes: bool, force: bool, min_age: float) -> None:
+    """Refuse (BadInput) a bad table prefix, ``--force`` without ``--yes``, or ``--min-age``."""
     check_prefix(prefix)
     if force and not yes:
         raise BadInput("--force only makes sense with --yes")
@@ -510,11 +552,14 @@ DEFAULT_MIN_AGE = 60.0  # seconds: a segment this fresh may be between shm_open 
 
 
 def segment_status(held: bool, symlink: bool, age: float, min_age: float) -> str:
-    """What ``clean`` may do with one /dev/shm file: ``symlink`` (never touched),
+    """What ``clean`` may do with one /dev/shm file: symlink, in-use, young or orphan.
+
+    What ``clean`` may do with one /dev/shm file: ``symlink`` (never touched),
     ``in-use`` (a live process maps it or holds it open), ``young`` (changed less than
     ``min_age`` seconds ago: it may be being set up, e.g. opened but not yet mapped,
     or shared by a process whose descriptor is about to be passed on), else ``orphan``
-    (may be removed)."""
+    (may be removed).
+    """
     if symlink:
         return "symlink"
     if held:
@@ -535,10 +580,13 @@ def unreadable_warning(denied: tuple[int, ...] | list[int]) -> str | None:
 
 
 def clean_refusal(yes: bool, kept: list[str], denied: tuple[int, ...], force: bool) -> str | None:
-    """The refusal rule: with ``--yes``, when the mappings or open files of some process
+    """The refusal line when ``clean --yes`` kept every orphan (unreadable processes), else None.
+
+    The refusal rule: with ``--yes``, when the mappings or open files of some process
     could not be read, a file only that process holds would look orphaned, so every
     orphan is kept (the collector removed nothing) unless ``--force``. Returns the
-    refusal line when that happened, else None."""
+    refusal line when that happened, else None.
+    """
     if not (yes and kept and denied and not force):
         return None
     return (
@@ -549,8 +597,11 @@ def clean_refusal(yes: bool, kept: list[str], denied: tuple[int, ...], force: bo
 
 
 def clean_failure(yes: bool, kept: list[str], refused: str | None) -> str | None:
-    """Why ``clean --yes`` failed (exit 1): it kept an orphan it listed (refused, held
-    again, gone, or not removable). None when it did everything it listed."""
+    """Why ``clean --yes`` failed (exit 1), None when it did everything it listed.
+
+    Why ``clean --yes`` failed (exit 1): it kept an orphan it listed (refused, held
+    again, gone, or not removable). None when it did everything it listed.
+    """
     if not (yes and kept):
         return None
     return refused or (

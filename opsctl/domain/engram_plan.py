@@ -46,6 +46,8 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class EngramSpec:
+    """A model's Engram configuration: layers, table rows, hash heads, n-gram size, block."""
+
     layer_ids: tuple[int, ...]
     num_embeddings: tuple[int, ...]
     n_heads: int
@@ -58,18 +60,22 @@ class EngramSpec:
 
     @property
     def n_hash_cols(self) -> int:
+        """Hash heads per layer: one per head for each n-gram size above 1."""
         return (self.max_ngram_size - 1) * self.n_heads
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of one table row: fp8 weights plus one ue8m0 scale per block."""
         return self.head_dim + self.head_dim // self.block
 
     @property
     def total_rows(self) -> int:
+        """Rows over all layers' tables."""
         return sum(self.num_embeddings)
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of all layers' tables."""
         return self.total_rows * self.row_bytes
 
 
@@ -160,8 +166,11 @@ def is_prime(n: int) -> bool:
 
 
 def head_sizes(spec: EngramSpec) -> tuple[tuple[tuple[int, ...], ...], bool]:
-    """Per layer, the bucket size of every hash head (n-gram major, as vLLM flattens them),
-    and whether they are exact (primes from engram_vocab_size) or an even split."""
+    """Per layer, the bucket size of every hash head, and whether they are exact.
+
+    Per layer, the bucket size of every hash head (n-gram major, as vLLM flattens them),
+    and whether they are exact (primes from engram_vocab_size) or an even split.
+    """
     if spec.vocab_size and spec.vocab_size < 2**32:
         seen: set[int] = set()
         layers: list[tuple[int, ...]] = []
@@ -199,6 +208,8 @@ def shard_rows(sizes: tuple[int, ...], shards: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """Where the tables go under one placement, and the memory and files that takes."""
+
     name: str  # shared | dp-sharded | private
     shards: int  # head shards per table
     per_rank_bytes: int  # the largest rank
@@ -212,6 +223,8 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """The plan for a deployment: the spec, the parallel sizes and each placement's cost."""
+
     spec: EngramSpec
     tp: int
     dp: int
@@ -230,6 +243,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as the ``engram.plan`` document holds it (the spec's derived sizes included)."""
         d = asdict(self)
         d["spec"] = {
             **asdict(self.spec),
@@ -259,6 +273,7 @@ def make_plan(
     shm_source: str = "/dev/shm",
     cpu_offload: bool = True,
 ) -> Plan:
+    """The plan for ``spec`` under tp/dp/nodes and the /dev/shm space given; PlanError if bad."""
     if tp < 1 or dp < 1 or nodes < 1:
         raise PlanError("--tp, --dp and --nodes must be >= 1")
     if (tp * dp) % nodes:

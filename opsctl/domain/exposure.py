@@ -38,6 +38,7 @@ def owned_extra_arg(extra: list[str]) -> tuple[str, str] | None:
 
 
 def refuse_owned_args(extra: list[str]) -> None:
+    """Refuse (BadInput) an argument after ``--`` that sets an option opsctl owns."""
     owned = owned_extra_arg(extra)
     if owned is not None:
         given, flag = owned
@@ -48,6 +49,7 @@ def refuse_owned_args(extra: list[str]) -> None:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback (``localhost`` or a loopback address)."""
     if host.lower() in ("localhost", "localhost."):
         return True
     try:
@@ -57,12 +59,16 @@ def is_loopback(host: str) -> bool:
 
 
 def is_wildcard(host: str) -> bool:
+    """Whether ``host`` binds every interface (``0.0.0.0``, ``::`` or empty)."""
     return host.strip("[]") in WILDCARD_HOSTS
 
 
 def exposure_note(host: str, api_key: str | None, insecure_bind: bool) -> str | None:
-    """Refuse an unauthenticated non-loopback bind (BadInput); for a bind beyond this
-    machine, the words that say how far it reaches (None for loopback)."""
+    """How far a bind reaches, in words (None for loopback); BadInput if unauthenticated.
+
+    Refuse an unauthenticated non-loopback bind (BadInput); for a bind beyond this
+    machine, the words that say how far it reaches (None for loopback).
+    """
     if is_loopback(host):
         return None
     if not api_key and not insecure_bind:

@@ -10,12 +10,15 @@ OK, INFO, WARNING, FAIL = "ok", "info", "warning", "fail"
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One finding of a check: severity, stable code, one human line, and details."""
+
     severity: str  # ok | info | warning | fail
     code: str  # short machine-readable id, e.g. "usage.mismatch"
     message: str  # one human line
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as every report's ``findings`` list holds it."""
         return asdict(self)
 
 

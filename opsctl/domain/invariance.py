@@ -1,5 +1,6 @@
-"""Batch invariance: compare each prompt run alone (BS=1) with the same prompt run in a
-batch (BS=N), token by token and logprob by logprob. Pure: no I/O, no UI.
+"""Batch invariance: compare each prompt run alone (BS=1) with it run in a batch (BS=N).
+
+Token by token and logprob by logprob. Pure: no I/O, no UI.
 
 Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
 - Comparison is bitwise by default (``atol=None``: float equality); with ``atol`` a
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from opsctl.domain.records import record
 
 IDENTICAL, WITHIN_ATOL, DIVERGED, ERROR = "identical", "within_atol", "diverged", "error"
 PASSING = (IDENTICAL, WITHIN_ATOL)
@@ -42,6 +45,8 @@ class Generated:
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
+    """Where a prompt's batched run first left its run alone: position, kind, tokens, logprobs."""
+
     position: int
     kind: str  # token | logprob | top_logprobs
     token_alone: TokenKey | None
@@ -52,20 +57,14 @@ class Divergence:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "kind": self.kind,
-            "token_alone": self.token_alone,
-            "token_batched": self.token_batched,
-            "logprob_alone": self.logprob_alone,
-            "logprob_batched": self.logprob_batched,
-            "diff": self.diff,
-            "detail": self.detail,
-        }
+        """The divergence as the report holds it (every field, by its name)."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
 class PromptResult:
+    """One prompt's comparison: its status, first divergence and largest logprob difference."""
+
     index: int
     status: str  # identical | within_atol | diverged | error
     reason: str = ""
@@ -77,23 +76,18 @@ class PromptResult:
 
     @property
     def passed(self) -> bool:
+        """True when the prompt is identical or within atol."""
         return self.status in PASSING
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "status": self.status,
-            "reason": self.reason,
-            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
-            "largest_diff": self.largest_diff,
-            "largest_diff_position": self.largest_diff_position,
-            "tokens_identical": self.tokens_identical,
-            "compared_positions": self.compared_positions,
-        }
+        """The prompt's result as the report holds it (its first divergence nested)."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    """The run's verdict and counts of prompts per status."""
+
     verdict: str  # pass | fail
     prompts: int
     identical: int
@@ -106,21 +100,12 @@ class Summary:
     reasons: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "prompts": self.prompts,
-            "identical": self.identical,
-            "within_atol": self.within_atol,
-            "diverged": self.diverged,
-            "errors": self.errors,
-            "tokens_identical": self.tokens_identical,
-            "largest_diff": self.largest_diff,
-            "comparison": self.comparison,
-            "reasons": list(self.reasons),
-        }
+        """The summary as the report holds it (the reasons as a list)."""
+        return record(self)
 
 
 def comparison_label(atol: float | None) -> str:
+    """How outputs are compared: ``bitwise`` or ``atol=<value>``."""
     return "bitwise" if atol is None else f"atol={atol:g}"
 
 
@@ -264,6 +249,7 @@ def summarize(
 
 
 def fmt_diff(d: float | None) -> str:
+    """A logprob difference for a table cell: ``-``, ``0`` or three significant digits."""
     return "-" if d is None else ("0" if d == 0 else f"{d:.3g}")
 
 
@@ -274,8 +260,11 @@ def preview(text: str, n: int = 28) -> str:
 
 
 def divergence_text(r: PromptResult) -> str:
-    """Where and how one prompt diverged (its fail-closed reason for an error, "-" when
-    it matched)."""
+    """Where and how one prompt diverged, for a table cell.
+
+    Where and how one prompt diverged (its fail-closed reason for an error, "-" when
+    it matched).
+    """
     d = r.first_divergence
     if d is None:
         return r.reason or "-"

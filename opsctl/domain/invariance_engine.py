@@ -1,6 +1,9 @@
-"""Batch invariance, engine side: the isolating settings read back from the engine's
+"""Batch invariance, engine side (pure): isolating settings, batch evidence, run findings.
+
+Batch invariance, engine side: the isolating settings read back from the engine's
 records, the evidence that the BS=N batch really formed, and what a run's engine records
-add to its verdict (failures) and its report (warnings). Pure: no I/O, no UI."""
+add to its verdict (failures) and its report (warnings). Pure: no I/O, no UI.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opsctl.domain import platform as plat
+from opsctl.domain.records import record
 
 if TYPE_CHECKING:
     from opsctl.domain.invariance import Generated
@@ -27,6 +31,8 @@ VERIFIED, NOT_VERIFIED, MISMATCH, NOT_APPLICABLE, ENFORCED = (
 
 @dataclass(frozen=True, slots=True)
 class SettingCheck:
+    """One isolating setting: what was wanted, what the engine's records show, and whence."""
+
     name: str
     wanted: str
     seen: str
@@ -35,18 +41,15 @@ class SettingCheck:
 
     @property
     def failed(self) -> bool:
+        """True when the engine ran with another value than wanted."""
         return self.status == MISMATCH
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "wanted": self.wanted,
-            "seen": self.seen,
-            "status": self.status,
-            "source": self.source,
-        }
+        """The setting as the report's ``settings`` list holds it."""
+        return record(self)
 
 
+SENT_SOURCE = "sent with every request; checked in the responses"
 INFO_SOURCE = "engine_info probe (EngineCore config)"
 NO_LEDGER = "no opsctl ledger for this server"
 
@@ -124,9 +127,12 @@ def check_engine_settings(
 
 
 def check_request_settings(completions: list[Generated], max_tokens: int) -> list[SettingCheck]:
-    """Per-request settings (sent with every request) checked against the responses:
+    """Per-request settings (greedy, ignore_eos) checked against the responses.
+
+    Per-request settings (sent with every request) checked against the responses:
     greedy -> the sampled token is the top-1 at every position; ignore_eos -> every
-    completion ran to max_tokens with finish_reason "length"."""
+    completion ran to max_tokens with finish_reason "length".
+    """
     usable = [g for g in completions if g.error is None and g.has_logprobs]
     argmax_ok = True
     for g in usable:
@@ -142,23 +148,17 @@ def check_request_settings(completions: list[Generated], max_tokens: int) -> lis
     lengths_ok = all(
         len(g.token_ids) >= max_tokens and g.finish_reason in ("length", None) for g in usable
     )
-    src = "sent with every request; checked in the responses"
+
+    def sent(name: str, wanted: str, ok: bool, seen: str) -> SettingCheck:
+        status = VERIFIED if ok and usable else (MISMATCH if usable else NOT_VERIFIED)
+        return SettingCheck(name, wanted, seen, status, SENT_SOURCE)
+
     return [
-        SettingCheck(
-            "greedy (temperature 0)",
-            "argmax token",
-            "argmax at every position" if argmax_ok else "a sampled token was not the top-1",
-            VERIFIED if argmax_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
-            src,
-        ),
-        SettingCheck(
-            "ignore_eos",
-            "run to max_tokens",
-            "every completion reached max_tokens" if lengths_ok else "a completion stopped early",
-            VERIFIED if lengths_ok and usable else (MISMATCH if usable else NOT_VERIFIED),
-            src,
-        ),
-    ]
+        sent("greedy (temperature 0)", "argmax token", argmax_ok,
+             "argmax at every position" if argmax_ok else "a sampled token was not the top-1"),
+        sent("ignore_eos", "run to max_tokens", lengths_ok,
+             "every completion reached max_tokens" if lengths_ok else "a completion stopped early"),
+    ]  # fmt: skip
 
 
 COMPILATION_MODES = {
@@ -183,8 +183,11 @@ def _fmt(v: object) -> str:
 
 
 def prompt_index(req_id: str, tag: str) -> int | None:
-    """Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
-    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt)."""
+    """Which prompt an engine request id belongs to, or None.
+
+    Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
+    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt).
+    """
     m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
     if m:
         return int(m[1]) + int(m[2])
@@ -194,6 +197,8 @@ def prompt_index(req_id: str, tag: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class BatchEvidence:
+    """What shows that the BS=N batch formed: largest co-batch, steps, prompts left alone."""
+
     source: str  # "batch probe" | "metrics (...)" | "none"
     max_batch: int | None  # largest number of this run's BS=N requests sampled together
     steps: int = 0  # sampling steps that included this run's BS=N requests
@@ -204,11 +209,13 @@ class BatchEvidence:
 
     @property
     def formed(self) -> bool | None:
+        """True when the batch formed with no prompt alone; None without evidence."""
         if self.max_batch is None:
             return None
         return self.max_batch >= 2 and not self.alone
 
     def to_dict(self) -> dict[str, Any]:
+        """The evidence as the report's ``batch`` object holds it."""
         return {
             "source": self.source,
             "max_batch": self.max_batch,
@@ -222,9 +229,12 @@ class BatchEvidence:
 
 
 def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence | None:
-    """From batch-probe step records: how many of this run's BS=N requests (ids carrying
+    """From batch-probe step records: how many BS=N requests were sampled in one step.
+
+    From batch-probe step records: how many of this run's BS=N requests (ids carrying
     ``tag``) were sampled in one step, overall and per prompt. None when no step
-    included them (probe not active in that engine)."""
+    included them (probe not active in that engine).
+    """
     best, n = 0, 0
     per_prompt: dict[int, int] = {}
     for s in steps:
@@ -246,8 +256,10 @@ def batch_from_probe(steps: list[dict], tag: str, wanted: int) -> BatchEvidence 
 
 
 def shared_steps(steps: list[dict], tag: str) -> int:
-    """Largest batch (any requests) that a BS=1 request of this run was sampled in:
-    above 1 means other traffic shared its steps, so that side was not truly BS=1."""
+    """Largest batch (any requests) that a BS=1 request of this run was sampled in.
+
+    Above 1, other traffic shared its steps, so that side was not truly BS=1.
+    """
     best = 0
     for s in steps:
         if s.get("event") != "step":
@@ -264,11 +276,13 @@ def batch_from_metrics(
     steps: int | None = None,
     tokens: int | None = None,
 ) -> BatchEvidence:
-    """From /metrics. ``steps``/``tokens`` are the engine-step and generated-token counter
-    deltas over the BS=N phase: one request adds at most one token per step, so
-    ``tokens`` spread over ``steps`` means at least ceil(tokens/steps) requests shared
-    some step (a lower bound on the peak). The sampled running-requests gauge can only
-    raise that bound; alone it may miss a short batch."""
+    """From /metrics.
+
+    ``steps``/``tokens`` are the engine-step and generated-token counter deltas over the BS=N
+    phase: one request adds at most one token per step, so ``tokens`` spread over ``steps``
+    means at least ceil(tokens/steps) requests shared some step (a lower bound on the peak). The
+    sampled running-requests gauge can only raise that bound; alone it may miss a short batch.
+    """
     peak = int(max(running_samples)) if running_samples else None
     if steps is not None and steps > 0 and tokens is not None:
         return BatchEvidence(
@@ -290,6 +304,8 @@ def batch_from_metrics(
 
 @dataclass(frozen=True, slots=True)
 class RunFindings:
+    """What a run's engine records add: failures (the verdict) and warnings (shown only)."""
+
     failures: tuple[str, ...]  # fail the run (besides the prompts' own results)
     warnings: tuple[str, ...]  # shown with the run; the verdict does not change
 
@@ -330,10 +346,13 @@ def assess_run(
     bs1_shared: int,
     nudge: object = None,
 ) -> RunFindings:
-    """A mismatched setting or a BS=N batch the probe shows did not form fails the run;
+    """The run's failures and warnings from its settings and batch evidence.
+
+    A mismatched setting or a BS=N batch the probe shows did not form fails the run;
     weaker evidence, a BS=1 request that shared its steps (``bs1_shared``: largest batch
     a BS=1 request was sampled in), a test nudge and settings that could not be verified
-    are warnings. ``nudge``: the batch probe's record of a test nudge, if armed."""
+    are warnings. ``nudge``: the batch probe's record of a test nudge, if armed.
+    """
     failures = [
         f"setting {s.name}: wanted {s.wanted}, engine has {s.seen}" for s in settings if s.failed
     ]
@@ -358,9 +377,12 @@ FAILED_RUN_PLATFORM_NOTE = "the engine of this mode did not run the comparison"
 
 
 def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str | None:
-    """The platform (a device name) the engine's own records name: engine_info, else the
+    """The platform (a device name) the engine's own records name, or None.
+
+    The platform (a device name) the engine's own records name: engine_info, else the
     batch probe's init record; None when neither names one (a report's ``platform`` is
-    then null, with a ``platform_note``)."""
+    then null, with a ``platform_note``).
+    """
     return plat.first((engine_info or {}).get("platform"), (probe_init or {}).get("platform"))
 
 

@@ -1,5 +1,7 @@
-"""Batch invariance with images (vLLM PR 56528's vision-language case): which images
-each prompt carries, and whether they really reached the engine. Pure: no I/O, no UI.
+"""Batch invariance with images (pure): which images each prompt carries, and their arrival.
+
+vLLM PR 56528's vision-language case: whether the images really reached the engine. Pure: no I/O, no
+UI.
 
 - :func:`plan`: deterministic images per prompt: prompt ``i`` carries ``1 + i % m``
   images (``m``: the most one prompt may carry; 1 for a one-image model), each image a
@@ -37,8 +39,10 @@ TEXT_ONLY = "text only: no images sent"
 
 
 def colour(k: int) -> RGB:
-    """The ``k``-th image's colour: distinct for k < 256 (each channel is a bijection
-    of k modulo 256)."""
+    """The ``k``-th image's colour, distinct for k < 256.
+
+    Each channel is a bijection of k modulo 256.
+    """
     return ((37 * k + 11) % 256, (91 * k + 53) % 256, (173 * k + 101) % 256)
 
 
@@ -60,9 +64,12 @@ def plan(prompts: int, max_images: int) -> tuple[tuple[RGB, ...], ...]:
 
 
 def images_for(multimodal: bool, model_limit: int, requested: int | None, model: str) -> int:
-    """Images per prompt for a run: ``requested`` (``--images``) when given, else the
+    """Images per prompt for a run: ``--images``, else the model's limit, else 0.
+
+    Images per prompt for a run: ``requested`` (``--images``) when given, else the
     model's limit on a multimodal model, else 0. Images for a text-only model are bad
-    input (they would be refused, or worse, ignored)."""
+    input (they would be refused, or worse, ignored).
+    """
     if requested is None:
         return max(1, model_limit) if multimodal else 0
     if requested > 0 and not multimodal:
@@ -73,9 +80,12 @@ def images_for(multimodal: bool, model_limit: int, requested: int | None, model:
 
 
 def model_limit(catalog_limit: int | None, engine_limit: object) -> int:
-    """Most images one prompt may carry: opsctl's catalog value for an embedded model
+    """Most images one prompt may carry: the catalog's, the engine's, else 1.
+
+    Most images one prompt may carry: opsctl's catalog value for an embedded model
     (capped by the engine's ``--limit-mm-per-prompt`` when it recorded one), else the
-    engine's limit, else 1 (what every vision-language model takes)."""
+    engine's limit, else 1 (what every vision-language model takes).
+    """
     engine = engine_limit if isinstance(engine_limit, int) and engine_limit >= 1 else None
     if catalog_limit:
         return min(catalog_limit, engine) if engine else catalog_limit
@@ -83,8 +93,10 @@ def model_limit(catalog_limit: int | None, engine_limit: object) -> int:
 
 
 def image_uuid(request_id: str, index: int) -> str:
-    """The ``uuid`` image ``index`` of a request is sent with: unique per request, so
-    no request reuses another's processed image or encoder output."""
+    """The ``uuid`` image ``index`` of a request is sent with, unique per request.
+
+    So no request reuses another's processed image or encoder output.
+    """
     return f"{request_id}-img{index}"
 
 
@@ -93,6 +105,8 @@ def image_uuid(request_id: str, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ImageEvidence:
+    """What shows that each request's images arrived: per prompt sent, received, encoded."""
+
     source: str  # PROBES_SOURCE | USAGE_SOURCE | TEXT_ONLY | "none"
     sent: tuple[int, ...]  # images per prompt
     received: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
@@ -103,6 +117,7 @@ class ImageEvidence:
 
     @property
     def total(self) -> int:
+        """Images sent over all prompts."""
         return sum(self.sent)
 
     def missing(self) -> list[str]:
@@ -123,6 +138,7 @@ class ImageEvidence:
         return self.source != "none" and not self.missing()
 
     def to_dict(self) -> dict[str, Any]:
+        """The evidence as the report's ``images`` object holds it."""
         return {
             "endpoint": ENDPOINT,
             "source": self.source,
@@ -170,8 +186,11 @@ def _per_prompt(by_prompt: Mapping[int, int], prompts: int) -> tuple[int | None,
 def received_items(
     mm_events: Sequence[Mapping[str, Any]], tag: str, prompts: int
 ) -> tuple[tuple[int | None, ...], int]:
-    """From ``mm_uuid`` probe records: items the engine core received per prompt of the
-    phase tagged ``tag`` (None: no record), and how many arrived with the uuid sent."""
+    """Items the engine core received per prompt, and how many kept their uuid.
+
+    From ``mm_uuid`` probe records: items the engine core received per prompt of the
+    phase tagged ``tag`` (None: no record), and how many arrived with the uuid sent.
+    """
     got: dict[int, int] = {}
     matched = 0
     for e in mm_events:
@@ -190,9 +209,12 @@ def received_items(
 def encoded_items(
     batch_events: Sequence[Mapping[str, Any]], tag: str, prompts: int
 ) -> tuple[tuple[int | None, ...], int | None]:
-    """From the batch probe's ``encoder`` records: items the vision encoder ran per
+    """Items the vision encoder ran per prompt, and the most prompts encoded in one call.
+
+    From the batch probe's ``encoder`` records: items the vision encoder ran per
     prompt of the phase tagged ``tag``, and the most of those prompts encoded in one
-    call (None, None: no encoder record at all, e.g. an older probe)."""
+    call (None, None: no encoder record at all, e.g. an older probe).
+    """
     calls = [e for e in batch_events if e.get("event") == "encoder"]
     if not calls:
         return (), None
@@ -217,9 +239,11 @@ def evidence(
     batch_events: Sequence[Mapping[str, Any]],
     image_tokens: Mapping[str, Sequence[int | None]] | None = None,
 ) -> ImageEvidence:
-    """What shows that each request's images arrived. ``mm_events``: the mm_uuid probe's
-    records (None: probe not active there); ``image_tokens`` per side and prompt: the
-    usage fallback (None when not measured)."""
+    """What shows that each request's images arrived.
+
+    ``mm_events``: the mm_uuid probe's records (None: probe not active there); ``image_tokens``
+    per side and prompt: the usage fallback (None when not measured).
+    """
     n = len(sent)
     if not any(sent):
         return ImageEvidence(TEXT_ONLY, tuple(sent))
@@ -241,9 +265,11 @@ def evidence(
 
 
 def assess(ev: ImageEvidence, batch_size: int) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of a run with images: fail closed when the records do not
-    show every request's images arriving; warn when the BS=N phase never ran two
-    prompts' images through the encoder together (tokens may still batch)."""
+    """(failures, warnings) of a run with images.
+
+    Fail closed when the records do not show every request's images arriving; warn when the BS=N
+    phase never ran two prompts' images through the encoder together (tokens may still batch).
+    """
     if ev.total == 0:
         return [], []
     failures = [f"images did not reach the engine: {m}" for m in ev.missing()]

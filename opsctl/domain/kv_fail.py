@@ -1,7 +1,8 @@
-"""`diag kv-fail` logic: arguments, what the connector can serve, the workload, output
-comparison, accounting from the engine's own log lines and from the connector's and the
-patch's events. Pure (no I/O): the check (opsctl.checks.kv_fail) collects, this module
-and :mod:`opsctl.domain.kv_fail_report` (findings, verdict, the report) decide.
+"""`diag kv-fail` logic, pure: settings, workload, output comparison and recovery accounting.
+
+Also what the connector can serve, and accounting from the engine's own log lines and from the
+connector's and the patch's events. Pure (no I/O): the check (opsctl.checks.kv_fail) collects, this
+module and :mod:`opsctl.domain.kv_fail_report` (findings, verdict, the report) decide.
 
 The diag runs one engine with the fault-injecting connector through phases:
 ``store`` (failure-free baseline; the connector stores every prompt's KV),
@@ -30,6 +31,7 @@ from engine_patches.connectors.injection import (
     prefix_len,
 )
 from opsctl.domain.metrics import MetricsSnapshot
+from opsctl.domain.records import record
 
 POLICIES = ("recompute", "fail")
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "global", "local"}
@@ -63,6 +65,8 @@ _DEATH = (
 # ---- arguments --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
+    """The run's arguments: failure policy, injection rate or blocks, request count and seed."""
+
     policy: str = "recompute"
     rate: float | None = None
     blocks: str | None = None
@@ -97,11 +101,13 @@ class Settings:
 
     @property
     def mode(self) -> str:
+        """How failures are injected: ``"rate"`` or ``"blocks"``."""
         return "rate" if self.rate is not None else "blocks"
 
     def plan(
         self, target_keys: tuple[str, ...], epoch: str = "inject", *, silent: bool = False
     ) -> InjectionPlan:
+        """The connector's injection plan for the targeted prefix keys in one phase (``epoch``)."""
         if self.rate is not None:
             return InjectionPlan(
                 rate=self.rate, seed=self.seed, requests=target_keys, epoch=epoch, silent=silent
@@ -116,9 +122,11 @@ class Settings:
 
 
 def servable(config: dict) -> str | None:
-    """Why the connector cannot serve a model (None: it can). The connector moves
-    attention KV blocks of decoder models; recurrent state (Mamba, linear attention),
-    encoders and multimodal towers are out of its reach."""
+    """Why the connector cannot serve a model (None: it can).
+
+    The connector moves attention KV blocks of decoder models; recurrent state (Mamba, linear
+    attention), encoders and multimodal towers are out of its reach.
+    """
     archs = " ".join(config.get("architectures") or [])
     if not archs:
         return "config.json names no architecture"
@@ -144,7 +152,9 @@ def make_prompts(
     n: int, seed: int, vocab_size: int, *, block_size: int = BLOCK_SIZE, max_len: int = 160
 ) -> list[list[int]]:
     """N token-id prompts of 2-4 whole blocks plus a tail, distinct, reproducible.
-    Token ids avoid the first four (special tokens of the embedded tokenizer)."""
+
+    Token ids avoid the first four (special tokens of the embedded tokenizer).
+    """
     rng = random.Random(seed)
     lo, hi = 4, max(5, vocab_size - 1)
     prompts: list[list[int]] = []
@@ -174,25 +184,31 @@ def targets_of(s: Settings) -> list[int]:
 
 
 def keys_of(prompts: Sequence[Sequence[int]], block_size: int = BLOCK_SIZE) -> list[str]:
+    """Each prompt's prefix key: what the connector stores its whole blocks under."""
     return [prefix_key(p[: prefix_len(len(p), block_size)]) for p in prompts]
 
 
 @dataclass(frozen=True)
 class Workload:
+    """The prompts, which of them get injections, and their prefix keys."""
+
     prompts: tuple[tuple[int, ...], ...]
     targets: tuple[int, ...]  # indices of the requests that get injections
     keys: tuple[str, ...]  # each prompt's prefix key (what the connector stores it under)
 
     @property
     def target_keys(self) -> tuple[str, ...]:
+        """The prefix keys of the targeted requests."""
         return tuple(self.keys[i] for i in self.targets)
 
     def describe(self, s: Settings) -> str:
+        """One line naming the request count, targets, policy and injection mode."""
         how = f"rate {s.rate}" if s.rate is not None else f"blocks {s.blocks or '-1'}"
         return f"{s.requests} requests, targets {list(self.targets)}, policy {s.policy}, {how}"
 
 
 def workload(s: Settings, vocab_size: int) -> Workload:
+    """The run's workload: reproducible prompts, their targets and prefix keys."""
     prompts = make_prompts(s.requests, s.seed, vocab_size)
     return Workload(tuple(tuple(p) for p in prompts), tuple(targets_of(s)), tuple(keys_of(prompts)))
 
@@ -200,6 +216,8 @@ def workload(s: Settings, vocab_size: int) -> Workload:
 # ---- outputs ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Output:
+    """One request's completion: HTTP success, finish reason, token ids, logprobs or error."""
+
     ok: bool  # an HTTP 200 with a choice
     finish_reason: str | None = None
     token_ids: tuple[int, ...] = ()
@@ -208,19 +226,16 @@ class Output:
 
     @property
     def failed(self) -> bool:
+        """True when the request got no choice or finished with ``error``."""
         return not self.ok or self.finish_reason == "error"
 
     def to_dict(self) -> dict:
-        return {
-            "ok": self.ok,
-            "finish_reason": self.finish_reason,
-            "token_ids": list(self.token_ids),
-            "logprobs": list(self.logprobs),
-            "error": self.error,
-        }
+        """The output as the report holds it (token ids and logprobs as lists)."""
+        return record(self)
 
 
 def output_from_response(status: int, body: Any) -> Output:
+    """The :class:`Output` of one completions reply (HTTP status and JSON body)."""
     if status != 200 or not isinstance(body, dict):
         msg = body.get("error", body) if isinstance(body, dict) else body
         if isinstance(msg, dict):
@@ -242,6 +257,8 @@ def output_from_response(status: int, body: Any) -> Output:
 
 @dataclass(frozen=True)
 class Comparison:
+    """How a request's output compares with its baseline output."""
+
     tokens_equal: bool
     logprobs_equal: bool
     max_logprob_diff: float | None
@@ -249,10 +266,12 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
+        """True when tokens and logprobs are both equal."""
         return self.tokens_equal and self.logprobs_equal
 
 
 def compare(base: Output, other: Output) -> Comparison:
+    """Compare ``other`` with the baseline ``base``: tokens, logprobs, first divergence."""
     if not base.ok or not other.ok:
         return Comparison(False, False, None, 0)
     tokens_equal = base.token_ids == other.token_ids and bool(base.token_ids)
@@ -271,6 +290,8 @@ def compare(base: Output, other: Output) -> Comparison:
 # ---- engine accounting ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Accounting:
+    """Recovery counts from vLLM's own log lines, and those lines."""
+
     rescheduled_requests: int = 0
     recomputed_tokens: int = 0
     failed_requests: int = 0
@@ -279,8 +300,11 @@ class Accounting:
 
 
 def account(log_segment: str) -> Accounting:
-    """Sum vLLM's own recovery lines ("N request(s) rescheduled (M tokens affected)",
-    "Failing N request(s) ... M tokens affected") in a slice of the server log."""
+    """Count rescheduled and failed requests and tokens from vLLM's own recovery lines.
+
+    Sum vLLM's own recovery lines ("N request(s) rescheduled (M tokens affected)",
+    "Failing N request(s) ... M tokens affected") in a slice of the server log.
+    """
     rr = rt = fr = ft = 0
     lines = []
     for line in log_segment.splitlines():
@@ -297,6 +321,7 @@ def account(log_segment: str) -> Accounting:
 
 
 def death_lines(log_segment: str, limit: int = 3) -> list[str]:
+    """The last distinct lines of the log slice that tell how the engine died."""
     out = []
     for line in log_segment.splitlines():
         if any(m in line for m in _DEATH):
@@ -320,6 +345,7 @@ class Injection:
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> Injection:
+        """The injection an event of the connector records."""
         return cls(
             e.get("key"),
             e.get("group"),
@@ -341,6 +367,7 @@ class Transfer:
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> Transfer:
+        """The transfer an event of the connector records."""
         return cls(e.get("op"), e.get("key"), int(e.get("blocks") or 0), e.get("epoch"))
 
 
@@ -356,6 +383,7 @@ class Recovery:
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> Recovery:
+        """The recovery an event of the patch records."""
         return cls(
             e.get("action"), e.get("requests"), e.get("tokens"), e.get("groups"), e.get("policy")
         )
@@ -375,8 +403,10 @@ def affected_requests(injections: Sequence[Injection], epoch: str = "inject") ->
 
 
 def recovery_logged(log_segment: str, affected: int) -> bool:
-    """Whether vLLM's own lines account for every affected request (rescheduled under
-    recompute, failed under fail): the inject phase's log is then complete."""
+    """Whether vLLM's own log lines account for every affected request.
+
+    Rescheduled under recompute, failed under fail: the inject phase's log is then complete.
+    """
     a = account(log_segment)
     return a.rescheduled_requests + a.failed_requests >= affected
 
@@ -387,8 +417,10 @@ def roundtrip_loads(transfers: Sequence[Transfer]) -> int:
 
 
 def recomputed_by_patch(recoveries: Sequence[Recovery]) -> int:
+    """Tokens the patch reports as recomputed."""
     return sum(int(r.tokens or 0) for r in recoveries if r.action == "recomputed")
 
 
 def metrics_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """The change of each kv-fail metric between two snapshots."""
     return {k: (after.get(k) or 0) - (before.get(k) or 0) for k in METRICS}

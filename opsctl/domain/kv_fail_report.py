@@ -1,5 +1,8 @@
-"""`diag kv-fail` judgement: per-request rows, findings, verdict and the fields of the
-``diag.kv-fail`` document, from what the check observed. Pure (no I/O)."""
+"""`diag kv-fail` judgement, pure: per-request rows, findings, verdict and document fields.
+
+The fields are those of the ``diag.kv-fail`` document, judged from what the check observed.
+Pure (no I/O).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from opsctl.domain.kv_fail import (
     compare,
     recomputed_by_patch,
 )
+from opsctl.domain.records import record
 
 COLUMNS = (  # the results table (live panel and terminal report)
     "#",
@@ -98,6 +102,8 @@ def _flag(value: Any) -> bool | None:
 
 @dataclass(frozen=True)
 class RequestRow:
+    """One request across the phases: targeting, injected blocks, and each phase's comparison."""
+
     index: int
     prompt_tokens: int
     targeted: bool
@@ -109,19 +115,14 @@ class RequestRow:
 
     @property
     def failed(self) -> bool:
+        """True when the request failed in the inject phase."""
         return bool(self.inject_output and self.inject_output.failed)
 
     def to_dict(self) -> dict:
+        """The row as the report's ``requests`` list holds it."""
+
         def cmp(c: Comparison | None) -> dict | None:
-            if c is None:
-                return None
-            return {
-                "identical": c.identical,
-                "tokens_equal": c.tokens_equal,
-                "logprobs_equal": c.logprobs_equal,
-                "max_logprob_diff": c.max_logprob_diff,
-                "first_divergence": c.first_divergence,
-            }
+            return None if c is None else {"identical": c.identical, **record(c)}
 
         return {
             "index": self.index,
@@ -144,10 +145,12 @@ def request_rows(
     compared: Collection[str],
     injected: Mapping[int, int],
 ) -> tuple[RequestRow, ...]:
-    """One row per request from the outputs each phase got so far (``outputs["store"]``
-    is the baseline). A phase is compared with the baseline only once it is in
+    """One row per request from the outputs each phase got so far.
+
+    ``outputs["store"]`` is the baseline. A phase is compared with the baseline only once it is in
     ``compared`` (it finished with the engine alive); the inject phase's own outcome
-    shows as soon as it is there, and a request that failed there is not compared."""
+    shows as soon as it is there, and a request that failed there is not compared.
+    """
     base = outputs.get("store", ())
 
     def cmp(phase: str, i: int) -> Comparison | None:
@@ -200,13 +203,16 @@ SAME_ORDER = 0.25  # a recovered difference >= 1/4 of the sensitivity one: "as m
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """How far outputs drift without any failure: the largest logprob difference of the
-    store/reload round trip and of the untargeted requests (those whose tokens are equal;
-    the others are output mismatches). 0 (bf16 on CUDA, every CPU run so far): the
-    comparison is bitwise. Above 0 (float32 with TRITON_ATTN on CUDA) it is trusted only if every round-trip token is equal and the floor is under
-    1/:data:`TRUST_RATIO` of the smallest difference the sensitivity phase caused; a
+    """How far outputs drift without any failure, and whether that drift is trusted.
+
+    The floor is the largest logprob difference of the store/reload round trip and of the
+    untargeted requests (those whose tokens are equal; the others are output mismatches). 0
+    (bf16 on CUDA, every CPU run so far): the comparison is bitwise. Above 0 (float32 with
+    TRITON_ATTN on CUDA) it is trusted only if every round-trip token is equal and the floor is
+    under 1/:data:`TRUST_RATIO` of the smallest difference the sensitivity phase caused; a
     recovered request then passes with equal tokens and a difference <= TOLERANCE x floor.
-    Otherwise the comparison is inconclusive and the verdict fails (fail-closed)."""
+    Otherwise the comparison is inconclusive and the verdict fails (fail-closed).
+    """
 
     max_logprob_diff: float | None = None  # None: no round trip was compared
     roundtrip_tokens_equal: bool = True
@@ -214,10 +220,12 @@ class NoiseFloor:
 
     @property
     def bitwise(self) -> bool:
+        """True when there is no drift: comparisons are bitwise."""
         return not self.max_logprob_diff
 
     @property
     def trusted(self) -> bool:
+        """True when the floor is bitwise, or small enough against the sensitivity phase."""
         if self.bitwise:
             return True
         return (
@@ -229,12 +237,14 @@ class NoiseFloor:
 
     @property
     def mode(self) -> str:
+        """How compared outputs are judged: bitwise, noise_floor or inconclusive."""
         if self.bitwise:
             return "bitwise"
         return "noise_floor" if self.trusted else "inconclusive"
 
     @property
     def tolerance(self) -> float:
+        """The largest logprob difference a recovered request may show (TOLERANCE x floor)."""
         return TOLERANCE * (self.max_logprob_diff or 0.0)
 
     def matches(self, c: Comparison | None) -> bool:
@@ -250,6 +260,7 @@ class NoiseFloor:
         )
 
     def to_dict(self) -> dict:
+        """The floor as the report's ``noise_floor`` object holds it."""
         return {
             "max_logprob_diff": self.max_logprob_diff,
             "mode": None if self.max_logprob_diff is None else self.mode,
@@ -260,6 +271,7 @@ class NoiseFloor:
 
 
 def noise_floor(rows: Sequence[RequestRow]) -> NoiseFloor:
+    """The noise floor of the round trip and the untargeted requests' inject outputs."""
     rt = [r.roundtrip for r in rows if r.roundtrip is not None]
     # an untargeted request whose tokens changed is no noise: it is an output mismatch
     quiet = [r.inject for r in rows if not r.targeted and r.inject and r.inject.tokens_equal]
@@ -494,10 +506,12 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
 
 
 def judge(f: Facts) -> list[Finding]:
+    """The run's findings: engine survival, round trip, injected requests, sensitivity."""
     return [*_survival(f), *_roundtrip(f), *_injected(f), *_sensitivity(f)]
 
 
 def summary(f: Facts) -> dict:
+    """The ``summary`` object of the ``diag.kv-fail`` document."""
     a = f.accounting
     affected = sum(1 for r in f.rows if r.injected_blocks)
     findings = judge(f)

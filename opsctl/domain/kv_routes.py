@@ -1,8 +1,8 @@
-"""Which KV load-failure routes a vLLM release handles, read from its sources (pure: the
-texts come from the caller), in words an operator acts on: which connector behaviour is
-safe on which release, and what opsctl's patches add. The upgrade preflight
-(`opsctl patches --against`) shows it; docs/gpu.md and tests/patches/test_kv_recovery.py
-hold the evidence behind each rule.
+"""Which KV load-failure routes a vLLM release handles, read from its sources (pure).
+
+The texts come from the caller. Said in words an operator acts on: which connector behaviour is safe
+on which release, and what opsctl's patches add. The upgrade preflight (`opsctl patches --against`)
+shows it; docs/gpu.md and tests/patches/test_kv_recovery.py hold the evidence behind each rule.
 
 A connector reports a failed load one of two ways: failed *blocks*
 (``get_block_ids_with_load_errors``, for loads done in the step that computes the rest
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opsctl.domain.preflight import extract
+from opsctl.domain.records import record
 
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 CONNECTOR_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
@@ -28,12 +29,15 @@ SAFE, PATCHED, UNSAFE, ABSENT, UNKNOWN = "safe", "safe with opsctl", "unsafe", "
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One KV load-failure route, its status on the release, and the advice for it."""
+
     route: str  # "requests" | "blocks, several KV cache groups" | "blocks, one group"
     status: str  # safe | safe with opsctl | unsafe | absent | unknown
     advice: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"route": self.route, "status": self.status, "advice": self.advice}
+        """The route as the report holds it."""
+        return record(self)
 
 
 def _requests(sched: str, base: str) -> Route:
@@ -107,8 +111,11 @@ def _blocks_single(sched: str, v2: str | None, v1: str | None) -> Route:
 
 
 def routes(texts: Mapping[str, str | None]) -> list[Route]:
-    """The routes of the release whose module sources are ``texts`` (``MODULES`` ->
-    source text or None). Without the scheduler's source nothing can be said."""
+    """The routes of the release whose module sources are ``texts``.
+
+    ``texts``: ``MODULES`` -> source text or None. Without the scheduler's source nothing can be
+    said.
+    """
     sched = texts.get(SCHEDULER)
     if not sched or "def _handle_invalid_blocks" not in sched:
         why = "the scheduler's KV failure path was not found in this release's sources"

@@ -1,14 +1,18 @@
-"""What a tailed server log says, pure: the same facts the console reads from an opsctl
+"""What a tailed server log says, pure: load phase, decisive lines and a quiet tail.
+
+What a tailed server log says, pure: the same facts the console reads from an opsctl
 run's server.log (opsctl.domain.serverlog: the load phase reached, the decisive error
 lines, the quiet tail without our own polling), for a log file of a server opsctl did
 not start (``console --log URL=FILE``). opsctl.console.logsource reads the file's end;
-this turns that text into :class:`LogFacts`."""
+this turns that text into :class:`LogFacts`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from opsctl.domain.records import record
 from opsctl.domain.serverlog import decisive_lines, load_progress
 
 TAIL_LINES = 12
@@ -18,6 +22,8 @@ _POLL = ('"GET /metrics', '"GET /health', '"GET /v1/models', '"GET /version', '"
 
 @dataclass(frozen=True, slots=True)
 class LogFacts:
+    """What a tailed log holds: sizes, rotations, load phase, decisive lines and the tail."""
+
     path: str
     reason: str | None  # why nothing could be read ("log file not found: ..."), else None
     size_bytes: int | None  # the file's size at the last read
@@ -29,6 +35,7 @@ class LogFacts:
 
 
 def quiet(lines: list[str], n: int = TAIL_LINES) -> list[str]:
+    """The last ``n`` lines without the server's access lines for opsctl's own polling."""
     return [line for line in lines if not any(p in line for p in _POLL)][-n:]
 
 
@@ -55,41 +62,10 @@ def facts(
 
 
 def missing(path: str, why: str, rotations: int = 0) -> LogFacts:
+    """The facts of a log that could not be read, with why."""
     return LogFacts(path, why, None, 0, rotations, None, (), ())
 
 
 def log_dict(f: LogFacts | None) -> dict[str, Any] | None:
-    if f is None:
-        return None
-    return {
-        "path": f.path,
-        "reason": f.reason,
-        "size_bytes": f.size_bytes,
-        "read_bytes": f.read_bytes,
-        "rotations": f.rotations,
-        "load_phase": f.load_phase,
-        "decisive_lines": list(f.decisive_lines),
-        "tail": list(f.tail),
-    }
-
-
-def detail_lines(f: LogFacts | None) -> list[str]:
-    """The drill-in's log section: where it reads, the decisive lines, the tail."""
-    if f is None:
-        return []
-    if f.reason:
-        return [f"log {f.path}: {f.reason}"]
-    head = f"log {f.path}"
-    if f.load_phase:
-        head += f"   phase: {f.load_phase}"
-    if f.rotations:
-        head += f"   rotated/truncated {f.rotations}x"
-    out = [head]
-    if f.decisive_lines:
-        out.append("decisive lines:")
-        out += [f"  {line}" for line in f.decisive_lines]
-    else:
-        out.append("decisive lines: none (no error line in its end)")
-    out.append("tail:")
-    out += [f"  {line}" for line in f.tail] or ["  (empty)"]
-    return out
+    """The log's facts as the report's ``log`` object holds them (None: no log)."""
+    return None if f is None else record(f)

@@ -1,4 +1,6 @@
-"""`opsctl diag lora`: LoRA adapters applied one at a time and in one mixed batch (vLLM
+"""`opsctl diag lora`, pure: LoRA adapters applied one at a time and in one mixed batch.
+
+`opsctl diag lora`: LoRA adapters applied one at a time and in one mixed batch (vLLM
 PR 55897: LoRA on multimodal towers; mixed-adapter batches must map each request and
 each image to its own adapter). Pure: no I/O, no UI.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain import invariance as inv
+from opsctl.domain.records import record
 
 PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
 LANGUAGE, TOWER, CONNECTOR = "language", "tower", "connector"
@@ -70,6 +73,8 @@ COLUMNS = ("case", "adapter", "request", "status", "detail")
 
 @dataclass(frozen=True, slots=True)
 class LoraRequest:
+    """One request of the check: its index, adapter (None: base model), prompt and images."""
+
     index: int
     adapter: str | None  # None: the base model
     prompt: str
@@ -77,30 +82,31 @@ class LoraRequest:
 
     @property
     def label(self) -> str:
+        """The adapter's name, or the base model's label."""
         return self.adapter or BASE
 
     def with_adapter(self, adapter: str | None) -> LoraRequest:
+        """The same request under another adapter."""
         return LoraRequest(self.index, adapter, self.prompt, self.images)
 
     def describe(self) -> str:
+        """The request for a human line: ``r<i> (<adapter>, images ...)``."""
         imgs = f", images {'+'.join(self.images)}" if self.images else ""
         return f"r{self.index} ({self.label}{imgs})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "adapter": self.adapter,
-            "prompt": self.prompt,
-            "images": list(self.images),
-        }
+        """The request as the report holds it (its images as a list)."""
+        return record(self)
 
 
 def plan_mixed(
     adapters: Sequence[str], images_per_request: int, per_group: int = 2
 ) -> tuple[LoraRequest, ...]:
-    """The mixed batch: ``per_group`` requests per adapter and for the base model,
-    interleaved (r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ...). Requests 2k and
-    2k+1 carry the same images (consecutive colours), under two different adapters."""
+    """The mixed batch: ``per_group`` requests per adapter and for the base model, interleaved.
+
+    The order is r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ... Requests 2k and 2k+1
+    carry the same images (consecutive colours), under two different adapters.
+    """
     groups: list[str | None] = [*adapters, None]
     n = per_group * len(groups)
     out = []
@@ -133,16 +139,26 @@ def request_index(req_id: str, tag: str) -> int | None:
 
 
 def is_alone(req_id: str, tag: str) -> bool:
+    """Whether a request id is one of the check's alone requests (tag ``<tag>-one-r<i>-``)."""
     return re.search(re.escape(tag) + r"-one-r\d+-", req_id) is not None
 
 
 # ---- single-adapter validation -----------------------------------------------------------
 
 Key = tuple[str | None, int]  # (adapter, request index)
+# field -> report key where the report names a record's field otherwise
+SINGLE_KEYS = {"differs": "differs_from_base", "largest_diff": "largest_diff_while_tokens_agree"}
+MIXED_KEYS = {
+    "max_requests": "max_requests_per_step",
+    "max_groups": "max_adapters_per_step",
+    "groups": "adapters",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class SingleResult:
+    """One adapter's verdict from its requests run alone against the base model."""
+
     adapter: str
     verdict: str
     requests: int
@@ -151,14 +167,8 @@ class SingleResult:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "adapter": self.adapter,
-            "verdict": self.verdict,
-            "requests": self.requests,
-            "differs_from_base": self.differs,
-            "largest_diff_while_tokens_agree": self.largest_diff,
-            "detail": self.detail,
-        }
+        """The adapter's row in the report (the counts under their report names)."""
+        return record(self, SINGLE_KEYS)
 
 
 def _differs(a: inv.Generated, b: inv.Generated, max_tokens: int, logprobs: int) -> bool | str:
@@ -177,6 +187,7 @@ def judge_single(
     max_tokens: int,
     logprobs: int,
 ) -> SingleResult:
+    """Whether ``adapter`` changed the base model's output on the requests run alone."""
     differs, errors, largest = 0, [], None
     for i in indexes:
         r = inv.compare(
@@ -210,8 +221,10 @@ def identical_pairs(
     max_tokens: int,
     logprobs: int,
 ) -> list[tuple[str, str]]:
-    """Pairs of adapters whose outputs agree on every request (a swap between them would
-    go unseen)."""
+    """Pairs of adapters whose outputs agree on every request.
+
+    A swap between the two adapters of such a pair would go unseen.
+    """
     out = []
     for x, a in enumerate(adapters):
         for b in adapters[x + 1 :]:
@@ -228,6 +241,8 @@ def identical_pairs(
 
 @dataclass(frozen=True, slots=True)
 class MixedRow:
+    """One request of the mixed batch: its comparison with its alone run, and a look-alike."""
+
     request: LoraRequest
     result: inv.PromptResult
     # a diverged output that equals this request run alone with another adapter (or the
@@ -235,6 +250,7 @@ class MixedRow:
     looks_like: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as the report's ``mixed`` list holds it (request and result merged)."""
         return {
             **self.request.to_dict(),
             **self.result.to_dict(),
@@ -252,8 +268,11 @@ def looks_like(
     max_tokens: int,
     logprobs: int,
 ) -> str | None:
-    """The adapter (or "base") whose alone run of the same request ``got`` equals (tokens
-    exact, logprobs within APPLIED_ATOL), other than the request's own; None if none."""
+    """The adapter (or "base") whose alone run ``got`` equals, other than its own; else None.
+
+    The adapter (or "base") whose alone run of the same request ``got`` equals (tokens
+    exact, logprobs within APPLIED_ATOL), other than the request's own; None if none.
+    """
     for label in labels:
         if label == req.adapter or (label, req.index) not in alone:
             continue
@@ -279,8 +298,10 @@ def compare_mixed(
     logprobs: int,
     atol: float | None,
 ) -> list[MixedRow]:
-    """Each batched output against the same request run alone with the same adapter; a
-    diverged one is also matched against the other adapters' alone runs."""
+    """Each batched output against the same request run alone with the same adapter.
+
+    A diverged one is also matched against the other adapters' alone runs.
+    """
     labels = list(dict.fromkeys([None, *(r.adapter for r in mixed)]))
     rows = []
     for r, got in zip(mixed, batched, strict=True):
@@ -312,6 +333,8 @@ def first_divergence(rows: Sequence[MixedRow]) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class MixedEvidence:
+    """What the probe shows of the mixed batch: steps that mixed adapters, and those apart."""
+
     source: str  # "batch probe" | "none"
     steps: int  # sampling steps that held mixed requests
     max_requests: int  # most mixed requests sampled in one step
@@ -327,15 +350,8 @@ class MixedEvidence:
         return self.max_groups >= min(self.groups, 2) and not self.apart
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "steps": self.steps,
-            "max_requests_per_step": self.max_requests,
-            "max_adapters_per_step": self.max_groups,
-            "adapters": self.groups,
-            "apart": list(self.apart),
-            "formed": self.formed,
-        }
+        """The evidence as the report holds it, ``formed`` last."""
+        return record(self, MIXED_KEYS) | {"formed": self.formed}
 
 
 def mixed_evidence(
@@ -346,9 +362,12 @@ def mixed_evidence(
     event: str = "step",
     source: str = "batch probe",
 ) -> MixedEvidence:
-    """From the batch probe's step records: whether requests of different adapters were
+    """Whether requests of different adapters were sampled in one step, from probe records.
+
+    From the batch probe's step records: whether requests of different adapters were
     sampled in one step (``apart``: requests that never were). With ``event="encoder"``
-    and the lora probe's encoder records: whose images ran the vision tower together."""
+    and the lora probe's encoder records: whose images ran the vision tower together.
+    """
     label = {r.index: r.label for r in mixed}
     n_steps, most, most_groups = 0, 0, 0
     met: dict[int, bool] = dict.fromkeys(label, False)
@@ -373,8 +392,10 @@ def mixed_evidence(
 
 
 def alone_shared(steps: Sequence[Mapping[str, Any]], tag: str) -> int:
-    """Largest step (any requests) that held one of the check's alone requests: above 1,
-    other traffic shared it, so that side was not strictly alone."""
+    """Largest step (any requests) that held one of the check's alone requests.
+
+    Above 1, other traffic shared it, so that side was not strictly alone.
+    """
     best = 0
     for s in steps:
         ids = [str(r) for r in s.get("req_ids") or []] if s.get("event") == "step" else []
@@ -395,11 +416,14 @@ def _row_reason(r: MixedRow) -> str:
 
 
 def slot_hint(failed: Sequence[MixedRow]) -> str | None:
-    """When every failed request is a base-model request, and those whose output equals
+    """The hint that a no-adapter row was read as a LoRA slot, when the failures show it.
+
+    When every failed request is a base-model request, and those whose output equals
     another adapter's all got one same adapter (the others got it only in some of their
     steps): the signature of a no-adapter row read as a LoRA slot (vLLM's torch LoRA ops,
     used on CPU, index the stacked weights with -1, i.e. the last slot; upstream PR
-    48421)."""
+    48421).
+    """
     seen = {r.looks_like for r in failed} - {None}
     if not failed or any(r.request.adapter is not None for r in failed) or len(seen) != 1:
         return None
@@ -414,6 +438,8 @@ def slot_hint(failed: Sequence[MixedRow]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Findings:
+    """The check's verdict, the reasons and warnings, and the mixed batch's own verdict."""
+
     verdict: str
     reasons: tuple[str, ...]  # why it failed / is not conclusive
     warnings: tuple[str, ...]
@@ -431,12 +457,15 @@ def assess(
     tower: MixedEvidence | None = None,
     earlier: Sequence[Sequence[MixedRow]] = (),
 ) -> Findings:
-    """fail: an adapter not applied, a request error, a mixed output that differs from
+    """The check's verdict (pass, fail or unverified) with its reasons and warnings.
+
+    fail: an adapter not applied, a request error, a mixed output that differs from
     its alone run, or a batch the probe shows never mixed adapters. unverified: the batch
     could not be shown (no probe), two adapters are indistinguishable, or (``tower``: the
     encoder calls, vision-language models) no encoder call mixed two adapters' images.
     ``earlier``: the rows of earlier sends of the mixed batch (resent because they did
-    not mix adapters): a divergence there fails too. Else pass."""
+    not mix adapters): a divergence there fails too. Else pass.
+    """
     reasons = [f"adapter {s.adapter}: {s.detail}" for s in single if s.verdict != PASS]
     mixed_fail = [r for r in rows if not r.result.passed]
     reasons += [_row_reason(r) for r in mixed_fail]

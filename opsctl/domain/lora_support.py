@@ -1,6 +1,7 @@
-"""`opsctl diag lora`, support per part: what the engine's LoRA manager wrapped (the
-``lora`` probe's records) and what the measurements show, for the language model, the
-vision tower and the connector; and the engine's LoRA record as the report shows it.
+"""`opsctl diag lora`, support per part: what the engine wrapped and what was measured.
+
+What the engine's LoRA manager wrapped comes from the ``lora`` probe's records, for the language
+model, the vision tower and the connector; also the engine's LoRA record as the report shows it.
 Pure: no I/O, no UI.
 
 A part is ``applied`` only when a measurement shows it (an adapter of that part, and for
@@ -30,22 +31,21 @@ from opsctl.domain.lora import (
     MixedRow,
     SingleResult,
 )
+from opsctl.domain.records import record
 
 
 @dataclass(frozen=True, slots=True)
 class PartSupport:
+    """One part's LoRA support (language, tower, connector), the modules wrapped, and why."""
+
     part: str  # language | tower | connector
     status: str  # applied | supported | unsupported | not enabled | unknown
     wrapped: int | None  # modules the engine wrapped with LoRA (None: no probe)
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "part": self.part,
-            "status": self.status,
-            "wrapped_modules": self.wrapped,
-            "detail": self.detail,
-        }
+        """The part's support as the report holds it (``wrapped`` as ``wrapped_modules``)."""
+        return record(self, {"wrapped": "wrapped_modules"})
 
 
 def _carried(adapters: Sequence[Mapping[str, Any]], part: str) -> tuple[int, int]:
@@ -98,11 +98,14 @@ def support(
     parts_of: Mapping[str, Sequence[str]],
     single: Sequence[SingleResult],
 ) -> list[PartSupport]:
-    """Per part: ``applied`` only when a measurement shows it (an adapter of that part
+    """Per part (language, tower, connector): applied, supported, unsupported, not enabled, unknown.
+
+    Per part: ``applied`` only when a measurement shows it (an adapter of that part
     changed the output), ``supported`` when the engine wrapped modules but nothing
     measured that part alone, else unsupported / not enabled / unknown, with the why.
     ``manager``/``adapters``: the lora probe's records (None/empty without the probe);
-    ``parts_of``: adapter -> the parts it targets, where known."""
+    ``parts_of``: adapter -> the parts it targets, where known.
+    """
     out = []
     for part in PARTS if multimodal else (LANGUAGE,):
         engine = _engine_part(part, manager, adapters) if manager is not None else None
@@ -149,6 +152,7 @@ def engine_summary(
 def table_rows(
     single: Sequence[SingleResult], rows: Sequence[MixedRow], parts: Sequence[PartSupport]
 ) -> tuple[tuple[str, ...], ...]:
+    """The rows of the results table: support per part, single adapters, mixed requests."""
     out = [(f"support: {p.part}", "-", "-", p.status, p.detail) for p in parts]
     out += [("single", s.adapter, f"{s.requests} alone", s.verdict, s.detail) for s in single]
     out += [

@@ -1,5 +1,6 @@
-"""`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged?
-(vLLM PR 56432). Pure: no I/O; the replies and the probe's records are collected by
+"""`diag mm-uuid`: do explicit multimodal UUIDs reach the engine core unchanged (vLLM PR 56432)?
+
+Pure: no I/O; the replies and the probe's records are collected by
 opsctl.collectors.mm_uuid and come in as :class:`ChatReply` / :class:`EngineRecord`.
 
 With prefix caching off and ``mm_processor_cache_gb=0`` vLLM used to skip content
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
+from opsctl.domain.records import record
 from opsctl.errors import BadInput
 
 ABSENT = "<absent>"
@@ -51,15 +53,19 @@ COLORS = {
 
 @dataclass(frozen=True, slots=True)
 class Item:
+    """One image of a case: its colour and the UUID sent with it (None: null; ABSENT: no field)."""
+
     color: str
     uuid: str | None  # ABSENT: no field
 
     @property
     def explicit(self) -> bool:
+        """True when the item carries a UUID value (neither absent nor null)."""
         return self.uuid is not None and self.uuid != ABSENT
 
     @property
     def sent_as(self) -> str:
+        """The UUID as sent, for a human line: ``(no uuid field)``, ``null`` or its repr."""
         if self.uuid == ABSENT:
             return "(no uuid field)"
         if self.uuid is None:
@@ -69,11 +75,14 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Case:
+    """A named list of items sent together."""
+
     name: str
     items: tuple[Item, ...]
 
 
 def default_cases(prefix: str = "opsctl") -> tuple[Case, ...]:
+    """The cases the check sends: all explicit, some None, empty string, no UUIDs."""
     return (
         Case("all explicit", (Item("red", f"{prefix}-all-0"), Item("green", f"{prefix}-all-1"))),
         Case("some explicit, some None", (Item("red", f"{prefix}-some-0"), Item("green", None))),
@@ -91,6 +100,7 @@ def reuse_case(prefix: str = "opsctl") -> Case:
 
 
 def classify(identifier: str | None) -> str:
+    """The kind of an engine identifier: missing, content hash, request-local or other."""
     if identifier is None:
         return "missing"
     if CONTENT_HASH.match(identifier):
@@ -102,6 +112,8 @@ def classify(identifier: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
+    """One item of one request in one mode: what was sent and what the engine core saw."""
+
     mode: str
     case: str
     index: int
@@ -119,14 +131,14 @@ class Observation:
 
     @property
     def kind(self) -> str:
+        """``kept`` when the explicit UUID arrived unchanged, else :func:`classify`'s kind."""
         if self.explicit_uuid is not None and self.identifier == self.explicit_uuid:
             return "kept"
         return classify(self.identifier)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
-        d["kind"] = self.kind
-        return d
+        """The observation as the report holds it, its identifier's ``kind`` appended."""
+        return record(self) | {"kind": self.kind}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +170,11 @@ def batches(items: Sequence[Item], per_request: int) -> list[list[tuple[int, Ite
 def observe(
     mode: str, case: str, indexed: Sequence[tuple[int, Item]], reply: ChatReply
 ) -> list[Observation]:
-    """One Observation per item sent in ONE request; every item the probe recorded is
-    matched to the item sent at the same position (never to "any new record")."""
+    """One Observation per item sent in ONE request, matched to the probe's records by position.
+
+    One Observation per item sent in ONE request; every item the probe recorded is
+    matched to the item sent at the same position (never to "any new record").
+    """
     record = reply.record
     recorded = record.identifiers if record is not None else ()
     note = ""
@@ -202,8 +217,11 @@ def image_refusal(reply: ChatReply, first: bool, url: str, model_hint: str) -> B
 
 
 def probe_state(entries: Sequence[tuple[str, str]]) -> tuple[bool, str]:
-    """(applied, why) from the engine-core ledger entries of the mm_uuid probe, as
-    (status, detail) pairs, oldest first: the newest one counts."""
+    """(applied, why) of the mm_uuid probe from its engine-core ledger entries; newest counts.
+
+    (applied, why) from the engine-core ledger entries of the mm_uuid probe, as
+    (status, detail) pairs, oldest first: the newest one counts.
+    """
     if not entries:
         return False, "no engine-core ledger entry for mm_uuid_probe"
     status, detail = entries[-1]
@@ -211,8 +229,11 @@ def probe_state(entries: Sequence[tuple[str, str]]) -> tuple[bool, str]:
 
 
 def engine_mode(info: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """(mode, settings) from the engine's own engine_info event: caches-off is prefix
-    caching off AND no multimodal processor cache; unknown without the event."""
+    """(mode, settings) from the engine's own engine_info event (caches-off or caches-on).
+
+    (mode, settings) from the engine's own engine_info event: caches-off is prefix
+    caching off AND no multimodal processor cache; unknown without the event.
+    """
     if info is None:
         return "unknown", {}
     off = info.get("enable_prefix_caching") is False and info.get("mm_processor_cache_gb") in (
@@ -232,8 +253,11 @@ def summary(observations: Sequence[Observation]) -> str:
 
 
 def judge_item(o: Observation) -> tuple[str, str]:
-    """(verdict, why) for one item. Explicit UUIDs must arrive unchanged; missing ones must
-    get a request-local id (caches off) or a content hash (caches on)."""
+    """(verdict, why) for one item.
+
+    Explicit UUIDs must arrive unchanged; missing ones must get a request-local id (caches off)
+    or a content hash (caches on).
+    """
     if o.status != 200:
         return "fail", f"request failed with HTTP {o.status}"
     if o.engine_items is not None and o.engine_items != o.sent_items:
@@ -265,6 +289,7 @@ def judge_item(o: Observation) -> tuple[str, str]:
 def findings(
     observations: list[Observation], reuse: list[Observation] | None = None
 ) -> list[Finding]:
+    """The check's findings: rewritten or unexpected identifiers, collisions, and reuse."""
     out: list[Finding] = []
     for o in observations:
         v, why = judge_item(o)
@@ -329,6 +354,7 @@ def findings(
 
 
 def one_image_finding() -> Finding:
+    """The note that a one-image model gets the mixed case as separate requests."""
     return Finding(
         INFO,
         "mm_uuid.one_image_per_request",
@@ -398,6 +424,7 @@ TABLE_COLUMNS = [
 
 
 def table_rows(observations: list[Observation]) -> list[list[str]]:
+    """The rows of the results table, one per observation, its verdict last."""
     rows = []
     for o in observations:
         v, _ = judge_item(o)
@@ -408,6 +435,7 @@ def table_rows(observations: list[Observation]) -> list[list[str]]:
 
 
 def reuse_rows(observations: list[Observation]) -> list[list[str]]:
+    """The rows of the reuse table, one per observation, its output last."""
     return [
         [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]
         for o in observations

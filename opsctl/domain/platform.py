@@ -1,6 +1,8 @@
-"""Which platform a report ran on: the device type vLLM's ``current_platform`` reported
-inside the engine (cpu, cuda, rocm, xpu, ...), for every report's ``platform`` field
-(vLLM's XPU CI change: checks ask the platform, never assume a device). Pure.
+"""Which platform a report ran on: the device type vLLM's ``current_platform`` reported.
+
+The device type is the one reported inside the engine (cpu, cuda, rocm, xpu, ...), for every
+report's ``platform`` field (vLLM's XPU CI change: checks ask the platform, never assume a device).
+Pure.
 
 Sources, best first: the engine's patch ledger (each process records
 ``current_platform``; opsctl's run directory), the server's ``/server_info``
@@ -49,8 +51,11 @@ def from_server_info(doc: Mapping[str, object] | None) -> str | None:
 
 
 def name(value: object) -> str | None:
-    """A recorded platform as a device name (lower case: cpu, cuda, rocm, xpu, ...), or
-    None when it names none: None, "", "?", "auto", or prose such as "unknown (...)"."""
+    """A recorded platform as a device name (lower case), or None when it names none.
+
+    Device names: cpu, cuda, rocm, xpu, ... Names none: None, "", "?", "auto", or prose such as
+    "unknown (...)".
+    """
     if not isinstance(value, str):
         return None
     text = value.strip().lower()
@@ -71,8 +76,11 @@ def fields(*sources: object, note: str = NOT_STARTED_NOTE) -> dict[str, Any]:
 
 
 def agreed(values: Sequence[object], note: str) -> dict[str, Any]:
-    """:func:`fields` for several processes or engines: the platform when they name one
-    and the same, else null with ``note`` (none named) or the names they disagree on."""
+    """:func:`fields` for several processes or engines.
+
+    The platform when they name one and the same, else null with ``note`` (none named) or the
+    names they disagree on.
+    """
     names = list(dict.fromkeys(n for n in map(name, values) if n))
     if len(names) == 1:
         return {"platform": names[0], "platform_note": None}
@@ -81,13 +89,17 @@ def agreed(values: Sequence[object], note: str) -> dict[str, Any]:
 
 
 def label(*sources: str | None, fallback: str = NOT_STARTED) -> str:
-    """The first known platform among ``sources``, else ``fallback``: prose for a human
-    line. Not for a JSON field (a name or null there: :func:`fields`)."""
+    """The first known platform among ``sources``, else ``fallback``: prose for a human line.
+
+    Not for a JSON field (a name or null there: :func:`fields`).
+    """
     return first(*sources) or fallback
 
 
 def joined(values: Sequence[object]) -> str | None:
-    """Distinct known values of several engines (runs, processes), in order, as one
-    string; None when none is known."""
+    """Distinct known values of several engines, in order, as one string; None if none known.
+
+    The values of runs or processes alike.
+    """
     seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "", "?")))
     return ", ".join(seen) if seen else None

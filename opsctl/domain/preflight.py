@@ -24,6 +24,8 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
+from opsctl.domain.records import record
+
 DIGEST_CHARS = 16
 EXCERPT_LINES = 24
 MAX_AROUND = 12
@@ -39,6 +41,7 @@ VERDICTS = (MISSING, CHANGED, UPSTREAM, REVIEW, UNCHANGED, UNKNOWN)
 
 
 def split(symbol: str) -> tuple[str, str]:
+    """``(module, qualname)`` of a ``module:qualname`` symbol."""
     module, _, qualname = symbol.partition(":")
     return module, qualname
 
@@ -97,6 +100,7 @@ def _segment(lines: tuple[bytes, ...], node: ast.AST) -> str:
 
 
 def normalise(text: str) -> str:
+    """Source text dedented, trailing spaces and blank lines dropped, one final newline."""
     lines = [line.rstrip() for line in textwrap.dedent(text).splitlines()]
     while lines and not lines[-1]:
         lines.pop()
@@ -104,8 +108,10 @@ def normalise(text: str) -> str:
 
 
 def extract(source: str | None, qualname: str) -> str | None:
-    """The normalised source of ``qualname`` in a module's ``source``; None if absent
-    (or the module is missing or does not parse)."""
+    """The normalised source of ``qualname`` in a module's ``source``, or None.
+
+    None if absent, or the module is missing or does not parse.
+    """
     parsed = _parsed(source) if source is not None else None
     if parsed is None:
         return None
@@ -117,14 +123,18 @@ def extract(source: str | None, qualname: str) -> str | None:
 
 
 def digest(text: str | None) -> str | None:
+    """The short sha256 of the normalised text (None when there is no text)."""
     if text is None:
         return None
     return hashlib.sha256(normalise(text).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
-    """``{name: digest}`` of the functions and classes directly in a scope (a class,
-    or the module when ``scope_qualname`` is empty); None when the scope is absent."""
+    """``{name: digest}`` of the functions and classes directly in a scope, or None.
+
+    The scope is a class, or the module when ``scope_qualname`` is empty; None when the scope is
+    absent.
+    """
     parsed = _parsed(source) if source is not None else None
     if parsed is None:
         return None
@@ -141,19 +151,19 @@ def members(source: str | None, scope_qualname: str) -> dict[str, str] | None:
 
 @dataclass(frozen=True, slots=True)
 class Diff:
+    """What changed between the verified and the target text: counts and a trimmed excerpt."""
+
     added: int
     removed: int
     excerpt: tuple[str, ...]  # the first changed lines of a unified diff, trimmed
 
     def to_dict(self) -> dict:
-        return {
-            "added_lines": self.added,
-            "removed_lines": self.removed,
-            "excerpt": list(self.excerpt),
-        }
+        """The diff as the report holds it (counts as ``*_lines``)."""
+        return record(self, {"added": "added_lines", "removed": "removed_lines"})
 
 
 def diff(old: str, new: str, limit: int = EXCERPT_LINES) -> Diff:
+    """The :class:`Diff` from ``old`` (verified) to ``new`` (target), excerpt cut at ``limit``."""
     lines = list(
         difflib.unified_diff(
             old.splitlines(), new.splitlines(), "verified", "target", n=1, lineterm=""
@@ -170,6 +180,8 @@ def diff(old: str, new: str, limit: int = EXCERPT_LINES) -> Diff:
 
 @dataclass(frozen=True, slots=True)
 class SymbolFinding:
+    """One patched or watched symbol of the target release against the verified release."""
+
     symbol: str
     exists: bool
     digest: str | None
@@ -179,8 +191,10 @@ class SymbolFinding:
 
     @property
     def unchanged(self) -> bool | None:
-        """Same code as on the verified release (absent on both counts as unchanged);
-        None when nothing was recorded to compare with."""
+        """Same code as on the verified release; None when nothing was recorded.
+
+        Absent on both counts as unchanged.
+        """
         if self.verified_exists is None:
             return None
         if self.exists != self.verified_exists:
@@ -188,6 +202,7 @@ class SymbolFinding:
         return not self.exists or self.digest == self.verified_digest
 
     def to_dict(self) -> dict:
+        """The symbol's finding as the report holds it (digests as ``*sha256_16``)."""
         return {
             "symbol": self.symbol,
             "exists": self.exists,
@@ -205,8 +220,10 @@ def symbol_finding(
     recorded: dict[str, str | None] | None,
     verified_text: str | None,
 ) -> SymbolFinding:
-    """One symbol of the target release against the verified release's ``recorded``
-    digests (``{symbol: digest or None when absent}``; None: nothing recorded)."""
+    """One symbol of the target release against the verified release's recorded digests.
+
+    ``recorded``: ``{symbol: digest or None when absent}``; None: nothing recorded.
+    """
     found = digest(target_text)
     known = recorded is not None and symbol in recorded
     verified = recorded.get(symbol) if known and recorded is not None else None
@@ -229,20 +246,27 @@ def changed_members(verified: dict[str, str] | None, target: dict[str, str] | No
 
 @dataclass(frozen=True, slots=True)
 class AttributeFinding:
-    """One declared attribute (``module:Class.a|b``) against a release: which of the
-    names its class's source still has (None: none of them, or no such class)."""
+    """One declared attribute (``module:Class.a|b``) against a release.
+
+    ``found``: which of the names its class's source still has (None: none of them, or no such
+    class).
+    """
 
     attribute: str
     found: str | None
     class_exists: bool
 
     def to_dict(self) -> dict:
-        return {"attribute": self.attribute, "found": self.found, "class_exists": self.class_exists}
+        """The finding as the report holds it."""
+        return record(self)
 
 
 def attribute_finding(attribute: str, class_source: str | None) -> AttributeFinding:
-    """Whether ``Class`` (its source: assignments to ``self.<name>``, class-level
-    annotations, properties and methods) still has one of the declared names."""
+    """Whether ``Class`` still has one of the declared attribute names.
+
+    Whether ``Class`` (its source: assignments to ``self.<name>``, class-level
+    annotations, properties and methods) still has one of the declared names.
+    """
     names = split(attribute)[1].split(".", 1)[1].split("|")
     if class_source is None:
         return AttributeFinding(attribute, None, False)
@@ -255,6 +279,8 @@ def attribute_finding(attribute: str, class_source: str | None) -> AttributeFind
 
 @dataclass(frozen=True, slots=True)
 class PatchFinding:
+    """One patch against a release: its targets, watched symbols, attributes and rule."""
+
     name: str
     kind: str
     verified_on: tuple[str, ...]
@@ -274,10 +300,12 @@ class PatchFinding:
 
     @property
     def exists(self) -> bool:
+        """True when every target symbol exists in the release."""
         return all(t.exists for t in self.targets)
 
     @property
     def unchanged(self) -> bool | None:
+        """False when a target changed, None when one cannot be compared, else True."""
         states = [t.unchanged for t in self.targets]
         if False in states:
             return False
@@ -285,6 +313,7 @@ class PatchFinding:
 
     @property
     def verdict(self) -> str:
+        """The patch's verdict: missing, upstream, changed, unknown, review or unchanged."""
         if not self.exists:
             return MISSING
         if self.upstream is True:
@@ -298,6 +327,7 @@ class PatchFinding:
         return UNCHANGED
 
     def to_dict(self) -> dict:
+        """The patch's finding as the ``preflight`` report holds it."""
         return {
             "name": self.name,
             "kind": self.kind,

@@ -96,8 +96,11 @@ def probe_state(records: Sequence[Mapping[str, Any]], probe: str) -> ProbeState 
 def probe_findings(
     records: Sequence[Mapping[str, Any]], probes: Iterable[str], check: str
 ) -> list[Finding]:
-    """``<check>.probe_unhooked`` (fail) / ``<check>.probe_unverified`` (warning) for the
-    probes ``check`` relies on; [] when the ledger shows nothing wrong (or is absent)."""
+    """Findings on the probes ``check`` relies on: unhooked (fail) or unverified (warning).
+
+    ``<check>.probe_unhooked`` (fail) / ``<check>.probe_unverified`` (warning) for the
+    probes ``check`` relies on; [] when the ledger shows nothing wrong (or is absent).
+    """
     out: list[Finding] = []
     for probe in probes:
         state = probe_state(records, probe)
@@ -128,6 +131,8 @@ def probe_findings(
 
 
 def lines(findings: Sequence[Finding], severity: str) -> list[str]:
-    """The findings of one severity as report lines (``code: message``), for checks
-    whose reports carry reasons and warnings as text."""
+    """The findings of one severity as report lines (``code: message``).
+
+    For checks whose reports carry reasons and warnings as text.
+    """
     return [f"{f.code}: {f.message}" for f in findings if f.severity == severity]

@@ -28,11 +28,13 @@ _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]+)")
 
 
 def is_secret_name(name: str) -> bool:
+    """Whether a variable or option name looks like it holds a secret (SECRET_WORDS)."""
     upper = name.upper()
     return any(w in upper for w in SECRET_WORDS)
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment, sorted, with the values of secret-looking names redacted."""
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in sorted(env.items())}
 
 
@@ -54,6 +56,7 @@ def secret_values(env: Mapping[str, str], argv: Iterable[str] = ()) -> set[str]:
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
+    """The command line with the values of secret-looking options redacted."""
     out: list[str] = []
     hide_next = False
     for arg in argv:

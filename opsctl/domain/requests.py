@@ -1,12 +1,14 @@
-"""Live requests seen by the console's tee proxy, pure: what a request body asks for
-(endpoint, model, stream, whether the final stream chunk carries usage), what a response
-says about tokens (``usage`` of a JSON body; for a stream the final usage chunk when
-``stream_options.include_usage`` was asked, else the content chunks counted), the time
-to the first content, and the frozen records and views the JSON document and the TUI
-render. No I/O: the proxy (opsctl.console.tee) feeds bytes and clock readings in.
+"""Live requests seen by the console's tee proxy, pure: bodies, tokens, records, views.
+
+What a request body asks for (endpoint, model, stream, whether the final stream chunk carries
+usage), what a response says about tokens (``usage`` of a JSON body; for a stream the final usage
+chunk when ``stream_options.include_usage`` was asked, else the content chunks counted), the time to
+the first content, and the frozen records and views the JSON document and the TUI render. No I/O:
+the proxy (opsctl.console.tee) feeds bytes and clock readings in.
 
 Prompt text is kept only when the operator asked (``--tee-keep-prompts``); otherwise a
-record's ``prompt`` is None, always."""
+record's ``prompt`` is None, always.
+"""
 
 from __future__ import annotations
 
@@ -145,10 +147,13 @@ def _is_output(chunk: dict[str, Any]) -> bool:
 
 
 class StreamCounter:
-    """Reads an OpenAI server-sent-events stream as it passes (bytes in any split):
+    """Reads an OpenAI server-sent-events stream as it passes: chunks, TTFT and usage.
+
+    Reads an OpenAI server-sent-events stream as it passes (bytes in any split):
     counts the chunks of output (one per engine step: about one token each), notes when
     the first arrived (TTFT) and keeps the usage of the final usage chunk. Mutable; the
-    proxy owns one per stream."""
+    proxy owns one per stream.
+    """
 
     MAX_LINE = 1 << 20  # a line longer than this is not an SSE event we can read
 
@@ -160,6 +165,7 @@ class StreamCounter:
         self._buf = b""
 
     def feed(self, data: bytes, now: float) -> None:
+        """Read the next bytes of the stream, received at ``now``."""
         self._buf += data
         while True:
             i = self._buf.find(b"\n")
@@ -192,10 +198,13 @@ class StreamCounter:
             self.usage = u
 
     def tokens(self) -> tuple[int | None, int | None, str | None]:
-        """(prompt, output, how): from the usage chunk when there was one, else the
+        """(prompt, output, how): the stream's token counts and where they came from.
+
+        (prompt, output, how): from the usage chunk when there was one, else the
         output chunks counted (vLLM sends one per engine step, and merges steps into one
         chunk when its API server falls behind: a lower bound of the tokens; the prompt
-        size is then unknown)."""
+        size is then unknown).
+        """
         if self.usage is not None:
             return self.usage[0], self.usage[1], FROM_USAGE
         if self.content_chunks:
@@ -204,9 +213,11 @@ class StreamCounter:
 
 
 def adapter_for(model: str | None, served: Mapping[str, str | None]) -> str | None:
-    """The LoRA adapter a request's model field names: ``served`` maps each id of the
-    server's /v1/models to its ``parent`` (vLLM sets it for adapters, None for the base
-    model). None for the base model or an unknown name."""
+    """The LoRA adapter a request's model field names, or None.
+
+    ``served`` maps each id of the server's /v1/models to its ``parent`` (vLLM sets it for
+    adapters, None for the base model). None for the base model or an unknown name.
+    """
     if model is None:
         return None
     parent = served.get(model)
@@ -226,6 +237,8 @@ def served_models(doc: Any) -> dict[str, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
+    """One request through the tee: what it asked, its status, tokens and timings."""
+
     id: int
     method: str
     endpoint: str
@@ -247,8 +260,10 @@ class RequestRecord:
 
 @dataclass(frozen=True, slots=True)
 class RequestsView:
-    """One tee's requests at one moment: in flight (oldest first) and finished (newest
-    first), with totals since the tee started."""
+    """One tee's requests at one moment: in flight and finished, with totals.
+
+    In flight oldest first, finished newest first; totals since the tee started.
+    """
 
     listen_url: str
     upstream_url: str
@@ -265,6 +280,7 @@ def _r(v: float | None, nd: int = 4) -> float | None:
 
 
 def record_dict(r: RequestRecord) -> dict[str, Any]:
+    """The record as a report's ``requests`` list holds it."""
     return {
         "id": r.id,
         "method": r.method,
@@ -287,6 +303,7 @@ def record_dict(r: RequestRecord) -> dict[str, Any]:
 
 
 def requests_dict(v: RequestsView | None, limit: int = 50) -> dict[str, Any] | None:
+    """The view as a report's ``requests`` object holds it, at most ``limit`` records."""
     if v is None:
         return None
     records = [*v.in_flight, *v.recent][:limit]
@@ -302,46 +319,9 @@ def requests_dict(v: RequestsView | None, limit: int = 50) -> dict[str, Any] | N
     }
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f} ms"
-
-
-def _num(v: int | None) -> str:
-    return "-" if v is None else str(v)
-
-
-def record_line(r: RequestRecord) -> str:
-    status = "…" if r.in_flight else str(r.status)
-    model = r.model or "-"
-    if r.adapter:
-        model = f"{model} (adapter)"
-    how = {FROM_CHUNKS: " (chunks counted)", FROM_USAGE: ""}.get(r.tokens_from or "", "")
-    line = (
-        f"{status:>12}  {r.method} {r.endpoint}  {model}  {'stream' if r.stream else 'json'}  "
-        f"in {_num(r.prompt_tokens)} out {_num(r.output_tokens)}{how}  TTFT {_ms(r.ttft_s)}  "
-        f"{'running' if r.in_flight else 'took'} {_ms(r.duration_s)}"
-    )
-    if r.error:
-        line += f"  ({r.error})"
-    if r.prompt is not None:
-        line += f"\n{'':>14}prompt: {r.prompt[:200]!r}"
-    return line
-
-
-def detail_lines(v: RequestsView | None, limit: int = 12) -> list[str]:
-    """The drill-in's requests section (plain text lines)."""
-    if v is None:
-        return []
-    head = (
-        f"requests (tee {v.listen_url} -> {v.upstream_url}): {len(v.in_flight)} in flight, "
-        f"{v.seen} seen, {v.errors} failed, {v.disconnected} disconnected"
-        + ("; prompts kept" if v.keep_prompts else "")
-    )
-    rows = [record_line(r) for r in [*v.in_flight, *v.recent][:limit]]
-    return [head, *(rows or ["  (no request through the tee yet)"])]
-
-
 def row_cell(v: RequestsView | None) -> str:
-    """What the fleet row's running cell adds: the requests in flight through the tee
-    ('' without a tee)."""
+    """What the fleet row's running cell adds: the requests in flight through the tee.
+
+    '' without a tee.
+    """
     return "" if v is None else f" · tee {len(v.in_flight)}"

@@ -48,7 +48,9 @@ _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 def parse_duration(text: str) -> float:
     """'30s', '10m', '2h', '1d', '1.5h' or plain seconds ('90') -> seconds.
-    Raises ValueError with a one-line message for anything else (negative, empty, nan)."""
+
+    Raises ValueError with a one-line message for anything else (negative, empty, nan).
+    """
     m = _DURATION.match(str(text))
     if not m:
         raise ValueError(f"not a duration: {text!r} (e.g. 30s, 10m, 2h, 1d, or seconds)")
@@ -59,6 +61,7 @@ def parse_duration(text: str) -> float:
 
 
 def human_duration(seconds: float | None) -> str:
+    """A duration for a table cell: ``1.5d``, ``2.0h``, ``3.2m`` or ``42s`` (``-``: unknown)."""
     if seconds is None:
         return "-"
     s = max(0.0, seconds)
@@ -74,6 +77,8 @@ class MetaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RunMeta:
+    """What a run recorded about its server: URL, model, pids and their start times, times."""
+
     url: str | None
     model: str | None
     model_path: str | None
@@ -149,8 +154,11 @@ def parse_meta(doc: Any) -> RunMeta:
 
 
 def same_process(recorded: float | None, now: float | None, tol: float = START_TOLERANCE) -> bool:
-    """Whether a process that started at ``now`` (None: no such process) is the one
-    recorded as starting at ``recorded``."""
+    """Whether the process now at a pid is the one recorded there (start times agree).
+
+    Whether a process that started at ``now`` (None: no such process) is the one
+    recorded as starting at ``recorded``.
+    """
     return recorded is not None and now is not None and abs(now - recorded) <= tol
 
 
@@ -179,6 +187,8 @@ def alive_engine_pids(meta: RunMeta, starts: Mapping[int, float | None]) -> tupl
 
 @dataclass(frozen=True, slots=True)
 class RunAssessment:
+    """One run's state and why, its owner's liveness, and its pids alive or reused."""
+
     state: str  # one of STATES
     reason: str
     owner_alive: bool | None  # None: no owner recorded (or no meta)
@@ -189,8 +199,11 @@ class RunAssessment:
 def assess(
     meta: RunMeta | None, error: str | None, starts: Mapping[int, float | None]
 ) -> RunAssessment:
-    """The state of one run from its meta and the start times of the processes now
-    running under the pids it names (``starts[pid]`` None or absent: no such process)."""
+    """The state of one run from its meta and the start times of the processes now running.
+
+    ``starts``: pid -> start time of the process now under each pid the run names (None or
+    absent: no such process).
+    """
     if meta is None:
         return RunAssessment("unknown", error or "no meta.json", None, (), ())
     alive = alive_engine_pids(meta, starts)
@@ -232,6 +245,8 @@ def ended_at(meta: RunMeta | None, last_write: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class CleanDecision:
+    """What ``runs clean`` does with one run (reap, prune or keep), and why."""
+
     action: str  # reap | prune | keep
     reason: str
 
@@ -239,10 +254,13 @@ class CleanDecision:
 def clean_decision(
     a: RunAssessment, ended: float | None, now: float, older_than: float
 ) -> CleanDecision:
-    """What ``runs clean`` does with one run: reap an orphan (its directory stays, for
+    """What ``runs clean`` does with one run: reap an orphan, prune an old dead run, or keep.
+
+    What ``runs clean`` does with one run: reap an orphan (its directory stays, for
     its log, until a later clean finds it old enough), prune a stopped or dead run whose
     owner is gone, nothing is alive and that ended at least ``older_than`` seconds ago,
-    keep everything else (with the reason)."""
+    keep everything else (with the reason).
+    """
     if a.state == "orphaned":
         return CleanDecision("reap", f"orphaned engine: {len(a.alive_pids)} process(es) to stop")
     if a.state in ("live", "unknown"):
@@ -262,8 +280,11 @@ def clean_decision(
 
 
 def is_vllm_segment(name: str) -> bool:
-    """/dev/shm names vLLM leaks when killed: ``psm_*`` (shm_broadcast ring buffers) and
-    ``sem.mp-*`` (multiprocessing semaphores). Engram tables have their own clean."""
+    """Whether a /dev/shm name is one vLLM leaks when killed (``psm_*``, ``sem.mp-*``).
+
+    /dev/shm names vLLM leaks when killed: ``psm_*`` (shm_broadcast ring buffers) and
+    ``sem.mp-*`` (multiprocessing semaphores). Engram tables have their own clean.
+    """
     return name.startswith(SHM_PREFIXES)
 
 
@@ -271,14 +292,18 @@ def is_vllm_segment(name: str) -> bool:
 
 
 def check_clean_options(yes: bool, with_shm: bool, force: bool) -> None:
+    """Refuse (BadInput) ``--force`` without ``--shm --yes``."""
     if force and not (yes and with_shm):
         raise BadInput("--force only makes sense with --shm --yes")
 
 
 def shm_refusal(denied: tuple[int, ...], force: bool) -> str | None:
-    """The refusal rule for leaked segments: when the maps or fds of some process could
+    """The refusal line when leaked segments may not be removed, or None.
+
+    The refusal rule for leaked segments: when the maps or fds of some process could
     not be read, a segment only it holds would look free, so none is removed unless
-    ``force``. Returns the refusal line, or None when removing may go ahead."""
+    ``force``. Returns the refusal line, or None when removing may go ahead.
+    """
     if not denied or force:
         return None
     return (
@@ -291,8 +316,11 @@ def shm_refusal(denied: tuple[int, ...], force: bool) -> str | None:
 def clean_failure(
     failed: list[tuple[str, str]], shm_kept: list[str], shm_refused: str | None
 ) -> str | None:
-    """Why ``runs clean --yes`` failed (exit 1): a run it could not reap or prune
-    ((name, error) pairs), else a refused or kept segment. None: it did all it listed."""
+    """Why ``runs clean --yes`` failed (exit 1), or None when it did all it listed.
+
+    Why ``runs clean --yes`` failed (exit 1): a run it could not reap or prune
+    ((name, error) pairs), else a refused or kept segment. None: it did all it listed.
+    """
     if failed:
         name, error = failed[0]
         return f"{name}: {error}"

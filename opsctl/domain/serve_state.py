@@ -10,6 +10,7 @@ STARTING, LOADING, READY, DEAD, STOPPED = "starting", "loading", "ready", "dead"
 def derive_state(
     exit_code: int | None, healthy: bool, progress: LoadProgress, stopping: bool = False
 ) -> str:
+    """The served engine's state: stopped or dead after exit, else ready, loading or starting."""
     if exit_code is not None:
         return STOPPED if stopping else DEAD
     if healthy:

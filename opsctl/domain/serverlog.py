@@ -1,5 +1,4 @@
-"""Reading a vLLM server log: load phases with their timings, and the decisive lines
-that explain a death."""
+"""Reading a vLLM server log: load phases with their timings, and the lines that explain a death."""
 
 from __future__ import annotations
 
@@ -28,6 +27,8 @@ _NOISE = ("DeprecationWarning", "UserWarning", "warnings.warn", "resource_tracke
 
 @dataclass(frozen=True, slots=True)
 class LoadProgress:
+    """How far a server's start got: the last phase, its step of the total, and timings."""
+
     phase: str  # last phase reached ("starting" before any)
     step: int  # 0..len(PHASES)
     total: int
@@ -36,6 +37,7 @@ class LoadProgress:
 
 
 def load_progress(log: str) -> LoadProgress:
+    """The load progress a server log shows: the last phase reached and its timings."""
     step = 0
     phase = "starting"
     weights = init = None
@@ -54,9 +56,11 @@ def load_progress(log: str) -> LoadProgress:
 
 
 def decisive_lines(log: str, limit: int = 3) -> list[str]:
-    """The last distinct error lines (exception messages, argparse errors), most
-    recent last. Traceback frames, warnings and WARNING-level log lines are skipped; a
-    pydantic validation error brings its indented detail line along."""
+    """The last distinct error lines (exception messages, argparse errors), most recent last.
+
+    Traceback frames, warnings and WARNING-level log lines are skipped; a pydantic validation
+    error brings its indented detail line along.
+    """
     found: list[str] = []
     lines = log.splitlines()
     for i, raw in enumerate(lines):

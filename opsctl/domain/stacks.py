@@ -1,4 +1,6 @@
-"""Stacks of a vLLM server's processes (``opsctl stacks``): parse what faulthandler or
+"""Stacks of a vLLM server's processes (``opsctl stacks``), pure: parse, group, judge.
+
+Stacks of a vLLM server's processes (``opsctl stacks``): parse what faulthandler or
 py-spy gave, group identical stacks across processes, and say in one line per process
 where it waits. Pure: no I/O.
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from opsctl.domain.records import record
 
 SCHEMA = "stacks/1"  # opsctl.output.document adds "opsctl."
 
@@ -38,6 +42,8 @@ _PLUMBING = (
 
 @dataclass(frozen=True, slots=True)
 class Frame:
+    """One stack frame: function, file and line."""
+
     func: str
     file: str
     line: int
@@ -48,20 +54,25 @@ class Frame:
         return f"{self.func} ({path}:{self.line})"
 
     def to_dict(self) -> dict:
-        return {"func": self.func, "file": self.file, "line": self.line}
+        """The frame as the report holds it."""
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
 class Thread:
+    """One thread's stack, innermost frame first."""
+
     ident: str
     frames: tuple[Frame, ...]  # innermost first
     current: bool = False  # faulthandler's "Current thread": the one that handled the signal
     name: str | None = None
 
     def key(self) -> tuple:
+        """The thread's frames as a hashable key (identical stacks group by it)."""
         return tuple((f.func, f.file, f.line) for f in self.frames)
 
     def to_dict(self) -> dict:
+        """The thread as the ``stacks`` document holds it."""
         return {
             "ident": self.ident,
             "name": self.name,
@@ -72,6 +83,8 @@ class Thread:
 
 @dataclass(frozen=True, slots=True)
 class ProcessStacks:
+    """One process's stacks: pid, role, how they were taken, state, or why there are none."""
+
     pid: int
     role: str
     source: str  # "signal" (faulthandler) | "py-spy" | "none"
@@ -81,9 +94,12 @@ class ProcessStacks:
 
     @property
     def main(self) -> Thread | None:
-        """The main thread: named so (py-spy), else the one not started by ``threading``
+        """The main thread of the process, or None when it has no threads.
+
+        The main thread: named so (py-spy), else the one not started by ``threading``
         (its outermost frame is not ``_bootstrap``; faulthandler's "current thread" is
-        whichever thread the signal landed on), else the last listed."""
+        whichever thread the signal landed on), else the last listed.
+        """
         for t in self.threads:
             if t.name == "MainThread":
                 return t
@@ -107,6 +123,7 @@ class ProcessStacks:
         return f"{head}: {where(main.frames)}"
 
     def to_dict(self) -> dict:
+        """The process as the ``stacks`` document holds it, its verdict included."""
         return {
             "pid": self.pid,
             "role": self.role,
@@ -119,16 +136,21 @@ class ProcessStacks:
 
 
 def is_native(f: Frame) -> bool:
-    """A C frame of a native dump (py-spy --native): its file is a shared library, a C
+    """Whether a frame is a C frame of a native dump (py-spy --native).
+
+    A C frame of a native dump (py-spy --native): its file is a shared library, a C
     source or an executable (a statically linked libpython), not Python's ``.py`` nor
-    ``<string>``/``<frozen ...>``."""
+    ``<string>``/``<frozen ...>``.
+    """
     return not (f.file.endswith((".py", ".pyc")) or f.file.startswith("<") or not f.file)
 
 
 def where(frames: Sequence[Frame]) -> str:
-    """``waits in <first own frame> via <plumbing it sits in>``, innermost first. With C
-    frames below (``--native``): ``waits in <first named C function> (<library>) under
-    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it."""
+    """``waits in <first own frame> via <plumbing it sits in>``, innermost first.
+
+    With C frames below (``--native``): ``waits in <first named C function> (<library>) under
+    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it.
+    """
     if frames and is_native(frames[0]):
         named = next((f for f in frames if is_native(f) and not f.func.startswith("0x")), None)
         python = [f for f in frames if not is_native(f)]
@@ -202,6 +224,7 @@ class Group:
     members: tuple[tuple[int, str, str], ...] = field(default_factory=tuple)  # (pid, role, thread)
 
     def to_dict(self) -> dict:
+        """The group as the ``stacks`` document holds it: its members and shared frames."""
         return {
             "members": [{"pid": p, "role": r, "thread": t} for p, r, t in self.members],
             "frames": [f.to_dict() for f in self.frames],
@@ -237,9 +260,11 @@ def _rank(role: str) -> int:
 
 
 def headline_of(processes: Sequence[dict]) -> str:
-    """The one-line verdict over a stacks document's processes: the first process (a
-    worker, then the EngineCore, then the others) that is stopped, or waits anywhere but
-    the idle waits of a healthy engine; else that every process waits idle."""
+    """The one-line verdict over a stacks document's processes.
+
+    The first process (a worker, then the EngineCore, then the others) that is stopped, or waits
+    anywhere but the idle waits of a healthy engine; else that every process waits idle.
+    """
     ordered = sorted(processes, key=lambda p: _rank(str(p.get("role") or "")))
     for p in ordered:
         line = str(p.get("verdict") or "")

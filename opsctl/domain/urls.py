@@ -21,8 +21,10 @@ _BARE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^/:\s\[\]]+):\d+(/.*)?$")
 
 
 def normalise_url(url: str) -> str:
-    """``url`` as ``scheme://host[:port][/prefix]`` without a trailing slash, or BadInput
-    (exit 2) when it is not a usable http(s) base URL."""
+    """``url`` as ``scheme://host[:port][/prefix]`` without a trailing slash, or BadInput.
+
+    BadInput (exit 2) when it is not a usable http(s) base URL.
+    """
     text = url.strip()
     if not text or any(c.isspace() for c in text):
         raise BadInput(f"not an http(s) URL: {url!r}", hint=FORMS_HINT)
@@ -70,8 +72,10 @@ validate_url = normalise_url
 
 
 def loopback_port(url: str) -> int | None:
-    """The port of a URL naming this node's loopback (localhost, 127.x, ::1); None for
-    another host's URL or one without a port."""
+    """The port of a URL naming this node's loopback, or None.
+
+    Loopback: localhost, 127.x, ::1. None for another host's URL or one without a port.
+    """
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)

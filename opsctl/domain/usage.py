@@ -1,4 +1,6 @@
-"""`diag usage`: which engine inputs a /score or /rerank request produces, and whether
+"""`diag usage`: engine inputs of /score and /rerank requests, and their reported ``usage``.
+
+`diag usage`: which engine inputs a /score or /rerank request produces, and whether
 the reported ``usage`` matches an independent count of them. Pure: no I/O; the token
 counts are collected first (opsctl.collectors.scoring) and come in as numbers.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.domain.records import record
 from opsctl.errors import BadInput
 
 CROSS, BI = "cross-encoder", "bi-encoder"
@@ -44,6 +47,8 @@ LONG_DOC = (
 
 @dataclass(frozen=True, slots=True)
 class UsageCase:
+    """One request the check sends: endpoint, queries, documents and ``top_n``."""
+
     name: str
     endpoint: str  # "score" | "rerank"
     queries: tuple[str, ...]
@@ -51,6 +56,7 @@ class UsageCase:
     top_n: int | None = None
 
     def body(self, model: str) -> dict[str, Any]:
+        """The request's JSON body for ``model``."""
         if self.endpoint == "score":
             q: Any = self.queries[0] if len(self.queries) == 1 else list(self.queries)
             d: Any = self.documents[0] if len(self.documents) == 1 else list(self.documents)
@@ -66,6 +72,7 @@ class UsageCase:
 
 
 def default_cases() -> tuple[UsageCase, ...]:
+    """The cases the check sends, /score and /rerank, one or several documents."""
     q = "What is the capital of France?"
     docs = (
         "Paris is the capital of France.",
@@ -107,6 +114,7 @@ def engine_inputs(kind: str, case: UsageCase) -> list[Input]:
 
 
 def derivation(kind: str, case: UsageCase, method: str) -> str:
+    """How the expected count is derived for ``kind`` and the case, counted by ``method``."""
     n_q, n_d = len(case.queries), len(case.documents)
     if kind == CROSS:
         pairs = n_d
@@ -118,6 +126,8 @@ def derivation(kind: str, case: UsageCase, method: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
+    """One case's row: the usage the server reported against the count expected."""
+
     endpoint: str
     kind: str
     case: str
@@ -135,10 +145,7 @@ class UsageRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row in the report (``diag.usage/2``): token counts named ``*_tokens``."""
-        return {
-            JSON_NAMES.get(f, f): getattr(self, f)
-            for f in self.__slots__  # type: ignore[attr-defined]
-        }
+        return record(self, JSON_NAMES, tuples=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> UsageRow:
@@ -239,9 +246,11 @@ def declared_kind(
     root: str | None,
     url: str,
 ) -> tuple[str, str] | None:
-    """(kind, how it was determined) from what is known without asking the server:
-    --kind, the embedded model's archetype, the model directory's config.json. A
-    config.json of another kind of model is BadInput; None: probe the endpoints."""
+    """(kind, how it was determined) from what is known without asking the server.
+
+    The sources: --kind, the embedded model's archetype, the model directory's config.json. A
+    config.json of another kind of model is BadInput; None: probe the endpoints.
+    """
     if given:
         return given, "--kind"
     if archetype in KINDS:
@@ -291,6 +300,7 @@ def unk_findings(sample: Sequence[str]) -> list[Finding]:
 
 
 def findings(rows: list[UsageRow]) -> list[Finding]:
+    """The check's findings: mismatches, unverified rows, disagreeing counts, ``top_n``."""
     out: list[Finding] = []
     bad = [r for r in rows if r.verdict == "fail"]
     for r in bad:

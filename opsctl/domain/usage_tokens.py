@@ -1,4 +1,6 @@
-"""How many tokens a `diag usage` engine input has, from the server's /tokenize: which
+"""Token counts of `diag usage` engine inputs, from the server's /tokenize.
+
+How many tokens a `diag usage` engine input has, from the server's /tokenize: which
 texts to ask for, and the pair template that joins a query and a document.
 
 A pair's special tokens depend on the tokenizer: BERT builds ``[CLS] q [SEP] d [SEP]``,
@@ -26,6 +28,8 @@ PAIR_TEMPLATES: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, int]] =
 
 @dataclass(frozen=True, slots=True)
 class PairTemplate:
+    """The special tokens a tokenizer family puts around a (query, document) pair."""
+
     name: str
     prefix: tuple[str, ...]
     suffix: tuple[str, ...]
@@ -37,14 +41,19 @@ class PairTemplate:
         return len(self.prefix) + len(self.suffix) * (self.sep_repeat + 1)
 
     def count(self, query_tokens: int, document_tokens: int) -> int:
-        """Length of ``tokenizer(text=q, text_pair=d)``: both texts are tokenized alone
-        (without specials) and joined by the template's special tokens."""
+        """Length of ``tokenizer(text=q, text_pair=d)`` from the two texts' own lengths.
+
+        Length of ``tokenizer(text=q, text_pair=d)``: both texts are tokenized alone
+        (without specials) and joined by the template's special tokens.
+        """
         return query_tokens + document_tokens + self.specials
 
 
 def pair_template(prefix: list[str], suffix: list[str]) -> PairTemplate | None:
-    """The pair template of a tokenizer that adds ``prefix``/``suffix`` around one text,
-    or None when it is not a known family (then the pair count is not derivable)."""
+    """The pair template of a tokenizer that adds ``prefix``/``suffix`` around one text.
+
+    None when it is not a known family (then the pair count is not derivable).
+    """
     known = PAIR_TEMPLATES.get((tuple(prefix), tuple(suffix)))
     if known is None:
         return None
@@ -65,9 +74,11 @@ def special_affixes(with_specials: list[str], without: list[str]) -> tuple[list[
 def tokenize_requests(
     inputs: Sequence[Input], template: PairTemplate | None
 ) -> tuple[tuple[str, bool], ...]:
-    """The (text, add_special_tokens) the server must tokenize to count ``inputs``: a
-    text with its special tokens; each side of a pair without (joined by ``template``;
-    a pair is not counted at all when the template is unknown)."""
+    """The (text, add_special_tokens) the server must tokenize to count ``inputs``.
+
+    A text with its special tokens; each side of a pair without (joined by ``template``; a pair
+    is not counted at all when the template is unknown).
+    """
     out: dict[tuple[str, bool], None] = {}
     for x in inputs:
         if isinstance(x, tuple):
@@ -83,8 +94,11 @@ def remote_parts(
     lengths: Mapping[tuple[str, bool], int],
     template: PairTemplate | None,
 ) -> tuple[int | None, ...]:
-    """Each input's count from /tokenize ``lengths`` (keyed as :func:`tokenize_requests`
-    asks); None for a pair when the template is unknown."""
+    """Each input's count from /tokenize ``lengths``; None for a pair of unknown template.
+
+    Each input's count from /tokenize ``lengths`` (keyed as :func:`tokenize_requests`
+    asks); None for a pair when the template is unknown.
+    """
     out: list[int | None] = []
     for x in inputs:
         if not isinstance(x, tuple):
@@ -106,6 +120,7 @@ def inferred_template(with_specials: list[str], without: list[str]) -> PairTempl
 
 
 def remote_method(kind: str, template: PairTemplate | None) -> str:
+    """How the count was derived, for the report: which /tokenize requests."""
     if kind != CROSS:
         return "/tokenize of each text"
     if template is None:

@@ -1,8 +1,10 @@
-"""Weights an engine loads, defined once: vLLM's ``--load-format`` values opsctl passes
-on (``auto`` real weights in whatever format the model has, ``safetensors`` real
-weights from safetensors files, ``dummy`` random weights; opsctl's dummy_fill patch
-gives Engram tables constants) and the console's words for them (``real``, ``dummy``).
-Used by serve, every diag that starts an engine, certify and the console's start form."""
+"""Weights an engine loads, defined once: vLLM's ``--load-format`` values opsctl passes on.
+
+``auto``: real weights in whatever format the model has; ``safetensors``: real weights from
+safetensors files; ``dummy``: random weights (opsctl's dummy_fill patch gives Engram tables
+constants). Also the console's words for them (``real``, ``dummy``).
+Used by serve, every diag that starts an engine, certify and the console's start form.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""``opsctl certify``'s view: the run under progress (stderr or a live panel), the
-reports (JUnit XML, SARIF: their paths checked before any work, so bad input writes
-nothing; written whatever the verdict once the work ran), the summary and exit code."""
+"""``opsctl certify``'s view: progress, the JUnit and SARIF reports, summary and exit code.
+
+The run shows under progress (stderr or a live panel). The reports' paths are checked before any
+work, so bad input writes nothing; they are written whatever the verdict once the work ran.
+"""
 
 from __future__ import annotations
 
@@ -25,20 +27,16 @@ def writable(path: Path | None, flag: str) -> None:
 
 
 def write(docs: list[Mapping[str, Any]], junit: Path | None, sarif: Path | None) -> None:
-    """ONE JUnit file (a testsuite per document) and ONE SARIF log (a run per document):
-    one certify document, or a fleet's targets (each has a ``name``)."""
-    from opsctl.domain.junit import junit_xml
-    from opsctl.domain.sarif import fleet_sarif_text, sarif_text
+    """Write ONE JUnit file (a testsuite per document) and ONE SARIF log (a run per document).
 
-    def sarif_of(path: Path) -> str:
-        where = (str(Path.cwd()), str(path.resolve()))
-        if len(docs) == 1 and not docs[0].get("name"):
-            return sarif_text(docs[0], *where)
-        return fleet_sarif_text(list(docs), *where)
+    The documents: one certify document, or a fleet's targets (each has a ``name``).
+    """
+    from opsctl.ui.render_junit import junit_xml
+    from opsctl.ui.render_sarif import sarif_text
 
     texts: list[tuple[Path | None, str, Callable[[Path], str]]] = [
         (junit, "JUnit XML", lambda _: junit_xml(docs)),
-        (sarif, "SARIF", sarif_of),
+        (sarif, "SARIF", lambda path: sarif_text(docs, str(Path.cwd()), str(path.resolve()))),
     ]
     for path, what, text in texts:
         if path is None:
@@ -53,6 +51,7 @@ def write(docs: list[Mapping[str, Any]], junit: Path | None, sarif: Path | None)
 
 
 def run_view(call, tui: bool | None, as_json: bool, fleet: bool = False):
+    """Run ``call`` under certify's view: the dashboard, or progress lines / the live panel."""
     from opsctl.output import want_tui
     from opsctl.ui.progress import run_with_progress
 
@@ -64,6 +63,7 @@ def run_view(call, tui: bool | None, as_json: bool, fleet: bool = False):
 
 
 def conclude(doc: dict, report, as_json: bool, fleet: bool = False) -> None:
+    """Print the summary (or the JSON document), then exit with the certify exit code."""
     from opsctl import output
     from opsctl.domain import certify, certify_fleet
     from opsctl.ui import render_certify as r

@@ -1,5 +1,4 @@
-"""Rich rendering of the ``runs bundle`` document (stdout, no --json); the document is
-the report of :mod:`opsctl.checks.bundle`."""
+"""Rich rendering of the ``runs bundle`` document (:mod:`opsctl.checks.bundle`'s report)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from opsctl.output import human_bytes
 
 
 def render_bundle(console: Console, doc: dict[str, Any]) -> None:
+    """Print the bundle's files and what is missing, then its path, size and redactions."""
     t = Table("file", "bytes", "from", title=f"bundle of run {escape(doc['run'])} ({doc['state']})")
     for f in doc["files"]:
         cut = " (last part)" if f.get("truncated") else ""

@@ -1,24 +1,36 @@
-"""The human summary of ``opsctl certify`` (stdout): one table row per check (check,
-verdict, time, first finding), the engine starts and the verdict."""
+"""The human summary of ``opsctl certify`` (stdout), for one target or a fleet.
+
+One table row per check (check, verdict, time, first finding), the engine starts and the verdict.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console
 
 from opsctl.domain import certify as dom
 
+
+def title_of(doc: Mapping[str, Any]) -> str:
+    """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
+    where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
+    model = dom.model_of(doc)
+    return f"certify {model} ({where})" if model else f"certify {where}"
+
+
 COLOURS = {"PASS": "green", "UNVERIFIED": "yellow", "FAIL": "red", "ERROR": "red"}
 
 
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:
+    """The summary drawer of a certify document: the checks table, engines and verdict line."""
+
     def draw(console: Console) -> None:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(*dom.SUMMARY_COLUMNS, title=dom.title_of(doc))
+        table = Table(*dom.SUMMARY_COLUMNS, title=title_of(doc))
         for check, verdict, seconds, first in dom.summary_rows(doc["checks"]):
             colour = COLOURS.get(verdict, "dim")
             table.add_row(check, f"[{colour}]{verdict}[/]", seconds, escape(first))
@@ -31,12 +43,8 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
                 markup=False,
             )
         s = doc["summary"]
-        colour = "green" if doc["verdict"] == "pass" else "red"
-        console.print(
-            f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['run']} run, "
-            f"{s['skipped']} skipped, {s['engine_starts']} engine start(s), {doc['duration_s']:.0f} s",
-            highlight=False,
-        )
+        _verdict(console, doc, f"{s['run']} run, {s['skipped']} skipped, "
+                 f"{s['engine_starts']} engine start(s)")  # fmt: skip
 
     return draw
 
@@ -56,11 +64,14 @@ def render_fleet(doc: dict[str, Any]) -> Callable[[Console], None]:
                           escape(first))  # fmt: skip
         console.print(table)
         s = doc["summary"]
-        colour = "green" if doc["verdict"] == "pass" else "red"
-        console.print(
-            f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {s['passed']} of {s['targets']} "
-            f"target(s) passed, {doc['duration_s']:.0f} s",
-            highlight=False,
-        )
+        _verdict(console, doc, f"{s['passed']} of {s['targets']} target(s) passed")
 
     return draw
+
+
+def _verdict(console: Console, doc: dict[str, Any], counts: str) -> None:
+    colour = "green" if doc["verdict"] == "pass" else "red"
+    console.print(
+        f"verdict: [b {colour}]{doc['verdict'].upper()}[/]  {counts}, {doc['duration_s']:.0f} s",
+        highlight=False,
+    )

@@ -1,5 +1,7 @@
 """Rich rendering of the ``engram inspect | plan | clean`` documents (stdout, no --json).
-The documents are the reports of :mod:`opsctl.checks.engram`."""
+
+The documents are the reports of :mod:`opsctl.checks.engram`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from opsctl.output import human_bytes, render_findings
 
 
 def render_inspect(console: Console, doc: dict[str, Any]) -> None:
+    """Print ``engram inspect``'s document: the tables found, /dev/shm, and the findings."""
     s = doc["shm"]
     console.print(
         f"[b]engram inspect[/] (this node): mappers on vLLM {doc.get('vllm_version') or '?'}, "
@@ -35,6 +38,7 @@ def _unknown(note: str | None) -> str:
 
 
 def render_plan(console: Console, doc: dict[str, Any]) -> None:
+    """Print ``engram plan``'s document: the tables' sizes and each placement's cost."""
     sp = doc["spec"]
     console.print(
         f"[b]{doc['source']}[/b]: {len(sp['layer_ids'])} Engram layer(s) {sp['layer_ids']}, "
@@ -92,6 +96,7 @@ def _orphan_status(doc: dict[str, Any], name: str) -> str:
 
 
 def render_clean(console: Console, doc: dict[str, Any]) -> None:
+    """Print ``engram clean``'s document: the orphans, the files left alone, and what was done."""
     t = Table("orphan", "size", "status", title=f"orphaned {doc['prefix']}* files in /dev/shm")
     for o in doc["orphans"]:
         t.add_row(o["name"], human_bytes(o["size_bytes"]), _orphan_status(doc, o["name"]))

@@ -1,6 +1,8 @@
-"""Rich tables for `opsctl diag invariance` (a terminal without ``--json``): the modes
-side by side, then per mode its isolating settings, its prompts and its warnings. Reads
-only the report's JSON document (``opsctl.diag.invariance/2``)."""
+"""Rich tables for `opsctl diag invariance` (a terminal without ``--json``).
+
+The modes side by side, then per mode its isolating settings, its prompts and its warnings. Reads
+only the report's JSON document (``opsctl.diag.invariance/2``).
+"""
 
 from __future__ import annotations
 
@@ -60,8 +62,10 @@ def _reached_text(run: dict) -> str:
 
 
 def platform_text(doc: dict) -> str:
-    """A document's (or run's) platform for a human line: the name, else "unknown
-    (<platform_note>)", else "-"."""
+    """A document's (or run's) platform for a human line.
+
+    The name, else "unknown (<platform_note>)", else "-".
+    """
     note = doc.get("platform_note")
     return doc.get("platform") or (f"unknown ({note})" if note else "-")
 
@@ -150,6 +154,7 @@ def _prompts_table(run: dict) -> Table:
 
 
 def render(con: Console, doc: dict) -> None:
+    """Print the invariance document: header, modes, each run's settings, prompts, warnings."""
     con.print(header(doc))
     con.print(_modes_table(doc))
     for r in doc["runs"]:

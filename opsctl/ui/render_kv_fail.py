@@ -48,8 +48,10 @@ def _requests(doc: Mapping[str, Any]) -> Table:
 
 
 def noise_text(noise: Mapping[str, Any] | None) -> str | None:
-    """The comparison's noise floor as one line (None: no round trip was compared, or a
-    document recorded before the field existed)."""
+    """The comparison's noise floor as one line, or None.
+
+    None: no round trip was compared, or a document recorded before the field existed.
+    """
     if not noise or noise.get("mode") is None:
         return None
     floor, mode = noise.get("max_logprob_diff"), noise["mode"]
@@ -71,14 +73,18 @@ def platform_text(doc: Mapping[str, Any]) -> str:
 
 
 def patches_text(doc: Mapping[str, Any]) -> str:
-    """The recovery patches' states ("patches kv_hybrid_recompute applied, ..."); a
-    document from before they were listed names its one patch."""
+    """The recovery patches' states as one phrase.
+
+    The recovery patches' states ("patches kv_hybrid_recompute applied, ..."); a
+    document from before they were listed names its one patch.
+    """
     rows = doc.get("recovery_patches") or [doc.get("patch") or {}]
     states = ", ".join(f"{p.get('name')} {p.get('status') or '-'}" for p in rows)
     return f"patch{'es' if len(rows) > 1 else ''} {states}"
 
 
 def render(con: Console, doc: Mapping[str, Any]) -> None:
+    """Print the kv-fail document: model, settings, the requests table, noise floor, findings."""
     con.print(
         f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version') or '?'}, "
         f"platform {escape(platform_text(doc))}, {_groups(doc)}"

@@ -1,5 +1,8 @@
-"""Rich tables for `opsctl diag lora` (a terminal without ``--json``): LoRA support per
-part, then the cases. Reads only the report's JSON document (``opsctl.diag.lora/1``)."""
+"""Rich tables for `opsctl diag lora` (a terminal without ``--json``).
+
+LoRA support per part, then the cases. Reads only the report's JSON document
+(``opsctl.diag.lora/1``).
+"""
 
 from __future__ import annotations
 

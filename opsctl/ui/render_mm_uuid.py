@@ -1,6 +1,8 @@
-"""Rich tables for `opsctl diag mm-uuid` (a terminal without ``--json``): the identifier
-each image reached the engine core with, the reused-UUID requests, the findings. Reads
-only the report's JSON document (``opsctl.diag.mm_uuid/2``)."""
+"""Rich tables for `opsctl diag mm-uuid` (a terminal without ``--json``).
+
+The identifier each image reached the engine core with, the reused-UUID requests, the findings.
+Reads only the report's JSON document (``opsctl.diag.mm_uuid/2``).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def platform_text(doc: dict[str, Any]) -> str:
 
 
 def observation(d: dict[str, Any]) -> Observation:
+    """An observation of the report's ``observations`` list as the domain's record."""
     return Observation(**{k: d[k] for k in Observation.__slots__})  # type: ignore[attr-defined]
 
 

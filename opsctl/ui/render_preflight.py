@@ -1,8 +1,9 @@
-"""Rich output of the upgrade preflight (`opsctl patches --against VERSION|WHEEL`) on a
-terminal: one table (per patch and probe: exists / unchanged / upstream / changed
-around / verdict), then per patch what needs a look (missing or changed targets with a
-diff excerpt, changed watched code, the members changed around it). Reads only the
-report's JSON document (``opsctl.preflight/1``)."""
+"""Rich output of the upgrade preflight (`opsctl patches --against VERSION|WHEEL`).
+
+One table (per patch and probe: exists / unchanged / upstream / changed around / verdict), then per
+patch what needs a look (missing or changed targets with a diff excerpt, changed watched code, the
+members changed around it). Reads only the report's JSON document (``opsctl.preflight/1``).
+"""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def _attributes(console: Console, attributes: list[dict]) -> None:
 
 
 def render(console: Console, doc: dict[str, Any]) -> None:
+    """Print the preflight document: the patches table, then what needs a look per patch."""
     source = doc.get("source") or {}
     console.print(
         f"[b]patches --against[/] vLLM {escape(str(doc.get('vllm_version') or '?'))} "

@@ -1,5 +1,4 @@
-"""Rich rendering of the ``runs list | clean`` documents (stdout, no --json); the
-documents are the reports of :mod:`opsctl.checks.runs`."""
+"""Rich rendering of the ``runs list | clean`` documents (:mod:`opsctl.checks.runs`)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ def _stamp(t: float | None) -> str:
 
 
 def render_list(console: Console, doc: dict[str, Any]) -> None:
+    """Print ``runs list``'s document: one row per run, state, model, URL, pids, disk."""
     t = Table(*LIST_COLUMNS, title=f"runs in {doc['runs_dir']}")
     for r in doc["runs"]:
         colour = STATE_COLOURS.get(r["state"], "white")
@@ -47,6 +47,7 @@ def render_list(console: Console, doc: dict[str, Any]) -> None:
 
 
 def render_clean(console: Console, doc: dict[str, Any]) -> None:
+    """Print ``runs clean``'s document: per run the action and result, reaps, then segments."""
     t = Table("run", "state", "action", "result", "disk", "why", title="runs clean")
     for r in doc["runs"]:
         t.add_row(

@@ -1,6 +1,8 @@
-"""Rich tables for `opsctl diag usage` (a terminal without ``--json``): one table per
-endpoint, then the findings. Reads only the report's JSON document
-(``opsctl.diag.usage/2``)."""
+"""Rich tables for `opsctl diag usage` (a terminal without ``--json``).
+
+One table per endpoint, then the findings. Reads only the report's JSON document
+(``opsctl.diag.usage/2``).
+"""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from engine_patches import knobs
 from opsctl.checks import certify
 from opsctl.checks import events as ev
 from opsctl.checks.target import EngineSpec
-from opsctl.domain.junit import junit_xml
-from opsctl.domain.sarif import sarif_log
+from opsctl.ui.render_junit import junit_xml
+from opsctl.ui.render_sarif import sarif_log
 
 pytestmark = pytest.mark.engine
 

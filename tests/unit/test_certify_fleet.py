@@ -13,8 +13,8 @@ import pytest
 
 from opsctl.domain import certify as dom
 from opsctl.domain import certify_fleet as fdom
-from opsctl.domain.junit import junit_xml
-from opsctl.domain.sarif import fleet_sarif_text
+from opsctl.ui.render_junit import junit_xml
+from opsctl.ui.render_sarif import sarif_text
 
 WHY = "no answer within the target's deadline (5 s, --timeout)"
 
@@ -95,7 +95,7 @@ def test_junit_and_sarif_one_suite_and_one_run_per_target():
     assert [n.split(":")[0] for n in names] == ["a", "bb"]
     classes = {c.get("classname") for c in root.iter("testcase")}
     assert classes == {"opsctl.certify.a.liveness", "opsctl.certify.bb.liveness"}
-    log = json.loads(fleet_sarif_text(entries, "/repo", "/repo/ci/fleet.sarif"))
+    log = json.loads(sarif_text(entries, "/repo", "/repo/ci/fleet.sarif"))
     assert [r["properties"]["target"] for r in log["runs"]] == ["a", "bb"]
     assert [r["automationDetails"]["id"] for r in log["runs"]] == [
         "opsctl-certify/a/", "opsctl-certify/bb/",

@@ -14,8 +14,8 @@ import xmlschema
 
 from opsctl.domain import certify as dom
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
-from opsctl.domain.junit import junit_xml
-from opsctl.domain.sarif import artifact_for, rule_name, sarif_log
+from opsctl.ui.render_junit import junit_xml
+from opsctl.ui.render_sarif import artifact_for, rule_name, sarif_log
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 

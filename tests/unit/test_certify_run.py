@@ -21,9 +21,9 @@ from opsctl.checks.certify_plan import Facts
 from opsctl.checks.report import Report
 from opsctl.checks.target import UrlTarget
 from opsctl.domain import certify as dom
-from opsctl.domain.junit import junit_xml
-from opsctl.domain.sarif import sarif_log
 from opsctl.errors import BadInput, EngineUnreachable
+from opsctl.ui.render_junit import junit_xml
+from opsctl.ui.render_sarif import sarif_log
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 URL = "http://127.0.0.1:9"

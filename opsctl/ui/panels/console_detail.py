@@ -17,13 +17,11 @@ from textual.widgets import DataTable, Sparkline, Static
 from opsctl.console.local import LocalDetail
 from opsctl.console.render_advice import detail_lines as advisor_detail_lines
 from opsctl.console.render_advice import gpu_detail_lines
-from opsctl.domain.alert_rules import detail_lines as alert_detail_lines
 from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import shown_reason
-from opsctl.domain.logview import detail_lines as log_detail_lines
-from opsctl.domain.requests import detail_lines as requests_detail_lines
 from opsctl.output import human_bytes
 from opsctl.ui.panels.console import STATE_STYLE, age_text, fmt
+from opsctl.ui.render_drill_in import alert_lines, log_lines, requests_lines
 
 LATENCY_ROWS = (
     ("ttft", "TTFT"),
@@ -75,11 +73,11 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
             f"\nlocal pid {v.target.pid}"
             + (f"   run {v.target.run_dir}" if v.target.run_dir else "")
         )
-    for line in alert_detail_lines(v.alerts):  # Prometheus's firing alerts, runbooks
+    for line in alert_lines(v.alerts):  # Prometheus's firing alerts, runbooks
         t.append(f"\n{line}", style="bold red" if line.startswith("alerts") else "")
     for line in advisor_detail_lines(v):  # findings: figures, window, next command
         t.append(f"\n{line}", style="yellow" if line.startswith("findings") else "")
-    for line in requests_detail_lines(v.requests) + log_detail_lines(v.log):  # --tee, --log
+    for line in requests_lines(v.requests) + log_lines(v.log):  # --tee, --log
         t.append(f"\n{line}", style="bold" if line.startswith(("requests (", "log ")) else "")
     return t
 

@@ -1,5 +1,6 @@
-"""JUnit XML of certify documents (pure): what CI test reporters read (GitHub Actions
-test-report actions, GitLab's junit artifacts, Jenkins' junit step).
+"""JUnit XML of certify documents (pure), as CI test reporters read it.
+
+The readers: GitHub Actions test-report actions, GitLab's junit artifacts, Jenkins' junit step.
 
 ``testsuites`` > one ``testsuite`` per certified target > one ``testcase`` per check,
 with ``failure`` (the check failed on its findings), ``error`` (it could not finish:
@@ -17,7 +18,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from opsctl.domain.certify import title_of
+from opsctl.ui.render_certify import title_of
 
 PACKAGE = "opsctl.certify"
 # characters XML 1.0 cannot carry at all (ElementTree writes them anyway: invalid XML)
@@ -92,6 +93,7 @@ def testcase(check: Mapping[str, Any], target: str | None = None) -> ET.Element:
 
 
 def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Element:
+    """One document's ``testsuite``: counts, time, properties and a ``testcase`` per check."""
     checks = list(doc.get("checks") or [])
     attrs = {
         "name": clean(suite_name(doc)),

@@ -13,7 +13,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from opsctl.domain.certify import model_of
@@ -96,9 +99,12 @@ def _rules(results: list[dict[str, Any]], doc: Mapping[str, Any]) -> list[dict[s
 def sarif_log(
     doc: Mapping[str, Any], artifact: Mapping[str, str], tool_version: str | None = None
 ) -> dict[str, Any]:
-    """The SARIF log of one certify document. ``artifact``: {"uri", "uriBaseId"?,
-    "description"?}: where every result points. A fleet target's document (it has a
-    ``name``): its run is told apart by the name (automation id, properties)."""
+    """The SARIF log of one certify document.
+
+    ``artifact``: {"uri", "uriBaseId"?, "description"?}: where every result points. A fleet
+    target's document (it has a ``name``): its run is told apart by the name (automation id,
+    properties).
+    """
     results = _results(doc, artifact)
     rules = _rules(results, doc)
     version = tool_version or str((doc.get("fingerprint") or {}).get("opsctl_version") or "0")
@@ -147,11 +153,12 @@ def sarif_log(
 
 
 def artifact_for(cwd: str, config: str | None, report: str) -> dict[str, str]:
-    """Where results point: the model's config.json when it lies under ``cwd`` (the
-    checkout code scanning resolves paths against), else the report file; relative to
-    ``cwd`` (uriBaseId %SRCROOT%) when under it, else an absolute file URI."""
-    from pathlib import PurePosixPath
+    """Where results point: the model's config.json under ``cwd``, else the report file.
 
+    Where results point: the model's config.json when it lies under ``cwd`` (the
+    checkout code scanning resolves paths against), else the report file; relative to
+    ``cwd`` (uriBaseId %SRCROOT%) when under it, else an absolute file URI.
+    """
     root = PurePosixPath(cwd)
     for path, what in ((config, "the certified model's config.json"), (report, "the report")):
         if path is None:
@@ -166,30 +173,21 @@ def artifact_for(cwd: str, config: str | None, report: str) -> dict[str, str]:
     return {"uri": PurePosixPath(report).as_uri(), "description": "the report"}
 
 
-def sarif_text(doc: Mapping[str, Any], cwd: str, report: str) -> str:
-    """The SARIF file of a certify document written to ``report`` (absolute) from
-    ``cwd``: results located at the model's config.json when under ``cwd``, else at the
-    report itself (:func:`artifact_for`)."""
-    import json
-    import posixpath
-
+def _config_of(doc: Mapping[str, Any]) -> str | None:
+    """The certified model's config.json (from the fingerprint), None when no path."""
     path = ((doc.get("fingerprint") or {}).get("model") or {}).get("path")
-    config = posixpath.join(path, "config.json") if path else None
-    return (
-        json.dumps(sarif_log(doc, artifact_for(cwd, config, report)), indent=2, default=str) + "\n"
-    )
+    return posixpath.join(path, "config.json") if path else None
 
 
-def fleet_sarif_text(docs: list[Mapping[str, Any]], cwd: str, report: str) -> str:
-    """ONE SARIF log for a fleet: one run per target (each located as :func:`sarif_text`
-    locates a single target's results)."""
-    import json
-    import posixpath
+def sarif_text(docs: Sequence[Mapping[str, Any]], cwd: str, report: str) -> str:
+    """The SARIF file of certify documents written to ``report`` (absolute) from ``cwd``.
 
+    ONE log, one run per document: a single certify document, or a fleet's targets.
+    Each run's results are located at the model's config.json when under ``cwd``, else
+    at the report itself (:func:`artifact_for`).
+    """
     runs = []
     for doc in docs:
-        path = ((doc.get("fingerprint") or {}).get("model") or {}).get("path")
-        config = posixpath.join(path, "config.json") if path else None
-        runs += sarif_log(doc, artifact_for(cwd, config, report))["runs"]
+        runs += sarif_log(doc, artifact_for(cwd, _config_of(doc), report))["runs"]
     log = {"$schema": SCHEMA_URI, "version": VERSION, "runs": runs}
     return json.dumps(log, indent=2, default=str) + "\n"
