@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 METRICS = (Path(__file__).parents[1] / "data" / "vllm_metrics_tiny_llama.txt").read_text()
 DEV_GET = {"/server_info", "/is_sleeping", "/is_paused"}
@@ -38,48 +38,42 @@ DEV_POST = {"/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume"}
 def handler(dev: bool, model: str = "tiny-llama", root: str | None = None) -> type:
     """A fresh handler class (its own state) for one stand-in server."""
 
-    class Admin(JSONHandler):
+    class Admin(StandInVllm):
         DEV = dev
+        VERSION = "0.32.0"
         calls: list[tuple[str, str]] = []
         state = {"sleeping": False, "paused": False, "level": 0}
 
-        def _text(self, code: int, body: str) -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def refused(self) -> bool:
+            self.calls.append((self.command, self.path))
+            return False
 
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            self.calls.append(("GET", self.path))
+        def models(self) -> list[dict]:
+            return [{"id": model, "object": "model", "root": root or model, "max_model_len": 256}]
+
+        def metrics_text(self) -> str:
+            return METRICS
+
+        def _send_text(self, code: int, body: str, ctype: str = "") -> None:
+            super()._send_text(code, body, "text/plain; version=0.0.4")
+
+        def get(self, path: str) -> bool:
             st = self.state
-            if path == "/health":
-                self._send(200, {})
-            elif path == "/version":
-                self._send(200, {"version": "0.32.0"})
-            elif path == "/v1/models":
-                m = {"id": model, "object": "model", "root": root or model, "max_model_len": 256}
-                self._send(200, {"object": "list", "data": [m]})
-            elif path == "/metrics":
-                self._text(200, METRICS)
-            elif self.DEV and path == "/server_info":
+            if self.DEV and path == "/server_info":
                 self._send(200, {"vllm_config": {"model": model}, "standin": True})
             elif self.DEV and path == "/is_sleeping":
                 self._send(200, {"is_sleeping": st["sleeping"]})
             elif self.DEV and path == "/is_paused":
                 self._send(200, {"is_paused": st["paused"]})
             else:
-                self._send(404, {"detail": "Not Found"})
+                return False
+            return True
 
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            self.calls.append(("POST", self.path))
+        def post(self, path: str, body: dict) -> bool:
             st = self.state
             if not (self.DEV and path in DEV_POST):
-                self._send(404, {"detail": "Not Found"})
-            elif path == "/reset_prefix_cache":
+                return False
+            if path == "/reset_prefix_cache":
                 self._send(200, {"success": True})
             elif path == "/sleep":
                 st["sleeping"] = True
@@ -93,6 +87,7 @@ def handler(dev: bool, model: str = "tiny-llama", root: str | None = None) -> ty
             else:  # /resume
                 st["paused"] = False
                 self._send(200, {"status": "resumed"})
+            return True
 
     return Admin
 

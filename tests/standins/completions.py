@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 MODEL = "stand-in-llama"
 IMAGE_TOKENS = 7  # what one image adds to usage.prompt_tokens (tiny-vlm-multi's count)
@@ -200,43 +200,37 @@ def tokenize(body: dict) -> dict:
     return {"count": len(text.split()) + IMAGE_TOKENS * len(images)}
 
 
-def metrics(b: Behaviour) -> bytes:
+def metrics(b: Behaviour) -> str:
+    """The /metrics body: the step and token counters the requests moved."""
     return (
         "vllm:num_requests_running 0\n"
         f"vllm:generation_tokens_total {float(b.tokens)}\n"
         f"vllm:iteration_tokens_total_count {float(b.steps)}\n"
-    ).encode()
+    )
 
 
-def handler_for(b: Behaviour) -> type[JSONHandler]:
-    class Handler(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/version":
-                self._send(200, {"version": VERSION})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": b.model}]})
-            elif self.path == "/metrics":
-                data = metrics(b)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            else:
-                self._send(404, {"detail": "Not Found"})
+def handler_for(b: Behaviour) -> type[StandInVllm]:
+    """A handler class serving the completions, chat and /tokenize of ``b``."""
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            if self.path == "/v1/chat/completions":
+    class Handler(StandInVllm):
+        VERSION = VERSION
+
+        def models(self) -> list[dict]:
+            return [{"id": b.model}]
+
+        def metrics_text(self) -> str:
+            return metrics(b)
+
+        def post(self, path: str, body: dict) -> bool:
+            if path == "/v1/chat/completions":
                 self._send(*chat(b, body))
-            elif self.path == "/tokenize":
+            elif path == "/tokenize":
                 self._send(200, tokenize(body))
-            elif self.path != "/v1/completions":
-                self._send(404, {"detail": "Not Found"})
-            else:
+            elif path == "/v1/completions":
                 self._send(*completion(b, body))
+            else:
+                return False
+            return True
 
     return Handler
 

@@ -54,22 +54,10 @@ def hung_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def keyed_server(key: str = KEY) -> Iterator[str]:
-    base = handler_for(Behaviour())
+    """The generative stand-in started with ``--api-key key``."""
 
-    class Keyed(base):  # type: ignore[valid-type, misc]
-        def _refused(self) -> bool:
-            if self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
-                self._send(401, {"error": "Unauthorized"})
-                return True
-            return False
-
-        def do_GET(self) -> None:
-            if not self._refused():
-                super().do_GET()
-
-        def do_POST(self) -> None:
-            if not self._refused():
-                super().do_POST()
+    class Keyed(handler_for(Behaviour())):  # type: ignore[misc]
+        API_KEY = key
 
     with serving(Keyed) as url:
         yield url
@@ -80,18 +68,9 @@ def slow_server(delay: float) -> Iterator[str]:
     """The generative stand-in answering every request ``delay`` seconds late: each
     answer comes within an HTTP timeout above ``delay``, the certification as a whole
     takes longer (first contact alone is two answers)."""
-    import time
 
-    base = handler_for(Behaviour())
-
-    class Slow(base):  # type: ignore[valid-type, misc]
-        def do_GET(self) -> None:
-            time.sleep(delay)
-            super().do_GET()
-
-        def do_POST(self) -> None:
-            time.sleep(delay)
-            super().do_POST()
+    class Slow(handler_for(Behaviour())):  # type: ignore[misc]
+        DELAY = delay
 
     with serving(Slow) as url:
         yield url

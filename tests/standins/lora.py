@@ -12,13 +12,12 @@ allowed (as with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Options (:class:`Behaviour`)
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 BASE = "stand-in-base"
 VERSION = "0.0-standin"
@@ -48,36 +47,29 @@ def completion(model: str, prompt: str, max_tokens: int, k: int) -> dict:
     return {"choices": [{"index": 0, "text": "", "logprobs": logprobs, "finish_reason": "length"}]}
 
 
-def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
-    class Handler(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/version":
-                self._send(200, {"version": VERSION})
-            elif self.path == "/v1/models":
-                with behaviour.lock:
-                    rows = [
-                        {"id": n, "root": r, "parent": BASE} for n, r in behaviour.adapters.items()
-                    ]
-                self._send(200, {"data": [{"id": BASE, "root": None, "parent": None}, *rows]})
-            else:
-                self._send(404, {"detail": "Not Found"})
+def handler_for(behaviour: Behaviour) -> type[StandInVllm]:
+    """A handler class serving the base model, its adapters and the LoRA endpoints."""
 
-        def _body(self) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            return json.loads(self.rfile.read(n) or b"{}")
+    class Handler(StandInVllm):
+        VERSION = VERSION
 
-        def do_POST(self) -> None:
-            body = self._body()
-            if self.path == "/v1/completions":
+        def models(self) -> list[dict]:
+            with behaviour.lock:
+                rows = [{"id": n, "root": r, "parent": BASE} for n, r in behaviour.adapters.items()]
+            return [{"id": BASE, "root": None, "parent": None}, *rows]
+
+        def metrics_text(self) -> None:
+            return None
+
+        def post(self, path: str, body: dict) -> bool:
+            if path == "/v1/completions":
                 self._complete(body)
-            elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and (
+            elif path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and (
                 behaviour.allow_load
             ):
                 with behaviour.lock:
                     name = body["lora_name"]
-                    if self.path.endswith("/load_lora_adapter"):
+                    if path.endswith("/load_lora_adapter"):
                         behaviour.adapters[name] = body["lora_path"]
                         behaviour.loaded.append((name, body["lora_path"]))
                     else:
@@ -85,7 +77,8 @@ def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
                         behaviour.unloaded.append(name)
                 self._send(200, {})
             else:
-                self._send(404, {"detail": "Not Found"})
+                return False
+            return True
 
         def _complete(self, body: dict) -> None:
             model = body.get("model")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 
 def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:
@@ -61,17 +61,16 @@ def stand_in(
     so one image per request)."""
     counter = {"n": 0}
 
-    class H(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": model_id}]})
-            else:
-                self._send(404, {})
+    class H(StandInVllm):
+        VERSION = None
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        def models(self) -> list[dict]:
+            return [{"id": model_id}]
+
+        def metrics_text(self) -> None:
+            return None
+
+        def post(self, path: str, body: dict) -> bool:
             time.sleep(sleep)
             parts = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
             counter["n"] += 1
@@ -99,6 +98,7 @@ def stand_in(
             self._send(
                 200, {"id": rid, "choices": [{"message": {"content": items[0]["identifier"][:3]}}]}
             )
+            return True
 
     with serving(H) as url:
         yield url
