@@ -39,7 +39,7 @@ from typing import Any
 
 from opsctl.checks import certify_plan as planning
 from opsctl.checks import events as ev
-from opsctl.checks import hygiene, invariance, kv_fail, liveness, mm_uuid, usage
+from opsctl.checks import invariance, registry
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
@@ -310,10 +310,13 @@ class _Job:
         self.started_at = 0.0  # time.monotonic() when the running check began
 
     def ordered(self) -> list[dom.CheckResult]:
-        return [self.results[c] for c in dom.CHECKS if c in self.results]
+        return [self.results[c] for c in dom.certify_checks() if c in self.results]
 
     def table(self) -> None:
-        now = [(self.results.get(c) or dom.CheckResult(c, "pending")).to_dict() for c in dom.CHECKS]
+        now = [
+            (self.results.get(c) or dom.CheckResult(c, "pending")).to_dict()
+            for c in dom.certify_checks()
+        ]
         rows = [tuple(r) for r in dom.summary_rows(now)]
         self.progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(rows)))
 
@@ -373,25 +376,15 @@ class _Job:
         return result
 
     def call(self, check: str, progress: ev.Progress) -> Report:
-        t, o, s, facts = self.targets[check], self.options, self.session, self.facts
-        if check == dom.LIVENESS:
-            gen = facts.subject.generative if facts.subject.archetype else None
-            return liveness.run(t, liveness.Options(gen, o.timeout), progress, s)
-        if check == dom.PATCHES:
-            return hygiene.patch_ledger(t, hygiene.LedgerOptions(facts.run_dir), progress, s)
-        if check == dom.ENGRAM:
-            return hygiene.engram(t, hygiene.EngramOptions(facts.model_path), progress, s)
-        if check == dom.USAGE:
-            return usage.run(t, usage.Options(timeout=o.timeout), progress, s)
-        if check == dom.INVARIANCE:
-            return invariance.run(t, self.inv, progress, s)
-        if check == dom.MM_UUID:
-            return mm_uuid.run(t, mm_uuid.Options(timeout=o.timeout), progress, s)
-        if check == dom.KV_FAIL:
-            return kv_fail.run(t, kv_fail.Options(request_timeout=o.timeout), progress, s)
-        if check == dom.SHUTDOWN:
-            return hygiene.shutdown(s.starts, progress)
-        raise ValueError(f"unknown check {check!r}")
+        """Run ``check`` as its registration says certify runs it."""
+        ctx = registry.CertifyContext(
+            self.targets[check],
+            self.options.timeout,
+            self.facts,
+            self.session,
+            {"invariance": self.inv},
+        )
+        return registry.certify_run(check, ctx, progress)
 
 
 def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> CertifyReport:

@@ -20,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession, EngineStart, opened
 from opsctl.checks.target import Target
 from opsctl.domain import certify_checks as dom
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext
 from opsctl.domain.findings import Finding
 from opsctl.errors import BadInput
 
@@ -177,3 +180,18 @@ def _shutdown_dict(e: dom.Shutdown) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(e).items()}
+
+
+def certify_patches(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """The patch ledger as certify runs it (the run directory from the facts)."""
+    return patch_ledger(ctx.target, LedgerOptions(ctx.facts.run_dir), progress, ctx.session)
+
+
+def certify_engram(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """Engram hygiene as certify runs it (the model directory from the facts)."""
+    return engram(ctx.target, EngramOptions(ctx.facts.model_path), progress, ctx.session)
+
+
+def certify_shutdown(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """Shutdown hygiene of every engine certify's session started."""
+    return shutdown(ctx.session.starts, progress)

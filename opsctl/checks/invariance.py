@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks import invariance_images as mm
@@ -57,13 +57,16 @@ from opsctl.domain import invariance_engine as eng
 from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
 from opsctl.domain import probe_evidence as pe
+from opsctl.domain.check_registry import GENERATIVE
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
 
 TITLE = "diag invariance"
 SCHEMA = "diag.invariance/2"  # 2: platform null + platform_note, durations in _s
 DEFAULT_MODEL = "tiny-llama"
-GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 MODES = ("default", "eager", "both")
 BATCH_VIA = ("list", "requests")  # None: list for text, requests for prompts with images
 DEFAULT_PROMPTS = (
@@ -579,3 +582,30 @@ def _gathered(released, tag: str) -> dict[str, int] | None:
     if not ours:
         return None
     return {why: sum(1 for r in ours if r.get("why") == why) for why in ("complete", "timeout")}
+
+
+def certify(ctx: CertifyContext, progress: ev.Progress) -> InvarianceReport:
+    """Batch invariance as certify runs it (the options certify planned engines with)."""
+    return run(ctx.target, ctx.settings["invariance"], progress, ctx.session)
+
+
+def on_server(server: ServerRef, progress: ev.Progress) -> InvarianceReport:
+    """Batch invariance on a console's server, as it is configured."""
+    return run(server.url, Options(), progress)
+
+
+def outcome(report: InvarianceReport, options: Options) -> Outcome:
+    """The exit rule: 0 only when every prompt matched, 4 when an engine did not start."""
+    from opsctl.checks.registry import Outcome
+
+    warnings = tuple(report.warnings)  # after the run: never while a panel owns the terminal
+    if report.timed_out:
+        timed_out = "an engine did not become healthy within --timeout; see the report"
+        return Outcome(warnings=warnings, failure=OpsTimeout(timed_out))
+    if report.passed:
+        return Outcome(warnings=warnings)
+    failed = CheckFailed(
+        "batch invariance failed: " + "; ".join(report.reasons or ["see report"])[:600],
+        hint="--atol X allows a stated logprob tolerance" if options.atol is None else None,
+    )
+    return Outcome(warnings=warnings, failure=failed)

@@ -42,9 +42,10 @@ from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.domain import kv_fail as dom
 from opsctl.domain import kv_fail_report as kvr
 from opsctl.domain.knobs import warning as knob_warning
-from opsctl.errors import BadInput
+from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
 
@@ -408,3 +409,32 @@ def run(
         warnings=warnings,
     )
     return KvFailReport(doc["verdict"], doc)
+
+
+def certify(ctx: CertifyContext, progress: ev.Progress) -> KvFailReport:
+    """kv-fail as certify runs it: its own engine, certify's timeout for each request."""
+    return run(ctx.target, Options(request_timeout=ctx.timeout), progress, ctx.session)
+
+
+def on_server(server: ServerRef, progress: ev.Progress) -> KvFailReport:
+    """kv-fail for a console's server: its own engine with the server's model."""
+    from opsctl.checks.target import EngineSpec
+
+    if not server.model:
+        raise BadInput(f"no model known for {server.url.url}: kv-fail needs the run's model")
+    return run(EngineSpec(model=server.model), Options(), progress)
+
+
+def outcome(report: KvFailReport, options: Options) -> Outcome:
+    """The exit rule: 0 when the engine survived and every non-failed output matched."""
+    from opsctl.checks.registry import Outcome
+
+    after = tuple(report.warnings)
+    if report.verdict == "pass":
+        return Outcome(after=after)
+    reasons = report.failures
+    failed = CheckFailed(
+        "kv-fail: " + "; ".join(reasons)[:600] if reasons else "kv-fail check failed",
+        hint=f"run dir: {report.run_dir}",
+    )
+    return Outcome(after=after, failure=failed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
@@ -29,6 +30,9 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import Live, Target
 from opsctl.collectors import liveness as col
 from opsctl.domain import certify_checks as dom
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext
 
 SCHEMA = "liveness/2"
 TITLE = "liveness"
@@ -149,3 +153,10 @@ def _tokens(payload: object, generative: bool) -> int | None:
         return None
     value = usage.get("completion_tokens" if generative else "prompt_tokens")
     return int(value) if isinstance(value, int) else None
+
+
+def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """Liveness as certify runs it: the facts say whether the model generates."""
+    subject = ctx.facts.subject
+    generative = subject.generative if subject.archetype else None
+    return run(ctx.target, Options(generative, ctx.timeout), progress, ctx.session)

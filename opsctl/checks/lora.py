@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_patches.patches import batch_gate
 from opsctl.checks import events as ev
@@ -61,7 +61,10 @@ from opsctl.domain import lora_support as DS
 from opsctl.domain import platform as plat
 from opsctl.domain import probe_evidence as pe
 from opsctl.domain.knobs import warning as knob_warning
-from opsctl.errors import BadInput
+from opsctl.errors import BadInput, CheckFailed
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import Outcome
 
 TITLE = "diag lora"
 SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
@@ -414,3 +417,14 @@ def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts
         "diverged": [r.request.index for r in rows if not r.result.passed],
         "duration_s": round(a.seconds, 3),
     }
+
+
+def outcome(report: LoraReport, options: Options) -> Outcome:
+    """The exit rule: 0 pass (or unverified, with a warning), 1 fail."""
+    from opsctl.checks.registry import Outcome
+
+    warnings = tuple(report.warnings)
+    if report.passed:
+        return Outcome(warnings=warnings)
+    failed = CheckFailed("diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600])
+    return Outcome(warnings=warnings, failure=failed)

@@ -13,11 +13,11 @@ from typing import Any
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.collectors import lora as collect
 from opsctl.domain import lora as D
+from opsctl.domain.check_registry import GENERATIVE
 from opsctl.errors import BadInput
 
 DEFAULT_MODEL = "tiny-llama"
 PROBES = frozenset({"batch", "lora", "gate"})
-GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks import report as base
@@ -41,6 +41,9 @@ from opsctl.domain import probe_evidence as pe
 from opsctl.domain.findings import Finding, verdict
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
 
 SCHEMA = "diag.mm_uuid/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag mm-uuid"
@@ -309,3 +312,27 @@ def _check_mode(
 def _item_result(o: D.Observation) -> ItemResult:
     v, why = D.judge_item(o)
     return ItemResult(f"[{o.mode}] {o.case} #{o.index}", v, why, o.sent, o.identifier, o.kind)
+
+
+def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """The mm-uuid check as certify runs it (both cache modes, certify's timeout)."""
+    return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
+
+
+def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+    """The mm-uuid check on a console's server (its run directory holds the probe's records)."""
+    return run(server.url, Options(run_dir=server.run_dir), progress)
+
+
+def outcome(report: Report, options: Options) -> Outcome:
+    """The exit rule: 1 when any item did not reach the engine core as expected."""
+    from opsctl.checks.registry import Outcome
+
+    info = (f"mm-uuid check: {report.verdict}",)
+    warnings = (report.knob_warning,) if report.knob_warning else ()
+    if report.verdict == "pass":
+        return Outcome(info, warnings)
+    failed = (
+        f"{len(report.failed_items)} multimodal item(s) did not reach the engine core as expected"
+    )
+    return Outcome(info, warnings, failure=CheckFailed(failed))

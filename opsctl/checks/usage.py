@@ -23,7 +23,7 @@ opsctl.collectors.scoring.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
 from opsctl.checks import report as base
@@ -36,6 +36,9 @@ from opsctl.domain import usage as U
 from opsctl.domain import usage_tokens as T
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
+
+if TYPE_CHECKING:
+    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
 
 SCHEMA = "diag.usage/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag usage"
@@ -253,3 +256,34 @@ def _requests(
             )
         )
     return rows
+
+
+def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
+    """The usage check as certify runs it (kind detected, certify's timeout)."""
+    return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
+
+
+def on_server(server: ServerRef, progress: ev.Progress) -> Report:
+    """The usage check on a console's server."""
+    return run(server.url, Options(), progress)
+
+
+def outcome(report: Report, options: Options) -> Outcome:
+    """The exit rule: 1 on a mismatch; "unverified" is exit 0 with a warning."""
+    from opsctl.checks.registry import Outcome
+
+    doc, rows = report.document, len(report.rows)
+    info = (f"usage check on {doc['model']} ({doc['kind']}): {report.verdict}",)
+    warnings = (report.knob_warning,) if report.knob_warning else ()
+    if report.verdict == "unverified":
+        after = (
+            f"usage NOT verified for {report.count('unverified')} of {rows} request(s): the "
+            "expected count could not be derived (unknown pair template); not a mismatch",
+        )
+        return Outcome(info, warnings, after)
+    if report.verdict != "pass":
+        failed = (
+            f"{report.count('fail')} of {rows} usage report(s) differ from the engine-input count"
+        )
+        return Outcome(info, warnings, failure=CheckFailed(failed))
+    return Outcome(info, warnings)

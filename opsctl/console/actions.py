@@ -26,21 +26,16 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.domain import admin_routes as adm
+from opsctl.domain import check_registry as reg
 from opsctl.domain.console import EndpointView
 from opsctl.errors import BadInput
-
-POOLING = ("cross-encoder", "bi-encoder")
-GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
-MULTIMODAL = ("vision-language",)
-CHECKS = ("usage", "mm-uuid", "invariance", "kv-fail")
-
 
 # ---- which checks apply ------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class CheckChoice:
-    name: str  # one of CHECKS (the CLI's `diag NAME`)
+    name: str  # a registered check on the console (the CLI's `diag NAME`)
     why: str  # one line: why it is offered
 
     @property
@@ -82,20 +77,17 @@ def model_kind(view: EndpointView, model_path: str | None = None) -> tuple[str |
 def applicable(
     view: EndpointView, *, ours: bool = False, model_path: str | None = None
 ) -> list[CheckChoice]:
-    """The checks that fit ``view`` (``ours``: this console started it)."""
+    """The registered checks that fit ``view`` (``ours``: this console started it); a
+    server of unknown kind is offered every check (each refuses a model it does not fit)."""
     kind, how = model_kind(view, model_path)
     opsctl_started = ours or bool(view.target.run_dir)
-    unknown = kind is None
     tag = f"{kind} model ({how})" if kind else f"model kind unknown: {how}"
     out = []
-    if unknown or kind in POOLING:
-        out.append(CheckChoice("usage", f"pooling /score, /rerank usage; {tag}"))
-    if unknown or kind in MULTIMODAL:
-        out.append(CheckChoice("mm-uuid", f"multimodal UUIDs (needs the mm_uuid probe); {tag}"))
-    if unknown or kind in GENERATIVE:
-        out.append(CheckChoice("invariance", f"BS=1 vs BS=N on the server as it is; {tag}"))
-    if opsctl_started and (unknown or kind in GENERATIVE):
-        out.append(CheckChoice("kv-fail", f"starts its own engine with this model; {tag}"))
+    for check in reg.checks(reg.CONSOLE):
+        offer = check.offer
+        assert offer is not None  # on the console: it has an offer
+        if (kind is None or kind in offer.kinds) and (opsctl_started or not offer.opsctl_started):
+            out.append(CheckChoice(check.name, f"{offer.why}; {tag}"))
     return out
 
 
@@ -105,9 +97,11 @@ def choose(view: EndpointView, name: str, **kw) -> CheckChoice:
     for c in offered:
         if c.name == name:
             return c
-    if name not in CHECKS:
-        raise BadInput(f"unknown check {name!r}: one of {', '.join(CHECKS)}")
-    why = "only for servers opsctl started" if name == "kv-fail" else "not for this model"
+    known = reg.names(reg.CONSOLE)
+    if name not in known:
+        raise BadInput(f"unknown check {name!r}: one of {', '.join(known)}")
+    opsctl_only = reg.get(name).offer.opsctl_started  # type: ignore[union-attr]
+    why = "only for servers opsctl started" if opsctl_only else "not for this model"
     fits = ", ".join(c.name for c in offered) or "none"
     raise BadInput(f"diag {name} does not apply to {view.target.name} ({why}); it takes: {fits}")
 
@@ -119,28 +113,16 @@ def check_call(
     model_path: str | None = None,
 ) -> Callable[[ev.Progress], Any]:
     """``call(progress) -> report`` running ``choice`` against ``view``'s server."""
-    from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.checks import registry
+    from opsctl.checks.target import UrlTarget
 
-    url = UrlTarget(view.target.url, api_key)
-    run_dir = Path(view.target.run_dir) if view.target.run_dir else None
-    if choice.name == "usage":
-        from opsctl.checks import usage
-
-        return lambda p: usage.run(url, usage.Options(), p)
-    if choice.name == "mm-uuid":
-        from opsctl.checks import mm_uuid
-
-        return lambda p: mm_uuid.run(url, mm_uuid.Options(run_dir=run_dir), p)
-    if choice.name == "invariance":
-        from opsctl.checks import invariance
-
-        return lambda p: invariance.run(url, invariance.Options(), p)
-    from opsctl.checks import kv_fail
-
-    model = model_path or run_meta(view).get("model_path") or run_meta(view).get("model")
-    if not model:
-        raise BadInput(f"no model known for {view.target.name}: kv-fail needs the run's model")
-    return lambda p: kv_fail.run(EngineSpec(model=str(model)), kv_fail.Options(), p)
+    meta = run_meta(view)
+    server = registry.ServerRef(
+        UrlTarget(view.target.url, api_key),
+        Path(view.target.run_dir) if view.target.run_dir else None,
+        model_path or meta.get("model_path") or meta.get("model"),
+    )
+    return registry.server_call(choice.name, server)
 
 
 # ---- running checks ----------------------------------------------------------------------

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsctl.domain import check_registry as reg
+from opsctl.domain.check_registry import Subject
 from opsctl.domain.findings import FAIL, INFO, WARNING, Finding
 
 SCHEMA = "certify/2"  # opsctl.certify/2: durations in `duration_s`, `state` and `error` added
@@ -33,101 +35,31 @@ INTERRUPTED_WHY = "interrupted"
 PASS, UNVERIFIED, FAILED, ERROR, SKIPPED = "pass", "unverified", "fail", "error", "skipped"
 PASSING = (PASS, UNVERIFIED)
 
-# the checks, in the order they run (engine-sharing order: see opsctl.checks.certify)
+# the certify checks' names (their declarations: opsctl.domain.check_registry)
 LIVENESS, PATCHES, ENGRAM, USAGE = "liveness", "patches", "engram", "usage"
 INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN = "invariance", "mm-uuid", "kv-fail", "shutdown"
-CHECKS = (LIVENESS, PATCHES, ENGRAM, USAGE, INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN)
-TITLES = {
-    LIVENESS: "liveness: /health, one request, forward progress",
-    PATCHES: "patch ledger: no failed patch, test knobs off",
-    ENGRAM: "Engram hygiene: no orphans, fill verified, /dev/shm capacity",
-    USAGE: "/score and /rerank usage against the engine inputs",
-    INVARIANCE: "batch invariance (BS=1 vs BS=N tokens and logprobs)",
-    MM_UUID: "multimodal UUIDs kept by the engine",
-    KV_FAIL: "KV load failure: engine survives, requests recompute",
-    SHUTDOWN: "shutdown hygiene: 0 processes, 0 /dev/shm segments left",
-}
-GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
-POOLING = ("cross-encoder", "bi-encoder", "pooling")  # "pooling": kind not known here
 SUMMARY_COLUMNS = ("check", "verdict", "time", "first finding")
 
 
-@dataclass(frozen=True, slots=True)
-class Subject:
-    """What is certified, as far as the checks' applicability goes (facts, no I/O)."""
+def certify_checks() -> tuple[str, ...]:
+    """The checks certify runs, in the order they run (the registered ones)."""
+    return reg.names(reg.CERTIFY)
 
-    managed: bool  # opsctl starts (and stops) the engine
-    model: str | None
-    archetype: str | None  # decoder | hybrid-decoder | vision-language | cross-encoder | ...
-    kv_groups: int | None = None  # KV cache groups (hybrid: > 1), when known
-    kv_refusal: str | None = None  # why the fault-injecting connector cannot serve it
-    run_dir: bool = False  # an opsctl run directory (patch ledger, probe records) is known
-    local: bool = True  # the server runs on this node (/dev/shm, /proc visible)
-    mm_probe: str | None = None  # URL + multimodal: why the mm_uuid probe is unusable
-    # URL: the server's own prefix caching (vllm:cache_config_info); None: not known
-    prefix_caching: bool | None = None
 
-    @property
-    def generative(self) -> bool:
-        return self.archetype in GENERATIVE
-
-    @property
-    def pooling(self) -> bool:
-        return self.archetype in POOLING
-
-    @property
-    def multimodal(self) -> bool:
-        return self.archetype == "vision-language"
-
-    def kind(self) -> dict[str, Any]:
-        return {
-            "archetype": self.archetype,
-            "generative": self.generative,
-            "pooling": self.pooling,
-            "multimodal": self.multimodal,
-            "hybrid_kv": self.archetype == "hybrid-decoder"
-            or (self.kv_groups is not None and self.kv_groups > 1),
-        }
+def title(check: str) -> str:
+    """The title of ``check``'s row and panel."""
+    try:
+        return reg.get(check).title
+    except KeyError:
+        return check
 
 
 def skip_reason(check: str, s: Subject) -> str | None:
     """Why ``check`` cannot run on ``s`` (None: it applies)."""
-    kind = s.archetype or "unknown"
-    if check == LIVENESS:
-        return None
-    if check == PATCHES:
-        return None if s.run_dir else _NO_RUN_DIR
-    if check == ENGRAM:
-        return (
-            None
-            if s.local
-            else "the server is not on this node: its /dev/shm and /proc are out of reach"
-        )
-    if check == USAGE:
-        return (
-            None
-            if s.pooling
-            else f"{kind} model: /score and /rerank usage needs a pooling model (cross-/bi-encoder)"
-        )
-    if check == INVARIANCE:
-        return None if s.generative else f"{kind} model: batch invariance compares generated tokens"
-    if check == MM_UUID:
-        if not s.multimodal:
-            return f"{kind} model: no multimodal items to identify"
-        return None if s.managed else s.mm_probe
-    if check == KV_FAIL:
-        if not s.managed:
-            return (
-                "a URL cannot host kv-fail injection: it needs an engine opsctl starts with its "
-                "fault-injecting KV connector (certify --model)"
-            )
-        return (
-            s.kv_refusal
-            and f"the fault-injecting KV connector cannot serve {s.model}: {s.kv_refusal}"
-        )
-    if check == SHUTDOWN:
-        return None if s.managed else "opsctl did not start this server, so it does not stop it"
-    raise ValueError(f"unknown check {check!r}")
+    rule = reg.get(check).certify
+    if rule is None:
+        raise ValueError(f"{check!r} is not a certify check")
+    return rule(s)
 
 
 def excluded_by_config(check: str, s: Subject) -> str | None:
@@ -144,26 +76,21 @@ def excluded_by_config(check: str, s: Subject) -> str | None:
     return None
 
 
-_NO_RUN_DIR = (
-    "no opsctl run directory for this server (not started by opsctl): its patch ledger "
-    "cannot be read"
-)
-
-
 def parse_list(text: str | None, flag: str) -> tuple[str, ...]:
     """``"usage, kv-fail"`` -> ("usage", "kv-fail"); unknown names are ValueError."""
     names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
-    unknown = [n for n in names if n not in CHECKS]
+    known = certify_checks()
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
-            f"{flag}: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}"
+            f"{flag}: unknown check(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
     return names
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """The checks to run and those skipped with their reasons (in CHECKS order)."""
+    """The checks to run and those skipped with their reasons (in certify's order)."""
 
     run: tuple[str, ...]
     skipped: Mapping[str, str]
@@ -180,7 +107,7 @@ def select(s: Subject, only: Sequence[str] = (), skip: Sequence[str] = ()) -> Se
         raise ValueError(f"{', '.join(both)} given to both --checks and --skip")
     run: list[str] = []
     skipped: dict[str, str] = {}
-    for c in CHECKS:
+    for c in certify_checks():
         why = skip_reason(c, s)
         if why is None and c not in only:
             why = excluded_by_config(c, s)
@@ -213,7 +140,7 @@ class CheckResult:
 
     @property
     def title(self) -> str:
-        return TITLES.get(self.check, self.check)
+        return title(self.check)
 
     def first_finding(self) -> Finding | None:
         """The finding a summary line shows: the first failure, else warning, else info."""
@@ -268,7 +195,7 @@ def not_reached(message: str, seconds: float, state: str = UNREACHABLE) -> list[
         finding = Finding(FAIL, f"{LIVENESS}.{state}", message)
         first = CheckResult(LIVENESS, FAILED, seconds, message, (finding,))
         why = "not run: no vLLM server answered"
-    return [first, *(skipped(c, why) for c in CHECKS if c != LIVENESS)]
+    return [first, *(skipped(c, why) for c in certify_checks() if c != LIVENESS)]
 
 
 def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> CheckResult:

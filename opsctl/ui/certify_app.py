@@ -47,7 +47,7 @@ class CertifyApp(App):
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.following = True
-        self.rows: dict[str, list[str]] = {c: [c, "pending", "-"] for c in dom.CHECKS}
+        self.rows: dict[str, list[str]] = {c: [c, "pending", "-"] for c in dom.certify_checks()}
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -55,8 +55,8 @@ class CertifyApp(App):
             yield DataTable(id="checks", cursor_type="row")
             with ContentSwitcher(initial=f"panel-{OVERALL}", id="panels"):
                 yield DiagPanel(self.run_title, id=f"panel-{OVERALL}")
-                for c in dom.CHECKS:
-                    yield DiagPanel(dom.TITLES[c], id=f"panel-{c}")
+                for c in dom.certify_checks():
+                    yield DiagPanel(dom.title(c), id=f"panel-{c}")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -64,7 +64,7 @@ class CertifyApp(App):
         for name in ("check", "verdict", "time"):
             table.add_column(name, key=name)
         table.add_row(OVERALL, "running", "-", key=OVERALL)
-        for c in dom.CHECKS:
+        for c in dom.certify_checks():
             table.add_row(*self.rows[c], key=c)
         self.sub_title = self.run_title
         self.run_worker(self._work, thread=True, exclusive=True)

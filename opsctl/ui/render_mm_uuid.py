@@ -4,7 +4,6 @@ only the report's JSON document (``opsctl.diag.mm_uuid/2``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -25,24 +24,22 @@ def observation(d: dict[str, Any]) -> Observation:
     return Observation(**{k: d[k] for k in Observation.__slots__})  # type: ignore[attr-defined]
 
 
-def render(doc: dict[str, Any]) -> Callable[[Console], None]:
-    def _render(console: Console) -> None:
-        console.print(
-            f"[b]diag mm-uuid[/] on vLLM {doc.get('vllm_version') or '?'}, "
-            f"platform {escape(platform_text(doc))}"
-        )
-        t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
-        for cells in table_rows([observation(d) for d in doc["items"]]):
-            v = cells[-1]
-            cells = [escape(c) for c in cells]
-            cells[-1] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
-            t.add_row(*cells)
-        console.print(t)
-        if doc["reuse"]:
-            r = Table(*TABLE_COLUMNS[:-1], "output", title="one UUID reused for a different image")
-            for cells in reuse_rows([observation(d) for d in doc["reuse"]]):
-                r.add_row(*[escape(c) for c in cells])
-            console.print(r)
-        render_findings(console, doc["findings"], doc["verdict"])
-
-    return _render
+def render(console: Console, doc: dict[str, Any]) -> None:
+    """Draw the report (its JSON document) on ``console``."""
+    console.print(
+        f"[b]diag mm-uuid[/] on vLLM {doc.get('vllm_version') or '?'}, "
+        f"platform {escape(platform_text(doc))}"
+    )
+    t = Table(*TABLE_COLUMNS, title="identifier each image reached the engine core with")
+    for cells in table_rows([observation(d) for d in doc["items"]]):
+        v = cells[-1]
+        cells = [escape(c) for c in cells]
+        cells[-1] = f"[green]{v}[/]" if v == "PASS" else f"[red]{v}[/]"
+        t.add_row(*cells)
+    console.print(t)
+    if doc["reuse"]:
+        r = Table(*TABLE_COLUMNS[:-1], "output", title="one UUID reused for a different image")
+        for cells in reuse_rows([observation(d) for d in doc["reuse"]]):
+            r.add_row(*[escape(c) for c in cells])
+        console.print(r)
+    render_findings(console, doc["findings"], doc["verdict"])

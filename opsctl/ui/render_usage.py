@@ -4,7 +4,6 @@ endpoint, then the findings. Reads only the report's JSON document
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -23,22 +22,20 @@ def platform_text(doc: dict[str, Any]) -> str:
     return doc.get("platform") or (f"unknown ({note})" if note else "-")
 
 
-def render(doc: dict[str, Any]) -> Callable[[Console], None]:
-    def _render(console: Console) -> None:
-        console.print(
-            f"[b]diag usage[/] {escape(str(doc['model']))} on vLLM "
-            f"{doc.get('vllm_version') or '?'}, platform {escape(platform_text(doc))}"
-        )
-        rows = [UsageRow.from_dict(r) for r in doc["rows"]]
-        for endpoint in dict.fromkeys(r.endpoint for r in rows):
-            t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
-            for r, cells in zip(rows, table_rows(rows), strict=True):
-                if r.endpoint == endpoint:
-                    v = cells[5]
-                    cells = [escape(c) for c in cells]
-                    cells[5] = f"[{COLOURS.get(v, 'red')}]{v}[/]"
-                    t.add_row(*cells[2:])
-            console.print(t)
-        render_findings(console, doc["findings"], doc["verdict"])
-
-    return _render
+def render(console: Console, doc: dict[str, Any]) -> None:
+    """Draw the report (its JSON document) on ``console``."""
+    console.print(
+        f"[b]diag usage[/] {escape(str(doc['model']))} on vLLM "
+        f"{doc.get('vllm_version') or '?'}, platform {escape(platform_text(doc))}"
+    )
+    rows = [UsageRow.from_dict(r) for r in doc["rows"]]
+    for endpoint in dict.fromkeys(r.endpoint for r in rows):
+        t = Table(*TABLE_COLUMNS[2:], title=f"{endpoint} on {doc['kind']} ({doc['model']})")
+        for r, cells in zip(rows, table_rows(rows), strict=True):
+            if r.endpoint == endpoint:
+                v = cells[5]
+                cells = [escape(c) for c in cells]
+                cells[5] = f"[{COLOURS.get(v, 'red')}]{v}[/]"
+                t.add_row(*cells[2:])
+        console.print(t)
+    render_findings(console, doc["findings"], doc["verdict"])

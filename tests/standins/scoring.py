@@ -5,6 +5,7 @@ proved to fail)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,9 +39,11 @@ def stand_in(
     sleep: float = 0.0,
     root: str | None = None,
     generative: bool = False,
+    gate: threading.Event | None = None,
 ) -> Iterator[str]:
     """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
-    true pair count + inflate; ``sleep`` delays /score and /rerank answers."""
+    true pair count + inflate; ``sleep`` delays /score and /rerank answers, ``gate``
+    holds them until it is set (at most a minute)."""
 
     class H(StandInVllm):
         def models(self) -> list[dict]:
@@ -59,6 +62,8 @@ def stand_in(
                 self._send(200, {"data": []})
             elif path in ("/score", "/rerank") and not generative:
                 time.sleep(sleep)
+                if gate is not None:
+                    gate.wait(60)
                 if score_status != 200:
                     self._send(score_status, {"detail": "Not Found"})
                     return True

@@ -5,6 +5,7 @@ command mode, the help listing every key, and --readonly refusing every action."
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -186,13 +187,14 @@ async def test_help_lists_every_key_and_command():
 
 @pytest.mark.anyio
 async def test_two_checks_at_once_panel_row_and_drill_in():
-    with completions_server() as (gen_url, gen), scoring_stand_in(sleep=0.5) as score_url:
+    gate = threading.Event()  # the usage check's /score answers wait until both run
+    with completions_server() as (gen_url, gen), scoring_stand_in(gate=gate) as score_url:
         src = source([gen_url, score_url])
         app = build_console_app(src, interval=0.2)
         try:
             async with app.run_test(size=(220, 60)) as pilot:
                 await select(pilot, app, score_url)
-                await command(pilot, "diag usage")  # slow stand-in: still running below
+                await command(pilot, "diag usage")  # held by the gate: still running below
                 await wait_for(pilot, lambda: isinstance(app.screen, ChecksScreen))
                 await pilot.press("escape")
                 await select(pilot, app, gen_url)
@@ -200,11 +202,12 @@ async def test_two_checks_at_once_panel_row_and_drill_in():
                 await wait_for(pilot, lambda: isinstance(app.screen, PickScreen))
                 ol = app.screen.query_one(OptionList)
                 offered = [ol.get_option_at_index(i).id for i in range(ol.option_count)]
-                assert offered == ["usage", "mm-uuid", "invariance"]
+                assert offered == ["usage", "invariance", "mm-uuid"]
                 await pick(pilot, app, "invariance")
                 await wait_for(pilot, lambda: isinstance(app.screen, ChecksScreen))
                 usage_job, inv_job = app.jobs.jobs
                 assert usage_job.running  # both at once
+                gate.set()
                 ticks = app.ticks
                 await wait_for(pilot, lambda: not inv_job.running and not usage_job.running,
                                timeout=60, what="both checks")  # fmt: skip

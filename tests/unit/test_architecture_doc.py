@@ -23,6 +23,8 @@ HELD = {  # name in the doc -> the file that must define it
     "Report": "opsctl/checks/report.py",
     "run_app": "opsctl/ui/runner.py",
     "run_with_progress": "opsctl/ui/progress.py",
+    "Check": "opsctl/domain/check_registry.py",
+    "Subject": "opsctl/domain/check_registry.py",
 }
 
 

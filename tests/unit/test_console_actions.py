@@ -19,6 +19,7 @@ from opsctl.console import verbs
 from opsctl.console.replay import Recorder, ReplaySource, decode, encode
 from opsctl.domain import admin_routes as adm
 from opsctl.domain import console as c
+from opsctl.domain.check_registry import GENERATIVE
 from opsctl.domain.console_state import EndpointTracker
 from opsctl.errors import BadInput
 
@@ -48,7 +49,7 @@ def model_dir(tmp_path: Path, kind: str) -> str:
 @pytest.mark.parametrize(
     ("kind", "url_checks"),
     [("cross-encoder", ["usage"]), ("bi-encoder", ["usage"]),
-     ("vision-language", ["mm-uuid", "invariance"]), ("decoder", ["invariance"])],
+     ("vision-language", ["invariance", "mm-uuid"]), ("decoder", ["invariance"])],
 )  # fmt: skip
 def test_checks_follow_the_model_kind_and_kv_fail_needs_an_opsctl_server(
     tmp_path, kind, url_checks
@@ -57,14 +58,14 @@ def test_checks_follow_the_model_kind_and_kv_fail_needs_an_opsctl_server(
     v = view(models=[c.ModelInfo("m", 256, root)])  # the server's /v1/models root
     assert [x.name for x in act.applicable(v)] == url_checks
     ours = [x.name for x in act.applicable(v, ours=True)]
-    assert ours == url_checks + (["kv-fail"] if kind in act.GENERATIVE else [])
+    assert ours == url_checks + (["kv-fail"] if kind in GENERATIVE else [])
     with pytest.raises(BadInput, match="does not apply"):
         act.choose(v, "kv-fail")
 
 
 def test_unknown_kind_offers_every_url_check_and_embedded_names_are_known():
     unknown = act.applicable(view(models=[c.ModelInfo("remote-model", 256, "/not/here")]))
-    assert [x.name for x in unknown] == ["usage", "mm-uuid", "invariance"]
+    assert [x.name for x in unknown] == ["usage", "invariance", "mm-uuid"]
     assert "model kind unknown" in unknown[0].why
     named = act.applicable(view(models=[c.ModelInfo("tiny-reranker", 256, None)]))
     assert [x.name for x in named] == ["usage"] and "embedded model" in named[0].why

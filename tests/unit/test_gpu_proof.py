@@ -169,26 +169,23 @@ def test_report_follows_its_schema(path: Path):
 
 def _renderer(doc: dict):
     """The function the CLI hands opsctl.output.emit for this document (None: none that
-    renders from the document alone)."""
+    renders from the document alone): a diag report's is its check's registered one."""
+    from opsctl.checks.registry import resolve
     from opsctl.commands import patches, status
-    from opsctl.commands.diag import lora
-    from opsctl.ui import (
-        render_certify,
-        render_invariance,
-        render_kv_fail,
-        render_mm_uuid,
-        render_usage,
-    )
+    from opsctl.domain import check_registry as reg
+    from opsctl.ui import render_certify
 
     name, _ = _schema_name(doc)
+    diag = {
+        f"opsctl.diag.{c.name.replace('mm-uuid', 'mm_uuid')}": resolve(c.render)
+        for c in reg.checks(reg.DIAG)
+        if c.render
+    }
+    if name in diag:
+        return lambda con: diag[name](con, doc)
     return {
         "opsctl.status": lambda con: status._render(con, doc),
         "opsctl.patches": lambda con: patches._render(con, doc),
-        "opsctl.diag.invariance": lambda con: render_invariance.render(con, doc),
-        "opsctl.diag.kv-fail": lambda con: render_kv_fail.render(con, doc),
-        "opsctl.diag.lora": lambda con: lora.render(con, doc),
-        "opsctl.diag.mm_uuid": render_mm_uuid.render(doc),
-        "opsctl.diag.usage": render_usage.render(doc),
         "opsctl.certify": render_certify.render(doc),
     }.get(name)
 

@@ -8,7 +8,7 @@ from opsctl.commands.options import epilog
 
 
 def register(app: typer.Typer) -> None:
-    from opsctl.commands.diag import invariance, kv_fail, lora, mm_uuid, usage
+    from opsctl.commands.diag import skeleton
 
     diag_app = typer.Typer(
         help="Fault injection and verification on a live engine: each diag checks a running "
@@ -20,6 +20,5 @@ def register(app: typer.Typer) -> None:
         ),
         no_args_is_help=True,
     )
-    for module in (kv_fail, usage, mm_uuid, invariance, lora):
-        module.register(diag_app)
+    skeleton.register(diag_app)
     app.add_typer(diag_app, name="diag")

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import (
-    api_key_option,
-    epilog,
-    json_option,
-    start_timeout_option,
-    test_knob_option,
-    tui_option,
-    url_argument,
-    url_target,
-)
-from opsctl.errors import BadInput, CheckFailed, OpsTimeout
+from opsctl.commands.options import start_timeout_option, url_argument, url_target
+from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.checks import invariance as check
+    from opsctl.checks.target import Target
 
 
 def read_prompts(path: Path | None) -> tuple[str, ...] | None:
@@ -59,18 +55,6 @@ def _mode(value: str | None) -> str | None:
     return "both" if modes == {"default", "eager"} else ",".join(sorted(modes))
 
 
-def register(app: typer.Typer) -> None:
-    app.command(
-        "invariance",
-        short_help="BS=1 vs BS=N batch invariance of tokens and logprobs.",
-        epilog=epilog(
-            "opsctl diag invariance --model tiny-llama --mode eager",
-            "opsctl diag invariance 127.0.0.1:8000 --prompts prompts.txt --json",
-            "opsctl diag invariance --model tiny-vlm-multi --images 2 --atol 1e-4",
-        ),
-    )(invariance)
-
-
 def invariance(
     url: str = url_argument(),
     model: str = typer.Option(
@@ -102,16 +86,13 @@ def invariance(
         "0: text only)",
     ),
     timeout: float = start_timeout_option(),
-    as_json: bool = json_option(),
-    tui: bool | None = tui_option(),
-    api_key: str | None = api_key_option(),
-    test_knob: list[str] | None = test_knob_option(),
-) -> None:
+    api_key: str | None = None,
+    test_knob: list[str] | None = None,
+) -> tuple[Target, check.Options]:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
-    from opsctl.checks.target import EngineSpec, Target, url_or_model
+    from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
-    from opsctl.ui.progress import run_with_progress
 
     base = url_or_model(url, model)
     options = check.Options(
@@ -128,28 +109,4 @@ def invariance(
     knobs = tuple(parse_knobs(test_knob, url=base).items())
     target: Target = url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)
     check.plan(target, options)  # bad input is refused before any engine or panel
-    report = run_with_progress(
-        check.TITLE,
-        lambda progress: check.run(target, options, progress),
-        tui=tui,
-        as_json=as_json,
-    )
-    _conclude(report, as_json, atol)
-
-
-def _conclude(report, as_json: bool, atol: float | None) -> None:
-    """Warnings, the report, and the exit code it maps to."""
-    from opsctl import output
-    from opsctl.ui.render_invariance import render
-
-    for line in report.warnings:  # after the run: never while a panel owns the terminal
-        output.warn(line)
-    doc = report.to_dict()
-    output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
-    if report.timed_out:
-        raise OpsTimeout("an engine did not become healthy within --timeout; see the report")
-    if not report.passed:
-        raise CheckFailed(
-            "batch invariance failed: " + "; ".join(report.reasons or ["see report"])[:600],
-            hint="--atol X allows a stated logprob tolerance" if atol is None else None,
-        )
+    return target, options

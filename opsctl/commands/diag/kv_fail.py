@@ -14,16 +14,16 @@ shows the engine death the patch prevents); 2 for bad arguments.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from opsctl.commands.options import (
-    duration_option,
-    epilog,
-    json_option,
-    test_knob_option,
-    tui_option,
-)
-from opsctl.errors import BadInput, CheckFailed
+from opsctl.commands.options import duration_option
+from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.checks import kv_fail as check
+    from opsctl.checks.target import EngineSpec
 
 _ROUTE = typer.Option(
     "blocks",
@@ -53,83 +53,53 @@ def _spec(model: str, no_patch: bool, mode: str, timeout: float):
     )
 
 
-def register(app: typer.Typer) -> None:
-    @app.command(
-        "kv-fail",
-        short_help="Inject KV load failures and prove recovery.",
-        epilog=epilog(
-            "opsctl diag kv-fail",
-            "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
-            "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
-            "opsctl diag kv-fail --model tiny-llama --mode default --policy fail",
-            "opsctl diag kv-fail --route requests --no-patch",
-        ),
-    )
-    def kv_fail(
-        model: str = typer.Option(
-            "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
-        ),
-        policy: str = typer.Option(
-            "recompute", "--policy", help="kv_load_failure_policy: recompute | fail"
-        ),
-        rate: float = typer.Option(
-            None, "--rate", help="fail each loaded block with probability R (0..1)"
-        ),
-        blocks: str = typer.Option(
-            None,
-            "--blocks",
-            help="fail block positions: POS or GROUP:POS, comma-separated "
-            "(negative from the end; default -1 = last loaded block of every group)",
-        ),
-        requests: int = typer.Option(4, "--requests", help="requests in the workload"),
-        seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
-        fail_requests: int = typer.Option(
-            None,
-            "--fail-requests",
-            metavar="N",
-            help="how many requests get injections (default: half; with --rate: all)",
-        ),
-        max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
-        no_patch: bool = typer.Option(
-            False,
-            "--no-patch",
-            help="run vanilla vLLM (opsctl's KV recovery patches off: kv_hybrid_recompute, "
-            "kv_async_inflight, kv_rewind_v2)",
-        ),
-        route: str = _ROUTE,
-        mode: str = _MODE,
-        timeout: float = duration_option(
-            "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
-        ),
-        as_json: bool = json_option(),
-        tui: bool | None = tui_option(),
-        test_knob: list[str] | None = test_knob_option(),
-    ) -> None:
-        """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
-        from dataclasses import replace
+def kv_fail(
+    model: str = typer.Option(
+        "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
+    ),
+    policy: str = typer.Option(
+        "recompute", "--policy", help="kv_load_failure_policy: recompute | fail"
+    ),
+    rate: float = typer.Option(
+        None, "--rate", help="fail each loaded block with probability R (0..1)"
+    ),
+    blocks: str = typer.Option(
+        None,
+        "--blocks",
+        help="fail block positions: POS or GROUP:POS, comma-separated "
+        "(negative from the end; default -1 = last loaded block of every group)",
+    ),
+    requests: int = typer.Option(4, "--requests", help="requests in the workload"),
+    seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
+    fail_requests: int = typer.Option(
+        None,
+        "--fail-requests",
+        metavar="N",
+        help="how many requests get injections (default: half; with --rate: all)",
+    ),
+    max_tokens: int = typer.Option(16, "--max-tokens", help="tokens generated per request"),
+    no_patch: bool = typer.Option(
+        False,
+        "--no-patch",
+        help="run vanilla vLLM (opsctl's KV recovery patches off: kv_hybrid_recompute, "
+        "kv_async_inflight, kv_rewind_v2)",
+    ),
+    route: str = _ROUTE,
+    mode: str = _MODE,
+    timeout: float = duration_option(
+        "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
+    ),
+    test_knob: list[str] | None = None,
+) -> tuple[EngineSpec, check.Options]:
+    """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
+    from dataclasses import replace
 
-        from opsctl import output
-        from opsctl.checks import kv_fail as check
-        from opsctl.commands.options import parse_knobs
-        from opsctl.domain.kv_fail import Settings
-        from opsctl.ui.progress import run_with_progress
-        from opsctl.ui.render_kv_fail import render
+    from opsctl.checks import kv_fail as check
+    from opsctl.commands.options import parse_knobs
+    from opsctl.domain.kv_fail import Settings
 
-        settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens, route)
-        options = check.Options(settings)
-        spec = _spec(model, no_patch, mode, timeout)
-        check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
-        spec = replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items())))
-        report = run_with_progress(
-            check.TITLE, lambda p: check.run(spec, options, p), tui=tui, as_json=as_json
-        )
-        doc = report.to_dict()
-        for line in report.warnings:
-            output.warn(line)
-        output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
-        if report.verdict != "pass":
-            reasons = report.failures
-            raise CheckFailed(
-                "kv-fail: " + "; ".join(reasons)[:600] if reasons else "kv-fail check failed",
-                hint=f"run dir: {report.run_dir}",
-            )
+    settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens, route)
+    options = check.Options(settings)
+    spec = _spec(model, no_patch, mode, timeout)
+    check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
+    return replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items()))), options

@@ -6,66 +6,15 @@ that does not exist), 3 unreachable, 4 timeout."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import (
-    api_key_option,
-    epilog,
-    json_option,
-    start_timeout_option,
-    test_knob_option,
-    tui_option,
-    url_argument,
-    url_target,
-)
-from opsctl.errors import CheckFailed
+from opsctl.commands.options import start_timeout_option, url_argument, url_target
 
-VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]", "unverified": "[yellow]UNVERIFIED[/]"}
-STATUS = {"applied": "green", "supported": "green", "unsupported": "red", "not enabled": "yellow"}
-
-
-def render(con, doc: dict[str, Any]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    engine = doc["engine"] or {}
-    con.print(
-        f"diag lora: {VERDICT.get(doc['verdict'], doc['verdict'])}  model {doc['model']}  "
-        f"platform {doc['platform'] or 'unknown (' + str(doc.get('platform_note')) + ')'}  vLLM {doc['vllm_version'] or '?'}  "
-        f"compilation {engine.get('compilation_mode', '?')}  ({doc['comparison']})"
-    )
-    parts = Table(title="LoRA support per part (engine record + measurement)")
-    for col in ("part", "status", "wrapped", "why"):
-        parts.add_column(col)
-    for p in doc["support"]:
-        style = STATUS.get(p["status"], "yellow")
-        wrapped = "?" if p["wrapped_modules"] is None else str(p["wrapped_modules"])
-        parts.add_row(p["part"], f"[{style}]{p['status']}[/]", wrapped, escape(p["detail"]))
-    con.print(parts)
-    cases = Table(title="cases")
-    for col in ("case", "adapter", "verdict", "detail"):
-        cases.add_column(col)
-    for s in doc["single"]:
-        cases.add_row("single", s["adapter"], VERDICT.get(s["verdict"]), escape(s["detail"]))
-    mixed, batch = doc["mixed"], doc["mixed"]["batch"]
-    first = mixed["first_divergence"]
-    detail = (
-        f"first divergence r{first['request']} ({first['adapter']}, images "
-        f"{'+'.join(first['images']) or '-'}): {first['text']}"
-        if first
-        else f"{len(mixed['requests'])} requests equal their alone runs"
-    )
-    detail += f"; batch: {batch['max_adapters_per_step']} adapters/step ({batch['source']})"
-    if enc := mixed["encoder"]:
-        detail += f"; vision encoder: {enc['max_adapters_per_step']} adapters/call"
-    if first and first.get("looks_like"):
-        detail += f"; r{first['request']} got {first['looks_like']}'s output"
-    cases.add_row("mixed", "all", VERDICT.get(mixed["verdict"]), escape(detail))
-    con.print(cases)
-    for line in doc["reasons"]:
-        con.print(f"[red]reason:[/] {escape(line)}")
+if TYPE_CHECKING:
+    from opsctl.checks import lora as check
+    from opsctl.checks.target import Target
 
 
 def lora(
@@ -87,17 +36,13 @@ def lora(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
     timeout: float = start_timeout_option(),
-    as_json: bool = json_option(),
-    tui: bool | None = tui_option(),
-    api_key: str | None = api_key_option(),
-    test_knob: list[str] | None = test_knob_option(),
-) -> None:
+    api_key: str | None = None,
+    test_knob: list[str] | None = None,
+) -> tuple[Target, check.Options]:
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
-    from opsctl import output
     from opsctl.checks import lora as check
-    from opsctl.checks.target import EngineSpec, Target, url_or_model
+    from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
-    from opsctl.ui.progress import run_with_progress
 
     base = url_or_model(url, model)
     options = check.Options(
@@ -116,24 +61,4 @@ def lora(
         else EngineSpec(model, knobs=tuple(knobs.items()))
     )
     check.plan(target, options)  # bad input is refused before any engine or panel
-    report = run_with_progress(
-        check.TITLE, lambda progress: check.run(target, options, progress), tui=tui, as_json=as_json
-    )
-    for line in report.warnings:
-        output.warn(line)
-    doc = report.to_dict()
-    output.emit(doc, as_json=as_json, render=lambda con: render(con, doc))
-    if not report.passed:
-        raise CheckFailed("diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600])
-
-
-def register(app: typer.Typer) -> None:
-    app.command(
-        "lora",
-        short_help="LoRA adapters alone and in one mixed batch.",
-        epilog=epilog(
-            "opsctl diag lora --model tiny-llama",
-            "opsctl diag lora --model tiny-vlm-multi --max-loras 3 --json",
-            "opsctl diag lora 127.0.0.1:8000 --adapters ./a1 --adapters ./a2",
-        ),
-    )(lora)
+    return target, options
