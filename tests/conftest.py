@@ -88,6 +88,20 @@ def two_engines(
         yield a, b
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An OPSCTL_HOME of this test (its own empty runs/) that still has the built models.
+
+    A module that wants another home (no models, a ledger...) defines its own ``home``.
+    """
+    real = Path(os.environ["OPSCTL_HOME"])
+    h = tmp_path / "home"
+    (h / "runs").mkdir(parents=True)
+    (h / "models").symlink_to(real / "models", target_is_directory=True)
+    monkeypatch.setenv("OPSCTL_HOME", str(h))
+    return h
+
+
 _POOLS: list = []  # the session's EnginePool, once a test asked for it
 
 

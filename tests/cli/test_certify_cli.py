@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -39,17 +38,6 @@ from tests.standins.vllm_server import StandInFleet
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 runner = CliRunner()
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """An OPSCTL_HOME of this test (its own runs/) that still has the built models."""
-    real = Path(os.environ["OPSCTL_HOME"])
-    h = tmp_path / "home"
-    (h / "runs").mkdir(parents=True)
-    (h / "models").symlink_to(real / "models", target_is_directory=True)
-    monkeypatch.setenv("OPSCTL_HOME", str(h))
-    return h
 
 
 @contextlib.contextmanager
