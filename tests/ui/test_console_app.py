@@ -18,6 +18,7 @@ from opsctl.domain.metrics import parse_samples
 from opsctl.ui.console_app import DetailScreen, HelpScreen, build_console_app
 from opsctl.ui.panels.console_detail import LatencyTable
 from opsctl.ui.panels.serve import ProcessPanel
+from tests.standins.fleet_source import FixedSource
 from tests.standins.vllm_server import MODES, Endpoint, StandInFleet, answer
 
 
@@ -171,7 +172,7 @@ async def test_local_endpoint_drill_in_shows_the_process_tree(fleet):
         src.close()
 
 
-class StaticSource:
+class StaticSource(FixedSource):
     """A FleetSource over trackers fed fixed scrapes (the stand-ins' own answers)."""
 
     name = "direct"
@@ -207,13 +208,6 @@ class StaticSource:
         )
         return c.Scrape(url, now - 0.01, now, c.HttpStatus("/health", status["/health"]),
                         c.HttpStatus("/metrics", status["/metrics"]), samples, info, auth)  # fmt: skip
-
-    def start(self) -> None: ...
-    def close(self) -> None: ...
-    def refresh(self) -> None: ...
-    def set_paused(self, paused: bool) -> None: ...
-    def wait_settled(self, timeout: float) -> bool:
-        return True
 
     def series(self, url: str, name: str) -> list[float]:
         return next(t.series(name) for t in self.trackers if t.target.url == url)

@@ -25,12 +25,13 @@ from opsctl.domain.console import (
 )
 from opsctl.domain.gpu import HostGpus, host_from_raw
 from opsctl.ui.console_app import DetailScreen, build_console_app
+from tests.standins.fleet_source import FixedSource
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "console" / "serve"
 URL = "http://127.0.0.1:8000"
 
 
-class OneEndpoint:
+class OneEndpoint(FixedSource):
     """A FleetSource of one fixed local endpoint (the recorded engine's pids and roles)."""
 
     live = True
@@ -43,13 +44,6 @@ class OneEndpoint:
             target, BUSY, None, Figures(running=8.0), EngineInfo("0.26.0", (ModelInfo("tiny-llama", 256),)),
             LocalState(True, procs=roles), 200, time.time(), time.time(), 5, 0, 0.01,
         )  # fmt: skip
-
-    def start(self) -> None: ...
-    def close(self) -> None: ...
-    def refresh(self) -> None: ...
-    def set_paused(self, paused: bool) -> None: ...
-    def wait_settled(self, timeout: float) -> bool:
-        return True
 
     def series(self, url: str, name: str) -> list[float]:
         return []
