@@ -29,8 +29,8 @@ import httpx
 import psutil
 
 from tests.standins.base import StandInVllm, serving
+from tests.standins.vllm_server import METRICS  # the one recorded tiny-llama /metrics body
 
-METRICS = (Path(__file__).parents[1] / "data" / "vllm_metrics_tiny_llama.txt").read_text()
 DEV_GET = {"/server_info", "/is_sleeping", "/is_paused"}
 DEV_POST = {"/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume"}
 
