@@ -13,6 +13,7 @@ from engram_tables import planting, shared_table, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
 GIB = 1024**3
@@ -27,10 +28,6 @@ def _planting():
 
 def invoke(*args):
     return runner.invoke(app, list(args))
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 def test_plan_example_json_188_8_gib_per_node():
