@@ -1,4 +1,6 @@
-"""A stand-in vLLM 0.32 server with the admin routes, for the console's actions and
+"""A stand-in vLLM 0.32 server with the admin routes, for console actions and runs bundle.
+
+A stand-in vLLM 0.32 server with the admin routes, for the console's actions and
 ``runs bundle``: /health, /version, /v1/models, /metrics (the recorded real body) and,
 only in dev mode (like VLLM_SERVER_DEV_MODE=1), /server_info, /reset_prefix_cache,
 /sleep, /wake_up, /is_sleeping, /pause, /resume, /is_paused; anything else is vLLM's
@@ -101,6 +103,7 @@ def admin_server(dev: bool, model: str = "tiny-llama") -> Iterator[tuple[str, ty
 
 
 def main() -> None:
+    """Serve one admin stand-in: ``--dev``, ``--model NAME``, ``--port N``."""
     dev = "--dev" in sys.argv
     model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "tiny-llama"
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
@@ -133,9 +136,11 @@ class StandInEngine:
 
     @property
     def url(self) -> str:
+        """The stand-in's base URL on 127.0.0.1."""
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> StandInEngine:
+        """Launch the stand-in as a child process with a run directory, like EngineServer."""
         from opsctl.engine.server import new_run_dir
 
         self.run_dir = new_run_dir(self.opts.label, self.opts.model.name, self.port)
@@ -155,6 +160,7 @@ class StandInEngine:
         return self
 
     def wait_healthy(self, timeout: float) -> float:
+        """Wait for /health 200 within ``timeout`` seconds; the seconds it took."""
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc is not None and self.proc.poll() is None, "stand-in engine died"
@@ -165,6 +171,7 @@ class StandInEngine:
             time.sleep(0.05)
 
     def stop(self):
+        """SIGTERM the child once and stamp ``stopped_at`` in its meta; the StopReport of it."""
         from opsctl.engine.server import StopReport
 
         if self.stop_report is None:

@@ -1,4 +1,6 @@
-"""A stand-in vLLM server for `diag invariance`: /v1/completions with deterministic
+"""A stand-in generative vLLM server (completions, chat, /tokenize) for invariance and certify.
+
+A stand-in vLLM server for `diag invariance`: /v1/completions with deterministic
 tokens and logprobs (greedy: the sampled token is the top-1 at every position), and
 /metrics counters that move like vLLM's (one engine step per output position of a
 request; the prompts of one multi-prompt request share their steps). Options
@@ -52,6 +54,8 @@ ENGINE_INFO = {
 
 @dataclass
 class Behaviour:
+    """How the generative stand-in answers, and what it counted."""
+
     diverge: tuple[str, int, float] | None = None
     run_dir: Path | None = None
     max_logprobs: int = 20
@@ -144,6 +148,7 @@ def _chat_parts(body: dict) -> tuple[str, list[dict]]:
 
 
 def chat_choice(key: str, max_tokens: int, k: int, shift: dict) -> dict:
+    """One chat choice of ``max_tokens`` deterministic tokens with their logprobs."""
     content = []
     for pos in range(max_tokens):
         tok, lp = _token(key, pos), _logprob(key, pos) + shift.get(pos, 0.0)
@@ -196,6 +201,7 @@ def chat(b: Behaviour, body: dict) -> tuple[int, dict]:
 
 
 def tokenize(body: dict) -> dict:
+    """The /tokenize answer: words plus IMAGE_TOKENS per image of a chat body."""
     text, images = _chat_parts(body)
     return {"count": len(text.split()) + IMAGE_TOKENS * len(images)}
 
@@ -244,7 +250,9 @@ def write_run_dir(
     knobs: dict | None = None,
     patches: list[dict] | None = None,
 ) -> Path:
-    """A run directory as opsctl's engine leaves it (before any request); ``patches``:
+    """Write the stand-in's run directory (engine info, init event, ledger); returns it.
+
+    A run directory as opsctl's engine leaves it (before any request); ``patches``:
     the ledger's patch entries (e.g. the mm_uuid probe applied)."""
     (run_dir / "events").mkdir(parents=True, exist_ok=True)
     (run_dir / "ledger").mkdir(exist_ok=True)
@@ -271,6 +279,7 @@ def register_run(run_dir: Path, url: str) -> None:
 
 @contextlib.contextmanager
 def completions_server(behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
+    """Serve the generative stand-in; yields (its URL, its Behaviour)."""
     b = behaviour or Behaviour()
     with serving(handler_for(b)) as url:
         yield url, b

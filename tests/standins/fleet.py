@@ -1,4 +1,6 @@
-"""Stand-ins for certify over a fleet (tests/cli/test_certify_fleet_cli.py, the e2e and
+"""Stand-ins for certify over a fleet: a server that never answers, one behind an API key.
+
+Stand-ins for certify over a fleet (tests/cli/test_certify_fleet_cli.py, the e2e and
 benchmarks/certify_fleet.py):
 
 - :func:`hung_server`: accepts every connection and never answers (a wedged server: the
@@ -65,9 +67,11 @@ def keyed_server(key: str = KEY) -> Iterator[str]:
 
 @contextlib.contextmanager
 def slow_server(delay: float) -> Iterator[str]:
-    """The generative stand-in answering every request ``delay`` seconds late: each
-    answer comes within an HTTP timeout above ``delay``, the certification as a whole
-    takes longer (first contact alone is two answers)."""
+    """The generative stand-in answering every request ``delay`` seconds late.
+
+    Each answer comes within an HTTP timeout above ``delay``; the certification as a
+    whole takes longer (first contact alone is two answers).
+    """
 
     class Slow(handler_for(Behaviour())):  # type: ignore[misc]
         DELAY = delay

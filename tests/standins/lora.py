@@ -1,4 +1,6 @@
-"""A stand-in vLLM server with LoRA adapters, for `diag lora` against a URL without an
+"""A stand-in vLLM server with LoRA adapters, for diag lora against a URL.
+
+A stand-in vLLM server with LoRA adapters, for `diag lora` against a URL without an
 engine: /v1/models lists the base model and its adapters (``parent`` set), completions
 give deterministic tokens and logprobs per (model, prompt) (greedy: the sampled token is
 the top-1), and vLLM's dynamic LoRA endpoints answer 404 unless runtime loading is
@@ -25,6 +27,8 @@ VERSION = "0.0-standin"
 
 @dataclass
 class Behaviour:
+    """The LoRA stand-in's adapters and options, and the loads it recorded."""
+
     adapters: dict[str, str] = field(default_factory=dict)
     allow_load: bool = False
     inert: set[str] = field(default_factory=set)
@@ -35,6 +39,7 @@ class Behaviour:
 
 
 def completion(model: str, prompt: str, max_tokens: int, k: int) -> dict:
+    """A deterministic completion with logprobs for (model, prompt)."""
     seed = zlib.crc32(f"{model}|{prompt}".encode())
     tokens, lps, tops = [], [], []
     for pos in range(max_tokens):
@@ -104,5 +109,6 @@ def handler_for(behaviour: Behaviour) -> type[StandInVllm]:
 
 @contextlib.contextmanager
 def lora_server(behaviour: Behaviour) -> Iterator[str]:
+    """Serve the LoRA stand-in of ``behaviour``; yields its URL."""
     with serving(handler_for(behaviour)) as url:
         yield url

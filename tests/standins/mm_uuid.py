@@ -1,4 +1,6 @@
-"""A stand-in for diag mm-uuid's tests: a server that plays a vision-language engine
+"""A stand-in vision-language server and its mm_uuid probe, for diag mm-uuid's tests.
+
+A stand-in for diag mm-uuid's tests: a server that plays a vision-language engine
 and its engine-core ``mm_uuid`` probe (it answers chat requests and appends the probe's
 records to a run directory), honest or with one of several faults."""
 
@@ -15,6 +17,7 @@ from tests.standins.base import StandInVllm, serving
 
 
 def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:
+    """Write a run directory whose ledger holds the mm_uuid probe's outcome."""
     (run_dir / "ledger").mkdir(parents=True, exist_ok=True)
     (run_dir / "events").mkdir(exist_ok=True)
     record = {
@@ -53,7 +56,9 @@ def stand_in(
     sleep: float = 0.0,
     model_id: str = "fake-vlm",
 ) -> Iterator[str]:
-    """Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
+    """Serve a vision-language stand-in that records mm_uuid probe events; yields its URL.
+
+    Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
     with a wrong index (``index_offset``); the record of the request carrying UUID
     ``lose`` filed under another request id; an ``extra_item`` in every record; the
     recorded items in reverse order (``swap``: a UUID moved to another item); ``sleep``

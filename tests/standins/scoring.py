@@ -1,4 +1,6 @@
-"""A stand-in scoring server for diag usage's tests: a cross-encoder whose "tokenizer"
+"""A stand-in cross-encoder scoring server for diag usage's tests.
+
+A stand-in scoring server for diag usage's tests: a cross-encoder whose "tokenizer"
 splits on whitespace and adds the special tokens of a tokenizer family, and whose
 /score and /rerank report usage = the true pair count + ``inflate`` (so the check can be
 proved to fail)."""
@@ -21,12 +23,14 @@ STYLES = {
 
 
 def toks(text: str, special: bool, style: str = "bert") -> list[str]:
+    """The stand-in tokenizer: the words of ``text``, with the special tokens if asked."""
     words = text.split()
     prefix, suffix, _ = STYLES[style]
     return [*prefix, *words, *suffix] if special else words
 
 
 def pair_toks(q: str, d: str, style: str = "bert") -> list[str]:
+    """The tokens of one (query, document) pair in the family's pair template."""
     prefix, suffix, sep = STYLES[style]
     return [*prefix, *q.split(), *sep, *d.split(), *suffix]
 
@@ -41,7 +45,9 @@ def stand_in(
     generative: bool = False,
     gate: threading.Event | None = None,
 ) -> Iterator[str]:
-    """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
+    """Serve a fake cross-encoder; yields its URL.
+
+    A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
     true pair count + inflate; ``sleep`` delays /score and /rerank answers, ``gate``
     holds them until it is set (at most a minute)."""
 
