@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from opsctl.engine.server import free_port
-from tests.prometheus_fixture import _stop, _wait_ready
+from tests.prometheus_fixture import LogTail, _stop, _wait_ready
 
 BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 MISSING = (
@@ -120,16 +120,10 @@ def config_text(webhook_url: str) -> str:
 
 
 @dataclass
-class AmServer:
+class AmServer(LogTail):
     proc: subprocess.Popen
     url: str
     log_path: Path
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
 
     def alerts(self) -> list[dict]:
         r = httpx.get(f"{self.url}/api/v2/alerts", timeout=10)

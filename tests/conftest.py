@@ -63,6 +63,45 @@ def running_engine(
         server.stop()
 
 
+@contextlib.contextmanager
+def two_engines(
+    first: dict, second: dict | None = None, *, model: str = "tiny-llama", bare: bool = False
+) -> Iterator[tuple]:
+    """Two real engines for a module that needs two at once; yields (first, second).
+
+    Both start under one hold of the engine lock (a worker starts no other engine while
+    they run), each with :func:`running_engine` and its launch keywords: ``first``, and
+    ``second`` (None: the same as ``first``). ``bare``: the second is a bare `vllm serve`
+    of ``model`` (tests/bare_vllm.py), not an opsctl run.
+    """
+    from opsctl.engine.model import resolve
+    from tests.bare_vllm import _engine_lock, bare_vllm, no_inner_lock
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_engine_lock())
+        stack.enter_context(no_inner_lock())
+        a = stack.enter_context(running_engine(model, **first))
+        if bare:
+            b = stack.enter_context(bare_vllm(str(resolve(model).path)))
+        else:
+            b = stack.enter_context(running_engine(model, **(first if second is None else second)))
+        yield a, b
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An OPSCTL_HOME of this test (its own empty runs/) that still has the built models.
+
+    A module that wants another home (no models, a ledger...) defines its own ``home``.
+    """
+    real = Path(os.environ["OPSCTL_HOME"])
+    h = tmp_path / "home"
+    (h / "runs").mkdir(parents=True)
+    (h / "models").symlink_to(real / "models", target_is_directory=True)
+    monkeypatch.setenv("OPSCTL_HOME", str(h))
+    return h
+
+
 _POOLS: list = []  # the session's EnginePool, once a test asked for it
 
 

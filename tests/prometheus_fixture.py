@@ -40,19 +40,26 @@ MISSING = (
 JOB, HEALTH_JOB = "vllm", "vllm-health"
 
 
+class LogTail:
+    """A server process whose output goes to ``log_path``."""
+
+    log_path: Path
+
+    def log_text(self) -> str:
+        """The log's last 3000 characters ("" when it cannot be read): for a failure message."""
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+
 @dataclass
-class PromServer:
+class PromServer(LogTail):
     proc: subprocess.Popen
     url: str
     config_path: Path
     log_path: Path
     job: str = JOB
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
 
     def targets(self) -> list[dict]:
         r = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,7 +20,6 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import jsonschema
@@ -36,20 +34,10 @@ from opsctl.cli import app
 from tests.engram_tables import no_test_tables
 from tests.standins.base import serving
 from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
+from tests.standins.vllm_server import StandInFleet
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
 runner = CliRunner()
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """An OPSCTL_HOME of this test (its own runs/) that still has the built models."""
-    real = Path(os.environ["OPSCTL_HOME"])
-    h = tmp_path / "home"
-    (h / "runs").mkdir(parents=True)
-    (h / "models").symlink_to(real / "models", target_is_directory=True)
-    monkeypatch.setenv("OPSCTL_HOME", str(h))
-    return h
 
 
 @contextlib.contextmanager
@@ -122,21 +110,6 @@ def test_timeout_takes_durations():
 # ---- no vLLM server answered: the real CLI process, and the report written anyway -----
 
 
-class NotVllm(BaseHTTPRequestHandler):
-    """An HTTP server that is not vLLM: a web page at /, 404 elsewhere."""
-
-    def log_message(self, *a) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        body = b"<html>hello</html>" if self.path == "/" else b"nope"
-        self.send_response(200 if self.path == "/" else 404)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
 @contextlib.contextmanager
 def closed_port() -> Iterator[str]:
     """A port bound on 127.0.0.1 and never listened on: connections are refused."""
@@ -147,8 +120,9 @@ def closed_port() -> Iterator[str]:
 
 @contextlib.contextmanager
 def not_vllm() -> Iterator[str]:
-    with serving(NotVllm) as url:
-        yield url
+    """An HTTP server that is not vLLM: a web page at /, 404 elsewhere."""
+    with StandInFleet(["notvllm"]) as fleet:
+        yield fleet.urls[0]
 
 
 @contextlib.contextmanager

@@ -10,16 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standins.cli_result import assert_bad_input, error_lines
 
 runner = CliRunner()
 
 
 def invoke(*args):
     return runner.invoke(app, list(args))
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 def test_models_list_json_has_schema_and_both_base_models():
@@ -56,10 +53,7 @@ def test_models_build_into_dir(tmp_path):
 )
 def test_bad_input_exits_2_with_one_line(args, needle):
     r = invoke(*args)
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = error_lines(r)
-    assert len(lines) == 1 and needle in lines[0], r.stderr
-    assert r.stdout == ""
+    assert_bad_input(r, needle)
 
 
 def test_malformed_config_json_is_bad_input(tmp_path):

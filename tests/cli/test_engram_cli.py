@@ -13,6 +13,7 @@ from engram_tables import planting, shared_table, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
 GIB = 1024**3
@@ -29,26 +30,15 @@ def invoke(*args):
     return runner.invoke(app, list(args))
 
 
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
+def plan_json(*args: str) -> dict:
+    """`engram plan --config deepseek-v4.1-flash ARGS --json`: exit 0, its JSON document."""
+    r = invoke("engram", "plan", "--config", "deepseek-v4.1-flash", *args, "--json")
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
 
 
 def test_plan_example_json_188_8_gib_per_node():
-    r = invoke(
-        "engram",
-        "plan",
-        "--config",
-        "deepseek-v4.1-flash",
-        "--tp",
-        "4",
-        "--dp",
-        "2",
-        "--shm-size",
-        "200G",
-        "--json",
-    )
-    assert r.exit_code == 0, r.stderr
-    doc = json.loads(r.stdout)
+    doc = plan_json("--tp", "4", "--dp", "2", "--shm-size", "200G")
     assert doc["schema"] == "opsctl.engram.plan/2"
     assert doc["total_bytes"] / GIB == pytest.approx(188.8, abs=0.05)
     assert "total_gib" not in doc  # one name per fact: total_bytes
@@ -61,19 +51,7 @@ def test_plan_example_json_188_8_gib_per_node():
 
 
 def test_plan_docker_default_shm_falls_back():
-    r = invoke(
-        "engram",
-        "plan",
-        "--config",
-        "deepseek-v4.1-flash",
-        "--dp",
-        "8",
-        "--shm-size",
-        "64M",
-        "--json",
-    )
-    assert r.exit_code == 0, r.stderr
-    doc = json.loads(r.stdout)
+    doc = plan_json("--dp", "8", "--shm-size", "64M")
     assert doc["chosen"] == "dp-sharded" and doc["fits_shm"] is False
 
 

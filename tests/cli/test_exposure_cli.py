@@ -20,12 +20,9 @@ from typer.testing import CliRunner
 from engine_patches import knobs
 from opsctl.cli import app
 from tests.standins.base import GuardedHandler, serving
+from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from opsctl.checks import invariance as check
 from opsctl.cli import app
 from opsctl.commands.diag import invariance
+from tests.standins.cli_result import assert_bad_input, error_lines
 from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
 
 runner = CliRunner()
@@ -23,10 +24,6 @@ runner = CliRunner()
 
 def invoke(*args: str):
     return runner.invoke(app, ["diag", "invariance", *args])
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 @pytest.fixture
@@ -59,10 +56,7 @@ def prompts_file(tmp_path):
 )
 def test_bad_options_exit_2_with_one_line(args, needle):
     r = invoke(*args)
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = error_lines(r)
-    assert len(lines) == 1 and needle in lines[0], r.stderr
-    assert r.stdout == ""
+    assert_bad_input(r, needle)
 
 
 @pytest.mark.parametrize(

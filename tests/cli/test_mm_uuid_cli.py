@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standins.diag_app import run_diag_app
 from tests.standins.mm_uuid import stand_in, write_run_dir
 
 
@@ -186,32 +187,19 @@ def test_find_run_dir_needs_a_live_pid(tmp_path: Path) -> None:
 
 def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
     """--tui feeds the check's events into the reusable DiagPanel (Pilot)."""
-    import asyncio
-
     from opsctl.checks import mm_uuid
     from opsctl.checks.target import UrlTarget
-    from opsctl.ui.diag_app import DiagApp
-    from opsctl.ui.panels.diag import DiagPanel
 
     write_run_dir(tmp_path)
 
-    async def go(url: str):
-        app = DiagApp(
-            "diag mm-uuid",
-            lambda progress: mm_uuid.run(
-                UrlTarget(url), mm_uuid.Options("canary", run_dir=tmp_path), progress
-            ),
-        )
-        async with app.run_test(size=(180, 50)) as pilot:
-            for _ in range(300):
-                await pilot.pause(0.05)
-                if app.done.is_set():
-                    break
-            await pilot.pause(0.1)
-            return app.query_one(DiagPanel).last, app
-
     with stand_in(tmp_path, rewrite="canary-all-1") as url:
-        last, app = asyncio.run(go(url))
+        options = mm_uuid.Options("canary", run_dir=tmp_path)
+        last, app = run_diag_app(
+            "diag mm-uuid",
+            lambda progress: mm_uuid.run(UrlTarget(url), options, progress),
+            (180, 50),
+            300,
+        )
     assert app.error is None and app.report is not None and app.report.verdict == "fail"
     assert last["verdict"] == "fail" and len(last["rows"]) == 7
     bad = [row for row in last["rows"] if row[-1] == "FAIL"]

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from opsctl.cli import app
 from opsctl.collectors import shm
 from opsctl.collectors.certify import still_alive
+from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
 
@@ -102,10 +103,6 @@ def shm_root(tmp_path, monkeypatch) -> Path:
 
 def invoke(*args):
     return runner.invoke(app, ["runs", *args])
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 def write_run(home: Path, name: str, owner: tuple[int, float], pids: dict, **extra) -> Path:

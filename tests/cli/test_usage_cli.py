@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from tests.standins.diag_app import run_diag_app
 from tests.standins.scoring import stand_in
 
 
@@ -91,27 +92,16 @@ def test_tui_without_a_terminal_runs_plain() -> None:
 
 def test_live_panel_shows_the_usage_table() -> None:
     """--tui feeds the check's events into the reusable DiagPanel."""
-    import asyncio
-
     from opsctl.checks import usage
     from opsctl.checks.target import UrlTarget
-    from opsctl.ui.diag_app import DiagApp
-    from opsctl.ui.panels.diag import DiagPanel
-
-    async def go(url: str) -> tuple[dict, DiagApp]:
-        app = DiagApp(
-            "diag usage", lambda progress: usage.run(UrlTarget(url), usage.Options(), progress)
-        )
-        async with app.run_test(size=(160, 40)) as pilot:
-            for _ in range(200):
-                await pilot.pause(0.05)
-                if app.done.is_set():
-                    break
-            await pilot.pause(0.1)
-            return app.query_one(DiagPanel).last, app
 
     with stand_in(inflate=2) as url:
-        last, app = asyncio.run(go(url))
+        last, app = run_diag_app(
+            "diag usage",
+            lambda progress: usage.run(UrlTarget(url), usage.Options(), progress),
+            (160, 40),
+            200,
+        )
     assert app.error is None and app.report is not None and app.report.verdict == "fail"
     assert last["verdict"] == "fail" and len(last["rows"]) == 8
     assert all(row[5] == "FAIL" for row in last["rows"])

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bare_vllm import _engine_lock, no_inner_lock
-from tests.conftest import running_engine
+from tests.conftest import two_engines
 from tests.standins.fleet import KEY, hung_server, keyed_server
 
 pytestmark = pytest.mark.engine
@@ -43,12 +42,7 @@ def engines():
 
     kw = dict(load_format="dummy", max_model_len=256, max_num_seqs=8)
     isolated = dict(extra_args=list(ISOLATING_ARGS), env=dict(ISOLATING_ENV))
-    with (
-        _engine_lock(),
-        no_inner_lock(),
-        running_engine("tiny-llama", **kw, **isolated) as a,
-        running_engine("tiny-llama", **kw) as b,
-    ):
+    with two_engines({**kw, **isolated}, kw) as (a, b):
         yield a.url, b.url
 
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -27,6 +25,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from tests.conftest import running_engine
+from tests.standins.base import JSONHandler, serving
 
 pytestmark = pytest.mark.engine
 
@@ -45,10 +44,7 @@ def engine():
 def inflating_proxy(upstream: str) -> Iterator[str]:
     """Forward everything to ``upstream``; /score answers get usage + INFLATE."""
 
-    class Proxy(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
+    class Proxy(JSONHandler):
         def _forward(self, method: str) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
@@ -73,14 +69,8 @@ def inflating_proxy(upstream: str) -> Iterator[str]:
         def do_POST(self) -> None:
             self._forward("POST")
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(Proxy) as url:
+        yield url
 
 
 def certify(url: str, out: Path):

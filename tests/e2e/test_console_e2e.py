@@ -21,8 +21,7 @@ import pytest
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.domain.console_state import Settings
-from tests.bare_vllm import _engine_lock, bare_vllm, no_inner_lock
-from tests.conftest import OPSCTL, running_engine
+from tests.conftest import OPSCTL, two_engines
 from tests.engine_cores import ClosedLoad, Cores, wait_fresh
 from tests.unit.test_console_collect import validate
 from tests.waiting import wait_until
@@ -32,16 +31,8 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def engines():
-    from opsctl.engine.model import resolve
-
-    with (
-        _engine_lock(),
-        no_inner_lock(),
-        running_engine(
-            "tiny-llama", load_format="dummy", max_model_len=512, max_num_seqs=16
-        ) as ours,
-        bare_vllm(str(resolve("tiny-llama").path)) as bare,
-    ):
+    kw = dict(load_format="dummy", max_model_len=512, max_num_seqs=16)
+    with two_engines(kw, bare=True) as (ours, bare):
         yield ours, bare
 
 

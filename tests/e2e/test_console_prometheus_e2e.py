@@ -51,8 +51,7 @@ from opsctl.domain import alert_rules
 from opsctl.domain.console_state import Settings
 from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, PROMPT_TOKENS, RUNNING, WAITING
 from tests.alertmanager_fixture import Webhook, running_alertmanager
-from tests.bare_vllm import _engine_lock, no_inner_lock
-from tests.conftest import running_engine
+from tests.conftest import two_engines
 from tests.engine_cores import ClosedLoad, Cores, idle_thresholds, wait_fresh, wait_idle
 from tests.prometheus_fixture import raw_history, running_prometheus
 from tests.waiting import wait_until
@@ -71,12 +70,7 @@ ALERT = "VllmEngineStalled"
 @pytest.fixture(scope="module")
 def engines():
     kw = dict(load_format="dummy", max_model_len=512, max_num_seqs=MAX_SEQS)
-    with (
-        _engine_lock(),
-        no_inner_lock(),
-        running_engine("tiny-llama", **kw) as a,
-        running_engine("tiny-llama", **kw) as b,
-    ):
+    with two_engines(kw) as (a, b):
         yield a, b
 
 

@@ -14,12 +14,12 @@ import pytest
 from engine_patches.patches import batch_gate as G
 from engine_patches.registry import APPLIED, SKIPPED
 from opsctl.collectors.ledger import read_events
+from tests.standins.patch_env import clean_patch_env
 
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch, tmp_path):
-    monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
-    monkeypatch.delenv("OPSCTL_PROBES", raising=False)
+    clean_patch_env(monkeypatch, tmp_path)
     yield
     G.undo()
 

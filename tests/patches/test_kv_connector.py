@@ -13,16 +13,10 @@ import pytest
 import torch
 from vllm import SamplingParams
 from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
     KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
 from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
@@ -38,6 +32,7 @@ from engine_patches.connectors.injection import (
     prefix_key,
 )
 from opsctl.collectors.kv_fail import write_control
+from tests.standins.kv_scheduler import attention, vllm_config
 
 BS = 16
 NUM_BLOCKS = 16
@@ -58,25 +53,25 @@ def setup(tmp_path, monkeypatch):
             "inject": {"enabled": False},
         },
     )
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(model=str(resolve("tiny-hybrid").path), dtype="float32", seed=0),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=256, is_encoder_decoder=False
-        ),
-        cache_config=CacheConfig(block_size=BS),
-        kv_transfer_config=kv_transfer,
-        device_config=DeviceConfig("cpu"),
+    config = vllm_config(
+        str(resolve("tiny-hybrid").path),
+        kv_transfer,
+        block=BS,
+        max_num_seqs=4,
+        max_num_batched_tokens=1024,
+        max_model_len=256,
+        prefix_caching=None,
     )
     swa = SlidingWindowSpec(
         block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32
     )
-    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    full = attention(BS, head_size=8)
     kv_cache_config = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["l0"], swa), KVCacheGroupSpec(["l1"], full)],
     )
-    return vllm_config, kv_cache_config, tmp_path
+    return config, kv_cache_config, tmp_path
 
 
 def test_round_trip_every_group_and_injection(setup):

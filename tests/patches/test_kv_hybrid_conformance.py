@@ -16,35 +16,29 @@ on vLLM 0.32's real Scheduler with an attention group plus a Mamba state group i
 from __future__ import annotations
 
 import json
-from unittest.mock import Mock
 
 import pytest
 import torch
 from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
     MambaSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_patches.patches import kv_hybrid_recompute as patch
 from engine_patches.registry import APPLIED
+from tests.standins.kv_scheduler import (
+    HmaConnector,
+    attention,
+    example_transfer,
+    scheduler,
+    vllm_config,
+)
 
 BLOCK = 16
 PROMPT = 20 * BLOCK  # 320 tokens
@@ -52,22 +46,6 @@ EXTERNAL = 19 * BLOCK  # 304 tokens "loaded" by the connector
 BATCH = 64  # tokens per step: a replay from zero is chunked
 EOS = 2
 ATTN, STATE = 0, 1  # group order of the layout
-
-init_none_hash(sha256)
-
-
-class HmaConnector(Mock, SupportsHMA):
-    """A mocked scheduler-side connector with the hybrid-allocator identity."""
-
-    def request_finished_all_groups(self, request, block_ids):
-        return False, None
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    from opsctl.engine.model import resolve
-
-    return str(resolve("tiny-llama").path)
 
 
 @pytest.fixture(autouse=True)
@@ -80,39 +58,19 @@ def patched(tmp_path, monkeypatch):
 
 
 def make_scheduler(model_dir: str, policy: str) -> Scheduler:
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(model=model_dir, dtype="float32", seed=0),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=8,
-            max_num_batched_tokens=BATCH,
-            max_model_len=512,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ExampleConnector", kv_role="kv_both", kv_load_failure_policy=policy
-        ),
-        device_config=DeviceConfig("cpu"),
-    )
-    attention = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
+    config = vllm_config(
+        model_dir,
+        example_transfer(policy),
+        block=BLOCK,
+        max_num_seqs=8,
+        max_num_batched_tokens=BATCH,
+        max_model_len=512,
     )
     state = MambaSpec(
         block_size=BLOCK, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
     )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=400,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["attn"], attention), KVCacheGroupSpec(["ssm"], state)],
-    )
-    vllm_config.cache_config.num_gpu_blocks = 400
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-    )
+    groups = [KVCacheGroupSpec(["attn"], attention(BLOCK)), KVCacheGroupSpec(["ssm"], state)]
+    return scheduler(config, groups, 400)
 
 
 def make_request(rid: str, seed: int) -> Request:

@@ -9,57 +9,35 @@ ModelRunnerOutput carrying ``invalid_block_ids`` as a connector would.
 from __future__ import annotations
 
 import json
-from unittest.mock import Mock
 
 import pytest
 import torch
 from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_patches.patches import kv_hybrid_recompute as patch
 from engine_patches.registry import APPLIED, UPSTREAM
+from tests.standins.kv_scheduler import (
+    HmaConnector,
+    attention,
+    example_transfer,
+    scheduler,
+    vllm_config,
+)
 
 BLOCK = 16
 WINDOW = 32
 EOS = 2
 PROMPT_BLOCKS = 8  # 128-token prompts
 EXTERNAL_BLOCKS = 7  # 112 tokens "loaded" by the connector
-
-init_none_hash(sha256)
-
-
-class HmaConnector(Mock, SupportsHMA):
-    """A mocked connector that keeps its hybrid-allocator identity."""
-
-    def request_finished_all_groups(self, request, block_ids):
-        return False, None
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    from opsctl.engine.model import resolve
-
-    return str(resolve("tiny-llama").path)
 
 
 @pytest.fixture
@@ -78,25 +56,15 @@ def unpatched():
 
 
 def make_scheduler(model_dir: str, groups: int, policy: str) -> Scheduler:
-    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0)
-    scheduler_config = SchedulerConfig(
+    config = vllm_config(
+        model_dir,
+        example_transfer(policy),
+        block=BLOCK,
         max_num_seqs=16,
         max_num_batched_tokens=4096,
         max_model_len=4096,
-        is_encoder_decoder=False,
     )
-    cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    kv_transfer = KVTransferConfig(
-        kv_connector="ExampleConnector", kv_role="kv_both", kv_load_failure_policy=policy
-    )
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        kv_transfer_config=kv_transfer,
-        device_config=DeviceConfig("cpu"),
-    )
-    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    full = attention(BLOCK)
     specs = [KVCacheGroupSpec(["full"], full)]
     if groups == 2:  # the tiny-hybrid layout: group 0 sliding window, group 1 full
         window = SlidingWindowSpec(
@@ -107,17 +75,9 @@ def make_scheduler(model_dir: str, groups: int, policy: str) -> Scheduler:
             sliding_window=WINDOW,
         )
         specs = [KVCacheGroupSpec(["swa"], window), KVCacheGroupSpec(["full"], full)]
-    kv_cache_config = KVCacheConfig(num_blocks=1000, kv_cache_tensors=[], kv_cache_groups=specs)
-    vllm_config.cache_config.num_gpu_blocks = 1000
-    scheduler = Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-    )
-    assert len(scheduler.kv_cache_config.kv_cache_groups) == groups
-    return scheduler
+    s = scheduler(config, specs, 1000)
+    assert len(s.kv_cache_config.kv_cache_groups) == groups
+    return s
 
 
 def make_request(rid: str, tokens: list[int]) -> Request:

@@ -25,39 +25,22 @@ import numpy as np
 import pytest
 import torch
 from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_patches.patches import kv_recovery as patch
 from engine_patches.registry import APPLIED
+from tests.standins.kv_scheduler import attention, example_transfer, scheduler, vllm_config
 
 BLOCK = 16
 PROMPT = 6 * BLOCK  # 96 tokens
 EXTERNAL = 4 * BLOCK  # 64 loaded by the connector, synchronously
 FAILED = 1  # the second loaded block fails: the scheduler rewinds to 16 tokens
 GOOD, BAD = 7, 9  # the token sampled by step N, the one step N+1 samples over bad KV
-
-init_none_hash(sha256)
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    from opsctl.engine.model import resolve
-
-    return str(resolve("tiny-llama").path)
 
 
 @pytest.fixture
@@ -69,33 +52,17 @@ def run_dir(tmp_path, monkeypatch):
 
 
 def make_scheduler(model_dir: str, policy: str = "recompute") -> AsyncScheduler:
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(model=model_dir, dtype="float32", seed=0),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=8,
-            max_num_batched_tokens=256,
-            max_model_len=512,
-            is_encoder_decoder=False,
-            async_scheduling=True,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ExampleConnector", kv_role="kv_both", kv_load_failure_policy=policy
-        ),
-        device_config=DeviceConfig("cpu"),
+    config = vllm_config(
+        model_dir,
+        example_transfer(policy),
+        block=BLOCK,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        async_scheduling=True,
     )
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=200, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["attn"], spec)]
-    )
-    vllm_config.cache_config.num_gpu_blocks = 200
-    return AsyncScheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-    )
+    groups = [KVCacheGroupSpec(["attn"], attention(BLOCK))]
+    return scheduler(config, groups, 200, AsyncScheduler)
 
 
 def admit(s: AsyncScheduler) -> Request:

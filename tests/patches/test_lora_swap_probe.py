@@ -15,13 +15,12 @@ from engine_patches import knobs
 from engine_patches.patches import lora_swap_probe as P
 from engine_patches.registry import APPLIED, SKIPPED
 from opsctl.collectors.ledger import read_events
+from tests.standins.patch_env import clean_patch_env
 
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch, tmp_path):
-    monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
-    for name in ("OPSCTL_PROBES", knobs.ENABLE, knobs.LORA_SWAP):
-        monkeypatch.delenv(name, raising=False)
+    clean_patch_env(monkeypatch, tmp_path, knobs.ENABLE, knobs.LORA_SWAP)
     yield
     P.undo()
 

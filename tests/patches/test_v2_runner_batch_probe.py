@@ -25,6 +25,7 @@ from engine_patches import knobs
 from engine_patches.patches import batch_probe as bp
 from engine_patches.registry import APPLIED, SKIPPED
 from opsctl.collectors.ledger import read_events
+from tests.standins.patch_env import clean_patch_env
 
 
 class StandInV2Runner:
@@ -86,9 +87,7 @@ def hidden(n: int) -> torch.Tensor:
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, tmp_path):
-    monkeypatch.setenv("OPSCTL_RUN_DIR", str(tmp_path))
-    for name in ("OPSCTL_PROBES", knobs.ENABLE, knobs.NUDGE):
-        monkeypatch.delenv(name, raising=False)
+    clean_patch_env(monkeypatch, tmp_path, knobs.ENABLE, knobs.NUDGE)
     yield
     bp.undo()
 

@@ -1,4 +1,6 @@
-"""A stand-in vLLM 0.32 server with the admin routes, for the console's actions and
+"""A stand-in vLLM 0.32 server with the admin routes, for console actions and runs bundle.
+
+A stand-in vLLM 0.32 server with the admin routes, for the console's actions and
 ``runs bundle``: /health, /version, /v1/models, /metrics (the recorded real body) and,
 only in dev mode (like VLLM_SERVER_DEV_MODE=1), /server_info, /reset_prefix_cache,
 /sleep, /wake_up, /is_sleeping, /pause, /resume, /is_paused; anything else is vLLM's
@@ -28,9 +30,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
+from tests.standins.vllm_server import METRICS  # the one recorded tiny-llama /metrics body
 
-METRICS = (Path(__file__).parents[1] / "data" / "vllm_metrics_tiny_llama.txt").read_text()
 DEV_GET = {"/server_info", "/is_sleeping", "/is_paused"}
 DEV_POST = {"/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume"}
 
@@ -38,48 +40,42 @@ DEV_POST = {"/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume"}
 def handler(dev: bool, model: str = "tiny-llama", root: str | None = None) -> type:
     """A fresh handler class (its own state) for one stand-in server."""
 
-    class Admin(JSONHandler):
+    class Admin(StandInVllm):
         DEV = dev
+        VERSION = "0.32.0"
         calls: list[tuple[str, str]] = []
         state = {"sleeping": False, "paused": False, "level": 0}
 
-        def _text(self, code: int, body: str) -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def refused(self) -> bool:
+            self.calls.append((self.command, self.path))
+            return False
 
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            self.calls.append(("GET", self.path))
+        def models(self) -> list[dict]:
+            return [{"id": model, "object": "model", "root": root or model, "max_model_len": 256}]
+
+        def metrics_text(self) -> str:
+            return METRICS
+
+        def _send_text(self, code: int, body: str, ctype: str = "") -> None:
+            super()._send_text(code, body, "text/plain; version=0.0.4")
+
+        def get(self, path: str) -> bool:
             st = self.state
-            if path == "/health":
-                self._send(200, {})
-            elif path == "/version":
-                self._send(200, {"version": "0.32.0"})
-            elif path == "/v1/models":
-                m = {"id": model, "object": "model", "root": root or model, "max_model_len": 256}
-                self._send(200, {"object": "list", "data": [m]})
-            elif path == "/metrics":
-                self._text(200, METRICS)
-            elif self.DEV and path == "/server_info":
+            if self.DEV and path == "/server_info":
                 self._send(200, {"vllm_config": {"model": model}, "standin": True})
             elif self.DEV and path == "/is_sleeping":
                 self._send(200, {"is_sleeping": st["sleeping"]})
             elif self.DEV and path == "/is_paused":
                 self._send(200, {"is_paused": st["paused"]})
             else:
-                self._send(404, {"detail": "Not Found"})
+                return False
+            return True
 
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            self.calls.append(("POST", self.path))
+        def post(self, path: str, body: dict) -> bool:
             st = self.state
             if not (self.DEV and path in DEV_POST):
-                self._send(404, {"detail": "Not Found"})
-            elif path == "/reset_prefix_cache":
+                return False
+            if path == "/reset_prefix_cache":
                 self._send(200, {"success": True})
             elif path == "/sleep":
                 st["sleeping"] = True
@@ -93,6 +89,7 @@ def handler(dev: bool, model: str = "tiny-llama", root: str | None = None) -> ty
             else:  # /resume
                 st["paused"] = False
                 self._send(200, {"status": "resumed"})
+            return True
 
     return Admin
 
@@ -106,6 +103,7 @@ def admin_server(dev: bool, model: str = "tiny-llama") -> Iterator[tuple[str, ty
 
 
 def main() -> None:
+    """Serve one admin stand-in: ``--dev``, ``--model NAME``, ``--port N``."""
     dev = "--dev" in sys.argv
     model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "tiny-llama"
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
@@ -138,9 +136,11 @@ class StandInEngine:
 
     @property
     def url(self) -> str:
+        """The stand-in's base URL on 127.0.0.1."""
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> StandInEngine:
+        """Launch the stand-in as a child process with a run directory, like EngineServer."""
         from opsctl.engine.server import new_run_dir
 
         self.run_dir = new_run_dir(self.opts.label, self.opts.model.name, self.port)
@@ -160,6 +160,7 @@ class StandInEngine:
         return self
 
     def wait_healthy(self, timeout: float) -> float:
+        """Wait for /health 200 within ``timeout`` seconds; the seconds it took."""
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc is not None and self.proc.poll() is None, "stand-in engine died"
@@ -170,6 +171,7 @@ class StandInEngine:
             time.sleep(0.05)
 
     def stop(self):
+        """SIGTERM the child once and stamp ``stopped_at`` in its meta; the StopReport of it."""
         from opsctl.engine.server import StopReport
 
         if self.stop_report is None:

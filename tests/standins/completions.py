@@ -1,4 +1,6 @@
-"""A stand-in vLLM server for `diag invariance`: /v1/completions with deterministic
+"""A stand-in generative vLLM server (completions, chat, /tokenize) for invariance and certify.
+
+A stand-in vLLM server for `diag invariance`: /v1/completions with deterministic
 tokens and logprobs (greedy: the sampled token is the top-1 at every position), and
 /metrics counters that move like vLLM's (one engine step per output position of a
 request; the prompts of one multi-prompt request share their steps). Options
@@ -36,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 MODEL = "stand-in-llama"
 IMAGE_TOKENS = 7  # what one image adds to usage.prompt_tokens (tiny-vlm-multi's count)
@@ -52,6 +54,8 @@ ENGINE_INFO = {
 
 @dataclass
 class Behaviour:
+    """How the generative stand-in answers, and what it counted."""
+
     diverge: tuple[str, int, float] | None = None
     run_dir: Path | None = None
     max_logprobs: int = 20
@@ -144,6 +148,7 @@ def _chat_parts(body: dict) -> tuple[str, list[dict]]:
 
 
 def chat_choice(key: str, max_tokens: int, k: int, shift: dict) -> dict:
+    """One chat choice of ``max_tokens`` deterministic tokens with their logprobs."""
     content = []
     for pos in range(max_tokens):
         tok, lp = _token(key, pos), _logprob(key, pos) + shift.get(pos, 0.0)
@@ -196,47 +201,42 @@ def chat(b: Behaviour, body: dict) -> tuple[int, dict]:
 
 
 def tokenize(body: dict) -> dict:
+    """The /tokenize answer: words plus IMAGE_TOKENS per image of a chat body."""
     text, images = _chat_parts(body)
     return {"count": len(text.split()) + IMAGE_TOKENS * len(images)}
 
 
-def metrics(b: Behaviour) -> bytes:
+def metrics(b: Behaviour) -> str:
+    """The /metrics body: the step and token counters the requests moved."""
     return (
         "vllm:num_requests_running 0\n"
         f"vllm:generation_tokens_total {float(b.tokens)}\n"
         f"vllm:iteration_tokens_total_count {float(b.steps)}\n"
-    ).encode()
+    )
 
 
-def handler_for(b: Behaviour) -> type[JSONHandler]:
-    class Handler(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/version":
-                self._send(200, {"version": VERSION})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": b.model}]})
-            elif self.path == "/metrics":
-                data = metrics(b)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            else:
-                self._send(404, {"detail": "Not Found"})
+def handler_for(b: Behaviour) -> type[StandInVllm]:
+    """A handler class serving the completions, chat and /tokenize of ``b``."""
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            if self.path == "/v1/chat/completions":
+    class Handler(StandInVllm):
+        VERSION = VERSION
+
+        def models(self) -> list[dict]:
+            return [{"id": b.model}]
+
+        def metrics_text(self) -> str:
+            return metrics(b)
+
+        def post(self, path: str, body: dict) -> bool:
+            if path == "/v1/chat/completions":
                 self._send(*chat(b, body))
-            elif self.path == "/tokenize":
+            elif path == "/tokenize":
                 self._send(200, tokenize(body))
-            elif self.path != "/v1/completions":
-                self._send(404, {"detail": "Not Found"})
-            else:
+            elif path == "/v1/completions":
                 self._send(*completion(b, body))
+            else:
+                return False
+            return True
 
     return Handler
 
@@ -250,7 +250,9 @@ def write_run_dir(
     knobs: dict | None = None,
     patches: list[dict] | None = None,
 ) -> Path:
-    """A run directory as opsctl's engine leaves it (before any request); ``patches``:
+    """Write the stand-in's run directory (engine info, init event, ledger); returns it.
+
+    A run directory as opsctl's engine leaves it (before any request); ``patches``:
     the ledger's patch entries (e.g. the mm_uuid probe applied)."""
     (run_dir / "events").mkdir(parents=True, exist_ok=True)
     (run_dir / "ledger").mkdir(exist_ok=True)
@@ -277,6 +279,7 @@ def register_run(run_dir: Path, url: str) -> None:
 
 @contextlib.contextmanager
 def completions_server(behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
+    """Serve the generative stand-in; yields (its URL, its Behaviour)."""
     b = behaviour or Behaviour()
     with serving(handler_for(b)) as url:
         yield url, b

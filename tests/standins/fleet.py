@@ -1,4 +1,6 @@
-"""Stand-ins for certify over a fleet (tests/cli/test_certify_fleet_cli.py, the e2e and
+"""Stand-ins for certify over a fleet: a server that never answers, one behind an API key.
+
+Stand-ins for certify over a fleet (tests/cli/test_certify_fleet_cli.py, the e2e and
 benchmarks/certify_fleet.py):
 
 - :func:`hung_server`: accepts every connection and never answers (a wedged server: the
@@ -54,22 +56,10 @@ def hung_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def keyed_server(key: str = KEY) -> Iterator[str]:
-    base = handler_for(Behaviour())
+    """The generative stand-in started with ``--api-key key``."""
 
-    class Keyed(base):  # type: ignore[valid-type, misc]
-        def _refused(self) -> bool:
-            if self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
-                self._send(401, {"error": "Unauthorized"})
-                return True
-            return False
-
-        def do_GET(self) -> None:
-            if not self._refused():
-                super().do_GET()
-
-        def do_POST(self) -> None:
-            if not self._refused():
-                super().do_POST()
+    class Keyed(handler_for(Behaviour())):  # type: ignore[misc]
+        API_KEY = key
 
     with serving(Keyed) as url:
         yield url
@@ -77,21 +67,14 @@ def keyed_server(key: str = KEY) -> Iterator[str]:
 
 @contextlib.contextmanager
 def slow_server(delay: float) -> Iterator[str]:
-    """The generative stand-in answering every request ``delay`` seconds late: each
-    answer comes within an HTTP timeout above ``delay``, the certification as a whole
-    takes longer (first contact alone is two answers)."""
-    import time
+    """The generative stand-in answering every request ``delay`` seconds late.
 
-    base = handler_for(Behaviour())
+    Each answer comes within an HTTP timeout above ``delay``; the certification as a
+    whole takes longer (first contact alone is two answers).
+    """
 
-    class Slow(base):  # type: ignore[valid-type, misc]
-        def do_GET(self) -> None:
-            time.sleep(delay)
-            super().do_GET()
-
-        def do_POST(self) -> None:
-            time.sleep(delay)
-            super().do_POST()
+    class Slow(handler_for(Behaviour())):  # type: ignore[misc]
+        DELAY = delay
 
     with serving(Slow) as url:
         yield url

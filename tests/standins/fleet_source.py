@@ -1,27 +1,27 @@
-"""A stand-in FleetSource base: fixed views, nothing to start, poll, pause or wait for.
-
-Subclasses give ``collect()`` and ``series()``; the console app (tests/ui, the GPU
-console tests) reads them like a live source.
-"""
+"""A fixed FleetSource for the console UI's tests: nothing to start, poll or wait for."""
 
 from __future__ import annotations
 
 
 class FixedSource:
-    """The no-op half of a FleetSource: start, close, refresh and pause do nothing."""
+    """The FleetSource lifecycle of a source whose views never change.
+
+    A subclass gives ``collect`` and ``series``; starting, closing, refreshing and
+    pausing do nothing, and it is always settled.
+    """
 
     def start(self) -> None:
-        """Nothing to start."""
+        """Nothing runs in the background."""
 
     def close(self) -> None:
         """Nothing to stop."""
 
     def refresh(self) -> None:
-        """Nothing to poll."""
+        """The views are fixed: nothing to scrape again."""
 
     def set_paused(self, paused: bool) -> None:
-        """Nothing to pause."""
+        """Nothing polls, so nothing pauses."""
 
     def wait_settled(self, timeout: float) -> bool:
-        """Fixed views are settled at once."""
+        """Always settled: True at once."""
         return True

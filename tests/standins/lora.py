@@ -1,4 +1,6 @@
-"""A stand-in vLLM server with LoRA adapters, for `diag lora` against a URL without an
+"""A stand-in vLLM server with LoRA adapters, for diag lora against a URL.
+
+A stand-in vLLM server with LoRA adapters, for `diag lora` against a URL without an
 engine: /v1/models lists the base model and its adapters (``parent`` set), completions
 give deterministic tokens and logprobs per (model, prompt) (greedy: the sampled token is
 the top-1), and vLLM's dynamic LoRA endpoints answer 404 unless runtime loading is
@@ -12,13 +14,12 @@ allowed (as with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Options (:class:`Behaviour`)
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 BASE = "stand-in-base"
 VERSION = "0.0-standin"
@@ -26,6 +27,8 @@ VERSION = "0.0-standin"
 
 @dataclass
 class Behaviour:
+    """The LoRA stand-in's adapters and options, and the loads it recorded."""
+
     adapters: dict[str, str] = field(default_factory=dict)
     allow_load: bool = False
     inert: set[str] = field(default_factory=set)
@@ -36,6 +39,7 @@ class Behaviour:
 
 
 def completion(model: str, prompt: str, max_tokens: int, k: int) -> dict:
+    """A deterministic completion with logprobs for (model, prompt)."""
     seed = zlib.crc32(f"{model}|{prompt}".encode())
     tokens, lps, tops = [], [], []
     for pos in range(max_tokens):
@@ -48,36 +52,29 @@ def completion(model: str, prompt: str, max_tokens: int, k: int) -> dict:
     return {"choices": [{"index": 0, "text": "", "logprobs": logprobs, "finish_reason": "length"}]}
 
 
-def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
-    class Handler(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/version":
-                self._send(200, {"version": VERSION})
-            elif self.path == "/v1/models":
-                with behaviour.lock:
-                    rows = [
-                        {"id": n, "root": r, "parent": BASE} for n, r in behaviour.adapters.items()
-                    ]
-                self._send(200, {"data": [{"id": BASE, "root": None, "parent": None}, *rows]})
-            else:
-                self._send(404, {"detail": "Not Found"})
+def handler_for(behaviour: Behaviour) -> type[StandInVllm]:
+    """A handler class serving the base model, its adapters and the LoRA endpoints."""
 
-        def _body(self) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            return json.loads(self.rfile.read(n) or b"{}")
+    class Handler(StandInVllm):
+        VERSION = VERSION
 
-        def do_POST(self) -> None:
-            body = self._body()
-            if self.path == "/v1/completions":
+        def models(self) -> list[dict]:
+            with behaviour.lock:
+                rows = [{"id": n, "root": r, "parent": BASE} for n, r in behaviour.adapters.items()]
+            return [{"id": BASE, "root": None, "parent": None}, *rows]
+
+        def metrics_text(self) -> None:
+            return None
+
+        def post(self, path: str, body: dict) -> bool:
+            if path == "/v1/completions":
                 self._complete(body)
-            elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and (
+            elif path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and (
                 behaviour.allow_load
             ):
                 with behaviour.lock:
                     name = body["lora_name"]
-                    if self.path.endswith("/load_lora_adapter"):
+                    if path.endswith("/load_lora_adapter"):
                         behaviour.adapters[name] = body["lora_path"]
                         behaviour.loaded.append((name, body["lora_path"]))
                     else:
@@ -85,7 +82,8 @@ def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
                         behaviour.unloaded.append(name)
                 self._send(200, {})
             else:
-                self._send(404, {"detail": "Not Found"})
+                return False
+            return True
 
         def _complete(self, body: dict) -> None:
             model = body.get("model")
@@ -111,5 +109,6 @@ def handler_for(behaviour: Behaviour) -> type[JSONHandler]:
 
 @contextlib.contextmanager
 def lora_server(behaviour: Behaviour) -> Iterator[str]:
+    """Serve the LoRA stand-in of ``behaviour``; yields its URL."""
     with serving(handler_for(behaviour)) as url:
         yield url

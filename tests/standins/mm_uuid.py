@@ -1,4 +1,6 @@
-"""A stand-in for diag mm-uuid's tests: a server that plays a vision-language engine
+"""A stand-in vision-language server and its mm_uuid probe, for diag mm-uuid's tests.
+
+A stand-in for diag mm-uuid's tests: a server that plays a vision-language engine
 and its engine-core ``mm_uuid`` probe (it answers chat requests and appends the probe's
 records to a run directory), honest or with one of several faults."""
 
@@ -11,10 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 
 def write_run_dir(run_dir: Path, probe_status: str = "applied", caches_off: bool = True) -> None:
+    """Write a run directory whose ledger holds the mm_uuid probe's outcome."""
     (run_dir / "ledger").mkdir(parents=True, exist_ok=True)
     (run_dir / "events").mkdir(exist_ok=True)
     record = {
@@ -53,7 +56,9 @@ def stand_in(
     sleep: float = 0.0,
     model_id: str = "fake-vlm",
 ) -> Iterator[str]:
-    """Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
+    """Serve a vision-language stand-in that records mm_uuid probe events; yields its URL.
+
+    Plays the engine and its probe. Faults: ``rewrite`` one UUID; request-local ids
     with a wrong index (``index_offset``); the record of the request carrying UUID
     ``lose`` filed under another request id; an ``extra_item`` in every record; the
     recorded items in reverse order (``swap``: a UUID moved to another item); ``sleep``
@@ -61,17 +66,16 @@ def stand_in(
     so one image per request)."""
     counter = {"n": 0}
 
-    class H(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": model_id}]})
-            else:
-                self._send(404, {})
+    class H(StandInVllm):
+        VERSION = None
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        def models(self) -> list[dict]:
+            return [{"id": model_id}]
+
+        def metrics_text(self) -> None:
+            return None
+
+        def post(self, path: str, body: dict) -> bool:
             time.sleep(sleep)
             parts = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
             counter["n"] += 1
@@ -99,6 +103,7 @@ def stand_in(
             self._send(
                 200, {"id": rid, "choices": [{"message": {"content": items[0]["identifier"][:3]}}]}
             )
+            return True
 
     with serving(H) as url:
         yield url

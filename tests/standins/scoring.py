@@ -1,17 +1,18 @@
-"""A stand-in scoring server for diag usage's tests: a cross-encoder whose "tokenizer"
+"""A stand-in cross-encoder scoring server for diag usage's tests.
+
+A stand-in scoring server for diag usage's tests: a cross-encoder whose "tokenizer"
 splits on whitespace and adds the special tokens of a tokenizer family, and whose
 /score and /rerank report usage = the true pair count + ``inflate`` (so the check can be
 proved to fail)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.standins.base import JSONHandler, serving
+from tests.standins.base import StandInVllm, serving
 
 # special tokens around one text, and the true pair template, per tokenizer family
 STYLES = {
@@ -22,12 +23,14 @@ STYLES = {
 
 
 def toks(text: str, special: bool, style: str = "bert") -> list[str]:
+    """The stand-in tokenizer: the words of ``text``, with the special tokens if asked."""
     words = text.split()
     prefix, suffix, _ = STYLES[style]
     return [*prefix, *words, *suffix] if special else words
 
 
 def pair_toks(q: str, d: str, style: str = "bert") -> list[str]:
+    """The tokens of one (query, document) pair in the family's pair template."""
     prefix, suffix, sep = STYLES[style]
     return [*prefix, *q.split(), *sep, *d.split(), *suffix]
 
@@ -42,33 +45,34 @@ def stand_in(
     generative: bool = False,
     gate: threading.Event | None = None,
 ) -> Iterator[str]:
-    """A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
+    """Serve a fake cross-encoder; yields its URL.
+
+    A fake cross-encoder server: whitespace 'tokenizer' of the given family; usage =
     true pair count + inflate; ``sleep`` delays /score and /rerank answers, ``gate``
     holds them until it is set (at most a minute)."""
 
-    class H(JSONHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {})
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "fake-reranker", "root": root}]})
-            else:
-                self._send(404, {"detail": "Not Found"})
+    class H(StandInVllm):
+        def models(self) -> list[dict]:
+            return [{"id": "fake-reranker", "root": root}]
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-            if self.path == "/tokenize":
+        def metrics_text(self) -> None:
+            return None
+
+        VERSION = None
+
+        def post(self, path: str, body: dict) -> bool:
+            if path == "/tokenize":
                 t = toks(body["prompt"], body.get("add_special_tokens", True), style)
                 self._send(200, {"count": len(t), "tokens": list(range(len(t))), "token_strs": t})
-            elif self.path == "/classify" and not generative:
+            elif path == "/classify" and not generative:
                 self._send(200, {"data": []})
-            elif self.path in ("/score", "/rerank") and not generative:
+            elif path in ("/score", "/rerank") and not generative:
                 time.sleep(sleep)
                 if gate is not None:
                     gate.wait(60)
                 if score_status != 200:
                     self._send(score_status, {"detail": "Not Found"})
-                    return
+                    return True
                 q = body.get("text_1", body.get("query"))
                 d = body.get("text_2", body.get("documents"))
                 qs = q if isinstance(q, list) else [q]
@@ -77,7 +81,7 @@ def stand_in(
                     qs = qs * len(ds)
                 n = sum(len(pair_toks(a, b, style)) for a, b in zip(qs, ds, strict=True)) + inflate
                 usage = {"prompt_tokens": n, "total_tokens": n}
-                if self.path == "/score":
+                if path == "/score":
                     self._send(
                         200,
                         {
@@ -95,7 +99,8 @@ def stand_in(
                         },
                     )
             else:
-                self._send(404, {"detail": "Not Found"})
+                return False
+            return True
 
     with serving(H) as url:
         yield url

@@ -1,4 +1,6 @@
-"""The /dev/shm segments one process tree held, seen while it ran: what a test may judge
+"""The /dev/shm segments one process tree held, seen while it ran.
+
+The /dev/shm segments one process tree held, seen while it ran: what a test may judge
 after stopping its own engine, instead of diffing the machine's /dev/shm (another vLLM on
 the machine may create or leave segments meanwhile; a fresh clone once failed on a
 semaphore another suite's engine had left, ``sem.mp-_f2p3i2a``). The same attribution
@@ -17,7 +19,9 @@ from opsctl.collectors import shm
 
 
 class TreeShm:
-    """Scans the tree under ``root_pid`` every ``every_s`` seconds while in its ``with``
+    """The /dev/shm segments a process tree held while a ``with`` block ran.
+
+    Scans the tree under ``root_pid`` every ``every_s`` seconds while in its ``with``
     block (and once more at its end); ``seen`` is every segment path it held, ``left()``
     those of them still linked in /dev/shm."""
 
@@ -29,6 +33,7 @@ class TreeShm:
         self._thread = threading.Thread(target=self._loop, name="tree-shm", daemon=True)
 
     def pids(self) -> list[int]:
+        """The root's pid and its descendants' (empty once the root is gone)."""
         try:
             root = psutil.Process(self.root)
             return [root.pid, *(c.pid for c in root.children(recursive=True))]
@@ -36,6 +41,7 @@ class TreeShm:
             return []
 
     def scan(self) -> None:
+        """Add the segments the tree maps or holds open now to ``seen``."""
         pids = self.pids()
         if pids:
             self.seen |= shm.scan_holders(pids).held_paths()
@@ -54,6 +60,7 @@ class TreeShm:
         self._thread.join(10)
 
     def names(self) -> set[str]:
+        """The base names of every segment the tree held."""
         return {os.path.basename(p) for p in self.seen}
 
     def left(self) -> set[str]:

@@ -1,4 +1,6 @@
-"""Stand-in vLLM endpoints for the console's tests and benchmark: one asyncio thread
+"""Stand-in vLLM endpoints in modes, many ports on one asyncio thread (console, benchmark).
+
+Stand-in vLLM endpoints for the console's tests and benchmark: one asyncio thread
 serves many ports, each in a mode, with a recorded real vLLM 0.32 /metrics body
 (tests/data/vllm_metrics_tiny_llama.txt) whose key samples follow the mode.
 
@@ -40,6 +42,8 @@ def render_metrics(base: str, values: dict[str, float]) -> str:
 
 @dataclass
 class Endpoint:
+    """One stand-in endpoint: its mode, port and moving counters."""
+
     mode: str
     port: int = 0
     gen: float = 737.0  # generation tokens counter (the recorded value)
@@ -50,9 +54,11 @@ class Endpoint:
 
     @property
     def url(self) -> str:
+        """The endpoint's base URL on 127.0.0.1."""
         return f"http://127.0.0.1:{self.port}"
 
     def metrics(self) -> str:
+        """The recorded /metrics body with this mode's running count and counters."""
         running = {"busy": 4.0, "stalled": 16.0}.get(self.mode, 0.0)
         if self.mode == "busy" and not self.frozen:  # 200 tokens/s in 4 steps/s
             dt = time.monotonic() - self.epoch
@@ -82,6 +88,7 @@ def _response(code: int, body: str, ctype: str = "text/plain") -> bytes:
 
 
 def answer(ep: Endpoint, path: str, auth: str = "") -> bytes:
+    """The raw HTTP response of endpoint ``ep`` to a GET of ``path``."""
     ep.hits += 1
     if ep.mode == "keyed" and path.startswith("/v1/") and auth != f"Bearer {KEY}":
         return _response(401, '{"error":"Unauthorized"}', "application/json")
@@ -167,6 +174,7 @@ class StandInFleet:
             writer.close()
 
     def set_mode(self, i: int, mode: str) -> None:
+        """Switch endpoint ``i`` to ``mode`` while it serves."""
         self.endpoints[i].mode = mode
 
     def reset_counters(self, i: int) -> None:
@@ -176,6 +184,7 @@ class StandInFleet:
 
     @property
     def urls(self) -> list[str]:
+        """Every endpoint's base URL, in the order of the modes given."""
         return [ep.url for ep in self.endpoints]
 
 

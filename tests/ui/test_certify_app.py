@@ -4,9 +4,6 @@ selecting a row shows that check's panel, ``f`` follows the running check again.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from textual.widgets import ContentSwitcher, DataTable
 
@@ -15,16 +12,6 @@ from opsctl.checks.target import UrlTarget
 from opsctl.ui.certify_app import CertifyApp
 from opsctl.ui.panels.diag import DiagPanel
 from tests.standins.completions import Behaviour, completions_server
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    real = Path(os.environ["OPSCTL_HOME"])
-    h = tmp_path / "home"
-    (h / "runs").mkdir(parents=True)
-    (h / "models").symlink_to(real / "models", target_is_directory=True)
-    monkeypatch.setenv("OPSCTL_HOME", str(h))
-    return h
 
 
 @pytest.mark.anyio

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from pathlib import Path
 
 import jsonschema
@@ -36,17 +35,6 @@ ZEBRA, POS = 1, 2  # index of the prompt with the marker; the position the stand
 
 def options(**kw) -> check.Options:
     return check.Options(**{"prompts": PROMPTS, "max_tokens": 4, "logprobs": 2, **kw})
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """An OPSCTL_HOME of this test (its own runs/) that still has the built models."""
-    real = Path(os.environ["OPSCTL_HOME"])
-    h = tmp_path / "home"
-    (h / "runs").mkdir(parents=True)
-    (h / "models").symlink_to(real / "models", target_is_directory=True)
-    monkeypatch.setenv("OPSCTL_HOME", str(h))
-    return h
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ tests/e2e/test_invariance_images_e2e.py."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -41,16 +40,6 @@ MM_PROBE = [{"name": "mm_uuid_probe", "status": "applied", "detail": ""}]
 
 def options(**kw) -> check.Options:
     return check.Options(**{"prompts": PROMPTS, "max_tokens": 4, "logprobs": 2, **kw})
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    real = Path(os.environ["OPSCTL_HOME"])
-    h = tmp_path / "home"
-    (h / "runs").mkdir(parents=True)
-    (h / "models").symlink_to(real / "models", target_is_directory=True)
-    monkeypatch.setenv("OPSCTL_HOME", str(h))
-    return h
 
 
 def vlm_run_dir(home: Path, info: dict | None = None) -> Path:

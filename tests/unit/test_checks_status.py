@@ -17,7 +17,7 @@ from opsctl.checks import status
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.errors import BadInput
-from tests.standins.base import GuardedHandler, serving
+from tests.standins.base import GuardedHandler, StandInVllm, serving
 from tests.standins.vllm_server import INFO, StandInFleet
 
 
@@ -122,20 +122,13 @@ def test_timeout_is_a_validated_duration(value):
 
 def test_a_server_that_answers_health_then_goes_quiet_is_a_timeout_exit_4():
     import threading
-    from http.server import BaseHTTPRequestHandler
 
     release = threading.Event()
 
-    class Slow(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                release.wait(30)  # no answer until the test is done
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    class Slow(StandInVllm):
+        def metrics_text(self) -> str | None:
+            release.wait(30)  # no answer until the test is done
+            return super().metrics_text()
 
     try:
         with serving(Slow) as url:

@@ -10,6 +10,7 @@ from opsctl.collectors.completions import parse_response, token_key
 from opsctl.domain import invariance as inv
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain.invariance import Generated
+from tests.standins.completions import ENGINE_INFO
 
 
 def gen(tokens=(5, 6, 7), lps=(-1.0, -2.0, -0.5), tops=None, **kw) -> Generated:
@@ -110,15 +111,6 @@ def test_summary_verdicts():
     assert s.largest_diff == pytest.approx(0.1) and s.comparison == "atol=1e-06"
     assert inv.summarize([], None).verdict == "fail"
     assert inv.summarize([ok], None, ["BS=8 did not form a batch"]).verdict == "fail"
-
-
-ENGINE_INFO = {
-    "enable_prefix_caching": False,
-    "mm_processor_cache_gb": None,
-    "enforce_eager": True,
-    "compilation_mode": "0",
-    "platform": "cpu",
-}
 
 
 def test_engine_settings_verified_from_the_engine_records():

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.embedded import catalog
+from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
 NAME = "tiny-fake"
@@ -31,10 +32,6 @@ def fake_model(monkeypatch):
 
 def build(out: Path, *args: str):
     return runner.invoke(app, ["models", "build", NAME, "--out", str(out), "--json", *args])
-
-
-def error_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("opsctl: error:")]
 
 
 def foreign_dir(out: Path) -> Path:

@@ -13,7 +13,7 @@ from opsctl.checks.target import UrlTarget
 from opsctl.collectors.canary import send
 from opsctl.domain import console as c
 from opsctl.domain.console_state import decide, judge_canary
-from tests.standins.base import GuardedHandler, serving
+from tests.standins.base import StandInVllm, serving
 from tests.unit.test_console_domain import body, scrape
 
 
@@ -36,18 +36,16 @@ def test_the_canary_turns_ready_or_busy_into_stalled_only_when_it_hung():
     assert judge_canary(c.DEAD, "gone", False, "x") == (c.DEAD, "gone")
 
 
-class Hanging(GuardedHandler):
+class Hanging(StandInVllm):
     """Answers everything at once but /v1/completions, which it holds until released."""
 
-    API_KEY = ""
     release = threading.Event()
 
-    def _guarded(self) -> bool:
-        return False
-
-    def do_POST(self) -> None:
+    def post(self, path: str, body: dict) -> bool:
+        """Hold every POST until the test releases it, then answer one token."""
         self.release.wait(30)
         self._send(200, {"choices": [{"text": "k"}]})
+        return True
 
 
 def test_status_of_a_server_whose_completions_hang_is_stalled():
@@ -78,19 +76,13 @@ class BusyMoving(Hanging):
 
     tokens = 0
 
-    def do_GET(self) -> None:
-        if self.path != "/metrics":
-            return super().do_GET()
+    def metrics_text(self) -> str:
+        """Four requests running, the generation counter 7 tokens further at each scrape."""
         type(self).tokens += 7
-        data = (
+        return (
             "vllm:num_requests_running 4\nvllm:num_requests_waiting 0\n"
             f"vllm:generation_tokens_total {self.tokens}\n"
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        )
 
 
 def test_a_busy_server_whose_generation_moves_gets_no_canary():

@@ -12,7 +12,6 @@ import json
 import socket
 import struct
 import threading
-from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -21,11 +20,11 @@ from opsctl.console.tee import TeeProxy, parse_tee
 from opsctl.domain import requests as rq
 from opsctl.engine.server import free_port
 from opsctl.errors import BadInput
-from tests.standins.base import serving
+from tests.standins.base import StandInVllm, serving
 from tests.waiting import wait_until
 
 
-class Upstream(BaseHTTPRequestHandler):
+class Upstream(StandInVllm):
     """/v1/completions: JSON with usage, or (stream) a first chunk, then the rest once
     ``release`` is set; a write that fails is recorded in ``gone``."""
 
@@ -34,32 +33,25 @@ class Upstream(BaseHTTPRequestHandler):
     gone = threading.Event()
     seen: list[str] = []
 
-    def log_message(self, *a) -> None:
-        pass
-
-    def do_GET(self) -> None:
+    def refused(self) -> bool:
+        """Record every request's path; refuse none."""
         self.seen.append(self.path)
-        body = b'{"data": [{"id": "base", "parent": null}, {"id": "ad", "parent": "base"}]}'
-        if self.path != "/v1/models":
-            body = b"ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        return False
 
-    def do_POST(self) -> None:
-        self.seen.append(self.path)
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if not req.get("stream"):
-            body = json.dumps(
-                {"choices": [{"text": "hi"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+    def models(self) -> list[dict]:
+        """A base model and one LoRA adapter on it."""
+        return [{"id": "base", "parent": None}, {"id": "ad", "parent": "base"}]
+
+    def metrics_text(self) -> str:
+        """A body the test recognises."""
+        return "ok"
+
+    def post(self, path: str, body: dict) -> bool:
+        """Answer a completion at once, or stream it in two parts around ``release``."""
+        if not body.get("stream"):
+            usage = {"prompt_tokens": 3, "completion_tokens": 2}
+            self._send(200, {"choices": [{"text": "hi"}], "usage": usage})
+            return True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -76,6 +68,7 @@ class Upstream(BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             self.gone.set()
+        return True
 
 
 @pytest.fixture
