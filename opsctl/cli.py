@@ -104,6 +104,7 @@ class OpsctlGroup(TyperGroup):
     """Maps typed errors to exit codes in one place (also under Typer's CliRunner)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        """Run the command line; return or exit with its exit code, never a traceback."""
         try:
             rv = super().main(
                 args=args,
@@ -123,17 +124,21 @@ class OpsctlGroup(TyperGroup):
         sys.exit(code)
 
     def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
-        """Parse the root's arguments, keeping the command line's words in ``ctx.meta``
-        (the error document names the command that failed)."""
+        """Parse the root's arguments, keeping the command line's words.
+
+        They go in ``ctx.meta``: the error document names the command that failed.
+        """
         argv = list(args)
         ctx = super().make_context(info_name, args, parent=parent, **extra)
         ctx.meta[ARGV_KEY] = argv
         return ctx
 
     def invoke(self, ctx):  # type: ignore[override]
-        """Run the command; map its typed errors to exit codes and stop every engine it
-        started (by any thread) when it ends; engines the caller had before, e.g. a
-        test's shared engine, are not the command's."""
+        """Run the command; map its typed errors to exit codes.
+
+        Every engine it started (by any thread) stops when it ends; engines the caller
+        had before, e.g. a test's shared engine, are not the command's.
+        """
         from opsctl import output
 
         argv = list(ctx.meta.get(ARGV_KEY, ctx.args))
@@ -202,6 +207,7 @@ def _root(
 
 
 def build_app() -> typer.Typer:
+    """The opsctl command tree: every command group registered on the root app."""
     from opsctl.commands import (
         certify,
         console,

@@ -9,6 +9,8 @@ from opsctl.exit_codes import ExitCode
 
 
 class OpsctlError(Exception):
+    """An error a command reports as one line (and a hint) with its exit code."""
+
     exit_code: ExitCode = ExitCode.CHECK_FAILED
 
     def __init__(self, message: str, hint: str | None = None) -> None:

@@ -4,6 +4,8 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
+    """Every exit code opsctl returns."""
+
     OK = 0
     CHECK_FAILED = 1
     USAGE = 2

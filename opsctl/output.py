@@ -23,11 +23,15 @@ PIPE_WIDTH = 1 << 15
 
 
 class PlainConsole(Console):
-    """The console for a stdout that is not a terminal: every rich Table is printed as
-    plain full-width columns (no box characters, no wrapping, no cut cells, no trailing
-    blanks), so ``opsctl ... | cat``, ``grep`` and ``awk`` see whole values."""
+    """The console for a stdout that is not a terminal.
+
+    Every rich Table is printed as plain full-width columns (no box characters, no
+    wrapping, no cut cells, no trailing blanks), so ``opsctl ... | cat``, ``grep`` and
+    ``awk`` see whole values.
+    """
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Print like rich, tables as plain columns."""
         from rich.table import Table
 
         if not any(isinstance(o, Table) for o in objects):
@@ -42,8 +46,11 @@ class PlainConsole(Console):
 
 
 def plain_table(table: Any) -> Any:
-    """``table`` as plain columns: no box, no edge padding, cells never wrapped or cut,
-    the title (if any) on its own line at the left."""
+    """``table`` as plain columns.
+
+    No box, no edge padding, cells never wrapped or cut, the title (if any) on its own
+    line at the left.
+    """
     table.box = None
     table.show_edge = False
     table.pad_edge = False
@@ -61,15 +68,19 @@ def plain_table(table: Any) -> Any:
 
 def stdout_console() -> Console:
     """Rich on a terminal; :class:`PlainConsole` (no wrapping, plain tables) otherwise.
-    ``NO_COLOR`` turns colours off (rich reads it), ``FORCE_COLOR`` on."""
+
+    ``NO_COLOR`` turns colours off (rich reads it), ``FORCE_COLOR`` on.
+    """
     if sys.stdout.isatty():
         return Console(file=sys.stdout, soft_wrap=False)
     return PlainConsole(file=sys.stdout, soft_wrap=True, width=PIPE_WIDTH)
 
 
 def stderr_console() -> Console:
-    """Progress and warnings: never wrapped when stderr is not a terminal (a log line
-    stays one line)."""
+    """The console for progress and warnings.
+
+    Never wrapped when stderr is not a terminal: a log line stays one line.
+    """
     if sys.stderr.isatty():
         return Console(file=sys.stderr)
     return Console(file=sys.stderr, soft_wrap=True, width=PIPE_WIDTH)
@@ -90,9 +101,11 @@ def document(schema: str, /, **fields: Any) -> dict[str, Any]:
 
 
 class PrintedDocuments:
-    """The schemas of the JSON documents :func:`emit` printed while this record was open
-    (:func:`recording`): the CLI prints an error document for a ``--json`` command that
-    failed before printing its own."""
+    """The schemas of the JSON documents :func:`emit` printed while a record was open.
+
+    See :func:`recording`: the CLI prints an error document for a ``--json`` command
+    that failed before printing its own.
+    """
 
     def __init__(self) -> None:
         self.schemas: list[str] = []
@@ -113,8 +126,10 @@ def recording() -> Iterator[PrintedDocuments]:
 
 
 def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None]) -> None:
-    """Print a command's result: ``doc`` as JSON with ``--json``, else ``render`` it with
-    the stdout console (rich on a terminal, plain columns in a pipe)."""
+    """Print a command's result: ``doc`` as JSON with ``--json``, else ``render`` it.
+
+    ``render`` gets the stdout console (rich on a terminal, plain columns in a pipe).
+    """
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
@@ -129,8 +144,11 @@ ERROR_STATES = {1: "failed", 3: "unreachable", 4: "timeout", 130: "interrupted"}
 
 
 def error_document(command: str, exit_code: int, message: str, hint: str | None) -> dict:
-    """The ``opsctl.error/1`` document a ``--json`` command prints when it fails before
-    its own report exists (no vLLM server answered, a timeout, an interruption)."""
+    """The ``opsctl.error/1`` document of a ``--json`` command that failed early.
+
+    Printed when the command fails before its own report exists (no vLLM server
+    answered, a timeout, an interruption).
+    """
     return document(
         ERROR_SCHEMA,
         command=command,
@@ -156,12 +174,14 @@ def error(message: str, hint: str | None = None) -> None:
 
 
 def warn(message: str) -> None:
+    """A yellow ``warning:`` line on stderr."""
     from rich.markup import escape
 
     stderr_console().print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def human_bytes(n: float | None) -> str:
+    """``n`` bytes in binary units (``1.5 GiB``); ``-`` for None."""
     if n is None:
         return "-"
     value = float(n)
@@ -173,9 +193,11 @@ def human_bytes(n: float | None) -> str:
 
 
 def want_tui(flag: bool | None, as_json: bool = False) -> bool:
-    """Whether to run a dashboard: by default on a terminal (and not with --json). When
-    --tui is asked for without a terminal, say so with the flag for plain output and run
-    plain instead."""
+    """Whether to run a dashboard: by default on a terminal (and not with --json).
+
+    When --tui is asked for without a terminal, say so with the flag for plain output
+    and run plain instead.
+    """
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     if flag is None:
         return interactive and not as_json
@@ -193,8 +215,10 @@ VERDICT_COLOURS = {"pass": "green", "unverified": "yellow"}
 
 
 def render_findings(console: Console, findings: list[dict], verdict: str, suffix: str = "") -> None:
-    """The common tail of every check's rich output: one line per finding (with its hint,
-    if any), then the coloured verdict."""
+    """The common tail of every check's rich output.
+
+    One line per finding (with its hint, if any), then the coloured verdict.
+    """
     from rich.markup import escape
 
     for f in findings:

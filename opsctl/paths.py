@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 def opsctl_home() -> Path:
+    """opsctl's own directory (models, runs): OPSCTL_HOME or the user's cache."""
     env = os.environ.get("OPSCTL_HOME")
     if env:
         return Path(env).expanduser()
@@ -16,8 +17,10 @@ def opsctl_home() -> Path:
 
 
 def models_dir() -> Path:
+    """Where the embedded models are built."""
     return opsctl_home() / "models"
 
 
 def runs_dir() -> Path:
+    """Where each run's directory (ledger, logs, records) lives."""
     return opsctl_home() / "runs"

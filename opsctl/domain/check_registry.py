@@ -46,17 +46,21 @@ class Subject:
 
     @property
     def generative(self) -> bool:
+        """The model generates text (a decoder, hybrid or vision-language model)."""
         return self.archetype in GENERATIVE
 
     @property
     def pooling(self) -> bool:
+        """The model pools (embedding, scoring or reranking)."""
         return self.archetype in POOLING
 
     @property
     def multimodal(self) -> bool:
+        """The model takes images."""
         return self.archetype == "vision-language"
 
     def kind(self) -> dict[str, Any]:
+        """What kind of model this is, as the certify document records it."""
         return {
             "archetype": self.archetype,
             "generative": self.generative,
