@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import epilog, json_option
+from opsctl.commands.options import command, epilog, json_option
 
 
 def register(app: typer.Typer) -> None:
@@ -18,20 +18,21 @@ def register(app: typer.Typer) -> None:
     )
     app.add_typer(models_app, name="models")
 
-    models_app.command(
+    command(
+        models_app,
         "build",
-        short_help="Write the embedded models (tokenizer, config, weights).",
-        epilog=epilog(
-            "opsctl models build",
-            "opsctl models build tiny-llama tiny-vlm --force",
-            "opsctl models build tiny-llama --out ./models --json",
-        ),
+        "Write the embedded models (tokenizer, config, weights).",
+        "opsctl models build",
+        "opsctl models build tiny-llama tiny-vlm --force",
+        "opsctl models build tiny-llama --out ./models --json",
     )(build)
 
-    models_app.command(
+    command(
+        models_app,
         "list",
-        short_help="The embedded models: name, kind, path, size.",
-        epilog=epilog("opsctl models list", "opsctl models list --json"),
+        "The embedded models: name, kind, path, size.",
+        "opsctl models list",
+        "opsctl models list --json",
     )(list_)
 
 

@@ -7,7 +7,7 @@ arms an engine_patches knob; knobs in the environment are never passed on)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsctl.errors import BadInput
 
@@ -67,6 +67,11 @@ def epilog(*examples: str) -> str:
     return "\n".join(lines) + "\n\n" + EXIT_CODES
 
 
+def command(app: Any, name: str, summary: str | None, *examples: str, **settings: Any) -> Any:
+    """Declare a command the one way: ``app.command`` with its summary and examples epilog."""
+    return app.command(name, short_help=summary, epilog=epilog(*examples), **settings)
+
+
 def json_option():
     """``--json``: the result as one schema-versioned JSON document on stdout."""
     import typer
@@ -82,9 +87,7 @@ def tui_option(default: bool | None = None, help: str = TUI_HELP):
 
 
 def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
-    """Seconds of ``30``, ``30s``, ``5m``, ``2h``, ``1d``; a bad one is a usage error (exit 2).
-
-    Bad: a bad form, a negative value, or zero unless allowed (typer.BadParameter)."""
+    """Seconds of ``30``, ``30s``, ``5m``, ``2h``, ``1d``; bad, negative or unallowed zero: exit 2."""
     import typer
 
     from opsctl.domain.runs import parse_duration
@@ -103,9 +106,7 @@ def parse_duration_flag(value, *, allow_zero: bool = False) -> float:
 
 
 def duration_option(default, *names: str, help: str, allow_zero: bool = False, **kw):
-    """A duration flag (30, 30s, 5m, 2h, 1d) that reaches the command as float seconds.
-
-    Zero (unless allowed) or negative is a usage error (exit 2)."""
+    """A duration flag (30, 30s, 5m, 2h, 1d) that reaches the command as float seconds."""
     import functools
 
     import typer

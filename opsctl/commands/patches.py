@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import RUN_HELP, epilog, json_option, run_path
+from opsctl.commands.options import RUN_HELP, command, json_option, run_path
 
 
 def register(app: typer.Typer) -> None:
     """Add ``opsctl patches`` to ``app``."""
 
-    @app.command(
+    @command(
+        app,
         "patches",
-        short_help="The engine-patch ledger of a run.",
-        epilog=epilog(
-            "opsctl patches",
-            "opsctl patches --run 20260101-000000-serve-tiny-llama-8000",
-            "opsctl patches --run ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 --json",
-            "opsctl patches --against 0.34.0",
-            "opsctl patches --against ./vllm-0.33.0-cp38-abi3-manylinux1_x86_64.whl --json",
-        ),
+        "The engine-patch ledger of a run.",
+        "opsctl patches",
+        "opsctl patches --run 20260101-000000-serve-tiny-llama-8000",
+        "opsctl patches --run ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 --json",
+        "opsctl patches --against 0.34.0",
+        "opsctl patches --against ./vllm-0.33.0-cp38-abi3-manylinux1_x86_64.whl --json",
     )
     def patches(
         run: str | None = typer.Option(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import duration_option, epilog
+from opsctl.commands.options import command, duration_option
 from opsctl.errors import BadInput
 
 
@@ -40,14 +40,13 @@ def register(app: typer.Typer) -> None:
     """Add ``opsctl rules`` to ``app``."""
     from opsctl.domain.alert_rules import DEFAULT_FOR_S, dur
 
-    @app.command(
+    @command(
+        app,
         "rules",
-        short_help="Prometheus alerting rules for vLLM's failure modes.",
-        epilog=epilog(
-            "opsctl rules --out opsctl-rules.yml",
-            "opsctl rules --job vllm --for 2m --out /etc/prometheus/opsctl-rules.yml",
-            "opsctl rules --job vllm --for 30s",
-        ),
+        "Prometheus alerting rules for vLLM's failure modes.",
+        "opsctl rules --out opsctl-rules.yml",
+        "opsctl rules --job vllm --for 2m --out /etc/prometheus/opsctl-rules.yml",
+        "opsctl rules --job vllm --for 30s",
     )
     def rules(
         job: str = typer.Option(

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import typer
 
-from opsctl.commands.options import RUN_HELP, api_key_option, duration_option, epilog, json_option
+from opsctl.commands.options import (
+    RUN_HELP,
+    api_key_option,
+    command,
+    duration_option,
+    epilog,
+    json_option,
+)
 
 LIST_HELP = """Every run directory: model, url, started, state (live / stopped / orphaned / dead /
 unknown), engine pids, disk size."""
@@ -36,37 +43,37 @@ def register(app: typer.Typer) -> None:
     )
     app.add_typer(runs_app, name="runs")
 
-    runs_app.command(
+    command(
+        runs_app,
         "list",
+        "Every run directory, its state and its engines.",
+        "opsctl runs list",
+        "opsctl runs list --json",
         help=LIST_HELP,
-        short_help="Every run directory, its state and its engines.",
-        epilog=epilog("opsctl runs list", "opsctl runs list --json"),
     )(list_cmd)
 
-    runs_app.command(
+    command(
+        runs_app,
         "clean",
+        "Reap orphaned engines, prune runs, free /dev/shm.",
+        "opsctl runs clean",
+        "opsctl runs clean --older-than 1d --yes",
+        "opsctl runs clean --shm --min-age 10m --yes --json",
         help=CLEAN_HELP,
-        short_help="Reap orphaned engines, prune runs, free /dev/shm.",
-        epilog=epilog(
-            "opsctl runs clean",
-            "opsctl runs clean --older-than 1d --yes",
-            "opsctl runs clean --shm --min-age 10m --yes --json",
-        ),
     )(clean_cmd)
 
     _register_bundle(runs_app)
 
 
 def _register_bundle(runs_app: typer.Typer) -> None:
-    runs_app.command(
+    command(
+        runs_app,
         "bundle",
+        "A forensics tar.gz of one run, secrets redacted.",
+        "opsctl runs bundle 20260101-000000-serve-tiny-llama-8000",
+        "opsctl runs bundle ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 "
+        "--out bug.tar.gz --json",
         help=BUNDLE_HELP,
-        short_help="A forensics tar.gz of one run, secrets redacted.",
-        epilog=epilog(
-            "opsctl runs bundle 20260101-000000-serve-tiny-llama-8000",
-            "opsctl runs bundle ~/.cache/opsctl/runs/20260101-000000-serve-tiny-llama-8000 "
-            "--out bug.tar.gz --json",
-        ),
     )(bundle_cmd)
 
 
@@ -121,12 +128,7 @@ def clean_cmd(
     from opsctl.ui.render_runs import render_clean
 
     opts = runs.CleanOptions(
-        older_than=older_than,
-        min_age=min_age,
-        grace=grace,
-        yes=yes,
-        shm=with_shm,
-        force=force,
+        older_than=older_than, min_age=min_age, grace=grace, yes=yes, shm=with_shm, force=force
     )
     report = runs.clean(opts)
     doc = report.to_dict()

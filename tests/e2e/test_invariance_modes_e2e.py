@@ -22,6 +22,7 @@ from opsctl.checks import events as ev
 from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec
 from opsctl.cli import app
+from tests.expect import CPU_SETTINGS, settings_status
 
 pytestmark = pytest.mark.engine
 
@@ -82,15 +83,7 @@ def test_both_modes_side_by_side(both):
         assert run["vllm_version"]
         assert all(p["tokens_identical"] for p in run["prompts"]), run["prompts"]
         assert run["batch"]["formed"] is True and run["batch"]["max_batch"] == 8
-        status = {s["name"]: s["status"] for s in run["settings"]}
-        assert status == {
-            "prefix caching": "verified",
-            "mm processor cache": "not applicable",
-            "VLLM_USE_FLASHINFER_SAMPLER": "verified",
-            "execution mode": "verified",
-            "greedy (temperature 0)": "verified",
-            "ignore_eos": "verified",
-        }
+        assert settings_status(run) == CPU_SETTINGS
         identical = all(p["status"] == "identical" for p in run["prompts"])
         assert run["verdict"] == ("pass" if identical else "fail")
     overall = all(run["verdict"] == "pass" for run in runs.values())

@@ -21,6 +21,7 @@ from opsctl.checks.target import EngineSpec, Live, UrlTarget
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
+from tests.expect import CPU_SETTINGS, settings_status
 from tests.standins.completions import (
     VERSION,
     Behaviour,
@@ -130,14 +131,7 @@ def test_engine_records_read_back_settings_batch_and_knobs(home):
     (run,) = report.runs
     assert run["run_dir"] == str(run_dir) and run["platform"] == "cpu"
     assert run["execution"] == {"enforce_eager": True, "compilation_mode": "NONE"}
-    assert {s["name"]: s["status"] for s in run["settings"]} == {
-        "prefix caching": "verified",
-        "mm processor cache": "not applicable",
-        "VLLM_USE_FLASHINFER_SAMPLER": "verified",
-        "execution mode": "verified",
-        "greedy (temperature 0)": "verified",
-        "ignore_eos": "verified",
-    }
+    assert settings_status(run) == CPU_SETTINGS
     batch = run["batch"]
     assert (batch["source"], batch["max_batch"], batch["formed"]) == ("batch probe", 3, True)
     assert batch["per_prompt"] == {"0": 3, "1": 3, "2": 3} and batch["bs1_max_shared"] == 1

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.expect import expected, verdicts
+
 pytestmark = pytest.mark.gpu_recording
 
 DATA = Path(__file__).resolve().parents[2] / "tests/data/gpu/2026-12-04"
@@ -183,11 +185,8 @@ def test_float32_recovery_passes_within_the_measured_noise_and_a_miss_fails():
 
 def test_certify_on_the_gpu_passes_every_applicable_check():
     doc = _doc("recovery2/certify-llama.json")
-    verdicts = {c["check"]: c["verdict"] for c in doc["checks"]}
     assert doc["verdict"] == "pass"
-    assert verdicts["kv-fail"] == "pass" and verdicts["invariance"] == "pass"
-    assert set(verdicts.values()) <= {"pass", "skipped"}
-    assert {k for k, v in verdicts.items() if v == "skipped"} == {"usage", "mm-uuid"}
+    assert verdicts(doc) == expected(pass_="liveness patches engram invariance kv-fail shutdown")
 
 
 def test_idefics3_images_run_on_cuda_with_the_patch():

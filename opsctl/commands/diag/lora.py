@@ -43,7 +43,6 @@ def lora(
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
     from opsctl.checks import lora as check
 
-    target = url_or_engine(url, model, api_key, timeout, test_knob)
     options = check.Options(
         adapters=tuple(adapters or ()),
         max_tokens=max_tokens,
@@ -53,5 +52,6 @@ def lora(
         timeout=timeout,
         max_loras=max_loras,
     )
+    target = url_or_engine(url, model, api_key, timeout, test_knob)
     check.plan(target, options)  # bad input is refused before any engine or panel
     return target, options

@@ -18,9 +18,9 @@ from typing import Any
 
 import typer
 
+from opsctl.commands import options
 from opsctl.commands.options import (
     api_key_option,
-    epilog,
     json_option,
     test_knob_option,
     tui_option,
@@ -111,6 +111,4 @@ def run_diag(
 def register(app: typer.Typer) -> None:
     """Add ``opsctl diag NAME`` for every registered check with a diag command."""
     for check in reg.checks(reg.DIAG):
-        app.command(check.name, short_help=check.summary, epilog=epilog(*check.examples))(
-            command(check)
-        )
+        options.command(app, check.name, check.summary, *check.examples)(command(check))
