@@ -324,11 +324,3 @@ def firing_for(alerts: list[FiredAlert], instance: str) -> tuple[FiredAlert, ...
     """
     mine = [a for a in alerts if a.state == "firing" and a.instance == instance]
     return tuple(sorted(mine, key=lambda a: (SEVERITY_ORDER.get(a.severity or "", 3), a.name)))
-
-
-def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
-    """The row's prefix: ``ALERT VllmEngineStalled: `` (``+N`` when there are more)."""
-    if not alerts:
-        return ""
-    more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
-    return f"ALERT {alerts[0].name}{more}: "

@@ -317,11 +317,3 @@ def requests_dict(v: RequestsView | None, limit: int = 50) -> dict[str, Any] | N
         "requests_disconnected": v.disconnected,
         "requests": [record_dict(r) for r in records],
     }
-
-
-def row_cell(v: RequestsView | None) -> str:
-    """What the fleet row's running cell adds: the requests in flight through the tee.
-
-    '' without a tee.
-    """
-    return "" if v is None else f" · tee {len(v.in_flight)}"

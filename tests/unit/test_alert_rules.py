@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from opsctl.cli import app
 from opsctl.domain import alert_rules as ar
 from opsctl.domain.console_state import Settings
-from opsctl.ui.render_drill_in import alert_lines
+from opsctl.ui.render_drill_in import alert_lines, alerts_cell
 
 
 def test_the_console_reads_its_stall_window_and_restart_hold_from_the_rules():
@@ -70,8 +70,8 @@ def test_alerts_are_mapped_by_instance_firing_only_most_severe_first():
     assert len(alerts) == 4
     mine = ar.firing_for(alerts, "a:1")
     assert [a.name for a in mine] == ["VllmEngineStalled", "VllmTargetDown"]
-    assert ar.alerts_cell(mine) == "ALERT VllmEngineStalled +1: "
-    assert ar.alerts_cell(()) == ""
+    assert alerts_cell(mine) == "ALERT VllmEngineStalled +1: "
+    assert alerts_cell(()) == ""
     lines = alert_lines(mine)
     assert lines[0] == "alerts firing (2, from Prometheus)"
     assert "    next: opsctl console http://a:1" in lines

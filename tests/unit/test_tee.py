@@ -9,7 +9,7 @@ import pytest
 from opsctl.console.tee import parse_tee
 from opsctl.domain import requests as rq
 from opsctl.errors import BadInput
-from opsctl.ui.render_drill_in import requests_lines
+from opsctl.ui.render_drill_in import requests_lines, tee_cell
 
 
 def sse(*chunks: dict | str) -> bytes:
@@ -127,7 +127,7 @@ def test_views_say_how_tokens_were_counted_and_never_show_an_absent_prompt():
     assert d["requests"][1]["tokens_from"] == "chunks" and d["requests"][1]["prompt"] is None
     lines = requests_lines(v)
     assert "1 in flight" in lines[0] and "(chunks counted)" in lines[2]
-    assert rq.row_cell(v) == " · tee 1" and rq.row_cell(None) == ""
+    assert tee_cell(v) == " · tee 1" and tee_cell(None) == ""
     assert rq.requests_dict(None) is None and requests_lines(None) == []
 
 

@@ -13,10 +13,9 @@ from textual.widgets import Static
 
 from opsctl.console.render_advice import reason_cell
 from opsctl.domain.advisor import findings as advisor_findings
-from opsctl.domain.alert_rules import alerts_cell
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
-from opsctl.domain.requests import row_cell as tee_cell
+from opsctl.ui.render_drill_in import alerts_cell, tee_cell
 
 STATE_STYLE = {
     "starting": "yellow",
