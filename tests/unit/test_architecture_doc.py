@@ -25,6 +25,9 @@ HELD = {  # name in the doc -> the file that must define it
     "run_with_progress": "opsctl/ui/progress.py",
     "Check": "opsctl/domain/check_registry.py",
     "Subject": "opsctl/domain/check_registry.py",
+    "WorkerApp": "opsctl/ui/worker_app.py",
+    "command": "opsctl/commands/options.py",
+    "two_engines": "tests/conftest.py",
 }
 
 
