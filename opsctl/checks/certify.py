@@ -36,6 +36,7 @@ Formats: opsctl.domain.certify (JSON fields, summary), junit, sarif.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -256,8 +257,8 @@ def not_reached(
         state = dom.UNAUTHORIZED
     results = dom.not_reached(message, seconds, state)
     progress(CheckDone(results[0].check, results[0].verdict, message, seconds))
-    rows = dom.summary_rows([r.to_dict() for r in results])
-    progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))
+    rows = summary_rows([r.to_dict() for r in results])
+    progress(ev.Table(SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))
     progress(ev.Finished(dom.overall(results), message))
     report = _document(
         target, results, seconds, state=state, error=message,
@@ -341,8 +342,8 @@ class _Job:
             (self.results.get(c) or dom.CheckResult(c, "pending")).to_dict()
             for c in dom.certify_checks()
         ]
-        rows = [tuple(r) for r in dom.summary_rows(now)]
-        self.progress(ev.Table(dom.SUMMARY_COLUMNS, tuple(rows)))
+        rows = [tuple(r) for r in summary_rows(now)]
+        self.progress(ev.Table(SUMMARY_COLUMNS, tuple(rows)))
 
     def run_checks(self) -> None:
         """Every selected check but shutdown, in order, on the shared session."""
@@ -422,7 +423,7 @@ def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> Certif
         state, error = dom.INTERRUPTED, f"interrupted by {why}" if why else "interrupted"
     elif session.failed and not session.starts:  # every engine certify needed failed
         state, error = dom.START_FAILED, str(session.failed[0]["error"])
-    job.progress(ev.Finished(dom.overall(results), dom.summary_line(results, len(engine_docs))))
+    job.progress(ev.Finished(dom.overall(results), summary_line(results, len(engine_docs))))
     report = _document(
         job.target, results, seconds, state=state, error=error,
         fingerprint=fingerprint(job.target, facts, engine_docs),
@@ -466,3 +467,42 @@ def _document(
         duration_s=round(seconds, 2),
     )
     return CertifyReport(verdict, doc)
+
+
+# ---- the summary table (live panel and terminal report) ----------------------
+
+
+SUMMARY_COLUMNS = ("check", "verdict", "time", "first finding")
+
+
+def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[list[str]]:
+    """The human summary rows from the document's ``checks``.
+
+    Each row: check, verdict, time, first finding (cut to ``width``).
+    """
+    rows = []
+    for c in checks:
+        verdict = str(c["verdict"])
+        seconds = c.get("duration_s") or 0
+        time_cell = "-" if verdict in (dom.SKIPPED, "pending") else f"{seconds:.1f} s"
+        text = str(c.get("first_finding") or "-")
+        if len(text) > width:
+            text = text[: width - 1] + "…"
+        rows.append(
+            [
+                str(c["check"]),
+                verdict if verdict in (dom.SKIPPED, "pending") else verdict.upper(),
+                time_cell,
+                text,
+            ]
+        )
+    return rows
+
+
+def summary_line(results: Sequence[dom.CheckResult], engine_starts: int) -> str:
+    """One line: checks run, passed, failed, errored, skipped and engine starts."""
+    c = dom.counts(results)
+    return (
+        f"{c['run']} check(s) run: {c[dom.PASS] + c[dom.UNVERIFIED]} passed, {c[dom.FAILED]} failed, "
+        f"{c[dom.ERROR]} errored; {c[dom.SKIPPED]} skipped; {engine_starts} engine start(s)"
+    )

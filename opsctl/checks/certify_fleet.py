@@ -209,7 +209,7 @@ class _Fleet:
             state = state or fdom.INTERRUPTED
             doc = self.cut(slot, state, seconds)
         slot.concluded = fdom.entry(slot.target, doc)
-        first = fdom.first_failure(slot.concluded)
+        first = first_failure(slot.concluded)
         self.emit(
             TargetDone(slot.target.name, doc["verdict"], "" if first == "-" else first,
                        str(doc["state"]), float(doc["duration_s"]))
@@ -228,10 +228,10 @@ class _Fleet:
 
     def table(self) -> None:
         entries = [s.concluded for s in self.slots if s.concluded is not None]
-        rows = fdom.summary_rows(entries)
+        rows = summary_rows(entries)
         waiting = [[s.target.name, s.target.url, "…", "running" if s.started else "queued",
                     "-", "-"] for s in self.slots if s.concluded is None]  # fmt: skip
-        self.emit(ev.Table(fdom.FLEET_COLUMNS, tuple(tuple(r) for r in rows + waiting)))
+        self.emit(ev.Table(FLEET_COLUMNS, tuple(tuple(r) for r in rows + waiting)))
 
     def run(self) -> list[dict[str, Any]]:
         queue, active = list(self.slots), []
@@ -298,3 +298,33 @@ def run(
         line = f"{s['targets']} target(s): {s['passed']} passed, {s['failed']} failed"
         progress(ev.Finished(fields["verdict"], line))
     return FleetReport(fields["verdict"], doc, stop)
+
+
+# ---- the fleet table (live panel and terminal report) ------------------------
+
+
+FLEET_COLUMNS = ("target", "url", "verdict", "state", "time", "first failure")
+
+
+def first_failure(entry: Mapping[str, Any]) -> str:
+    """The target's first failure for a human line: its error, or a failing check's finding."""
+    if entry.get("error"):
+        return str(entry["error"])
+    for c in entry.get("checks") or ():
+        if c.get("verdict") in (dom.FAILED, dom.ERROR):
+            return f"{c['check']}: {c.get('first_finding') or c['verdict']}"
+    return "-"
+
+
+def summary_rows(entries: Sequence[Mapping[str, Any]], width: int = 60) -> list[list[str]]:
+    """The fleet summary table's rows: name, URL, verdict, state, time, first failure."""
+    rows = []
+    for e in entries:
+        text = first_failure(e)
+        if len(text) > width:
+            text = text[: width - 1] + "…"
+        url = (e.get("target") or {}).get("url") or "-"
+        seconds = float(e.get("duration_s") or 0)
+        verdict = str(e.get("verdict") or "?").upper()
+        rows.append([str(e["name"]), url, verdict, str(e.get("state")), f"{seconds:.1f} s", text])
+    return rows

@@ -205,7 +205,7 @@ def _cell(c: dom.Comparison | None) -> str:
 
 
 def table(rows: tuple[kvr.RequestRow, ...]) -> tuple[tuple[str, ...], ...]:
-    """The live results table (columns :data:`opsctl.domain.kv_fail_report.COLUMNS`)."""
+    """The live results table (columns :data:`COLUMNS`)."""
     out = []
     for r in rows:
         o = r.inject_output
@@ -272,7 +272,7 @@ class _Run:
                 self.news()
                 if not alive:
                     self.progress(EngineDied(name, i, out.error))
-                self.progress(ev.Table(kvr.COLUMNS, table(self.rows())))
+                self.progress(ev.Table(COLUMNS, table(self.rows())))
                 if not alive:
                     return False
             return True
@@ -408,7 +408,7 @@ def run(
     work = dom.workload(options.settings, int(resolved.config.get("vocab_size") or 320))
     started = time.time()
     progress(ev.Started(TITLE))
-    progress(ev.Table(kvr.COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))
+    progress(ev.Table(COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))
     progress(ev.Log(work.describe(options.settings)))
     with opened(spec, session, progress, label="kv-fail") as live:
         assert live.run_dir is not None  # an engine opsctl started always has one
@@ -452,3 +452,18 @@ def outcome(report: KvFailReport, options: Options) -> Outcome:
         hint=f"run dir: {report.run_dir}",
     )
     return Outcome(after=after, failure=failed)
+
+
+# ---- the results table's columns ---------------------------------------------
+
+
+COLUMNS = (  # the results table (live panel and terminal report)
+    "#",
+    "prompt",
+    "target",
+    "round trip",
+    "injected",
+    "outcome",
+    "vs baseline",
+    "silent corrupt",
+)

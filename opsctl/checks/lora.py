@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,7 @@ def run(
     tag = options.tag or f"opsctl-lora-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
     progress(ev.Started(TITLE, "adapters alone, then one mixed batch"))
-    progress(ev.Table(D.COLUMNS, ()))
+    progress(ev.Table(COLUMNS, ()))
     with opened(p.target, session, progress, label="diag-lora") as live:
         engine_s = time.monotonic() - started
         if line := knob_warning(ledger.knobs_of([live.run_dir])):
@@ -323,11 +324,11 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
         {a.name: a.parts for a in job.adapters},
         single,
     )
-    table = DS.table_rows(single, rows, parts)
+    table = table_rows(single, rows, parts)
     for r in rows:
         if not r.result.passed:
             job.progress(ev.CaseResult(f"mixed {r.request.describe()}", D.FAIL, r.result.status))
-    job.progress(ev.Table(D.COLUMNS, table))
+    job.progress(ev.Table(COLUMNS, table))
     job.progress(ev.Finished(found.verdict, "; ".join(found.reasons) or "every case passed", table))
     seconds = {**seconds, "alone": m.alone_seconds, "mixed": sum(a.seconds for a in m.attempts)}
     doc = _document(job, m, found, single, sends, (evidence, tower), parts, seconds)
@@ -425,3 +426,28 @@ def outcome(report: LoraReport, options: Options) -> Outcome:
         return Outcome(warnings=warnings)
     failed = CheckFailed("diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600])
     return Outcome(warnings=warnings, failure=failed)
+
+
+# ---- the results table (live panel and terminal report) ----------------------
+
+
+COLUMNS = ("case", "adapter", "request", "status", "detail")
+
+
+def table_rows(
+    single: Sequence[D.SingleResult], rows: Sequence[D.MixedRow], parts: Sequence[DS.PartSupport]
+) -> tuple[tuple[str, ...], ...]:
+    """The rows of the results table: support per part, single adapters, mixed requests."""
+    out = [(f"support: {p.part}", "-", "-", p.status, p.detail) for p in parts]
+    out += [("single", s.adapter, f"{s.requests} alone", s.verdict, s.detail) for s in single]
+    out += [
+        (
+            "mixed",
+            r.request.label,
+            r.request.describe(),
+            r.result.status,
+            inv.divergence_text(r.result),
+        )
+        for r in rows
+    ]
+    return tuple(out)

@@ -150,7 +150,7 @@ def run(
 ) -> MmUuidReport:
     """Check which identifier each multimodal item reached the engine core with."""
     progress(ev.Started(TITLE))
-    progress(ev.Table(tuple(D.TABLE_COLUMNS), ()))
+    progress(ev.Table(tuple(TABLE_COLUMNS), ()))
     state = _State()
     if isinstance(target, UrlTarget):
         _check_url(target, options, progress, session, state)
@@ -158,7 +158,7 @@ def run(
         _check_engines(target, options, progress, session, state)
     found = [*D.findings(state.observations, state.reuse), *probe_findings(state.runs)]
     v = verdict(found)
-    rows = tuple(tuple(r) for r in D.table_rows(state.observations))
+    rows = tuple(tuple(r) for r in table_rows(state.observations))
     progress(ev.Finished(v, D.summary(state.observations), rows=rows))
     return MmUuidReport(v, _document(state, options, found, v))
 
@@ -302,8 +302,8 @@ def _check_mode(
                 observed = D.observe(mode, case.name, group, reply)
                 state.observations.extend(observed)
                 progress(ev.Phase(f"{mode}: {case.name}"))
-                rows = tuple(tuple(r) for r in D.table_rows(state.observations))
-                progress(ev.Table(tuple(D.TABLE_COLUMNS), rows))
+                rows = tuple(tuple(r) for r in table_rows(state.observations))
+                progress(ev.Table(tuple(TABLE_COLUMNS), rows))
                 for o in observed:
                     progress(_item_result(o))
         reuse = D.reuse_case(options.uuid_prefix)
@@ -347,3 +347,45 @@ def outcome(report: MmUuidReport, options: Options) -> Outcome:
         f"{len(report.failed_items)} multimodal item(s) did not reach the engine core as expected"
     )
     return Outcome(info, warnings, failure=CheckFailed(failed))
+
+
+# ---- the results tables (live panel and terminal report) ---------------------
+
+
+TABLE_COLUMNS = [
+    "mode",
+    "case",
+    "#",
+    "image",
+    "uuid sent",
+    "identifier at engine core",
+    "kind",
+    "verdict",
+]
+
+
+def table_rows(observations: list[D.Observation]) -> list[list[str]]:
+    """The rows of the results table, one per observation, its verdict last."""
+    rows = []
+    for o in observations:
+        v, _ = D.judge_item(o)
+        rows.append(
+            [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, v.upper()]
+        )
+    return rows
+
+
+def reuse_rows(observations: list[D.Observation]) -> list[list[str]]:
+    """The rows of the reuse table, one per observation, its output last."""
+    return [
+        [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]
+        for o in observations
+    ]
+
+
+def _show(identifier: str | None) -> str:
+    if identifier is None:
+        return "(not recorded)"
+    if identifier == "":
+        return "'' (empty)"
+    return identifier

@@ -114,7 +114,7 @@ def run(
     archetype, model_dir = _given_model(target)
     where = f"checking {target.url}" if isinstance(target, UrlTarget) else "starting engine"
     progress(ev.Started(TITLE, where))
-    progress(ev.Table(tuple(U.TABLE_COLUMNS), ()))
+    progress(ev.Table(tuple(TABLE_COLUMNS), ()))
     with opened(target, session, progress, label="diag-usage") as live:
         if warning := knob_warning(ledger.knobs_of([live.run_dir])):
             progress(ev.Alert(warning))
@@ -129,7 +129,7 @@ def run(
             rows = _requests(api, served.name, counting, progress)
         found = [*U.findings(rows), *U.unk_findings(sample)]
         verdict = U.overall_verdict(rows, found)
-        table = tuple(tuple(r) for r in U.table_rows(rows))
+        table = tuple(tuple(r) for r in table_rows(rows))
         progress(ev.Finished(verdict, U.summary(rows, verdict), rows=table))
         knobs = ledger.knobs_of([live.run_dir])
         platform, version = engine_records.identity_at(live.run_dir, live.url, live.api_key)
@@ -255,7 +255,7 @@ def _requests(
                     f"expected counts from {counting.method}"
                 )
             )
-        progress(ev.Table(tuple(U.TABLE_COLUMNS), tuple(tuple(r) for r in U.table_rows(rows))))
+        progress(ev.Table(tuple(TABLE_COLUMNS), tuple(tuple(r) for r in table_rows(rows))))
         progress(
             RowResult(
                 f"{row.endpoint} {case.name}", row.verdict, "", row.reported_prompt, row.expected
@@ -293,3 +293,37 @@ def outcome(report: UsageReport, options: Options) -> Outcome:
         )
         return Outcome(info, warnings, failure=CheckFailed(failed))
     return Outcome(info, warnings)
+
+
+# ---- the results table (live panel and terminal report) ----------------------
+
+
+TABLE_COLUMNS = [
+    "endpoint",
+    "model kind",
+    "case",
+    "reported prompt/total",
+    "expected",
+    "verdict",
+    "how expected was derived",
+]
+
+
+def table_rows(rows: list[U.UsageRow] | tuple[U.UsageRow, ...]) -> list[list[str]]:
+    """Rows for the table / live panel: endpoint, kind, case, reported, expected, verdict, derivation."""
+    return [
+        [
+            r.endpoint,
+            r.kind,
+            r.case,
+            f"{_s(r.reported_prompt)}/{_s(r.reported_total)}",
+            f"{_s(r.expected)} = {'+'.join(_s(p) for p in r.parts)}",
+            r.verdict.upper(),
+            r.derivation,
+        ]
+        for r in rows
+    ]
+
+
+def _s(v: int | None) -> str:
+    return "-" if v is None else str(v)

@@ -1,7 +1,8 @@
-"""The console's text of findings and GPUs: row cells and drill-in lines.
+"""The console's text of findings, GPUs and alerts: row cells and drill-in lines.
 
-The domain (opsctl.domain.advisor, opsctl.domain.gpu) returns findings and readings as
-data; this module words them for the table's cells, the drill-in and ``--once``'s text.
+The domain (opsctl.domain.advisor, opsctl.domain.gpu, opsctl.domain.alert_rules) returns
+findings, readings and alerts as data; this module words them for the table's cells, the
+drill-in and ``--once``'s text.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from opsctl.domain.advisor import findings, ordered
 from opsctl.domain.console import EndpointView
+from opsctl.domain.endpoint_notes import FiredAlert
 from opsctl.domain.gpu import NO_GPU, GpuDevice, HostGpus, shown_reason
 
 
@@ -114,3 +116,11 @@ def gpu_detail_lines(gpus: Iterable[GpuDevice]) -> list[str]:
         for p in d.processes:
             out.append(f"    {p.role or '?'} pid {p.pid}  {gib(p.used_bytes, 2)} GiB")
     return out
+
+
+def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
+    """The row's prefix: ``ALERT VllmEngineStalled: `` (``+N`` when there are more)."""
+    if not alerts:
+        return ""
+    more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
+    return f"ALERT {alerts[0].name}{more}: "

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from opsctl.console.render_advice import gpu_row_cell, reason_cell
-from opsctl.domain import advisor, alert_rules, logview
+from opsctl.console.render_advice import alerts_cell, gpu_row_cell, reason_cell
+from opsctl.domain import advisor, logview
 from opsctl.domain import gpu as gpu_view
 from opsctl.domain import requests as requests_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
@@ -164,7 +164,7 @@ def render_plain(console, snap: FleetSnapshot) -> None:
             v.info.models[0].id if v.info.models else "-",
             fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
             fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-            alert_rules.alerts_cell(v.alerts) + reason_cell(v, 200),  # alert, reason
+            alerts_cell(v.alerts) + reason_cell(v, 200),  # alert, reason
             *([gpu_row_cell(v, snap.host_gpus)] if gpu_col else []),
         )  # fmt: skip
     console.print(t)

@@ -40,7 +40,6 @@ PASSING = (PASS, UNVERIFIED)
 # the certify checks' names (their declarations: opsctl.domain.check_registry)
 LIVENESS, PATCHES, ENGRAM, USAGE = "liveness", "patches", "engram", "usage"
 INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN = "invariance", "mm-uuid", "kv-fail", "shutdown"
-SUMMARY_COLUMNS = ("check", "verdict", "time", "first finding")
 
 
 def certify_checks() -> tuple[str, ...]:
@@ -287,43 +286,10 @@ def counts(results: Sequence[CheckResult]) -> dict[str, int]:
     return out
 
 
-def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[list[str]]:
-    """The human summary rows from the document's ``checks``.
-
-    Each row: check, verdict, time, first finding (cut to ``width``).
-    """
-    rows = []
-    for c in checks:
-        verdict = str(c["verdict"])
-        seconds = c.get("duration_s") or 0
-        time_cell = "-" if verdict in (SKIPPED, "pending") else f"{seconds:.1f} s"
-        text = str(c.get("first_finding") or "-")
-        if len(text) > width:
-            text = text[: width - 1] + "…"
-        rows.append(
-            [
-                str(c["check"]),
-                verdict if verdict in (SKIPPED, "pending") else verdict.upper(),
-                time_cell,
-                text,
-            ]
-        )
-    return rows
-
-
 def model_of(doc: Mapping[str, Any]) -> str | None:
     """The certified model's name in a document (``fingerprint.model.name``)."""
     model = ((doc.get("fingerprint") or {}).get("model")) or {}
     return model.get("name") if isinstance(model, Mapping) else None
-
-
-def summary_line(results: Sequence[CheckResult], engine_starts: int) -> str:
-    """One line: checks run, passed, failed, errored, skipped and engine starts."""
-    c = counts(results)
-    return (
-        f"{c['run']} check(s) run: {c[PASS] + c[UNVERIFIED]} passed, {c[FAILED]} failed, "
-        f"{c[ERROR]} errored; {c[SKIPPED]} skipped; {engine_starts} engine start(s)"
-    )
 
 
 def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:

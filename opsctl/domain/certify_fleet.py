@@ -22,7 +22,8 @@ from opsctl.domain.findings import FAIL, Finding
 SCHEMA = "certify.fleet/1"
 DEADLINE = "deadline"  # a target's state: its certification passed --timeout (not finished)
 INTERRUPTED = dom.INTERRUPTED
-FLEET_COLUMNS = ("target", "url", "verdict", "state", "time", "first failure")
+
+
 DEFAULT_CONCURRENCY = 8
 
 
@@ -113,30 +114,6 @@ def fleet_fields(entries: Sequence[Mapping[str, Any]], interrupted: bool) -> dic
             "deadline": sum(e.get("state") == DEADLINE for e in entries),
         },
     }
-
-
-def first_failure(entry: Mapping[str, Any]) -> str:
-    """The target's first failure for a human line: its error, or a failing check's finding."""
-    if entry.get("error"):
-        return str(entry["error"])
-    for c in entry.get("checks") or ():
-        if c.get("verdict") in (dom.FAILED, dom.ERROR):
-            return f"{c['check']}: {c.get('first_finding') or c['verdict']}"
-    return "-"
-
-
-def summary_rows(entries: Sequence[Mapping[str, Any]], width: int = 60) -> list[list[str]]:
-    """The fleet summary table's rows: name, URL, verdict, state, time, first failure."""
-    rows = []
-    for e in entries:
-        text = first_failure(e)
-        if len(text) > width:
-            text = text[: width - 1] + "…"
-        url = (e.get("target") or {}).get("url") or "-"
-        seconds = float(e.get("duration_s") or 0)
-        verdict = str(e.get("verdict") or "?").upper()
-        rows.append([str(e["name"]), url, verdict, str(e.get("state")), f"{seconds:.1f} s", text])
-    return rows
 
 
 def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:

@@ -27,17 +27,6 @@ from opsctl.domain.kv_fail import (
 )
 from opsctl.domain.records import record
 
-COLUMNS = (  # the results table (live panel and terminal report)
-    "#",
-    "prompt",
-    "target",
-    "round trip",
-    "injected",
-    "outcome",
-    "vs baseline",
-    "silent corrupt",
-)
-
 
 @dataclass(frozen=True)
 class EngineFacts:

@@ -68,7 +68,6 @@ IMAGE_COLORS: tuple[tuple[str, tuple[int, int, int]], ...] = (
     ("orange", (240, 140, 30)),
     ("grey", (128, 128, 128)),
 )
-COLUMNS = ("case", "adapter", "request", "status", "detail")
 
 
 @dataclass(frozen=True, slots=True)

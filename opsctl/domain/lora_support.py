@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain import invariance as inv
 from opsctl.domain.invariance_engine import compilation_mode_name
 from opsctl.domain.lora import (
     APPLIED,
@@ -28,7 +27,6 @@ from opsctl.domain.lora import (
     SUPPORTED,
     UNKNOWN,
     UNSUPPORTED,
-    MixedRow,
     SingleResult,
 )
 from opsctl.domain.records import record
@@ -147,22 +145,3 @@ def engine_summary(
         "wrapped_modules": {k: len(v) for k, v in (mgr.get("wrapped") or {}).items()},
         "adapters": [dict(a) for a in adapters],
     }
-
-
-def table_rows(
-    single: Sequence[SingleResult], rows: Sequence[MixedRow], parts: Sequence[PartSupport]
-) -> tuple[tuple[str, ...], ...]:
-    """The rows of the results table: support per part, single adapters, mixed requests."""
-    out = [(f"support: {p.part}", "-", "-", p.status, p.detail) for p in parts]
-    out += [("single", s.adapter, f"{s.requests} alone", s.verdict, s.detail) for s in single]
-    out += [
-        (
-            "mixed",
-            r.request.label,
-            r.request.describe(),
-            r.result.status,
-            inv.divergence_text(r.result),
-        )
-        for r in rows
-    ]
-    return tuple(out)

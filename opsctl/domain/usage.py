@@ -389,34 +389,3 @@ def summary(rows: Sequence[UsageRow], verdict_: str) -> str:
     if verdict_ == "unverified":
         text += f", {sum(r.verdict == 'unverified' for r in rows)} unverified"
     return text
-
-
-def table_rows(rows: list[UsageRow] | tuple[UsageRow, ...]) -> list[list[str]]:
-    """Rows for the table / live panel: endpoint, kind, case, reported, expected, verdict, derivation."""
-    return [
-        [
-            r.endpoint,
-            r.kind,
-            r.case,
-            f"{_s(r.reported_prompt)}/{_s(r.reported_total)}",
-            f"{_s(r.expected)} = {'+'.join(_s(p) for p in r.parts)}",
-            r.verdict.upper(),
-            r.derivation,
-        ]
-        for r in rows
-    ]
-
-
-TABLE_COLUMNS = [
-    "endpoint",
-    "model kind",
-    "case",
-    "reported prompt/total",
-    "expected",
-    "verdict",
-    "how expected was derived",
-]
-
-
-def _s(v: int | None) -> str:
-    return "-" if v is None else str(v)

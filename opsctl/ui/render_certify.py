@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
+from opsctl.checks import certify as checks
 from opsctl.domain import certify as dom
 
 
@@ -30,8 +31,8 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(*dom.SUMMARY_COLUMNS, title=title_of(doc))
-        for check, verdict, seconds, first in dom.summary_rows(doc["checks"]):
+        table = Table(*checks.SUMMARY_COLUMNS, title=title_of(doc))
+        for check, verdict, seconds, first in checks.summary_rows(doc["checks"]):
             colour = COLOURS.get(verdict, "dim")
             table.add_row(check, f"[{colour}]{verdict}[/]", seconds, escape(first))
         console.print(table)
@@ -51,14 +52,14 @@ def render(doc: dict[str, Any]) -> Callable[[Console], None]:
 
 def render_fleet(doc: dict[str, Any]) -> Callable[[Console], None]:
     """A fleet: one row per target (name, URL, verdict, state, time, first failure)."""
-    from opsctl.domain import certify_fleet as fdom
+    from opsctl.checks import certify_fleet as fleet
 
     def draw(console: Console) -> None:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(*fdom.FLEET_COLUMNS, title=f"certify: {len(doc['targets'])} target(s)")
-        for name, url, verdict, state, seconds, first in fdom.summary_rows(doc["targets"]):
+        table = Table(*fleet.FLEET_COLUMNS, title=f"certify: {len(doc['targets'])} target(s)")
+        for name, url, verdict, state, seconds, first in fleet.summary_rows(doc["targets"]):
             colour = COLOURS.get(verdict, "dim")
             table.add_row(escape(name), url, f"[{colour}]{verdict}[/]", state, seconds,
                           escape(first))  # fmt: skip

@@ -1,4 +1,4 @@
-"""The console's text of alerts, tee requests and logs: drill-in lines and row cells.
+"""The console's drill-in text of alerts, tee requests and logs, and the tee row cell.
 
 The domain holds the facts (:mod:`opsctl.domain.alert_rules`, :mod:`opsctl.domain.requests`,
 :mod:`opsctl.domain.logview`); this writes them for the drill-in panel.
@@ -85,14 +85,6 @@ def log_lines(f: LogFacts | None) -> list[str]:
     out.append("tail:")
     out += [f"  {line}" for line in f.tail] or ["  (empty)"]
     return out
-
-
-def alerts_cell(alerts: tuple[FiredAlert, ...]) -> str:
-    """The row's prefix: ``ALERT VllmEngineStalled: `` (``+N`` when there are more)."""
-    if not alerts:
-        return ""
-    more = f" +{len(alerts) - 1}" if len(alerts) > 1 else ""
-    return f"ALERT {alerts[0].name}{more}: "
 
 
 def tee_cell(v: rq.RequestsView | None) -> str:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.domain.kv_fail_report import COLUMNS
+from opsctl.checks.kv_fail import COLUMNS
 from opsctl.output import render_findings
 
 

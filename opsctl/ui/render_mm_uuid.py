@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.domain.mm_uuid import TABLE_COLUMNS, Observation, reuse_rows, table_rows
+from opsctl.checks.mm_uuid import TABLE_COLUMNS, reuse_rows, table_rows
+from opsctl.domain.mm_uuid import Observation
 from opsctl.output import render_findings
 
 

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.domain.usage import TABLE_COLUMNS, UsageRow, table_rows
+from opsctl.checks.usage import TABLE_COLUMNS, table_rows
+from opsctl.domain.usage import UsageRow
 from opsctl.output import render_findings
 
 COLOURS = {"PASS": "green", "UNVERIFIED": "yellow"}  # anything else (FAIL) is red

@@ -10,7 +10,8 @@ import pytest
 
 from opsctl.checks import certify
 from opsctl.checks import certify_fleet as fleet
-from opsctl.domain.certify_fleet import FLEET_COLUMNS, FleetTarget
+from opsctl.checks.certify_fleet import FLEET_COLUMNS
+from opsctl.domain.certify_fleet import FleetTarget
 from opsctl.ui.diag_app import DiagApp
 from opsctl.ui.panels.diag import DiagPanel
 from tests.standins.completions import Behaviour, completions_server

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from opsctl.checks.certify_fleet import summary_rows
 from opsctl.domain import certify as dom
 from opsctl.domain import certify_fleet as fdom
 from opsctl.ui.render_junit import junit_xml
@@ -105,6 +106,6 @@ def test_junit_and_sarif_one_suite_and_one_run_per_target():
 def test_summary_rows_show_the_first_failure():
     e = _entry("bb", 1, "unreachable")
     e["error"] = "no server answered at http://127.0.0.1:8002: ConnectError"
-    (row,) = fdom.summary_rows([e])
+    (row,) = summary_rows([e])
     assert row[:4] == ["bb", "http://127.0.0.1:8002", "FAIL", "unreachable"]
     assert row[5].startswith("no server answered")

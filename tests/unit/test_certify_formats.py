@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import xmlschema
 
+from opsctl.checks.certify import summary_rows
 from opsctl.domain import certify as dom
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
 from opsctl.ui.render_junit import junit_xml
@@ -164,7 +165,7 @@ def test_findings_normalised_and_verdicts():
 
 
 def test_summary_rows():
-    rows = dom.summary_rows([r.to_dict() for r in results()], width=30)
+    rows = summary_rows([r.to_dict() for r in results()], width=30)
     assert rows[0] == ["liveness", "PASS", "1.5 s", "-"]
     assert rows[1] == ["patches", "skipped", "-", "no opsctl run directory"]
     assert rows[2][:3] == ["usage", "FAIL", "2.2 s"] and rows[2][3].endswith("…")

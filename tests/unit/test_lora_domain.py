@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from opsctl.checks.lora import COLUMNS, table_rows
 from opsctl.domain import invariance as inv
 from opsctl.domain import lora as D
 from opsctl.domain import lora_support as DS
@@ -311,10 +312,10 @@ def test_engine_summary_and_table() -> None:
     assert (s["compilation_mode"], s["enforce_eager"], s["max_loras"]) == ("NONE", False, 3)
     assert s["wrapped_modules"] == {"language": 8, "tower": 4, "connector": 1}
     _, _, singles, rows, _ = passing()
-    table = DS.table_rows(singles, rows, DS.support(False, MANAGER, [], PARTS, singles))
+    table = table_rows(singles, rows, DS.support(False, MANAGER, [], PARTS, singles))
     assert table[0][:4] == ("support: language", "-", "-", DS.APPLIED)
     assert [r[0] for r in table].count("mixed") == len(rows)
-    assert all(len(r) == len(D.COLUMNS) for r in table)
+    assert all(len(r) == len(COLUMNS) for r in table)
 
 
 def test_slot_hint_when_some_base_requests_got_the_adapter_only_in_part() -> None:

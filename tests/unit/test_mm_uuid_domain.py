@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from opsctl.checks.mm_uuid import TABLE_COLUMNS, table_rows
 from opsctl.domain import mm_uuid as D
 
 HASH = "a" * 64
@@ -103,10 +104,10 @@ def test_reuse_is_a_warning_with_output_evidence() -> None:
 
 
 def test_table_rows() -> None:
-    rows = D.table_rows([obs(D.CACHES_OFF, "", ""), obs(D.CACHES_OFF, "u", None)])
+    rows = table_rows([obs(D.CACHES_OFF, "", ""), obs(D.CACHES_OFF, "u", None)])
     assert rows[0][5] == "'' (empty)" and rows[0][-1] == "PASS"
     assert rows[1][5] == "(not recorded)" and rows[1][-1] == "FAIL"
-    assert len(rows[0]) == len(D.TABLE_COLUMNS)
+    assert len(rows[0]) == len(TABLE_COLUMNS)
 
 
 def test_request_local_index_must_match_the_position() -> None:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from opsctl.checks.usage import TABLE_COLUMNS, table_rows
 from opsctl.domain import usage as U
 from opsctl.domain import usage_tokens as T
 
@@ -170,7 +171,7 @@ def test_unknown_template_gives_unverified_rows() -> None:
     f = U.findings([row])
     assert [x.code for x in f] == ["usage.unverified"] and f[0].severity == "warning"
     assert U.overall_verdict([row], f) == "unverified"
-    assert U.table_rows([row])[0][4] == "- = -+-+-"
+    assert table_rows([row])[0][4] == "- = -+-+-"
     bad = compare(U.CROSS, CASE3, {"prompt_tokens": 30, "total_tokens": 30}, words)
     both = [row, bad]
     assert U.overall_verdict(both, U.findings(both)) == "fail"
@@ -187,11 +188,11 @@ def test_request_bodies() -> None:
         "text_1": "q",
         "text_2": "a",
     }
-    rows = U.table_rows([compare(U.BI, CASE3, {"prompt_tokens": 16, "total_tokens": 16}, words)])
+    rows = table_rows([compare(U.BI, CASE3, {"prompt_tokens": 16, "total_tokens": 16}, words)])
     assert (
         rows[0][3] == "16/16"
         and rows[0][4] == "16 = 4+3+4+5"
-        and len(rows[0]) == len(U.TABLE_COLUMNS)
+        and len(rows[0]) == len(TABLE_COLUMNS)
     )
 
 

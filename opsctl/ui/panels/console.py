@@ -11,11 +11,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from opsctl.console.render_advice import reason_cell
+from opsctl.console.render_advice import alerts_cell, reason_cell
 from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
-from opsctl.ui.render_drill_in import alerts_cell, tee_cell
+from opsctl.ui.render_drill_in import tee_cell
 
 STATE_STYLE = {
     "starting": "yellow",
