@@ -265,7 +265,7 @@ class StandInSession:
 
 
 @pytest.fixture
-def two_engines(home):
+def mode_standins(home):
     """A default-mode engine that matches and an eager one that diverges."""
     default_dir = write_run_dir(
         home / "runs" / "default",
@@ -285,8 +285,8 @@ def two_engines(home):
         }
 
 
-def test_mode_both_runs_default_then_eager_on_the_isolated_engines(two_engines):
-    session = StandInSession(two_engines)
+def test_mode_both_runs_default_then_eager_on_the_isolated_engines(mode_standins):
+    session = StandInSession(mode_standins)
     spec = EngineSpec(knobs=(("OPSCTL_PROBE_NUDGE", "zebra:2"),))
     report = check.run(spec, options(mode="both", timeout=30.0), session=session)
     assert [label for label, _ in session.asked] == ["invariance-default", "invariance-eager"]
@@ -321,9 +321,9 @@ def test_mode_both_runs_default_then_eager_on_the_isolated_engines(two_engines):
         (OpsTimeout("server did not become healthy within 10 s"), True),
     ],
 )
-def test_mode_both_keeps_the_other_report_when_one_engine_fails(two_engines, error, timed_out):
+def test_mode_both_keeps_the_other_report_when_one_engine_fails(mode_standins, error, timed_out):
     seen: list[ev.Event] = []
-    session = StandInSession({**two_engines, "default": error})
+    session = StandInSession({**mode_standins, "default": error})
     report = check.run(EngineSpec(), options(mode="both", atol=1e-6), seen.append, session)
     default, eager = report.runs
     assert default["verdict"] == "fail" and default["error"] == error.message
@@ -341,8 +341,8 @@ def test_mode_both_keeps_the_other_report_when_one_engine_fails(two_engines, err
     assert "FAIL" in con.export_text()
 
 
-def test_one_mode_whose_engine_fails_raises(two_engines):
-    session = StandInSession({**two_engines, "default": EngineDied("boom")})
+def test_one_mode_whose_engine_fails_raises(mode_standins):
+    session = StandInSession({**mode_standins, "default": EngineDied("boom")})
     with pytest.raises(EngineDied):
         check.run(EngineSpec(), options(), session=session)
 
