@@ -147,26 +147,35 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
     return str(doc["error"] or f"{doc['url']} is {doc['state']}: {doc['reason']}"), None
 
 
-GENERATION = "vllm:generation_tokens_total"
 PROGRESS_LOOK_S = 1.0  # a busy server is looked at again after this long
 
 
 def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
-    """A busy server whose generation counter moves within a second vouches for itself
-    (no canary: under load a canary could wait longer than its deadline and read a slow
-    engine as stalled); an idle one cannot."""
+    """Whether a busy server vouches for itself: its progress moved within a second.
+
+    Progress is the console's (a generated token or an engine step), so a long prefill,
+    which steps on without generating, needs no canary: under load, or behind a prefill
+    that takes the whole token budget, a canary could wait longer than its deadline and
+    read a slow engine as stalled. An idle server cannot vouch (no canary: no evidence).
+    """
     import time
 
     from opsctl.collectors.scrape import scrape_once
+    from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS
 
-    running = scrape.samples.get("vllm:num_requests_running") if scrape.samples else None
-    before = scrape.samples.get(GENERATION) if scrape.samples else None
-    if not running or before is None:
+    def progress(samples) -> tuple[float | None, float | None]:
+        return (samples.get(GEN_TOKENS), samples.get(STEPS)) if samples else (None, None)
+
+    running = scrape.samples.get(RUNNING) if scrape.samples else None
+    before = progress(scrape.samples)
+    if not running or before == (None, None):
         return False
     time.sleep(PROGRESS_LOOK_S)
     again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
-    after = again.samples.get(GENERATION) if again.samples else None
-    return after is not None and after > before
+    after = progress(again.samples)
+    return any(
+        a is not None and b is not None and a > b for a, b in zip(after, before, strict=True)
+    )
 
 
 def server_pid(url: str) -> int | None:

@@ -93,3 +93,32 @@ def test_a_busy_server_whose_generation_moves_gets_no_canary():
             assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
     finally:
         BusyMoving.release.set()
+
+
+class Prefilling(Hanging):
+    """A long prefill: one request running, no token generated yet, the engine's step
+    count further at every scrape; a completion would wait behind it (the prefill takes
+    the whole token budget)."""
+
+    steps = 0
+
+    def metrics_text(self) -> str:
+        """One request running, generation flat, 3 more engine steps at each scrape."""
+        type(self).steps += 3
+        return (
+            "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+            "vllm:generation_tokens_total 0\n"
+            f"vllm:iteration_tokens_total_count {self.steps}\n"
+        )
+
+
+def test_a_long_prefill_steps_on_and_gets_no_canary():
+    """status judges progress as the console does: engine steps count, so a prefill
+    longer than the canary's deadline is busy, not stalled (issue 35 item 3)."""
+    Prefilling.release.clear()
+    try:
+        with serving(Prefilling) as url:
+            doc = status.run(UrlTarget(url), status.Options(canary_timeout=1.0)).to_dict()
+            assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
+    finally:
+        Prefilling.release.set()
