@@ -153,28 +153,29 @@ PROGRESS_LOOK_S = 1.0  # a busy server is looked at again after this long
 def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
     """Whether a busy server vouches for itself: its progress moved within a second.
 
-    Progress is the console's (a generated token or an engine step), so a long prefill,
-    which steps on without generating, needs no canary: under load, or behind a prefill
-    that takes the whole token budget, a canary could wait longer than its deadline and
-    read a slow engine as stalled. An idle server cannot vouch (no canary: no evidence).
+    Progress is the console's (a generated token, an engine step or a change of the KV
+    cache's usage), so a long prefill, which fills the KV cache without a step or token
+    published, needs no canary: under load, or behind a prefill that takes the whole
+    token budget, a canary could wait longer than its deadline and read a slow engine as
+    stalled. An idle server cannot vouch (no canary: no evidence).
     """
     import time
 
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS
+    from opsctl.domain.metrics import RUNNING, STALL_SERIES
 
-    def progress(samples) -> tuple[float | None, float | None]:
-        return (samples.get(GEN_TOKENS), samples.get(STEPS)) if samples else (None, None)
+    def progress(samples) -> tuple[float | None, ...]:
+        return tuple(samples.get(n) if samples else None for n in STALL_SERIES[1:])
 
     running = scrape.samples.get(RUNNING) if scrape.samples else None
     before = progress(scrape.samples)
-    if not running or before == (None, None):
+    if not running or all(v is None for v in before):
         return False
     time.sleep(PROGRESS_LOOK_S)
     again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
     after = progress(again.samples)
     return any(
-        a is not None and b is not None and a > b for a, b in zip(after, before, strict=True)
+        a is not None and b is not None and a != b for a, b in zip(after, before, strict=True)
     )
 
 

@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         stall_window: float = duration_option(
             "10s",
             "--stall-window",
-            help="requests running with generation and engine steps flat this long = stalled",
+            help="requests running with generation, engine steps and KV cache flat this long = stalled",
         ),
         record: Path = typer.Option(
             None, "--record", metavar="FILE", help="write the snapshots (JSONL) to FILE"
@@ -84,8 +84,8 @@ def register(app: typer.Typer) -> None:
         no_canary: bool = _NO_CANARY,
     ) -> None:
         """Live console over many vLLM servers: states (stalled = requests running,
-        generation and engine steps flat for --stall-window, even with /health 200), rates,
-        latencies, process roles."""
+        generation, engine steps and KV cache flat for --stall-window, even with /health
+        200), rates, latencies, process roles."""
         from opsctl.console import fleet
         from opsctl.domain.console_state import Settings
 

@@ -8,9 +8,11 @@ The console reads its own stall window and restart hold from here too
 
 The stall alert is the console's rule (EndpointTracker._stall, prom_view.Progress) in
 PromQL. The console calls an endpoint stalled at a scrape ``t`` when every scrape in
-``(t - W, t]`` had requests running and a generation-token total and an engine-step count
-(``vllm:iteration_tokens_total_count``) equal to the scrape before it: a long prefill or
-a slowed engine advances its steps and is slow, not stalled. In PromQL, evaluated at ``t``:
+``(t - W, t]`` had requests running and a generation-token total, an engine-step count
+(``vllm:iteration_tokens_total_count``) and a KV cache usage equal to the scrape before
+it: a slowed engine advances its steps, and a long prefill (for which vLLM publishes no
+step or token until it ends) fills the KV cache chunk by chunk: slow, not stalled. In
+PromQL, evaluated at ``t``:
 
 * ``min_over_time(running[W-1ms]) > 0``: every scrape in the window ran requests. The
   range is one millisecond short of W so that Prometheus 2 (ranges closed on the left)
@@ -18,7 +20,8 @@ a slowed engine advances its steps and is slow, not stalled. In PromQL, evaluate
 * ``changes(gen[W-1ms]) == 0`` and ``gen - gen offset W == 0``: no scrape in the window
   moved, not even the first against the one before the window (``offset W`` is the
   last scrape at or before ``t - W``; absent before there is one, as the console needs
-  a first scrape to call anything flat); the same two for the step count;
+  a first scrape to call anything flat); the same two for the step count and the KV
+  cache's usage;
 * ``up == 1``: the scrape itself answered (a dead server is VllmTargetDown).
 
 The rule needs two scrapes inside the window: scrape vLLM at most every W/2 (5 s for the
@@ -37,7 +40,7 @@ from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, REQUEST_SUCCESS, RUNNING
 from opsctl.domain.prom import RESET_COUNTERS, START_TIME
 
 # ---- windows and thresholds (the console reads the first two) -------------------------------
-STALL_WINDOW_S = 10.0  # generation and steps flat this long with requests running = stalled
+STALL_WINDOW_S = 10.0  # generation, steps and KV flat this long, requests running = stalled
 RESTART_HOLD_S = 10.0  # a counter that went back within this long = restarted
 RATE_WINDOW_S = 60.0  # rates, ratios and quantiles of the alerts
 RESTART_LOOP_WINDOW_S = 900.0  # restarts counted over 15 minutes ...
@@ -112,6 +115,8 @@ def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
         f"and on ({BY}) (sum by ({BY}) ({GEN_TOKENS}{sel} - {GEN_TOKENS}{sel} offset {w}) == 0)\n"
         f"and on ({BY}) (sum by ({BY}) (changes({STEPS}{sel}[{inside}])) == 0)\n"
         f"and on ({BY}) (sum by ({BY}) ({STEPS}{sel} - {STEPS}{sel} offset {w}) == 0)\n"
+        f"and on ({BY}) (sum by ({BY}) (changes({KV_USAGE}{sel}[{inside}])) == 0)\n"
+        f"and on ({BY}) (sum by ({BY}) ({KV_USAGE}{sel} - {KV_USAGE}{sel} offset {w}) == 0)\n"
         f"and on ({BY}) (up{sel} == 1)"
     )
 
@@ -181,8 +186,8 @@ def alerts(job: str | None) -> list[Alert]:
     loop = f"{RESTART_LOOP_COUNT} restarts in {RESTART_LOOP_WINDOW_S / 60:g} min"
     return [
         Alert("VllmEngineStalled", "critical",
-              f"{{{{ $labels.instance }}}}: requests running, no token generated and no "
-              f"engine step for {w}, /metrics still answering",
+              f"{{{{ $labels.instance }}}}: requests running, no token generated, no "
+              f"engine step and no KV cache change for {w}, /metrics still answering",
               f"{CONSOLE} (drill in: stalled, steps flat?); on its host opsctl stacks "
               "http://INSTANCE (where each process waits), then opsctl runs bundle RUN",
               stall_expr(job), None),

@@ -227,6 +227,8 @@ class EndpointView:
     # the alerts firing for this endpoint in Prometheus (console --prometheus; opsctl
     # .domain.alert_rules.FiredAlert, most severe first); () for other sources
     alerts: tuple[FiredAlert, ...] = ()
+    # the stall rule's reading moved at the last scrape (a token, a step, the KV cache)
+    progressing: bool = False
 
     def age(self, now: float) -> float | None:
         """Seconds since the last good scrape; None before the first."""

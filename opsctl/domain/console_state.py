@@ -31,9 +31,8 @@ from opsctl.domain.console import (
     went_back,
 )
 from opsctl.domain.metrics import (
-    GEN_TOKENS,
     RUNNING,
-    STEPS,
+    STALL_SERIES,
     WAITING,
     WAITING_BY_REASON,
     MetricSamples,
@@ -90,9 +89,9 @@ def decide(
 ) -> tuple[str, str | None]:
     """The state of one endpoint and the reason for any state but ready/busy.
 
-    ``stall_for``: seconds the generation and engine-step counters have been flat while
-    requests were running (None when either moves or nothing runs): a stall is always
-    flat in both, since an engine step counts as progress."""
+    ``stall_for``: seconds the generation and engine-step counters and the KV cache's
+    usage have been flat while requests were running (None when any moves or nothing
+    runs): a stall is flat in all three, since each counts as progress."""
     if local is not None and not local.alive:
         why = local.reason or "process gone"
         if local.death_lines:
@@ -124,7 +123,7 @@ def decide(
         running = scrape.samples.get(RUNNING) if scrape.samples else None
         return STALLED, (
             f"{running or 0:.0f} requests running{waiting_text(scrape.samples)}, generation "
-            f"tokens flat for {stall_for:.0f} s (engine steps flat too); /health {health}"
+            f"tokens flat for {stall_for:.0f} s (engine steps and KV cache flat too); /health {health}"
         )
     if restarted_recently:
         return RESTARTED, "counters went back: the server restarted"
@@ -173,6 +172,7 @@ class Tracked(Protocol):
     last_ok_at: float | None
     scrapes: int
     restarts: int
+    progress: Progress
 
 
 def endpoint_view(
@@ -199,6 +199,7 @@ def endpoint_view(
         scrapes=memory.scrapes,
         restarts=memory.restarts,
         poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
+        progressing=memory.progress.moved,
     )
 
 
@@ -211,27 +212,31 @@ class Progress:
     It holds the last time generation or the engine steps moved (or nothing ran). The
     direct source feeds one point per scrape, the Prometheus source overlapping ranges of
     raw samples poll after poll (a sample is used once).
-    Progress is a generated token or an engine step: a long prefill or a slowed engine
-    is slow, not stalled."""
+    Progress is a generated token, an engine step or a change of the KV cache's usage: a
+    slowed engine steps on, and a long prefill, which vLLM (0.32 measured) publishes no
+    step or token for until it ends, fills the KV cache chunk by chunk: slow, not
+    stalled."""
 
     def __init__(self) -> None:
         self.last: Point | None = None
         self.progress_at: float | None = None
+        self.moved = False  # the last point moved against the one before it
 
     def feed(self, points: list[Point]) -> None:
-        """Take raw (time, running, generation, steps) points; note when progress was seen."""
+        """Take raw (time, running, generation, steps, KV usage) points; note progress."""
         for p in points:
             if self.last is not None and p[0] <= self.last[0]:
                 continue
-            t, running, gen, steps = p
+            t, running = p[0], p[1]
             prev = self.last
-            moved = prev is None or gen != prev[2] or steps != prev[3]
+            self.moved = prev is not None and p[2:] != prev[2:]
+            moved = prev is None or self.moved
             if running <= 0 or moved or self.progress_at is None:
                 self.progress_at = t
             self.last = p
 
     def stall(self, window_s: float) -> float | None:
-        """Seconds generation and steps have been flat with requests running.
+        """Seconds generation, steps and KV usage have been flat with requests running.
 
         None below the stall window."""
         if self.last is None or self.progress_at is None:
@@ -325,7 +330,8 @@ class EndpointTracker:
             self.window.clear()
             self.prev = None
             prev = None
-        point = (t, cur.get(RUNNING) or 0.0, cur.get(GEN_TOKENS) or 0.0, cur.get(STEPS) or 0.0)
+        running, gen, steps, kv = (cur.get(name) or 0.0 for name in STALL_SERIES)
+        point = (t, running, gen, steps, kv)
         self.progress.feed([point])
         dt = t - self.prev[0] if self.prev else None
         self.window.append((t, cur))
@@ -419,13 +425,15 @@ def verdict(
 def undecided(v: EndpointView) -> bool:
     """Whether a one-shot look must watch longer before the endpoint is busy or stalled.
 
-    For a one-shot look (``--once``): the endpoint has requests running and neither
-    its generation counter nor its engine steps were seen moving over the last interval
-    (or there is no rate yet), and the stall window has not passed: it may be busy or
-    stalling, so it needs a longer look. Progress makes it busy; the window passing makes
-    it stalled."""
+    For a one-shot look (``--once``): the endpoint has requests running and none of
+    its generation counter, its engine steps and its KV cache's usage was seen moving
+    over the last interval (or there is no rate yet), and the stall window has not
+    passed: it may be busy or stalling, so it needs a longer look. Progress makes it
+    busy; the window passing makes it stalled."""
     if v.state not in (BUSY, RESTARTED) or not v.figures.running:
         return False
+    if v.progressing:  # a token, a step or the KV cache filling (a long prefill) since
+        return False  # the scrape before: slow at worst, decided busy
     tps, steps = v.figures.generation_tps, v.figures.steps_per_s
     if steps is not None and steps > 0:  # a long prefill steps on: slow, decided busy
         return False
@@ -448,7 +456,8 @@ def settle_undecided(
         if undecided(v):
             running = v.figures.running or 0
             why = (
-                f"{running:.0f} requests running, generation and engine steps not seen moving in "
+                f"{running:.0f} requests running, generation, engine steps and KV cache not seen "
+                f"moving in "
                 f"{observed_s:.0f} s of observation (stall window {stall_window_s:g} s); "
                 f"/health {v.health_status}"
             )

@@ -34,7 +34,8 @@ def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
     return MetricsSnapshot(taken_at if taken_at is not None else time.time(), values)
 
 
-Point = tuple[float, float, float, float]  # (time, running, generation tokens, steps)
+# (time, running, generation tokens, engine steps, KV cache usage): the stall rule's reading
+Point = tuple[float, float, float, float, float]
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -42,6 +43,9 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GEN_TOKENS = "vllm:generation_tokens_total"
 # vllm:iteration_tokens_total is observed once per engine step: its count counts steps
 STEPS = "vllm:iteration_tokens_total_count"
+# the stall rule's series, in Point's order: progress is a change of any but RUNNING (a
+# long prefill moves only the KV cache's usage: no step or token is published until it ends)
+STALL_SERIES = (RUNNING, GEN_TOKENS, STEPS, KV_USAGE)
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 

@@ -36,7 +36,6 @@ TAG = "opsctl_q"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 START_TIME = "process_start_time_seconds"
-STALL_SERIES = (vm.RUNNING, vm.GEN_TOKENS, vm.STEPS)
 QNAMES = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # p50 p90 p95 p99
 # figure key -> metric, summed per endpoint
 GAUGES = {
@@ -172,7 +171,7 @@ def latency_queries(job: str | None, w: Windows) -> list[str]:
 
 def stall_query(job: str | None, w: Windows) -> str:
     """The range query of the stall series' raw samples over the stall window."""
-    names = "|".join(re.escape(n) for n in STALL_SERIES)
+    names = "|".join(re.escape(n) for n in vm.STALL_SERIES)
     job_part = f", job={_quote(job)}" if job else ""
     return f'{{__name__=~"{names}"{job_part}}}[{_dur(w.stall_s)}]'
 
@@ -368,7 +367,7 @@ def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
 
     Raw samples of the stall series summed per endpoint and scrape time (every
     series of one scrape carries the same timestamp), in time order."""
-    col = {vm.RUNNING: 1, vm.GEN_TOKENS: 2, vm.STEPS: 3}
+    col = {name: i for i, name in enumerate(vm.STALL_SERIES, 1)}
     per: dict[Key, dict[float, list[float]]] = {}
     for item in result:
         metric = item.get("metric") or {}
@@ -378,10 +377,11 @@ def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
         rows = per.setdefault(_key(metric, job), {})
         for t, text in item.get("values") or []:
             v = number(text)
-            row = rows.setdefault(float(t), [float(t), 0.0, 0.0, 0.0])
+            row = rows.setdefault(float(t), [float(t), *(0.0 for _ in vm.STALL_SERIES)])
             row[i] += v or 0.0
     return {
-        k: [(r[0], r[1], r[2], r[3]) for _, r in sorted(rows.items())] for k, rows in per.items()
+        k: [(r[0], r[1], r[2], r[3], r[4]) for _, r in sorted(rows.items())]
+        for k, rows in per.items()
     }
 
 

@@ -59,8 +59,9 @@ HELP = """\
 
 [b]replay[/b] (--replay FILE): p pause/play, . step, , step back, + faster, - slower
 
-States: starting, ready, busy, stalled (requests running, generation and steps flat for the
-stall window, /health may still say 200), dead, unreachable, unauthorized, restarted.
+States: starting, ready, busy, stalled (requests running, generation, steps and KV cache
+flat for the stall window, /health may still say 200), dead, unreachable, unauthorized,
+restarted.
 '-' is missing data; 'Ns stale' is the age of data older than 1.5 polls."""
 
 

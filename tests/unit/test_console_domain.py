@@ -107,7 +107,7 @@ def test_stall_needs_the_full_window_then_recovers():
         assert t.observe(scrape(sec, body(running=16, gen=1000))).state == c.BUSY
     v = t.observe(scrape(10.5, body(running=16, gen=1000)))
     assert v.state == c.STALLED and v.health_status == 200
-    assert "16 requests running" in v.reason and "engine steps flat too" in v.reason
+    assert "16 requests running" in v.reason and "engine steps and KV cache flat too" in v.reason
     assert "/health 200" in v.reason
     v = t.observe(scrape(11.5, body(running=16, gen=1400, steps=800)))  # SIGCONT
     assert v.state == c.BUSY and v.reason is None
@@ -123,7 +123,22 @@ def test_generation_flat_while_steps_advance_is_slow_not_stalled():
         assert v.state == c.BUSY, (sec, v.reason)
     for sec in range(8, 11):  # then the steps stop too: a stall, after the full window
         v = t.observe(scrape(sec, body(running=2, gen=5, steps=80)))
-    assert v.state == c.STALLED and "engine steps flat too" in v.reason
+    assert v.state == c.STALLED and "engine steps and KV cache flat too" in v.reason
+
+
+def test_a_long_prefill_fills_the_kv_cache_and_is_busy_not_stalled():
+    """vLLM 0.32 counts no engine step and no token while a prompt is prefilled chunk by
+    chunk (measured: tests/e2e/test_prefill_e2e.py); the KV cache's usage grows with
+    each chunk: busy for as long as it grows, stalled a full window after it stops."""
+    t = tracker(stall_window_s=2.0)
+    for sec in range(0, 8):
+        kv = body(running=1, gen=5, steps=10, **{"vllm:kv_cache_usage_perc": 0.01 * sec})
+        v = t.observe(scrape(sec, kv))
+        assert v.state == c.BUSY, (sec, v.reason)
+    flat = body(running=1, gen=5, steps=10, **{"vllm:kv_cache_usage_perc": 0.07})
+    for sec in range(8, 11):
+        v = t.observe(scrape(sec, flat))
+    assert v.state == c.STALLED and "KV cache flat too" in v.reason
 
 
 def test_no_requests_is_never_stalled():

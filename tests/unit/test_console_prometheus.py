@@ -14,7 +14,14 @@ from opsctl.console.report import document, endpoint_dict
 from opsctl.domain import prom, prom_view
 from opsctl.domain.console import Quantiles, Scrape, Target
 from opsctl.domain.console_state import EndpointTracker, Settings
-from opsctl.domain.metrics import GEN_TOKENS, LATENCY_HISTOGRAMS, RUNNING, STEPS, MetricSamples
+from opsctl.domain.metrics import (
+    GEN_TOKENS,
+    KV_USAGE,
+    LATENCY_HISTOGRAMS,
+    RUNNING,
+    STEPS,
+    MetricSamples,
+)
 from opsctl.domain.prom import InstanceData, PromTarget
 from opsctl.engine.server import free_port
 
@@ -159,7 +166,7 @@ def test_recorded_fleet_reads_the_state_of_every_mode():
     assert got == {url: STATE_OF_MODE[m] for url, m in FLEET["modes"].items()}
     mode = {m: eps[u].view for u, m in FLEET["modes"].items()}
     assert "generation tokens flat" in mode["stalled"].reason
-    assert "engine steps flat too" in mode["stalled"].reason
+    assert "engine steps and KV cache flat too" in mode["stalled"].reason
     assert mode["dead"].reason == "/health HTTP 503"
     assert "context deadline exceeded" in mode["hung"].reason
     assert "not a vLLM server" in mode["notvllm"].reason
@@ -273,9 +280,9 @@ def test_interval_ratios_fall_back_to_lifetime():
 # ---- the stall rule is EndpointTracker's ----------------------------------------------------
 
 
-def _samples(running: float, gen: float, steps: float) -> MetricSamples:
-    values = {RUNNING: running, GEN_TOKENS: gen, STEPS: steps}
-    return MetricSamples(values, {}, {}, {}, 1, 3)
+def _samples(running: float, gen: float, steps: float, kv: float = 0.25) -> MetricSamples:
+    values = {RUNNING: running, GEN_TOKENS: gen, STEPS: steps, KV_USAGE: kv}
+    return MetricSamples(values, {}, {}, {}, 1, 4)
 
 
 SEQUENCES = {
@@ -283,6 +290,8 @@ SEQUENCES = {
     "moving": [(4, 10 + i, 5 + i) for i in range(8)],
     "idle": [(0, 10, 5)] * 8,
     "steps move, tokens flat": [(4, 10, 5 + i) for i in range(8)],
+    # a long prefill as vLLM 0.32 publishes it: no step, no token, the KV cache filling
+    "kv fills, steps and tokens flat": [(4, 10, 5, 0.1 + 0.01 * i) for i in range(8)],
     "stalls late": [(4, 10 + min(i, 3), 5 + min(i, 3)) for i in range(10)],
     "recovers": [(4, 10, 5)] * 6 + [(4, 11, 6), (4, 12, 7)],
     "running drops": [(4, 10, 5)] * 4 + [(0, 10, 5)] + [(4, 10, 5)] * 3,
@@ -298,11 +307,12 @@ def test_progress_rule_equals_the_direct_trackers(name, window):
     tracker = EndpointTracker(Target("x", "http://x:1", "argument"), settings)
     progress = prom_view.Progress()
     ok = HttpStatus("/health", 200)
-    for i, (running, gen, steps) in enumerate(SEQUENCES[name]):
+    seqs = [(*p, 0.25)[:4] for p in SEQUENCES[name]]  # (running, gen, steps, kv)
+    for i, point in enumerate(seqs):
         t = 100.0 + i
-        tracker.observe(Scrape("http://x:1", t, t, ok, ok, _samples(running, gen, steps)))
+        tracker.observe(Scrape("http://x:1", t, t, ok, ok, _samples(*point)))
         # overlapping ranges, as a poll sees them: the last three samples each time
-        seq = SEQUENCES[name][max(0, i - 2) : i + 1]
+        seq = seqs[max(0, i - 2) : i + 1]
         start = 100.0 + max(0, i - 2)
         progress.feed([(start + j, *p) for j, p in enumerate(seq)])
         assert progress.stall(window) == tracker._stall(), (name, i)

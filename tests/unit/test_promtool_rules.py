@@ -261,13 +261,15 @@ def test_without_job_the_rules_span_jobs_and_skip_other_targets(promtool, tmp_pa
 # ---- the stall alert IS the console's rule ------------------------------------------------------
 
 
-def console_stalled(running: list[float], gen: list[float]) -> list[bool]:
+def console_stalled(
+    running: list[float], gen: list[float], steps: list[float], kv: list[float]
+) -> list[bool]:
     """The console's verdict at each scrape (t = index seconds): prom_view.Progress, the
     EndpointTracker rule replayed on raw samples, with the console's default window."""
     p = Progress()
     out = []
-    for t, (r, g) in enumerate(zip(running, gen, strict=True)):
-        p.feed([(float(t), r, g, g / 4)])
+    for t, point in enumerate(zip(running, gen, steps, kv, strict=True)):
+        p.feed([(float(t), *point)])
         stall_for = p.stall(alert_rules.STALL_WINDOW_S)
         out.append(stall_for is not None)
     return out
@@ -295,13 +297,20 @@ def test_the_stall_alert_agrees_with_the_console_rule_on_the_same_series(promtoo
     assert Settings().stall_window_s == alert_rules.STALL_WINDOW_S
     rng = random.Random(27)
     n = 90
-    runs = [random_run(rng, n) for _ in range(6)]
-    runs.append(([2.0] * n, [min(i, 30) * 5.0 for i in range(n)]))  # stalls at t=40
+    runs = [(*random_run(rng, n), None) for _ in range(6)]
+    runs.append(([2.0] * n, [min(i, 30) * 5.0 for i in range(n)], None))  # stalls at t=40
+    # a long prefill as vLLM 0.32 publishes it: no token, no step, the KV cache filling
+    # for 30 s, then flat: stalls at t=40
+    runs.append(([1.0] * n, [50.0] * n, [min(i, 30) * 0.01 for i in range(n)]))
     tests, fired = [], 0
-    for k, (running, gen) in enumerate(runs):
-        verdicts = console_stalled(running, gen)
+    for k, (running, gen, kv) in enumerate(runs):
+        steps = [50.0] * n if kv is not None else [g / 4 for g in gen]
+        kv = kv or [0.0] * n
+        verdicts = console_stalled(running, gen, steps, kv)
+        if k == len(runs) - 1:
+            assert verdicts.index(True) == 40, verdicts  # not while the KV cache fills
         fired += sum(verdicts)
-        inputs = server(f"s{k}:1", n, running, gen)
+        inputs = server(f"s{k}:1", n, running, gen, steps=steps, kv=kv)
         alert_checks = [
             {
                 "eval_time": f"{t}s",

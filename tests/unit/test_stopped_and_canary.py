@@ -96,25 +96,26 @@ def test_a_busy_server_whose_generation_moves_gets_no_canary():
 
 
 class Prefilling(Hanging):
-    """A long prefill: one request running, no token generated yet, the engine's step
-    count further at every scrape; a completion would wait behind it (the prefill takes
-    the whole token budget)."""
+    """A long prefill as vLLM 0.32 publishes it (measured, tests/e2e/test_prefill_e2e.py):
+    one request running, no token and no engine step counted until it ends, the KV cache
+    fuller at every scrape; a completion would wait behind it (the prefill takes the
+    whole token budget)."""
 
-    steps = 0
+    kv = 0.0
 
     def metrics_text(self) -> str:
-        """One request running, generation flat, 3 more engine steps at each scrape."""
-        type(self).steps += 3
+        """One request running, generation and steps flat, the KV cache filling."""
+        type(self).kv += 0.0078
         return (
             "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
-            "vllm:generation_tokens_total 0\n"
-            f"vllm:iteration_tokens_total_count {self.steps}\n"
+            "vllm:generation_tokens_total 0\nvllm:iteration_tokens_total_count 0\n"
+            f"vllm:kv_cache_usage_perc {self.kv}\n"
         )
 
 
 def test_a_long_prefill_steps_on_and_gets_no_canary():
-    """status judges progress as the console does: engine steps count, so a prefill
-    longer than the canary's deadline is busy, not stalled (issue 35 item 3)."""
+    """status judges progress as the console does: the KV cache filling counts, so a
+    prefill longer than the canary's deadline is busy, not stalled (issue 35 item 3)."""
     Prefilling.release.clear()
     try:
         with serving(Prefilling) as url:
