@@ -60,6 +60,9 @@ class Options:
     # gauges cannot show a stopped engine); None: no canary
     canary_timeout: float | None = 10.0
     local: bool = True  # look at the server's local processes (stopped ones: stalled)
+    # a busy server is watched this long for progress before it is called stalled (the
+    # console's --stall-window default)
+    stall_window: float = 10.0
 
 
 def run(
@@ -70,7 +73,7 @@ def run(
 ) -> Report:
     """The health, state and key metrics of the server at ``target``."""
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.console_state import BUSY, READY, decide, judge_canary
+    from opsctl.domain.console_state import BUSY, READY, STALLED, decide, judge_canary
     from opsctl.domain.urls import normalise_url
     from opsctl.output import document
 
@@ -82,12 +85,12 @@ def run(
     state, reason = decide(scrape, local, None, False)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
-    if (
-        options.canary_timeout
-        and state in (READY, BUSY)
-        and models
-        and not _moving(scrape, base, target, options)
-    ):
+    if state == BUSY:
+        progress(ev.Phase(f"requests running: progress watched up to {options.stall_window:g} s"))
+    flat = _flat_for(scrape, base, target, options) if state == BUSY else None
+    if flat is not None:  # the console's rule: requests running, nothing moved
+        state, reason = STALLED, _flat_reason(scrape, flat, options.stall_window)
+    elif options.canary_timeout and state == READY and models:
         from opsctl.collectors.canary import send
 
         progress(ev.Phase(f"canary: a 1-token completion to {models[0]}"))
@@ -150,33 +153,40 @@ def error_of(report: Report, api_key: str | None = None) -> tuple[str, str | Non
 PROGRESS_LOOK_S = 1.0  # a busy server is looked at again after this long
 
 
-def _moving(scrape, base: str, target: UrlTarget, options: Options) -> bool:
-    """Whether a busy server vouches for itself: its progress moved within a second.
+def _flat_reason(scrape, flat: float, window: float) -> str:
+    running = scrape.samples.get("vllm:num_requests_running") if scrape.samples else 0
+    return (
+        f"{running or 0:.0f} requests running, generation, engine steps and KV cache flat "
+        f"for {flat:.0f} s (stall window {window:g} s); /health {scrape.health.status}"
+    )
+
+
+def _flat_for(scrape, base: str, target: UrlTarget, options: Options) -> float | None:
+    """Seconds a busy server's progress stayed flat: None once it moved.
 
     Progress is the console's (a generated token, an engine step or a change of the KV
-    cache's usage), so a long prefill, which fills the KV cache without a step or token
-    published, needs no canary: under load, or behind a prefill that takes the whole
-    token budget, a canary could wait longer than its deadline and read a slow engine as
-    stalled. An idle server cannot vouch (no canary: no evidence).
+    cache's usage), watched as ``console --once`` does: a scrape a second until it
+    moves (busy; a long prefill moves only the KV cache, slowly) or the stall window
+    passes with it flat (stalled). No canary for a busy server: it would wait behind the
+    running requests (a prefill takes the whole token budget) and read slow as stalled.
     """
     import time
 
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.metrics import RUNNING, STALL_SERIES
+    from opsctl.domain.metrics import STALL_SERIES
 
     def progress(samples) -> tuple[float | None, ...]:
         return tuple(samples.get(n) if samples else None for n in STALL_SERIES[1:])
 
-    running = scrape.samples.get(RUNNING) if scrape.samples else None
-    before = progress(scrape.samples)
-    if not running or all(v is None for v in before):
-        return False
-    time.sleep(PROGRESS_LOOK_S)
-    again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
-    after = progress(again.samples)
-    return any(
-        a is not None and b is not None and a != b for a, b in zip(after, before, strict=True)
-    )
+    before, t0 = progress(scrape.samples), time.monotonic()
+    while time.monotonic() - t0 < options.stall_window:
+        time.sleep(min(PROGRESS_LOOK_S, max(0.0, options.stall_window - (time.monotonic() - t0))))
+        again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
+        if again.samples is None:
+            return None  # it stopped answering: not this rule's call
+        if progress(again.samples) != before:
+            return None
+    return time.monotonic() - t0
 
 
 def server_pid(url: str) -> int | None:

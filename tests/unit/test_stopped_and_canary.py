@@ -123,3 +123,33 @@ def test_a_long_prefill_steps_on_and_gets_no_canary():
             assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
     finally:
         Prefilling.release.set()
+
+
+class BusyFlat(Hanging):
+    """Requests running and nothing moving: no token, no step, the KV cache still."""
+
+    def metrics_text(self) -> str:
+        """Two requests running; generation, steps and KV usage the same at every scrape."""
+        return (
+            "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+            "vllm:generation_tokens_total 40\nvllm:iteration_tokens_total_count 20\n"
+            "vllm:kv_cache_usage_perc 0.3\n"
+        )
+
+
+def test_a_busy_server_flat_for_the_stall_window_is_stalled_without_a_canary():
+    """status judges a busy server by the console's rule: watched a scrape a second, flat
+    for the whole stall window = stalled; no canary (it would wait behind the running
+    requests)."""
+    BusyFlat.release.clear()
+    try:
+        with serving(BusyFlat) as url:
+            t0 = time.monotonic()
+            opts = status.Options(canary_timeout=1.0, stall_window=2.0)
+            doc = status.run(UrlTarget(url), opts).to_dict()
+            took = time.monotonic() - t0
+            assert doc["state"] == "stalled" and doc["canary"] is None, doc
+            assert "2 requests running" in doc["reason"] and "flat for 2 s" in doc["reason"]
+            assert 2.0 <= took < 30, took  # the whole window, not one look
+    finally:
+        BusyFlat.release.set()
