@@ -70,86 +70,61 @@ def test_status_of_a_server_whose_completions_hang_is_stalled():
         Hanging.release.set()
 
 
-class BusyMoving(Hanging):
-    """Requests running and the generation counter moving at every scrape; completions
-    would hang (under load a canary may wait longer than its deadline)."""
+def busy(running: int, gen=lambda n: 40, steps=lambda n: 20, kv=lambda n: 0.3):
+    """A stand-in whose completions hang (:class:`Hanging`) and whose /metrics show
+    ``running`` requests and the generation, step and KV series as functions of the
+    scrape's number ``n`` (1, 2, ...)."""
 
-    tokens = 0
+    class Busy(Hanging):
+        scrapes = 0
 
-    def metrics_text(self) -> str:
-        """Four requests running, the generation counter 7 tokens further at each scrape."""
-        type(self).tokens += 7
-        return (
-            "vllm:num_requests_running 4\nvllm:num_requests_waiting 0\n"
-            f"vllm:generation_tokens_total {self.tokens}\n"
-        )
+        def metrics_text(self) -> str:
+            """The gauges and counters of scrape ``n``."""
+            n = type(self).scrapes = type(self).scrapes + 1
+            return (
+                f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
+                f"vllm:generation_tokens_total {gen(n)}\n"
+                f"vllm:iteration_tokens_total_count {steps(n)}\n"
+                f"vllm:kv_cache_usage_perc {kv(n)}\n"
+            )
+
+    return Busy
+
+
+def status_of(standin, **options) -> tuple[dict, float]:
+    """``status.run`` on ``standin`` (its completions released after): (document, seconds)."""
+    Hanging.release.clear()
+    try:
+        with serving(standin) as url:
+            t0 = time.monotonic()
+            doc = status.run(UrlTarget(url), status.Options(**options)).to_dict()
+            return doc, time.monotonic() - t0
+    finally:
+        Hanging.release.set()
 
 
 def test_a_busy_server_whose_generation_moves_gets_no_canary():
-    BusyMoving.release.clear()
-    try:
-        with serving(BusyMoving) as url:
-            doc = status.run(UrlTarget(url), status.Options(canary_timeout=1.0)).to_dict()
-            assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
-    finally:
-        BusyMoving.release.set()
+    """Four requests running, the generation counter 7 tokens further at each scrape
+    (under load a canary may wait longer than its deadline)."""
+    doc, _ = status_of(busy(4, gen=lambda n: 7 * n), canary_timeout=1.0)
+    assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
 
 
-class Prefilling(Hanging):
+def test_a_long_prefill_fills_the_kv_cache_and_gets_no_canary():
     """A long prefill as vLLM 0.32 publishes it (measured, tests/e2e/test_prefill_e2e.py):
-    one request running, no token and no engine step counted until it ends, the KV cache
-    fuller at every scrape; a completion would wait behind it (the prefill takes the
-    whole token budget)."""
-
-    kv = 0.0
-
-    def metrics_text(self) -> str:
-        """One request running, generation and steps flat, the KV cache filling."""
-        type(self).kv += 0.0078
-        return (
-            "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
-            "vllm:generation_tokens_total 0\nvllm:iteration_tokens_total_count 0\n"
-            f"vllm:kv_cache_usage_perc {self.kv}\n"
-        )
-
-
-def test_a_long_prefill_steps_on_and_gets_no_canary():
-    """status judges progress as the console does: the KV cache filling counts, so a
-    prefill longer than the canary's deadline is busy, not stalled (issue 35 item 3)."""
-    Prefilling.release.clear()
-    try:
-        with serving(Prefilling) as url:
-            doc = status.run(UrlTarget(url), status.Options(canary_timeout=1.0)).to_dict()
-            assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
-    finally:
-        Prefilling.release.set()
-
-
-class BusyFlat(Hanging):
-    """Requests running and nothing moving: no token, no step, the KV cache still."""
-
-    def metrics_text(self) -> str:
-        """Two requests running; generation, steps and KV usage the same at every scrape."""
-        return (
-            "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
-            "vllm:generation_tokens_total 40\nvllm:iteration_tokens_total_count 20\n"
-            "vllm:kv_cache_usage_perc 0.3\n"
-        )
+    no token and no engine step counted until it ends, the KV cache fuller at every
+    scrape. status judges progress as the console does, so it is busy, not stalled, and
+    gets no canary (which would wait behind the prefill's token budget)."""
+    doc, _ = status_of(busy(1, gen=lambda n: 0, steps=lambda n: 0, kv=lambda n: 0.0078 * n),
+                       canary_timeout=1.0)  # fmt: skip
+    assert doc["state"] == "busy" and doc["healthy"] and doc["canary"] is None, doc
 
 
 def test_a_busy_server_flat_for_the_stall_window_is_stalled_without_a_canary():
     """status judges a busy server by the console's rule: watched a scrape a second, flat
     for the whole stall window = stalled; no canary (it would wait behind the running
     requests)."""
-    BusyFlat.release.clear()
-    try:
-        with serving(BusyFlat) as url:
-            t0 = time.monotonic()
-            opts = status.Options(canary_timeout=1.0, stall_window=2.0)
-            doc = status.run(UrlTarget(url), opts).to_dict()
-            took = time.monotonic() - t0
-            assert doc["state"] == "stalled" and doc["canary"] is None, doc
-            assert "2 requests running" in doc["reason"] and "flat for 2 s" in doc["reason"]
-            assert 2.0 <= took < 30, took  # the whole window, not one look
-    finally:
-        BusyFlat.release.set()
+    doc, took = status_of(busy(2), canary_timeout=1.0, stall_window=2.0)
+    assert doc["state"] == "stalled" and doc["canary"] is None, doc
+    assert "2 requests running" in doc["reason"] and "flat for 2 s" in doc["reason"]
+    assert 2.0 <= took < 30, took  # the whole window, not one look
