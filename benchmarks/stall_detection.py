@@ -86,12 +86,18 @@ def spread(xs: list[float]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--idle", type=float, default=600.0, help="seconds of the idle case")
     p.add_argument("--slow", type=float, default=120.0, help="seconds of the slowed case")
     p.add_argument("--every", type=float, default=5.0, help="seconds between checks")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--cases", default="idle,slow,sigstop,hang,prefill")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="runs of each timed case (sigstop, hang, prefill)"
+    )
+    p.add_argument(
+        "--cases",
+        default="idle,slow,sigstop,hang,prefill",
+        help="comma-separated cases to run, in this order",
+    )
     a = p.parse_args()
     cases = set(a.cases.split(","))
     if cases - {"idle", "slow", "sigstop", "hang", "prefill"}:
