@@ -39,6 +39,10 @@
 #                    default mode, a GPU-side hang (spinning kernel) and a host-side one:
 #                    console --once's state and GPU signature, stacks, py-spy --native;
 #                    hang.json, hang-run/), then diag lora --model tiny-vlm (BLIP-2)
+#   prefill  ~350 s  issue 35 item 3 on CUDA: gpu/prefill_gpu.py (a dummy Llama-3-8B-shaped
+#                    engine in the default mode, 32 tokens a step, a ~45 s prefill:
+#                    /metrics every 0.5 s, console --once and status while it runs;
+#                    prefill.json, prefill-run/)
 #
 # The opsctl that runs is the checkout's (PYTHONPATH=<checkout>:/tmp/site, so a change
 # needs no new bundle); PROVE_CODE=bundle runs the bundle's wheel instead. facts.txt
@@ -58,8 +62,8 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang|uuid" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid | prefill) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang|uuid|prefill" >&2
     exit 2
     ;;
 esac
@@ -427,6 +431,15 @@ hang)
     (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/hang_gpu.py" --out "$D/hang.json" --budget "$((lim - 20))") >"$D/hang.txt" 2>"$D/hang.err"
     say "hang rc=$?: $(cut -c1-400 "$D/hang.txt" | tr '\n' ';')"
     call lora-blip2 180 100 diag lora --model tiny-vlm --json --no-tui --timeout @T
+    ;;
+prefill)
+    facts
+    build tiny-llama
+    lim=$(($(left) - 40))
+    [ "$lim" -gt 520 ] && lim=520
+    say "prefill: gpu/prefill_gpu.py (limit ${lim}s)"
+    (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/prefill_gpu.py" --out "$D/prefill.json" --budget "$((lim - 20))") >"$D/prefill.txt" 2>"$D/prefill.err"
+    say "prefill rc=$?: $(cut -c1-600 "$D/prefill.txt" | tr '\n' ';')"
     ;;
 certify)
     build tiny-llama
