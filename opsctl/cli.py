@@ -36,7 +36,8 @@ UsageError = _usage_error_class()
 def _plain_usage_pieces(self: TyperArgument, ctx: Any) -> list[str]:
     """A positional in the usage line as POSIX usage writes it: ``URL`` when required,
     ``[MODEL]`` when optional, ``...`` when repeated (Typer writes ``{URL}``)."""
-    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    raw = self.metavar if self.metavar is not None else (self.name or "")
+    name = raw if self.required else f"[{raw}]"
     return [name + ("..." if self.nargs != 1 else "")]
 
 
@@ -59,6 +60,21 @@ def _no_argument_type(self: TyperArgument, ctx: Any) -> None:
 TyperArgument.get_usage_pieces = _plain_usage_pieces  # type: ignore[method-assign]
 TyperOption.display_type_rich = _option_value_name  # type: ignore[method-assign]
 TyperArgument.display_type_rich = _no_argument_type  # type: ignore[method-assign]
+
+
+def _name_option_values(command: Any) -> None:
+    """Give every option that takes a value its name as metavar (``--port PORT``).
+
+    Typer releases render an option's value in help through different methods (0.29:
+    ``display_type_rich``, patched above; 0.27: click's ``make_metavar``, which shows
+    ``<str>``); every one of them prints a metavar that is set."""
+    for param in getattr(command, "params", ()):
+        takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
+        if isinstance(param, TyperOption) and param.metavar is None and takes_value:
+            param.metavar = _option_value_name(param, None)
+    for sub in getattr(command, "commands", {}).values():
+        _name_option_values(sub)
+
 
 ARGV_KEY = "opsctl.argv"  # ctx.meta: the words of the command line, as given
 
@@ -129,6 +145,8 @@ class OpsctlGroup(TyperGroup):
         They go in ``ctx.meta``: the error document names the command that failed.
         """
         argv = list(args)
+        if parent is None:
+            _name_option_values(self)
         ctx = super().make_context(info_name, args, parent=parent, **extra)
         ctx.meta[ARGV_KEY] = argv
         return ctx

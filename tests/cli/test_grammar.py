@@ -11,6 +11,7 @@ PENDING with the rule they break; the rules themselves are never relaxed for the
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import defaultdict
 
 import pytest
@@ -121,6 +122,22 @@ def test_help_has_examples_and_exit_codes(name, cmd):
         )
 
 
+def test_help_style_reads_only_what_every_typer_release_has():
+    """opsctl's help style reads a parameter's click attributes alone (metavar, name,
+    required, nargs): `serve --help` crashed on Typer 0.27.2 (the CUDA image's) when it
+    read ``display_name_raw``, which only newer releases have."""
+    from types import SimpleNamespace
+
+    from opsctl.cli import _option_value_name, _plain_usage_pieces
+
+    arg = SimpleNamespace(metavar=None, name="MODEL", required=False, nargs=1)
+    assert _plain_usage_pieces(arg, None) == ["[MODEL]"]
+    urls = SimpleNamespace(metavar="URL", name="urls", required=True, nargs=-1)
+    assert _plain_usage_pieces(urls, None) == ["URL..."]
+    port = SimpleNamespace(metavar=None, name="port", nargs=1)
+    assert _option_value_name(port, None) == "PORT"
+
+
 @pytest.mark.parametrize(("name", "cmd"), LEAVES, ids=IDS)
 def test_usage_line_shows_no_python_types(name, cmd):
     usage = cmd.get_usage(context(name, cmd))
@@ -142,7 +159,13 @@ def test_command_summaries_are_never_cut(name, cmd):
     assert cut == [], f"{name or 'opsctl'}: cut summaries (give short_help): {cut}"
 
 
-def meaning(param) -> tuple:
+def declared(cmd, param) -> inspect.Parameter:
+    """The command function's own declaration of a parameter: its annotation and its
+    ``typer.Option`` (public in every Typer release, unlike the parameter's internals)."""
+    return inspect.signature(cmd.callback).parameters[param.name]
+
+
+def meaning(cmd, param) -> tuple:
     """What a flag name stands for: its value kind (a plain flag, a DURATION, an int, a
     path, text...) and whether it repeats. One name, one meaning across commands."""
     if param.is_flag and not param.secondary_opts:
@@ -151,7 +174,10 @@ def meaning(param) -> tuple:
         return ("on/off", tuple(param.secondary_opts))
     if param.metavar == DURATION:
         return (DURATION,)
-    kind = param.bare_type().removeprefix("list[").removesuffix("]")
+    declared_as = declared(cmd, param).annotation  # a string, a class or a typing form
+    annotation = declared_as.__name__ if isinstance(declared_as, type) else str(declared_as)
+    annotation = annotation.removesuffix(" | None")
+    kind = annotation.removeprefix("list[").removesuffix("]")
     # a name, a path, a format: text; a count or a tolerance: a number
     kind = {"int": "number", "float": "number", "Path": "text", "str": "text"}.get(kind, kind)
     return (kind, bool(param.multiple))
@@ -162,7 +188,7 @@ def test_a_flag_name_has_one_meaning_across_commands():
     for name, cmd in LEAVES:
         for p in options(cmd):
             for opt in p.opts:
-                seen[opt][meaning(p)].append(name)
+                seen[opt][meaning(cmd, p)].append(name)
     clashes = {
         opt: {str(k): v for k, v in kinds.items()}
         for opt, kinds in seen.items()
@@ -209,8 +235,8 @@ def duration_flags():
 DURATIONS = list(duration_flags())
 
 
-def allows_zero(param) -> bool:
-    parser = param.type_descriptor.parameter_info.parser
+def allows_zero(cmd, param) -> bool:
+    parser = declared(cmd, param).default.parser
     return bool(getattr(parser, "keywords", {}).get("allow_zero"))
 
 
@@ -233,7 +259,7 @@ def test_duration_flags_take_30_30s_5m_and_refuse_zero_and_negative(name, cmd, p
     for text, seconds in (("30", 30.0), ("30s", 30.0), ("5m", 300.0), ("1.5", 1.5)):
         assert param.process_value(ctx, text) == seconds, (name, text)
     flag = max(param.opts, key=len)
-    bad = ["-1", "-5m", "soon"] + ([] if allows_zero(param) else ["0", "0s"])
+    bad = ["-1", "-5m", "soon"] + ([] if allows_zero(cmd, param) else ["0", "0s"])
     for value in bad:
         # the flag comes first: click converts it before it looks at anything else, so
         # nothing runs (no engine, no request) and a missing URL does not matter
