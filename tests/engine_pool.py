@@ -81,11 +81,24 @@ def _tiny_embed() -> EngineSpec:
     return EngineSpec("tiny-embed", timeout=400.0)
 
 
+def _tp2() -> EngineSpec:
+    # a real tensor-parallel server: two Worker processes (Worker_TP0, Worker_TP1) under
+    # one EngineCore, vLLM's multiprocess layout (issue 44)
+    return EngineSpec("tiny-llama", tp=2, single_process=False, timeout=400.0)
+
+
+def _dp2() -> EngineSpec:
+    # two data-parallel engines behind one API server (EngineCore_DP0/DP1, a DPCoordinator)
+    return EngineSpec("tiny-llama", dp=2, single_process=False, timeout=400.0)
+
+
 # name -> the spec (built lazily: importing this module must stay cheap for conftest)
 SPECS: dict[str, Callable[[], EngineSpec]] = {
     "invariance-nudge": _invariance_nudge,
     "no-logprobs": _no_logprobs,
     "tiny-embed": _tiny_embed,
+    "tp2": _tp2,
+    "dp2": _dp2,
 }
 
 

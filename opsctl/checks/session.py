@@ -110,6 +110,8 @@ class EngineSession:
                 single_process=spec.single_process,
                 knobs=dict(spec.knobs),
                 api_key=spec.api_key,
+                tp=spec.tp,
+                dp=spec.dp,
             )
         )
         try:

@@ -49,6 +49,8 @@ class EngineSpec:
     single_process: bool = True
     timeout: float = 300.0  # seconds to wait for /health
     api_key: str | None = None
+    tp: int = 1  # tensor-parallel ranks
+    dp: int = 1  # data-parallel engines
 
     def engine_key(self) -> tuple:
         """Equal keys: one engine can serve both specs (probes are unioned)."""
@@ -64,6 +66,8 @@ class EngineSpec:
             self.enforce_eager,
             self.single_process,
             self.api_key,
+            self.tp,
+            self.dp,
         )
 
     def with_defaults(self, model: str | None = None, **changes) -> EngineSpec:

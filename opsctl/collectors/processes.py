@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from opsctl.domain import ranks
 from opsctl.domain.console import ProcRole
 
 
@@ -51,14 +52,15 @@ class ProcessTree:
 
 
 def classify(name: str, cmdline: str, is_root: bool) -> str:
-    """The vLLM role of a process (EngineCore, Worker, the API server...) by its name."""
-    text = f"{name} {cmdline}"
-    if "EngineCore" in text:
-        return "EngineCore"
-    if "Worker" in text:
-        return "Worker"
+    """The vLLM role of a process (``EngineCore_DP1``, ``Worker_TP0``...) by its title.
+
+    vLLM's process titles (opsctl.domain.ranks); the root is the API server; a helper
+    process (compiler, resource tracker) by its name."""
+    rank = ranks.parse_title(f"{cmdline} {name}")
+    if rank is not None:
+        return rank.role
     if is_root:
-        return "APIServer"
+        return ranks.API_SERVER
     if "resource_tracker" in cmdline:
         return "resource tracker"
     if "g++" in name or "cc1plus" in name or name in ("c++", "cc", "gcc", "ld", "as"):
@@ -121,7 +123,24 @@ def snapshot_tree(root_pid: int) -> ProcessTree:
         except psutil.NoSuchProcess:
             continue
         procs.append(read_proc(cached, is_root=p.pid == root_pid))
-    return ProcessTree(root_pid, time.time(), tuple(x for x in procs if x.status != "gone"))
+    kept = [x for x in procs if x.status != "gone"]
+    return ProcessTree(root_pid, time.time(), tuple(_ranked(kept, root_pid)))
+
+
+def _ranked(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
+    """``procs`` with a data-parallel worker's role naming its engine (``Worker_DP1``)."""
+    import dataclasses
+
+    found = ranks.rank_ids(
+        [ranks.Member(p.pid, p.ppid, f"{p.cmdline} {p.name}", p.pid == root_pid) for p in procs]
+    )
+    out = []
+    for p in procs:
+        rank = found.get(p.pid)
+        if rank is not None and rank.role != p.role and rank.kind == ranks.WORKER:
+            p = dataclasses.replace(p, role=rank.role)
+        out.append(p)
+    return out
 
 
 def descendants(root_pid: int) -> list[int]:
@@ -156,15 +175,20 @@ def members(pid: int) -> list[tuple[int, str, str | None]]:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
-    out = []
+    read = []
     for p in procs:
         try:
             with p.oneshot():
-                role = classify(p.name(), " ".join(p.cmdline()), p.pid == pid)
-                state = p.status()
+                name, cmdline = p.name(), " ".join(p.cmdline())
+                read.append((p.pid, p.ppid(), name, cmdline, p.status()))
         except psutil.Error:
             continue
-        out.append((p.pid, role, state))
+    found = ranks.rank_ids([ranks.Member(q, pp, f"{c} {n}", q == pid) for q, pp, n, c, _ in read])
+    out = []
+    for q, _pp, name, cmdline, state in read:
+        rank = found.get(q)
+        role = rank.role if rank is not None else classify(name, cmdline, q == pid)
+        out.append((q, role, state))
     return out
 
 

@@ -30,7 +30,7 @@ import psutil
 from engine_patches import knobs
 from opsctl import paths
 from opsctl.collectors import engine_tmp, http, shm
-from opsctl.domain import serverlog
+from opsctl.domain import ranks, serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.registry import EngineRegistry, process_engines
@@ -62,6 +62,10 @@ class LaunchOptions:
     # engines use it; `opsctl serve` keeps vLLM's layout unless asked (--single-process).
     single_process: bool = False
     api_key: str | None = None  # given to vLLM (VLLM_API_KEY) and used for opsctl's own requests
+    # ranks: tensor- and data-parallel sizes (vLLM's --tensor-parallel-size and
+    # --data-parallel-size); more than one rank runs vLLM's multiprocess layout
+    tp: int = 1
+    dp: int = 1
     # test-only knobs (engine_patches.knobs.KNOBS): the only way a knob reaches an engine;
     # knobs in the inherited environment are stripped
     knobs: dict[str, str] = field(default_factory=dict)
@@ -192,9 +196,49 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
     ]
     if not has_gpu():
         argv += ["--dtype", "float32", "--gpu-memory-utilization", "0.5"]
-    if opts.single_process and not has_gpu():  # one GPU runs "uni" by default
+    if opts.tp > 1:
+        argv += ["--tensor-parallel-size", str(opts.tp)]
+    if opts.dp > 1:
+        argv += ["--data-parallel-size", str(opts.dp)]
+    if single_process(opts) and not has_gpu():  # one GPU runs "uni" by default
         argv += ["--distributed-executor-backend", "uni"]
     return argv + list(opts.extra_args)
+
+
+def layout(opts: LaunchOptions) -> ranks.Layout:
+    """The ranks ``opts`` asks for."""
+    return ranks.Layout(tp=opts.tp, dp=opts.dp)
+
+
+def single_process(opts: LaunchOptions) -> bool:
+    """Whether the model runs inside the EngineCore: asked for, and one rank only."""
+    return opts.single_process and layout(opts).single
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def rank_env(opts: LaunchOptions) -> dict[str, str]:
+    """The environment several ranks need on this machine (CPU: the thread binding).
+
+    On CPU, vLLM's OpenMP thread binding (one share of the CPUs this process may use per rank; vLLM's automatic binding wants a
+    NUMA node per rank). Empty for one rank, on a GPU, or when the operator set a binding.
+    BadInput when there are fewer CPUs than ranks."""
+    lay = layout(opts)
+    if lay.single or has_gpu():
+        return {}
+    given = opts.env.get("VLLM_CPU_OMP_THREADS_BIND") or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if given and given != "auto":
+        return {}
+    try:
+        return {"VLLM_CPU_OMP_THREADS_BIND": ranks.cpu_binding(allowed_cpus(), lay)}
+    except ValueError as exc:
+        raise BadInput(str(exc), hint="ask for fewer ranks (--tp/--dp)") from None
 
 
 def cpu_worker_threads(env: dict[str, str]) -> int:
@@ -233,7 +277,8 @@ def build_env(opts: LaunchOptions, run_dir: Path, tmp_dir: Path | None = None) -
     if opts.disable_patches:
         env["OPSCTL_DISABLE_PATCHES"] = ",".join(opts.disable_patches)
     env.pop("OPSCTL_ENGINE_FORK", None)
-    if opts.single_process and not has_gpu():  # one GPU runs this layout by default
+    env.update(rank_env(opts))
+    if single_process(opts) and not has_gpu():  # one GPU runs this layout by default
         # vLLM's CPU platform turns "uni" into "mp" unless this is "0"; the API server's
         # AsyncLLM does not read it (its EngineCore is always a separate process)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -333,6 +378,7 @@ class EngineServer:
     def start(self) -> EngineServer:
         """Start the server: queue for the engine lock, pick the port, launch vLLM."""
         opts = self.opts
+        rank_env(opts)  # fewer CPUs than ranks: refused before anything starts
         if opts.port is not None:
             if not 0 < opts.port < 65536:
                 raise BadInput(f"port {opts.port} is out of range 1..65535")
