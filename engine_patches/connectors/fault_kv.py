@@ -131,8 +131,9 @@ class FaultKVMetadata(KVConnectorMetadata):
 
 
 def worker_rank(tp_size: int) -> int:
-    """This worker's rank in its engine (PP rank x TP size + TP rank); 0 without
-    torch.distributed (the model in the EngineCore, one rank)."""
+    """This worker's rank in its engine: PP rank x TP size + TP rank.
+
+    0 without torch.distributed (the model in the EngineCore, one rank)."""
     try:
         from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 

@@ -384,8 +384,10 @@ def lead(injections: Sequence[Injection]) -> list[Injection]:
 
 
 def rank_disagreement(injections: Sequence[Injection]) -> str | None:
-    """How the ranks' injections differ (each rank must fail the same blocks of the same
-    requests, or the engine's ranks see different KV); None when they agree."""
+    """How the ranks' injections differ; None when they agree.
+
+    Each rank must fail the same blocks of the same requests, or the engine's ranks see
+    different KV."""
     per_rank: dict[int, Counter] = {}
     for i in injections:
         per_rank.setdefault(i.rank, Counter())[(i.key, i.group, i.position, i.epoch)] += 1

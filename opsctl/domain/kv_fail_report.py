@@ -510,8 +510,9 @@ def _ranks(f: Facts) -> list[Finding]:
 
 
 def judge(f: Facts) -> list[Finding]:
-    """The run's findings: engine survival, round trip, injected requests, sensitivity,
-    and (several ranks) whether every rank failed the same blocks."""
+    """The run's findings: engine survival, round trip, injected requests, sensitivity.
+
+    With several ranks also whether every rank failed the same blocks."""
     return [*_survival(f), *_roundtrip(f), *_injected(f), *_sensitivity(f), *_ranks(f)]
 
 
