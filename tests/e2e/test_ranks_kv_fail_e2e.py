@@ -1,0 +1,74 @@
+"""`opsctl diag kv-fail --tp 2` on real TP=2 tiny-hybrid engines (issue 44, item 6): two
+engine starts, through the CLI.
+
+With TP=2 each worker holds one of the model's two KV heads. On main the fault-injecting
+connector wrote both workers' KV into one folder per prompt (the first rank's part won),
+so the other rank reloaded foreign heads: the failure-free round trip changed tokens and
+the patched run failed ("comparison inconclusive"), and every injection was counted twice
+(8 for 4 blocks). Now each rank stores and reloads its own part, every rank fails the same
+blocks (counted once, compared across ranks), and the verdicts are those of one rank:
+patched passes, `--no-patch` shows the engine death the patch prevents."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_kv_fail import diag
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def patched():
+    return diag("--model", "tiny-hybrid", "--tp", "2")
+
+
+@pytest.fixture(scope="module")
+def unpatched():
+    return diag("--model", "tiny-hybrid", "--tp", "2", "--no-patch")
+
+
+def events(doc: dict, kind: str) -> list[dict]:
+    path = Path(doc["run_dir"]) / "events" / f"{kind}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_patched_tp2_passes_with_every_rank_its_own_kv(patched):
+    rc, doc, err = patched
+    assert rc == 0, err[-3000:]
+    assert doc["verdict"] == "pass", doc["findings"]
+    assert [g["spec"] for g in doc["kv_cache_groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
+    assert all(r["roundtrip"]["identical"] for r in doc["requests"])  # each rank's own heads
+    assert doc["engine_alive"] and doc["outputs_identical"] and doc["requests_failed"] == 0
+    targets = doc["injection"]["targets"]
+    assert doc["failures_injected"] == 2 * len(targets)  # one per group, counted once
+    assert any(r["sensitivity"] and not r["sensitivity"]["identical"] for r in doc["requests"])
+    (agree,) = [f for f in doc["findings"] if f["code"] == "kv_fail.ranks_agree"]
+    assert agree["message"].startswith("all 2 ranks injected the same")
+    # the connector ran on both workers, each with its rank, and both failed the same blocks
+    workers = [e for e in events(doc, "kv_connector") if e.get("role") == "worker"]
+    assert sorted(e["rank"] for e in workers) == [0, 1] and {e["world"] for e in workers} == {2}
+    per_rank = Counter()
+    for e in events(doc, "kv_injections"):
+        per_rank[e["rank"]] += 1
+    assert per_rank[0] == per_rank[1] > 0 and set(per_rank) == {0, 1}
+    stored = Path(doc["run_dir"]) / "kv_store"
+    parts = {p.name for key in stored.iterdir() if key.is_dir() for p in key.iterdir()}
+    assert parts == {"rank0", "rank1"}
+
+
+def test_unpatched_tp2_shows_the_engine_death(unpatched):
+    rc, doc, err = unpatched
+    assert rc == 1, err[-3000:]
+    assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}
+    assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
+    assert doc["verdict"] == "fail"
+    assert any(
+        "RuntimeError" in line or "EngineDead" in line or "KV cache groups" in line
+        for line in doc["engine_death"] or []
+    )
+    assert "engine died" in err
