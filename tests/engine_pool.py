@@ -125,6 +125,10 @@ COSTS: dict[str, float] = {
     "test_certify_url_e2e.py": 20,
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
+    # issue 44 (ranks): five TP=2/DP=2 serves signalled once their ranks exist; two
+    # TP=2 kv-fail runs
+    "test_ranks_lifetime_e2e.py": 200,
+    "test_ranks_kv_fail_e2e.py": 150,
 }
 DEFAULT_COST = 60.0
 
