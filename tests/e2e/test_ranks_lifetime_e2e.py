@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -94,10 +95,10 @@ def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig)
 
 def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
     """Signal opsctl once every rank runs; nothing of the engine may be left."""
-    if "VLLM_CPU_OMP_THREADS_BIND" in env:
-        worker = next(pid for pid, role in found.items() if role == "Worker_TP0")
-        environ = psutil.Process(worker).environ()
-        assert environ["VLLM_CPU_OMP_THREADS_BIND"] == "1|0", environ
+    if "VLLM_CPU_OMP_THREADS_BIND" in env:  # vLLM bound rank 0 to CPU 1, as asked
+        (api,) = psutil.Process(proc.pid).children()  # its cwd: the run directory
+        log = (Path(api.cwd()) / "server.log").read_text()
+        assert "VLLM_CPU_OMP_THREADS_BIND='1|0'" in log and "local_rank=0, core ids=[1]" in log
     held = set(proc.shm.names())
     t0 = time.monotonic()
     proc.send_signal(sig)
