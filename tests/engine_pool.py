@@ -126,9 +126,9 @@ COSTS: dict[str, float] = {
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
     # issue 44 (ranks): five TP=2/DP=2 serves signalled once their ranks exist; two
-    # TP=2 kv-fail runs
+    # TP=2 kv-fail runs and one TP=2 invariance run
     "test_ranks_lifetime_e2e.py": 200,
-    "test_ranks_kv_fail_e2e.py": 150,
+    "test_ranks_diag_e2e.py": 200,
 }
 DEFAULT_COST = 60.0
 

@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from opsctl.collectors.ledger import read_records
-from tests.e2e.test_ranks_tp2_checks_e2e import invoke, judged_as_measured
-from tests.expect import expected, verdicts
+from tests.e2e.test_ranks_tp2_checks_e2e import certified_as_is, invoke, judged_as_is
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("dp2")]
 
@@ -39,7 +38,7 @@ def test_invariance_on_a_dp2_url_runs_in_one_engine(engine):
     rc, doc, _err = invoke("diag", "invariance", engine.url, "--max-tokens", "8")
     after = tokens_per_engine(engine.url)
     (run,) = doc["runs"]
-    judged_as_measured(rc, run)
+    judged_as_is(rc, run)
     assert any("every request went to engine 0" in w for w in run["warnings"]), run["warnings"]
     # BS=1 and BS=N, 8 prompts x 8 tokens each: all on engine 0, none on engine 1
     assert after["1"] == before["1"], (before, after)
@@ -49,13 +48,7 @@ def test_invariance_on_a_dp2_url_runs_in_one_engine(engine):
 
 def test_certify_url_on_dp2_reports_every_check(engine):
     rc, doc, err = invoke("certify", engine.url)
-    inv = next(c for c in doc["checks"] if c["check"] == "invariance")
-    run = inv["report"]["runs"][0]
-    judged = "pass" if all(p["status"] == "identical" for p in run["prompts"]) else "fail"
-    judged_as_measured(0 if judged == "pass" else 1, run)
-    assert any("every request went to engine 0" in w for w in run["warnings"])
-    assert verdicts(doc) == expected(pass_="liveness patches engram", **{judged: "invariance"})
-    assert rc == (0 if judged == "pass" else 1), err[-2000:]
-    records = read_records(engine.run_dir)
-    roles = sorted(r["role"] for r in records if r["role"] != "model_inspector")
-    assert roles.count("engine_core") == 2 and roles.count("worker") == 2, roles
+    roles = sorted(certified_as_is(rc, doc, err).values())
+    # the patch ledger of every rank process: both EngineCores and their workers
+    assert roles == ["api_server", "engine_core", "engine_core", "worker", "worker"], roles
+    assert len(read_records(engine.run_dir)) >= len(roles)
