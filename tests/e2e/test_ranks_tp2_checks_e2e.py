@@ -1,10 +1,12 @@
 """The checks on a real TP=2 server (issue 44, item 6): the pooled `tp2` engine (tiny-llama,
 real seeded weights, Worker_TP0 and Worker_TP1 under one EngineCore), no start of its own.
 
-`diag invariance URL` compares BS=1 with a BS=N batch that really formed, and `certify URL`
-reports every check as it is: the liveness of the server, the patch ledger of every rank
-process (both workers included), batch invariance; the checks that need another kind of
-model or an engine of their own are skipped with their reason."""
+The pool's engine keeps vLLM's defaults (prefix caching on), so it is not isolated for
+batch invariance: `diag invariance URL` compares BS=1 with a BS=N batch that really formed
+(every prompt identical) and fails for that one setting, and `certify URL` reports every
+check as it is: liveness, the patch ledger of every rank process (both workers included)
+and Engram pass; invariance and the checks that need another kind of model or an engine
+of their own are skipped with their reason."""
 
 from __future__ import annotations
 
