@@ -52,8 +52,10 @@ _ROUTE: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.Contex
 
 @contextlib.contextmanager
 def pinned_to_engine(rank: int | None) -> Iterator[None]:
-    """Within the block, every :func:`client` made sends its requests to data-parallel
-    engine ``rank`` (vLLM's ``X-data-parallel-rank`` header); None pins nothing."""
+    """Send the requests of every :func:`client` made in the block to one DP engine.
+
+    Data-parallel engine ``rank``, through vLLM's ``X-data-parallel-rank`` header; None
+    pins nothing."""
     token = _ROUTE.set(() if rank is None else ((DP_RANK_HEADER, str(rank)),))
     try:
         yield
