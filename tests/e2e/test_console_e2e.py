@@ -243,7 +243,7 @@ def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
         )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert doc["schema"] == "opsctl.stacks/1" and doc["verdict"] == "pass"
+        assert doc["schema"] == "opsctl.stacks/2" and doc["verdict"] == "pass", doc["headline"]
         validate_stacks(doc)
         roles = {p["role"]: p for p in doc["processes"]}
         assert {"APIServer", "EngineCore"} <= set(roles), roles.keys()
