@@ -12,7 +12,8 @@ the resource tracker or a compiler do not count) into one status:
 - ``idle``: it waits where a healthy idle engine waits (between requests);
 - ``stuck`` (:data:`STUCK`, also the verdict's word): its main thread stayed at one frame outside those waits, asleep at both takes
   (blocked on a lock, a queue, a sleep: not computing);
-- ``busy``: anything else (its stack moved, or it computes);
+- ``busy``: anything else (its stack moved, it computes, or it waits for a child process it
+  runs: a compile);
 - ``unread``: its stacks could not be read (the reason is its ``error``).
 
 The verdict: ``stuck`` when a process is stopped or stuck, or when ranks wait in a
@@ -46,6 +47,9 @@ STOPPED, COLLECTIVE, IDLE, BUSY, UNREAD, HELPER = (
     "helper",
 )
 ASLEEP = ("sleeping", "disk-sleep")  # kernel states of a thread that waits, not computes
+# a main thread waiting for a child process it runs (torch compiling a kernel with g++ on
+# a worker's first requests of a shape: seen for seconds on vLLM 0.32 CPU) works
+CHILD_WAITS = ("/subprocess.py",)
 DOCUMENT = "opsctl." + SCHEMA  # the schema a report to merge carries
 
 
@@ -93,7 +97,7 @@ def status(p: ProcessStacks) -> str:
         return COLLECTIVE
     if is_idle(where(main.frames)):
         return IDLE
-    if p.moved is False and p.asleep:
+    if p.moved is False and p.asleep and not any(w in main.frames[0].file for w in CHILD_WAITS):
         return STUCK
     return BUSY
 

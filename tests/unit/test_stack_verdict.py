@@ -58,6 +58,11 @@ PLANTED = (
     f("_call_impl", "torch/nn/modules/module.py", 1789),
     *MODEL,
 )
+COMPILING = (
+    f("communicate", PY + "subprocess.py", 1196),
+    f("_run_compile_cmd", "torch/_inductor/cpp_builder.py", 696),
+    *MODEL,
+)
 COMPUTING = (f("forward", "vllm/model_executor/layers/linear.py", 600), *MODEL)
 COLLECTIVE_LINE = (
     "waits in all_reduce (vllm/distributed/device_communicators/cpu_communicator.py:275) "
@@ -129,6 +134,8 @@ def test_peers_waiting_in_one_collective_are_grouped():
         (dict(frames=IN_ALL_REDUCE), dict(frames=COMPUTING, moved=True), "working: Worker_TP1"),
         # still, but running: computing in one long call, not blocked
         (dict(frames=COMPUTING, asleep=False), dict(frames=IDLE_WORKER), "working: Worker_TP0"),
+        # asleep at one frame, waiting for the g++ it runs (a first request's compile)
+        (dict(frames=IN_ALL_REDUCE), dict(frames=COMPILING), "working: Worker_TP1 (pid 12) in"),
     ],
 )
 def test_ranks_that_work_pass(tp0, tp1, headline):
