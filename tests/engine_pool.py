@@ -125,6 +125,8 @@ COSTS: dict[str, float] = {
     "test_certify_url_e2e.py": 20,
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
+    "test_rank_hang_e2e.py": 135,  # TP=2 with the rank-hang knob: stop, knob, no py-spy
+    "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
 }
 DEFAULT_COST = 60.0
 

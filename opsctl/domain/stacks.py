@@ -336,6 +336,7 @@ IDLE_WAITS = (
     "_process_input_queue",  # an idle EngineCore waiting for requests
     "resource_tracker.py",
     "worker_busy_loop",
+    "monitor_workers",  # a headless node's executor watching its workers (multi-node)
 )
 
 
