@@ -25,6 +25,7 @@ from opsctl.domain.ranks import Layout, cpu_binding
 from opsctl.engine.server import free_port
 from tests.bare_vllm import (
     API_MODULE,
+    STARTS,
     BareServer,
     _engine_lock,
     _remove_left,
