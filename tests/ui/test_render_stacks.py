@@ -28,7 +28,7 @@ def test_one_host_verdict_first_then_processes_and_groups():
     lines = shown(d).splitlines()
     assert lines[0] == "stacks of pid 1 on node-a (5 processes, two takes 1.0 s apart, 1.2 s)"
     assert lines[1] == f"stuck: {found.headline}"
-    assert lines[2] == "  APIServer (pid 1): waits in run (uvloop/__init__.py:92)"
+    assert lines[2] == "  APIServer (pid 1): in run (uvloop/__init__.py:92)"
     assert any(line.startswith("1 thread(s): Worker_TP1 12") for line in lines)
 
 
