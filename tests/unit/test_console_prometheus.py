@@ -58,7 +58,7 @@ def recorded_views(job: str | None = "vllm") -> dict[str, prom_view.PromEndpoint
     for t in chosen:
         ep = prom_view.PromEndpoint(t, settings)
         key = (t.job, t.instance)
-        ep.observe(prom_view.PromPoll(t, health.get(t.url), data.get(key), points.get(key, []), 0))
+        ep.observe(prom_view.PromPoll(t, health.get(t.url), data.get(key), points.get(key, {}), 0))
         out[t.url] = ep
     return out
 
