@@ -197,6 +197,23 @@ class Figures:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """What one canary request found: answered in time, hung, or answered with an error.
+
+    The canary is one 1-token completion with a deadline (opsctl.collectors.canary).
+    ``ok``: True answered in time, False no answer within the deadline (the hang a
+    canary exists for), None answered with an error (the engine answered: inconclusive)."""
+
+    ok: bool | None
+    seconds: float
+    detail: str
+
+    def to_dict(self) -> dict:
+        """The canary's result as a JSON object (ok, seconds, detail)."""
+        return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
 class EngineView:
     """One data-parallel engine of an endpoint (vLLM's ``engine`` label) judged on its own.
 
@@ -216,11 +233,34 @@ class EngineView:
     # (0 when it moved at the last reading; None when nothing runs on it)
     flat_s: float | None = None
     progressing: bool = False  # its stall series moved at the last reading
+    # the canary sent to this engine alone (X-data-parallel-rank), None when none was
+    canary: Canary | None = None
 
     @property
     def name(self) -> str:
         """How a reason names it: ``engine 1 (EngineCore_DP1)``."""
         return f"engine {self.engine} ({self.role})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The engine as the console's and status's documents hold it."""
+
+        def r(v: float | None, nd: int) -> float | None:
+            return None if v is None else round(v, nd)
+
+        return {
+            "engine": self.engine,
+            "role": self.role,
+            "state": self.state,
+            "reason": self.reason,
+            "requests_running": self.running,
+            "requests_waiting": self.waiting,
+            "kv_cache_usage": r(self.kv_usage, 4),
+            "generation_tokens_per_s": r(self.generation_tps, 2),
+            "engine_steps_per_s": r(self.steps_per_s, 2),
+            "flat_s": r(self.flat_s, 2),
+            "stalled_for_s": r(self.flat_s, 2) if self.state == STALLED else None,
+            "canary": self.canary.to_dict() if self.canary is not None else None,
+        }
 
 
 def engine_role(engine: str, count: int) -> str:

@@ -19,6 +19,7 @@ from opsctl.domain.console import (
     STARTING,
     UNAUTHORIZED,
     UNREACHABLE,
+    Canary,
     EndpointView,
     EngineInfo,
     EngineView,
@@ -175,6 +176,54 @@ def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
     if ok is False and state in (READY, BUSY):
         return STALLED, f"canary: {detail}, while /health answers 200 and the gauges say {state}"
     return state, reason
+
+
+def canary_engines(v: EndpointView) -> list[str]:
+    """The engines of a server of several whose gauges cannot vouch for them: idle ones.
+
+    A data-parallel engine stopped while idle, or hung while its gauges read 0 running,
+    keeps /health 200 and its gauges still: only a request sent to it alone (vLLM's
+    ``X-data-parallel-rank``) can tell. [] for one engine (the endpoint's canary) and for
+    an endpoint that is not ready or busy."""
+    if len(v.engines) < 2 or v.state not in (READY, BUSY):
+        return []
+    return [e.engine for e in v.engines if e.state == READY]
+
+
+def judge_engine_canaries(v: EndpointView, results: dict[str, Canary]) -> EndpointView:
+    """The view after a canary to some of its engines (engine label -> the result).
+
+    An engine whose canary did not return in time is stalled (an answer, or an
+    inconclusive one, leaves it as it was); the endpoint is stalled when any engine is,
+    its reason naming the engine."""
+    if not results:
+        return v
+    state, reason, engines = engine_canaries(v.state, v.reason, v.engines, v.health_status, results)
+    return replace(v, state=state, reason=reason, engines=engines)
+
+
+def engine_canaries(
+    state: str,
+    reason: str | None,
+    engines_in: tuple[EngineView, ...],
+    health: int | None,
+    results: dict[str, Canary],
+) -> tuple[str, str | None, tuple[EngineView, ...]]:
+    """:func:`judge_engine_canaries` on its parts: (state, reason, engines) after them."""
+    engines = []
+    for e in engines_in:
+        r = results.get(e.engine)
+        if r is not None:
+            e = replace(e, canary=r)
+            if r.ok is False and e.state in (READY, BUSY):
+                said = "idle" if not e.running else f"{e.running:.0f} running"
+                why = f"canary: {r.detail}, while its gauges say {said}"
+                e = replace(e, state=STALLED, reason=why)
+        engines.append(e)
+    out = tuple(engines)
+    if state in (READY, BUSY) and any(e.state == STALLED for e in out):
+        return STALLED, engines_reason(out, health), out
+    return state, reason, out
 
 
 def decide(

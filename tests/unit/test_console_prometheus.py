@@ -200,7 +200,7 @@ def test_json_document_has_the_direct_sources_fields():
 
     snap = FleetSnapshot(1.0, tuple(ep.view for ep in eps.values()), 1.0, "prometheus")
     doc = document(snap)
-    assert doc["schema"] == "opsctl.console/3" and doc["source"] == "prometheus"
+    assert doc["schema"] == "opsctl.console/4" and doc["source"] == "prometheus"
     assert doc["exit_code"] == 1 and doc["counts"]["unreachable"] == 2
     direct_keys = set(endpoint_dict(EndpointTracker(Target("x", "http://x:1", "argument")).view, 0))
     assert all(set(e) == direct_keys for e in doc["endpoints"])
