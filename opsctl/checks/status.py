@@ -99,8 +99,8 @@ def run(
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
     pid = server_pid(base) if options.local else None
     local = _local(pid)
-    engines = _engines_of(scrape)
-    state, reason = decide(scrape, local, None, False, with_stopped(engines, local))
+    engines = with_stopped(_engines_of(scrape), local)
+    state, reason = decide(scrape, local, None, False, engines)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
     if len(engines) > 1 and state in (READY, BUSY):  # each data-parallel engine on its own
