@@ -73,8 +73,9 @@ def dp_rank(core: Any) -> int | None:
 
 
 def held_by(trigger: str, rank: int | None) -> str | None:
-    """The file that holds this engine now: ``trigger`` (every engine), else
-    ``trigger.dp<rank>`` (this engine alone); None when neither exists."""
+    """The file that holds this engine now; None when none exists.
+
+    ``trigger`` (every engine), else ``trigger.dp<rank>`` (this engine alone)."""
     if os.path.exists(trigger):
         return trigger
     mine = f"{trigger}.dp{rank}" if rank is not None else None

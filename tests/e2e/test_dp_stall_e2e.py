@@ -179,7 +179,9 @@ def direct(url: str, *flags: str) -> tuple[int, dict, float]:
 def via_prom(prom_url: str, *flags: str) -> tuple[int, dict, float]:
     code, doc, took = cli("console", "--once", "--prometheus", prom_url, "--job", "vllm", *flags)
     validate(doc)
-    (e,) = doc["endpoints"]
+    # none when Prometheus did not answer in time (a starved machine): exit 3, said why
+    none = {"state": None, "reason": f"{doc['reason']} {doc['hint']}", "engines": []}
+    (e,) = doc["endpoints"] or [none]
     return code, e, took
 
 
