@@ -39,6 +39,7 @@ from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain.console_state import Settings
 from tests.conftest import OPSCTL
+from tests.engine_cores import Cores
 from tests.prometheus_fixture import running_prometheus
 from tests.unit.test_console_collect import validate
 from tests.waiting import wait_until
@@ -210,49 +211,64 @@ def healthy_again(url: str, prom_url: str) -> None:
                lambda: via_prom(prom_url)[1]["reason"])  # fmt: skip
 
 
-def stop_with_requests_running(pid: int, url: str, timeout: float = 180.0) -> float:
-    """SIGSTOP the engine's core while engine 1's gauge reads requests running; when the
-    stop landed between two batches (nothing running: idle, not stalled) go on and retry."""
-    deadline = time.monotonic() + timeout
-    while True:
-        wait_until(lambda: gauge(url, RUNNING, "1") > 0, max(1.0, deadline - time.monotonic()),
-                   "requests running on engine 1")  # fmt: skip
-        os.kill(pid, signal.SIGSTOP)
-        stopped_at = time.time()
-        if gauge(url, RUNNING, "1") > 0:
-            return stopped_at
-        os.kill(pid, signal.SIGCONT)
-        assert time.monotonic() < deadline, "no stop with requests running"
-
-
-def unchanged(url: str):
-    """A condition: engine 1's generation counter read the same as at the call before."""
+def settled(url: str, name: str):
+    """A condition: engine 1's ``name`` read the same as at the call before (a stopped or
+    blocked engine publishes nothing: once the API server handled what it had sent, two
+    reads a second apart agree)."""
     last: list[float | None] = [None]
 
     def same() -> bool:
-        now = gauge(url, GEN, "1")
+        now = gauge(url, name, "1")
         before, last[0] = last[0], now
         return before == now
 
     return same
 
 
-def hang_with(url: str, hold, running: bool, timeout: float = 180.0) -> None:
-    """Create FILE.dp1 (EngineCore_DP1's next step blocks) at a moment engine 1's gauge
-    reads requests running (``running``) or none; retried when a step published the other."""
+def stop_with_requests_running(pid: int, url: str, timeout: float = 240.0) -> float:
+    """SIGSTOP EngineCore_DP1 with requests running on it, as its gauge says.
+
+    Watching /metrics for a moment to stop it is a race on a busy 2-core machine (the
+    engine finishes between two scrapes; tests/engine_cores.py). So it is stopped at
+    once, with the closed-loop clients' requests queued to it, and given slices of CPU
+    (tests.engine_cores.Cores) until its published gauge, settled, reads requests running;
+    a slice that ended on a batch boundary (0 running) is followed by a longer one."""
+    cores = Cores([pid])
+    cores.stop()
+    stopped_at = time.time()
+    seconds, deadline = 0.02, time.monotonic() + timeout
+    try:
+        while True:
+            wait_until(settled(url, RUNNING), 120, "engine 1's gauge settled", every=1.0)
+            if gauge(url, RUNNING, "1") > 0:
+                return stopped_at
+            assert time.monotonic() < deadline, f"nothing running on engine 1: {cores.slices}"
+            cores.slice(seconds, [pid])
+            stopped_at, seconds = time.time(), min(0.5, 2 * seconds)
+    except BaseException:
+        cores.resume()  # never leave the engine frozen for the next test
+        raise
+
+
+def hang_with(url: str, pid: int, hold, running: bool, timeout: float = 240.0) -> None:
+    """Create FILE.dp1 (EngineCore_DP1's next step blocks) with requests running on it
+    (``running``: it is stopped with them first, then resumed into the block; a step
+    that ended their batch is undone and tried again) or while it is idle."""
     dp1 = hold.with_name("hold.dp1")
+    if not running:
+        wait_until(lambda: gauge(url, RUNNING, "1") == 0, timeout, "engine 1 idle")
+        dp1.touch()
+        return
     deadline = time.monotonic() + timeout
     while True:
-        want = (lambda: gauge(url, RUNNING, "1") > 0) if running else (
-            lambda: gauge(url, RUNNING, "1") == 0)  # fmt: skip
-        wait_until(want, max(1.0, deadline - time.monotonic()), "engine 1's gauge")
+        stop_with_requests_running(pid, url, max(1.0, deadline - time.monotonic()))
         dp1.touch()
-        # the blocked step publishes nothing: two reads a second apart agree on its tokens
-        wait_until(unchanged(url), 60, "engine 1's generation flat", every=1.0)
-        if want():
+        os.kill(pid, signal.SIGCONT)  # it finishes the step it was in, then blocks
+        wait_until(settled(url, GEN), 120, "engine 1's generation flat", every=1.0)
+        if gauge(url, RUNNING, "1") > 0:
             return
         dp1.unlink()
-        assert time.monotonic() < deadline, "no hang in the wanted state"
+        assert time.monotonic() < deadline, "no hang with requests running"
 
 
 # ---- (a) SIGSTOP --------------------------------------------------------------------------------
@@ -300,7 +316,7 @@ def test_a_stopped_dp_engine_among_a_serving_one_is_stalled_in_every_view(server
 def test_a_hung_dp_engine_is_read_from_its_own_metrics_in_every_view(server, prom, load, hold):
     url = server.url
     one, zero = load
-    hang_with(url, hold, running=True)
+    hang_with(url, core_pid(server), hold, running=True)
     hung_at = time.time()
     try:
         code, e, _took = direct(url, "--stall-window", "5s")
@@ -331,7 +347,7 @@ def test_an_engine_hung_while_idle_is_named_by_its_own_canary(server, hold):
     url = server.url
     zero = Pinned(url, 0, SHORT, every=0.25).start()  # engine 0 serves, engine 1 idle
     try:
-        hang_with(url, hold, running=False)
+        hang_with(url, core_pid(server), hold, running=False)
         code, doc, _took = status(url, "--canary-timeout", "3s")
         assert code == 1 and doc["state"] == "stalled", doc["reason"]
         assert doc["reason"].startswith("engine 1 (EngineCore_DP1): canary: "), doc["reason"]
