@@ -72,7 +72,7 @@ def server(engine_pool, hold):
     )  # fmt: skip
     live = engine_pool.engine(POOL, spec)
     yield live
-    hold.with_name("hold.dp1").unlink(missing_ok=True)
+    dp1_of(hold).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,11 @@ def prom(server, tmp_path_factory):
     assert r.returncode == 0, r.stderr
     with running_prometheus([server.url], interval=1.0, up=True, rule_files=[str(rules)]) as p:
         yield p
+
+
+def dp1_of(hold):
+    """The knob's file for EngineCore_DP1 alone: FILE.dp1."""
+    return hold.with_name(hold.name + ".dp1")
 
 
 def core_pid(live, role: str = "EngineCore_DP1") -> int:
@@ -254,7 +259,7 @@ def hang_with(url: str, pid: int, hold, running: bool, timeout: float = 240.0) -
     """Create FILE.dp1 (EngineCore_DP1's next step blocks) with requests running on it
     (``running``: it is stopped with them first, then resumed into the block; a step
     that ended their batch is undone and tried again) or while it is idle."""
-    dp1 = hold.with_name("hold.dp1")
+    dp1 = dp1_of(hold)
     if not running:
         wait_until(lambda: gauge(url, RUNNING, "1") == 0, timeout, "engine 1 idle")
         dp1.touch()
@@ -333,7 +338,7 @@ def test_a_hung_dp_engine_is_read_from_its_own_metrics_in_every_view(server, pro
         assert got and firing(prom, "0") == []
         print(f"\nDP-HANG alert firing for engine 1 {time.time() - hung_at:.1f} s after the hang")
     finally:
-        hold.with_name("hold.dp1").unlink(missing_ok=True)
+        dp1_of(hold).unlink(missing_ok=True)
     healthy_again(url, prom.url)
     one.halt()
     zero.halt()
@@ -357,7 +362,7 @@ def test_an_engine_hung_while_idle_is_named_by_its_own_canary(server, hold):
         assert code == 1, e["reason"]
         named(e, "engine 1 (EngineCore_DP1): canary: ")
     finally:
-        hold.with_name("hold.dp1").unlink(missing_ok=True)
+        dp1_of(hold).unlink(missing_ok=True)
     wait_until(lambda: status(url)[0] == 0, 180, "healthy again", lambda: status(url)[1])
     zero.halt()
     assert zero.errors == [] and set(zero.answers) == {200}
