@@ -339,7 +339,7 @@ def test_a_hung_dp_engine_is_read_from_its_own_metrics_in_every_view(server, pro
         print(f"\nDP-HANG alert firing for engine 1 {time.time() - hung_at:.1f} s after the hang")
     finally:
         dp1_of(hold).unlink(missing_ok=True)
-    healthy_again(url, prom.url)
+    wait_until(lambda: direct(url)[0] == 0, 180, "released: healthy again")
     one.halt()
     zero.halt()
     assert one.errors == zero.errors == [] and set(one.answers) == {200}
