@@ -115,6 +115,7 @@ COSTS: dict[str, float] = {
     "test_invariance_modes_e2e.py": 70,
     "test_console_e2e.py": 90,
     "test_console_prometheus_e2e.py": 170,  # with the stall alert (was test_alerts_e2e)
+    "test_dp_stall_e2e.py": 420,  # DP=2: SIGSTOP, hang, idle hang, SIGKILL of one engine
     "test_mm_uuid_e2e.py": 75,
     "test_invariance_images_e2e.py": 55,
     "test_console_actions_e2e.py": 55,
