@@ -211,7 +211,7 @@ def want_tui(flag: bool | None, as_json: bool = False) -> bool:
 
 
 SEVERITY_COLOURS = {"ok": "green", "info": "cyan", "warning": "yellow", "fail": "red"}
-VERDICT_COLOURS = {"pass": "green", "unverified": "yellow"}
+VERDICT_COLOURS = {"pass": "green", "unverified": "yellow", "inconclusive": "yellow"}
 
 
 def render_findings(console: Console, findings: list[dict], verdict: str, suffix: str = "") -> None:

@@ -503,6 +503,11 @@ def summary_line(results: Sequence[dom.CheckResult], engine_starts: int) -> str:
     """One line: checks run, passed, failed, errored, skipped and engine starts."""
     c = dom.counts(results)
     return (
-        f"{c['run']} check(s) run: {c[dom.PASS] + c[dom.UNVERIFIED]} passed, {c[dom.FAILED]} failed, "
-        f"{c[dom.ERROR]} errored; {c[dom.SKIPPED]} skipped; {engine_starts} engine start(s)"
+        f"{c['run']} check(s) run: {c[dom.PASS]} passed, {c[dom.FAILED]} failed, "
+        + (
+            f"{c[dom.UNVERIFIED] + c[dom.INCONCLUSIVE]} not judged, "
+            if c[dom.UNVERIFIED] + c[dom.INCONCLUSIVE]
+            else ""
+        )
+        + f"{c[dom.ERROR]} errored; {c[dom.SKIPPED]} skipped; {engine_starts} engine start(s)"
     )

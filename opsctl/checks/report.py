@@ -11,6 +11,10 @@ from types import MappingProxyType
 from typing import Any
 
 PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
+# the comparison could not tell a right result from a wrong one (its sensitivity is not clearly
+# above its noise floor): never a pass (exit 1), a verdict of its own in JSON, JUnit and SARIF
+INCONCLUSIVE = "inconclusive"
+NOT_JUDGED = (UNVERIFIED, INCONCLUSIVE)  # a part that was not judged is never counted as passed
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """True unless the verdict is fail (unverified passes, with a warning)."""
-        return self.verdict != FAIL
+        """True unless the verdict is fail or inconclusive (unverified: each check's rule)."""
+        return self.verdict not in (FAIL, INCONCLUSIVE)
 
     def to_dict(self) -> dict[str, Any]:
         """A deep copy: what a caller does to it never changes the report."""

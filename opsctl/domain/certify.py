@@ -35,7 +35,13 @@ INTERRUPTED_WHY = "interrupted"
 
 # verdicts of one check in a certification
 PASS, UNVERIFIED, FAILED, ERROR, SKIPPED = "pass", "unverified", "fail", "error", "skipped"
-PASSING = (PASS, UNVERIFIED)
+# a check whose comparison could not tell right from wrong (opsctl.checks.report.INCONCLUSIVE)
+INCONCLUSIVE = "inconclusive"
+PASSING = (PASS,)
+# ran but not judged (a count it could not derive, a comparison below its noise floor): never
+# counted as passed; certify's verdict is then inconclusive and its exit code 1
+NOT_JUDGED = (UNVERIFIED, INCONCLUSIVE)
+VERDICTS = (PASS, UNVERIFIED, INCONCLUSIVE, FAILED, ERROR, SKIPPED)
 
 # the certify checks' names (their declarations: opsctl.domain.check_registry)
 LIVENESS, PATCHES, ENGRAM, USAGE = "liveness", "patches", "engram", "usage"
@@ -218,7 +224,7 @@ def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> Ch
     findings = findings_of(check, doc)
     if verdict == FAILED and not any(f.severity == FAIL for f in findings):
         findings = (Finding(FAIL, f"{check}.failed", f"{check} failed (see its report)"), *findings)
-    if verdict not in (PASS, UNVERIFIED, FAILED):
+    if verdict not in (PASS, *NOT_JUDGED, FAILED):
         verdict = FAILED
     return CheckResult(check, verdict, seconds, None, findings, tuple(engines), False, doc)
 
@@ -255,9 +261,14 @@ def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
 
 
 def overall(results: Sequence[CheckResult]) -> str:
-    """pass: every check that ran passed; fail: any failed or errored."""
+    """pass: every check that ran passed; fail: any failed or errored; else inconclusive.
+
+    Inconclusive when nothing failed but a check ran without a judgement (unverified,
+    inconclusive): never a pass."""
     ran = [r for r in results if r.verdict != SKIPPED]
-    return PASS if all(r.verdict in PASSING for r in ran) else FAILED
+    if all(r.verdict in PASSING for r in ran):
+        return PASS
+    return INCONCLUSIVE if all(r.verdict in (*PASSING, *NOT_JUDGED) for r in ran) else FAILED
 
 
 def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
@@ -273,13 +284,13 @@ def exit_code(results: Sequence[CheckResult], state: str = RAN) -> int:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.verdict in (FAILED, ERROR)]
     if not bad:
-        return 0
+        return 1 if any(r.verdict in NOT_JUDGED for r in results) else 0
     return 4 if all(r.timed_out for r in bad) else 1
 
 
 def counts(results: Sequence[CheckResult]) -> dict[str, int]:
     """Results per verdict, and ``run``: the results not skipped."""
-    out = {v: 0 for v in (PASS, UNVERIFIED, FAILED, ERROR, SKIPPED)}
+    out = {v: 0 for v in VERDICTS}
     for r in results:
         out[r.verdict] = out.get(r.verdict, 0) + 1
     out["run"] = len(results) - out[SKIPPED]
@@ -303,9 +314,11 @@ def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
     if doc["refused"]:
         return 2, f"asked for but cannot run here: {', '.join(doc['refused'])}"
     s = doc["summary"]
+    unjudged = s.get(UNVERIFIED, 0) + s.get(INCONCLUSIVE, 0)
     line = (
-        f"{s['run']} run, {s[PASS] + s[UNVERIFIED]} passed, {s[FAILED]} failed, "
-        f"{s[ERROR]} errored, {s[SKIPPED]} skipped, {s['engine_starts']} engine start(s)"
+        f"{s['run']} run, {s[PASS]} passed, {s[FAILED]} failed, "
+        + (f"{unjudged} not judged, " if unjudged else "")
+        + f"{s[ERROR]} errored, {s[SKIPPED]} skipped, {s['engine_starts']} engine start(s)"
     )
     code = int(doc["exit_code"])
     if code == 0:
@@ -313,4 +326,7 @@ def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
     if code == 4:
         return 4, f"certify: timed out ({line})"
     failed = [c["check"] for c in doc["checks"] if c["verdict"] in (FAILED, ERROR)]
+    if not failed:
+        unjudged = [c["check"] for c in doc["checks"] if c["verdict"] in NOT_JUDGED]
+        return code, f"certify inconclusive: {', '.join(unjudged)} not judged ({line})"
     return code, f"certify failed: {', '.join(failed)} ({line})"

@@ -21,7 +21,13 @@ def title_of(doc: Mapping[str, Any]) -> str:
     return f"certify {model} ({where})" if model else f"certify {where}"
 
 
-COLOURS = {"PASS": "green", "UNVERIFIED": "yellow", "FAIL": "red", "ERROR": "red"}
+COLOURS = {
+    "PASS": "green",
+    "UNVERIFIED": "yellow",
+    "INCONCLUSIVE": "yellow",
+    "FAIL": "red",
+    "ERROR": "red",
+}
 
 
 def render(doc: dict[str, Any]) -> Callable[[Console], None]:

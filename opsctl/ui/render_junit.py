@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from opsctl.domain.certify import NOT_JUDGED
 from opsctl.ui.render_certify import title_of
 
 PACKAGE = "opsctl.certify"
@@ -80,12 +81,15 @@ def testcase(check: Mapping[str, Any], target: str | None = None) -> ET.Element:
     message = clean(check.get("first_finding") or check.get("reason") or verdict)
     if verdict == "skipped":
         ET.SubElement(case, "skipped", message=clean(check.get("reason") or "skipped"))
-    elif verdict in ("fail", "error"):
+    elif verdict in ("fail", "error", *NOT_JUDGED):
+        # not judged (unverified, inconclusive) is a failure whose type says so: a CI gate
+        # fails closed, and the reader sees it was no wrong result
         first = _first(findings, "fail")
         kind = "error" if verdict == "error" else "failure"
-        el = ET.SubElement(
-            case, kind, type=clean(first["code"] if first else f"{name}.{verdict}"), message=message
-        )
+        code = first["code"] if first else f"{name}.{verdict}"
+        if verdict in NOT_JUDGED:
+            code = f"{name}.{verdict}"
+        el = ET.SubElement(case, kind, type=clean(code), message=message)
         el.text = _finding_text(findings) or message
     if findings and verdict != "skipped":
         ET.SubElement(case, "system-out").text = _finding_text(findings)
@@ -98,7 +102,7 @@ def testsuite(doc: Mapping[str, Any], timestamp: str | None = None) -> ET.Elemen
     attrs = {
         "name": clean(suite_name(doc)),
         "tests": str(len(checks)),
-        "failures": str(sum(c.get("verdict") == "fail" for c in checks)),
+        "failures": str(sum(c.get("verdict") in ("fail", *NOT_JUDGED) for c in checks)),
         "errors": str(sum(c.get("verdict") == "error" for c in checks)),
         "skipped": str(sum(c.get("verdict") == "skipped" for c in checks)),
         "time": _time(doc.get("duration_s")),

@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from opsctl.domain.certify import model_of
+from opsctl.domain.certify import NOT_JUDGED, model_of
+
+SEVERITY = ("none", "note", "warning", "error")  # SARIF's levels, least first
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 VERSION = "2.1.0"
@@ -68,7 +70,27 @@ def _results(doc: Mapping[str, Any], artifact: Mapping[str, str]) -> list[dict[s
             if f.get("details"):
                 result["properties"]["details"] = f["details"]
             out.append(result)
+        if check.get("verdict") in NOT_JUDGED:
+            out.append(_not_judged(check, artifact, model))
     return out
+
+
+def _not_judged(check: Mapping[str, Any], artifact: Mapping[str, str], model: str) -> dict:
+    """The result of a check that ran without a judgement: SARIF's ``kind: open`` (the tool
+    could not tell pass from fail; level ``none``, as the spec wants for a kind that is not
+    ``fail``), its message the check's first finding or reason."""
+    name, verdict = str(check["check"]), str(check.get("verdict"))
+    code = f"{name}.{verdict}"
+    why = str(check.get("first_finding") or check.get("reason") or verdict)
+    return {
+        "ruleId": code,
+        "kind": "open",
+        "level": "none",
+        "message": {"text": f"[{name}] not judged ({verdict}): {why}"},
+        "locations": [_location(artifact)],
+        "partialFingerprints": {"opsctlFinding/v1": _fingerprint(name, code, verdict, model)},
+        "properties": {"check": name, "verdict": verdict},
+    }
 
 
 def _rules(results: list[dict[str, Any]], doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -87,8 +109,8 @@ def _rules(results: list[dict[str, Any]], doc: Mapping[str, Any]) -> list[dict[s
                 "properties": {"check": check},
             },
         )
-        if r["level"] == "error":  # a rule's default level is its worst
-            rule["defaultConfiguration"]["level"] = "error"
+        worst = max(r["level"], rule["defaultConfiguration"]["level"], key=SEVERITY.index)
+        rule["defaultConfiguration"]["level"] = worst  # a rule's default level is its worst
     ordered = sorted(rules.values(), key=lambda x: x["id"])
     index = {rule["id"]: i for i, rule in enumerate(ordered)}
     for r in results:

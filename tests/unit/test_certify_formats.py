@@ -158,7 +158,13 @@ def test_findings_normalised_and_verdicts():
     assert dom.overall(results()) == "fail"
     assert dom.exit_code(results()) == 1
     assert dom.exit_code([dom.errored("x", "t", 1.0, True), dom.skipped("y", "n")]) == 4
-    assert dom.exit_code([dom.judged("liveness", {"verdict": "unverified"}, 1.0)]) == 0
+    # a check that ran without a judgement is never counted as passed (issue 45): certify's
+    # verdict is inconclusive and it exits 1, also when the rest passed
+    unjudged = [dom.judged("liveness", {"verdict": "unverified"}, 1.0)]
+    unjudged.append(dom.judged("kv-fail", {"verdict": "inconclusive"}, 1.0))
+    assert [r.verdict for r in unjudged] == ["unverified", "inconclusive"]
+    assert dom.exit_code(unjudged) == 1 and dom.overall(unjudged) == "inconclusive"
+    assert dom.exit_code([dom.judged("liveness", {"verdict": "pass"}, 1.0)]) == 0
     # a failed verdict without a failing finding still says why
     bare = dom.judged("usage", {"verdict": "fail"}, 1.0)
     assert bare.findings[0].code == "usage.failed"
@@ -320,3 +326,38 @@ def test_severities_map_to_sarif_levels():
     ]
     log = sarif_log(document(res), {"uri": "file:///r"})
     assert [r["level"] for r in log["runs"][0]["results"]] == ["error", "warning", "note"]
+
+
+def test_an_inconclusive_check_is_its_own_verdict_in_json_junit_and_sarif(
+    junit_schema, sarif_schema
+):
+    """A comparison that could not tell right from wrong (issue 45): never a pass. certify's
+    document says inconclusive (exit 1), JUnit a failure typed `<check>.inconclusive`, SARIF
+    an `open` result (the spec's kind for a tool that could not decide, level none)."""
+    why = "noise floor 0.03 and corrupted blocks 0.05: not clearly apart (try float32)"
+    unsure = dom.judged(
+        "kv-fail",
+        {
+            "verdict": "inconclusive",
+            "findings": [{"severity": "warning", "code": "kv_fail.inconclusive", "message": why}],
+        },
+        2.0,
+    )
+    res = [dom.CheckResult("liveness", "pass", 1.0), unsure]
+    doc = document(res)
+    assert dom.overall(res) == "inconclusive" and dom.exit_code(res) == 1
+    code, line = dom.conclusion({**doc, "state": "ran", "refused": [], "exit_code": 1})
+    assert code == 1 and line.startswith("certify inconclusive: kv-fail not judged")
+    assert "1 passed" in line and "1 not judged" in line
+    text = junit_xml([doc])
+    junit_schema.validate(text)
+    (suite,) = ET.fromstring(text).findall("testsuite")
+    assert suite.get("failures") == "1"
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["kv-fail"].find("failure").get("type") == "kv-fail.inconclusive"
+    assert cases["liveness"].find("failure") is None
+    log = sarif_log(doc, {"uri": "file:///tmp/report.sarif"})
+    validate_sarif(log, sarif_schema)
+    (opened,) = [r for r in log["runs"][0]["results"] if r.get("kind") == "open"]
+    assert opened["ruleId"] == "kv-fail.inconclusive" and opened["level"] == "none"
+    assert why in opened["message"]["text"] or "not judged" in opened["message"]["text"]
