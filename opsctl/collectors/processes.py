@@ -128,18 +128,46 @@ def snapshot_tree(root_pid: int) -> ProcessTree:
 
 
 def _ranked(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
-    """``procs`` with a data-parallel worker's role naming its engine (``Worker_DP1``)."""
+    """``procs`` in rank order, a data-parallel worker's role naming its engine.
+
+    A data-parallel worker's role names its engine (``Worker_DP1``). The order is the
+    tree's (a parent before its children) with siblings in rank order
+    (:func:`opsctl.domain.ranks.order_key`): API server, coordinator, ``EngineCore_DP0``
+    and its workers, ``EngineCore_DP1``..., helpers last."""
     import dataclasses
 
     found = ranks.rank_ids(
         [ranks.Member(p.pid, p.ppid, f"{p.cmdline} {p.name}", p.pid == root_pid) for p in procs]
     )
-    out = []
+    named = []
     for p in procs:
         rank = found.get(p.pid)
         if rank is not None and rank.role != p.role and rank.kind == ranks.WORKER:
             p = dataclasses.replace(p, role=rank.role)
+        named.append(p)
+    return tree_order(named, root_pid)
+
+
+def tree_order(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
+    """``procs`` depth first from ``root_pid``, siblings in rank order (orphans last)."""
+    kids: dict[int, list[ProcInfo]] = {}
+    for p in procs:
+        kids.setdefault(p.ppid, []).append(p)
+    out: list[ProcInfo] = []
+    seen: set[int] = set()
+
+    def visit(p: ProcInfo) -> None:
+        if p.pid in seen:
+            return
+        seen.add(p.pid)
         out.append(p)
+        for c in ranks.by_rank(kids.get(p.pid, []), lambda q: q.role):
+            visit(c)
+
+    for top in ranks.by_rank([p for p in procs if p.pid == root_pid], lambda q: q.role):
+        visit(top)
+    for p in ranks.by_rank(procs, lambda q: q.role):  # a process whose parent was not read
+        visit(p)
     return out
 
 

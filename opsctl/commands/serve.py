@@ -37,9 +37,11 @@ def _printer(as_json: bool):
             output.info(f"starting vLLM on {fields['model']}; run dir {fields['run_dir']}")
         elif name == "phase":
             output.info(f"  [{fields['elapsed']:5.1f}s] {fields['phase']}")
-        elif as_json and name in ("ready", "stopped"):
-            doc = output.document("serve/2", event=name, **fields)
+        elif as_json and name in ("ready", "rank_died", "stopped"):
+            doc = output.document("serve/3", event=name, **fields)
             print(json.dumps(doc, default=str), flush=True)
+        elif name == "rank_died":
+            output.warn(f"a rank died: {fields['summary']}")
         elif name == "ready":
             url = fields["reachable_url"]
             print(
@@ -50,6 +52,9 @@ def _printer(as_json: bool):
             output.info("Ctrl-C stops the server")
         elif name == "stopped":
             output.info(f"stopped in {fields['duration_s']:.1f} s")
+            death = fields.get("first_death")
+            if death and death["server_up"]:  # else the engine-died error says it
+                output.warn(f"a rank had died: {fields['first_death']['summary']}")
             if fields["leftover_pids"]:
                 output.warn(f"processes still alive after stop: {fields['leftover_pids']}")
 
@@ -90,7 +95,9 @@ def serve(
     ),
     tui: bool | None = tui_option(),
     as_json: bool = typer.Option(
-        False, "--json", help="JSON lines on stdout (opsctl.serve/2): ready and stopped events"
+        False,
+        "--json",
+        help="JSON lines on stdout (opsctl.serve/3): ready, rank_died and stopped events",
     ),
     api_key: str | None = typer.Option(
         None,

@@ -14,8 +14,11 @@ A single-rank server keeps the plain names (``EngineCore``, ``Worker``, ``APISer
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 API_SERVER = "APIServer"
 ENGINE_CORE = "EngineCore"
@@ -101,6 +104,30 @@ def rank_ids(members: Sequence[Member]) -> dict[int, RankId | None]:
                 up, seen = parent.get(up), seen + 1
         out[m.pid] = rank
     return out
+
+
+def record_roles(records: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """pid -> rank role of engine_patches' ledger records (one per vLLM process).
+
+    From each record's ``title`` (vLLM's, rewritten once vLLM set it), a DP engine's
+    plain ``Worker`` placed by its parent record; the ``api_server`` record is the
+    APIServer. Records without a title (older ledgers) get none."""
+    members = []
+    for r in records:
+        try:
+            pid, ppid = int(r.get("pid") or 0), int(r.get("ppid") or 0)
+        except (TypeError, ValueError):
+            continue
+        if not pid or r.get("role") == "model_inspector":
+            continue
+        api = r.get("role") == "api_server"
+        members.append(Member(pid, ppid, "" if api else str(r.get("title") or ""), is_root=api))
+    return {pid: rank.role for pid, rank in rank_ids(members).items() if rank is not None}
+
+
+def by_rank(items: Iterable[_T], role: Callable[[_T], str]) -> list[_T]:
+    """``items`` in rank order (:func:`order_key` of each one's role), stable."""
+    return sorted(items, key=lambda item: order_key(role(item)))
 
 
 def order_key(role: str) -> tuple:
