@@ -122,9 +122,9 @@ class FirstDeath:
         if not self.server_up:
             return ""
         if self.serving is True:
-            return " (the server kept serving)"
+            return " (the API server still answers /health 200)"
         if self.serving is False:
-            return " (the server does not answer /health)"
+            return " (the API server does not answer /health)"
         return ""
 
     def lines(self) -> tuple[str, ...]:

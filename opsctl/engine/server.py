@@ -730,7 +730,10 @@ class EngineServer:
 
         ends, now, changed = self.ends, time.time(), False
         for pid, role, _state in members(self.proc.pid):
-            if ends.roles.get(pid) != role:
+            # a process on its way out shows no title (its command line is empty): a rank
+            # role once seen is kept
+            known = ends.roles.get(pid)
+            if known != role and (known is None or ranks.parse_title(role) is not None):
                 ends.roles[pid] = role
                 changed = True
         for pid in self.known_pids:
