@@ -150,25 +150,7 @@ def _ranked(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
 
 def tree_order(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
     """``procs`` depth first from ``root_pid``, siblings in rank order (orphans last)."""
-    kids: dict[int, list[ProcInfo]] = {}
-    for p in procs:
-        kids.setdefault(p.ppid, []).append(p)
-    out: list[ProcInfo] = []
-    seen: set[int] = set()
-
-    def visit(p: ProcInfo) -> None:
-        if p.pid in seen:
-            return
-        seen.add(p.pid)
-        out.append(p)
-        for c in ranks.by_rank(kids.get(p.pid, []), lambda q: q.role):
-            visit(c)
-
-    for top in ranks.by_rank([p for p in procs if p.pid == root_pid], lambda q: q.role):
-        visit(top)
-    for p in ranks.by_rank(procs, lambda q: q.role):  # a process whose parent was not read
-        visit(p)
-    return out
+    return ranks.tree_order(procs, root_pid, lambda p: p.pid, lambda p: p.ppid, lambda p: p.role)
 
 
 def descendants(root_pid: int) -> list[int]:
@@ -197,7 +179,8 @@ STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 def members(pid: int) -> list[tuple[int, str, str | None]]:
     """(pid, vLLM role, process state) of the API server ``pid`` and its descendants.
 
-    Cheap: no memory reads; a process that exits meanwhile is simply not listed."""
+    In rank order (the tree's, siblings by rank). Cheap: no memory reads; a process that
+    exits meanwhile is simply not listed."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -213,11 +196,12 @@ def members(pid: int) -> list[tuple[int, str, str | None]]:
             continue
     found = ranks.rank_ids([ranks.Member(q, pp, f"{c} {n}", q == pid) for q, pp, n, c, _ in read])
     out = []
-    for q, _pp, name, cmdline, state in read:
+    for q, pp, name, cmdline, state in read:
         rank = found.get(q)
         role = rank.role if rank is not None else classify(name, cmdline, q == pid)
-        out.append((q, role, state))
-    return out
+        out.append((q, pp, role, state))
+    ordered = ranks.tree_order(out, pid, lambda m: m[0], lambda m: m[1], lambda m: m[2])
+    return [(q, role, state) for q, _pp, role, state in ordered]
 
 
 def process_roles(pid: int) -> tuple[ProcRole, ...]:

@@ -234,12 +234,12 @@ def ends_of(
         if pid not in out or end.time < out[pid].time:
             out[pid] = end
     if api is not None and api[2] is not None:
-        pid, code, when = api
-        seen = out.get(pid)
-        out[pid] = End(pid, seen.time if seen else when, code, "opsctl")
-    for pid, when in gone.items():
+        api_pid, api_code, api_when = api[0], api[1], api[2]
+        seen = out.get(api_pid)
+        out[api_pid] = End(api_pid, seen.time if seen else api_when, api_code, "opsctl")
+    for pid, gone_at in gone.items():
         if pid not in out:
-            out[pid] = End(pid, when, None, "seen gone")
+            out[pid] = End(pid, gone_at, None, "seen gone")
     return out
 
 

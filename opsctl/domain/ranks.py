@@ -130,6 +130,36 @@ def by_rank(items: Iterable[_T], role: Callable[[_T], str]) -> list[_T]:
     return sorted(items, key=lambda item: order_key(role(item)))
 
 
+def tree_order(
+    items: Iterable[_T],
+    root: int,
+    pid: Callable[[_T], int],
+    ppid: Callable[[_T], int],
+    role: Callable[[_T], str],
+) -> list[_T]:
+    """``items`` (processes) depth first from ``root``, siblings in rank order.
+
+    A parent comes before its children; a process whose parent is not among ``items``
+    comes after the root's tree, in rank order."""
+    items = list(items)
+    kids: dict[int, list[_T]] = {}
+    for item in items:
+        kids.setdefault(ppid(item), []).append(item)
+    out: list[_T] = []
+    seen: set[int] = set()
+    stack = by_rank([i for i in items if pid(i) == root], role)
+    stack += [i for i in by_rank(items, role) if pid(i) != root]
+    stack.reverse()
+    while stack:
+        item = stack.pop()
+        if pid(item) in seen:
+            continue
+        seen.add(pid(item))
+        out.append(item)
+        stack.extend(reversed(by_rank(kids.get(pid(item), []), role)))
+    return out
+
+
 def order_key(role: str) -> tuple:
     """Sort key for roles: API server, coordinator, then each engine and its workers."""
     rank = parse_title(role)

@@ -93,7 +93,9 @@ def test_a_run_opsctl_stopped_has_no_first_death(tmp_path):
     path = tmp_path / "run"
     shutil.copytree(DATA / "tp2-sigkill-worker_tp1", path)
     meta = json.loads((path / "meta.json").read_text())
-    first = min(json.loads(line)["time"] for line in (path / "exits.jsonl").read_text().splitlines())
+    first = min(
+        json.loads(line)["time"] for line in (path / "exits.jsonl").read_text().splitlines()
+    )
     meta.update(stopped_at=first - 1.0, stop={"seconds": 0.5}, seen_gone={}, api_exit=None)
     (path / "meta.json").write_text(json.dumps(meta))
     assert deaths.of_run(path) is None
