@@ -106,11 +106,9 @@ def first_death(server: EngineServer, serving: bool | None = None) -> FirstDeath
 
 def process_list(tree) -> list[dict[str, Any]]:
     """The ready event's processes: ``{pid, ppid, role, title}`` in rank order."""
-    from opsctl.domain.ranks import by_rank
-
     return [
         {"pid": p.pid, "ppid": p.ppid, "role": p.role, "title": p.cmdline.split(" ", 1)[0]}
-        for p in by_rank(tree.processes, lambda p: p.role)
+        for p in ranks.by_rank(tree.processes, lambda p: p.role)
     ]
 
 
