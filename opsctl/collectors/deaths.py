@@ -157,3 +157,38 @@ def _api(meta: Mapping[str, Any]) -> tuple[int, int | None, float | None] | None
         code if isinstance(code, int) else None,
         float(when) if isinstance(when, (int, float)) else None,
     )
+
+
+def of_url(
+    url: str, root: Path | None = None, within_s: float = 3600.0
+) -> deaths.FirstDeath | None:
+    """The first rank death of the newest opsctl run served at ``url`` (None: none).
+
+    For ``opsctl status`` and the like: the newest run whose meta.json names ``url``, if
+    its API server still runs or the run's records changed within ``within_s`` seconds
+    (an old run at a reused port is no news). None for a server opsctl did not start."""
+    import time
+
+    from opsctl import paths
+
+    base = paths.runs_dir() if root is None else root
+    best: tuple[float, Path] | None = None
+    for meta_path in base.glob("*/meta.json"):
+        meta = _meta(meta_path.parent)
+        started = meta.get("started_at")
+        if str(meta.get("url", "")).rstrip("/") != url.rstrip("/"):
+            continue
+        if isinstance(started, (int, float)) and (best is None or started > best[0]):
+            best = (float(started), meta_path.parent)
+    if best is None:
+        return None
+    run = best[1]
+    meta = _meta(run)
+    pids = {int(k): v for k, v in (meta.get("pids") or {}).items() if str(k).isdigit()}
+    try:
+        recent = time.time() - (run / "meta.json").stat().st_mtime <= within_s
+    except OSError:
+        return None
+    if not recent and meta.get("pid") not in _alive(pids):
+        return None
+    return of_run(run)

@@ -100,3 +100,18 @@ def test_a_run_opsctl_stopped_has_no_first_death(tmp_path):
     (path / "meta.json").write_text(json.dumps(meta))
     assert deaths.of_run(path) is None
     assert discovery.first_death(str(path), alive=False) is None
+
+
+def test_status_can_find_the_first_death_by_url(run):
+    """``deaths.of_url``: what ``opsctl status URL`` would read for a local server opsctl
+    started (the newest run at that URL, recent or still running); an old run is no news."""
+    import os
+
+    path, victim, _, _ = run
+    url = json.loads((path / "meta.json").read_text())["url"]
+    found = deaths.of_url(url, root=path.parent)
+    assert found is not None and found.role == victim
+    assert deaths.of_url("http://127.0.0.1:1", root=path.parent) is None
+    old = (path / "meta.json").stat().st_mtime - 7200
+    os.utime(path / "meta.json", (old, old))
+    assert deaths.of_url(url, root=path.parent, within_s=3600) is None
