@@ -31,7 +31,9 @@ import threading
 import time
 
 FILE = "exits.jsonl"
-PERIOD = 0.5  # seconds between looks for new children (a death wakes the wait at once)
+# seconds between looks for new children (a death wakes the wait at once): a child that
+# ends before the watcher first saw it is not recorded (active_children() forgets it)
+PERIOD = 0.2
 
 _started_in: int | None = None  # pid of the process whose watcher runs (fork-safe)
 _KNOWN: dict[int, multiprocessing.process.BaseProcess] = {}  # children seen, not yet ended
@@ -57,10 +59,16 @@ def _title() -> str:
 
 
 def _ended(proc: multiprocessing.process.BaseProcess) -> int | bool | None:
-    """The child's exit code; False while it runs; None when it cannot be told (closed)."""
+    """The child's exit code; False while it runs; None when it cannot be told (closed).
+
+    A child's sentinel is ready as soon as the kernel closed its files, a moment before
+    it can be waited for: a ready sentinel is joined (a second at most) for its code."""
     try:
         code = proc.exitcode
-    except ValueError:  # the Process object was closed: its sentinel is gone too
+        if code is None and multiprocessing.connection.wait([proc.sentinel], 0):
+            proc.join(1.0)
+            code = proc.exitcode
+    except (ValueError, AssertionError, OSError):  # closed, or not ours to join
         return None
     return False if code is None else code
 

@@ -179,6 +179,19 @@ def how_it_ended(exitcode: int | None, short: bool = False) -> str:
     return f"exited with code {exitcode}"
 
 
+def _likely_cause(exitcode: int | None) -> int:
+    """Order of ends seen at one moment (one look of a parent found several children
+    ended): a kill from outside (SIGKILL, a crash) before an error exit, before the
+    SIGTERM or clean exit with which vLLM stops the other ranks, before an unseen end."""
+    if exitcode is None:
+        return 4
+    if exitcode == 0:
+        return 3
+    if signal_name(exitcode) in ("SIGTERM", "SIGINT"):
+        return 2
+    return 1 if exitcode > 0 else 0
+
+
 def roles_from_log(log: str) -> dict[int, str]:
     """pid -> role from vLLM's ``(ROLE pid=N)`` line prefixes (the last one seen wins)."""
     out: dict[int, str] = {}
@@ -270,8 +283,7 @@ def first_death(
         ranked.append((end, role))
     if not ranked:
         return None
-    # earliest first; at one moment, a seen exit code before an unseen one
-    ranked.sort(key=lambda er: (er[0].time, er[0].exitcode is None))
+    ranked.sort(key=lambda er: (er[0].time, _likely_cause(er[0].exitcode)))
     first, role = ranked[0]
     others = [
         Fate(

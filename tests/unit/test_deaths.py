@@ -143,3 +143,14 @@ def test_a_worker_without_a_known_title_is_named_by_its_process_name():
     exits = [{"pid": 5, "name": "VllmWorker-1", "exitcode": -9, "time": T0}]
     d = deaths.first_death(exits, {})
     assert d is not None and d.role == "Worker (local rank 1)"
+
+
+def test_ends_seen_at_one_moment_put_the_kill_first():
+    """A parent starved of CPU finds two children ended in one look (same time): its
+    own SIGTERM of the survivor came after the kill from outside."""
+    exits = [
+        {"pid": 5229, "name": "VllmWorker-0", "exitcode": -15, "time": T0},
+        {"pid": 5230, "name": "VllmWorker-1", "exitcode": -9, "time": T0},
+    ]
+    d = deaths.first_death(exits, {5229: "Worker_TP0", 5230: "Worker_TP1"})
+    assert d is not None and d.role == "Worker_TP1" and d.others[0].role == "Worker_TP0"

@@ -46,6 +46,12 @@ TREE = textwrap.dedent(
         with open(os.path.join(RUN, "ledger", f"{os.getpid()}.json"), "w") as fh:
             json.dump(rec, fh)
 
+    def watched(procs):  # the exit watcher has seen these children (its first look)
+        deadline = time.monotonic() + 60
+        while not {p.pid for p in procs} <= set(exits._KNOWN):
+            assert time.monotonic() < deadline, "the exit watcher never saw its children"
+            time.sleep(0.02)
+
     def say(role, text):
         print(f"({role} pid={os.getpid()}) INFO 12-06 10:59:07 [x.py:1] {text}", flush=True)
 
@@ -63,6 +69,8 @@ TREE = textwrap.dedent(
         ws = [ctx.Process(target=worker, args=(r,), name=f"VllmWorker-{r}") for r in (0, 1)]
         for w in ws:
             w.start()
+        watched(ws)
+        say("EngineCore", "watching")
         mp.connection.wait([ws[1].sentinel])  # Worker_TP1 died: stop the other, exit
         say("EngineCore", "Worker proc VllmWorker-1 died unexpectedly")
         ws[0].terminate(); ws[0].join()
@@ -73,6 +81,8 @@ TREE = textwrap.dedent(
         exits.start(RUN)
         core = mp.get_context("spawn").Process(target=engine_core, name="EngineCore")
         core.start()
+        watched([core])
+        say("APIServer", "watching")
         core.join()
         say("APIServer", "EngineDeadError: EngineCore encountered an issue")
         sys.exit(0)
@@ -101,9 +111,18 @@ def tree_server(tmp_path):
 
 
 def _ranks_up(server: EngineServer):
+    """The ranks' pids once all run and the EngineCore's exit watcher has seen its workers
+    (a child that ends before the watcher's first look is not recorded: vLLM's ranks live
+    far longer than that)."""
     server.track()
     roles = {p.role: p.pid for p in snapshot_tree(server.pid).processes}
-    return roles if {"EngineCore", "Worker_TP0", "Worker_TP1"} <= set(roles) else None
+    if not {"EngineCore", "Worker_TP0", "Worker_TP1"} <= set(roles):
+        return None
+    return (
+        roles
+        if "(EngineCore pid=" in server.log_text() and "watching" in server.log_text()
+        else None
+    )
 
 
 def test_supervision_names_the_killed_worker_first(tree_server):
