@@ -68,6 +68,7 @@ def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = No
             single_process=req.single_process,
         )
     )
+    death: FirstDeath | None = None  # what ended on its own, judged before opsctl's stop
     try:
         server.start()
         on_event("starting", {"model": model.name, "run_dir": str(server.run_dir)})
@@ -75,10 +76,12 @@ def serve(req: ServeRequest, on_event: OnEvent, dashboard: Dashboard | None = No
             return dashboard(server, req.timeout)
         return _watch(server, req, on_event)
     except KeyboardInterrupt:  # Ctrl-C, or lifetime.Terminated (SIGTERM, SIGHUP)
+        death = first_death(server)
         server.stop()
         return int(ExitCode.OK)
     finally:
-        death = first_death(server)  # what ended on its own, before opsctl's stop
+        if getattr(server, "stop_report", None) is None:
+            death = first_death(server)
         report = server.stop()
         if server.proc is not None:
             on_event(

@@ -181,3 +181,77 @@ def test_the_dashboard_shows_the_first_death_while_the_server_still_answers(tree
 def _with_death(collector: ServeCollector):
     snap = collector.collect()
     return snap if snap.first_death else None
+
+
+HALF_ALIVE = textwrap.dedent(
+    """
+    import multiprocessing as mp, os, sys, time
+    import setproctitle
+    from engine_patches import exits
+
+    def coordinator():
+        setproctitle.setproctitle("VLLM::DPCoordinator")
+        time.sleep(300)
+
+    if __name__ == "__main__":
+        exits.start(os.environ["OPSCTL_RUN_DIR"])
+        c = mp.get_context("spawn").Process(target=coordinator, name="VLLM_DP_Coordinator")
+        c.start()
+        while c.pid not in exits._KNOWN:
+            time.sleep(0.02)
+        print(f"(APIServer pid={os.getpid()}) INFO 12-06 10:59:07 [x.py:1] watching", flush=True)
+        time.sleep(300)  # like vLLM after its coordinator's death: the server stays up
+    """
+)
+
+
+def test_serve_says_a_rank_died_while_the_server_stays_up_and_stops_with_it(tmp_path, monkeypatch):
+    """serve's own loop (supervise.serve, no dashboard) over a server whose coordinator is
+    SIGKILLed while the API server stays up, as vLLM 0.32 does: a ``rank_died`` event at
+    once, and the ``stopped`` event after Ctrl-C still names it, with the others alive."""
+    from opsctl.engine import server as srv
+
+    script = tmp_path / "api_server.py"
+    script.write_text(HALF_ALIVE)
+    events: list[tuple[str, dict]] = []
+
+    with StandInFleet(["healthy"]) as fleet:
+
+        class HalfAlive(EngineServer):
+            def start(self):
+                self.port, self.run_dir = fleet.endpoints[0].port, tmp_path / "run"
+                self.run_dir.mkdir()
+                self.started_at = time.time()
+                log = (self.run_dir / "server.log").open("ab")
+                env = {**os.environ, "OPSCTL_RUN_DIR": str(self.run_dir), "PYTHONPATH": str(REPO)}
+                self.proc = subprocess.Popen([sys.executable, str(script)], stdout=log,
+                                             stderr=log, env=env)  # fmt: skip
+                return self
+
+        def on_event(name: str, fields: dict) -> None:
+            events.append((name, fields))
+            if name == "ready":
+                server = wait_until(lambda: _coordinator(fields["pid"]), 60, "the coordinator")
+                wait_until(lambda: "watching" in (tmp_path / "run" / "server.log").read_text(),
+                           60, "the watcher's first look")  # fmt: skip
+                os.kill(server, signal.SIGKILL)
+            if name == "rank_died":
+                raise KeyboardInterrupt  # the operator's Ctrl-C
+
+        monkeypatch.setattr(srv, "EngineServer", HalfAlive)
+        req = supervise.ServeRequest("tiny-llama", timeout=60)
+        assert supervise.serve(req, on_event) == 0
+    names = [n for n, _ in events]
+    assert names == ["starting", "ready", "rank_died", "stopped"], names
+    told, stopped = events[2][1], events[3][1]
+    assert told["role"] == "DPCoordinator" and told["signal"] == "SIGKILL"
+    assert told["server_up"] is True and told["serving"] is True  # /health 200 (stand-in)
+    assert [(f["role"], f["fate"]) for f in told["others"]] == [("APIServer", "alive")]
+    death = stopped["first_death"]
+    assert death["role"] == "DPCoordinator" and death["server_up"] is True
+    assert stopped["leftover_pids"] == []
+
+
+def _coordinator(api_pid: int) -> int | None:
+    tree = snapshot_tree(api_pid)
+    return next((p.pid for p in tree.processes if p.role == "DPCoordinator"), None)
