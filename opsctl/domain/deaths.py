@@ -2,10 +2,11 @@
 
 When one rank of a vLLM server dies, vLLM tears the rest down or leaves it half alive
 (measured on 0.32, CPU): a SIGKILLed ``Worker_TP1`` makes its EngineCore stop the other
-worker (SIGTERM after 5 s, SIGKILL 4 s later) and die; the API server then exits with
-code 0 about 10 s after the kill, its in-flight requests answered HTTP 500. A SIGKILLed
-``EngineCore_DP1`` makes the API server stop ``EngineCore_DP0`` and exit (code 0) ~5 s
-later. A SIGKILLed ``DPCoordinator`` changes nothing visible: the server keeps serving.
+worker (SIGTERM after 5 s, SIGKILL 4 s later) and die, unless the API server, failing
+the requests in flight (HTTP 500), stops it first; the API server exits with code 0
+0.9 to 10 s after the kill (both seen). A SIGKILLed ``EngineCore_DP1`` makes the API
+server stop ``EngineCore_DP0`` and exit (code 0) 5 to 8 s later; the dead engine's
+worker may outlive it a moment. A SIGKILLed ``DPCoordinator`` changes nothing visible: the server keeps serving.
 vLLM's own log then names nobody (the API server's exit code is 0).
 
 What opsctl knows, and this module judges:
@@ -57,7 +58,9 @@ class Fate:
 
     pid: int
     role: str
-    fate: str  # "exited", "gone" (exit code not seen) or "alive"
+    # "exited", "gone" (exit code not seen), "alive", or "stopped" (it still ran when
+    # opsctl began stopping the server: read after that stop)
+    fate: str
     exitcode: int | None = None
     after_s: float | None = None  # seconds after the first death
 
@@ -66,6 +69,8 @@ class Fate:
         who = f"{self.role} (pid {self.pid})"
         if self.fate == "alive":
             return f"{who} still alive"
+        if self.fate == "stopped":
+            return f"{who} ended by opsctl's stop +{self.after_s or 0:.1f} s"
         when = f" +{self.after_s:.1f} s" if self.after_s is not None else ""
         return f"{who} {how_it_ended(self.exitcode, short=True)}{when}"
 
@@ -108,7 +113,8 @@ class FirstDeath:
     def summary(self) -> str:
         """One line: who died first, how, and what the other ranks did."""
         head = f"{self.role} (pid {self.pid}) died first: {self.cause}"
-        ended = [f for f in self.others if f.fate != "alive"]
+        ended = [f for f in self.others if f.fate not in ("alive", "stopped")]
+        stopped = [f for f in self.others if f.fate == "stopped"]
         alive = [f for f in self.others if f.fate == "alive"]
         parts = [head]
         if ended:
@@ -116,6 +122,9 @@ class FirstDeath:
         if alive:
             tail = ", ".join(f"{f.role} (pid {f.pid})" for f in alive)
             parts.append(f"still alive: {tail}{self._alive_note()}")
+        if stopped:
+            tail = ", ".join(f"{f.role} (pid {f.pid})" for f in stopped)
+            parts.append(f"ended by opsctl's stop +{stopped[0].after_s or 0:.1f} s: {tail}")
         return "; ".join(parts)
 
     def _alive_note(self) -> str:
@@ -190,6 +199,31 @@ def _likely_cause(exitcode: int | None) -> int:
     if signal_name(exitcode) in ("SIGTERM", "SIGINT"):
         return 2
     return 1 if exitcode > 0 else 0
+
+
+def _rest(
+    roles: Mapping[int, str],
+    counted: set[int],
+    alive: set[int],
+    api_pid: int | None,
+    before: float | None,
+    first_at: float,
+) -> list[Fate]:
+    """The fates of the ranks with no end of their own before ``before``: alive, or (after
+    a stop opsctl began at ``before``) ended by that stop; in rank order."""
+    known = dict(roles)
+    if api_pid is not None:
+        known.setdefault(api_pid, ranks.API_SERVER)
+    out = []
+    for pid in sorted(set(known) - counted):
+        role = role_of(pid, known) or (ranks.API_SERVER if pid == api_pid else None)
+        if role is None:
+            continue
+        if pid in alive:
+            out.append(Fate(pid, role, "alive"))
+        elif before is not None:
+            out.append(Fate(pid, role, "stopped", None, round(max(0.0, before - first_at), 1)))
+    return ranks.by_rank(out, lambda f: f.role)
 
 
 def roles_from_log(log: str) -> dict[int, str]:
@@ -295,13 +329,7 @@ def first_death(
         )
         for end, r in ranked[1:]
     ]
-    living: list[tuple[int, str]] = []
-    for pid in set(alive) - set(ends):
-        who = role_of(pid, roles) or (ranks.API_SERVER if pid == api_pid else None)
-        if who is not None:
-            living.append((pid, who))
-    living.sort(key=lambda pr: ranks.order_key(pr[1]))
-    others += [Fate(pid, who, "alive") for pid, who in living]
+    others += _rest(roles, {e.pid for e, _ in ranked}, set(alive), api_pid, before, first.time)
     server_up = api_pid is not None and api_pid in set(alive) and api_pid not in ends
     return FirstDeath(
         first.pid,

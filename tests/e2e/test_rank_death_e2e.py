@@ -2,8 +2,8 @@
 
 Each test starts its own server with `opsctl serve --json` (the kill destroys it), puts
 it under load, SIGKILLs one rank and waits for what vLLM 0.32 does (measured: it tears
-the server down; the API server exits with code 0, ~10 s after a TP worker's kill, ~5 s
-after a DP EngineCore's). Then serve's events, its error line, the console's dead reason
+the server down; the API server exits with code 0, 0.9-10 s after a TP worker's kill,
+5-8 s after a DP EngineCore's). Then serve's events, its error line, the console's dead reason
 (the console's own discovery code over the run) and the run's bundle must name the
 killed rank first, with SIGKILL, and say what the other ranks did; nothing is left
 running and no /dev/shm segment the tree held stays.
@@ -125,11 +125,12 @@ def check_first_death(death: dict, victim: str, pid: int, others: set[str]) -> N
     assert OOM in death["cause"] and death["seen_by"] == "parent", death
     assert death["last_lines"], "the killed rank's last log lines"
     fates = {f["role"]: f for f in death["others"]}
-    assert others <= set(fates), (others, fates)
+    assert others <= set(fates), (others, fates)  # what every other rank did is said
     for role in others:
-        assert fates[role]["fate"] in ("exited", "gone"), fates[role]
-        assert fates[role]["after_s"] >= 0, fates[role]
+        # a worker of the dead engine may outlive the API server a moment (seen: DP)
+        assert fates[role]["fate"] in ("exited", "gone", "alive"), fates[role]
     assert fates["APIServer"]["fate"] == "exited" and fates["APIServer"]["exitcode"] == 0
+    assert fates["APIServer"]["after_s"] >= 0
     assert death["summary"].startswith(f"{victim} (pid {pid}) died first: killed by SIGKILL")
 
 
@@ -157,12 +158,15 @@ def test_sigkill_of_worker_tp1_under_load_is_named_first(tmp_path):
     assert rc == 1, err
     kinds = [e["event"] for e in events]
     assert kinds[0] == "ready" and kinds[-1] == "stopped", kinds
-    # while vLLM takes ~10 s to tear the server down, serve already says who died
-    (told,) = [e for e in events if e["event"] == "rank_died"]
-    assert told["role"] == "Worker_TP1" and told["server_up"] is True, told
+    # vLLM takes 0.9-10 s to tear the server down (measured): serve may say who died
+    # before the API server's exit ("rank_died"), once
+    told = [e for e in events if e["event"] == "rank_died"]
+    assert len(told) <= 1 and all(e["role"] == "Worker_TP1" and e["server_up"] for e in told)
     stopped = events[-1]
     check_first_death(stopped["first_death"], "Worker_TP1", roles["Worker_TP1"],
                       {"EngineCore", "Worker_TP0", "APIServer"})  # fmt: skip
+    core = {f["role"]: f for f in stopped["first_death"]["others"]}["EngineCore"]
+    assert core["fate"] in ("exited", "gone"), core  # the EngineCore died with its worker
     assert f"engine died: Worker_TP1 (pid {roles['Worker_TP1']}) died first: killed by " \
            "SIGKILL" in err, err  # fmt: skip
     assert stopped["leftover_pids"] == [] and gone(roles.values()), roles
@@ -181,6 +185,8 @@ def test_sigkill_of_engine_core_dp1_under_load_is_named_first(tmp_path):
                       {"EngineCore_DP0", "Worker_DP0", "Worker_DP1", "DPCoordinator",
                        "APIServer"})  # fmt: skip
     assert "engine died: EngineCore_DP1 (pid" in err and "SIGKILL" in err, err
+    dp0 = {f["role"]: f for f in stopped["first_death"]["others"]}["EngineCore_DP0"]
+    assert dp0["fate"] in ("exited", "gone"), dp0  # the API server stopped the other engine
     assert all(e["role"] == "EngineCore_DP1" for e in events if e["event"] == "rank_died")
     assert stopped["leftover_pids"] == [] and gone(roles.values()), roles
     assert left == set(), left

@@ -109,6 +109,7 @@ def test_status_can_find_the_first_death_by_url(run):
 
     path, victim, _, _ = run
     url = json.loads((path / "meta.json").read_text())["url"]
+    os.utime(path / "meta.json")  # a run that ended a moment ago
     found = deaths.of_url(url, root=path.parent)
     assert found is not None and found.role == victim
     assert deaths.of_url("http://127.0.0.1:1", root=path.parent) is None

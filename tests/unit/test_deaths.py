@@ -75,7 +75,16 @@ def test_ends_after_opsctl_began_its_stop_are_no_death():
     assert deaths.first_death(TP_EXITS, TP_ROLES, before=T0 - 1.0) is None
     # a stop begun after the kill: only what ended before it counts
     d = tp_death(before=T0 + 5.0)
-    assert d.role == "Worker_TP1" and [f.role for f in d.others] == []
+    assert d.role == "Worker_TP1"
+    # the others still ran when opsctl began to stop the server (read after that stop)
+    assert [(f.role, f.fate, f.after_s) for f in d.others] == [
+        ("APIServer", "stopped", 5.0), ("EngineCore", "stopped", 5.0),
+        ("Worker_TP0", "stopped", 5.0),
+    ]  # fmt: skip
+    assert d.summary().endswith(
+        "ended by opsctl's stop +5.0 s: APIServer (pid 18251), EngineCore (pid 18317), "
+        "Worker_TP0 (pid 18331)"
+    )
 
 
 def test_nothing_ended_is_no_verdict_and_helpers_never_count():
