@@ -25,7 +25,10 @@ NO_OWNER_WATCH = "OPSCTL_TEST_NO_OWNER_WATCH"
 LORA_SWAP = "OPSCTL_LORA_SWAP"
 HANG_STEP = "OPSCTL_HANG_STEP"  # a file: while it exists the EngineCore's step blocks
 HANG_GPU = "OPSCTL_HANG_GPU"  # a file: while it exists the model step spins the GPU
-KNOBS = (NUDGE, MM_UUID_REWRITE, NO_OWNER_WATCH, LORA_SWAP, HANG_STEP, HANG_GPU)
+# RANK:FILE (``TP1:/tmp/hold``): while FILE exists that rank blocks before its first
+# collective in the model's forward, its peers wait in the collective
+HANG_RANK = "OPSCTL_HANG_RANK"
+KNOBS = (NUDGE, MM_UUID_REWRITE, NO_OWNER_WATCH, LORA_SWAP, HANG_STEP, HANG_GPU, HANG_RANK)
 
 
 def active(env: Mapping[str, str] | None = None) -> dict[str, str]:

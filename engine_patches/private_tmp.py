@@ -45,13 +45,21 @@ def remove(path: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str])
     return None
 
 
+def own_dir(env: dict[str, str] | None = None) -> str | None:
+    """In an engine process: its private ``TMPDIR``; None when it kept vLLM's default."""
+    env = dict(os.environ) if env is None else env
+    tmp = (env.get("TMPDIR") or "").rstrip("/")
+    if not env.get("OPSCTL_RUN_DIR") or not os.path.basename(tmp).startswith(PREFIX):
+        return None
+    return tmp
+
+
 def remove_own(env: dict[str, str] | None = None) -> str | None:
     """In an engine process: remove its own private ``TMPDIR``.
 
     The one made for ``OPSCTL_RUN_DIR``; None when there is none or it is gone."""
     env = dict(os.environ) if env is None else env
-    run_dir = env.get("OPSCTL_RUN_DIR")
-    tmp = env.get("TMPDIR")
-    if not run_dir or not tmp or not os.path.basename(tmp.rstrip("/")).startswith(PREFIX):
+    tmp = own_dir(env)
+    if tmp is None:
         return None  # no private directory (vLLM's default was kept)
-    return remove(tmp.rstrip("/"), run_dir)
+    return remove(tmp, env["OPSCTL_RUN_DIR"])

@@ -14,7 +14,11 @@ When the owner is gone:
 - the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
   opsctl and normally removed by its stop) on its way out: at exit when its owner is
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
-  before the SIGKILL of its process group.
+  before the SIGKILL of its process group; and first the /dev/shm segments vLLM's CPU
+  ranks share (``engine_patches.run_segments``: named after the rendezvous file in that
+  directory, never unlinked by vLLM), once no process holds them (its ranks get
+  ``SEGMENTS_WAIT`` seconds to let go; before the process group's SIGKILL the rest of
+  the group is killed first).
 
 A zombie owner counts as gone: it can no longer clean up.
 
@@ -34,12 +38,14 @@ import signal
 import threading
 import time
 
-from engine_patches import knobs, private_tmp
+from engine_patches import knobs, private_tmp, run_segments
 
 OWNER_PID = "OPSCTL_OWNER_PID"
 OWNER_START = "OPSCTL_OWNER_START"
 PERIOD = 0.5
 KILL_AFTER = 8.0
+SEGMENTS_WAIT = 5.0  # at exit: the most the API server waits for its ranks to let go
+KILLED_WAIT = 2.0  # after SIGKILL of its group: for the kernel to reap the mappings
 
 _started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
 _recorded_in: int | None = None
@@ -74,7 +80,14 @@ def owner_alive(pid: int, ticks: int) -> bool:
     return fields is not None and fields[0] != b"Z" and int(fields[19]) == ticks
 
 
-def _remove_tmp() -> None:
+def _remove_tmp(wait: float = 0.0) -> None:
+    """The run's rank segments (named in the private TMPDIR), then that directory.
+
+    Waits up to ``wait`` seconds for ranks still holding a segment to let go."""
+    with contextlib.suppress(Exception):
+        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait)
+        if removed or kept:
+            print(f"[opsctl] rank segments removed {removed}, kept (held) {kept}", flush=True)
     why = private_tmp.remove_own()
     if why:
         print(f"[opsctl] {why}", flush=True)
@@ -82,9 +95,20 @@ def _remove_tmp() -> None:
 
 def _at_exit(pid: int, ticks: int, me: int) -> None:
     """The API server exits while its owner is gone: nobody else will remove its
-    private TMPDIR. (While the owner lives, its stop removes it and reports on it.)"""
+    private TMPDIR and its ranks' segments. (While the owner lives, its stop removes
+    them and reports on them.)"""
     if os.getpid() == me and not owner_alive(pid, ticks):
-        _remove_tmp()
+        _remove_tmp(wait=SEGMENTS_WAIT)
+
+
+def _kill_the_rest_of_my_group() -> None:
+    """SIGKILL every other process of this process group (the API server's: its engine)."""
+    me, group = os.getpid(), os.getpgid(0)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == group:
+                    os.kill(int(entry), signal.SIGKILL)
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -106,7 +130,8 @@ def _on_owner_gone(role: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(KILL_AFTER)  # vLLM's orderly shutdown had its chance
     if role == "api_server":
-        _remove_tmp()
+        _kill_the_rest_of_my_group()  # then their segments are held by nobody
+        _remove_tmp(wait=KILLED_WAIT)
         with contextlib.suppress(OSError):
             os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

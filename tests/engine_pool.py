@@ -115,6 +115,7 @@ COSTS: dict[str, float] = {
     "test_invariance_modes_e2e.py": 70,
     "test_console_e2e.py": 90,
     "test_console_prometheus_e2e.py": 170,  # with the stall alert (was test_alerts_e2e)
+    "test_dp_stall_e2e.py": 420,  # DP=2: SIGSTOP, hang, idle hang, SIGKILL of one engine
     "test_mm_uuid_e2e.py": 75,
     "test_invariance_images_e2e.py": 55,
     "test_console_actions_e2e.py": 55,
@@ -125,6 +126,12 @@ COSTS: dict[str, float] = {
     "test_certify_url_e2e.py": 20,
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
+    "test_rank_hang_e2e.py": 135,  # TP=2 with the rank-hang knob: stop, knob, no py-spy
+    "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
+    # issue 44 (ranks): five TP=2/DP=2 serves signalled once their ranks exist; two
+    # TP=2 kv-fail runs and one TP=2 invariance run
+    "test_ranks_lifetime_e2e.py": 200,
+    "test_ranks_diag_e2e.py": 200,
 }
 DEFAULT_COST = 60.0
 

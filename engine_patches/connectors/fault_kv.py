@@ -10,10 +10,17 @@ Load it with ``--kv-transfer-config`` (see
    "kv_role": "kv_both", "kv_load_failure_policy": "recompute" | "fail",
    "kv_connector_extra_config": {"storage_path": DIR, "inject": {...InjectionPlan...}}}``
 
-Storage: ``DIR/<prefix key>/g<group>_p<position>.safetensors`` holds one block of
-every layer of that group; ``DIR/<prefix key>/meta.json`` is written last and marks
-the entry complete. The prefix key hashes the block-aligned prompt prefix (all
-prompt tokens but the last, rounded down to whole blocks).
+Storage: ``DIR/<prefix key>/rank<r>/g<group>_p<position>.safetensors`` holds one block
+of every layer of that group as rank ``r`` holds it; ``rank<r>/meta.json`` is written
+last and marks that rank's part complete. The prefix key hashes the block-aligned
+prompt prefix (all prompt tokens but the last, rounded down to whole blocks).
+
+Ranks: with tensor (or pipeline) parallelism every worker holds its share of the KV
+(its KV heads, its layers), so each rank stores and loads its own part, and the
+scheduler offers a prefix only once every rank of the engine stored it. The injection
+plan is deterministic (seed, prefix, group, position), so every rank fails the same
+blocks and reports the same block ids (vLLM unions the workers' reports); every event
+carries the worker's ``rank``, so opsctl can count one rank's and compare the others'.
 
 Flow (synchronous, like vLLM's ExampleConnector):
 - scheduler side: a new request whose prefix is stored gets an external hit of the
@@ -123,6 +130,18 @@ class FaultKVMetadata(KVConnectorMetadata):
     async_ids: set[str] = field(default_factory=set)  # loads of route requests
 
 
+def worker_rank(tp_size: int) -> int:
+    """This worker's rank in its engine: PP rank x TP size + TP rank.
+
+    0 without torch.distributed (the model in the EngineCore, one rank)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return int(get_pp_group().rank_in_group) * int(tp_size) + int(get_tp_group().rank_in_group)
+    except Exception:  # not initialised: a single rank
+        return 0
+
+
 def default_storage_path() -> str:
     """Where stored KV goes: under the run directory, else a fixed folder in /tmp."""
     run = os.environ.get("OPSCTL_RUN_DIR")
@@ -152,6 +171,14 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         ]
         self.group_layers = [list(g.layer_names) for g in groups]
         self.num_blocks = int(kv_cache_config.num_blocks)
+        # ranks: the engine's workers (TP x PP) each store their part; this worker's rank
+        parallel = vllm_config.parallel_config
+        self.world = max(
+            1, int(parallel.tensor_parallel_size) * int(parallel.pipeline_parallel_size)
+        )
+        self.rank = (
+            worker_rank(parallel.tensor_parallel_size) if role == KVConnectorRole.WORKER else 0
+        )
         # scheduler side
         self._need_load: dict[str, tuple[Request, int]] = {}
         self._async_loads: dict[str, Transfer] = {}  # route requests: allocated, not sent
@@ -168,6 +195,8 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 CONNECTOR,
                 {
                     "role": role.name.lower(),
+                    "rank": self.rank,
+                    "world": self.world,
                     "storage": str(self.storage),
                     "groups": len(groups),
                     "group_block_sizes": self.group_block_sizes,
@@ -183,8 +212,15 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
         n = prefix_len(len(token_ids), size)
         return n, prefix_key(token_ids[:n]) if n else ""
 
+    def _part(self, key: str, rank: int | None = None) -> Path:
+        """Where rank ``rank`` (default: this worker's) keeps its part of prefix ``key``."""
+        return self.storage / key / f"rank{self.rank if rank is None else rank}"
+
     def _stored(self, key: str) -> bool:
-        return bool(key) and (self.storage / key / "meta.json").is_file()
+        """Whether every rank of the engine stored its part of prefix ``key``."""
+        return bool(key) and all(
+            (self._part(key, r) / "meta.json").is_file() for r in range(self.world)
+        )
 
     def _positions(self, n_tokens: int, group: int) -> int:
         size = (
@@ -394,7 +430,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> bool:
         """Load one transfer; True when an injected failure was reported for it. With
         ``whole_request`` (route requests) the failure is the request's, not its blocks'."""
-        folder = self.storage / t.key
+        folder = self._part(t.key)
         missing: list[tuple[int, int, int]] = []
         loaded = 0
         ranges = t.ranges(self.group_block_sizes)
@@ -429,6 +465,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                     "group": group,
                     "block": block,
                     "position": pos,
+                    "rank": self.rank,
                     "epoch": self.plan.epoch,
                     "reported": not self.plan.silent,
                     "corrupted": self.plan.corrupt or self.plan.silent,
@@ -440,6 +477,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 "op": "load",
                 "request_id": t.req_id,
                 "key": t.key,
+                "rank": self.rank,
                 "blocks": loaded,
                 "missing": len(missing),
                 "injected": len(chosen),
@@ -480,10 +518,11 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
             self._store_one(t)
 
     def _store_one(self, t: Transfer) -> None:
-        folder = self.storage / t.key
+        folder = self._part(t.key)
         if (folder / "meta.json").is_file():
             return
-        tmp = self.storage / f".{t.key}.{os.getpid()}.tmp"
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.storage / f".{t.key}.rank{self.rank}.{os.getpid()}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         stored = 0
         for group, pos, block in self._real_blocks(t, t.ranges(self.group_block_sizes)):
@@ -518,6 +557,7 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
                 "op": "store",
                 "request_id": t.req_id,
                 "key": t.key,
+                "rank": self.rank,
                 "blocks": stored,
                 "epoch": self.plan.epoch,
             },

@@ -38,8 +38,10 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+import httpx
 
 from opsctl.checks import events as ev
 from opsctl.checks import invariance_images as mm
@@ -48,7 +50,7 @@ from opsctl.checks.sampling import check_sampling
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.collectors import completions as cc
-from opsctl.collectors import engine_records, ledger
+from opsctl.collectors import engine_records, http, ledger
 from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import findings as fd
@@ -64,6 +66,10 @@ from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError,
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
 
+PINNED = (
+    "data-parallel server: every request went to engine {pin} (vLLM's X-data-parallel-rank "
+    "header), so BS=N is one engine's batch, not several smaller ones counted as one"
+)
 TITLE = "diag invariance"
 SCHEMA = "diag.invariance/2"  # 2: platform null + platform_note, durations in _s
 DEFAULT_MODEL = "tiny-llama"
@@ -265,6 +271,7 @@ class _Measured:
     platform: str | None = None  # what the engine's records (or server) name
     platform_note: str | None = None  # why platform is None
     attempts: int = 1  # BS=N phases sent until the batch formed (see Options.batch_attempts)
+    pinned: int | None = None  # the data-parallel engine every request went to
 
     @property
     def images(self) -> int:
@@ -307,8 +314,22 @@ class _Job:
             knob_line = knob_warning(ledger.knobs_of([live.run_dir]))
             if knob_line:
                 self.progress(ev.Alert(knob_line))
-            measured = self._measure(live, mode, label, engine_seconds)
+            pin = self._pin(live, label)
+            with http.pinned_to_engine(pin):
+                measured = replace(self._measure(live, mode, label, engine_seconds), pinned=pin)
         return self._decide(measured, mode, label, time.monotonic() - t_start)
+
+    def _pin(self, live: Live, label: str) -> int | None:
+        """The data-parallel engine every request of the run goes to (None: one engine)."""
+        try:
+            with http.client(live.api_key, timeout=10.0) as c:
+                r = c.get(f"{live.url}/metrics")
+        except httpx.HTTPError:
+            return None
+        pin = eng.dp_pin(r.text) if r.status_code == 200 else None
+        if pin is not None:
+            self.progress(ev.Log(f"{label}: {PINNED.format(pin=pin)}"))
+        return pin
 
     def _served_model(self, live: Live) -> tuple[str, str | None]:
         model = cc.served_model(live.url, api_key=live.api_key)
@@ -462,6 +483,8 @@ class _Job:
         probes = probe_findings(m.live.run_dir, images=m.images > 0)
         failures = [*img_failures, *findings.failures, *pe.lines(probes, fd.FAIL)]
         warnings = [*img_warnings, *findings.warnings, *pe.lines(probes, fd.WARNING)]
+        if m.pinned is not None:
+            warnings.append(PINNED.format(pin=m.pinned))
         if m.attempts > 1:
             warnings.append(
                 f"BS={o.n} was sent {m.attempts} times: before, some requests reached the "

@@ -250,7 +250,7 @@ class _Run:
 
     def news(self) -> None:
         """Injections and recoveries recorded since the last look, as events."""
-        for i in self.probe.tail.injections():
+        for i in dom.lead(self.probe.tail.injections()):  # every rank makes the same
             self.progress(Injected(self._index.get(i.key or ""), i))
         for r in self.probe.tail.recoveries():
             self.progress(Recovered(r))
@@ -321,7 +321,7 @@ def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
     died = r.store_and_roundtrip()
     if died is None:
         died, accounting, death, metrics = r.inject()
-    injections = [i for i in r.probe.injections() if i.epoch == "inject"]
+    injections = [i for i in dom.lead(r.probe.injections()) if i.epoch == "inject"]
     r.injected = dom.injected_blocks(injections, r.work.keys)
     sensitivity_ran = False
     if died is None and injections:
@@ -338,6 +338,8 @@ def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
         death=death,
         sensitivity_ran=sensitivity_ran,
         patch_disabled=patch_disabled,
+        ranks=len({i.rank for i in r.probe.injections()}) or 1,
+        rank_disagreement=dom.rank_disagreement(r.probe.injections()),
     )
     return facts, metrics
 

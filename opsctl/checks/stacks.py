@@ -5,13 +5,20 @@ server (API server, EngineCore, workers), each labelled with its role, taken wit
 stopping the engine (opsctl.collectors.stacks), with identical stacks grouped and one
 line per process naming where it waits (opsctl.domain.stacks).
 
-``run(target, Options, progress) -> Report`` (schema ``opsctl.stacks/1``). ``target`` is
+``run(target, Options, progress) -> Report`` (schema ``opsctl.stacks/2``). ``target`` is
 a URL (this node's only), an opsctl run (its directory or its name under the runs
 directory) or a pid (of any process of a vLLM server tree). Bad input (a URL of another
 host: stacks are local only; a pid that is not vLLM) is BadInput (exit 2); a run that
-has finished, or a URL no local process serves, is EngineUnreachable (exit 3). The
-verdict is fail (exit 1) when no process's stacks could be read (another user's server,
-tracing not allowed): each process's line says why.
+has finished, or a URL no local process serves, is EngineUnreachable (exit 3).
+
+The stacks are taken twice, ``interval`` apart, and judged by
+opsctl.domain.stack_verdict: verdict ``pass`` (exit 0: idle or working), ``stuck`` (a
+process stopped or stuck, or ranks held in a collective: the headline names the culprit
+and the frame the others wait in), ``incomplete`` (a process could not be read and
+nothing read is stuck: nothing is cleared), ``fail`` (nothing could be read); each exits
+1. The document records the host (``--host`` names it otherwise), so the reports of the
+hosts of one server merge into one verdict: ``merge(files)`` (schema
+``opsctl.stacks.merge/1``).
 """
 
 from __future__ import annotations
@@ -22,19 +29,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.checks import events as ev
-from opsctl.checks.report import FAIL, PASS, Report
+from opsctl.checks.report import Report
+from opsctl.domain import stack_verdict as verdicts
 from opsctl.domain import stacks as dom
 from opsctl.errors import BadInput, EngineUnreachable
 
 TITLE = "stacks"
+MERGED = "stacks.merge/1"
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """How long to wait for the dumps, and whether to take native frames too."""
+    """How long to wait for the dumps, native frames or not, the takes' interval, the host."""
 
     timeout: float = 5.0  # seconds for the dumps to arrive (per call of py-spy too)
     native: bool = False  # py-spy --native: C frames too (CUDA syncs, collectives, locks)
+    interval: float = 1.0  # seconds between the two takes (a stuck thread stays put)
+    host: str | None = None  # this host's name in the report (None: the machine's)
+
+
+def host_name() -> str:
+    """This machine's host name, as a report records it."""
+    import socket
+
+    return socket.gethostname()
 
 
 def _is_vllm(pid: int) -> bool:
@@ -127,28 +145,66 @@ def _run_of(pid: int) -> Path | None:
 
 def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ignore) -> Report:
     """The stacks of every process of ``target``'s server tree; see the module doc."""
+    from dataclasses import replace
+
     from opsctl.collectors.stacks import take
     from opsctl.output import document
 
     progress(ev.Started(TITLE, target))
     pid, run_dir = resolve(target)
-    progress(ev.Phase(f"taking the stacks of the tree of pid {pid}"))
+    host = options.host or host_name()
+    progress(
+        ev.Phase(f"taking the stacks of the tree of pid {pid} twice, {options.interval:g} s apart")
+    )
     t0 = time.monotonic()
-    procs = take(pid, run_dir, timeout=options.timeout, native=options.native)
+    procs = take(
+        pid, run_dir, timeout=options.timeout, native=options.native, interval=options.interval
+    )
+    procs = [replace(p, host=host) for p in procs]
     seconds = round(time.monotonic() - t0, 3)
-    read = [p for p in procs if p.threads]
-    verdict = PASS if read else FAIL
+    found = verdicts.diagnose(procs)
     doc = document(
         dom.SCHEMA,
         target=target,
+        host=host,
         pid=pid,
         run_dir=str(run_dir) if run_dir else None,
         taken_at=round(time.time(), 3),
         seconds=seconds,
-        verdict=verdict,
+        interval=options.interval,
+        **found.fields(),
         processes=[p.to_dict() for p in procs],
         groups=[g.to_dict() for g in dom.group(procs)],
     )
     lines = tuple((p.verdict(),) for p in procs)
-    progress(ev.Finished(verdict, f"{len(read)}/{len(procs)} processes read", lines))
-    return Report(verdict, doc)
+    progress(ev.Finished(found.verdict, found.headline, lines))
+    return Report(found.verdict, doc)
+
+
+def merge(files: list[str], progress: ev.Progress = ev.ignore) -> Report:
+    """One verdict over the ``stacks --json`` reports of several hosts (``files``).
+
+    Every rank keyed by host and role; BadInput (exit 2) for a file that is not such a
+    report, or two reports of one host's same rank."""
+    from opsctl.collectors.jsonfile import load_json_object
+    from opsctl.output import document
+
+    if len(files) < 2:
+        raise BadInput("--merge takes two reports or more (opsctl stacks --json of each host)")
+    progress(ev.Started(TITLE, ", ".join(files)))
+    docs = [(f, load_json_object(Path(f))) for f in files]
+    try:
+        procs, reports = verdicts.merge(docs)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    found = verdicts.diagnose(procs)
+    doc = document(
+        MERGED,
+        reports=reports,
+        hosts=sorted({r["host"] for r in reports}),
+        **found.fields(),
+        processes=[p.to_dict() for p in procs],
+        groups=[g.to_dict() for g in dom.group(procs)],
+    )
+    progress(ev.Finished(found.verdict, found.headline, ()))
+    return Report(found.verdict, doc)

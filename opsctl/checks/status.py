@@ -11,12 +11,21 @@ bearer token. Status only looks at a running server, so it never uses ``session`
 Like ``systemctl status``, the report always describes the state it found, a dead or
 missing server included: ``state`` is one of the console's states (ready, busy, dead,
 unreachable, unauthorized), ``reason`` says why when not ready/busy and ``error`` holds
-the failure opsctl met (null when none), ``timed_out`` whether a server that answered
-/health then gave no /metrics within the timeout. :func:`exit_code` maps it: 0
-ready/busy, 1 any other answer from a vLLM server (e.g. /health 503), 4 timed out while
-the server was there, 3 when no vLLM server answered
-(refused, connect or read timeout, a non-vLLM HTTP server: "not a vLLM server") or the
-API key was refused ("authentication required"). Only a bad URL raises (BadInput, 2).
+the failure opsctl met (null when none), ``timed_out`` whether a request ran past the
+timeout (no answer in time: a server that answered /health then gave no /metrics, or
+one that accepted the connection and never answered, e.g. its API server stopped).
+:func:`exit_code` maps it: 0 ready/busy, 1 any other answer from a vLLM server (e.g.
+/health 503), 4 timed out after /health answered (the server was there), 3 when no
+vLLM server answered (refused, connect or read timeout -- ``timed_out`` true --, a
+non-vLLM HTTP server: "not a vLLM server") or the API key was refused ("authentication
+required"). Only a bad URL raises (BadInput, 2).
+
+A server of several data-parallel engines (vLLM's ``engine`` label) is judged engine by
+engine with the console's rule: the busy engines watched until each moves or the stall
+window passes flat, the idle ones each sent a canary of their own
+(``X-data-parallel-rank``); ``engines`` lists each with its state, figures and canary
+(one entry for a single-engine server); the server is stalled when any engine is and
+the reason names it (``engine 1 (EngineCore_DP1): ...``).
 
 ``vllm_version`` is the server's /version; ``platform`` what vLLM's ``current_platform``
 reported (from /server_info when exposed, else the patch ledger when opsctl started the
@@ -32,7 +41,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
@@ -46,7 +55,8 @@ if TYPE_CHECKING:
 # /1: the key metrics of a one-off /metrics read; /2: the server version as a field;
 # /3: a document whatever the state (unreachable included, with `error`), `version`
 # dropped (one name per fact: `vllm_version`), `platform` null when unknown; later,
-# within /3 (optional fields): `canary` and `stopped_processes`
+# within /3 (optional fields): `canary`, `stopped_processes` and `engines` (each
+# data-parallel engine judged on its own); `timed_out` also when no answer came in time
 SCHEMA = "status/3"
 NO_ANSWER = ("unreachable", "unauthorized")  # no vLLM server answered us: exit 3
 
@@ -73,7 +83,14 @@ def run(
 ) -> Report:
     """The health, state and key metrics of the server at ``target``."""
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.console_state import BUSY, READY, STALLED, decide, judge_canary
+    from opsctl.domain.console_state import (
+        BUSY,
+        READY,
+        STALLED,
+        decide,
+        judge_canary,
+        with_stopped,
+    )
     from opsctl.domain.urls import normalise_url
     from opsctl.output import document
 
@@ -82,20 +99,25 @@ def run(
     scrape = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
     pid = server_pid(base) if options.local else None
     local = _local(pid)
-    state, reason = decide(scrape, local, None, False)
+    engines = with_stopped(_engines_of(scrape), local)
+    state, reason = decide(scrape, local, None, False, engines)
     canary = None
     models = [m.id for m in scrape.info.models] if scrape.info else []
-    if state == BUSY:
+    if len(engines) > 1 and state in (READY, BUSY):  # each data-parallel engine on its own
+        state, reason, engines = _judge_engines(scrape, local, base, target, options, progress)
+    elif state == BUSY:
         progress(ev.Phase(f"requests running: progress watched up to {options.stall_window:g} s"))
-    flat = _flat_for(scrape, base, target, options) if state == BUSY else None
-    if flat is not None:  # the console's rule: requests running, nothing moved
-        state, reason = STALLED, _flat_reason(scrape, flat, options.stall_window)
+        flat = _flat_for(scrape, base, target, options)
+        if flat is not None:  # the console's rule: requests running, nothing moved
+            state, reason = STALLED, _flat_reason(scrape, flat, options.stall_window)
     elif options.canary_timeout and state == READY and models:
         from opsctl.collectors.canary import send
 
         progress(ev.Phase(f"canary: a 1-token completion to {models[0]}"))
         canary = send(base, models[0], options.canary_timeout, target.api_key)
         state, reason = judge_canary(state, reason, canary.ok, canary.detail)
+    if len(engines) == 1 and state in (READY, BUSY, STALLED):  # one engine: the server's
+        engines = (replace(engines[0], state=state, reason=reason),)
     late = _late(scrape, options.timeout)
     if late is not None and state == "unreachable":  # a server answered, then went quiet
         reason = late
@@ -107,7 +129,7 @@ def run(
         state=state,
         reason=reason,
         error=f"{base}: {late}" if late else _error(base, state, reason, scrape),
-        timed_out=late is not None,
+        timed_out=late is not None or _timed_out(scrape),
         healthy=healthy,
         health_status=scrape.health.status,
         vllm_version=info.version if info else None,
@@ -116,6 +138,7 @@ def run(
         metrics=_metrics(scrape.samples) if scrape.samples is not None else None,
         metrics_error=None if scrape.samples is not None else _metrics_error(scrape.metrics),
         canary=canary.to_dict() if canary else None,
+        engines=[e.to_dict() for e in engines],
         stopped_processes=[
             {"pid": p.pid, "role": p.role} for p in (local.stopped if local else ())
         ],
@@ -130,8 +153,10 @@ def exit_code(report: Report) -> ExitCode:
     """The exit code of a status report.
 
     0 healthy, 4 a server answered /health and then not within the timeout, 3 no vLLM
-    server answered (or the key was refused), 1 otherwise."""
-    if report.document["timed_out"]:
+    server answered (or the key was refused; also when no answer came in time: then
+    ``timed_out`` is true too), 1 otherwise."""
+    doc = report.document
+    if doc["timed_out"] and doc["health_status"] is not None:
         return ExitCode.TIMEOUT
     if report.document["state"] in NO_ANSWER:
         return ExitCode.UNREACHABLE
@@ -189,6 +214,78 @@ def _flat_for(scrape, base: str, target: UrlTarget, options: Options) -> float |
     return time.monotonic() - t0
 
 
+def _engines_of(scrape) -> tuple:
+    """The scrape's data-parallel engines: busy or ready by their gauges; () without."""
+    from opsctl.domain.console import engine_readings
+    from opsctl.domain.console_state import EngineProgress, judge_engines
+
+    if scrape.samples is None:
+        return ()
+    return judge_engines(engine_readings(scrape.samples, None, None), EngineProgress(), 0.0)
+
+
+def _judge_engines(scrape, local, base: str, target: UrlTarget, options: Options, progress):
+    """(state, reason, engines) of a server of several data-parallel engines.
+
+    Each engine by the console's rule (opsctl.domain.console_state.judge_engines): the
+    busy ones watched a scrape a second until each moved or the stall window passed flat
+    (stalled); then the idle ones, whose gauges cannot vouch for them, each get a canary
+    sent to it alone (``X-data-parallel-rank``). The server is stalled when any engine is."""
+    from opsctl.domain.console_state import decide, engine_canaries, with_stopped
+
+    engines = _engines_of(scrape)
+    if any(e.running for e in engines):
+        progress(
+            ev.Phase(f"requests running: each engine watched up to {options.stall_window:g} s")
+        )
+        scrape, engines = _watch_engines(scrape, base, target, options)
+    engines = with_stopped(engines, local)
+    state, reason = decide(scrape, local, None, False, engines)
+    model = scrape.info.models[0].id if scrape.info and scrape.info.models else None
+    idle = [e.engine for e in engines if e.state == "ready"]
+    if options.canary_timeout and model and idle and state in ("ready", "busy"):
+        from opsctl.collectors.canary import send_each
+
+        progress(ev.Phase(f"canary: a 1-token completion to each idle engine ({', '.join(idle)})"))
+        results = send_each(base, model, options.canary_timeout, target.api_key, idle)
+        health = scrape.health.status
+        state, reason, engines = engine_canaries(state, reason, engines, health, results)
+    return state, reason, engines
+
+
+def _watch_engines(scrape, base: str, target: UrlTarget, options: Options):
+    """(last scrape, judged engines): each busy engine watched until it moved or the
+    stall window passed with it flat (the console's rule, engine by engine)."""
+    import time
+
+    from opsctl.collectors.scrape import scrape_once
+    from opsctl.domain.console import engine_readings
+    from opsctl.domain.console_state import EngineProgress, engine_points, judge_engines
+
+    memory = EngineProgress()
+    memory.feed(engine_points(scrape.samples, scrape.finished_at))
+    busy = {e.engine for e in engine_readings(scrape.samples, None, None) if e.running}
+    moved: set[str] = set()
+    last, prev, t0 = scrape, scrape, time.monotonic()
+    while busy - moved and time.monotonic() - t0 < options.stall_window:
+        time.sleep(min(PROGRESS_LOOK_S, max(0.0, options.stall_window - (time.monotonic() - t0))))
+        again = scrape_once(base, api_key=target.api_key, timeout=options.timeout)
+        if again.samples is None:
+            break  # it stopped answering: not this rule's call
+        memory.feed(engine_points(again.samples, again.finished_at))
+        moved |= {e for e in busy if memory.moved_engine(e)}
+        prev, last = last, again
+    watched = time.monotonic() - t0
+    dt = last.finished_at - prev.finished_at if last is not prev else None
+    readings = engine_readings(last.samples, prev.samples if last is not prev else None, dt)
+    # flat for the whole look, which lasted the window (by the clock its scrapes read a
+    # little less when a scrape ended early): stalled
+    window = options.stall_window
+    if watched >= window:
+        window = min(window, last.finished_at - scrape.finished_at)
+    return last, judge_engines(readings, memory, window)
+
+
 def server_pid(url: str) -> int | None:
     """The pid of the local process serving ``url``.
 
@@ -241,6 +338,16 @@ def _late(scrape: Any, timeout: float) -> str | None:
     if "timed out" not in metrics.error and "Timeout" not in metrics.error:
         return None
     return f"/metrics gave no answer within {timeout:g} s (/health answered HTTP {health})"
+
+
+def _timed_out(scrape: Any) -> bool:
+    """Whether a request of the look ran past the timeout (no answer in time).
+
+    A server that accepts and never answers (its API server stopped, a host that holds
+    the connection) reads "timed out" in the error: ``timed_out`` says the same (issue
+    45 item 5: the two disagreed)."""
+    errors = (scrape.health.error or "", scrape.metrics.error or "")
+    return any("timed out" in e or "Timeout" in e for e in errors)
 
 
 def _error(base: str, state: str, reason: str | None, scrape: Any) -> Any:

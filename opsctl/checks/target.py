@@ -118,3 +118,69 @@ def url_target(url: str, api_key: str | None, timeout: float | None) -> UrlTarge
     should not hold a command for a long engine-start timeout)."""
     wait = min(timeout, FIRST_CONTACT_CAP_S) if timeout else 5.0
     return UrlTarget(url, api_key, connect_timeout=wait)
+
+
+def parse_knobs(values: list[str] | None, *, url: str | None = None) -> dict[str, str]:
+    """``["NAME=VALUE", ...]`` -> {NAME: VALUE}; unknown names and bad forms are BadInput."""
+    from engine_patches import knobs
+
+    out: dict[str, str] = {}
+    for raw in values or []:
+        name, sep, value = raw.partition("=")
+        if not sep or not value:
+            raise BadInput(f"--test-knob takes NAME=VALUE, not {raw!r}")
+        if name not in knobs.KNOBS:
+            raise BadInput(
+                f"unknown test knob {name!r}", hint=f"known knobs: {', '.join(knobs.KNOBS)}"
+            )
+        out[name] = value
+    if out and url:
+        raise BadInput("--test-knob needs an engine opsctl starts (use --model, not a URL)")
+    return out
+
+
+def rank_args(tp: int | None, dp: int | None, extra=(), *, url: str | None = None):
+    """``--tp``/``--dp`` and vLLM's own rank flags among ``extra``: one ``RankArgs``.
+
+    Unset ranks are 1. BadInput: ranks for a URL, a rank given both ways or twice, a size
+    below 1."""
+    from opsctl.domain import rank_flags
+
+    if url and (tp is not None or dp is not None):
+        raise BadInput(
+            f"--tp and --dp are the ranks of an engine opsctl starts (--model), not of the "
+            f"server at {url}"
+        )
+    try:
+        return rank_flags.merge(tp, dp, extra)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def refuse_ranks(model: str | None, tp: int, dp: int, extra=()) -> None:
+    """BadInput now, before anything starts, for ranks vLLM or this machine would refuse.
+
+    A tensor-parallel size the model's heads do not divide, a data-parallel option vLLM
+    refuses for the model (among the vLLM arguments ``extra``), more ranks than CPUs."""
+    if tp == 1 and dp == 1:
+        return
+    from opsctl.engine import server
+    from opsctl.engine.model import resolve
+
+    opts = server.LaunchOptions(model=resolve(model), tp=tp, dp=dp, extra_args=list(extra))
+    server.refuse_ranks(opts)
+
+
+def with_ranks(
+    target: Target, tp: int | None, dp: int | None, default_model: str | None = None
+) -> Target:
+    """``target`` with the ranks asked for, refused now when they cannot run.
+
+    An engine spec runs them (vLLM's multiprocess layout); a URL takes none (BadInput).
+    ``default_model`` stands for a spec without a model in :func:`refuse_ranks`."""
+    url = target.url if isinstance(target, UrlTarget) else None
+    found = rank_args(tp, dp, url=url)
+    if isinstance(target, UrlTarget) or (found.tp == 1 and found.dp == 1):
+        return target
+    refuse_ranks(target.model or default_model, found.tp, found.dp)
+    return replace(target, tp=found.tp, dp=found.dp, single_process=False)

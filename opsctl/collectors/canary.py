@@ -14,38 +14,33 @@ console's rates read it as a single request. ``status --no-canary`` and ``consol
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import httpx
 
 from opsctl.collectors.http import client
+from opsctl.domain.console import Canary
 
 PROMPT = "ok"
+# vLLM's header that sends a request to one data-parallel engine (a router injects it;
+# vllm/entrypoints/generate/base/serving.py _get_data_parallel_rank, 0.32)
+RANK_HEADER = "X-data-parallel-rank"
+__all__ = ["RANK_HEADER", "Canary", "send", "send_each"]
 
 
-@dataclass(frozen=True, slots=True)
-class Canary:
-    """What one canary request found: answered in time, hung, or answered with an error.
+def send(
+    url: str, model: str, timeout: float, api_key: str | None = None, engine: str | None = None
+) -> Canary:
+    """POST one 1-token completion to ``url`` (127.0.0.1 or the operator's own URL).
 
-    ``ok``: True answered in time, False no answer within the deadline (the hang a
-    canary exists for), None answered with an error (the engine answered: inconclusive)."""
-
-    ok: bool | None
-    seconds: float
-    detail: str
-
-    def to_dict(self) -> dict:
-        """The canary's result as a JSON object (ok, seconds, detail)."""
-        return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail}
-
-
-def send(url: str, model: str, timeout: float, api_key: str | None = None) -> Canary:
-    """POST one 1-token completion to ``url`` (127.0.0.1 or the operator's own URL)."""
+    ``engine``: the data-parallel engine (its ``engine`` label, = its DP rank) that must
+    answer it, sent as ``X-data-parallel-rank``; None lets the server pick."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    headers = {RANK_HEADER: engine} if engine is not None else None
     t0 = time.monotonic()
     try:
         with client(api_key, timeout=timeout) as c:
-            r = c.post(f"{url.rstrip('/')}/v1/completions", json=body)
+            r = c.post(f"{url.rstrip('/')}/v1/completions", json=body, headers=headers)
     except httpx.TimeoutException:
         took = time.monotonic() - t0
         return Canary(False, took, f"a 1-token completion did not return within {timeout:g} s")
@@ -55,3 +50,17 @@ def send(url: str, model: str, timeout: float, api_key: str | None = None) -> Ca
     if r.status_code == 200:
         return Canary(True, took, f"a 1-token completion returned in {took:.2f} s")
     return Canary(None, took, f"/v1/completions answered HTTP {r.status_code} (inconclusive)")
+
+
+def send_each(
+    url: str, model: str, timeout: float, api_key: str | None, engines: Iterable[str]
+) -> dict[str, Canary]:
+    """One canary per data-parallel engine of ``url``, in parallel: engine -> its result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = list(engines)
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+        sent = pool.map(lambda e: send(url, model, timeout, api_key, e), todo)
+        return dict(zip(todo, sent, strict=True))

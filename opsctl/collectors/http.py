@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import ssl
+from collections.abc import Iterator
 
 import httpx
 
@@ -37,6 +40,27 @@ def limits(connections: int, keepalive: int | None = None) -> httpx.Limits:
         max_keepalive_connections=connections if keepalive is None else keepalive,
         keepalive_expiry=KEEPALIVE_EXPIRY_S,
     )
+
+
+# vLLM's header that sends a request to one data-parallel engine (a router's pin; 0.32:
+# entrypoints/generate/base/serving.py _get_data_parallel_rank)
+DP_RANK_HEADER = "X-data-parallel-rank"
+_ROUTE: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "opsctl_route", default=()
+)
+
+
+@contextlib.contextmanager
+def pinned_to_engine(rank: int | None) -> Iterator[None]:
+    """Send the requests of every :func:`client` made in the block to one DP engine.
+
+    Data-parallel engine ``rank``, through vLLM's ``X-data-parallel-rank`` header; None
+    pins nothing."""
+    token = _ROUTE.set(() if rank is None else ((DP_RANK_HEADER, str(rank)),))
+    try:
+        yield
+    finally:
+        _ROUTE.reset(token)
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -62,7 +86,9 @@ def client(
     """An httpx.Client for one vLLM server, carrying its API key (if any)."""
     kwargs.setdefault("limits", limits(100, 20))  # httpx's default pool sizes
     kwargs.setdefault("verify", tls_context())
-    return httpx.Client(timeout=timeout, headers=headers(api_key), **kwargs)
+    return httpx.Client(
+        timeout=timeout, headers={**headers(api_key), **dict(_ROUTE.get())}, **kwargs
+    )
 
 
 def default_api_key() -> str | None:

@@ -343,3 +343,12 @@ def remove_unheld(
         except OSError:
             kept.append(name)
     return removed, kept
+
+
+def rank_segments(tmp_dir: Path | str | None, root: Path = SHM) -> set[str]:
+    """The segments vLLM's CPU ranks made for the engine whose private TMPDIR is ``tmp_dir``.
+
+    Named after the rendezvous file in that directory (``engine_patches.run_segments``)."""
+    from engine_patches import run_segments
+
+    return set(run_segments.names(run_segments.idents(tmp_dir), str(root)))

@@ -10,7 +10,13 @@ Used by ``opsctl stacks``.
 - Any other process, and a stopped one (it cannot run a signal handler until it is
   continued), is read by py-spy (``py-spy dump --nonblocking``: it reads the process's
   memory without pausing it) when py-spy is installed and the kernel allows tracing;
-  else the process gets one line saying why and what would allow it.
+  else the process gets one line saying why (the true reason: stopped, or not armed
+  because opsctl did not start it) and what would allow it (how to install py-spy).
+- A process that is not Python (a compiler a worker runs) is not read: nothing to read.
+
+:func:`take` takes them twice, ``interval`` apart, and returns the second take with each
+main thread marked moved or not and asleep or not (opsctl.domain.stack_verdict.settle):
+one take cannot tell a rank that is stuck from one that is passing through.
 """
 
 from __future__ import annotations
@@ -24,10 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from opsctl.collectors.ledger import read_records
 from opsctl.collectors.processes import STOPPED, members
+from opsctl.domain.stack_verdict import settle
 from opsctl.domain.stacks import ProcessStacks, parse_faulthandler, parse_pyspy
 
 PROBE = "stack_dump"
@@ -93,6 +98,27 @@ def ptrace_scope() -> int | None:
         return None
 
 
+def install_hint() -> str:
+    """How to install py-spy for this interpreter."""
+    return f"{sys.executable} -m pip install py-spy"
+
+
+def no_pyspy(stopped: bool, armed: bool) -> str:
+    """Why a process could not be read without py-spy: the true reason, and the remedy."""
+    missing = f"py-spy is not installed ({install_hint()})"
+    if stopped and armed:
+        return (
+            "stopped: its stack handler (SIGUSR2) cannot run until the process is continued; "
+            f"py-spy reads a stopped process, but {missing}"
+        )
+    if stopped:
+        return f"stopped, and no stack handler armed (not started by opsctl); {missing}"
+    return (
+        "no stack handler armed (not started by opsctl: opsctl serve arms one); "
+        f"py-spy reads any process, but {missing}"
+    )
+
+
 def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str | None]:
     """(py-spy's threads, None) or (None, why not). Python frames are read without
     pausing the process (``--nonblocking``); C frames need the process paused while
@@ -100,7 +126,7 @@ def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str 
     pauses each process for that one read (milliseconds) and nothing else does."""
     exe = pyspy_path()
     if exe is None:
-        return None, "no stack handler armed here and py-spy is not installed (pip install py-spy)"
+        return None, None
     cmd = [exe, "dump", "--pid", str(pid), "--json"]
     cmd.append("--native" if native else "--nonblocking")
     try:
@@ -123,15 +149,18 @@ def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str 
         return None, "py-spy printed no JSON"
 
 
-def take(
+NOT_PYTHON = ("compiler",)  # roles of processes py-spy cannot read (no Python in them)
+
+
+def take_once(
     root_pid: int, run_dir: Path | None, *, timeout: float = 5.0, native: bool = False
 ) -> list[ProcessStacks]:
-    """Stacks of every process of the tree under ``root_pid``, in tree order.
+    """One take of the stacks of every process of the tree under ``root_pid``, tree order.
 
-    By signal where the process is armed, else by py-spy."""
+    By signal where the process is armed and running, else by py-spy."""
     procs = members(root_pid)
     armed = armed_pids(run_dir)
-    signalled = [pid for pid, _r, state in procs if pid in armed and state != psutil.STATUS_STOPPED]
+    signalled = [pid for pid, _r, state in procs if pid in armed and state not in STOPPED]
     dumps = _by_signal(run_dir, signalled, timeout) if run_dir and signalled and not native else {}
     out = []
     for pid, role, state in procs:
@@ -140,11 +169,35 @@ def take(
             threads = parse_faulthandler(dumps[pid])
             out.append(ProcessStacks(pid, role, "signal", threads, shown))
             continue
+        if role in NOT_PYTHON:
+            out.append(ProcessStacks(pid, role, "none", (), shown, "not a Python process"))
+            continue
         doc, why = _by_pyspy(pid, native, timeout)
-        if doc is None:
-            if pid in signalled and not native:
-                why = f"armed, but no dump within {timeout:g} s ({why})"
-            out.append(ProcessStacks(pid, role, "none", (), shown, why))
-        else:
+        if doc is not None:
             out.append(ProcessStacks(pid, role, "py-spy", parse_pyspy(doc), shown))
+            continue
+        if why is None:  # py-spy is not installed
+            why = no_pyspy(shown == "stopped", pid in armed)
+        if pid in signalled and not native:
+            why = f"armed, but no dump within {timeout:g} s ({why})"
+        out.append(ProcessStacks(pid, role, "none", (), shown, why))
     return out
+
+
+def take(
+    root_pid: int,
+    run_dir: Path | None,
+    *,
+    timeout: float = 5.0,
+    native: bool = False,
+    interval: float = 1.0,
+) -> list[ProcessStacks]:
+    """The stacks of the tree under ``root_pid``, taken twice ``interval`` apart.
+
+    The second take, each main thread marked moved (its stack changed) and asleep (the
+    kernel saw it waiting at both takes); ``interval`` 0: one take, unmarked."""
+    first = take_once(root_pid, run_dir, timeout=timeout, native=native)
+    if interval <= 0:
+        return first
+    time.sleep(interval)  # the sampling interval: a stuck thread stays, a working one moves
+    return settle(first, take_once(root_pid, run_dir, timeout=timeout, native=native))

@@ -87,6 +87,8 @@ def register(app: typer.Typer) -> None:
             metavar="FORMAT",
             help=f"with --model: {LOAD_FORMAT_HELP}",
         ),
+        tp: int | None = o.rank_option("tp"),
+        dp: int | None = o.rank_option("dp"),
         api_key: str | None = o.api_key_option(),
         test_knob: list[str] | None = o.test_knob_option(),
     ) -> None:
@@ -102,8 +104,9 @@ def register(app: typer.Typer) -> None:
         knobs = o.parse_knobs(test_knob, url=(urls or [None])[0])
         if targets is None and len(urls) < 2:
             return _single((urls or [None])[0], model, load_format, api_key, knobs, run,
-                           (junit, sarif, tui, as_json))  # fmt: skip
-        call = _fleet(urls, targets, model, knobs, api_key, run, concurrency)
+                           (junit, sarif, tui, as_json), (tp, dp))  # fmt: skip
+        engine_flags = bool(knobs) or tp is not None or dp is not None
+        call = _fleet(urls, targets, model, engine_flags, api_key, run, concurrency)
         _writable(junit, sarif)
         report = run_view(call, tui, as_json, fleet=True)
         write(report.docs(), junit, sarif)
@@ -117,13 +120,14 @@ def _writable(junit: Path | None, sarif: Path | None) -> None:
         writable(path, flag)
 
 
-def _single(url, model, load_format, api_key, knobs, run, out) -> None:
+def _single(url, model, load_format, api_key, knobs, run, out, ranks) -> None:
     from opsctl.checks import certify as check
     from opsctl.checks import certify_plan as planning
+    from opsctl.checks.target import with_ranks
     from opsctl.ui.certify_reports import conclude, run_view, write
 
     junit, sarif, tui, as_json = out
-    target = planning.target_of(url, model, load_format, api_key, knobs)
+    target = with_ranks(planning.target_of(url, model, load_format, api_key, knobs), *ranks)
     _writable(junit, sarif)
     started = time.monotonic()
     try:
@@ -136,15 +140,17 @@ def _single(url, model, load_format, api_key, knobs, run, out) -> None:
     conclude(report.to_dict(), report, as_json)
 
 
-def _fleet(urls, targets, model, knobs, api_key, run, concurrency):
+def _fleet(urls, targets, model, engine_flags, api_key, run, concurrency):
     """The fleet's library call, its input checked (BadInput: exit 2, nothing written)."""
     from os import environ
 
     from opsctl.checks import certify_fleet as fleet
     from opsctl.console import targets as files
 
-    if model is not None or knobs:
-        raise BadInput("--model and --test-knob certify one engine, not URLs or --targets")
+    if model is not None or engine_flags:
+        raise BadInput(
+            "--model, --tp, --dp and --test-knob certify one engine, not URLs or --targets"
+        )
     listed = (files.from_targets_file(targets) if targets else []) + files.from_urls(urls)
     resolved, options = fleet.resolve(listed, api_key, environ), fleet.Options(run, concurrency)
     return lambda progress: fleet.run(resolved, options, progress)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opsctl.errors import BadInput
+from opsctl.checks.target import parse_knobs
 
 if TYPE_CHECKING:
     from opsctl.checks.target import Target
@@ -29,25 +29,6 @@ def test_knob_option():
     import typer
 
     return typer.Option(None, "--test-knob", hidden=True)
-
-
-def parse_knobs(values: list[str] | None, *, url: str | None = None) -> dict[str, str]:
-    """``["NAME=VALUE", ...]`` -> {NAME: VALUE}; unknown names and bad forms are BadInput."""
-    from engine_patches import knobs
-
-    out: dict[str, str] = {}
-    for raw in values or []:
-        name, sep, value = raw.partition("=")
-        if not sep or not value:
-            raise BadInput(f"--test-knob takes NAME=VALUE, not {raw!r}")
-        if name not in knobs.KNOBS:
-            raise BadInput(
-                f"unknown test knob {name!r}", hint=f"known knobs: {', '.join(knobs.KNOBS)}"
-            )
-        out[name] = value
-    if out and url:
-        raise BadInput("--test-knob needs an engine opsctl starts (use --model, not a URL)")
-    return out
 
 
 # --- the one vocabulary (docs/cli.md) ------------------------------------------------------
@@ -145,6 +126,19 @@ def start_timeout_option(default: str = "10m"):
     return duration_option(
         default, "--timeout", help="the longest wait for a started engine (exit 4 past it)"
     )
+
+
+RANK_HELP = {
+    "tp": "tensor-parallel ranks of the engine opsctl starts (vLLM's --tensor-parallel-size)",
+    "dp": "data-parallel engines of the engine opsctl starts (vLLM's --data-parallel-size)",
+}
+
+
+def rank_option(axis: str):
+    """``--tp N`` or ``--dp N``: the ranks of an engine opsctl starts (the one grammar)."""
+    import typer
+
+    return typer.Option(None, f"--{axis}", metavar="N", help=RANK_HELP[axis], show_default=False)
 
 
 def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:

@@ -11,6 +11,7 @@ from opsctl.commands.options import (
     API_KEY_HELP,
     command,
     duration_option,
+    rank_option,
     test_knob_option,
     tui_option,
 )
@@ -61,6 +62,21 @@ def _printer(as_json: bool):
     return on_event
 
 
+def _ranked(model, tp, dp, extra: list[str], single_process: bool) -> list[str]:
+    """``extra`` with the ranks asked for (``--tp``/``--dp`` or vLLM's own flags) in vLLM's
+    spelling; BadInput now for ranks that cannot run (given twice, too many for the CPUs or
+    the model's heads, with --single-process)."""
+    from opsctl.checks.target import rank_args, refuse_ranks
+    from opsctl.domain.rank_flags import argv
+    from opsctl.errors import BadInput
+
+    found = rank_args(tp, dp, extra)
+    if single_process and (found.tp > 1 or found.dp > 1):
+        raise BadInput("--single-process runs one rank; --tp/--dp run one process per rank")
+    refuse_ranks(model, found.tp, found.dp, found.rest)
+    return [*found.rest, *argv(found.tp, found.dp)]
+
+
 def register(app: typer.Typer) -> None:
     """Add ``opsctl serve`` to ``app``."""
     command(
@@ -70,6 +86,7 @@ def register(app: typer.Typer) -> None:
         "opsctl serve",
         "opsctl serve tiny-llama --port 8001 --no-tui --json",
         "opsctl serve tiny-llama --eager --single-process",
+        "opsctl serve tiny-llama --tp 2",
         "opsctl serve ./my-model --timeout 10m -- --max-model-len 2048",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(serve)
@@ -110,6 +127,8 @@ def serve(
     ),
     eager: bool = typer.Option(False, "--eager", help=EAGER_HELP),
     single_process: bool = typer.Option(False, "--single-process", help=SINGLE_HELP),
+    tp: int | None = rank_option("tp"),
+    dp: int | None = rank_option("dp"),
     test_knob: list[str] | None = test_knob_option(),
 ) -> None:
     """Start vLLM's OpenAI server with opsctl's plugin; supervise until Ctrl-C/SIGTERM.
@@ -129,6 +148,7 @@ def serve(
         model = None
     check_load_format(load_format)
     refuse_owned_args(extra)
+    extra = _ranked(model, tp, dp, extra, single_process)
     api_key = api_key or None
     note = exposure_note(host, api_key, insecure_bind)
     knobs = parse_knobs(test_knob)

@@ -1,14 +1,13 @@
-"""`opsctl stacks TARGET`: where every process of a local vLLM server waits.
+"""`opsctl stacks TARGET`: where each process of a local vLLM server waits, which rank is stuck.
 
-Python stacks, taken without stopping the engine. Thin: options -> opsctl.checks.stacks
--> emit."""
+`opsctl stacks --merge A.json B.json`: one verdict over several hosts' reports. Thin: options -> opsctl.checks.stacks -> emit (opsctl.ui.render_stacks)."""
 
 from __future__ import annotations
 
 import typer
 
 from opsctl.commands.options import command, duration_option, json_option
-from opsctl.errors import CheckFailed
+from opsctl.errors import BadInput, CheckFailed
 
 
 def register(app: typer.Typer) -> None:
@@ -17,14 +16,26 @@ def register(app: typer.Typer) -> None:
     @command(
         app,
         "stacks",
-        "Where each process of a local vLLM server is stuck (stacks).",
+        "Where each process of a local vLLM server is stuck, and which rank (stacks).",
         "opsctl stacks 127.0.0.1:8000",
         "opsctl stacks 20261204-151850-kv-fail-tiny-llama-32019 --json",
         "opsctl stacks 4242 --native",
+        "opsctl stacks 127.0.0.1:8000 --json --host node-a > node-a.json",
+        "opsctl stacks --merge node-a.json node-b.json",
     )
     def stacks(
-        target: str = typer.Argument(
-            ..., metavar="URL|RUN|PID", help="a local server's URL, an opsctl run, or a pid"
+        targets: list[str] = typer.Argument(
+            ...,
+            metavar="URL|RUN|PID",
+            help="a local server's URL, an opsctl run, or a pid (with --merge: report files)",
+        ),
+        merge: bool = typer.Option(
+            False,
+            "--merge",
+            help=(
+                "the arguments are `opsctl stacks --json` reports of the hosts of one server: "
+                "one verdict over all their ranks (keyed by host and role)"
+            ),
         ),
         as_json: bool = json_option(),
         native: bool = typer.Option(
@@ -36,34 +47,32 @@ def register(app: typer.Typer) -> None:
             ),
         ),
         timeout: float = duration_option("5s", "--timeout", help="the longest wait for the dumps"),
+        interval: float = duration_option(
+            "1s",
+            "--interval",
+            help="time between the two takes (a stuck rank stays put, a working one moves)",
+        ),
+        host: str = typer.Option(
+            None,
+            "--host",
+            metavar="NAME",
+            help="this host's name in the report (default: the machine's host name)",
+        ),
     ) -> None:
-        """The Python stacks of every process of a local vLLM server, labelled by role,
-        identical ones grouped, one line per process naming where it waits."""
+        """The Python stacks of every process of a local vLLM server, labelled by rank,
+        taken twice; one line naming the stuck rank and the frame the others wait in."""
         from opsctl.checks import stacks as check
         from opsctl.output import emit
+        from opsctl.ui.render_stacks import render
 
-        report = check.run(target, check.Options(timeout=timeout, native=native))
+        if merge:
+            report = check.merge(targets)
+        elif len(targets) != 1:
+            raise BadInput("give one URL|RUN|PID (reports of several hosts: --merge FILE FILE...)")
+        else:
+            options = check.Options(timeout=timeout, native=native, interval=interval, host=host)
+            report = check.run(targets[0], options)
         doc = report.to_dict()
         emit(doc, as_json=as_json, render=lambda con: render(con, doc))
         if report.verdict != "pass":
-            raise CheckFailed(
-                "no stack could be read: " + "; ".join(p["verdict"] for p in doc["processes"])[:600]
-            )
-
-
-def render(con, doc: dict) -> None:
-    """Print the stacks document: a header, each process's line, each group's frames."""
-    from rich.markup import escape
-
-    con.print(
-        f"[b]stacks[/] of pid {doc['pid']} ({len(doc['processes'])} processes, {doc['seconds']} s)"
-    )
-    for p in doc["processes"]:
-        con.print("  " + escape(p["verdict"]), soft_wrap=True)
-    for g in doc["groups"]:
-        who = ", ".join(f"{m['role']} {m['pid']}" for m in g["members"][:6])
-        more = f" (+{len(g['members']) - 6})" if len(g["members"]) > 6 else ""
-        con.print(f"[b]{len(g['members'])} thread(s)[/]: {escape(who)}{more}")
-        for f in g["frames"][:12]:
-            path = f["file"].split("site-packages/")[-1]
-            con.print(f"    {escape(f['func'])} ({escape(path)}:{f['line']})", soft_wrap=True)
+            raise CheckFailed(f"{report.verdict}: {doc['headline']}"[:600])

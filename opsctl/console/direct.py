@@ -35,6 +35,8 @@ class _Endpoint:
         self.roles_at = 0.0
         self.restarts_seen = 0
         self.task: asyncio.Task | None = None
+        self.cores: dict[int, str] = {}  # the server's EngineCore pids seen -> their roles
+        self.gone: str | None = None  # the first EngineCore seen gone while the server lived
 
     def want_info(self, now: float) -> bool:
         t = self.tracker
@@ -116,6 +118,7 @@ class DirectScrapeSource(LoopThreadSource):
                 elif t.pid and t.pid != ep.target.pid:  # a new server on the same port
                     ep.target = t
                     ep.tracker.target = t
+                    ep.cores, ep.gone = {}, None
         return added
 
     # ---- the loop --------------------------------------------------------------------------
@@ -182,6 +185,7 @@ class DirectScrapeSource(LoopThreadSource):
             ep.roles_at = now
         elif local is not None and ep.tracker.local is not None and not local.procs:
             local = _keep_roles(local, ep.tracker.local)
+        local = _engine_cores(ep, local)
         want_info = ep.want_info(now)
         s = await poller.scrape(want_info=want_info, cache=ep.cache)
         with self.lock:
@@ -231,6 +235,35 @@ def _settled(ep: _Endpoint) -> bool:
     if t.scrapes >= 2:
         return True
     return t.scrapes >= 1 and t.last_ok_at is None
+
+
+def _engine_cores(ep: _Endpoint, local):
+    """``local`` with an EngineCore that vanished while the API server lives as dead.
+
+    When one EngineCore of a server dies (SIGKILL of EngineCore_DP1, an out-of-memory
+    kill), vLLM 0.32 keeps /health 200 for about 5 s while it tears the rest down: the
+    gauges cannot say it (a busy server would read busy). The EngineCores the roles read
+    named are checked at every poll; one gone makes the endpoint dead, naming it, and
+    the dead reason after the server went down still starts with it."""
+    from dataclasses import replace
+
+    from opsctl.collectors.processes import alive
+
+    if local is None:
+        return local
+    if local.alive and ep.cores and ep.gone is None:  # before new roles drop a dead one
+        missing = set(ep.cores) - set(alive(list(ep.cores)))
+        if missing:
+            who = ", ".join(f"{ep.cores[p]} (pid {p})" for p in sorted(missing))
+            ep.gone = (
+                f"{who} gone (killed or exited) while the API server (pid {ep.target.pid}) lived"
+            )
+    if local.alive and ep.gone is None:
+        ep.cores.update({p.pid: p.role for p in local.procs if p.role.startswith("EngineCore")})
+    if ep.gone is None:
+        return local
+    why = ep.gone if local.alive else f"{ep.gone}; then {local.reason or 'the server exited'}"
+    return replace(local, alive=False, reason=why)
 
 
 def _keep_roles(local, previous):

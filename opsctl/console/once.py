@@ -67,32 +67,47 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
 
     Send the canary (one 1-token completion, in parallel) to every ready endpoint the
     scrapes cannot vouch for: an engine stopped while idle keeps /health 200 and its
-    gauges at 0. Only for a live direct source (it knows each endpoint's API key)."""
+    gauges at 0. On a server of several data-parallel engines, one canary per idle
+    engine, sent to it alone (``X-data-parallel-rank``), the server ready or busy: a
+    busy engine's progress says nothing of an idle one. Only for a live direct source
+    (it knows each endpoint's API key)."""
     key_for = getattr(source, "api_key_for", None)
     if not settings.canary_timeout_s or key_for is None or not getattr(source, "live", True):
         return snap
     from concurrent.futures import ThreadPoolExecutor
 
-    from opsctl.collectors.canary import send
-    from opsctl.domain.console_state import READY, judge_canary
+    from opsctl.domain.console_state import canary_engines
 
-    todo = [v for v in snap.endpoints if v.state == READY and v.info.models]
+    todo = [v for v in snap.endpoints if v.info.models and (_whole(v) or canary_engines(v))]
     if not todo:
         return snap
     timeout = settings.canary_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-        sent = pool.map(
-            lambda v: send(v.target.url, v.info.models[0].id, timeout, key_for(v.target)), todo
-        )
-        results = {v.target.url: r for v, r in zip(todo, sent, strict=True)}
-    views = []
-    for v in snap.endpoints:
-        r = results.get(v.target.url)
-        if r is not None:
-            state, reason = judge_canary(v.state, v.reason, r.ok, r.detail)
-            v = replace(v, state=state, reason=reason)
-        views.append(v)
-    return replace(snap, endpoints=tuple(views))
+        judged = pool.map(lambda v: _canary(v, timeout, key_for(v.target)), todo)
+        results = {v.target.url: j for v, j in zip(todo, judged, strict=True)}
+    views = tuple(results.get(v.target.url, v) for v in snap.endpoints)
+    return replace(snap, endpoints=views)
+
+
+def _whole(v) -> bool:
+    """A ready server of one engine: the canary goes to the server as a whole."""
+    from opsctl.domain.console_state import READY
+
+    return v.state == READY and len(v.engines) < 2
+
+
+def _canary(v, timeout: float, api_key: str | None):
+    """The view of ``v`` after its canary (one per idle engine on a DP server)."""
+    from opsctl.collectors.canary import send, send_each
+    from opsctl.domain.console_state import canary_engines, judge_canary, judge_engine_canaries
+
+    model = v.info.models[0].id
+    if _whole(v):
+        r = send(v.target.url, model, timeout, api_key)
+        state, reason = judge_canary(v.state, v.reason, r.ok, r.detail)
+        return replace(v, state=state, reason=reason)
+    results = send_each(v.target.url, model, timeout, api_key, canary_engines(v))
+    return judge_engine_canaries(v, results)
 
 
 def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:

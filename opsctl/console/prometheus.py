@@ -214,7 +214,7 @@ class PrometheusSource(LoopThreadSource):
                 key = (t.job, t.instance)
                 d = data.get(key)
                 d = d.with_scalars(self.latency.get(key)) if d is not None else None
-                poll = prom_view.PromPoll(t, health.get(t.url), d, points.get(key, []), now)
+                poll = prom_view.PromPoll(t, health.get(t.url), d, points.get(key, {}), now)
                 ep.observe(poll)
                 ep.view = prom_alerts.with_alerts(ep.view, t.instance, self.alerts)
                 kept[t.url] = ep

@@ -25,12 +25,21 @@ def marker(view: EndpointView) -> str:
     return f"{found[0].code}{more}"
 
 
+def engines_cell(view: EndpointView) -> str:
+    """``1/2 engines stalled: `` for a server of several engines with some stalled; ''."""
+    stalled = view.stalled_engines()
+    if not stalled:
+        return ""
+    return f"{len(stalled)}/{len(view.engines)} engines stalled: "
+
+
 def reason_cell(view: EndpointView, width: int = 80) -> str:
     """The row's reason cell: the state's reason, then the top finding's marker.
 
     The marker is the top finding from figures (``⚑ code +N``); the state's own finding
-    is the reason already."""
-    reason = (shown_reason(view) or "")[:width]
+    is the reason already. A server of several engines with some stalled starts with how
+    many (``1/2 engines stalled: engine 1 (EngineCore_DP1): ...``)."""
+    reason = (engines_cell(view) + (shown_reason(view) or ""))[:width]
     found = ordered(getattr(view, "findings", ()))
     if not found:
         return reason
@@ -53,6 +62,35 @@ def detail_lines(view: EndpointView) -> list[str]:
             f"    next: {a.next}",
         ]
     return lines
+
+
+def engine_lines(view: EndpointView) -> list[str]:
+    """The drill-in's engines: one line per data-parallel engine (several only).
+
+    Its role, state, requests running and waiting, KV usage, generation and step rates,
+    how long it has been flat with requests running, its canary, and why it is stalled."""
+    if len(view.engines) < 2:
+        return []
+    stalled = len(view.stalled_engines())
+    lines = [f"engines ({len(view.engines)}, {stalled} stalled), each judged on its own:"]
+    for e in view.engines:
+        flat = "-" if e.flat_s is None else f"{e.flat_s:.0f} s"
+        line = (
+            f"  engine {e.engine} {e.role:<15} {e.state:<8} run {_num(e.running)}  wait "
+            f"{_num(e.waiting)}  KV {_num(e.kv_usage, 100, '.1f')} %  gen "
+            f"{_num(e.generation_tps, 1, '.1f')} tok/s  steps {_num(e.steps_per_s, 1, '.1f')}/s"
+            f"  flat {flat}"
+        )
+        if e.canary is not None:
+            line += f"  canary: {e.canary.detail}"
+        lines.append(line)
+        if e.reason:
+            lines.append(f"    {e.reason}")
+    return lines
+
+
+def _num(v: float | None, scale: float = 1.0, spec: str = ".0f") -> str:
+    return "-" if v is None else f"{v * scale:{spec}}"
 
 
 def _show(v: Any) -> str:

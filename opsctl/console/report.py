@@ -28,7 +28,22 @@ not be read), ``size_bytes``, ``read_bytes``, ``rotations``, ``load_phase``,
 ``decisive_lines``, ``tail``. Per endpoint ``alerts`` (``console --prometheus``; [] for
 other sources): the alerts firing for it in Prometheus (/api/v1/alerts, matched by the
 ``instance`` label), most severe first: ``alertname``, ``state``, ``severity``,
-``summary``, ``runbook``, ``active_at``, ``job``."""
+``summary``, ``runbook``, ``active_at``, ``job``.
+
+opsctl.console/4 (from /3): per endpoint ``engines`` is a list (it was the number of
+engines): each data-parallel engine (vLLM's ``engine`` label; one entry for a
+single-engine server, none before the first vLLM answer) judged on its own by the stall
+rule: ``engine`` (the label), ``role`` (``EngineCore_DP1``; ``EngineCore`` for one
+engine), ``state`` (ready, busy, stalled), ``reason`` (why stalled), ``requests_running``,
+``requests_waiting``, ``kv_cache_usage``, ``generation_tokens_per_s``,
+``engine_steps_per_s``, ``flat_s`` (seconds its generation, steps and KV cache have been
+flat with requests running; 0 when it moved at the last reading, null when idle),
+``stalled_for_s`` (``flat_s`` when stalled, else null) and ``canary`` (``--once`` on a
+server of several engines: the 1-token completion sent to this engine alone, with
+``X-data-parallel-rank``; null when none was sent). The endpoint is stalled when any
+engine is, and its reason names the engine. ``kv_cache_usage`` of the endpoint is its
+engines' mean (it was their sum), ``kv_capacity_tokens`` and ``kv_used_tokens`` every
+engine's."""
 
 from __future__ import annotations
 
@@ -42,7 +57,7 @@ from opsctl.domain import requests as requests_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts, verdict
 
-SCHEMA = "console/3"
+SCHEMA = "console/4"
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -91,7 +106,7 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "ttft_p95_s": _r(ttft.p95 if ttft else None, 6),
         "latency_basis": f.latency_basis,
         "latency_s": {k: {n: _r(x, 6) for n, x in asdict(q).items()} for k, q in f.latency.items()},
-        "engines": f.engines,
+        "engines": [e.to_dict() for e in v.engines],
         "restarts_seen": v.restarts,
         "scrapes": v.scrapes,
         "data_age_s": _r(v.age(now), 2),

@@ -7,7 +7,8 @@ local process serves); a remote endpoint's row says why there are none.
 
 ``StallStacks.observe(views)`` on every tick; ``take_now(view)`` for the key;
 ``lines(url)`` for the drill-in: when and why they were taken, the one-line verdict
-(opsctl.domain.stacks.headline) and one line per process."""
+(opsctl.domain.stack_verdict: the stuck rank and the frame the others wait in) and one
+line per process."""
 
 from __future__ import annotations
 
@@ -60,16 +61,15 @@ def take_stacks(target: str) -> tuple[str | None, tuple[str, ...], str | None]:
 
     The library call of ``opsctl stacks``."""
     from opsctl.checks import stacks as check
-    from opsctl.domain import stacks as dom
     from opsctl.errors import OpsctlError
 
     try:
         report = check.run(target, check.Options(timeout=5.0))
     except OpsctlError as exc:
         return None, (), str(exc)
-    procs = report.document.get("processes") or []
-    lines = tuple(p["verdict"] for p in procs)
-    return dom.headline_of(procs), lines, None
+    doc = report.document
+    lines = tuple(p["verdict"] for p in doc.get("processes") or [])
+    return f"{doc['verdict']}: {doc['headline']}", lines, None
 
 
 class StallStacks:

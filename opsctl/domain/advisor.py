@@ -8,7 +8,9 @@ Codes: vllmstat 0.9.1's advisor codes that vLLM's metrics support, with its thre
 (vllmstat/core/advisor.py) -- ``kv_preemption``, ``output_truncation``,
 ``request_errors``, ``context_overprovisioned``, ``gpu_mem_under``, ``queue_backlog``,
 ``spec_ineffective``, ``gpu_thermal``, ``prefix_caching_off`` -- and opsctl's own:
-``stalled``, ``restarted``, ``unauthorized``, ``patch_failed``, ``test_knob_active``.
+``stalled``, ``restarted``, ``unauthorized``, ``patch_failed``, ``test_knob_active``,
+``dp_imbalance`` (a server's data-parallel engines unevenly loaded: vllm-doctor's
+replica-imbalance signals, per engine of one server).
 
 Windows, not lifetimes: counters are read as their increase over a :class:`Window` of
 live scrapes (the console's latency window, or what ``--once`` watched), so an old burst
@@ -61,6 +63,17 @@ CONTEXT_OVERPROVISIONED_FRACTION = 0.50  # largest request below this share of m
 GPU_MEM_UTIL_LOW = 0.85  # --gpu-memory-utilization below this: KV cache left unclaimed
 QUEUE_BACKLOG_MIN_WAITING = 2.0  # peak requests waiting in the window
 SPEC_ACCEPTANCE_LOW = 0.30  # accepted / drafted tokens in the window
+# dp_imbalance (opsctl's; issue 44): the data-parallel engines of one server unevenly
+# loaded. vLLM routes each request to the engine with the least (waiting, running) load
+# unless a router pins it (X-data-parallel-rank), so a queue on one engine while another
+# has none, or KV caches far apart, means pinned routing, cache affinity or a slow or
+# stuck engine. The queue signal is vllm-doctor's "waiting skew" (queued requests on one
+# replica, none on another) held to opsctl's queue_backlog minimum of 2 waiting, so one
+# request caught between two scrapes does not fire; the KV signal is vllm-doctor's cache
+# gap of 0.30 (vllm-htop flags 15 points, a display hint: on a small cache one long
+# request moves an engine 15 points)
+DP_IMBALANCE_MIN_WAITING = QUEUE_BACKLOG_MIN_WAITING
+DP_IMBALANCE_KV_GAP = 0.30
 GPU_TEMP_HOT_C = 85.0
 GPU_POWER_NEAR_LIMIT_FRACTION = 0.98
 
@@ -71,6 +84,7 @@ REQUEST_ERRORS = "request_errors"
 CONTEXT_OVERPROVISIONED = "context_overprovisioned"
 GPU_MEM_UNDER = "gpu_mem_under"
 QUEUE_BACKLOG = "queue_backlog"
+DP_IMBALANCE = "dp_imbalance"
 SPEC_INEFFECTIVE = "spec_ineffective"
 GPU_THERMAL = "gpu_thermal"
 PREFIX_CACHING_OFF = "prefix_caching_off"
@@ -89,6 +103,7 @@ CODES = (
     OUTPUT_TRUNCATION,
     REQUEST_ERRORS,
     QUEUE_BACKLOG,
+    DP_IMBALANCE,
     GPU_THERMAL,
     CONTEXT_OVERPROVISIONED,
     GPU_MEM_UNDER,
@@ -371,6 +386,55 @@ def queue_backlog(view: EndpointView, w: Window | None) -> Advice | None:
     )
 
 
+def dp_imbalance(view: EndpointView) -> Advice | None:
+    """Finding: a server's data-parallel engines unevenly loaded (queue or KV cache).
+
+    Read from each engine's gauges as they are now (``window_s`` null): requests waiting
+    on one engine (DP_IMBALANCE_MIN_WAITING or more) while another has an empty queue,
+    or KV cache usages DP_IMBALANCE_KV_GAP or more apart. Only for a server of several
+    engines (the ``engine`` label)."""
+    engines = view.engines
+    if len(engines) < 2:
+        return None
+    waiting = {e.engine: e.waiting for e in engines if e.waiting is not None}
+    kv = {e.engine: e.kv_usage for e in engines if e.kv_usage is not None}
+    queued = [k for k, n in waiting.items() if n >= DP_IMBALANCE_MIN_WAITING]
+    empty = [k for k, n in waiting.items() if n == 0]
+    gap = max(kv.values()) - min(kv.values()) if len(kv) > 1 else 0.0
+    parts = []
+    if queued and empty:
+        most = max(queued, key=lambda k: waiting[k])
+        parts.append(
+            f"engine {most} has {waiting[most]:.0f} requests waiting while engine "
+            f"{empty[0]} has none"
+        )
+    if gap >= DP_IMBALANCE_KV_GAP:
+        hi, lo = max(kv, key=lambda k: kv[k]), min(kv, key=lambda k: kv[k])
+        parts.append(
+            f"KV cache {_pct(kv[hi])} on engine {hi} vs {_pct(kv[lo])} on engine {lo} "
+            f"({gap * 100:.0f} points apart)"
+        )
+    if not parts:
+        return None
+    return Advice(
+        DP_IMBALANCE,
+        WARNING,
+        f"data-parallel engines unevenly loaded: {'; '.join(parts)}. vLLM sends each "
+        "request to its least loaded engine unless a router pins X-data-parallel-rank: "
+        "check the router's pinning and prefix affinity, and whether one engine is slow or stuck",
+        {
+            "engines": len(engines),
+            "waiting_by_engine": waiting,
+            "kv_usage_by_engine": {k: round(v, 4) for k, v in kv.items()},
+            "kv_gap": round(gap, 4),
+            "window_s": None,  # the gauges now
+            "threshold_waiting": DP_IMBALANCE_MIN_WAITING,
+            "threshold_kv_gap": DP_IMBALANCE_KV_GAP,
+        },
+        f"opsctl status {view.target.url}",
+    )
+
+
 def spec_ineffective(view: EndpointView, w: Window | None) -> Advice | None:
     """Finding: speculative decoding's acceptance rate is low."""
     if w is None or not w.spec_draft_tokens or w.spec_accepted_tokens is None:
@@ -485,6 +549,7 @@ def window_findings(
         output_truncation(view, w),
         request_errors(view, w),
         queue_backlog(view, w),
+        dp_imbalance(view),
         context_overprovisioned(view, w),
         gpu_mem_under(view, w),
         spec_ineffective(view, w),

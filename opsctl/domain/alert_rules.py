@@ -6,8 +6,11 @@ built from them.
 The console reads its own stall window and restart hold from here too
 (opsctl.domain.console_state.Settings defaults), so the console and the alerts cannot drift.
 
-The stall alert is the console's rule (EndpointTracker._stall, prom_view.Progress) in
-PromQL. The console calls an endpoint stalled at a scrape ``t`` when every scrape in
+The stall alert is the console's rule (EndpointTracker, prom_view.PromEndpoint: one
+``Progress`` per data-parallel engine) in PromQL, per ``job, instance, engine``: each
+engine of a server is judged on its own (a series without an ``engine`` label is engine
+"0"), so one engine that stalls while another serves fires, naming its engine. The
+console calls an engine stalled at a scrape ``t`` when every scrape in
 ``(t - W, t]`` had requests running and a generation-token total, an engine-step count
 (``vllm:iteration_tokens_total_count``) and a KV cache usage equal to the scrape before
 it: a slowed engine advances its steps, and a long prefill (for which vLLM publishes no
@@ -63,6 +66,8 @@ KV_USAGE_NAMES = (KV_USAGE, "vllm:gpu_cache_usage_perc")
 GROUP = "opsctl-vllm"
 RECORDING_GROUP = "opsctl-vllm-recording"
 BY = "job, instance"
+ENGINE = "engine"  # vLLM's label of a data-parallel engine
+BY_ENGINE = f"{BY}, {ENGINE}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,21 +109,30 @@ def selector(job: str | None, extra: str = "") -> str:
     return "{" + ", ".join(parts) + "}" if parts else ""
 
 
+def engine_sum(expr: str) -> str:
+    """``expr`` summed per endpoint and data-parallel engine (no ``engine`` label: "0").
+
+    vLLM labels each data-parallel engine's series ``engine="N"``; a series without the
+    label is engine "0", as the console reads it (opsctl.domain.metrics.PER_ENGINE)."""
+    labelled = f'label_replace({expr}, "{ENGINE}", "0", "{ENGINE}", "")'
+    return f"sum by ({BY_ENGINE}) ({labelled})"
+
+
 def stall_expr(job: str | None, window_s: float = STALL_WINDOW_S) -> str:
-    """The console's stall rule (module docstring), per job and instance."""
+    """The console's stall rule (module docstring), per job, instance and engine.
+
+    Each data-parallel engine on its own (the console's EngineProgress): one engine's
+    progress never hides another's stall; the alert carries the ``engine`` label."""
     sel = selector(job)
     inside = dur(window_s - 0.001)
     w = dur(window_s)
-    return (
-        f"(sum by ({BY}) (min_over_time({RUNNING}{sel}[{inside}])) > 0)\n"
-        f"and on ({BY}) (sum by ({BY}) (changes({GEN_TOKENS}{sel}[{inside}])) == 0)\n"
-        f"and on ({BY}) (sum by ({BY}) ({GEN_TOKENS}{sel} - {GEN_TOKENS}{sel} offset {w}) == 0)\n"
-        f"and on ({BY}) (sum by ({BY}) (changes({STEPS}{sel}[{inside}])) == 0)\n"
-        f"and on ({BY}) (sum by ({BY}) ({STEPS}{sel} - {STEPS}{sel} offset {w}) == 0)\n"
-        f"and on ({BY}) (sum by ({BY}) (changes({KV_USAGE}{sel}[{inside}])) == 0)\n"
-        f"and on ({BY}) (sum by ({BY}) ({KV_USAGE}{sel} - {KV_USAGE}{sel} offset {w}) == 0)\n"
-        f"and on ({BY}) (up{sel} == 1)"
-    )
+    on = f"and on ({BY_ENGINE})"
+    lines = [f"({engine_sum(f'min_over_time({RUNNING}{sel}[{inside}])')} > 0)"]
+    for m in (GEN_TOKENS, STEPS, KV_USAGE):
+        lines.append(f"{on} ({engine_sum(f'changes({m}{sel}[{inside}])')} == 0)")
+        lines.append(f"{on} ({engine_sum(f'{m}{sel} - {m}{sel} offset {w}')} == 0)")
+    lines.append(f"and on ({BY}) (up{sel} == 1)")
+    return "\n".join(lines)
 
 
 def restarts_expr(job: str | None, window_s: float) -> str:
@@ -186,8 +200,9 @@ def alerts(job: str | None) -> list[Alert]:
     loop = f"{RESTART_LOOP_COUNT} restarts in {RESTART_LOOP_WINDOW_S / 60:g} min"
     return [
         Alert("VllmEngineStalled", "critical",
-              f"{{{{ $labels.instance }}}}: requests running, no token generated, no "
-              f"engine step and no KV cache change for {w}, /metrics still answering",
+              f"{{{{ $labels.instance }}}} engine {{{{ $labels.engine }}}}: requests running, "
+              f"no token generated, no engine step and no KV cache change for {w}, /metrics "
+              "still answering",
               f"{CONSOLE} (drill in: stalled, steps flat?); on its host opsctl stacks "
               "http://INSTANCE (where each process waits), then opsctl runs bundle RUN",
               stall_expr(job), None),

@@ -200,6 +200,86 @@ class Figures:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """What one canary request found: answered in time, hung, or answered with an error.
+
+    The canary is one 1-token completion with a deadline (opsctl.collectors.canary).
+    ``ok``: True answered in time, False no answer within the deadline (the hang a
+    canary exists for), None answered with an error (the engine answered: inconclusive)."""
+
+    ok: bool | None
+    seconds: float
+    detail: str
+
+    def to_dict(self) -> dict:
+        """The canary's result as a JSON object (ok, seconds, detail)."""
+        return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """One data-parallel engine of an endpoint (vLLM's ``engine`` label) judged on its own.
+
+    Its state (ready, busy, stalled) by the stall rule over its own series, so one
+    engine that stalls among healthy ones is seen (opsctl.domain.console_state)."""
+
+    engine: str  # the engine label: "0", "1", ... (a series without one is engine "0")
+    role: str  # the EngineCore it is: EngineCore (one engine), EngineCore_DP1, ...
+    state: str = READY  # ready | busy | stalled
+    reason: str | None = None  # why stalled (its own words, without the engine's name)
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    generation_tps: float | None = None
+    steps_per_s: float | None = None
+    # seconds its generation, steps and KV cache have been flat with requests running
+    # (0 when it moved at the last reading; None when nothing runs on it)
+    flat_s: float | None = None
+    progressing: bool = False  # its stall series moved at the last reading
+    # the canary sent to this engine alone (X-data-parallel-rank), None when none was
+    canary: Canary | None = None
+
+    @property
+    def name(self) -> str:
+        """How a reason names it: ``engine 1 (EngineCore_DP1)``."""
+        return f"engine {self.engine} ({self.role})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The engine as the console's and status's documents hold it."""
+
+        def r(v: float | None, nd: int) -> float | None:
+            return None if v is None else round(v, nd)
+
+        return {
+            "engine": self.engine,
+            "role": self.role,
+            "state": self.state,
+            "reason": self.reason,
+            "requests_running": self.running,
+            "requests_waiting": self.waiting,
+            "kv_cache_usage": r(self.kv_usage, 4),
+            "generation_tokens_per_s": r(self.generation_tps, 2),
+            "engine_steps_per_s": r(self.steps_per_s, 2),
+            "flat_s": r(self.flat_s, 2),
+            "stalled_for_s": r(self.flat_s, 2) if self.state == STALLED else None,
+            "canary": self.canary.to_dict() if self.canary is not None else None,
+        }
+
+
+def engine_role(engine: str, count: int) -> str:
+    """The EngineCore behind an ``engine`` label: ``EngineCore_DP1`` (DP), ``EngineCore``.
+
+    vLLM's process title of that engine (opsctl.domain.ranks), so a reason names what
+    ``ps``, the log prefixes and the console's process view name."""
+    return f"EngineCore_DP{engine}" if count > 1 else "EngineCore"
+
+
+def engine_order(engine: str) -> tuple[int, str]:
+    """Sort key of engine labels: numerically (2 before 10), others after."""
+    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointView:
     """What the console shows of one endpoint: its state, reason, figures and facts."""
 
@@ -232,6 +312,15 @@ class EndpointView:
     alerts: tuple[FiredAlert, ...] = ()
     # the stall rule's reading moved at the last scrape (a token, a step, the KV cache)
     progressing: bool = False
+    # each data-parallel engine judged on its own (EngineView, engine order); one entry
+    # for a single-engine server; () before the first vLLM answer
+    engines: tuple[EngineView, ...] = ()
+
+    def stalled_engines(self) -> tuple[EngineView, ...]:
+        """The engines that are stalled (of a server with several; () for one)."""
+        if len(self.engines) < 2:
+            return ()
+        return tuple(e for e in self.engines if e.state == STALLED)
 
     def age(self, now: float) -> float | None:
         """Seconds since the last good scrape; None before the first."""
@@ -291,15 +380,34 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return max(0.0, min(1.0, num / den))
 
 
+def kv_engines(s: MetricSamples) -> int:
+    """How many engines report a KV cache usage gauge (1 at least)."""
+    return sum(1 for d in s.by_engine().values() if KV_USAGE in d) or 1
+
+
+def kv_usage(s: MetricSamples) -> float | None:
+    """The KV cache's usage of the endpoint: its engines' mean (each engine its own cache).
+
+    vLLM exports one usage fraction per data-parallel engine; their sum would read 130 %
+    on two engines 65 % full. One engine: its gauge, as before."""
+    total = s.get(KV_USAGE)
+    return None if total is None else total / kv_engines(s)
+
+
 def kv_tokens(s: MetricSamples) -> tuple[int | None, int | None]:
     """KV capacity and used tokens: blocks x block size from vllm:cache_config_info."""
-    return kv_tokens_of(s.info, s.get(KV_USAGE))
+    return kv_tokens_of(s.info, kv_usage(s), kv_engines(s))
 
 
-def kv_tokens_of(cache: dict[str, str], usage: float | None) -> tuple[int | None, int | None]:
-    """KV capacity and used tokens from cache_config_info's labels and the usage gauge."""
+def kv_tokens_of(
+    cache: dict[str, str], usage: float | None, engines: int = 1
+) -> tuple[int | None, int | None]:
+    """KV capacity and used tokens from cache_config_info's labels and the usage gauge.
+
+    ``usage`` the engines' mean and ``engines`` how many there are: each data-parallel
+    engine has a cache of the size one engine's cache_config_info gives."""
     try:
-        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"]) * max(1, engines)
     except (KeyError, ValueError):
         return None, None
     return capacity, None if usage is None else round(capacity * usage)
@@ -349,7 +457,7 @@ def figures(
     return Figures(
         running=cur.get(RUNNING),
         waiting=cur.get(WAITING),
-        kv_usage=cur.get(KV_USAGE),
+        kv_usage=kv_usage(cur),
         kv_capacity_tokens=capacity,
         kv_used_tokens=used,
         prefix_hit_rate=hit,
@@ -367,6 +475,36 @@ def figures(
         latency_basis=basis,
         **rates,
     )
+
+
+def engine_readings(
+    cur: MetricSamples, prev: MetricSamples | None, dt: float | None
+) -> list[EngineView]:
+    """Each engine's figures of one scrape (rates since ``prev``), its state not judged yet.
+
+    The gauges and the generation and step rates of every engine label in ``cur``
+    (opsctl.domain.console_state judges them)."""
+    now = cur.by_engine()
+    n = len(now)
+    out = []
+    for e, d in now.items():
+        before = prev.by_engine().get(e, {}) if prev is not None else {}
+        rates = []
+        for name in (GEN_TOKENS, STEPS):
+            delta = counter_delta(before.get(name), d.get(name))
+            rates.append(None if delta is None or not dt or dt <= 0 else delta / dt)
+        out.append(
+            EngineView(
+                engine=e,
+                role=engine_role(e, n),
+                running=d.get(RUNNING),
+                waiting=d.get(WAITING),
+                kv_usage=d.get(KV_USAGE),
+                generation_tps=rates[0],
+                steps_per_s=rates[1],
+            )
+        )
+    return sorted(out, key=lambda v: engine_order(v.engine))
 
 
 def hit_rates(

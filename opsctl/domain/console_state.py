@@ -19,25 +19,28 @@ from opsctl.domain.console import (
     STARTING,
     UNAUTHORIZED,
     UNREACHABLE,
+    Canary,
     EndpointView,
     EngineInfo,
+    EngineView,
     Figures,
     HttpStatus,
     LocalState,
     Scrape,
     Target,
+    engine_readings,
     figures,
     is_vllm,
     went_back,
 )
 from opsctl.domain.metrics import (
     RUNNING,
-    STALL_SERIES,
     WAITING,
     WAITING_BY_REASON,
     MetricSamples,
     Point,
 )
+from opsctl.domain.ranks import engine_of
 
 HISTORY_SERIES = ("generation_tps", "prompt_tps", "running", "waiting", "kv_usage", "ttft_p50")
 
@@ -63,11 +66,105 @@ def http_reason(scrape: Scrape) -> str:
     return f"/health HTTP {h.status}"
 
 
-def stopped_reason(stopped, health: int | None) -> str:
-    """Why an endpoint with stopped processes is stalled, naming each one."""
-    who = ", ".join(f"{p.role} (pid {p.pid})" for p in stopped)
+def stopped_reason(stopped, health: int | None, engines: tuple[EngineView, ...] = ()) -> str:
+    """Why an endpoint with stopped processes is stalled, naming each one.
+
+    On a server of several data-parallel engines a stopped EngineCore_DPi or one of its
+    workers is named with its engine (``engine 1 (EngineCore_DP1, pid N)``) and the
+    other engines' states follow."""
+    multi = len(engines) > 1
+    who = ", ".join(_stopped_name(p, multi) for p in stopped)
     answer = f"/health {health}" if health is not None else "/health no answer"
-    return f"{who} stopped (SIGSTOP or a debugger): nothing it holds can progress; {answer}"
+    hit = {str(engine_of(p.role)) for p in stopped} if multi else set()
+    rest = [others_text(e) for e in engines if e.engine not in hit] if multi else []
+    others = "; " + "; ".join(rest) if rest else ""
+    return f"{who} stopped (SIGSTOP or a debugger): nothing it holds can progress{others}; {answer}"
+
+
+def _stopped_name(p, multi: bool) -> str:
+    engine = engine_of(p.role) if multi else None
+    return (
+        f"engine {engine} ({p.role}, pid {p.pid})"
+        if engine is not None
+        else f"{p.role} (pid {p.pid})"
+    )
+
+
+def others_text(e: EngineView) -> str:
+    """How a reason names an engine that is not the stalled one (``engine 0 progressing``)."""
+    if e.state == STALLED:
+        return f"{e.name}: {e.reason}"
+    if not e.running:
+        return f"engine {e.engine} idle"
+    return f"engine {e.engine} progressing ({e.running:.0f} running)"
+
+
+def engine_flat_text(e: EngineView, flat: float) -> str:
+    """One engine's stall in words: its requests, waiting, how long flat (the rule's)."""
+    waiting = f", {e.waiting:.0f} waiting" if e.waiting else ""
+    return (
+        f"{e.running or 0:.0f} requests running{waiting}, generation flat for {flat:.0f} s "
+        "(engine steps and KV cache flat too)"
+    )
+
+
+def engines_reason(engines: tuple[EngineView, ...], health: int | None) -> str:
+    """Why an endpoint of several engines is stalled: the stalled ones first, then the rest.
+
+    ``engine 1 (EngineCore_DP1): 16 requests running, generation flat for 12 s (...);
+    engine 0 progressing (3 running); /health 200``."""
+    stalled = [e for e in engines if e.state == STALLED]
+    parts = [f"{e.name}: {e.reason}" for e in stalled]
+    parts += [others_text(e) for e in engines if e.state != STALLED]
+    answer = f"/health {health}" if health is not None else "/health no answer"
+    return "; ".join(parts) + f"; {answer}"
+
+
+def judge_engines(
+    readings: list[EngineView] | tuple[EngineView, ...],
+    progress: EngineProgress,
+    window_s: float,
+) -> tuple[EngineView, ...]:
+    """Each engine's state by the stall rule over its own series (the one definition).
+
+    Stalled: requests running on it while its generation, steps and KV cache stayed
+    flat for the stall window (``progress`` holds its memory); busy: requests running;
+    ready otherwise."""
+    out = []
+    for e in readings:
+        flat = progress.flat(e.engine)
+        moved = progress.moved_engine(e.engine)
+        if flat is not None and flat >= window_s:
+            out.append(replace(e, state=STALLED, reason=engine_flat_text(e, flat), flat_s=flat,
+                               progressing=moved))  # fmt: skip
+        else:
+            state = BUSY if e.running else READY
+            out.append(replace(e, state=state, reason=None, flat_s=flat, progressing=moved))
+    return tuple(out)
+
+
+def with_stopped(
+    engines: tuple[EngineView, ...], local: LocalState | None
+) -> tuple[EngineView, ...]:
+    """The engines with those whose EngineCore (or a worker of it) is stopped stalled.
+
+    A stopped process of an engine (SIGSTOP, a debugger) holds it whatever its gauges
+    say; only for a server of several engines (one engine: the endpoint says it)."""
+    if len(engines) < 2 or local is None or not local.stopped:
+        return engines
+    hit: dict[str, list] = {}
+    for p in local.stopped:
+        engine = engine_of(p.role)
+        if engine is not None:
+            hit.setdefault(str(engine), []).append(p)
+    out = []
+    for e in engines:
+        procs = hit.get(e.engine)
+        if procs and e.state != STALLED:
+            who = ", ".join(f"{p.role} (pid {p.pid})" for p in procs)
+            e = replace(e, state=STALLED, reason=f"{who} stopped (SIGSTOP or a debugger)")
+        out.append(e)
+    return tuple(out)
 
 
 def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
@@ -81,17 +178,69 @@ def judge_canary(state: str, reason: str | None, ok: bool | None, detail: str):
     return state, reason
 
 
+def canary_engines(v: EndpointView) -> list[str]:
+    """The engines of a server of several whose gauges cannot vouch for them: idle ones.
+
+    A data-parallel engine stopped while idle, or hung while its gauges read 0 running,
+    keeps /health 200 and its gauges still: only a request sent to it alone (vLLM's
+    ``X-data-parallel-rank``) can tell. [] for one engine (the endpoint's canary) and for
+    an endpoint that is not ready or busy."""
+    if len(v.engines) < 2 or v.state not in (READY, BUSY):
+        return []
+    return [e.engine for e in v.engines if e.state == READY]
+
+
+def judge_engine_canaries(v: EndpointView, results: dict[str, Canary]) -> EndpointView:
+    """The view after a canary to some of its engines (engine label -> the result).
+
+    An engine whose canary did not return in time is stalled (an answer, or an
+    inconclusive one, leaves it as it was); the endpoint is stalled when any engine is,
+    its reason naming the engine."""
+    if not results:
+        return v
+    state, reason, engines = engine_canaries(v.state, v.reason, v.engines, v.health_status, results)
+    return replace(v, state=state, reason=reason, engines=engines)
+
+
+def engine_canaries(
+    state: str,
+    reason: str | None,
+    engines_in: tuple[EngineView, ...],
+    health: int | None,
+    results: dict[str, Canary],
+) -> tuple[str, str | None, tuple[EngineView, ...]]:
+    """:func:`judge_engine_canaries` on its parts: (state, reason, engines) after them."""
+    engines = []
+    for e in engines_in:
+        r = results.get(e.engine)
+        if r is not None:
+            e = replace(e, canary=r)
+            if r.ok is False and e.state in (READY, BUSY):
+                said = "idle" if not e.running else f"{e.running:.0f} running"
+                why = f"canary: {r.detail}, while its gauges say {said}"
+                e = replace(e, state=STALLED, reason=why)
+        engines.append(e)
+    out = tuple(engines)
+    if state in (READY, BUSY) and any(e.state == STALLED for e in out):
+        return STALLED, engines_reason(out, health), out
+    return state, reason, out
+
+
 def decide(
     scrape: Scrape | None,
     local: LocalState | None,
     stall_for: float | None,
     restarted_recently: bool,
+    engines: tuple[EngineView, ...] = (),
 ) -> tuple[str, str | None]:
     """The state of one endpoint and the reason for any state but ready/busy.
 
     ``stall_for``: seconds the generation and engine-step counters and the KV cache's
     usage have been flat while requests were running (None when any moves or nothing
-    runs): a stall is flat in all three, since each counts as progress."""
+    runs): a stall is flat in all three, since each counts as progress. ``engines``: its
+    data-parallel engines judged on their own (:func:`judge_engines`); with several, the
+    endpoint is stalled when ANY is, and the reason names it (``stall_for`` is then the
+    single engine's rule, unused)."""
     if local is not None and not local.alive:
         why = local.reason or "process gone"
         if local.death_lines:
@@ -104,7 +253,7 @@ def decide(
         return UNAUTHORIZED, f"HTTP {auth.status} on {auth.path}: pass --api-key (or api_key_env)"
     health = scrape.health.status
     if local is not None and local.stopped:
-        return STALLED, stopped_reason(local.stopped, health)
+        return STALLED, stopped_reason(local.stopped, health, engines)
     if health is None:
         if local is not None and local.alive:
             phase = local.load_phase or "process up, HTTP not answering yet"
@@ -119,7 +268,9 @@ def decide(
             f"not a vLLM server (answers HTTP: /health {health}, /metrics "
             f"{metrics if metrics is not None else 'no answer'}, no vllm: series)"
         )
-    if stall_for is not None:
+    if len(engines) > 1 and any(e.state == STALLED for e in engines):
+        return STALLED, engines_reason(engines, health)
+    if stall_for is not None and len(engines) < 2:
         running = scrape.samples.get(RUNNING) if scrape.samples else None
         return STALLED, (
             f"{running or 0:.0f} requests running{waiting_text(scrape.samples)}, generation "
@@ -172,7 +323,7 @@ class Tracked(Protocol):
     last_ok_at: float | None
     scrapes: int
     restarts: int
-    progress: Progress
+    progress: EngineProgress
 
 
 def endpoint_view(
@@ -181,11 +332,12 @@ def endpoint_view(
     reason: str | None,
     scrape: Scrape | None,
     local: LocalState | None = None,
+    engines: tuple[EngineView, ...] = (),
 ) -> EndpointView:
     """The view of one endpoint from its state, last scrape and tracker's memory.
 
-    Its state and reason, its last scrape, its local processes, and what the tracker of
-    either source (``memory``) holds."""
+    Its state and reason, its last scrape, its local processes, its engines, and what
+    the tracker of either source (``memory``) holds."""
     return EndpointView(
         target=memory.target,
         state=state,
@@ -200,6 +352,7 @@ def endpoint_view(
         restarts=memory.restarts,
         poll_s=(scrape.finished_at - scrape.started_at) if scrape else None,
         progressing=memory.progress.moved,
+        engines=engines,
     )
 
 
@@ -239,10 +392,58 @@ class Progress:
         """Seconds generation, steps and KV usage have been flat with requests running.
 
         None below the stall window."""
-        if self.last is None or self.progress_at is None:
+        flat = self.flat()
+        return None if flat is None or flat < window_s else flat
+
+    def flat(self) -> float | None:
+        """Seconds flat with requests running so far (0 just after progress); None idle."""
+        if self.last is None or self.progress_at is None or self.last[1] <= 0:
             return None
-        flat = self.last[0] - self.progress_at
-        return None if flat < window_s else flat
+        return self.last[0] - self.progress_at
+
+
+class EngineProgress:
+    """The stall rule's memory for one endpoint: one :class:`Progress` per engine.
+
+    Keyed by vLLM's ``engine`` label (one data-parallel engine each; a single-engine
+    server has one). Each engine's points feed its own memory, so the progress of one
+    engine never hides another's stall (summed counters did). Both sources use it."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Progress] = {}
+
+    def feed(self, points: dict[str, list[Point]]) -> None:
+        """Take each engine's raw (time, running, generation, steps, KV usage) points."""
+        for engine, pts in points.items():
+            self.engines.setdefault(engine, Progress()).feed(pts)
+
+    @property
+    def moved(self) -> bool:
+        """Whether any engine's reading moved at its last point."""
+        return any(p.moved for p in self.engines.values())
+
+    def moved_engine(self, engine: str) -> bool:
+        """Whether ``engine``'s reading moved at its last point."""
+        p = self.engines.get(engine)
+        return p is not None and p.moved
+
+    def flat(self, engine: str) -> float | None:
+        """Seconds ``engine`` has been flat with requests running (None: idle, unknown)."""
+        p = self.engines.get(engine)
+        return None if p is None else p.flat()
+
+    def stall(self, window_s: float) -> float | None:
+        """The single engine's stall (:meth:`Progress.stall`); None with several engines.
+
+        A server of several engines is judged engine by engine (:func:`judge_engines`)."""
+        if len(self.engines) != 1:
+            return None
+        return next(iter(self.engines.values())).stall(window_s)
+
+
+def engine_points(samples: MetricSamples, t: float) -> dict[str, list[Point]]:
+    """The stall rule's reading of each engine of one scrape at time ``t``."""
+    return {e: [samples.engine_point(e, t)] for e in samples.by_engine()}
 
 
 class History:
@@ -288,7 +489,8 @@ class EndpointTracker:
             maxlen=max(2, int(s.latency_window_s / max(s.interval_s, 0.05)) + 2)
         )
         self.history = History(s)
-        self.progress = Progress()
+        self.progress = EngineProgress()
+        self.readings: list[EngineView] = []  # each engine's figures at the last scrape
         self.info = EngineInfo()
         self.info_auth: HttpStatus | None = None
         self.local: LocalState | None = None
@@ -330,14 +532,13 @@ class EndpointTracker:
             self.window.clear()
             self.prev = None
             prev = None
-        running, gen, steps, kv = (cur.get(name) or 0.0 for name in STALL_SERIES)
-        point = (t, running, gen, steps, kv)
-        self.progress.feed([point])
+        self.progress.feed(engine_points(cur, t))
         dt = t - self.prev[0] if self.prev else None
         self.window.append((t, cur))
         while self.window and t - self.window[0][0] > self.settings.latency_window_s:
             self.window.popleft()
         self.figures = figures(cur, prev, dt, self.window[0][1] if self.window else None)
+        self.readings = engine_readings(cur, prev, dt)
         self.prev = (t, cur)
         self.history.record(self.figures)
 
@@ -353,8 +554,10 @@ class EndpointTracker:
             and self.last_ok_at is not None
             and self.last_ok_at - self.restarted_at < self.settings.restart_hold_s
         )
-        state, reason = decide(self.last, self.local, stall_for, recent)
-        return endpoint_view(self, state, reason, self.last, self.local)
+        engines = judge_engines(self.readings, self.progress, self.settings.stall_window_s)
+        engines = with_stopped(engines, self.local)
+        state, reason = decide(self.last, self.local, stall_for, recent, engines)
+        return endpoint_view(self, state, reason, self.last, self.local, engines)
 
     def series(self, name: str) -> list[float]:
         """History for a sparkline (missing points as 0)."""
@@ -432,12 +635,25 @@ def undecided(v: EndpointView) -> bool:
     busy; the window passing makes it stalled."""
     if v.state not in (BUSY, RESTARTED) or not v.figures.running:
         return False
+    if len(v.engines) > 1:  # each engine on its own: one moving decides no other
+        return any(engine_undecided(e) for e in v.engines)
     if v.progressing:  # a token, a step or the KV cache filling (a long prefill) since
         return False  # the scrape before: slow at worst, decided busy
-    tps, steps = v.figures.generation_tps, v.figures.steps_per_s
+    return not moving(v.figures.generation_tps, v.figures.steps_per_s)
+
+
+def moving(tps: float | None, steps: float | None) -> bool:
+    """Whether the last interval's rates show progress (a token or an engine step)."""
     if steps is not None and steps > 0:  # a long prefill steps on: slow, decided busy
+        return True
+    return tps is not None and tps > 0
+
+
+def engine_undecided(e: EngineView) -> bool:
+    """:func:`undecided` for one engine: requests running on it, none seen moving yet."""
+    if e.state == STALLED or not e.running or e.progressing:
         return False
-    return tps is None or tps <= 0
+    return not moving(e.generation_tps, e.steps_per_s)
 
 
 def settle_undecided(
@@ -453,17 +669,28 @@ def settle_undecided(
         return views
     out = []
     for v in views:
-        if undecided(v):
-            running = v.figures.running or 0
-            why = (
-                f"{running:.0f} requests running, generation, engine steps and KV cache not seen "
-                f"moving in "
-                f"{observed_s:.0f} s of observation (stall window {stall_window_s:g} s); "
-                f"/health {v.health_status}"
+        if undecided(v) and len(v.engines) > 1:
+            engines = tuple(
+                replace(e, state=STALLED, reason=unseen_text(e.running, observed_s, stall_window_s))
+                if engine_undecided(e)
+                else e
+                for e in v.engines
             )
-            v = replace(v, state=STALLED, reason=why)
+            v = replace(v, state=STALLED, reason=engines_reason(engines, v.health_status),
+                        engines=engines)  # fmt: skip
+        elif undecided(v):
+            why = unseen_text(v.figures.running, observed_s, stall_window_s)
+            v = replace(v, state=STALLED, reason=f"{why}; /health {v.health_status}")
         out.append(v)
     return tuple(out)
+
+
+def unseen_text(running: float | None, observed_s: float, stall_window_s: float) -> str:
+    """Why ``--once`` settles a look as stalled: requests running, nothing seen moving."""
+    return (
+        f"{running or 0:.0f} requests running, generation, engine steps and KV cache not seen "
+        f"moving in {observed_s:.0f} s of observation (stall window {stall_window_s:g} s)"
+    )
 
 
 __all__ = [

@@ -394,3 +394,21 @@ def execution_of(engine_info: Mapping | None) -> dict[str, Any] | None:
         "enforce_eager": engine_info.get("enforce_eager"),
         "compilation_mode": compilation_mode_name(engine_info.get("compilation_mode")),
     }
+
+
+_ENGINE_LABEL = re.compile(r'^vllm:num_requests_running\{[^}\n]*\bengine="(\d+)"', re.M)
+
+
+def dp_engines(metrics_text: str) -> list[int]:
+    """The data-parallel engines a server's /metrics text shows (its ``engine`` labels)."""
+    return sorted({int(m) for m in _ENGINE_LABEL.findall(metrics_text)})
+
+
+def dp_pin(metrics_text: str) -> int | None:
+    """The engine to send every request of a run to: the first of several; None for one.
+
+    A BS=N batch forms in ONE engine; a data-parallel server spreads concurrent requests
+    over its engines (and sums their gauges in /metrics), so unpinned BS=N would be several
+    smaller batches counted as one."""
+    engines = dp_engines(metrics_text)
+    return engines[0] if len(engines) > 1 else None

@@ -342,6 +342,7 @@ class Injection:
     position: int | None
     epoch: str | None
     reported: bool = True  # False: corrupted silently (the sensitivity phase)
+    rank: int = 0  # the worker that injected it (TP/PP rank; every rank injects the same)
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> Injection:
@@ -353,6 +354,7 @@ class Injection:
             e.get("position"),
             e.get("epoch"),
             bool(e.get("reported", True)),
+            int(e.get("rank") or 0),
         )
 
 
@@ -364,11 +366,39 @@ class Transfer:
     key: str | None
     blocks: int
     epoch: str | None
+    rank: int = 0  # the worker that moved its part of the KV
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> Transfer:
         """The transfer an event of the connector records."""
-        return cls(e.get("op"), e.get("key"), int(e.get("blocks") or 0), e.get("epoch"))
+        blocks, rank = int(e.get("blocks") or 0), int(e.get("rank") or 0)
+        return cls(e.get("op"), e.get("key"), blocks, e.get("epoch"), rank)
+
+
+LEAD_RANK = 0  # the rank whose injections are counted (every rank makes the same ones)
+
+
+def lead(injections: Sequence[Injection]) -> list[Injection]:
+    """The injections of the lead rank: one per injected block, whatever the ranks."""
+    return [i for i in injections if i.rank == LEAD_RANK]
+
+
+def rank_disagreement(injections: Sequence[Injection]) -> str | None:
+    """How the ranks' injections differ; None when they agree.
+
+    Each rank must fail the same blocks of the same requests, or the engine's ranks see
+    different KV."""
+    per_rank: dict[int, Counter] = {}
+    for i in injections:
+        per_rank.setdefault(i.rank, Counter())[(i.key, i.group, i.position, i.epoch)] += 1
+    if len(per_rank) < 2:
+        return None
+    lead_set = per_rank.get(LEAD_RANK, Counter())
+    odd = sorted(r for r, got in per_rank.items() if got != lead_set)
+    if not odd:
+        return None
+    counts = ", ".join(f"rank {r}: {sum(c.values())}" for r, c in sorted(per_rank.items()))
+    return f"rank(s) {odd} injected other blocks than rank {LEAD_RANK} ({counts})"
 
 
 @dataclass(frozen=True, slots=True)

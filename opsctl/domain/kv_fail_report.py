@@ -182,6 +182,8 @@ class Facts:
     sensitivity_ran: bool = False
     patch_disabled: bool = False  # the engine ran without the recovery patches (--no-patch)
     engine: EngineFacts = field(default_factory=EngineFacts)
+    ranks: int = 1  # workers that injected (tensor/pipeline parallel ranks)
+    rank_disagreement: str | None = None  # how the ranks' injections differed, if they did
 
 
 # ---- the comparison's noise floor ----------------------------------------------------------
@@ -494,9 +496,24 @@ def _recovery_bug(f: Facts, mismatched: Sequence[int]) -> list[Finding]:
     return [Finding(FAIL, "kv_fail.vllm_recovery_bug", msg, details)]
 
 
+def _ranks(f: Facts) -> list[Finding]:
+    """Every rank of the engine (its TP/PP workers) must fail the same blocks."""
+    if f.rank_disagreement:
+        msg = f"the engine's ranks disagree on the injected blocks: {f.rank_disagreement}"
+        return [Finding(FAIL, "kv_fail.ranks_disagree", msg)]
+    if f.ranks > 1 and f.injections:
+        msg = (
+            f"all {f.ranks} ranks injected the same {f.injections} block(s) (each its own KV heads)"
+        )
+        return [Finding(INFO, "kv_fail.ranks_agree", msg)]
+    return []
+
+
 def judge(f: Facts) -> list[Finding]:
-    """The run's findings: engine survival, round trip, injected requests, sensitivity."""
-    return [*_survival(f), *_roundtrip(f), *_injected(f), *_sensitivity(f)]
+    """The run's findings: engine survival, round trip, injected requests, sensitivity.
+
+    With several ranks also whether every rank failed the same blocks."""
+    return [*_survival(f), *_roundtrip(f), *_injected(f), *_sensitivity(f), *_ranks(f)]
 
 
 def summary(f: Facts) -> dict:

@@ -147,6 +147,10 @@ _WANTED = (
     "vllm:spec_decode_num_",
 )
 Buckets = tuple[tuple[float, float], ...]  # cumulative (le, count), ascending, ends at +Inf
+# the series kept per data-parallel engine (vLLM's ``engine`` label; none = engine "0"):
+# the stall rule's and the per-engine views' (queue, KV usage, generation, steps)
+PER_ENGINE = frozenset({RUNNING, WAITING, KV_USAGE, GEN_TOKENS, STEPS})
+ENGINE_LABEL = "engine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +158,9 @@ class MetricSamples:
     """One /metrics body as the console reads it: values, breakdowns, buckets, info.
 
     One /metrics body: vllm:* sample values summed over label sets (engines, models),
-    the label breakdowns of LABELLED, cumulative histogram buckets, info labels."""
+    the label breakdowns of LABELLED, cumulative histogram buckets, info labels, and the
+    PER_ENGINE series per data-parallel engine (``per_engine``: engine label -> name ->
+    value summed over the other labels)."""
 
     values: dict[str, float]
     labelled: dict[str, dict[str, float]]
@@ -162,10 +168,24 @@ class MetricSamples:
     info: dict[str, str]
     engines: int
     vllm_series: int
+    per_engine: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def get(self, name: str) -> float | None:
         """The summed value of one sample name; None when absent."""
         return self.values.get(name)
+
+    def by_engine(self) -> dict[str, dict[str, float]]:
+        """``per_engine``; samples built without it (by hand) are one engine, "0"."""
+        if self.per_engine:
+            return self.per_engine
+        one = {k: v for k, v in self.values.items() if k in PER_ENGINE}
+        return {"0": one} if one else {}
+
+    def engine_point(self, engine: str, t: float) -> Point:
+        """The stall rule's reading of one engine at time ``t`` (0 for a missing series)."""
+        d = self.by_engine().get(engine, {})
+        running, gen, steps, kv = (d.get(name) or 0.0 for name in STALL_SERIES)
+        return (t, running, gen, steps, kv)
 
 
 def wanted(line: str) -> bool:
@@ -207,6 +227,7 @@ def build_samples(
     raw_buckets: dict[str, dict[float, float]] = {}
     info: dict[str, str] = {}
     engines: set[str] = set()
+    per_engine: dict[str, dict[str, float]] = {}
     for name, labels, value in samples:
         if name.endswith("_bucket") and "le" in labels:
             per = raw_buckets.setdefault(name[: -len("_bucket")], {})
@@ -221,10 +242,13 @@ def build_samples(
         if label and label in labels:
             d = labelled.setdefault(name, {})
             d[labels[label]] = d.get(labels[label], 0.0) + value
+        if name in PER_ENGINE:
+            d = per_engine.setdefault(labels.get(ENGINE_LABEL, "0"), {})
+            d[name] = d.get(name, 0.0) + value
         if name == RUNNING:
-            engines.add(labels.get("engine", "0"))
+            engines.add(labels.get(ENGINE_LABEL, "0"))
     buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
+    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series, per_engine)
 
 
 def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:

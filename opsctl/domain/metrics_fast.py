@@ -21,7 +21,9 @@ from __future__ import annotations
 from opsctl.domain.metrics import (
     _WANTED,
     CACHE_CONFIG_INFO,
+    ENGINE_LABEL,
     LABELLED,
+    PER_ENGINE,
     RUNNING,
     MetricSamples,
     parse_samples,
@@ -121,6 +123,7 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
     raw_buckets: dict[str, dict[float, float]] = {}
     info: dict[str, str] = {}
     engines: set[str] = set()
+    per_engine: dict[str, dict[str, float]] = {}
     for kind, name, key, value, labels in prepared:
         if kind == BUCKET:
             per = raw_buckets.setdefault(name, {})
@@ -129,6 +132,9 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
             info.update(labels)
         else:
             values[name] = values.get(name, 0.0) + value
+            if name in PER_ENGINE:
+                d = per_engine.setdefault(labels.get(ENGINE_LABEL, "0"), {})
+                d[name] = d.get(name, 0.0) + value
             if key is not None:
                 if name == RUNNING:
                     engines.add(key)  # type: ignore[arg-type]
@@ -136,7 +142,7 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
                     d = labelled.setdefault(name, {})
                     d[key] = d.get(key, 0.0) + value  # type: ignore[index,call-overload]
     buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series)
+    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series, per_engine)
 
 
 def build_changed(
@@ -157,7 +163,13 @@ def build_changed(
     buckets.update(part.buckets)
     info = part.info if CACHE_CONFIG_INFO in changed else prev.info
     engines = part.engines if RUNNING in changed else prev.engines
-    return MetricSamples(values, labelled, buckets, info, engines, vllm_series)
+    per_engine = {
+        e: {k: v for k, v in d.items() if k not in changed} for e, d in prev.per_engine.items()
+    }
+    for e, d in part.per_engine.items():
+        per_engine.setdefault(e, {}).update(d)
+    per_engine = {e: d for e, d in per_engine.items() if d}
+    return MetricSamples(values, labelled, buckets, info, engines, vllm_series, per_engine)
 
 
 def samples_from_lines(lines: list[str], series: int, text: str) -> MetricSamples:

@@ -59,6 +59,12 @@ LABELLED = {
     "waiting_by_reason": (vm.WAITING_BY_REASON, "reason"),
     "finished": (vm.REQUEST_SUCCESS, "finished_reason"),
 }
+# per data-parallel engine (the ``engine`` label; a series without one is engine "0"):
+# gauges summed and rates, the per-engine views' figures
+ENGINE_GAUGES = {"e.running": vm.RUNNING, "e.waiting": vm.WAITING, "e.kv": vm.KV_USAGE}
+ENGINE_RATES = {"e.gen_tps": vm.GEN_TOKENS, "e.steps_ps": vm.STEPS}
+ENGINE_TAGS = (*ENGINE_GAUGES, *ENGINE_RATES)
+ENGINE = vm.ENGINE_LABEL
 
 
 class PromError(ValueError):
@@ -105,7 +111,14 @@ def figure_parts(job: str | None, w: Windows) -> list[tuple[str, str]]:
     parts = [("up", f"sum by ({by}) (up{sel})")]
     # when the data were scraped (the target list's lastScrape may be a newer scrape)
     parts.append(("sample_t", f"max by ({by}) (timestamp({vm.RUNNING}{sel}))"))
-    parts += [(k, f"sum by ({by}) ({m}{sel})") for k, m in GAUGES.items()]
+    # KV usage is a fraction per engine (each its own cache): the engines' mean
+    parts += [
+        (k, f"{'avg' if k == 'kv' else 'sum'} by ({by}) ({m}{sel})") for k, m in GAUGES.items()
+    ]
+    parts += [(k, f"sum by ({by}, {ENGINE}) ({m}{sel})") for k, m in ENGINE_GAUGES.items()]
+    parts += [
+        (k, f"sum by ({by}, {ENGINE}) (rate({m}{sel}[{r}]))") for k, m in ENGINE_RATES.items()
+    ]
     parts += [(k, f"sum by ({by}) (rate({m}{sel}[{r}]))") for k, m in RATES.items()]
     parts += [(k, f"sum by ({by}) (increase({m}{sel}[{r}]))") for k, m in INCREASES.items()]
     for k, (m, label) in LABELLED.items():
@@ -347,7 +360,10 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
         k = _key(metric, job)
         scalars.setdefault(k, {})
         v = number(value[1])
-        if tag == "models":
+        if tag in ENGINE_TAGS:  # a series without an engine label is engine "0"
+            if v is not None:
+                labelled.setdefault(k, {}).setdefault(tag, {})[str(metric.get(ENGINE, "0"))] = v
+        elif tag == "models":
             models.setdefault(k, []).append(str(metric.get("model_name", "")))
         elif tag == "cache":
             cache[k] = {n: str(metric[n]) for n in ("num_gpu_blocks", "block_size") if n in metric}
@@ -362,26 +378,34 @@ def group_results(result: list, job: str | None) -> dict[Key, InstanceData]:
     }
 
 
-def stall_points(result: list, job: str | None) -> dict[Key, list[Point]]:
-    """Raw stall-series samples summed per endpoint and scrape time, in time order.
+EnginePoints = dict[str, list[Point]]  # engine label -> its points, in time order
 
-    Raw samples of the stall series summed per endpoint and scrape time (every
-    series of one scrape carries the same timestamp), in time order."""
+
+def stall_points(result: list, job: str | None) -> dict[Key, EnginePoints]:
+    """Raw stall-series samples summed per endpoint, engine and scrape time, in time order.
+
+    Raw samples of the stall series summed per endpoint, data-parallel engine (the
+    ``engine`` label; none is engine "0") and scrape time (every series of one scrape
+    carries the same timestamp), in time order: the stall rule is each engine's."""
     col = {name: i for i, name in enumerate(vm.STALL_SERIES, 1)}
-    per: dict[Key, dict[float, list[float]]] = {}
+    per: dict[Key, dict[str, dict[float, list[float]]]] = {}
     for item in result:
         metric = item.get("metric") or {}
         i = col.get(str(metric.get("__name__")))
         if i is None:
             continue
-        rows = per.setdefault(_key(metric, job), {})
+        engine = str(metric.get(ENGINE, "0"))
+        rows = per.setdefault(_key(metric, job), {}).setdefault(engine, {})
         for t, text in item.get("values") or []:
             v = number(text)
             row = rows.setdefault(float(t), [float(t), *(0.0 for _ in vm.STALL_SERIES)])
             row[i] += v or 0.0
     return {
-        k: [(r[0], r[1], r[2], r[3], r[4]) for _, r in sorted(rows.items())]
-        for k, rows in per.items()
+        k: {
+            e: [(r[0], r[1], r[2], r[3], r[4]) for _, r in sorted(rows.items())]
+            for e, rows in engines.items()
+        }
+        for k, engines in per.items()
     }
 
 

@@ -22,23 +22,35 @@ from opsctl.domain.console import (
     RESET_COUNTERS,
     EndpointView,
     EngineInfo,
+    EngineView,
     Figures,
     HttpStatus,
     ModelInfo,
     Quantiles,
     Scrape,
     Target,
+    engine_order,
+    engine_role,
     fractions,
     hit_rates,
     kv_tokens_of,
     tokens_per_step,
 )
-from opsctl.domain.console_state import History, Progress, Settings, decide, endpoint_view
+from opsctl.domain.console_state import (
+    EngineProgress,
+    History,
+    Progress,  # noqa: F401 - the one stall rule, read by both sources' tests from here
+    Settings,
+    decide,
+    endpoint_view,
+    judge_engines,
+)
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
 from opsctl.domain.prom import (
+    ENGINE_TAGS,
     QNAMES,
+    EnginePoints,
     InstanceData,
-    Point,
     PromTarget,
     Windows,
 )
@@ -48,8 +60,33 @@ _STATUS = re.compile(r"server returned HTTP status (\d{3})")
 
 
 def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
-    """KV capacity and used tokens of one endpoint (opsctl.domain.console.kv_tokens_of)."""
-    return kv_tokens_of(d.cache, d.get("kv"))
+    """KV capacity and used tokens of one endpoint (opsctl.domain.console.kv_tokens_of).
+
+    ``kv`` is the engines' mean usage; each engine has the cache cache_config_info gives."""
+    engines = len(d.labelled.get("e.kv", {})) or int(d.get("engines") or 0) or 1
+    return kv_tokens_of(d.cache, d.get("kv"), engines)
+
+
+def engine_readings(d: InstanceData) -> list[EngineView]:
+    """Each engine's figures from Prometheus's answer (the direct source's, per engine)."""
+    seen = sorted({e for tag in ENGINE_TAGS for e in d.labelled.get(tag, {})}, key=engine_order)
+    n = len(seen)
+
+    def get(tag: str, e: str) -> float | None:
+        return d.labelled.get(tag, {}).get(e)
+
+    return [
+        EngineView(
+            engine=e,
+            role=engine_role(e, n),
+            running=get("e.running", e),
+            waiting=get("e.waiting", e),
+            kv_usage=get("e.kv", e),
+            generation_tps=get("e.gen_tps", e),
+            steps_per_s=get("e.steps_ps", e),
+        )
+        for e in seen
+    ]
 
 
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
@@ -184,7 +221,7 @@ class PromPoll:
     target: PromTarget
     health_target: PromTarget | None
     data: InstanceData | None
-    points: list[Point]
+    points: EnginePoints  # the stall series' raw samples, per engine
     now: float
 
 
@@ -198,7 +235,8 @@ class PromEndpoint:
         self.settings = settings or Settings()
         s = self.settings
         self.target = target_of(target)
-        self.progress = Progress()
+        self.progress = EngineProgress()
+        self.readings: list[EngineView] = []
         self.history = History(s)
         self.figures = Figures()
         self.info = EngineInfo()
@@ -221,6 +259,7 @@ class PromEndpoint:
             self.last_ok_at = scrape.finished_at
             self.progress.feed(poll.points)
             self.figures = figures(d)
+            self.readings = engine_readings(d)
             restarted = restarted_recently(d)
             self.restarts += restarted and not self.restarting
             models = tuple(ModelInfo(m, None) for m in d.models)
@@ -231,11 +270,13 @@ class PromEndpoint:
         return self.view
 
     def _view(self, scrape: Scrape | None, restarted: bool | None) -> EndpointView:
-        stall_for = self.progress.stall(self.settings.stall_window_s)
+        window = self.settings.stall_window_s
+        stall_for = self.progress.stall(window)
+        engines = judge_engines(self.readings, self.progress, window)
         if scrape is None or scrape.samples is None:
-            stall_for = None
-        state, reason = decide(scrape, None, stall_for, bool(restarted))
-        return endpoint_view(self, state, reason, scrape)
+            stall_for, engines = None, ()
+        state, reason = decide(scrape, None, stall_for, bool(restarted), engines)
+        return endpoint_view(self, state, reason, scrape, None, engines)
 
     def series(self, name: str) -> list[float]:
         """One sparkline series of the endpoint's history."""

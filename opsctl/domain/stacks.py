@@ -8,7 +8,13 @@ A frame is (function, file, line); a thread's frames go innermost first, as both
 print them. The line names the main thread's innermost frame that is not in the
 standard library's plumbing (threading, selectors, queue, multiprocessing connection,
 socket), with the plumbing frame it sits in: ``waits in EngineCoreProc.run_busy_loop
-(vllm/v1/engine/core.py:912) via queue.get``.
+(vllm/v1/engine/core.py:912) via queue.get``. A thread inside a collective (vLLM's
+device communicators, ``GroupCoordinator``, ``torch.distributed``) is named by the
+collective and the frame that called it: ``waits in all_reduce (.../cpu_communicator.py:275)
+(collective) under forward (.../vocab_parallel_embedding.py:562)``.
+
+The verdict over all processes (which rank is stuck, which wait for it) is
+:mod:`opsctl.domain.stack_verdict`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass, field
 
 from opsctl.domain.records import record
 
-SCHEMA = "stacks/1"  # opsctl.output.document adds "opsctl."
+SCHEMA = "stacks/2"  # opsctl.output.document adds "opsctl."
 
 _THREAD = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):"
@@ -37,7 +43,18 @@ _PLUMBING = (
     "/zmq/",
     "/torch/cuda/",  # a synchronisation: the frame that called it is the one to name
     "/torch/distributed/",  # a collective: likewise
+    "/torch/_ops.py",  # an op's dispatch: the frame that called the op is the one to name
 )
+# where a collective runs: vLLM's communicators and group coordinator, torch.distributed
+_COLLECTIVE = (
+    "/distributed/device_communicators/",
+    "/distributed/parallel_state.py",
+    "/distributed/communication_op.py",
+    "/torch/distributed/",
+)
+# vLLM's message queues live beside the communicators but are how work arrives, not collectives
+_NOT_COLLECTIVE = ("shm_broadcast.py", "shm_object_storage.py")
+_DISPATCH = ("/torch/_ops.py", "/torch/_library/")  # an op's dispatch above its caller
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +108,11 @@ class ProcessStacks:
     threads: tuple[Thread, ...] = ()
     state: str | None = None  # the process state (running, sleeping, stopped, disk-sleep)
     error: str | None = None  # why there are no stacks
+    host: str | None = None  # the host the process runs on (reports of several hosts merge)
+    # between two takes: whether the main thread's stack changed (None: one take only)
+    moved: bool | None = None
+    # whether the main thread slept (kernel state S or D) at both takes: blocked, not computing
+    asleep: bool | None = None
 
     @property
     def main(self) -> Thread | None:
@@ -127,12 +149,42 @@ class ProcessStacks:
         return {
             "pid": self.pid,
             "role": self.role,
+            "host": self.host,
             "source": self.source,
             "state": self.state,
             "error": self.error,
+            "moved": self.moved,
+            "asleep": self.asleep,
             "verdict": self.verdict(),
             "threads": [t.to_dict() for t in self.threads],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict, host: str | None = None) -> ProcessStacks:
+        """A process of a ``stacks`` document (``host`` when the document names none)."""
+        threads = tuple(
+            Thread(
+                str(t.get("ident")),
+                tuple(
+                    Frame(str(f["func"]), str(f["file"]), int(f["line"]))
+                    for f in t.get("frames") or ()
+                ),
+                bool(t.get("current")),
+                t.get("name"),
+            )
+            for t in d.get("threads") or ()
+        )
+        return cls(
+            int(d.get("pid") or 0),
+            str(d.get("role") or "?"),
+            str(d.get("source") or "none"),
+            threads,
+            d.get("state"),
+            d.get("error"),
+            d.get("host") or host,
+            d.get("moved"),
+            d.get("asleep"),
+        )
 
 
 def is_native(f: Frame) -> bool:
@@ -149,8 +201,14 @@ def where(frames: Sequence[Frame]) -> str:
     """``waits in <first own frame> via <plumbing it sits in>``, innermost first.
 
     With C frames below (``--native``): ``waits in <first named C function> (<library>) under
-    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it.
+    <that Python frame>``, e.g. a CUDA synchronisation under the step that called it. In a
+    collective: ``waits in <collective frame> (collective) under <its caller>``.
     """
+    inside = collective(frames)
+    if inside is not None:
+        at, caller = inside
+        under = f" under {caller.short()}" if caller is not None else ""
+        return f"waits in {at.short()} (collective){under}"
     if frames and is_native(frames[0]):
         named = next((f for f in frames if is_native(f) and not f.func.startswith("0x")), None)
         python = [f for f in frames if not is_native(f)]
@@ -169,6 +227,30 @@ def where(frames: Sequence[Frame]) -> str:
         module = plumbing[0].file.rsplit("/", 1)[-1].removesuffix(".py")
         return f"waits in {own.short()} via {module}.{plumbing[0].func}"
     return f"in {own.short()}"
+
+
+def is_collective(f: Frame) -> bool:
+    """Whether a frame is inside a collective (all-reduce, all-gather, broadcast...)."""
+    return any(p in f.file for p in _COLLECTIVE) and not any(n in f.file for n in _NOT_COLLECTIVE)
+
+
+def collective(frames: Sequence[Frame]) -> tuple[Frame, Frame | None] | None:
+    """(the collective frame a thread waits in, the frame that called the collective).
+
+    None unless the thread's innermost Python frame (past an op's dispatch) is in a
+    collective. The collective frame is the innermost one (the communicator's call that
+    waits for the other ranks); the caller is the first frame outside the collective code
+    (the layer whose forward runs it)."""
+    python = [f for f in frames if not is_native(f)]
+    i = 0
+    while i < len(python) and any(d in python[i].file for d in _DISPATCH):
+        i += 1
+    if i >= len(python) or not is_collective(python[i]):
+        return None
+    j = i
+    while j + 1 < len(python) and is_collective(python[j + 1]):
+        j += 1
+    return python[i], (python[j + 1] if j + 1 < len(python) else None)
 
 
 def parse_faulthandler(text: str) -> tuple[Thread, ...]:
@@ -221,27 +303,30 @@ class Group:
     """One stack shared by several threads (across processes: identical workers)."""
 
     frames: tuple[Frame, ...]
-    members: tuple[tuple[int, str, str], ...] = field(default_factory=tuple)  # (pid, role, thread)
+    # (pid, role, thread, host)
+    members: tuple[tuple[int, str, str, str | None], ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
         """The group as the ``stacks`` document holds it: its members and shared frames."""
         return {
-            "members": [{"pid": p, "role": r, "thread": t} for p, r, t in self.members],
+            "members": [
+                {"pid": p, "role": r, "thread": t, "host": h} for p, r, t, h in self.members
+            ],
             "frames": [f.to_dict() for f in self.frames],
         }
 
 
 def group(processes: Sequence[ProcessStacks]) -> list[Group]:
     """Identical stacks (every frame equal) grouped, largest group first."""
-    by_key: dict[tuple, list[tuple[int, str, str]]] = {}
+    by_key: dict[tuple, list[tuple[int, str, str, str | None]]] = {}
     frames_of: dict[tuple, tuple[Frame, ...]] = {}
     for p in processes:
         for t in p.threads:
             k = t.key()
-            by_key.setdefault(k, []).append((p.pid, p.role, t.ident))
+            by_key.setdefault(k, []).append((p.pid, p.role, t.ident, p.host))
             frames_of[k] = t.frames
     groups = [Group(frames_of[k], tuple(m)) for k, m in by_key.items()]
-    return sorted(groups, key=lambda g: (-len(g.members), g.members[0]))
+    return sorted(groups, key=lambda g: (-len(g.members), str(g.members[0])))
 
 
 # where a process of a healthy engine waits between requests: not what a stall is about
@@ -251,28 +336,10 @@ IDLE_WAITS = (
     "_process_input_queue",  # an idle EngineCore waiting for requests
     "resource_tracker.py",
     "worker_busy_loop",
+    "monitor_workers",  # a headless node's executor watching its workers (multi-node)
 )
-_ROLE_ORDER = ("Worker", "EngineCore")  # where a step runs, then the others
 
 
-def _rank(role: str) -> int:
-    return next((i for i, r in enumerate(_ROLE_ORDER) if role.startswith(r)), len(_ROLE_ORDER))
-
-
-def headline_of(processes: Sequence[dict]) -> str:
-    """The one-line verdict over a stacks document's processes.
-
-    The first process (a worker, then the EngineCore, then the others) that is stopped, or waits
-    anywhere but the idle waits of a healthy engine; else that every process waits idle.
-    """
-    ordered = sorted(processes, key=lambda p: _rank(str(p.get("role") or "")))
-    for p in ordered:
-        line = str(p.get("verdict") or "")
-        if p.get("state") == "stopped":
-            return line
-        if p.get("threads") and not any(w in line for w in IDLE_WAITS):
-            return line
-    read = [p for p in ordered if p.get("threads")]
-    if not read:
-        return "no stacks could be read: " + "; ".join(str(p.get("verdict")) for p in ordered)
-    return "every process waits where an idle engine waits: " + str(read[0].get("verdict"))
+def is_idle(line: str) -> bool:
+    """Whether a process's line (:meth:`ProcessStacks.verdict`) names an idle engine's wait."""
+    return any(w in line for w in IDLE_WAITS)

@@ -88,6 +88,7 @@ class StopReport:
 # 100 ms saved at the end of a start is saved by every engine a check or test starts
 HEALTH_POLL_S = 0.1
 TICK_S = 0.5  # process tree walk and progress callback while starting
+STARTING_POLITE_S = 3.0  # vLLM's own shutdown of a server not healthy yet, before SIGTERMs
 PORT_RETRIES = 2  # new ports tried when the chosen one was taken before the server bound it
 
 
@@ -203,6 +204,42 @@ def build_argv(opts: LaunchOptions, port: int) -> list[str]:
     if single_process(opts) and not has_gpu():  # one GPU runs "uni" by default
         argv += ["--distributed-executor-backend", "uni"]
     return argv + list(opts.extra_args)
+
+
+def with_rank_args(opts: LaunchOptions) -> LaunchOptions:
+    """``opts`` with vLLM's own rank flags among its extra arguments read as its ranks.
+
+    ``--tensor-parallel-size``/``-tp`` and ``--data-parallel-size``/``-dp`` move from
+    ``extra_args`` to ``tp``/``dp`` (so the thread binding is derived for them too).
+    BadInput: a rank given both ways, twice, or below 1."""
+    from dataclasses import replace
+
+    from opsctl.domain import rank_flags
+
+    try:
+        found = rank_flags.merge(
+            None if opts.tp == 1 else opts.tp, None if opts.dp == 1 else opts.dp, opts.extra_args
+        )
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return replace(opts, tp=found.tp, dp=found.dp, extra_args=list(found.rest))
+
+
+def refuse_ranks(opts: LaunchOptions) -> None:
+    """BadInput, before anything starts, for ranks vLLM or this machine would refuse.
+
+    A tensor-parallel size the model's heads do not divide (vLLM refuses it), or more
+    ranks than CPUs this process may use (on CPU)."""
+    from opsctl.domain import rank_flags
+
+    why = rank_flags.head_refusal(opts.model.config, opts.tp, opts.model.name)
+    if why:
+        hint = rank_flags.divisors_hint(opts.model.config, max(opts.tp, 8))
+        raise BadInput(why, hint=f"vLLM refuses it; try {hint}")
+    why = rank_flags.dp_refusal(opts.model.config, opts.dp, opts.extra_args)
+    if why:
+        raise BadInput(why, hint="launch independent servers without --data-parallel-* flags")
+    rank_env(opts)  # fewer CPUs than ranks
 
 
 def layout(opts: LaunchOptions) -> ranks.Layout:
@@ -322,7 +359,7 @@ class EngineServer:
     """A supervised vLLM API server. Use as a context manager to guarantee stop()."""
 
     def __init__(self, opts: LaunchOptions, registry: EngineRegistry | None = None) -> None:
-        self.opts = opts
+        self.opts = with_rank_args(opts)  # vLLM's -tp/-dp among extra args are its ranks
         # where this engine is registered while it may run: the process's registry, so
         # every way out of opsctl (a signal, the end of a command) can stop it
         self.registry = registry or process_engines()
@@ -378,7 +415,7 @@ class EngineServer:
     def start(self) -> EngineServer:
         """Start the server: queue for the engine lock, pick the port, launch vLLM."""
         opts = self.opts
-        rank_env(opts)  # fewer CPUs than ranks: refused before anything starts
+        refuse_ranks(opts)  # heads, CPUs, layout: refused before anything starts
         if opts.port is not None:
             if not 0 < opts.port < 65536:
                 raise BadInput(f"port {opts.port} is out of range 1..65535")
@@ -672,8 +709,12 @@ class EngineServer:
             self.proc.send_signal(signal.SIGTERM)
             signals.append("SIGTERM api-server")
         # vLLM's own shutdown gets most of the grace period (its resource tracker then
-        # unlinks the ring buffers); descendants get SIGTERM, then SIGKILL
-        if not self._wait_gone(pids, t0 + grace * 0.6) and not lifetime.hurry():
+        # unlinks the ring buffers); descendants get SIGTERM, then SIGKILL. A server that
+        # never became healthy serves nothing to drain, and its ranks busy loading ignore
+        # the API server for seconds (measured: TP=2 and DP=2 signalled mid-start waited
+        # the whole 9 s): a shorter polite phase
+        polite = grace * 0.6 if self.healthy_at is not None else min(grace * 0.6, STARTING_POLITE_S)
+        if not self._wait_gone(pids, t0 + polite) and not lifetime.hurry():
             self._signal_all(pids, kill=False)
             signals.append("SIGTERM descendants")
             self._wait_gone(pids, t0 + grace * 0.8)
@@ -694,7 +735,10 @@ class EngineServer:
             # mapping: another engine's fresh segment (e.g. a multiprocessing semaphore
             # between sem_open in one process and its rebuild in a child) is never ours.
             new = {f.name for f in shm.list_files()} - self.shm_before
-            removed, kept = shm.remove_unheld(new & self.shm_seen)
+            # and the ranks' segments named after this run's rendezvous (a rank may have
+            # made one after the last look at what our processes map)
+            ours = self.shm_seen | shm.rank_segments(self.tmp_dir)
+            removed, kept = shm.remove_unheld(new & ours)
             if self.run_dir is not None:
                 tmp_kept = engine_tmp.remove(self.tmp_dir, self.run_dir)
         if self._log_fh:

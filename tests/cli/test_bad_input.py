@@ -70,6 +70,25 @@ CASES = [
     ("serve-wide-bind", "serve --no-tui --host 0.0.0.0", USAGE, "unauthenticated"),
     ("serve-bad-knob", "serve --no-tui --test-knob BOGUS=1", USAGE, "unknown test knob"),
     ("serve-knob-form", "serve --no-tui --test-knob OPSCTL_PROBE_NUDGE", USAGE, "NAME=VALUE"),
+    # ranks (issue 44): refused before anything starts, on any machine (the CPU count is
+    # judged by test_more_ranks_than_cpus_is_refused_before_anything_starts)
+    ("serve-tp-heads", "serve --no-tui --tp 3", USAGE, "4 attention heads"),
+    ("serve-tp-twice", "serve --no-tui --tp 2 -- -tp 2", USAGE, "TP size is given twice"),
+    ("serve-dp-twice", "serve --no-tui -- --data-parallel-size 2 -dp=2", USAGE, "given twice"),
+    ("serve-dp-zero", "serve --no-tui --dp 0", USAGE, "--dp must be at least 1"),
+    ("serve-tp-single", "serve --no-tui --tp 2 --single-process", USAGE, "--single-process"),
+    (
+        "serve-dp-external",
+        "serve --no-tui --dp 2 -- --data-parallel-external-lb",
+        USAGE,
+        "non-MoE models do not support external data parallel",
+    ),
+    ("inv-ranks-url", "diag invariance {closed} --tp 2", USAGE, "--tp and --dp"),
+    ("kv-tp-heads", "diag kv-fail --tp 3", USAGE, "tiny-hybrid has 4 attention heads"),
+    ("usage-tp-heads", "diag usage --model tiny-reranker --tp 3", USAGE, "attention heads"),
+    ("certify-ranks-url", "certify {closed} --dp 2", USAGE, "--tp and --dp"),
+    ("certify-tp-heads", "certify --model tiny-llama --tp 3", USAGE, "attention heads"),
+    ("certify-fleet-ranks", "certify {closed} {closed} --tp 2", USAGE, "--tp, --dp"),
     ("status-bad-url", "status notaurl", USAGE, "not an http(s) URL"),
     ("status-bad-port", "status http://127.0.0.1:99999", USAGE, "not a valid URL"),
     ("status-bad-ipv4", "status http://256.1.1.1:9", USAGE, "bad IPv4 address"),
@@ -189,3 +208,30 @@ def test_a_refused_model_build_leaves_the_foreign_directory_as_it_was(world):
         assert r.returncode == USAGE, r.stderr
     assert sorted(p.name for p in (out / "tiny-llama").iterdir()) == ["precious.txt"]
     assert (out / "tiny-llama" / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    ("cpus", "argv"),
+    [("0", "serve --no-tui --tp 2"), ("0", "diag invariance --dp 2"), ("0,1", "serve --dp 3")],
+)
+def test_more_ranks_than_cpus_is_refused_before_anything_starts(home, cpus, argv):
+    """The CPUs are those opsctl may use (its affinity, as taskset sets it)."""
+    usable = sorted(os.sched_getaffinity(0))
+    picked = [int(c) for c in cpus.split(",")]
+    if not set(picked) <= set(usable):
+        pytest.skip(f"needs CPUs {cpus}; this process may use {usable}")
+    env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_ENGINE_LOCK": ""}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    proc = subprocess.run(
+        ["taskset", "-c", cpus, *OPSCTL, *argv.split()],
+        capture_output=True, text=True, env=env, timeout=120, start_new_session=True,
+    )  # fmt: skip
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == USAGE, proc.stderr
+    assert (
+        lines[0].startswith("opsctl: error: ")
+        and f"may use {len(picked)} ({cpus.replace(',', '-')})" in lines[0]
+    ), proc.stderr
+    assert len(lines) == 2 and lines[1].startswith("hint: "), proc.stderr
+    assert proc.stdout == ""
+    assert not (home / "runs").exists() or list((home / "runs").iterdir()) == []

@@ -78,7 +78,7 @@ BAD = [
     (
         '[[targets]]\nname = "a"\nurl = "http://127.0.0.1:8001"\n',
         ["--model", "tiny-llama"],
-        "--model and --test-knob certify one engine",
+        "--model, --tp, --dp and --test-knob certify one engine",
     ),
     ("[[targets]\n", [], "is not valid TOML"),
 ]

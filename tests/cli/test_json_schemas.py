@@ -118,7 +118,7 @@ def test_status_and_console_against_a_stand_in(fleet):
     assert doc["schema"] == "opsctl.status/3" and doc["vllm_version"] == "0.32.0"
     validate(doc)
     doc = run_json("console", fleet.urls[0], "--once", "--no-discover", "--interval", "0.2")
-    assert doc["schema"] == "opsctl.console/3" and doc["endpoints"][0]["state"] == "ready"
+    assert doc["schema"] == "opsctl.console/4" and doc["endpoints"][0]["state"] == "ready"
     validate(doc)
 
 

@@ -36,7 +36,7 @@ from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("advisor-small-kv")]
 
-SCHEMA = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-3.schema.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-4.schema.json"
 PROMPT = "hi"  # a block each: many admitted at once, each then grows by a block per 32
 CLIENTS = 8
 MAX_TOKENS = 240  # within max_model_len 256
@@ -106,7 +106,7 @@ def load(url: str) -> Iterator[list[str]]:
 
 def once(url: str, interval: str = "2s") -> dict:
     """``opsctl console URL --once --json`` in a subprocess, looking for ``interval``; its
-    findings checked against the opsctl.console/3 schema's definition."""
+    findings checked against the opsctl.console/4 schema's definition."""
     import jsonschema
 
     r = subprocess.run(
@@ -118,7 +118,7 @@ def once(url: str, interval: str = "2s") -> dict:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.console/3"
+    assert doc["schema"] == "opsctl.console/4"
     schema = json.loads(SCHEMA.read_text())
     finding = {**schema["definitions"]["finding"], "definitions": schema["definitions"]}
     for f in doc["endpoints"][0]["findings"]:

@@ -59,7 +59,7 @@ def test_both_servers_discovered_with_roles_and_pids(engines):
 
 def once(url: str, *flags: str) -> tuple[int, dict, float]:
     """`opsctl console --once --json` on one URL (the real CLI): exit code, its
-    document (checked against the opsctl.console/3 schema), wall seconds."""
+    document (checked against the opsctl.console/4 schema), wall seconds."""
     t0 = time.monotonic()
     r = subprocess.run(
         [*OPSCTL, "console", "--once", "--json", "--no-discover", "--interval", "0.5", *flags,
@@ -161,7 +161,7 @@ def test_bare_server_once_json_figures_match_its_metrics(engines):
     _, bare = engines
     code, doc, took = once(bare.url, "--stall-window", "30s")
     assert code == 0, doc["reason"]
-    assert doc["schema"] == "opsctl.console/3" and doc["stall_window_s"] == 30.0
+    assert doc["schema"] == "opsctl.console/4" and doc["stall_window_s"] == 30.0
     # two scrapes half a second apart (a busy host's slow /metrics aside), never the window
     assert doc["observed_s"] < 10.0, doc["observed_s"]
     print(f"gate on an idle server: observed {doc['observed_s']} s, process {took:.1f} s")
@@ -243,7 +243,7 @@ def test_stacks_of_a_real_engine_taken_without_stopping_it(engines):
         )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert doc["schema"] == "opsctl.stacks/1" and doc["verdict"] == "pass"
+        assert doc["schema"] == "opsctl.stacks/2" and doc["verdict"] == "pass", doc["headline"]
         validate_stacks(doc)
         roles = {p["role"]: p for p in doc["processes"]}
         assert {"APIServer", "EngineCore"} <= set(roles), roles.keys()

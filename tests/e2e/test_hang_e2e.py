@@ -2,7 +2,8 @@
 OPSCTL_HANG_STEP) while the API server answers /health 200 and the gauges stay where the
 last step left them. No process is stopped, so only a request can tell: `status` and
 `console --once` send the canary, which does not return, and say stalled; `opsctl
-stacks` names the blocking frame (planted_hang) in the EngineCore, without stopping it.
+stacks` names the blocking frame (planted_hang) in the EngineCore, without stopping it,
+and says stuck (exit 1).
 Released, the engine answers the queued requests and everything says ready again.
 
 Engine starts: 1 (its own: the knob alters the engine)."""
@@ -64,9 +65,11 @@ def test_a_hung_step_is_stalled_by_the_canary_and_stacks_name_the_frame(hung):
         (e,) = gate["endpoints"]
         assert code == 1 and e["state"] == "stalled" and e["reason"].startswith("canary:"), e
         code, st = opsctl("stacks", url)
-        assert code == 0, st
+        assert code == 1 and st["verdict"] == "stuck", st  # what the stacks show: not a pass
         (core,) = [p for p in st["processes"] if p["role"] == "EngineCore"]
         assert core["source"] == "signal" and "planted_hang" in core["verdict"], core
+        assert [(c["role"], c["status"]) for c in st["culprits"]] == [("EngineCore", "stuck")]
+        assert st["headline"].startswith(f"EngineCore (pid {core['pid']}) stuck: in planted_hang")
         assert httpx.get(f"{url}/health", timeout=15).status_code == 200
         assert answers == []  # still held
     finally:

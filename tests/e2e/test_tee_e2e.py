@@ -7,7 +7,7 @@ Through the tee: a JSON completion (tokens from its usage), a chat stream with
 without it (content chunks counted, and said so), each with TTFT and duration, and the
 records as the console shows them (the console's direct source wrapped as the command
 wraps it: in flight while a long stream runs, then finished; the document's ``tee``
-checked against the opsctl.console/3 schema). A client that goes away mid-stream: the
+checked against the opsctl.console/4 schema). A client that goes away mid-stream: the
 record says ``disconnected`` and the engine stops generating for it (running back to 0,
 far fewer tokens generated than the request asked for: the upstream request was
 cancelled). And ``opsctl console --once --json --log URL=FILE`` on the engine's own
@@ -30,7 +30,7 @@ from opsctl.engine.server import free_port
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-llama")]
-SCHEMA = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-3.schema.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-4.schema.json"
 LONG = 200  # tokens a request asks for (ignore_eos: it would generate all of them)
 
 

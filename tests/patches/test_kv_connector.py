@@ -2,7 +2,9 @@
 every group's blocks round-trip, the null block is skipped, an injected block is
 reported once, corrupted, and logged; the scheduler side finds stored prefixes; a plan
 that opsctl's collector writes is adopted by content (two writes within one mtime tick
-both count), a malformed one is recorded once and the plan kept."""
+both count), a malformed one is recorded once and the plan kept. Under tensor parallelism
+each rank stores and loads its own part (its KV heads), the scheduler offers a prefix
+once every rank stored it, and every rank fails the same blocks."""
 
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def test_round_trip_every_group_and_injection(setup):
     )
     conn.wait_for_save()
     conn.clear_connector_metadata()
-    assert (tmp / "store" / key / "meta.json").is_file()
+    assert (tmp / "store" / key / "rank0" / "meta.json").is_file()
 
     for t in kv.values():
         t.zero_()
@@ -140,7 +142,7 @@ def test_scheduler_side_matches_stored_prefix(setup):
         mm_features=None,
     )
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
-    folder = tmp / "store" / prefix_key(tokens[: 2 * BS])
+    folder = tmp / "store" / prefix_key(tokens[: 2 * BS]) / "rank0"
     folder.mkdir(parents=True)
     (folder / "meta.json").write_text("{}")
     assert conn.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
@@ -185,3 +187,62 @@ def test_kv_transfer_config_is_what_the_connector_reads():
     extra = cfg["kv_connector_extra_config"]
     assert extra["storage_path"] == "/s"
     assert InjectionPlan.from_json(extra["inject"]) == InjectionPlan(enabled=False)
+
+
+def test_each_tp_rank_keeps_its_own_part_and_all_fail_the_same_blocks(setup, monkeypatch):
+    """TP=2: two workers, each with its own KV heads (different tensors). On main both
+    wrote one folder: the first rank's part won and the other rank reloaded its heads."""
+    import engine_patches.connectors.fault_kv as fk
+
+    vllm_config, kv_cache_config, tmp = setup
+    vllm_config.parallel_config.tensor_parallel_size = 2
+    workers, kvs = [], []
+    for rank in (0, 1):
+        monkeypatch.setattr(fk, "worker_rank", lambda tp, rank=rank: rank)
+        conn = FaultInjectingConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+        kv = {name: torch.randn(NUM_BLOCKS, 2, BS, 8) for name in ("l0", "l1")}
+        conn.register_kv_caches(kv)
+        workers.append(conn)
+        kvs.append(kv)
+    assert [w.rank for w in workers] == [0, 1] and workers[0].world == 2
+    originals = [{k: v.clone() for k, v in kv.items()} for kv in kvs]
+    sched = FaultInjectingConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    tokens = list(range(10, 10 + 2 * BS + 3))
+    key = prefix_key(tokens[: 2 * BS])
+    req = Request(
+        request_id="a",
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=2),
+        pooling_params=None,
+        mm_features=None,
+    )
+    store = Transfer("r1", key, ([1, 2], [3, 4]), 0, 2 * BS)
+    for n, conn in enumerate(workers):
+        assert sched.get_num_new_matched_tokens(req, 0) == (0, False)  # not every rank yet
+        conn.bind_connector_metadata(FaultKVMetadata(stores=[store]))
+        conn.wait_for_save()
+        conn.clear_connector_metadata()
+        assert (tmp / "store" / key / f"rank{n}" / "meta.json").is_file()
+    assert sched.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+
+    write_control(tmp / "store", InjectionPlan(blocks="1:-1", epoch="t"))
+    for conn, kv in zip(workers, kvs, strict=True):
+        for t in kv.values():
+            t.zero_()
+        conn.bind_connector_metadata(
+            FaultKVMetadata(loads=[Transfer("r2", key, ([5, 6], [7, 8]), 0, 2 * BS)])
+        )
+        conn.start_load_kv(None)
+        conn.clear_connector_metadata()
+    for kv, original in zip(kvs, originals, strict=True):  # each rank got its own heads back
+        assert torch.equal(kv["l0"][5], original["l0"][1])
+        assert torch.equal(kv["l1"][7], original["l1"][3])
+    assert [w.get_block_ids_with_load_errors() for w in workers] == [{8}, {8}]
+    events = [
+        json.loads(x)
+        for x in (tmp / "run" / "events" / "kv_injections.jsonl").read_text().splitlines()
+    ]
+    assert sorted((e["rank"], e["group"], e["block"], e["position"]) for e in events) == [
+        (0, 1, 8, 1),
+        (1, 1, 8, 1),
+    ]

@@ -170,7 +170,7 @@ def test_cli_replay_once_json_and_refusals(recorded, tmp_path):
     r = runner.invoke(cli, ["console", "--replay", str(recording), "--once", "--json"])
     assert r.exit_code == 1, r.output  # the fleet holds failing endpoints
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.console/3" and doc["taken_at"] == 1000.0 + 12 + FRAMES - 1
+    assert doc["schema"] == "opsctl.console/4" and doc["taken_at"] == 1000.0 + 12 + FRAMES - 1
     assert {e["state"] for e in doc["endpoints"]} >= {"busy", "stalled", "dead"}
     busy = next(e for e in doc["endpoints"] if e["state"] == "busy")
     assert busy["requests_running"] == 4

@@ -77,7 +77,7 @@ def test_once_json_has_findings_per_endpoint():
         )  # fmt: skip
     assert r.exit_code == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.console/3"
+    assert doc["schema"] == "opsctl.console/4"
     by_state = {e["state"]: e["findings"] for e in doc["endpoints"]}
     assert by_state["ready"] == []
     (stalled,) = by_state["stalled"]

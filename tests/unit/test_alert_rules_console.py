@@ -2,7 +2,7 @@
 real Prometheus (Debian's package) scraping stand-in vLLM endpoints and loading the rules
 `opsctl rules --job vllm` writes plus one test rule that fires on ``up`` of the /health job
 (a stand-in whose /health says 503). The alert reaches that endpoint's row and drill-in
-and the `console --once --json` document (console/3 ``alerts``), and no other row."""
+and the `console --once --json` document (console/4 ``alerts``), and no other row."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_firing_alerts_reach_the_endpoints_row_drill_in_and_json(prometheus, tmp
         assert "alerts firing (1, from Prometheus)" in detail
         assert f"next: opsctl status http://{inst}" in detail
 
-        doc = document(snap)  # what `console --once --json` prints (console/3)
+        doc = document(snap)  # what `console --once --json` prints (console/4)
         rows = {e["url"]: e for e in doc["endpoints"]}
         assert rows[healthy]["alerts"] == []
         assert rows[dead]["alerts"] == [{

@@ -139,7 +139,7 @@ def test_bundle_of_a_live_run_holds_everything_and_no_secret(live_run, tmp_path)
             "collected/deaths.json"}  # fmt: skip
     assert set(m) == {f"{top}/{n}" for n in want}
     stacks = json.loads(m[f"{top}/collected/stacks.json"])  # taken now, of the live tree
-    assert stacks["schema"] == "opsctl.stacks/1" and stacks["pid"] == proc.pid
+    assert stacks["schema"] == "opsctl.stacks/2" and stacks["pid"] == proc.pid
     assert [p["pid"] for p in stacks["processes"]] == [proc.pid]
     assert stacks["processes"][0]["threads"], stacks["processes"][0]  # py-spy read it
     assert b"vllm:num_requests_running" in m[f"{top}/collected/metrics.txt"]

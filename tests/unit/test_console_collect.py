@@ -92,11 +92,11 @@ def test_target_api_key_env(monkeypatch, tmp_path):
     assert states == {"with": "ready", "without": "unauthorized"} and code == 1
 
 
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-3.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data/schemas/opsctl.console-4.schema.json"
 
 
 def validate(doc: dict) -> dict:
-    """``doc`` against the shipped opsctl.console/3 schema (every --once document here)."""
+    """``doc`` against the shipped opsctl.console/4 schema (every --once document here)."""
     import jsonschema
 
     jsonschema.Draft7Validator(json.loads(SCHEMA_FILE.read_text())).validate(doc)
@@ -115,7 +115,7 @@ def test_once_json_schema_and_figures():
         # rates over 1 s, not 0.3 s: on busy cores a scrape's answer can lag its counter by
         # tenths of a second (264 tokens/s read over 0.3 s in a fresh clone beside engines)
         doc, code = run_once([*fleet.urls, "--interval", "1"])
-    assert doc["schema"] == "opsctl.console/3" and code == 0
+    assert doc["schema"] == "opsctl.console/4" and code == 0
     assert doc["counts"] == {"ready": 1, "busy": 1}
     busy = next(e for e in doc["endpoints"] if e["state"] == "busy")
     for key in ("name", "url", "source", "model", "vllm_version", "requests_running",

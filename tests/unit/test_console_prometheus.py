@@ -58,7 +58,7 @@ def recorded_views(job: str | None = "vllm") -> dict[str, prom_view.PromEndpoint
     for t in chosen:
         ep = prom_view.PromEndpoint(t, settings)
         key = (t.job, t.instance)
-        ep.observe(prom_view.PromPoll(t, health.get(t.url), data.get(key), points.get(key, []), 0))
+        ep.observe(prom_view.PromPoll(t, health.get(t.url), data.get(key), points.get(key, {}), 0))
         out[t.url] = ep
     return out
 
@@ -200,7 +200,7 @@ def test_json_document_has_the_direct_sources_fields():
 
     snap = FleetSnapshot(1.0, tuple(ep.view for ep in eps.values()), 1.0, "prometheus")
     doc = document(snap)
-    assert doc["schema"] == "opsctl.console/3" and doc["source"] == "prometheus"
+    assert doc["schema"] == "opsctl.console/4" and doc["source"] == "prometheus"
     assert doc["exit_code"] == 1 and doc["counts"]["unreachable"] == 2
     direct_keys = set(endpoint_dict(EndpointTracker(Target("x", "http://x:1", "argument")).view, 0))
     assert all(set(e) == direct_keys for e in doc["endpoints"])

@@ -111,7 +111,7 @@ def test_cli_once_json_through_prometheus(prometheus):  # noqa: F811
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
-        assert doc["schema"] == "opsctl.console/3" and doc["source"] == "prometheus"
+        assert doc["schema"] == "opsctl.console/4" and doc["source"] == "prometheus"
         got = {e["url"]: (e["state"], e["requests_running"]) for e in doc["endpoints"]}
         assert got == {fleet.urls[0]: ("ready", 0), fleet.urls[1]: ("busy", 4)}
         missing = [*OPSCTL, "console", "--prometheus", server.url, "--job", "nope", "--once"]

@@ -16,7 +16,7 @@ from opsctl.domain import gpu
 from opsctl.domain.console import STALLED, Target
 from opsctl.domain.console_state import EndpointTracker
 
-SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schemas" / "opsctl.console-3.schema.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schemas" / "opsctl.console-4.schema.json"
 
 
 def dev(index: int, util: float | None) -> gpu.GpuDevice:

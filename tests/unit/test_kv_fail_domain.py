@@ -328,6 +328,36 @@ def test_event_records_and_what_they_count():
     assert dom.recomputed_by_patch(rec) == 96
 
 
+def test_ranks_count_once_and_must_agree():
+    """TP=2: each worker records the blocks it failed; one rank's count the injections,
+    and a rank that failed other blocks is a failed finding."""
+
+    def ev(rank, key="k1", pos=3, epoch="inject"):
+        e = {"key": key, "group": 1, "position": pos, "epoch": epoch, "rank": rank}
+        return dom.Injection.from_event(e)
+
+    same = [ev(0), ev(1), ev(0, "k2"), ev(1, "k2")]
+    assert dom.lead(same) == [ev(0), ev(0, "k2")]
+    assert dom.injected_blocks(dom.lead(same), ["k1", "k2"]) == {0: 1, 1: 1}
+    assert dom.rank_disagreement(same) is None
+    assert dom.rank_disagreement([ev(0)]) is None  # one rank: nothing to compare
+    assert dom.Injection.from_event({"key": "k"}).rank == 0  # events of one rank name none
+    odd = [ev(0), ev(1, pos=2)]
+    assert dom.rank_disagreement(odd) == "rank(s) [1] injected other blocks than rank 0 " \
+        "(rank 0: 1, rank 1: 1)"  # fmt: skip
+    done = dom.Output(True, "length", (1,), (0.0,))
+    rows = tuple(
+        replace(r, roundtrip=_ok(), inject_output=done, inject=_ok(), injected_blocks=int(r.targeted))
+        for r in _rows()
+    )  # fmt: skip
+    agree = _facts(rows=rows, injections=2, roundtrip_loads=4, ranks=2)
+    assert kvr.summary(agree)["verdict"] == "pass" and "kv_fail.ranks_agree" in _codes(agree)
+    disagree = replace(agree, rank_disagreement=dom.rank_disagreement(odd))
+    assert kvr.summary(disagree)["verdict"] == "fail"
+    assert "kv_fail.ranks_disagree" in _codes(disagree)
+    assert "kv_fail.ranks_agree" not in _codes(_facts(rows=rows, injections=2, roundtrip_loads=4))
+
+
 def test_recovery_logged_waits_for_every_affected_request():
     one = "Recovered from KV load failure: 1 request(s) rescheduled (32 tokens affected)."
     failing = (

@@ -37,10 +37,19 @@ def fast_only(text: str):
     return prepared
 
 
+def _eq(x: float, y: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
 def same(a, b) -> None:
     assert a.values.keys() == b.values.keys()
     for k in a.values:
-        assert a.values[k] == b.values[k] or (math.isnan(a.values[k]) and math.isnan(b.values[k]))
+        assert _eq(a.values[k], b.values[k])
+    # the per-engine series (the stall rule per DP engine) agree too, engine by engine
+    assert a.per_engine.keys() == b.per_engine.keys()
+    for e, d in a.per_engine.items():
+        assert d.keys() == b.per_engine[e].keys(), e
+        assert all(_eq(v, b.per_engine[e][k]) for k, v in d.items()), (e, d, b.per_engine[e])
     assert a.labelled == b.labelled
     assert a.buckets == b.buckets
     assert a.info == b.info
@@ -113,6 +122,14 @@ def test_many_labels_lora_histograms_same_numbers() -> None:
     text = _many_labels((DATA / "vllm_metrics_tiny_llama.txt").read_text())
     ref = parse_samples(text)
     assert ref.engines == 3  # engines counted from num_requests_running: 0, 1, 2
+    # each engine's own series, summed over its two models; engine 9 has only a KV gauge
+    assert set(ref.per_engine) == {"0", "1", "2", "9"}
+    one = parse_samples((DATA / "vllm_metrics_tiny_llama.txt").read_text()).per_engine["0"]
+    for engine in ("0", "1", "2"):
+        assert ref.per_engine[engine] == {k: 2 * v for k, v in one.items()}, engine
+    assert math.isnan(ref.per_engine["9"]["vllm:kv_cache_usage_perc"])
+    # a line without an engine label is engine "0"'s (a single-engine server's)
+    assert ref.per_engine["0"].keys() == one.keys()
     assert ref.labelled["vllm:num_requests_waiting_by_reason"]["a}b=c"] == 2
     assert ref.labelled["vllm:num_requests_waiting_by_reason"]["capacity, kv"] == 3
     same(fast_only(text), ref)

@@ -104,14 +104,19 @@ def ramp(n: int, step: float, start: float = 0.0) -> list[float]:
     return [start + step * i for i in range(n)]
 
 
-def expected(name: str, instance: str) -> dict:
+def expected(name: str, instance: str, engine: str = "0") -> dict:
+    """The alert ``name`` for ``instance`` (the stall alert: for its ``engine`` too)."""
     a = next(a for a in alert_rules.alerts(JOB) if a.name == name)
-    expand = lambda s: s.replace("{{ $labels.instance }}", instance)  # noqa: E731
+    per_engine = name == "VllmEngineStalled"  # judged per data-parallel engine
+
+    def expand(s: str) -> str:
+        return s.replace("{{ $labels.instance }}", instance).replace("{{ $labels.engine }}", engine)
+
+    labels = {"severity": a.severity, "source": "opsctl", "job": JOB, "instance": instance}
     return {
-        "exp_labels": {"severity": a.severity, "source": "opsctl", "job": JOB,
-                       "instance": instance},
+        "exp_labels": labels | ({"engine": engine} if per_engine else {}),
         "exp_annotations": {"summary": expand(a.summary), "runbook": expand(a.runbook)},
-    }  # fmt: skip
+    }
 
 
 def checks(at: int, firing: dict[str, list[str]]) -> list[dict]:
@@ -321,4 +326,77 @@ def test_the_stall_alert_agrees_with_the_console_rule_on_the_same_series(promtoo
         ]
         tests.append({"interval": "1s", "input_series": inputs, "alert_rule_test": alert_checks})
     assert 20 < fired < len(runs) * n - 100  # both verdicts occur, many times
+    promtool_test(promtool, tmp_path, alert_rules.rules_yaml(JOB, for_s=0), tests)
+
+
+# ---- one engine of a data-parallel server stalls while the other serves (issue 44) -----------
+
+
+def dp_series(instance: str, engines: dict[str, tuple[list[float], ...]]) -> list[dict]:
+    """The stall rule's series of one DP server: per engine (running, gen, steps, kv), each
+    labelled engine="N" as vLLM labels them, and the server's up."""
+    n = len(next(iter(engines.values()))[0])
+    out = [series("up", instance, [1.0] * n)]
+    names = ("vllm:num_requests_running", "vllm:generation_tokens_total",
+             "vllm:iteration_tokens_total_count", "vllm:kv_cache_usage_perc")  # fmt: skip
+    for engine, values in engines.items():
+        for name, vs in zip(names, values, strict=True):
+            out.append(series(name, instance, vs, model_name="m", engine=engine))
+    return out
+
+
+def console_engines_stalled(engines: dict[str, tuple[list[float], ...]]) -> list[set[str]]:
+    """The console's verdict at each scrape (t = index seconds): the engines it calls
+    stalled, by the per-engine rule both sources run (EngineProgress + judge_engines)."""
+    from opsctl.domain.console import EngineView
+    from opsctl.domain.console_state import EngineProgress, judge_engines
+
+    p = EngineProgress()
+    n = len(next(iter(engines.values()))[0])
+    out = []
+    for t in range(n):
+        p.feed({e: [(float(t), *(v[t] for v in vs))] for e, vs in engines.items()})
+        readings = [
+            EngineView(e, f"EngineCore_DP{e}", running=vs[0][t]) for e, vs in engines.items()
+        ]
+        judged = judge_engines(readings, p, alert_rules.STALL_WINDOW_S)
+        out.append({e.engine for e in judged if e.state == "stalled"})
+    return out
+
+
+def test_one_engine_flat_while_the_other_moves_fires_for_that_engine_as_the_console_says(
+    promtool, tmp_path
+):
+    """DP=2: engine 1 keeps 16 requests running with generation, steps and KV flat from t=20
+    while engine 0 keeps generating: the summed series move all along (the rule summed by
+    instance never fired: the 45 s of 'busy' in issue 44), the per-engine rule fires for
+    engine 1 only, at exactly the evaluations the console calls engine 1 stalled."""
+    n = 60
+    moving = ([3.0] * n, ramp(n, 25), ramp(n, 6), [0.2 + 0.001 * i for i in range(n)])
+    flat = ([16.0] * n, [min(i, 20) * 16.0 for i in range(n)],
+            [min(i, 20) * 1.0 for i in range(n)], [0.4 + 0.001 * min(i, 20) for i in range(n)])  # fmt: skip
+    # and a single-engine server with no engine label at all reads as before (engine "0")
+    engines = {"0": moving, "1": flat}
+    verdicts = console_engines_stalled(engines)
+    assert verdicts.index({"1"}) == 30 and all(v <= {"1"} for v in verdicts), verdicts
+    summed = console_stalled(*(list(map(sum, zip(*cols, strict=True)))
+                               for cols in zip(*engines.values(), strict=True)))  # fmt: skip
+    assert not any(summed)  # the old, summed reading of the same server: never stalled
+    inputs = dp_series("dp:1", engines)
+    lone = server("lone:1", n, [2.0] * n, [min(i, 20) * 10.0 for i in range(n)])
+    for s in lone:  # no engine label anywhere: a server before vLLM labelled engines
+        s["series"] = s["series"].replace(',engine="0"', "")
+    lone_verdicts = console_stalled([2.0] * n, [min(i, 20) * 10.0 for i in range(n)],
+                                    [min(i, 20) * 2.5 for i in range(n)], [0.0] * n)  # fmt: skip
+    alert_checks = [
+        {
+            "eval_time": f"{t}s",
+            "alertname": "VllmEngineStalled",
+            "exp_alerts": [expected("VllmEngineStalled", "dp:1", e) for e in sorted(v)]
+            + ([expected("VllmEngineStalled", "lone:1")] if lone_verdicts[t] else []),
+        }
+        for t, v in enumerate(verdicts)
+    ]
+    assert any(lone_verdicts)
+    tests = [{"interval": "1s", "input_series": inputs + lone, "alert_rule_test": alert_checks}]
     promtool_test(promtool, tmp_path, alert_rules.rules_yaml(JOB, for_s=0), tests)

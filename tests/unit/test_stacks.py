@@ -7,6 +7,7 @@ The vLLM engine case is tests/e2e/test_console_e2e.py::test_stacks_of_a_real_eng
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -108,6 +109,28 @@ def test_a_stopped_armed_process_is_not_signalled(child, tmp_path):
         os.kill(p.pid, 18)  # SIGCONT
 
 
+def test_without_py_spy_an_unread_process_gets_the_true_reason(child, tmp_path, monkeypatch):
+    """Issue 45 item 4: an armed process that is stopped cannot run its handler (the old
+    line said no handler was armed); one opsctl did not arm is not armed; both say how to
+    install py-spy. Neither is signalled (SIGUSR2 would kill the unarmed one)."""
+    monkeypatch.setattr(col, "pyspy_path", lambda: None)
+    armed, plain = child("armed"), child("plain")
+    wait_until(lambda: col.armed_pids(tmp_path) == {armed.pid}, 30, "ledger")
+    os.kill(armed.pid, 19)  # SIGSTOP
+    try:
+        wait_until(lambda: psutil.Process(armed.pid).status() == "stopped", 10, "stopped")
+        (got,) = col.take_once(armed.pid, tmp_path, timeout=5)
+    finally:
+        os.kill(armed.pid, 18)
+    assert got.source == "none" and got.state == "stopped"
+    assert got.error.startswith("stopped: its stack handler (SIGUSR2) cannot run"), got.error
+    assert "no stack handler armed" not in got.error
+    assert got.error.endswith(f"py-spy is not installed ({sys.executable} -m pip install py-spy)")
+    (other,) = col.take_once(plain.pid, tmp_path, timeout=5)
+    assert other.error.startswith("no stack handler armed (not started by opsctl")
+    assert "pip install py-spy" in other.error and plain.poll() is None
+
+
 def test_parse_group_and_where():
     text = (
         "Thread 0x1 (most recent call first):\n"
@@ -147,9 +170,14 @@ def test_a_stacks_document_follows_its_schema(child, tmp_path, monkeypatch):
     p = child("armed")
     wait_until(lambda: col.armed_pids(tmp_path) == {p.pid}, 30, "ledger")
     monkeypatch.setattr(check, "resolve", lambda target: (p.pid, tmp_path))
-    doc = check.run(str(p.pid), check.Options(timeout=10)).to_dict()
+    doc = check.run(str(p.pid), check.Options(timeout=10, interval=0.3)).to_dict()
     validate(doc)
-    assert doc["verdict"] == "pass" and doc["processes"][0]["source"] == "signal"
+    # blocked on a lock at one frame, asleep at both takes: stuck, and named
+    assert doc["verdict"] == "stuck" and doc["processes"][0]["source"] == "signal", doc["headline"]
+    assert doc["processes"][0]["moved"] is False and doc["processes"][0]["asleep"] is True
+    (culprit,) = doc["culprits"]
+    assert culprit["pid"] == p.pid and culprit["line"].startswith("in planted_hang"), culprit
+    assert doc["host"] == socket.gethostname() and doc["interval"] == 0.3
 
 
 def test_native_stacks_show_the_c_frames_under_the_python_ones(child, tmp_path):

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from opsctl.console.stall_stacks import AT_STALL, ON_DEMAND, StallStacks, target_of
 from opsctl.domain import console as c
-from opsctl.domain import stacks as dom
 from opsctl.domain.console_state import EndpointTracker
+from opsctl.domain.stack_verdict import diagnose, headline_of
 from tests.waiting import wait_until
 
 
@@ -84,23 +84,12 @@ def test_a_failing_take_is_a_line_not_an_exception():
     assert s.lines("http://127.0.0.1:8000")[0].endswith("RuntimeError: py-spy vanished")
 
 
-def proc(role, verdict, state="sleeping", threads=1):
-    return {"role": role, "verdict": verdict, "state": state, "threads": [{}] * threads}
+def test_the_headline_is_read_from_the_documents_processes():
+    """The console's line comes from the document: the same verdict over the dicts as over
+    the processes (opsctl.domain.stack_verdict; its cases: tests/unit/test_stack_verdict.py)."""
+    from tests.unit.test_stack_verdict import IDLE_CORE, PLANTED, proc, server
 
-
-def test_the_headline_names_the_process_that_is_not_idle():
-    idle_api = proc("APIServer", "APIServer (pid 1): waits in run (uvloop/__init__.py:92)")
-    idle_core = proc(
-        "EngineCore",
-        "EngineCore (pid 2): waits in wait (vllm/distributed/device_communicators/"
-        "shm_broadcast.py:210) via poll.poll",
-    )
-    hung_worker = proc("Worker", "Worker (pid 3): in planted_gpu_hang (gpu_hang_knob.py:46)")
-    assert dom.headline_of([idle_api, idle_core, hung_worker]) == hung_worker["verdict"]
-    hung_core = proc("EngineCore", "EngineCore (pid 2): in planted_hang (hang_knob.py:31)")
-    assert dom.headline_of([idle_api, hung_core]) == hung_core["verdict"]
-    stopped = proc("EngineCore", "EngineCore (pid 2) [stopped]: waits in ...", "stopped")
-    assert dom.headline_of([idle_api, stopped]) == stopped["verdict"]
-    assert dom.headline_of([idle_api, idle_core]).startswith("every process waits where an idle")
-    none = proc("APIServer", "APIServer (pid 1): py-spy may not trace pid 1", threads=0)
-    assert dom.headline_of([none]).startswith("no stacks could be read")
+    procs = server(proc(4, "Worker", PLANTED), core=IDLE_CORE)
+    line = headline_of([p.to_dict() for p in procs])
+    assert line == diagnose(procs).headline
+    assert line.startswith("Worker (pid 4) stuck: in planted_hang")

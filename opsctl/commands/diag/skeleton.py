@@ -22,6 +22,7 @@ from opsctl.commands import options
 from opsctl.commands.options import (
     api_key_option,
     json_option,
+    rank_option,
     test_knob_option,
     tui_option,
 )
@@ -29,18 +30,38 @@ from opsctl.domain import check_registry as reg
 
 # the shared flags: (name, annotation, typer declaration), in --help order after the check's
 SHARED: tuple[tuple[str, Any, Callable[[], Any]], ...] = (
+    ("tp", int | None, lambda: rank_option("tp")),
+    ("dp", int | None, lambda: rank_option("dp")),
     ("as_json", bool, json_option),
     ("tui", bool | None, tui_option),
     ("api_key", str | None, api_key_option),
     ("test_knob", list[str] | None, test_knob_option),
 )
-RUN_BY_SKELETON = ("as_json", "tui")  # taken by the skeleton, never by a flags function
+# taken by the skeleton, never by a flags function: every diag can start its engine with
+# ranks (--tp/--dp, applied to the target the flags function returns)
+RUN_BY_SKELETON = ("tp", "dp", "as_json", "tui")
 
 
 def _resolve(path: str) -> Any:
     from opsctl.checks.registry import resolve
 
     return resolve(path)
+
+
+def default_model(check: reg.Check) -> str | None:
+    """The model the check starts when ``--model`` is not given (its ``DEFAULT_MODEL``)."""
+    module = (check.run or "").partition(":")[0]
+    try:
+        return _resolve(f"{module}:DEFAULT_MODEL")
+    except (AttributeError, ImportError, ValueError):
+        return None
+
+
+def with_ranks(target: Any, tp: int | None, dp: int | None, model: str | None) -> Any:
+    """The flags function's target with ``--tp``/``--dp`` (refused now when they cannot run)."""
+    from opsctl.checks.target import with_ranks as ranked
+
+    return ranked(target, tp, dp, model)
 
 
 def signature(flags: Callable[..., Any]) -> inspect.Signature:
@@ -70,7 +91,9 @@ def command(check: reg.Check) -> Callable[..., None]:
 
     def diag(**kwargs: Any) -> None:
         as_json, tui = kwargs.pop("as_json"), kwargs.pop("tui")
+        tp, dp = kwargs.pop("tp"), kwargs.pop("dp")
         target, options = flags(**kwargs)
+        target = with_ranks(target, tp, dp, default_model(check))
         run_diag(check, target, options, tui=tui, as_json=as_json)
 
     diag.__signature__ = signature(flags)  # type: ignore[attr-defined]

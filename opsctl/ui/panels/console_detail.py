@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from opsctl.console.local import LocalDetail
 from opsctl.console.render_advice import detail_lines as advisor_detail_lines
-from opsctl.console.render_advice import gpu_detail_lines
+from opsctl.console.render_advice import engine_lines, gpu_detail_lines
 from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import shown_reason
 from opsctl.output import human_bytes
@@ -73,6 +73,8 @@ def summary_text(v: EndpointView, now: float, interval: float) -> Text:
             f"\nlocal pid {v.target.pid}"
             + (f"   run {v.target.run_dir}" if v.target.run_dir else "")
         )
+    for line in engine_lines(v):  # each data-parallel engine on its own
+        t.append(f"\n{line}", style="bold magenta" if "stalled" in line[:40] else "")
     for line in alert_lines(v.alerts):  # Prometheus's firing alerts, runbooks
         t.append(f"\n{line}", style="bold red" if line.startswith("alerts") else "")
     for line in advisor_detail_lines(v):  # findings: figures, window, next command

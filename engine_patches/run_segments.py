@@ -1,0 +1,101 @@
+"""The /dev/shm segments vLLM's CPU ranks share, named after one engine's rendezvous.
+
+On CPU, vLLM's tensor- and pipeline-parallel groups talk through shared memory: every
+rank makes ``/dev/shm/<ident>-<group>-[<ranks>]-cpushm_<rank>``
+(``vllm/distributed/device_communicators/cpu_communicator.py``), where ``<ident>`` is the
+name of the run's torch.distributed rendezvous file, ``$TMPDIR/vllm_dist_<uuid4 hex>``
+(``VLLM_DIST_IDENT``, set by ``vllm/v1/worker/cpu_worker.py``). vLLM never unlinks them
+(measured on 0.32: left after SIGKILL of opsctl serve --tp 2, whose engine then shut down
+on its own). The rendezvous file stays in the engine's private ``TMPDIR`` for the whole
+run, so that directory names the run's segments: opsctl's stop and the API server of an
+engine whose owner died remove them with :func:`remove`.
+
+A segment is removed only when no live process maps it or holds it open (read from
+/proc, like ``opsctl.collectors.shm``'s rule). Pure standard library: it runs inside vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+SHM = "/dev/shm"
+IDENT_PREFIX = "vllm_dist_"
+MARK = "-cpushm"
+
+
+def idents(tmp_dir: str | os.PathLike[str] | None) -> list[str]:
+    """The rendezvous idents of the run whose private temporary directory is ``tmp_dir``."""
+    if not tmp_dir:
+        return []
+    try:
+        names = os.listdir(tmp_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith(IDENT_PREFIX) and len(n) > len(IDENT_PREFIX))
+
+
+def names(run_idents: list[str], root: str = SHM) -> list[str]:
+    """The segments in ``root`` vLLM's ranks made for these idents."""
+    if not run_idents:
+        return []
+    try:
+        present = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(
+        n for n in present if MARK in n and any(n.startswith(f"{i}-") for i in run_idents)
+    )
+
+
+def holders(paths: set[str]) -> set[str]:
+    """Those of ``paths`` some live process maps or holds open."""
+    found: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    path = line.rstrip("\n").removesuffix(" (deleted)").partition(" /")[2]
+                    if path and "/" + path in paths:
+                        found.add("/" + path)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target in paths:
+                    found.add(target)
+        except OSError:
+            continue
+    return found
+
+
+def remove(
+    tmp_dir: str | os.PathLike[str] | None, root: str = SHM, wait: float = 0.0
+) -> tuple[list[str], list[str]]:
+    """Remove the run's segments that nothing holds; (removed, kept).
+
+    Waits up to ``wait`` seconds for the processes still holding one to let go (ranks
+    being stopped)."""
+    found = names(idents(tmp_dir), root)
+    paths = {os.path.join(root, n) for n in found}
+    deadline = time.monotonic() + wait
+    held = holders(paths)
+    while held and time.monotonic() < deadline:
+        time.sleep(0.1)
+        held = holders(paths)
+    removed, kept = [], []
+    for path in sorted(paths):
+        try:
+            regular = stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            continue
+        if path in held or not regular:
+            kept.append(os.path.basename(path))
+            continue
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            kept.append(os.path.basename(path))
+    return removed, kept

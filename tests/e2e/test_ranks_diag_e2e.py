@@ -1,0 +1,99 @@
+"""The diags that start their own engine, with `--tp 2` (issue 44, item 6): three engine
+starts, through the CLI: `diag kv-fail --tp 2` on tiny-hybrid, patched and `--no-patch`,
+and `diag invariance --model tiny-llama --tp 2` (its isolated engine, batch probe on).
+
+With TP=2 each worker holds one of the model's two KV heads. On main the fault-injecting
+connector wrote both workers' KV into one folder per prompt (the first rank's part won),
+so the other rank reloaded foreign heads: the failure-free round trip changed tokens and
+the patched run failed ("comparison inconclusive"), and every injection was counted twice
+(8 for 4 blocks). Now each rank stores and reloads its own part, every rank fails the same
+blocks (counted once, compared across ranks), and the verdicts are those of one rank:
+patched passes, `--no-patch` shows the engine death the patch prevents."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opsctl.cli import app
+from tests.e2e.test_kv_fail import diag
+from tests.expect import CPU_SETTINGS, settings_status
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def patched():
+    return diag("--model", "tiny-hybrid", "--tp", "2")
+
+
+@pytest.fixture(scope="module")
+def unpatched():
+    return diag("--model", "tiny-hybrid", "--tp", "2", "--no-patch")
+
+
+def events(doc: dict, kind: str) -> list[dict]:
+    path = Path(doc["run_dir"]) / "events" / f"{kind}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_patched_tp2_passes_with_every_rank_its_own_kv(patched):
+    rc, doc, err = patched
+    assert rc == 0, err[-3000:]
+    assert doc["verdict"] == "pass", doc["findings"]
+    assert [g["spec"] for g in doc["kv_cache_groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
+    assert all(r["roundtrip"]["identical"] for r in doc["requests"])  # each rank's own heads
+    assert doc["engine_alive"] and doc["outputs_identical"] and doc["requests_failed"] == 0
+    targets = doc["injection"]["targets"]
+    assert doc["failures_injected"] == 2 * len(targets)  # one per group, counted once
+    assert any(r["sensitivity"] and not r["sensitivity"]["identical"] for r in doc["requests"])
+    (agree,) = [f for f in doc["findings"] if f["code"] == "kv_fail.ranks_agree"]
+    assert agree["message"].startswith("all 2 ranks injected the same")
+    # the connector ran on both workers, each with its rank, and both failed the same blocks
+    workers = [e for e in events(doc, "kv_connector") if e.get("role") == "worker"]
+    assert sorted(e["rank"] for e in workers) == [0, 1] and {e["world"] for e in workers} == {2}
+    per_rank = Counter()
+    for e in events(doc, "kv_injections"):
+        per_rank[e["rank"]] += 1
+    assert per_rank[0] == per_rank[1] > 0 and set(per_rank) == {0, 1}
+    stored = Path(doc["run_dir"]) / "kv_store"
+    parts = {p.name for key in stored.iterdir() if key.is_dir() for p in key.iterdir()}
+    assert parts == {"rank0", "rank1"}
+
+
+def test_unpatched_tp2_shows_the_engine_death(unpatched):
+    rc, doc, err = unpatched
+    assert rc == 1, err[-3000:]
+    assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}
+    assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
+    assert doc["verdict"] == "fail"
+    assert any(
+        "RuntimeError" in line or "EngineDead" in line or "KV cache groups" in line
+        for line in doc["engine_death"] or []
+    )
+    assert "engine died" in err
+
+
+def test_invariance_on_its_own_tp2_engine():
+    """The isolated engine with two TP ranks: its settings read back, BS=N formed (the
+    batch probe in the EngineCore), the verdict as measured (bitwise)."""
+    r = CliRunner().invoke(
+        app,
+        ["diag", "invariance", "--model", "tiny-llama", "--tp", "2", "--mode", "eager", "--json"],
+    )
+    doc = json.loads(r.stdout) if r.stdout.strip() else None
+    assert doc is not None, r.stderr[-3000:]
+    (run,) = doc["runs"]
+    assert settings_status(run) == CPU_SETTINGS, run["settings"]
+    assert run["batch"]["source"] == "batch probe" and run["batch"]["formed"] is True, run["batch"]
+    prompts = run["prompts"]
+    assert all(p["tokens_identical"] and p["status"] != "error" for p in prompts), prompts
+    identical = all(p["status"] == "identical" for p in prompts)
+    assert run["verdict"] == ("pass" if identical else "fail"), run["summary"]
+    assert r.exit_code == (0 if identical else 1), r.stderr[-2000:]
+    records = json.loads((Path(run["run_dir"]) / "meta.json").read_text())
+    assert "--tensor-parallel-size" in records["argv"], records["argv"]

@@ -1,0 +1,116 @@
+"""The lifetime policy for every rank, on real TP=2 and DP=2 engines (issue 44): SIGINT,
+SIGTERM, SIGHUP and SIGKILL of `opsctl serve --tp 2` / `--dp 2` leave no rank, no DP
+coordinator, no /dev/shm segment its tree held and nothing in its $TMPDIR.
+
+Cheap: dummy weights, and the signal as soon as every rank process exists (for TP, once
+the ranks hold their `vllm_dist_*-cpushm_*` segments: the ones vLLM never unlinks). On
+main, SIGKILL of opsctl left both TP segments behind (the engine shut itself down, but
+nobody removed them); every signal reaches the same handler (opsctl.engine.lifetime), so
+each layout gets a polite signal or two and SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from opsctl.domain import ranks
+from opsctl.engine.server import free_port
+from tests.e2e.test_lifetime_e2e import tree
+from tests.e2e.test_serve_e2e import gone, left_in, served
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.engine
+
+START_S = 400.0  # the engine lock may be held by another test's engine first
+# the rank processes each layout must show before the signal (vLLM 0.32's titles)
+WANT = {
+    "tp": ["EngineCore", "Worker_TP0", "Worker_TP1"],
+    "dp": ["DPCoordinator", "EngineCore_DP0", "EngineCore_DP1", "Worker", "Worker"],
+}
+
+
+def roles(root: int) -> dict[int, str]:
+    """pid -> vLLM role of every process under ``root`` that has one."""
+    out = {}
+    for pid in tree(root):
+        try:
+            rank = ranks.parse_title(" ".join(psutil.Process(pid).cmdline()))
+        except psutil.Error:
+            continue
+        if rank is not None:
+            out[pid] = rank.role
+    return out
+
+
+def every_rank(proc, layout: str) -> dict[int, str] | None:
+    """The tree's roles once every rank of ``layout`` runs (and, for TP, holds its
+    cpushm segment); None before."""
+    found = roles(proc.pid)
+    if sorted(found.values()) != sorted(WANT[layout]):
+        return None
+    if layout == "tp":
+        proc.shm.scan()
+        if len([n for n in proc.shm.names() if "-cpushm_" in n]) < 2:
+            return None
+    return found
+
+
+@pytest.mark.parametrize(
+    ("layout", "sig"),
+    [
+        ("tp", signal.SIGKILL),
+        ("tp", signal.SIGINT),
+        ("tp", signal.SIGHUP),
+        ("dp", signal.SIGKILL),
+        ("dp", signal.SIGTERM),
+    ],
+    ids=["tp-sigkill", "tp-sigint", "tp-sighup", "dp-sigkill", "dp-sigterm"],
+)
+def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig):
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    if (layout, sig) == ("tp", signal.SIGINT):
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "1|0"  # the operator's own binding wins
+    args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(free_port()))
+    with served(*args, f"--{layout}", "2", env=env) as proc:
+        found = wait_until(
+            lambda: every_rank(proc, layout), START_S, f"every {layout} rank", proc.poll
+        )
+        pids = tree(proc.pid)[1:]  # the engine's processes (not opsctl)
+        engine = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+        try:
+            _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp)
+        finally:  # a failed test leaves no orphan (psutil never signals a reused pid)
+            for p in engine:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
+def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
+    """Signal opsctl once every rank runs; nothing of the engine may be left."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in env:  # vLLM bound rank 0 to CPU 1, as asked
+        (api,) = psutil.Process(proc.pid).children()  # its cwd: the run directory
+        log = (Path(api.cwd()) / "server.log").read_text()
+        assert "VLLM_CPU_OMP_THREADS_BIND='1|0'" in log and "local_rank=0, core ids=[1]" in log
+    held = set(proc.shm.names())
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    rc = proc.wait(60)
+    wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit")
+    print(f"{layout} {sig.name}: every rank gone {time.monotonic() - t0:.1f} s after it")
+    if sig == signal.SIGKILL:
+        assert rc == -signal.SIGKILL
+    else:
+        assert rc == 0, proc.stderr.read()[-2000:]
+        events = [json.loads(line) for line in proc.stdout.read().splitlines() if line]
+        stopped = events[-1]  # after "ready" when the engine was healthy by then
+        assert stopped["event"] == "stopped" and stopped["leftover_pids"] == [], stopped
+    assert proc.shm.left() == set(), f"held {sorted(held)}, left {proc.shm.left()}"
+    assert left_in(short_tmp) == []
