@@ -28,7 +28,7 @@ SINGLE_HELP = (
 
 
 def _printer(as_json: bool):
-    """on_event for supervise.serve: JSON lines (ready, stopped) or human lines."""
+    """on_event for supervise.serve: JSON lines (ready, rank_died, stopped) or human lines."""
     import json
 
     from opsctl import output
@@ -44,18 +44,11 @@ def _printer(as_json: bool):
         elif name == "rank_died":
             output.warn(f"a rank died: {fields['summary']}")
         elif name == "ready":
-            url = fields["reachable_url"]
-            print(
-                f"ready: {url}  (healthy after {fields['healthy_after_s']:.1f} s; "
-                f"run dir {fields['run_dir']})",
-                flush=True,
-            )
+            url, took, run = fields["reachable_url"], fields["healthy_after_s"], fields["run_dir"]
+            print(f"ready: {url}  (healthy after {took:.1f} s; run dir {run})", flush=True)
             output.info("Ctrl-C stops the server")
         elif name == "stopped":
             output.info(f"stopped in {fields['duration_s']:.1f} s")
-            death = fields.get("first_death")
-            if death and death["server_up"]:  # else the engine-died error says it
-                output.warn(f"a rank had died: {fields['first_death']['summary']}")
             if fields["leftover_pids"]:
                 output.warn(f"processes still alive after stop: {fields['leftover_pids']}")
 

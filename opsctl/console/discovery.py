@@ -229,6 +229,6 @@ def local_state(
     reason = None if alive else f"process {target.pid} exited"
     stopped = stopped_members(target.pid) if alive else ()
     death = first_death(target.run_dir, alive)
-    if death and not alive:  # the dead reason names the rank that died first
+    if death:  # a dead reason (the API server's exit, an EngineCore gone) names it first
         lines = (death, *lines)
     return LocalState(alive, reason, roles, phase, lines, stopped, death)
