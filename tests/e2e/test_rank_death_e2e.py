@@ -40,10 +40,10 @@ OOM = "an out-of-memory kill or kill -9"
 
 
 def serve_ranks(flag: str):
-    """`opsctl serve --json` of tiny-llama (dummy weights, eager) with ``flag`` 2."""
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one CPU per rank
+    """`opsctl serve --json` of tiny-llama (dummy weights, eager) with ``flag`` 2
+    (``--tp``/``--dp``: opsctl derives the CPU binding of the ranks)."""
     args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(free_port()))
-    return served(*args, "--", flag, "2", env=env)
+    return served(*args, flag, "2")
 
 
 class Load:
@@ -99,7 +99,7 @@ class Load:
 def kill_under_load(flag: str, victim: str):
     """Serve, load, SIGKILL ``victim``; (ready, events, stderr, rc, role pids, shm left)."""
     validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
-    dp = flag == "--data-parallel-size"
+    dp = flag == "--dp"
     with serve_ranks(flag) as proc:
         ready = read_event(proc)
         validator.validate(ready)
@@ -153,7 +153,7 @@ def check_views_of_the_dead_run(run_dir: Path, api_pid: int, victim: str, tmp: P
 
 
 def test_sigkill_of_worker_tp1_under_load_is_named_first(tmp_path):
-    ready, events, err, rc, roles, left = kill_under_load("--tensor-parallel-size", "Worker_TP1")
+    ready, events, err, rc, roles, left = kill_under_load("--tp", "Worker_TP1")
     assert {"APIServer", "EngineCore", "Worker_TP0", "Worker_TP1"} <= set(roles), roles
     assert rc == 1, err
     kinds = [e["event"] for e in events]
@@ -175,7 +175,7 @@ def test_sigkill_of_worker_tp1_under_load_is_named_first(tmp_path):
 
 
 def test_sigkill_of_engine_core_dp1_under_load_is_named_first(tmp_path):
-    ready, events, err, rc, roles, left = kill_under_load("--data-parallel-size", "EngineCore_DP1")
+    ready, events, err, rc, roles, left = kill_under_load("--dp", "EngineCore_DP1")
     assert {"APIServer", "DPCoordinator", "EngineCore_DP0", "EngineCore_DP1", "Worker_DP0",
             "Worker_DP1"} <= set(roles), roles  # fmt: skip
     assert rc == 1, err
