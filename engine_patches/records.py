@@ -1,6 +1,7 @@
 """What a vLLM process records about itself for opsctl: role, version, ledger, events.
 
-Which process it is (:func:`process_role`), the vLLM version and platform it runs,
+Which process it is (:func:`process_role`; its title as vLLM sets it,
+:func:`process_title`, followed by :func:`on_title_change`), the vLLM version and platform it runs,
 and the files it writes under ``$OPSCTL_RUN_DIR``: the per-process ledger
 (:func:`write_ledger`) and probe events (:func:`record_event`, one JSON line per event).
 
@@ -44,6 +45,47 @@ def process_role() -> str:
     if name == "MainProcess":
         return "api_server"
     return name
+
+
+def process_title() -> str:
+    """This process's title (vLLM sets ``VLLM::Worker_TP1`` and the like); "" if unknown."""
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+
+        return str(setproctitle.getproctitle())
+    except Exception:
+        return ""
+
+
+_TITLE_HOOK_IN: int | None = None  # pid of the process whose setproctitle is wrapped
+
+
+def on_title_change(callback) -> bool:
+    """Call ``callback(title)`` after every ``setproctitle.setproctitle`` of this process.
+
+    vLLM names a process (``set_process_title``: ``VLLM::Worker_TP1``) after the plugin
+    has loaded and the ledger was written; it calls ``setproctitle.setproctitle`` through
+    the module, so wrapping the module's function sees every later title. The original
+    stays as ``__wrapped__``; a failing callback never reaches vLLM. True when installed."""
+    global _TITLE_HOOK_IN
+    if os.getpid() == _TITLE_HOOK_IN:
+        return True
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+    except Exception:
+        return False
+    original = getattr(setproctitle.setproctitle, "__wrapped__", setproctitle.setproctitle)
+
+    def setproctitle_and_record(title, *args, **kwargs):
+        result = original(title, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            callback(str(title))
+        return result
+
+    setproctitle_and_record.__wrapped__ = original  # type: ignore[attr-defined]
+    setproctitle.setproctitle = setproctitle_and_record
+    _TITLE_HOOK_IN = os.getpid()
+    return True
 
 
 def vllm_version() -> str | None:

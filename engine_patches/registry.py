@@ -14,6 +14,11 @@ Environment:
 - ``OPSCTL_RUN_DIR``: run directory (the plugin is inert without it)
 - ``OPSCTL_DISABLE_PATCHES``: comma-separated patch names to skip ("all" skips all)
 
+Every ledger record carries ``title``: vLLM's title for the process (``VLLM::EngineCore_DP1``,
+``VLLM::Worker_TP1``), rewritten when vLLM sets it after the record was first written, so
+opsctl names every rank from the engine's own record. :func:`apply_all` also starts the
+exit watcher (:mod:`engine_patches.exits`: ``<run>/exits.jsonl``).
+
 Every ledger record carries ``test_knobs``: the test-only knobs this process honours
 (:func:`engine_patches.knobs.active`; ``{}`` on an engine nobody armed), so opsctl shows
 a knob-altered engine as such from the engine's own record. ``platform`` is the device
@@ -35,7 +40,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
-from engine_patches import catalog, knobs
+from engine_patches import catalog, exits, knobs
 from engine_patches.patch import (
     APPLIED,
     FAILED,
@@ -47,9 +52,11 @@ from engine_patches.patch import (
     verification,
 )
 from engine_patches.records import (
+    on_title_change,
     platform_info,
     platform_name,
     process_role,
+    process_title,
     record_event,
     vllm_version,
     write_ledger,
@@ -61,6 +68,8 @@ class _State:
     results: dict[str, dict] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     pid: int = field(default_factory=os.getpid)  # a forked child starts its own results
+    record: dict | None = None  # this process's ledger record as last written
+    run_dir: str | None = None
 
 
 _STATE = _State()
@@ -128,6 +137,7 @@ def apply_all(run_dir: str | None = None) -> dict:
     version = vllm_version()
     if _STATE.pid != os.getpid():  # forked: this process applies (and records) its own
         _STATE.results, _STATE.lock, _STATE.pid = {}, threading.Lock(), os.getpid()
+        _STATE.record = None
     with _STATE.lock:
         for patch in patches():
             if patch.name not in _STATE.results:
@@ -136,6 +146,9 @@ def apply_all(run_dir: str | None = None) -> dict:
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "role": role,
+            # vLLM's title for this process (VLLM::Worker_TP1): opsctl names the rank from
+            # it; rewritten when vLLM sets the title after this record (_retitle)
+            "title": process_title(),
             "argv": sys.argv[:4],
             "vllm_version": version,
             "platform": platform,
@@ -144,8 +157,23 @@ def apply_all(run_dir: str | None = None) -> dict:
             "test_knobs": knobs.active(),
             "patches": list(_STATE.results.values()),
         }
+        _STATE.record, _STATE.run_dir = record, run_dir
     write_ledger(record, run_dir)
+    on_title_change(_retitle)
+    exits.start(run_dir)
     return record
+
+
+def _retitle(title: str) -> None:
+    """vLLM set this process's title after its ledger was written: write it again with
+    the title (the rank: ``VLLM::Worker_TP1``)."""
+    with _STATE.lock:
+        record = _STATE.record
+        if record is None or _STATE.pid != os.getpid() or record.get("title") == title:
+            return
+        record = {**record, "title": title, "titled_at": time.time()}
+        _STATE.record = record
+    write_ledger(record, _STATE.run_dir)
 
 
 def reset_for_tests() -> None:

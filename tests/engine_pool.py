@@ -132,6 +132,8 @@ COSTS: dict[str, float] = {
     # TP=2 kv-fail runs and one TP=2 invariance run
     "test_ranks_lifetime_e2e.py": 200,
     "test_ranks_diag_e2e.py": 200,
+    # issue 44: a TP=2 and a DP=2 serve, one rank SIGKILLed under load in each
+    "test_rank_death_e2e.py": 150,
 }
 DEFAULT_COST = 60.0
 

@@ -18,6 +18,12 @@ a bigger file) and, under ``collected/``:
 - ``environment.json``: the API server's environment (from /proc while it lives) and
   this opsctl's, with secrets redacted, plus versions;
 - ``state.json``: the run's state as ``opsctl runs list`` reports it;
+- ``processes.json``: the server's processes by rank (``live``: the tree now, each with
+  its role ``EngineCore_DP1``, ``Worker_TP1``...; ``ledger``: every process the patch
+  ledger recorded, with its rank, alive or not);
+- ``deaths.json``: the rank that died first, how, its last log lines and what the other
+  ranks did (``first_death``, null when none died; opsctl.domain.deaths), and the exit
+  records vLLM's processes wrote (``exits``); the manifest's ``first_death`` is its summary;
 - ``MANIFEST.json`` (top): this report's document.
 
 Secrets (opsctl.domain.redact): variables named like KEY/TOKEN/SECRET/PASSWORD keep only
@@ -113,8 +119,16 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
         listed.append({"name": f"collected/{name}", "size_bytes": len(text.encode()),
                        "truncated": False, "source": "collected now"})  # fmt: skip
     out = (options.out or Path.cwd() / f"opsctl-bundle-{path.name}.tar.gz").expanduser()
-    fields = dict(run=path.name, run_dir=str(path), created_at=round(time.time(), 3),
-                  state=state["state"], files=listed, missing=missing, redactions=count)  # fmt: skip
+    fields = dict(
+        run=path.name,
+        run_dir=str(path),
+        created_at=round(time.time(), 3),
+        state=state["state"],
+        files=listed,
+        missing=missing,
+        redactions=count,
+        first_death=_first_death(path),
+    )
     manifest = json.dumps(document(SCHEMA, **fields), indent=2).encode()
     progress(ev.Phase(f"writing {out}"))
     try:
@@ -124,6 +138,14 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     doc = document(SCHEMA, **fields, out=str(out), size_bytes=size)
     progress(ev.Finished(PASS, f"{out} ({size} bytes, {len(members) + 1} files)"))
     return Report(PASS, doc)
+
+
+def _first_death(path: Path) -> str | None:
+    """The summary of the run's first rank death (collected/deaths.json has it all)."""
+    from opsctl.collectors import deaths
+
+    found = deaths.of_run(path)
+    return found.summary() if found is not None else None
 
 
 def _meta(path: Path) -> dict[str, Any]:
@@ -202,7 +224,52 @@ def _collected(
     if options.console_view is not None:
         out.append(("console.json", _json(dict(options.console_view))))
     out.append(("environment.json", _json(_environment(engine_env, env_source))))
+    out += _rank_files(run_dir, meta, alive)
     return out, missing
+
+
+def _rank_files(run_dir: Path, meta: dict[str, Any], alive: bool) -> list[tuple[str, bytes]]:
+    """``processes.json`` (the server's processes by rank: the live tree, and every process
+    the ledger recorded) and ``deaths.json`` (the rank that died first, the exit records)."""
+    from opsctl.collectors import deaths, ledger
+    from opsctl.collectors.processes import snapshot_tree
+
+    pid = meta.get("pid")
+    live = []
+    if alive and isinstance(pid, int) and pid > 0:
+        live = [
+            {
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "role": p.role,
+                "status": p.status,
+                "title": p.cmdline[:120],
+            }
+            for p in snapshot_tree(pid).processes
+        ]
+    recorded = [
+        {
+            "pid": r.get("pid"),
+            "ppid": r.get("ppid"),
+            "rank": r["rank"] or None,
+            "kind": r.get("role"),
+            "title": str(r.get("title") or "")[:120],
+        }
+        for r in ledger.with_ranks(ledger.read_records(run_dir))
+    ]
+    death = deaths.of_run(run_dir)
+    return [
+        ("processes.json", _json({"live": live, "ledger": recorded})),
+        (
+            "deaths.json",
+            _json(
+                {
+                    "first_death": death.to_dict() if death else None,
+                    "exits": deaths.read_exits(run_dir),
+                }
+            ),
+        ),
+    ]
 
 
 def _stacks(run_dir: Path) -> tuple[bytes | None, str]:

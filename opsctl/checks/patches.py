@@ -4,14 +4,16 @@ The engine-patch ledger of a run directory (what
 every vLLM process of that run really applied), read through opsctl.collectors.ledger.
 
 ``run(Options) -> Report`` (schema ``patches/1``); a run directory, not a server, so no
-target and no engine session. Verdict pass: the ledger is shown, not judged. A missing
+target and no engine session. ``processes`` are the ledger records in rank order, each
+with ``rank``: the process's role (``Worker_TP1``, ``EngineCore_DP1``, ``APIServer``; ""
+when its title is unknown) beside ``role``, its kind (api_server, engine_core, worker). Verdict pass: the ledger is shown, not judged. A missing
 run directory or ledger is BadInput.
 
 Example::
 
     from opsctl.checks import patches
     report = patches.run(patches.Options())  # the newest run; run_dir=Path(...) for another
-    for proc in report.to_dict()["processes"]: print(proc["pid"], proc["role"])
+    for proc in report.to_dict()["processes"]: print(proc["pid"], proc["rank"], proc["role"])
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Options:
 def run(options: Options = Options()) -> Report:
     """The ledger of ``options.run_dir`` (else the newest run's) as a ``patches/1`` report."""
     from opsctl import paths
-    from opsctl.collectors.ledger import latest_run, read_records
+    from opsctl.collectors.ledger import latest_run, read_records, with_ranks
     from opsctl.errors import BadInput
     from opsctl.output import document
 
@@ -51,4 +53,5 @@ def run(options: Options = Options()) -> Report:
     records = read_records(run_dir)
     if not records:
         raise BadInput(f"{run_dir} has no patch ledger (ledger/*.json)")
-    return Report(PASS, document("patches", run_dir=str(run_dir), processes=records))
+    # in rank order, each with its rank (Worker_TP1, EngineCore_DP1...; "" when unknown)
+    return Report(PASS, document("patches", run_dir=str(run_dir), processes=with_ranks(records)))

@@ -1,5 +1,11 @@
 """Read the per-process patch ledger that engine_patches writes into a run directory.
 
+Each record names its process's rank: ``title`` is vLLM's title (``VLLM::Worker_TP1``,
+rewritten by the engine once vLLM set it); :func:`with_ranks` adds ``rank`` (the role:
+``Worker_TP1``, ``EngineCore_DP1``, a DP engine's plain worker as ``Worker_DP1`` from its
+parent record, ``APIServer``), from the title, else, for a ledger without titles, from
+the live process's title while it runs.
+
 Each record also says which test-only knobs its process honoured (``test_knobs``,
 engine_patches.knobs): :func:`test_knobs` is how opsctl learns from the engine itself,
 not from its own launch options, that a run was altered on purpose."""
@@ -24,6 +30,12 @@ class LedgerEntry:
     detail: str
     reason: str
     target: str
+    rank: str = ""  # the process's rank role (Worker_TP1, EngineCore_DP1...); "" unknown
+
+    @property
+    def who(self) -> str:
+        """The rank role when known, else the process kind (``engine_core``)."""
+        return self.rank or self.role
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -37,10 +49,37 @@ def read_records(run_dir: Path) -> list[dict]:
     return sorted(out, key=lambda r: (r.get("time", 0), r.get("pid", 0)))
 
 
-def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
-    """One entry per patch of every ledger record."""
-    rows = []
+def _live_title(record: dict) -> str:
+    """The title of the record's process while it still runs as that process."""
+    import psutil
+
+    try:
+        p = psutil.Process(int(record.get("pid") or 0))
+        if p.create_time() > float(record.get("time") or 0) + 1.0:
+            return ""  # the pid now belongs to a process started after the record
+        return " ".join(p.cmdline())
+    except (psutil.Error, ValueError, TypeError):
+        return ""
+
+
+def with_ranks(records: list[dict]) -> list[dict]:
+    """The records in rank order, each with ``rank`` (its role; "" when unknown)."""
+    from opsctl.domain import ranks
+
+    filled = []
     for r in records:
+        if not r.get("title") and r.get("role") not in ("api_server", "model_inspector"):
+            r = {**r, "title": _live_title(r)}
+        filled.append(r)
+    roles = ranks.record_roles(filled)
+    out = [{**r, "rank": roles.get(int(r.get("pid") or 0), "")} for r in records]
+    return ranks.by_rank(out, lambda r: r["rank"] or "~" + str(r.get("role", "")))
+
+
+def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
+    """One entry per patch of every ledger record, in rank order."""
+    rows = []
+    for r in with_ranks(records):
         for p in r.get("patches", []):
             rows.append(
                 LedgerEntry(
@@ -52,6 +91,7 @@ def entries(records: list[dict]) -> tuple[LedgerEntry, ...]:
                     str(p.get("detail", "")).splitlines()[0] if p.get("detail") else "",
                     str(p.get("reason", "")),
                     str(p.get("target", "")),
+                    r["rank"],
                 )
             )
     return tuple(rows)

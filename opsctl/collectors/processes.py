@@ -128,19 +128,29 @@ def snapshot_tree(root_pid: int) -> ProcessTree:
 
 
 def _ranked(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
-    """``procs`` with a data-parallel worker's role naming its engine (``Worker_DP1``)."""
+    """``procs`` in rank order, a data-parallel worker's role naming its engine.
+
+    A data-parallel worker's role names its engine (``Worker_DP1``). The order is the
+    tree's (a parent before its children) with siblings in rank order
+    (:func:`opsctl.domain.ranks.order_key`): API server, coordinator, ``EngineCore_DP0``
+    and its workers, ``EngineCore_DP1``..., helpers last."""
     import dataclasses
 
     found = ranks.rank_ids(
         [ranks.Member(p.pid, p.ppid, f"{p.cmdline} {p.name}", p.pid == root_pid) for p in procs]
     )
-    out = []
+    named = []
     for p in procs:
         rank = found.get(p.pid)
         if rank is not None and rank.role != p.role and rank.kind == ranks.WORKER:
             p = dataclasses.replace(p, role=rank.role)
-        out.append(p)
-    return out
+        named.append(p)
+    return tree_order(named, root_pid)
+
+
+def tree_order(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
+    """``procs`` depth first from ``root_pid``, siblings in rank order (orphans last)."""
+    return ranks.tree_order(procs, root_pid, lambda p: p.pid, lambda p: p.ppid, lambda p: p.role)
 
 
 def descendants(root_pid: int) -> list[int]:
@@ -169,7 +179,8 @@ STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 def members(pid: int) -> list[tuple[int, str, str | None]]:
     """(pid, vLLM role, process state) of the API server ``pid`` and its descendants.
 
-    Cheap: no memory reads; a process that exits meanwhile is simply not listed."""
+    In rank order (the tree's, siblings by rank). Cheap: no memory reads; a process that
+    exits meanwhile is simply not listed."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -185,11 +196,12 @@ def members(pid: int) -> list[tuple[int, str, str | None]]:
             continue
     found = ranks.rank_ids([ranks.Member(q, pp, f"{c} {n}", q == pid) for q, pp, n, c, _ in read])
     out = []
-    for q, _pp, name, cmdline, state in read:
+    for q, pp, name, cmdline, state in read:
         rank = found.get(q)
         role = rank.role if rank is not None else classify(name, cmdline, q == pid)
-        out.append((q, role, state))
-    return out
+        out.append((q, pp, role, state))
+    ordered = ranks.tree_order(out, pid, lambda m: m[0], lambda m: m[1], lambda m: m[2])
+    return [(q, role, state) for q, _pp, role, state in ordered]
 
 
 def process_roles(pid: int) -> tuple[ProcRole, ...]:

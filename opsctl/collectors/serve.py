@@ -40,6 +40,9 @@ class ServeSnapshot:
     log_tail: tuple[str, ...]
     death_reason: tuple[str, ...] = ()
     test_knobs: dict[str, str] = field(default_factory=dict)
+    # the rank that ended first, how, what the others did, and its last log lines
+    # (opsctl.domain.deaths.FirstDeath.lines); also while the API server still runs
+    first_death: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """The snapshot as a JSON object (what recordings hold)."""
@@ -69,6 +72,7 @@ def from_dict(d: dict) -> ServeSnapshot:
         log_tail=tuple(d.get("log_tail", [])),
         death_reason=tuple(d.get("death_reason", [])),
         test_knobs=dict(d.get("test_knobs") or {}),
+        first_death=tuple(d.get("first_death") or ()),
     )
 
 
@@ -90,6 +94,8 @@ class ServeCollector:
         self.client = client or http.client(getattr(server.opts, "api_key", None), timeout=2.0)
         self.prev_metrics: MetricsSnapshot | None = None
         self.stopping = False
+        self.death: tuple[str, ...] = ()  # the first rank death's lines, once one is known
+        self.judged_dead = False
 
     def collect(self) -> ServeSnapshot:
         """Read the supervised server once into a :class:`ServeSnapshot`."""
@@ -106,9 +112,10 @@ class ServeCollector:
             if cur.error is None:
                 metrics = key_metrics(cur, self.prev_metrics)
                 self.prev_metrics = cur
-        if exit_code is None:
-            s.track()
+        if exit_code is None or not self.death:
+            s.track()  # also notes the API server's end, once
         state = serve_state.derive_state(exit_code, healthy, progress, self.stopping)
+        self._first_death(healthy, dead=state == serve_state.DEAD)
         records = ledger.read_records(s.run_dir)
         return ServeSnapshot(
             taken_at=time.time(),
@@ -126,7 +133,26 @@ class ServeCollector:
             log_tail=tuple(quiet_tail(log, 12)),
             death_reason=tuple(decisive_lines(log)) if state == serve_state.DEAD else (),
             test_knobs=ledger.test_knobs(records),
+            first_death=self.death,
         )
+
+    def _first_death(self, healthy: bool, dead: bool) -> None:
+        """Judge the first rank death again when something new ended, and once the server
+        is dead (never raises: a failed judgement leaves the last one shown)."""
+        s = self.server
+        if not hasattr(s, "first_death"):  # a stand-in server
+            return
+        news = s.rank_ended()
+        if dead and not self.judged_dead:
+            news, self.judged_dead = True, True
+        if not news:
+            return
+        try:
+            found = s.first_death(None if dead else healthy)
+        except Exception:
+            return
+        if found is not None:
+            self.death = found.lines()
 
     def close(self) -> None:
         """Close the collector's HTTP client."""

@@ -78,7 +78,7 @@ def _render(console, doc: dict) -> None:
 
     t = Table(
         "pid",
-        "role",
+        "rank",
         "vLLM",
         "patch",
         "status",
@@ -91,7 +91,7 @@ def _render(console, doc: dict) -> None:
             detail = (p.get("detail") or "").splitlines()
             t.add_row(
                 str(r["pid"]),
-                r["role"],
+                r.get("rank") or r["role"],
                 r.get("vllm_version", "?"),
                 p["name"],
                 p["status"],

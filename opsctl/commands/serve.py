@@ -28,7 +28,7 @@ SINGLE_HELP = (
 
 
 def _printer(as_json: bool):
-    """on_event for supervise.serve: JSON lines (ready, stopped) or human lines."""
+    """on_event for supervise.serve: JSON lines (ready, rank_died, stopped) or human lines."""
     import json
 
     from opsctl import output
@@ -38,16 +38,14 @@ def _printer(as_json: bool):
             output.info(f"starting vLLM on {fields['model']}; run dir {fields['run_dir']}")
         elif name == "phase":
             output.info(f"  [{fields['elapsed']:5.1f}s] {fields['phase']}")
-        elif as_json and name in ("ready", "stopped"):
-            doc = output.document("serve/2", event=name, **fields)
+        elif as_json and name in ("ready", "rank_died", "stopped"):
+            doc = output.document("serve/3", event=name, **fields)
             print(json.dumps(doc, default=str), flush=True)
+        elif name == "rank_died":
+            output.warn(f"a rank died: {fields['summary']}")
         elif name == "ready":
-            url = fields["reachable_url"]
-            print(
-                f"ready: {url}  (healthy after {fields['healthy_after_s']:.1f} s; "
-                f"run dir {fields['run_dir']})",
-                flush=True,
-            )
+            url, took, run = fields["reachable_url"], fields["healthy_after_s"], fields["run_dir"]
+            print(f"ready: {url}  (healthy after {took:.1f} s; run dir {run})", flush=True)
             output.info("Ctrl-C stops the server")
         elif name == "stopped":
             output.info(f"stopped in {fields['duration_s']:.1f} s")
@@ -107,7 +105,9 @@ def serve(
     ),
     tui: bool | None = tui_option(),
     as_json: bool = typer.Option(
-        False, "--json", help="JSON lines on stdout (opsctl.serve/2): ready and stopped events"
+        False,
+        "--json",
+        help="JSON lines on stdout (opsctl.serve/3): ready, rank_died and stopped events",
     ),
     api_key: str | None = typer.Option(
         None,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from opsctl.collectors import deaths
 from opsctl.collectors.processes import process_roles, stopped_members
 from opsctl.domain.console import LocalState, Target
 from opsctl.domain.serverlog import decisive_lines, load_progress
@@ -183,6 +184,34 @@ def _log_facts(run_dir: str | None, dead: bool) -> tuple[str | None, tuple[str, 
     return phase, tuple(decisive_lines(log)) if dead else ()
 
 
+# run dir -> ((exits.jsonl size, API server alive), the first death's summary): judged
+# again only when a new exit was recorded or the API server died
+_DEATHS: dict[str, tuple[tuple[int, bool], str | None]] = {}
+
+
+def first_death(run_dir: str | None, alive: bool) -> str | None:
+    """The summary of an opsctl run's first rank death (None: none, or not an opsctl run).
+
+    Read from the run's exit records, ledger, meta.json and log (opsctl.collectors.deaths);
+    a live server is judged only once an exit was recorded."""
+    if not run_dir:
+        return None
+    try:
+        size = (Path(run_dir) / deaths.EXITS).stat().st_size
+    except OSError:
+        size = 0
+    if alive and not size:
+        return None
+    key = (size, alive)
+    cached = _DEATHS.get(run_dir)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = deaths.of_run(Path(run_dir))
+    summary = found.summary() if found is not None else None
+    _DEATHS[run_dir] = (key, summary)
+    return summary
+
+
 def local_state(
     target: Target, with_roles: bool = False, with_log: bool = False
 ) -> LocalState | None:
@@ -199,4 +228,7 @@ def local_state(
     roles = process_roles(target.pid) if alive and with_roles else ()
     reason = None if alive else f"process {target.pid} exited"
     stopped = stopped_members(target.pid) if alive else ()
-    return LocalState(alive, reason, roles, phase, lines, stopped)
+    death = first_death(target.run_dir, alive)
+    if death:  # a dead reason (the API server's exit, an EngineCore gone) names it first
+        lines = (death, *lines)
+    return LocalState(alive, reason, roles, phase, lines, stopped, death)

@@ -150,6 +150,9 @@ class LocalState:
     # processes of the tree that are stopped (SIGSTOP, a debugger's stop): they answer
     # nothing, while the API server may still answer /health 200
     stopped: tuple[ProcRole, ...] = ()
+    # opsctl runs: the rank that ended first, how, and what the others did
+    # (opsctl.domain.deaths.FirstDeath.summary); also while the API server still runs
+    first_death: str | None = None
 
 
 # ---- outputs --------------------------------------------------------------------------------

@@ -182,14 +182,18 @@ def host_from_raw(raw: Mapping[str, Any]) -> HostGpus:
 def endpoint_gpus(host: HostGpus | None, roles: Iterable[Any]) -> tuple[GpuDevice, ...]:
     """The GPUs the endpoint's processes use, each with only those processes.
 
-    ``roles``: objects with ``pid`` and ``role`` (the console's ProcRole). No local
+    ``roles``: objects with ``pid`` and ``role`` (the console's ProcRole: the rank roles
+    ``Worker_TP1``, ``EngineCore_DP1``...). Each GPU's processes in rank order. No local
     processes (a remote endpoint) or no GPU: ()."""
+    from opsctl.domain.ranks import by_rank
+
     by_pid = {int(r.pid): r.role for r in roles}
     if host is None or not by_pid:
         return ()
     out = []
     for d in host.devices:
-        mine = tuple(replace(p, role=by_pid[p.pid]) for p in d.processes if p.pid in by_pid)
+        named = [replace(p, role=by_pid[p.pid]) for p in d.processes if p.pid in by_pid]
+        mine = tuple(by_rank(named, lambda p: p.role or ""))
         if mine:
             out.append(replace(d, processes=mine))
     return tuple(out)

@@ -14,8 +14,11 @@ A single-rank server keeps the plain names (``EngineCore``, ``Worker``, ``APISer
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 API_SERVER = "APIServer"
 ENGINE_CORE = "EngineCore"
@@ -100,6 +103,60 @@ def rank_ids(members: Sequence[Member]) -> dict[int, RankId | None]:
                     break
                 up, seen = parent.get(up), seen + 1
         out[m.pid] = rank
+    return out
+
+
+def record_roles(records: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """pid -> rank role of engine_patches' ledger records (one per vLLM process).
+
+    From each record's ``title`` (vLLM's, rewritten once vLLM set it), a DP engine's
+    plain ``Worker`` placed by its parent record; the ``api_server`` record is the
+    APIServer. Records without a title (older ledgers) get none."""
+    members = []
+    for r in records:
+        try:
+            pid, ppid = int(r.get("pid") or 0), int(r.get("ppid") or 0)
+        except (TypeError, ValueError):
+            continue
+        if not pid or r.get("role") == "model_inspector":
+            continue
+        api = r.get("role") == "api_server"
+        members.append(Member(pid, ppid, "" if api else str(r.get("title") or ""), is_root=api))
+    return {pid: rank.role for pid, rank in rank_ids(members).items() if rank is not None}
+
+
+def by_rank(items: Iterable[_T], role: Callable[[_T], str]) -> list[_T]:
+    """``items`` in rank order (:func:`order_key` of each one's role), stable."""
+    return sorted(items, key=lambda item: order_key(role(item)))
+
+
+def tree_order(
+    items: Iterable[_T],
+    root: int,
+    pid: Callable[[_T], int],
+    ppid: Callable[[_T], int],
+    role: Callable[[_T], str],
+) -> list[_T]:
+    """``items`` (processes) depth first from ``root``, siblings in rank order.
+
+    A parent comes before its children; a process whose parent is not among ``items``
+    comes after the root's tree, in rank order."""
+    items = list(items)
+    kids: dict[int, list[_T]] = {}
+    for item in items:
+        kids.setdefault(ppid(item), []).append(item)
+    out: list[_T] = []
+    seen: set[int] = set()
+    stack = by_rank([i for i in items if pid(i) == root], role)
+    stack += [i for i in by_rank(items, role) if pid(i) != root]
+    stack.reverse()
+    while stack:
+        item = stack.pop()
+        if pid(item) in seen:
+            continue
+        seen.add(pid(item))
+        out.append(item)
+        stack.extend(reversed(by_rank(kids.get(pid(item), []), role)))
     return out
 
 

@@ -23,6 +23,9 @@ _ERROR_LINE = re.compile(
 )
 _LEVEL_NOT_ERROR = re.compile(r"\b(WARNING|INFO|DEBUG) \d\d-\d\d ")
 _NOISE = ("DeprecationWarning", "UserWarning", "warnings.warn", "resource_tracker", "nanobind")
+# uvicorn's access log: `INFO:     127.0.0.1:5872 - "POST /v1/completions HTTP/1.1" 500
+# Internal Server Error` says a request failed, never why (it names no process either)
+_ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "')
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,8 @@ def load_progress(log: str) -> LoadProgress:
 def decisive_lines(log: str, limit: int = 3) -> list[str]:
     """The last distinct error lines (exception messages, argparse errors), most recent last.
 
-    Traceback frames, warnings and WARNING-level log lines are skipped; a pydantic validation
+    Traceback frames (also those vLLM logs line by line), warnings, WARNING-level log
+    lines and the access log's failed requests (HTTP 500) are skipped; a pydantic validation
     error brings its indented detail line along.
     """
     found: list[str] = []
@@ -69,6 +73,8 @@ def decisive_lines(log: str, limit: int = 3) -> list[str]:
             continue
         if _LEVEL_NOT_ERROR.search(line) or not _ERROR_LINE.search(line):
             continue
+        if _ACCESS_LINE.search(line) or _traceback_body(line):
+            continue
         text = re.sub(r"^\((\w+) pid=\d+\)\s*", r"\1: ", line)
         if "validation error" in line and i + 1 < len(lines) and lines[i + 1].startswith("  "):
             text += ": " + lines[i + 1].strip()
@@ -76,6 +82,22 @@ def decisive_lines(log: str, limit: int = 3) -> list[str]:
             found.remove(text)
         found.append(text[:400])
     return found[-limit:]
+
+
+# a vLLM log line's head: `(EngineCore pid=7) ERROR 12-06 10:59:22 [core.py:1512] `
+_VLLM_HEAD = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] ?")
+
+
+def _traceback_body(line: str) -> bool:
+    """A traceback logged through vLLM's logger line by line: its head, a frame, a source
+    line or a caret marker (the exception's own message is kept)."""
+    m = _VLLM_HEAD.match(line)
+    if m is None:
+        return False
+    body = line[m.end() :]
+    if body.startswith(("File ", "Traceback", " ")):
+        return True
+    return bool(body) and set(body) <= {"^", "~"}
 
 
 def argparse_error(log: str) -> str | None:

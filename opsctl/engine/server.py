@@ -30,7 +30,7 @@ import psutil
 from engine_patches import knobs
 from opsctl import paths
 from opsctl.collectors import engine_tmp, http, shm
-from opsctl.domain import ranks, serverlog
+from opsctl.domain import deaths, ranks, serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.registry import EngineRegistry, process_engines
@@ -554,7 +554,10 @@ class EngineServer:
         return io.TextIOWrapper(io.BytesIO(data), errors="replace").read()
 
     def track(self) -> None:
-        """Remember our descendants and the /dev/shm segments they map (for cleanup)."""
+        """Remember our descendants, their /dev/shm segments, roles and ends.
+
+        The segments they map (for cleanup), each process's rank role, and when a process
+        of ours (the API server included) ended."""
         if not self.proc:
             return
         pids = [self.proc.pid]
@@ -563,6 +566,7 @@ class EngineServer:
         self._remember(pids)
         scan = shm.scan_mappings(pids)
         self.shm_seen.update(os.path.basename(m.path) for m in scan.mappings)
+        self._note_ends()
 
     def _remember(self, pids: list[int]) -> None:
         new = False
@@ -583,14 +587,21 @@ class EngineServer:
             return False
 
     def death_error(self) -> Exception:
-        """The error saying why the server exited (bad arguments, or the log's decisive lines)."""
+        """The error saying why the server exited before it became healthy.
+
+        Bad arguments, else the rank that died first (how, and what the others did) and
+        the log's decisive lines."""
         log = self.launch_log_text()
         rc = self.exited()
         bad_args = serverlog.argparse_error(log)
         if bad_args is not None:
             return BadInput(f"vLLM rejected the server arguments: {bad_args}")
+        self.track()  # the API server's end, noted before the verdict
         lines = serverlog.decisive_lines(log)
         reason = " | ".join(lines) if lines else "no error line in the log"
+        death = self.first_death()
+        if death is not None and death.pid != self.pid:
+            reason = f"{death.summary()} | {reason}"
         return EngineDied(
             f"engine exited with code {rc} before becoming healthy: {reason}",
             hint=f"full log: {self.log_path}",
@@ -743,3 +754,99 @@ class EngineServer:
             self.proc.returncode,
             tmp_kept,
         )
+
+    # ---- the ranks' ends (issue 44: the rank that died first) ----------------------------
+    @property
+    def ends(self) -> RankEnds:
+        """What this server's supervision saw of its processes' roles and ends."""
+        seen = self.__dict__.get("_ends")
+        if seen is None:
+            seen = self.__dict__["_ends"] = RankEnds()
+        return seen
+
+    def _note_ends(self) -> None:
+        """Note each process's role while it lives, when one of ours disappears, and the
+        API server's exit; recorded in meta.json for anyone reading the run later. Not
+        while this server is being stopped: those ends are the stop's doing."""
+        if self.proc is None or self.stop_report is not None or self._stop_lock.locked():
+            return
+        from opsctl.collectors.processes import members
+
+        ends, now, changed = self.ends, time.time(), False
+        for pid, role, _state in members(self.proc.pid):
+            # a process on its way out shows no title (its command line is empty): a rank
+            # role once seen is kept
+            known = ends.roles.get(pid)
+            if known != role and (known is None or ranks.parse_title(role) is not None):
+                ends.roles[pid] = role
+                changed = True
+        for pid in self.known_pids:
+            if pid not in ends.gone and not self._living([pid]):
+                ends.gone[pid] = round(now, 3)
+                changed = True
+        rc = self.proc.poll()
+        if rc is not None and ends.api_exit is None:
+            ends.api_exit = (rc, round(now, 3))
+            changed = True
+        if changed and self.run_dir is not None:
+            with contextlib.suppress(OSError):
+                self._write_meta(**ends.meta_fields())
+
+    def rank_ended(self) -> bool:
+        """Whether something new ended since the last ask.
+
+        An exit record appeared, or a rank process was seen gone (cheap: one stat and the
+        tracked roles)."""
+        if self.run_dir is None:
+            return False
+        ends = self.ends
+        try:
+            size = (self.run_dir / "exits.jsonl").stat().st_size
+        except OSError:
+            size = 0
+        gone = sum(1 for pid in ends.gone if ranks.parse_title(ends.roles.get(pid, "")))
+        news = (size, gone) != ends.told
+        ends.told = (size, gone)
+        return news and (size > 0 or gone > 0)
+
+    def first_death(self, serving: bool | None = None) -> deaths.FirstDeath | None:
+        """The rank of this server that ended first, how, and what the others did.
+
+        None while every rank runs (or for ends after a stop opsctl asked for)."""
+        if self.run_dir is None or self.proc is None:
+            return None
+        from opsctl.collectors import deaths as death_files
+
+        ends = self.ends
+        code, when = ends.api_exit if ends.api_exit else (None, None)
+        return death_files.of_run(
+            self.run_dir,
+            api=(self.proc.pid, code, when),
+            gone=dict(ends.gone),
+            seen=dict(ends.roles),
+            serving=serving,
+            log=self.launch_log_text(),
+        )
+
+
+@dataclass
+class RankEnds:
+    """What supervision saw of a server's processes: roles while alive, and their ends."""
+
+    roles: dict[int, str] = field(default_factory=dict)  # pid -> role (Worker_TP1, ...)
+    gone: dict[int, float] = field(default_factory=dict)  # pid -> when seen gone
+    api_exit: tuple[int, float] | None = None  # the API server's (exit code, when seen)
+    told: tuple[int, int] = (0, 0)  # rank_ended's last look: exits.jsonl size, ranks gone
+
+    def meta_fields(self) -> dict:
+        """The fields meta.json records (``ranks``, ``seen_gone``, ``api_exit``)."""
+        api = (
+            None
+            if self.api_exit is None
+            else {"exitcode": self.api_exit[0], "time": self.api_exit[1]}
+        )
+        return {
+            "ranks": {str(p): r for p, r in sorted(self.roles.items())},
+            "seen_gone": {str(p): t for p, t in sorted(self.gone.items())},
+            "api_exit": api,
+        }

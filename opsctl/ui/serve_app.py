@@ -150,7 +150,7 @@ def run_dashboard(
 
     from opsctl.collectors.serve import ServeCollector
     from opsctl.domain import serve_state
-    from opsctl.errors import EngineDied, OpsTimeout
+    from opsctl.errors import OpsTimeout
     from opsctl.ui import runner
 
     collector = ServeCollector(server)
@@ -179,8 +179,7 @@ def run_dashboard(
             f"server did not become healthy within {timeout:g} s", hint=f"log: {server.log_path}"
         )
     if app.result_code == 1:
-        reason = " | ".join(app.last.death_reason) if app.last else ""
-        raise EngineDied(
-            f"engine died: {reason or 'no error line in the log'}", hint=f"log: {server.log_path}"
-        )
+        from opsctl.engine.supervise import died_error
+
+        raise died_error(server)  # the rank that died first, else the log's decisive lines
     return 0

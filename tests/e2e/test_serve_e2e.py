@@ -61,6 +61,11 @@ def json_documents(text: str) -> list:
     return docs
 
 
+def role_pids(ready: dict) -> dict[str, int]:
+    """role -> pid of serve's ready event (opsctl.serve/3: a list, in rank order)."""
+    return {p["role"]: p["pid"] for p in ready["pids"]}
+
+
 def gone(pids) -> bool:
     return not [
         p
@@ -106,7 +111,7 @@ def served(*args: str, env: dict[str, str] | None = None):
 
 
 def stop_and_check(proc, ready: dict, sig: int) -> dict:
-    pids = list(ready["pids"].values())
+    pids = [p["pid"] for p in ready["pids"]]
     t0 = time.time()
     proc.send_signal(sig)
     rc = proc.wait(30)
@@ -153,7 +158,7 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
         ready = read_event(proc)
         url = ready["url"]
         assert ready["event"] == "ready" and url == f"http://127.0.0.1:{port}"
-        assert {"APIServer", "EngineCore", "Worker"} <= set(ready["pids"])
+        assert {"APIServer", "EngineCore", "Worker"} <= set(role_pids(ready))
         assert httpx.get(f"{url}/health").status_code == 200  # open, as in vLLM
         assert httpx.get(f"{url}/v1/models").status_code == 401
         auth = {"Authorization": f"Bearer {key}"}
@@ -163,7 +168,7 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
         records = read_records(Path(ready["run_dir"]))
         roles = {r["role"]: r for r in records}
         assert {"api_server", "engine_core", "worker"} <= set(roles)
-        assert roles["engine_core"]["pid"] == ready["pids"]["EngineCore"]
+        assert roles["engine_core"]["pid"] == role_pids(ready)["EngineCore"]
         fill = {p["name"]: p for p in roles["worker"]["patches"]}["dummy_constant_fill"]
         assert fill["status"] == "already upstream"  # vLLM 0.32 ships PR 56682
         info = read_events(Path(ready["run_dir"]), "engine_info")
@@ -171,7 +176,7 @@ def test_serve_dummy_weights_api_key_ledger_knobs_status_and_sigterm():
 
         # exported knobs reach no engine process
         assert all(r["test_knobs"] == {} for r in records), [r["test_knobs"] for r in records]
-        for role, pid in ready["pids"].items():
+        for role, pid in role_pids(ready).items():
             if role not in ("APIServer", "EngineCore", "Worker"):
                 continue
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

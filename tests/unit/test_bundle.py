@@ -135,7 +135,8 @@ def test_bundle_of_a_live_run_holds_everything_and_no_secret(live_run, tmp_path)
     want = {"MANIFEST.json", "meta.json", "server.log", "ledger/1.json", "events/lifetime.jsonl",
             "collected/state.json", "collected/metrics.txt", "collected/server_info.json",
             "collected/console.json", "collected/environment.json",
-            "collected/stacks.json"}  # fmt: skip
+            "collected/stacks.json", "collected/processes.json",
+            "collected/deaths.json"}  # fmt: skip
     assert set(m) == {f"{top}/{n}" for n in want}
     stacks = json.loads(m[f"{top}/collected/stacks.json"])  # taken now, of the live tree
     assert stacks["schema"] == "opsctl.stacks/2" and stacks["pid"] == proc.pid

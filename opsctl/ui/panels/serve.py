@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 
+from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -68,6 +69,10 @@ class StatePanel(Vertical):
             detail += f"  weights {s.progress.weights_seconds:.2f} s"
         if s.progress.engine_init_seconds is not None:
             detail += f"  engine init {s.progress.engine_init_seconds:.2f} s"
+        if s.first_death:
+            head, *rest = s.first_death
+            detail += f"\n[b red]first rank death:[/] {escape(head)}"
+            detail += "".join(f"\n{escape(line)}" for line in rest)
         if s.death_reason:
             detail += "\n[b red]why it died:[/] " + "\n".join(s.death_reason)
         detail += f"\nrun dir: {s.run_dir}"
@@ -112,12 +117,23 @@ class TablePanel(Vertical):
 
 
 class ProcessPanel(TablePanel):
-    """The server's process tree: pid, role (indented by depth), CPU %, RSS, PSS; a total row."""
+    """The server's process tree by rank, with a total row.
 
-    DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 12; border: round $accent; }"
+    Pid, role (indented by depth), state, CPU %, RSS and PSS. A row per process in the tree's rank order (the collector's): the API server, the DP
+    coordinator, each ``EngineCore_DPi`` followed by its ``Worker_*``, helpers last."""
+
+    DEFAULT_CSS = "ProcessPanel { height: auto; max-height: 16; border: round $accent; }"
     TABLE_ID = "proc-table"
-    PANEL_TITLE = "process tree"
-    COLUMNS = (("pid", 8), ("role", 20), ("CPU %", 6), ("RSS", 11), ("PSS", 11), ("note", 40))
+    PANEL_TITLE = "process tree (by rank)"
+    COLUMNS = (
+        ("pid", 8),
+        ("role", 26),
+        ("state", 9),
+        ("CPU %", 6),
+        ("RSS", 11),
+        ("PSS", 11),
+        ("note", 34),
+    )
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
         """Show the process tree of ``s`` with its RSS and PSS totals."""
@@ -130,6 +146,7 @@ class ProcessPanel(TablePanel):
                 (
                     str(p.pid),
                     f"{indent}{p.role}",
+                    p.status,
                     _fmt(p.cpu_percent, ".0f"),
                     human_bytes(p.rss),
                     human_bytes(p.pss),
@@ -140,6 +157,7 @@ class ProcessPanel(TablePanel):
             (
                 "",
                 "[b]total[/]",
+                "",
                 "",
                 human_bytes(s.tree.total_rss),
                 human_bytes(s.tree.total_pss),
@@ -190,16 +208,16 @@ class MetricsPanel(Vertical):
 
 
 class LedgerPanel(TablePanel):
-    """The patch ledger: per process and patch, its status and detail."""
+    """The patch ledger per rank: per process (its rank role) and patch, status and detail."""
 
     DEFAULT_CSS = "LedgerPanel { height: auto; max-height: 10; border: round $accent; }"
     TABLE_ID = "ledger-table"
-    PANEL_TITLE = "patch ledger"
-    COLUMNS = (("pid", 8), ("role", 12), ("patch", 22), ("status", 17), ("detail", 60))
+    PANEL_TITLE = "patch ledger (per rank)"
+    COLUMNS = (("pid", 8), ("rank", 20), ("patch", 22), ("status", 17), ("detail", 52))
 
     def update_snapshot(self, s: ServeSnapshot) -> None:
-        """Show the ledger entries of ``s``."""
-        rows = [(str(e.pid), e.role, e.name, e.status, e.detail[:60]) for e in s.ledger]
+        """Show the ledger entries of ``s`` (in rank order: the collector's)."""
+        rows = [(str(e.pid), e.who, e.name, e.status, e.detail[:52]) for e in s.ledger]
         _replace_rows(self.query_one(DataTable), rows)
 
 
