@@ -121,6 +121,9 @@ def run(
     late = _late(scrape, options.timeout)
     if late is not None and state == "unreachable":  # a server answered, then went quiet
         reason = late
+    death = _first_death(base) if options.local else None
+    if death is not None and state in ("dead", "unreachable"):  # the rank that died first
+        reason = f"{death.summary()}; {reason}" if reason else death.summary()
     info = scrape.info
     healthy = scrape.health.status == 200 and state in (READY, BUSY)
     doc = document(
@@ -143,10 +146,22 @@ def run(
             {"pid": p.pid, "role": p.role} for p in (local.stopped if local else ())
         ],
         processes=_processes(pid),
+        first_death=death.to_dict() if death is not None else None,
     )
     verdict = PASS if healthy else FAIL
     progress(ev.Finished(verdict, f"{state}: {reason}" if reason else state))
     return Report(verdict, doc)
+
+
+def _first_death(base: str):
+    """The rank that died first in the newest opsctl run at ``base`` (None: none, or a
+    server opsctl did not start; opsctl.collectors.deaths)."""
+    from opsctl.collectors.deaths import of_url
+
+    try:
+        return of_url(base)
+    except (OSError, ValueError):
+        return None
 
 
 def exit_code(report: Report) -> ExitCode:

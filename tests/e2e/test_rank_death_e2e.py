@@ -134,8 +134,16 @@ def check_first_death(death: dict, victim: str, pid: int, others: set[str]) -> N
     assert death["summary"].startswith(f"{victim} (pid {pid}) died first: killed by SIGKILL")
 
 
-def check_views_of_the_dead_run(run_dir: Path, api_pid: int, victim: str, tmp: Path) -> None:
-    """The console's dead reason and the run's bundle name the first death too."""
+def check_views_of_the_dead_run(
+    run_dir: Path, api_pid: int, victim: str, tmp: Path, url: str
+) -> None:
+    """The console's dead reason, `opsctl status` and the run's bundle name the first death."""
+    from opsctl.checks import status
+    from opsctl.checks.target import UrlTarget
+
+    said = status.run(UrlTarget(url), status.Options(timeout=2.0, canary_timeout=None)).to_dict()
+    assert said["state"] == "unreachable" and said["first_death"]["role"] == victim, said
+    assert said["reason"].startswith(f"{victim} (pid "), said["reason"]
     target = Target("run", "http://127.0.0.1:1", "opsctl-run", pid=api_pid, run_dir=str(run_dir))
     local = discovery.local_state(target)
     assert local is not None and not local.alive
@@ -171,7 +179,9 @@ def test_sigkill_of_worker_tp1_under_load_is_named_first(tmp_path):
            "SIGKILL" in err, err  # fmt: skip
     assert stopped["leftover_pids"] == [] and gone(roles.values()), roles
     assert left == set(), left  # no /dev/shm segment the tree held (TP's cpushm) stays
-    check_views_of_the_dead_run(Path(ready["run_dir"]), ready["pid"], "Worker_TP1", tmp_path)
+    check_views_of_the_dead_run(
+        Path(ready["run_dir"]), ready["pid"], "Worker_TP1", tmp_path, ready["url"]
+    )
 
 
 def test_sigkill_of_engine_core_dp1_under_load_is_named_first(tmp_path):
@@ -190,4 +200,6 @@ def test_sigkill_of_engine_core_dp1_under_load_is_named_first(tmp_path):
     assert all(e["role"] == "EngineCore_DP1" for e in events if e["event"] == "rank_died")
     assert stopped["leftover_pids"] == [] and gone(roles.values()), roles
     assert left == set(), left
-    check_views_of_the_dead_run(Path(ready["run_dir"]), ready["pid"], "EngineCore_DP1", tmp_path)
+    check_views_of_the_dead_run(
+        Path(ready["run_dir"]), ready["pid"], "EngineCore_DP1", tmp_path, ready["url"]
+    )
