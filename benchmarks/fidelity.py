@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opsctl.domain.seeds import parse_seeds
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 CASE_MODULES = ("benchmarks.fidelity_kv_fail", "benchmarks.fidelity_checks")
@@ -69,17 +71,6 @@ def matrix(expect: str, verdicts: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``0-9`` or ``1,3,5`` (or both: ``0-4,9``) as a list of seeds."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise SystemExit(f"--seeds {text!r}: give N, N-M or a comma-separated list of them")
-        seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
-    return seeds
-
-
 def load_cases(checks: set[str] | None) -> list[Case]:
     cases: list[Case] = []
     for name in CASE_MODULES:
@@ -99,7 +90,10 @@ def main() -> int:
     p.add_argument("--checks", default="", help="only these checks (comma-separated)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     a = p.parse_args()
-    seeds = parse_seeds(a.seeds)
+    try:
+        seeds = parse_seeds(a.seeds)
+    except ValueError as exc:
+        raise SystemExit(f"--seeds: {exc}") from None
     cases = load_cases(set(a.checks.split(",")) if a.checks else None)
     if not cases:
         raise SystemExit("no fidelity case matches --checks")
