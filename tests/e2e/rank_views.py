@@ -64,8 +64,9 @@ def check_bundle(run_dir: Path, expected: list[str], tmp: Path) -> None:
 def check_console(url: str, api_pid: int, expected: list[str]) -> None:
     """``console --once --json``'s pids, and discovery of the server as a plain vLLM
     process (no run directory: as for a server opsctl did not start)."""
-    out = subprocess.run([*OPSCTL, "console", "--once", "--json", url], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    # --no-discover: another test's server on this machine is no part of this verdict
+    out = subprocess.run([*OPSCTL, "console", "--once", "--json", "--no-discover", url],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
     (ep,) = json.loads(out.stdout)["endpoints"]
     assert rank_roles(p["role"] for p in ep["pids"]) == expected, ep["pids"]
     found = [t for t in discovery.discover_processes() if t.pid == api_pid]
