@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -138,7 +139,7 @@ def dp_cases(a: argparse.Namespace, cases: set[str], rows: list[tuple[str, str, 
             "tiny-llama", load_format="dummy", knobs={knobs.HANG_STEP: str(hold)}, dp=2,
             single_process=False, max_model_len=512, max_num_seqs=16,
         ) as server:  # fmt: skip
-            url, pid = server.url, dp.core_pid(server)
+            url, pid = server.url, dp.core_pid(SimpleNamespace(server=server))
             for case in ("dp-stop", "dp-hang"):
                 if case in cases:
                     rows.extend(dp_timed(case, url, pid, hold, a.repeat))
@@ -236,15 +237,22 @@ def main() -> int:
     if cases - set(TP_CASES + DP_CASES):
         raise SystemExit(f"unknown case in --cases {a.cases}")
     rows: list[tuple[str, str, str]] = []
-    if cases & set(TP_CASES):
-        tp_cases(cases, a.repeat, rows)
-    if cases & set(DP_CASES):
-        dp_cases(a, cases, rows)
+    try:
+        if cases & set(TP_CASES):
+            tp_cases(cases, a.repeat, rows)
+            print("TP rows:", rows, flush=True)  # kept should a later case fail
+        if cases & set(DP_CASES):
+            dp_cases(a, cases, rows)
+    finally:
+        _table(rows)
+    return 0
+
+
+def _table(rows: list[tuple[str, str, str]]) -> None:
     width = max(len(r[1]) for r in rows) if rows else 10
     print(f"{'case':<9} {'what':<{width}}  result (min / median / max)")
     for case, what, result in rows:
         print(f"{case:<9} {what:<{width}}  {result}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -81,24 +81,11 @@ def _tiny_embed() -> EngineSpec:
     return EngineSpec("tiny-embed", timeout=400.0)
 
 
-def _tp2() -> EngineSpec:
-    # a real tensor-parallel server: two Worker processes (Worker_TP0, Worker_TP1) under
-    # one EngineCore, vLLM's multiprocess layout (issue 44)
-    return EngineSpec("tiny-llama", tp=2, single_process=False, timeout=400.0)
-
-
-def _dp2() -> EngineSpec:
-    # two data-parallel engines behind one API server (EngineCore_DP0/DP1, a DPCoordinator)
-    return EngineSpec("tiny-llama", dp=2, single_process=False, timeout=400.0)
-
-
 # name -> the spec (built lazily: importing this module must stay cheap for conftest)
 SPECS: dict[str, Callable[[], EngineSpec]] = {
     "invariance-nudge": _invariance_nudge,
     "no-logprobs": _no_logprobs,
     "tiny-embed": _tiny_embed,
-    "tp2": _tp2,
-    "dp2": _dp2,
 }
 
 
@@ -115,7 +102,8 @@ COSTS: dict[str, float] = {
     "test_invariance_modes_e2e.py": 70,
     "test_console_e2e.py": 90,
     "test_console_prometheus_e2e.py": 170,  # with the stall alert (was test_alerts_e2e)
-    "test_dp_stall_e2e.py": 420,  # DP=2: SIGSTOP, hang, idle hang, SIGKILL of one engine
+    # the tier's one DP=2 engine: views and checks read, SIGSTOP, hang, idle hang, SIGKILL
+    "test_dp_stall_e2e.py": 480,
     "test_mm_uuid_e2e.py": 75,
     "test_invariance_images_e2e.py": 55,
     "test_console_actions_e2e.py": 55,
@@ -126,14 +114,13 @@ COSTS: dict[str, float] = {
     "test_certify_url_e2e.py": 20,
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
-    "test_rank_hang_e2e.py": 135,  # TP=2 with the rank-hang knob: stop, knob, no py-spy
+    # the tier's one TP=2 engine: views and checks read, then stop, knob, no py-spy, kill
+    "test_rank_hang_e2e.py": 240,
     "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
-    # issue 44 (ranks): five TP=2/DP=2 serves signalled once their ranks exist; two
+    # issue 44 (ranks): four TP=2/DP=2 serves signalled once their ranks exist; two
     # TP=2 kv-fail runs and one TP=2 invariance run
-    "test_ranks_lifetime_e2e.py": 200,
+    "test_ranks_lifetime_e2e.py": 270,
     "test_ranks_diag_e2e.py": 200,
-    # issue 44: a TP=2 and a DP=2 serve, one rank SIGKILLed under load in each
-    "test_rank_death_e2e.py": 150,
 }
 DEFAULT_COST = 60.0
 

@@ -5,9 +5,11 @@
   :func:`opsctl.checks.patches.run`) has no failed patch and no test knob active. Needs
   an opsctl run directory: an engine opsctl started (its own or found by URL).
 - ``engram(target, EngramOptions, progress, session)`` (``certify.engram/1``): Engram
-  tables on this node, with the engine up: no orphaned table (``engram.clean`` dry
-  run), every table's fill verified (``engram.inspect``), and the model's tables (when
-  it has any) fit in /dev/shm (``engram.plan``).
+  tables with the engine up: no orphaned table on this node (``engram.clean`` dry run),
+  the fill of every table the server's processes map verified (``engram.inspect``; every
+  table of the node when the server's processes are not on it; another server's tables
+  are named, not judged), and the model's tables (when it has any) fit in /dev/shm
+  (``engram.plan``).
 - ``shutdown(starts, progress)`` (``certify.shutdown/1``): after an engine session
   closed, every engine it started left 0 processes and 0 /dev/shm segments: the
   engine's own stop report, rechecked afresh (psutil, /dev/shm).
@@ -113,20 +115,41 @@ def engram(
     progress(ev.Started("Engram hygiene"))
     with opened(target, session, progress, label="engram-hygiene") as live:
         progress(ev.Phase("engram inspect"))
+        pids = server_pids(live)
         inspect = tables.inspect(tables.InspectOptions(verify=options.verify), progress)
         progress(ev.Phase("engram clean (dry run)"))
         orphans = tables.clean(tables.CleanOptions(), progress).to_dict()["orphans"]
         capacity = _capacity(options.model_dir or live.model_path, options)
     doc = inspect.to_dict()
+    mine, said, others = dom.server_tables(doc["tables"], doc["findings"], pids)
     return _report(
         "certify.engram",
-        dom.engram_findings(doc["findings"], orphans, capacity),
+        dom.engram_findings(said, orphans, capacity, others),
         progress,
-        tables=[t["name"] for t in doc["tables"]],
+        tables=[t["name"] for t in mine],
         shm=doc["shm"],
         orphans=orphans,
         capacity=capacity,
     )
+
+
+def server_pids(live: Any) -> tuple[int, ...]:
+    """The processes of the server under check on this node; () when it is not on it.
+
+    Its API server (the one opsctl started, else the process listening on the URL's local
+    port) and every descendant."""
+    from urllib.parse import urlsplit
+
+    from opsctl.collectors import processes
+
+    root = getattr(live.server, "pid", None)
+    if root is None:
+        parts = urlsplit(live.url)
+        if parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:
+            root = processes.listening_pid(parts.port)
+    if root is None:
+        return ()
+    return (int(root), *processes.descendants(int(root)))
 
 
 def _capacity(model_dir: Path | None, options: EngramOptions) -> dict[str, Any] | None:

@@ -170,21 +170,60 @@ def ledger_findings(records: Sequence[Mapping[str, Any]]) -> list[Finding]:
 # ---- Engram hygiene --------------------------------------------------------------------------
 
 
+def server_tables(
+    tables: Sequence[Mapping[str, Any]],
+    findings: Sequence[Mapping[str, Any]],
+    pids: Sequence[int],
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]], list[str]]:
+    """engram inspect's tables and findings narrowed to the server under check.
+
+    ``pids``: the server's processes on this node (its API server and every descendant);
+    empty when none is local, and then nothing is narrowed (every table of the node is
+    judged). A table mapped only by other processes belongs to another server (one being
+    filled reads "not constant" until its fill ends): it and its findings are left out and
+    named (the third value). Tables nobody maps stay: orphans are the node's hygiene, judged
+    for every certify."""
+    if not pids:
+        return list(tables), list(findings), []
+    ours = set(pids)
+    others = sorted(
+        str(t["name"])
+        for t in tables
+        if t.get("mapper_pids") and not ours & set(t.get("mapper_pids") or ())
+    )
+    left_out = set(others)
+    kept = [t for t in tables if t["name"] not in left_out]
+    said = [f for f in findings if (f.get("details") or {}).get("table") not in left_out]
+    return kept, said, others
+
+
 def engram_findings(
     inspect: Sequence[Mapping[str, Any]],
     orphans: Sequence[Mapping[str, Any]],
     capacity: Mapping[str, Any] | None,
+    others: Sequence[str] = (),
 ) -> list[Finding]:
     """Findings of the Engram hygiene check: inspect, orphans and /dev/shm capacity.
 
     ``inspect``: engram inspect's findings; ``orphans``: engram clean's dry-run list;
     ``capacity``: the plan's {"total_bytes", "shm_free_bytes", "fits_shm", "chosen"} for the
-    model's Engram tables, None when the model has none.
+    model's Engram tables, None when the model has none; ``others``: tables of other
+    servers on this node left out (:func:`server_tables`), said as info.
     """
     out = [
         Finding(str(f["severity"]), str(f["code"]), str(f["message"]), dict(f.get("details") or {}))
         for f in inspect
     ]
+    if others:
+        out.append(
+            Finding(
+                INFO,
+                "engram.other_servers",
+                f"{len(others)} table(s) mapped only by other processes of this node, not "
+                f"judged for this server: {', '.join(others[:5])}",
+                {"tables": list(others)},
+            )
+        )
     if orphans:
         size = sum(int(o.get("size_bytes") or 0) for o in orphans)
         names = ", ".join(str(o["name"]) for o in orphans[:5])

@@ -1,5 +1,6 @@
-"""One data-parallel engine stalled among healthy ones, on a real DP=2 vLLM server (issue 44
-item 3): tiny-llama dummy, ``--data-parallel-size 2`` (EngineCore_DP0/DP1, a DPCoordinator),
+"""The one DP=2 engine of the tier: first read as it is, then one data-parallel engine
+stalled among healthy ones, then killed (issue 44). tiny-llama, real seeded weights,
+``--data-parallel-size 2`` (EngineCore_DP0/DP1, a DPCoordinator),
 max_model_len 512 and 16 sequences per engine so requests last, and the hang knob armed
 (OPSCTL_HANG_STEP=FILE: ``FILE.dp1`` blocks EngineCore_DP1's step alone). Requests are
 routed with vLLM's ``X-data-parallel-rank`` header: 16 closed-loop clients on engine 1,
@@ -17,6 +18,16 @@ rules of ``opsctl rules --job vllm --for 1s``.
 (d) SIGKILL of EngineCore_DP1 (the server is torn down about 5 s later on 0.32): the
     direct console says dead naming EngineCore_DP1 from the poll after the kill, never
     busy or ready again; what each source said meanwhile is printed (-s): DP-KILL ...
+    Then serve's first-death verdict (the same EngineServer call its stopped event makes),
+    `status`, the console's dead reason and `runs bundle` name EngineCore_DP1 as the rank
+    that died first, SIGKILL, and what the other ranks did (item 5; was
+    test_rank_death_e2e.py's own `serve --dp 2`).
+
+Before (a), read as it is (items 2 and 6; they were the pooled `dp2` engine's modules):
+the process tree, the patch ledger per rank, `runs bundle`, `console --once --json` and
+discovery name every rank; `diag invariance URL` runs in one engine (vLLM's
+X-data-parallel-rank header, seen in the per-engine counters) and `certify URL` judges
+the server truly (the patch ledger fails for the armed hang knob alone).
 
 Engines: one DP=2 start (its own pooled spec, ``dp2-stall``: the knob and the frozen,
 hung and killed engine are this module's alone; (d) kills it, so it runs last)."""
@@ -29,16 +40,19 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from opsctl.checks.target import EngineSpec
+from opsctl.collectors.ledger import read_records
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain.console_state import Settings
 from tests.conftest import OPSCTL
+from tests.e2e import rank_views
 from tests.engine_cores import Cores
 from tests.prometheus_fixture import running_prometheus
 from tests.unit.test_console_collect import validate
@@ -51,6 +65,8 @@ GEN = "vllm:generation_tokens_total"
 LONG = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
 SHORT = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
 ALERT = "VllmEngineStalled"
+RANKS = ["APIServer", "DPCoordinator", "EngineCore_DP0", "Worker_DP0", "EngineCore_DP1",
+         "Worker_DP1"]  # fmt: skip
 
 
 # ---- the engine, Prometheus and the load --------------------------------------------------------
@@ -67,7 +83,7 @@ def server(engine_pool, hold):
     from engine_patches import knobs
 
     spec = EngineSpec(
-        "tiny-llama", load_format="dummy", dp=2, single_process=False, max_model_len=512,
+        "tiny-llama", dp=2, single_process=False, max_model_len=512,
         max_num_seqs=16, knobs=((knobs.HANG_STEP, str(hold)),), timeout=400.0,
     )  # fmt: skip
     live = engine_pool.engine(POOL, spec)
@@ -147,6 +163,10 @@ class Pinned:
         """No new requests; wait (deadline) for the ones in flight to answer."""
         self.stop.set()
         deadline = time.monotonic() + timeout
+        # the loops first (threads[:len(loops)]): a paced loop may start one last request
+        # after stop is set, so the list is read again once they have ended
+        for t in self.threads[: 1 if self.every else self.clients]:
+            t.join(max(0.0, deadline - time.monotonic()))
         for t in list(self.threads):
             t.join(max(0.0, deadline - time.monotonic()))
         assert not any(t.is_alive() for t in self.threads), "requests still in flight"
@@ -276,6 +296,41 @@ def hang_with(url: str, pid: int, hold, running: bool, timeout: float = 240.0) -
         assert time.monotonic() < deadline, "no hang with requests running"
 
 
+# ---- read as it is: every view names each rank, the checks judge it (items 2 and 6) ----------
+
+
+def test_tree_and_ledger_name_every_dp_rank(server):
+    rank_views.check_tree(server.server.pid, RANKS)
+    rank_views.check_ledger(Path(server.run_dir), RANKS)
+
+
+def test_bundle_and_console_name_every_dp_rank(server, tmp_path):
+    rank_views.check_bundle(Path(server.run_dir), RANKS, tmp_path)
+    rank_views.check_console(server.url, server.server.pid, RANKS)
+
+
+def test_invariance_on_a_dp2_url_runs_in_one_engine(server):
+    before = rank_views.tokens_per_engine(server.url)
+    assert sorted(before) == ["0", "1"]
+    rc, doc, _err = rank_views.invoke("diag", "invariance", server.url, "--max-tokens", "8")
+    after = rank_views.tokens_per_engine(server.url)
+    (run,) = doc["runs"]
+    rank_views.judged_as_is(rc, run)
+    assert any("every request went to engine 0" in w for w in run["warnings"]), run["warnings"]
+    # BS=1 and BS=N, 8 prompts x 8 tokens each: all on engine 0, none on engine 1
+    assert after["1"] == before["1"], (before, after)
+    assert after["0"] - before["0"] >= 2 * 8 * 8, (before, after)
+    assert run["batch"]["tokens"] == 8 * 8
+
+
+def test_certify_url_on_dp2_reports_every_check(server):
+    rc, doc, err = rank_views.invoke("certify", server.url)
+    roles = sorted(rank_views.certified_as_is(rc, doc, err, "OPSCTL_HANG_STEP").values())
+    # the patch ledger of every rank process: both EngineCores and their workers
+    assert roles == ["api_server", "engine_core", "engine_core", "worker", "worker"], roles
+    assert len(read_records(server.run_dir)) >= len(roles)
+
+
 # ---- (a) SIGSTOP --------------------------------------------------------------------------------
 
 
@@ -371,7 +426,7 @@ def test_an_engine_hung_while_idle_is_named_by_its_own_canary(server, hold):
 # ---- (d) SIGKILL of one EngineCore: named, never busy or ready in between -----------------------------
 
 
-def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom, load):
+def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom, load, tmp_path):
     url, pid = server.url, core_pid(server)
     settings = Settings(interval_s=0.25)
     src = DirectScrapeSource(targets.from_urls([url]), discover=False, settings=settings)
@@ -386,6 +441,7 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
         killed_at = time.time()
 
         def look() -> bool:
+            server.server.track()  # what serve's supervision does while it serves
             now = time.time() - killed_at
             for name, s in (("direct", src), ("prometheus", pro)):
                 for v in s.collect().endpoints[:1]:
@@ -410,3 +466,16 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
     after = [(t, st, r) for t, st, r in mine if t >= first_dead]
     assert all(st == "dead" for _, st, _ in after), after
     assert all(r.startswith(f"EngineCore_DP1 (pid {pid}) gone") for *_, r in after), after[-1]
+    # the rank that died first (item 5), once the server is gone: as serve's stopped event
+    # says it (the same call), then status, the console's dead reason and runs bundle
+    from opsctl.engine import supervise
+
+    server.server.track()
+    death = supervise.first_death(server.server)
+    assert death is not None
+    rank_views.check_first_death(death.to_dict(), "EngineCore_DP1", pid,
+                                 {"EngineCore_DP0", "Worker_DP0", "Worker_DP1", "DPCoordinator",
+                                  "APIServer"})  # fmt: skip
+    rank_views.check_views_of_the_dead_run(
+        Path(server.run_dir), server.server.pid, "EngineCore_DP1", tmp_path, server.url
+    )

@@ -1,5 +1,13 @@
-"""The rank that hangs (issue 44 item 4), on a real TP=2 vLLM engine (Worker_TP0 and
-Worker_TP1 under one EngineCore), under a closed-loop load:
+"""The one TP=2 engine of the tier (tiny-llama, real seeded weights, Worker_TP0 and
+Worker_TP1 under one EngineCore): first read as it is, then its ranks hung.
+
+Read first (issue 44 items 2 and 6; they were the pooled `tp2` engine's two modules): the
+process tree, the patch ledger per rank, `runs bundle`, `console --once --json` and
+discovery name every rank; `diag invariance URL` and `certify URL` judge the server truly
+(it keeps vLLM's prefix caching: invariance fails for that one setting, certify skips it;
+certify fails the patch ledger for the armed hang knob alone, on every rank).
+
+Then the rank that hangs (issue 44 item 4), under a closed-loop load:
 
 - one worker SIGSTOPped: Worker_TP0 goes on into its next all-reduce and waits there;
 - the test knob OPSCTL_HANG_RANK=TP1:FILE: Worker_TP1 blocks in planted_hang inside the
@@ -13,7 +21,16 @@ holds those stacks (collected/stacks.json). Released, every request answers 200.
 and says why (a stopped process cannot run its stack handler; how to install py-spy). The
 latencies measured are printed (pytest -s).
 
-Engine starts: 1 (its own: the knob alters the engine, and the tests stop its processes)."""
+Last, the rank that died first (issue 44 item 5; was test_rank_death_e2e.py's own `serve
+--tp 2`): Worker_TP1 SIGKILLed under load; vLLM tears the server down (0.9-10 s); what
+serve's supervision says (the same EngineServer calls: ``track`` each second while it
+serves, ``first_death`` and ``died_error`` for its stopped event and error line), then
+`status`, the console's dead reason and `runs bundle` name Worker_TP1 first, SIGKILL, and
+what the other ranks did. Serve's event stream around them: tests/unit/
+test_first_death_supervision.py.
+
+Engine starts: 1 (its own: the knob alters the engine, and the tests stop its processes;
+the read-only tests run before them)."""
 
 from __future__ import annotations
 
@@ -36,11 +53,13 @@ from opsctl.collectors.ledger import read_records
 from opsctl.collectors.processes import members
 from tests.cli.test_json_schemas import validate
 from tests.conftest import OPSCTL, running_engine
+from tests.e2e import rank_views
 from tests.engine_cores import ClosedLoad
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
+RANKS = ["APIServer", "EngineCore", "Worker_TP0", "Worker_TP1"]
 BODY = {"model": "tiny-llama", "prompt": "hello there", "max_tokens": 48, "ignore_eos": True}
 EMBEDDING = "vllm/model_executor/layers/vocab_parallel_embedding.py"
 SHM_ALL_REDUCE = "all_reduce (vllm/distributed/device_communicators/cpu_communicator.py:"
@@ -60,9 +79,8 @@ def tp2(tmp_path_factory):
 
     trigger = tmp_path_factory.mktemp("rank-hang") / "hold"
     kw = dict(tp=2, single_process=False, max_model_len=512, max_num_seqs=16)
-    with running_engine(
-        "tiny-llama", load_format="dummy", knobs={knobs.HANG_RANK: f"TP1:{trigger}"}, **kw
-    ) as server:
+    # real weights: the invariance and certify reads compare outputs
+    with running_engine("tiny-llama", knobs={knobs.HANG_RANK: f"TP1:{trigger}"}, **kw) as server:
         roles = {role: pid for pid, role, _state in members(server.pid)}
         # the first requests compile kernels (torch inductor, a g++ per shape): done before
         warm = ClosedLoad([server.url], 4, BODY).start()
@@ -105,6 +123,44 @@ def test_the_knob_is_armed_in_both_workers_only(tp2):
         (p,) = [p for p in rec["patches"] if p["name"] == "rank_hang_knob"]
         by_role[rec["role"]] = p["status"]
     assert by_role["worker"] == "applied" and by_role["engine_core"] == "skipped", by_role
+
+
+# ---- read as it is: every view names each rank, the checks judge it (items 2 and 6) ----------
+
+
+def test_tree_and_ledger_name_every_tp_rank(tp2):
+    server, _trigger, _roles = tp2
+    rank_views.check_tree(server.pid, RANKS)
+    rank_views.check_ledger(Path(server.run_dir), RANKS)
+
+
+def test_bundle_and_console_name_every_tp_rank(tp2, tmp_path):
+    server, _trigger, _roles = tp2
+    rank_views.check_bundle(Path(server.run_dir), RANKS, tmp_path)
+    rank_views.check_console(server.url, server.pid, RANKS)
+
+
+def test_invariance_on_a_tp2_url(tp2):
+    server, _trigger, _roles = tp2
+    rc, doc, _err = rank_views.invoke("diag", "invariance", server.url)
+    (run,) = doc["runs"]
+    rank_views.judged_as_is(rc, run)
+    assert not any("data-parallel" in w for w in run["warnings"])  # one engine: no pin
+
+
+def test_certify_url_on_tp2_reports_every_check(tp2):
+    server, _trigger, _roles = tp2
+    rc, doc, err = rank_views.invoke("certify", server.url)
+    roles = rank_views.certified_as_is(rc, doc, err, "OPSCTL_HANG_RANK")
+    # the patch ledger of every rank process: the API server, the EngineCore, both workers
+    assert sorted(roles.values()) == ["api_server", "engine_core", "worker", "worker"], roles
+    records = read_records(server.run_dir)
+    assert {r["pid"] for r in records if r["role"] == "worker"} == {
+        pid for pid, role in roles.items() if role == "worker"
+    }
+
+
+# ---- the rank that hangs (item 4) ------------------------------------------------------------
 
 
 def test_a_worker_stopped_under_load_is_named_and_its_peer_waits_in_the_collective(tp2, tmp_path):
@@ -221,3 +277,34 @@ def test_a_stopped_engine_core_without_py_spy_never_passes_and_says_why(tp2):
     others = [q for q in st["processes"] if q["role"] in ("APIServer", "Worker_TP0", "Worker_TP1")]
     assert {q["source"] for q in others} == {"signal"}  # the armed, running ones: read
     wait_until(lambda: opsctl("stacks", server.url)[1]["verdict"] == "pass", 120, "resumed")
+
+
+# ---- the rank that died first (item 5): last, it ends the engine -----------------------------
+
+
+def test_sigkill_of_worker_tp1_under_load_is_named_first(tp2, tmp_path):
+    from opsctl.engine import supervise
+
+    server, _trigger, roles = tp2
+    victim = roles["Worker_TP1"]
+    with rank_views.Load(server.url, dp=False) as load:
+        wait_until(lambda: load.busy(1), 180, "requests served and in flight",
+                   lambda: (load.ok, load.inflight, load.codes[-5:]))  # fmt: skip
+
+        def torn_down() -> bool:
+            server.track()  # what serve's supervision does every second while it serves
+            return server.exited() is not None
+
+        os.kill(victim, signal.SIGKILL)
+        wait_until(torn_down, 120, "vLLM tearing the server down", every=0.5)
+    death = supervise.first_death(server)
+    assert death is not None
+    rank_views.check_first_death(death.to_dict(), "Worker_TP1", victim,
+                                 {"EngineCore", "Worker_TP0", "APIServer"})  # fmt: skip
+    core = {f["role"]: f for f in death.to_dict()["others"]}["EngineCore"]
+    assert core["fate"] in ("exited", "gone"), core  # the EngineCore died with its worker
+    said = str(supervise.died_error(server))
+    assert said.startswith(f"engine died: Worker_TP1 (pid {victim}) died first: killed by SIGKILL")
+    rank_views.check_views_of_the_dead_run(
+        Path(server.run_dir), server.pid, "Worker_TP1", tmp_path, server.url
+    )

@@ -1,6 +1,6 @@
 """diag invariance on a data-parallel server: every request pinned to one engine (vLLM's
 X-data-parallel-rank header), found from the /metrics engine labels; one engine: no pin.
-On real DP=2 and TP=2 servers: tests/e2e/test_ranks_dp2_checks_e2e.py."""
+On real DP=2 and TP=2 servers: the DP=2 tests of tests/e2e/test_dp_stall_e2e.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ lines in server.log with vLLM's ``(ROLE pid=N)`` prefix). SIGKILL of Worker_TP1 
 plays vLLM's measured teardown: its EngineCore stops the other worker and exits, the API
 server exits with code 0. EngineServer's tracking, ``supervise.died_error``, serve's
 ``process_list`` and the dashboard's collector must name Worker_TP1 first, with SIGKILL.
-(tests/e2e/test_rank_death_e2e.py does the same on real vLLM TP=2 and DP=2 servers.)"""
+(tests/e2e/test_rank_hang_e2e.py and test_dp_stall_e2e.py do the same on real vLLM TP=2 and
+DP=2 servers, at their end.)"""
 
 from __future__ import annotations
 
