@@ -148,7 +148,7 @@ def test_promtool_checks_the_written_rules(promtool, tmp_path, args):
     path = opsctl_rules(tmp_path, *args)
     r = run(promtool, "check", "rules", str(path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 12 rules found" in r.stdout
+    assert "SUCCESS: 13 rules found" in r.stdout
     doc = yaml.safe_load(path.read_text())
     rules = [rule for g in doc["groups"] for rule in g["rules"]]
     named = {rule["alert"]: rule for rule in rules if "alert" in rule}
