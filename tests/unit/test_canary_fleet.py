@@ -17,13 +17,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from opsctl.cli import app
 from opsctl.collectors import canary as canary_collector
 from opsctl.domain import alert_rules as ar
 from opsctl.domain import console as c
 from opsctl.domain import prom, prom_view
 from tests.blackbox_fixture import running_blackbox
+from tests.prometheus_fixture import running_prometheus
+from tests.standins.vllm_server import Endpoint
+from tests.standins.vllm_server import answer as vllm_answer
 from tests.unit.test_promtool_rules import PROMTOOL, promtool, promtool_test  # noqa: F401
+from tests.waiting import wait_until
 
 
 def rules(tmp, *args: str) -> subprocess.CompletedProcess:
@@ -32,16 +38,25 @@ def rules(tmp, *args: str) -> subprocess.CompletedProcess:
 
 
 class Completions:
-    """A one-route HTTP server that records what the probe POSTs and answers like vLLM."""
+    """An HTTP server that records what the probe POSTs and answers like vLLM; with
+    ``stopped``, like a vLLM whose EngineCore was stopped while idle: /health 200, /metrics
+    (a recorded vLLM body) at 0 running, and a completion that never returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, stopped: bool = False) -> None:
         self.seen: list[tuple[str, dict, str]] = []
+        self.released = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.wfile.write(vllm_answer(Endpoint("healthy"), self.path.split("?")[0]))
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.seen.append((self.path, body, self.headers.get("Authorization", "")))
+                if stopped:
+                    outer.released.wait(120)
+                    return
                 out = b'{"choices":[{"text":"!","finish_reason":"length"}]}'
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -57,6 +72,7 @@ class Completions:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -186,3 +202,52 @@ def test_bad_canary_options_are_one_line_exit_2_nothing_written(tmp_path, args, 
     r = rules(tmp_path, *args)
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def console_once(prom_url: str) -> tuple[int, dict[str, dict]]:
+    argv = ["console", "--prometheus", prom_url, "--job", "vllm", "--once", "--json",
+            "--interval", "0.5s", "--canary-timeout", "2s"]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    doc = json.loads(r.stdout)
+    return r.exit_code, {e["url"]: e for e in doc["endpoints"]}
+
+
+def test_a_server_stopped_while_idle_behind_prometheus_is_not_ready(tmp_path):
+    """Stand-ins for the e2e's case (fast, in the unit tier): a server whose completions
+    hang while /health says 200 and its gauges 0 running. Over a Prometheus with the canary
+    job, the probes make it stalled and VllmCanaryFailed fires for it alone; over one
+    without, console --once's own canary does. (On main both said ready, exit 0.)"""
+    r = rules(tmp_path, "--job", "vllm", "--for", "1s", "--out", "rules.yml",
+              "--blackbox-out", "blackbox.yml")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ok, stopped = Completions(), Completions(stopped=True)
+    urls = [ok.url, stopped.url]
+    try:
+        with (
+            running_blackbox(tmp_path / "blackbox.yml") as exporter,
+            running_prometheus(urls, rule_files=[str(tmp_path / "rules.yml")],
+                               canary=exporter.address, canary_interval=2.0) as prom,
+            running_prometheus(urls) as plain,
+        ):  # fmt: skip
+
+            def firing() -> dict:
+                return {a["labels"]["instance"]: a for a in prom.alerts()
+                        if a["labels"]["alertname"] == "VllmCanaryFailed"
+                        and a["state"] == "firing"}  # fmt: skip
+
+            wait_until(lambda: set(firing()) == {stopped.url.split("//")[1]}, 60,
+                       "VllmCanaryFailed firing for the stopped server", prom.alerts)  # fmt: skip
+            code, rows = console_once(prom.url)
+            assert rows[stopped.url]["state"] == "stalled", rows[stopped.url]
+            assert (
+                "blackbox canary (vllm-canary) got no 1-token completion"
+                in (rows[stopped.url]["reason"])
+            )
+            assert rows[ok.url]["state"] == "ready" and code == 1, rows[ok.url]
+            code, rows = console_once(plain.url)
+            assert rows[stopped.url]["state"] == "stalled", rows[stopped.url]
+            assert "did not return within 2 s" in rows[stopped.url]["reason"]
+            assert rows[ok.url]["state"] == "ready" and code == 1
+    finally:
+        ok.close()
+        stopped.close()
