@@ -459,11 +459,12 @@ def parse_probes(result: list) -> dict[str, Probe]:
         at[inst] = number(value[0])
     out = {}
     for inst, f in seen.items():
-        if f.get("success") is None:
+        success = f.get("success")
+        if success is None:
             continue
         status = f.get("status")
         connect = f.get("connect")
-        out[inst] = Probe(inst, f["success"] >= 1, f.get("seconds"),
+        out[inst] = Probe(inst, success >= 1, f.get("seconds"),
                           None if status is None else int(status), at[inst],
                           connect is None or connect > 0)  # fmt: skip
     return out
