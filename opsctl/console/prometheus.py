@@ -10,8 +10,8 @@ selector (raw samples for the stall rule), the alerts, and the last probes of op
 canary job (the blackbox exporter's 1-token completion, job ``vllm-canary``: a ready
 endpoint whose probe got no answer is stalled, prom_view.with_probe), concurrently,
 each under the source's timeout. The latency percentiles (the queries that cost
-Prometheus most) run apart, every LATENCY_EVERY_S or four times what they took, whichever is longer, and a
-poll uses the latest that came back. A poll that takes long stretches the period
+Prometheus most) run apart, every LATENCY_EVERY_S or four times what they took,
+whichever is longer, and a poll uses the latest that came back. A poll that takes long stretches the period
 (at least twice the last poll), so a slow Prometheus is not piled on. Parsing and
 decisions are pure (opsctl.domain.prom, prom_view). When Prometheus does not answer, the
 rows keep their last data (their age grows) and the hint says why."""
