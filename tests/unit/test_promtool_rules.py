@@ -161,7 +161,9 @@ def test_promtool_checks_the_written_rules(promtool, tmp_path, args):
     assert stalled["for"] == ("2m" if args else "1m")
     assert "VllmEngineRestarted" in named and "for" not in named["VllmEngineRestarted"]
     if args:
-        assert all('job="vllm"' in r["expr"] for r in rules)
+        # every rule reads the job's series, but the canary's: the exporter's own job
+        assert all('job="vllm"' in r["expr"] for r in rules if r.get("alert") != "VllmCanaryFailed")
+        assert f'job="{alert_rules.CANARY_JOB}"' in named["VllmCanaryFailed"]["expr"]
 
 
 # ---- promtool test rules: each alert fires, and stays silent where it must ---------------------
