@@ -19,15 +19,17 @@ install: $(STAMP)
 serve: install
 	$(BIN)/opsctl serve
 
-# Debian's prometheus (the console's --prometheus tests, the rules' promtool tests) and
-# prometheus-alertmanager (the alerts e2e): installed when missing and we are root; else
-# their tests fail and say so
+# Debian's prometheus (the console's --prometheus tests, the rules' promtool tests),
+# prometheus-alertmanager (the alerts e2e) and prometheus-blackbox-exporter (the canary's
+# tests): installed when missing and we are root; else their tests fail and say so
 prometheus:
-	@{ test -x /usr/bin/prometheus && test -x /usr/bin/prometheus-alertmanager; } \
+	@{ test -x /usr/bin/prometheus && test -x /usr/bin/prometheus-alertmanager \
+	  && test -x /usr/bin/prometheus-blackbox-exporter; } \
 	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } \
-	  || echo "prometheus/alertmanager not installed (needs root and apt-get): their tests will fail" >&2
+	  --no-install-recommends prometheus prometheus-alertmanager \
+	  prometheus-blackbox-exporter >/dev/null; } \
+	  || echo "prometheus/alertmanager/blackbox exporter not installed (needs root and apt-get): their tests will fail" >&2
 
 # Two tiers (tests/tiers.sh): every test without an engine on $(WORKERS) pytest-xdist
 # workers first (a broken tree fails in minutes), then the engine tests one engine at a

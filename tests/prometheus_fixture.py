@@ -92,10 +92,13 @@ def config_text(
     health: bool = True,
     rule_files: list[str] | None = None,
     alertmanager: str | None = None,
+    canary: str | None = None,
+    canary_interval: float = 3.0,
 ) -> str:
     """Prometheus YAML (JSON is YAML) for the vLLM servers at ``urls``; ``rule_files`` are
     loaded (evaluated every ``interval``), alerts go to the Alertmanager at ``alertmanager``
-    (a base URL)."""
+    (a base URL); ``canary``: the blackbox exporter (host:port) that probes every server
+    every ``canary_interval`` in opsctl's canary scrape job (alert_rules.canary_scrape_job)."""
     import json
 
     ms = f"{max(1, int(interval * 1000))}ms"
@@ -104,6 +107,10 @@ def config_text(
     jobs = [{"job_name": job, "metrics_path": "/metrics", "static_configs": static}]
     if health:
         jobs.append({"job_name": HEALTH_JOB, "metrics_path": "/health", "static_configs": static})
+    if canary:
+        from opsctl.domain.alert_rules import canary_scrape_job
+
+        jobs.append(canary_scrape_job(_hostports(urls), canary, canary_interval))
     doc = {
         "global": {"scrape_interval": ms, "scrape_timeout": timeout, "evaluation_interval": ms},
         "scrape_configs": jobs,
@@ -187,18 +194,24 @@ def running_prometheus(
     timeout: float = 120.0,
     rule_files: list[str] | None = None,
     alertmanager: str | None = None,
+    canary: str | None = None,
+    canary_interval: float = 3.0,
 ) -> Iterator[PromServer]:
     """``rule_files`` (paths) are loaded and must load (checked through /api/v1/rules);
-    firing alerts are sent to the Alertmanager at ``alertmanager`` (tests/alertmanager_fixture)."""
+    firing alerts are sent to the Alertmanager at ``alertmanager`` (tests/alertmanager_fixture);
+    ``canary``: a blackbox exporter's host:port (tests/blackbox_fixture) probing each server."""
     with tempfile.TemporaryDirectory(prefix="opsctl-prom-") as tmp:
         workdir = Path(tmp)
         config = workdir / "prometheus.yml"
-        config.write_text(config_text(urls, interval, job, health, rule_files, alertmanager))
+        config.write_text(
+            config_text(urls, interval, job, health, rule_files, alertmanager, canary,
+                        canary_interval)
+        )  # fmt: skip
         log_path = workdir / "prometheus.log"
         proc, url = _start(workdir, config, log_path)
         server = PromServer(proc, url, config, log_path, job)
         try:
-            n = len(urls) * (2 if health else 1)
+            n = len(urls) * (1 + bool(health) + bool(canary))
             wait_scraped(server, n, timeout, up=up)
             if rule_files:
                 r = httpx.get(f"{url}/api/v1/rules", timeout=10)

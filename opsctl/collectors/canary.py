@@ -19,9 +19,10 @@ from collections.abc import Iterable
 import httpx
 
 from opsctl.collectors.http import client
+from opsctl.domain.alert_rules import CANARY_BODY
 from opsctl.domain.console import Canary
 
-PROMPT = "ok"
+PROMPT = CANARY_BODY["prompt"]  # the blackbox exporter's canary sends the same body
 # vLLM's header that sends a request to one data-parallel engine (a router injects it;
 # vllm/entrypoints/generate/base/serving.py _get_data_parallel_rank, 0.32)
 RANK_HEADER = "X-data-parallel-rank"
@@ -29,13 +30,18 @@ __all__ = ["RANK_HEADER", "Canary", "send", "send_each"]
 
 
 def send(
-    url: str, model: str, timeout: float, api_key: str | None = None, engine: str | None = None
+    url: str,
+    model: str | None,
+    timeout: float,
+    api_key: str | None = None,
+    engine: str | None = None,
 ) -> Canary:
     """POST one 1-token completion to ``url`` (127.0.0.1 or the operator's own URL).
 
+    ``model`` None: no "model" in the body (vLLM answers with its first served model).
     ``engine``: the data-parallel engine (its ``engine`` label, = its DP rank) that must
     answer it, sent as ``X-data-parallel-rank``; None lets the server pick."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    body = {**CANARY_BODY} if model is None else {"model": model, **CANARY_BODY}
     headers = {RANK_HEADER: engine} if engine is not None else None
     t0 = time.monotonic()
     try:
@@ -53,7 +59,7 @@ def send(
 
 
 def send_each(
-    url: str, model: str, timeout: float, api_key: str | None, engines: Iterable[str]
+    url: str, model: str | None, timeout: float, api_key: str | None, engines: Iterable[str]
 ) -> dict[str, Canary]:
     """One canary per data-parallel engine of ``url``, in parallel: engine -> its result."""
     from concurrent.futures import ThreadPoolExecutor

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
             others = bool(urls or targets_file or prometheus)
             source = open_replay(replay, others=others, record=record, once=once)
         elif prometheus is not None:
-            source = fleet.prometheus_source(prometheus, job, settings)
+            source = fleet.prometheus_source(prometheus, job, settings, api_key)
         else:
             source = fleet.direct_source(urls or [], targets_file, no_discover, settings, api_key)
         from opsctl.console.gpus import advised  # the advisor, over this host's GPUs

@@ -33,12 +33,12 @@ def direct_source(urls, targets_file, no_discover, settings, api_key):
     return DirectScrapeSource(static, discover=not no_discover, settings=settings, api_key=api_key)
 
 
-def prometheus_source(url, job, settings):
+def prometheus_source(url, job, settings, api_key=None):
     """A Prometheus fleet source, checked (exit 3 or 2 when not usable).
 
     Exit 3 when nothing answers, 2 when what answers is not Prometheus."""
     from opsctl.console.prometheus import PrometheusSource
 
-    source = PrometheusSource(url, job=job, settings=settings)
+    source = PrometheusSource(url, job=job, settings=settings, api_key=api_key)
     source.check()
     return source

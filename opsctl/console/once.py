@@ -69,8 +69,10 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
     scrapes cannot vouch for: an engine stopped while idle keeps /health 200 and its
     gauges at 0. On a server of several data-parallel engines, one canary per idle
     engine, sent to it alone (``X-data-parallel-rank``), the server ready or busy: a
-    busy engine's progress says nothing of an idle one. Only for a live direct source
-    (it knows each endpoint's API key)."""
+    busy engine's progress says nothing of an idle one. For a live source that knows
+    the API key to send (``api_key_for``): the direct one, and the Prometheus one, whose
+    targets get the canary too (Prometheus's samples cannot show an engine stopped while
+    idle either); not a replay."""
     key_for = getattr(source, "api_key_for", None)
     if not settings.canary_timeout_s or key_for is None or not getattr(source, "live", True):
         return snap

@@ -6,10 +6,12 @@ opsctl.console/1 JSON; the UI does not know which source it has.
 One background event-loop thread polls Prometheus every period (the console's interval,
 but never faster than the endpoints' scrape interval): the active targets, one instant
 query (every figure of every endpoint, split by the instance label) and one range
-selector (raw samples for the stall rule), the three concurrently, each under the
-source's timeout. The latency percentiles (the queries that cost Prometheus most) run
-apart, every LATENCY_EVERY_S or four times what they took, whichever is longer, and a
-poll uses the latest that came back. A poll that takes long stretches the period
+selector (raw samples for the stall rule), the alerts, and the last probes of opsctl's
+canary job (the blackbox exporter's 1-token completion, job ``vllm-canary``: a ready
+endpoint whose probe got no answer is stalled, prom_view.with_probe), concurrently,
+each under the source's timeout. The latency percentiles (the queries that cost
+Prometheus most) run apart, every LATENCY_EVERY_S or four times what they took,
+whichever is longer, and a poll uses the latest that came back. A poll that takes long stretches the period
 (at least twice the last poll), so a slow Prometheus is not piled on. Parsing and
 decisions are pure (opsctl.domain.prom, prom_view). When Prometheus does not answer, the
 rows keep their last data (their age grows) and the hint says why."""
@@ -26,6 +28,7 @@ from opsctl.console import alerts as prom_alerts
 from opsctl.console.source import LoopThreadSource
 from opsctl.console.targets import normalise_url
 from opsctl.domain import prom, prom_view
+from opsctl.domain.alert_rules import CANARY_JOB
 from opsctl.domain.console import FleetSnapshot
 from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput, EngineUnreachable
@@ -47,8 +50,10 @@ class PrometheusSource(LoopThreadSource):
         job: str | None = None,
         settings: Settings | None = None,
         timeout: float | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = normalise_url(url)
+        self.api_key = api_key  # for --once's canary to the servers it reads
         self.job = job or None
         self.settings = settings or Settings()
         self.scrape_s: float | None = None  # the endpoints' scrape interval, once known
@@ -65,6 +70,7 @@ class PrometheusSource(LoopThreadSource):
         self.hint: str | None = None
         self.alerts: list = []  # what /api/v1/alerts said last (opsctl.console.alerts)
         self.alerts_error: str | None = None
+        self.probes: dict[str, prom.Probe] = {}  # the blackbox canary's, by instance
         self.polls = 0
         self._init_loop("console-prom")
 
@@ -103,6 +109,10 @@ class PrometheusSource(LoopThreadSource):
                 f"{r.status_code}: {exc})"[:300]
             ) from None
 
+    def api_key_for(self, target) -> str | None:
+        """The API key ``--once``'s canary sends to the server ``target`` (--api-key)."""
+        return self.api_key
+
     # ---- the loop --------------------------------------------------------------------------
     def start(self) -> None:
         """Start the polling loop on its thread."""
@@ -139,11 +149,12 @@ class PrometheusSource(LoopThreadSource):
             self.scrape_s = prom_view.scrape_interval(found, self.settings.interval_s)
         w = prom_view.windows(self.settings, self.scrape_s)
         self._start_latency(client, w)
-        tdoc, vdoc, mdoc, _ = await asyncio.gather(
+        tdoc, vdoc, mdoc, _, _ = await asyncio.gather(
             self._get(client, targets_path),
             self._get(client, "/api/v1/query", {"query": prom.figures_query(self.job, w)}),
             self._get(client, "/api/v1/query", {"query": prom.stall_query(self.job, w)}),
             self._alerts(client),
+            self._probes(client),
         )
         return tdoc, prom.data_of(vdoc, "vector"), prom.data_of(mdoc, "matrix")
 
@@ -154,6 +165,13 @@ class PrometheusSource(LoopThreadSource):
             self.alerts_error = None
         except _ERRORS as exc:
             self.alerts_error = f"alerts: {type(exc).__name__}: {exc}"[:300]
+
+    async def _probes(self, client: httpx.AsyncClient) -> None:
+        """The blackbox canary's last probes (none without its scrape job); kept on failure."""
+        query = {"query": prom.canary_query(CANARY_JOB)}
+        with contextlib.suppress(*_ERRORS):
+            doc = await self._get(client, "/api/v1/query", query)
+            self.probes = prom.parse_probes(prom.data_of(doc, "vector"))
 
     def _start_latency(self, client: httpx.AsyncClient, w: prom.Windows) -> None:
         busy = self.latency_task is not None and not self.latency_task.done()
@@ -217,6 +235,8 @@ class PrometheusSource(LoopThreadSource):
                 poll = prom_view.PromPoll(t, health.get(t.url), d, points.get(key, {}), now)
                 ep.observe(poll)
                 ep.view = prom_alerts.with_alerts(ep.view, t.instance, self.alerts)
+                probe = self.probes.get(t.instance)
+                ep.view = prom_view.with_probe(ep.view, probe, CANARY_JOB)
                 kept[t.url] = ep
             self.endpoints = kept  # a target Prometheus dropped leaves the fleet
             self.polls += 1

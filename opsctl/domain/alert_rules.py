@@ -34,6 +34,7 @@ series and shows they agree.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from opsctl.domain.endpoint_notes import FiredAlert
@@ -62,6 +63,20 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 # vLLM's KV cache gauge; vLLM before 0.10 called it gpu_cache_usage_perc
 KV_USAGE_NAMES = (KV_USAGE, "vllm:gpu_cache_usage_perc")
+
+# ---- the canary: the blackbox exporter probing a one-token completion -----------------------
+# An engine stopped (or hung) while idle keeps /health 200 and its gauges at 0: no series
+# moves, so no rule over vLLM's own metrics can see it. The blackbox exporter (Debian's
+# prometheus-blackbox-exporter) POSTs this body to /v1/completions of every target (vLLM
+# takes a request without "model": its first served model answers), as console --once
+# and status send their canary (opsctl.collectors.canary).
+CANARY_BODY = {"prompt": "ok", "max_tokens": 1, "temperature": 0}
+CANARY_JOB = "vllm-canary"  # the scrape job of the exporter's probes (the alert's selector)
+CANARY_MODULE = "vllm_canary"  # the module in blackbox.yml
+CANARY_TIMEOUT_S = 10.0  # the module's deadline: the console's --canary-timeout default
+CANARY_SLOW_S = 5.0  # a probe that succeeds but takes this long fires too
+CANARY_INTERVAL_S = 15.0  # how often the scrape job probes each server
+EXPORTER = "127.0.0.1:9115"  # the blackbox exporter's default address
 
 GROUP = "opsctl-vllm"
 RECORDING_GROUP = "opsctl-vllm-recording"
@@ -191,6 +206,16 @@ def down_expr(job: str | None) -> str:
     return f"(up == 0) and on ({BY}) {seen}"
 
 
+def canary_expr() -> str:
+    """PromQL: the blackbox canary failed (no answer in time, or an error) or was slow.
+
+    ``probe_success`` 0 (the exporter's verdict on the 1-token completion) or a probe that
+    took CANARY_SLOW_S or more; per target of the CANARY_JOB scrape job, whose ``instance``
+    is the vLLM server's host:port (canary_scrape_job), as in the vLLM job."""
+    sel = selector(CANARY_JOB)
+    return f"(probe_success{sel} == 0)\nor (probe_duration_seconds{sel} >= {CANARY_SLOW_S:g})"
+
+
 CONSOLE = "opsctl console http://{{ $labels.instance }}"
 
 
@@ -234,6 +259,13 @@ def alerts(job: str | None) -> list[Alert]:
               f"{{{{ $labels.instance }}}}: time to first token p99 over {TTFT_P99_S:g} s",
               f"{CONSOLE} (TTFT, waiting, KV use)",
               ttft_expr(job), None),
+        Alert("VllmCanaryFailed", "critical",
+              "{{ $labels.instance }}: a 1-token completion (the blackbox canary) failed or "
+              f"took {CANARY_SLOW_S:g} s or more, whatever /health and the gauges say (an "
+              "engine stopped or hung while idle shows no other sign)",
+              "opsctl console --once http://{{ $labels.instance }} (its own canary, the "
+              "processes' state); on its host opsctl stacks http://INSTANCE (a stopped or hung EngineCore)",
+              canary_expr(), None),
         Alert("VllmTargetDown", "critical",
               "{{ $labels.instance }}: Prometheus cannot scrape this vLLM server",
               "opsctl status http://{{ $labels.instance }}",
@@ -301,6 +333,68 @@ def rules_yaml(job: str | None = None, for_s: float = DEFAULT_FOR_S) -> str:
     )
     body = yaml.dump(rules_document(job, for_s), Dumper=Dumper, sort_keys=False, width=1000)
     return head + body
+
+
+def blackbox_module(key_file: str | None = None) -> dict:
+    """blackbox.yml: the CANARY_MODULE module, a POST of CANARY_BODY to /v1/completions.
+
+    Success is HTTP 200 with a choice that finished, within CANARY_TIMEOUT_S (the exporter
+    also cuts it at the scrape timeout less half a second); ``key_file`` holds the API key
+    of servers started with ``--api-key``, sent as the bearer token."""
+    http: dict = {
+        "method": "POST",
+        "headers": {"Content-Type": "application/json"},
+        "body": json.dumps(CANARY_BODY),
+        "valid_status_codes": [200],
+        "fail_if_body_not_matches_regexp": ['"finish_reason"'],
+        "preferred_ip_protocol": "ip4",
+    }
+    if key_file:
+        http["bearer_token_file"] = key_file
+    module = {"prober": "http", "timeout": dur(CANARY_TIMEOUT_S), "http": http}
+    return {"modules": {CANARY_MODULE: module}}
+
+
+def canary_scrape_job(
+    targets: list[str], exporter: str = EXPORTER, interval_s: float = CANARY_INTERVAL_S
+) -> dict:
+    """The Prometheus scrape job that has the exporter probe each vLLM ``targets`` (host:port).
+
+    The probe's target is the server's /v1/completions; its ``instance`` label stays the
+    server's host:port, as in the vLLM job, so the alert and the console's row agree. The
+    scrape timeout leaves the module its deadline (the exporter keeps half a second)."""
+    timeout = min(interval_s, CANARY_TIMEOUT_S + 1.0)
+    return {
+        "job_name": CANARY_JOB,
+        "metrics_path": "/probe",
+        "params": {"module": [CANARY_MODULE]},
+        "scrape_interval": dur(interval_s),
+        "scrape_timeout": dur(timeout),
+        "static_configs": [{"targets": list(targets)}],
+        "relabel_configs": [
+            {"source_labels": ["__address__"], "target_label": "__param_target",
+             "replacement": "http://${1}/v1/completions"},
+            {"source_labels": ["__address__"], "target_label": "instance"},
+            {"target_label": "__address__", "replacement": exporter},
+        ],
+    }  # fmt: skip
+
+
+def blackbox_yaml(key_file: str | None = None) -> str:
+    """blackbox.yml's text: a header showing the scrape job that uses it, then the module."""
+    import yaml
+
+    job = yaml.safe_dump({"scrape_configs": [canary_scrape_job(["127.0.0.1:8000"])]},
+                         sort_keys=False, width=1000)  # fmt: skip
+    head = (
+        "# The blackbox exporter's module for opsctl's vLLM canary, written by `opsctl rules "
+        "--blackbox-out`.\n"
+        f"# A 1-token completion per probe; the alert VllmCanaryFailed reads job {CANARY_JOB}.\n"
+        "# Scrape it from prometheus.yml (targets: the vLLM servers' host:port; the last\n"
+        f"# replacement: where the exporter listens):\n"
+        + "".join(f"#   {line}\n" for line in job.splitlines())
+    )
+    return head + yaml.safe_dump(blackbox_module(key_file), sort_keys=False, width=1000)
 
 
 # ---- alerts Prometheus holds (GET /api/v1/alerts), as the console shows them -------------------

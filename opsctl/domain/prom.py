@@ -412,3 +412,59 @@ def stall_points(result: list, job: str | None) -> dict[Key, EnginePoints]:
 def jobs_with_vllm(data: dict[Key, InstanceData]) -> set[str]:
     """The jobs of which some endpoint exports vLLM series."""
     return {k[0] for k, d in data.items() if d.models}
+
+
+# ---- the blackbox canary's probes (opsctl rules --blackbox-out) -------------------------------
+
+# key -> (metric, extra matcher)
+PROBE_FIGURES = {
+    "success": ("probe_success", ""),
+    "seconds": ("probe_duration_seconds", ""),
+    "status": ("probe_http_status_code", ""),
+    "connect": ("probe_http_duration_seconds", 'phase="connect"'),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The blackbox exporter's last canary probe of one vLLM server (its host:port)."""
+
+    instance: str
+    success: bool
+    seconds: float | None  # how long the probe took
+    status: int | None  # the HTTP status it got; 0 or None: no answer (timeout, refused)
+    at: float | None  # when Prometheus scraped it (epoch seconds)
+    connected: bool = True  # the connection was made (a refused one: False)
+
+
+def canary_query(job: str) -> str:
+    """The last probe of every target of the canary scrape ``job``, one tagged series each."""
+    job_sel = f"job={_quote(job)}"
+    parts = []
+    for tag, (m, extra) in PROBE_FIGURES.items():
+        parts.append((tag, f"{m}{{{', '.join(x for x in (job_sel, extra) if x)}}}"))
+    return union(parts)
+
+
+def parse_probes(result: list) -> dict[str, Probe]:
+    """The canary query's answer as one Probe per instance (those without a success: none)."""
+    seen: dict[str, dict[str, float | None]] = {}
+    at: dict[str, float | None] = {}
+    for item in result if isinstance(result, list) else []:
+        metric, value = item.get("metric") or {}, item.get("value") or [None, None]
+        inst, tag = metric.get("instance"), metric.get(TAG)
+        if not inst or tag not in PROBE_FIGURES:
+            continue
+        seen.setdefault(inst, {})[tag] = number(value[1])
+        at[inst] = number(value[0])
+    out = {}
+    for inst, f in seen.items():
+        success = f.get("success")
+        if success is None:
+            continue
+        status = f.get("status")
+        connect = f.get("connect")
+        out[inst] = Probe(inst, success >= 1, f.get("seconds"),
+                          None if status is None else int(status), at[inst],
+                          connect is None or connect > 0)  # fmt: skip
+    return out

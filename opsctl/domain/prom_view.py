@@ -14,7 +14,7 @@ step, prompt sources) from ``increase()`` over it, else lifetime; percentiles fr
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opsctl.domain.console import (
@@ -37,12 +37,14 @@ from opsctl.domain.console import (
     tokens_per_step,
 )
 from opsctl.domain.console_state import (
+    READY,
     EngineProgress,
     History,
     Progress,  # noqa: F401 - the one stall rule, read by both sources' tests from here
     Settings,
     decide,
     endpoint_view,
+    judge_canary,
     judge_engines,
 )
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
@@ -51,6 +53,7 @@ from opsctl.domain.prom import (
     QNAMES,
     EnginePoints,
     InstanceData,
+    Probe,
     PromTarget,
     Windows,
 )
@@ -281,6 +284,30 @@ class PromEndpoint:
     def series(self, name: str) -> list[float]:
         """One sparkline series of the endpoint's history."""
         return self.history.series(name)
+
+
+def with_probe(view: EndpointView, probe: Probe | None, job: str) -> EndpointView:
+    """``view`` after the blackbox canary's last probe of it (scrape job ``job``).
+
+    A ready endpoint (idle by its gauges, /health 200) whose probe got no answer in time
+    is stalled, as console --once's own canary judges (opsctl.domain.console_state
+    .judge_canary): an engine stopped while idle shows no other sign. A probe answered
+    with an error status, or that could not connect, leaves it as it was (the engine answered: inconclusive; the
+    alert VllmCanaryFailed still fires on it); so does a success, or no probe."""
+    if probe is None or probe.success or view.state != READY:
+        return view
+    took = f"{probe.seconds:.1f} s" if probe.seconds is not None else "its deadline"
+    if probe.status:
+        detail = f"the blackbox canary ({job}) was answered HTTP {probe.status} (inconclusive)"
+        ok = None
+    elif not probe.connected:
+        detail = f"the blackbox canary ({job}) could not connect (inconclusive)"
+        ok = None
+    else:
+        detail = f"the blackbox canary ({job}) got no 1-token completion within {took}"
+        ok = False
+    state, reason = judge_canary(view.state, view.reason, ok, detail)
+    return replace(view, state=state, reason=reason)
 
 
 # ---- the fleet --------------------------------------------------------------------------------

@@ -28,6 +28,18 @@ endpoint (`console --once --json`), and SIGCONT resolves it (a resolved notifica
 the receiver). The SIGSTOP-to-firing seconds are printed (-s): STALL-ALERT ...
 (This was tests/e2e/test_alerts_e2e.py, merged here: one pair of engines, not two.)
 
+Last, on the same two servers, the canary (issue 45 item 6): an engine stopped while idle
+has 0 requests running and every series flat, /health 200: no rule over vLLM's own
+metrics can see it. A real blackbox exporter (Debian's `prometheus-blackbox-exporter`,
+tests/blackbox_fixture.py) runs the module `opsctl rules --blackbox-out` writes; its cost
+is measured first on the idle server B (20 probes: vLLM's request and token counters and
+the exporter's CPU time, printed: CANARY-COST ...). Prometheus scrapes both servers and
+the exporter's canary job (every 3 s) and loads the rules (`--for 5s`). A's EngineCore is
+SIGSTOPped while idle and sent 4 requests (they hang): VllmCanaryFailed fires for A (never
+for B), `console --once --prometheus` says A is stalled (the canary's probes) and B ready,
+and a second Prometheus without the canary job is read by `console --once` too: its own
+canary, sent to each target it reads, finds A (CANARY-ALERT ... prints the timings).
+
 Engines: two at once (the pool keeps one), both owned: their EngineCores are stopped."""
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from opsctl.domain import alert_rules
 from opsctl.domain.console_state import Settings
 from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, PROMPT_TOKENS, RUNNING, WAITING
 from tests.alertmanager_fixture import Webhook, running_alertmanager
+from tests.blackbox_fixture import running_blackbox
 from tests.conftest import two_engines
 from tests.engine_cores import ClosedLoad, Cores, idle_thresholds, wait_fresh, wait_idle
 from tests.prometheus_fixture import raw_history, running_prometheus
@@ -370,3 +383,138 @@ def test_sigstop_fires_exactly_that_servers_stall_alert_and_sigcont_resolves_it(
         hist = httpx.get(f"{prom.url}/api/v1/query", params={"query": q}, timeout=10).json()
         assert hist["data"]["result"] == []
         assert load.failed == [], load.failed[:3]
+
+
+# ---- the canary: an engine stopped while idle, behind Prometheus and the blackbox exporter ----
+
+CANARY_ALERT = "VllmCanaryFailed"
+CANARY_S = 3.0  # the canary job's scrape interval and timeout (the exporter probes 2.5 s)
+CANARY_FOR = "5s"
+COST_PROBES = 20
+COUNTERS = ("vllm:request_success_total", PROMPT_TOKENS, GEN_TOKENS)
+
+
+def counters(url: str) -> tuple[float, ...]:
+    """vLLM's finished requests, prompt and generated tokens (each summed over its series)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    sums = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    return tuple(sums[m] for m in COUNTERS)
+
+
+def canary_cost(exporter, url: str, n: int) -> dict:
+    """``n`` probes of the idle server ``url`` through the exporter: what each cost vLLM
+    (requests, prompt and generated tokens, from its counters) and the exporter (CPU)."""
+    import psutil
+
+    proc = psutil.Process(exporter.proc.pid)
+    before, cpu0 = counters(url), sum(proc.cpu_times()[:2])
+    took = []
+    for _ in range(n):
+        got = exporter.probe(f"{url}/v1/completions")
+        assert got["probe_success"] == 1, got
+        took.append(got["probe_duration_seconds"])
+    cpu = sum(proc.cpu_times()[:2]) - cpu0
+    after = wait_until(
+        lambda: (c := counters(url))[0] - before[0] >= n and c, 60, "the probes counted"
+    )
+    req, prompt, gen = (x - y for x, y in zip(after, before, strict=True))
+    return {"requests": req / n, "prompt_tokens": prompt / n, "generation_tokens": gen / n,
+            "exporter_cpu_ms": 1000 * cpu / n, "probe_s_mean": sum(took) / n,
+            "probe_s_max": max(took)}  # fmt: skip
+
+
+def prom_value(server, query: str) -> dict[str, float]:
+    r = httpx.get(f"{server.url}/api/v1/query", params={"query": query}, timeout=10).json()
+    return {x["metric"].get("instance", ""): float(x["value"][1]) for x in r["data"]["result"]}
+
+
+def hang_requests(url: str, n: int) -> tuple[list, list]:
+    """``n`` completions to ``url`` in threads (they wait for the stopped core): threads, codes."""
+    import threading
+
+    codes: list = []
+
+    def one() -> None:
+        try:
+            body = {**BODY, "max_tokens": 4}
+            codes.append(httpx.post(f"{url}/v1/completions", json=body, timeout=600).status_code)
+        except httpx.HTTPError as exc:
+            codes.append(repr(exc))
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads, codes
+
+
+def test_engine_stopped_while_idle_fires_the_canary_alert_and_console_once_is_not_ready(
+    engines, tmp_path
+):
+    a, b = engines
+    inst_a, inst_b = urlsplit(a.url).netloc, urlsplit(b.url).netloc
+    rules, bb = tmp_path / "opsctl-rules.yml", tmp_path / "blackbox.yml"
+    cmd = [sys.executable, "-m", "opsctl", "rules", "--job", "vllm", "--for", CANARY_FOR,
+           "--out", str(rules), "--blackbox-out", str(bb)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    core_a = next(p.pid for p in discovery.process_roles(a.pid) if p.role == "EngineCore")
+    wait_until(lambda: running_now(a.url) == 0 and running_now(b.url) == 0, 120, "both idle")
+    with running_blackbox(bb) as exporter:
+        cost = canary_cost(exporter, b.url, COST_PROBES)
+        print(f"\nCANARY-COST per probe ({COST_PROBES} probes of an idle tiny-llama): "
+              + ", ".join(f"{k}={v:.3g}" for k, v in cost.items()))  # fmt: skip
+        assert (cost["requests"], cost["generation_tokens"]) == (1.0, 1.0), cost
+        with (
+            running_prometheus([a.url, b.url], interval=SCRAPE_S, up=True,
+                               rule_files=[str(rules)], canary=exporter.address,
+                               canary_interval=CANARY_S) as prom,
+            running_prometheus([a.url, b.url], interval=SCRAPE_S, up=True) as plain,
+        ):  # fmt: skip
+            ok = f'probe_success{{job="{alert_rules.CANARY_JOB}"}}'
+            wait_until(lambda: prom_value(prom, ok) == {inst_a: 1.0, inst_b: 1.0}, 60,
+                       "both servers' canary probes succeed", lambda: prom_value(prom, ok))  # fmt: skip
+            assert prom_alerts(prom, CANARY_ALERT) == {}
+            os.kill(core_a, signal.SIGSTOP)
+            stopped_at = time.time()
+            threads, codes = [], []
+            try:
+                threads, codes = hang_requests(a.url, 4)
+                firing = wait_until(lambda: prom_alerts(prom, CANARY_ALERT, "firing").get(inst_a),
+                                    120, f"{CANARY_ALERT} firing for {inst_a}",
+                                    lambda: (prom.alerts(), prom_value(prom, ok)))  # fmt: skip
+                fired_at = time.time()
+                assert firing["labels"]["severity"] == "critical"
+                assert running_now(a.url) == 0  # the gauges say idle: only the canary tells
+                t0 = time.time()
+                doc = console_once(prom.url)
+                took = time.time() - t0
+                rows = {urlsplit(e["url"]).netloc: e for e in doc["endpoints"]}
+                assert rows[inst_a]["state"] == "stalled", rows[inst_a]
+                assert "blackbox canary" in rows[inst_a]["reason"], rows[inst_a]
+                assert CANARY_ALERT in [x["alertname"] for x in rows[inst_a]["alerts"]]
+                assert rows[inst_b]["state"] == "ready", rows[inst_b]
+                assert doc["exit_code"] == 1
+                # without the canary job: console --once's own canary to each target it reads
+                t1 = time.time()
+                own = {urlsplit(e["url"]).netloc: e for e in console_once(plain.url)["endpoints"]}
+                took_own = time.time() - t1
+                assert own[inst_a]["state"] == "stalled", own[inst_a]
+                assert "1-token completion did not return" in own[inst_a]["reason"], own[inst_a]
+                assert own[inst_b]["state"] == "ready", own[inst_b]
+                print(f"CANARY-ALERT canary job every {CANARY_S:g} s, --for {CANARY_FOR}: "
+                      f"SIGSTOP->firing {fired_at - stopped_at:.1f} s; console --once via the "
+                      f"probes {took:.1f} s, via its own canary {took_own:.1f} s")  # fmt: skip
+            finally:
+                os.kill(core_a, signal.SIGCONT)
+            for t in threads:
+                t.join(300)
+            assert codes == [200] * 4, codes  # the hung requests finished once resumed
+            wait_until(lambda: prom_value(prom, ok) == {inst_a: 1.0, inst_b: 1.0}, 60,
+                       "A's canary succeeds again", lambda: prom_value(prom, ok))  # fmt: skip
+            q = f'ALERTS{{alertname="{CANARY_ALERT}",instance="{inst_b}"}}[30m]'
+            hist = httpx.get(f"{prom.url}/api/v1/query", params={"query": q}, timeout=10).json()
+            assert hist["data"]["result"] == []  # never B's

@@ -40,7 +40,7 @@ def test_every_alert_has_a_name_severity_summary_and_an_opsctl_runbook():
     doc = yaml.safe_load(ar.rules_yaml("vllm", 120))
     rules = {r["alert"]: r for r in doc["groups"][1]["rules"]}
     assert list(rules) == list(ar.ALERT_NAMES)
-    assert len(set(ar.ALERT_NAMES)) == 8
+    assert len(set(ar.ALERT_NAMES)) == 9
     for name, r in rules.items():
         assert r["labels"]["severity"] in ("critical", "warning"), name
         assert r["annotations"]["runbook"].startswith("opsctl "), name

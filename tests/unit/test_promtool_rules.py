@@ -148,7 +148,7 @@ def test_promtool_checks_the_written_rules(promtool, tmp_path, args):
     path = opsctl_rules(tmp_path, *args)
     r = run(promtool, "check", "rules", str(path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 12 rules found" in r.stdout
+    assert "SUCCESS: 13 rules found" in r.stdout
     doc = yaml.safe_load(path.read_text())
     rules = [rule for g in doc["groups"] for rule in g["rules"]]
     named = {rule["alert"]: rule for rule in rules if "alert" in rule}
@@ -161,7 +161,9 @@ def test_promtool_checks_the_written_rules(promtool, tmp_path, args):
     assert stalled["for"] == ("2m" if args else "1m")
     assert "VllmEngineRestarted" in named and "for" not in named["VllmEngineRestarted"]
     if args:
-        assert all('job="vllm"' in r["expr"] for r in rules)
+        # every rule reads the job's series, but the canary's: the exporter's own job
+        assert all('job="vllm"' in r["expr"] for r in rules if r.get("alert") != "VllmCanaryFailed")
+        assert f'job="{alert_rules.CANARY_JOB}"' in named["VllmCanaryFailed"]["expr"]
 
 
 # ---- promtool test rules: each alert fires, and stays silent where it must ---------------------
