@@ -195,21 +195,51 @@ def dp_timed(case: str, url: str, pid: int, hold: Path, repeat: int) -> list:
 
 
 def idle(url: str, seconds: float, every: float) -> list:
+    """No load for ``seconds``: the live console's own poll (DirectScrapeSource, 1 s, as
+    the TUI runs it) on every tick, and the CLI's `status` and `console --once` every
+    ``every`` s; any state but ready is a false alarm."""
+    import threading
+
+    from opsctl.console import targets
+    from opsctl.console.direct import DirectScrapeSource
+    from opsctl.domain.console_state import Settings
+
+    src = DirectScrapeSource(targets.from_urls([url]), discover=False, settings=Settings())
+    src.start()
+    polled: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(1.0):  # the TUI's 1 s interval
+            polled.extend(e.state for e in src.collect().endpoints)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
     looks = alarms = 0
     odd: list[str] = []
     t_end = time.monotonic() + seconds
-    while time.monotonic() < t_end:
-        t0 = time.monotonic()
-        for name, state in (
-            ("status", cli("status", url)[1]["state"]),
-            ("console --once", once(url)["state"]),
-        ):
-            looks += 1
-            if state != "ready":
-                alarms += 1
-                odd.append(f"{name}: {state}")
-        time.sleep(max(0.0, every - (time.monotonic() - t0)))  # the benchmark's own pace
-    return [("idle", f"{looks} looks in {seconds:g} s", f"{alarms} false alarms {odd[:3]}")]
+    try:
+        while time.monotonic() < t_end:
+            t0 = time.monotonic()
+            for name, state in (
+                ("status", cli("status", url)[1]["state"]),
+                ("console --once", once(url)["state"]),
+            ):
+                looks += 1
+                if state != "ready":
+                    alarms += 1
+                    odd.append(f"{name}: {state}")
+            time.sleep(max(0.0, every - (time.monotonic() - t0)))  # the benchmark's own pace
+    finally:
+        stop.set()
+        watcher.join(30)
+        src.close()
+    live_odd = [st for st in polled if st != "ready"]
+    return [
+        ("idle", f"CLI: {looks} looks in {seconds:g} s", f"{alarms} false alarms {odd[:3]}"),
+        ("idle", f"live console: {len(polled)} polls", f"{len(live_odd)} false alarms "
+         f"{sorted(set(live_odd))}"),
+    ]  # fmt: skip
 
 
 def cost(url: str, seconds: float) -> float:

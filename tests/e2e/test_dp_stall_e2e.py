@@ -437,6 +437,7 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
     try:
         wait_until(lambda: (v := src.collect().endpoints) and v[0].state == "busy"
                    and v[0].local and v[0].local.procs, 120, "busy, roles read")  # fmt: skip
+        server.server.track()  # as serve's supervision has, every second since ready
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
 

@@ -295,6 +295,7 @@ def test_sigkill_of_worker_tp1_under_load_is_named_first(tp2, tmp_path):
             server.track()  # what serve's supervision does every second while it serves
             return server.exited() is not None
 
+        server.track()  # as serve's supervision has, every second since ready: the roles
         os.kill(victim, signal.SIGKILL)
         wait_until(torn_down, 120, "vLLM tearing the server down", every=0.5)
     death = supervise.first_death(server)
