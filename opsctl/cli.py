@@ -62,6 +62,26 @@ TyperOption.display_type_rich = _option_value_name  # type: ignore[method-assign
 TyperArgument.display_type_rich = _no_argument_type  # type: ignore[method-assign]
 
 
+def _plain_int_values(process_value: Any) -> Any:
+    """``process_value`` that first refuses an int parameter's text that is no plain integer
+    (opsctl.commands.options.plain_int: Typer would read ``--seed 0-4`` as -4)."""
+
+    def process(self: Any, ctx: Any, value: Any) -> Any:
+        from opsctl.commands.options import int_annotation, plain_int
+
+        desc = getattr(self, "type_descriptor", None)
+        if desc is not None and int_annotation(desc.annotation):
+            plain_int(value)
+        return process_value(self, ctx, value)
+
+    return process
+
+
+# every int option and argument of every command: one rule, installed once
+TyperOption.process_value = _plain_int_values(TyperOption.process_value)  # type: ignore[method-assign]
+TyperArgument.process_value = _plain_int_values(TyperArgument.process_value)  # type: ignore[method-assign]
+
+
 def _name_option_values(command: Any) -> None:
     """Give every option that takes a value its name as metavar (``--port PORT``).
 
