@@ -5,10 +5,14 @@ knobs, start timeout) and :class:`opsctl.checks.kv_fail.Options`, runs
 :func:`opsctl.checks.kv_fail.run` (its docstring describes the four phases) and emits
 its report.
 
+``--seeds 0-9`` (or ``1,3,5``) sweeps seeds on one engine start while the engine lives
+(a seed that kills it is recorded, the next gets a fresh engine): per-seed rows and totals.
+
 Reports vLLM version and platform, KV cache groups, failures injected, requests
 affected, tokens recomputed (vLLM's own "tokens affected" log lines), requests failed,
 engine alive, per-request equality, verdict. Exit 0 when the engine survived and every
-non-failed output equals its baseline; 1 otherwise (``--no-patch`` on a hybrid model
+non-failed output equals its baseline (every seed); 1 otherwise (also inconclusive: the
+comparison could not tell a missed recovery from the engine's own noise) (``--no-patch`` on a hybrid model
 shows the engine death the patch prevents); 2 for bad arguments.
 """
 
@@ -53,6 +57,20 @@ def _spec(model: str, no_patch: bool, mode: str, timeout: float):
     )
 
 
+def _seeds(seed: int | None, seeds: str | None) -> tuple[int, ...]:
+    """The sweep's seeds (empty: --seed alone); bad or both flags exit 2."""
+    from opsctl.domain.seeds import parse_seeds
+
+    if seeds is None:
+        return ()
+    if seed is not None:
+        raise BadInput("give either --seed or --seeds, not both")
+    try:
+        return tuple(parse_seeds(seeds))
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {exc}") from None
+
+
 def kv_fail(
     model: str = typer.Option(
         "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
@@ -70,7 +88,16 @@ def kv_fail(
         "(negative from the end; default -1 = last loaded block of every group)",
     ),
     requests: int = typer.Option(4, "--requests", help="requests in the workload"),
-    seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
+    seed: int = typer.Option(
+        None, "--seed", help="seed of prompts, targets and rate draws  [default: 0]"
+    ),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        metavar="SEEDS",
+        help="a sweep on one engine: every seed in N-M or a comma list (0-9, 1,3,5), "
+        "reported per seed and in total",
+    ),
     fail_requests: int = typer.Option(
         None,
         "--fail-requests",
@@ -98,8 +125,10 @@ def kv_fail(
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.kv_fail import Settings
 
-    settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens, route)
-    options = check.Options(settings)
+    sweep = _seeds(seed, seeds)
+    first = sweep[0] if sweep else seed or 0
+    settings = Settings(policy, rate, blocks, requests, first, fail_requests, max_tokens, route)
+    options = check.Options(settings, seeds=sweep)
     spec = _spec(model, no_patch, mode, timeout)
     check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
     return replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items()))), options
