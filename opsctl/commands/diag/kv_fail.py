@@ -43,7 +43,7 @@ _MODE = typer.Option(
 )
 
 
-def _spec(model: str, no_patch: bool, mode: str, timeout: float):
+def _spec(model: str, no_patch: bool, mode: str, timeout: float, memory: float | None = None):
     """The engine the check starts: --no-patch turns every KV recovery patch off,
     --mode picks eager or vLLM's default execution mode (anything else is exit 2)."""
     from opsctl.checks import kv_fail as check
@@ -51,9 +51,16 @@ def _spec(model: str, no_patch: bool, mode: str, timeout: float):
 
     if mode not in ("eager", "default"):
         raise BadInput(f"--mode must be eager or default, not {mode!r}")
+    if memory is not None and not 0.0 < memory <= 1.0:
+        raise BadInput(f"--gpu-memory-utilization must be in (0, 1], not {memory}")
     disabled = check.NO_PATCH if no_patch else ()
+    extra = () if memory is None else ("--gpu-memory-utilization", str(memory))
     return EngineSpec(
-        model=model, disable_patches=disabled, timeout=timeout, enforce_eager=mode == "eager"
+        model=model,
+        disable_patches=disabled,
+        timeout=timeout,
+        enforce_eager=mode == "eager",
+        extra_args=extra,
     )
 
 
@@ -113,6 +120,13 @@ def kv_fail(
     ),
     route: str = _ROUTE,
     mode: str = _MODE,
+    gpu_memory: float = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        metavar="FRACTION",
+        help="share of the GPU's memory the engine may take (vLLM's flag; several engines "
+        "on one GPU need a small one, e.g. 0.08)",
+    ),
     timeout: float = duration_option(
         "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
     ),
@@ -129,6 +143,6 @@ def kv_fail(
     first = sweep[0] if sweep else seed or 0
     settings = Settings(policy, rate, blocks, requests, first, fail_requests, max_tokens, route)
     options = check.Options(settings, seeds=sweep)
-    spec = _spec(model, no_patch, mode, timeout)
+    spec = _spec(model, no_patch, mode, timeout, gpu_memory)
     check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
     return replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items()))), options
