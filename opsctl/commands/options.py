@@ -150,35 +150,3 @@ def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:
     base = url_or_model(url, model)
     knobs = tuple(parse_knobs(test_knob, url=base).items())
     return url_target(base, api_key, timeout) if base else EngineSpec(model, knobs=knobs)
-
-
-# --- integers: a plain integer or nothing -----------------------------------------------------
-
-PLAIN_INT = r"[+-]?[0-9]+"  # ASCII digits, an optional sign: nothing else is an integer here
-
-
-def int_annotation(annotation: Any) -> bool:
-    """Whether a parameter's annotation takes integers (``int``, ``int | None``, ``list[int]``)."""
-    import typing
-
-    if annotation is int:
-        return True
-    return any(a is int for a in typing.get_args(annotation))
-
-
-def plain_int(value: Any) -> Any:
-    """``value`` unchanged when it is a plain integer's text (or not text); BadParameter else.
-
-    Typer 0.29 converts an ``int`` option with pydantic's lax integer parsing, which reads
-    ``0-4`` as -4, ``1_000`` as 1000 and ``1.0`` as 1: ``--seed 0-4`` would run seed -4 without
-    a word. Every int option and argument of opsctl passes through this rule first (the CLI
-    root, opsctl.cli, installs it)."""
-    import re
-
-    import typer
-
-    texts = value if isinstance(value, list | tuple) else [value]
-    for text in texts:
-        if isinstance(text, str) and not re.fullmatch(PLAIN_INT, text.strip()):
-            raise typer.BadParameter(f"{text!r} is not an integer")
-    return value

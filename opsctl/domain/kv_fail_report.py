@@ -200,10 +200,9 @@ CONCLUSIVE_HINT = (
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """How far outputs drift without any failure, measured on the engine under test, and
-    whether the planted fault moves them clearly further.
+    """How far outputs drift without any failure on the engine under test, and the verdict rule.
 
-    The rule (the same on CPU and CUDA, bf16 and float32):
+    Whether the planted fault moves them clearly further decides. The rule (the same on CPU and CUDA, bf16 and float32):
 
     - **floor** F: the largest logprob difference over the control runs, which inject
       nothing: the store/reload round trip of every request, and the untargeted requests of
@@ -294,8 +293,9 @@ class NoiseFloor:
 
 
 def noise_floor(rows: Sequence[RequestRow]) -> NoiseFloor:
-    """The floor of the controls (round trip, untargeted inject and sensitivity outputs)
-    and the smallest difference the planted corruption caused."""
+    """The controls' floor and the smallest difference the planted corruption caused.
+
+    Controls: the round trip, the untargeted inject and sensitivity outputs."""
     rt = [r.roundtrip for r in rows if r.roundtrip is not None]
     # an untargeted request whose tokens changed is no noise: it is an output mismatch
     quiet = [
@@ -659,9 +659,7 @@ def seed_row(fields: Mapping[str, Any], start: int, seconds: float) -> dict:
         "died_in_phase": fields["died_in_phase"],
         "outputs_identical": fields["outputs_identical"],
         "noise_floor": fields["noise_floor"],
-        "findings": [
-            f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)
-        ],
+        "findings": [f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)],
         "duration_s": round(seconds, 2),
         "run_dir": fields["run_dir"],
     }
@@ -673,8 +671,9 @@ def sweep_verdict(verdicts: Sequence[str]) -> str:
 
 
 def worst_seed(seeds: Sequence[Mapping[str, Any]]) -> int:
-    """The index of the seed the verdict stands on: the first failed, else the first
-    inconclusive, else the last seed."""
+    """The index of the seed the verdict stands on.
+
+    The first failed, else the first inconclusive, else the last seed."""
     want = sweep_verdict([s["verdict"] for s in seeds])
     if want == "pass":
         return len(seeds) - 1

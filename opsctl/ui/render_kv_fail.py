@@ -110,8 +110,7 @@ def _seeds(con: Console, doc: Mapping[str, Any]) -> None:
 
 
 def render(con: Console, doc: Mapping[str, Any]) -> None:
-    """Print the kv-fail document: model, settings, the per-seed rows of a sweep, the
-    requests table, noise floor, findings."""
+    """Print the kv-fail document: settings, a sweep's seeds, requests, noise floor, findings."""
     con.print(
         f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version') or '?'}, "
         f"platform {escape(platform_text(doc))}, {_groups(doc)}"

@@ -14,8 +14,7 @@ import pytest
 import typer
 from typer.core import TyperArgument, TyperOption
 
-from opsctl.cli import app
-from opsctl.commands.options import int_annotation
+from opsctl.cli import app, int_annotation
 
 NOT_INTEGERS = ("0-4", "1_000", "1.0", "4-2", " ", "0x10", "3e2")
 

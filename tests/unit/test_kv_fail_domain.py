@@ -530,7 +530,11 @@ def test_a_noisy_round_trip_with_changed_tokens_is_inconclusive():
     (f,) = [x for x in s["findings"] if x["code"] == "kv_fail.comparison_inconclusive"]
     assert "changed generated tokens" in f["message"]
     assert f["severity"] == "warning" and f["details"]["hint"] == kvr.CONCLUSIVE_HINT
-    assert "float32" in f["message"] and "--mode eager" in f["message"] and "--max-tokens" in f["message"]
+    assert (
+        "float32" in f["message"]
+        and "--mode eager" in f["message"]
+        and "--max-tokens" in f["message"]
+    )
     # nothing is judged on top of a comparison that cannot be trusted
     assert not _codes_of(s) & {"kv_fail.output_mismatch", "kv_fail.outputs_within_noise"}
 
@@ -541,7 +545,9 @@ def test_a_floor_not_clearly_below_the_sensitivity_is_inconclusive():
     assert s["verdict"] == "inconclusive" and s["noise_floor"]["mode"] == "inconclusive"
     assert s["noise_floor"]["separation"] == 7.0
     (f,) = [x for x in s["findings"] if x["code"] == "kv_fail.comparison_inconclusive"]
-    assert "1.4" in f["message"] and "only 7.0x more" in f["message"] and "needs 10x" in f["message"]
+    assert (
+        "1.4" in f["message"] and "only 7.0x more" in f["message"] and "needs 10x" in f["message"]
+    )
 
 
 # the H100 hybrid runs of issue 45 (CUDA vLLM 0.26.0, default mode, bf16): the control
