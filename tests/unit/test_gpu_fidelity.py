@@ -173,3 +173,40 @@ def test_docs_print_the_cpu_matrix():
     text = (REPO / "docs/cli.md").read_text()
     for line in FG.table(_recorded(stage)).splitlines():
         assert line in text, line
+
+
+def test_a_sweep_renders_its_per_seed_rows(stage):
+    from rich.console import Console
+
+    from opsctl.ui.render_kv_fail import render
+
+    doc = _docs(stage)["kvf-hybrid"]
+    con = Console(record=True, width=200, color_system=None)
+    render(con, doc)
+    text = con.export_text()
+    t = doc["totals"]
+    assert f"{t['seeds']} seeds: {t['pass']} pass, {t['fail']} fail" in text
+    for row in kvr.seed_table(doc["seeds"]):
+        assert row[0] in text and row[2] in text
+    assert f"seed {doc['verdict_seed']}, the one the verdict stands on" in text
+
+
+def test_inconclusive_and_failed_sweeps_exit_1_saying_why(stage):
+    """The exit rule over a recorded document: a failed sweep names its seeds; an
+    inconclusive one (the comparison could not tell) exits 1 with what would make it conclusive."""
+    from opsctl.checks import kv_fail
+
+    failed = _docs(stage)["kvf-hybrid-nopatch-0"]
+    out = kv_fail.outcome(kv_fail.KvFailReport(failed["verdict"], failed), kv_fail.Options())
+    assert out.failure is not None and int(out.failure.exit_code) == 1
+    assert (
+        out.failure.message.startswith("kv-fail (2 of 2 seeds failed") or len(failed["seeds"]) == 1
+    )
+    assert "engine died" in out.failure.message
+    unsure = {**_docs(stage)["kvf-hybrid"], "verdict": "inconclusive"}
+    finding = {"severity": "warning", "code": kv_fail.INCONCLUSIVE_CODE,
+               "message": "comparison inconclusive: ... To make it conclusive: " + kvr.CONCLUSIVE_HINT, "details": {}}  # fmt: skip
+    unsure["findings"] = [*unsure["findings"], finding]
+    out = kv_fail.outcome(kv_fail.KvFailReport("inconclusive", unsure), kv_fail.Options())
+    assert out.failure is not None and int(out.failure.exit_code) == 1
+    assert "comparison inconclusive" in out.failure.message and "float32" in out.failure.message
