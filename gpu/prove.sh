@@ -47,7 +47,7 @@
 #                    and tiny-hybrid, patched and --no-patch, and the hybrid seeds 1,3,5
 #                    alone: 9 calls side by side (gpu/fidelity_gpu.py plan; hybrid
 #                    --no-patch kills its engine every seed, so its seeds go in pairs), each
-#                    engine with --gpu-memory-utilization ${FIDELITY_GPU_MEMORY:-0.08};
+#                    engine with --gpu-memory-utilization 0.08 --kv-cache-memory-bytes 1G;
 #                    fidelity.json = the confusion matrix (gpu/fidelity_gpu.py matrix).
 #                    FIDELITY_SEEDS (0-9), FIDELITY_MODE (default), FIDELITY_STAGGER (3 s)
 #
@@ -455,7 +455,9 @@ fidelity)
     build tiny-llama tiny-hybrid
     [ -n "${OPSCTL_PROVE_LOCAL:-}" ] && export OPSCTL_ENGINE_LOCK=${OPSCTL_ENGINE_LOCK:-/tmp/opsctl-engine.lock}
     mem=()
-    [ -z "${OPSCTL_PROVE_LOCAL:-}" ] && mem=(--gpu-memory-utilization "${FIDELITY_GPU_MEMORY:-0.08}")
+    # several engines on one GPU: a small share each, and a fixed KV cache (vLLM's memory
+    # profiling fails when another engine frees memory meanwhile, as a dying one does)
+    [ -z "${OPSCTL_PROVE_LOCAL:-}" ] && mem=(--gpu-memory-utilization "${FIDELITY_GPU_MEMORY:-0.08}" --kv-cache-memory-bytes "${FIDELITY_KV_BYTES:-1073741824}")
     kvf="diag kv-fail --mode ${FIDELITY_MODE:-default} --json --no-tui --timeout 300s"
     export NO_COLLECT=1
     python3 "$REPO/gpu/fidelity_gpu.py" plan "${FIDELITY_SEEDS:-0-9}" >"$D/plan.txt"

@@ -148,6 +148,7 @@ def test_llama_sweep_runs_every_seed_on_one_engine(llama_recompute):
 
     assert [s["targets"] for s in seeds] == [dom.choose_targets(4, k, None) for k in (0, 1, 2)]
     assert "seed 1: 4 requests" in err  # the per-seed progress lines
+    assert all(f"seed {k} -> pass: injected 2 block(s)" in err for k in (0, 1, 2)), err[-3000:]
 
 
 def test_llama_fail_fails_only_injected_requests(llama_fail):

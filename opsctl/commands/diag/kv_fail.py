@@ -43,7 +43,7 @@ _MODE = typer.Option(
 )
 
 
-def _spec(model: str, no_patch: bool, mode: str, timeout: float, memory: float | None = None):
+def _spec(model, no_patch, mode, timeout, memory=None, kv_bytes=None):
     """The engine the check starts: --no-patch turns every KV recovery patch off,
     --mode picks eager or vLLM's default execution mode (anything else is exit 2)."""
     from opsctl.checks import kv_fail as check
@@ -54,7 +54,10 @@ def _spec(model: str, no_patch: bool, mode: str, timeout: float, memory: float |
     if memory is not None and not 0.0 < memory <= 1.0:
         raise BadInput(f"--gpu-memory-utilization must be in (0, 1], not {memory}")
     disabled = check.NO_PATCH if no_patch else ()
+    if kv_bytes is not None and kv_bytes <= 0:
+        raise BadInput(f"--kv-cache-memory-bytes must be positive, not {kv_bytes}")
     extra = () if memory is None else ("--gpu-memory-utilization", str(memory))
+    extra += () if kv_bytes is None else ("--kv-cache-memory-bytes", str(kv_bytes))
     return EngineSpec(
         model=model,
         disable_patches=disabled,
@@ -127,6 +130,13 @@ def kv_fail(
         help="share of the GPU's memory the engine may take (vLLM's flag; several engines "
         "on one GPU need a small one, e.g. 0.08)",
     ),
+    kv_bytes: int = typer.Option(
+        None,
+        "--kv-cache-memory-bytes",
+        metavar="BYTES",
+        help="the engine's KV cache size (vLLM's flag: skips its memory profiling, which "
+        "fails when another engine on the GPU frees memory meanwhile)",
+    ),
     timeout: float = duration_option(
         "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
     ),
@@ -143,6 +153,6 @@ def kv_fail(
     first = sweep[0] if sweep else seed or 0
     settings = Settings(policy, rate, blocks, requests, first, fail_requests, max_tokens, route)
     options = check.Options(settings, seeds=sweep)
-    spec = _spec(model, no_patch, mode, timeout, gpu_memory)
+    spec = _spec(model, no_patch, mode, timeout, gpu_memory, kv_bytes)
     check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
     return replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items()))), options
