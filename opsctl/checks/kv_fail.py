@@ -472,6 +472,9 @@ def run(
     progress(ev.Table(COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))
     if not options.seeds or len(options.seeds) == 1:
         progress(ev.Log(work.describe(first)))
+    else:
+        seeds = ", ".join(map(str, options.seeds))
+        progress(ev.Log(f"sweep of seeds {seeds}: every seed on one engine while it lives"))
     runs, rows, starts = _sweep(spec, session, resolved, options, progress)
     worst = kvr.worst_seed(rows)
     fields = runs[worst]
