@@ -210,3 +210,16 @@ def test_inconclusive_and_failed_sweeps_exit_1_saying_why(stage):
     out = kv_fail.outcome(kv_fail.KvFailReport("inconclusive", unsure), kv_fail.Options())
     assert out.failure is not None and int(out.failure.exit_code) == 1
     assert "comparison inconclusive" in out.failure.message and "float32" in out.failure.message
+
+
+def test_the_cpu_benchmark_matrix_docs_print_is_the_recorded_one():
+    """`benchmarks/fidelity.py --checks kv-fail --seeds 0-9` on CPU (tests/data/cpu/
+    fidelity-benchmark.json): 8 variants x 10 seeds, 0 wrong verdicts; docs/cli.md's table."""
+    rows = json.loads((REPO / "tests/data/cpu/fidelity-benchmark.json").read_text())
+    assert len(rows) == 8 and all(r["seeds"] == list(range(10)) for r in rows)
+    assert sum(r["false pass"] + r["false fail"] + r["inconclusive"] for r in rows) == 0
+    text = (REPO / "docs/cli.md").read_text()
+    for r in rows:
+        cells = [r[c] for c in FG.COLUMNS]
+        line = f"| {r['variant']} | {r['expect']} | " + " | ".join(map(str, cells)) + " |"
+        assert line in text, line
