@@ -524,11 +524,21 @@ def outcome(report: KvFailReport, options: Options) -> Outcome:
     if report.verdict == "pass":
         return Outcome(after=after)
     doc = report.document
-    unsure = [f["message"] for f in report.findings if f["code"] == INCONCLUSIVE_CODE]
-    reasons = report.failures or unsure
-    head = "kv-fail"
     total = doc.get("totals") or {}
-    if total.get("seeds", 1) > 1:
+    many = total.get("seeds", 1) > 1
+    if report.verdict == kvr.INCONCLUSIVE:  # exit 1, and never reads as a failure
+        unsure = [f["message"] for f in report.findings if f["code"] == INCONCLUSIVE_CODE]
+        why = unsure[0] if unsure else "the comparison could not tell recovery from noise"
+        if kvr.CONCLUSIVE_HINT not in why:
+            why += f"; to make it conclusive: {kvr.CONCLUSIVE_HINT}"
+        head = "kv-fail inconclusive"
+        if many:
+            head += f" ({total['inconclusive']} of {total['seeds']} seeds, seed {doc.get('verdict_seed')})"
+        failed = CheckFailed(f"{head}: {why}"[:900], hint=f"run dir: {report.run_dir}")
+        return Outcome(after=after, failure=failed)
+    reasons = report.failures
+    head = "kv-fail"
+    if many:
         head += (
             f" ({total['fail']} of {total['seeds']} seeds failed, {total['inconclusive']} "
             f"inconclusive; seed {doc.get('verdict_seed')})"
