@@ -659,7 +659,9 @@ def seed_row(fields: Mapping[str, Any], start: int, seconds: float) -> dict:
         "died_in_phase": fields["died_in_phase"],
         "outputs_identical": fields["outputs_identical"],
         "noise_floor": fields["noise_floor"],
-        "findings": [f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)],
+        "finding_codes": [
+            f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)
+        ],
         "duration_s": round(seconds, 2),
         "run_dir": fields["run_dir"],
     }
