@@ -662,9 +662,21 @@ def seed_row(fields: Mapping[str, Any], start: int, seconds: float) -> dict:
         "finding_codes": [
             f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)
         ],
+        "why": _seed_why(fields),
         "duration_s": round(seconds, 2),
         "run_dir": fields["run_dir"],
     }
+
+
+def _seed_why(fields: Mapping[str, Any]) -> str | None:
+    """A seed's reason: its first failed (else inconclusive) finding's message; None if passed."""
+    if fields["verdict"] == "pass":
+        return None
+    for severity in (FAIL, WARNING):
+        for f in fields["findings"]:
+            if f["severity"] == severity:
+                return f["message"]
+    return None
 
 
 def sweep_verdict(verdicts: Sequence[str]) -> str:
