@@ -43,6 +43,13 @@
 #                    engine in the default mode, 32 tokens a step, a ~45 s prefill:
 #                    /metrics every 0.5 s, console --once and status while it runs;
 #                    prefill.json, prefill-run/)
+#   fidelity ~450 s  issue 45 item 3: diag kv-fail --mode default --seeds 0-9 on tiny-llama
+#                    and tiny-hybrid, patched and --no-patch, and the hybrid seeds 1,3,5
+#                    alone: 9 calls side by side (gpu/fidelity_gpu.py plan; hybrid
+#                    --no-patch kills its engine every seed, so its seeds go in pairs), each
+#                    engine with --gpu-memory-utilization 0.08 --kv-cache-memory-bytes 1G;
+#                    fidelity.json = the confusion matrix (gpu/fidelity_gpu.py matrix).
+#                    FIDELITY_SEEDS (0-9), FIDELITY_MODE (default), FIDELITY_STAGGER (3 s)
 #
 # The opsctl that runs is the checkout's (PYTHONPATH=<checkout>:/tmp/site, so a change
 # needs no new bundle); PROVE_CODE=bundle runs the bundle's wheel instead. facts.txt
@@ -62,8 +69,8 @@
 # OPSCTL_HOME=/tmp/provehome, a free port instead of 8000, OUT=/tmp/proveout).
 set -u
 STAGE=${1:-}
-case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid | prefill) ;; *)
-    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang|uuid|prefill" >&2
+case "$STAGE" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid | prefill | fidelity) ;; *)
+    echo "usage: bash gpu/prove.sh facts|serve|checks|lora|certify|recovery|recovery2|images|images2|hang|uuid|prefill|fidelity" >&2
     exit 2
     ;;
 esac
@@ -219,8 +226,10 @@ call() {
     rc=$?
     sec=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
     record "$name" "$rc" "$sec" "$lim" "${args[@]}"
-    collect_runs "$mark" "$D/runs/$name"
-    [ -d "$D/runs/$name" ] && engine_facts "$D/runs/$name"
+    if [ -z "${NO_COLLECT:-}" ]; then # calls side by side collect their run dirs afterwards
+        collect_runs "$mark" "$D/runs/$name"
+        [ -d "$D/runs/$name" ] && engine_facts "$D/runs/$name"
+    fi
     local what=""
     [ "$ext" = json ] && what=$(brief "$D/$name.$ext")
     say "$name rc=$rc ${sec}s $what"
@@ -440,6 +449,28 @@ prefill)
     say "prefill: gpu/prefill_gpu.py (limit ${lim}s)"
     (cd "$RUN_CWD" && timeout -k 20 -s INT "$lim" python3 "$REPO/gpu/prefill_gpu.py" --out "$D/prefill.json" --budget "$((lim - 20))") >"$D/prefill.txt" 2>"$D/prefill.err"
     say "prefill rc=$?: $(cut -c1-600 "$D/prefill.txt" | tr '\n' ';')"
+    ;;
+fidelity)
+    facts
+    build tiny-llama tiny-hybrid
+    [ -n "${OPSCTL_PROVE_LOCAL:-}" ] && export OPSCTL_ENGINE_LOCK=${OPSCTL_ENGINE_LOCK:-/tmp/opsctl-engine.lock}
+    mem=()
+    # several engines on one GPU: a small share each, and a fixed KV cache (vLLM's memory
+    # profiling fails when another engine frees memory meanwhile, as a dying one does)
+    [ -z "${OPSCTL_PROVE_LOCAL:-}" ] && mem=(--gpu-memory-utilization "${FIDELITY_GPU_MEMORY:-0.08}" --kv-cache-memory-bytes "${FIDELITY_KV_BYTES:-1073741824}")
+    kvf="diag kv-fail --mode ${FIDELITY_MODE:-default} --json --no-tui --timeout 300s"
+    export NO_COLLECT=1
+    python3 "$REPO/gpu/fidelity_gpu.py" plan "${FIDELITY_SEEDS:-0-9}" >"$D/plan.txt"
+    while read -r name args; do
+        # shellcheck disable=SC2086 # $kvf and $args are word lists
+        call "$name" "$(($(left) - 30))" 60 $kvf $args "${mem[@]}" &
+        sleep "${FIDELITY_STAGGER:-3}"
+    done <"$D/plan.txt"
+    wait
+    unset NO_COLLECT
+    python3 "$REPO/gpu/fidelity_gpu.py" collect "$D"
+    for rd in "$D"/runs/*/; do [ -d "$rd" ] && engine_facts "$rd"; done
+    python3 "$REPO/gpu/fidelity_gpu.py" matrix "$D" 2>&1 | tee -a "$SUMMARY"
     ;;
 certify)
     build tiny-llama

@@ -24,7 +24,7 @@ for dir in "$@"; do
     for tgz in "$dir"/*.tar.gz; do
         [ -f "$tgz" ] || continue
         stage=$(basename "$tgz" .tar.gz)
-        case "$stage" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid) ;; *)
+        case "$stage" in facts | serve | checks | lora | certify | recovery | recovery2 | images | images2 | hang | uuid | fidelity) ;; *)
             echo "skipping $tgz: not a gpu/prove.sh stage" >&2
             continue
             ;;

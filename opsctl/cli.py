@@ -62,6 +62,56 @@ TyperOption.display_type_rich = _option_value_name  # type: ignore[method-assign
 TyperArgument.display_type_rich = _no_argument_type  # type: ignore[method-assign]
 
 
+# --- integers: a plain integer or nothing
+
+PLAIN_INT = r"[+-]?[0-9]+"  # ASCII digits, an optional sign: nothing else is an integer here
+
+
+def int_annotation(annotation: Any) -> bool:
+    """Whether a parameter's annotation takes integers (``int``, ``int | None``, ``list[int]``)."""
+    import typing
+
+    if annotation is int:
+        return True
+    return any(a is int for a in typing.get_args(annotation))
+
+
+def plain_int(value: Any) -> Any:
+    """``value`` unchanged when it is a plain integer's text (or not text); BadParameter else.
+
+    Typer 0.29 converts an ``int`` option with pydantic's lax integer parsing, which reads
+    ``0-4`` as -4, ``1_000`` as 1000 and ``1.0`` as 1: ``--seed 0-4`` would run seed -4 without
+    a word. Every int option and argument of opsctl passes through this rule first (the CLI
+    root installs it below)."""
+    import re
+
+    import typer
+
+    texts = value if isinstance(value, list | tuple) else [value]
+    for text in texts:
+        if isinstance(text, str) and not re.fullmatch(PLAIN_INT, text.strip()):
+            raise typer.BadParameter(f"{text!r} is not an integer")
+    return value
+
+
+def _plain_int_values(process_value: Any) -> Any:
+    """``process_value`` that first refuses an int parameter's text that is no plain integer
+    (opsctl.commands.options.plain_int: Typer would read ``--seed 0-4`` as -4)."""
+
+    def process(self: Any, ctx: Any, value: Any) -> Any:
+        desc = getattr(self, "type_descriptor", None)
+        if desc is not None and int_annotation(desc.annotation):
+            plain_int(value)
+        return process_value(self, ctx, value)
+
+    return process
+
+
+# every int option and argument of every command: one rule, installed once
+TyperOption.process_value = _plain_int_values(TyperOption.process_value)  # type: ignore[method-assign]
+TyperArgument.process_value = _plain_int_values(TyperArgument.process_value)  # type: ignore[method-assign]
+
+
 def _name_option_values(command: Any) -> None:
     """Give every option that takes a value its name as metavar (``--port PORT``).
 

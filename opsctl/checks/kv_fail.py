@@ -49,11 +49,12 @@ if TYPE_CHECKING:
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
 
-SCHEMA = "diag.kv-fail/2"  # 2: platform null + platform_note, durations in _s, noise_floor
+SCHEMA = "diag.kv-fail/3"  # 3: seeds, totals, verdict_seed; inconclusive; calibrated floor
 TITLE = "diag kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
 PATCH_NAME = dom.PATCH_NAME  # the multi-group recovery patch
 NO_PATCH = dom.RECOVERY_PATCHES  # --no-patch: the spec's disable_patches names them all
+INCONCLUSIVE_CODE = "kv_fail.comparison_inconclusive"
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Options:
     request_timeout: float = 180.0  # seconds for one completion
     settle: float = 5.0  # seconds a failed request's engine gets to show it still serves
     log_wait: float = 5.0  # seconds for vLLM's recovery lines to land after the inject phase
+    # a sweep: every seed on one engine while it lives (empty: settings.seed alone)
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,11 @@ class KvFailReport(Report):
     def failures(self) -> list[str]:
         """Messages of the failed findings (why the verdict is fail)."""
         return [f["message"] for f in self.findings if f["severity"] == "fail"]
+
+    @property
+    def seeds(self) -> list[dict]:
+        """Each seed's verdict and figures (one entry for a single-seed run)."""
+        return list(self.document.get("seeds", []))
 
     @property
     def warnings(self) -> list[str]:
@@ -376,18 +384,65 @@ def _on_engine(
         run_dir=str(probe.run_dir),
     )
     r.news()
-    progress(
-        ev.Finished(
-            fields["verdict"],
-            f"injected {facts.injections} block(s), {fields['tokens_recomputed']} tokens "
-            f"recomputed, {fields['requests_failed']} failed, engine "
-            f"{'alive' if fields['engine_alive'] else 'DEAD'}",
-            table(facts.rows),
-        )
-    )
     knobs = ledger.test_knobs(records)
     warning = knob_warning(knobs)
-    return {**fields, "test_knobs": knobs, "warnings": [warning] if warning else []}
+    summary = (
+        f"injected {facts.injections} block(s), {fields['tokens_recomputed']} tokens "
+        f"recomputed, {fields['requests_failed']} failed, engine "
+        f"{'alive' if fields['engine_alive'] else 'DEAD'}"
+    )
+    return {
+        **fields,
+        "test_knobs": knobs,
+        "warnings": [warning] if warning else [],
+        "_finished": (summary, table(facts.rows)),
+    }
+
+
+def _sweep(
+    spec: EngineSpec,
+    session: EngineSession | None,
+    resolved: ResolvedModel,
+    options: Options,
+    progress: ev.Progress,
+) -> tuple[list[dict], list[dict], int]:
+    """Every seed on as few engines as their deaths allow: each seed's fields, the seed
+    rows and the engine starts. A seed whose engine died keeps its verdict; the next seed
+    gets a fresh engine."""
+    from opsctl.collectors.kv_fail import KvProbe
+
+    seeds = list(options.seeds or (options.settings.seed,))
+    vocab = int(resolved.config.get("vocab_size") or 320)
+    runs: list[dict] = []
+    rows: list[dict] = []
+    starts = 0
+    while len(runs) < len(seeds):
+        starts += 1
+        with opened(spec, session, progress, label="kv-fail") as live:
+            assert live.run_dir is not None  # an engine opsctl started always has one
+            while len(runs) < len(seeds):
+                settings = replace(options.settings, seed=seeds[len(runs)])
+                work = dom.workload(settings, vocab)
+                t0 = time.time()
+                if len(seeds) > 1:
+                    progress(ev.Log(f"seed {settings.seed}: {work.describe(settings)}"))
+                with KvProbe(live.url, live.run_dir, live.server, live.api_key) as probe:
+                    fields = _on_engine(
+                        probe,
+                        spec,
+                        resolved.name,
+                        work,
+                        replace(options, settings=settings),
+                        progress,
+                    )
+                runs.append(fields)
+                rows.append(kvr.seed_row(fields, starts, time.time() - t0))
+                if len(seeds) > 1:
+                    detail = fields["_finished"][0]
+                    progress(ev.CaseResult(f"seed {settings.seed}", fields["verdict"], detail))
+                if not fields["engine_alive"]:
+                    break
+    return runs, rows, starts
 
 
 def run(
@@ -398,28 +453,48 @@ def run(
 ) -> KvFailReport:
     """Run diag kv-fail on an engine started for ``target`` (an EngineSpec).
 
-    A URL is BadInput. Raises BadInput for bad settings or a model the connector cannot
-    serve, the engine start's errors (EngineDied, OpsTimeout); a dying engine *during* the
-    phases is a finding (verdict fail), not an exception."""
-    from opsctl.collectors.kv_fail import KvProbe
+    With ``options.seeds`` every seed runs on one engine while it lives (a seed whose
+    engine died is recorded and the next one gets a fresh engine); the document's top-level
+    fields are those of the seed the verdict stands on (``verdict_seed``), ``seeds`` lists
+    each seed's verdict and figures and ``totals`` the sweep's. A URL is BadInput. Raises
+    BadInput for bad settings or a model the connector cannot serve, the engine start's
+    errors (EngineDied, OpsTimeout); a dying engine *during* the phases is a finding
+    (verdict fail), not an exception."""
     from opsctl.output import document
 
     resolved = validate(target, options)
     assert isinstance(target, EngineSpec)
     spec = engine_spec(target, options.settings)
-    work = dom.workload(options.settings, int(resolved.config.get("vocab_size") or 320))
+    first = replace(options.settings, seed=(options.seeds or (options.settings.seed,))[0])
+    work = dom.workload(first, int(resolved.config.get("vocab_size") or 320))
     started = time.time()
     progress(ev.Started(TITLE))
     progress(ev.Table(COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))
-    progress(ev.Log(work.describe(options.settings)))
-    with opened(spec, session, progress, label="kv-fail") as live:
-        assert live.run_dir is not None  # an engine opsctl started always has one
-        with KvProbe(live.url, live.run_dir, live.server, live.api_key) as probe:
-            fields = _on_engine(probe, spec, resolved.name, work, options, progress)
+    if not options.seeds or len(options.seeds) == 1:
+        progress(ev.Log(work.describe(first)))
+    else:
+        seeds = ", ".join(map(str, options.seeds))
+        progress(ev.Log(f"sweep of seeds {seeds}: every seed on one engine while it lives"))
+    runs, rows, starts = _sweep(spec, session, resolved, options, progress)
+    worst = kvr.worst_seed(rows)
+    fields = runs[worst]
     knobs, warnings = fields.pop("test_knobs"), fields.pop("warnings")
+    summary, last_table = fields.pop("_finished")
+    total = kvr.totals(rows, starts)
+    if len(rows) > 1:
+        progress(ev.Table(kvr.SEED_COLUMNS, kvr.seed_table(rows)))
+        summary = (
+            f"{total['seeds']} seeds: {total['pass']} pass, {total['fail']} fail, "
+            f"{total['inconclusive']} inconclusive; {starts} engine start(s)"
+        )
+        last_table = kvr.seed_table(rows)
+    progress(ev.Finished(fields["verdict"], summary, last_table))
     doc = document(
         SCHEMA,
         **fields,
+        verdict_seed=rows[worst]["seed"],
+        seeds=rows,
+        totals=total,
         duration_s=round(time.time() - started, 2),
         test_knobs=knobs,
         warnings=warnings,
@@ -448,9 +523,28 @@ def outcome(report: KvFailReport, options: Options) -> Outcome:
     after = tuple(report.warnings)
     if report.verdict == "pass":
         return Outcome(after=after)
+    doc = report.document
+    total = doc.get("totals") or {}
+    many = total.get("seeds", 1) > 1
+    if report.verdict == kvr.INCONCLUSIVE:  # exit 1, and never reads as a failure
+        unsure = [f["message"] for f in report.findings if f["code"] == INCONCLUSIVE_CODE]
+        why = unsure[0] if unsure else "the comparison could not tell recovery from noise"
+        if kvr.CONCLUSIVE_HINT not in why:
+            why += f"; to make it conclusive: {kvr.CONCLUSIVE_HINT}"
+        head = "kv-fail inconclusive"
+        if many:
+            head += f" ({total['inconclusive']} of {total['seeds']} seeds, seed {doc.get('verdict_seed')})"
+        failed = CheckFailed(f"{head}: {why}"[:900], hint=f"run dir: {report.run_dir}")
+        return Outcome(after=after, failure=failed)
     reasons = report.failures
+    head = "kv-fail"
+    if many:
+        head += (
+            f" ({total['fail']} of {total['seeds']} seeds failed, {total['inconclusive']} "
+            f"inconclusive; seed {doc.get('verdict_seed')})"
+        )
     failed = CheckFailed(
-        "kv-fail: " + "; ".join(reasons)[:600] if reasons else "kv-fail check failed",
+        f"{head}: " + "; ".join(reasons)[:600] if reasons else f"{head} check failed",
         hint=f"run dir: {report.run_dir}",
     )
     return Outcome(after=after, failure=failed)

@@ -6,12 +6,13 @@ Pure (no I/O).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.domain import platform as plat
-from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding, verdict
+from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
 from opsctl.domain.kv_fail import (
     INFLIGHT_PATCH,
     PATCH_NAME,
@@ -186,23 +187,46 @@ class Facts:
     rank_disagreement: str | None = None  # how the ranks' injections differed, if they did
 
 
-# ---- the comparison's noise floor ----------------------------------------------------------
-TRUST_RATIO = 1000  # the floor must be under 1/1000 of the smallest sensitivity difference
-TOLERANCE = 2  # a recovered request may differ by up to 2x the floor (tokens equal)
+# ---- the comparison's noise floor, calibrated on the engine under test ----------------------
+TOLERANCE = 2  # a compared request may differ by up to 2x the measured floor (tokens equal)
+SEPARATION = 10  # conclusive when the smallest planted effect is >= 10x the measured floor
 SAME_ORDER = 0.25  # a recovered difference >= 1/4 of the sensitivity one: "as much as corrupted"
+INCONCLUSIVE = "inconclusive"  # the verdict when the comparison cannot tell recovery from noise
+CONCLUSIVE_HINT = (
+    "run the model in float32 (its attention kernels drift less), in eager mode (--mode eager), "
+    "or with more tokens per request (--max-tokens 64) so a corrupted block moves outputs further"
+)
 
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """How far outputs drift without any failure, and whether that drift is trusted.
+    """How far outputs drift without any failure on the engine under test, and the verdict rule.
 
-    The floor is the largest logprob difference of the store/reload round trip and of the
-    untargeted requests (those whose tokens are equal; the others are output mismatches). 0
-    (bf16 on CUDA, every CPU run so far): the comparison is bitwise. Above 0 (float32 with
-    TRITON_ATTN on CUDA) it is trusted only if every round-trip token is equal and the floor is
-    under 1/:data:`TRUST_RATIO` of the smallest difference the sensitivity phase caused; a
-    recovered request then passes with equal tokens and a difference <= TOLERANCE x floor.
-    Otherwise the comparison is inconclusive and the verdict fails (fail-closed).
+    Whether the planted fault moves them clearly further decides. The rule (the same on CPU and CUDA, bf16 and float32):
+
+    - **floor** F: the largest logprob difference over the control runs, which inject
+      nothing: the store/reload round trip of every request, and the untargeted requests of
+      the inject and sensitivity phases (those whose tokens are equal; an untargeted request
+      whose tokens changed is an output mismatch, not noise).
+    - **sensitivity** S: the smallest logprob difference the planted fault caused (the
+      injected blocks corrupted silently, the sensitivity phase), over the injected requests.
+    - F = 0 (every CPU run, CUDA bf16 in eager mode): compared bitwise, as before.
+    - F > 0: **conclusive** when the round trip kept every token and S >= SEPARATION x F;
+      then a recovered request passes with equal tokens and a difference <= TOLERANCE x F,
+      and anything beyond that fails (it moved; the fault moves it by >= S). Otherwise
+      **inconclusive** (its own verdict, exit 1, never a pass), saying what would make it
+      conclusive (float32, eager mode, more tokens).
+
+    Why these bounds: TOLERANCE = 2 because a control's drift is one draw of the kernel's
+    noise (the hybrid runs on the H100, CUDA vLLM 0.26 default mode, drifted 0.029-0.031 on
+    requests with 137-142 prompt tokens, targeted or not; float32 TRITON_ATTN 3.0e-6 ..
+    4.5e-5 within one run): twice the largest seen covers a recovered request drifting as
+    the controls do. SEPARATION = 10 keeps that pass band (2F) at most 1/5 of the smallest
+    planted effect, and a missed recovery moves outputs by about S (--no-patch on the
+    H100: 1.28-2.36 where S was 1.03-2.63), so it lands >= 5x past the cut. The measured
+    margins sit well above 10: bf16 default mode S/F = 1.03/0.0307 = 34 (worst of seeds 1, 3,
+    5), float32 1.39/4.46e-5 = 31000. The old bound (F under 1/1000 of S) made the bf16
+    hybrid inconclusive (a fail) three times in four although its recovery was exact.
     """
 
     max_logprob_diff: float | None = None  # None: no round trip was compared
@@ -215,23 +239,27 @@ class NoiseFloor:
         return not self.max_logprob_diff
 
     @property
-    def trusted(self) -> bool:
-        """True when the floor is bitwise, or small enough against the sensitivity phase."""
+    def ratio(self) -> float | None:
+        """S / F: how far the planted fault moves outputs past the noise (None: unknown)."""
+        if self.bitwise or self.min_sensitivity_diff is None:
+            return None
+        return self.min_sensitivity_diff / (self.max_logprob_diff or 1.0)
+
+    @property
+    def conclusive(self) -> bool:
+        """True when bitwise, or the planted fault is >= SEPARATION x the floor."""
         if self.bitwise:
             return True
-        return (
-            self.roundtrip_tokens_equal
-            and self.max_logprob_diff is not None
-            and self.min_sensitivity_diff is not None
-            and self.max_logprob_diff * TRUST_RATIO < self.min_sensitivity_diff
-        )
+        return self.roundtrip_tokens_equal and (self.ratio or 0.0) >= SEPARATION
+
+    trusted = conclusive  # the name the findings below read
 
     @property
     def mode(self) -> str:
         """How compared outputs are judged: bitwise, noise_floor or inconclusive."""
         if self.bitwise:
             return "bitwise"
-        return "noise_floor" if self.trusted else "inconclusive"
+        return "noise_floor" if self.conclusive else INCONCLUSIVE
 
     @property
     def tolerance(self) -> float:
@@ -252,20 +280,31 @@ class NoiseFloor:
 
     def to_dict(self) -> dict:
         """The floor as the report's ``noise_floor`` object holds it."""
+        ratio = self.ratio
         return {
             "max_logprob_diff": self.max_logprob_diff,
             "mode": None if self.max_logprob_diff is None else self.mode,
             "tolerance": self.tolerance if self.max_logprob_diff is not None else None,
             "roundtrip_tokens_equal": self.roundtrip_tokens_equal,
             "min_sensitivity_max_logprob_diff": self.min_sensitivity_diff,
+            "separation": None if ratio is None else round(ratio, 3),
+            "separation_needed": SEPARATION,
         }
 
 
 def noise_floor(rows: Sequence[RequestRow]) -> NoiseFloor:
-    """The noise floor of the round trip and the untargeted requests' inject outputs."""
+    """The controls' floor and the smallest difference the planted corruption caused.
+
+    Controls: the round trip, the untargeted inject and sensitivity outputs."""
     rt = [r.roundtrip for r in rows if r.roundtrip is not None]
     # an untargeted request whose tokens changed is no noise: it is an output mismatch
-    quiet = [r.inject for r in rows if not r.targeted and r.inject and r.inject.tokens_equal]
+    quiet = [
+        c
+        for r in rows
+        if not r.targeted and not r.injected_blocks
+        for c in (r.inject, r.sensitivity)
+        if c is not None and c.tokens_equal
+    ]
     diffs = [c.max_logprob_diff for c in (*rt, *quiet) if c.max_logprob_diff is not None]
     sens = [
         r.sensitivity.max_logprob_diff
@@ -312,21 +351,23 @@ def _noisy(f: Facts, noise: NoiseFloor) -> list[Finding]:
     """The round trip is not bitwise: a noise floor, trusted or inconclusive."""
     n, floor = len(f.rows), noise.max_logprob_diff or 0.0  # not bitwise: a positive floor
     details = noise.to_dict()
-    if not noise.trusted:
+    if not noise.conclusive:
         if not noise.roundtrip_tokens_equal:
             why = "store/reload without injection changed generated tokens"
         elif noise.min_sensitivity_diff is None:
             why = "no sensitivity figures to weigh it against (that phase did not complete)"
         else:
             why = (
-                f"it is not under 1/{TRUST_RATIO} of the smallest difference silently "
-                f"corrupted blocks caused ({noise.min_sensitivity_diff:.3g})"
+                f"silently corrupted blocks move them by {noise.min_sensitivity_diff:.3g}, only "
+                f"{noise.ratio or 0.0:.1f}x more (a conclusive comparison needs {SEPARATION}x)"
             )
         msg = (
             f"comparison inconclusive: outputs drift by up to {floor:.3g} (logprob) without "
-            f"any failure, and {why}; a missed recovery cannot be told from noise"
+            f"any failure, and {why}; a missed recovery cannot be told from noise. To make it "
+            f"conclusive: {CONCLUSIVE_HINT}"
         )
-        return [Finding(FAIL, "kv_fail.comparison_inconclusive", msg, details)]
+        details = {**details, "hint": CONCLUSIVE_HINT}
+        return [Finding(WARNING, "kv_fail.comparison_inconclusive", msg, details)]
     if f.roundtrip_loads < n:
         msg = f"only {f.roundtrip_loads}/{n} requests reloaded KV from the connector"
         return [Finding(FAIL, "kv_fail.roundtrip_not_loaded", msg)]
@@ -334,8 +375,8 @@ def _noisy(f: Facts, noise: NoiseFloor) -> list[Finding]:
         f"{n}/{n} requests reloaded their KV (every group) and matched the baseline within "
         f"a noise floor of {floor:.3g} (tokens equal; not bitwise: the attention kernel "
         f"is not bitwise reproducible here); recovered requests may differ by up to "
-        f"{noise.tolerance:.3g}, {(noise.min_sensitivity_diff or 0.0) / floor:.0f}x below what "
-        "corrupted blocks cause"
+        f"{noise.tolerance:.3g}; corrupted blocks move them {noise.ratio or 0.0:.0f}x the floor "
+        f"(conclusive from {SEPARATION}x)"
     )
     return [Finding(OK, "kv_fail.roundtrip_within_noise", msg, details)]
 
@@ -509,6 +550,15 @@ def _ranks(f: Facts) -> list[Finding]:
     return []
 
 
+def run_verdict(findings: Sequence[Finding]) -> str:
+    """fail if any finding failed; else inconclusive if the comparison was; else pass."""
+    if any(x.severity == FAIL for x in findings):
+        return "fail"
+    if any(x.code == "kv_fail.comparison_inconclusive" for x in findings):
+        return INCONCLUSIVE
+    return "pass"
+
+
 def judge(f: Facts) -> list[Finding]:
     """The run's findings: engine survival, round trip, injected requests, sensitivity.
 
@@ -536,7 +586,7 @@ def summary(f: Facts) -> dict:
         "outputs_identical": identical,
         "noise_floor": noise_floor(f.rows).to_dict(),
         "findings": [x.to_dict() for x in findings],
-        "verdict": verdict(findings),
+        "verdict": run_verdict(findings),
     }
 
 
@@ -583,3 +633,110 @@ def report_fields(
         "prompts": [list(p) for p in prompts],
         "run_dir": run_dir,
     }
+
+
+# ---- sweeps: many seeds, as few engine starts as the engine allows ----------------------------
+SEED_COLUMNS = ("seed", "engine", "verdict", "injected", "recomputed", "failed", "floor", "S/F")
+_WORST = {"fail": 0, INCONCLUSIVE: 1, "pass": 2}
+
+
+def seed_row(fields: Mapping[str, Any], start: int, seconds: float) -> dict:
+    """One seed of a sweep as the document's ``seeds`` list holds it: its verdict and figures.
+
+    ``fields`` are that seed's :func:`report_fields`; ``start`` counts the engine it ran on
+    (1 = the first engine started)."""
+    return {
+        "seed": fields["injection"]["seed"],
+        "verdict": fields["verdict"],
+        "engine_start": start,
+        "targets": fields["injection"]["targets"],
+        "failures_injected": fields["failures_injected"],
+        "requests_affected": fields["requests_affected"],
+        "tokens_recomputed": fields["tokens_recomputed"],
+        "requests_rescheduled": fields["requests_rescheduled"],
+        "requests_failed": fields["requests_failed"],
+        "engine_alive": fields["engine_alive"],
+        "died_in_phase": fields["died_in_phase"],
+        "outputs_identical": fields["outputs_identical"],
+        "noise_floor": fields["noise_floor"],
+        "finding_codes": [
+            f["code"] for f in fields["findings"] if f["severity"] in (FAIL, WARNING)
+        ],
+        "why": _seed_why(fields),
+        "duration_s": round(seconds, 2),
+        "run_dir": fields["run_dir"],
+    }
+
+
+def _seed_why(fields: Mapping[str, Any]) -> str | None:
+    """A seed's reason: its first failed (else inconclusive) finding's message; None if passed."""
+    if fields["verdict"] == "pass":
+        return None
+    for severity in (FAIL, WARNING):
+        for f in fields["findings"]:
+            if f["severity"] == severity:
+                return f["message"]
+    return None
+
+
+def sweep_verdict(verdicts: Sequence[str]) -> str:
+    """fail if any seed failed; inconclusive if any was and none failed; pass otherwise."""
+    return min(verdicts, key=lambda v: _WORST.get(v, 0)) if verdicts else "fail"
+
+
+def worst_seed(seeds: Sequence[Mapping[str, Any]]) -> int:
+    """The index of the seed the verdict stands on.
+
+    The first failed, else the first inconclusive, else the last seed."""
+    want = sweep_verdict([s["verdict"] for s in seeds])
+    if want == "pass":
+        return len(seeds) - 1
+    return next(i for i, s in enumerate(seeds) if s["verdict"] == want)
+
+
+def totals(seeds: Sequence[Mapping[str, Any]], starts: int) -> dict:
+    """The sweep in total: verdict counts, engine starts and summed figures."""
+    count = Counter(s["verdict"] for s in seeds)
+    return {
+        "seeds": len(seeds),
+        "pass": count["pass"],
+        "fail": count["fail"],
+        "inconclusive": count[INCONCLUSIVE],
+        "engine_starts": starts,
+        "failures_injected": sum(s["failures_injected"] for s in seeds),
+        "tokens_recomputed": sum(s["tokens_recomputed"] or 0 for s in seeds),
+        "requests_failed": sum(s["requests_failed"] for s in seeds),
+        "max_noise_floor": max(
+            (s["noise_floor"]["max_logprob_diff"] or 0.0 for s in seeds), default=0.0
+        ),
+        "min_sensitivity": min(
+            (
+                m
+                for s in seeds
+                if (m := s["noise_floor"]["min_sensitivity_max_logprob_diff"]) is not None
+            ),
+            default=None,
+        ),
+    }
+
+
+def seed_table(seeds: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
+    """The per-seed rows (columns :data:`SEED_COLUMNS`) of the panel and the terminal report."""
+    out = []
+    for s in seeds:
+        nf = s["noise_floor"]
+        floor = nf.get("max_logprob_diff")
+        ratio = nf.get("separation")
+        out.append(
+            (
+                str(s["seed"]),
+                f"#{s['engine_start']}" + ("" if s["engine_alive"] else " died"),
+                s["verdict"],
+                str(s["failures_injected"]),
+                str(s["tokens_recomputed"] or 0),
+                str(s["requests_failed"]),
+                "-" if floor is None else ("0" if floor == 0 else f"{floor:.3g}"),
+                "-" if ratio is None else f"{ratio:.0f}x",
+            )
+        )
+    return tuple(out)

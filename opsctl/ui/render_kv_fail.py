@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from opsctl.checks.kv_fail import COLUMNS
+from opsctl.domain.kv_fail_report import SEED_COLUMNS, seed_table
 from opsctl.output import render_findings
 
 
@@ -60,9 +61,17 @@ def noise_text(noise: Mapping[str, Any] | None) -> str | None:
     sens = noise.get("min_sensitivity_max_logprob_diff")
     head = f"noise floor {floor:.3g} (store/reload not bitwise"
     head += ", tokens equal)" if noise.get("roundtrip_tokens_equal") else ", tokens DIFFER)"
+    ratio = noise.get("separation")
+    times = "" if ratio is None else f" ({ratio:.0f}x)"
     if mode == "noise_floor":
-        return f"{head}: compared within {noise.get('tolerance'):.3g}, corrupted blocks {sens:.3g}"
-    against = "no sensitivity figures" if sens is None else f"corrupted blocks {sens:.3g}"
+        return (
+            f"{head}: compared within {noise.get('tolerance'):.3g}, corrupted blocks "
+            f"{sens:.3g}{times}"
+        )
+    need = noise.get("separation_needed")
+    against = "no sensitivity figures" if sens is None else f"corrupted blocks {sens:.3g}{times}"
+    if need and sens is not None:
+        against += f", {need}x needed"
     return f"{head}: [red]comparison inconclusive[/] ({against})"
 
 
@@ -83,8 +92,25 @@ def patches_text(doc: Mapping[str, Any]) -> str:
     return f"patch{'es' if len(rows) > 1 else ''} {states}"
 
 
+def _seeds(con: Console, doc: Mapping[str, Any]) -> None:
+    """A sweep's per-seed rows and totals (nothing for one seed)."""
+    seeds = doc.get("seeds") or []
+    if len(seeds) < 2:
+        return
+    table = Table(*SEED_COLUMNS, title="seeds")
+    for row in seed_table(seeds):
+        table.add_row(*row)
+    con.print(table)
+    t = doc.get("totals") or {}
+    con.print(
+        f"{t.get('seeds')} seeds: {t.get('pass')} pass, {t.get('fail')} fail, "
+        f"{t.get('inconclusive')} inconclusive; {t.get('engine_starts')} engine start(s); "
+        f"below: seed {doc.get('verdict_seed')}, the one the verdict stands on"
+    )
+
+
 def render(con: Console, doc: Mapping[str, Any]) -> None:
-    """Print the kv-fail document: model, settings, the requests table, noise floor, findings."""
+    """Print the kv-fail document: settings, a sweep's seeds, requests, noise floor, findings."""
     con.print(
         f"[b]diag kv-fail[/] {doc.get('model')} on vLLM {doc.get('vllm_version') or '?'}, "
         f"platform {escape(platform_text(doc))}, {_groups(doc)}"
@@ -97,6 +123,7 @@ def render(con: Console, doc: Mapping[str, Any]) -> None:
         f"seed {inj.get('seed')} on requests {inj.get('targets')}, "
         f"reported as failed {inj.get('route') or 'blocks'}"
     )
+    _seeds(con, doc)
     con.print(_requests(doc))
     con.print(
         f"failures injected {doc['failures_injected']}, requests affected "

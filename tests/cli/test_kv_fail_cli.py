@@ -41,6 +41,13 @@ def run(*args: str):
         (["--model", "tiny-vlm"], "cannot serve"),
         (["--mode", "graphs"], "--mode must be eager or default"),
         (["--route", "layers"], "unknown route"),
+        (["--seeds", "4-2"], "--seeds: '4-2': the range ends before it starts"),
+        (["--seeds", "0-4", "--seed", "1"], "either --seed or --seeds"),
+        (["--seeds", "1,1"], "named twice"),
+        (["--seed", "0-4"], "--seed: '0-4' is not an integer"),
+        (["--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (["--kv-cache-memory-bytes", "0"], "must be positive"),
+        (["--kv-cache-memory-bytes", "1G"], "'1G' is not an integer"),
     ],
 )
 def test_bad_input_exits_2(args, needle):
@@ -106,6 +113,21 @@ def launches(monkeypatch, tmp_path):
 
     monkeypatch.setattr(srv, "EngineServer", Recorder)
     return seen
+
+
+def test_gpu_memory_flags_reach_vllm(launches):
+    res = run("--gpu-memory-utilization", "0.08", "--kv-cache-memory-bytes", "1073741824")
+    assert res.exit_code == 2 and "recorded; not starting" in res.stderr, res.output
+    args = list(launches[0].opts.extra_args)
+    i, j = args.index("--gpu-memory-utilization"), args.index("--kv-cache-memory-bytes")
+    assert (args[i + 1], args[j + 1]) == ("0.08", "1073741824")
+
+
+def test_a_sweep_announces_its_first_seed_and_starts_one_engine(launches):
+    res = run("--seeds", "3,5")
+    assert res.exit_code == 2 and "recorded; not starting" in res.stderr, res.output
+    assert len(launches) == 1  # the start failed: nothing is retried per seed
+    assert "sweep of seeds 3, 5: every seed on one engine while it lives" in res.stderr
 
 
 def test_flags_reach_the_engine_the_check_starts(launches):

@@ -114,7 +114,17 @@ def kv_fail_document(engine: kvr.EngineFacts) -> dict:
         prompts=work.prompts,
         run_dir="r",
     )
-    doc = document(SCHEMA, **fields, duration_s=2.0, test_knobs={}, warnings=[])
+    seeds = [kvr.seed_row(fields, 1, 2.0)]
+    doc = document(
+        SCHEMA,
+        **fields,
+        verdict_seed=3,
+        seeds=seeds,
+        totals=kvr.totals(seeds, 1),
+        duration_s=2.0,
+        test_knobs={},
+        warnings=[],
+    )
     validate(doc)
     return doc
 
@@ -259,7 +269,7 @@ def test_diag_kv_fail_fields_from_the_ledger_on_disk(tmp_path):
     (tmp_path / "events" / "engine_info.jsonl").write_text(json.dumps(info) + "\n")
     engine = kvr.engine_facts(read_events(run_dir, "engine_info")[-1], read_records(run_dir))
     doc = kv_fail_document(engine)
-    assert doc["schema"] == "opsctl.diag.kv-fail/2"
+    assert doc["schema"] == "opsctl.diag.kv-fail/3"
     assert (doc["platform"], doc["vllm_version"]) == (FAKE, VERSION)  # the core's ledger
     assert doc["platform_note"] is None
     assert (doc["duration_s"], doc["phase_durations_s"]) == (2.0, {"store": 1.5})

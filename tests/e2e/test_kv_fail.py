@@ -3,7 +3,8 @@ runs through the CLI (JSON, exit codes, stderr) and one through the library entr
 (:func:`opsctl.checks.kv_fail.run`: typed events, the typed report, its terminal view).
 
 Engine starts in this module: 6 (one per diag run, plus one hybrid engine without
-any connector for the no-connector baseline).
+any connector for the no-connector baseline). The tiny-llama recompute run sweeps seeds 0-2
+and the request-route run seeds 0 and 2, each on its one engine (``--seeds``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def diag(*args: str) -> tuple[int, dict, str]:
 
 @pytest.fixture(scope="module")
 def llama_recompute():
-    return diag("--model", "tiny-llama", "--policy", "recompute")
+    """A sweep of three seeds on the one engine this run starts."""
+    return diag("--model", "tiny-llama", "--policy", "recompute", "--seeds", "0-2")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def hybrid_no_patch():
 @pytest.fixture(scope="module")
 def hybrid_requests_no_patch():
     """Upstream's supported route for several KV cache groups: failed requests."""
-    return diag("--model", "tiny-hybrid", "--no-patch", "--route", "requests")
+    return diag("--model", "tiny-hybrid", "--no-patch", "--route", "requests", "--seeds", "0,2")
 
 
 def test_hybrid_request_route_recovers_without_any_opsctl_patch(hybrid_requests_no_patch):
@@ -84,6 +86,8 @@ def test_hybrid_request_route_recovers_without_any_opsctl_patch(hybrid_requests_
     rc, doc, err = hybrid_requests_no_patch
     assert rc == 0, err[-2000:]
     assert doc["injection"]["route"] == "requests"
+    assert [(s["seed"], s["verdict"]) for s in doc["seeds"]] == [(0, "pass"), (2, "pass")]
+    assert doc["totals"]["engine_starts"] == 1
     assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}
     assert len(doc["kv_cache_groups"]) == 2
     assert doc["failures_injected"] >= 2 and doc["requests_affected"] == 2
@@ -100,13 +104,13 @@ def test_hybrid_request_route_recovers_without_any_opsctl_patch(hybrid_requests_
     }
     conn = [json.loads(x) for x in (events / "kv_connector.jsonl").read_text().splitlines()]
     refused = {e["request_id"] for e in conn if e.get("offered") == 0}
-    assert len(failed) == 2 and failed <= refused
+    assert len(failed) == 2 * len(doc["seeds"]) and failed <= refused  # 2 per seed, one engine
 
 
 def test_llama_recompute_truncates_and_matches(llama_recompute):
     rc, doc, err = llama_recompute
     assert rc == 0, err[-2000:]
-    assert doc["schema"] == "opsctl.diag.kv-fail/2"
+    assert doc["schema"] == "opsctl.diag.kv-fail/3"
     assert doc["test_knobs"] == {} and doc["warnings"] == [] and doc["duration_s"] > 0
     assert len(doc["kv_cache_groups"]) == 1
     assert doc["patch"]["status"] == "applied"  # applied, but single group takes upstream's path
@@ -117,6 +121,34 @@ def test_llama_recompute_truncates_and_matches(llama_recompute):
     assert doc["requests_failed"] == 0 and doc["engine_alive"] and doc["outputs_identical"]
     assert all(r["roundtrip"]["identical"] and r["inject"]["identical"] for r in doc["requests"])
     assert any(r["sensitivity"] and not r["sensitivity"]["identical"] for r in doc["requests"])
+
+
+def test_llama_sweep_runs_every_seed_on_one_engine(llama_recompute):
+    """--seeds 0-2: three seeds, one engine start, a row per seed with its own workload."""
+    rc, doc, err = llama_recompute
+    assert rc == 0, err[-2000:]
+    seeds = doc["seeds"]
+    assert [s["seed"] for s in seeds] == [0, 1, 2]
+    assert all(s["verdict"] == "pass" and s["engine_start"] == 1 for s in seeds), seeds
+    assert len({s["run_dir"] for s in seeds}) == 1  # one engine for the sweep
+    t = doc["totals"]
+    assert (t["seeds"], t["pass"], t["fail"], t["inconclusive"], t["engine_starts"]) == (
+        3,
+        3,
+        0,
+        0,
+        1,
+    )
+    assert t["failures_injected"] == sum(s["failures_injected"] for s in seeds) == 3 * 2
+    assert t["tokens_recomputed"] == 3 * 2 * 32 and t["max_noise_floor"] == 0.0
+    # each seed its own targets; the top level is the last seed's run (all passed)
+    assert doc["verdict_seed"] == 2 and doc["injection"]["seed"] == 2
+    assert doc["injection"]["targets"] == seeds[2]["targets"]
+    from opsctl.domain import kv_fail as dom
+
+    assert [s["targets"] for s in seeds] == [dom.choose_targets(4, k, None) for k in (0, 1, 2)]
+    assert "seed 1: 4 requests" in err  # the per-seed progress lines
+    assert all(f"seed {k} -> pass: injected 2 block(s)" in err for k in (0, 1, 2)), err[-3000:]
 
 
 def test_llama_fail_fails_only_injected_requests(llama_fail):
@@ -138,7 +170,10 @@ def test_hybrid_with_patch_survives_and_matches(hybrid):
     report, _events = hybrid
     doc = report.to_dict()
     assert report.verdict == "pass" and report.failures == [], doc["findings"]
-    assert report.schema == "opsctl.diag.kv-fail/2" and doc["test_knobs"] == {}
+    assert report.schema == "opsctl.diag.kv-fail/3" and doc["test_knobs"] == {}
+    (seed,) = doc["seeds"]  # one seed: one row, the document is its run
+    assert (seed["seed"], seed["verdict"], seed["engine_start"]) == (0, "pass", 1)
+    assert doc["totals"]["engine_starts"] == 1 and doc["verdict_seed"] == 0
     assert [g["spec"] for g in doc["kv_cache_groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
     assert doc["patch"]["status"] == "applied"
     assert doc["engine_alive"] and doc["requests_failed"] == 0 and doc["outputs_identical"]

@@ -369,7 +369,7 @@ def test_rejudged_reports_render_the_noise_floor(name):
 def test_noise_floor_follows_the_schema():
     import jsonschema
 
-    schema = json.loads((DATA.parent / "schemas" / "opsctl.diag.kv-fail-2.schema.json").read_text())
+    schema = json.loads((DATA.parent / "schemas" / "opsctl.diag.kv-fail-3.schema.json").read_text())
     assert "noise_floor" in schema["required"]
     check = jsonschema.Draft7Validator(schema["properties"]["noise_floor"])
     modes = set()

@@ -5,10 +5,14 @@ knobs, start timeout) and :class:`opsctl.checks.kv_fail.Options`, runs
 :func:`opsctl.checks.kv_fail.run` (its docstring describes the four phases) and emits
 its report.
 
+``--seeds 0-9`` (or ``1,3,5``) sweeps seeds on one engine start while the engine lives
+(a seed that kills it is recorded, the next gets a fresh engine): per-seed rows and totals.
+
 Reports vLLM version and platform, KV cache groups, failures injected, requests
 affected, tokens recomputed (vLLM's own "tokens affected" log lines), requests failed,
 engine alive, per-request equality, verdict. Exit 0 when the engine survived and every
-non-failed output equals its baseline; 1 otherwise (``--no-patch`` on a hybrid model
+non-failed output equals its baseline (every seed); 1 otherwise (also inconclusive: the
+comparison could not tell a missed recovery from the engine's own noise) (``--no-patch`` on a hybrid model
 shows the engine death the patch prevents); 2 for bad arguments.
 """
 
@@ -39,7 +43,7 @@ _MODE = typer.Option(
 )
 
 
-def _spec(model: str, no_patch: bool, mode: str, timeout: float):
+def _spec(model, no_patch, mode, timeout, memory=None, kv_bytes=None):
     """The engine the check starts: --no-patch turns every KV recovery patch off,
     --mode picks eager or vLLM's default execution mode (anything else is exit 2)."""
     from opsctl.checks import kv_fail as check
@@ -47,10 +51,34 @@ def _spec(model: str, no_patch: bool, mode: str, timeout: float):
 
     if mode not in ("eager", "default"):
         raise BadInput(f"--mode must be eager or default, not {mode!r}")
+    if memory is not None and not 0.0 < memory <= 1.0:
+        raise BadInput(f"--gpu-memory-utilization must be in (0, 1], not {memory}")
     disabled = check.NO_PATCH if no_patch else ()
+    if kv_bytes is not None and kv_bytes <= 0:
+        raise BadInput(f"--kv-cache-memory-bytes must be positive, not {kv_bytes}")
+    extra = () if memory is None else ("--gpu-memory-utilization", str(memory))
+    extra += () if kv_bytes is None else ("--kv-cache-memory-bytes", str(kv_bytes))
     return EngineSpec(
-        model=model, disable_patches=disabled, timeout=timeout, enforce_eager=mode == "eager"
+        model=model,
+        disable_patches=disabled,
+        timeout=timeout,
+        enforce_eager=mode == "eager",
+        extra_args=extra,
     )
+
+
+def _seeds(seed: int | None, seeds: str | None) -> tuple[int, ...]:
+    """The sweep's seeds (empty: --seed alone); bad or both flags exit 2."""
+    from opsctl.domain.seeds import parse_seeds
+
+    if seeds is None:
+        return ()
+    if seed is not None:
+        raise BadInput("give either --seed or --seeds, not both")
+    try:
+        return tuple(parse_seeds(seeds))
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {exc}") from None
 
 
 def kv_fail(
@@ -70,7 +98,16 @@ def kv_fail(
         "(negative from the end; default -1 = last loaded block of every group)",
     ),
     requests: int = typer.Option(4, "--requests", help="requests in the workload"),
-    seed: int = typer.Option(0, "--seed", help="seed of prompts, targets and rate draws"),
+    seed: int = typer.Option(
+        None, "--seed", help="seed of prompts, targets and rate draws  [default: 0]"
+    ),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        metavar="SEEDS",
+        help="a sweep on one engine: every seed in N-M or a comma list (0-9, 1,3,5), "
+        "reported per seed and in total",
+    ),
     fail_requests: int = typer.Option(
         None,
         "--fail-requests",
@@ -86,6 +123,20 @@ def kv_fail(
     ),
     route: str = _ROUTE,
     mode: str = _MODE,
+    gpu_memory: float = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        metavar="FRACTION",
+        help="share of the GPU's memory the engine may take (vLLM's flag; several engines "
+        "on one GPU need a small one, e.g. 0.08)",
+    ),
+    kv_bytes: int = typer.Option(
+        None,
+        "--kv-cache-memory-bytes",
+        metavar="BYTES",
+        help="the engine's KV cache size (vLLM's flag: skips its memory profiling, which "
+        "fails when another engine on the GPU frees memory meanwhile)",
+    ),
     timeout: float = duration_option(
         "10m", "--timeout", help="the longest wait for the engine to start (exit 4 past it)"
     ),
@@ -98,8 +149,10 @@ def kv_fail(
     from opsctl.commands.options import parse_knobs
     from opsctl.domain.kv_fail import Settings
 
-    settings = Settings(policy, rate, blocks, requests, seed, fail_requests, max_tokens, route)
-    options = check.Options(settings)
-    spec = _spec(model, no_patch, mode, timeout)
+    sweep = _seeds(seed, seeds)
+    first = sweep[0] if sweep else seed or 0
+    settings = Settings(policy, rate, blocks, requests, first, fail_requests, max_tokens, route)
+    options = check.Options(settings, seeds=sweep)
+    spec = _spec(model, no_patch, mode, timeout, gpu_memory, kv_bytes)
     check.validate(spec, options)  # bad flags exit 2 before any knob is looked at
     return replace(spec, knobs=tuple(sorted(parse_knobs(test_knob).items()))), options
