@@ -384,7 +384,6 @@ INCONCLUSIVE_LINES = {
     "usage": "'0 of 8 usage report(s) differ from the engine-input count'",
     "invariance": "'batch invariance failed: see report'",
     "mm-uuid": "'0 multimodal item(s) did not reach the engine core as expected'",
-    "kv-fail": "'kv-fail check failed'",
     "lora": "'diag lora failed: see report'",
 }
 
