@@ -1,7 +1,7 @@
 """Rich tables for `opsctl diag invariance` (a terminal without ``--json``).
 
 The modes side by side, then per mode its isolating settings, its prompts and its warnings. Reads
-only the report's JSON document (``opsctl.diag.invariance/2``).
+only the report's JSON document (``opsctl.diag.invariance/3``).
 """
 
 from __future__ import annotations

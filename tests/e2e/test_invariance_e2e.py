@@ -71,7 +71,7 @@ def main_run(engine):
 def test_main_comparison_tokens_identical_and_verdict_as_measured(engine, main_run):
     r, doc = main_run
     assert doc is not None, r.stderr
-    assert doc["schema"] == "opsctl.diag.invariance/2"
+    assert doc["schema"] == "opsctl.diag.invariance/3"
     assert doc["comparison"] == "bitwise" and doc["batch_size"] == len(DEFAULT_PROMPTS)
     (run,) = doc["runs"]
     prompts = run["prompts"]
@@ -220,4 +220,4 @@ def test_library_call_with_typed_events(engine):
     assert ev.Phase("eager: BS=8: prompts sent together", 8, 8) in seen
     (run,) = report.runs
     assert run["run_dir"] == str(engine.run_dir) and run["batch"]["formed"] is True
-    assert report.to_dict()["schema"] == "opsctl.diag.invariance/2"
+    assert report.to_dict()["schema"] == "opsctl.diag.invariance/3"
