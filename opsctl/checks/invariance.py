@@ -723,8 +723,9 @@ def on_server(server: ServerRef, progress: ev.Progress) -> InvarianceReport:
 
 
 def outcome(report: InvarianceReport, options: Options) -> Outcome:
-    """The exit rule: 0 only when every prompt matched (every seed), 1 on a failure or an
-    inconclusive comparison, 4 when an engine did not start."""
+    """The exit rule: 0 only when every prompt of every seed matched.
+
+    1 on a failure or an inconclusive comparison, 4 when an engine did not start."""
     from opsctl.checks.registry import Outcome
 
     warnings = tuple(report.warnings)  # after the run: never while a panel owns the terminal

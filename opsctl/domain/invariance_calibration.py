@@ -149,7 +149,9 @@ class Calibration:
         return {
             "floor": None if math.isinf(self.floor) else self.floor,
             "floor_tokens_differ": math.isinf(self.floor),
-            "sensitivity": self.sensitivity,
+            "sensitivity": _finite(self.sensitivity),
+            "sensitivity_tokens_differ": self.sensitivity is not None
+            and math.isinf(self.sensitivity),
             "bound": None if math.isinf(self.bound) else self.bound,
             "bitwise": self.bitwise,
             "ratio": _finite(self.ratio),
@@ -190,16 +192,20 @@ def _finite(x: float | None) -> float | None:
 
 
 def sweep_verdict(verdicts: Sequence[str]) -> str:
-    """A sweep's verdict: fail if any seed failed, else inconclusive if any was, else pass."""
+    """A sweep's verdict: the worst of its seeds'.
+
+    fail if any seed failed, else inconclusive if any was, else the first other verdict
+    that is not a pass (unverified), else pass."""
     if not verdicts:
         return FAIL
-    if FAIL in verdicts:
-        return FAIL
-    return INCONCLUSIVE if any(v != PASS for v in verdicts) else PASS
+    for worst in (FAIL, INCONCLUSIVE):
+        if worst in verdicts:
+            return worst
+    return next((v for v in verdicts if v != PASS), PASS)
 
 
 def sweep_totals(verdicts: Sequence[str]) -> dict[str, int]:
-    """How many seeds said pass, fail and inconclusive (anything else counts as inconclusive)."""
+    """How many seeds said pass, fail and inconclusive (not judged: unverified counts here)."""
     out = {PASS: 0, FAIL: 0, INCONCLUSIVE: 0}
     for v in verdicts:
         out[v if v in out else INCONCLUSIVE] += 1

@@ -111,7 +111,7 @@ def test_listed_adapters_pass_on_tiny_llama(served):
 def test_cli_on_the_server(served):
     r, doc = diag(served.url)
     assert r.exit_code == 0, r.stderr
-    assert doc["schema"] == "opsctl.diag.lora/2" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.diag.lora/3" and doc["verdict"] == "pass"
     assert doc["run_dir"] and doc["external"] is True  # a URL, even to an opsctl run
     assert_gathered(doc)
 

@@ -73,6 +73,7 @@ def test_sweep_verdict_and_totals():
     assert cal.sweep_verdict(["pass", "inconclusive"]) == "inconclusive"
     assert cal.sweep_verdict(["inconclusive", "fail", "pass"]) == "fail"
     assert cal.sweep_verdict([]) == "fail"  # nothing judged is never a pass
+    assert cal.sweep_verdict(["pass", "unverified"]) == "unverified"
     assert cal.sweep_totals(["pass", "fail", "unverified"]) == {
         "pass": 1,
         "fail": 1,
