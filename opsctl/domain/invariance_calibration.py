@@ -39,8 +39,8 @@ HEADROOM = 2.0  # the bound over the floor: one sample's maximum, the judged one
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 # what makes a noisy comparison conclusive (said with every inconclusive verdict)
 REMEDY = (
-    "run it in float32 (--dtype float32 where the engine allows), with --mode eager, "
-    "with more tokens (--max-tokens) or a larger --atol only when the floor justifies it"
+    "serve the model in float32, run with --mode eager, compare more tokens (--max-tokens), "
+    "or state a tolerance (--atol) only where the floor justifies it"
 )
 # words appended to a probe prompt: a real, small difference in the request
 PROBE_SUFFIX = " and then"
@@ -134,7 +134,8 @@ class Calibration:
         else:
             what = (
                 f"the smallest planted difference ({fmt(self.sensitivity)}) is not more than "
-                f"{MARGIN:g}x the noise floor ({fmt(self.bound)})"
+                f"{MARGIN:g}x the bound ({fmt(self.bound)}: {HEADROOM:g}x the noise floor "
+                f"{fmt(self.floor)}, or --atol)"
             )
         return f"inconclusive: {what}; to make it conclusive {REMEDY}"
 
