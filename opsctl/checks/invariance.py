@@ -252,6 +252,7 @@ def _sweep_doc(runs: list[dict]) -> list[dict]:
                 "mode": r["mode"],
                 "seed": r.get("seed"),
                 "verdict": r["verdict"],
+                "reasons": list(r["summary"].get("reasons") or []),
                 "largest_diff": r["summary"].get("largest_diff"),
                 "floor": c.get("floor"),
                 "sensitivity": c.get("sensitivity"),
@@ -735,7 +736,10 @@ def outcome(report: InvarianceReport, options: Options) -> Outcome:
     if report.passed:
         return Outcome(warnings=warnings)
     if report.verdict == INCONCLUSIVE:  # never a pass: exit 1, saying what would decide it
-        why = [r for r in report.reasons if "inconclusive" in r] or report.reasons
+        why = [r for r in report.reasons if "inconclusive" in r] or [
+            *report.reasons,
+            f"to make it conclusive {cal.REMEDY}",
+        ]
         return Outcome(
             warnings=warnings,
             failure=CheckFailed("batch invariance inconclusive: " + "; ".join(why)[:600]),

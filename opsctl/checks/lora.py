@@ -511,8 +511,16 @@ def outcome(report: LoraReport, options: Options) -> Outcome:
     warnings = tuple(report.warnings)
     if report.verdict == D.PASS:
         return Outcome(warnings=warnings)
-    said = "failed" if report.verdict == D.FAIL else f"{report.verdict} (not judged: not a pass)"
-    failed = CheckFailed(f"diag lora {said}: " + "; ".join(report.reasons or ["see report"])[:600])
+    if report.verdict == D.FAIL:
+        failed = CheckFailed(
+            "diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600]
+        )
+        return Outcome(warnings=warnings, failure=failed)
+    why = list(report.reasons)
+    if report.verdict == cal.INCONCLUSIVE and not any("conclusive" in r for r in why):
+        why.append(f"to make it conclusive {cal.REMEDY}")
+    said = f"diag lora {report.verdict} (not judged: not a pass): "
+    failed = CheckFailed(said + "; ".join(why)[:600])
     return Outcome(warnings=warnings, failure=failed)
 
 

@@ -289,6 +289,9 @@ def outcome(report: UsageReport, options: Options) -> Outcome:
             "model's tokenizer is not readable here); not a mismatch"
         )
         return Outcome(info, warnings, failure=CheckFailed(why))
+    if report.verdict in base.NOT_JUDGED:  # not judged: never a pass, never read as a fail
+        why = f"usage {report.verdict} (not judged, so not a pass): see the report's findings"
+        return Outcome(info, warnings, failure=CheckFailed(why))
     if report.verdict != "pass":
         failed = (
             f"{report.count('fail')} of {rows} usage report(s) differ from the engine-input count"
