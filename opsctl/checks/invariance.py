@@ -45,7 +45,7 @@ import httpx
 
 from opsctl.checks import events as ev
 from opsctl.checks import invariance_images as mm
-from opsctl.checks.report import FAIL, PASS, ReasonedReport
+from opsctl.checks.report import FAIL, INCONCLUSIVE, PASS, ReasonedReport
 from opsctl.checks.sampling import check_sampling
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
@@ -55,6 +55,7 @@ from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import findings as fd
 from opsctl.domain import invariance as inv
+from opsctl.domain import invariance_calibration as cal
 from opsctl.domain import invariance_engine as eng
 from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
@@ -71,7 +72,7 @@ PINNED = (
     "header), so BS=N is one engine's batch, not several smaller ones counted as one"
 )
 TITLE = "diag invariance"
-SCHEMA = "diag.invariance/2"  # 2: platform null + platform_note, durations in _s
+SCHEMA = "diag.invariance/3"  # 3: calibration per run, inconclusive, seeds sweep
 DEFAULT_MODEL = "tiny-llama"
 MODES = ("default", "eager", "both")
 BATCH_VIA = ("list", "requests")  # None: list for text, requests for prompts with images
@@ -106,9 +107,16 @@ class Options:
     tag: str | None = None  # request-id tag; None: a fresh opsctl-inv-XXXXXX
     images: int | None = None  # most images per prompt; None: the model's; 0: text only
     batch_attempts: int = 3  # BS=N sent again while the probe shows it short of N together
+    seeds: tuple[int, ...] = ()  # a sweep: one seeded prompt set per seed, on one engine
+    probes: int = 2  # planted differences measured per run (the sensitivity)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompts", tuple(self.prompts))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        if any(s < 0 for s in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+            raise BadInput("--seeds must be distinct non-negative integers")
+        if self.probes < 1:
+            raise BadInput("probes must be at least 1")
         if self.mode is not None and self.mode not in MODES:
             raise BadInput(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if len(self.prompts) < 2:
@@ -138,7 +146,7 @@ class Options:
 
 
 class InvarianceReport(ReasonedReport):
-    """The ``opsctl.diag.invariance/2`` document (its ``warnings``: each run has its own too)."""
+    """The ``opsctl.diag.invariance/3`` document (its ``warnings``: each run has its own too)."""
 
     @property
     def runs(self) -> list[dict[str, Any]]:
@@ -215,10 +223,42 @@ def run(
         )
     )
     job = _Job(options, tag, progress, session)
-    docs = [job.run_mode(mode, t, only=len(runs) == 1) for mode, t in runs]
-    verdict = PASS if docs and all(r["verdict"] == PASS for r in docs) else FAIL
-    progress(ev.Finished(verdict, "  |  ".join(f"{r['mode']}: {r['verdict']}" for r in docs)))
+    docs = [d for mode, t in runs for d in job.run_mode(mode, t, only=len(runs) == 1)]
+    verdict = cal.sweep_verdict([r["verdict"] for r in docs])
+    progress(ev.Finished(verdict, "  |  ".join(f"{_run_label(r)}: {r['verdict']}" for r in docs)))
     return _report(options, tag, verdict, docs, time.monotonic() - started)
+
+
+def _run_label(run: dict) -> str:
+    """A run's name in lines: its mode, and its seed in a sweep."""
+    seed = run.get("seed")
+    return run["mode"] if seed is None else f"{run['mode']} seed {seed}"
+
+
+def seed_options(options: Options, seed: int | None) -> Options:
+    """The options of one seed of a sweep: its own prompt set (None: ``options`` as given)."""
+    if seed is None:
+        return options
+    return replace(options, prompts=cal.seeded_prompts(seed, len(options.prompts)), seeds=())
+
+
+def _sweep_doc(runs: list[dict]) -> list[dict]:
+    """One line per run of a sweep: mode, seed, verdict and what decided it."""
+    out = []
+    for r in runs:
+        c = r.get("calibration") or {}
+        out.append(
+            {
+                "mode": r["mode"],
+                "seed": r.get("seed"),
+                "verdict": r["verdict"],
+                "reasons": list(r["summary"].get("reasons") or []),
+                "largest_diff": r["summary"].get("largest_diff"),
+                "floor": c.get("floor"),
+                "sensitivity": c.get("sensitivity"),
+            }
+        )
+    return out
 
 
 def _report(
@@ -234,7 +274,7 @@ def _report(
         **plat.agreed([r.get("platform") for r in runs], _platform_note(runs)),
         vllm_version=plat.joined([r.get("vllm_version") for r in runs]),
         verdict=verdict,
-        reasons=[f"[{r['mode']}] {x}" for r in runs for x in r["summary"]["reasons"]],
+        reasons=[f"[{_run_label(r)}] {x}" for r in runs for x in r["summary"]["reasons"]],
         comparison=inv.comparison_label(options.atol),
         atol=options.atol,
         prompts=len(options.prompts),
@@ -245,6 +285,9 @@ def _report(
         logprobs=options.logprobs,
         request_tag=tag,
         runs=runs,
+        seeds=list(options.seeds) or None,
+        sweep=_sweep_doc(runs),
+        totals=cal.sweep_totals([r["verdict"] for r in runs]),
         duration_s=round(seconds, 2),
         test_knobs=knobs,
         warnings=[line] if line else [],
@@ -272,6 +315,8 @@ class _Measured:
     platform_note: str | None = None  # why platform is None
     attempts: int = 1  # BS=N phases sent until the batch formed (see Options.batch_attempts)
     pinned: int | None = None  # the data-parallel engine every request went to
+    control: tuple[cc.Timed, ...] = ()  # every prompt alone again: the noise floor
+    probes: tuple[cc.Timed, ...] = ()  # probe prompts with words more: the sensitivity
 
     @property
     def images(self) -> int:
@@ -287,9 +332,10 @@ class _Job:
         self.options, self.tag, self.progress, self.session = options, tag, progress, session
         self.rows: list[tuple[str, ...]] = []
 
-    def run_mode(self, mode: str | None, target: Target, *, only: bool) -> dict:
-        """One mode's report entry. With several modes, an engine that fails (dies, times
-        out) gives a failed entry and the check goes on; bad input never does."""
+    def run_mode(self, mode: str | None, target: Target, *, only: bool) -> list[dict]:
+        """One mode's report entries (one per seed of a sweep). With several modes, an
+        engine that fails (dies, times out) gives a failed entry and the check goes on;
+        bad input never does."""
         try:
             return self._run_mode(mode, target)
         except (BadInput, EngineUnreachable):
@@ -299,14 +345,15 @@ class _Job:
                 raise
             self.progress(ev.Phase(f"{mode}: failed"))
             self.progress(ev.Log(f"{mode}: {err.message}", level="warning"))
-            return failed_run(mode, err.message, timed_out=isinstance(err, OpsTimeout))
+            return [failed_run(mode, err.message, timed_out=isinstance(err, OpsTimeout))]
 
-    def _run_mode(self, mode: str | None, target: Target) -> dict:
+    def _run_mode(self, mode: str | None, target: Target) -> list[dict]:
         label = mode or "server as is"
         t_start = time.monotonic()
         if isinstance(target, EngineSpec):  # a URL is only checked for reachability
             self.progress(ev.Phase(f"{label}: preparing the engine"))
         self.progress(ev.Table(COLUMNS, tuple(self.rows)))
+        docs = []
         with opened(
             target, self.session, self.progress, label=f"invariance-{mode or 'url'}"
         ) as live:
@@ -316,8 +363,23 @@ class _Job:
                 self.progress(ev.Alert(knob_line))
             pin = self._pin(live, label)
             with http.pinned_to_engine(pin):
-                measured = replace(self._measure(live, mode, label, engine_seconds), pinned=pin)
-        return self._decide(measured, mode, label, time.monotonic() - t_start)
+                for seed in self.options.seeds or (None,):  # a sweep: every seed, one engine
+                    docs.append(self._one_seed(live, mode, label, seed, engine_seconds, pin))
+                    engine_seconds = 0.0
+        return docs
+
+    def _one_seed(
+        self, live: Live, mode: str | None, label: str, seed: int | None, engine_s: float, pin
+    ) -> dict:
+        """One seed's measurement and decision on the open engine (its own prompts, tag)."""
+        t0 = time.monotonic()
+        job = _Job(seed_options(self.options, seed), self.tag, self.progress, self.session)
+        job.rows = self.rows
+        if seed is not None:
+            job.tag, label = f"{self.tag}-s{seed}", f"{label} seed {seed}"
+        measured = replace(job._measure(live, mode, label, engine_s), pinned=pin)
+        doc = job._decide(measured, mode, label, time.monotonic() - t0 + engine_s)
+        return {**doc, "seed": seed}
 
     def _pin(self, live: Live, label: str) -> int | None:
         """The data-parallel engine every request of the run goes to (None: one engine)."""
@@ -370,6 +432,8 @@ class _Job:
         t0 = time.monotonic()
         alone = alone_fn(tags[0], on_done)
         t_alone = time.monotonic() - t0
+        base = f"{self.tag}-{mode or 'url'}"
+        control, probes = self._calibration_runs(live, params, pictures, base, label)
         together, records, sampler, t_together, last_tag, attempts = self._together(
             live, together_fn, tags[1], label, what
         )
@@ -397,7 +461,22 @@ class _Job:
             platform,
             note,
             attempts,
+            control=tuple(control),
+            probes=tuple(probes),
         )
+
+    def _calibration_runs(self, live: Live, params, pictures, tag: str, label: str):
+        """The control (every prompt alone again: the floor) and the probes (the first
+        prompts with a few words more, alone: the sensitivity); see invariance_calibration."""
+        o, k = self.options, min(self.options.probes, len(self.options.prompts))
+        again, _, _ = mm.senders(live, params, o.prompts, o.n, o.batch_via, pictures)
+        on_done = self._phase(label, "control", "every prompt alone again (the noise floor)")
+        control = again(f"{tag}-ctl", on_done)
+        planted = [cal.probe_prompt(p) for p in o.prompts[:k]]
+        probe_fn, _, _ = mm.senders(live, params, planted, 2, o.batch_via, pictures[:k])
+        self.progress(ev.Phase(f"{label}: probes: {k} planted differences", 0, k))
+        probes = probe_fn(f"{tag}-prb", lambda i, res: None)
+        return control, probes
 
     def _together(self, live: Live, together_fn: mm.Phase, tag: str, label: str, what: str):
         """The BS=N phase, sent again under a fresh tag while the batch probe shows
@@ -434,7 +513,18 @@ class _Job:
             )
         return together, records, sampler, seconds, run_tag, attempt
 
-    def _compare(self, m: _Measured, label: str) -> list[inv.PromptResult]:
+    def _calibration(self, m: _Measured) -> cal.Calibration:
+        """The run's floor (BS=1 twice) and sensitivity (the probes); see
+        :mod:`opsctl.domain.invariance_calibration`."""
+        o = self.options
+        pairs = [(a.generated, c.generated) for a, c in zip(m.alone, m.control, strict=False)]
+        effects = [
+            cal.first_position_effect(a.generated, p.generated)
+            for a, p in zip(m.alone, m.probes, strict=False)
+        ]
+        return cal.calibrate(pairs, effects, o.max_tokens, o.atol)
+
+    def _compare(self, m: _Measured, label: str, atol: float | None) -> list[inv.PromptResult]:
         o = self.options
         results = [
             inv.compare(
@@ -443,7 +533,7 @@ class _Job:
                 b.generated,
                 max_tokens=o.max_tokens,
                 logprobs=o.logprobs,
-                atol=o.atol,
+                atol=atol,
             )
             for i, (a, b) in enumerate(zip(m.alone, m.together, strict=True))
         ]
@@ -460,7 +550,8 @@ class _Job:
 
     def _decide(self, m: _Measured, mode: str | None, label: str, total_s: float) -> dict:
         o, rec = self.options, m.records
-        results = self._compare(m, label)
+        calib = self._calibration(m)
+        results = self._compare(m, label, atol=calib.atol_for_compare())
         samples, steps, tokens = m.sampler
         evidence = eng.batch_from_probe(list(rec.batch), m.tags[1], o.n) or eng.batch_from_metrics(
             list(samples), o.n, steps, tokens
@@ -490,7 +581,7 @@ class _Job:
                 f"BS={o.n} was sent {m.attempts} times: before, some requests reached the "
                 f"engine after the others had finished; attempt {m.attempts} is compared"
             )
-        summary = inv.summarize(results, o.atol, failures)
+        summary = _calibrated_summary(calib, results, o.atol, failures)
         self.progress(ev.Phase(f"{label}: done"))
         reasons = "; ".join(summary.reasons) or "all prompts matched"
         self.progress(ev.Log(f"{label}: verdict {summary.verdict}: {reasons}"))
@@ -509,6 +600,7 @@ class _Job:
             "platform_note": m.platform_note,
             "execution": eng.execution_of(rec.info),
             "summary": summary.to_dict(),
+            "calibration": calib.to_dict(),
             "settings": [s.to_dict() for s in settings],
             "batch": {
                 **evidence.to_dict(),
@@ -536,6 +628,29 @@ class _Job:
             "alone_s": round(m.alone[r.index].seconds, 4),
             "batched_s": round(m.together[r.index].seconds, 4),
         }
+
+
+def _calibrated_summary(
+    calib: cal.Calibration,
+    results: list[inv.PromptResult],
+    atol: float | None,
+    failures: list[str],
+) -> inv.Summary:
+    """The run's summary under the calibration rule: a request error or an engine finding
+    fails; else a conclusive comparison passes within the bound and fails beyond it, and one
+    that is not conclusive is ``inconclusive`` with the reason and what would make it
+    conclusive."""
+    summary = inv.summarize(results, atol, failures)
+    if failures or any(r.status == inv.ERROR for r in results) or not results:
+        return summary
+    verdict = calib.judge(summary.verdict == PASS)
+    reasons = summary.reasons
+    if verdict == INCONCLUSIVE:
+        reasons = (*reasons, calib.why_inconclusive())
+    comparison = (
+        summary.comparison if calib.bitwise or calib.atol else f"floor={cal.fmt(calib.floor)}"
+    )
+    return replace(summary, verdict=verdict, reasons=tuple(reasons), comparison=comparison)
 
 
 def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
@@ -609,7 +724,9 @@ def on_server(server: ServerRef, progress: ev.Progress) -> InvarianceReport:
 
 
 def outcome(report: InvarianceReport, options: Options) -> Outcome:
-    """The exit rule: 0 only when every prompt matched, 4 when an engine did not start."""
+    """The exit rule: 0 only when every prompt of every seed matched.
+
+    1 on a failure or an inconclusive comparison, 4 when an engine did not start."""
     from opsctl.checks.registry import Outcome
 
     warnings = tuple(report.warnings)  # after the run: never while a panel owns the terminal
@@ -618,6 +735,15 @@ def outcome(report: InvarianceReport, options: Options) -> Outcome:
         return Outcome(warnings=warnings, failure=OpsTimeout(timed_out))
     if report.passed:
         return Outcome(warnings=warnings)
+    if report.verdict == INCONCLUSIVE:  # never a pass: exit 1, saying what would decide it
+        why = [r for r in report.reasons if "inconclusive" in r] or [
+            *report.reasons,
+            f"to make it conclusive {cal.REMEDY}",
+        ]
+        return Outcome(
+            warnings=warnings,
+            failure=CheckFailed("batch invariance inconclusive: " + "; ".join(why)[:600]),
+        )
     failed = CheckFailed(
         "batch invariance failed: " + "; ".join(report.reasons or ["see report"])[:600],
         hint="--atol X allows a stated logprob tolerance" if options.atol is None else None,

@@ -36,10 +36,11 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from engine_patches.patches import batch_gate
@@ -59,6 +60,7 @@ from opsctl.collectors import engine_records, ledger
 from opsctl.collectors import lora as collect
 from opsctl.domain import findings as fd
 from opsctl.domain import invariance as inv
+from opsctl.domain import invariance_calibration as cal
 from opsctl.domain import lora as D
 from opsctl.domain import lora_support as DS
 from opsctl.domain import platform as plat
@@ -70,11 +72,11 @@ if TYPE_CHECKING:
     from opsctl.checks.registry import Outcome
 
 TITLE = "diag lora"
-SCHEMA = "diag.lora/2"  # 2: platform null + platform_note, durations in _s
+SCHEMA = "diag.lora/3"  # 3: calibration, inconclusive, seeds sweep (seeds, sweep, totals)
 
 
 class LoraReport(ReasonedReport):
-    """The ``opsctl.diag.lora/2`` document and its verdict."""
+    """The ``opsctl.diag.lora/3`` document and its verdict."""
 
     @property
     def support(self) -> dict[str, str]:
@@ -102,6 +104,7 @@ def run(
     started = time.monotonic()
     progress(ev.Started(TITLE, "adapters alone, then one mixed batch"))
     progress(ev.Table(COLUMNS, ()))
+    docs: list[tuple[int | None, LoraReport]] = []
     with opened(p.target, session, progress, label="diag-lora") as live:
         engine_s = time.monotonic() - started
         if line := knob_warning(ledger.knobs_of([live.run_dir])):
@@ -109,10 +112,50 @@ def run(
         job = _Job(live, options, tag, progress)
         try:
             job.prepare(p)
-            measured = job.measure()
+            for seed in options.seeds or (None,):  # a sweep: every seed on this one engine
+                t0 = time.monotonic()
+                job.tag = tag if seed is None else f"{tag}-s{seed}"
+                measured = job.measure(seed)
+                seconds = {"engine": engine_s, "total": time.monotonic() - t0 + engine_s}
+                docs.append((seed, _decide(job, measured, seconds)))
+                engine_s = 0.0
         finally:
             job.unload()
-    return _decide(job, measured, {"engine": engine_s, "total": time.monotonic() - started})
+    return swept(docs, tag, time.monotonic() - started)
+
+
+def swept(docs: list[tuple[int | None, LoraReport]], tag: str, seconds: float) -> LoraReport:
+    """The report of every seed (one seed: its report as it is).
+
+    A sweep's report details its first seed that did not pass (else its last), with the
+    sweep's verdict, every seed's line and the totals."""
+    verdicts = [r.verdict for _, r in docs]
+    verdict = cal.sweep_verdict(verdicts) if len(docs) > 1 else verdicts[0]
+    seed, shown = next(((s, r) for s, r in docs if r.verdict != D.PASS), docs[-1])
+    doc = shown.to_dict()
+    reasons = doc["reasons"]
+    if len(docs) > 1:
+        reasons = [f"[seed {s}] {x}" for s, r in docs for x in r.reasons]
+    sweep = [
+        {"seed": s, "verdict": r.verdict, "reasons": r.reasons, **_calibration_line(r)}
+        for s, r in docs
+    ]
+    doc.update(
+        verdict=verdict,
+        reasons=reasons,
+        seeds=[s for s, _ in docs] if docs[0][0] is not None else None,
+        detail_seed=seed,
+        sweep=sweep,
+        totals=cal.sweep_totals(verdicts),
+        request_tag=tag,
+    )
+    doc["durations_s"]["total"] = round(seconds, 2)
+    return LoraReport(verdict, doc)
+
+
+def _calibration_line(r: LoraReport) -> dict[str, Any]:
+    c = r.document["calibration"]
+    return {"floor": c["floor"], "sensitivity": c["sensitivity"], "conclusive": c["conclusive"]}
 
 
 @dataclass(frozen=True)
@@ -132,6 +175,7 @@ class _Measured:
     attempts: tuple[_Attempt, ...]  # the last one is the mixed batch judged
     facts: collect.EngineFacts
     identity: tuple[str | None, str | None]  # (platform, vLLM version) of the engine
+    control: dict[int, inv.Generated] = field(default_factory=dict)  # base alone, again
 
 
 class _Job:
@@ -221,10 +265,13 @@ class _Job:
 
         return on_done
 
-    def measure(self) -> _Measured:
+    def measure(self, seed: int | None = None) -> _Measured:
+        """Every request alone (with the base model and each adapter), the base requests
+        alone again (the noise floor), then the mixed batch. ``seed``: its prompt set."""
         o, key, url = self.options, self.live.api_key, self.live.url
         names = [a.name for a in self.adapters]
-        mixed = D.plan_mixed(names, self.images)
+        prompts = D.PROMPTS if seed is None else cal.seeded_prompts(seed, len(D.PROMPTS))
+        mixed = D.plan_mixed(names, self.images, prompts=prompts)
         alone_reqs = D.alone_plan(mixed, names)
         params = collect.Params(self.served.base, o.max_tokens, o.logprobs, o.request_timeout)
         phase = f"alone: {len(alone_reqs)} requests one at a time"
@@ -232,6 +279,12 @@ class _Job:
         t0 = time.monotonic()
         alone = collect.run_alone(
             url, params, alone_reqs, self.tag, self._on_done(phase, len(alone_reqs)), api_key=key
+        )
+        base = [r.with_adapter(None) for r in mixed]
+        phase = f"control: {len(base)} base-model requests alone again (the noise floor)"
+        self.progress(ev.Phase(phase, 0, len(base)))
+        control = collect.run_alone(
+            url, params, base, f"{self.tag}-ctl", self._on_done(phase, len(base)), api_key=key
         )
         t_alone = time.monotonic() - t0
         attempts, facts = self._send_mixed(params, mixed)
@@ -242,6 +295,7 @@ class _Job:
             tuple(attempts),
             facts,
             engine_records.identity_at(self.live.run_dir, url, key),
+            {r.index: t.generated for r, t in zip(base, control, strict=True)},
         )
 
     def _send_mixed(
@@ -298,7 +352,9 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     indexes = [r.index for r in m.mixed]
     single = _single(job, m)
     kw = {"max_tokens": o.max_tokens, "logprobs": o.logprobs}
-    sends = [D.compare_mixed(m.mixed, m.alone, a.batched, atol=o.atol, **kw) for a in m.attempts]
+    calib = D.calibration(m.alone, m.control, names, indexes, max_tokens=o.max_tokens, atol=o.atol)
+    atol = calib.atol_for_compare() if not math.isinf(calib.floor) else o.atol
+    sends = [D.compare_mixed(m.mixed, m.alone, a.batched, atol=atol, **kw) for a in m.attempts]
     rows, last = sends[-1], m.attempts[-1]
     evidence = D.mixed_evidence(facts.steps, last.tag, m.mixed)
     tower = (
@@ -317,6 +373,7 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
         earlier=sends[:-1],
     )
     found = with_probe_findings(found, job.live.run_dir)
+    found = calibrated(found, calib, single, evidence)
     parts = DS.support(
         job.images > 0,
         facts.manager,
@@ -332,7 +389,34 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     job.progress(ev.Finished(found.verdict, "; ".join(found.reasons) or "every case passed", table))
     seconds = {**seconds, "alone": m.alone_seconds, "mixed": sum(a.seconds for a in m.attempts)}
     doc = _document(job, m, found, single, sends, (evidence, tower), parts, seconds)
+    doc["calibration"] = calib.to_dict()
     return LoraReport(found.verdict, doc)
+
+
+def calibrated(
+    found: D.Findings,
+    calib: cal.Calibration,
+    single: Sequence[D.SingleResult],
+    evidence: D.MixedEvidence,
+) -> D.Findings:
+    """``found`` under the calibration rule (opsctl.domain.invariance_calibration).
+
+    A conclusive comparison keeps its verdict. One that is not (the smallest difference
+    between two adapters is not clearly above the base model's run-to-run noise) cannot
+    tell a swapped adapter from noise: its pass, unverified or mixed-batch divergence is
+    ``inconclusive``, with the reason; an adapter not applied, a request error or a batch
+    that never mixed adapters still fails."""
+    if calib.conclusive:
+        return found
+    hard = any(s.verdict != D.PASS for s in single) or evidence.formed is False
+    if found.verdict == D.FAIL and hard:
+        return found
+    return replace(
+        found,
+        verdict=cal.INCONCLUSIVE,
+        reasons=(*found.reasons, calib.why_inconclusive()),
+        mixed_verdict=cal.INCONCLUSIVE if found.mixed_verdict != D.FAIL else D.FAIL,
+    )
 
 
 def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
@@ -418,13 +502,25 @@ def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts
 
 
 def outcome(report: LoraReport, options: Options) -> Outcome:
-    """The exit rule: 0 pass (or unverified, with a warning), 1 fail."""
+    """The exit rule: 0 only on pass, else 1 (saying why).
+
+    Unverified and inconclusive exit 1 too: a part that was not judged is never counted as
+    passed."""
     from opsctl.checks.registry import Outcome
 
     warnings = tuple(report.warnings)
-    if report.passed:
+    if report.verdict == D.PASS:
         return Outcome(warnings=warnings)
-    failed = CheckFailed("diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600])
+    if report.verdict == D.FAIL:
+        failed = CheckFailed(
+            "diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600]
+        )
+        return Outcome(warnings=warnings, failure=failed)
+    why = list(report.reasons)
+    if report.verdict == cal.INCONCLUSIVE and not any("conclusive" in r for r in why):
+        why.append(f"to make it conclusive {cal.REMEDY}")
+    said = f"diag lora {report.verdict} (not judged: not a pass): "
+    failed = CheckFailed(said + "; ".join(why)[:600])
     return Outcome(warnings=warnings, failure=failed)
 
 

@@ -37,9 +37,13 @@ class Options:
     max_loras: int | None = None  # LoRA slots of a started engine; None: one per adapter
     attempts: int = 6  # sends of the mixed batch until the probe shows it mixed adapters
     # (6: under a CPU hog 3 sends of 6 requests never all shared a step)
+    seeds: tuple[int, ...] = ()  # a sweep: one seeded prompt set per seed, on one engine
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adapters", tuple(self.adapters))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        if any(s < 0 for s in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+            raise BadInput("--seeds must be distinct non-negative integers")
         check_sampling(self.max_tokens, self.logprobs, self.atol)
         if self.images is not None and self.images < 0:
             raise BadInput("--images must be 0 or more")

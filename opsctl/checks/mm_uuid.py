@@ -343,6 +343,9 @@ def outcome(report: MmUuidReport, options: Options) -> Outcome:
     warnings = (report.knob_warning,) if report.knob_warning else ()
     if report.verdict == "pass":
         return Outcome(info, warnings)
+    if report.verdict in base.NOT_JUDGED:  # not judged: never a pass, never read as a fail
+        why = f"mm-uuid {report.verdict} (not judged, so not a pass): see the report's findings"
+        return Outcome(info, warnings, failure=CheckFailed(why))
     failed = (
         f"{len(report.failed_items)} multimodal item(s) did not reach the engine core as expected"
     )

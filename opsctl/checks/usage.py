@@ -13,7 +13,8 @@ inputs. Where the counts come from:
   the expected count; the server's /tokenize is the cross-check;
 - otherwise the server's /tokenize: each text alone; for pairs the template is inferred
   from the special tokens /tokenize adds around one text. An unknown template makes the
-  rows "unverified" (verdict "unverified"), never a mismatch.
+  rows "unverified" (verdict "unverified", exit 1: never counted as passed), never a
+  mismatch.
 
 A target is a running server (:class:`UrlTarget`, the server's own model) or an engine
 to start (:class:`EngineSpec`; its model must be given: a cross-encoder or bi-encoder,
@@ -275,18 +276,22 @@ def on_server(server: ServerRef, progress: ev.Progress) -> UsageReport:
 
 
 def outcome(report: UsageReport, options: Options) -> Outcome:
-    """The exit rule: 1 on a mismatch; "unverified" is exit 0 with a warning."""
+    """The exit rule: 1 on a mismatch, and 1 on "unverified" (not judged is never a pass)."""
     from opsctl.checks.registry import Outcome
 
     doc, rows = report.document, len(report.rows)
     info = (f"usage check on {doc['model']} ({doc['kind']}): {report.verdict}",)
     warnings = (report.knob_warning,) if report.knob_warning else ()
     if report.verdict == "unverified":
-        after = (
-            f"usage NOT verified for {report.count('unverified')} of {rows} request(s): the "
-            "expected count could not be derived (unknown pair template); not a mismatch",
+        why = (
+            f"usage unverified (not judged, so not a pass): {report.count('unverified')} of "
+            f"{rows} request(s) had no expected count (the pair template is unknown and the "
+            "model's tokenizer is not readable here); not a mismatch"
         )
-        return Outcome(info, warnings, after)
+        return Outcome(info, warnings, failure=CheckFailed(why))
+    if report.verdict in base.NOT_JUDGED:  # not judged: never a pass, never read as a fail
+        why = f"usage {report.verdict} (not judged, so not a pass): see the report's findings"
+        return Outcome(info, warnings, failure=CheckFailed(why))
     if report.verdict != "pass":
         failed = (
             f"{report.count('fail')} of {rows} usage report(s) differ from the engine-input count"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain import invariance as inv
+from opsctl.domain.invariance_calibration import Calibration, run_diff
 from opsctl.domain.records import record
 
 PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
@@ -99,12 +100,16 @@ class LoraRequest:
 
 
 def plan_mixed(
-    adapters: Sequence[str], images_per_request: int, per_group: int = 2
+    adapters: Sequence[str],
+    images_per_request: int,
+    per_group: int = 2,
+    prompts: Sequence[str] = PROMPTS,
 ) -> tuple[LoraRequest, ...]:
     """The mixed batch: ``per_group`` requests per adapter and for the base model, interleaved.
 
     The order is r0 adapter 1, r1 adapter 2, ..., base, adapter 1, ... Requests 2k and 2k+1
-    carry the same images (consecutive colours), under two different adapters.
+    carry the same images (consecutive colours), under two different adapters. ``prompts``:
+    the texts, in turn (a sweep's seed gives its own).
     """
     groups: list[str | None] = [*adapters, None]
     n = per_group * len(groups)
@@ -113,7 +118,7 @@ def plan_mixed(
         images = tuple(
             IMAGE_COLORS[(i // 2 + j) % len(IMAGE_COLORS)][0] for j in range(images_per_request)
         )
-        out.append(LoraRequest(i, groups[i % len(groups)], PROMPTS[i % len(PROMPTS)], images))
+        out.append(LoraRequest(i, groups[i % len(groups)], prompts[i % len(prompts)], images))
     return tuple(out)
 
 
@@ -507,3 +512,31 @@ def assess(
     if inconclusive:
         return Findings(UNVERIFIED, tuple(inconclusive), tuple(warnings), mixed_verdict)
     return Findings(PASS, (), tuple(warnings), mixed_verdict)
+
+
+# ---- calibration (opsctl.domain.invariance_calibration's rule) ---------------------------
+
+
+def calibration(
+    alone: Mapping[Key, inv.Generated],
+    control: Mapping[int, inv.Generated],
+    adapters: Sequence[str],
+    indexes: Sequence[int],
+    *,
+    max_tokens: int,
+    atol: float | None,
+) -> Calibration:
+    """The floor (base requests alone, twice) and sensitivity (adapter vs adapter) of a run.
+
+    The sensitivity is the smallest difference between two adapters' outputs of the same
+    requests: what a swap between them looks like. A pair's difference is its largest over the requests (inf: a token differs); the
+    sensitivity is the smallest over the pairs (0: a swap between them is unseen)."""
+    pairs = [(alone[(None, i)], control[i]) for i in indexes if i in control]
+    floor = max((run_diff(a, b, max_tokens) for a, b in pairs), default=0.0)
+    effects = [
+        max(run_diff(alone[(a, i)], alone[(b, i)], max_tokens) for i in indexes)
+        for x, a in enumerate(adapters)
+        for b in adapters[x + 1 :]
+    ]
+    sensitivity = min(effects) if effects else None
+    return Calibration(floor, sensitivity, atol, len(pairs), len(effects))

@@ -319,9 +319,9 @@ def findings(rows: list[UsageRow]) -> list[Finding]:
             Finding(
                 WARNING,
                 "usage.unverified",
-                f"{len(unverified)} of {len(rows)} request(s) NOT verified: the expected count "
-                "could not be derived (pair template unknown; make the model directory readable "
-                "here or pass --model)",
+                f"{len(unverified)} of {len(rows)} request(s) NOT verified (not judged, so "
+                "never a pass: exit 1): the expected count could not be derived (pair template "
+                "unknown; make the model directory readable here or pass --model)",
                 {"rows": [f"{r.endpoint} {r.case}" for r in unverified]},
             )
         )
@@ -387,5 +387,5 @@ def summary(rows: Sequence[UsageRow], verdict_: str) -> str:
     n_pass = sum(r.verdict == "pass" for r in rows)
     text = f"{n_pass}/{len(rows)} match"
     if verdict_ == "unverified":
-        text += f", {sum(r.verdict == 'unverified' for r in rows)} unverified"
+        text += f", {sum(r.verdict == 'unverified' for r in rows)} unverified (not a pass)"
     return text

@@ -1,7 +1,7 @@
 """Rich tables for `opsctl diag invariance` (a terminal without ``--json``).
 
 The modes side by side, then per mode its isolating settings, its prompts and its warnings. Reads
-only the report's JSON document (``opsctl.diag.invariance/2``).
+only the report's JSON document (``opsctl.diag.invariance/3``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from rich.table import Table
 
 from opsctl.domain import invariance as inv
 
-VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]"}
+VERDICT = {
+    "pass": "[green]PASS[/]",
+    "fail": "[red]FAIL[/]",
+    "inconclusive": "[yellow]INCONCLUSIVE[/]",
+}
 SETTING_STYLE = {"verified": "green", "mismatch": "red", "not verified": "yellow"}
 
 
@@ -157,10 +161,39 @@ def render(con: Console, doc: dict) -> None:
     """Print the invariance document: header, modes, each run's settings, prompts, warnings."""
     con.print(header(doc))
     con.print(_modes_table(doc))
+    sweep = bool(doc.get("seeds"))
     for r in doc["runs"]:
-        con.print(_settings_table(r))
-        con.print(_prompts_table(r))
+        if not sweep or r["verdict"] != "pass":  # a sweep details only its seeds not passed
+            con.print(_settings_table(r))
+            con.print(_prompts_table(r))
+        con.print(calibration_line(r))
         for w in r["warnings"]:
             con.print(f"[yellow]warning:[/] {escape(w)}")
+    for line in doc.get("reasons") or []:
+        if "inconclusive" in line:
+            con.print(f"[yellow]reason:[/] {escape(line)}")
+    if sweep:
+        t = doc["totals"]
+        con.print(
+            f"sweep over {len(doc['seeds'])} seeds: {t['pass']} pass, {t['fail']} fail, "
+            f"{t['inconclusive']} inconclusive"
+        )
     verdict = VERDICT.get(doc["verdict"], doc["verdict"])
     con.print(f"verdict: {verdict}  ({_num(doc.get('duration_s'))} s)")
+
+
+def calibration_line(run: dict) -> str:
+    """One run's calibration: seed, floor, sensitivity, bound and whether it is conclusive."""
+    c = run.get("calibration")
+    if not c:
+        return f"{run['mode']}: no calibration (the run did not reach its comparison)"
+    seed = f" seed {run['seed']}" if run.get("seed") is not None else ""
+    floor = "tokens differ" if c["floor_tokens_differ"] else inv.fmt_diff(c["floor"])
+    sens = "tokens differ" if c.get("sensitivity_tokens_differ") else inv.fmt_diff(c["sensitivity"])
+    rule = "bitwise" if c["bitwise"] else f"bound {inv.fmt_diff(c['bound'])}"
+    state = "conclusive" if c["conclusive"] else "[yellow]NOT conclusive[/]"
+    verdict = VERDICT.get(run["verdict"], run["verdict"])
+    return (
+        f"{run['mode']}{seed}: {verdict}  noise floor {floor} (BS=1 twice), sensitivity {sens} "
+        f"(planted), {rule}: {state}"
+    )

@@ -1,7 +1,7 @@
 """Rich tables for `opsctl diag lora` (a terminal without ``--json``).
 
 LoRA support per part, then the cases. Reads only the report's JSON document
-(``opsctl.diag.lora/1``).
+(``opsctl.diag.lora/3``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-VERDICT = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]", "unverified": "[yellow]UNVERIFIED[/]"}
+VERDICT = {
+    "pass": "[green]PASS[/]",
+    "fail": "[red]FAIL[/]",
+    "unverified": "[yellow]UNVERIFIED[/]",
+    "inconclusive": "[yellow]INCONCLUSIVE[/]",
+}
 STATUS = {"applied": "green", "supported": "green", "unsupported": "red", "not enabled": "yellow"}
 
 
@@ -52,5 +57,14 @@ def render(con: Console, doc: dict[str, Any]) -> None:
         detail += f"; r{first['request']} got {first['looks_like']}'s output"
     cases.add_row("mixed", "all", VERDICT.get(mixed["verdict"]), escape(detail))
     con.print(cases)
+    for s in doc.get("sweep") or []:
+        seed = "" if s["seed"] is None else f"seed {s['seed']}: "
+        floor = "tokens differ" if s["floor"] is None else f"{s['floor']:.3g}"
+        sens = "tokens differ" if s["sensitivity"] is None else f"{s['sensitivity']:.3g}"
+        state = "conclusive" if s["conclusive"] else "[yellow]NOT conclusive[/]"
+        con.print(
+            f"{seed}{VERDICT.get(s['verdict'], s['verdict'])}  noise floor {floor} (base twice), "
+            f"sensitivity {sens} (adapter vs adapter): {state}"
+        )
     for line in doc["reasons"]:
         con.print(f"[red]reason:[/] {escape(line)}")

@@ -115,7 +115,7 @@ def test_json_report_of_a_divergence_exit_1(standin, prompts_file):
     r = invoke(standin, "--mode", "eager", "--prompts", prompts_file("a\nzebra b\n"), "--json")
     assert r.exit_code == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "opsctl.diag.invariance/2"
+    assert doc["schema"] == "opsctl.diag.invariance/3"
     assert (doc["batch_size"], doc["max_tokens"], doc["logprobs"], doc["atol"]) == (2, 16, 5, None)
     (run,) = doc["runs"]
     assert (run["mode"], run["verdict"]) == ("eager", "fail")

@@ -179,7 +179,7 @@ def test_diag_invariance_against_its_stand_in(tmp_path, monkeypatch):
     with completions_server() as (url, _):
         register_run(run_dir, url)
         doc = run_json("diag", "invariance", url, "--mode", "eager", "--prompts", str(prompts))
-    assert doc["schema"] == "opsctl.diag.invariance/2"
+    assert doc["schema"] == "opsctl.diag.invariance/3"
 
 
 def test_status_every_state_and_error_and_version_match_their_schemas():

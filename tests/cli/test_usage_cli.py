@@ -125,13 +125,13 @@ def test_roberta_pairs_are_counted_with_their_template() -> None:
 def test_unknown_pair_template_is_unverified_not_a_mismatch() -> None:
     with stand_in(style="odd") as url:
         r = run("diag", "usage", url, "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # not judged is never a pass
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "unverified" and doc["pair_template"] is None
     assert {row["verdict"] for row in doc["rows"]} == {"unverified"}
     assert all(row["expected_tokens"] is None for row in doc["rows"])
     assert any(f["code"] == "usage.unverified" for f in doc["findings"])
-    assert "usage NOT verified for 8 of 8" in r.stderr
+    assert "usage unverified (not judged, so not a pass): 8 of 8" in r.stderr
     with stand_in(style="odd") as url:
         r = run("diag", "usage", url)
     assert "UNVERIFIED" in r.stdout and "FAIL" not in r.stdout

@@ -71,7 +71,7 @@ def main_run(engine):
 def test_main_comparison_tokens_identical_and_verdict_as_measured(engine, main_run):
     r, doc = main_run
     assert doc is not None, r.stderr
-    assert doc["schema"] == "opsctl.diag.invariance/2"
+    assert doc["schema"] == "opsctl.diag.invariance/3"
     assert doc["comparison"] == "bitwise" and doc["batch_size"] == len(DEFAULT_PROMPTS)
     (run,) = doc["runs"]
     prompts = run["prompts"]
@@ -220,4 +220,25 @@ def test_library_call_with_typed_events(engine):
     assert ev.Phase("eager: BS=8: prompts sent together", 8, 8) in seen
     (run,) = report.runs
     assert run["run_dir"] == str(engine.run_dir) and run["batch"]["formed"] is True
-    assert report.to_dict()["schema"] == "opsctl.diag.invariance/2"
+    assert report.to_dict()["schema"] == "opsctl.diag.invariance/3"
+
+
+def test_a_sweep_on_the_one_engine_is_calibrated_per_seed(engine):
+    """``--seeds 0-2``: three seeded prompt sets on this one engine (no start of its own),
+    each run calibrated on it: CPU float32 is bitwise BS=1 vs BS=1 (floor 0), so the
+    comparison stays bitwise and the planted probes stand infinitely above it."""
+    r, doc = diag(engine.url, "--mode", "eager", "--max-tokens", "8", "--seeds", "0-2")
+    assert doc is not None, r.stderr
+    assert doc["seeds"] == [0, 1, 2] and [x["seed"] for x in doc["runs"]] == [0, 1, 2]
+    prompts = [[p["prompt"] for p in x["prompts"]] for x in doc["runs"]]
+    assert len({tuple(p) for p in prompts}) == 3  # a prompt set of its own per seed
+    assert all(MARKER not in p for ps in prompts for p in ps)  # the nudge never applies
+    for run in doc["runs"]:
+        c = run["calibration"]
+        assert c["floor"] == 0.0 and c["bitwise"] and c["floor_runs"] == len(DEFAULT_PROMPTS)
+        assert c["sensitivity"] > 0 and c["conclusive"] and c["probes"] >= 1
+        assert run["verdict"] == "pass", run["summary"]["reasons"]
+    assert doc["totals"] == {"pass": 3, "fail": 0, "inconclusive": 0}
+    assert doc["verdict"] == "pass" and r.exit_code == 0, r.stderr
+    # the engine served them all: one run directory, this engine's
+    assert {x["run_dir"] for x in doc["runs"]} == {str(engine.run_dir)}

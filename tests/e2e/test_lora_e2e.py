@@ -31,6 +31,7 @@ from opsctl.checks import lora as check
 from opsctl.checks.lora_plan import PROBES
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
+from opsctl.domain.invariance_calibration import seeded_prompts
 from opsctl.embedded import lora as built
 from tests.conftest import running_engine
 
@@ -108,11 +109,23 @@ def test_listed_adapters_pass_on_tiny_llama(served):
     assert seen[-1].verdict == "pass" and any(isinstance(e, ev.Table) for e in seen)
 
 
-def test_cli_on_the_server(served):
-    r, doc = diag(served.url)
+def test_cli_on_the_server_sweeps_two_seeds_calibrated(served):
+    """``--seeds 3,5`` on the served engine (no start of its own): two seeded prompt sets,
+    each calibrated on it (CPU: base twice is bitwise, floor 0; alpha and beta differ in
+    tokens, so a swap between them is far above the floor)."""
+    r, doc = diag(served.url, "--seeds", "3,5")
     assert r.exit_code == 0, r.stderr
-    assert doc["schema"] == "opsctl.diag.lora/2" and doc["verdict"] == "pass"
+    assert doc["schema"] == "opsctl.diag.lora/3" and doc["verdict"] == "pass"
     assert doc["run_dir"] and doc["external"] is True  # a URL, even to an opsctl run
+    assert doc["seeds"] == [3, 5] and [s["seed"] for s in doc["sweep"]] == [3, 5]
+    assert [s["verdict"] for s in doc["sweep"]] == ["pass", "pass"]
+    assert doc["totals"] == {"pass": 2, "fail": 0, "inconclusive": 0}
+    assert all(s["floor"] == 0.0 and s["conclusive"] for s in doc["sweep"])
+    c = doc["calibration"]
+    assert c["bitwise"] and c["floor_runs"] == 6 and c["probes"] == 1  # one adapter pair
+    assert c["sensitivity_tokens_differ"] or c["sensitivity"] > 0
+    sent = {r["prompt"] for r in doc["mixed"]["requests"]}  # the detailed seed's own prompts
+    assert sent == set(seeded_prompts(doc["detail_seed"], 8)[:6])
     assert_gathered(doc)
 
 

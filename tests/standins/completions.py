@@ -12,6 +12,9 @@ request; the prompts of one multi-prompt request share their steps). Options
 - ``run_dir``: written like the run directory of an engine opsctl started (batch probe
   init and step records, engine_info, a ledger record with the vLLM version and test
   knobs); :func:`register_run` makes find_run_dir() find it for the stand-in's URL;
+- ``jitter``: every request's logprobs move by up to ``jitter`` (a different amount per
+  request id, prompt and position, tokens unchanged): run-to-run noise like a GPU's, the
+  noise floor a calibrated comparison measures (BS=1 twice);
 - ``max_logprobs``: asking for more is HTTP 400 with vLLM's message;
 - ``generative=False``: /v1/completions answers 404 (a pooling model).
 
@@ -72,6 +75,7 @@ class Behaviour:
     encoded: set[str] = field(default_factory=set)  # engine ids whose images "ran"
     solo: int = 0  # the next this many chat requests are "scheduled" alone
     split: int = 0  # the next this many list requests are "scheduled" in two halves
+    jitter: float = 0.0  # run-to-run logprob noise per request (see the module doc)
 
 
 def _token(prompt: str, pos: int) -> int:
@@ -112,12 +116,14 @@ def completion(b: Behaviour, body: dict) -> tuple[int, dict]:
     max_tokens = int(body.get("max_tokens") or 16)
     batched = len(prompts) > 1
     choices = []
+    rid = str(body.get("request_id") or "anon")
     for i, p in enumerate(prompts):
         shift = {}
+        if b.jitter:
+            shift = {k: b.jitter * (zlib.crc32(f"{rid}/{i}/{k}".encode()) % 997) / 997 for k in range(max_tokens)}  # fmt: skip
         if b.diverge and batched and b.diverge[0] in p:
-            shift = {b.diverge[1]: b.diverge[2]}
+            shift[b.diverge[1]] = shift.get(b.diverge[1], 0.0) + b.diverge[2]
         choices.append(choice(p, i, max_tokens, logprobs, shift))
-    rid = str(body.get("request_id") or "anon")
     with b.lock:
         b.bodies.append(body)
         b.steps += max_tokens

@@ -35,6 +35,7 @@ class Behaviour:
     loaded: list[tuple[str, str]] = field(default_factory=list)
     unloaded: list[str] = field(default_factory=list)
     models_used: list[str] = field(default_factory=list)
+    prompts_used: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -90,6 +91,7 @@ def handler_for(behaviour: Behaviour) -> type[StandInVllm]:
             with behaviour.lock:
                 known = model == BASE or model in behaviour.adapters
                 behaviour.models_used.append(str(model))
+                behaviour.prompts_used.append(str(body.get("prompt")))
             if not known:
                 self._send(404, {"error": {"message": f"The model `{model}` does not exist."}})
                 return

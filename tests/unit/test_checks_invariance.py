@@ -55,7 +55,7 @@ def test_typed_events_and_report_of_a_planted_divergence(diverging):
     assert phases[0] == "server as is: BS=1: 3 prompts one at a time"  # a URL: no engine phase
     assert "server as is: BS=3: prompts sent together" in phases
     counted = [(e.done, e.total) for e in seen if isinstance(e, ev.Phase) and e.total]
-    assert counted.count((3, 3)) == 2  # both phases counted every request
+    assert counted.count((3, 3)) == 3  # BS=1, its control and BS=N counted every request
     (case,) = [e for e in seen if isinstance(e, ev.CaseResult)]
     assert case.name == f"server as is: prompt {ZEBRA}" and case.verdict == "fail"
     assert case.detail.startswith(f"diverged: pos {POS} logprob")
@@ -68,7 +68,7 @@ def test_typed_events_and_report_of_a_planted_divergence(diverging):
 
     doc = report.to_dict()
     assert report.verdict == "fail" and not report.passed and not report.timed_out
-    assert doc["schema"] == "opsctl.diag.invariance/2" and doc["request_tag"] == "t1"
+    assert doc["schema"] == "opsctl.diag.invariance/3" and doc["request_tag"] == "t1"
     assert (doc["comparison"], doc["batch_size"], doc["prompts"]) == ("bitwise", 3, 3)
     assert report.reasons == [
         f"[server as is] prompt {ZEBRA}: first divergence at position {POS} (logprob)"
@@ -377,5 +377,5 @@ def test_a_failed_mode_names_no_platform_and_no_duration():
     run = check.failed_run("eager", "engine died", timed_out=False)
     assert run["platform"] is None and run["platform_note"] == eng.FAILED_RUN_PLATFORM_NOTE
     assert run["durations_s"] == {"engine": None, "bs1": None, "bsn": None, "total": None}
-    schema = json.loads((SCHEMAS / "opsctl.diag.invariance-2.schema.json").read_text())
+    schema = json.loads((SCHEMAS / "opsctl.diag.invariance-3.schema.json").read_text())
     jsonschema.Draft7Validator(schema["properties"]["runs"]["items"]).validate(run)

@@ -70,11 +70,16 @@ def test_images_reach_the_engine_and_the_batch_compares(home):
     assert run["batch"]["formed"] is True and run["batch"]["via"] == "requests"
     status = {s["name"]: (s["status"], s["seen"]) for s in run["settings"]}
     assert status["mm processor cache"] == ("verified", "0.0 GiB")
-    # 8 chat requests: each prompt's images alone and batched are the same ones, and no
-    # two prompts share an image; every image went with a uuid naming its request
-    assert len(b.chats) == 8 and not b.bodies[1:]  # only the refusal probe used completions
+    # 14 chat requests: BS=1 (4), its control (4, the noise floor), 2 probes (the first
+    # prompts with words more, their own images: the sensitivity) and BS=N (4). Each
+    # prompt's images are the same ones in every phase, and no two prompts share an image;
+    # every image went with a uuid naming its request
+    assert len(b.chats) == 14 and not b.bodies[1:]  # only the refusal probe used completions
     by_prompt = [images_of(c) for c in b.chats[:4]]
-    assert sorted(map(sorted, by_prompt)) == sorted(map(sorted, map(images_of, b.chats[4:])))
+    assert [images_of(c) for c in b.chats[4:8]] == by_prompt  # the control: the same again
+    assert [images_of(c) for c in b.chats[8:10]] == by_prompt[:2]  # the probes
+    assert sorted(map(sorted, by_prompt)) == sorted(map(sorted, map(images_of, b.chats[10:])))
+    assert run["calibration"]["floor"] == 0.0 and run["calibration"]["conclusive"]
     flat = [u for urls in by_prompt for u in urls]
     assert len(set(flat)) == len(flat) == 7
     uuids = [p["uuid"] for p in b.chats[0]["messages"][0]["content"] if "uuid" in p]
@@ -181,7 +186,7 @@ def test_bs_n_is_sent_again_when_its_requests_reached_the_engine_one_by_one(home
     image requests over one after another): the check sends the phase again under a
     fresh tag, judges the attempt that batched, and says so."""
     run_dir = vlm_run_dir(home)
-    b = Behaviour(run_dir=run_dir, hold=0.1, solo=8)  # 4 BS=1 + the 4 of attempt 1
+    b = Behaviour(run_dir=run_dir, hold=0.1, solo=14)  # BS=1, control, probes, attempt 1
     seen: list[ev.Event] = []
     with completions_server(b) as (url, _):
         register_run(run_dir, url)
@@ -191,7 +196,7 @@ def test_bs_n_is_sent_again_when_its_requests_reached_the_engine_one_by_one(home
     assert run["batch"]["attempts"] == 2 and run["batch"]["alone"] == []
     assert run["images"]["received"]["BS=N"] == [1, 2, 3, 1]  # the judged attempt's records
     assert any("was sent 2 times" in w for w in run["warnings"])
-    assert len(b.chats) == 12
+    assert len(b.chats) == 18  # BS=1 (4), its control (4), the probes (2), 2 attempts of 4
     assert any(
         isinstance(e, ev.Log) and "attempt 1: prompt(s) [0, 1, 2, 3] ran alone" in e.text
         for e in seen
@@ -206,7 +211,7 @@ def test_a_batch_that_never_forms_fails_after_the_last_attempt(home):
         report = check.run(UrlTarget(url), options(batch_attempts=2))
     run = report.runs[0]
     assert report.verdict == "fail" and run["batch"]["attempts"] == 2
-    assert len(b.chats) == 4 + 2 * 4
+    assert len(b.chats) == 4 + 4 + 2 + 2 * 4  # BS=1, its control, the probes, 2 attempts
     assert any("ran alone in the BS=4 phase" in r for r in report.reasons)
 
 

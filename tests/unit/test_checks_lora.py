@@ -35,8 +35,9 @@ def test_listed_adapters_pass_but_the_batch_is_unverified_without_probes() -> No
     with lora_server(b) as url:
         report = check.run(UrlTarget(url), OPTS, seen.append)
     doc = report.to_dict()
-    assert doc["schema"] == "opsctl.diag.lora/2" and report.verdict == "unverified"
-    assert report.passed  # exit 0, with the reasons as warnings
+    assert doc["schema"] == "opsctl.diag.lora/3" and report.verdict == "unverified"
+    failure = check.outcome(report, OPTS).failure  # not judged is never a pass: exit 1
+    assert failure is not None and "unverified (not judged: not a pass)" in failure.message
     assert "no batch probe on this server" in report.reasons[0]
     assert [s["verdict"] for s in doc["single"]] == ["pass", "pass"]
     assert {r["status"] for r in doc["mixed"]["requests"]} == {"identical"}
@@ -55,8 +56,10 @@ def test_listed_adapters_pass_but_the_batch_is_unverified_without_probes() -> No
             "detail": doc["support"][0]["detail"],
         }
     ]
-    # 3 models x 6 requests alone, then 6 together
-    assert len(b.models_used) == 24 and b.models_used.count("a1") == 8
+    # 3 models x 6 requests alone, the 6 base requests alone again (the floor), 6 together
+    assert len(b.models_used) == 30 and b.models_used.count("a1") == 8
+    assert doc["calibration"]["floor"] == 0.0 and doc["calibration"]["conclusive"]
+    assert doc["seeds"] is None and [s["seed"] for s in doc["sweep"]] == [None]
     kinds = [type(e).__name__ for e in seen]
     assert kinds[0] == "Started" and kinds[-1] == "Finished" and "Table" in kinds
     assert any(isinstance(e, ev.Phase) and e.name.startswith("mixed batch: 6") for e in seen)
@@ -136,12 +139,12 @@ def cli(*args: str):
 def test_cli_json_and_exit_codes(tmp_path) -> None:
     with lora_server(Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})) as url:
         r = cli(url, "--json", "--max-tokens", "4")
-        assert r.exit_code == 0, r.stderr
+        assert r.exit_code == 1, r.stderr  # unverified: not judged, never a pass
         doc = json.loads(r.stdout)
-        assert doc["schema"] == "opsctl.diag.lora/2" and doc["verdict"] == "unverified"
+        assert doc["schema"] == "opsctl.diag.lora/3" and doc["verdict"] == "unverified"
         assert "no batch probe" in r.stderr
         human = cli(url, "--max-tokens", "4")
-        assert human.exit_code == 0 and "UNVERIFIED" in human.stdout and "platform" in human.stdout
+        assert human.exit_code == 1 and "UNVERIFIED" in human.stdout and "platform" in human.stdout
         r = cli(url, "--max-loras", "3")
         assert r.exit_code == 2 and "needs an engine opsctl starts" in r.stderr
     r = cli("--model", "tiny-llama", "--adapters", str(tmp_path / "missing"), "--adapters", "x")
@@ -151,3 +154,38 @@ def test_cli_json_and_exit_codes(tmp_path) -> None:
     ]
     r = cli("http://127.0.0.1:9", "--json")
     assert r.exit_code == 3 and "no server answered" in r.stderr
+
+
+def test_a_sweep_runs_every_seed_on_one_server_and_totals_them() -> None:
+    from opsctl.domain import invariance_calibration as cal
+
+    b = Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})
+    with lora_server(b) as url:
+        report = check.run(UrlTarget(url), check.Options(max_tokens=4, seeds=(1, 3)))
+    doc = report.to_dict()
+    assert doc["seeds"] == [1, 3] and [s["seed"] for s in doc["sweep"]] == [1, 3]
+    assert doc["totals"] == {"pass": 0, "fail": 0, "inconclusive": 2}  # unverified: not judged
+    assert report.verdict == "unverified" and doc["detail_seed"] == 1
+    assert all(r.startswith("[seed ") for r in doc["reasons"])
+    for seed in (1, 3):  # each seed's own prompts reached the server
+        assert set(cal.seeded_prompts(seed, 8)[:6]) <= set(b.prompts_used)
+
+
+def test_calibration_floor_sensitivity_and_the_rule() -> None:
+    from opsctl.domain import invariance as inv
+    from opsctl.domain import lora as D
+
+    def g(lp: float, tok: int = 1) -> inv.Generated:
+        return inv.Generated((tok, 2), (lp, -1.0), (None, None))
+
+    alone = {(None, 0): g(-0.5), ("a", 0): g(-0.55), ("b", 0): g(-0.52)}
+    c = D.calibration(alone, {0: g(-0.505)}, ["a", "b"], [0], max_tokens=2, atol=None)
+    assert c.floor == pytest.approx(0.005) and c.sensitivity == pytest.approx(0.03)
+    assert not c.conclusive  # 0.03 is under 10 x the bound (2 x 0.005): a swap hides
+    found = D.Findings("pass", (), (), "pass")
+    evidence = D.MixedEvidence("batch probe", 1, 6, 3, 3)
+    out = check.calibrated(found, c, [], evidence)
+    assert out.verdict == "inconclusive" and "to make it conclusive" in out.reasons[-1]
+    distinct = {**alone, ("b", 0): g(-0.5, tok=7)}  # adapters differ in a token
+    sure = D.calibration(distinct, {0: g(-0.5)}, ["a", "b"], [0], max_tokens=2, atol=None)
+    assert sure.conclusive and check.calibrated(found, sure, [], evidence) is found

@@ -96,9 +96,11 @@ def test_report_is_the_json_document() -> None:
 def test_unknown_template_is_unverified() -> None:
     with stand_in(style="odd") as url:
         report, seen = check(url)
-    assert report.verdict == "unverified" and report.passed and report.count("unverified") == 8
+    assert report.verdict == "unverified" and report.count("unverified") == 8
+    failure = usage.outcome(report, usage.Options()).failure  # never a pass
+    assert failure is not None and failure.exit_code == 1 and "not a pass" in failure.message
     done = seen[-1]
-    assert isinstance(done, ev.Finished) and done.summary == "0/8 match, 8 unverified"
+    assert isinstance(done, ev.Finished) and done.summary == "0/8 match, 8 unverified (not a pass)"
 
 
 def test_kind_option_skips_detection_and_a_server_without_score_is_refused() -> None:

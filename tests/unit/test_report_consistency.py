@@ -378,25 +378,7 @@ def test_each_checks_exit_rule_agrees_with_its_recorded_verdicts(check):
             assert str(out.failure).strip()
 
 
-# what the exit rules of the five say of an inconclusive verdict today (main d2d5a92): exit 1,
-# but the line reads as a failure and names nothing that would make it conclusive
-INCONCLUSIVE_LINES = {
-    "usage": "'0 of 8 usage report(s) differ from the engine-input count'",
-    "invariance": "'batch invariance failed: see report'",
-    "mm-uuid": "'0 multimodal item(s) did not reach the engine core as expected'",
-    "lora": "'diag lora failed: see report'",
-}
-
-
-@pytest.mark.parametrize(
-    "check",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(
-            strict=True, reason=f"helpers D/E rework {c}: its inconclusive exit line reads "
-            f"{INCONCLUSIVE_LINES[c]}")) if c in INCONCLUSIVE_LINES else c
-        for c in FIVE
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("check", FIVE)
 def test_an_inconclusive_verdict_exits_1_and_says_it_is_inconclusive(check):
     """An inconclusive verdict is never a pass and never reads as a fail: exit 1, and the
     line says inconclusive (and, per issue 45, what would make it conclusive)."""

@@ -269,7 +269,7 @@ def test_unk_findings_and_summary() -> None:
     assert U.unk_findings(["the", "[UNK]"]) == []
     good = compare(U.CROSS, CASE3, {"prompt_tokens": 21, "total_tokens": 21})
     unknown = compare(U.CROSS, CASE3, {}, lambda x: None)
-    assert U.summary([good, unknown], "unverified") == "1/2 match, 1 unverified"
+    assert U.summary([good, unknown], "unverified") == "1/2 match, 1 unverified (not a pass)"
     assert U.summary([good], "pass") == "1/1 match"
 
 

@@ -48,6 +48,18 @@ def read_prompts(path: Path | None) -> tuple[str, ...] | None:
     return tuple(prompts)
 
 
+def seed_list(text: str | None) -> tuple[int, ...]:
+    """``--seeds``: the seeds of a sweep (opsctl.domain.seeds); () without the flag."""
+    if text is None:
+        return ()
+    from opsctl.domain.seeds import parse_seeds
+
+    try:
+        return tuple(parse_seeds(text))
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {exc}") from None
+
+
 def _mode(value: str | None) -> str | None:
     """``--mode``: one mode, or a comma list (docs/cli.md); ``default,eager`` is both."""
     if value is None or "," not in value:
@@ -86,6 +98,12 @@ def invariance(
         help="most images per prompt on a vision-language model (default: the model's; "
         "0: text only)",
     ),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        metavar="SEEDS",
+        help="a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)",
+    ),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,
@@ -93,6 +111,9 @@ def invariance(
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
 
+    swept = seed_list(seeds)
+    if swept and prompts_file is not None:
+        raise BadInput("--seeds makes one prompt set per seed; it does not take --prompts")
     target = url_or_engine(url, model, api_key, timeout, test_knob)
     options = check.Options(
         read_prompts(prompts_file) or check.DEFAULT_PROMPTS,
@@ -104,6 +125,7 @@ def invariance(
         batch_via,
         timeout,
         images=images,
+        seeds=swept,
     )
     check.plan(target, options)  # bad input is refused before any engine or panel
     return target, options

@@ -2,7 +2,7 @@
 
 vLLM PR 55897. Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
 runs :func:`opsctl.checks.lora.run`, prints the report and maps it to the exit code:
-0 pass (or unverified, with a warning), 1 fail, 2 bad input (e.g. an adapter directory
+0 pass; 1 fail, unverified or inconclusive (not judged is never a pass); 2 bad input (e.g. an adapter directory
 that does not exist), 3 unreachable, 4 timeout."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from opsctl.commands.options import start_timeout_option, url_argument, url_or_engine
+from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
     from opsctl.checks import lora as check
@@ -36,12 +37,24 @@ def lora(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        metavar="SEEDS",
+        help="a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)",
+    ),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,
 ) -> tuple[Target, check.Options]:
-    """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail)."""
+    """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail or not judged)."""
     from opsctl.checks import lora as check
+    from opsctl.domain.seeds import parse_seeds
+
+    try:
+        swept = tuple(parse_seeds(seeds)) if seeds is not None else ()
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {exc}") from None
 
     options = check.Options(
         adapters=tuple(adapters or ()),
@@ -51,6 +64,7 @@ def lora(
         images=images,
         timeout=timeout,
         max_loras=max_loras,
+        seeds=swept,
     )
     target = url_or_engine(url, model, api_key, timeout, test_knob)
     check.plan(target, options)  # bad input is refused before any engine or panel
