@@ -88,7 +88,7 @@ class StopReport:
 # 100 ms saved at the end of a start is saved by every engine a check or test starts
 HEALTH_POLL_S = 0.1
 TICK_S = 0.5  # process tree walk and progress callback while starting
-KILL_WAIT_S = 10.0  # the longest wait for SIGKILLed processes to exit
+KILL_WAIT_S = 30.0  # the longest wait for SIGKILLed processes to exit
 STARTING_POLITE_S = 3.0  # vLLM's own shutdown of a server not healthy yet, before SIGTERMs
 PORT_RETRIES = 2  # new ports tried when the chosen one was taken before the server bound it
 
@@ -722,9 +722,9 @@ class EngineServer:
         if self._living(pids):
             self._signal_all(pids, kill=True)
             signals.append("SIGKILL")
-            # SIGKILL always ends them; a rank of 1.7 GB on 2 busy cores took more than
-            # 2 s to exit (seen under a CPU hog): wait for it rather than call it left over
-            # (a leftover skips the segment and tmp cleanup)
+            # SIGKILL always ends them; a TP worker on 2 cores under a CPU hog took more
+            # than 2 s, once more than 10 s, to exit: wait for it (a deadline, it returns
+            # once they are gone) rather than call it left over, which skips the cleanup
             kill_deadline = max(t0 + grace, time.time() + KILL_WAIT_S)
             while self._living(pids) and time.time() < kill_deadline:
                 time.sleep(0.05)

@@ -106,7 +106,7 @@ def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
     held = set(proc.shm.names())
     t0 = time.monotonic()
     proc.send_signal(sig)
-    rc = proc.wait(60)
+    rc = proc.wait(120)  # stop: polite phase, SIGTERMs, SIGKILL and its wait (30 s)
     wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit")
     print(f"{layout} {sig.name}: every rank gone {time.monotonic() - t0:.1f} s after it")
     if sig == signal.SIGKILL:
