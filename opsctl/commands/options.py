@@ -141,6 +141,13 @@ def rank_option(axis: str):
     return typer.Option(None, f"--{axis}", metavar="N", help=RANK_HELP[axis], show_default=False)
 
 
+def seeds_option(help: str):
+    """``--seeds SEEDS``: a sweep on one engine (``0-9``, ``1,3,5``), read by :func:`seed_list`."""
+    import typer
+
+    return typer.Option(None, "--seeds", metavar="SEEDS", help=help)
+
+
 def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:
     """The server at ``url``, else an engine spec of ``--model`` with the ``--test-knob``s.
 

@@ -8,6 +8,8 @@ never read as something else.
 
 from __future__ import annotations
 
+from opsctl.errors import BadInput
+
 MAX_SEEDS = 1000  # a sweep longer than this is a typo, not a plan
 
 
@@ -30,3 +32,15 @@ def parse_seeds(text: str) -> list[int]:
     if repeated:
         raise ValueError(f"seed {repeated[0]} is named twice in {text!r}")
     return seeds
+
+
+def seeds_flag(text: str | None) -> tuple[int, ...]:
+    """``--seeds``' value as a sweep's seeds; () without the flag.
+
+    Bad input is BadInput (exit 2) naming the flag and what is wrong."""
+    if text is None:
+        return ()
+    try:
+        return tuple(parse_seeds(text))
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {exc}") from None

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import start_timeout_option, url_argument, url_or_engine
+from opsctl.commands.options import (
+    seeds_option,
+    start_timeout_option,
+    url_argument,
+    url_or_engine,
+)
+from opsctl.domain.seeds import seeds_flag
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
@@ -46,18 +52,6 @@ def read_prompts(path: Path | None) -> tuple[str, ...] | None:
     if len(prompts) < 2:
         raise BadInput(f"{path} holds {len(prompts)} prompt(s); a batch needs at least 2")
     return tuple(prompts)
-
-
-def seed_list(text: str | None) -> tuple[int, ...]:
-    """``--seeds``: the seeds of a sweep (opsctl.domain.seeds); () without the flag."""
-    if text is None:
-        return ()
-    from opsctl.domain.seeds import parse_seeds
-
-    try:
-        return tuple(parse_seeds(text))
-    except ValueError as exc:
-        raise BadInput(f"--seeds: {exc}") from None
 
 
 def _mode(value: str | None) -> str | None:
@@ -98,12 +92,7 @@ def invariance(
         help="most images per prompt on a vision-language model (default: the model's; "
         "0: text only)",
     ),
-    seeds: str = typer.Option(
-        None,
-        "--seeds",
-        metavar="SEEDS",
-        help="a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)",
-    ),
+    seeds: str = seeds_option("a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)"),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,
@@ -111,7 +100,7 @@ def invariance(
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
     from opsctl.checks import invariance as check
 
-    swept = seed_list(seeds)
+    swept = seeds_flag(seeds)
     if swept and prompts_file is not None:
         raise BadInput("--seeds makes one prompt set per seed; it does not take --prompts")
     target = url_or_engine(url, model, api_key, timeout, test_knob)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import duration_option
+from opsctl.commands.options import duration_option, seeds_option
+from opsctl.domain.seeds import seeds_flag
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
@@ -69,16 +70,9 @@ def _spec(model, no_patch, mode, timeout, memory=None, kv_bytes=None):
 
 def _seeds(seed: int | None, seeds: str | None) -> tuple[int, ...]:
     """The sweep's seeds (empty: --seed alone); bad or both flags exit 2."""
-    from opsctl.domain.seeds import parse_seeds
-
-    if seeds is None:
-        return ()
-    if seed is not None:
+    if seeds is not None and seed is not None:
         raise BadInput("give either --seed or --seeds, not both")
-    try:
-        return tuple(parse_seeds(seeds))
-    except ValueError as exc:
-        raise BadInput(f"--seeds: {exc}") from None
+    return seeds_flag(seeds)
 
 
 def kv_fail(
@@ -101,12 +95,9 @@ def kv_fail(
     seed: int = typer.Option(
         None, "--seed", help="seed of prompts, targets and rate draws  [default: 0]"
     ),
-    seeds: str = typer.Option(
-        None,
-        "--seeds",
-        metavar="SEEDS",
-        help="a sweep on one engine: every seed in N-M or a comma list (0-9, 1,3,5), "
-        "reported per seed and in total",
+    seeds: str = seeds_option(
+        "a sweep on one engine: every seed in N-M or a comma list (0-9, 1,3,5), "
+        "reported per seed and in total"
     ),
     fail_requests: int = typer.Option(
         None,

@@ -11,8 +11,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opsctl.commands.options import start_timeout_option, url_argument, url_or_engine
-from opsctl.errors import BadInput
+from opsctl.commands.options import (
+    seeds_option,
+    start_timeout_option,
+    url_argument,
+    url_or_engine,
+)
+from opsctl.domain.seeds import seeds_flag
 
 if TYPE_CHECKING:
     from opsctl.checks import lora as check
@@ -37,24 +42,15 @@ def lora(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
-    seeds: str = typer.Option(
-        None,
-        "--seeds",
-        metavar="SEEDS",
-        help="a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)",
-    ),
+    seeds: str = seeds_option("a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)"),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,
 ) -> tuple[Target, check.Options]:
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail or not judged)."""
     from opsctl.checks import lora as check
-    from opsctl.domain.seeds import parse_seeds
 
-    try:
-        swept = tuple(parse_seeds(seeds)) if seeds is not None else ()
-    except ValueError as exc:
-        raise BadInput(f"--seeds: {exc}") from None
+    swept = seeds_flag(seeds)
 
     options = check.Options(
         adapters=tuple(adapters or ()),
