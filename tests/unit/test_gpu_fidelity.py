@@ -91,7 +91,10 @@ def test_the_matrix_is_the_documents_and_has_no_wrong_verdict(stage):
         assert row["false pass"] == 0 and row["false fail"] == 0, row
         n = len(row["verdicts"])
         assert n == sum(row[c] for c in FG.COLUMNS)
-        assert row["right pass" if row["expect"] == "pass" else "right fail"] == n, row
+        # inconclusive is counted, never a pass or a fail (H100 bf16, tiny-llama seed 3: the
+        # control round trip itself changed tokens, drift 2.3 against an effect of 1.04)
+        right = row["right pass" if row["expect"] == "pass" else "right fail"]
+        assert right + row["inconclusive"] == n and right >= n - 1, row
     variants = {(r["model"], r["no_patch"]) for r in recorded["cases"]}
     assert variants == {(m, np) for m in FG.MODELS for np in (False, True)}
     seeds = {tuple(sorted(r["verdicts"], key=int)) for r in recorded["cases"]}
@@ -210,7 +213,8 @@ def test_inconclusive_and_failed_sweeps_exit_1_saying_why(stage):
     out = kv_fail.outcome(kv_fail.KvFailReport("inconclusive", unsure), kv_fail.Options())
     assert out.failure is not None and int(out.failure.exit_code) == 1
     line = str(out.failure)
-    assert line.startswith("kv-fail inconclusive (0 of 4 seeds") or len(unsure["seeds"]) == 1
+    n = len(unsure["seeds"])
+    assert line.startswith(f"kv-fail inconclusive (0 of {n} seeds") or n == 1
     assert "comparison inconclusive" in line and "float32" in line and "failed" not in line
     # a passing document merely relabelled: still inconclusive, saying what would settle it
     bare = {**_docs(stage)["kvf-hybrid"], "verdict": "inconclusive"}

@@ -111,7 +111,10 @@ def object_violations(path: str, o: dict) -> list[str]:
     findings = [f for f in o.get("findings") or () if isinstance(f, dict)]
     failing = [f.get("code") for f in findings if f.get("severity") in FAILING]
     undecided = [f.get("code") for f in findings if "inconclusive" in str(f.get("code"))]
-    if undecided and verdict != "inconclusive":
+    # an inconclusive comparison makes the verdict inconclusive, unless something else
+    # failed (a fail dominates: e.g. the engine died on a seed whose comparison was unsure)
+    failed_else = set(failing) - set(undecided)
+    if undecided and verdict != "inconclusive" and not (verdict == "fail" and failed_else):
         out.append(f"{path}: verdict {verdict} with inconclusive findings {undecided}")
     if verdict == "fail" and findings and not failing and not undecided and not o.get("reasons"):
         out.append(f"{path}: fail with no failing finding (and no reasons)")
