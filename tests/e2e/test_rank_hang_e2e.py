@@ -94,6 +94,23 @@ def tp2(tmp_path_factory):
                 os.kill(pid, signal.SIGCONT)
 
 
+def stalled(url: str, since: float) -> tuple[dict, float]:
+    """`console --once` on ``url``: stalled, exit 1; its endpoint and seconds since ``since``."""
+    code, gate = opsctl("console", "--once", "--no-discover", url)
+    took = time.monotonic() - since
+    (e,) = gate["endpoints"]
+    assert code == 1 and e["state"] == "stalled", e
+    return e, took
+
+
+def stuck(url: str) -> tuple[dict, float]:
+    """`opsctl stacks` on ``url``: exit 1; its document and the seconds it took."""
+    t0 = time.monotonic()
+    code, st = opsctl("stacks", url)
+    assert code == 1, st
+    return st, time.monotonic() - t0
+
+
 def bundled_stacks(server, tmp_path: Path) -> dict:
     out = tmp_path / "bundle.tar.gz"
     code, doc = opsctl("runs", "bundle", str(server.run_dir), "--out", str(out))
@@ -170,15 +187,9 @@ def test_a_worker_stopped_under_load_is_named_and_its_peer_waits_in_the_collecti
     os.kill(roles["Worker_TP1"], signal.SIGSTOP)
     t0 = time.monotonic()
     try:
-        code, gate = opsctl("console", "--once", "--no-discover", server.url)
-        console_s = time.monotonic() - t0
-        (e,) = gate["endpoints"]
-        assert code == 1 and e["state"] == "stalled", e
+        e, console_s = stalled(server.url, t0)
         held = load.done[server.url]  # from now on nothing answers while TP1 is stopped
-        t1 = time.monotonic()
-        code, st = opsctl("stacks", server.url)
-        stacks_s = time.monotonic() - t1
-        assert code == 1, st
+        st, stacks_s = stuck(server.url)
         validate(st)
         assert_culprit_and_waiter(st, roles, "stopped")
         (tp1,) = [p for p in st["processes"] if p["role"] == "Worker_TP1"]
@@ -205,14 +216,8 @@ def test_the_rank_held_before_the_all_reduce_is_named_with_the_frame_its_peer_wa
     load = ClosedLoad([server.url], 8, BODY).start()
     t0 = time.monotonic()
     try:
-        code, gate = opsctl("console", "--once", "--no-discover", server.url)
-        console_s = time.monotonic() - t0
-        (e,) = gate["endpoints"]
-        assert code == 1 and e["state"] == "stalled", e
-        t1 = time.monotonic()
-        code, st = opsctl("stacks", server.url)
-        stacks_s = time.monotonic() - t1
-        assert code == 1, st
+        e, console_s = stalled(server.url, t0)
+        st, stacks_s = stuck(server.url)
         validate(st)
         assert_culprit_and_waiter(st, roles, "stuck")
         (culprit,) = st["culprits"]
