@@ -240,6 +240,9 @@ def stop_engine(snap: RunSnapshot, grace: float = 15.0) -> ReapReport:
         _wait_gone(procs, t0 + grace * 0.6)
     for sig, name, share in ((signal.SIGTERM, "SIGTERM all", 0.8), (signal.SIGKILL, "SIGKILL", 1)):
         if _living(procs):
+            if sig == signal.SIGKILL:  # frozen, none makes a segment between look and kill
+                _signal_all(_living(procs), signal.SIGSTOP)
+                segments |= _held_segments([p.pid for p in _living(procs)])
             _signal_all(_living(procs), sig)
             signals.append(name)
             _wait_gone(procs, t0 + grace * share)

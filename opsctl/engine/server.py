@@ -89,6 +89,7 @@ class StopReport:
 HEALTH_POLL_S = 0.1
 TICK_S = 0.5  # process tree walk and progress callback while starting
 KILL_WAIT_S = 30.0  # the longest wait for SIGKILLed processes to exit
+TRACK_WHILE_STOPPING_S = 0.5  # how often a stop notes the segments its processes map
 STARTING_POLITE_S = 3.0  # vLLM's own shutdown of a server not healthy yet, before SIGTERMs
 PORT_RETRIES = 2  # new ports tried when the chosen one was taken before the server bound it
 
@@ -672,11 +673,32 @@ class EngineServer:
     def _wait_gone(self, pids: list[int], deadline: float, step: float = 0.1) -> bool:
         """Wait until none of ``pids`` lives, the deadline passes or a second stop signal
         asks to hurry; True when none lives."""
+        looked = time.monotonic()
         while self._living(pids):
             if time.time() >= deadline or lifetime.hurry():
                 return False
             time.sleep(step)
+            if time.monotonic() - looked >= TRACK_WHILE_STOPPING_S:  # segments made meanwhile
+                looked = time.monotonic()
+                with contextlib.suppress(Exception):
+                    self.track()
         return True
+
+    def _freeze_and_track(self, pids: list[int]) -> list[int]:
+        """SIGSTOP every living process of ours (children made since the stop began
+        included), then note every segment they map or hold open: what SIGKILL will
+        leave behind. Frozen, none can make a segment between the look and the kill
+        (CI once found two shm_broadcast rings a TP=2 engine made during the polite
+        phase of a stop mid-start, after the last ``track``, left linked)."""
+        pids = sorted(set(pids) | set(self._all_pids()))
+        for p in self._living(pids):
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        with contextlib.suppress(Exception):
+            self.track()
+            held = shm.scan_holders([p.pid for p in self._living(pids)]).held_paths()
+            self.shm_seen.update(os.path.basename(path) for path in held)
+        return pids
 
     def _signal_all(self, pids: list[int], kill: bool) -> None:
         for p in self._living(pids):
@@ -720,6 +742,7 @@ class EngineServer:
             signals.append("SIGTERM descendants")
             self._wait_gone(pids, t0 + grace * 0.8)
         if self._living(pids):
+            pids = self._freeze_and_track(pids)
             self._signal_all(pids, kill=True)
             signals.append("SIGKILL")
             # SIGKILL always ends them; a TP worker on 2 cores under a CPU hog took more

@@ -243,3 +243,65 @@ def test_the_launch_log_reads_like_the_whole_log(tmp_path):
     server._log_from = len(first)
     assert server.log_text() == "dead launch\nshards 1/2\nshards 2/2\nbad \ufffd\n"
     assert server.launch_log_text() == "shards 1/2\nshards 2/2\nbad \ufffd\n"
+
+
+# A stand-in engine whose every process, once asked to stop, ignores SIGTERM and keeps
+# making /dev/shm segments (each kept mapped) until SIGKILL: the ring buffers a TP=2
+# engine stopped mid-start made during the stop's polite phase, after the last look at
+# what it mapped (CI, tp-sigint: two psm_ segments left linked).
+MAKING_SEGMENTS = """
+import mmap, multiprocessing as mp, os, signal, sys, time
+prefix = sys.argv[1]
+def make(tag, started=None):
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    if started is not None:
+        started.set()
+    keep, i = [], 0
+    while True:
+        time.sleep(0.005)
+        if stop:
+            fd = os.open(f"/dev/shm/{prefix}{tag}-{i}", os.O_CREAT | os.O_RDWR, 0o600)
+            os.ftruncate(fd, 4096)
+            keep.append(mmap.mmap(fd, 4096))
+            os.close(fd)
+            i += 1
+if __name__ == "__main__":
+    started = mp.get_context("fork").Event()
+    mp.get_context("fork").Process(target=make, args=("core", started)).start()
+    started.wait(30)
+    print("INFO stand-in ready", flush=True)
+    make("api")
+"""
+
+
+def test_segments_made_while_the_stop_waits_are_removed_after_sigkill(tmp_path, monkeypatch):
+    import uuid
+
+    from opsctl.collectors import shm
+    from opsctl.engine import server as srv
+    from opsctl.engine.model import ResolvedModel
+    from opsctl.engine.server import LaunchOptions
+
+    prefix = f"opsctl-unit-{uuid.uuid4().hex[:8]}-"
+    monkeypatch.delenv("OPSCTL_ENGINE_LOCK", raising=False)
+    monkeypatch.setattr(
+        srv, "build_argv", lambda opts, p: [sys.executable, "-c", MAKING_SEGMENTS, prefix]
+    )
+    model = ResolvedModel("tiny-llama", tmp_path, "decoder", True, {})
+    server = srv.EngineServer(LaunchOptions(model=model, run_dir=tmp_path / "run"))
+
+    def ours() -> set[str]:
+        return {f.name for f in shm.list_files() if f.name.startswith(prefix)}
+
+    try:
+        server.start()
+        wait_until(lambda: "stand-in ready" in server.log_text(), 60, "the stand-in's two processes")
+        report = server.stop(grace=2.0)
+        assert "SIGKILL" in report.signals and report.leftover_pids == []
+        made = set(report.shm_removed)
+        assert {n.split("-")[3] for n in made} == {"api", "core"}, made  # both kept making
+        assert ours() == set(), f"left linked: {sorted(ours())}"
+    finally:
+        for name in ours():
+            (shm.SHM / name).unlink(missing_ok=True)
