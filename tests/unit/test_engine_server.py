@@ -296,7 +296,9 @@ def test_segments_made_while_the_stop_waits_are_removed_after_sigkill(tmp_path, 
 
     try:
         server.start()
-        wait_until(lambda: "stand-in ready" in server.log_text(), 60, "the stand-in's two processes")
+        wait_until(
+            lambda: "stand-in ready" in server.log_text(), 60, "the stand-in's two processes"
+        )
         report = server.stop(grace=2.0)
         assert "SIGKILL" in report.signals and report.leftover_pids == []
         made = set(report.shm_removed)
