@@ -118,9 +118,9 @@ COSTS: dict[str, float] = {
     "test_rank_hang_e2e.py": 240,
     "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
     # issue 44 (ranks): four TP=2/DP=2 serves signalled once their ranks exist; two
-    # TP=2 kv-fail runs and one TP=2 invariance run
+    # TP=2 kv-fail runs
     "test_ranks_lifetime_e2e.py": 270,
-    "test_ranks_diag_e2e.py": 200,
+    "test_ranks_diag_e2e.py": 130,
 }
 DEFAULT_COST = 60.0
 

@@ -110,3 +110,21 @@ def test_a_runs_rank_segments_are_named_by_its_rendezvous_file(tmp_path):
     assert run_segments.remove(tmp, str(shm)) == ([mine[0]], [])
     assert run_segments.remove(None, str(shm)) == ([], [])
     assert Path(tmp / ident).exists()  # the rendezvous file is the TMPDIR's to remove
+
+
+def test_invariances_own_engine_keeps_the_ranks_and_the_batch_probe():
+    """`diag invariance --model tiny-llama --tp 2` (run on a real TP=2 engine once; the
+    tier no longer starts it): the isolated engine of each mode keeps both ranks in vLLM's
+    multiprocess layout, with the batch probe that shows BS=N formed, and its launch asks
+    vLLM for them."""
+    from opsctl.checks import invariance
+
+    target = with_ranks(EngineSpec(model="tiny-llama"), 2, None)
+    runs = invariance.plan(target, invariance.Options(mode="both"))
+    assert [mode for mode, _ in runs] == ["default", "eager"]
+    for _mode, spec in runs:
+        assert (spec.tp, spec.dp, spec.single_process) == (2, 1, False), spec
+        assert spec.probes >= invariance.PROBES
+        launch = server.LaunchOptions(model=resolve("tiny-llama"), tp=spec.tp)
+        argv = server.build_argv(launch, 8000)
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
