@@ -101,5 +101,6 @@ def test_the_readmes_command_lines_name_real_commands_and_flags():
             else:
                 break
         assert path in LEAVES, f"README: {' '.join(words)} names no command"
-        flags = {w.split("=")[0] for w in words[1:] if w.startswith("--")}
+        ours = words[: words.index("--")] if "--" in words else words  # `-- vLLM args`
+        flags = {w.split("=")[0] for w in ours[1:] if w.startswith("--")}
         assert flags <= help_flags(TREE[path]), (words, flags - help_flags(TREE[path]))
