@@ -57,7 +57,7 @@ def summary(path: tuple[str, ...], cmd) -> str:
     if path == ("certify",):
         from opsctl.domain import check_registry as reg
 
-        text += f" Every applicable check in one run ({', '.join(reg.names(reg.CERTIFY))})."
+        text += f" Checks: every applicable check in one run ({', '.join(reg.names(reg.CERTIFY))})."
     return text.replace("|", "\\|")
 
 
