@@ -46,7 +46,7 @@ async def console_svg() -> str:
     from tests.ui.test_console_app import StaticSource
 
     app = build_console_app(StaticSource(), interval=3600)
-    async with app.run_test(size=(200, 16)) as pilot:
+    async with app.run_test(size=(250, 12)) as pilot:
         await wait_for(pilot, lambda: app.table.row_count == len(MODES))
         await settle(pilot)
         return app.export_screenshot(title="opsctl console")
@@ -62,7 +62,7 @@ async def serve_svg() -> str:
     snaps = [from_dict(json.loads(line)) for line in recorded.read_text().splitlines()]
     frames = iter(snaps)  # each once; then StopIteration ends the dashboard's polling
     app = build_serve_app(lambda: next(frames), interval=0.01, clock=False)
-    async with app.run_test(size=(140, 48)) as pilot:
+    async with app.run_test(size=(140, 38)) as pilot:
         await wait_for(pilot, lambda: app.polls == len(snaps))
         await settle(pilot)
         return app.export_screenshot(title="opsctl serve")

@@ -23,7 +23,9 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def generator():
-    spec = importlib.util.spec_from_file_location("make_reference", ROOT / "docs" / "make_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_reference", ROOT / "docs" / "make_reference.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
