@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-fast bench check clean prometheus
+.PHONY: install serve test test-fast bench check clean prometheus docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,6 +50,11 @@ check: install
 	$(BIN)/ruff check opsctl engine_patches tests benchmarks
 	$(BIN)/ruff format --check opsctl engine_patches tests benchmarks
 	$(BIN)/mypy opsctl/domain engine_patches
+
+# docs/reference.md from every command's --help, and the README's pictures (docs/screens/)
+docs: install
+	$(BIN)/python docs/make_reference.py
+	$(BIN)/python docs/screens/make.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""The one place exit codes are defined (see README: exit codes)."""
+"""The one place exit codes are defined (see docs/cli.md: exit codes)."""
 
 from enum import IntEnum
 

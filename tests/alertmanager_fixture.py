@@ -8,8 +8,8 @@ no grouping delays worth waiting for, resolved notifications on), starts Alertma
 free 127.0.0.1 port with a temporary storage dir and no cluster listener, waits (deadline)
 until it is ready, and stops it on exit (terminate, then kill).
 
-The README's "Fleets" section shows the same route with production delays; its own file
-is started by tests/unit/test_alert_rules_readme.py."""
+docs/fleets.md shows the same route with production delays; its own file is started by
+tests/unit/test_fleets_doc.py."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class Webhook:
 
 def config_text(webhook_url: str) -> str:
     """alertmanager.yml: every alert to the webhook, notified a second after it arrives,
-    resolved ones too (the README's example with the test's receiver URL)."""
+    resolved ones too (docs/fleets.md's example with the test's receiver URL)."""
     return (
         "route:\n"
         "  receiver: opsctl-webhook\n"

@@ -210,23 +210,23 @@ def test_resolve_keys_from_env_and_api_key_for_the_rest():
     assert [(t.name, t.api_key) for t in out] == [("a", "from-env"), ("b", "cli-key")]
 
 
-def readme_fleet() -> tuple[str, str]:
-    """The README's "Certify a fleet in CI" targets file and its `run:` command line."""
+def doc_fleet() -> tuple[str, str]:
+    """docs/fleets.md's "Certify a fleet in CI" targets file and its `run:` command line."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("### Certify a fleet in CI", 1)[1].split("\n## ", 1)[0]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "fleets.md").read_text()
+    section = text.split("\n## Certify a fleet in CI\n", 1)[1].split("\n## ", 1)[0]
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     (line,) = [x for x in section.splitlines() if x.strip().startswith("- run: opsctl certify")]
     return toml, line.strip().removeprefix("- run: ")
 
 
-def test_readme_fleet_ci_job_runs_as_written(tmp_path):
-    """The README's targets file and command, with the two stand-ins in the places of its
+def test_the_fleet_docs_ci_job_runs_as_written(tmp_path):
+    """docs/fleets.md's targets file and command, with the two stand-ins in the places of its
     ports 8000 and 8001 (decode-2 wants the key its api_key_env names)."""
     import os
 
-    toml, command = readme_fleet()
+    toml, command = doc_fleet()
     assert command.startswith("opsctl certify --targets fleet.toml --junit fleet.xml")
     with completions_server(Behaviour()) as (one, _), keyed_server() as two:
         toml = toml.replace("http://127.0.0.1:8000", one).replace("http://127.0.0.1:8001", two)

@@ -1,4 +1,4 @@
-"""The README's "Use from Python" block stays true: it compiles, and every
+"""docs/python.md's block stays true: it compiles, and every
 ``module.name`` it uses from opsctl.checks exists (constructing the options it shows
 too, without starting an engine)."""
 
@@ -9,13 +9,11 @@ import importlib
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "python.md"
 
 
 def python_block() -> str:
-    text = README.read_text()
-    section = text.split("## Use from Python", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
 
 
 def test_use_from_python_block_names_real_entry_points():
@@ -35,7 +33,7 @@ def test_use_from_python_block_names_real_entry_points():
     }
     for mod, attr in sorted(used):
         assert hasattr(importlib.import_module(modules[mod]), attr), f"{mod}.{attr}"
-    for node in ast.walk(tree):  # every Options(...) the README shows can be built as shown
+    for node in ast.walk(tree):  # every Options(...) the doc shows can be built as shown
         if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Options"):
             ns = {m: importlib.import_module(path) for m, path in modules.items()}
-            eval(compile(ast.Expression(node), "<README>", "eval"), ns)
+            eval(compile(ast.Expression(node), "<docs/python.md>", "eval"), ns)

@@ -1,4 +1,4 @@
-"""The README's "Fleets" section runs: its shell commands (`opsctl rules ...
+"""docs/fleets.md (the fleet guide, up to its certify part) runs: its shell commands (`opsctl rules ...
 --blackbox-out blackbox.yml`, `promtool check rules ...`, the blackbox exporter's
 `--config.check`) in a temporary directory, its prometheus.yml through `promtool check
 config` (which loads the rules file it names; its canary job is the one `opsctl rules`
@@ -6,7 +6,7 @@ prints) and its alertmanager.yml through `amtool check-config`; then a real Prom
 real Alertmanager and a real blackbox exporter start from those files (addresses moved
 to free 127.0.0.1 ports, the scrape targets to stand-in vLLM servers): Prometheus loads
 every opsctl rule, finds the Alertmanager, scrapes the stand-ins and has the exporter
-probe them; the console command the section shows reads them. The alert paths
+probe them; the console command the guide shows reads them. The alert paths
 themselves (stall and canary -> firing) are tests/e2e/test_console_prometheus_e2e.py."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from tests.prometheus_fixture import binary as prom_binary
 from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FLEETS = Path(__file__).resolve().parents[2] / "docs" / "fleets.md"
 PROMTOOL = "/usr/bin/promtool"
 AMTOOL = "/usr/bin/amtool"
 
 
 def section() -> str:
-    text = README.read_text(encoding="utf-8")
-    return text.split("\n## Fleets\n", 1)[1].split("\n## ", 1)[0]
+    text = FLEETS.read_text(encoding="utf-8")
+    return text.split("\n## Certify a fleet in CI\n", 1)[0]
 
 
 def blocks(lang: str) -> list[str]:
@@ -65,7 +65,7 @@ def configs() -> tuple[dict, dict]:
 
 def test_the_sections_commands_and_configs_check(tmp_path):
     bash = blocks("bash")
-    assert bash, "no bash block in the Fleets section"
+    assert bash, "no bash block in docs/fleets.md"
     rules_cmds = [shlex.split(line) for line in bash[0].splitlines() if line.strip()]
     assert [c[:2] for c in rules_cmds] == [["opsctl", "rules"], ["promtool", "check"],
                                            ["prometheus-blackbox-exporter", "--config.file=blackbox.yml"]]  # fmt: skip
@@ -129,7 +129,7 @@ def test_prometheus_and_alertmanager_start_from_the_sections_files(tmp_path):
                 if job["job_name"] == CANARY_JOB:  # the exporter's port, not 9115
                     job["relabel_configs"][-1]["replacement"] = exporter.address
                     job["scrape_interval"] = job["scrape_timeout"] = "1s"
-            # scrapes every second: the console's --once waits for two (the README's 5 s
+            # scrapes every second: the console's --once waits for two (docs/fleets.md's 5 s
             # would make this test wait 10 s for nothing it checks)
             prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
             (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
