@@ -27,7 +27,7 @@ from opsctl.domain.console_state import EndpointTracker
 from opsctl.errors import CheckFailed
 from tests.standins.completions import Behaviour, completions_server
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "reference.md"  # the generated command reference
 runner = CliRunner()
 
 
