@@ -1,23 +1,37 @@
 """FleetSource: what the console UI and ``--once`` read.
 
-The UI never knows which implementation it has (direct scraping, Prometheus, a replay).
+The UI never knows which implementation it has (direct scraping, Prometheus, a replay)
+nor what wraps it (the advisor, GPUs, --tee, --log: :class:`WrappedSource`).
 
 - ``start()`` begins collecting in the background; ``close()`` stops it.
 - ``collect()`` returns the current FleetSnapshot at once (no I/O on the caller's thread).
 - ``series(url, name)`` is the bounded history of one figure (sparklines).
-- ``refresh()`` polls every endpoint now; ``set_paused()`` stops/resumes polling.
+- ``refresh()`` polls every endpoint now; ``set_paused()`` stops/resumes polling, and
+  ``paused`` says which.
 - ``wait_settled(timeout)`` waits until every endpoint has enough scrapes for rates.
-- ``live`` (default True when absent): False for a replay, whose frames do not change
-  by waiting (``--once`` then takes the last frame as it is)."""
+- ``live``: False for a replay, whose frames do not change by waiting (``--once`` then
+  takes the last frame as it is, sends no canary and collects no GPUs).
+- ``timeout``: one poll's deadline (``--once`` waits two intervals and it).
+- ``settings``: the console's (interval, stall window); None for a replay.
+- ``static``: the targets given (URL arguments, a targets file), which ``--tee``/``--log``
+  add their servers to; None for a source without such a list (Prometheus, a replay).
+- ``api_key_for(target)``: the key ``--once``'s canary sends to ``target``.
+- ``tracker(url)``: the endpoint's tracker (its scrapes: the advisor's window), read
+  under ``lock``; None for an unknown URL or a source without trackers.
+- ``attaches_gpus``: ``collect()`` carries the host's GPUs (the TUI adds no feed).
+
+:class:`SourceDefaults` holds the defaults the sources share (every source derives from
+it); :class:`WrappedSource` forwards every member to the source it wraps."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
-from opsctl.domain.console import FleetSnapshot
+from opsctl.domain.console import FleetSnapshot, Target
+from opsctl.domain.console_state import EndpointTracker, Settings
 
 START_HINT = (
     "start one with `opsctl serve` in another terminal, "
@@ -30,6 +44,13 @@ class FleetSource(Protocol):
     """The interface of a fleet source: what the console UI and ``--once`` call."""
 
     name: str
+    live: bool
+    timeout: float
+    paused: bool
+    attaches_gpus: bool
+    settings: Settings | None
+    static: list[Target] | None
+    lock: contextlib.AbstractContextManager[Any]
 
     def start(self) -> None:
         """Begin collecting in the background."""
@@ -52,8 +73,122 @@ class FleetSource(Protocol):
     def close(self) -> None:
         """Stop collecting."""
 
+    def api_key_for(self, target: Target) -> str | None:
+        """The API key sent to ``target`` (``--once``'s canary); None for none."""
 
-class LoopThreadSource:
+    def tracker(self, url: str) -> EndpointTracker | None:
+        """The tracker of the endpoint at ``url`` (read under ``lock``); None without one."""
+
+
+class SourceDefaults:
+    """The FleetSource members a source may leave as they are: a live source, polled
+    with a 10 s timeout, not paused, without settings, targets of its own, trackers or
+    API keys, which attaches no GPUs (a subclass sets what it has)."""
+
+    live = True
+    timeout = 10.0
+    paused = False
+    attaches_gpus = False
+    settings: Settings | None = None
+    static: list[Target] | None = None
+    lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+
+    def api_key_for(self, target: Target) -> str | None:
+        """No key (a source that knows one says so)."""
+        return None
+
+    def tracker(self, url: str) -> EndpointTracker | None:
+        """No tracker (a source that keeps them says so)."""
+        return None
+
+
+class WrappedSource:
+    """A FleetSource over another (``source``): every member is the wrapped source's.
+
+    A subclass overrides what it adds to (``collect`` mostly); the rest is forwarded
+    here, member by member, so a wrapper is a complete FleetSource whatever it wraps."""
+
+    def __init__(self, source: FleetSource) -> None:
+        self.source = source
+
+    @property
+    def name(self) -> str:
+        """The wrapped source's name."""
+        return self.source.name
+
+    @property
+    def live(self) -> bool:
+        """Whether the wrapped source is live (not a replay)."""
+        return self.source.live
+
+    @property
+    def timeout(self) -> float:
+        """The wrapped source's poll timeout."""
+        return self.source.timeout
+
+    @property
+    def paused(self) -> bool:
+        """Whether the wrapped source's polling is paused."""
+        return self.source.paused
+
+    @property
+    def attaches_gpus(self) -> bool:
+        """Whether the wrapped source's collect() carries the host's GPUs."""
+        return self.source.attaches_gpus
+
+    @property
+    def settings(self) -> Settings | None:
+        """The wrapped source's settings."""
+        return self.source.settings
+
+    @property
+    def static(self) -> list[Target] | None:
+        """The wrapped source's given targets."""
+        return self.source.static
+
+    @property
+    def lock(self) -> contextlib.AbstractContextManager[Any]:
+        """The wrapped source's lock (its trackers are read under it)."""
+        return self.source.lock
+
+    def start(self) -> None:
+        """Start the wrapped source."""
+        self.source.start()
+
+    def collect(self) -> FleetSnapshot:
+        """The wrapped source's snapshot."""
+        return self.source.collect()
+
+    def series(self, url: str, name: str) -> list[float]:
+        """The wrapped source's history of one figure."""
+        return self.source.series(url, name)
+
+    def refresh(self) -> None:
+        """Poll the wrapped source's endpoints now."""
+        self.source.refresh()
+
+    def set_paused(self, paused: bool) -> None:
+        """Stop or resume the wrapped source's polling."""
+        self.source.set_paused(paused)
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait for the wrapped source to settle."""
+        return self.source.wait_settled(timeout)
+
+    def close(self) -> None:
+        """Close the wrapped source."""
+        self.source.close()
+
+    def api_key_for(self, target: Target) -> str | None:
+        """The wrapped source's API key for ``target``."""
+        return self.source.api_key_for(target)
+
+    def tracker(self, url: str) -> EndpointTracker | None:
+        """The wrapped source's tracker of ``url``."""
+        return self.source.tracker(url)
+
+
+class LoopThreadSource(SourceDefaults):
     """What the background sources share: an asyncio loop on one daemon thread.
 
     A wake event for ``refresh()``, an un-paused event for ``set_paused()``, and
@@ -61,7 +196,6 @@ class LoopThreadSource:
     ``_init_loop(thread_name)`` in ``__init__``, ``_start_loop()`` in ``start()`` (it runs
     their ``_main()`` and sets ``self.main``), and ``_open_events()`` first in ``_main()``."""
 
-    paused: bool
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
     wake: asyncio.Event | None
