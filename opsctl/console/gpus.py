@@ -22,16 +22,13 @@ class GpuSource(WrappedSource):
     The console wraps its live source in it first, so that what reads the views after it
     (the advisor's gpu_mem_under and gpu_thermal) sees the GPUs."""
 
+    adds_gpus = True  # the TUI does not add a feed of its own
+
     def __init__(
         self, source: FleetSource, interval_s: float, read: Callable | None = None
     ) -> None:
         super().__init__(source)
         self.feed = GpuFeed(interval_s, read)
-
-    @property
-    def attaches_gpus(self) -> bool:
-        """True: the TUI does not add a feed of its own."""
-        return True
 
     def collect(self) -> FleetSnapshot:
         """The wrapped source's collection with the GPUs attached."""

@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
 
 from opsctl.domain.console import FleetSnapshot, Target
 from opsctl.domain.console_state import EndpointTracker, Settings
@@ -38,6 +39,7 @@ START_HINT = (
     "or pass a URL (opsctl console http://HOST:PORT) or --targets FILE"
 )
 EMPTY_HINT = f"no vLLM server found: {START_HINT}"
+T = TypeVar("T")
 
 
 class FleetSource(Protocol):
@@ -47,10 +49,13 @@ class FleetSource(Protocol):
     live: bool
     timeout: float
     paused: bool
-    attaches_gpus: bool
     settings: Settings | None
     static: list[Target] | None
     lock: contextlib.AbstractContextManager[Any]
+
+    @property
+    def attaches_gpus(self) -> bool:
+        """Whether ``collect()`` carries the host's GPUs (GpuSource): the TUI adds no feed."""
 
     def start(self) -> None:
         """Begin collecting in the background."""
@@ -102,90 +107,57 @@ class SourceDefaults:
         return None
 
 
+class Forwarded(Generic[T]):
+    """A member of a WrappedSource that is its wrapped source's, read at every access."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Forwarded[T]: ...
+    @overload
+    def __get__(self, obj: WrappedSource, owner: type | None = None) -> T: ...
+    def __get__(self, obj: WrappedSource | None, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.source, self.name)
+
+    def __set__(self, obj: WrappedSource, value: T) -> None:
+        raise AttributeError(f"{self.name} is the wrapped source's: set it there")
+
+
 class WrappedSource:
     """A FleetSource over another (``source``): every member is the wrapped source's.
 
-    A subclass overrides what it adds to (``collect`` mostly); the rest is forwarded
-    here, member by member, so a wrapper is a complete FleetSource whatever it wraps."""
+    Each member of FleetSource is named here and forwarded (nothing else is), so a
+    wrapper is a complete FleetSource; a subclass overrides what it adds to (``collect``
+    mostly, ``start``/``close`` for what it runs itself)."""
+
+    name: Forwarded[str] = Forwarded()
+    live: Forwarded[bool] = Forwarded()
+    timeout: Forwarded[float] = Forwarded()
+    paused: Forwarded[bool] = Forwarded()
+    settings: Forwarded[Settings | None] = Forwarded()
+    static: Forwarded[list[Target] | None] = Forwarded()
+    lock: Forwarded[contextlib.AbstractContextManager[Any]] = Forwarded()
+    start: Forwarded[Callable[[], None]] = Forwarded()
+    collect: Forwarded[Callable[[], FleetSnapshot]] = Forwarded()
+    series: Forwarded[Callable[[str, str], list[float]]] = Forwarded()
+    refresh: Forwarded[Callable[[], None]] = Forwarded()
+    set_paused: Forwarded[Callable[[bool], None]] = Forwarded()
+    wait_settled: Forwarded[Callable[[float], bool]] = Forwarded()
+    close: Forwarded[Callable[[], None]] = Forwarded()
+    api_key_for: Forwarded[Callable[[Target], str | None]] = Forwarded()
+    tracker: Forwarded[Callable[[str], EndpointTracker | None]] = Forwarded()
+
+    # a wrapper that attaches the host's GPUs itself says so (GpuSource)
+    adds_gpus: ClassVar[bool] = False
 
     def __init__(self, source: FleetSource) -> None:
         self.source = source
 
     @property
-    def name(self) -> str:
-        """The wrapped source's name."""
-        return self.source.name
-
-    @property
-    def live(self) -> bool:
-        """Whether the wrapped source is live (not a replay)."""
-        return self.source.live
-
-    @property
-    def timeout(self) -> float:
-        """The wrapped source's poll timeout."""
-        return self.source.timeout
-
-    @property
-    def paused(self) -> bool:
-        """Whether the wrapped source's polling is paused."""
-        return self.source.paused
-
-    @property
     def attaches_gpus(self) -> bool:
-        """Whether the wrapped source's collect() carries the host's GPUs."""
-        return self.source.attaches_gpus
-
-    @property
-    def settings(self) -> Settings | None:
-        """The wrapped source's settings."""
-        return self.source.settings
-
-    @property
-    def static(self) -> list[Target] | None:
-        """The wrapped source's given targets."""
-        return self.source.static
-
-    @property
-    def lock(self) -> contextlib.AbstractContextManager[Any]:
-        """The wrapped source's lock (its trackers are read under it)."""
-        return self.source.lock
-
-    def start(self) -> None:
-        """Start the wrapped source."""
-        self.source.start()
-
-    def collect(self) -> FleetSnapshot:
-        """The wrapped source's snapshot."""
-        return self.source.collect()
-
-    def series(self, url: str, name: str) -> list[float]:
-        """The wrapped source's history of one figure."""
-        return self.source.series(url, name)
-
-    def refresh(self) -> None:
-        """Poll the wrapped source's endpoints now."""
-        self.source.refresh()
-
-    def set_paused(self, paused: bool) -> None:
-        """Stop or resume the wrapped source's polling."""
-        self.source.set_paused(paused)
-
-    def wait_settled(self, timeout: float) -> bool:
-        """Wait for the wrapped source to settle."""
-        return self.source.wait_settled(timeout)
-
-    def close(self) -> None:
-        """Close the wrapped source."""
-        self.source.close()
-
-    def api_key_for(self, target: Target) -> str | None:
-        """The wrapped source's API key for ``target``."""
-        return self.source.api_key_for(target)
-
-    def tracker(self, url: str) -> EndpointTracker | None:
-        """The wrapped source's tracker of ``url``."""
-        return self.source.tracker(url)
+        """Whether this wrapper or a source below it attaches the host's GPUs."""
+        return self.adds_gpus or self.source.attaches_gpus
 
 
 class LoopThreadSource(SourceDefaults):

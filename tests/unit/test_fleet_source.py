@@ -103,6 +103,8 @@ def test_a_stack_of_wrappers_forwards_every_member():
     outer.close()
     assert inner.calls == [("start",), ("refresh",), ("set_paused", False),
                            ("wait_settled", 3.0), ("close",)]  # fmt: skip
+    with pytest.raises(AttributeError, match="wrapped source's"):
+        outer.paused = False  # set_paused pauses; a wrapper holds no state of its own
 
 
 def test_gpu_source_says_it_attaches_gpus_through_the_wrappers_above_it():
