@@ -86,9 +86,10 @@ class FleetSource(Protocol):
 
 
 class SourceDefaults:
-    """The FleetSource members a source may leave as they are: a live source, polled
-    with a 10 s timeout, not paused, without settings, targets of its own, trackers or
-    API keys, which attaches no GPUs (a subclass sets what it has)."""
+    """The FleetSource members a source may leave as they are.
+
+    A live source, polled with a 10 s timeout, not paused, without settings, targets of
+    its own, trackers or API keys, which attaches no GPUs (a subclass sets what it has)."""
 
     live = True
     timeout = 10.0
