@@ -366,33 +366,6 @@ class GpuFeed:
         self._stop.set()
 
 
-class GpuSource:
-    """A FleetSource whose ``collect()`` carries this host's GPUs and each endpoint's.
-
-    Through a :class:`GpuFeed`: this host's GPUs as ``host_gpus``, each endpoint's as ``gpus``;
-    everything else is the wrapped source's. The console wraps its live source in it first, so
-    that what reads the views after it (the advisor's gpu_mem_under and gpu_thermal) sees the
-    GPUs."""
-
-    attaches_gpus = True  # the TUI does not add a feed of its own
-
-    def __init__(self, source: Any, interval_s: float, read: Callable | None = None) -> None:
-        self.source = source
-        self.feed = GpuFeed(interval_s, read)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-    def collect(self) -> Any:
-        """The wrapped source's collection with the GPUs attached."""
-        return self.feed.apply(self.source.collect())
-
-    def close(self) -> None:
-        """Stop the GPU feed and close the wrapped source."""
-        self.feed.close()
-        self.source.close()
-
-
 @functools.cache
 def shared() -> GpuCollector:
     """The process's collector (NVML is initialised once per process)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from opsctl.console.source import FleetSource, WrappedSource
 from opsctl.domain import advisor
 from opsctl.domain.console import EndpointView, FleetSnapshot
 
@@ -33,20 +33,17 @@ def ledger_facts(run_dir: str) -> advisor.LocalFacts:
     return advisor.LocalFacts(failed, ledger.test_knobs(records))
 
 
-class AdvisedSource:
+class AdvisedSource(WrappedSource):
     """A FleetSource whose collect() adds the advisor's findings to every view.
 
-    Everything else is the wrapped source's (attributes are looked up on it)."""
+    Everything else is the wrapped source's (WrappedSource)."""
 
-    def __init__(self, source: Any) -> None:
-        self.source = source
+    def __init__(self, source: FleetSource) -> None:
+        super().__init__(source)
         self._ledgers: dict[str, tuple[float, advisor.LocalFacts]] = {}
         # url -> (what the findings were computed from, the findings): a collect between
         # two scrapes (the TUI's redraws, --once's checks) does not compute them again
         self._memo: dict[str, tuple[tuple, tuple[advisor.Advice, ...]]] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
 
     def collect(self) -> FleetSnapshot:
         """The wrapped source's snapshot, every view with its findings."""
@@ -59,14 +56,8 @@ class AdvisedSource:
 
     def window(self, url: str) -> advisor.Window | None:
         """The advisor's window of an endpoint from its tracker's scrapes; None without."""
-        tracker_of = getattr(self.source, "tracker", None)
-        if not callable(tracker_of):
-            return None
-        lock = getattr(self.source, "lock", None)
-        if lock is None:
-            return None
-        with lock:
-            t = tracker_of(url)
+        with self.source.lock:
+            t = self.source.tracker(url)
             points = list(t.window) if t is not None else []
         return advisor.window_of(points)
 
@@ -101,7 +92,7 @@ class AdvisedSource:
         return replace(view, findings=memo[1])
 
 
-def advised(source: Any) -> Any:
+def advised(source: FleetSource) -> FleetSource:
     """``source`` with the advisor's findings (a replay stays as recorded)."""
     from opsctl.console.replay import ReplaySource
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Any
 
+from opsctl.console.source import FleetSource, WrappedSource
 from opsctl.domain import logview
 from opsctl.domain.console import DEAD, UNREACHABLE, EndpointView, FleetSnapshot
 from opsctl.errors import BadInput
@@ -118,20 +118,19 @@ def parse_log_option(spec: str) -> tuple[str, str]:
         raise BadInput(f"--log: {exc.message}", exc.hint) from None
 
 
-class LoggedSource:
-    """A FleetSource whose views carry their server's log facts (``log``)."""
+class LoggedSource(WrappedSource):
+    """A FleetSource whose views carry their server's log facts (``log``).
 
-    def __init__(self, source: Any, by_url: dict[str, str] | None = None) -> None:
+    Everything else is the wrapped source's (WrappedSource)."""
+
+    def __init__(self, source: FleetSource, by_url: dict[str, str] | None = None) -> None:
         from opsctl.console.targets import endpoint_key
 
-        self.source = source
+        super().__init__(source)
         self.by_key = {endpoint_key(u): p for u, p in (by_url or {}).items()}
         self.tails: dict[str, LogTail] = {}
         self.read_at: dict[str, float] = {}
         self.facts: dict[str, logview.LogFacts] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
 
     def _facts(self, path: str) -> logview.LogFacts:
         now = time.monotonic()

@@ -31,7 +31,7 @@ class Observation:
 
 def settle_timeout(source: FleetSource, interval_s: float) -> float:
     """Seconds ``--once`` waits for every endpoint's scrapes: two intervals and a timeout."""
-    return 2 * interval_s + float(getattr(source, "timeout", 10.0)) + 5.0
+    return 2 * interval_s + source.timeout + 5.0
 
 
 def observe(source: FleetSource, settings: Settings) -> Observation:
@@ -41,14 +41,14 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
     try:
         settled = source.wait_settled(timeout=settle_timeout(source, settings.interval_s))
         snap = source.collect()
-        if getattr(source, "live", True):  # a replay's last frame is what it is
+        if source.live:  # a replay's last frame is what it is
             # the stall is counted from the first scrapes, which finished by now; a scrape
             # that finishes after the window passed decides (it may take a timeout)
             deadline = (
                 time.monotonic()
                 + settings.stall_window_s
                 + 2 * settings.interval_s
-                + float(getattr(source, "timeout", 10.0))
+                + source.timeout
             )
             while any(undecided(v) for v in snap.endpoints) and time.monotonic() < deadline:
                 time.sleep(CHECK_EVERY_S)
@@ -56,7 +56,7 @@ def observe(source: FleetSource, settings: Settings) -> Observation:
     finally:
         source.close()
     observed = time.monotonic() - t0
-    if getattr(source, "live", True):
+    if source.live:
         views = settle_undecided(snap.endpoints, observed, settings.stall_window_s)
         snap = replace(snap, endpoints=views)
     return Observation(snap, observed, settled)
@@ -69,12 +69,11 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
     scrapes cannot vouch for: an engine stopped while idle keeps /health 200 and its
     gauges at 0. On a server of several data-parallel engines, one canary per idle
     engine, sent to it alone (``X-data-parallel-rank``), the server ready or busy: a
-    busy engine's progress says nothing of an idle one. For a live source that knows
-    the API key to send (``api_key_for``): the direct one, and the Prometheus one, whose
-    targets get the canary too (Prometheus's samples cannot show an engine stopped while
-    idle either); not a replay."""
-    key_for = getattr(source, "api_key_for", None)
-    if not settings.canary_timeout_s or key_for is None or not getattr(source, "live", True):
+    busy engine's progress says nothing of an idle one. For a live source, with the API
+    key it gives (``api_key_for``): the direct one, and the Prometheus one, whose targets
+    get the canary too (Prometheus's samples cannot show an engine stopped while idle
+    either); not a replay."""
+    if not settings.canary_timeout_s or not source.live:
         return snap
     from concurrent.futures import ThreadPoolExecutor
 
@@ -85,7 +84,7 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
         return snap
     timeout = settings.canary_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-        judged = pool.map(lambda v: _canary(v, timeout, key_for(v.target)), todo)
+        judged = pool.map(lambda v: _canary(v, timeout, source.api_key_for(v.target)), todo)
         results = {v.target.url: j for v, j in zip(todo, judged, strict=True)}
     views = tuple(results.get(v.target.url, v) for v in snap.endpoints)
     return replace(snap, endpoints=views)
@@ -126,7 +125,7 @@ def report(source: FleetSource, settings: Settings, *, as_json: bool) -> int:
 
     seen = observe(source, settings)
     snap = canaried(seen.snapshot, source, settings)
-    if snap.host_gpus is None and getattr(source, "live", True):  # a replay keeps its own
+    if snap.host_gpus is None and source.live:  # a replay keeps its own
         from opsctl.collectors.gpu import with_gpus
 
         snap = with_gpus(snap)  # a source without GpuSource: one GPU collection now

@@ -24,6 +24,7 @@ from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.console.source import SourceDefaults
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.errors import BadInput
 
@@ -158,7 +159,7 @@ def _series_value(v: EndpointView, name: str) -> float:
     return getattr(v.figures, name, None) or 0.0
 
 
-class ReplaySource:
+class ReplaySource(SourceDefaults):
     """Recorded frames as a FleetSource (see the module doc)."""
 
     name = "replay"

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from opsctl.console.render_advice import alerts_cell, gpu_row_cell, reason_cell
+from opsctl.console import columns
 from opsctl.domain import advisor, logview
 from opsctl.domain import gpu as gpu_view
 from opsctl.domain import requests as requests_view
@@ -151,35 +151,20 @@ def document(
     )
 
 
-def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
-    """A figure as text (scaled, formatted, suffixed); ``-`` for unknown."""
-    return "-" if v is None else f"{v * scale:{spec}}{suffix}"
-
-
 def render_plain(console, snap: FleetSnapshot) -> None:
     """Print the snapshot's table on stdout (plain full-width when piped).
 
     The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
-    the title only on a terminal, so the first line is the header). The hint and the
-    verdict's reason go to stderr (the command prints them)."""
+    the title only on a terminal, so the first line is the header): the columns
+    opsctl.console.columns declares for ``--once`` (the GPU column on a GPU host only).
+    The hint and the verdict's reason go to stderr (the command prints them)."""
     from rich.table import Table
 
     t = Table(title=f"{len(snap.endpoints)} endpoints" if console.is_terminal else None)
-    for col in ("name", "url", "source", "state", "model", "run", "wait", "KV %", "gen tok/s",
-                "TTFT p50", "reason"):  # fmt: skip
-        t.add_column(col)
-    gpu_col = snap.host_gpus is not None and bool(snap.host_gpus.devices)  # a GPU host only
-    if gpu_col:
-        t.add_column("GPU")
+    shown = columns.once_columns(snap.host_gpus)
+    for col in shown:
+        t.add_column(col.header)
+    row = columns.Row(snap.taken_at, snap.interval_s, surface=columns.ONCE, host=snap.host_gpus)
     for v in snap.endpoints:
-        f = v.figures
-        ttft = f.latency.get("ttft")
-        t.add_row(
-            v.target.name, v.target.url, v.target.source, v.state,
-            v.info.models[0].id if v.info.models else "-",
-            fmt(f.running, ".0f"), fmt(f.waiting, ".0f"), fmt(f.kv_usage, ".1f", 100),
-            fmt(f.generation_tps), fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-            alerts_cell(v.alerts) + reason_cell(v, 200),  # alert, reason
-            *([gpu_row_cell(v, snap.host_gpus)] if gpu_col else []),
-        )  # fmt: skip
+        t.add_row(*columns.cells(shown, v, row))
     console.print(t)

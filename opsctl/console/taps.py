@@ -8,9 +8,12 @@ input, a port in use: BadInput, exit 2); :func:`wrap` puts them around a FleetSo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.errors import BadInput
+
+if TYPE_CHECKING:  # `opsctl --help` imports this module for the help texts: keep it light
+    from opsctl.console.source import FleetSource
 
 TEE_HELP = (
     "a proxy on LISTEN (HOST:PORT or PORT, 127.0.0.1) in front of the server at URL: the "
@@ -28,7 +31,7 @@ class Taps:
     logs: dict[str, str] = field(default_factory=dict)  # URL -> file
     replay: bool = False  # a replay shows what was recorded: nothing to add
 
-    def wrap(self, source: Any) -> Any:
+    def wrap(self, source: FleetSource) -> FleetSource:
         """``source`` with the taps around it (a replay unwrapped)."""
         return source if self.replay else wrap(source, self)
 
@@ -71,16 +74,16 @@ def parse(
 
 
 def tapped(
-    source: Any, tee: str | None, logs: list[str] | None, keep_prompts: bool, replay: bool
-) -> Any:
+    source: FleetSource, tee: str | None, logs: list[str] | None, keep_prompts: bool, replay: bool
+) -> FleetSource:
     """``source`` with ``--tee``/``--log`` applied: options checked, targets added, wrapped.
 
     ``console --tee/--log`` on ``source``: the options checked and the tee's port bound
     (BadInput, exit 2), the tapped servers added to a direct source's targets, the
     source wrapped (a targets file's ``log`` keys are tailed too)."""
     taps = parse(tee, logs, keep_prompts=keep_prompts, replay=replay)
-    static = getattr(source, "static", None)
-    if isinstance(static, list) and taps.urls():
+    static = source.static
+    if static is not None and taps.urls():
         from opsctl.console import targets as tg
 
         have = {tg.endpoint_key(t.url) for t in static}
@@ -96,7 +99,7 @@ def with_urls(urls: list[str], taps: Taps) -> list[str]:
     return [*urls, *(u for u in taps.urls() if endpoint_key(u) not in have)]
 
 
-def wrap(source: Any, taps: Taps) -> Any:
+def wrap(source: FleetSource, taps: Taps) -> FleetSource:
     """``source`` wrapped by the tee (if any) and the log tails."""
     from opsctl.console.logsource import LoggedSource
 

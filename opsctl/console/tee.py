@@ -27,11 +27,11 @@ import socket
 import threading
 import time
 from dataclasses import replace
-from typing import Any
 
 import h11
 import httpx
 
+from opsctl.console.source import FleetSource, WrappedSource
 from opsctl.console.tee_records import RequestLog, TeeSpec, _Live
 from opsctl.domain import requests as rq
 from opsctl.domain.console import FleetSnapshot
@@ -398,21 +398,19 @@ def _why(exc: BaseException) -> str:
 # ---- the console side -------------------------------------------------------------------
 
 
-class TeedSource:
+class TeedSource(WrappedSource):
     """A FleetSource whose views of the tee's server carry its requests.
 
-    They go in ``EndpointView.requests``; everything else is the wrapped source's."""
+    They go in ``EndpointView.requests``; everything else is the wrapped source's
+    (WrappedSource)."""
 
-    def __init__(self, source: Any, proxy: TeeProxy) -> None:
+    def __init__(self, source: FleetSource, proxy: TeeProxy) -> None:
         from opsctl.console.targets import endpoint_key
 
-        self.source = source
+        super().__init__(source)
         self.proxy = proxy
         self._key = endpoint_key(proxy.spec.upstream)
         self._keys: dict[str, bool] = {}  # url -> is the tee's server
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
 
     def start(self) -> None:
         """Start the proxy, then the wrapped source."""

@@ -112,7 +112,7 @@ class ConsoleApp(ActionsMixin, App):
         self._tick_asked = False  # a key's tick is queued (they coalesce into one)
         self._refresh_timer: Timer | None = None
         # GPU figures per host and endpoint (a thread of their own); a replay has its own
-        own = getattr(source, "live", True) and not getattr(source, "attaches_gpus", False)
+        own = source.live and not source.attaches_gpus
         self.gpu_feed = gpu_feed if gpu_feed is not None or not own else GpuFeed(interval)
         self.action_log: list[str] = []
         self.stall_stacks = StallStacks()  # taken once per stall, or with t
@@ -308,10 +308,7 @@ class ConsoleApp(ActionsMixin, App):
 
     def action_pause(self) -> None:
         """Pause or resume polling (``p``)."""
-        current = getattr(self.source, "paused", None)
-        if current is None:
-            current = self.last.paused if self.last else False
-        self.source.set_paused(not current)
+        self.source.set_paused(not self.source.paused)
         self.tick()
 
     # ---- replay --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The console's drill-in text of alerts, tee requests and logs, and the tee row cell.
+"""The console's drill-in text of alerts, tee requests and logs.
 
 The domain holds the facts (:mod:`opsctl.domain.alert_rules`, :mod:`opsctl.domain.requests`,
 :mod:`opsctl.domain.logview`); this writes them for the drill-in panel.
@@ -85,11 +85,3 @@ def log_lines(f: LogFacts | None) -> list[str]:
     out.append("tail:")
     out += [f"  {line}" for line in f.tail] or ["  (empty)"]
     return out
-
-
-def tee_cell(v: rq.RequestsView | None) -> str:
-    """What the fleet row's running cell adds: the requests in flight through the tee.
-
-    '' without a tee.
-    """
-    return "" if v is None else f" · tee {len(v.in_flight)}"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from opsctl.console.source import SourceDefaults
 
-class FixedSource:
+
+class FixedSource(SourceDefaults):
     """The FleetSource lifecycle of a source whose views never change.
 
     A subclass gives ``collect`` and ``series``; starting, closing, refreshing and
-    pausing do nothing, and it is always settled.
+    pausing do nothing, and it is always settled (the other members: SourceDefaults's).
     """
 
     def start(self) -> None:

@@ -14,6 +14,7 @@ from opsctl.cli import app
 from opsctl.console import render_advice as text
 from opsctl.console.advice import AdvisedSource, advised, ledger_facts
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.source import SourceDefaults
 from opsctl.console.targets import from_urls
 from opsctl.domain import advisor as a
 from opsctl.domain import console as c
@@ -128,7 +129,7 @@ def test_console_row_filter_and_drill_in_show_the_findings():
     assert "findings" not in summary_text(_view(), 1.0, 1.0).plain
 
 
-class _Fixed:
+class _Fixed(SourceDefaults):
     """A source without trackers (like Prometheus's) whose views change when told."""
 
     def __init__(self, views):

@@ -15,6 +15,7 @@ import pytest
 
 from opsctl.collectors import gpu as col
 from opsctl.console.render_advice import gpu_row_cell as row_cell
+from opsctl.console.source import SourceDefaults
 from opsctl.domain.console import (
     READY,
     EndpointView,
@@ -257,7 +258,7 @@ def test_gpu_feed_collects_in_its_thread_and_apply_reads_the_latest():
     assert out.host_gpus is host and out.endpoints[0].gpus[0].processes[0].role == "EngineCore"
 
 
-class Fixed:
+class Fixed(SourceDefaults):
     """A FleetSource of fixed views."""
 
     live = True
@@ -281,13 +282,13 @@ def hot_host(temp_c: float) -> HostGpus:
 @pytest.mark.parametrize(("temp_c", "fires"), [(90.0, True), (60.0, False)])
 def test_the_advisor_behind_gpu_source_sees_the_gpus(temp_c, fires):
     """The console wraps GpuSource inside the advisor: gpu_thermal reads the GPUs."""
-    from opsctl.console.gpus import advised
+    from opsctl.console.gpus import GpuSource, advised
     from opsctl.domain import advisor
 
     inner = Fixed(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
     inner.settings = types.SimpleNamespace(interval_s=0.2)
     src = advised(inner)  # what `opsctl console` does with its live source
-    assert isinstance(src.source, col.GpuSource) and src.source.feed.interval_s == 0.2
+    assert isinstance(src.source, GpuSource) and src.source.feed.interval_s == 0.2
     src.source.feed.read = lambda pids: hot_host(temp_c)
     try:
         (v,) = src.collect().endpoints

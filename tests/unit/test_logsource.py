@@ -13,6 +13,7 @@ import pytest
 
 from opsctl.console import logsource, targets
 from opsctl.console.logsource import LoggedSource, LogTail, parse_log_option
+from opsctl.console.source import SourceDefaults
 from opsctl.domain.console import Target
 from opsctl.errors import BadInput
 
@@ -122,7 +123,7 @@ def test_log_option_and_targets_file(tmp_path):
         targets.from_targets_file(tf)
 
 
-class _Source:
+class _Source(SourceDefaults):
     def __init__(self, views):
         from opsctl.domain.console import FleetSnapshot
 

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from opsctl.console.columns import tee_cell
 from opsctl.console.tee import parse_tee
 from opsctl.domain import requests as rq
 from opsctl.errors import BadInput
-from opsctl.ui.render_drill_in import requests_lines, tee_cell
+from opsctl.ui.render_drill_in import requests_lines
 
 
 def sse(*chunks: dict | str) -> bytes:

@@ -1,7 +1,8 @@
 """The console's fleet view: the fleet table's columns and cells, the filter, the header.
 
-The columns of the fleet table and one endpoint's cells (``row_cells``), the filter
-(``matches``) and the header line with counts by state (``header_text``,
+The columns of the fleet table and one endpoint's cells (``COLUMNS``, ``row_cells``: the
+TUI's view of opsctl.console.columns, the one declaration ``--once``'s table reads too),
+the filter (``matches``) and the header line with counts by state (``header_text``,
 ``FleetHeader``). The table widget itself, a Line API widget over a row model, is
 ``opsctl.ui.panels.fleet_table.FleetTable``.
 """
@@ -11,11 +12,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from opsctl.console.render_advice import alerts_cell, reason_cell
+from opsctl.console.columns import FLEET_TABLE, Row, cells
 from opsctl.domain.advisor import findings as advisor_findings
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts
-from opsctl.ui.render_drill_in import tee_cell
 
 STATE_STYLE = {
     "starting": "yellow",
@@ -27,64 +27,14 @@ STATE_STYLE = {
     "unauthorized": "bold yellow",
     "restarted": "bold blue",
 }
-# (key, header) of the fleet table, in order
-COLUMNS = (
-    ("name", "name"),
-    ("state", "state"),
-    ("model", "model"),
-    ("source", "source"),
-    ("running", "run"),
-    ("waiting", "wait"),
-    ("kv", "KV %"),
-    ("gen", "gen tok/s"),
-    ("prompt", "prompt tok/s"),
-    ("ttft50", "TTFT p50"),
-    ("ttft95", "TTFT p95"),
-    ("hit", "prefix hit"),
-    ("restarts", "restarts"),
-    ("age", "age"),
-    ("check", "check"),
-    ("url", "url"),
-    ("reason", "reason"),
-)
-
-
-def fmt(v: float | None, spec: str = ".1f", scale: float = 1.0, suffix: str = "") -> str:
-    """``v`` scaled and formatted with ``spec`` plus ``suffix``; "-" when it is missing."""
-    return "-" if v is None else f"{v * scale:{spec}}{suffix}"
-
-
-def age_text(v: EndpointView, now: float, interval: float) -> str:
-    """Empty while fresh; the data's age once it is older than 1.5 intervals."""
-    age = v.age(now)
-    if age is None:
-        return "-" if v.scrapes else "…"
-    return f"{age:.0f}s stale" if age > 1.5 * interval + 0.5 else ""
+# (key, header) of the fleet table, in order: every column of the one declaration
+# (opsctl.console.columns.FLEET_TABLE, which --once's table reads too)
+COLUMNS = tuple((c.key, c.header) for c in FLEET_TABLE)
 
 
 def row_cells(v: EndpointView, now: float, interval: float, note: str = "") -> tuple[str, ...]:
-    """One endpoint's fleet-table cells, in COLUMNS order."""
-    f = v.figures
-    ttft = f.latency.get("ttft")
-    return (
-        v.target.name,
-        v.state,
-        v.info.models[0].id if v.info.models else "-",
-        v.target.source,
-        fmt(f.running, ".0f") + tee_cell(v.requests),  # + in flight through --tee
-        fmt(f.waiting, ".0f"),
-        fmt(f.kv_usage, ".1f", 100),
-        fmt(f.generation_tps),
-        fmt(f.prompt_tps),
-        fmt(ttft.p50 if ttft else None, ".0f", 1000, " ms"),
-        fmt(ttft.p95 if ttft else None, ".0f", 1000, " ms"),
-        fmt(f.prefix_hit_rate, ".0f", 100, " %"),
-        str(v.restarts),
-        age_text(v, now, interval),
-        note[:60],
-        v.target.url,
-        alerts_cell(v.alerts) + reason_cell(v),  # Prometheus's alert, reason, top finding
-    )
+    """One endpoint's fleet-table cells, in COLUMNS order (``note``: the check column)."""
+    return cells(FLEET_TABLE, v, Row(now, interval, note))
 
 
 def matches(v: EndpointView, text: str) -> bool:

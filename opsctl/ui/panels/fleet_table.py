@@ -24,7 +24,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from opsctl.console.render_advice import gpu_row_cell
+from opsctl.console.columns import GPU, Row, has_gpus
 from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import HostGpus
 from opsctl.ui.panels.console import COLUMNS, STATE_STYLE, row_cells
@@ -227,25 +227,24 @@ class FleetTable(ScrollView, can_focus=True):
             else:
                 continue
             cells[url] = row
-        grew = self._show_gpus(views, changed) or grew
+        grew = self._show_gpus(views, changed, Row(now, interval, host=self.host_gpus)) or grew
         self._place(bool(removed) or added, changed, grew)
 
-    def _show_gpus(self, views: list[EndpointView], changed: set[str]) -> bool:
+    def _show_gpus(self, views: list[EndpointView], changed: set[str], row: Row) -> bool:
         """The GPU cells; whether the column was added or grew."""
-        host = self.host_gpus
         grew = False
         if self.gpu_cells is None:
-            if host is None or not host.devices:
+            if not has_gpus(row.host):
                 return False
-            self.columns["gpu"] = Column("gpu", Text("GPU"), 3)
+            self.columns[GPU.key] = Column(GPU.key, Text(GPU.header), cell_len(GPU.header))
             self.gpu_cells = {}
             grew = True
         gpu = self.gpu_cells
         for v in views:
             url = v.target.url
-            cell = gpu_row_cell(v, host)
+            cell = GPU.cell(v, row)
             if gpu.get(url) != cell:
-                grew = self._grow("gpu", cell) or grew
+                grew = self._grow(GPU.key, cell) or grew
                 gpu[url] = cell
                 changed.add(url)
                 self.renders += 1
