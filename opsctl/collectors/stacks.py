@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from opsctl.collectors.ledger import read_records
 from opsctl.collectors.processes import STOPPED, members
 from opsctl.domain.stack_verdict import settle
@@ -152,13 +154,34 @@ def _by_pyspy(pid: int, native: bool, timeout: float) -> tuple[list | None, str 
 NOT_PYTHON = ("compiler",)  # roles of processes py-spy cannot read (no Python in them)
 
 
+SETTLE_READS, SETTLE_STEP_S = 5, 0.02  # a runnable process's state read again, 100 ms at most
+
+
+def _settled(pid: int, state: str | None) -> str | None:
+    """``state``, or the waiting state a runnable process settles into within 100 ms.
+
+    A process that waits is made runnable for a moment by the previous take's signal, or
+    is on its way into its wait; on a loaded host it may sit runnable in the queue for
+    longer than the interval (seen: a child blocked on a lock read "running" beside a
+    CPU-bound test run, and its stacks read working). One that computes stays runnable."""
+    for _ in range(SETTLE_READS if state == psutil.STATUS_RUNNING else 0):
+        time.sleep(SETTLE_STEP_S)
+        try:
+            now = psutil.Process(pid).status()
+        except psutil.Error:
+            return state
+        if now != psutil.STATUS_RUNNING:
+            return now
+    return state
+
+
 def take_once(
     root_pid: int, run_dir: Path | None, *, timeout: float = 5.0, native: bool = False
 ) -> list[ProcessStacks]:
     """One take of the stacks of every process of the tree under ``root_pid``, tree order.
 
     By signal where the process is armed and running, else by py-spy."""
-    procs = members(root_pid)
+    procs = [(pid, role, _settled(pid, state)) for pid, role, state in members(root_pid)]
     armed = armed_pids(run_dir)
     signalled = [pid for pid, _r, state in procs if pid in armed and state not in STOPPED]
     dumps = _by_signal(run_dir, signalled, timeout) if run_dir and signalled and not native else {}

@@ -210,3 +210,22 @@ def test_a_native_verdict_names_the_c_function_and_the_python_frame_above_it():
     )
     assert dom.where(frames[2:]).startswith("waits in planted_gpu_hang")
     assert dom.where(frames[2:]).endswith("via streams.synchronize")
+
+
+def test_a_runnable_read_is_read_again_and_a_computing_process_stays_working(monkeypatch):
+    """CI-like load: a child blocked on a lock read "running" at one take (woken by the
+    previous take's signal, or not yet in its wait) and its stacks read working."""
+    reads = iter(["running", "running", "sleeping"])
+
+    class Seen:
+        def __init__(self, pid):
+            pass
+
+        def status(self):
+            return next(reads)
+
+    monkeypatch.setattr(col.psutil, "Process", Seen)
+    assert col._settled(1, "running") == "sleeping"  # settles within the reads
+    assert col._settled(1, "stopped") == "stopped"  # never read again: not runnable
+    monkeypatch.setattr(Seen, "status", lambda self: "running")
+    assert col._settled(1, "running") == "running"  # computing: stays runnable
