@@ -49,7 +49,7 @@ bench: install
 check: install
 	$(BIN)/ruff check opsctl engine_patches tests benchmarks
 	$(BIN)/ruff format --check opsctl engine_patches tests benchmarks
-	$(BIN)/mypy opsctl/domain engine_patches
+	$(BIN)/mypy opsctl/domain opsctl/suite/*/judge*.py engine_patches
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -195,9 +195,9 @@ def usage(variant: str):
 
 
 def _usage_both(seeds: Sequence[int]) -> None:
-    from opsctl.checks import usage as check
     from opsctl.checks.session import EngineSession
     from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.suite.usage import run as check
 
     spec = EngineSpec("tiny-reranker", load_format="dummy", timeout=400.0)
     tail = ",".join(map(str, seeds))

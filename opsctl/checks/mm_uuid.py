@@ -45,7 +45,7 @@ from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
-    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
+    from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
 
 SCHEMA = "diag.mm_uuid/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag mm-uuid"
@@ -91,7 +91,7 @@ class MmUuidReport(base.KnobReport):
         return [i for i in self.items if i["verdict"] != "pass"]
 
 
-Report = MmUuidReport  # the name opsctl.domain.check_registry declares
+Report = MmUuidReport  # the name Parts.of reads (opsctl.domain.check_registry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +328,21 @@ def _item_result(o: D.Observation) -> ItemResult:
 def certify(ctx: CertifyContext, progress: ev.Progress) -> MmUuidReport:
     """The mm-uuid check as certify runs it (both cache modes, certify's timeout)."""
     return run(ctx.target, Options(timeout=ctx.timeout), progress, ctx.session)
+
+
+def shared_engine(spec: EngineSpec, planning: Planning, options: None) -> EngineSpec:
+    """For a multimodal model the engine certify's checks share is the caches-off one."""
+    if not planning.subject.multimodal:
+        return spec
+    return mode_spec(spec, D.CACHES_OFF, planning.subject.model or "")
+
+
+def engines(planning: Planning, options: None) -> Need:
+    """Under certify: the run's common settings, one engine per cache mode."""
+    from opsctl.checks.registry import Need
+
+    model = planning.subject.model or ""
+    return Need(planning.common, tuple(mode_spec(planning.common, m, model) for m in D.MODES))
 
 
 def on_server(server: ServerRef, progress: ev.Progress) -> MmUuidReport:
