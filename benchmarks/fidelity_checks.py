@@ -85,8 +85,8 @@ def lora(knob: tuple[tuple[str, str], ...]):
     """A case runner: ``diag lora`` swept over the seeds on one tiny-llama engine."""
 
     def run(seeds: Sequence[int]) -> list[str]:
-        from opsctl.checks import lora as check
         from opsctl.checks.target import EngineSpec
+        from opsctl.suite.lora import run as check
 
         options = check.Options(max_loras=3, seeds=tuple(seeds))  # a free slot: the module doc
         report = check.run(EngineSpec("tiny-llama", knobs=knob), options)

@@ -1,35 +1,22 @@
 """lora: LoRA adapters alone and in one mixed batch (the check's declaration).
 
-Its code: the run opsctl.checks.lora (and lora_plan), its flags opsctl.commands.diag.lora,
-its judgement opsctl.domain.lora and lora_support, its I/O opsctl.collectors.lora, its
-renderer opsctl.ui.render_lora. A diag only: certify and the console do not run it.
+The whole check is this folder, one file per role (the registry loads each when a
+surface needs it): ``judge.py`` and ``judge_support.py`` (pure: the cases' verdicts, what
+this vLLM supports), ``collect.py`` (adapter directories, requests, the engine's
+records), ``run.py`` and ``run_plan.py`` (the library call and the engine it plans),
+``flags.py`` (``opsctl diag lora``'s flags), ``view.py`` (the text renderer). A diag
+only: certify and the console do not run it.
 """
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import Check, Parts
-
-
-def _flags():
-    from opsctl.commands.diag.lora import lora
-
-    return lora
-
-
-def _load() -> Parts:
-    from opsctl.checks import lora
-    from opsctl.ui.render_lora import render
-
-    return Parts.of(lora, report=lora.LoraReport, render=render)
-
+from opsctl.domain.check_registry import Check
 
 CHECK = Check(
     "lora",
     "LoRA adapters alone and in one mixed batch",
     "LoRA adapters alone and in one mixed batch.",
     order=80,
-    load=_load,
-    flags=_flags,
     examples=(
         "opsctl diag lora --model tiny-llama",
         "opsctl diag lora --model tiny-vlm-multi --max-loras 3 --json",
