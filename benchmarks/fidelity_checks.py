@@ -106,9 +106,9 @@ def mm_uuid(knob: tuple[tuple[str, str], ...]):
     """A case runner: ``diag mm-uuid`` (caches off) once per seed on one tiny-vlm-multi engine."""
 
     def run(seeds: Sequence[int]) -> list[str]:
-        from opsctl.checks import mm_uuid as check
         from opsctl.checks.session import EngineSession
         from opsctl.checks.target import EngineSpec
+        from opsctl.suite.mm_uuid import run as check
 
         spec = EngineSpec("tiny-vlm-multi", load_format="dummy", knobs=knob, timeout=400.0)
         options = check.Options(uuid_prefix=MM_PREFIX, modes=("caches-off",))

@@ -181,7 +181,7 @@ def _probe_kind(url: str, model: str, live) -> str:
 
 def _mm_probe(run_dir: Path | None) -> str | None:
     from opsctl.collectors.mm_uuid import probe_entries
-    from opsctl.domain.mm_uuid import probe_state
+    from opsctl.suite.mm_uuid.judge import probe_state
 
     if run_dir is None:
         return (

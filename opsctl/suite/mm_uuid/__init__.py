@@ -1,26 +1,17 @@
 """mm-uuid: which multimodal identifier reached the engine core (the check's declaration).
 
-Its code: the run opsctl.checks.mm_uuid, its flags opsctl.commands.diag.mm_uuid, its
-judgement opsctl.domain.mm_uuid, its I/O opsctl.collectors.mm_uuid, its renderer
-opsctl.ui.render_mm_uuid.
+The whole check is this folder, one file per role (the registry loads each when a
+surface needs it): ``judge.py`` (pure: items matched to the engine's records, the
+verdict), ``run.py`` (the library call for diag, certify and the console, its exit rule
+and the engines certify starts for it), ``flags.py`` (``opsctl diag mm-uuid``'s flags),
+``view.py`` (the text renderer). Its I/O is opsctl.collectors.mm_uuid (its image data
+URLs serve invariance and lora too); ``opsctl.checks.mm_uuid`` re-exports run.py under
+the name the README documents.
 """
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import MULTIMODAL, Check, Offer, Parts, Subject, kind_name
-
-
-def _flags():
-    from opsctl.commands.diag.mm_uuid import mm_uuid
-
-    return mm_uuid
-
-
-def _load() -> Parts:
-    from opsctl.checks import mm_uuid
-    from opsctl.ui.render_mm_uuid import render
-
-    return Parts.of(mm_uuid, render=render)
+from opsctl.domain.check_registry import MULTIMODAL, Check, Offer, Subject, kind_name
 
 
 def _applies(s: Subject) -> str | None:
@@ -34,8 +25,6 @@ CHECK = Check(
     "multimodal UUIDs kept by the engine",
     "Which multimodal identifier reached the engine core.",
     order=60,
-    load=_load,
-    flags=_flags,
     certify=_applies,
     offer=Offer(MULTIMODAL, "multimodal UUIDs (needs the mm_uuid probe)"),
     examples=(
