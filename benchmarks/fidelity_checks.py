@@ -85,8 +85,8 @@ def lora(knob: tuple[tuple[str, str], ...]):
     """A case runner: ``diag lora`` swept over the seeds on one tiny-llama engine."""
 
     def run(seeds: Sequence[int]) -> list[str]:
-        from opsctl.checks import lora as check
         from opsctl.checks.target import EngineSpec
+        from opsctl.suite.lora import run as check
 
         options = check.Options(max_loras=3, seeds=tuple(seeds))  # a free slot: the module doc
         report = check.run(EngineSpec("tiny-llama", knobs=knob), options)
@@ -106,9 +106,9 @@ def mm_uuid(knob: tuple[tuple[str, str], ...]):
     """A case runner: ``diag mm-uuid`` (caches off) once per seed on one tiny-vlm-multi engine."""
 
     def run(seeds: Sequence[int]) -> list[str]:
-        from opsctl.checks import mm_uuid as check
         from opsctl.checks.session import EngineSession
         from opsctl.checks.target import EngineSpec
+        from opsctl.suite.mm_uuid import run as check
 
         spec = EngineSpec("tiny-vlm-multi", load_format="dummy", knobs=knob, timeout=400.0)
         options = check.Options(uuid_prefix=MM_PREFIX, modes=("caches-off",))
@@ -195,9 +195,9 @@ def usage(variant: str):
 
 
 def _usage_both(seeds: Sequence[int]) -> None:
-    from opsctl.checks import usage as check
     from opsctl.checks.session import EngineSession
     from opsctl.checks.target import EngineSpec, UrlTarget
+    from opsctl.suite.usage import run as check
 
     spec = EngineSpec("tiny-reranker", load_format="dummy", timeout=400.0)
     tail = ",".join(map(str, seeds))

@@ -42,11 +42,12 @@ from typing import Any
 
 from opsctl.checks import certify_plan as planning
 from opsctl.checks import events as ev
-from opsctl.checks import invariance, registry
+from opsctl.checks import registry
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.domain import certify as dom
+from opsctl.domain import check_registry as reg
 from opsctl.errors import BadInput, EngineDied, EngineUnreachable, OpsctlError, OpsTimeout
 
 TITLE = "certify"
@@ -315,17 +316,15 @@ class _Job:
     ) -> None:
         self.target, self.options, self.facts = target, options, facts
         self.selection, self.session, self.progress = selection, session, progress
-        self.inv = invariance.Options(
-            mode=options.invariance_mode if isinstance(target, EngineSpec) else None,
-            timeout=options.timeout,
-        )
+        managed = isinstance(target, EngineSpec)
+        self.settings = planning.certify_options(options, managed)  # each check's options
         self.targets: dict[str, Any] = {c: target for c in selection.run}
         self.refused: list[str] = []
         if isinstance(target, EngineSpec):
             from opsctl.embedded.catalog import DEFAULT_MODEL
 
             base = replace(target, model=target.model or DEFAULT_MODEL, timeout=options.timeout)
-            plan = planning.engine_plan(base, facts, selection.run, self.inv)
+            plan = planning.engine_plan(base, facts, selection.run, self.settings)
             self.targets = plan.targets
             session.plan(plan.specs)
         self.results: dict[str, dom.CheckResult] = {
@@ -345,19 +344,24 @@ class _Job:
         rows = [tuple(r) for r in summary_rows(now)]
         self.progress(ev.Table(SUMMARY_COLUMNS, tuple(rows)))
 
+    def _after_engines(self) -> list[str]:
+        return [c for c in self.selection.run if reg.get(c).after_engines]
+
     def run_checks(self) -> None:
-        """Every selected check but shutdown, in order, on the shared session."""
+        """Every selected check but those run once the engines stopped, in order."""
         self.table()
-        todo = [c for c in self.selection.run if c != dom.SHUTDOWN]
+        later = self._after_engines()
+        todo = [c for c in self.selection.run if c not in later]
         for n, check in enumerate(todo, 1):
             self.results[check] = self.run_one(check, n, len(self.selection.run))
             self.table()
 
     def finish(self) -> list[dom.CheckResult]:
-        """After the session closed: shutdown hygiene (when selected)."""
-        if dom.SHUTDOWN in self.selection.run:
-            n = len(self.selection.run)
-            self.results[dom.SHUTDOWN] = self.run_one(dom.SHUTDOWN, n, n)
+        """After the session closed: the checks that run then (shutdown hygiene)."""
+        later = self._after_engines()
+        total = len(self.selection.run)
+        for n, check in enumerate(later, total - len(later) + 1):
+            self.results[check] = self.run_one(check, n, total)
             self.table()
         return self.ordered()
 
@@ -407,7 +411,7 @@ class _Job:
             self.options.timeout,
             self.facts,
             self.session,
-            {"invariance": self.inv},
+            self.settings,
         )
         return registry.certify_run(check, ctx, progress)
 

@@ -3,15 +3,17 @@
 :class:`Facts` are the model, its kind and where it runs; compatible checks share one
 engine.
 
-Engines (``EngineSpec.engine_key()`` is the sharing rule, opsctl.checks.target):
+Engines (``EngineSpec.engine_key()`` is the sharing rule, opsctl.checks.target): each
+check declares its own (its :class:`~opsctl.domain.check_registry.Parts`' engine hooks,
+called with a :class:`~opsctl.checks.registry.Planning`); this module names no check.
 
-- the *main* engine serves liveness, the patch ledger, Engram hygiene, usage and
-  invariance. For a generative model it is invariance's isolated engine (prefix caching
-  off, mm processor cache 0, ``VLLM_USE_FLASHINFER_SAMPLER=0``, the execution mode under
-  test); for a multimodal model that is also mm-uuid's caches-off engine (the same
-  arguments, so the same key): one start serves both;
-- mm-uuid's caches-on engine (different arguments);
-- kv-fail's engine (the fault-injecting connector's arguments): never shared.
+- the *main* engine serves every check that declares no engine of its own: the base
+  engine shaped by each check's ``shared_base`` and ``shared_engine`` (today: for a
+  generative model invariance's isolated engine, for a multimodal model also mm-uuid's
+  caches-off engine: the same arguments, so the same key, one start serves both);
+- a check's ``engines`` hook names the engine it is called with and the ones it opens
+  (mm-uuid's caches-on engine, kv-fail's fault-injecting connector: never shared);
+- a check that runs once the engines stopped (shutdown) opens none.
 
 Probes only observe, so they are unioned through ``EngineSession.plan``.
 """
@@ -25,10 +27,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from opsctl.checks import invariance, kv_fail, mm_uuid
+from opsctl.checks.registry import Need, Planning
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.domain import certify as dom
+from opsctl.domain import check_registry as reg
 
 POOLING_UNKNOWN = "pooling"  # a URL's pooling model whose config is not readable here
 
@@ -178,7 +181,7 @@ def _probe_kind(url: str, model: str, live) -> str:
 
 def _mm_probe(run_dir: Path | None) -> str | None:
     from opsctl.collectors.mm_uuid import probe_entries
-    from opsctl.domain.mm_uuid import probe_state
+    from opsctl.suite.mm_uuid.judge import probe_state
 
     if run_dir is None:
         return (
@@ -207,34 +210,42 @@ class Plan:
     specs: list[EngineSpec]
 
 
+def certify_options(options: Any, managed: bool) -> dict[str, Any]:
+    """Each certify check's own options, from certify's (``managed``: certify starts it)."""
+    out = {}
+    for check in reg.checks(reg.CERTIFY):
+        make = check.parts().certify_options
+        if make is not None:
+            out[check.name] = make(options, managed)
+    return out
+
+
 def engine_plan(
-    base: EngineSpec, facts: Facts, checks: tuple[str, ...], inv: invariance.Options
+    base: EngineSpec, facts: Facts, checks: tuple[str, ...], options: dict[str, Any]
 ) -> Plan:
-    """Targets and specs for the ``checks`` that run on engines certify starts."""
-    s = facts.subject
-    shared = base
-    main = base
-    if s.generative:
-        shared = replace(
-            base,
-            env=tuple(sorted({**dict(base.env), **invariance.ISOLATING_ENV}.items())),
-            enforce_eager=inv.mode == "eager",
-            max_num_seqs=max(base.max_num_seqs, inv.n),
-        )
-        isolated = shared
-        if s.multimodal:
-            isolated = mm_uuid.mode_spec(shared, mm_uuid.D.CACHES_OFF, s.model or "")
-        main = replace(
-            invariance.isolated_spec(isolated, inv.mode or "default", inv), probes=frozenset()
-        )
-    targets: dict[str, Any] = {c: main for c in checks}
-    specs = [main for c in checks if c in (dom.LIVENESS, dom.PATCHES, dom.ENGRAM, dom.USAGE)]
-    if dom.INVARIANCE in checks:
-        specs += [t for _, t in invariance.plan(main, inv) if isinstance(t, EngineSpec)]
-    if dom.MM_UUID in checks:
-        targets[dom.MM_UUID] = shared
-        specs += [mm_uuid.mode_spec(shared, m, s.model or "") for m in mm_uuid.D.MODES]
-    if dom.KV_FAIL in checks:
-        targets[dom.KV_FAIL] = base
-        specs.append(kv_fail.engine_spec(base, kv_fail.Options().settings))
+    """Targets and specs for the ``checks`` that run on engines certify starts.
+
+    Every certify check shapes the shared engine (selected or not, so one selection's
+    engine is another's); each selected one names its own (``options``: each check's)."""
+    every = [(c, c.parts()) for c in reg.checks(reg.CERTIFY)]
+    plan = Planning(base, facts.subject, base, base, options)
+    common = base
+    for c, parts in every:
+        if parts.shared_base is not None:
+            common = parts.shared_base(common, plan, options.get(c.name))
+    main = common
+    for c, parts in reversed(every):
+        if parts.shared_engine is not None:
+            main = parts.shared_engine(main, replace(plan, common=common), options.get(c.name))
+    plan = replace(plan, common=common, main=main)
+    targets: dict[str, Any] = {}
+    specs: list[EngineSpec] = []
+    for c, parts in every:
+        if c.name not in checks:
+            continue
+        need = Need(main, () if c.after_engines else (main,))
+        if parts.engines is not None:
+            need = parts.engines(plan, options.get(c.name))
+        targets[c.name] = need.target
+        specs += need.specs
     return Plan(targets, specs)

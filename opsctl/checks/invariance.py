@@ -65,7 +65,7 @@ from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
 
 if TYPE_CHECKING:
-    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
+    from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
 
 PINNED = (
     "data-parallel server: every request went to engine {pin} (vLLM's X-data-parallel-rank "
@@ -716,6 +716,44 @@ def _gathered(released, tag: str) -> dict[str, int] | None:
 def certify(ctx: CertifyContext, progress: ev.Progress) -> InvarianceReport:
     """Batch invariance as certify runs it (the options certify planned engines with)."""
     return run(ctx.target, ctx.settings["invariance"], progress, ctx.session)
+
+
+def certify_options(options: Any, managed: bool) -> Options:
+    """The options certify runs (and plans engines for) invariance with.
+
+    certify's ``invariance_mode`` on an engine it starts; a URL's server as it is."""
+    return Options(mode=options.invariance_mode if managed else None, timeout=options.timeout)
+
+
+def shared_base(spec: EngineSpec, planning: Planning, options: Options) -> EngineSpec:
+    """What every engine of certify's run shares, for a generative model.
+
+    The isolating environment, the execution mode under test and room for the batch."""
+    if not planning.subject.generative:
+        return spec
+    return replace(
+        spec,
+        env=tuple(sorted({**dict(spec.env), **ISOLATING_ENV}.items())),
+        enforce_eager=options.mode == "eager",
+        max_num_seqs=max(spec.max_num_seqs, options.n),
+    )
+
+
+def shared_engine(spec: EngineSpec, planning: Planning, options: Options) -> EngineSpec:
+    """The engine certify's checks share: for a generative model, the isolated one.
+
+    Its probes are left to the specs that ask for them (certify's session unions them)."""
+    if not planning.subject.generative:
+        return spec
+    return replace(isolated_spec(spec, options.mode or "default", options), probes=frozenset())
+
+
+def engines(planning: Planning, options: Options) -> Need:
+    """Under certify: the shared engine, and the engine of each mode it runs."""
+    from opsctl.checks.registry import Need
+
+    specs = [t for _, t in plan(planning.main, options) if isinstance(t, EngineSpec)]
+    return Need(planning.main, tuple(specs))
 
 
 def on_server(server: ServerRef, progress: ev.Progress) -> InvarianceReport:

@@ -45,7 +45,7 @@ from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
-    from opsctl.checks.registry import CertifyContext, Outcome, ServerRef
+    from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
     from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
 
@@ -505,6 +505,13 @@ def run(
 def certify(ctx: CertifyContext, progress: ev.Progress) -> KvFailReport:
     """kv-fail as certify runs it: its own engine, certify's timeout for each request."""
     return run(ctx.target, Options(request_timeout=ctx.timeout), progress, ctx.session)
+
+
+def engines(planning: Planning, options: None) -> Need:
+    """Under certify: its own engine, the fault-injecting connector's, never shared."""
+    from opsctl.checks.registry import Need
+
+    return Need(planning.base, (engine_spec(planning.base, Options().settings),))
 
 
 def on_server(server: ServerRef, progress: ev.Progress) -> KvFailReport:

@@ -1,19 +1,15 @@
-"""The registered checks' parts, resolved into calls and exit rules.
+"""The registered checks' parts as calls, with the typed arguments every part takes.
 
-How each runs from certify and on a server,
-and its exit rule.
-
-The declarations are :mod:`opsctl.domain.check_registry` (one per check); this module
-turns their ``module:attribute`` paths into calls, with the typed arguments every part
-takes: :class:`CertifyContext` (certify's shared session and facts),
-:class:`ServerRef` (a console's server) and :class:`Outcome` (what a diag command says
-and the error it exits with).
+The declarations are the folders of :mod:`opsctl.suite` (one :class:`Check` each,
+:mod:`opsctl.domain.check_registry`); this module holds what their parts are called
+with: :class:`CertifyContext` (certify's shared session and facts), :class:`ServerRef`
+(a console's server), :class:`Outcome` (what a diag command says and the error it exits
+with), and certify's engine planning, :class:`Planning` in, :class:`Need` out.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +20,7 @@ from opsctl.errors import BadInput, OpsctlError
 
 if TYPE_CHECKING:
     from opsctl.checks.session import EngineSession
-    from opsctl.checks.target import Target, UrlTarget
+    from opsctl.checks.target import EngineSpec, Target, UrlTarget
 
 
 @dataclass
@@ -57,25 +53,40 @@ class Outcome:
     failure: OpsctlError | None = None  # raised after the report (exit 1 or 4)
 
 
-def resolve(path: str) -> Any:
-    """The object at ``module:attribute``."""
-    module, _, attr = path.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
+@dataclass(frozen=True)
+class Planning:
+    """What certify plans a managed run's engines from (its engine specs, nothing started).
+
+    ``base``: the engine the command line names; ``common``: the settings every engine of
+    the run shares (``base`` through each certify check's ``shared_base``); ``main``: the
+    engine the checks share (``common`` through each check's ``shared_engine``, the last
+    in certify's order first, so the first check has the last word on it)."""
+
+    base: EngineSpec
+    subject: reg.Subject
+    common: EngineSpec
+    main: EngineSpec
+    options: Mapping[str, Any] = field(default_factory=dict)  # each check's, by name
+
+
+@dataclass(frozen=True)
+class Need:
+    """The engine a check is called with under certify, and every engine it opens."""
+
+    target: EngineSpec
+    specs: tuple[EngineSpec, ...]
 
 
 def _part(check: reg.Check, what: str) -> Any:
-    path = getattr(check, what)
-    if path is None:
+    part = getattr(check.parts(), what)
+    if part is None:
         raise BadInput(f"{check.name} has no {what.replace('_', ' ')}")
-    return resolve(path)
+    return part
 
 
 def certify_run(name: str, ctx: CertifyContext, progress: ev.Progress) -> Any:
     """Run check ``name`` as certify does: its report."""
-    return _part(reg.get(name), "certify_run")(ctx, progress)
+    return _part(reg.get(name), "certify")(ctx, progress)
 
 
 def server_call(name: str, server: ServerRef) -> Callable[[ev.Progress], Any]:
@@ -84,7 +95,7 @@ def server_call(name: str, server: ServerRef) -> Callable[[ev.Progress], Any]:
     BadInput now when a check for servers opsctl started has no model to start its own
     engine with."""
     check = reg.get(name)
-    run = _part(check, "server_run")
+    run = _part(check, "on_server")
     if check.offer is not None and check.offer.opsctl_started and not server.model:
         raise BadInput(f"no model known for {server.url.url}: {name} needs the run's model")
     return lambda progress: run(server, progress)

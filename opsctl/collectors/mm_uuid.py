@@ -4,11 +4,11 @@
   colour, each with its ``uuid`` field as the item says) and waits, with a deadline, for
   the ``mm_uuid`` engine probe's record of that request in the run directory
   (``events/mm_uuid.jsonl``), found by request id only: the engine's id starts with the
-  HTTP response id. Returns a frozen :class:`opsctl.domain.mm_uuid.ChatReply`.
+  HTTP response id. Returns a frozen :class:`opsctl.suite.mm_uuid.judge.ChatReply`.
 - :func:`probe_entries` / :func:`engine_info`: the probe's ledger entries and the
   engine's own record of its cache settings.
 
-Matching items to records and judging them is opsctl.domain.mm_uuid.
+Matching items to records and judging them is opsctl.suite.mm_uuid.judge.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import httpx
 
 from opsctl.collectors import http
 from opsctl.collectors.ledger import entries, read_events, read_records
-from opsctl.domain.mm_uuid import ABSENT, COLORS, ChatReply, EngineRecord, Item
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
+from opsctl.suite.mm_uuid.judge import ABSENT, COLORS, ChatReply, EngineRecord, Item
 
 PROMPT = "What is in the image?"
 

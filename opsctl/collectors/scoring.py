@@ -10,7 +10,7 @@ The token counts are what the check compares the endpoints' ``usage`` with.
   directory is readable here, called exactly as vLLM's scoring io_processor calls it.
 - :func:`config_of`: the model directory's config.json (to tell the model kind).
 
-Which texts to count, and how counts become an expected number, is opsctl.domain.usage.
+Which texts to count, and how counts become an expected number, is opsctl.suite.usage.judge.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ from pathlib import Path
 import typer
 
 from opsctl.commands import options as o
+from opsctl.domain import check_registry as reg
 from opsctl.domain.weights import LOAD_FORMAT_HELP
 from opsctl.errors import BadInput
 
-HELP = """Certify a vLLM build or deployment: run every applicable check (liveness,
-patches, engram, usage, invariance, mm-uuid, kv-fail, shutdown; the others skipped, why).
+HELP = """Certify a vLLM build or deployment: run every applicable check ({checks}; the
+others skipped, why).
 
 The report (--json, --junit, --sarif) is always written, whatever the verdict: no vLLM
 server answering is one failed liveness case (exit 3), a check that crashes is an error
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command(
         "certify",
-        help=HELP,
+        help=HELP.format(checks=", ".join(reg.names(reg.CERTIFY))),
         short_help="Run every applicable check; JSON, JUnit and SARIF reports for CI.",
         epilog=EXAMPLES,
     )

@@ -43,9 +43,8 @@ PASSING = (PASS,)
 NOT_JUDGED = (UNVERIFIED, INCONCLUSIVE)
 VERDICTS = (PASS, UNVERIFIED, INCONCLUSIVE, FAILED, ERROR, SKIPPED)
 
-# the certify checks' names (their declarations: opsctl.domain.check_registry)
-LIVENESS, PATCHES, ENGRAM, USAGE = "liveness", "patches", "engram", "usage"
-INVARIANCE, MM_UUID, KV_FAIL, SHUTDOWN = "invariance", "mm-uuid", "kv-fail", "shutdown"
+# the check that answers for reachability: certify's result when no server answered
+LIVENESS = "liveness"
 
 
 def certify_checks() -> tuple[str, ...]:
@@ -72,18 +71,11 @@ def skip_reason(check: str, s: Subject) -> str | None:
 def excluded_by_config(check: str, s: Subject) -> str | None:
     """Why the server's own configuration leaves ``check`` out of the default set, or None.
 
-    Why the server's own configuration excludes ``check`` from certify's default set
-    (None: it does not). Unlike :func:`skip_reason` the check can still run: asked for
-    by name (``--checks``), it runs and judges fail-closed.
+    The check's ``excluded`` rule. Unlike :func:`skip_reason` the check can still run:
+    asked for by name (``--checks``), it runs and judges fail-closed.
     """
-    if check == INVARIANCE and not s.managed and s.prefix_caching and s.generative:
-        return (
-            "not applicable to this server's configuration: it runs with prefix caching on "
-            "(vLLM's default), and batch invariance is judged with it off; "
-            f"run it anyway with `opsctl certify --checks invariance URL`, or on an isolated "
-            f"engine with `opsctl diag invariance --model {s.model or 'MODEL'}`"
-        )
-    return None
+    rule = reg.get(check).excluded
+    return rule(s) if rule is not None else None
 
 
 def parse_list(text: str | None, flag: str) -> tuple[str, ...]:
@@ -232,9 +224,10 @@ def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> Ch
 def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
     """A check's findings as Finding objects, from the check's document.
 
-    A check's findings as Finding objects: its ``findings`` list where it has one; for
-    invariance (reasons and warnings, no codes) the stable codes invariance.divergence
-    and invariance.warning. Test-knob warnings become certify.test_knobs.
+    A check's findings as Finding objects: its ``findings`` list where it has one, then
+    those its declaration reads from the rest of its document (``Check.findings``: e.g.
+    invariance's reasons and warnings, which carry no codes). Test-knob warnings become
+    certify.test_knobs.
     """
     out: list[Finding] = []
     for f in doc.get("findings") or ():
@@ -248,12 +241,9 @@ def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
                     dict(details) if isinstance(details, Mapping) else {},
                 )
             )
-    if check == INVARIANCE:
-        for reason in doc.get("reasons") or ():
-            out.append(Finding(FAIL, "invariance.divergence", str(reason)))
-        for run in doc.get("runs") or ():
-            for w in run.get("warnings") or ():
-                out.append(Finding(WARNING, "invariance.warning", f"[{run.get('mode')}] {w}"))
+    more = reg.get(check).findings if check in reg.names() else None
+    if more is not None:
+        out.extend(more(doc))
     for w in doc.get("warnings") or ():
         if str(w).startswith("TEST KNOBS"):
             out.append(Finding(WARNING, "certify.test_knobs", str(w)))

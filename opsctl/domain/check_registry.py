@@ -1,23 +1,50 @@
-"""Every check opsctl runs, declared once.
+"""Every check opsctl runs: one typed :class:`Check` each, found in its own folder.
 
-A :class:`Check` names a check and says everything the surfaces need: its one-line
-summary (``--help``, the README's table), which targets it fits (certify's
-applicability, the console's offer), and where its parts live in the layers above this
-one, as ``module:attribute`` paths that the layer which may import them resolves
-(:mod:`opsctl.checks.registry`): how it runs from certify and on a console's server, its
-report type, its exit rule, its renderer and its ``opsctl diag`` flags. The diag
-commands, certify, the console's check actions, the ``--tui`` panels and ``--help`` are
-all derived from :func:`checks`; adding a check means writing its modules and one
-:func:`register` call (the declarations at the end of this module).
+Design (issue 46): a check is one folder, ``opsctl/suite/<name>/``. Its ``__init__.py``
+declares ``CHECK``, one :class:`Check`: its name, title and summary (``--help``), its
+order among the checks, which targets it fits (certify's applicability, the console's
+offer) and its ``opsctl diag`` examples. The rest of the folder is its code, one file
+per role: ``judge*.py`` pure, ``collect*.py`` I/O, ``run.py`` the library call (its
+:class:`Parts`, read by :meth:`Parts.of`: report type, runs for diag, certify and a
+console's server, exit rule, JSON schema, the engines certify must start for it),
+``flags.py`` the diag flags (``flags``), ``view.py`` the renderer (``render``). The
+registry imports a role file when a surface first needs it (:meth:`Check.parts`,
+:meth:`Check.diag_flags`). A check whose code still lives in the layer folders says where
+with two loaders, ``load`` (its :class:`Parts`) and ``flags``; its folder holds only the
+declaration.
 
-Pure: no I/O, and nothing above the domain is imported (paths are strings).
+:func:`checks` finds the folders by scanning the ``opsctl.suite`` package (pkgutil), so
+adding a check edits no other file: the diag commands, certify's selection and engine
+plan, the console's check actions and ``--help`` all read :func:`checks`. A declaration
+imports only pure modules at its top (tests/unit/test_layers.py holds it to that), so
+finding the checks loads no I/O layer: the loaders import the check's code inside their
+bodies, when a surface calls them (``opsctl --help`` loads flags, never torch or vLLM).
+
+Pure but for one reach outside: :func:`discover` lists the suite package's folders
+(pkgutil) and imports their declarations, which are pure themselves. Nothing above the
+domain is imported here; a check's own code is loaded by its declaration's loaders.
+
+Why not ``module:attribute`` strings (as before): a string hides the import from the
+layer and cycle tests and from tools, and every surface had to resolve it; a loader is
+an ordinary function whose imports those tests read. Why a folder per check: the check
+is then one place, and adding one touches no shared file (the toy check of
+tests/unit/test_check_registry.py proves it). Why engine hooks (``Parts.engines``,
+``shared_base``, ``shared_engine``): certify's planner asks each check what it needs
+instead of naming checks (opsctl.checks.certify_plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from opsctl.domain.findings import Finding
+
+SUITE = "opsctl.suite"  # the package whose sub-packages are the checks
 
 # surfaces a check can appear on
 DIAG, CERTIFY, CONSOLE = "diag", "certify", "console"
@@ -27,6 +54,8 @@ SURFACES = (DIAG, CERTIFY, CONSOLE)
 POOLING = ("cross-encoder", "bi-encoder", "pooling")  # "pooling": kind not known here
 GENERATIVE = ("decoder", "hybrid-decoder", "vision-language")
 MULTIMODAL = ("vision-language",)
+
+Rule = Callable[["Subject"], "str | None"]  # why a check cannot run on a subject (None: it can)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,44 +110,109 @@ class Offer:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """A check's code, as :attr:`Check.load` returns it (None: the check has no such part).
+
+    The calls take the typed arguments of :mod:`opsctl.checks.registry`: certify's
+    ``CertifyContext``, a console's ``ServerRef``, certify's ``Planning``."""
+
+    report: Callable[..., Any] | None = None  # the report class: Report(verdict, document)
+    run: Callable[..., Any] | None = None  # diag: run(target, options, progress) -> report
+    certify: Callable[..., Any] | None = None  # certify: fn(CertifyContext, progress) -> report
+    on_server: Callable[..., Any] | None = None  # console: fn(ServerRef, progress) -> report
+    outcome: Callable[..., Any] | None = None  # exit rule: fn(report, options) -> Outcome
+    options: Callable[[], Any] | None = None  # the options class (its defaults: Options())
+    render: Callable[..., None] | None = None  # render(console, doc): the report as text
+    schema: str | None = None  # its document's schema ("diag.usage/2": opsctl.diag.usage/2)
+    default_model: str | None = None  # the model it starts without --model
+    # certify's engines (opsctl.checks.registry.Planning; each takes the check's options)
+    certify_options: Callable[..., Any] | None = None  # fn(certify Options, managed) -> options
+    engines: Callable[..., Any] | None = None  # fn(Planning, options) -> Need (default: main)
+    shared_base: Callable[..., Any] | None = None  # fn(spec, Planning, options) -> spec
+    shared_engine: Callable[..., Any] | None = None  # fn(spec, Planning, options) -> spec
+
+    @classmethod
+    def of(cls, library: Any, **parts: Any) -> Parts:
+        """The parts a check's library module defines under their own names, plus ``parts``.
+
+        The names: ``Report`` (``report``), ``run``, ``certify``, ``on_server``,
+        ``outcome``, ``Options`` (``options``), ``render``, ``SCHEMA`` (``schema``),
+        ``DEFAULT_MODEL``, ``certify_options``, ``engines``, ``shared_base``,
+        ``shared_engine``."""
+        named = {"report": "Report", "options": "Options", "schema": "SCHEMA"}
+        named["default_model"] = "DEFAULT_MODEL"
+        found = {
+            f: getattr(library, named.get(f, f))
+            for f in cls.__dataclass_fields__
+            if hasattr(library, named.get(f, f))
+        }
+        return cls(**{**found, **parts})
+
+
+@dataclass(frozen=True)
 class Check:
-    """One check: its name on every surface and where its parts are.
+    """One check: its name on every surface, where it applies and how its code loads.
 
     ``name`` is ``opsctl diag NAME``, certify's check name, the console's action and the
-    key of its ``--tui`` panel; ``title`` heads its panel and certify's row. Paths are
-    ``module:attribute`` in the layer that owns the part; None where the check has no
-    such surface."""
+    key of its ``--tui`` panel; ``title`` heads its panel and certify's row. ``order``
+    places it among the checks (certify runs them, and every surface lists them, by
+    order). ``flags`` and ``load`` import the check's code when called, never before."""
 
     name: str
     title: str
     summary: str  # one line: --help, the README's table
-    report: str  # the report class (checks layer): verdict, warnings, to_dict()
-    certify: Callable[[Subject], str | None] | None = None  # why it cannot run (None: it can)
-    certify_run: str | None = None  # checks layer: fn(CertifyContext, progress) -> report
+    order: int
+    # loaders for a check whose code is not in its folder (None: the folder's role files)
+    load: Callable[[], Parts] | None = None  # the check's code (imported on the call)
+    flags: Callable[[], Callable[..., tuple[Any, Any]]] | None = None  # diag's flags function
+    certify: Rule | None = None  # certify: why it cannot run on a subject (None: it can)
+    excluded: Rule | None = None  # why the server's own configuration leaves it out (certify)
+    findings: Callable[[Mapping[str, Any]], tuple[Finding, ...]] | None = None  # beyond its list
+    after_engines: bool = False  # certify runs it once every engine stopped (it opens none)
     offer: Offer | None = None  # the console's offer
-    server_run: str | None = None  # checks layer: fn(ServerRef, progress) -> report
-    run: str | None = None  # checks layer: run(target, options, progress) -> report (diag)
-    diag: str | None = None  # commands layer: the `opsctl diag NAME` flags -> (target, options)
-    outcome: str | None = None  # checks layer: fn(report, options) -> Outcome (exit rule)
-    render: str | None = None  # ui layer: fn(console, doc) drawing the report as text
     examples: tuple[str, ...] = field(default=())  # `opsctl diag NAME ...` lines for --help
+    home: str | None = None  # its folder's package (set where the registry found it)
+
+    def parts(self) -> Parts:
+        """The check's code: its ``load``, else its folder's ``run.py`` and ``view.py``."""
+        if self.load is not None:
+            return self.load()
+        run = importlib.import_module(f"{self.home}.run")
+        view = self._role("view")
+        return Parts.of(run, **({"render": view.render} if view else {}))
+
+    def diag_flags(self) -> Callable[..., tuple[Any, Any]]:
+        """The ``opsctl diag NAME`` flags: its ``flags``, else its folder's ``flags.flags``."""
+        if self.flags is not None:
+            return self.flags()
+        flags = self._role("flags")
+        if flags is None:
+            raise ValueError(f"{self.name} has no diag command")
+        return flags.flags
+
+    def _has(self, role: str) -> bool:
+        return self.home is not None and importlib.util.find_spec(f"{self.home}.{role}") is not None
+
+    def _role(self, role: str) -> Any:
+        return importlib.import_module(f"{self.home}.{role}") if self._has(role) else None
 
     def on(self, surface: str) -> bool:
         """Whether the check appears on ``surface`` (one of SURFACES)."""
         if surface == DIAG:
-            return self.diag is not None and self.run is not None
+            return self.flags is not None or self._has("flags")
         if surface == CERTIFY:
-            return self.certify is not None and self.certify_run is not None
+            return self.certify is not None
         if surface == CONSOLE:
-            return self.offer is not None and self.server_run is not None
+            return self.offer is not None
         raise ValueError(f"unknown surface {surface!r}: one of {', '.join(SURFACES)}")
 
 
 _CHECKS: dict[str, Check] = {}
+_FOUND: list[bool] = []  # the suite was scanned (discover() scans again)
 
 
 def register(check: Check) -> Check:
-    """Add ``check`` (its order is certify's, the console's and diag's listing order)."""
+    """Add ``check`` (a declaration found in the suite; a plugin or test adding its own)."""
     if check.name in _CHECKS:
         raise ValueError(f"check {check.name!r} is registered twice")
     _CHECKS[check.name] = check
@@ -130,9 +224,32 @@ def unregister(name: str) -> None:
     _CHECKS.pop(name, None)
 
 
+def discover() -> tuple[str, ...]:
+    """Scan the suite's folders and register each one's ``CHECK`` not registered yet.
+
+    Runs on the first use of the registry; call it again after a folder was added to
+    the suite's path. Returns the names it added."""
+    suite = importlib.import_module(SUITE)
+    added = []
+    for info in pkgutil.iter_modules(suite.__path__):
+        if not info.ispkg:
+            continue
+        home = f"{SUITE}.{info.name}"
+        check = replace(importlib.import_module(home).CHECK, home=home)
+        if check.name.replace("-", "_") != info.name:
+            raise ValueError(f"{home} declares {check.name!r}: name the folder after it")
+        if _CHECKS.get(check.name) != check:
+            added.append(register(check).name)
+    _FOUND[:] = [True]
+    return tuple(added)
+
+
 def checks(surface: str | None = None) -> tuple[Check, ...]:
-    """The registered checks, in registration order (only those on ``surface``)."""
-    return tuple(c for c in _CHECKS.values() if surface is None or c.on(surface))
+    """The registered checks, in their order (only those on ``surface``)."""
+    if not _FOUND:
+        discover()
+    ordered = sorted(_CHECKS.values(), key=lambda c: (c.order, c.name))
+    return tuple(c for c in ordered if surface is None or c.on(surface))
 
 
 def names(surface: str | None = None) -> tuple[str, ...]:
@@ -142,10 +259,12 @@ def names(surface: str | None = None) -> tuple[str, ...]:
 
 def get(name: str) -> Check:
     """The check called ``name`` (KeyError naming the known ones)."""
+    if not _FOUND:
+        discover()
     try:
         return _CHECKS[name]
     except KeyError:
-        raise KeyError(f"unknown check {name!r}: one of {', '.join(_CHECKS)}") from None
+        raise KeyError(f"unknown check {name!r}: one of {', '.join(names())}") from None
 
 
 def each(surface: str) -> Iterator[Check]:
@@ -153,208 +272,9 @@ def each(surface: str) -> Iterator[Check]:
     yield from checks(surface)
 
 
-# ---- certify's applicability rules (Subject -> why not, None: it applies) ------------------
-
-NO_RUN_DIR = (
-    "no opsctl run directory for this server (not started by opsctl): its patch ledger "
-    "cannot be read"
-)
+# ---- for the declarations' applicability rules -----------------------------------------------
 
 
-def _kind(s: Subject) -> str:
+def kind_name(s: Subject) -> str:
+    """The subject's archetype as a rule's reason names it ("unknown" when not known)."""
     return s.archetype or "unknown"
-
-
-def _always(s: Subject) -> str | None:
-    return None
-
-
-def _needs_run_dir(s: Subject) -> str | None:
-    return None if s.run_dir else NO_RUN_DIR
-
-
-def _needs_local(s: Subject) -> str | None:
-    if s.local:
-        return None
-    return "the server is not on this node: its /dev/shm and /proc are out of reach"
-
-
-def _needs_pooling(s: Subject) -> str | None:
-    if s.pooling:
-        return None
-    return f"{_kind(s)} model: /score and /rerank usage needs a pooling model (cross-/bi-encoder)"
-
-
-def _needs_generative(s: Subject) -> str | None:
-    if s.generative:
-        return None
-    return f"{_kind(s)} model: batch invariance compares generated tokens"
-
-
-def _needs_multimodal(s: Subject) -> str | None:
-    if not s.multimodal:
-        return f"{_kind(s)} model: no multimodal items to identify"
-    return None if s.managed else s.mm_probe
-
-
-def _needs_fault_connector(s: Subject) -> str | None:
-    if not s.managed:
-        return (
-            "a URL cannot host kv-fail injection: it needs an engine opsctl starts with its "
-            "fault-injecting KV connector (certify --model)"
-        )
-    if s.kv_refusal:
-        return f"the fault-injecting KV connector cannot serve {s.model}: {s.kv_refusal}"
-    return None
-
-
-def _needs_managed(s: Subject) -> str | None:
-    return None if s.managed else "opsctl did not start this server, so it does not stop it"
-
-
-# ---- the registrations (certify runs them in this order) -----------------------------------
-
-_CHECKS_MOD = "opsctl.checks"
-register(
-    Check(
-        "liveness",
-        "liveness: /health, one request, forward progress",
-        "/health, one request and forward progress in /metrics.",
-        report=f"{_CHECKS_MOD}.report:Report",
-        certify=_always,
-        certify_run=f"{_CHECKS_MOD}.liveness:certify",
-    )
-)
-register(
-    Check(
-        "patches",
-        "patch ledger: no failed patch, test knobs off",
-        "The engine-patch ledger: no failed patch, no test knob on.",
-        report=f"{_CHECKS_MOD}.report:Report",
-        certify=_needs_run_dir,
-        certify_run=f"{_CHECKS_MOD}.hygiene:certify_patches",
-    )
-)
-register(
-    Check(
-        "engram",
-        "Engram hygiene: no orphans, fill verified, /dev/shm capacity",
-        "Engram tables: no orphans, fill verified, /dev/shm capacity.",
-        report=f"{_CHECKS_MOD}.report:Report",
-        certify=_needs_local,
-        certify_run=f"{_CHECKS_MOD}.hygiene:certify_engram",
-    )
-)
-register(
-    Check(
-        "usage",
-        "/score and /rerank usage against the engine inputs",
-        "/score and /rerank usage against the engine inputs.",
-        report=f"{_CHECKS_MOD}.usage:Report",
-        certify=_needs_pooling,
-        certify_run=f"{_CHECKS_MOD}.usage:certify",
-        offer=Offer(POOLING, "pooling /score, /rerank usage"),
-        server_run=f"{_CHECKS_MOD}.usage:on_server",
-        run=f"{_CHECKS_MOD}.usage:run",
-        diag="opsctl.commands.diag.usage:usage",
-        outcome=f"{_CHECKS_MOD}.usage:outcome",
-        render="opsctl.ui.render_usage:render",
-        examples=(
-            "opsctl diag usage --model tiny-reranker",
-            "opsctl diag usage 127.0.0.1:8000 --json",
-            "opsctl diag usage http://127.0.0.1:8000 --timeout 2m --no-tui",
-        ),
-    )
-)
-register(
-    Check(
-        "invariance",
-        "batch invariance (BS=1 vs BS=N tokens and logprobs)",
-        "BS=1 vs BS=N batch invariance of tokens and logprobs.",
-        report=f"{_CHECKS_MOD}.invariance:InvarianceReport",
-        certify=_needs_generative,
-        certify_run=f"{_CHECKS_MOD}.invariance:certify",
-        offer=Offer(GENERATIVE, "BS=1 vs BS=N on the server as it is"),
-        server_run=f"{_CHECKS_MOD}.invariance:on_server",
-        run=f"{_CHECKS_MOD}.invariance:run",
-        diag="opsctl.commands.diag.invariance:invariance",
-        outcome=f"{_CHECKS_MOD}.invariance:outcome",
-        render="opsctl.ui.render_invariance:render",
-        examples=(
-            "opsctl diag invariance --model tiny-llama --mode eager",
-            "opsctl diag invariance 127.0.0.1:8000 --prompts prompts.txt --json",
-            "opsctl diag invariance --model tiny-vlm-multi --images 2 --atol 1e-4",
-        ),
-    )
-)
-register(
-    Check(
-        "mm-uuid",
-        "multimodal UUIDs kept by the engine",
-        "Which multimodal identifier reached the engine core.",
-        report=f"{_CHECKS_MOD}.mm_uuid:Report",
-        certify=_needs_multimodal,
-        certify_run=f"{_CHECKS_MOD}.mm_uuid:certify",
-        offer=Offer(MULTIMODAL, "multimodal UUIDs (needs the mm_uuid probe)"),
-        server_run=f"{_CHECKS_MOD}.mm_uuid:on_server",
-        run=f"{_CHECKS_MOD}.mm_uuid:run",
-        diag="opsctl.commands.diag.mm_uuid:mm_uuid",
-        outcome=f"{_CHECKS_MOD}.mm_uuid:outcome",
-        render="opsctl.ui.render_mm_uuid:render",
-        examples=(
-            "opsctl diag mm-uuid",
-            "opsctl diag mm-uuid --mode caches-on --json",
-            "opsctl diag mm-uuid 127.0.0.1:8000 --run 20260101-000000-serve-tiny-vlm-multi-8000",
-        ),
-    )
-)
-register(
-    Check(
-        "kv-fail",
-        "KV load failure: engine survives, requests recompute",
-        "Inject KV load failures and prove recovery.",
-        report=f"{_CHECKS_MOD}.kv_fail:KvFailReport",
-        certify=_needs_fault_connector,
-        certify_run=f"{_CHECKS_MOD}.kv_fail:certify",
-        offer=Offer(GENERATIVE, "starts its own engine with this model", opsctl_started=True),
-        server_run=f"{_CHECKS_MOD}.kv_fail:on_server",
-        run=f"{_CHECKS_MOD}.kv_fail:run",
-        diag="opsctl.commands.diag.kv_fail:kv_fail",
-        outcome=f"{_CHECKS_MOD}.kv_fail:outcome",
-        render="opsctl.ui.render_kv_fail:render",
-        examples=(
-            "opsctl diag kv-fail",
-            "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
-            "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
-            "opsctl diag kv-fail --model tiny-llama --mode default --policy fail",
-            "opsctl diag kv-fail --route requests --no-patch",
-        ),
-    )
-)
-register(
-    Check(
-        "lora",
-        "LoRA adapters alone and in one mixed batch",
-        "LoRA adapters alone and in one mixed batch.",
-        report=f"{_CHECKS_MOD}.lora:LoraReport",
-        run=f"{_CHECKS_MOD}.lora:run",
-        diag="opsctl.commands.diag.lora:lora",
-        outcome=f"{_CHECKS_MOD}.lora:outcome",
-        render="opsctl.ui.render_lora:render",
-        examples=(
-            "opsctl diag lora --model tiny-llama",
-            "opsctl diag lora --model tiny-vlm-multi --max-loras 3 --json",
-            "opsctl diag lora 127.0.0.1:8000 --adapters ./a1 --adapters ./a2",
-        ),
-    )
-)
-register(
-    Check(
-        "shutdown",
-        "shutdown hygiene: 0 processes, 0 /dev/shm segments left",
-        "After the engines stop: no process and no /dev/shm segment left.",
-        report=f"{_CHECKS_MOD}.report:Report",
-        certify=_needs_managed,
-        certify_run=f"{_CHECKS_MOD}.hygiene:certify_shutdown",
-    )
-)

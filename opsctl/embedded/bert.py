@@ -33,7 +33,7 @@ EXTRA_CORPUS = [
     "How do I reset my password? Open the settings page and choose a new password.",
     "Token usage counts the prompt tokens the engine processed for every request.",
     "A reranker scores each document against the query; an embedding model compares vectors.",
-    # the long document of `opsctl diag usage` (opsctl.domain.usage.LONG_DOC), so that it
+    # the long document of `opsctl diag usage` (opsctl.suite.usage.judge.LONG_DOC), so that it
     # tokenizes into words and stays well inside max_model_len as a (query, document) pair
     "Operators of large deployments run many replicas behind a proxy. Each replica serves a "
     "reranker that scores documents against a query, and the proxy bills every request by the "

@@ -121,7 +121,7 @@ def test_extra_item_in_the_engine_record_is_caught(tmp_path: Path) -> None:
 
 
 def test_images_per_request_is_a_property_of_the_model() -> None:
-    from opsctl.checks import mm_uuid as M
+    from opsctl.suite.mm_uuid import run as M
 
     assert M.images_per_request("tiny-vlm-multi") == 4 and M.images_per_request("tiny-vlm") == 1
     assert M.images_per_request("some-model-dir") == 1
@@ -187,8 +187,8 @@ def test_find_run_dir_needs_a_live_pid(tmp_path: Path) -> None:
 
 def test_live_panel_shows_the_identifier_table(tmp_path: Path) -> None:
     """--tui feeds the check's events into the reusable DiagPanel (Pilot)."""
-    from opsctl.checks import mm_uuid
     from opsctl.checks.target import UrlTarget
+    from opsctl.suite.mm_uuid import run as mm_uuid
 
     write_run_dir(tmp_path)
 

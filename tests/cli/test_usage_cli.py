@@ -92,8 +92,8 @@ def test_tui_without_a_terminal_runs_plain() -> None:
 
 def test_live_panel_shows_the_usage_table() -> None:
     """--tui feeds the check's events into the reusable DiagPanel."""
-    from opsctl.checks import usage
     from opsctl.checks.target import UrlTarget
+    from opsctl.suite.usage import run as usage
 
     with stand_in(inflate=2) as url:
         last, app = run_diag_app(
@@ -147,7 +147,7 @@ def test_local_tokenizer_is_the_primary_count(tmp_path) -> None:
     words = sorted(
         {
             w
-            for c in __import__("opsctl.domain.usage", fromlist=["x"]).default_cases()
+            for c in __import__("opsctl.suite.usage.judge", fromlist=["x"]).default_cases()
             for t in (*c.queries, *c.documents)
             for w in t.split()
         }

@@ -11,7 +11,7 @@ images per prompt). Three engine starts in this module:
   read from it, tests/engine_pool.py) whose probe has the
   test-only rewrite knob armed for one UUID (``canary-all-0``): a run with the default
   prefix passes on it, a run with ``--uuid-prefix canary`` must fail (exit 1), and so
-  must the library call (opsctl.checks.mm_uuid.run) with that prefix.
+  must the library call (opsctl.suite.mm_uuid.run.run) with that prefix.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typer.testing import CliRunner
 
 from engine_patches import knobs
 from opsctl.checks import events as ev
-from opsctl.checks import mm_uuid
-from opsctl.checks.mm_uuid import CACHE_ARGS, model_args
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
+from opsctl.suite.mm_uuid import run as mm_uuid
+from opsctl.suite.mm_uuid.run import CACHE_ARGS, model_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("mm-uuid-rewrite")]
 CANARY = "canary-all-0"

@@ -6,7 +6,7 @@
   model's own tokenizer exactly as vLLM calls it;
 - tiny-embed (bi-encoder, real seeded weights) from the session pool (``tiny-embed``,
   tests/engine_pool.py: the tests only read from it), checked by URL
-  (through the CLI and as a library call, opsctl.checks.usage.run): usage must equal
+  (through the CLI and as a library call, opsctl.suite.usage.run.run): usage must equal
   every text once (query once + documents), and the embeddings are the real,
   non-constant ones.
 """
@@ -22,11 +22,11 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.checks import events as ev
-from opsctl.checks import usage
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
-from opsctl.domain import usage as U
 from opsctl.embedded import catalog
+from opsctl.suite.usage import judge as U
+from opsctl.suite.usage import run as usage
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-embed")]
 

@@ -1,18 +1,20 @@
-"""Every check is declared once (opsctl.domain.check_registry) and every surface derives
-from that declaration: each registered check is reachable from every surface it declares
-(``opsctl diag NAME --help``, certify's selection, the console's offer, the README's
-table), and a toy check that this module registers (its parts are this module's own
-functions, plus one ``register`` call) appears on all of them: in ``--help``, run by
-``opsctl diag toy`` and by ``opsctl certify --checks toy`` against a stand-in server,
+"""Every check is one typed declaration in its own folder (opsctl/suite/<name>/, found by
+opsctl.domain.check_registry) and every surface derives from it: each registered check
+is reachable from every surface it declares (``opsctl diag NAME --help``, certify's
+selection and engine plan, the console's offer, the README's table), finding the checks
+loads none of their code, and a toy check that this module writes as one new folder (and
+nothing else) appears on all of them: in ``--help``, run by ``opsctl diag toy`` and by
+``opsctl certify --checks toy`` against a stand-in server, in certify's engine plan,
 offered by the console, and flagged by the README check until the README lists it."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import typer
@@ -24,10 +26,10 @@ from opsctl.domain import certify as cert
 from opsctl.domain import check_registry as reg
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker
-from opsctl.errors import CheckFailed
 from tests.standins.completions import Behaviour, completions_server
 
-README = Path(__file__).resolve().parents[2] / "docs" / "reference.md"  # the generated command reference
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "docs" / "reference.md"  # the generated command reference
 runner = CliRunner()
 
 
@@ -73,12 +75,46 @@ def test_the_registry_holds_every_check_once_in_certify_order():
         reg.register(reg.get("usage"))
 
 
-def test_every_part_path_resolves_to_a_callable():
+# what each surface calls of a check's parts
+NEEDED = {
+    reg.DIAG: ("run", "outcome", "report"),
+    reg.CERTIFY: ("certify",),
+    reg.CONSOLE: ("on_server",),
+}
+
+
+def test_every_check_has_the_parts_its_surfaces_call():
     for check in reg.checks():
-        for what in ("report", "certify_run", "server_run", "run", "diag", "outcome", "render"):
-            path = getattr(check, what)
-            if path is not None:
-                assert callable(parts.resolve(path)), (check.name, what, path)
+        loaded = check.parts()
+        assert callable(loaded.report), check.name
+        for surface, needed in NEEDED.items():
+            if check.on(surface):
+                missing = [p for p in needed if not callable(getattr(loaded, p))]
+                assert not missing, (check.name, surface, missing)
+        if check.on(reg.DIAG):
+            assert callable(check.diag_flags()) and loaded.schema, check.name
+
+
+def test_every_declared_schema_has_its_schema_file():
+    schemas = ROOT / "tests" / "data" / "schemas"
+    for check in reg.checks(reg.DIAG):
+        name, _, version = check.parts().schema.partition("/")
+        assert (schemas / f"opsctl.{name}-{version}.schema.json").is_file(), check.name
+
+
+def test_finding_the_checks_loads_none_of_their_code():
+    """The declarations are pure: listing every check (what ``--help`` and certify's
+    selection do first) imports no layer above the domain and nothing heavy."""
+    code = (
+        "import sys, json\nfrom opsctl.domain import check_registry as reg\n"
+        "reg.checks()\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    mods = json.loads(out.stdout)
+    assert {m for m in mods if m.startswith("opsctl.suite.")} >= {"opsctl.suite.usage"}
+    upper = ("opsctl.checks", "opsctl.commands", "opsctl.ui", "opsctl.collectors", "opsctl.engine")
+    heavy = ("typer", "textual", "rich", "httpx", "psutil", "torch", "vllm")
+    assert not [m for m in mods if m.startswith(upper) or m.split(".")[0] in heavy]
 
 
 @pytest.mark.parametrize("name", reg.names(reg.DIAG))
@@ -112,84 +148,114 @@ def test_the_readme_lists_every_check():
     assert readme_gaps(README.read_text(encoding="utf-8")) == []
 
 
-# ---- a toy check: its own parts (below) and one registration --------------------------------
+# ---- a toy check: one new folder, nothing else ------------------------------------------------
 
+TOY = {
+    "__init__.py": """
+        \"\"\"toy: a toy check written by the registry's test (its declaration).\"\"\"
 
-@dataclass
-class ToyReport:
-    """The toy's report: verdict and a schema-versioned document."""
+        from opsctl.domain.check_registry import GENERATIVE, Check, Offer
 
-    verdict: str
-    target: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "opsctl.toy/1", "verdict": self.verdict, "target": self.target}
-
-
-def toy_flags(
-    url: str = typer.Argument(..., help="the server"),
-    fail: bool = typer.Option(False, "--fail", help="make the toy fail"),
-) -> tuple[str, bool]:
-    """Say whether a server answered the toy (a toy check for the registry's test)."""
-    return url, fail
-
-
-def toy_run(target: str, fail: bool, progress) -> ToyReport:
-    """The toy's diag run: a report naming the target."""
-    return ToyReport("fail" if fail else "pass", target)
-
-
-def toy_outcome(report: ToyReport, options: bool) -> parts.Outcome:
-    """The toy's exit rule: exit 1 on a failing verdict."""
-    failure = CheckFailed("the toy failed") if report.verdict == "fail" else None
-    return parts.Outcome(info=("toy ran",), failure=failure)
-
-
-def toy_render(console, doc: dict[str, Any]) -> None:
-    """The toy's text renderer."""
-    console.print(f"TOY {doc['verdict']} on {doc['target']}")
-
-
-def toy_certify(ctx: parts.CertifyContext, progress) -> Any:
-    """The toy as certify runs it, on certify's target."""
-    from opsctl.checks.report import Report
-
-    url = getattr(ctx.target, "url", "a model")
-    return Report("pass", {"schema": "opsctl.toy/1", "verdict": "pass", "target": url})
-
-
-def toy_on_server(server: parts.ServerRef, progress) -> ToyReport:
-    """The toy on a console's server."""
-    return ToyReport("pass", server.url.url)
-
-
-HERE = "tests.unit.test_check_registry"
-
-
-@pytest.fixture
-def toy():
-    check = reg.register(
-        reg.Check(
+        CHECK = Check(
             "toy",
             "toy: the registry's test check",
             "A toy check registered by the registry's test.",
-            report=f"{HERE}:ToyReport",
+            order=75,
             certify=lambda s: None if s.generative else "toy: needs a generative model",
-            certify_run=f"{HERE}:toy_certify",
-            offer=reg.Offer(reg.GENERATIVE, "the toy"),
-            server_run=f"{HERE}:toy_on_server",
-            run=f"{HERE}:toy_run",
-            diag=f"{HERE}:toy_flags",
-            outcome=f"{HERE}:toy_outcome",
-            render=f"{HERE}:toy_render",
+            offer=Offer(GENERATIVE, "the toy"),
             examples=("opsctl diag toy 127.0.0.1:8000",),
         )
-    )
+    """,
+    "run.py": """
+        \"\"\"The toy's library call: a report naming its target.\"\"\"
+
+        from opsctl.checks.registry import Outcome
+        from opsctl.checks.report import Report
+        from opsctl.errors import CheckFailed
+
+        SCHEMA = "toy/1"
+
+
+        def _report(verdict, target):
+            doc = {"schema": "opsctl.toy/1", "verdict": verdict, "target": target}
+            return Report(verdict, doc)
+
+
+        def run(target, fail, progress):
+            return _report("fail" if fail else "pass", target)
+
+
+        def certify(ctx, progress):
+            return _report("pass", getattr(ctx.target, "url", "a model"))
+
+
+        def on_server(server, progress):
+            return _report("pass", server.url.url)
+
+
+        def outcome(report, options):
+            failure = CheckFailed("the toy failed") if report.verdict == "fail" else None
+            return Outcome(info=("toy ran",), failure=failure)
+    """,
+    "flags.py": """
+        \"\"\"opsctl diag toy's flags.\"\"\"
+
+        import typer
+
+
+        def flags(
+            url: str = typer.Argument(..., help="the server"),
+            fail: bool = typer.Option(False, "--fail", help="make the toy fail"),
+        ) -> tuple[str, bool]:
+            \"\"\"Say whether a server answered the toy (a toy check for the registry's test).\"\"\"
+            return url, fail
+    """,
+    "view.py": """
+        \"\"\"The toy's text renderer.\"\"\"
+
+
+        def render(console, doc):
+            console.print(f"TOY {doc['verdict']} on {doc['target']}")
+    """,
+}
+
+
+def _git_status() -> str | None:
+    if not (ROOT / ".git").exists():
+        return None
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--", "opsctl", "engine_patches"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return out.stdout if out.returncode == 0 else None
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """The toy check: one folder written into the suite's path, and nothing else."""
+    import opsctl.suite
+
+    before = _git_status()
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    written = set()
+    for name, text in TOY.items():
+        (folder / name).write_text(textwrap.dedent(text).lstrip())
+        written.add(folder / name)
+    opsctl.suite.__path__.append(str(tmp_path))
     try:
-        yield check
+        assert reg.discover() == ("toy",)
+        yield written
     finally:
+        opsctl.suite.__path__.remove(str(tmp_path))
         reg.unregister("toy")
+        for m in [
+            m for m in sys.modules if m == "opsctl.suite.toy" or m.startswith("opsctl.suite.toy.")
+        ]:
+            del sys.modules[m]
     assert "toy" not in reg.names()
+    assert {p.parent for p in written} == {folder}  # every file it wrote: in the toy's folder
+    assert _git_status() == before  # and no file of the product edited
 
 
 def test_a_toy_check_appears_in_help_and_runs_as_a_diag(toy):
@@ -204,9 +270,13 @@ def test_a_toy_check_appears_in_help_and_runs_as_a_diag(toy):
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout) == {"schema": "opsctl.toy/1", "verdict": "fail",
                                     "target": "127.0.0.1:9"}  # fmt: skip
+    r = runner.invoke(app(), ["certify", "--help"])  # certify's list of checks names it too
+    assert re.search(r"kv-fail,\s+toy,\s+shutdown;", r.stdout), r.stdout
 
 
-def test_a_toy_check_is_certified_offered_and_flagged_by_the_readme_check(toy, tmp_path):
+def test_a_toy_check_is_certified_planned_offered_and_flagged_by_the_readme_check(toy):
+    from tests.unit.test_certify_plan_pinned import plan_of
+
     decoder = reg.Subject(managed=False, model="m", archetype="decoder")
     assert "toy" in cert.select(decoder).run
     assert cert.skip_reason("toy", reg.Subject(False, "m", "cross-encoder")) is not None
@@ -217,6 +287,14 @@ def test_a_toy_check_is_certified_offered_and_flagged_by_the_readme_check(toy, t
     rows = {ch["check"]: ch for ch in doc["checks"]}
     assert rows["toy"]["verdict"] == "pass", r.output
     assert r.exit_code == 0, r.output
+
+    # certify's engine plan: the toy declares no engine, so it runs on the shared one
+    toy_plan, alone = (
+        plan_of("tiny-llama", ("toy",), "default"),
+        plan_of("tiny-llama", ("liveness",), "default"),
+    )
+    assert toy_plan["targets"]["toy"] == alone["targets"]["liveness"]
+    assert toy_plan["specs"] == alone["specs"]
 
     from opsctl.console import actions as act
 

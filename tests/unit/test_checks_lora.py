@@ -12,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.checks import events as ev
-from opsctl.checks import lora as check
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
 from opsctl.domain.platform import NOT_STARTED_NOTE
 from opsctl.embedded import lora as built
 from opsctl.errors import BadInput
+from opsctl.suite.lora import run as check
 from tests.standins.lora import BASE, VERSION, Behaviour, lora_server
 
 OPTS = check.Options(max_tokens=4, logprobs=2)
@@ -173,7 +173,7 @@ def test_a_sweep_runs_every_seed_on_one_server_and_totals_them() -> None:
 
 def test_calibration_floor_sensitivity_and_the_rule() -> None:
     from opsctl.domain import invariance as inv
-    from opsctl.domain import lora as D
+    from opsctl.suite.lora import judge as D
 
     def g(lp: float, tok: int = 1) -> inv.Generated:
         return inv.Generated((tok, 2), (lp, -1.0), (None, None))

@@ -1,4 +1,4 @@
-"""opsctl.checks.mm_uuid called as a library (no CLI): against the stand-in engine and
+"""opsctl.suite.mm_uuid.run called as a library (no CLI): against the stand-in engine and
 probe (tests/standins/mm_uuid.py), the report it returns and the typed progress events it
 sends. With an EngineSpec, the two modes are two engines opened through the session; an
 EngineServer double serves each from a stand-in in that mode (the real engines:
@@ -14,10 +14,10 @@ import pytest
 
 from engine_patches import knobs
 from opsctl.checks import events as ev
-from opsctl.checks import mm_uuid
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
+from opsctl.suite.mm_uuid import run as mm_uuid
 from tests.standins.mm_uuid import stand_in, write_run_dir
 
 

@@ -1,4 +1,4 @@
-"""opsctl.checks.usage called as a library (no CLI): against the stand-in scoring server
+"""opsctl.suite.usage.run called as a library (no CLI): against the stand-in scoring server
 (tests/standins/scoring.py), the report it returns and the typed progress events it
 sends, in order."""
 
@@ -12,11 +12,11 @@ import pytest
 
 from engine_patches import knobs
 from opsctl.checks import events as ev
-from opsctl.checks import usage
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
+from opsctl.suite.usage import run as usage
 from tests.standins.scoring import stand_in
 
 

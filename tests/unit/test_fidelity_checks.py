@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 
 from benchmarks import fidelity_checks as fc
-from opsctl.checks import usage
 from opsctl.checks.target import UrlTarget
+from opsctl.suite.usage import run as usage
 from tests.standins.scoring import stand_in
 
 

@@ -170,17 +170,13 @@ def test_report_follows_its_schema(path: Path):
 def _renderer(doc: dict):
     """The function the CLI hands opsctl.output.emit for this document (None: none that
     renders from the document alone): a diag report's is its check's registered one."""
-    from opsctl.checks.registry import resolve
     from opsctl.commands import patches, status
     from opsctl.domain import check_registry as reg
     from opsctl.ui import render_certify
 
     name, _ = _schema_name(doc)
-    diag = {
-        f"opsctl.diag.{c.name.replace('mm-uuid', 'mm_uuid')}": resolve(c.render)
-        for c in reg.checks(reg.DIAG)
-        if c.render
-    }
+    loaded = [c.parts() for c in reg.checks(reg.DIAG)]
+    diag = {f"opsctl.{p.schema.split('/')[0]}": p.render for p in loaded if p.render and p.schema}
     if name in diag:
         return lambda con: diag[name](con, doc)
     return {

@@ -9,7 +9,12 @@
 - collectors never import engine/checks/console; engine never imports checks/console;
 - domain: pure (no opsctl I/O layer, no httpx/psutil/typer/textual/rich/torch/vllm);
   from engine_patches only the pure modules shared with the engine;
-- engine_patches (runs inside vLLM) never imports opsctl, typer, textual or rich.
+- engine_patches (runs inside vLLM) never imports opsctl, typer, textual or rich;
+- a check's folder (opsctl/suite/<check>/) holds files of several layers, each by its
+  role: ``judge*.py`` domain, ``collect*.py`` collectors, ``run*.py`` checks,
+  ``flags*.py`` commands, ``view*.py`` ui; its ``__init__.py`` is the declaration, which
+  nothing imports (the registry finds it) and which imports only pure modules at its
+  top (the layers above only inside its loaders).
 Also: no star imports, no import cycle anywhere in opsctl or engine_patches (every import
 counts, also one inside a function), no function
 over 80 lines, no command module over 160 lines.
@@ -31,6 +36,7 @@ PACKAGES = ("opsctl", "engine_patches")
 BASE = {"opsctl.errors", "opsctl.exit_codes", "opsctl.paths", "opsctl.output", "opsctl"}
 ALLOWED = {
     "entry": {"commands", "engine", "checks", "console", "ui", "collectors", "domain"},
+    "declaration": {"commands", "ui", "checks", "engine", "collectors", "domain", "embedded"},
     "commands": {"checks", "console", "ui", "engine", "collectors", "domain", "embedded"},
     "ui": {"checks", "console", "engine", "collectors", "domain", "embedded"},
     "console": {"checks", "engine", "collectors", "domain", "embedded"},
@@ -49,6 +55,15 @@ THIRD_PARTY_FORBIDDEN = {
     "collectors": {"typer", "textual"},
     "ui": {"typer"},
     "engine_patches": {"typer", "textual", "rich", "opsctl"},
+}
+# a check folder's files by role (opsctl/suite/<check>/<role>*.py)
+SUITE = "opsctl.suite"
+ROLES = {
+    "judge": "domain",
+    "collect": "collectors",
+    "run": "checks",
+    "flags": "commands",
+    "view": "ui",
 }
 # pure modules of engine_patches that opsctl's domain shares with the engine
 PURE_ENGINE_MODULES = {"engine_patches.knobs", "engine_patches.connectors.injection"}
@@ -69,10 +84,21 @@ def layer(module: str) -> str:
         return "engine_patches"
     if module in ("opsctl.__main__", "opsctl.cli"):
         return "entry"
+    if module == SUITE or module.startswith(SUITE + "."):
+        return suite_layer(module)
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in ALLOWED:
         return parts[1]
     return "base"
+
+
+def suite_layer(module: str) -> str:
+    """A check folder's file: its role's layer (the declaration: ``__init__.py``)."""
+    parts = module.split(".")
+    if len(parts) <= 3:
+        return "declaration"
+    role = next((r for r in ROLES if parts[3].startswith(r)), None)
+    return ROLES[role] if role else f"no role ({parts[3]}: name it {', '.join(ROLES)})"
 
 
 def imports(path: Path, module: str, root: Path = ROOT) -> Iterator[tuple[str, int, bool, bool]]:
@@ -106,11 +132,15 @@ ALL = dict(modules())
 
 def violations_of(module: str, path: Path) -> list[str]:
     src = layer(module)
+    if src.startswith("no role"):
+        return [f"{path.relative_to(ROOT)}: {src}"]
     out = []
-    for target, line, _, star in imports(path, module):
+    for target, line, top_level, star in imports(path, module):
         where = f"{path.relative_to(ROOT)}:{line} imports {target}"
         if star:
             out.append(f"{where} (star import)")
+        if src == "declaration" and top_level and not _pure(target):
+            out.append(f"{where} (a declaration imports only pure modules at its top)")
         top = target.split(".")[0]
         if top in THIRD_PARTY_FORBIDDEN.get(src, ()) and not (
             src == "domain" and target in PURE_ENGINE_MODULES
@@ -127,6 +157,14 @@ def violations_of(module: str, path: Path) -> list[str]:
             continue
         out.append(f"{where} ({src} may not import {dst})")
     return out
+
+
+def _pure(target: str) -> bool:
+    """What a declaration may import at its top: the domain, the base, the standard library."""
+    top = target.split(".")[0]
+    if top != "opsctl":
+        return top not in THIRD_PARTY_FORBIDDEN["domain"] and top != "engine_patches"
+    return target in BASE or layer(target) == "domain"
 
 
 def _command_import_ok(module: str, target: str) -> bool:
@@ -272,3 +310,17 @@ def test_no_function_over_80_lines():
 )
 def test_command_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 160, path
+
+
+def test_a_check_folder_holds_each_file_to_its_role():
+    """A check's folder: the declaration, then one layer per role; any other file name is
+    a violation, and a declaration's top imports only what is pure."""
+    assert suite_layer("opsctl.suite.toy") == "declaration"
+    roles = ("judge", "judge_tokens", "collect", "run", "flags", "view")
+    assert [suite_layer(f"opsctl.suite.toy.{r}") for r in roles] == [
+        "domain", "domain", "collectors", "checks", "commands", "ui",
+    ]  # fmt: skip
+    assert suite_layer("opsctl.suite.toy.helpers").startswith("no role")
+    assert _pure("opsctl.domain.findings") and _pure("collections.abc") and _pure("opsctl.errors")
+    assert not _pure("opsctl.checks.session") and not _pure("typer") and not _pure("httpx")
+    assert "declaration" not in {layer for allowed in ALLOWED.values() for layer in allowed}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.checks.lora import COLUMNS, table_rows
 from opsctl.domain import invariance as inv
-from opsctl.domain import lora as D
-from opsctl.domain import lora_support as DS
+from opsctl.suite.lora import judge as D
+from opsctl.suite.lora import judge_support as DS
+from opsctl.suite.lora.run import COLUMNS, table_rows
 
 TAG = "opsctl-lora-abc123"
 N = 4  # tokens per request in these tests

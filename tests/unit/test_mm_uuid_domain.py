@@ -1,11 +1,11 @@
-"""Unit tests of diag mm-uuid's judgement (opsctl.domain.mm_uuid)."""
+"""Unit tests of diag mm-uuid's judgement (opsctl.suite.mm_uuid.judge)."""
 
 from __future__ import annotations
 
 import pytest
 
-from opsctl.checks.mm_uuid import TABLE_COLUMNS, table_rows
-from opsctl.domain import mm_uuid as D
+from opsctl.suite.mm_uuid import judge as D
+from opsctl.suite.mm_uuid.run import TABLE_COLUMNS, table_rows
 
 HASH = "a" * 64
 

@@ -342,25 +342,20 @@ def test_every_registered_check_has_documents_here():
         seen.update(c["check"] for c in doc.get("checks") or () if c.get("verdict") != "skipped")
     missing = {c.name for c in reg.checks()} - seen
     assert not missing, f"checks without a document here: {missing}"
-    assert set(FIVE) <= {c.name for c in reg.checks() if c.outcome}
+    assert set(FIVE) <= {c.name for c in reg.checks() if c.parts().outcome}
 
 
 def _report(check: str, doc: dict, verdict: str):
     """The check's own report type over ``doc``, its verdict set to ``verdict``."""
-    from opsctl.checks import registry as creg
-
-    return creg.resolve(reg.get(check).report)(verdict, {**doc, "verdict": verdict})
+    return reg.get(check).parts().report(verdict, {**doc, "verdict": verdict})
 
 
 def _outcome(check: str, report):
     """The check's exit rule (``outcome``) on ``report``, with its default options."""
-    import importlib
-
     from opsctl.checks import registry as creg
 
-    module = importlib.import_module(str(reg.get(check).outcome).split(":")[0])
-    options = module.Options() if hasattr(module, "Options") else None
-    return creg.outcome(check, report, options)
+    make = reg.get(check).parts().options
+    return creg.outcome(check, report, make() if make else None)
 
 
 def _recorded_of(check: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Unit tests of diag usage's decisions (opsctl.domain.usage, usage_tokens): engine
+"""Unit tests of diag usage's decisions (opsctl.suite.usage.judge, judge_tokens): engine
 inputs, the comparison over counts collected beforehand, pair templates, /tokenize
 counting, model kind and refusals."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from opsctl.checks.usage import TABLE_COLUMNS, table_rows
-from opsctl.domain import usage as U
-from opsctl.domain import usage_tokens as T
+from opsctl.suite.usage import judge as U
+from opsctl.suite.usage import judge_tokens as T
+from opsctl.suite.usage.run import TABLE_COLUMNS, table_rows
 
 
 def words(x) -> int:

@@ -1,8 +1,9 @@
 """The one diag command skeleton: every ``opsctl diag NAME``, built from its registration.
 
-The registration is opsctl.domain.check_registry's; the flags function is the check's.
+The registration is the check's ``CHECK`` (opsctl.domain.check_registry); the flags
+function is the check's.
 
-A check's flags function (``Check.diag``) declares only its own flags and turns them
+A check's flags function (``Check.flags``) declares only its own flags and turns them
 into ``(target, options)``, refusing bad input (exit 2) before any engine starts. The
 skeleton adds the flags every diag shares (``--json``, ``--tui/--no-tui``, and
 ``--api-key`` / the hidden ``--test-knob`` where the flags function takes them), runs
@@ -42,19 +43,9 @@ SHARED: tuple[tuple[str, Any, Callable[[], Any]], ...] = (
 RUN_BY_SKELETON = ("tp", "dp", "as_json", "tui")
 
 
-def _resolve(path: str) -> Any:
-    from opsctl.checks.registry import resolve
-
-    return resolve(path)
-
-
 def default_model(check: reg.Check) -> str | None:
     """The model the check starts when ``--model`` is not given (its ``DEFAULT_MODEL``)."""
-    module = (check.run or "").partition(":")[0]
-    try:
-        return _resolve(f"{module}:DEFAULT_MODEL")
-    except (AttributeError, ImportError, ValueError):
-        return None
+    return check.parts().default_model
 
 
 def with_ranks(target: Any, tp: int | None, dp: int | None, model: str | None) -> Any:
@@ -86,8 +77,7 @@ def signature(flags: Callable[..., Any]) -> inspect.Signature:
 
 def command(check: reg.Check) -> Callable[..., None]:
     """The ``opsctl diag NAME`` function Typer registers for ``check``."""
-    assert check.diag is not None and check.run is not None
-    flags = _resolve(check.diag)
+    flags = check.diag_flags()
 
     def diag(**kwargs: Any) -> None:
         as_json, tui = kwargs.pop("as_json"), kwargs.pop("tui")
@@ -110,7 +100,9 @@ def run_diag(
     from opsctl.checks import registry
     from opsctl.ui.progress import run_with_progress
 
-    run = _resolve(check.run or "")
+    parts = check.parts()
+    run = parts.run
+    assert run is not None, check.name
     report = run_with_progress(
         f"diag {check.name}",
         lambda progress: run(target, options, progress),
@@ -123,7 +115,7 @@ def run_diag(
     for line in said.warnings:
         output.warn(line)
     doc = report.to_dict()
-    draw = _resolve(check.render) if check.render else None
+    draw = parts.render
     output.emit(doc, as_json=as_json, render=lambda con: draw(con, doc) if draw else None)
     for line in said.after:
         output.warn(line)

@@ -1,6 +1,6 @@
 """`opsctl diag usage`: /score and /rerank ``usage`` against a count of the engine inputs.
 
-An independent count; the check itself: opsctl.checks.usage.
+An independent count; the check itself: opsctl.suite.usage.run.
 
 Exit 1 on any mismatch, 2 for bad input or a generative model, 3 unreachable, 4 when the
 server does not answer within --timeout; verdict "unverified" (the expected count cannot
@@ -19,11 +19,11 @@ from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
-    from opsctl.checks import usage as check
     from opsctl.checks.target import Target
+    from opsctl.suite.usage import run as check
 
 
-def usage(
+def flags(
     url: str | None = url_argument(),
     model: str | None = typer.Option(
         None, "--model", help="start this model (embedded name or directory)"
@@ -42,10 +42,10 @@ def usage(
 
     Exit 1 on a mismatch; verdict "unverified" (exit 0, warning) when the expected
     count cannot be derived."""
-    from opsctl.checks import usage as check
     from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
-    from opsctl.domain.usage import KINDS
+    from opsctl.suite.usage import run as check
+    from opsctl.suite.usage.judge import KINDS
 
     if kind is not None and kind not in KINDS:
         raise BadInput(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")

@@ -14,7 +14,7 @@ those inputs; top_n only trims the returned results, never the processed inputs.
 
 The exact count comes from the model's own tokenizer (``tokenizer(text=q, text_pair=d)``,
 what vLLM calls); without it from /tokenize and the pair template inferred from it
-(opsctl.domain.usage_tokens). When no count can be derived the row is ``unverified``
+(opsctl.suite.usage.judge_tokens). When no count can be derived the row is ``unverified``
 (never a mismatch: a guess must not fail a correct server).
 
 Also here: which model kind a server has (:func:`declared_kind`, :func:`kind_from_probes`)

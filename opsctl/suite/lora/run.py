@@ -4,7 +4,7 @@ LoRA adapters applied alone and in one mixed batch (vLLM
 PR 55897: LoRA on multimodal towers and connectors; does a mixed-adapter batch map each
 request and each image to its own adapter?).
 
-Cases (decisions in :mod:`opsctl.domain.lora`):
+Cases (decisions in :mod:`opsctl.suite.lora.judge`):
 
 1. single-adapter validation: every request alone with every adapter and with the base
    model; each adapter must change the output (it is really applied);
@@ -28,7 +28,7 @@ LoRA loading when the server allows it, and unloads what it loaded.
 
 Example::
 
-    from opsctl.checks import lora
+    from opsctl.suite.lora import run as lora
     from opsctl.checks.target import EngineSpec
     report = lora.run(EngineSpec(model="tiny-vlm-multi"), lora.Options())
     print(report.verdict, report.support, report.first_divergence)
@@ -45,7 +45,21 @@ from typing import TYPE_CHECKING, Any
 
 from engine_patches.patches import batch_gate
 from opsctl.checks import events as ev
-from opsctl.checks.lora_plan import (
+from opsctl.checks.report import ReasonedReport
+from opsctl.checks.session import EngineSession, opened
+from opsctl.checks.target import EngineSpec, Live, Target
+from opsctl.collectors import engine_records, ledger
+from opsctl.domain import findings as fd
+from opsctl.domain import invariance as inv
+from opsctl.domain import invariance_calibration as cal
+from opsctl.domain import platform as plat
+from opsctl.domain import probe_evidence as pe
+from opsctl.domain.knobs import warning as knob_warning
+from opsctl.errors import BadInput, CheckFailed
+from opsctl.suite.lora import collect as collect
+from opsctl.suite.lora import judge as D
+from opsctl.suite.lora import judge_support as DS
+from opsctl.suite.lora.run_plan import (
     Adapter,
     Options,
     Plan,
@@ -53,20 +67,6 @@ from opsctl.checks.lora_plan import (
     images_for,
     plan,
 )
-from opsctl.checks.report import ReasonedReport
-from opsctl.checks.session import EngineSession, opened
-from opsctl.checks.target import EngineSpec, Live, Target
-from opsctl.collectors import engine_records, ledger
-from opsctl.collectors import lora as collect
-from opsctl.domain import findings as fd
-from opsctl.domain import invariance as inv
-from opsctl.domain import invariance_calibration as cal
-from opsctl.domain import lora as D
-from opsctl.domain import lora_support as DS
-from opsctl.domain import platform as plat
-from opsctl.domain import probe_evidence as pe
-from opsctl.domain.knobs import warning as knob_warning
-from opsctl.errors import BadInput, CheckFailed
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import Outcome
@@ -87,6 +87,9 @@ class LoraReport(ReasonedReport):
     def first_divergence(self) -> dict[str, Any] | None:
         """Where the mixed batch first differed from the requests alone (None: nowhere)."""
         return self.document["mixed"]["first_divergence"]
+
+
+Report = LoraReport  # the name Parts.of reads (opsctl.domain.check_registry)
 
 
 # ---- run ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ The plan: requests ``r0..rN`` cycle through the adapters and the base model (ada
   divergence names the request, its adapter and its images. The batch probe must show
   that requests of different adapters were sampled in one step.
 - Support per part (language model, vision tower, connector) is decided in
-  :mod:`opsctl.domain.lora_support`: an unsupported or unmeasured part is reported as
+  :mod:`opsctl.suite.lora.judge_support`: an unsupported or unmeasured part is reported as
   such, never as a pass.
 """
 

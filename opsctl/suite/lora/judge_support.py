@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsctl.domain.invariance_engine import compilation_mode_name
-from opsctl.domain.lora import (
+from opsctl.domain.records import record
+from opsctl.suite.lora.judge import (
     APPLIED,
     LANGUAGE,
     NOT_ENABLED,
@@ -29,7 +30,6 @@ from opsctl.domain.lora import (
     UNSUPPORTED,
     SingleResult,
 )
-from opsctl.domain.records import record
 
 
 @dataclass(frozen=True, slots=True)

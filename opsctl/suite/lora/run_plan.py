@@ -13,10 +13,10 @@ from typing import Any
 
 from opsctl.checks.sampling import check_sampling
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
-from opsctl.collectors import lora as collect
-from opsctl.domain import lora as D
 from opsctl.domain.check_registry import GENERATIVE
 from opsctl.errors import BadInput
+from opsctl.suite.lora import collect as collect
+from opsctl.suite.lora import judge as D
 
 DEFAULT_MODEL = "tiny-llama"
 PROBES = frozenset({"batch", "lora", "gate"})

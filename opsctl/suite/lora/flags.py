@@ -1,7 +1,7 @@
 """`opsctl diag lora [URL | --model NAME]`: LoRA adapters alone and in one mixed batch.
 
-vLLM PR 55897. Parses the flags into :class:`opsctl.checks.lora.Options` and a target,
-runs :func:`opsctl.checks.lora.run`, prints the report and maps it to the exit code:
+vLLM PR 55897. Parses the flags into :class:`opsctl.suite.lora.run.Options` and a target,
+runs :func:`opsctl.suite.lora.run.run`, prints the report and maps it to the exit code:
 0 pass; 1 fail, unverified or inconclusive (not judged is never a pass); 2 bad input (e.g. an adapter directory
 that does not exist), 3 unreachable, 4 timeout."""
 
@@ -20,11 +20,11 @@ from opsctl.commands.options import (
 from opsctl.domain.seeds import seeds_flag
 
 if TYPE_CHECKING:
-    from opsctl.checks import lora as check
     from opsctl.checks.target import Target
+    from opsctl.suite.lora import run as check
 
 
-def lora(
+def flags(
     url: str = url_argument(),
     model: str = typer.Option(
         None, "--model", help="start this embedded model / model dir (default tiny-llama)"
@@ -48,7 +48,7 @@ def lora(
     test_knob: list[str] | None = None,
 ) -> tuple[Target, check.Options]:
     """LoRA adapters alone and in one mixed batch (exit 0 pass, 1 fail or not judged)."""
-    from opsctl.checks import lora as check
+    from opsctl.suite.lora import run as check
 
     swept = seeds_flag(seeds)
 

@@ -44,8 +44,8 @@ from opsctl.collectors.completions import (
     timed_post,
 )
 from opsctl.collectors.mm_uuid import image_data_url
-from opsctl.domain import lora as D
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
+from opsctl.suite.lora import judge as D
 
 IMAGE_SIZE = 32
 CONFIG_FILE = "adapter_config.json"

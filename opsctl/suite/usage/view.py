@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.checks.usage import TABLE_COLUMNS, table_rows
-from opsctl.domain.usage import UsageRow
 from opsctl.output import render_findings
+from opsctl.suite.usage.judge import UsageRow
+from opsctl.suite.usage.run import TABLE_COLUMNS, table_rows
 
 COLOURS = {"PASS": "green", "UNVERIFIED": "yellow"}  # anything else (FAIL) is red
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opsctl.domain.usage import CROSS, Input
+from opsctl.suite.usage.judge import CROSS, Input
 
 # Pair templates as (name, how many times the single-text suffix separates q from d):
 # the pair is ``prefix q suffix*sep_repeat d suffix``. Keyed by the special tokens the

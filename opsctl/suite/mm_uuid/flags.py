@@ -1,6 +1,6 @@
 """`opsctl diag mm-uuid`: which identifier each multimodal item reached the engine core with.
 
-The check itself: opsctl.checks.mm_uuid.
+The check itself: opsctl.suite.mm_uuid.run.
 
 With ``--model`` (default tiny-vlm-multi) it starts one engine per ``--mode`` entry
 (caches-off, caches-on) with the mm_uuid engine probe on; with a URL it checks that one
@@ -22,16 +22,16 @@ import typer
 
 from opsctl.checks.target import url_target
 from opsctl.commands.options import RUN_HELP, duration_option, run_path, url_argument
-from opsctl.domain.mm_uuid import DEFAULT_MODEL, MODES
 from opsctl.domain.weights import LOAD_FORMAT_HELP, check_load_format
 from opsctl.errors import BadInput
+from opsctl.suite.mm_uuid.judge import DEFAULT_MODEL, MODES
 
 if TYPE_CHECKING:
-    from opsctl.checks import mm_uuid as check
     from opsctl.checks.target import Target
+    from opsctl.suite.mm_uuid import run as check
 
 
-def mm_uuid(
+def flags(
     url: str | None = url_argument(
         "a vLLM server opsctl started with OPSCTL_PROBES=mm_uuid: http://HOST:PORT or "
         "HOST:PORT (else --model: opsctl starts the engines)"
@@ -61,9 +61,9 @@ def mm_uuid(
     test_knob: list[str] | None = None,
 ) -> tuple[Target, check.Options]:
     """Show which multimodal identifier reached the engine core; exit 1 if an explicit UUID was rewritten."""
-    from opsctl.checks import mm_uuid as check
     from opsctl.checks.target import EngineSpec, url_or_model
     from opsctl.commands.options import parse_knobs
+    from opsctl.suite.mm_uuid import run as check
 
     run_dir = run_path(run) if run is not None else run_dir_alias  # --run-dir: old name
     modes = modes_alias or modes  # --modes: the old name of --mode

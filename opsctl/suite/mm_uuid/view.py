@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.checks.mm_uuid import TABLE_COLUMNS, reuse_rows, table_rows
-from opsctl.domain.mm_uuid import Observation
 from opsctl.output import render_findings
+from opsctl.suite.mm_uuid.judge import Observation
+from opsctl.suite.mm_uuid.run import TABLE_COLUMNS, reuse_rows, table_rows
 
 
 def platform_text(doc: dict[str, Any]) -> str:

@@ -1,0 +1,54 @@
+"""kv-fail: inject KV load failures and prove recovery (the check's declaration).
+
+Its code: the run opsctl.checks.kv_fail, its flags opsctl.commands.diag.kv_fail, its
+judgement opsctl.domain.kv_fail and kv_fail_report, its I/O opsctl.collectors.kv_fail,
+its renderer opsctl.ui.render_kv_fail; the fault-injecting connector it starts engines
+with is engine_patches.connectors.
+"""
+
+from __future__ import annotations
+
+from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Parts, Subject
+
+
+def _flags():
+    from opsctl.commands.diag.kv_fail import kv_fail
+
+    return kv_fail
+
+
+def _load() -> Parts:
+    from opsctl.checks import kv_fail
+    from opsctl.ui.render_kv_fail import render
+
+    return Parts.of(kv_fail, report=kv_fail.KvFailReport, render=render)
+
+
+def _applies(s: Subject) -> str | None:
+    if not s.managed:
+        return (
+            "a URL cannot host kv-fail injection: it needs an engine opsctl starts with its "
+            "fault-injecting KV connector (certify --model)"
+        )
+    if s.kv_refusal:
+        return f"the fault-injecting KV connector cannot serve {s.model}: {s.kv_refusal}"
+    return None
+
+
+CHECK = Check(
+    "kv-fail",
+    "KV load failure: engine survives, requests recompute",
+    "Inject KV load failures and prove recovery.",
+    order=70,
+    load=_load,
+    flags=_flags,
+    certify=_applies,
+    offer=Offer(GENERATIVE, "starts its own engine with this model", opsctl_started=True),
+    examples=(
+        "opsctl diag kv-fail",
+        "opsctl diag kv-fail --model tiny-llama --rate 0.5 --json",
+        "opsctl diag kv-fail --no-patch --fail-requests 2 --timeout 15m",
+        "opsctl diag kv-fail --model tiny-llama --mode default --policy fail",
+        "opsctl diag kv-fail --route requests --no-patch",
+    ),
+)
