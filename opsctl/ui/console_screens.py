@@ -171,17 +171,22 @@ class DetailScreen(Screen):
         local.display = view.target.pid is not None
         if view.target.pid is not None and now - self.detail_at >= self.DETAIL_EVERY_S:
             self.detail_at = now
-            self.app.run_worker(
-                lambda: self._collect(view), thread=True, group="detail", exclusive=True
+            app = self.app  # read here: in the worker's thread a closed screen has no app
+            app.run_worker(
+                lambda: self._collect(app, view), thread=True, group="detail", exclusive=True
             )
 
-    def _collect(self, view: EndpointView) -> None:
-        detail = self.app.detail_fn(view.target)  # type: ignore[attr-defined]
-        if detail is not None:
-            self.app.call_from_thread(self.show_detail, detail)
+    def _collect(self, app, view: EndpointView) -> None:
+        detail = app.detail_fn(view.target)
+        if detail is not None and app.is_running:
+            app.call_from_thread(self.show_detail, detail)
 
     def show_detail(self, d: LocalDetail) -> None:
-        """Show the local details: process tree, Engram tables, ledger, log tail (those it has)."""
+        """Show the local details: process tree, Engram tables, ledger, log tail (those it has).
+
+        Not on a screen closed while they were collected (the detail worker's late answer)."""
+        if not self.is_attached:
+            return
         self.detail = d
         self.query_one(ProcessPanel).update_snapshot(d)
         self.query_one(EngramPanel).update_snapshot(d)
