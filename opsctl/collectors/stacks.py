@@ -157,22 +157,29 @@ NOT_PYTHON = ("compiler",)  # roles of processes py-spy cannot read (no Python i
 SETTLE_READS, SETTLE_STEP_S = 5, 0.02  # a runnable process's state read again, 100 ms at most
 
 
-def _settled(pid: int, state: str | None) -> str | None:
-    """``state``, or the waiting state a runnable process settles into within 100 ms.
+def _settled(procs: list[tuple[int, str, str | None]]) -> list[tuple[int, str, str | None]]:
+    """``procs`` (pid, role, state), each runnable one's state read again, all together,
+    for 100 ms at most: the waiting state it settles into, if it does.
 
     A process that waits is made runnable for a moment by the previous take's signal, or
     is on its way into its wait; on a loaded host it may sit runnable in the queue for
     longer than the interval (seen: a child blocked on a lock read "running" beside a
     CPU-bound test run, and its stacks read working). One that computes stays runnable."""
-    for _ in range(SETTLE_READS if state == psutil.STATUS_RUNNING else 0):
+    states = {pid: state for pid, _role, state in procs}
+    pending = [pid for pid, state in states.items() if state == psutil.STATUS_RUNNING]
+    for _ in range(SETTLE_READS):
+        if not pending:
+            break
         time.sleep(SETTLE_STEP_S)
-        try:
-            now = psutil.Process(pid).status()
-        except psutil.Error:
-            return state
-        if now != psutil.STATUS_RUNNING:
-            return now
-    return state
+        for pid in list(pending):
+            try:
+                now = psutil.Process(pid).status()
+            except psutil.Error:
+                now = None
+            if now != psutil.STATUS_RUNNING:
+                pending.remove(pid)
+                states[pid] = now or states[pid]
+    return [(pid, role, states[pid]) for pid, role, _state in procs]
 
 
 def take_once(
@@ -181,7 +188,7 @@ def take_once(
     """One take of the stacks of every process of the tree under ``root_pid``, tree order.
 
     By signal where the process is armed and running, else by py-spy."""
-    procs = [(pid, role, _settled(pid, state)) for pid, role, state in members(root_pid)]
+    procs = _settled(members(root_pid))
     armed = armed_pids(run_dir)
     signalled = [pid for pid, _r, state in procs if pid in armed and state not in STOPPED]
     dumps = _by_signal(run_dir, signalled, timeout) if run_dir and signalled and not native else {}

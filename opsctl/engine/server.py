@@ -694,8 +694,7 @@ class EngineServer:
         for p in self._living(pids):
             with contextlib.suppress(psutil.Error):
                 p.suspend()
-        with contextlib.suppress(Exception):
-            self.track()
+        with contextlib.suppress(Exception):  # mappings and open descriptors in one scan
             held = shm.scan_holders([p.pid for p in self._living(pids)]).held_paths()
             self.shm_seen.update(os.path.basename(path) for path in held)
         return pids

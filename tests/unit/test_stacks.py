@@ -225,7 +225,7 @@ def test_a_runnable_read_is_read_again_and_a_computing_process_stays_working(mon
             return next(reads)
 
     monkeypatch.setattr(col.psutil, "Process", Seen)
-    assert col._settled(1, "running") == "sleeping"  # settles within the reads
-    assert col._settled(1, "stopped") == "stopped"  # never read again: not runnable
+    assert col._settled([(1, "r", "running")]) == [(1, "r", "sleeping")]  # settles within the reads
+    assert col._settled([(1, "r", "stopped")]) == [(1, "r", "stopped")]  # not runnable: not read
     monkeypatch.setattr(Seen, "status", lambda self: "running")
-    assert col._settled(1, "running") == "running"  # computing: stays runnable
+    assert col._settled([(1, "r", "running")]) == [(1, "r", "running")]  # computing: stays runnable
