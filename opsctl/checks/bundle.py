@@ -274,11 +274,11 @@ def _rank_files(run_dir: Path, meta: dict[str, Any], alive: bool) -> list[tuple[
 
 def _stacks(run_dir: Path) -> tuple[bytes | None, str]:
     """``opsctl stacks``' document of the run's live engine tree, or why there is none."""
-    from opsctl.checks import stacks
     from opsctl.errors import OpsctlError
+    from opsctl.stacks import run as check
 
     try:
-        report = stacks.run(str(run_dir), stacks.Options(timeout=5.0))
+        report = check.run(str(run_dir), check.Options(timeout=5.0))
     except OpsctlError as exc:
         return None, exc.message
     return _json(dict(report.document)), ""

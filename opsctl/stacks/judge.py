@@ -14,7 +14,7 @@ collective and the frame that called it: ``waits in all_reduce (.../cpu_communic
 (collective) under forward (.../vocab_parallel_embedding.py:562)``.
 
 The verdict over all processes (which rank is stuck, which wait for it) is
-:mod:`opsctl.domain.stack_verdict`'s.
+:mod:`opsctl.stacks.judge_verdict`'s.
 """
 
 from __future__ import annotations

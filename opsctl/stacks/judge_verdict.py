@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from opsctl.domain import ranks
-from opsctl.domain.stacks import SCHEMA, ProcessStacks, collective, is_idle, where
+from opsctl.stacks.judge import SCHEMA, ProcessStacks, collective, is_idle, where
 
 PASS, STUCK, INCOMPLETE, FAIL = "pass", "stuck", "incomplete", "fail"
 VERDICTS = (PASS, STUCK, INCOMPLETE, FAIL)
