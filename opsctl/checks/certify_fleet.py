@@ -38,7 +38,7 @@ from opsctl.checks import certify
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
 from opsctl.checks.target import UrlTarget
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.domain import certify_fleet as fdom
 from opsctl.domain.certify_fleet import FleetTarget
 from opsctl.errors import BadInput
@@ -129,7 +129,7 @@ class TargetProgress(ev.Prefixed):
 class TargetDone(ev.CaseResult):
     """One target concluded (``name`` the target, ``verdict`` its certify verdict)."""
 
-    state: str = dom.RAN
+    state: str = certify_dom.RAN
     seconds: float = 0.0
 
     def snapshot(self) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class _Fleet:
             why = f"no answer within the target's deadline ({self.deadline:g} s, --timeout)"
             results = fdom.deadline_results(slot.done, slot.running, seconds, why, True)
         else:
-            why = dom.INTERRUPTED_WHY
+            why = certify_dom.INTERRUPTED_WHY
             results = fdom.deadline_results(slot.done, slot.running, seconds, why, False)
         return certify.cut_short(url, results, seconds, state, why).to_dict()
 
@@ -311,7 +311,7 @@ def first_failure(entry: Mapping[str, Any]) -> str:
     if entry.get("error"):
         return str(entry["error"])
     for c in entry.get("checks") or ():
-        if c.get("verdict") in (dom.FAILED, dom.ERROR):
+        if c.get("verdict") in (certify_dom.FAILED, certify_dom.ERROR):
             return f"{c['check']}: {c.get('first_finding') or c['verdict']}"
     return "-"
 

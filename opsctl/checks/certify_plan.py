@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from opsctl.checks.registry import Need, Planning
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.domain import check_registry as reg
 
 POOLING_UNKNOWN = "pooling"  # a URL's pooling model whose config is not readable here
@@ -38,9 +38,9 @@ POOLING_UNKNOWN = "pooling"  # a URL's pooling model whose config is not readabl
 
 @dataclass(frozen=True)
 class Facts:
-    """What is certified: the :class:`dom.Subject` and where its files are."""
+    """What is certified: the :class:`certify_dom.Subject` and where its files are."""
 
-    subject: dom.Subject
+    subject: certify_dom.Subject
     model_path: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None  # a URL's opsctl run directory, when found
@@ -85,7 +85,7 @@ def managed_facts(spec: EngineSpec) -> Facts:
 
     resolved = resolve(spec.model)  # BadInput: unknown name, bad directory
     config = resolved.config
-    subject = dom.Subject(
+    subject = certify_dom.Subject(
         managed=True,
         model=resolved.name,
         archetype=resolved.archetype,
@@ -125,7 +125,7 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
         path = _readable_dir(meta.get("model_path") or served.root)
         config = _config(path)
         archetype = archetype_of(config) if config else _probe_kind(live.url, served.name, live)
-    subject = dom.Subject(
+    subject = certify_dom.Subject(
         managed=False,
         model=served.name,
         archetype=archetype,

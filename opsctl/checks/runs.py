@@ -28,7 +28,7 @@ from typing import Any
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
 from opsctl.domain import engram as dom_engram
-from opsctl.domain import runs as dom
+from opsctl.domain import runs as runs_dom
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def list_runs(options: ListOptions = ListOptions()) -> Report:
             "runs.list",
             runs_dir=str(root),
             runs=rows,
-            counts={s: sum(r["state"] == s for r in rows) for s in dom.STATES},
+            counts={s: sum(r["state"] == s for r in rows) for s in runs_dom.STATES},
         ),
     )
 
@@ -84,7 +84,9 @@ def run_dict(snap: Any) -> dict[str, Any]:
         "healthy_at": m.healthy_at if m else None,
         "stopped_at": m.stopped_at if m else None,
         "reaped_at": m.reaped_at if m else None,
-        "ended_at": dom.ended_at(m, snap.last_write) if a.state in ("stopped", "dead") else None,
+        "ended_at": runs_dom.ended_at(m, snap.last_write)
+        if a.state in ("stopped", "dead")
+        else None,
         "owner_pid": m.owner_pid if m else None,
         "owner_alive": a.owner_alive,
         "api_pid": m.api_pid if m else None,
@@ -120,7 +122,7 @@ class CleanOptions:
     runs_dir: Path | None = None  # default: opsctl.paths.runs_dir()
 
     def __post_init__(self) -> None:
-        dom.check_clean_options(self.yes, self.shm, self.force)
+        runs_dom.check_clean_options(self.yes, self.shm, self.force)
 
 
 def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ignore) -> RunsReport:
@@ -134,7 +136,7 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
     reaped, pruned, failed = _act(rows, root, options, progress) if options.yes else ([], [], [])
     segs = _segments(options, progress) if options.shm else None
     failure = (
-        dom.clean_failure(
+        runs_dom.clean_failure(
             [(f["name"], f["error"]) for f in failed],
             (segs or {}).get("kept", []),
             (segs or {}).get("refused"),
@@ -156,7 +158,9 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
         failed=failed,
         shm=segs,
     )
-    return RunsReport(verdict, doc, failure=failure, hint=dom.pending_hint(options.yes, len(todo)))
+    return RunsReport(
+        verdict, doc, failure=failure, hint=runs_dom.pending_hint(options.yes, len(todo))
+    )
 
 
 def _plan_runs(root: Path, options: CleanOptions) -> list[dict[str, Any]]:
@@ -166,7 +170,9 @@ def _plan_runs(root: Path, options: CleanOptions) -> list[dict[str, Any]]:
     rows = []
     for snap in col.list_runs(root):
         a = snap.assessment()
-        d = dom.clean_decision(a, dom.ended_at(snap.meta, snap.last_write), now, options.older_than)
+        d = runs_dom.clean_decision(
+            a, runs_dom.ended_at(snap.meta, snap.last_write), now, options.older_than
+        )
         rows.append(
             {
                 "name": snap.name,
@@ -226,7 +232,7 @@ def _segments(options: CleanOptions, progress: ev.Progress) -> dict[str, Any]:
     kept: list[str] = []
     refused = None
     if options.yes and free:
-        refused = dom.shm_refusal(scan.denied_pids, options.force)
+        refused = runs_dom.shm_refusal(scan.denied_pids, options.force)
         if refused:
             kept = [s.name for s in free]
             progress(ev.Alert(refused))
