@@ -45,6 +45,7 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import PASS, Report
+from opsctl.collectors.jsonfile import run_meta
 from opsctl.domain import redact
 from opsctl.errors import BadInput
 
@@ -94,7 +95,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     state = run_dict(snap)
     files, errors = col.run_files(path)
     missing = [{"what": "run file", "why": e} for e in errors]
-    meta = _meta(path)
+    meta = run_meta(path)
     argv = [str(a) for a in meta.get("argv") or []]
     engine_env, env_source = _engine_env(snap)
     secrets = redact.secret_values({**os.environ, **(engine_env or {})}, argv)
@@ -146,14 +147,6 @@ def _first_death(path: Path) -> str | None:
 
     found = deaths.of_run(path)
     return found.summary() if found is not None else None
-
-
-def _meta(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _engine_env(snap: Any) -> tuple[dict[str, str] | None, str]:

@@ -20,7 +20,6 @@ Probes only observe, so they are unioned through ``EngineSession.plan``.
 
 from __future__ import annotations
 
-import json
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 from opsctl.checks.registry import Need, Planning
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
+from opsctl.collectors.jsonfile import json_object
 from opsctl.domain import certify as certify_dom
 from opsctl.domain import check_registry as reg
 
@@ -163,13 +163,7 @@ def _readable_dir(path: str | None) -> Path | None:
 
 
 def _config(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return {} if path is None else json_object(path / "config.json")
 
 
 def _probe_kind(url: str, model: str, live) -> str:

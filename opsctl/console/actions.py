@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.checks import events as ev
+from opsctl.collectors import jsonfile
 from opsctl.domain import admin_routes as adm
 from opsctl.domain import check_registry as reg
 from opsctl.domain.console import EndpointView
@@ -49,13 +50,7 @@ class CheckChoice:
 
 def run_meta(view: EndpointView) -> dict[str, Any]:
     """meta.json of the opsctl run behind an endpoint ({} when none)."""
-    if not view.target.run_dir:
-        return {}
-    try:
-        doc = json.loads((Path(view.target.run_dir) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return jsonfile.run_meta(view.target.run_dir)
 
 
 def model_kind(view: EndpointView, model_path: str | None = None) -> tuple[str | None, str]:

@@ -216,18 +216,40 @@ def parse_samples(text: str) -> MetricSamples:
     return build_samples(samples, count_vllm_series(text))
 
 
+@dataclass(slots=True)
+class Sums:
+    """The running sums over one body's samples (build_samples and metrics_fast's alike)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    labelled: dict[str, dict[str, float]] = field(default_factory=dict)
+    raw_buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    engines: set[str] = field(default_factory=set)
+    per_engine: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def samples(self, vllm_series: int) -> MetricSamples:
+        """The sums as MetricSamples: each histogram's buckets sorted by bound."""
+        buckets = {k: tuple(sorted(v.items())) for k, v in self.raw_buckets.items()}
+        return MetricSamples(
+            self.values,
+            self.labelled,
+            buckets,
+            self.info,
+            len(self.engines),
+            vllm_series,
+            self.per_engine,
+        )
+
+
 def build_samples(
     samples: Iterable[tuple[str, dict[str, str], float]], vllm_series: int
 ) -> MetricSamples:
     """MetricSamples from (name, labels, value) samples (either parser's).
 
     Only the families the console reads."""
-    values: dict[str, float] = {}
-    labelled: dict[str, dict[str, float]] = {}
-    raw_buckets: dict[str, dict[float, float]] = {}
-    info: dict[str, str] = {}
-    engines: set[str] = set()
-    per_engine: dict[str, dict[str, float]] = {}
+    sums = Sums()
+    values, labelled, raw_buckets = sums.values, sums.labelled, sums.raw_buckets
+    info, engines, per_engine = sums.info, sums.engines, sums.per_engine
     for name, labels, value in samples:
         if name.endswith("_bucket") and "le" in labels:
             per = raw_buckets.setdefault(name[: -len("_bucket")], {})
@@ -247,8 +269,7 @@ def build_samples(
             d[name] = d.get(name, 0.0) + value
         if name == RUNNING:
             engines.add(labels.get(ENGINE_LABEL, "0"))
-    buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series, per_engine)
+    return sums.samples(vllm_series)
 
 
 def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
