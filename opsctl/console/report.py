@@ -56,9 +56,12 @@ from opsctl.domain import gpu as gpu_view
 from opsctl.domain import requests as requests_view
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts, verdict
-from opsctl.domain.records import rounded
 
 SCHEMA = "console/4"
+
+
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
 
 
 def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
@@ -81,35 +84,33 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "health_status": v.health_status,
         "requests_running": f.running,
         "requests_waiting": f.waiting,
-        "kv_cache_usage": rounded(f.kv_usage, 4),
+        "kv_cache_usage": _r(f.kv_usage),
         "kv_capacity_tokens": f.kv_capacity_tokens,
         "kv_used_tokens": f.kv_used_tokens,
-        "prefix_cache_hit_rate": rounded(f.prefix_hit_rate, 4),
-        "prefix_cache_hit_rate_lifetime": rounded(f.prefix_hit_rate_lifetime, 4),
-        "prompt_tokens_per_s": rounded(f.prompt_tps, 2),
-        "generation_tokens_per_s": rounded(f.generation_tps, 2),
-        "requests_per_s": rounded(f.request_rate, 3),
-        "preemptions_per_s": rounded(f.preemption_rate, 3),
-        "engine_steps_per_s": rounded(f.steps_per_s, 2),
-        "tokens_per_engine_step": rounded(f.tokens_per_step, 2),
+        "prefix_cache_hit_rate": _r(f.prefix_hit_rate),
+        "prefix_cache_hit_rate_lifetime": _r(f.prefix_hit_rate_lifetime),
+        "prompt_tokens_per_s": _r(f.prompt_tps, 2),
+        "generation_tokens_per_s": _r(f.generation_tps, 2),
+        "requests_per_s": _r(f.request_rate, 3),
+        "preemptions_per_s": _r(f.preemption_rate, 3),
+        "engine_steps_per_s": _r(f.steps_per_s, 2),
+        "tokens_per_engine_step": _r(f.tokens_per_step, 2),
         "preemptions_total": f.preemptions_total,
         "prompt_tokens_total": f.prompt_tokens_total,
         "generation_tokens_total": f.generation_tokens_total,
         "requests_total": f.requests_total,
-        "prompt_tokens_by_source": {k: rounded(x, 4) for k, x in f.prompt_tokens_by_source.items()},
+        "prompt_tokens_by_source": {k: _r(x) for k, x in f.prompt_tokens_by_source.items()},
         "waiting_by_reason": f.waiting_by_reason,
         "finished_by_reason": f.finished_by_reason,
-        "ttft_p50_s": rounded(ttft.p50 if ttft else None, 6),
-        "ttft_p95_s": rounded(ttft.p95 if ttft else None, 6),
+        "ttft_p50_s": _r(ttft.p50 if ttft else None, 6),
+        "ttft_p95_s": _r(ttft.p95 if ttft else None, 6),
         "latency_basis": f.latency_basis,
-        "latency_s": {
-            k: {n: rounded(x, 6) for n, x in asdict(q).items()} for k, q in f.latency.items()
-        },
+        "latency_s": {k: {n: _r(x, 6) for n, x in asdict(q).items()} for k, q in f.latency.items()},
         "engines": [e.to_dict() for e in v.engines],
         "restarts_seen": v.restarts,
         "scrapes": v.scrapes,
-        "data_age_s": rounded(v.age(now), 2),
-        "poll_s": rounded(v.poll_s, 4),
+        "data_age_s": _r(v.age(now), 2),
+        "poll_s": _r(v.poll_s, 4),
         "pids": [{"pid": p.pid, "role": p.role} for p in (v.local.procs if v.local else ())],
         "pid": t.pid,
         "run_dir": t.run_dir,
@@ -140,7 +141,7 @@ def document(
         source=snap.source,
         interval_s=snap.interval_s,
         stall_window_s=stall_window_s,
-        observed_s=rounded(observed_s, 2),
+        observed_s=_r(observed_s, 2),
         counts=state_counts(views),
         exit_code=code,
         reason=reason,

@@ -42,7 +42,6 @@ from opsctl.domain.metrics import (
     bucket_delta,
     histogram_quantile,
 )
-from opsctl.domain.records import rounded
 from opsctl.domain.requests import RequestsView
 
 STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
@@ -248,6 +247,9 @@ class EngineView:
     def to_dict(self) -> dict[str, Any]:
         """The engine as the console's and status's documents hold it."""
 
+        def r(v: float | None, nd: int) -> float | None:
+            return None if v is None else round(v, nd)
+
         return {
             "engine": self.engine,
             "role": self.role,
@@ -255,11 +257,11 @@ class EngineView:
             "reason": self.reason,
             "requests_running": self.running,
             "requests_waiting": self.waiting,
-            "kv_cache_usage": rounded(self.kv_usage, 4),
-            "generation_tokens_per_s": rounded(self.generation_tps, 2),
-            "engine_steps_per_s": rounded(self.steps_per_s, 2),
-            "flat_s": rounded(self.flat_s, 2),
-            "stalled_for_s": rounded(self.flat_s, 2) if self.state == STALLED else None,
+            "kv_cache_usage": r(self.kv_usage, 4),
+            "generation_tokens_per_s": r(self.generation_tps, 2),
+            "engine_steps_per_s": r(self.steps_per_s, 2),
+            "flat_s": r(self.flat_s, 2),
+            "stalled_for_s": r(self.flat_s, 2) if self.state == STALLED else None,
             "canary": self.canary.to_dict() if self.canary is not None else None,
         }
 

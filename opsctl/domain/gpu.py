@@ -27,8 +27,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opsctl.domain.records import rounded
-
 RAW_SCHEMA = "opsctl.gpu-raw/1"
 VENDORS = ("nvidia", "amd", "intel")
 PCI_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
@@ -286,21 +284,24 @@ def shown_reason(view: Any) -> str | None:
 def device_dict(d: GpuDevice) -> dict[str, Any]:
     """JSON of one GPU (units in the names, null for unknown)."""
 
+    def r(v: float | None, nd: int = 1) -> float | None:
+        return None if v is None else round(v, nd)
+
     return {
         "index": d.index,
         "name": d.name,
         "uuid": d.uuid,
         "vendor": d.vendor,
-        "util_pct": rounded(d.util_pct, 1),
+        "util_pct": r(d.util_pct),
         "mem_used_bytes": d.mem_used_bytes,
         "mem_total_bytes": d.mem_total_bytes,
-        "temp_c": rounded(d.temp_c, 1),
-        "temp_slowdown_c": rounded(d.temp_slowdown_c, 1),
-        "power_w": rounded(d.power_w, 2),
-        "power_limit_w": rounded(d.power_limit_w, 2),
-        "fan_pct": rounded(d.fan_pct, 1),
-        "sm_clock_mhz": rounded(d.sm_clock_mhz, 0),
-        "mem_clock_mhz": rounded(d.mem_clock_mhz, 0),
+        "temp_c": r(d.temp_c),
+        "temp_slowdown_c": r(d.temp_slowdown_c),
+        "power_w": r(d.power_w, 2),
+        "power_limit_w": r(d.power_limit_w, 2),
+        "fan_pct": r(d.fan_pct),
+        "sm_clock_mhz": r(d.sm_clock_mhz, 0),
+        "mem_clock_mhz": r(d.mem_clock_mhz, 0),
         "processes": [
             {"pid": p.pid, "role": p.role, "used_bytes": p.used_bytes} for p in d.processes
         ],

@@ -25,11 +25,6 @@ def plain(value: Any, tuples: bool = False) -> Any:
     return value
 
 
-def rounded(v: float | None, nd: int) -> float | None:
-    """``v`` rounded to ``nd`` places for a report; None (not known) stays None."""
-    return None if v is None else round(v, nd)
-
-
 def record(
     obj: Any, names: Mapping[str, str] | None = None, tuples: bool = False
 ) -> dict[str, Any]:

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain.records import rounded
-
 # how a record's token counts were obtained
 FROM_USAGE = "usage"  # the response's usage (JSON body or the final stream chunk)
 FROM_CHUNKS = "chunks"  # a stream without usage: output = output chunks counted
@@ -277,6 +275,10 @@ class RequestsView:
     disconnected: int
 
 
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
 def record_dict(r: RequestRecord) -> dict[str, Any]:
     """The record as a report's ``requests`` list holds it."""
     return {
@@ -290,8 +292,8 @@ def record_dict(r: RequestRecord) -> dict[str, Any]:
         "in_flight": r.in_flight,
         "status": r.status,
         "started_at": round(r.started_at, 3),
-        "ttft_s": rounded(r.ttft_s, 4),
-        "duration_s": rounded(r.duration_s, 4),
+        "ttft_s": _r(r.ttft_s),
+        "duration_s": _r(r.duration_s),
         "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens,
         "tokens_from": r.tokens_from,
