@@ -78,7 +78,6 @@ VERIFIED_ON = ("0.32.0",)  # the release a probe is verified on unless it says o
 def dotted(symbol: str) -> str:
     """A symbol as the dotted path a ledger's ``target`` shows.
 
-    A symbol as a dotted path, the form a ledger's ``target`` shows:
     ``"vllm.a.b:C.f"`` -> ``"vllm.a.b.C.f"``."""
     return symbol.replace(":", ".", 1)
 

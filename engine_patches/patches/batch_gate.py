@@ -165,8 +165,7 @@ class Gate:
     def accepted(self, request_id: str) -> bool:
         """Whether the gate held a request and handed it back.
 
-        Whether a request is one the gate held and handed back (so it was accepted
-        before any pause that rejects new work now)."""
+        Such a request was accepted before any pause that rejects new work now."""
         with self.lock:
             return str(request_id) in self.released
 

@@ -310,8 +310,7 @@ GUARD = "_opsctl_local_recompute"  # on a request: never load its KV from the co
 def recompute_locally(scheduler, request) -> None:
     """Make a request's restart read neither the prefix cache nor the connector.
 
-    Make ``request``'s restart read neither the local prefix cache nor the
-    connector: the KV that failed to load would otherwise be loaded (and fail) again,
+    Else the KV that failed to load would be loaded (and fail) again,
     for ever on a connector that keeps failing (seen on vLLM 0.26 on the H200: 18,646
     recoveries in 200 s). Each release spells it differently: 0.32/0.33 read
     ``skip_reading_prefix_cache`` for both lookups, 0.34 has ``prefix_cache_hit_limit``

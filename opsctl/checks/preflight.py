@@ -1,10 +1,10 @@
 """Upgrade preflight as a library call: each patch and probe against another vLLM release.
 
-Upgrade preflight (`opsctl patches --against VERSION|WHEEL`) as a library call: read
-a vLLM release's sources without installing it and say, per patch and probe of
-:mod:`engine_patches`, whether its targets exist, whether they are unchanged against the
-release it was verified on, whether the fix is already upstream (the patch's own rule,
-the one its apply function runs), and what changed around it.
+`opsctl patches --against VERSION|WHEEL`: read a vLLM release's sources without installing
+it and say, per patch and probe of :mod:`engine_patches`, whether its targets exist, whether
+they are unchanged against the release it was verified on, whether the fix is already
+upstream (the patch's own rule, the one its apply function runs), and what changed around
+it.
 
 ``run(source, options, progress) -> Report`` (schema ``opsctl.preflight/1``). ``source``
 is a version (``"0.33.0"``: its wheel, cached under ``$OPSCTL_HOME/wheels`` or

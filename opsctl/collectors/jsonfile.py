@@ -14,10 +14,7 @@ from opsctl.errors import BadInput
 
 
 def load_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; BadInput when unreadable, malformed or not an object.
-
-    A JSON object from ``path``; unreadable, malformed or non-object files are
-    BadInput with one clear line."""
+    """The JSON object in ``path``; BadInput when unreadable, malformed or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:

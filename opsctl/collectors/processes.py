@@ -1,7 +1,6 @@
 """Process-tree snapshots via psutil; a vanished or denied process is a field, not a crash.
 
-Process-tree snapshots via psutil. A process that vanishes or denies access while
-being read becomes a field with a reason, never a crash."""
+The field says why (gone, access denied)."""
 
 from __future__ import annotations
 

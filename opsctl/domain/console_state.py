@@ -661,10 +661,8 @@ def settle_undecided(
 ) -> tuple[EndpointView, ...]:
     """End of ``--once``: an endpoint still undecided after the stall window is stalled.
 
-    At the end of a ``--once`` observation: an endpoint that is still undecided after
-    the whole stall window was watched (its scrapes too late or too sparse for the
-    tracker's own rule) is stalled -- a health gate never passes what it never saw
-    move."""
+    Undecided: its scrapes came too late or too sparse for the tracker's own rule. A
+    health gate never passes what it never saw move."""
     if observed_s < stall_window_s:
         return views
     out = []

@@ -1,8 +1,7 @@
 """Stacks of a vLLM server's processes (``opsctl stacks``), pure: parse, group, judge.
 
-Stacks of a vLLM server's processes (``opsctl stacks``): parse what faulthandler or
-py-spy gave, group identical stacks across processes, and say in one line per process
-where it waits. Pure: no I/O.
+Parsing reads what faulthandler or py-spy gave; grouping joins identical stacks across
+processes; judging says in one line per process where it waits. No I/O.
 
 A frame is (function, file, line); a thread's frames go innermost first, as both tools
 print them. The line names the main thread's innermost frame that is not in the

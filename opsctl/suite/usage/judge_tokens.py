@@ -96,8 +96,7 @@ def remote_parts(
 ) -> tuple[int | None, ...]:
     """Each input's count from /tokenize ``lengths``; None for a pair of unknown template.
 
-    Each input's count from /tokenize ``lengths`` (keyed as :func:`tokenize_requests`
-    asks); None for a pair when the template is unknown.
+    ``lengths`` keyed as :func:`tokenize_requests` asks.
     """
     out: list[int | None] = []
     for x in inputs:
