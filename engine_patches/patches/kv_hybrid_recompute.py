@@ -1,7 +1,6 @@
 """Multi-group (hybrid) KV caches recompute after a failed KV load (vLLM PR 50388).
 
-KV load failures on multi-group (hybrid) KV caches: recompute, never crash
-(vLLM PR 50388; issues 45474, 50687).
+Never a crash: vLLM issues 45474 and 50687.
 
 A KV connector reports blocks whose external load failed through
 ``get_block_ids_with_load_errors()``. vLLM's scheduler then rewinds the affected
@@ -95,9 +94,8 @@ SYMBOLS = (HANDLE, UPDATE)
 def upstream_rule(sources: Sources) -> tuple[bool | None, str]:
     """Whether the scheduler already recovers several groups, from its source.
 
-    (True: the scheduler already recovers several groups | False: it crashes |
-    None: the target is missing, why), from the source text of :data:`SYMBOLS`
-    (installed or read from a wheel)."""
+    (True | False: it crashes | None: the target is missing, why), from the source text of
+    :data:`SYMBOLS` (installed or read from a wheel)."""
     if sources.get(HANDLE) is None:
         return None, "Scheduler._handle_invalid_blocks not found (vLLM changed its KV failure path)"
     text = "\n".join(src for src in (sources.get(HANDLE), sources.get(UPDATE)) if src)
@@ -359,10 +357,7 @@ def wrap(original):
 
 
 def apply() -> Outcome:
-    """Wrap ``Scheduler._handle_invalid_blocks`` unless upstream handles several groups.
-
-    Wrap ``Scheduler._handle_invalid_blocks``, unless the installed scheduler
-    already recovers several groups."""
+    """Wrap ``Scheduler._handle_invalid_blocks`` unless upstream handles several groups."""
     from vllm.v1.core.sched import scheduler as sched_mod
 
     cls = sched_mod.Scheduler

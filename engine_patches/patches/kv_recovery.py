@@ -262,8 +262,7 @@ def _wrap_schedule(original):
 def rewind_runner_state(runner, cached_reqs, rewound: set[str]) -> list[dict]:
     """Rewind the V2 runner's state of each rewound request to the scheduler's.
 
-    Bring the V2 runner's state of each rewound request back to the scheduler's:
-    the device-side computed count, ``total_len``, and the output bin counts of the
+    The state: the device-side computed count, ``total_len``, and the output bin counts of the
     tokens the failure dropped. Returns one record per request (for the event)."""
     import torch
 

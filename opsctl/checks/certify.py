@@ -173,8 +173,7 @@ def _start_failure(exc: Exception) -> OpsctlError:
 class CertifyReport(Report):
     """The ``opsctl.certify/2`` document, its verdict and the hint for its error.
 
-    ``document`` is the ``opsctl.certify/2`` JSON document; ``hint`` goes with its
-    ``error`` on stderr (e.g. "pass --api-key KEY")."""
+    ``hint`` goes with the ``error`` on stderr (e.g. "pass --api-key KEY")."""
 
     hint: str | None = None
     stop: KeyboardInterrupt | None = None  # interrupted: re-raised once the report is out

@@ -154,9 +154,9 @@ def document(
 def render_plain(console, snap: FleetSnapshot) -> None:
     """Print the snapshot's table on stdout (plain full-width when piped).
 
-    The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
-    the title only on a terminal, so the first line is the header): the columns
-    opsctl.console.columns declares for ``--once`` (the GPU column on a GPU host only).
+    Piped, the first line is the header (opsctl.output.PlainConsole; the title only on a
+    terminal). The columns are those opsctl.console.columns declares for ``--once`` (the
+    GPU column on a GPU host only).
     The hint and the verdict's reason go to stderr (the command prints them)."""
     from rich.table import Table
 

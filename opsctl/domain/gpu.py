@@ -72,8 +72,7 @@ class GpuDevice:
 class HostGpus:
     """One collection of this host's GPUs; no devices with a ``reason``: no GPU.
 
-    One collection on this host. ``devices`` empty with ``reason`` set: no GPU (or the
-    driver could not be read: the reason says which)."""
+    The reason also tells a driver that could not be read from no GPU at all."""
 
     taken_at: float
     source: str | None  # "nvml" | "sysfs" | None (nothing found)
@@ -273,8 +272,7 @@ def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
 def shown_reason(view: Any) -> str | None:
     """The endpoint's reason as shown, with a stalled endpoint's GPU signature.
 
-    As the row, the drill-in and the JSON show it: a stalled endpoint's reason with its
-    GPU signature after it."""
+    The row, the drill-in and the JSON show this one; the signature follows the reason."""
     sig = stall_gpu(view.state, getattr(view, "gpus", ()))
     if sig is None:
         return view.reason

@@ -316,8 +316,8 @@ def select(
 ) -> tuple[list[PromTarget], dict[str, PromTarget]]:
     """The endpoints to show (one per base URL) and the /health targets by base URL.
 
-    The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
-    without one; one per base URL) and the /health targets by base URL (any job)."""
+    The endpoints are metrics targets of ``job`` (without one: of every job exporting
+    vLLM series); the /health targets come from any job."""
     health: dict[str, PromTarget] = {}
     chosen: dict[str, PromTarget] = {}
     for t in targets:

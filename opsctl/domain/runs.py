@@ -281,8 +281,8 @@ def clean_decision(
 def is_vllm_segment(name: str) -> bool:
     """Whether a /dev/shm name is one vLLM leaks when killed (``psm_*``, ``sem.mp-*``).
 
-    /dev/shm names vLLM leaks when killed: ``psm_*`` (shm_broadcast ring buffers) and
-    ``sem.mp-*`` (multiprocessing semaphores). Engram tables have their own clean.
+    ``psm_*`` are shm_broadcast ring buffers, ``sem.mp-*`` multiprocessing semaphores.
+    Engram tables have their own clean.
     """
     return name.startswith(SHM_PREFIXES)
 

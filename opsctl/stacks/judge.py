@@ -189,7 +189,7 @@ class ProcessStacks:
 def is_native(f: Frame) -> bool:
     """Whether a frame is a C frame of a native dump (py-spy --native).
 
-    A C frame of a native dump (py-spy --native): its file is a shared library, a C
+    Its file is a shared library, a C
     source or an executable (a statically linked libpython), not Python's ``.py`` nor
     ``<string>``/``<frozen ...>``.
     """

@@ -1,9 +1,8 @@
 """`opsctl stacks` as a library call: where every process of a local vLLM server waits.
 
-The Python stacks of every process of a local vLLM
-server (API server, EngineCore, workers), each labelled with its role, taken without
-stopping the engine (opsctl.stacks.collect), with identical stacks grouped and one
-line per process naming where it waits (opsctl.stacks.judge).
+Each process (API server, EngineCore, workers) is labelled with its role; its stacks
+are taken without stopping the engine (opsctl.stacks.collect), and identical stacks are
+grouped (opsctl.stacks.judge).
 
 ``run(target, Options, progress) -> Report`` (schema ``opsctl.stacks/2``). ``target`` is
 a URL (this node's only), an opsctl run (its directory or its name under the runs

@@ -302,8 +302,7 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
 def engine_facts(run_dir: Path | None, tag: str, mixed: int, timeout: float = 3.0) -> EngineFacts:
     """:func:`read_facts` once the batch probe shows every ``mixed`` request (or at timeout).
 
-    :func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
-    last lines may land just after the responses), or at ``timeout``."""
+    The last lines may land just after the responses."""
     deadline = time.monotonic() + timeout
     while True:
         facts = read_facts(run_dir)
