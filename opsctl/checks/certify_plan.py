@@ -107,7 +107,7 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
     vLLM. The facts: its model (config from /v1/models ``root`` or its run directory when
     readable here), kind, run directory, whether it runs on this node and whether its
     mm_uuid probe is on."""
-    from opsctl.collectors import certify as col
+    from opsctl.collectors import certify as certify_col
     from opsctl.collectors.http import require_reachable
     from opsctl.collectors.scoring import ScoringApi
     from opsctl.domain.urls import normalise_url
@@ -121,7 +121,7 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
             served = api.served_model()
         except BadInput as err:  # it answered require_vllm a moment ago, then not
             raise EngineUnreachable(f"not a vLLM server: {err.message}") from None
-        meta = col.read_meta(live.run_dir)
+        meta = certify_col.read_meta(live.run_dir)
         path = _readable_dir(meta.get("model_path") or served.root)
         config = _config(path)
         archetype = archetype_of(config) if config else _probe_kind(live.url, served.name, live)

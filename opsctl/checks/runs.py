@@ -52,11 +52,11 @@ class ListOptions:
 def list_runs(options: ListOptions = ListOptions()) -> Report:
     """Every run directory and its state (read once, nothing changed)."""
     from opsctl import paths
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
     from opsctl.output import document
 
     root = options.runs_dir or paths.runs_dir()
-    rows = [run_dict(s) for s in col.list_runs(root)]
+    rows = [run_dict(s) for s in runs_col.list_runs(root)]
     return Report(
         PASS,
         document(
@@ -164,11 +164,11 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
 
 
 def _plan_runs(root: Path, options: CleanOptions) -> list[dict[str, Any]]:
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
 
     now = time.time()
     rows = []
-    for snap in col.list_runs(root):
+    for snap in runs_col.list_runs(root):
         a = snap.assessment()
         d = runs_dom.clean_decision(
             a, runs_dom.ended_at(snap.meta, snap.last_write), now, options.older_than
@@ -193,7 +193,7 @@ def _act(
 ) -> tuple[list[dict], list[str], list[dict]]:
     """Reap and prune what the plan says (each re-checked by the collector right before);
     sets every row's result. Returns (reap reports, pruned names, failures)."""
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
 
     reaped: list[dict] = []
     pruned: list[str] = []
@@ -201,12 +201,12 @@ def _act(
     for r in rows:
         if r["action"] == "reap":
             progress(ev.Phase(f"reaping {r['name']}"))
-            rep = col.reap(Path(r["path"]), grace=options.grace)
+            rep = runs_col.reap(Path(r["path"]), grace=options.grace)
             reaped.append(rep.to_dict())
             error = rep.error
             r["result"] = error or "reaped"
         elif r["action"] == "prune":
-            error = col.prune(Path(r["path"]), root, time.time(), options.older_than)
+            error = runs_col.prune(Path(r["path"]), root, time.time(), options.older_than)
             r["result"] = error or "pruned"
             if not error:
                 pruned.append(r["name"])
@@ -222,11 +222,11 @@ def _act(
 def _segments(options: CleanOptions, progress: ev.Progress) -> dict[str, Any]:
     """Leaked vLLM /dev/shm segments; with ``yes`` the free ones are removed (the shm
     collector rescans right before: held again or young now -> kept; gone -> neither)."""
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
     from opsctl.collectors import shm
 
     progress(ev.Phase(f"scanning {shm.SHM} for vLLM segments"))
-    scan = col.vllm_segments(options.min_age)
+    scan = runs_col.vllm_segments(options.min_age)
     free = [s for s in scan.segments if s.status == "orphan"]
     removed: list[str] = []
     kept: list[str] = []

@@ -278,10 +278,10 @@ class Jobs:
 
 def admin(view: EndpointView, name: str, api_key: str | None, timeout: float = 10.0) -> adm.Outcome:
     """Call the admin route ``name`` on ``view``'s server -> domain Outcome."""
-    from opsctl.collectors import admin as col
+    from opsctl.collectors import admin as admin_col
 
     r = adm.route(name)
-    answer = col.call(view.target.url, r.method, r.path, api_key, timeout)
+    answer = admin_col.call(view.target.url, r.method, r.path, api_key, timeout)
     return adm.outcome(r, answer.status, answer.body, answer.error, view.info.version)
 
 
