@@ -152,9 +152,8 @@ class Gate:
     def flush(self, why: str = "shutdown") -> list[tuple[Any, int]]:
         """Hand back every held request, in arrival order per group.
 
-        Every held request, in arrival order per group (at shutdown or a pause: the
-        scheduler then drains, keeps or aborts them like any other accepted request).
-        Late members of a flushed group pass at once."""
+        At shutdown or a pause: the scheduler then drains, keeps or aborts them like any
+        other accepted request. Late members of a flushed group pass at once."""
         with self.lock:
             groups, self.groups = self.groups, {}
             self.expired.update(groups)

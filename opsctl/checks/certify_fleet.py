@@ -1,7 +1,6 @@
 """certify over a fleet as a library call: every target's URL checks, bounded, at once.
 
-The URL checks of ``opsctl certify URL`` on
-every target at once, bounded, each target with its own deadline.
+The checks are those of ``opsctl certify URL``; each target has its own deadline.
 
 ``resolve(listed, api_key, environ) -> [FleetTarget]`` turns the targets file's and the
 command line's targets (:class:`opsctl.domain.console.Target`) into the fleet: a name

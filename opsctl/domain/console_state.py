@@ -583,9 +583,8 @@ NO_ENDPOINT = {
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
     """The fleet's exit code: 0 healthy, 1 any failing, 3 none reachable (or none).
 
-    0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
-    3 when none is reachable -- and 3 for an empty fleet: a health gate that checked
-    nothing does not pass."""
+    Healthy is ready, busy or restarted. An empty fleet is 3 too: a health gate that
+    checked nothing does not pass."""
     return verdict(views)[0]
 
 

@@ -1,9 +1,7 @@
 """GPU telemetry, pure: GPU readings as frozen types, mapped onto vLLM's processes.
 
-The frozen types a GPU collector produces, the mapping of raw
-readings (NVML, AMD/Intel sysfs + DRM fdinfo) to them, and the mapping of per-process
-GPU memory onto the vLLM process roles the console knows (API server, EngineCore,
-workers per rank).
+Raw readings come from NVML or AMD/Intel sysfs and DRM fdinfo; per-process GPU memory
+maps onto the roles the console knows (API server, EngineCore, workers per rank).
 
 Unknown is ``None``, never 0: a GPU whose fan NVML cannot read has ``fan_pct=None``;
 a host without a GPU (or without a readable driver) has no devices and a ``reason``.

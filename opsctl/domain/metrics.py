@@ -157,10 +157,9 @@ ENGINE_LABEL = "engine"
 class MetricSamples:
     """One /metrics body as the console reads it: values, breakdowns, buckets, info.
 
-    One /metrics body: vllm:* sample values summed over label sets (engines, models),
-    the label breakdowns of LABELLED, cumulative histogram buckets, info labels, and the
-    PER_ENGINE series per data-parallel engine (``per_engine``: engine label -> name ->
-    value summed over the other labels)."""
+    Values: vllm:* samples summed over label sets (engines, models); breakdowns: those of
+    LABELLED; buckets: cumulative. ``per_engine`` holds the PER_ENGINE series per
+    data-parallel engine: engine label -> name -> value summed over the other labels."""
 
     values: dict[str, float]
     labelled: dict[str, dict[str, float]]
