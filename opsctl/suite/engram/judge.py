@@ -1,9 +1,9 @@
 """Engram host tables: layout of one shared allocation, what to verify, and findings.
 
-Pure logic (no I/O, no UI). The collector (opsctl.collectors.engram) reads /proc and
+Pure logic (no I/O, no UI). The collector (opsctl.suite.engram.collect) reads /proc and
 /dev/shm and hands snapshots (and the table bytes :func:`boundary_windows` asks for)
-here; the check (opsctl.checks.engram) turns them into findings, verdicts and the clean
-rules below, which the CLI and the TUI render alike.
+here; the library calls (opsctl.suite.engram.run_tables) turn them into findings,
+verdicts and the clean rules below, which the CLI and the TUI render alike.
 
 Layout of one shared table (vLLM ``DPSharedEngramStorage``): one allocation of
 ``rows*dim`` bytes of fp8 e4m3 weights followed by ``rows*dim/B`` bytes of ue8m0

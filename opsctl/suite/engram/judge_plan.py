@@ -37,7 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsctl.domain.engram import DEFAULT_BLOCK
+from opsctl.suite.engram.judge import DEFAULT_BLOCK
 
 
 class PlanError(ValueError):

@@ -1,96 +1,30 @@
-"""Hygiene checks certify runs besides the diagnostics, as library calls:
+"""engram's certify check as a library call: Engram tables with the server up.
 
-- ``patch_ledger(target, LedgerOptions, progress, session)`` (schema
-  ``certify.patch_ledger/1``): the engine's patch ledger (read with
-  :func:`opsctl.checks.patches.run`) has no failed patch and no test knob active. Needs
-  an opsctl run directory: an engine opsctl started (its own or found by URL).
-- ``engram(target, EngramOptions, progress, session)`` (``certify.engram/1``): Engram
-  tables with the engine up: no orphaned table on this node (``engram.clean`` dry run),
-  the fill of every table the server's processes map verified (``engram.inspect``; every
-  table of the node when the server's processes are not on it; another server's tables
-  are named, not judged), and the model's tables (when it has any) fit in /dev/shm
-  (``engram.plan``).
-- ``shutdown(starts, progress)`` (``certify.shutdown/1``): after an engine session
-  closed, every engine it started left 0 processes and 0 /dev/shm segments: the
-  engine's own stop report, rechecked afresh (psutil, /dev/shm).
-
-Rules: :mod:`opsctl.domain.certify_checks`.
+``engram(target, EngramOptions, progress, session)`` (schema ``certify.engram/1``): no
+orphaned table on this node (``engram clean``'s dry run), the fill of every table the
+server's processes map verified (``engram inspect``; every table of the node when the
+server's processes are not on it; another server's tables are named, not judged), and
+the model's tables (when it has any) fit in /dev/shm (``engram plan``): the ``opsctl
+engram`` calls of :mod:`opsctl.suite.engram.run_tables`, judged for one server by
+:mod:`opsctl.suite.engram.judge_hygiene`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.checks import events as ev
+from opsctl.checks.findings_report import findings_report
 from opsctl.checks.report import Report
-from opsctl.checks.session import EngineSession, EngineStart, opened
+from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import Target
-from opsctl.domain import certify_checks as dom
+from opsctl.errors import BadInput
+from opsctl.suite.engram import judge_hygiene, run_tables
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext
-from opsctl.domain.findings import Finding
-from opsctl.errors import BadInput
-
-
-def _report(schema: str, found: Sequence[Finding], progress: ev.Progress, **fields: Any) -> Report:
-    from opsctl.output import document
-
-    verdict = dom.verdict_of(found)
-    rows = tuple((f.severity, f.code, f.message) for f in found)
-    progress(ev.Table(("severity", "code", "finding"), rows))
-    headline = next((f.message for f in found if f.severity != "ok"), found[0].message)
-    progress(ev.Finished(verdict, headline))
-    return Report(
-        verdict,
-        document(schema, **fields, findings=[f.to_dict() for f in found], verdict=verdict),
-    )
-
-
-# ---- patch ledger ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerOptions:
-    """Where the patch ledger check reads the ledger of a URL's run."""
-
-    run_dir: Path | None = None  # a URL's run directory when not found from the URL
-
-
-def patch_ledger(
-    target: Target,
-    options: LedgerOptions = LedgerOptions(),
-    progress: ev.Progress = ev.ignore,
-    session: EngineSession | None = None,
-) -> Report:
-    """The patch ledger check: no failed patch and no test knob active in the engine's ledger."""
-    from opsctl.checks import patches
-
-    progress(ev.Started("patch ledger"))
-    with opened(target, session, progress, label="patch-ledger") as live:
-        run_dir = options.run_dir or live.run_dir
-        if run_dir is None:
-            raise BadInput(
-                f"no opsctl run directory for {live.url}: the patch ledger cannot be read",
-                hint="certify an engine opsctl starts (--model) or one started by opsctl serve",
-            )
-        progress(ev.Phase(f"reading the ledger of {run_dir}"))
-        records = patches.run(patches.Options(run_dir=run_dir)).to_dict()["processes"]
-    summary = dom.ledger_summary(records)
-    return _report(
-        "certify.patch_ledger",
-        dom.ledger_findings(records),
-        progress,
-        url=live.url,
-        run_dir=str(run_dir),
-        summary=summary,
-    )
-
-
-# ---- Engram hygiene --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,21 +44,19 @@ def engram(
     session: EngineSession | None = None,
 ) -> Report:
     """The Engram hygiene check: no orphaned table, every fill verified, the tables fit /dev/shm."""
-    from opsctl.checks import engram as tables
-
     progress(ev.Started("Engram hygiene"))
     with opened(target, session, progress, label="engram-hygiene") as live:
         progress(ev.Phase("engram inspect"))
         pids = server_pids(live)
-        inspect = tables.inspect(tables.InspectOptions(verify=options.verify), progress)
+        inspect = run_tables.inspect(run_tables.InspectOptions(verify=options.verify), progress)
         progress(ev.Phase("engram clean (dry run)"))
-        orphans = tables.clean(tables.CleanOptions(), progress).to_dict()["orphans"]
+        orphans = run_tables.clean(run_tables.CleanOptions(), progress).to_dict()["orphans"]
         capacity = _capacity(options.model_dir or live.model_path, options)
     doc = inspect.to_dict()
-    mine, said, others = dom.server_tables(doc["tables"], doc["findings"], pids)
-    return _report(
+    mine, said, others = judge_hygiene.server_tables(doc["tables"], doc["findings"], pids)
+    return findings_report(
         "certify.engram",
-        dom.engram_findings(said, orphans, capacity, others),
+        judge_hygiene.engram_findings(said, orphans, capacity, others),
         progress,
         tables=[t["name"] for t in mine],
         shm=doc["shm"],
@@ -154,12 +86,12 @@ def server_pids(live: Any) -> tuple[int, ...]:
 
 def _capacity(model_dir: Path | None, options: EngramOptions) -> dict[str, Any] | None:
     """The plan's figures for the model's Engram tables; None when it has none."""
-    from opsctl.checks import engram as tables
-
     if model_dir is None or not (model_dir / "config.json").is_file():
         return None
     try:
-        plan = tables.plan(tables.PlanOptions(model=model_dir, tp=options.tp, dp=options.dp))
+        plan = run_tables.plan(
+            run_tables.PlanOptions(model=model_dir, tp=options.tp, dp=options.dp)
+        )
     except BadInput:
         return None  # no Engram fields in the config: nothing to place
     doc = plan.to_dict()
@@ -167,60 +99,6 @@ def _capacity(model_dir: Path | None, options: EngramOptions) -> dict[str, Any] 
     return {k: doc.get(k) for k in keys}
 
 
-# ---- shutdown hygiene ------------------------------------------------------------------------
-
-
-def shutdown(starts: Sequence[EngineStart], progress: ev.Progress = ev.ignore) -> Report:
-    """Judge the engines of a closed session: stop reports plus a fresh recheck."""
-    from opsctl.collectors import certify as col
-
-    progress(ev.Started("shutdown hygiene"))
-    progress(ev.Phase(f"rechecking {len(starts)} engine(s)"))
-    present = col.shm_names()
-    engines = [_after_stop(i, s, present, col.still_alive) for i, s in enumerate(starts)]
-    return _report(
-        "certify.shutdown",
-        dom.shutdown_findings(engines),
-        progress,
-        engines=[_shutdown_dict(e) for e in engines],
-    )
-
-
-def _after_stop(index: int, start: EngineStart, present: set[str], alive) -> dom.Shutdown:
-    server: Any = start.live.server
-    stop = getattr(server, "stop_report", None)
-    known: dict[int, float] = dict(getattr(server, "known_pids", {}) or {})
-    ours = set(getattr(server, "shm_seen", set())) - set(getattr(server, "shm_before", set()))
-    return dom.Shutdown(
-        index=index,
-        url=start.live.url,
-        stopped=stop is not None,
-        seconds=stop.seconds if stop else None,
-        signals=tuple(stop.signals) if stop else (),
-        leftover_pids=tuple(stop.leftover_pids) if stop else (),
-        alive_now=tuple(alive(known)),
-        shm_removed=tuple(stop.shm_removed) if stop else (),
-        shm_kept=tuple(stop.shm_kept) if stop else (),
-        shm_left_now=tuple(sorted(ours & present)),
-    )
-
-
-def _shutdown_dict(e: dom.Shutdown) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(e).items()}
-
-
-def certify_patches(ctx: CertifyContext, progress: ev.Progress) -> Report:
-    """The patch ledger as certify runs it (the run directory from the facts)."""
-    return patch_ledger(ctx.target, LedgerOptions(ctx.facts.run_dir), progress, ctx.session)
-
-
-def certify_engram(ctx: CertifyContext, progress: ev.Progress) -> Report:
+def certify(ctx: CertifyContext, progress: ev.Progress) -> Report:
     """Engram hygiene as certify runs it (the model directory from the facts)."""
     return engram(ctx.target, EngramOptions(ctx.facts.model_path), progress, ctx.session)
-
-
-def certify_shutdown(ctx: CertifyContext, progress: ev.Progress) -> Report:
-    """Shutdown hygiene of every engine certify's session started."""
-    return shutdown(ctx.session.starts, progress)

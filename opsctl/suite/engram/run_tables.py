@@ -12,7 +12,7 @@ them), ``plan`` reads a model config. So they take no target and no engine sessi
 - ``clean(CleanOptions, progress) -> EngramReport`` (``engram.clean/2``): orphaned tables
   (no live process in this PID namespace maps them or holds them open, older than
   ``min_age``), removed only with ``yes``; the refusal rule is
-  :func:`opsctl.domain.engram.clean_refusal`.
+  :func:`opsctl.suite.engram.judge.clean_refusal`.
 
 Options are checked when built (BadInput). Example::
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
-from opsctl.domain import engram as dom
 from opsctl.errors import BadInput
+from opsctl.suite.engram import judge
 
 # /2 (issue 23): units in the field names and null for unknown. inspect: shm.{total,used,
 # free}_bytes, tables[].size_bytes, layout.total_bytes, mappers[].{rss,pss,locked}_bytes,
@@ -67,36 +67,36 @@ class InspectOptions:
 
     pids: tuple[int, ...] = ()  # only these processes' mappings; () = every process
     verify: str = "sample"  # none | sample | full
-    prefix: str = dom.PREFIX  # narrow it to one run's tables
+    prefix: str = judge.PREFIX  # narrow it to one run's tables
     block_size: int | None = None  # force the ue8m0 scale block (None: decided per table)
 
     def __post_init__(self) -> None:
-        dom.check_inspect_options(self.verify, self.prefix, self.block_size)
+        judge.check_inspect_options(self.verify, self.prefix, self.block_size)
 
 
 def inspect(
     options: InspectOptions = InspectOptions(), progress: ev.Progress = ev.ignore
 ) -> EngramReport:
     """Find, measure and verify every Engram table visible from here."""
-    from opsctl.collectors import engram as col
     from opsctl.domain.findings import verdict
     from opsctl.output import document
+    from opsctl.suite.engram import collect
 
     pids = sorted(set(options.pids))
-    gone = col.missing_pids(pids)
+    gone = collect.missing_pids(pids)
     if gone:
         raise BadInput(f"no such process: {', '.join(map(str, gone))}")
     progress(ev.Table(COLUMNS, ()))
     progress(ev.Phase("scanning /dev/shm and /proc/*/maps"))
-    snap = col.inspect(
+    snap = collect.inspect(
         pids or None,
         options.verify,
         options.prefix,
         progress=_collector_progress(progress),
         block=options.block_size,
     )
-    data = col.snapshot_to_dict(snap)
-    findings = dom.inspect_findings(
+    data = collect.snapshot_to_dict(snap)
+    findings = judge.inspect_findings(
         data["tables"], data["scan_errors"], as_root=os.geteuid() == 0, pids_given=bool(pids)
     )
     result = verdict(findings)
@@ -119,9 +119,9 @@ def inspect(
         **data,
         findings=[f.to_dict() for f in findings],
         verdict=result,
-        exit_code=dom.exit_status(findings),
+        exit_code=judge.exit_status(findings),
     )
-    return EngramReport(result, doc, failure=dom.inspect_failure(findings))
+    return EngramReport(result, doc, failure=judge.inspect_failure(findings))
 
 
 def _mapper_identity(tables: list[dict[str, Any]]) -> dict[str, Any]:
@@ -232,20 +232,20 @@ def plan(options: PlanOptions) -> EngramReport:
 
     Bad configs or layouts are BadInput."""
     from opsctl.collectors import shm
-    from opsctl.collectors.engram_config import read_config
-    from opsctl.domain import engram_plan as ep
     from opsctl.output import document
+    from opsctl.suite.engram import judge_plan
+    from opsctl.suite.engram.collect_config import read_config
 
     cfg, source = read_config(options.model, options.config)
     try:
-        spec = ep.spec_from_config(cfg, block=options.block_size)
+        spec = judge_plan.spec_from_config(cfg, block=options.block_size)
         if options.shm_size is not None:
-            size = ep.parse_size(options.shm_size)
+            size = judge_plan.parse_size(options.shm_size)
             free, total, shm_source = size, size, f"--shm-size {options.shm_size}"
         else:
             cap = shm.capacity()
             free, total, shm_source = cap.free, cap.total, "/dev/shm on this host"
-        layout = ep.make_plan(
+        layout = judge_plan.make_plan(
             spec,
             tp=options.tp,
             dp=options.dp,
@@ -254,7 +254,7 @@ def plan(options: PlanOptions) -> EngramReport:
             shm_total=total,
             shm_source=shm_source,
         )
-    except ep.PlanError as exc:
+    except judge_plan.PlanError as exc:
         raise BadInput(str(exc)) from None
     except OSError as exc:
         raise BadInput(f"cannot read /dev/shm: {exc}", hint="pass --shm-size") from None
@@ -268,13 +268,13 @@ def plan(options: PlanOptions) -> EngramReport:
 class CleanOptions:
     """Which orphaned Engram tables ``engram clean`` lists, and whether it removes them."""
 
-    prefix: str = dom.PREFIX  # only files with this prefix
+    prefix: str = judge.PREFIX  # only files with this prefix
     yes: bool = False  # really remove the orphans (default: only list them)
     force: bool = False  # with yes: remove even though some processes could not be read
-    min_age: float = dom.DEFAULT_MIN_AGE  # never remove a table changed more recently
+    min_age: float = judge.DEFAULT_MIN_AGE  # never remove a table changed more recently
 
     def __post_init__(self) -> None:
-        dom.check_clean_options(self.prefix, self.yes, self.force, self.min_age)
+        judge.check_clean_options(self.prefix, self.yes, self.force, self.min_age)
 
 
 def clean(
@@ -284,13 +284,13 @@ def clean(
 
     Verdict fail when ``yes`` kept an orphan it listed (refused, held again, gone, not
     removable)."""
-    from opsctl.collectors import engram_clean as col
     from opsctl.output import document
+    from opsctl.suite.engram import collect_clean
 
     o = options
     progress(ev.Phase("scanning /dev/shm and /proc/*/{maps,fd}"))
-    scan = col.find_orphans(o.prefix, min_age=o.min_age)
-    warning = dom.unreadable_warning(scan.denied_pids)
+    scan = collect_clean.find_orphans(o.prefix, min_age=o.min_age)
+    warning = judge.unreadable_warning(scan.denied_pids)
     if warning:
         progress(ev.Alert(warning))
     removed: list[str] = []
@@ -299,12 +299,12 @@ def clean(
     if o.yes and scan.orphans:
         progress(ev.Phase("removing orphans"))
         names = [x.name for x in scan.orphans]
-        removed, kept, denied = col.remove_orphans(
+        removed, kept, denied = collect_clean.remove_orphans(
             names, o.prefix, force=o.force, min_age=o.min_age
         )
         for name in removed:
             progress(ev.Log(f"removed {name}"))
-    refused = dom.clean_refusal(o.yes, kept, denied, o.force)
+    refused = judge.clean_refusal(o.yes, kept, denied, o.force)
     doc = document(
         CLEAN_SCHEMA,
         prefix=o.prefix,
@@ -321,14 +321,14 @@ def clean(
         forced=o.force,
         refused=refused,
     )
-    failure = dom.clean_failure(o.yes, kept, refused)
+    failure = judge.clean_failure(o.yes, kept, refused)
     progress(ev.Finished(FAIL if failure else PASS, failure or f"{len(removed)} removed"))
     return EngramReport(
         FAIL if failure else PASS,
         doc,
         failure=failure,
         warnings=(warning,) if warning else (),
-        hint=dom.clean_hint(o.yes, len(scan.orphans)),
+        hint=judge.clean_hint(o.yes, len(scan.orphans)),
     )
 
 
