@@ -17,8 +17,8 @@ FAILED_PATCH = "failed"
 def ledger_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The patch ledger in a few fields: processes, vLLM version, platform, patch statuses.
 
-    The ledger in a few fields: processes (role, pid), vLLM version, platform, and
-    per patch the statuses it got across processes (name -> status -> count).
+    Processes as (pid, role); statuses per patch across processes (name -> status ->
+    count), with the names of those that failed somewhere and the test knobs set.
     """
     patches: dict[str, dict[str, int]] = {}
     knobs: dict[str, str] = {}
