@@ -117,9 +117,9 @@ COSTS: dict[str, float] = {
     # the tier's one TP=2 engine: views and checks read, then stop, knob, no py-spy, kill
     "test_rank_hang_e2e.py": 240,
     "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
-    # issue 44 (ranks): three TP=2/DP=2 serves signalled once their ranks exist; two
+    # issue 44 (ranks): a TP=2 and a DP=2 serve SIGKILLed once their ranks exist; two
     # TP=2 kv-fail runs
-    "test_ranks_lifetime_e2e.py": 200,
+    "test_ranks_lifetime_e2e.py": 140,
     "test_ranks_diag_e2e.py": 130,
 }
 DEFAULT_COST = 60.0

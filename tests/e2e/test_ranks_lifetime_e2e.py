@@ -5,21 +5,21 @@ coordinator, no /dev/shm segment its tree held and nothing in its $TMPDIR.
 Cheap: dummy weights, and the signal as soon as every rank process exists (for TP, once
 the ranks hold their `vllm_dist_*-cpushm_*` segments: the ones vLLM never unlinks). On
 main, SIGKILL of opsctl left both TP segments behind (the engine shut itself down, but
-nobody removed them); every polite signal reaches the same handler (opsctl.engine.lifetime),
-so TP gets one polite signal and SIGKILL, DP SIGKILL (SIGHUP: test_lifetime_e2e.py, on one
-rank; the handler is the same; DP SIGTERM passed here and left the tier for time: its stop
-is TP's, the coordinator found in the engine's process group)."""
+nobody removed them). Here SIGKILL, for TP and DP: the owner gone without a word, each rank
+must still die with it. Every polite signal reaches one handler (opsctl.engine.lifetime:
+SIGHUP, SIGTERM and SIGINT in test_lifetime_e2e.py, on one rank) and then the stop every
+command uses; that stop of every TP rank, under the operator's own binding, is judged on the
+patched `diag kv-fail --tp 2` run (test_ranks_diag_e2e.py). TP SIGINT mid-start and DP
+SIGTERM passed here and left the tier for time (one TP=2 and one DP=2 start each); the
+segments a stop races with while ranks start are tests/unit/test_engine_server.py's."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
-from pathlib import Path
 
-import jsonschema
 import psutil
 import pytest
 
@@ -31,9 +31,6 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-SERVE = jsonschema.Draft7Validator(
-    json.loads((Path(__file__).parents[1] / "data/schemas/opsctl.serve-3.schema.json").read_text())
-)
 START_S = 400.0  # the engine lock may be held by another test's engine first
 # the rank processes each layout must show before the signal (vLLM 0.32's titles)
 WANT = {
@@ -72,16 +69,13 @@ def every_rank(proc, layout: str) -> dict[int, str] | None:
     ("layout", "sig"),
     [
         ("tp", signal.SIGKILL),
-        ("tp", signal.SIGINT),
         ("dp", signal.SIGKILL),
     ],
-    ids=["tp-sigkill", "tp-sigint", "dp-sigkill"],
+    ids=["tp-sigkill", "dp-sigkill"],
 )
 def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig):
     env = {**os.environ, "TMPDIR": str(short_tmp)}
-    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    if (layout, sig) == ("tp", signal.SIGINT):
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "1|0"  # the operator's own binding wins
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # opsctl derives it from the CPUs
     args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(free_port()))
     with served(*args, f"--{layout}", "2", env=env) as proc:
         found = wait_until(
@@ -99,26 +93,12 @@ def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig)
 
 def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
     """Signal opsctl once every rank runs; nothing of the engine may be left."""
-    if "VLLM_CPU_OMP_THREADS_BIND" in env:  # vLLM bound rank 0 to CPU 1, as asked
-        (api,) = psutil.Process(proc.pid).children()  # its cwd: the run directory
-        log = (Path(api.cwd()) / "server.log").read_text()
-        assert "VLLM_CPU_OMP_THREADS_BIND='1|0'" in log and "local_rank=0, core ids=[1]" in log
     held = set(proc.shm.names())
     t0 = time.monotonic()
     proc.send_signal(sig)
     rc = proc.wait(120)  # stop: polite phase, SIGTERMs, SIGKILL and its wait (30 s)
     wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit")
     print(f"{layout} {sig.name}: every rank gone {time.monotonic() - t0:.1f} s after it")
-    if sig == signal.SIGKILL:
-        assert rc == -signal.SIGKILL
-    else:
-        assert rc == 0, proc.stderr.read()[-2000:]
-        events = [json.loads(line) for line in proc.stdout.read().splitlines() if line]
-        for doc in events:
-            if doc.get("schema") == "opsctl.serve/3":
-                SERVE.validate(doc)
-        stopped = events[-1]  # after "ready" when the engine was healthy by then
-        assert stopped["first_death"] is None, stopped  # a stop opsctl asked for
-        assert stopped["event"] == "stopped" and stopped["leftover_pids"] == [], stopped
+    assert rc == -signal.SIGKILL
     assert proc.shm.left() == set(), f"held {sorted(held)}, left {proc.shm.left()}"
     assert left_in(short_tmp) == []

@@ -23,12 +23,13 @@ class TreeShm:
 
     Scans the tree under ``root_pid`` every ``every_s`` seconds while in its ``with``
     block (and once more at its end); ``seen`` is every segment path it held, ``left()``
-    those of them still linked in /dev/shm."""
+    those of them still linked in /dev/shm, ``members`` every pid the tree had."""
 
     def __init__(self, root_pid: int, every_s: float = 0.1) -> None:
         self.root = root_pid
         self.every_s = every_s
         self.seen: set[str] = set()
+        self.members: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tree-shm", daemon=True)
 
@@ -43,6 +44,7 @@ class TreeShm:
     def scan(self) -> None:
         """Add the segments the tree maps or holds open now to ``seen``."""
         pids = self.pids()
+        self.members.update(pids)
         if pids:
             self.seen |= shm.scan_holders(pids).held_paths()
 
