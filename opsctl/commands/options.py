@@ -148,6 +148,11 @@ def seeds_option(help: str):
     return typer.Option(None, "--seeds", metavar="SEEDS", help=help)
 
 
+def prompt_sets_option():
+    """``--seeds SEEDS`` of a check that sweeps seeded prompt sets (invariance, lora)."""
+    return seeds_option("a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)")
+
+
 def url_or_engine(url, model, api_key, timeout, test_knob) -> Target:
     """The server at ``url``, else an engine spec of ``--model`` with the ``--test-knob``s.
 

@@ -7,7 +7,7 @@ closed: request errors, missing logprobs and short outputs are failures.
 On a vision-language model (tiny-vlm: one image per prompt, tiny-vlm-multi: several, a
 model directory: one unless ``images`` says more) the prompts carry images: prompt ``i``
 carries ``1 + i % m`` images, each a different deterministic picture
-(:mod:`opsctl.domain.invariance_images`), sent through ``/v1/chat/completions`` (vLLM
+(:mod:`opsctl.suite.invariance.judge_images`), sent through ``/v1/chat/completions`` (vLLM
 0.32's completions API takes no images), BS=N as concurrent requests. The engine is
 started with ``--mm-processor-cache-gb 0`` (read back from its engine_info record), the
 ``mm_uuid`` probe next to the ``batch`` probe, and the image limit; the report shows
@@ -26,7 +26,7 @@ reported as failed and the other mode's report is kept.
 
 Example::
 
-    from opsctl.checks import invariance
+    from opsctl.suite.invariance import run as invariance
     from opsctl.checks.target import EngineSpec
     report = invariance.run(EngineSpec(model="tiny-llama"), invariance.Options(mode="eager"))
     print(report.verdict, report.runs[0]["summary"]["largest_diff"])
@@ -44,25 +44,25 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from opsctl.checks import events as ev
-from opsctl.checks import invariance_images as mm
 from opsctl.checks.report import FAIL, INCONCLUSIVE, PASS, ReasonedReport
 from opsctl.checks.sampling import check_sampling
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
 from opsctl.collectors import completions as cc
 from opsctl.collectors import engine_records, http, ledger
-from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
 from opsctl.domain import findings as fd
-from opsctl.domain import invariance as inv
-from opsctl.domain import invariance_calibration as cal
-from opsctl.domain import invariance_engine as eng
-from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
 from opsctl.domain import probe_evidence as pe
 from opsctl.domain.check_registry import GENERATIVE
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed, EngineUnreachable, OpsctlError, OpsTimeout
+from opsctl.suite.invariance import collect_images as mmc
+from opsctl.suite.invariance import judge as inv
+from opsctl.suite.invariance import judge_calibration as cal
+from opsctl.suite.invariance import judge_engine as eng
+from opsctl.suite.invariance import judge_images as img
+from opsctl.suite.invariance import run_images as mm
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
@@ -515,7 +515,7 @@ class _Job:
 
     def _calibration(self, m: _Measured) -> cal.Calibration:
         """The run's floor (BS=1 twice) and sensitivity (the probes); see
-        :mod:`opsctl.domain.invariance_calibration`."""
+        :mod:`opsctl.suite.invariance.judge_calibration`."""
         o = self.options
         pairs = [(a.generated, c.generated) for a, c in zip(m.alone, m.control, strict=False)]
         effects = [

@@ -17,8 +17,8 @@ every KV cache group), ``roundtrip`` (reload, nothing injected: must equal the
 baseline), ``inject`` (reload with failed blocks reported: the engine must survive and
 every non-failed request must equal its baseline) and ``sensitivity`` (the same blocks
 corrupted silently: outputs should change, showing that the comparison would catch a
-missed recovery). Decisions are :mod:`opsctl.domain.kv_fail`'s, I/O is
-:mod:`opsctl.collectors.kv_fail`'s.
+missed recovery). Decisions are :mod:`opsctl.suite.kv_fail.judge`'s, I/O is
+:mod:`opsctl.suite.kv_fail.collect`'s.
 
 Progress: :class:`~opsctl.checks.events.Started`, the engine's start events, a
 :class:`~opsctl.checks.events.Phase` per phase, the live results
@@ -39,15 +39,15 @@ from opsctl.checks import events as ev
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
-from opsctl.domain import kv_fail as dom
-from opsctl.domain import kv_fail_report as kvr
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
+from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge_report as kvr
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
-    from opsctl.collectors.kv_fail import KvProbe
     from opsctl.engine.model import ResolvedModel
+    from opsctl.suite.kv_fail.collect import KvProbe
 
 SCHEMA = "diag.kv-fail/3"  # 3: seeds, totals, verdict_seed; inconclusive; calibrated floor
 TITLE = "diag kv-fail"
@@ -409,7 +409,7 @@ def _sweep(
     """Every seed on as few engines as their deaths allow: each seed's fields, the seed
     rows and the engine starts. A seed whose engine died keeps its verdict; the next seed
     gets a fresh engine."""
-    from opsctl.collectors.kv_fail import KvProbe
+    from opsctl.suite.kv_fail.collect import KvProbe
 
     seeds = list(options.seeds or (options.settings.seed,))
     vocab = int(resolved.config.get("vocab_size") or 320)
