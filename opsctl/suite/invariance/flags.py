@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from opsctl.commands.options import (
-    prompt_sets_option,
+    seeds_option,
     start_timeout_option,
     url_argument,
     url_or_engine,
@@ -94,7 +94,7 @@ def invariance(
         help="most images per prompt on a vision-language model (default: the model's; "
         "0: text only)",
     ),
-    seeds: str = prompt_sets_option(),
+    seeds: str = seeds_option(),
     timeout: float = start_timeout_option(),
 ) -> tuple[Target, check.Options]:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""

@@ -70,53 +70,62 @@ class Options:
 
 
 @dataclass(frozen=True, slots=True)
-class Injected(ev.Event):
+class LogLine(ev.Event):
+    """An event the panel shows as one log line (:meth:`line`)."""
+
+    def line(self) -> str:
+        """The log line."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, Any]:
+        """The panel fields this event sets: its one log line."""
+        return {"events": [self.line()]}
+
+
+@dataclass(frozen=True, slots=True)
+class Injected(LogLine):
     """The connector injected a block (``request``: index in the workload, None if unknown)."""
 
     request: int | None
     injection: dom.Injection
 
-    def snapshot(self) -> dict[str, Any]:
-        """The panel fields this event sets: one log line, the block injected or corrupted."""
+    def line(self) -> str:
+        """The block injected or corrupted."""
         i = self.injection
         verb = "injected" if i.reported else "corrupted silently"
         who = "?" if self.request is None else self.request
-        return {
-            "events": [
-                f"{verb}: request #{who} group {i.group} block {i.block} "
-                f"position {i.position} ({i.epoch})"
-            ]
-        }
+        return (
+            f"{verb}: request #{who} group {i.group} block {i.block} "
+            f"position {i.position} ({i.epoch})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
-class Recovered(ev.Event):
+class Recovered(LogLine):
     """The kv_hybrid_recompute patch recovered (or failed) requests hit by failures."""
 
     recovery: dom.Recovery
 
-    def snapshot(self) -> dict[str, Any]:
-        """The panel fields this event sets: one log line: what the patch recovered."""
+    def line(self) -> str:
+        """What the patch recovered."""
         r = self.recovery
-        return {
-            "events": [
-                f"patch: {r.action} {r.requests} request(s), {r.tokens} tokens "
-                f"({r.groups} KV cache groups, policy {r.policy})"
-            ]
-        }
+        return (
+            f"patch: {r.action} {r.requests} request(s), {r.tokens} tokens "
+            f"({r.groups} KV cache groups, policy {r.policy})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
-class EngineDied(ev.Event):
+class EngineDied(LogLine):
     """The engine died during ``phase``, at request ``request``."""
 
     phase: str
     request: int
     error: str | None
 
-    def snapshot(self) -> dict[str, Any]:
-        """The panel fields this event sets: one log line: where the engine died."""
-        return {"events": [f"engine died at request #{self.request}: {self.error}"]}
+    def line(self) -> str:
+        """Where the engine died."""
+        return f"engine died at request #{self.request}: {self.error}"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from opsctl.commands.options import (
-    prompt_sets_option,
+    seeds_option,
     start_timeout_option,
     url_argument,
     url_or_engine,
@@ -42,7 +42,7 @@ def flags(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
-    seeds: str = prompt_sets_option(),
+    seeds: str = seeds_option(),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,
