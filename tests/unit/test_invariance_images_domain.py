@@ -1,6 +1,6 @@
 """Pure parts of batch invariance with images (opsctl/suite/invariance/judge_images.py), the
-multimodal read-back of the isolating settings (invariance_engine), the platform
-(domain/platform.py), the chat response parser (collectors/mm_completions.py) and
+multimodal read-back of the isolating settings (judge_engine.py there), the platform
+(domain/platform.py), the chat response parser (suite/invariance/collect_images.py) and
 the engine_info probe's multimodal fields (engine_patches/patches/engine_info.py)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """invariance: BS=1 vs BS=N batch invariance of tokens and logprobs (the check's declaration).
 
-The whole check is this folder, one file per role (the loaders below import each when a
-surface needs it): ``judge.py`` (pure: the BS=1 vs BS=N comparison), ``judge_engine.py``
+The whole check is this folder, one file per role (the registry loads each when a surface
+needs it): ``judge.py`` (pure: the BS=1 vs BS=N comparison), ``judge_engine.py``
 (the engine's settings, batches and warnings read back), ``judge_calibration.py`` (the
 calibrated noise floor, which lora shares), ``judge_images.py`` (the images a
 vision-language run sends), ``collect_images.py`` (chat requests with images),
@@ -18,21 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Parts, Subject, kind_name
+from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Subject, kind_name
 from opsctl.domain.findings import FAIL, WARNING, Finding
-
-
-def _flags():
-    from opsctl.suite.invariance.flags import invariance
-
-    return invariance
-
-
-def _load() -> Parts:
-    from opsctl.suite.invariance import run as invariance
-    from opsctl.suite.invariance.view import render
-
-    return Parts.of(invariance, report=invariance.InvarianceReport, render=render)
 
 
 def _applies(s: Subject) -> str | None:
@@ -66,8 +53,6 @@ CHECK = Check(
     "batch invariance (BS=1 vs BS=N tokens and logprobs)",
     "BS=1 vs BS=N batch invariance of tokens and logprobs.",
     order=50,
-    load=_load,
-    flags=_flags,
     certify=_applies,
     excluded=_excluded,
     findings=_findings,

@@ -62,7 +62,7 @@ def _mode(value: str | None) -> str | None:
     return "both" if modes == {"default", "eager"} else ",".join(sorted(modes))
 
 
-def invariance(
+def flags(
     api_key: str | None = None,  # the shared --api-key and --test-knob: the skeleton
     test_knob: list[str] | None = None,  # adds them after the check's own flags
     url: str = url_argument(),

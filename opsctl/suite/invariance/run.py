@@ -159,6 +159,9 @@ class InvarianceReport(ReasonedReport):
         return any(r.get("timed_out") for r in self.document["runs"])
 
 
+Report = InvarianceReport  # the name Parts.of reads (opsctl.domain.check_registry)
+
+
 def isolated_spec(spec: EngineSpec, mode: str, options: Options) -> EngineSpec:
     """The engine one mode runs on: ``spec`` (default tiny-llama) with the isolating settings.
 
@@ -467,7 +470,7 @@ class _Job:
 
     def _calibration_runs(self, live: Live, params, pictures, tag: str, label: str):
         """The control (every prompt alone again: the floor) and the probes (the first
-        prompts with a few words more, alone: the sensitivity); see invariance_calibration."""
+        prompts with a few words more, alone: the sensitivity); see judge_calibration."""
         o, k = self.options, min(self.options.probes, len(self.options.prompts))
         again, _, _ = mm.senders(live, params, o.prompts, o.n, o.batch_via, pictures)
         on_done = self._phase(label, "control", "every prompt alone again (the noise floor)")

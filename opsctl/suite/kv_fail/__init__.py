@@ -1,7 +1,7 @@
 """kv-fail: inject KV load failures and prove recovery (the check's declaration).
 
-The whole check is this folder, one file per role (the loaders below import each when a
-surface needs it): ``judge.py`` (pure: settings, workload, comparison, recovery
+The whole check is this folder, one file per role (the registry loads each when a surface
+needs it): ``judge.py`` (pure: settings, workload, comparison, recovery
 accounting), ``judge_report.py`` (pure: rows, findings, verdict, the document),
 ``collect.py`` (completions, the connector's control and event files, the server log),
 ``run.py`` (the library call for diag, certify and the console, and its exit rule),
@@ -12,20 +12,7 @@ fault-injecting connector it starts engines with is engine_patches.connectors;
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Parts, Subject
-
-
-def _flags():
-    from opsctl.suite.kv_fail.flags import kv_fail
-
-    return kv_fail
-
-
-def _load() -> Parts:
-    from opsctl.suite.kv_fail import run as kv_fail
-    from opsctl.suite.kv_fail.view import render
-
-    return Parts.of(kv_fail, report=kv_fail.KvFailReport, render=render)
+from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Subject
 
 
 def _applies(s: Subject) -> str | None:
@@ -44,8 +31,6 @@ CHECK = Check(
     "KV load failure: engine survives, requests recompute",
     "Inject KV load failures and prove recovery.",
     order=70,
-    load=_load,
-    flags=_flags,
     certify=_applies,
     offer=Offer(GENERATIVE, "starts its own engine with this model", opsctl_started=True),
     examples=(

@@ -75,7 +75,7 @@ def _seeds(seed: int | None, seeds: str | None) -> tuple[int, ...]:
     return seeds_flag(seeds)
 
 
-def kv_fail(
+def flags(
     model: str = typer.Option(
         "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
     ),

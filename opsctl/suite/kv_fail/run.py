@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine_patches.connectors.injection import InjectionPlan
 from opsctl.checks import events as ev
-from opsctl.checks.report import Report
+from opsctl.checks import report as base
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.domain.knobs import warning as knob_warning
@@ -129,7 +129,7 @@ class EngineDied(LogLine):
 
 
 @dataclass(frozen=True)
-class KvFailReport(Report):
+class KvFailReport(base.Report):
     """The ``diag.kv-fail`` document (schema 2) and its verdict."""
 
     @property
@@ -156,6 +156,9 @@ class KvFailReport(Report):
     def run_dir(self) -> str | None:
         """The run directory of the engine the check started (None when there is none)."""
         return self.document.get("run_dir")
+
+
+Report = KvFailReport  # the name Parts.of reads (opsctl.domain.check_registry)
 
 
 def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
