@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from engram_tables import shared_table
 
-from opsctl.collectors import engram as col
+from opsctl.suite.engram import collect as col
 
 
 def main() -> int:

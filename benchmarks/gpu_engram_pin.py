@@ -54,8 +54,8 @@ torch.cuda.cudart().cudaHostUnregister(a.ctypes.data)
 
 
 def summary(snap, name):
-    from opsctl.collectors import engram as col
-    from opsctl.domain import engram as dom
+    from opsctl.suite.engram import collect as col
+    from opsctl.suite.engram import judge as dom
 
     doc = col.snapshot_to_dict(snap)
     tabs = [t for t in doc["tables"] if t["name"] == name]
@@ -92,7 +92,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU: GPU check skipped")
         return 0
-    from opsctl.collectors import engram as col
+    from opsctl.suite.engram import collect as col
 
     dim = 256
     rows = int(args.gib * 2**30) // dim

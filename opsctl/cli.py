@@ -280,7 +280,6 @@ def build_app() -> typer.Typer:
         certify,
         console,
         diag,
-        engram,
         models,
         patches,
         rules,
@@ -291,6 +290,7 @@ def build_app() -> typer.Typer:
         version,
     )
     from opsctl.commands.options import EXIT_CODES, epilog
+    from opsctl.suite.engram import flags_tables as engram
 
     app = typer.Typer(
         cls=OpsctlGroup,

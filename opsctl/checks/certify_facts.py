@@ -21,7 +21,7 @@ from opsctl.checks.session import EngineSession
 from opsctl.checks.target import Target, UrlTarget
 from opsctl.collectors import certify as col
 from opsctl.collectors import ledger
-from opsctl.domain import certify_checks as checks_dom
+from opsctl.suite.patches.judge import ledger_summary
 
 
 def engines(session: EngineSession) -> list[dict[str, Any]]:
@@ -72,7 +72,7 @@ def fingerprint(target: Target, facts: Facts, engine_docs: list[dict[str, Any]])
     """What was certified. The ledger is the main (first) engine's, or the URL's run's."""
     dirs = _run_dirs(facts, engine_docs)
     records = ledger.read_records(dirs[0]) if dirs else []
-    summary = checks_dom.ledger_summary(records) if records else None
+    summary = ledger_summary(records) if records else None
     version = summary["vllm_version"] if summary else None
     if version is None and isinstance(target, UrlTarget):
         from opsctl.collectors.completions import server_version

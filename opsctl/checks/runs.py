@@ -27,8 +27,8 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
-from opsctl.domain import engram as dom_engram
 from opsctl.domain import runs as dom
+from opsctl.suite.engram.judge import DEFAULT_MIN_AGE
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class CleanOptions:
     older_than: float = 0.0  # prune only runs that ended at least this many seconds ago
     yes: bool = False  # really reap / prune / remove (default: dry run)
     shm: bool = False  # also list (remove) leaked vLLM /dev/shm segments
-    min_age: float = dom_engram.DEFAULT_MIN_AGE  # never remove a younger segment
+    min_age: float = DEFAULT_MIN_AGE  # never remove a younger segment
     force: bool = False  # with shm and yes: remove although some processes were unreadable
     grace: float = 15.0  # reap: SIGTERM, then SIGKILL of what is left by this time
     runs_dir: Path | None = None  # default: opsctl.paths.runs_dir()

@@ -1,23 +1,17 @@
-"""I/O of certify: what identifies the certified build, and the after-shutdown recheck.
+"""I/O of certify: what identifies the certified build.
 
-The build: model file hashes, the engine's recorded argv, versions. The recheck: processes,
-/dev/shm.
+Model file hashes, the engine's recorded argv, versions (the after-shutdown recheck is
+the shutdown check's, opsctl.suite.shutdown.collect).
 
 Everything returns plain values; a file that cannot be read is reported as such, never
 raised."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
-
-import psutil
-
-from opsctl.collectors import shm
-from opsctl.domain.runs import same_process
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CHUNK = 1 << 20
@@ -67,23 +61,3 @@ def opsctl_version() -> str:
     from opsctl import __version__
 
     return __version__
-
-
-def shm_names() -> set[str]:
-    """The names of the files now in /dev/shm."""
-    return {f.name for f in shm.list_files()}
-
-
-def still_alive(pids: dict[int, float]) -> list[int]:
-    """Which of ``pids`` (pid -> create time) still run as the same process.
-
-    A pid the kernel reused for another process does not count; zombies do not either."""
-    out = []
-    for pid, started in sorted(pids.items()):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            p = psutil.Process(pid)
-            if not same_process(started, p.create_time()):  # btime can move a second
-                continue
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-    return out

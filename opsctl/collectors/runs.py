@@ -37,8 +37,8 @@ import psutil
 
 from opsctl import paths
 from opsctl.collectors import engine_tmp, shm
-from opsctl.domain import engram as dom_engram
 from opsctl.domain import runs as dom
+from opsctl.suite.engram.judge import segment_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +312,7 @@ class Segment:
     size: int
     allocated: int  # bytes of memory it pins
     age: float
-    status: str  # orphan | young | in-use | symlink (domain.engram.segment_status)
+    status: str  # orphan | young | in-use | symlink (opsctl.suite.engram.judge.segment_status)
     holders: tuple[tuple[int, str], ...]  # (pid, "mapped" / "open" / "mapped+open")
 
 
@@ -336,7 +336,7 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
     out = []
     for f in files:
         holders = scan.holders(f)
-        status = dom_engram.segment_status(bool(holders), f.is_symlink, f.age(now), min_age)
+        status = segment_status(bool(holders), f.is_symlink, f.age(now), min_age)
         out.append(
             Segment(
                 f.name,

@@ -46,10 +46,10 @@ def _sum(values: list[int | None]) -> int | None:
 
 def engram_rows(pids: list[int]) -> tuple[tuple[EngramRow, ...], tuple[str, ...]]:
     """The Engram tables the processes ``pids`` map, and any error reading them."""
-    from opsctl.collectors import engram
+    from opsctl.suite.engram import collect
 
     try:
-        snap = engram.inspect(pids=pids, verify="none")
+        snap = collect.inspect(pids=pids, verify="none")
     except (OSError, ValueError) as exc:
         return (), (f"engram: {exc}",)
     rows = []

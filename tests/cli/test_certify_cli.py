@@ -290,7 +290,7 @@ def test_a_check_timing_out_is_exit_4_and_reported_as_error(tmp_path):
 def test_a_check_that_crashes_is_an_error_case_and_the_others_are_reported(
     home, tmp_path, monkeypatch
 ):
-    from opsctl.checks import hygiene
+    from opsctl.suite.engram import run as hygiene
 
     def broken(*args, **kwargs):
         raise RuntimeError("engram check blew up")

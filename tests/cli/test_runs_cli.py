@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors import shm
-from opsctl.collectors.certify import still_alive
+from opsctl.suite.shutdown.collect import still_alive
 from tests.standins.cli_result import error_lines
 
 runner = CliRunner()

@@ -18,9 +18,9 @@ import random
 import pytest
 from engram_tables import shared_table, unique_prefix, write_byte
 
-from opsctl.collectors import engram as col
-from opsctl.collectors import engram_clean as clean_col
-from opsctl.domain import engram as dom
+from opsctl.suite.engram import collect as col
+from opsctl.suite.engram import collect_clean as clean_col
+from opsctl.suite.engram import judge as dom
 
 ROWS, DIM = 4096, 256
 TOTAL = ROWS * DIM * 33 // 32  # vLLM 0.32: 32-element ue8m0 blocks
@@ -341,12 +341,12 @@ def test_clean_lists_then_removes_orphans_only():
                     os.unlink(p)
 
 
-# ---- the library entry points (opsctl.checks.engram), called directly -------------------------
+# ---- the library entry points (opsctl.suite.engram.run_tables), called directly ----------------
 
 
 def test_check_inspect_report_events_and_failure_line():
-    from opsctl.checks import engram
     from opsctl.checks import events as ev
+    from opsctl.suite.engram import run_tables as engram
 
     prefix = unique_prefix("chk")
     with shared_table(prefix, mappers=2, unlink=False) as t:
@@ -367,8 +367,8 @@ def test_check_inspect_report_events_and_failure_line():
 
 
 def test_check_inspect_and_clean_refuse_bad_options_before_any_io():
-    from opsctl.checks import engram
     from opsctl.errors import BadInput
+    from opsctl.suite.engram import run_tables as engram
 
     with pytest.raises(BadInput, match="--prefix"):
         engram.CleanOptions(prefix="")  # would be every /dev/shm file
@@ -379,8 +379,8 @@ def test_check_inspect_and_clean_refuse_bad_options_before_any_io():
 
 
 def test_check_plan_from_the_shipped_example():
-    from opsctl.checks import engram
     from opsctl.errors import BadInput
+    from opsctl.suite.engram import run_tables as engram
 
     opts = engram.PlanOptions(config="deepseek-v4.1-flash", tp=4, dp=2, shm_size="200G")
     report = engram.plan(opts)
@@ -392,7 +392,7 @@ def test_check_plan_from_the_shipped_example():
 
 
 def test_check_clean_dry_run_then_yes():
-    from opsctl.checks import engram
+    from opsctl.suite.engram import run_tables as engram
 
     prefix = unique_prefix("chkcln")
     orphan = f"/dev/shm/{prefix}orphan"

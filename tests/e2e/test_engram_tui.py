@@ -8,7 +8,7 @@ import time
 import pytest
 from engram_tables import shared_table, unique_prefix
 
-from opsctl.checks import engram
+from opsctl.suite.engram import run_tables as engram
 from opsctl.ui.diag_app import DiagApp
 from opsctl.ui.panels.diag import DiagPanel
 

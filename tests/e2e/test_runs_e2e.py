@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from opsctl.collectors import engine_tmp, shm
-from opsctl.collectors.certify import still_alive
+from opsctl.suite.shutdown.collect import still_alive
 from tests.conftest import OPSCTL
 from tests.e2e.test_serve_e2e import left_in
 

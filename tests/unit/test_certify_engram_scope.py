@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 from engram_tables import planting, shared_table, unique_prefix, write_byte
 
-from opsctl.checks import engram as tables
-from opsctl.checks.hygiene import server_pids
 from opsctl.checks.target import Live
-from opsctl.domain import certify_checks as dom
+from opsctl.suite.engram import judge_hygiene as dom
+from opsctl.suite.engram import run_tables as tables
+from opsctl.suite.engram.run import server_pids
 from tests.waiting import wait_until
 
 

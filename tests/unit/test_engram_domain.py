@@ -8,9 +8,9 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from opsctl.domain import engram as dom
-from opsctl.domain import engram_plan as ep
 from opsctl.errors import BadInput
+from opsctl.suite.engram import judge as dom
+from opsctl.suite.engram import judge_plan as ep
 
 GIB = 1024**3
 

@@ -14,10 +14,14 @@
   role: ``judge*.py`` domain, ``collect*.py`` collectors, ``run*.py`` checks,
   ``flags*.py`` commands, ``view*.py`` ui; its ``__init__.py`` is the declaration, which
   nothing imports (the registry finds it) and which imports only pure modules at its
-  top (the layers above only inside its loaders).
+  top (the layers above only inside its loaders). A feature that is more than its check
+  is a room in the same folder under the same rule: opsctl/suite/engram/ holds the
+  ``opsctl engram`` commands (``flags_tables.py``, held to the command rules) beside the
+  check.
 Also: no star imports, no import cycle anywhere in opsctl or engine_patches (every import
 counts, also one inside a function), no function
-over 80 lines, no command module over 160 lines.
+over 80 lines, no command module (opsctl/commands/, a check folder's flags*.py) over 160
+lines.
 """
 
 from __future__ import annotations
@@ -305,9 +309,16 @@ def test_no_function_over_80_lines():
     assert long_functions() == []
 
 
-@pytest.mark.parametrize(
-    "path", sorted((ROOT / "opsctl" / "commands").rglob("*.py")), ids=lambda p: p.name
+COMMAND_MODULES = sorted((ROOT / "opsctl" / "commands").rglob("*.py")) + sorted(
+    (ROOT / "opsctl" / "suite").glob("*/flags*.py")
 )
+
+
+def _command_id(path: Path) -> str:
+    return path.name if "suite" not in path.parts else "/".join(path.parts[-3:])
+
+
+@pytest.mark.parametrize("path", COMMAND_MODULES, ids=_command_id)
 def test_command_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 160, path
 
@@ -324,3 +335,23 @@ def test_a_check_folder_holds_each_file_to_its_role():
     assert _pure("opsctl.domain.findings") and _pure("collections.abc") and _pure("opsctl.errors")
     assert not _pure("opsctl.checks.session") and not _pure("typer") and not _pure("httpx")
     assert "declaration" not in {layer for allowed in ALLOWED.values() for layer in allowed}
+
+
+def test_the_engram_room_holds_each_file_to_its_role(tmp_path, monkeypatch):
+    """opsctl/suite/engram/ is the Engram feature and its check: every file there has a
+    role and is held to its layer, so a judge file of the room that imported psutil (I/O)
+    would break the rule, while a collect file may."""
+    room = {m.rpartition(".")[2]: layer(m) for m in ALL if m.startswith("opsctl.suite.engram.")}
+    assert room["judge"] == room["judge_plan"] == room["judge_hygiene"] == "domain", room
+    assert room["collect_clean"] == "collectors" and room["run_tables"] == "checks", room
+    assert room["flags_tables"] == "commands" and room["view_tables"] == "ui", room
+    assert not [r for r in room.values() if r.startswith("no role")], room
+    room_dir = tmp_path / "opsctl" / "suite" / "engram"
+    room_dir.mkdir(parents=True)
+    (room_dir / "judge_plan.py").write_text("import psutil\n")
+    (room_dir / "collect.py").write_text("import psutil\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert violations_of("opsctl.suite.engram.judge_plan", room_dir / "judge_plan.py") == [
+        "opsctl/suite/engram/judge_plan.py:1 imports psutil (domain may not import psutil)"
+    ]
+    assert violations_of("opsctl.suite.engram.collect", room_dir / "collect.py") == []

@@ -1,12 +1,12 @@
 """opsctl.domain.runs: durations, meta.json parsing, run states, clean decisions;
-opsctl.domain.engram.segment_status. Pure, table-driven."""
+opsctl.suite.engram.judge.segment_status. Pure, table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from opsctl.domain import engram as dom_engram
 from opsctl.domain import runs as dom
+from opsctl.suite.engram import judge as dom_engram
 
 OWNER, OWNER_T = 100, 1000.0
 API, API_T = 200, 1001.0

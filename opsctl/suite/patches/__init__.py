@@ -1,23 +1,20 @@
 """patches: the engine-patch ledger of the run certified (the check's declaration).
 
-Its code: opsctl.checks.hygiene (``certify_patches``) over the ledger the engine plugin
-writes (opsctl.collectors.ledger).
+The whole check is this folder, one file per role: ``judge.py`` (pure: the ledger's
+summary and findings), ``run.py`` (the library call certify makes; it reads the ledger the
+engine plugin writes through opsctl.checks.patches, which ``opsctl patches`` shows). A
+certify check only; what it shares with engram and shutdown is
+opsctl.checks.findings_report.
 """
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import Check, Parts, Subject
+from opsctl.domain.check_registry import Check, Subject
 
 NO_RUN_DIR = (
     "no opsctl run directory for this server (not started by opsctl): its patch ledger "
     "cannot be read"
 )
-
-
-def _load() -> Parts:
-    from opsctl.checks import hygiene
-
-    return Parts.of(hygiene, certify=hygiene.certify_patches)
 
 
 def _applies(s: Subject) -> str | None:
@@ -29,6 +26,5 @@ CHECK = Check(
     "patch ledger: no failed patch, test knobs off",
     "The engine-patch ledger: no failed patch, no test knob on.",
     order=20,
-    load=_load,
     certify=_applies,
 )

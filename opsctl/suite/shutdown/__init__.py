@@ -1,18 +1,14 @@
 """shutdown: nothing left once certify's engines stopped (the check's declaration).
 
-Its code: opsctl.checks.hygiene (``certify_shutdown``) over the session's stop reports.
-certify runs it after every engine stopped, so it opens no engine of its own.
+The whole check is this folder, one file per role: ``judge.py`` (pure: the findings),
+``collect.py`` (the recheck: processes still running, files in /dev/shm), ``run.py`` (the
+library call certify makes over its session's stop reports). certify runs it after every
+engine stopped, so it opens no engine of its own.
 """
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import Check, Parts, Subject
-
-
-def _load() -> Parts:
-    from opsctl.checks import hygiene
-
-    return Parts.of(hygiene, certify=hygiene.certify_shutdown)
+from opsctl.domain.check_registry import Check, Subject
 
 
 def _applies(s: Subject) -> str | None:
@@ -24,7 +20,6 @@ CHECK = Check(
     "shutdown hygiene: 0 processes, 0 /dev/shm segments left",
     "After the engines stop: no process and no /dev/shm segment left.",
     order=90,
-    load=_load,
     certify=_applies,
     after_engines=True,
 )

@@ -1,7 +1,7 @@
 """Orphaned Engram tables in /dev/shm: what ``engram clean`` lists and removes.
 
 Files no live process visible here maps or holds open, older than a minimum age. Decisions
-(:func:`opsctl.domain.engram.segment_status`, the refusal rule) are the domain's; the one
+(:func:`opsctl.suite.engram.judge.segment_status`, the refusal rule) are the domain's; the one
 deletion rule is :func:`opsctl.collectors.shm.remove_unheld`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.collectors import shm
-from opsctl.domain import engram as dom
+from opsctl.suite.engram import judge
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +38,15 @@ class CleanScan:
 
 
 def find_orphans(
-    prefix: str = dom.PREFIX,
+    prefix: str = judge.PREFIX,
     root: Path = shm.SHM,
-    min_age: float = dom.DEFAULT_MIN_AGE,
+    min_age: float = judge.DEFAULT_MIN_AGE,
     now: float | None = None,
 ) -> CleanScan:
     """Engram table files no live process visible here maps or holds open, old enough.
 
     Files ``<root>/<prefix>*``, held by device + inode or by path, at least ``min_age`` seconds
-    old (:func:`opsctl.domain.engram.segment_status`). Processes in other PID namespaces (other
+    old (:func:`opsctl.suite.engram.judge.segment_status`). Processes in other PID namespaces (other
     containers sharing this /dev/shm) are not in this /proc at all, so what they hold cannot be
     seen: run clean in the namespace of the vLLM processes. Processes whose maps or fds cannot
     be read are listed in ``denied_pids``; files they hold would look orphaned."""
@@ -59,7 +59,7 @@ def find_orphans(
     orphans, young, mapped, opened, links = [], [], [], [], []
     for f in files:
         held = f.key in keys or f.path in paths
-        status = dom.segment_status(held, f.is_symlink, f.age(now), min_age)
+        status = judge.segment_status(held, f.is_symlink, f.age(now), min_age)
         if status == "symlink":
             links.append(f.name)
         elif status == "in-use":
@@ -74,10 +74,10 @@ def find_orphans(
 
 def remove_orphans(
     names: list[str],
-    prefix: str = dom.PREFIX,
+    prefix: str = judge.PREFIX,
     root: Path = shm.SHM,
     force: bool = False,
-    min_age: float = dom.DEFAULT_MIN_AGE,
+    min_age: float = judge.DEFAULT_MIN_AGE,
 ) -> tuple[list[str], list[str], tuple[int, ...]]:
     """Remove orphans, re-checking each right before; (removed, kept, unreadable pids).
 

@@ -37,7 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsctl.domain.engram import DEFAULT_BLOCK
+from opsctl.suite.engram.judge import DEFAULT_BLOCK
 
 
 class PlanError(ValueError):
@@ -168,8 +168,8 @@ def is_prime(n: int) -> bool:
 def head_sizes(spec: EngramSpec) -> tuple[tuple[tuple[int, ...], ...], bool]:
     """Per layer, the bucket size of every hash head, and whether they are exact.
 
-    Per layer, the bucket size of every hash head (n-gram major, as vLLM flattens them),
-    and whether they are exact (primes from engram_vocab_size) or an even split.
+    Heads n-gram major, as vLLM flattens them; exact: primes drawn from
+    engram_vocab_size, else an even split.
     """
     if spec.vocab_size and spec.vocab_size < 2**32:
         seen: set[int] = set()

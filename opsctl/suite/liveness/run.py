@@ -1,8 +1,5 @@
 """Liveness as a library call: the server is healthy, answers, and its engine progresses.
 
-The server is healthy, answers one request, and its
-engine makes forward progress.
-
 ``run(target, options, progress, session) -> Report`` (schema ``liveness/2``: the
 request's time is ``request.duration_s``):
 
@@ -17,7 +14,7 @@ request's time is ``request.duration_s``):
    counter stands still.
 
 Verdict fail on any of these; "unverified" when /metrics lacks the counter. Rules:
-:func:`opsctl.domain.certify_checks.liveness_findings`; HTTP: opsctl.collectors.liveness.
+:func:`opsctl.suite.liveness.judge.liveness_findings`; HTTP: opsctl.suite.liveness.collect.
 """
 
 from __future__ import annotations
@@ -27,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opsctl.checks import events as ev
+from opsctl.checks.findings_report import verdict_of
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import Live, Target
-from opsctl.collectors import liveness as col
-from opsctl.domain import certify_checks as dom
+from opsctl.suite.liveness import collect, judge
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext
@@ -67,7 +64,7 @@ def run(
     progress(ev.Started(TITLE))
     with opened(target, session, progress, label="liveness") as live:
         progress(ev.Phase("GET /health"))
-        health = col.health(live.url, min(options.timeout, 10.0))
+        health = collect.health(live.url, min(options.timeout, 10.0))
         progress(ev.Log(f"/health -> {health.status or health.error}"))
         model = _served(live, options.timeout)  # None: unknown (the JSON's null)
         name = model or "?"  # what the request names when the server did not say
@@ -75,8 +72,8 @@ def run(
         if generative is None:
             generative = _answers_completions(live, name, options.timeout)
         m, answer = _request(live, name, generative, options, health, progress)
-    found = dom.liveness_findings(m)
-    verdict = dom.verdict_of(found)
+    found = judge.liveness_findings(m)
+    verdict = verdict_of(found)
     summary = next((f.message for f in found if f.severity != "ok"), found[-1].message)
     progress(ev.Finished(verdict, summary))
     doc = document(
@@ -116,12 +113,12 @@ def _request(
     model: str,
     generative: bool,
     options: Options,
-    health: col.Answer,
+    health: collect.Answer,
     progress: ev.Progress,
-) -> tuple[dom.Liveness, col.Answer]:
+) -> tuple[judge.Liveness, collect.Answer]:
     """The one request, with the counter read before and after it."""
     if generative:
-        path, name = "/v1/completions", dom.GEN_COUNTER
+        path, name = "/v1/completions", judge.GEN_COUNTER
         body: dict = {
             "model": model,
             "prompt": PROMPT,
@@ -130,11 +127,11 @@ def _request(
             "ignore_eos": True,
         }
     else:
-        path, name = "/score", dom.PROMPT_COUNTER
+        path, name = "/score", judge.PROMPT_COUNTER
         body = {"model": model, "text_1": "is the engine alive", "text_2": PROMPT}
-    before = col.counter(live.url, name, live.api_key)
+    before = collect.counter(live.url, name, live.api_key)
     progress(ev.Phase(f"POST {path}"))
-    answer = col.post(live.url, path, body, live.api_key, options.timeout)
+    answer = collect.post(live.url, path, body, live.api_key, options.timeout)
     tokens = _tokens(answer.payload, generative)
     progress(ev.Log(f"{path} -> {answer.status or answer.error} in {answer.seconds:.2f} s"))
     progress(ev.Phase(f"waiting for {name} to advance"))
@@ -142,9 +139,9 @@ def _request(
     after = None
     if before is not None:
         deadline = t0 + (options.progress_wait if answer.status == 200 else 0.0)
-        after = col.wait_counter_above(live.url, name, before, live.api_key, deadline)
+        after = collect.wait_counter_above(live.url, name, before, live.api_key, deadline)
     waited = time.monotonic() - t0
-    m = dom.Liveness(
+    m = judge.Liveness(
         health.status, health.error, path, answer.status, answer.error, tokens, name,
         before, after, waited,
     )  # fmt: skip

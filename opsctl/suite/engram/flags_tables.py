@@ -7,7 +7,8 @@
   ``--shm-size``) holds them (vLLM's fallback decision).
 - ``clean``: orphaned ``vllm_engram_*`` files, removed only with ``--yes`` (CLEAN_HELP below).
 
-Typer only: the checks are :mod:`opsctl.checks.engram`, rendering :mod:`opsctl.ui.render_engram`.
+Typer only: the library calls are :mod:`opsctl.suite.engram.run_tables`, rendering
+:mod:`opsctl.suite.engram.view_tables`.
 Heavy imports stay inside the commands."""
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def inspect_cmd(
     """Find Engram tables (files and deleted mappings), who maps them, and verify the fill.
 
     Exit 1 on a fill mismatch or when verification could not complete for a table."""
-    from opsctl.checks import engram
+    from opsctl.suite.engram import run_tables
+    from opsctl.suite.engram.view_tables import render_inspect
     from opsctl.ui.progress import run_with_progress
-    from opsctl.ui.render_engram import render_inspect
 
-    opts = engram.InspectOptions(tuple(pid), verify, prefix, block_size)
+    opts = run_tables.InspectOptions(tuple(pid), verify, prefix, block_size)
     report = run_with_progress(
-        "engram inspect", lambda p: engram.inspect(opts, p), tui=tui, as_json=as_json
+        "engram inspect", lambda p: run_tables.inspect(opts, p), tui=tui, as_json=as_json
     )
     _finish(report, as_json, render_inspect)
 
@@ -98,11 +99,11 @@ def plan_cmd(
     as_json: bool = json_option(),
 ) -> None:
     """Engram table bytes per rank/node for TP/DP, shared vs private, and the /dev/shm check."""
-    from opsctl.checks import engram
-    from opsctl.ui.render_engram import render_plan
+    from opsctl.suite.engram import run_tables
+    from opsctl.suite.engram.view_tables import render_plan
 
-    opts = engram.PlanOptions(model, config, tp, dp, nodes, shm_size, block_size)
-    _finish(engram.plan(opts), as_json, render_plan)
+    opts = run_tables.PlanOptions(model, config, tp, dp, nodes, shm_size, block_size)
+    _finish(run_tables.plan(opts), as_json, render_plan)
 
 
 def clean_cmd(
@@ -124,10 +125,10 @@ def clean_cmd(
     as_json: bool = json_option(),
 ) -> None:
     """``engram clean``: list (with --yes remove) orphaned Engram tables (help: CLEAN_HELP)."""
-    from opsctl.checks import engram
-    from opsctl.ui.render_engram import render_clean
+    from opsctl.suite.engram import run_tables
+    from opsctl.suite.engram.view_tables import render_clean
 
-    report = engram.clean(engram.CleanOptions(prefix, yes, force, min_age))
+    report = run_tables.clean(run_tables.CleanOptions(prefix, yes, force, min_age))
     _finish(report, as_json, render_clean)
 
 

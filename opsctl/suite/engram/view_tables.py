@@ -1,6 +1,6 @@
 """Rich rendering of the ``engram inspect | plan | clean`` documents (stdout, no --json).
 
-The documents are the reports of :mod:`opsctl.checks.engram`.
+The documents are the reports of :mod:`opsctl.suite.engram.run_tables`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from opsctl.checks.engram import COLUMNS, table_row
 from opsctl.output import human_bytes, render_findings
+from opsctl.suite.engram.run_tables import COLUMNS, table_row
 
 
 def render_inspect(console: Console, doc: dict[str, Any]) -> None:

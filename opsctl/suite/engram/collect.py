@@ -10,10 +10,10 @@ One :func:`inspect` call reads once and returns a frozen :class:`InspectSnapshot
 - the table's size: the linked file's size, else ``stat`` of
   ``/proc/PID/map_files/<range>`` (the deleted file; needs CAP_SYS_ADMIN), else from the
   mapping's last page read through ``/proc/PID/mem`` (one past the last non-zero byte,
-  :func:`opsctl.domain.engram.size_from_mapping`); ``size_source`` says which;
+  :func:`opsctl.suite.engram.judge.size_from_mapping`); ``size_source`` says which;
 - the block size (32 in vLLM 0.32, or 128): from the size, else from the bytes at the
-  candidate boundaries (read here, :func:`opsctl.domain.engram.boundary_windows`), else
-  32 (:func:`opsctl.domain.engram.decide_layout`), or forced;
+  candidate boundaries (read here, :func:`opsctl.suite.engram.judge.boundary_windows`), else
+  32 (:func:`opsctl.suite.engram.judge.decide_layout`), or forced;
 - fill verification: the table is only ever read with ``pread`` (``os.preadv`` into one
   reusable 256 KiB buffer) and never mapped: inspect adds no mapping, never faults in
   holes, and a table truncated while it is read gives a short read (reported as an
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.collectors import shm
-from opsctl.domain import engram as dom
+from opsctl.suite.engram import judge
 
 CHUNK = 256 * 1024  # stays in L2: pread + compare run at ~4 GB/s here (4 MiB: ~2.8)
 _PATTERNS: dict[int, bytes] = {}
@@ -100,8 +100,8 @@ class TableReport:
     linked: bool
     size: int | None
     size_source: str  # file | map_files | mapping (last page via /proc/PID/mem) | unknown
-    layout: dom.TableLayout | None
-    block_choice: dict[str, Any]  # dom.LayoutDecision.to_dict(): block, how, detail
+    layout: judge.TableLayout | None
+    block_choice: dict[str, Any]  # judge.LayoutDecision.to_dict(): block, how, detail
     mappers: tuple[MapperInfo, ...]
     verify: VerifyResult
 
@@ -295,7 +295,9 @@ def _open_readers(
                 yield exc
 
 
-def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict[str, Any] | None]:
+def check_regions(
+    reader: _Reader, regions: list[judge.Region]
+) -> tuple[int, dict[str, Any] | None]:
     """Compare every byte of ``regions`` with its constant; (bytes checked, first mismatch).
 
     Raises OSError when the reader fails or the table is shorter than ``regions`` (e.g.
@@ -314,7 +316,7 @@ def check_regions(reader: _Reader, regions: list[dom.Region]) -> tuple[int, dict
             idx = (
                 None
                 if (n == CHUNK and buf == pattern)
-                else dom.first_mismatch(view[:n], region.value)
+                else judge.first_mismatch(view[:n], region.value)
             )
             if idx is not None:
                 return checked + idx + 1, {
@@ -345,7 +347,7 @@ def verify_table(
     access: tuple[str, ...] = ACCESS,
     block: int | None = None,
     size_error: Exception | None = None,
-) -> tuple[dom.LayoutDecision, VerifyResult]:
+) -> tuple[judge.LayoutDecision, VerifyResult]:
     """Decide a table's layout and verify its fill in ``mode``, by the first reader that works.
 
     Decide the layout (reading the boundary bytes when the size fits several block
@@ -357,14 +359,14 @@ def verify_table(
                 failures.append(cand)
                 continue
             try:
-                seen = {w: cand.read(*w) for w in dom.boundary_windows(size, block)}
-                decision = dom.decide_layout(size, seen, forced=block)
+                seen = {w: cand.read(*w) for w in judge.boundary_windows(size, block)}
+                decision = judge.decide_layout(size, seen, forced=block)
                 if mode == "none":
                     return decision, VerifyResult("skipped", mode, cand.access)
                 if decision.layout is None:
                     return decision, VerifyResult("unverifiable", mode, reason=decision.detail)
                 started = time.perf_counter()
-                checked, mismatch = check_regions(cand, dom.verify_plan(decision.layout, mode))
+                checked, mismatch = check_regions(cand, judge.verify_plan(decision.layout, mode))
                 secs = time.perf_counter() - started
             except OSError as exc:  # process exited mid-read, file went away or shrank
                 failures.append(exc)
@@ -373,7 +375,7 @@ def verify_table(
                 cand.close()
             status = "mismatch" if mismatch else "constant"
             return decision, VerifyResult(status, mode, cand.access, checked, secs, mismatch)
-    decision = dom.decide_layout(size, None, forced=block)
+    decision = judge.decide_layout(size, None, forced=block)
     if mode == "none":
         return decision, VerifyResult("skipped", mode)
     denied = [f for f in failures if isinstance(f, PermissionError)]
@@ -417,7 +419,7 @@ def _size_from_tail(
         for start, end, offset in m.ranges:
             if offset != 0:
                 continue
-            n = min(dom.PAGE, end - start)
+            n = min(judge.PAGE, end - start)
             try:
                 fd = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
             except OSError as exc:
@@ -431,7 +433,7 @@ def _size_from_tail(
                 continue
             finally:
                 reader.close()
-            size = dom.size_from_mapping(end - start, tail)
+            size = judge.size_from_mapping(end - start, tail)
             if size is not None:
                 return size, None
     return None, error
@@ -440,7 +442,7 @@ def _size_from_tail(
 def inspect(
     pids: list[int] | None = None,
     verify: str = "sample",
-    prefix: str = dom.PREFIX,
+    prefix: str = judge.PREFIX,
     root: Path = shm.SHM,
     progress: Progress | None = None,
     access: tuple[str, ...] = ACCESS,
@@ -449,8 +451,8 @@ def inspect(
     """Find, measure and verify every Engram table visible from here (see module doc).
 
     ``access`` limits how tables are read (and sized); ``block`` forces the block size."""
-    if verify not in dom.VERIFY_MODES:
-        raise ValueError(f"verify must be one of {dom.VERIFY_MODES}")
+    if verify not in judge.VERIFY_MODES:
+        raise ValueError(f"verify must be one of {judge.VERIFY_MODES}")
     notify = progress or (lambda _stage, _data: None)
     files = shm.list_files(root, prefix)
     symlinks = tuple(f.name for f in files if f.is_symlink)

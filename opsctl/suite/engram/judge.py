@@ -1,9 +1,9 @@
 """Engram host tables: layout of one shared allocation, what to verify, and findings.
 
-Pure logic (no I/O, no UI). The collector (opsctl.collectors.engram) reads /proc and
+Pure logic (no I/O, no UI). The collector (opsctl.suite.engram.collect) reads /proc and
 /dev/shm and hands snapshots (and the table bytes :func:`boundary_windows` asks for)
-here; the check (opsctl.checks.engram) turns them into findings, verdicts and the clean
-rules below, which the CLI and the TUI render alike.
+here; the library calls (opsctl.suite.engram.run_tables) turn them into findings,
+verdicts and the clean rules below, which the CLI and the TUI render alike.
 
 Layout of one shared table (vLLM ``DPSharedEngramStorage``): one allocation of
 ``rows*dim`` bytes of fp8 e4m3 weights followed by ``rows*dim/B`` bytes of ue8m0
@@ -86,8 +86,7 @@ class Region:
 def candidate_layouts(total: int, blocks: tuple[int, ...] = BLOCKS) -> list[TableLayout]:
     """Every weight/scale split of ``total`` bytes that a block size allows.
 
-    Every weight/scale split of ``total`` bytes, one per block size that fits, in
-    ``blocks`` order.
+    One per block size that fits, in ``blocks`` order.
     """
     out: list[TableLayout] = []
     if total <= 0:
@@ -246,11 +245,10 @@ def size_from_mapping(
 ) -> int | None:
     """The table size behind a page-rounded mapping, from its last page; None if unknown.
 
-    The table size behind a page-rounded mapping (deleted file read through
-    /proc/PID/mem, no map_files to stat), from its last page ``tail``: the mapping's bytes
-    past the file's end read as 0 and a table never ends in 0 (last byte is a ue8m0
-    scale, 127 in dummy fill; ue8m0 0 would be 2^-127), so the size is one past the last
-    non-zero byte. None when the tail is unknown or all zero, or the size found fits no
+    For a deleted file read through /proc/PID/mem (no map_files to stat). In the last
+    page ``tail`` the mapping's bytes past the file's end read as 0 and a table never
+    ends in 0 (last byte is a ue8m0 scale, 127 in dummy fill; ue8m0 0 would be 2^-127),
+    so the size is one past the last non-zero byte. None when the tail is unknown or all zero, or the size found fits no
     block: the size is then unknown, never guessed.
     """
     if tail is None or vma_bytes <= 0:
@@ -554,11 +552,10 @@ DEFAULT_MIN_AGE = 60.0  # seconds: a segment this fresh may be between shm_open 
 def segment_status(held: bool, symlink: bool, age: float, min_age: float) -> str:
     """What ``clean`` may do with one /dev/shm file: symlink, in-use, young or orphan.
 
-    What ``clean`` may do with one /dev/shm file: ``symlink`` (never touched),
-    ``in-use`` (a live process maps it or holds it open), ``young`` (changed less than
-    ``min_age`` seconds ago: it may be being set up, e.g. opened but not yet mapped,
-    or shared by a process whose descriptor is about to be passed on), else ``orphan``
-    (may be removed).
+    ``symlink``: never touched; ``in-use``: a live process maps it or holds it open;
+    ``young``: changed less than ``min_age`` seconds ago (it may be being set up, e.g.
+    opened but not yet mapped, or shared by a process whose descriptor is about to be
+    passed on); else ``orphan``: it may be removed.
     """
     if symlink:
         return "symlink"
@@ -599,8 +596,7 @@ def clean_refusal(yes: bool, kept: list[str], denied: tuple[int, ...], force: bo
 def clean_failure(yes: bool, kept: list[str], refused: str | None) -> str | None:
     """Why ``clean --yes`` failed (exit 1), None when it did everything it listed.
 
-    Why ``clean --yes`` failed (exit 1): it kept an orphan it listed (refused, held
-    again, gone, or not removable). None when it did everything it listed.
+    Failed: it kept an orphan it listed (refused, held again, gone, or not removable).
     """
     if not (yes and kept):
         return None
