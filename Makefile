@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,test]'
+	# --no-compile: pip would write bytecode for every file of torch, vLLM and transformers
+	# (about 55 s here); Python writes it on first import for the modules that are used
+	$(BIN)/pip install -q --no-compile -e '.[cpu,test]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch+cpu
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import vllm, engine_patches; print('vllm', vllm.__version__)"

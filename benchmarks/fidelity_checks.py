@@ -61,8 +61,8 @@ def invariance(knob: tuple[tuple[str, str], ...]):
     """A case runner: ``diag invariance`` swept over the seeds on one tiny-llama engine."""
 
     def run(seeds: Sequence[int]) -> list[str]:
-        from opsctl.checks import invariance as check
         from opsctl.checks.target import EngineSpec
+        from opsctl.suite.invariance import run as check
 
         report = check.run(EngineSpec("tiny-llama", knobs=knob), check.Options(seeds=tuple(seeds)))
         by_seed = {r["seed"]: r for r in report.runs}

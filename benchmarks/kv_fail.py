@@ -46,7 +46,7 @@ def engine(model: str, args: tuple[str, ...], label: str):
     """A KvProbe on an engine started for the block (stopped when it ends)."""
     from opsctl.checks.session import EngineSession
     from opsctl.checks.target import EngineSpec
-    from opsctl.collectors.kv_fail import KvProbe
+    from opsctl.suite.kv_fail.collect import KvProbe
 
     with EngineSession() as session:
         live = session.engine(EngineSpec(model=model, extra_args=args), label=label)
@@ -56,7 +56,7 @@ def engine(model: str, args: tuple[str, ...], label: str):
 
 def connector_rounds(probe, name: str, warm, prompts, reps: int, max_tokens: int) -> dict:
     from engine_patches.connectors.injection import InjectionPlan
-    from opsctl.domain import kv_fail as dom
+    from opsctl.suite.kv_fail import judge as dom
 
     res: dict = {"groups": len(probe.engine_info().get("kv_cache_groups") or [])}
     probe.set_plan(InjectionPlan(enabled=False, epoch="warm"))
@@ -94,8 +94,8 @@ def connector_rounds(probe, name: str, warm, prompts, reps: int, max_tokens: int
 
 def bench_model(model: str, n: int, reps: int, max_tokens: int) -> dict:
     from engine_patches.connectors.injection import kv_transfer_config
-    from opsctl.domain import kv_fail as dom
     from opsctl.engine.model import resolve
+    from opsctl.suite.kv_fail import judge as dom
 
     resolved = resolve(model)
     vocab = int(resolved.config.get("vocab_size") or 320)

@@ -1,6 +1,6 @@
 """Reproduce opsctl's kv-fail failure on CUDA vLLM and print the verdict per configuration.
 
-Runs ``opsctl diag kv-fail`` (the library call, :func:`opsctl.checks.kv_fail.run`) on
+Runs ``opsctl diag kv-fail`` (the library call, :func:`opsctl.suite.kv_fail.run.run`) on
 tiny-llama once per named configuration, each on its own engine, and prints one line
 per configuration: runner, execution mode, dtype, patch, requests targeted, blocks
 reported failed, requests rescheduled, tokens recomputed, verdict, largest logprob
@@ -78,8 +78,8 @@ def facts() -> dict:
 
 
 def spec_for(name: str):
-    from opsctl.checks.kv_fail import NO_PATCH
     from opsctl.checks.target import EngineSpec
+    from opsctl.suite.kv_fail.run import NO_PATCH
 
     model, _, name = name.rpartition(":")
     parts = name.split("-")
@@ -214,13 +214,13 @@ def main() -> int:
     p.add_argument("--out", required=True, help="JSON file (rewritten after each config)")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all configs")
     a = p.parse_args()
-    from opsctl.checks import kv_fail as check
+    from opsctl.suite.kv_fail import run as check
 
     t0 = time.time()
     result: dict = {"facts": facts(), "results": [], "skipped": []}
     took: dict[str, float] = {}
     ok = True
-    from opsctl.domain.kv_fail import Settings
+    from opsctl.suite.kv_fail.judge import Settings
 
     for name in a.configs:
         spec = spec_for(name)

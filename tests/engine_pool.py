@@ -65,14 +65,14 @@ def _invariance_nudge() -> EngineSpec:
     # (none of the default prompts): read by test_invariance_e2e.py and by the library
     # calls of test_invariance_modes_e2e.py.
     from engine_patches import knobs
-    from opsctl.checks import invariance
+    from opsctl.suite.invariance import run as invariance
 
     spec = EngineSpec(knobs=((knobs.NUDGE, "zebra:3"),))
     return invariance.isolated_spec(spec, "eager", invariance.Options())
 
 
 def _no_logprobs() -> EngineSpec:
-    from opsctl.checks.invariance import ISOLATING_ARGS
+    from opsctl.suite.invariance.run import ISOLATING_ARGS
 
     return EngineSpec("tiny-llama", extra_args=(*ISOLATING_ARGS, "--max-logprobs", "0"))
 

@@ -2,8 +2,8 @@
 
 The one pure module (no torch, no vLLM, no opsctl I/O) that both sides import: the
 connector (:mod:`engine_patches.connectors.fault_kv`, inside vLLM's worker) and opsctl
-(``opsctl.domain.kv_fail`` validates arguments and plans the workload;
-``opsctl.collectors.kv_fail`` writes the control file; ``opsctl.checks.kv_fail`` builds
+(``opsctl.suite.kv_fail.judge`` validates arguments and plans the workload;
+``opsctl.suite.kv_fail.collect`` writes the control file; ``opsctl.suite.kv_fail.run`` builds
 the ``--kv-transfer-config``).
 
 Configuration (:func:`kv_transfer_config`): ``kv_connector_extra_config`` holds

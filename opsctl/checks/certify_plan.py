@@ -80,8 +80,8 @@ def target_of(
 
 def managed_facts(spec: EngineSpec) -> Facts:
     """Facts of an engine certify starts (the model resolved, nothing started)."""
-    from opsctl.domain import kv_fail as kvd
     from opsctl.engine.model import resolve
+    from opsctl.suite.kv_fail import judge as kvd
 
     resolved = resolve(spec.model)  # BadInput: unknown name, bad directory
     config = resolved.config

@@ -100,6 +100,7 @@ def duration_option(default, *names: str, help: str, allow_zero: bool = False, *
 
 URL_HELP = "a running vLLM server: http://HOST:PORT, https://HOST:PORT or HOST:PORT"
 RUN_HELP = "a run directory, or a run's name (opsctl runs list)"
+PROMPT_SETS_HELP = "a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)"
 
 
 def url_argument(help: str = URL_HELP + " (else --model: opsctl starts an engine)"):
@@ -141,7 +142,7 @@ def rank_option(axis: str):
     return typer.Option(None, f"--{axis}", metavar="N", help=RANK_HELP[axis], show_default=False)
 
 
-def seeds_option(help: str):
+def seeds_option(help: str = PROMPT_SETS_HELP):
     """``--seeds SEEDS``: a sweep on one engine (``0-9``, ``1,3,5``), read by :func:`seed_list`."""
     import typer
 

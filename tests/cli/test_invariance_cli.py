@@ -13,9 +13,9 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from opsctl.checks import invariance as check
 from opsctl.cli import app
-from opsctl.commands.diag import invariance
+from opsctl.suite.invariance import flags as invariance
+from opsctl.suite.invariance import run as check
 from tests.standins.cli_result import assert_bad_input, error_lines
 from tests.standins.completions import Behaviour, completions_server, register_run, write_run_dir
 

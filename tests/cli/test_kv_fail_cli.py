@@ -13,12 +13,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from opsctl.checks import events as ev
-from opsctl.checks import kv_fail
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
-from opsctl.domain import kv_fail as dom
-from opsctl.domain import kv_fail_report as kvr
 from opsctl.errors import BadInput
+from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge_report as kvr
+from opsctl.suite.kv_fail import run as kv_fail
 
 
 def run(*args: str):
@@ -171,7 +171,7 @@ def test_flags_reach_the_engine_the_check_starts(launches):
 def test_live_event_lines_show_injections_and_recoveries(tmp_path):
     """What --tui (and stderr) shows while the inject phase runs: each injection and
     each recovery once, as they land in the run's event files."""
-    from opsctl.collectors.kv_fail import EventTail
+    from opsctl.suite.kv_fail.collect import EventTail
 
     work = dom.workload(dom.Settings(requests=2, targets=1), 320)
     events = tmp_path / "events"
@@ -206,7 +206,7 @@ def test_live_event_lines_show_injections_and_recoveries(tmp_path):
 def test_terminal_report_of_a_domain_document():
     """The terminal view of a document the domain builds (groups with their window,
     the per-request table, the findings and the verdict)."""
-    from opsctl.ui.render_kv_fail import render
+    from opsctl.suite.kv_fail.view import render
 
     s = dom.Settings()
     work = dom.workload(s, 320)
@@ -247,7 +247,7 @@ def test_probe_of_a_reused_engine_sees_only_its_own_run(tmp_path):
     new probe starts with an empty KV store (its store phase stores again) and counts
     only the injections that came after it."""
     from engine_patches.connectors.injection import InjectionPlan
-    from opsctl.collectors.kv_fail import KvProbe, write_control
+    from opsctl.suite.kv_fail.collect import KvProbe, write_control
 
     events = tmp_path / "events"
     events.mkdir()

@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events, read_records
-from opsctl.domain import kv_fail as kv
-from opsctl.domain import kv_fail_report as kvr
 from opsctl.domain import platform as plat
+from opsctl.suite.kv_fail import judge as kv
+from opsctl.suite.kv_fail import judge_report as kvr
 from tests.standins.vllm_server import StandInFleet
 
 FAKE = "xpu"  # a platform this CPU machine cannot have: it must come from the ledger
@@ -97,8 +97,8 @@ def validate(doc: dict) -> None:
 def kv_fail_document(engine: kvr.EngineFacts) -> dict:
     """The ``diag.kv-fail`` document the check builds around these engine facts (the
     check itself needs a real engine: tests/e2e)."""
-    from opsctl.checks.kv_fail import SCHEMA
     from opsctl.output import document
+    from opsctl.suite.kv_fail.run import SCHEMA
 
     s = kv.Settings(rate=0.5, seed=3)
     work = kv.workload(s, 320)
@@ -278,7 +278,7 @@ def test_diag_kv_fail_fields_from_the_ledger_on_disk(tmp_path):
 def test_diag_kv_fail_unknown_is_null():
     from rich.console import Console
 
-    from opsctl.ui.render_kv_fail import render
+    from opsctl.suite.kv_fail.view import render
 
     engine = kvr.engine_facts({}, [{"role": "engine_core", "vllm_version": VERSION}])
     assert (engine.platform, engine.platform_note) == (None, plat.NO_RECORD_NOTE)

@@ -38,7 +38,7 @@ DEADLINE_S = 60  # each target's deadline (--timeout): the engines finish well i
 
 @pytest.fixture(scope="module")
 def engines():
-    from opsctl.checks.invariance import ISOLATING_ARGS, ISOLATING_ENV
+    from opsctl.suite.invariance.run import ISOLATING_ARGS, ISOLATING_ENV
 
     kw = dict(load_format="dummy", max_model_len=256, max_num_seqs=8)
     isolated = dict(extra_args=list(ISOLATING_ARGS), env=dict(ISOLATING_ENV))

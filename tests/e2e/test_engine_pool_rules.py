@@ -44,8 +44,8 @@ def test_the_invariance_engine_is_what_the_check_asks_for() -> None:
     """The pooled spec must keep the key the check derives from its caller's spec, or
     test_invariance_modes_e2e.py's calls would start an engine of their own."""
     from engine_patches import knobs
-    from opsctl.checks import invariance
     from opsctl.checks.target import EngineSpec
+    from opsctl.suite.invariance import run as invariance
 
     caller = EngineSpec(knobs=((knobs.NUDGE, "zebra:3"),))
     for options in (

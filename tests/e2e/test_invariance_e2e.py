@@ -9,7 +9,7 @@ One engine start for: the main BS=1 vs BS=N comparison (tokens identical, logpro
 verdict as measured, settings read back from the engine, the batch really formed), the
 planted divergence caught at the right prompt and position, fail-closed on a request
 error, an external server without an opsctl ledger, and the library entry point
-(opsctl.checks.invariance.run) called directly with its typed events.
+(opsctl.suite.invariance.run.run) called directly with its typed events.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typer.testing import CliRunner
 
 from engine_patches import knobs
 from opsctl.checks import events as ev
-from opsctl.checks import invariance as check
-from opsctl.checks.invariance import DEFAULT_PROMPTS
 from opsctl.checks.target import UrlTarget
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events
-from opsctl.domain.invariance_engine import prompt_index
+from opsctl.suite.invariance import run as check
+from opsctl.suite.invariance.judge_engine import prompt_index
+from opsctl.suite.invariance.run import DEFAULT_PROMPTS
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("invariance-nudge")]
 

@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 from engine_patches import knobs
 from engine_patches.registry import platform_name
 from opsctl.checks import events as ev
-from opsctl.checks import invariance as check
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec
 from opsctl.cli import app
 from opsctl.collectors.ledger import read_events
+from opsctl.suite.invariance import run as check
 
 pytestmark = pytest.mark.engine
 

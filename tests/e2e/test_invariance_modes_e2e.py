@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from engine_patches import knobs
 from opsctl.checks import events as ev
-from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec
 from opsctl.cli import app
+from opsctl.suite.invariance import run as check
 from tests.expect import CPU_SETTINGS, settings_status
 
 pytestmark = pytest.mark.engine

@@ -1,6 +1,6 @@
 """`opsctl diag kv-fail` end to end on CPU, real engines with real seeded weights: three
 runs through the CLI (JSON, exit codes, stderr) and one through the library entry point
-(:func:`opsctl.checks.kv_fail.run`: typed events, the typed report, its terminal view).
+(:func:`opsctl.suite.kv_fail.run.run`: typed events, the typed report, its terminal view).
 
 Engine starts in this module: 6 (one per diag run, plus one hybrid engine without
 any connector for the no-connector baseline). The tiny-llama recompute run sweeps seeds 0-2
@@ -57,9 +57,9 @@ def llama_fail():
 @pytest.fixture(scope="module")
 def hybrid():
     """The library call, in this process: (report, every progress event in order)."""
-    from opsctl.checks import kv_fail
     from opsctl.checks.target import EngineSpec
-    from opsctl.domain.kv_fail import Settings
+    from opsctl.suite.kv_fail import run as kv_fail
+    from opsctl.suite.kv_fail.judge import Settings
 
     events: list = []
     spec = EngineSpec(model="tiny-hybrid", env=tuple(SAME_THREADS.items()), timeout=600)
@@ -144,7 +144,7 @@ def test_llama_sweep_runs_every_seed_on_one_engine(llama_recompute):
     # each seed its own targets; the top level is the last seed's run (all passed)
     assert doc["verdict_seed"] == 2 and doc["injection"]["seed"] == 2
     assert doc["injection"]["targets"] == seeds[2]["targets"]
-    from opsctl.domain import kv_fail as dom
+    from opsctl.suite.kv_fail import judge as dom
 
     assert [s["targets"] for s in seeds] == [dom.choose_targets(4, k, None) for k in (0, 1, 2)]
     assert "seed 1: 4 requests" in err  # the per-seed progress lines
@@ -190,8 +190,8 @@ def test_hybrid_store_reload_equals_no_connector_run(hybrid):
     baseline, and the baseline equals an engine without any connector."""
     import httpx
 
-    from opsctl.collectors.kv_fail import complete
-    from opsctl.domain import kv_fail as dom
+    from opsctl.suite.kv_fail import judge as dom
+    from opsctl.suite.kv_fail.collect import complete
     from tests.conftest import running_engine
 
     doc = hybrid[0].to_dict()
@@ -218,7 +218,7 @@ def test_hybrid_library_call_reports_typed_events(hybrid):
     four phases in order, every injection (reported in inject, silent in sensitivity)
     with its request, the patch's recoveries, no death, and the verdict last."""
     from opsctl.checks import events as ev
-    from opsctl.checks import kv_fail
+    from opsctl.suite.kv_fail import run as kv_fail
 
     report, events = hybrid
     doc = report.to_dict()
@@ -249,7 +249,7 @@ def test_hybrid_library_call_reports_typed_events(hybrid):
 def test_hybrid_report_renders_for_the_terminal(hybrid):
     from rich.console import Console
 
-    from opsctl.ui.render_kv_fail import render
+    from opsctl.suite.kv_fail.view import render
 
     con = Console(record=True, width=200)
     render(con, hybrid[0].to_dict())

@@ -29,8 +29,8 @@ from engine_patches import knobs
 from opsctl.checks import events as ev
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.cli import app
-from opsctl.domain.invariance_calibration import seeded_prompts
 from opsctl.embedded import lora as built
+from opsctl.suite.invariance.judge_calibration import seeded_prompts
 from opsctl.suite.lora import run as check
 from opsctl.suite.lora.run_plan import PROBES
 from tests.conftest import running_engine

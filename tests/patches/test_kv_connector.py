@@ -33,7 +33,7 @@ from engine_patches.connectors.injection import (
     kv_transfer_config,
     prefix_key,
 )
-from opsctl.collectors.kv_fail import write_control
+from opsctl.suite.kv_fail.collect import write_control
 from tests.standins.kv_scheduler import attention, vllm_config
 
 BS = 16

@@ -1,4 +1,4 @@
-"""`opsctl.checks.invariance.run` called directly (no CLI) against stand-in servers
+"""`opsctl.suite.invariance.run.run` called directly (no CLI) against stand-in servers
 (tests/standins/completions.py): the typed progress events, a planted divergence found at
 its prompt and position, atol, the engine's records read back (settings, the batch that
 formed, test knobs), the /metrics fallback, fail-closed on request errors, the engine
@@ -16,11 +16,11 @@ import jsonschema
 import pytest
 
 from opsctl.checks import events as ev
-from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec, Live, UrlTarget
-from opsctl.domain import invariance_engine as eng
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput, EngineDied, OpsTimeout
+from opsctl.suite.invariance import judge_engine as eng
+from opsctl.suite.invariance import run as check
 from tests.expect import CPU_SETTINGS, settings_status
 from tests.standins.completions import (
     VERSION,
@@ -305,7 +305,7 @@ def test_mode_both_runs_default_then_eager_on_the_isolated_engines(mode_standins
 
     from rich.console import Console
 
-    from opsctl.ui.render_invariance import render
+    from opsctl.suite.invariance.view import render
 
     con = Console(record=True, width=220)
     render(con, report.to_dict())
@@ -334,7 +334,7 @@ def test_mode_both_keeps_the_other_report_when_one_engine_fails(mode_standins, e
     assert ev.Phase("default: failed") in seen
     from rich.console import Console
 
-    from opsctl.ui.render_invariance import render
+    from opsctl.suite.invariance.view import render
 
     con = Console(record=True, width=220)
     render(con, report.to_dict())  # a failed mode renders without crashing

@@ -1,4 +1,4 @@
-"""`opsctl.checks.invariance.run` with images, called directly against the completions
+"""`opsctl.suite.invariance.run.run` with images, called directly against the completions
 stand-in playing a vision-language server (tests/standins/completions.py): prompts carry
 1..m different images through /v1/chat/completions, the engine's records (mm_uuid probe,
 batch-probe steps and encoder calls) show they arrived, the usage cross-check stands in
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from opsctl.checks import events as ev
-from opsctl.checks import invariance as check
 from opsctl.checks.target import EngineSpec, UrlTarget
 from opsctl.domain import platform as plat
-from opsctl.domain.invariance_images import PROBES_SOURCE, USAGE_SOURCE
 from opsctl.errors import BadInput
+from opsctl.suite.invariance import run as check
+from opsctl.suite.invariance.judge_images import PROBES_SOURCE, USAGE_SOURCE
 from tests.standins.completions import (
     ENGINE_INFO,
     IMAGE_TOKENS,

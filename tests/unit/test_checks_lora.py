@@ -157,7 +157,7 @@ def test_cli_json_and_exit_codes(tmp_path) -> None:
 
 
 def test_a_sweep_runs_every_seed_on_one_server_and_totals_them() -> None:
-    from opsctl.domain import invariance_calibration as cal
+    from opsctl.suite.invariance import judge_calibration as cal
 
     b = Behaviour(adapters={"a1": "/srv/a1", "a2": "/srv/a2"})
     with lora_server(b) as url:
@@ -172,7 +172,7 @@ def test_a_sweep_runs_every_seed_on_one_server_and_totals_them() -> None:
 
 
 def test_calibration_floor_sensitivity_and_the_rule() -> None:
-    from opsctl.domain import invariance as inv
+    from opsctl.suite.invariance import judge as inv
     from opsctl.suite.lora import judge as D
 
     def g(lp: float, tok: int = 1) -> inv.Generated:

@@ -5,7 +5,7 @@ On real DP=2 and TP=2 servers: the DP=2 tests of tests/e2e/test_dp_stall_e2e.py.
 from __future__ import annotations
 
 from opsctl.collectors import http
-from opsctl.domain import invariance_engine as eng
+from opsctl.suite.invariance import judge_engine as eng
 
 DP2 = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.domain import kv_fail_report as kvr
+from opsctl.suite.kv_fail import judge_report as kvr
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = sorted(
@@ -145,7 +145,7 @@ def test_hybrid_seeds_1_3_5_alone_pass_with_their_targets_equal(stage):
 def test_a_planted_real_difference_in_the_recording_still_fails(stage):
     """Rejudge the hybrid seed-5 run with one targeted request moved by what its own
     corrupted blocks did: the calibrated rule fails it."""
-    from opsctl.domain import kv_fail as dom
+    from opsctl.suite.kv_fail import judge as dom
 
     doc = _docs(stage)["kvf-hybrid-135"]
     rows = []
@@ -181,7 +181,7 @@ def test_docs_print_the_cpu_matrix():
 def test_a_sweep_renders_its_per_seed_rows(stage):
     from rich.console import Console
 
-    from opsctl.ui.render_kv_fail import render
+    from opsctl.suite.kv_fail.view import render
 
     doc = _docs(stage)["kvf-hybrid"]
     con = Console(record=True, width=200, color_system=None)
@@ -197,7 +197,7 @@ def test_a_sweep_renders_its_per_seed_rows(stage):
 def test_inconclusive_and_failed_sweeps_exit_1_saying_why(stage):
     """The exit rule over a recorded document: a failed sweep names its seeds; an
     inconclusive one (the comparison could not tell) exits 1 with what would make it conclusive."""
-    from opsctl.checks import kv_fail
+    from opsctl.suite.kv_fail import run as kv_fail
 
     failed = _docs(stage)["kvf-hybrid-nopatch-0"]
     out = kv_fail.outcome(kv_fail.KvFailReport(failed["verdict"], failed), kv_fail.Options())

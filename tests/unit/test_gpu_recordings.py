@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from opsctl.domain import kv_fail as dom
-from opsctl.domain import kv_fail_report as kvr
-from opsctl.ui.render_kv_fail import render
+from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge_report as kvr
+from opsctl.suite.kv_fail.view import render
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 

@@ -1,4 +1,4 @@
-"""The calibration rule of opsctl.domain.invariance_calibration (pure): floor, sensitivity,
+"""The calibration rule of opsctl.suite.invariance.judge_calibration (pure): floor, sensitivity,
 bound, the MARGIN rule, the sweep's verdict and the seeded prompt sets; and
 ``diag invariance`` over stand-in servers whose run-to-run noise is known (``jitter``):
 bitwise where the floor is 0, within the floor when the effect stands clearly above it,
@@ -11,11 +11,11 @@ import math
 
 import pytest
 
-from opsctl.checks import invariance as check
 from opsctl.checks.target import UrlTarget
-from opsctl.domain import invariance_calibration as cal
-from opsctl.domain.invariance import Generated
 from opsctl.errors import CheckFailed
+from opsctl.suite.invariance import judge_calibration as cal
+from opsctl.suite.invariance import run as check
+from opsctl.suite.invariance.judge import Generated
 from tests.standins.completions import Behaviour, completions_server
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from opsctl.collectors.completions import parse_response, token_key
-from opsctl.domain import invariance as inv
-from opsctl.domain import invariance_engine as eng
-from opsctl.domain.invariance import Generated
+from opsctl.suite.invariance import judge as inv
+from opsctl.suite.invariance import judge_engine as eng
+from opsctl.suite.invariance.judge import Generated
 from tests.standins.completions import ENGINE_INFO
 
 

@@ -1,6 +1,6 @@
-"""Pure parts of batch invariance with images (opsctl/domain/invariance_images.py), the
-multimodal read-back of the isolating settings (invariance_engine), the platform
-(domain/platform.py), the chat response parser (collectors/mm_completions.py) and
+"""Pure parts of batch invariance with images (opsctl/suite/invariance/judge_images.py), the
+multimodal read-back of the isolating settings (judge_engine.py there), the platform
+(domain/platform.py), the chat response parser (suite/invariance/collect_images.py) and
 the engine_info probe's multimodal fields (engine_patches/patches/engine_info.py)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from engine_patches.patches import engine_info
 from opsctl.collectors.completions import CompletionParams, parse_chat
-from opsctl.collectors.mm_completions import chat_body, messages
-from opsctl.domain import invariance_engine as eng
-from opsctl.domain import invariance_images as img
 from opsctl.domain import platform as plat
 from opsctl.errors import BadInput
+from opsctl.suite.invariance import judge_engine as eng
+from opsctl.suite.invariance import judge_images as img
+from opsctl.suite.invariance.collect_images import chat_body, messages
 
 TAGS = ("t-default-bs1", "t-default-bs4")
 

@@ -17,8 +17,8 @@ from engine_patches.connectors.injection import (
     prefix_len,
     unit_draw,
 )
-from opsctl.domain import kv_fail as dom
-from opsctl.domain import kv_fail_report as kvr
+from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge_report as kvr
 
 # ---- injection plan ---------------------------------------------------------------
 

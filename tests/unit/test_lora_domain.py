@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.domain import invariance as inv
+from opsctl.suite.invariance import judge as inv
 from opsctl.suite.lora import judge as D
 from opsctl.suite.lora import judge_support as DS
 from opsctl.suite.lora.run import COLUMNS, table_rows

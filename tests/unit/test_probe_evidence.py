@@ -12,9 +12,9 @@ import pytest
 
 from engine_patches.patches import batch_probe
 from engine_patches.registry import apply_patch
-from opsctl.checks import invariance
 from opsctl.domain import probe_evidence as pe
 from opsctl.domain.findings import FAIL, WARNING
+from opsctl.suite.invariance import run as invariance
 from opsctl.suite.lora import judge as DL
 from opsctl.suite.lora import run as lora
 from opsctl.suite.mm_uuid import run as mm_uuid

@@ -117,7 +117,7 @@ def test_invariances_own_engine_keeps_the_ranks_and_the_batch_probe():
     tier no longer starts it): the isolated engine of each mode keeps both ranks in vLLM's
     multiprocess layout, with the batch probe that shows BS=N formed, and its launch asks
     vLLM for them."""
-    from opsctl.checks import invariance
+    from opsctl.suite.invariance import run as invariance
 
     target = with_ranks(EngineSpec(model="tiny-llama"), 2, None)
     runs = invariance.plan(target, invariance.Options(mode="both"))

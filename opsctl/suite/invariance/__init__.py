@@ -1,9 +1,16 @@
 """invariance: BS=1 vs BS=N batch invariance of tokens and logprobs (the check's declaration).
 
-Its code (not moved yet: docs/architecture.md walks through it where it is): the run
-opsctl.checks.invariance, its flags opsctl.commands.diag.invariance, its judgement
-opsctl.domain.invariance, its renderer opsctl.ui.render_invariance. Under certify the
-engine the checks share is its isolated engine (opsctl.checks.invariance.shared_engine).
+The whole check is this folder, one file per role (the registry loads each when a surface
+needs it): ``judge.py`` (pure: the BS=1 vs BS=N comparison), ``judge_engine.py``
+(the engine's settings, batches and warnings read back), ``judge_calibration.py`` (the
+calibrated noise floor, which lora shares), ``judge_images.py`` (the images a
+vision-language run sends), ``collect_images.py`` (chat requests with images),
+``run.py`` and ``run_images.py`` (the library call for diag, certify and the console,
+its engines and exit rule), ``flags.py`` (``opsctl diag invariance``'s flags),
+``view.py`` (the text renderer). Its text requests are opsctl.collectors.completions,
+which other checks share; ``opsctl.checks.invariance`` re-exports run.py under the name
+docs/python.md documents. Under certify the engine the checks share is its isolated
+engine (``run.shared_engine``).
 """
 
 from __future__ import annotations
@@ -11,21 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Parts, Subject, kind_name
+from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Subject, kind_name
 from opsctl.domain.findings import FAIL, WARNING, Finding
-
-
-def _flags():
-    from opsctl.commands.diag.invariance import invariance
-
-    return invariance
-
-
-def _load() -> Parts:
-    from opsctl.checks import invariance
-    from opsctl.ui.render_invariance import render
-
-    return Parts.of(invariance, report=invariance.InvarianceReport, render=render)
 
 
 def _applies(s: Subject) -> str | None:
@@ -59,8 +53,6 @@ CHECK = Check(
     "batch invariance (BS=1 vs BS=N tokens and logprobs)",
     "BS=1 vs BS=N batch invariance of tokens and logprobs.",
     order=50,
-    load=_load,
-    flags=_flags,
     certify=_applies,
     excluded=_excluded,
     findings=_findings,

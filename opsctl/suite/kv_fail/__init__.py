@@ -1,27 +1,18 @@
 """kv-fail: inject KV load failures and prove recovery (the check's declaration).
 
-Its code: the run opsctl.checks.kv_fail, its flags opsctl.commands.diag.kv_fail, its
-judgement opsctl.domain.kv_fail and kv_fail_report, its I/O opsctl.collectors.kv_fail,
-its renderer opsctl.ui.render_kv_fail; the fault-injecting connector it starts engines
-with is engine_patches.connectors.
+The whole check is this folder, one file per role (the registry loads each when a surface
+needs it): ``judge.py`` (pure: settings, workload, comparison, recovery
+accounting), ``judge_report.py`` (pure: rows, findings, verdict, the document),
+``collect.py`` (completions, the connector's control and event files, the server log),
+``run.py`` (the library call for diag, certify and the console, and its exit rule),
+``flags.py`` (``opsctl diag kv-fail``'s flags), ``view.py`` (the text renderer). The
+fault-injecting connector it starts engines with is engine_patches.connectors;
+``opsctl.checks.kv_fail`` re-exports run.py under the name docs/python.md documents.
 """
 
 from __future__ import annotations
 
-from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Parts, Subject
-
-
-def _flags():
-    from opsctl.commands.diag.kv_fail import kv_fail
-
-    return kv_fail
-
-
-def _load() -> Parts:
-    from opsctl.checks import kv_fail
-    from opsctl.ui.render_kv_fail import render
-
-    return Parts.of(kv_fail, report=kv_fail.KvFailReport, render=render)
+from opsctl.domain.check_registry import GENERATIVE, Check, Offer, Subject
 
 
 def _applies(s: Subject) -> str | None:
@@ -40,8 +31,6 @@ CHECK = Check(
     "KV load failure: engine survives, requests recompute",
     "Inject KV load failures and prove recovery.",
     order=70,
-    load=_load,
-    flags=_flags,
     certify=_applies,
     offer=Offer(GENERATIVE, "starts its own engine with this model", opsctl_started=True),
     examples=(

@@ -42,7 +42,7 @@ def flags(
     max_loras: int = typer.Option(
         None, "--max-loras", help="LoRA slots of the started engine (default: one per adapter)"
     ),
-    seeds: str = seeds_option("a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)"),
+    seeds: str = seeds_option(),
     timeout: float = start_timeout_option(),
     api_key: str | None = None,
     test_knob: list[str] | None = None,

@@ -13,7 +13,7 @@ The plan: requests ``r0..rN`` cycle through the adapters and the base model (ada
   everywhere would hide a swap between them: the mixed case is then not conclusive.
 - Mixed batch: all requests sent together; each output must equal the same request run
   alone with the same adapter: tokens exact, logprobs by the invariance rules
-  (:func:`opsctl.domain.invariance.compare`: bitwise unless ``atol``). The first
+  (:func:`opsctl.suite.invariance.judge.compare`: bitwise unless ``atol``). The first
   divergence names the request, its adapter and its images. The batch probe must show
   that requests of different adapters were sampled in one step.
 - Support per part (language model, vision tower, connector) is decided in
@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain import invariance as inv
-from opsctl.domain.invariance_calibration import Calibration, run_diff
 from opsctl.domain.records import record
+from opsctl.suite.invariance import judge as inv
+from opsctl.suite.invariance.judge_calibration import Calibration, run_diff
 
 PASS, FAIL, UNVERIFIED = "pass", "fail", "unverified"
 LANGUAGE, TOWER, CONNECTOR = "language", "tower", "connector"
@@ -512,7 +512,7 @@ def assess(
     return Findings(PASS, (), tuple(warnings), mixed_verdict)
 
 
-# ---- calibration (opsctl.domain.invariance_calibration's rule) ---------------------------
+# ---- calibration (opsctl.suite.invariance.judge_calibration's rule) ----------------------
 
 
 def calibration(

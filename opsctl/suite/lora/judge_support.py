@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain.invariance_engine import compilation_mode_name
 from opsctl.domain.records import record
+from opsctl.suite.invariance.judge_engine import compilation_mode_name
 from opsctl.suite.lora.judge import (
     APPLIED,
     LANGUAGE,

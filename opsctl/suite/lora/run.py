@@ -50,12 +50,12 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Live, Target
 from opsctl.collectors import engine_records, ledger
 from opsctl.domain import findings as fd
-from opsctl.domain import invariance as inv
-from opsctl.domain import invariance_calibration as cal
 from opsctl.domain import platform as plat
 from opsctl.domain import probe_evidence as pe
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
+from opsctl.suite.invariance import judge as inv
+from opsctl.suite.invariance import judge_calibration as cal
 from opsctl.suite.lora import collect as collect
 from opsctl.suite.lora import judge, judge_support
 from opsctl.suite.lora.run_plan import (
@@ -405,7 +405,7 @@ def calibrated(
     single: Sequence[judge.SingleResult],
     evidence: judge.MixedEvidence,
 ) -> judge.Findings:
-    """``found`` under the calibration rule (opsctl.domain.invariance_calibration).
+    """``found`` under the calibration rule (opsctl.suite.invariance.judge_calibration).
 
     A conclusive comparison keeps its verdict. One that is not (the smallest difference
     between two adapters is not clearly above the base model's run-to-run noise) cannot

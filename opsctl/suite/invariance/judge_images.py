@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.domain.invariance_engine import prompt_index
 from opsctl.errors import BadInput
+from opsctl.suite.invariance.judge_engine import prompt_index
 
 RGB = tuple[int, int, int]
 SIDES = ("BS=1", "BS=N")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.domain import invariance as inv
+from opsctl.suite.invariance import judge as inv
 
 VERDICT = {
     "pass": "[green]PASS[/]",

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from opsctl.checks.kv_fail import COLUMNS
-from opsctl.domain.kv_fail_report import SEED_COLUMNS, seed_table
 from opsctl.output import render_findings
+from opsctl.suite.kv_fail.judge_report import SEED_COLUMNS, seed_table
+from opsctl.suite.kv_fail.run import COLUMNS
 
 
 def _groups(doc: Mapping[str, Any]) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 
 from opsctl.domain import platform as plat
 from opsctl.domain.findings import FAIL, INFO, OK, WARNING, Finding
-from opsctl.domain.kv_fail import (
+from opsctl.domain.records import record
+from opsctl.suite.kv_fail.judge import (
     INFLIGHT_PATCH,
     PATCH_NAME,
     RECOVERY_PATCHES,
@@ -26,7 +27,6 @@ from opsctl.domain.kv_fail import (
     compare,
     recomputed_by_patch,
 )
-from opsctl.domain.records import record
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ log, /metrics, and whether the engine still lives.
 :class:`KvProbe` holds one HTTP client for one engine. Every wait here is a condition
 with a deadline (:meth:`KvProbe.still_alive`, :meth:`KvProbe.log_until`); nothing
 sleeps a fixed time. What it reads comes back as frozen records of
-:mod:`opsctl.domain.kv_fail` (or plain dicts for the engine's own records).
+:mod:`opsctl.suite.kv_fail.judge` (or plain dicts for the engine's own records).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from engine_patches.connectors.injection import (
 )
 from opsctl.collectors import http, ledger
 from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
-from opsctl.domain import kv_fail as dom
+from opsctl.suite.kv_fail import judge as dom
 
 RECOVERIES = "kv_recoveries"  # written by engine_patches.patches.kv_hybrid_recompute
 POLL = 0.1  # seconds between looks while waiting for a condition

@@ -12,7 +12,7 @@ Contract (vLLM PR 56528, and what `opsctl diag invariance` reports):
   and largest difference) or ``error`` (the fail-closed reason).
 
 The engine side (isolating settings read back, the batch that formed, the run's own
-failures and warnings) is in :mod:`opsctl.domain.invariance_engine`.
+failures and warnings) is in :mod:`opsctl.suite.invariance.judge_engine`.
 """
 
 from __future__ import annotations

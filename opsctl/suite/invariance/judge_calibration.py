@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain.invariance import Generated
+from opsctl.suite.invariance.judge import Generated
 
 MARGIN = 10.0  # a fault must move outputs more than MARGIN x the bound to be told from noise
 HEADROOM = 2.0  # the bound over the floor: one sample's maximum, the judged one may exceed it

@@ -1,8 +1,9 @@
 """`diag kv-fail` logic, pure: settings, workload, output comparison and recovery accounting.
 
 Also what the connector can serve, and accounting from the engine's own log lines and from the
-connector's and the patch's events. Pure (no I/O): the check (opsctl.checks.kv_fail) collects, this
-module and :mod:`opsctl.domain.kv_fail_report` (findings, verdict, the report) decide.
+connector's and the patch's events. Pure (no I/O): the check (opsctl.suite.kv_fail.run)
+collects, this module and :mod:`opsctl.suite.kv_fail.judge_report` (findings, verdict, the
+report) decide.
 
 The diag runs one engine with the fault-injecting connector through phases:
 ``store`` (failure-free baseline; the connector stores every prompt's KV),

@@ -1,7 +1,7 @@
 """The image side of `diag invariance`: the images a vision-language model run sends.
 
 `diag invariance` on a vision-language model: the image side of
-:mod:`opsctl.checks.invariance` (vLLM PR 56528's multimodal case).
+:mod:`opsctl.suite.invariance.run` (vLLM PR 56528's multimodal case).
 
 - :func:`spec_images` / :func:`with_limit`: how many images per prompt a run on an
   engine spec sends, and the ``--limit-mm-per-prompt`` the engine then needs;
@@ -12,8 +12,8 @@
 - :func:`evidence`: what shows every request's images reached the engine (the probes'
   records, else the usage cross-check).
 
-Decisions are :mod:`opsctl.domain.invariance_images`; HTTP is
-:mod:`opsctl.collectors.mm_completions` and :mod:`opsctl.collectors.completions`.
+Decisions are :mod:`opsctl.suite.invariance.judge_images`; HTTP is
+:mod:`opsctl.suite.invariance.collect_images` and :mod:`opsctl.collectors.completions`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from opsctl.checks.target import EngineSpec, Live
 from opsctl.collectors import completions as cc
 from opsctl.collectors import engine_records
-from opsctl.collectors import mm_completions as mmc
 from opsctl.collectors.engine_records import EngineRecords
-from opsctl.domain import invariance_images as img
 from opsctl.errors import BadInput
+from opsctl.suite.invariance import collect_images as mmc
+from opsctl.suite.invariance import judge_images as img
 
 PROBES = frozenset({"batch", "gate", "mm_uuid"})  # with images: what the engine core received
 LIMIT_ARG = "--limit-mm-per-prompt"

@@ -1,8 +1,8 @@
 """`opsctl diag kv-fail`: KV load failures on a live engine (vLLM PR 50388).
 
 Parses the flags into an engine spec (model, ``--no-patch`` as a disabled patch, test
-knobs, start timeout) and :class:`opsctl.checks.kv_fail.Options`, runs
-:func:`opsctl.checks.kv_fail.run` (its docstring describes the four phases) and emits
+knobs, start timeout) and :class:`opsctl.suite.kv_fail.run.Options`, runs
+:func:`opsctl.suite.kv_fail.run.run` (its docstring describes the four phases) and emits
 its report.
 
 ``--seeds 0-9`` (or ``1,3,5``) sweeps seeds on one engine start while the engine lives
@@ -27,8 +27,8 @@ from opsctl.domain.seeds import seeds_flag
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
-    from opsctl.checks import kv_fail as check
     from opsctl.checks.target import EngineSpec
+    from opsctl.suite.kv_fail import run as check
 
 _ROUTE = typer.Option(
     "blocks",
@@ -47,8 +47,8 @@ _MODE = typer.Option(
 def _spec(model, no_patch, mode, timeout, memory=None, kv_bytes=None):
     """The engine the check starts: --no-patch turns every KV recovery patch off,
     --mode picks eager or vLLM's default execution mode (anything else is exit 2)."""
-    from opsctl.checks import kv_fail as check
     from opsctl.checks.target import EngineSpec
+    from opsctl.suite.kv_fail import run as check
 
     if mode not in ("eager", "default"):
         raise BadInput(f"--mode must be eager or default, not {mode!r}")
@@ -75,7 +75,7 @@ def _seeds(seed: int | None, seeds: str | None) -> tuple[int, ...]:
     return seeds_flag(seeds)
 
 
-def kv_fail(
+def flags(
     model: str = typer.Option(
         "tiny-hybrid", "--model", help="tiny-llama | tiny-hybrid | model dir"
     ),
@@ -136,9 +136,9 @@ def kv_fail(
     """Inject KV load failures and prove recovery (exit 0: engine alive, outputs equal)."""
     from dataclasses import replace
 
-    from opsctl.checks import kv_fail as check
     from opsctl.commands.options import parse_knobs
-    from opsctl.domain.kv_fail import Settings
+    from opsctl.suite.kv_fail import run as check
+    from opsctl.suite.kv_fail.judge import Settings
 
     sweep = _seeds(seed, seeds)
     first = sweep[0] if sweep else seed or 0

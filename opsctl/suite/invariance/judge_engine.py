@@ -16,7 +16,7 @@ from opsctl.domain import platform as plat
 from opsctl.domain.records import record
 
 if TYPE_CHECKING:
-    from opsctl.domain.invariance import Generated
+    from opsctl.suite.invariance.judge import Generated
 
 # ---- settings: what was asked of the engine, and what it shows it got ----------------
 

@@ -1,7 +1,7 @@
 """`opsctl diag invariance [URL | --model NAME]`: batch invariance (vLLM PR 56528).
 
-Parses the flags into :class:`opsctl.checks.invariance.Options` and a target (the URL,
-or an engine spec for ``--model``), runs :func:`opsctl.checks.invariance.run` (which
+Parses the flags into :class:`opsctl.suite.invariance.run.Options` and a target (the URL,
+or an engine spec for ``--model``), runs :func:`opsctl.suite.invariance.run.run` (which
 owns the isolating engine settings and the comparison), emits the report and maps it to
 the exit code: 0 only when every prompt matched, 1 otherwise, 4 when a started engine
 did not become healthy within ``--timeout`` (``--mode both``).
@@ -25,8 +25,8 @@ from opsctl.domain.seeds import seeds_flag
 from opsctl.errors import BadInput
 
 if TYPE_CHECKING:
-    from opsctl.checks import invariance as check
     from opsctl.checks.target import Target
+    from opsctl.suite.invariance import run as check
 
 
 def read_prompts(path: Path | None) -> tuple[str, ...] | None:
@@ -62,7 +62,9 @@ def _mode(value: str | None) -> str | None:
     return "both" if modes == {"default", "eager"} else ",".join(sorted(modes))
 
 
-def invariance(
+def flags(
+    api_key: str | None = None,  # the shared --api-key and --test-knob: the skeleton
+    test_knob: list[str] | None = None,  # adds them after the check's own flags
     url: str = url_argument(),
     model: str = typer.Option(
         None, "--model", help="start this embedded model / model dir (default tiny-llama)"
@@ -92,13 +94,11 @@ def invariance(
         help="most images per prompt on a vision-language model (default: the model's; "
         "0: text only)",
     ),
-    seeds: str = seeds_option("a sweep on one engine: one seeded prompt set per seed (0-9, 1,3,5)"),
+    seeds: str = seeds_option(),
     timeout: float = start_timeout_option(),
-    api_key: str | None = None,
-    test_knob: list[str] | None = None,
 ) -> tuple[Target, check.Options]:
     """BS=1 vs BS=N batch invariance of tokens and logprobs (exit 0 only if all match)."""
-    from opsctl.checks import invariance as check
+    from opsctl.suite.invariance import run as check
 
     swept = seeds_flag(seeds)
     if swept and prompts_file is not None:

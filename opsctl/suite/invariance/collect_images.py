@@ -39,7 +39,7 @@ from opsctl.collectors.completions import (
 )
 from opsctl.collectors.completions import request_id as make_request_id
 from opsctl.collectors.mm_uuid import image_data_url
-from opsctl.domain.invariance_images import ENDPOINT, RGB, image_uuid
+from opsctl.suite.invariance.judge_images import ENDPOINT, RGB, image_uuid
 
 IMAGE_SIZE = 32
 _URLS: dict[RGB, str] = {}
