@@ -81,7 +81,7 @@ def target_of(
 def managed_facts(spec: EngineSpec) -> Facts:
     """Facts of an engine certify starts (the model resolved, nothing started)."""
     from opsctl.engine.model import resolve
-    from opsctl.suite.kv_fail import judge as kvd
+    from opsctl.suite.kv_fail.judge import servable
 
     resolved = resolve(spec.model)  # BadInput: unknown name, bad directory
     config = resolved.config
@@ -90,7 +90,7 @@ def managed_facts(spec: EngineSpec) -> Facts:
         model=resolved.name,
         archetype=resolved.archetype,
         kv_groups=_kv_groups(config),
-        kv_refusal=kvd.servable(config),
+        kv_refusal=servable(config),
         run_dir=True,
         local=True,
     )
