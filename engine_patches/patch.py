@@ -78,7 +78,6 @@ VERIFIED_ON = ("0.32.0",)  # the release a probe is verified on unless it says o
 def dotted(symbol: str) -> str:
     """A symbol as the dotted path a ledger's ``target`` shows.
 
-    A symbol as a dotted path, the form a ledger's ``target`` shows:
     ``"vllm.a.b:C.f"`` -> ``"vllm.a.b.C.f"``."""
     return symbol.replace(":", ".", 1)
 
@@ -117,9 +116,8 @@ def probe(
 ) -> Patch:
     """A probe's declaration: a :class:`Patch` of kind ``probe`` with a probe's defaults.
 
-    A probe's :class:`Patch` (``kind="probe"``): for any vLLM release that has its
-    targets, verified on :data:`VERIFIED_ON` unless it says otherwise; the rest as
-    :func:`declare`."""
+    For any vLLM release that has its targets, verified on :data:`VERIFIED_ON` unless it
+    says otherwise; the rest as :func:`declare`."""
     return declare(
         name,
         apply=apply,
@@ -187,9 +185,9 @@ def missing_symbols(names: Iterable[str]) -> list[str]:
 def installed_sources(names: Iterable[str]) -> dict[str, str | None]:
     """The source text of each symbol in the installed vLLM (imports it).
 
-    ``{symbol: source}`` of the installed vLLM (imports it); None for a symbol that
-    is missing or whose source cannot be read. A wrapper's original is followed through
-    ``__wrapped__``, so a rule sees vLLM's code, not opsctl's wrapper."""
+    As ``{symbol: source}``; None for a symbol that is missing or whose source cannot be
+    read. A wrapper's original is followed through ``__wrapped__``, so a rule sees vLLM's
+    code, not opsctl's wrapper."""
     import inspect
 
     out: dict[str, str | None] = {}

@@ -1,8 +1,7 @@
 """The one rule for removing an engine's private temporary directory.
 
-The rule for removing an engine's private temporary directory, shared by opsctl (its
-stop, ``runs clean``) and the engine itself (its API server, when the opsctl process that
-started it died without a chance to clean up).
+Shared by opsctl (its stop, ``runs clean``) and the engine itself (its API server, when
+the opsctl process that started it died without a chance to clean up).
 
 opsctl makes the directory (``opsctl.collectors.engine_tmp``) and gives it to the engine
 as ``TMPDIR``. Removal only ever touches a directory opsctl made: a real directory (not a

@@ -102,8 +102,8 @@ def vllm_version() -> str | None:
 def platform_info() -> tuple[str | None, str | None]:
     """vLLM's platform device type, or None and why it is unknown.
 
-    (platform, note): vLLM's current_platform device type (cpu, cuda, rocm, xpu, ...)
-    and None, or None and why it is unknown."""
+    As (platform, note): current_platform's device type (cpu, cuda, rocm, xpu, ...)
+    and None, or None and the reason."""
     try:
         from vllm.platforms import current_platform
 

@@ -114,8 +114,7 @@ def _kill_the_rest_of_my_group() -> None:
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
     """The owner to watch: (pid, start ticks), or None.
 
-    (owner pid, owner start ticks) to watch, or None (not started by opsctl, knob off,
-    or malformed values)."""
+    None: not started by opsctl, the knob off, or malformed values."""
     env = dict(os.environ) if env is None else env
     if knobs.get(knobs.NO_OWNER_WATCH, env):
         return None

@@ -100,9 +100,8 @@ def decide_upstream(
 ) -> tuple[Outcome | None, str]:
     """(outcome, why) of an upstream rule on the installed sources.
 
-    (outcome, why) of ``rule`` on the installed sources of ``names`` (or on
-    ``sources``): skipped when the rule cannot decide (a target is gone), already
-    upstream when the fix is there, None when the patch is to be applied."""
+    The sources of ``names`` (or ``sources``). Skipped when the rule cannot decide (a target
+    is gone), already upstream when the fix is there, None when the patch is to be applied."""
     handled, why = rule(installed_sources(names) if sources is None else sources)
     return settled(handled, why), why
 

@@ -284,12 +284,12 @@ def build_app() -> typer.Typer:
         patches,
         rules,
         runs,
-        serve,
-        stacks,
         status,
         version,
     )
     from opsctl.commands.options import EXIT_CODES, epilog
+    from opsctl.serve import flags as serve
+    from opsctl.stacks import flags as stacks
     from opsctl.suite.engram import flags_tables as engram
 
     app = typer.Typer(

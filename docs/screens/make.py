@@ -55,8 +55,8 @@ async def console_svg() -> str:
 async def serve_svg() -> str:
     import json
 
-    from opsctl.collectors.serve import from_dict
-    from opsctl.ui.serve_app import build_serve_app
+    from opsctl.serve.collect import from_dict
+    from opsctl.serve.view_app import build_serve_app
 
     recorded = ROOT / "tests" / "ui" / "fixtures" / "serve_snapshots.jsonl"
     snaps = [from_dict(json.loads(line)) for line in recorded.read_text().splitlines()]

@@ -407,8 +407,8 @@ class FaultInjectingConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]):
         """The asynchronous loads of the step, finished and failed.
 
-        Route requests: the loads done this step, failed ones in both sets (vLLM's
-        contract: a failed receive is also a finished one)."""
+        Route requests only; a failed one is in both sets (vLLM's contract: a failed
+        receive is also a finished one)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
         with self._lock:

@@ -1,8 +1,5 @@
 """The fault-injecting KV connector's contract: configuration, plan and failed blocks.
 
-How the connector is configured, how its injection plan is given and changed, and
-which loaded KV blocks it reports as failed.
-
 The one pure module (no torch, no vLLM, no opsctl I/O) that both sides import: the
 connector (:mod:`engine_patches.connectors.fault_kv`, inside vLLM's worker) and opsctl
 (``opsctl.suite.kv_fail.judge`` validates arguments and plans the workload;
@@ -192,8 +189,8 @@ def unit_draw(seed: int, key: str, group: int, position: int) -> float:
 def prefix_len(num_prompt_tokens: int, block_size: int) -> int:
     """How many prompt tokens the connector stores and loads for a prompt.
 
-    Tokens the connector stores/loads for a prompt: whole blocks, leaving at
-    least the last prompt token to compute (so the engine samples a next token)."""
+    Whole blocks, leaving at least the last prompt token to compute (so the engine
+    samples a next token)."""
     if num_prompt_tokens <= 1:
         return 0
     return (num_prompt_tokens - 1) // block_size * block_size

@@ -152,9 +152,8 @@ class Gate:
     def flush(self, why: str = "shutdown") -> list[tuple[Any, int]]:
         """Hand back every held request, in arrival order per group.
 
-        Every held request, in arrival order per group (at shutdown or a pause: the
-        scheduler then drains, keeps or aborts them like any other accepted request).
-        Late members of a flushed group pass at once."""
+        At shutdown or a pause: the scheduler then drains, keeps or aborts them like any
+        other accepted request. Late members of a flushed group pass at once."""
         with self.lock:
             groups, self.groups = self.groups, {}
             self.expired.update(groups)
@@ -165,8 +164,7 @@ class Gate:
     def accepted(self, request_id: str) -> bool:
         """Whether the gate held a request and handed it back.
 
-        Whether a request is one the gate held and handed back (so it was accepted
-        before any pause that rejects new work now)."""
+        Such a request was accepted before any pause that rejects new work now."""
         with self.lock:
             return str(request_id) in self.released
 

@@ -144,8 +144,7 @@ def _items_with_data(scheduled, features_of) -> dict[str, int]:
 def encoder_items(runner, scheduler_output) -> dict[str, int]:
     """V1: request id -> multimodal items with data this encoder call runs.
 
-    Request id -> multimodal items with data this encoder call runs (what
-    ``_batch_mm_inputs_from_scheduler`` batches); {} when none."""
+    What ``_batch_mm_inputs_from_scheduler`` batches; {} when none."""
     return _items_with_data(
         getattr(scheduler_output, "scheduled_encoder_inputs", None),
         lambda req_id: getattr(runner.requests.get(req_id), "mm_features", None),
@@ -206,8 +205,7 @@ class _Tracker:
 def record_step(tracker: _Tracker, runner, req_ids: list[str], discarded) -> list[tuple[str, int]]:
     """Record one sampling step; the (req id, position) pairs the nudge is due on.
 
-    Record one sampling step of ``req_ids`` (the batch, in row order); advance each
-    kept row's output position. The (req id, position) pairs the nudge is due on."""
+    ``req_ids``: the batch, in row order; each kept row's output position advances."""
     n = len(req_ids)
     tracker.steps += 1
     record_event(
@@ -230,8 +228,7 @@ def record_step(tracker: _Tracker, runner, req_ids: list[str], discarded) -> lis
 def nudge_rows(tracker: _Tracker, logits, rows: dict[str, int], due, num_reqs: int) -> None:
     """Nudge the largest logit of each due request's row and record each nudge.
 
-    Add the nudge's delta to the largest logit of each due request's row
-    (``rows``: req id -> logits row) and record it."""
+    ``rows``: req id -> logits row; the nudge adds its delta."""
     nudge = tracker.nudge
     assert nudge is not None
     for rid, pos in due:

@@ -97,8 +97,8 @@ def constant_fill_init(original):
 def accepts_name(init) -> bool:
     """Whether ``initialize_single_dummy_weight`` takes ``name=``.
 
-    Whether ``initialize_single_dummy_weight`` takes ``name=`` (vLLM >= 0.33: a
-    uint8 tensor named like a scale holds E8M0 scales and gets a fixed exponent). Only
+    vLLM >= 0.33: a uint8 tensor named like a scale holds E8M0 scales and gets a fixed
+    exponent. Only
     an explicit ``name`` parameter counts (followed through ``__wrapped__``): a wrapper's
     ``**kwargs`` says nothing about the function it forwards to."""
     try:

@@ -47,8 +47,7 @@ def planted_gpu_hang(trigger: str) -> None:
 def apply() -> Outcome:
     """Make ``Worker.execute_model`` hang while the knob's file exists.
 
-    Make ``Worker.execute_model`` spin the GPU (block, without CUDA) while the knob's
-    file exists; skipped when the knob is not set."""
+    It spins the GPU (without CUDA: it blocks); skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_GPU)
     if not trigger:
         return INERT

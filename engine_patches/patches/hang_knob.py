@@ -47,8 +47,7 @@ def planted_hang(trigger: str) -> None:
 def hang_while(trigger: str, hang: Callable[[str], None]) -> Callable[[Any], Any]:
     """A method wrapper that first runs ``hang`` while the file ``trigger`` exists.
 
-    A wrapper of a method that, while ``trigger`` exists, first runs ``hang`` (which
-    returns once the file is gone), then the method."""
+    ``hang`` returns once the file is gone; then the method runs."""
 
     def wrap(original):
         @functools.wraps(original)
@@ -104,9 +103,8 @@ def hang_engine_while(trigger: str, hang: Callable[[str], None]) -> Callable[[An
 def apply() -> Outcome:
     """Make the EngineCore's step block while the knob's file exists.
 
-    Make ``EngineCore.step`` (and ``step_with_batch_queue``) block while the knob's
-    file exists (every engine) or ``FILE.dp<N>`` does (the engine of DP rank N);
-    skipped when the knob is not set."""
+    ``step`` and ``step_with_batch_queue``; the file blocks every engine,
+    ``FILE.dp<N>`` the engine of DP rank N. Skipped when the knob is not set."""
     trigger = knobs.get(knobs.HANG_STEP)
     if not trigger:
         return INERT

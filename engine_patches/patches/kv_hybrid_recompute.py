@@ -1,7 +1,6 @@
 """Multi-group (hybrid) KV caches recompute after a failed KV load (vLLM PR 50388).
 
-KV load failures on multi-group (hybrid) KV caches: recompute, never crash
-(vLLM PR 50388; issues 45474, 50687).
+Never a crash: vLLM issues 45474 and 50687.
 
 A KV connector reports blocks whose external load failed through
 ``get_block_ids_with_load_errors()``. vLLM's scheduler then rewinds the affected
@@ -95,9 +94,8 @@ SYMBOLS = (HANDLE, UPDATE)
 def upstream_rule(sources: Sources) -> tuple[bool | None, str]:
     """Whether the scheduler already recovers several groups, from its source.
 
-    (True: the scheduler already recovers several groups | False: it crashes |
-    None: the target is missing, why), from the source text of :data:`SYMBOLS`
-    (installed or read from a wheel)."""
+    (True | False: it crashes | None: the target is missing, why), from the source text of
+    :data:`SYMBOLS` (installed or read from a wheel)."""
     if sources.get(HANDLE) is None:
         return None, "Scheduler._handle_invalid_blocks not found (vLLM changed its KV failure path)"
     text = "\n".join(src for src in (sources.get(HANDLE), sources.get(UPDATE)) if src)
@@ -310,8 +308,7 @@ GUARD = "_opsctl_local_recompute"  # on a request: never load its KV from the co
 def recompute_locally(scheduler, request) -> None:
     """Make a request's restart read neither the prefix cache nor the connector.
 
-    Make ``request``'s restart read neither the local prefix cache nor the
-    connector: the KV that failed to load would otherwise be loaded (and fail) again,
+    Else the KV that failed to load would be loaded (and fail) again,
     for ever on a connector that keeps failing (seen on vLLM 0.26 on the H200: 18,646
     recoveries in 200 s). Each release spells it differently: 0.32/0.33 read
     ``skip_reading_prefix_cache`` for both lookups, 0.34 has ``prefix_cache_hit_limit``
@@ -360,10 +357,7 @@ def wrap(original):
 
 
 def apply() -> Outcome:
-    """Wrap ``Scheduler._handle_invalid_blocks`` unless upstream handles several groups.
-
-    Wrap ``Scheduler._handle_invalid_blocks``, unless the installed scheduler
-    already recovers several groups."""
+    """Wrap ``Scheduler._handle_invalid_blocks`` unless upstream handles several groups."""
     from vllm.v1.core.sched import scheduler as sched_mod
 
     cls = sched_mod.Scheduler

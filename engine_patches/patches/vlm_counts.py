@@ -1,7 +1,7 @@
 """Two image-model counts vLLM before 0.32 gets wrong with transformers 5.
 
-Two image-model counts that vLLM before 0.32 gets wrong with transformers 5 (found on
-the H200 with CUDA vLLM 0.26.0 and transformers 5.17.0; docs/gpu.md, issue 34 item 5).
+Found on the H200 with CUDA vLLM 0.26.0 and transformers 5.17.0 (docs/gpu.md, issue 34
+item 5).
 
 - **idefics3_unsplit_patches** (vLLM issue 48667, fixed by PR 48760, upstream in 0.32 as
   ``return max(num_patches, 1)``): transformers 5's Idefics3 image processor says an image

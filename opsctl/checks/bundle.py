@@ -45,6 +45,7 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import PASS, Report
+from opsctl.collectors.jsonfile import run_meta
 from opsctl.domain import redact
 from opsctl.errors import BadInput
 
@@ -84,7 +85,7 @@ def resolve_run(run: str, runs_dir: Path | None = None) -> Path:
 def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     """Write the run's forensics bundle; its report is the ``runs.bundle/2`` manifest."""
     from opsctl.checks.runs import run_dict
-    from opsctl.collectors import bundle as col
+    from opsctl.collectors import bundle as bundle_col
     from opsctl.collectors import runs as runs_col
     from opsctl.output import document
 
@@ -92,9 +93,9 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     progress(ev.Started("runs bundle", f"reading {path}"))
     snap = runs_col.read_run(path)
     state = run_dict(snap)
-    files, errors = col.run_files(path)
+    files, errors = bundle_col.run_files(path)
     missing = [{"what": "run file", "why": e} for e in errors]
-    meta = _meta(path)
+    meta = run_meta(path)
     argv = [str(a) for a in meta.get("argv") or []]
     engine_env, env_source = _engine_env(snap)
     secrets = redact.secret_values({**os.environ, **(engine_env or {})}, argv)
@@ -132,7 +133,7 @@ def bundle(options: Options, progress: ev.Progress = ev.ignore) -> Report:
     manifest = json.dumps(document(SCHEMA, **fields), indent=2).encode()
     progress(ev.Phase(f"writing {out}"))
     try:
-        size = col.write_tar(out, path.name, [("MANIFEST.json", manifest), *members])
+        size = bundle_col.write_tar(out, path.name, [("MANIFEST.json", manifest), *members])
     except OSError as exc:
         raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
     doc = document(SCHEMA, **fields, out=str(out), size_bytes=size)
@@ -148,21 +149,13 @@ def _first_death(path: Path) -> str | None:
     return found.summary() if found is not None else None
 
 
-def _meta(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def _engine_env(snap: Any) -> tuple[dict[str, str] | None, str]:
-    from opsctl.collectors import bundle as col
+    from opsctl.collectors import bundle as bundle_col
 
     m = snap.meta
     if m is None or m.api_pid is None:
         return None, "no API server pid in meta.json"
-    return col.process_env(m.api_pid, dict(m.pids).get(m.api_pid))
+    return bundle_col.process_env(m.api_pid, dict(m.pids).get(m.api_pid))
 
 
 def _redacted(rel: str, data: bytes, secrets: set[str]) -> tuple[bytes, int]:
@@ -191,7 +184,7 @@ def _collected(
     env_source: str,
     secrets: set[str],
 ) -> tuple[list[tuple[str, bytes]], list[dict[str, str]]]:
-    from opsctl.collectors import bundle as col
+    from opsctl.collectors import bundle as bundle_col
 
     out: list[tuple[str, bytes]] = [("state.json", _json(state))]
     missing: list[dict[str, str]] = []
@@ -201,12 +194,12 @@ def _collected(
         why = "not asked" if not options.fetch else f"no engine process alive ({state['state']})"
         missing += [{"what": "metrics.txt", "why": why}, {"what": "server_info.json", "why": why}]
     else:
-        metrics = col.fetch(str(url), "/metrics", options.api_key, options.timeout)
+        metrics = bundle_col.fetch(str(url), "/metrics", options.api_key, options.timeout)
         if metrics.text is not None:
             out.append(("metrics.txt", metrics.text.encode()))
         else:
             missing.append({"what": "metrics.txt", "why": metrics.why or "?"})
-        info = col.fetch(str(url), "/server_info", options.api_key, options.timeout)
+        info = bundle_col.fetch(str(url), "/server_info", options.api_key, options.timeout)
         if info.text is not None:
             out.append(("server_info.json", info.text.encode()))
         else:
@@ -274,11 +267,11 @@ def _rank_files(run_dir: Path, meta: dict[str, Any], alive: bool) -> list[tuple[
 
 def _stacks(run_dir: Path) -> tuple[bytes | None, str]:
     """``opsctl stacks``' document of the run's live engine tree, or why there is none."""
-    from opsctl.checks import stacks
     from opsctl.errors import OpsctlError
+    from opsctl.stacks import run as check
 
     try:
-        report = stacks.run(str(run_dir), stacks.Options(timeout=5.0))
+        report = check.run(str(run_dir), check.Options(timeout=5.0))
     except OpsctlError as exc:
         return None, exc.message
     return _json(dict(report.document)), ""

@@ -46,7 +46,7 @@ from opsctl.checks import registry
 from opsctl.checks.report import Report
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, Live, Target, UrlTarget
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.domain import check_registry as reg
 from opsctl.errors import BadInput, EngineDied, EngineUnreachable, OpsctlError, OpsTimeout
 
@@ -65,7 +65,7 @@ class Options:
     def __post_init__(self) -> None:
         for names, flag in ((self.checks, "--checks"), (self.skip, "--skip")):
             try:
-                dom.parse_list(",".join(names), flag)
+                certify_dom.parse_list(",".join(names), flag)
             except ValueError as exc:
                 raise BadInput(str(exc)) from None
         if not self.timeout > 0:
@@ -173,8 +173,7 @@ def _start_failure(exc: Exception) -> OpsctlError:
 class CertifyReport(Report):
     """The ``opsctl.certify/2`` document, its verdict and the hint for its error.
 
-    ``document`` is the ``opsctl.certify/2`` JSON document; ``hint`` goes with its
-    ``error`` on stderr (e.g. "pass --api-key KEY")."""
+    ``hint`` goes with the ``error`` on stderr (e.g. "pass --api-key KEY")."""
 
     hint: str | None = None
     stop: KeyboardInterrupt | None = None  # interrupted: re-raised once the report is out
@@ -253,14 +252,14 @@ def not_reached(
         message = f"certify failed before its checks: {error.message}"
     else:
         message = f"internal error: {type(error).__name__}: {error}"
-    state = dom.UNREACHABLE if unreachable else dom.CRASHED
+    state = certify_dom.UNREACHABLE if unreachable else certify_dom.CRASHED
     if unreachable and message.startswith("authentication required"):  # collectors.http
-        state = dom.UNAUTHORIZED
-    results = dom.not_reached(message, seconds, state)
+        state = certify_dom.UNAUTHORIZED
+    results = certify_dom.not_reached(message, seconds, state)
     progress(CheckDone(results[0].check, results[0].verdict, message, seconds))
     rows = summary_rows([r.to_dict() for r in results])
     progress(ev.Table(SUMMARY_COLUMNS, tuple(tuple(r) for r in rows)))
-    progress(ev.Finished(dom.overall(results), message))
+    progress(ev.Finished(certify_dom.overall(results), message))
     report = _document(
         target, results, seconds, state=state, error=message,
         fingerprint=bare_fingerprint(), model_kind=None, engines=[], failed_starts=[],
@@ -270,7 +269,7 @@ def not_reached(
 
 
 def cut_short(
-    target: Target, results: list[dom.CheckResult], seconds: float, state: str, error: str
+    target: Target, results: list[certify_dom.CheckResult], seconds: float, state: str, error: str
 ) -> CertifyReport:
     """The report of a certification stopped from outside before it finished.
 
@@ -291,13 +290,13 @@ def _name(target: Target) -> str:
 
 def _select(
     target: Target, options: Options, session: CertifySession
-) -> tuple[planning.Facts, dom.Selection]:
+) -> tuple[planning.Facts, certify_dom.Selection]:
     if isinstance(target, UrlTarget):
         facts = planning.url_facts(target, session, options.timeout)
     else:
         facts = planning.managed_facts(target)
     try:
-        return facts, dom.select(facts.subject, options.checks, options.skip)
+        return facts, certify_dom.select(facts.subject, options.checks, options.skip)
     except ValueError as exc:
         raise BadInput(str(exc), hint="drop it from --checks, or let certify decide") from None
 
@@ -310,7 +309,7 @@ class _Job:
         target: Target,
         options: Options,
         facts: planning.Facts,
-        selection: dom.Selection,
+        selection: certify_dom.Selection,
         session: CertifySession,
         progress: ev.Progress,
     ) -> None:
@@ -327,19 +326,19 @@ class _Job:
             plan = planning.engine_plan(base, facts, selection.run, self.settings)
             self.targets = plan.targets
             session.plan(plan.specs)
-        self.results: dict[str, dom.CheckResult] = {
-            c: dom.skipped(c, why) for c, why in selection.skipped.items()
+        self.results: dict[str, certify_dom.CheckResult] = {
+            c: certify_dom.skipped(c, why) for c, why in selection.skipped.items()
         }
         self.stop: KeyboardInterrupt | None = None  # the run was interrupted
         self.started_at = 0.0  # time.monotonic() when the running check began
 
-    def ordered(self) -> list[dom.CheckResult]:
-        return [self.results[c] for c in dom.certify_checks() if c in self.results]
+    def ordered(self) -> list[certify_dom.CheckResult]:
+        return [self.results[c] for c in certify_dom.certify_checks() if c in self.results]
 
     def table(self) -> None:
         now = [
-            (self.results.get(c) or dom.CheckResult(c, "pending")).to_dict()
-            for c in dom.certify_checks()
+            (self.results.get(c) or certify_dom.CheckResult(c, "pending")).to_dict()
+            for c in certify_dom.certify_checks()
         ]
         rows = [tuple(r) for r in summary_rows(now)]
         self.progress(ev.Table(SUMMARY_COLUMNS, tuple(rows)))
@@ -356,7 +355,7 @@ class _Job:
             self.results[check] = self.run_one(check, n, len(self.selection.run))
             self.table()
 
-    def finish(self) -> list[dom.CheckResult]:
+    def finish(self) -> list[certify_dom.CheckResult]:
         """After the session closed: the checks that run then (shutdown hygiene)."""
         later = self._after_engines()
         total = len(self.selection.run)
@@ -365,18 +364,22 @@ class _Job:
             self.table()
         return self.ordered()
 
-    def interrupted(self) -> list[dom.CheckResult]:
+    def interrupted(self) -> list[certify_dom.CheckResult]:
         """After an interrupt: the check that was running is an error case
         ("interrupted"), the checks not reached are skipped, finished ones keep theirs."""
         running = self.session.current
         if running and running not in self.results:
             seconds = time.monotonic() - self.started_at
-            self.results[running] = dom.errored(running, dom.INTERRUPTED_WHY, seconds, False)
+            self.results[running] = certify_dom.errored(
+                running, certify_dom.INTERRUPTED_WHY, seconds, False
+            )
         for c in self.selection.run:
-            self.results.setdefault(c, dom.skipped(c, f"not run: {dom.INTERRUPTED_WHY}"))
+            self.results.setdefault(
+                c, certify_dom.skipped(c, f"not run: {certify_dom.INTERRUPTED_WHY}")
+            )
         return self.ordered()
 
-    def run_one(self, check: str, index: int, total: int) -> dom.CheckResult:
+    def run_one(self, check: str, index: int, total: int) -> certify_dom.CheckResult:
         self.progress(CheckStarted(check, index, total))
         self.session.current = check
         t0 = self.started_at = time.monotonic()
@@ -389,18 +392,18 @@ class _Job:
         except BadInput as err:
             if check in self.options.checks:
                 self.refused.append(check)
-            result = dom.skipped(check, f"cannot run here: {err.message}")
+            result = certify_dom.skipped(check, f"cannot run here: {err.message}")
         except OpsctlError as err:
-            result = dom.errored(
+            result = certify_dom.errored(
                 check, err.message, time.monotonic() - t0, isinstance(err, OpsTimeout),
                 self.session.engines_of(check),
             )  # fmt: skip
         except Exception as err:  # a bug in one check must not hide the others' results
             message = f"internal error: {type(err).__name__}: {err}"
-            result = dom.errored(check, message, time.monotonic() - t0, False)
+            result = certify_dom.errored(check, message, time.monotonic() - t0, False)
         else:
             engines = self.session.engines_of(check)
-            result = dom.judged(check, report.to_dict(), time.monotonic() - t0, engines)
+            result = certify_dom.judged(check, report.to_dict(), time.monotonic() - t0, engines)
         self.progress(CheckDone(check, result.verdict, result.headline(), result.seconds))
         return result
 
@@ -416,18 +419,18 @@ class _Job:
         return registry.certify_run(check, ctx, progress)
 
 
-def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> CertifyReport:
+def _report(job: _Job, results: list[certify_dom.CheckResult], seconds: float) -> CertifyReport:
     from opsctl.checks.certify_facts import engines, fingerprint
 
     session, facts = job.session, job.facts
     engine_docs = engines(session)
-    state, error = dom.RAN, None
+    state, error = certify_dom.RAN, None
     if job.stop is not None:
         why = str(job.stop)  # Terminated: the signal's name; Ctrl-C: ""
-        state, error = dom.INTERRUPTED, f"interrupted by {why}" if why else "interrupted"
+        state, error = certify_dom.INTERRUPTED, f"interrupted by {why}" if why else "interrupted"
     elif session.failed and not session.starts:  # every engine certify needed failed
-        state, error = dom.START_FAILED, str(session.failed[0]["error"])
-    job.progress(ev.Finished(dom.overall(results), summary_line(results, len(engine_docs))))
+        state, error = certify_dom.START_FAILED, str(session.failed[0]["error"])
+    job.progress(ev.Finished(certify_dom.overall(results), summary_line(results, len(engine_docs))))
     report = _document(
         job.target, results, seconds, state=state, error=error,
         fingerprint=fingerprint(job.target, facts, engine_docs),
@@ -439,7 +442,7 @@ def _report(job: _Job, results: list[dom.CheckResult], seconds: float) -> Certif
 
 def _document(
     target: Target,
-    results: list[dom.CheckResult],
+    results: list[certify_dom.CheckResult],
     seconds: float,
     *,
     state: str,
@@ -452,18 +455,18 @@ def _document(
 ) -> CertifyReport:
     from opsctl.output import document
 
-    verdict = dom.overall(results)
+    verdict = certify_dom.overall(results)
     url = target.url if isinstance(target, UrlTarget) else None
     doc = document(
-        dom.SCHEMA,
+        certify_dom.SCHEMA,
         verdict=verdict,
         state=state,
         error=error,
-        exit_code=dom.exit_code(results, state),
+        exit_code=certify_dom.exit_code(results, state),
         target={"kind": "url" if url else "managed", "url": url},
         model_kind=model_kind,
         fingerprint=fingerprint,
-        summary={**dom.counts(results), "engine_starts": len(engines)},
+        summary={**certify_dom.counts(results), "engine_starts": len(engines)},
         checks=[r.to_dict() for r in results],
         engines=engines,
         failed_starts=failed_starts,
@@ -488,14 +491,14 @@ def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[l
     for c in checks:
         verdict = str(c["verdict"])
         seconds = c.get("duration_s") or 0
-        time_cell = "-" if verdict in (dom.SKIPPED, "pending") else f"{seconds:.1f} s"
+        time_cell = "-" if verdict in (certify_dom.SKIPPED, "pending") else f"{seconds:.1f} s"
         text = str(c.get("first_finding") or "-")
         if len(text) > width:
             text = text[: width - 1] + "…"
         rows.append(
             [
                 str(c["check"]),
-                verdict if verdict in (dom.SKIPPED, "pending") else verdict.upper(),
+                verdict if verdict in (certify_dom.SKIPPED, "pending") else verdict.upper(),
                 time_cell,
                 text,
             ]
@@ -503,15 +506,15 @@ def summary_rows(checks: Sequence[Mapping[str, Any]], width: int = 72) -> list[l
     return rows
 
 
-def summary_line(results: Sequence[dom.CheckResult], engine_starts: int) -> str:
+def summary_line(results: Sequence[certify_dom.CheckResult], engine_starts: int) -> str:
     """One line: checks run, passed, failed, errored, skipped and engine starts."""
-    c = dom.counts(results)
+    c = certify_dom.counts(results)
     return (
-        f"{c['run']} check(s) run: {c[dom.PASS]} passed, {c[dom.FAILED]} failed, "
+        f"{c['run']} check(s) run: {c[certify_dom.PASS]} passed, {c[certify_dom.FAILED]} failed, "
         + (
-            f"{c[dom.UNVERIFIED] + c[dom.INCONCLUSIVE]} not judged, "
-            if c[dom.UNVERIFIED] + c[dom.INCONCLUSIVE]
+            f"{c[certify_dom.UNVERIFIED] + c[certify_dom.INCONCLUSIVE]} not judged, "
+            if c[certify_dom.UNVERIFIED] + c[certify_dom.INCONCLUSIVE]
             else ""
         )
-        + f"{c[dom.ERROR]} errored; {c[dom.SKIPPED]} skipped; {engine_starts} engine start(s)"
+        + f"{c[certify_dom.ERROR]} errored; {c[certify_dom.SKIPPED]} skipped; {engine_starts} engine start(s)"
     )

@@ -19,7 +19,7 @@ from typing import Any
 from opsctl.checks.certify_plan import Facts
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import Target, UrlTarget
-from opsctl.collectors import certify as col
+from opsctl.collectors import certify as certify_col
 from opsctl.collectors import ledger
 from opsctl.suite.patches.judge import ledger_summary
 
@@ -37,7 +37,7 @@ def engines(session: EngineSession) -> list[dict[str, Any]]:
                 "model": live.model,
                 "url": live.url,
                 "run_dir": str(live.run_dir) if live.run_dir else None,
-                "argv": col.read_meta(live.run_dir).get("argv"),
+                "argv": certify_col.read_meta(live.run_dir).get("argv"),
                 "extra_args": list(spec.extra_args),
                 "env": dict(spec.env),
                 "test_knobs": dict(spec.knobs),
@@ -79,17 +79,17 @@ def fingerprint(target: Target, facts: Facts, engine_docs: list[dict[str, Any]])
 
         version = server_version(target.url, api_key=target.api_key)
     if isinstance(target, UrlTarget):
-        argv = col.read_meta(facts.run_dir).get("argv")
+        argv = certify_col.read_meta(facts.run_dir).get("argv")
         args = [{"engine": None, "argv": argv}] if argv else []
     else:
         args = [{"engine": e["index"], "argv": e["argv"]} for e in engine_docs]
     return {
         "vllm_version": version,
         "platform": summary["platform"] if summary else None,
-        "model": {"name": facts.subject.model, **col.model_files(facts.model_path)},
+        "model": {"name": facts.subject.model, **certify_col.model_files(facts.model_path)},
         "engine_args": args,
         "patch_ledger": summary,
-        "opsctl_version": col.opsctl_version(),
+        "opsctl_version": certify_col.opsctl_version(),
     }
 
 
@@ -100,8 +100,8 @@ def bare_fingerprint() -> dict[str, Any]:
     return {
         "vllm_version": None,
         "platform": None,
-        "model": {"name": None, **col.model_files(None)},
+        "model": {"name": None, **certify_col.model_files(None)},
         "engine_args": [],
         "patch_ledger": None,
-        "opsctl_version": col.opsctl_version(),
+        "opsctl_version": certify_col.opsctl_version(),
     }

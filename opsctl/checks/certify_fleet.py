@@ -1,7 +1,6 @@
 """certify over a fleet as a library call: every target's URL checks, bounded, at once.
 
-The URL checks of ``opsctl certify URL`` on
-every target at once, bounded, each target with its own deadline.
+The checks are those of ``opsctl certify URL``; each target has its own deadline.
 
 ``resolve(listed, api_key, environ) -> [FleetTarget]`` turns the targets file's and the
 command line's targets (:class:`opsctl.domain.console.Target`) into the fleet: a name
@@ -38,7 +37,7 @@ from opsctl.checks import certify
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
 from opsctl.checks.target import UrlTarget
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.domain import certify_fleet as fdom
 from opsctl.domain.certify_fleet import FleetTarget
 from opsctl.errors import BadInput
@@ -129,7 +128,7 @@ class TargetProgress(ev.Prefixed):
 class TargetDone(ev.CaseResult):
     """One target concluded (``name`` the target, ``verdict`` its certify verdict)."""
 
-    state: str = dom.RAN
+    state: str = certify_dom.RAN
     seconds: float = 0.0
 
     def snapshot(self) -> dict[str, Any]:
@@ -222,7 +221,7 @@ class _Fleet:
             why = f"no answer within the target's deadline ({self.deadline:g} s, --timeout)"
             results = fdom.deadline_results(slot.done, slot.running, seconds, why, True)
         else:
-            why = dom.INTERRUPTED_WHY
+            why = certify_dom.INTERRUPTED_WHY
             results = fdom.deadline_results(slot.done, slot.running, seconds, why, False)
         return certify.cut_short(url, results, seconds, state, why).to_dict()
 
@@ -311,7 +310,7 @@ def first_failure(entry: Mapping[str, Any]) -> str:
     if entry.get("error"):
         return str(entry["error"])
     for c in entry.get("checks") or ():
-        if c.get("verdict") in (dom.FAILED, dom.ERROR):
+        if c.get("verdict") in (certify_dom.FAILED, certify_dom.ERROR):
             return f"{c['check']}: {c.get('first_finding') or c['verdict']}"
     return "-"
 

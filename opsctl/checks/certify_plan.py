@@ -20,7 +20,6 @@ Probes only observe, so they are unioned through ``EngineSession.plan``.
 
 from __future__ import annotations
 
-import json
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,7 +29,8 @@ from urllib.parse import urlsplit
 from opsctl.checks.registry import Need, Planning
 from opsctl.checks.session import EngineSession
 from opsctl.checks.target import EngineSpec, UrlTarget
-from opsctl.domain import certify as dom
+from opsctl.collectors.jsonfile import json_object
+from opsctl.domain import certify as certify_dom
 from opsctl.domain import check_registry as reg
 
 POOLING_UNKNOWN = "pooling"  # a URL's pooling model whose config is not readable here
@@ -38,9 +38,9 @@ POOLING_UNKNOWN = "pooling"  # a URL's pooling model whose config is not readabl
 
 @dataclass(frozen=True)
 class Facts:
-    """What is certified: the :class:`dom.Subject` and where its files are."""
+    """What is certified: the :class:`certify_dom.Subject` and where its files are."""
 
-    subject: dom.Subject
+    subject: certify_dom.Subject
     model_path: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None  # a URL's opsctl run directory, when found
@@ -81,16 +81,16 @@ def target_of(
 def managed_facts(spec: EngineSpec) -> Facts:
     """Facts of an engine certify starts (the model resolved, nothing started)."""
     from opsctl.engine.model import resolve
-    from opsctl.suite.kv_fail import judge as kvd
+    from opsctl.suite.kv_fail.judge import servable
 
     resolved = resolve(spec.model)  # BadInput: unknown name, bad directory
     config = resolved.config
-    subject = dom.Subject(
+    subject = certify_dom.Subject(
         managed=True,
         model=resolved.name,
         archetype=resolved.archetype,
         kv_groups=_kv_groups(config),
-        kv_refusal=kvd.servable(config),
+        kv_refusal=servable(config),
         run_dir=True,
         local=True,
     )
@@ -107,7 +107,7 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
     vLLM. The facts: its model (config from /v1/models ``root`` or its run directory when
     readable here), kind, run directory, whether it runs on this node and whether its
     mm_uuid probe is on."""
-    from opsctl.collectors import certify as col
+    from opsctl.collectors import certify as certify_col
     from opsctl.collectors.http import require_reachable
     from opsctl.collectors.scoring import ScoringApi
     from opsctl.domain.urls import normalise_url
@@ -121,11 +121,11 @@ def url_facts(target: UrlTarget, session: EngineSession, timeout: float) -> Fact
             served = api.served_model()
         except BadInput as err:  # it answered require_vllm a moment ago, then not
             raise EngineUnreachable(f"not a vLLM server: {err.message}") from None
-        meta = col.read_meta(live.run_dir)
+        meta = certify_col.read_meta(live.run_dir)
         path = _readable_dir(meta.get("model_path") or served.root)
         config = _config(path)
         archetype = archetype_of(config) if config else _probe_kind(live.url, served.name, live)
-    subject = dom.Subject(
+    subject = certify_dom.Subject(
         managed=False,
         model=served.name,
         archetype=archetype,
@@ -163,13 +163,7 @@ def _readable_dir(path: str | None) -> Path | None:
 
 
 def _config(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return {} if path is None else json_object(path / "config.json")
 
 
 def _probe_kind(url: str, model: str, live) -> str:

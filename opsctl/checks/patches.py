@@ -1,7 +1,6 @@
 """`opsctl patches` as a library call: the engine-patch ledger of a run directory.
 
-The engine-patch ledger of a run directory (what
-every vLLM process of that run really applied), read through opsctl.collectors.ledger.
+What every vLLM process of that run really applied, read through opsctl.collectors.ledger.
 
 ``run(Options) -> Report`` (schema ``patches/1``); a run directory, not a server, so no
 target and no engine session. ``processes`` are the ledger records in rank order, each

@@ -1,10 +1,10 @@
 """Upgrade preflight as a library call: each patch and probe against another vLLM release.
 
-Upgrade preflight (`opsctl patches --against VERSION|WHEEL`) as a library call: read
-a vLLM release's sources without installing it and say, per patch and probe of
-:mod:`engine_patches`, whether its targets exist, whether they are unchanged against the
-release it was verified on, whether the fix is already upstream (the patch's own rule,
-the one its apply function runs), and what changed around it.
+`opsctl patches --against VERSION|WHEEL`: read a vLLM release's sources without installing
+it and say, per patch and probe of :mod:`engine_patches`, whether its targets exist, whether
+they are unchanged against the release it was verified on, whether the fix is already
+upstream (the patch's own rule, the one its apply function runs), and what changed around
+it.
 
 ``run(source, options, progress) -> Report`` (schema ``opsctl.preflight/1``). ``source``
 is a version (``"0.33.0"``: its wheel, cached under ``$OPSCTL_HOME/wheels`` or
@@ -38,7 +38,7 @@ from typing import Any
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, UNVERIFIED, Report
 from opsctl.domain import kv_routes
-from opsctl.domain import preflight as D
+from opsctl.domain import preflight as preflight_dom
 
 SCHEMA = "preflight"
 TITLE = "patches --against"
@@ -88,12 +88,12 @@ class _Texts:
         return self._modules[name]
 
     def symbol(self, symbol: str) -> str | None:
-        module, qualname = D.split(symbol)
-        return D.extract(self.module(module), qualname)
+        module, qualname = preflight_dom.split(symbol)
+        return preflight_dom.extract(self.module(module), qualname)
 
     def scope(self, scope: str) -> dict[str, str] | None:
-        module, qualname = D.split(scope)
-        return D.members(self.module(module), qualname)
+        module, qualname = preflight_dom.split(scope)
+        return preflight_dom.members(self.module(module), qualname)
 
 
 def record_hashes(reader, patches=None) -> dict:
@@ -103,8 +103,10 @@ def record_hashes(reader, patches=None) -> dict:
     texts = _Texts(reader)
     names = _all_symbols(patches if patches is not None else _patches())
     return {
-        "symbols": {s: D.digest(texts.symbol(s)) for s in names},
-        "scopes": {sc: texts.scope(sc) for sc in dict.fromkeys(D.scope_of(s) for s in names)},
+        "symbols": {s: preflight_dom.digest(texts.symbol(s)) for s in names},
+        "scopes": {
+            sc: texts.scope(sc) for sc in dict.fromkeys(preflight_dom.scope_of(s) for s in names)
+        },
     }
 
 
@@ -138,17 +140,19 @@ def _baseline_reader(release: str | None, options: Options):
     return S.WheelSources(wheel) if wheel is not None else None
 
 
-def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.PatchFinding:
+def assess(
+    patch, target: _Texts, recorded: dict, baseline: _Texts | None
+) -> preflight_dom.PatchFinding:
     """One patch against the target release's texts."""
     release = _verified_release(patch, recorded)
     data = recorded.get(release or "", {})
     digests, scopes = data.get("symbols"), data.get("scopes", {})
 
-    def finding(symbol: str) -> D.SymbolFinding:
+    def finding(symbol: str) -> preflight_dom.SymbolFinding:
         old = baseline.symbol(symbol) if baseline is not None else None
-        if old is not None and D.digest(old) != (digests or {}).get(symbol):
+        if old is not None and preflight_dom.digest(old) != (digests or {}).get(symbol):
             old = None  # the text at hand is not the verified release's
-        return D.symbol_finding(symbol, target.symbol(symbol), digests, old)
+        return preflight_dom.symbol_finding(symbol, target.symbol(symbol), digests, old)
 
     instead = dict(patch.alternatives)
     targets, replaced = [], []
@@ -164,10 +168,10 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
     if patch.upstream is not None:
         upstream, why = patch.upstream({s: target.symbol(s) for s in patch.symbols})
     around = {
-        sc: D.changed_members(scopes.get(sc), target.scope(sc))
-        for sc in dict.fromkeys(D.scope_of(s) for s in (*patch.symbols, *patch.watch))
+        sc: preflight_dom.changed_members(scopes.get(sc), target.scope(sc))
+        for sc in dict.fromkeys(preflight_dom.scope_of(s) for s in (*patch.symbols, *patch.watch))
     }
-    return D.PatchFinding(
+    return preflight_dom.PatchFinding(
         name=patch.name,
         kind=patch.kind,
         verified_on=tuple(patch.verified_on),
@@ -175,7 +179,8 @@ def assess(patch, target: _Texts, recorded: dict, baseline: _Texts | None) -> D.
         watched=tuple(finding(s) for s in patch.watch),
         replaced=tuple(replaced),
         attributes=tuple(
-            D.attribute_finding(a, target.symbol(a.rsplit(".", 1)[0])) for a in patch.attributes
+            preflight_dom.attribute_finding(a, target.symbol(a.rsplit(".", 1)[0]))
+            for a in patch.attributes
         ),
         upstream=upstream,
         upstream_why=why,
@@ -200,11 +205,11 @@ def table_row(p: dict) -> tuple[str, ...]:
     )
 
 
-def _verdict(findings: list[D.PatchFinding]) -> str:
+def _verdict(findings: list[preflight_dom.PatchFinding]) -> str:
     verdicts = {f.verdict for f in findings}
-    if D.MISSING in verdicts:
+    if preflight_dom.MISSING in verdicts:
         return FAIL
-    if verdicts & {D.CHANGED, D.REVIEW, D.UNKNOWN}:
+    if verdicts & {preflight_dom.CHANGED, preflight_dom.REVIEW, preflight_dom.UNKNOWN}:
         return UNVERIFIED
     return PASS
 

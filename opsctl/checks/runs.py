@@ -27,7 +27,7 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import FAIL, PASS, Report
-from opsctl.domain import runs as dom
+from opsctl.domain import runs as runs_dom
 from opsctl.suite.engram.judge import DEFAULT_MIN_AGE
 
 
@@ -52,18 +52,18 @@ class ListOptions:
 def list_runs(options: ListOptions = ListOptions()) -> Report:
     """Every run directory and its state (read once, nothing changed)."""
     from opsctl import paths
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
     from opsctl.output import document
 
     root = options.runs_dir or paths.runs_dir()
-    rows = [run_dict(s) for s in col.list_runs(root)]
+    rows = [run_dict(s) for s in runs_col.list_runs(root)]
     return Report(
         PASS,
         document(
             "runs.list",
             runs_dir=str(root),
             runs=rows,
-            counts={s: sum(r["state"] == s for r in rows) for s in dom.STATES},
+            counts={s: sum(r["state"] == s for r in rows) for s in runs_dom.STATES},
         ),
     )
 
@@ -84,7 +84,9 @@ def run_dict(snap: Any) -> dict[str, Any]:
         "healthy_at": m.healthy_at if m else None,
         "stopped_at": m.stopped_at if m else None,
         "reaped_at": m.reaped_at if m else None,
-        "ended_at": dom.ended_at(m, snap.last_write) if a.state in ("stopped", "dead") else None,
+        "ended_at": runs_dom.ended_at(m, snap.last_write)
+        if a.state in ("stopped", "dead")
+        else None,
         "owner_pid": m.owner_pid if m else None,
         "owner_alive": a.owner_alive,
         "api_pid": m.api_pid if m else None,
@@ -120,7 +122,7 @@ class CleanOptions:
     runs_dir: Path | None = None  # default: opsctl.paths.runs_dir()
 
     def __post_init__(self) -> None:
-        dom.check_clean_options(self.yes, self.shm, self.force)
+        runs_dom.check_clean_options(self.yes, self.shm, self.force)
 
 
 def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ignore) -> RunsReport:
@@ -134,7 +136,7 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
     reaped, pruned, failed = _act(rows, root, options, progress) if options.yes else ([], [], [])
     segs = _segments(options, progress) if options.shm else None
     failure = (
-        dom.clean_failure(
+        runs_dom.clean_failure(
             [(f["name"], f["error"]) for f in failed],
             (segs or {}).get("kept", []),
             (segs or {}).get("refused"),
@@ -156,17 +158,21 @@ def clean(options: CleanOptions = CleanOptions(), progress: ev.Progress = ev.ign
         failed=failed,
         shm=segs,
     )
-    return RunsReport(verdict, doc, failure=failure, hint=dom.pending_hint(options.yes, len(todo)))
+    return RunsReport(
+        verdict, doc, failure=failure, hint=runs_dom.pending_hint(options.yes, len(todo))
+    )
 
 
 def _plan_runs(root: Path, options: CleanOptions) -> list[dict[str, Any]]:
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
 
     now = time.time()
     rows = []
-    for snap in col.list_runs(root):
+    for snap in runs_col.list_runs(root):
         a = snap.assessment()
-        d = dom.clean_decision(a, dom.ended_at(snap.meta, snap.last_write), now, options.older_than)
+        d = runs_dom.clean_decision(
+            a, runs_dom.ended_at(snap.meta, snap.last_write), now, options.older_than
+        )
         rows.append(
             {
                 "name": snap.name,
@@ -187,7 +193,7 @@ def _act(
 ) -> tuple[list[dict], list[str], list[dict]]:
     """Reap and prune what the plan says (each re-checked by the collector right before);
     sets every row's result. Returns (reap reports, pruned names, failures)."""
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
 
     reaped: list[dict] = []
     pruned: list[str] = []
@@ -195,12 +201,12 @@ def _act(
     for r in rows:
         if r["action"] == "reap":
             progress(ev.Phase(f"reaping {r['name']}"))
-            rep = col.reap(Path(r["path"]), grace=options.grace)
+            rep = runs_col.reap(Path(r["path"]), grace=options.grace)
             reaped.append(rep.to_dict())
             error = rep.error
             r["result"] = error or "reaped"
         elif r["action"] == "prune":
-            error = col.prune(Path(r["path"]), root, time.time(), options.older_than)
+            error = runs_col.prune(Path(r["path"]), root, time.time(), options.older_than)
             r["result"] = error or "pruned"
             if not error:
                 pruned.append(r["name"])
@@ -216,17 +222,17 @@ def _act(
 def _segments(options: CleanOptions, progress: ev.Progress) -> dict[str, Any]:
     """Leaked vLLM /dev/shm segments; with ``yes`` the free ones are removed (the shm
     collector rescans right before: held again or young now -> kept; gone -> neither)."""
-    from opsctl.collectors import runs as col
+    from opsctl.collectors import runs as runs_col
     from opsctl.collectors import shm
 
     progress(ev.Phase(f"scanning {shm.SHM} for vLLM segments"))
-    scan = col.vllm_segments(options.min_age)
+    scan = runs_col.vllm_segments(options.min_age)
     free = [s for s in scan.segments if s.status == "orphan"]
     removed: list[str] = []
     kept: list[str] = []
     refused = None
     if options.yes and free:
-        refused = dom.shm_refusal(scan.denied_pids, options.force)
+        refused = runs_dom.shm_refusal(scan.denied_pids, options.force)
         if refused:
             kept = [s.name for s in free]
             progress(ev.Alert(refused))

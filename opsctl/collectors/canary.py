@@ -1,9 +1,8 @@
 """The canary: one one-token completion with a deadline, for an engine that may hang.
 
-The canary: one one-token completion with a deadline, as load balancers and Dynamo's
-canary health checks send, for an engine whose own statistics cannot say whether it
-still works (idle, or its gauges stale: a stopped EngineCore leaves /metrics at its last
-values while the API server answers /health 200).
+What load balancers and Dynamo's canary health checks send, for an engine whose own
+statistics cannot say whether it still works (idle, or its gauges stale: a stopped
+EngineCore leaves /metrics at its last values while the API server answers /health 200).
 
 Cost (docs/cli.md): one request of a 1-token prompt and 1 generated token per look, so
 vLLM's request, prompt-token and generation-token counters each move by about one; the

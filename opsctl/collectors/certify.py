@@ -9,9 +9,10 @@ raised."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
+
+from opsctl.collectors.jsonfile import run_meta
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CHUNK = 1 << 20
@@ -47,13 +48,7 @@ def model_files(path: Path | None) -> dict[str, Any]:
 
 def read_meta(run_dir: Path | None) -> dict[str, Any]:
     """The run directory's meta.json (argv, model path, pids), {} when unreadable."""
-    if run_dir is None:
-        return {}
-    try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    return run_meta(run_dir)
 
 
 def opsctl_version() -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from opsctl.collectors import ledger
+from opsctl.collectors.jsonfile import run_meta
 from opsctl.domain import deaths, ranks
 from opsctl.domain.runs import same_process
 
@@ -59,18 +60,10 @@ def read_log(run_dir: Path, limit: int = LOG_TAIL) -> str:
         return ""
 
 
-def _meta(run_dir: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def roles(run_dir: Path, log: str, seen: Mapping[int, str] | None = None) -> dict[int, str]:
     """pid -> rank role: the log's prefixes, then what opsctl saw, then the ledger's titles."""
     out = deaths.roles_from_log(log)
-    meta_roles = _meta(run_dir).get("ranks") or {}
+    meta_roles = run_meta(run_dir).get("ranks") or {}
     out.update({int(k): str(v) for k, v in meta_roles.items() if str(k).isdigit()})
     out.update(dict(seen or {}))
     out.update(ranks.record_roles(ledger.read_records(run_dir)))
@@ -116,7 +109,7 @@ def of_run(
     opsctl's supervision passes what it holds in memory (``api``: the API server's pid,
     exit code and when seen; ``gone``; ``seen`` roles); anyone else gets them from
     meta.json."""
-    meta = _meta(run_dir)
+    meta = run_meta(run_dir)
     exits = read_exits(run_dir)
     gone_meta = {
         int(k): float(v)
@@ -174,7 +167,7 @@ def of_url(
     base = paths.runs_dir() if root is None else root
     best: tuple[float, Path] | None = None
     for meta_path in base.glob("*/meta.json"):
-        meta = _meta(meta_path.parent)
+        meta = run_meta(meta_path.parent)
         started = meta.get("started_at")
         if str(meta.get("url", "")).rstrip("/") != url.rstrip("/"):
             continue
@@ -183,7 +176,7 @@ def of_url(
     if best is None:
         return None
     run = best[1]
-    meta = _meta(run)
+    meta = run_meta(run)
     pids = {int(k): v for k, v in (meta.get("pids") or {}).items() if str(k).isdigit()}
     try:
         recent = time.time() - (run / "meta.json").stat().st_mtime <= within_s

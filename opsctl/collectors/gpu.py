@@ -1,8 +1,8 @@
 """GPU telemetry of this host, I/O only: NVML for NVIDIA, sysfs and fdinfo for AMD/Intel.
 
-NVIDIA through NVML (``pynvml`` from the optional ``nvidia-ml-py`` package, the ``gpu`` extra;
-imported lazily), AMD and Intel through sysfs (``/sys/class/drm/card*/device``) with per-process
-memory from DRM fdinfo (``/proc/PID/fdinfo``, ``drm-memory-*``) where the kernel gives it.
+NVML is ``pynvml`` from the optional ``nvidia-ml-py`` package (the ``gpu`` extra), imported
+lazily; sysfs is ``/sys/class/drm/card*/device``, per-process memory DRM fdinfo
+(``/proc/PID/fdinfo``, ``drm-memory-*``) where the kernel gives it.
 
 A :class:`GpuCollector` reads once per call and returns the raw document
 (``opsctl.domain.gpu.RAW_SCHEMA``: what the driver said, nothing derived) and the

@@ -1,7 +1,6 @@
 """Process-tree snapshots via psutil; a vanished or denied process is a field, not a crash.
 
-Process-tree snapshots via psutil. A process that vanishes or denies access while
-being read becomes a field with a reason, never a crash."""
+The field says why (gone, access denied)."""
 
 from __future__ import annotations
 
@@ -130,10 +129,10 @@ def snapshot_tree(root_pid: int) -> ProcessTree:
 def _ranked(procs: list[ProcInfo], root_pid: int) -> list[ProcInfo]:
     """``procs`` in rank order, a data-parallel worker's role naming its engine.
 
-    A data-parallel worker's role names its engine (``Worker_DP1``). The order is the
-    tree's (a parent before its children) with siblings in rank order
-    (:func:`opsctl.domain.ranks.order_key`): API server, coordinator, ``EngineCore_DP0``
-    and its workers, ``EngineCore_DP1``..., helpers last."""
+    Such a worker reads ``Worker_DP1``. The order is the tree's (a parent before its
+    children) with siblings in rank order (:func:`opsctl.domain.ranks.order_key`): API
+    server, coordinator, ``EngineCore_DP0`` and its workers, ``EngineCore_DP1``..., helpers
+    last."""
     import dataclasses
 
     found = ranks.rank_ids(

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.collectors import runs as col
+from opsctl.collectors import runs as runs_col
 
 
-def stop_run(path: Path, grace: float = 15.0) -> col.ReapReport:
+def stop_run(path: Path, grace: float = 15.0) -> runs_col.ReapReport:
     """Stop a live or orphaned run's engine; refuses (``error``) any other state."""
-    snap = col.read_run(path)
+    snap = runs_col.read_run(path)
     a = snap.assessment()
     if a.state == "orphaned":
-        return col.reap(path, grace=grace)
+        return runs_col.reap(path, grace=grace)
     if a.state != "live":
-        return col.ReapReport(snap.name, (), (), (), (), (), 0.0, f"nothing to stop ({a.state})")
-    return col.stop_engine(snap, grace)
+        return runs_col.ReapReport(
+            snap.name, (), (), (), (), (), 0.0, f"nothing to stop ({a.state})"
+        )
+    return runs_col.stop_engine(snap, grace)

@@ -37,7 +37,7 @@ import psutil
 
 from opsctl import paths
 from opsctl.collectors import engine_tmp, shm
-from opsctl.domain import runs as dom
+from opsctl.domain import runs as runs_dom
 from opsctl.suite.engram.judge import segment_status
 
 
@@ -47,16 +47,16 @@ class RunSnapshot:
 
     name: str
     path: str
-    meta: dom.RunMeta | None
+    meta: runs_dom.RunMeta | None
     error: str | None  # why meta is None
     starts: tuple[tuple[int, float | None], ...]  # pid -> start time now (None: not running)
     disk_bytes: int
     last_write: float | None  # newest mtime of meta.json / server.log / the directory
     taken_at: float
 
-    def assessment(self) -> dom.RunAssessment:
+    def assessment(self) -> runs_dom.RunAssessment:
         """What the run is now (live, orphaned, finished...) by the domain's rule."""
-        return dom.assess(self.meta, self.error, dict(self.starts))
+        return runs_dom.assess(self.meta, self.error, dict(self.starts))
 
 
 def process_start(pid: int) -> float | None:
@@ -94,24 +94,26 @@ def dir_size(path: Path) -> int:
 
 def read_run(path: Path) -> RunSnapshot:
     """Read one run directory; a missing or malformed meta.json is the snapshot's error."""
-    meta: dom.RunMeta | None = None
+    meta: runs_dom.RunMeta | None = None
     error: str | None = None
     meta_path = path / "meta.json"
     try:
         if meta_path.is_symlink() or not meta_path.is_file():
-            raise dom.MetaError(
+            raise runs_dom.MetaError(
                 "no meta.json (not a run directory, or an engine start in progress)"
                 if not meta_path.exists() and not meta_path.is_symlink()
                 else "meta.json is not a regular file"
             )
-        meta = dom.parse_meta(json.loads(meta_path.read_text()))
-    except dom.MetaError as exc:
+        meta = runs_dom.parse_meta(json.loads(meta_path.read_text()))
+    except runs_dom.MetaError as exc:
         error = str(exc)
     except ValueError as exc:
         error = f"meta.json is not valid JSON: {str(exc).splitlines()[0]}"
     except OSError as exc:
         error = f"cannot read meta.json: {exc.strerror or exc}"
-    starts = tuple((pid, process_start(pid)) for pid in dom.pids_to_look_up(meta)) if meta else ()
+    starts = (
+        tuple((pid, process_start(pid)) for pid in runs_dom.pids_to_look_up(meta)) if meta else ()
+    )
     writes = []
     for p in (path, meta_path, path / "server.log"):
         with contextlib.suppress(OSError):
@@ -194,7 +196,9 @@ def _engine_processes(snap: RunSnapshot) -> list[psutil.Process]:
     for pid in snap.assessment().alive_pids:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p = psutil.Process(pid)
-            if pid == me or not dom.same_process(dict(snap.meta.pids).get(pid), p.create_time()):
+            if pid == me or not runs_dom.same_process(
+                dict(snap.meta.pids).get(pid), p.create_time()
+            ):
                 continue
             procs[pid] = p
             for c in p.children(recursive=True):
@@ -289,7 +293,7 @@ def prune(path: Path, root: Path | None, now: float, older_than: float) -> str |
     if snap.meta is None:
         return f"not removed: {snap.error}"
     a = snap.assessment()
-    d = dom.clean_decision(a, dom.ended_at(snap.meta, snap.last_write), now, older_than)
+    d = runs_dom.clean_decision(a, runs_dom.ended_at(snap.meta, snap.last_write), now, older_than)
     if d.action != "prune":
         return f"not removed: {d.reason}"
     engine_tmp.remove(snap.meta.tmp_dir, path)  # only ever one made for this run
@@ -330,7 +334,7 @@ def vllm_segments(min_age: float, root: Path | None = None) -> SegmentScan:
 
     Their names are ``psm_*`` and ``sem.mp-*``; each comes with what clean may do with it."""
     root = shm.SHM if root is None else root
-    files = [f for f in shm.list_files(root) if dom.is_vllm_segment(f.name)]
+    files = [f for f in shm.list_files(root) if runs_dom.is_vllm_segment(f.name)]
     scan = shm.scan_holders(None, path_prefix=f"{root}/")
     now = time.time()
     out = []

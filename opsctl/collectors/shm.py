@@ -309,11 +309,10 @@ def remove_unheld(
 ) -> tuple[list[str], list[str]]:
     """Remove the given files of ``root`` that nothing holds; (removed, kept).
 
-    Remove the given files of ``root`` (default /dev/shm) unless a live process maps
-    them or holds them open, they are younger than ``min_age`` seconds, or they are
-    symlinks / not regular files. Holders are rescanned right before. Unreadable
-    processes do not block here: callers that cannot vouch for the files check
-    :attr:`HolderScan.denied_pids` first. Returns (removed, kept)."""
+    ``root``: /dev/shm by default. Kept: what a live process maps or holds open, what is
+    younger than ``min_age`` seconds, symlinks and other non-regular files. Holders are
+    rescanned right before. Unreadable processes do not block here: callers that cannot
+    vouch for the files check :attr:`HolderScan.denied_pids` first. Returns (removed, kept)."""
     if not names:
         return [], []
     root = SHM if root is None else root

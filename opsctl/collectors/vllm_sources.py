@@ -157,8 +157,8 @@ def fetch_wheel(
 def open_sources(source: str | Path | None, cache: Path | None = None, log=lambda _: None):
     """A reader of vLLM's sources: the installed ones, a wheel file or a version's wheel.
 
-    A reader for ``source``: None or "installed" -> this environment's vLLM; a path
-    to a ``.whl`` file -> that wheel; a version (``0.33.0``) -> its (cached) wheel."""
+    ``source``: None or "installed" -> this environment's vLLM; a path to a ``.whl``
+    file -> that wheel; a version (``0.33.0``) -> its (cached) wheel."""
     if source is None or str(source) == "installed":
         return InstalledSources()
     text = str(source)

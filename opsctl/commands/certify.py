@@ -146,12 +146,12 @@ def _fleet(urls, targets, model, engine_flags, api_key, run, concurrency):
     from os import environ
 
     from opsctl.checks import certify_fleet as fleet
-    from opsctl.console import targets as files
+    from opsctl.console import targets as tg
 
     if model is not None or engine_flags:
         raise BadInput(
             "--model, --tp, --dp and --test-knob certify one engine, not URLs or --targets"
         )
-    listed = (files.from_targets_file(targets) if targets else []) + files.from_urls(urls)
+    listed = (tg.from_targets_file(targets) if targets else []) + tg.from_urls(urls)
     resolved, options = fleet.resolve(listed, api_key, environ), fleet.Options(run, concurrency)
     return lambda progress: fleet.run(resolved, options, progress)

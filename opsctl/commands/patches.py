@@ -1,9 +1,8 @@
 """`opsctl patches`: a run's engine-patch ledger, or the upgrade preflight (``--against``).
 
-`opsctl patches [--run RUN]`: the engine-patch ledger of a run (what every vLLM
-process really applied). `opsctl patches --against VERSION|WHEEL`: the upgrade preflight
-(each patch and probe against another vLLM release's sources, read from its wheel without
-installing it). Typer only: the checks are :mod:`opsctl.checks.patches` and
+The ledger says what every vLLM process really applied; the preflight reads another vLLM
+release's sources from its wheel (``--against VERSION|WHEEL``), without installing it, for
+each patch and probe. Typer only: the checks are :mod:`opsctl.checks.patches` and
 :mod:`opsctl.checks.preflight`."""
 
 from __future__ import annotations

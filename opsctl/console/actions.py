@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.checks import events as ev
+from opsctl.collectors import jsonfile
 from opsctl.domain import admin_routes as adm
 from opsctl.domain import check_registry as reg
 from opsctl.domain.console import EndpointView
@@ -49,13 +50,7 @@ class CheckChoice:
 
 def run_meta(view: EndpointView) -> dict[str, Any]:
     """meta.json of the opsctl run behind an endpoint ({} when none)."""
-    if not view.target.run_dir:
-        return {}
-    try:
-        doc = json.loads((Path(view.target.run_dir) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return jsonfile.run_meta(view.target.run_dir)
 
 
 def model_kind(view: EndpointView, model_path: str | None = None) -> tuple[str | None, str]:
@@ -283,10 +278,10 @@ class Jobs:
 
 def admin(view: EndpointView, name: str, api_key: str | None, timeout: float = 10.0) -> adm.Outcome:
     """Call the admin route ``name`` on ``view``'s server -> domain Outcome."""
-    from opsctl.collectors import admin as col
+    from opsctl.collectors import admin as admin_col
 
     r = adm.route(name)
-    answer = col.call(view.target.url, r.method, r.path, api_key, timeout)
+    answer = admin_col.call(view.target.url, r.method, r.path, api_key, timeout)
     return adm.outcome(r, answer.status, answer.body, answer.error, view.info.version)
 
 

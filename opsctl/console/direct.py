@@ -218,8 +218,7 @@ class DirectScrapeSource(LoopThreadSource):
     def wait_settled(self, timeout: float) -> bool:
         """Wait until every endpoint has scrapes enough for rates; False on the deadline.
 
-        Until every endpoint has two scrapes (rates need two), or one that says it is
-        not a live vLLM server; False on the deadline."""
+        Rates need two scrapes; one that says it is not a live vLLM server is enough."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:

@@ -118,8 +118,7 @@ def _same_process(pid: int, started: float | None) -> bool:
 def discover_runs(runs_root: Path) -> list[Target]:
     """Targets of the opsctl runs whose API server or owner still lives.
 
-    opsctl runs whose API server still lives, or whose owner lives (a run that died
-    under a live `opsctl serve` is shown dead, with its log lines)."""
+    A run that died under a live `opsctl serve` is shown dead, with its log lines."""
     out = []
     for meta_path in sorted(runs_root.glob("*/meta.json")):
         try:

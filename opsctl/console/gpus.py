@@ -1,9 +1,8 @@
 """This host's GPUs under the console's advisor (a live source wrapped in GpuSource).
 
-The live source is wrapped in :class:`GpuSource` (host and per-endpoint GPUs attached on
-every collect, collected once per interval in a thread: opsctl.collectors.gpu.GpuFeed)
-before the advisor wraps it, so that its GPU findings (gpu_mem_under, gpu_thermal) see
-the GPUs. A replay keeps what it recorded."""
+Host and per-endpoint GPUs are attached on every collect (collected once per interval in a
+thread: opsctl.collectors.gpu.GpuFeed) before the advisor wraps the source, so that its GPU
+findings (gpu_mem_under, gpu_thermal) see the GPUs. A replay keeps what it recorded."""
 
 from __future__ import annotations
 

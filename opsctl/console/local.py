@@ -74,7 +74,7 @@ def engram_rows(pids: list[int]) -> tuple[tuple[EngramRow, ...], tuple[str, ...]
 def _log_tail(run_dir: str | None, n: int = 12) -> tuple[str, ...]:
     if not run_dir:
         return ()
-    from opsctl.collectors.serve import quiet_tail
+    from opsctl.serve.collect import quiet_tail
 
     path = Path(run_dir) / "server.log"
     try:

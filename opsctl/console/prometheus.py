@@ -260,8 +260,7 @@ class PrometheusSource(LoopThreadSource):
     def wait_settled(self, timeout: float) -> bool:
         """Wait until a poll brought latency and every endpoint was scraped.
 
-        Until a poll answered with the latency figures and every endpoint was scraped
-        (with rates where it is a live vLLM server); False on the deadline."""
+        Scraped with rates, where it is a live vLLM server; False on the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:

@@ -273,8 +273,7 @@ class ReplaySource(SourceDefaults):
 def open_replay(path: Path, *, others: bool, record: Path | None, once: bool) -> ReplaySource:
     """The command's --replay source; refuses a live fleet or --record beside it.
 
-    The command's --replay: refuses a live fleet or --record beside it; with --once
-    the session's last frame."""
+    With --once, the session's last frame."""
     if others:
         raise BadInput("--replay shows a recording: drop URL arguments, --targets, --prometheus")
     if record is not None:

@@ -53,7 +53,7 @@ from typing import Any
 from opsctl.console import columns
 from opsctl.domain import advisor, logview
 from opsctl.domain import gpu as gpu_view
-from opsctl.domain import requests as requests_view
+from opsctl.domain import requests as rq
 from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.domain.console_state import state_counts, verdict
 
@@ -118,7 +118,7 @@ def endpoint_dict(v: EndpointView, now: float) -> dict[str, Any]:
         "findings": [a.to_dict() for a in advisor.findings(v)],
         "gpus": [gpu_view.device_dict(d) for d in v.gpus],
         "stall_gpu": (sg.to_dict() if (sg := gpu_view.stall_gpu(v.state, v.gpus)) else None),
-        "tee": requests_view.requests_dict(v.requests),  # console --tee: live requests
+        "tee": rq.requests_dict(v.requests),  # console --tee: live requests
         "log": logview.log_dict(v.log),  # console --log / targets 'log': the tailed log
         "alerts": [a.to_dict() for a in v.alerts],  # --prometheus: its firing alerts
     }
@@ -154,9 +154,9 @@ def document(
 def render_plain(console, snap: FleetSnapshot) -> None:
     """Print the snapshot's table on stdout (plain full-width when piped).
 
-    The table on stdout (piped: plain full-width columns, opsctl.output.PlainConsole;
-    the title only on a terminal, so the first line is the header): the columns
-    opsctl.console.columns declares for ``--once`` (the GPU column on a GPU host only).
+    Piped, the first line is the header (opsctl.output.PlainConsole; the title only on a
+    terminal). The columns are those opsctl.console.columns declares for ``--once`` (the
+    GPU column on a GPU host only).
     The hint and the verdict's reason go to stderr (the command prints them)."""
     from rich.table import Table
 

@@ -7,7 +7,7 @@ local process serves); a remote endpoint's row says why there are none.
 
 ``StallStacks.observe(views)`` on every tick; ``take_now(view)`` for the key;
 ``lines(url)`` for the drill-in: when and why they were taken, the one-line verdict
-(opsctl.domain.stack_verdict: the stuck rank and the frame the others wait in) and one
+(opsctl.stacks.judge_verdict: the stuck rank and the frame the others wait in) and one
 line per process."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Taken:
 
 
 def target_of(view: EndpointView) -> str | None:
-    """What opsctl.checks.stacks resolves for this endpoint; None for a remote one.
+    """What opsctl.stacks.run resolves for this endpoint; None for a remote one.
 
     Its pid, else its run directory, else a local URL."""
     from opsctl.domain.urls import loopback_port
@@ -60,8 +60,8 @@ def take_stacks(target: str) -> tuple[str | None, tuple[str, ...], str | None]:
     """(headline, per-process lines, error) of the stacks of ``target``.
 
     The library call of ``opsctl stacks``."""
-    from opsctl.checks import stacks as check
     from opsctl.errors import OpsctlError
+    from opsctl.stacks import run as check
 
     try:
         report = check.run(target, check.Options(timeout=5.0))

@@ -78,9 +78,8 @@ def tapped(
 ) -> FleetSource:
     """``source`` with ``--tee``/``--log`` applied: options checked, targets added, wrapped.
 
-    ``console --tee/--log`` on ``source``: the options checked and the tee's port bound
-    (BadInput, exit 2), the tapped servers added to a direct source's targets, the
-    source wrapped (a targets file's ``log`` keys are tailed too)."""
+    Bad options or a tee port that cannot be bound: BadInput (exit 2). The tapped
+    servers join a direct source's targets; a targets file's ``log`` keys are tailed too."""
     taps = parse(tee, logs, keep_prompts=keep_prompts, replay=replay)
     static = source.static
     if static is not None and taps.urls():

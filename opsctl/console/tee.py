@@ -62,8 +62,7 @@ _HOP = frozenset(
 def parse_tee(spec: str, any_address: bool = False) -> TeeSpec:
     """The TeeSpec of ``LISTEN=URL``; BadInput when malformed or not loopback.
 
-    ``LISTEN=URL``; LISTEN is HOST:PORT or PORT (127.0.0.1). BadInput (exit 2) when
-    malformed, or a non-loopback LISTEN without ``any_address``."""
+    LISTEN is HOST:PORT or PORT (127.0.0.1); one beyond loopback needs ``any_address``."""
     from opsctl.console.targets import normalise_url
 
     listen, sep, url = spec.partition("=")

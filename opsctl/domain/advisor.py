@@ -562,8 +562,7 @@ def window_findings(
 def state_findings(view: EndpointView) -> list[Advice]:
     """Findings from the endpoint's state: stalled, restarted, unauthorized.
 
-    stalled, restarted, unauthorized: from the endpoint's state (decided by the
-    console's state machine; the state's reason is the message)."""
+    The console's state machine decides the state; its reason is the message."""
     run = run_name(view)
     bundle = f"opsctl runs bundle {run}" if run else console_cmd(view)
     figs = {"state": view.state, "restarts_seen": view.restarts, "window_s": None}

@@ -167,8 +167,7 @@ def restarts_expr(job: str | None, window_s: float) -> str:
 def kv_expr(job: str | None) -> str:
     """PromQL: requests preempted for KV cache space at the advisor's kv_preemption rate.
 
-    Requests preempted for KV cache space at the advisor's kv_preemption rate (vLLM
-    preempts only when the KV cache is full: the rate is the saturation).
+    vLLM preempts only when the KV cache is full: the rate is the saturation.
     """
     rate = f"sum by ({BY}) (rate({PREEMPTIONS}{selector(job)}[{dur(RATE_WINDOW_S)}]))"
     return f"{rate} >= {KV_PREEMPTION_MIN_PER_S:g}"

@@ -194,11 +194,10 @@ def errored(check: str, message: str, seconds: float, timed_out: bool, engines=(
 def not_reached(message: str, seconds: float, state: str = UNREACHABLE) -> list[CheckResult]:
     """The results when certify never reached its checks: liveness failed, the rest skipped.
 
-    The results when certify never reached its checks: ``liveness`` failed with the
-    reason (code ``liveness.unreachable`` or ``liveness.unauthorized``: no vLLM server
-    answered us), or errored when certify itself failed (state ``crashed``:
-    ``liveness.error``); every other check skipped, saying why. One failed test case in
-    JUnit, one SARIF result.
+    ``liveness`` failed with the reason (code ``liveness.unreachable`` or
+    ``liveness.unauthorized``: no vLLM server answered us), or errored when certify itself
+    failed (state ``crashed``: ``liveness.error``); every other check skipped, saying why.
+    One failed test case in JUnit, one SARIF result.
     """
     if state == CRASHED:
         first = errored(LIVENESS, message, seconds, False)
@@ -224,10 +223,9 @@ def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> Ch
 def findings_of(check: str, doc: Mapping[str, Any]) -> tuple[Finding, ...]:
     """A check's findings as Finding objects, from the check's document.
 
-    A check's findings as Finding objects: its ``findings`` list where it has one, then
-    those its declaration reads from the rest of its document (``Check.findings``: e.g.
-    invariance's reasons and warnings, which carry no codes). Test-knob warnings become
-    certify.test_knobs.
+    Its ``findings`` list where it has one, then those its declaration reads from the rest
+    of its document (``Check.findings``: e.g. invariance's reasons and warnings, which carry
+    no codes). Test-knob warnings become certify.test_knobs.
     """
     out: list[Finding] = []
     for f in doc.get("findings") or ():

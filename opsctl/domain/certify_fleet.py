@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.domain.findings import FAIL, Finding
 
 SCHEMA = "certify.fleet/1"
 DEADLINE = "deadline"  # a target's state: its certification passed --timeout (not finished)
-INTERRUPTED = dom.INTERRUPTED
+INTERRUPTED = certify_dom.INTERRUPTED
 
 
 DEFAULT_CONCURRENCY = 8
@@ -58,7 +58,7 @@ class Done:
 
 def deadline_results(
     done: Mapping[str, Done], running: str | None, seconds: float, why: str, deadline: bool
-) -> list[dom.CheckResult]:
+) -> list[certify_dom.CheckResult]:
     """The results of a certification stopped from outside (``why``).
 
     Finished checks keep their verdict; the check running then is an error case (timed out when
@@ -66,21 +66,23 @@ def deadline_results(
     passed is a FAILED case (``liveness.deadline``: no vLLM server gave its answers in time; a
     dead or hung target is a failed liveness case, never a missing one).
     """
-    out: dict[str, dom.CheckResult] = {}
+    out: dict[str, certify_dom.CheckResult] = {}
     for check, d in done.items():
         findings: tuple[Finding, ...] = ()
-        if d.verdict in (dom.FAILED, dom.ERROR):
+        if d.verdict in (certify_dom.FAILED, certify_dom.ERROR):
             findings = (Finding(FAIL, f"{check}.{d.verdict}", d.detail or d.verdict),)
-        reason = d.detail if d.verdict in (dom.SKIPPED, dom.ERROR) else None
-        out[check] = dom.CheckResult(check, d.verdict, d.seconds, reason, findings)
-    if deadline and dom.LIVENESS not in out:
-        finding = Finding(FAIL, f"{dom.LIVENESS}.{DEADLINE}", why)
-        out[dom.LIVENESS] = dom.CheckResult(dom.LIVENESS, dom.FAILED, seconds, why, (finding,))
+        reason = d.detail if d.verdict in (certify_dom.SKIPPED, certify_dom.ERROR) else None
+        out[check] = certify_dom.CheckResult(check, d.verdict, d.seconds, reason, findings)
+    if deadline and certify_dom.LIVENESS not in out:
+        finding = Finding(FAIL, f"{certify_dom.LIVENESS}.{DEADLINE}", why)
+        out[certify_dom.LIVENESS] = certify_dom.CheckResult(
+            certify_dom.LIVENESS, certify_dom.FAILED, seconds, why, (finding,)
+        )
     if running and running not in out:
-        out[running] = dom.errored(running, why, seconds, deadline)
-    for c in dom.certify_checks():
-        out.setdefault(c, dom.skipped(c, f"not run: {why}"))
-    return [out[c] for c in dom.certify_checks()]
+        out[running] = certify_dom.errored(running, why, seconds, deadline)
+    for c in certify_dom.certify_checks():
+        out.setdefault(c, certify_dom.skipped(c, f"not run: {why}"))
+    return [out[c] for c in certify_dom.certify_checks()]
 
 
 def entry(target: FleetTarget, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,17 +102,19 @@ def fleet_fields(entries: Sequence[Mapping[str, Any]], interrupted: bool) -> dic
     Exit code 0: every target passed; 1: any did not; 130: interrupted.
     """
     ok = [e for e in entries if passed(e)]
-    verdict = dom.PASS if entries and len(ok) == len(entries) else dom.FAILED
-    code = dom.EXIT_INTERRUPTED if interrupted else (0 if verdict == dom.PASS else 1)
+    verdict = certify_dom.PASS if entries and len(ok) == len(entries) else certify_dom.FAILED
+    code = (
+        certify_dom.EXIT_INTERRUPTED if interrupted else (0 if verdict == certify_dom.PASS else 1)
+    )
     return {
         "verdict": verdict,
-        "state": INTERRUPTED if interrupted else dom.RAN,
+        "state": INTERRUPTED if interrupted else certify_dom.RAN,
         "exit_code": code,
         "summary": {
             "targets": len(entries),
             "passed": len(ok),
             "failed": len(entries) - len(ok),
-            "unreachable": sum(e.get("state") in dom.NOT_REACHED for e in entries),
+            "unreachable": sum(e.get("state") in certify_dom.NOT_REACHED for e in entries),
             "deadline": sum(e.get("state") == DEADLINE for e in entries),
         },
     }
@@ -123,7 +127,7 @@ def conclusion(doc: Mapping[str, Any]) -> tuple[int, str]:
     code = int(doc["exit_code"])
     if code == 0:
         return 0, f"certify passed on every target: {line}"
-    if code == dom.EXIT_INTERRUPTED:
+    if code == certify_dom.EXIT_INTERRUPTED:
         return code, f"certify interrupted ({line})"
     bad = [e["name"] for e in doc["targets"] if not passed(e)]
     return code, f"certify failed on {', '.join(bad)} ({line})"

@@ -346,7 +346,7 @@ class FleetSnapshot:
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
     """Increase of a counter, never negative (after a reset: ``cur``).
 
-    After a reset (cur < prev) the counter restarted from zero, so the increase is cur."""
+    A reset is ``cur < prev``: the counter restarted from zero."""
     if prev is None or cur is None:
         return None
     return cur if cur < prev else cur - prev

@@ -583,9 +583,8 @@ NO_ENDPOINT = {
 def exit_code(views: tuple[EndpointView, ...] | list[EndpointView]) -> int:
     """The fleet's exit code: 0 healthy, 1 any failing, 3 none reachable (or none).
 
-    0 when every endpoint is healthy (ready, busy, restarted), 1 when any is failing,
-    3 when none is reachable -- and 3 for an empty fleet: a health gate that checked
-    nothing does not pass."""
+    Healthy is ready, busy or restarted. An empty fleet is 3 too: a health gate that
+    checked nothing does not pass."""
     return verdict(views)[0]
 
 
@@ -661,10 +660,8 @@ def settle_undecided(
 ) -> tuple[EndpointView, ...]:
     """End of ``--once``: an endpoint still undecided after the stall window is stalled.
 
-    At the end of a ``--once`` observation: an endpoint that is still undecided after
-    the whole stall window was watched (its scrapes too late or too sparse for the
-    tracker's own rule) is stalled -- a health gate never passes what it never saw
-    move."""
+    Undecided: its scrapes came too late or too sparse for the tracker's own rule. A
+    health gate never passes what it never saw move."""
     if observed_s < stall_window_s:
         return views
     out = []

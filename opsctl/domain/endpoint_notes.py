@@ -1,8 +1,7 @@
 """What the console attaches to an endpoint: advisor advice and Prometheus alerts (data).
 
-What the console attaches to an endpoint from its advisor and from Prometheus's alerts
-(pure data; a leaf module: opsctl.domain.console types its views with these, and the
-advisor and alert_rules, which read that module, make them).
+A leaf module: opsctl.domain.console types its views with these, and the advisor and
+alert_rules, which read that module, make them.
 """
 
 from __future__ import annotations

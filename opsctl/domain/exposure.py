@@ -66,8 +66,7 @@ def is_wildcard(host: str) -> bool:
 def exposure_note(host: str, api_key: str | None, insecure_bind: bool) -> str | None:
     """How far a bind reaches, in words (None for loopback); BadInput if unauthenticated.
 
-    Refuse an unauthenticated non-loopback bind (BadInput); for a bind beyond this
-    machine, the words that say how far it reaches (None for loopback).
+    Only a bind beyond loopback needs authentication.
     """
     if is_loopback(host):
         return None

@@ -1,9 +1,7 @@
 """GPU telemetry, pure: GPU readings as frozen types, mapped onto vLLM's processes.
 
-The frozen types a GPU collector produces, the mapping of raw
-readings (NVML, AMD/Intel sysfs + DRM fdinfo) to them, and the mapping of per-process
-GPU memory onto the vLLM process roles the console knows (API server, EngineCore,
-workers per rank).
+Raw readings come from NVML or AMD/Intel sysfs and DRM fdinfo; per-process GPU memory
+maps onto the roles the console knows (API server, EngineCore, workers per rank).
 
 Unknown is ``None``, never 0: a GPU whose fan NVML cannot read has ``fan_pct=None``;
 a host without a GPU (or without a readable driver) has no devices and a ``reason``.
@@ -72,8 +70,7 @@ class GpuDevice:
 class HostGpus:
     """One collection of this host's GPUs; no devices with a ``reason``: no GPU.
 
-    One collection on this host. ``devices`` empty with ``reason`` set: no GPU (or the
-    driver could not be read: the reason says which)."""
+    The reason also tells a driver that could not be read from no GPU at all."""
 
     taken_at: float
     source: str | None  # "nvml" | "sysfs" | None (nothing found)
@@ -273,8 +270,7 @@ def stall_gpu(state: str, gpus: Iterable[GpuDevice]) -> StallGpu | None:
 def shown_reason(view: Any) -> str | None:
     """The endpoint's reason as shown, with a stalled endpoint's GPU signature.
 
-    As the row, the drill-in and the JSON show it: a stalled endpoint's reason with its
-    GPU signature after it."""
+    The row, the drill-in and the JSON show this one; the signature follows the reason."""
     sig = stall_gpu(view.state, getattr(view, "gpus", ()))
     if sig is None:
         return view.reason

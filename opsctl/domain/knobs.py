@@ -1,7 +1,6 @@
 """Test knobs as operators see them (pure): the warning line when an engine honoured one.
 
-Test knobs as operators see them (pure): the one warning line every diag report, its
-live panel and the serve dashboard put on top when an engine honoured a knob.
+Every diag report, its live panel and the serve dashboard put that line on top.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What a tailed server log says, pure: load phase, decisive lines and a quiet tail.
 
-What a tailed server log says, pure: the same facts the console reads from an opsctl
-run's server.log (opsctl.domain.serverlog: the load phase reached, the decisive error
-lines, the quiet tail without our own polling), for a log file of a server opsctl did
-not start (``console --log URL=FILE``). opsctl.console.logsource reads the file's end;
-this turns that text into :class:`LogFacts`.
+The same facts the console reads from an opsctl run's server.log (opsctl.domain.serverlog;
+the quiet tail leaves out our own polling), for a log file of a server opsctl did not start
+(``console --log URL=FILE``). opsctl.console.logsource reads the file's end; this turns that
+text into :class:`LogFacts`.
 """
 
 from __future__ import annotations

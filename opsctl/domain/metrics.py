@@ -157,10 +157,9 @@ ENGINE_LABEL = "engine"
 class MetricSamples:
     """One /metrics body as the console reads it: values, breakdowns, buckets, info.
 
-    One /metrics body: vllm:* sample values summed over label sets (engines, models),
-    the label breakdowns of LABELLED, cumulative histogram buckets, info labels, and the
-    PER_ENGINE series per data-parallel engine (``per_engine``: engine label -> name ->
-    value summed over the other labels)."""
+    Values: vllm:* samples summed over label sets (engines, models); breakdowns: those of
+    LABELLED; buckets: cumulative. ``per_engine`` holds the PER_ENGINE series per
+    data-parallel engine: engine label -> name -> value summed over the other labels."""
 
     values: dict[str, float]
     labelled: dict[str, dict[str, float]]
@@ -206,8 +205,8 @@ def count_vllm_series(text: str) -> int:
 def parse_samples(text: str) -> MetricSamples:
     """MetricSamples of a /metrics body by prometheus_client's parser (the reference).
 
-    Parse a /metrics body with prometheus_client's parser (after a line filter): the
-    reference; opsctl.domain.metrics_fast gives the same numbers for less CPU."""
+    A line filter runs first; opsctl.domain.metrics_fast gives the same numbers for less
+    CPU."""
     samples = (
         (s.name, s.labels, float(s.value))
         for family in text_string_to_metric_families(filter_lines(text))
@@ -216,18 +215,40 @@ def parse_samples(text: str) -> MetricSamples:
     return build_samples(samples, count_vllm_series(text))
 
 
+@dataclass(slots=True)
+class Sums:
+    """The running sums over one body's samples (build_samples and metrics_fast's alike)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    labelled: dict[str, dict[str, float]] = field(default_factory=dict)
+    raw_buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    engines: set[str] = field(default_factory=set)
+    per_engine: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def samples(self, vllm_series: int) -> MetricSamples:
+        """The sums as MetricSamples: each histogram's buckets sorted by bound."""
+        buckets = {k: tuple(sorted(v.items())) for k, v in self.raw_buckets.items()}
+        return MetricSamples(
+            self.values,
+            self.labelled,
+            buckets,
+            self.info,
+            len(self.engines),
+            vllm_series,
+            self.per_engine,
+        )
+
+
 def build_samples(
     samples: Iterable[tuple[str, dict[str, str], float]], vllm_series: int
 ) -> MetricSamples:
     """MetricSamples from (name, labels, value) samples (either parser's).
 
     Only the families the console reads."""
-    values: dict[str, float] = {}
-    labelled: dict[str, dict[str, float]] = {}
-    raw_buckets: dict[str, dict[float, float]] = {}
-    info: dict[str, str] = {}
-    engines: set[str] = set()
-    per_engine: dict[str, dict[str, float]] = {}
+    sums = Sums()
+    values, labelled, raw_buckets = sums.values, sums.labelled, sums.raw_buckets
+    info, engines, per_engine = sums.info, sums.engines, sums.per_engine
     for name, labels, value in samples:
         if name.endswith("_bucket") and "le" in labels:
             per = raw_buckets.setdefault(name[: -len("_bucket")], {})
@@ -247,8 +268,7 @@ def build_samples(
             d[name] = d.get(name, 0.0) + value
         if name == RUNNING:
             engines.add(labels.get(ENGINE_LABEL, "0"))
-    buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series, per_engine)
+    return sums.samples(vllm_series)
 
 
 def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
@@ -279,8 +299,7 @@ def bucket_delta(prev: Buckets | None, cur: Buckets) -> Buckets | None:
 def histogram_quantile(buckets: Buckets | None, q: float) -> float | None:
     """Prometheus-style quantile of cumulative buckets; None without observations.
 
-    Prometheus-style quantile (linear within the bucket) of cumulative buckets; None
-    without observations. Falls in +Inf -> the largest finite bound."""
+    Linear within the bucket; one that falls in +Inf gives the largest finite bound."""
     if not buckets or buckets[-1][1] <= 0:
         return None
     target = q * buckets[-1][1]

@@ -26,6 +26,7 @@ from opsctl.domain.metrics import (
     PER_ENGINE,
     RUNNING,
     MetricSamples,
+    Sums,
     parse_samples,
 )
 
@@ -118,12 +119,9 @@ def prepare(line: str) -> Prepared:
 
 def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
     """build_samples over prepared samples: the same sums in the same order."""
-    values: dict[str, float] = {}
-    labelled: dict[str, dict[str, float]] = {}
-    raw_buckets: dict[str, dict[float, float]] = {}
-    info: dict[str, str] = {}
-    engines: set[str] = set()
-    per_engine: dict[str, dict[str, float]] = {}
+    sums = Sums()
+    values, labelled, raw_buckets = sums.values, sums.labelled, sums.raw_buckets
+    info, engines, per_engine = sums.info, sums.engines, sums.per_engine
     for kind, name, key, value, labels in prepared:
         if kind == BUCKET:
             per = raw_buckets.setdefault(name, {})
@@ -141,8 +139,7 @@ def build_prepared(prepared: list[Prepared], vllm_series: int) -> MetricSamples:
                 else:
                     d = labelled.setdefault(name, {})
                     d[key] = d.get(key, 0.0) + value  # type: ignore[index,call-overload]
-    buckets = {k: tuple(sorted(v.items())) for k, v in raw_buckets.items()}
-    return MetricSamples(values, labelled, buckets, info, len(engines), vllm_series, per_engine)
+    return sums.samples(vllm_series)
 
 
 def build_changed(

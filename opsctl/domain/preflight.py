@@ -264,8 +264,8 @@ class AttributeFinding:
 def attribute_finding(attribute: str, class_source: str | None) -> AttributeFinding:
     """Whether ``Class`` still has one of the declared attribute names.
 
-    Whether ``Class`` (its source: assignments to ``self.<name>``, class-level
-    annotations, properties and methods) still has one of the declared names.
+    Read from its source: assignments to ``self.<name>``, class-level annotations,
+    properties and methods.
     """
     names = split(attribute)[1].split(".", 1)[1].split("|")
     if class_source is None:

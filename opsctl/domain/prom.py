@@ -233,8 +233,8 @@ def parse_duration(text: Any) -> float | None:
 def parse_time(text: Any) -> float | None:
     """RFC 3339 time as epoch seconds; None for Prometheus's zero time.
 
-    RFC 3339 (Prometheus's lastScrape, nanoseconds allowed) as epoch seconds; the zero
-    time Prometheus gives a target never scraped is None."""
+    Prometheus's lastScrape, nanoseconds allowed; its zero time marks a target never
+    scraped."""
     if not isinstance(text, str) or not text:
         return None
     m = re.match(r"^(.*?T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text)
@@ -384,9 +384,8 @@ EnginePoints = dict[str, list[Point]]  # engine label -> its points, in time ord
 def stall_points(result: list, job: str | None) -> dict[Key, EnginePoints]:
     """Raw stall-series samples summed per endpoint, engine and scrape time, in time order.
 
-    Raw samples of the stall series summed per endpoint, data-parallel engine (the
-    ``engine`` label; none is engine "0") and scrape time (every series of one scrape
-    carries the same timestamp), in time order: the stall rule is each engine's."""
+    The engine is the data-parallel ``engine`` label (none is engine "0"); every series
+    of one scrape carries the same timestamp. The stall rule is each engine's."""
     col = {name: i for i, name in enumerate(vm.STALL_SERIES, 1)}
     per: dict[Key, dict[str, dict[float, list[float]]]] = {}
     for item in result:

@@ -95,8 +95,7 @@ def engine_readings(d: InstanceData) -> list[EngineView]:
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
     """Per histogram the window's figures where it saw requests, else the lifetime's.
 
-    Per histogram: the window's figures where it saw requests, else the lifetime's
-    (the basis rule of opsctl.domain.console.latency_figures)."""
+    The basis rule of opsctl.domain.console.latency_figures."""
     out: dict[str, Quantiles] = {}
     basis = "none"
     for short in LATENCY_HISTOGRAMS:
@@ -208,8 +207,7 @@ def target_of(t: PromTarget) -> Target:
 def restarted_recently(d: InstanceData) -> bool:
     """Whether a counter went back or the start time changed within the hold.
 
-    A counter went back (``resets()``) or the process start time changed within the
-    restart hold."""
+    A counter going back is ``resets()``; the hold is the restart hold."""
     keys = [f"resets.{i}" for i in range(len(RESET_COUNTERS))] + ["starts"]
     return any(d.get(k) for k in keys)
 
@@ -318,8 +316,8 @@ def select(
 ) -> tuple[list[PromTarget], dict[str, PromTarget]]:
     """The endpoints to show (one per base URL) and the /health targets by base URL.
 
-    The endpoints (metrics targets of ``job``, or of every job exporting vLLM series
-    without one; one per base URL) and the /health targets by base URL (any job)."""
+    The endpoints are metrics targets of ``job`` (without one: of every job exporting
+    vLLM series); the /health targets come from any job."""
     health: dict[str, PromTarget] = {}
     chosen: dict[str, PromTarget] = {}
     for t in targets:

@@ -149,9 +149,8 @@ def _is_output(chunk: dict[str, Any]) -> bool:
 class StreamCounter:
     """Reads an OpenAI server-sent-events stream as it passes: chunks, TTFT and usage.
 
-    Reads an OpenAI server-sent-events stream as it passes (bytes in any split):
-    counts the chunks of output (one per engine step: about one token each), notes when
-    the first arrived (TTFT) and keeps the usage of the final usage chunk. Mutable; the
+    Bytes may come in any split. A chunk of output is one engine step (about one token);
+    TTFT is when the first arrived; the usage is the final usage chunk's. Mutable; the
     proxy owns one per stream.
     """
 

@@ -256,10 +256,9 @@ def clean_decision(
 ) -> CleanDecision:
     """What ``runs clean`` does with one run: reap an orphan, prune an old dead run, or keep.
 
-    What ``runs clean`` does with one run: reap an orphan (its directory stays, for
-    its log, until a later clean finds it old enough), prune a stopped or dead run whose
-    owner is gone, nothing is alive and that ended at least ``older_than`` seconds ago,
-    keep everything else (with the reason).
+    A reaped orphan's directory stays, for its log, until a later clean finds it old
+    enough. A run is pruned when it stopped or died, its owner is gone, nothing of it is
+    alive and it ended at least ``older_than`` seconds ago; the reason says why one is kept.
     """
     if a.state == "orphaned":
         return CleanDecision("reap", f"orphaned engine: {len(a.alive_pids)} process(es) to stop")
@@ -282,8 +281,8 @@ def clean_decision(
 def is_vllm_segment(name: str) -> bool:
     """Whether a /dev/shm name is one vLLM leaks when killed (``psm_*``, ``sem.mp-*``).
 
-    /dev/shm names vLLM leaks when killed: ``psm_*`` (shm_broadcast ring buffers) and
-    ``sem.mp-*`` (multiprocessing semaphores). Engram tables have their own clean.
+    ``psm_*`` are shm_broadcast ring buffers, ``sem.mp-*`` multiprocessing semaphores.
+    Engram tables have their own clean.
     """
     return name.startswith(SHM_PREFIXES)
 
@@ -300,9 +299,8 @@ def check_clean_options(yes: bool, with_shm: bool, force: bool) -> None:
 def shm_refusal(denied: tuple[int, ...], force: bool) -> str | None:
     """The refusal line when leaked segments may not be removed, or None.
 
-    The refusal rule for leaked segments: when the maps or fds of some process could
-    not be read, a segment only it holds would look free, so none is removed unless
-    ``force``. Returns the refusal line, or None when removing may go ahead.
+    When the maps or fds of some process could not be read, a segment only it holds
+    would look free, so none is removed unless ``force``.
     """
     if not denied or force:
         return None
@@ -318,8 +316,8 @@ def clean_failure(
 ) -> str | None:
     """Why ``runs clean --yes`` failed (exit 1), or None when it did all it listed.
 
-    Why ``runs clean --yes`` failed (exit 1): a run it could not reap or prune
-    ((name, error) pairs), else a refused or kept segment. None: it did all it listed.
+    A run it could not reap or prune ((name, error) pairs), else a refused or kept
+    segment.
     """
     if failed:
         name, error = failed[0]

@@ -1,7 +1,6 @@
 """``tiny-vlm-multi``: a tiny Idefics3 that takes several images in ONE prompt.
 
-`tiny-vlm-multi`: a tiny Idefics3 (SmolVLM-style: SigLIP-like ViT + pixel-shuffle
-connector + the tiny Llama decoder) that takes several images in ONE prompt.
+SmolVLM-style: a SigLIP-like ViT, a pixel-shuffle connector and the tiny Llama decoder.
 
 Idefics3 runs on vLLM's CPU build without torchvision: transformers picks the PIL
 backend of its image processor. Image splitting is off, so every image is resized to

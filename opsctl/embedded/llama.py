@@ -1,7 +1,6 @@
 """Tiny Llama decoders: ``tiny-llama`` and ``tiny-hybrid`` (two KV cache groups).
 
-``tiny-llama`` has one KV cache group; ``tiny-hybrid`` alternates sliding-window and full
-attention layers, which makes two KV cache groups on vLLM."""
+``tiny-hybrid`` alternates sliding-window and full attention layers."""
 
 from __future__ import annotations
 

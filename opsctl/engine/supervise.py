@@ -3,7 +3,7 @@
 ``serve(request, on_event, dashboard=None) -> exit code``. Without a dashboard it waits
 for /health (reporting load phases), says "ready", then watches the server until it dies
 (EngineDied) or a stop signal arrives. With a dashboard (a callable the caller passes,
-e.g. opsctl.ui.serve_app.run_dashboard) the dashboard does the watching. Either way
+e.g. opsctl.serve.view_app.run_dashboard) the dashboard does the watching. Either way
 SIGINT/SIGTERM/SIGHUP (opsctl.engine.lifetime) end in the same orderly stop and exit 0,
 and the server never outlives this process.
 

@@ -19,7 +19,7 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header
 
 from opsctl.checks import certify as check
 from opsctl.checks import events as ev
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 from opsctl.ui.panels.diag import DiagPanel
 from opsctl.ui.worker_app import WorkerApp, run_for_report
 
@@ -41,7 +41,9 @@ class CertifyApp(WorkerApp):
         super().__init__(call)
         self.run_title = title
         self.following = True
-        self.rows: dict[str, list[str]] = {c: [c, "pending", "-"] for c in dom.certify_checks()}
+        self.rows: dict[str, list[str]] = {
+            c: [c, "pending", "-"] for c in certify_dom.certify_checks()
+        }
 
     def compose(self) -> ComposeResult:
         """Header, the checks' list beside their panels (the whole run's, then each check's)."""
@@ -50,8 +52,8 @@ class CertifyApp(WorkerApp):
             yield DataTable(id="checks", cursor_type="row")
             with ContentSwitcher(initial=f"panel-{OVERALL}", id="panels"):
                 yield DiagPanel(self.run_title, id=f"panel-{OVERALL}")
-                for c in dom.certify_checks():
-                    yield DiagPanel(dom.title(c), id=f"panel-{c}")
+                for c in certify_dom.certify_checks():
+                    yield DiagPanel(certify_dom.title(c), id=f"panel-{c}")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -60,7 +62,7 @@ class CertifyApp(WorkerApp):
         for name in ("check", "verdict", "time"):
             table.add_column(name, key=name)
         table.add_row(OVERALL, "running", "-", key=OVERALL)
-        for c in dom.certify_checks():
+        for c in certify_dom.certify_checks():
             table.add_row(*self.rows[c], key=c)
         self.sub_title = self.run_title
         self.start_work()

@@ -18,7 +18,7 @@ from typing import Any
 from textual.message import Message
 
 from opsctl.console import actions as act
-from opsctl.console import servers as srv
+from opsctl.console import servers as console_servers
 from opsctl.console import verbs
 from opsctl.domain import admin_routes as adm
 from opsctl.domain.console import EndpointView
@@ -39,7 +39,7 @@ class JobEvent(Message):
 class ServerChanged(Message):
     """A server this console manages changed state (starting, ready, failed)."""
 
-    def __init__(self, managed: srv.Managed) -> None:
+    def __init__(self, managed: console_servers.Managed) -> None:
         super().__init__()
         self.managed = managed
 
@@ -49,7 +49,7 @@ class ActionsMixin:
 
     readonly: bool
     jobs: act.Jobs
-    servers: srv.ServerManager
+    servers: console_servers.ServerManager
     api_key: str | None
     action_log: list[str]
 
@@ -161,13 +161,13 @@ class ActionsMixin:
             return
         from opsctl.embedded.catalog import CATALOG
 
-        def submitted(req: srv.StartRequest | None) -> None:
+        def submitted(req: console_servers.StartRequest | None) -> None:
             if req is not None:
                 self.serve(req)
 
         self.push_screen(StartServerScreen(list(CATALOG), self.api_key), submitted)  # type: ignore[attr-defined]
 
-    def serve(self, req: srv.StartRequest) -> None:
+    def serve(self, req: console_servers.StartRequest) -> None:
         """Start the server ``req`` asks for; it stops when the console exits."""
         self.servers.start(req)
         self.say(f"starting {req.model} ({req.weights} weights); it stops with the console")
@@ -199,7 +199,7 @@ class ActionsMixin:
             run = view.target.run_dir
             detail = f"run {run}: its engine processes (pid and start time from meta.json)"
             self.confirm(f"stop {view.target.url}?", detail,
-                         lambda: self.background(lambda: srv.stop_foreign(run)))  # fmt: skip
+                         lambda: self.background(lambda: console_servers.stop_foreign(run)))  # fmt: skip
         else:
             self.say(f"{view.target.name} was not started by opsctl: opsctl stops only "
                      "servers it started (they have a run directory)", ok=False)  # fmt: skip
@@ -210,7 +210,7 @@ class ActionsMixin:
             return
         m = self.servers.owned(view.target.url)
         if m is None:
-            self.say(srv.RESTART_FOREIGN, ok=False)
+            self.say(console_servers.RESTART_FOREIGN, ok=False)
             return
 
         def restart() -> str:
@@ -338,7 +338,7 @@ class ActionsMixin:
             self._diag_command(a["check"])
         elif cmd.verb == "serve" and self.allowed("starting a server"):
             try:
-                self.serve(srv.StartRequest(api_key=self.api_key, **a))
+                self.serve(console_servers.StartRequest(api_key=self.api_key, **a))
             except OpsctlError as exc:
                 self.say(exc.message, ok=False)
         elif cmd.verb == "runs-clean":

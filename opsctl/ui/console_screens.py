@@ -16,6 +16,7 @@ from textual.widgets import Footer, Static
 from opsctl.console.actions import CheckJob
 from opsctl.console.local import LocalDetail
 from opsctl.domain.console import DEAD, EndpointView
+from opsctl.serve.view_panels import LedgerPanel, LogPanel, ProcessPanel
 from opsctl.ui.panels.console_detail import (
     EngramPanel,
     LatencyTable,
@@ -24,7 +25,6 @@ from opsctl.ui.panels.console_detail import (
     server_info_text,
     summary_text,
 )
-from opsctl.ui.panels.serve import LedgerPanel, LogPanel, ProcessPanel
 
 HELP = """\
 [b]opsctl console[/b]: keys

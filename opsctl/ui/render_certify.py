@@ -11,13 +11,13 @@ from typing import Any
 from rich.console import Console
 
 from opsctl.checks import certify as checks
-from opsctl.domain import certify as dom
+from opsctl.domain import certify as certify_dom
 
 
 def title_of(doc: Mapping[str, Any]) -> str:
     """ "certify MODEL (URL)": the run's name in the summary and the JUnit suite."""
     where = (doc.get("target") or {}).get("url") or "engine started by opsctl"
-    model = dom.model_of(doc)
+    model = certify_dom.model_of(doc)
     return f"certify {model} ({where})" if model else f"certify {where}"
 
 

@@ -177,9 +177,8 @@ def sarif_log(
 def artifact_for(cwd: str, config: str | None, report: str) -> dict[str, str]:
     """Where results point: the model's config.json under ``cwd``, else the report file.
 
-    Where results point: the model's config.json when it lies under ``cwd`` (the
-    checkout code scanning resolves paths against), else the report file; relative to
-    ``cwd`` (uriBaseId %SRCROOT%) when under it, else an absolute file URI.
+    ``cwd`` is the checkout code scanning resolves paths against: a path under it is
+    relative (uriBaseId %SRCROOT%), any other an absolute file URI.
     """
     root = PurePosixPath(cwd)
     for path, what in ((config, "the certified model's config.json"), (report, "the report")):

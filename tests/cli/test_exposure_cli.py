@@ -231,7 +231,7 @@ def test_url_diags_send_the_key(guarded, monkeypatch, cmd):
 def test_serve_collector_client_carries_the_engines_key():
     from types import SimpleNamespace
 
-    from opsctl.collectors.serve import ServeCollector
+    from opsctl.serve.collect import ServeCollector
 
     server = SimpleNamespace(opts=SimpleNamespace(api_key="K"))
     c = ServeCollector(server)

@@ -15,9 +15,9 @@ from opsctl.console.local import collect_detail
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.domain.metrics import parse_samples
+from opsctl.serve.view_panels import ProcessPanel
 from opsctl.ui.console_app import DetailScreen, HelpScreen, build_console_app
 from opsctl.ui.panels.console_detail import LatencyTable
-from opsctl.ui.panels.serve import ProcessPanel
 from tests.standins.fleet_source import FixedSource
 from tests.standins.vllm_server import MODES, Endpoint, StandInFleet, answer
 

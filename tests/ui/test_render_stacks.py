@@ -1,4 +1,4 @@
-"""The stacks renderer (opsctl/ui/render_stacks.py) on documents built by the library's own
+"""The stacks renderer (opsctl/stacks/view.py) on documents built by the library's own
 assembly from real-engine frames (tests/unit/test_stack_verdict.py): the verdict line
 first, one line per process, the groups; a merged document names each rank's host."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from opsctl.domain import stack_verdict as V
-from opsctl.domain.stacks import group
-from opsctl.ui.render_stacks import render
+from opsctl.stacks import judge_verdict as V
+from opsctl.stacks.judge import group
+from opsctl.stacks.view import render
 from tests.unit.test_stack_verdict import IN_ALL_REDUCE, PLANTED, doc, proc, server
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.collectors.serve import from_dict
-from opsctl.ui.panels.serve import LedgerPanel, MetricsPanel, ProcessPanel, StatePanel
-from opsctl.ui.serve_app import build_serve_app, replay_source
+from opsctl.serve.collect import from_dict
+from opsctl.serve.view_app import build_serve_app, replay_source
+from opsctl.serve.view_panels import LedgerPanel, MetricsPanel, ProcessPanel, StatePanel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "serve_snapshots.jsonl"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.collectors.serve import ServeCollector
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.server import EngineServer, LaunchOptions
 from opsctl.errors import EngineDied, OpsTimeout
-from opsctl.ui.serve_app import run_dashboard
+from opsctl.serve.collect import ServeCollector
+from opsctl.serve.view_app import run_dashboard
 from tests.standins.vllm_server import StandInFleet
 
 

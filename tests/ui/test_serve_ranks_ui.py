@@ -13,9 +13,9 @@ import pytest
 
 from opsctl.collectors import deaths, ledger
 from opsctl.collectors.processes import ProcessTree
-from opsctl.collectors.serve import from_dict
-from opsctl.ui.panels.serve import LedgerPanel, ProcessPanel, StatePanel
-from opsctl.ui.serve_app import build_serve_app
+from opsctl.serve.collect import from_dict
+from opsctl.serve.view_app import build_serve_app
+from opsctl.serve.view_panels import LedgerPanel, ProcessPanel, StatePanel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "serve_snapshots.jsonl"
 RUN = Path(__file__).resolve().parents[1] / "data" / "deaths" / "dp2-sigkill-enginecore_dp1"

@@ -23,10 +23,10 @@ import psutil
 import pytest
 
 from opsctl.collectors.processes import snapshot_tree
-from opsctl.collectors.serve import ServeCollector
 from opsctl.engine import supervise
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.server import EngineServer, LaunchOptions
+from opsctl.serve.collect import ServeCollector
 from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.domain import gpu as G
-from opsctl.domain import stacks as S
+from opsctl.stacks import judge as S
 from tests.cli.test_json_schemas import validate
 
 RUN = Path(__file__).resolve().parents[1] / "data" / "gpu" / "2026-12-04" / "hang"

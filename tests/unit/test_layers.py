@@ -17,11 +17,13 @@
   top (the layers above only inside its loaders). A feature that is more than its check
   is a room in the same folder under the same rule: opsctl/suite/engram/ holds the
   ``opsctl engram`` commands (``flags_tables.py``, held to the command rules) beside the
-  check.
+  check;
+- a feature that is no check is a room of its own (opsctl/stacks/, opsctl/serve/), its
+  files by the same roles, its ``__init__.py`` pure (domain).
 Also: no star imports, no import cycle anywhere in opsctl or engine_patches (every import
 counts, also one inside a function), no function
-over 80 lines, no command module (opsctl/commands/, a check folder's flags*.py) over 160
-lines.
+over 80 lines, no command module (opsctl/commands/, a check folder's or a room's
+flags*.py) over 160 lines.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ ROLES = {
     "flags": "commands",
     "view": "ui",
 }
+# a feature's room: its files by role, as a check folder's (opsctl/<room>/<role>*.py)
+ROOMS = ("opsctl.stacks", "opsctl.serve")
 # pure modules of engine_patches that opsctl's domain shares with the engine
 PURE_ENGINE_MODULES = {"engine_patches.knobs", "engine_patches.connectors.injection"}
 
@@ -90,6 +94,9 @@ def layer(module: str) -> str:
         return "entry"
     if module == SUITE or module.startswith(SUITE + "."):
         return suite_layer(module)
+    room = next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+    if room:
+        return role_layer(module, room, "domain")
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in ALLOWED:
         return parts[1]
@@ -98,11 +105,18 @@ def layer(module: str) -> str:
 
 def suite_layer(module: str) -> str:
     """A check folder's file: its role's layer (the declaration: ``__init__.py``)."""
-    parts = module.split(".")
-    if len(parts) <= 3:
-        return "declaration"
-    role = next((r for r in ROLES if parts[3].startswith(r)), None)
-    return ROLES[role] if role else f"no role ({parts[3]}: name it {', '.join(ROLES)})"
+    check = ".".join(module.split(".")[:3])
+    return role_layer(module, check, "declaration")
+
+
+def role_layer(module: str, folder: str, init: str) -> str:
+    """A file of a check's folder or a room by its role's layer (``init``: the folder's
+    own ``__init__.py``)."""
+    if module == folder:
+        return init
+    name = module[len(folder) + 1 :].split(".")[0]
+    role = next((r for r in ROLES if name.startswith(r)), None)
+    return ROLES[role] if role else f"no role ({name}: name it {', '.join(ROLES)})"
 
 
 def imports(path: Path, module: str, root: Path = ROOT) -> Iterator[tuple[str, int, bool, bool]]:
@@ -134,13 +148,14 @@ def _is_module(name: str, root: Path = ROOT) -> bool:
 ALL = dict(modules())
 
 
-def violations_of(module: str, path: Path) -> list[str]:
+def violations_of(module: str, path: Path, root: Path | None = None) -> list[str]:
+    root = root or ROOT
     src = layer(module)
     if src.startswith("no role"):
-        return [f"{path.relative_to(ROOT)}: {src}"]
+        return [f"{path.relative_to(root)}: {src}"]
     out = []
-    for target, line, top_level, star in imports(path, module):
-        where = f"{path.relative_to(ROOT)}:{line} imports {target}"
+    for target, line, top_level, star in imports(path, module, root):
+        where = f"{path.relative_to(root)}:{line} imports {target}"
         if star:
             out.append(f"{where} (star import)")
         if src == "declaration" and top_level and not _pure(target):
@@ -309,13 +324,15 @@ def test_no_function_over_80_lines():
     assert long_functions() == []
 
 
-COMMAND_MODULES = sorted((ROOT / "opsctl" / "commands").rglob("*.py")) + sorted(
-    (ROOT / "opsctl" / "suite").glob("*/flags*.py")
+COMMAND_MODULES = (
+    sorted((ROOT / "opsctl" / "commands").rglob("*.py"))
+    + sorted((ROOT / "opsctl" / "suite").glob("*/flags*.py"))
+    + sorted(f for r in ROOMS for f in (ROOT / Path(*r.split("."))).glob("flags*.py"))
 )
 
 
 def _command_id(path: Path) -> str:
-    return path.name if "suite" not in path.parts else "/".join(path.parts[-3:])
+    return path.name if "commands" in path.parts else "/".join(path.parts[-3:])
 
 
 @pytest.mark.parametrize("path", COMMAND_MODULES, ids=_command_id)
@@ -335,6 +352,30 @@ def test_a_check_folder_holds_each_file_to_its_role():
     assert _pure("opsctl.domain.findings") and _pure("collections.abc") and _pure("opsctl.errors")
     assert not _pure("opsctl.checks.session") and not _pure("typer") and not _pure("httpx")
     assert "declaration" not in {layer for allowed in ALLOWED.values() for layer in allowed}
+
+
+def test_a_room_holds_each_file_to_its_role(tmp_path):
+    """A feature's room (stacks, serve): its files by role as a check folder's, its
+    ``__init__.py`` pure; a judge file that reads processes is a violation."""
+    assert [layer(r) for r in ROOMS] == ["domain", "domain"]
+    roles = ("judge", "judge_verdict", "collect", "run", "flags", "view_app")
+    assert [layer(f"opsctl.stacks.{r}") for r in roles] == [
+        "domain", "domain", "collectors", "checks", "commands", "ui",
+    ]  # fmt: skip
+    assert layer("opsctl.serve.helpers").startswith("no role")
+    assert {layer(m) for m in ALL if m.startswith(ROOMS)} == {
+        "domain",
+        "collectors",
+        "checks",
+        "commands",
+        "ui",
+    }
+    assert {p.parent.name for p in COMMAND_MODULES if p.name == "flags.py"} >= {"stacks", "serve"}
+    judge = tmp_path / "opsctl" / "serve" / "judge_state.py"
+    judge.parent.mkdir(parents=True)
+    judge.write_text("import psutil\n")
+    (found,) = violations_of("opsctl.serve.judge_state", judge, tmp_path)
+    assert found == "opsctl/serve/judge_state.py:1 imports psutil (domain may not import psutil)"
 
 
 def test_the_engram_room_holds_each_file_to_its_role(tmp_path, monkeypatch):

@@ -2,8 +2,8 @@ import pytest
 
 from opsctl.collectors.metrics import parse_metrics
 from opsctl.domain.metrics import key_metrics
-from opsctl.domain.serve_state import derive_state
 from opsctl.domain.serverlog import LoadProgress
+from opsctl.serve.judge_state import derive_state
 
 TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

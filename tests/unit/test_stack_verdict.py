@@ -1,4 +1,4 @@
-"""The verdict over a server's stacks (opsctl.domain.stack_verdict), pure: the frames are
+"""The verdict over a server's stacks (opsctl.stacks.judge_verdict), pure: the frames are
 those of real stacks taken from a TP=2 vLLM 0.32 CPU engine (Worker_TP0 in the shared-memory
 all-reduce under the vocabulary embedding, Worker_TP1 in the rank-hang knob's planted_hang,
 idle workers in the message queue, the API server in uvloop). The real engine's case is
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.domain import stack_verdict as V
-from opsctl.domain.stacks import Frame, ProcessStacks, Thread, collective, where
+from opsctl.stacks import judge_verdict as V
+from opsctl.stacks.judge import Frame, ProcessStacks, Thread, collective, where
 
 SP = "/venv/lib/python3.11/site-packages/"
 PY = "/usr/lib/python3.11/"

@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from opsctl.collectors import stacks as col
-from opsctl.domain import stacks as dom
+from opsctl.stacks import collect as col
+from opsctl.stacks import judge as dom
 from tests.waiting import wait_until
 
 CHILD = textwrap.dedent(
@@ -164,7 +164,7 @@ def test_parse_group_and_where():
 def test_a_stacks_document_follows_its_schema(child, tmp_path, monkeypatch):
     """The library's document for a (non-vLLM) armed process, through the check's own
     assembly (resolve() is what refuses a non-vLLM pid; it is bypassed here)."""
-    from opsctl.checks import stacks as check
+    from opsctl.stacks import run as check
     from tests.cli.test_json_schemas import validate
 
     p = child("armed")

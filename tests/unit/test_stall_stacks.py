@@ -12,7 +12,7 @@ from dataclasses import replace
 from opsctl.console.stall_stacks import AT_STALL, ON_DEMAND, StallStacks, target_of
 from opsctl.domain import console as c
 from opsctl.domain.console_state import EndpointTracker
-from opsctl.domain.stack_verdict import diagnose, headline_of
+from opsctl.stacks.judge_verdict import diagnose, headline_of
 from tests.waiting import wait_until
 
 
@@ -86,7 +86,7 @@ def test_a_failing_take_is_a_line_not_an_exception():
 
 def test_the_headline_is_read_from_the_documents_processes():
     """The console's line comes from the document: the same verdict over the dicts as over
-    the processes (opsctl.domain.stack_verdict; its cases: tests/unit/test_stack_verdict.py)."""
+    the processes (opsctl.stacks.judge_verdict; its cases: tests/unit/test_stack_verdict.py)."""
     from tests.unit.test_stack_verdict import IDLE_CORE, PLANTED, proc, server
 
     procs = server(proc(4, "Worker", PLANTED), core=IDLE_CORE)

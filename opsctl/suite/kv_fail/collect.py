@@ -30,7 +30,7 @@ from engine_patches.connectors.injection import (
 )
 from opsctl.collectors import http, ledger
 from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
-from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge
 
 RECOVERIES = "kv_recoveries"  # written by engine_patches.patches.kv_hybrid_recompute
 POLL = 0.1  # seconds between looks while waiting for a condition
@@ -55,7 +55,7 @@ def complete(
     max_tokens: int,
     timeout: float,
     api_key: str | None = None,
-) -> dom.Output:
+) -> judge.Output:
     """One greedy completion of token ids with their logprobs.
 
     A transport error is an output that failed (with the reason), a refused credential the
@@ -72,13 +72,13 @@ def complete(
     try:
         r = client.post(f"{url}/v1/completions", json=body, timeout=timeout)
     except httpx.HTTPError as exc:
-        return dom.Output(False, error=f"{type(exc).__name__}: {exc}"[:200])
+        return judge.Output(False, error=f"{type(exc).__name__}: {exc}"[:200])
     http.check_auth(r, api_key)
     try:
         data = r.json()
     except ValueError:
         data = r.text
-    return dom.output_from_response(r.status_code, data)
+    return judge.output_from_response(r.status_code, data)
 
 
 class EventTail:
@@ -99,13 +99,13 @@ class EventTail:
         self._seen[kind] = len(events)
         return fresh
 
-    def injections(self) -> tuple[dom.Injection, ...]:
+    def injections(self) -> tuple[judge.Injection, ...]:
         """The connector's injections recorded since the last look."""
-        return tuple(dom.Injection.from_event(e) for e in self.new(INJECTIONS))
+        return tuple(judge.Injection.from_event(e) for e in self.new(INJECTIONS))
 
-    def recoveries(self) -> tuple[dom.Recovery, ...]:
+    def recoveries(self) -> tuple[judge.Recovery, ...]:
         """The patch's recoveries recorded since the last look."""
-        return tuple(dom.Recovery.from_event(e) for e in self.new(RECOVERIES))
+        return tuple(judge.Recovery.from_event(e) for e in self.new(RECOVERIES))
 
 
 class KvProbe:
@@ -155,7 +155,7 @@ class KvProbe:
 
     def complete(
         self, model: str, prompt: Sequence[int], max_tokens: int, timeout: float
-    ) -> dom.Output:
+    ) -> judge.Output:
         """One greedy completion of ``prompt`` (token ids) from this engine."""
         return complete(self.client, self.url, model, prompt, max_tokens, timeout, self.api_key)
 
@@ -209,14 +209,14 @@ class KvProbe:
         """The patch ledger records of the engine's processes."""
         return ledger.read_records(self.run_dir)
 
-    def injections(self) -> tuple[dom.Injection, ...]:
+    def injections(self) -> tuple[judge.Injection, ...]:
         """The connector's injections since this probe was made."""
-        return tuple(dom.Injection.from_event(e) for e in self._events(INJECTIONS))
+        return tuple(judge.Injection.from_event(e) for e in self._events(INJECTIONS))
 
-    def transfers(self) -> tuple[dom.Transfer, ...]:
+    def transfers(self) -> tuple[judge.Transfer, ...]:
         """The connector's KV transfers since this probe was made."""
-        return tuple(dom.Transfer.from_event(e) for e in self._events(TRANSFERS))
+        return tuple(judge.Transfer.from_event(e) for e in self._events(TRANSFERS))
 
-    def recoveries(self) -> tuple[dom.Recovery, ...]:
+    def recoveries(self) -> tuple[judge.Recovery, ...]:
         """The patch's recoveries since this probe was made."""
-        return tuple(dom.Recovery.from_event(e) for e in self._events(RECOVERIES))
+        return tuple(judge.Recovery.from_event(e) for e in self._events(RECOVERIES))

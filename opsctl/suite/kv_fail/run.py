@@ -41,7 +41,7 @@ from opsctl.checks.session import EngineSession, opened
 from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
-from opsctl.suite.kv_fail import judge as dom
+from opsctl.suite.kv_fail import judge
 from opsctl.suite.kv_fail import judge_report as kvr
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 SCHEMA = "diag.kv-fail/3"  # 3: seeds, totals, verdict_seed; inconclusive; calibrated floor
 TITLE = "diag kv-fail"
 DEFAULT_MODEL = "tiny-hybrid"
-PATCH_NAME = dom.PATCH_NAME  # the multi-group recovery patch
-NO_PATCH = dom.RECOVERY_PATCHES  # --no-patch: the spec's disable_patches names them all
+PATCH_NAME = judge.PATCH_NAME  # the multi-group recovery patch
+NO_PATCH = judge.RECOVERY_PATCHES  # --no-patch: the spec's disable_patches names them all
 INCONCLUSIVE_CODE = "kv_fail.comparison_inconclusive"
 
 
@@ -61,7 +61,7 @@ INCONCLUSIVE_CODE = "kv_fail.comparison_inconclusive"
 class Options:
     """The injection settings of diag kv-fail and its waits."""
 
-    settings: dom.Settings = field(default_factory=dom.Settings)
+    settings: judge.Settings = field(default_factory=judge.Settings)
     request_timeout: float = 180.0  # seconds for one completion
     settle: float = 5.0  # seconds a failed request's engine gets to show it still serves
     log_wait: float = 5.0  # seconds for vLLM's recovery lines to land after the inject phase
@@ -87,7 +87,7 @@ class Injected(LogLine):
     """The connector injected a block (``request``: index in the workload, None if unknown)."""
 
     request: int | None
-    injection: dom.Injection
+    injection: judge.Injection
 
     def line(self) -> str:
         """The block injected or corrupted."""
@@ -104,7 +104,7 @@ class Injected(LogLine):
 class Recovered(LogLine):
     """The kv_hybrid_recompute patch recovered (or failed) requests hit by failures."""
 
-    recovery: dom.Recovery
+    recovery: judge.Recovery
 
     def line(self) -> str:
         """What the patch recovered."""
@@ -161,7 +161,7 @@ class KvFailReport(base.Report):
 Report = KvFailReport  # the name Parts.of reads (opsctl.domain.check_registry)
 
 
-def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
+def engine_spec(target: EngineSpec, settings: judge.Settings) -> EngineSpec:
     """The caller's spec with the default model and the connector's engine arguments."""
     from engine_patches.connectors.injection import kv_transfer_config
 
@@ -169,7 +169,7 @@ def engine_spec(target: EngineSpec, settings: dom.Settings) -> EngineSpec:
         "--kv-transfer-config",
         kv_transfer_config(policy=settings.policy, route=settings.route),
         "--block-size",
-        str(dom.BLOCK_SIZE),
+        str(judge.BLOCK_SIZE),
         "--no-enable-prefix-caching",
     )
     return target.with_defaults(DEFAULT_MODEL, extra_args=(*target.extra_args, *args))
@@ -210,13 +210,13 @@ def validate(target: Target, options: Options) -> ResolvedModel:
             hint="use --route blocks",
         )
     resolved = resolve(target.model or DEFAULT_MODEL)  # BadInput: unknown name / bad dir
-    why = dom.servable(resolved.config)
+    why = judge.servable(resolved.config)
     if why:
         raise BadInput(f"the fault-injecting KV connector cannot serve {resolved.name}: {why}")
     return resolved
 
 
-def _cell(c: dom.Comparison | None) -> str:
+def _cell(c: judge.Comparison | None) -> str:
     if c is None:
         return "-"
     if c.identical:
@@ -252,13 +252,13 @@ class _Run:
         self,
         probe: KvProbe,
         model: str,
-        work: dom.Workload,
+        work: judge.Workload,
         options: Options,
         progress: ev.Progress,
     ) -> None:
         self.probe, self.model, self.work = probe, model, work
         self.options, self.progress = options, progress
-        self.outputs: dict[str, list[dom.Output]] = {}
+        self.outputs: dict[str, list[judge.Output]] = {}
         self.compared: set[str] = set()
         self.injected: dict[int, int] = {}
         self.seconds: dict[str, float] = {}
@@ -270,7 +270,7 @@ class _Run:
 
     def news(self) -> None:
         """Injections and recoveries recorded since the last look, as events."""
-        for i in dom.lead(self.probe.tail.injections()):  # every rank makes the same
+        for i in judge.lead(self.probe.tail.injections()):  # every rank makes the same
             self.progress(Injected(self._index.get(i.key or ""), i))
         for r in self.probe.tail.recoveries():
             self.progress(Recovered(r))
@@ -308,22 +308,22 @@ class _Run:
         self.compared.add("roundtrip")
         return None
 
-    def inject(self) -> tuple[str | None, dom.Accounting, tuple[str, ...], dict | None]:
+    def inject(self) -> tuple[str | None, judge.Accounting, tuple[str, ...], dict | None]:
         """Reload with failures reported: (died in, the engine's accounting, death lines,
         /metrics deltas over the phase)."""
         probe = self.probe
         mark, before = probe.log_mark(), probe.metrics()
         ok = self.round("inject", self.options.settings.plan(self.work.target_keys, "inject"))
-        affected = dom.affected_requests(probe.injections())
+        affected = judge.affected_requests(probe.injections())
         segment = probe.log_until(
-            mark, lambda text: dom.recovery_logged(text, affected), self.options.log_wait
+            mark, lambda text: judge.recovery_logged(text, affected), self.options.log_wait
         )
-        accounting = dom.account(segment)
+        accounting = judge.account(segment)
         if not ok or not probe.alive():
-            death = dom.death_lines(segment) or dom.death_lines(probe.log_text())
+            death = judge.death_lines(segment) or judge.death_lines(probe.log_text())
             return "inject", accounting, tuple(death), None
         self.compared.add("inject")
-        return None, accounting, (), dom.metrics_delta(before, probe.metrics())
+        return None, accounting, (), judge.metrics_delta(before, probe.metrics())
 
     def sensitivity(self) -> str | None:
         """The same blocks corrupted silently; the phase the engine died in, if it did."""
@@ -336,13 +336,13 @@ class _Run:
 
 def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
     """Every phase the engine lives through; the facts for the domain to judge."""
-    accounting, metrics = dom.Accounting(), None
+    accounting, metrics = judge.Accounting(), None
     death: tuple[str, ...] = ()
     died = r.store_and_roundtrip()
     if died is None:
         died, accounting, death, metrics = r.inject()
-    injections = [i for i in dom.lead(r.probe.injections()) if i.epoch == "inject"]
-    r.injected = dom.injected_blocks(injections, r.work.keys)
+    injections = [i for i in judge.lead(r.probe.injections()) if i.epoch == "inject"]
+    r.injected = judge.injected_blocks(injections, r.work.keys)
     sensitivity_ran = False
     if died is None and injections:
         died = r.sensitivity()
@@ -350,7 +350,7 @@ def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
     facts = kvr.Facts(
         r.options.settings,
         r.rows(),
-        roundtrip_loads=dom.roundtrip_loads(r.probe.transfers()),
+        roundtrip_loads=judge.roundtrip_loads(r.probe.transfers()),
         injections=len(injections),
         accounting=accounting,
         engine_alive=died is None and r.probe.alive(),
@@ -359,7 +359,7 @@ def _phases(r: _Run, patch_disabled: bool) -> tuple[kvr.Facts, dict | None]:
         sensitivity_ran=sensitivity_ran,
         patch_disabled=patch_disabled,
         ranks=len({i.rank for i in r.probe.injections()}) or 1,
-        rank_disagreement=dom.rank_disagreement(r.probe.injections()),
+        rank_disagreement=judge.rank_disagreement(r.probe.injections()),
     )
     return facts, metrics
 
@@ -368,7 +368,7 @@ def _on_engine(
     probe: KvProbe,
     spec: EngineSpec,
     model: str,
-    work: dom.Workload,
+    work: judge.Workload,
     options: Options,
     progress: ev.Progress,
 ) -> dict:
@@ -434,7 +434,7 @@ def _sweep(
             assert live.run_dir is not None  # an engine opsctl started always has one
             while len(runs) < len(seeds):
                 settings = replace(options.settings, seed=seeds[len(runs)])
-                work = dom.workload(settings, vocab)
+                work = judge.workload(settings, vocab)
                 t0 = time.time()
                 if len(seeds) > 1:
                     progress(ev.Log(f"seed {settings.seed}: {work.describe(settings)}"))
@@ -478,7 +478,7 @@ def run(
     assert isinstance(target, EngineSpec)
     spec = engine_spec(target, options.settings)
     first = replace(options.settings, seed=(options.seeds or (options.settings.seed,))[0])
-    work = dom.workload(first, int(resolved.config.get("vocab_size") or 320))
+    work = judge.workload(first, int(resolved.config.get("vocab_size") or 320))
     started = time.time()
     progress(ev.Started(TITLE))
     progress(ev.Table(COLUMNS, table(kvr.request_rows(work.prompts, work.targets, {}, (), {}))))

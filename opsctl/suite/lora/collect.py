@@ -45,7 +45,7 @@ from opsctl.collectors.completions import (
 )
 from opsctl.collectors.mm_uuid import image_data_url
 from opsctl.errors import BadInput, EngineUnreachable, OpsTimeout
-from opsctl.suite.lora import judge as D
+from opsctl.suite.lora import judge
 
 IMAGE_SIZE = 32
 CONFIG_FILE = "adapter_config.json"
@@ -185,16 +185,16 @@ _IMAGES: dict[str, str] = {}
 
 def _image(color: str) -> str:
     if color not in _IMAGES:
-        _IMAGES[color] = image_data_url(dict(D.IMAGE_COLORS)[color], IMAGE_SIZE)
+        _IMAGES[color] = image_data_url(dict(judge.IMAGE_COLORS)[color], IMAGE_SIZE)
     return _IMAGES[color]
 
 
-def request_id(tag: str, phase: str, req: D.LoraRequest) -> str:
+def request_id(tag: str, phase: str, req: judge.LoraRequest) -> str:
     """The request id ``<tag>-<phase>-r<index>-<label>-<hex8>`` of one LoRA request."""
     return f"{tag}-{phase}-r{req.index}-{req.label}-{uuid.uuid4().hex[:8]}"
 
 
-def body(params: Params, req: D.LoraRequest, rid: str) -> tuple[str, dict[str, Any]]:
+def body(params: Params, req: judge.LoraRequest, rid: str) -> tuple[str, dict[str, Any]]:
     """(endpoint, JSON body) for one request."""
     common = {
         "model": req.adapter or params.base,
@@ -218,20 +218,20 @@ def body(params: Params, req: D.LoraRequest, rid: str) -> tuple[str, dict[str, A
     return "/v1/chat/completions", {**common, **chat, "top_logprobs": params.logprobs}
 
 
-def send(client: httpx.Client, url: str, params: Params, req: D.LoraRequest, rid: str) -> Timed:
+def send(client: httpx.Client, url: str, params: Params, req: judge.LoraRequest, rid: str) -> Timed:
     """One request (a chat request when it carries images), timed and parsed."""
     path, payload = body(params, req, rid)
     parse = parse_chat if req.images else parse_response
     return timed_post(client, f"{url}{path}", payload, parse, params.timeout, rid)
 
 
-OnDone = Callable[[D.LoraRequest, Timed], None]
+OnDone = Callable[[judge.LoraRequest, Timed], None]
 
 
 def run(
     url: str,
     params: Params,
-    requests: Sequence[D.LoraRequest],
+    requests: Sequence[judge.LoraRequest],
     tag: str,
     on_done: OnDone | None = None,
     *,
@@ -283,7 +283,7 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
     if run_dir is None:
         return EngineFacts()
     records = ledger.read_records(run_dir)
-    lora = ledger.read_events(run_dir, D.PROBE_EVENTS)
+    lora = ledger.read_events(run_dir, judge.PROBE_EVENTS)
     managers = [r for r in lora if r.get("event") == "manager"]
     adapters = {str(r.get("name")): r for r in lora if r.get("event") == "adapter"}
     infos = [r for r in ledger.read_events(run_dir, "engine_info") if "error" not in r]
@@ -302,15 +302,14 @@ def read_facts(run_dir: Path | None) -> EngineFacts:
 def engine_facts(run_dir: Path | None, tag: str, mixed: int, timeout: float = 3.0) -> EngineFacts:
     """:func:`read_facts` once the batch probe shows every ``mixed`` request (or at timeout).
 
-    :func:`read_facts` once the batch probe's steps show all ``mixed`` requests (the
-    last lines may land just after the responses), or at ``timeout``."""
+    The last lines may land just after the responses."""
     deadline = time.monotonic() + timeout
     while True:
         facts = read_facts(run_dir)
         seen = {
             i
             for s in facts.steps
-            for i in (D.request_index(str(r), tag) for r in s.get("req_ids") or [])
+            for i in (judge.request_index(str(r), tag) for r in s.get("req_ids") or [])
             if i is not None
         }
         if not facts.steps or len(seen) >= mixed or time.monotonic() >= deadline:

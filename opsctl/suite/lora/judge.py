@@ -1,8 +1,7 @@
 """`opsctl diag lora`, pure: LoRA adapters applied one at a time and in one mixed batch.
 
-`opsctl diag lora`: LoRA adapters applied one at a time and in one mixed batch (vLLM
-PR 55897: LoRA on multimodal towers; mixed-adapter batches must map each request and
-each image to its own adapter). Pure: no I/O, no UI.
+vLLM PR 55897: LoRA on multimodal towers; mixed-adapter batches must map each request
+and each image to its own adapter. No I/O, no UI.
 
 The plan: requests ``r0..rN`` cycle through the adapters and the base model (adapter
 ``None``); on a vision-language model each carries images, and two neighbouring requests
@@ -274,8 +273,7 @@ def looks_like(
 ) -> str | None:
     """The adapter (or "base") whose alone run ``got`` equals, other than its own; else None.
 
-    The adapter (or "base") whose alone run of the same request ``got`` equals (tokens
-    exact, logprobs within APPLIED_ATOL), other than the request's own; None if none.
+    Equal: tokens exact, logprobs within APPLIED_ATOL, on the same request.
     """
     for label in labels:
         if label == req.adapter or (label, req.index) not in alone:
@@ -368,9 +366,9 @@ def mixed_evidence(
 ) -> MixedEvidence:
     """Whether requests of different adapters were sampled in one step, from probe records.
 
-    From the batch probe's step records: whether requests of different adapters were
-    sampled in one step (``apart``: requests that never were). With ``event="encoder"``
-    and the lora probe's encoder records: whose images ran the vision tower together.
+    The batch probe's step records; ``apart``: requests that never were. With
+    ``event="encoder"`` and the lora probe's encoder records: whose images ran the vision
+    tower together.
     """
     label = {r.index: r.label for r in mixed}
     n_steps, most, most_groups = 0, 0, 0

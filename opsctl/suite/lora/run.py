@@ -57,8 +57,7 @@ from opsctl.errors import BadInput, CheckFailed
 from opsctl.suite.invariance import judge as inv
 from opsctl.suite.invariance import judge_calibration as cal
 from opsctl.suite.lora import collect as collect
-from opsctl.suite.lora import judge as D
-from opsctl.suite.lora import judge_support as DS
+from opsctl.suite.lora import judge, judge_support
 from opsctl.suite.lora.run_plan import (
     Adapter,
     Options,
@@ -134,7 +133,7 @@ def swept(docs: list[tuple[int | None, LoraReport]], tag: str, seconds: float) -
     sweep's verdict, every seed's line and the totals."""
     verdicts = [r.verdict for _, r in docs]
     verdict = cal.sweep_verdict(verdicts) if len(docs) > 1 else verdicts[0]
-    seed, shown = next(((s, r) for s, r in docs if r.verdict != D.PASS), docs[-1])
+    seed, shown = next(((s, r) for s, r in docs if r.verdict != judge.PASS), docs[-1])
     doc = shown.to_dict()
     reasons = doc["reasons"]
     if len(docs) > 1:
@@ -172,8 +171,8 @@ class _Attempt:
 
 @dataclass(frozen=True)
 class _Measured:
-    mixed: tuple[D.LoraRequest, ...]
-    alone: dict[D.Key, inv.Generated]
+    mixed: tuple[judge.LoraRequest, ...]
+    alone: dict[judge.Key, inv.Generated]
     alone_seconds: float
     attempts: tuple[_Attempt, ...]  # the last one is the mixed batch judged
     facts: collect.EngineFacts
@@ -259,7 +258,7 @@ class _Job:
     def _on_done(self, phase: str, total: int):
         done = [0]
 
-        def on_done(req: D.LoraRequest, res: collect.Timed) -> None:
+        def on_done(req: judge.LoraRequest, res: collect.Timed) -> None:
             done[0] += 1
             g = res.generated
             state = "error: " + g.error if g.error else f"{len(g.token_ids)} tokens"
@@ -273,9 +272,9 @@ class _Job:
         alone again (the noise floor), then the mixed batch. ``seed``: its prompt set."""
         o, key, url = self.options, self.live.api_key, self.live.url
         names = [a.name for a in self.adapters]
-        prompts = D.PROMPTS if seed is None else cal.seeded_prompts(seed, len(D.PROMPTS))
-        mixed = D.plan_mixed(names, self.images, prompts=prompts)
-        alone_reqs = D.alone_plan(mixed, names)
+        prompts = judge.PROMPTS if seed is None else cal.seeded_prompts(seed, len(judge.PROMPTS))
+        mixed = judge.plan_mixed(names, self.images, prompts=prompts)
+        alone_reqs = judge.alone_plan(mixed, names)
         params = collect.Params(self.served.base, o.max_tokens, o.logprobs, o.request_timeout)
         phase = f"alone: {len(alone_reqs)} requests one at a time"
         self.progress(ev.Phase(phase, 0, len(alone_reqs)))
@@ -302,7 +301,7 @@ class _Job:
         )
 
     def _send_mixed(
-        self, params: collect.Params, mixed: tuple[D.LoraRequest, ...]
+        self, params: collect.Params, mixed: tuple[judge.LoraRequest, ...]
     ) -> tuple[list[_Attempt], collect.EngineFacts]:
         """Send the mixed batch; again (up to ``attempts``) while the batch probe shows a
         request that never shared a step with another adapter's request (a request can
@@ -325,7 +324,7 @@ class _Job:
             )
             out.append(_Attempt(tag, tuple(t.generated for t in together), time.monotonic() - t0))
             facts = collect.engine_facts(self.live.run_dir, tag, len(mixed))
-            evidence = D.mixed_evidence(facts.steps, tag, mixed)
+            evidence = judge.mixed_evidence(facts.steps, tag, mixed)
             if evidence.formed is not False:
                 break
             self.progress(
@@ -341,10 +340,10 @@ class _Job:
 # ---- decide and report ----------------------------------------------------------------------
 
 
-def _single(job: _Job, m: _Measured) -> list[D.SingleResult]:
+def _single(job: _Job, m: _Measured) -> list[judge.SingleResult]:
     o, indexes = job.options, [r.index for r in m.mixed]
     return [
-        D.judge_single(a.name, indexes, m.alone, max_tokens=o.max_tokens, logprobs=o.logprobs)
+        judge.judge_single(a.name, indexes, m.alone, max_tokens=o.max_tokens, logprobs=o.logprobs)
         for a in job.adapters
     ]
 
@@ -355,29 +354,31 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     indexes = [r.index for r in m.mixed]
     single = _single(job, m)
     kw = {"max_tokens": o.max_tokens, "logprobs": o.logprobs}
-    calib = D.calibration(m.alone, m.control, names, indexes, max_tokens=o.max_tokens, atol=o.atol)
+    calib = judge.calibration(
+        m.alone, m.control, names, indexes, max_tokens=o.max_tokens, atol=o.atol
+    )
     atol = calib.atol_for_compare() if not math.isinf(calib.floor) else o.atol
-    sends = [D.compare_mixed(m.mixed, m.alone, a.batched, atol=atol, **kw) for a in m.attempts]
+    sends = [judge.compare_mixed(m.mixed, m.alone, a.batched, atol=atol, **kw) for a in m.attempts]
     rows, last = sends[-1], m.attempts[-1]
-    evidence = D.mixed_evidence(facts.steps, last.tag, m.mixed)
+    evidence = judge.mixed_evidence(facts.steps, last.tag, m.mixed)
     tower = (
-        D.mixed_evidence(facts.encoder, last.tag, m.mixed, event="encoder", source="lora probe")
+        judge.mixed_evidence(facts.encoder, last.tag, m.mixed, event="encoder", source="lora probe")
         if job.images
         else None
     )
-    found = D.assess(
+    found = judge.assess(
         single,
         rows,
         evidence,
-        same_pairs=D.identical_pairs(names, indexes, m.alone, **kw),
-        alone_shared_max=D.alone_shared(facts.steps, job.tag),
+        same_pairs=judge.identical_pairs(names, indexes, m.alone, **kw),
+        alone_shared_max=judge.alone_shared(facts.steps, job.tag),
         swaps=facts.swaps,
         tower=tower,
         earlier=sends[:-1],
     )
     found = with_probe_findings(found, job.live.run_dir)
     found = calibrated(found, calib, single, evidence)
-    parts = DS.support(
+    parts = judge_support.support(
         job.images > 0,
         facts.manager,
         facts.adapters,
@@ -387,7 +388,9 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
     table = table_rows(single, rows, parts)
     for r in rows:
         if not r.result.passed:
-            job.progress(ev.CaseResult(f"mixed {r.request.describe()}", D.FAIL, r.result.status))
+            job.progress(
+                ev.CaseResult(f"mixed {r.request.describe()}", judge.FAIL, r.result.status)
+            )
     job.progress(ev.Table(COLUMNS, table))
     job.progress(ev.Finished(found.verdict, "; ".join(found.reasons) or "every case passed", table))
     seconds = {**seconds, "alone": m.alone_seconds, "mixed": sum(a.seconds for a in m.attempts)}
@@ -397,11 +400,11 @@ def _decide(job: _Job, m: _Measured, seconds: dict[str, float]) -> LoraReport:
 
 
 def calibrated(
-    found: D.Findings,
+    found: judge.Findings,
     calib: cal.Calibration,
-    single: Sequence[D.SingleResult],
-    evidence: D.MixedEvidence,
-) -> D.Findings:
+    single: Sequence[judge.SingleResult],
+    evidence: judge.MixedEvidence,
+) -> judge.Findings:
     """``found`` under the calibration rule (opsctl.suite.invariance.judge_calibration).
 
     A conclusive comparison keeps its verdict. One that is not (the smallest difference
@@ -411,18 +414,18 @@ def calibrated(
     that never mixed adapters still fails."""
     if calib.conclusive:
         return found
-    hard = any(s.verdict != D.PASS for s in single) or evidence.formed is False
-    if found.verdict == D.FAIL and hard:
+    hard = any(s.verdict != judge.PASS for s in single) or evidence.formed is False
+    if found.verdict == judge.FAIL and hard:
         return found
     return replace(
         found,
         verdict=cal.INCONCLUSIVE,
         reasons=(*found.reasons, calib.why_inconclusive()),
-        mixed_verdict=cal.INCONCLUSIVE if found.mixed_verdict != D.FAIL else D.FAIL,
+        mixed_verdict=cal.INCONCLUSIVE if found.mixed_verdict != judge.FAIL else judge.FAIL,
     )
 
 
-def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
+def with_probe_findings(found: judge.Findings, run_dir) -> judge.Findings:
     """``found`` with what the engine's ledger says of the probes this check reads.
 
     The probes are lora and batch: a probe that could not hook leaves the check unverified
@@ -431,7 +434,7 @@ def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
         return found
     probes = pe.probe_findings(ledger.read_records(run_dir), ("lora", "batch"), "lora")
     unhooked = pe.lines(probes, fd.FAIL)
-    verdict = D.UNVERIFIED if unhooked and found.verdict == D.PASS else found.verdict
+    verdict = judge.UNVERIFIED if unhooked and found.verdict == judge.PASS else found.verdict
     return replace(
         found,
         verdict=verdict,
@@ -443,11 +446,11 @@ def with_probe_findings(found: D.Findings, run_dir) -> D.Findings:
 def _document(
     job: _Job,
     m: _Measured,
-    found: D.Findings,
-    single: list[D.SingleResult],
-    sends: list[list[D.MixedRow]],
-    evidence: tuple[D.MixedEvidence, D.MixedEvidence | None],
-    parts: list[DS.PartSupport],
+    found: judge.Findings,
+    single: list[judge.SingleResult],
+    sends: list[list[judge.MixedRow]],
+    evidence: tuple[judge.MixedEvidence, judge.MixedEvidence | None],
+    parts: list[judge_support.PartSupport],
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     from opsctl import output
@@ -466,7 +469,7 @@ def _document(
         run_dir=str(live.run_dir) if live.run_dir else None,
         **plat.fields(m.identity[0], note=engine_records.platform_note(live.run_dir)),
         vllm_version=m.identity[1],
-        engine=DS.engine_summary(facts.manager, facts.info, facts.adapters),
+        engine=judge_support.engine_summary(facts.manager, facts.info, facts.adapters),
         adapters=[a.to_dict() for a in job.adapters],
         loaded_at_runtime=list(job.loaded),
         support=[p.to_dict() for p in parts],
@@ -479,7 +482,7 @@ def _document(
             ],
             "batch": evidence[0].to_dict(),
             "encoder": evidence[1].to_dict() if evidence[1] else None,
-            "first_divergence": D.first_divergence(sends[-1]),
+            "first_divergence": judge.first_divergence(sends[-1]),
             "swaps": [dict(s) for s in facts.swaps],
         },
         comparison=inv.comparison_label(o.atol),
@@ -493,12 +496,12 @@ def _document(
     )
 
 
-def _attempt_doc(a: _Attempt, rows: list[D.MixedRow], facts: collect.EngineFacts) -> dict:
+def _attempt_doc(a: _Attempt, rows: list[judge.MixedRow], facts: collect.EngineFacts) -> dict:
     gathered = [g for g in facts.gathered if str(g.get("group")) in a.tag]
     return {
         "tag": a.tag,
         "gathered": dict(gathered[-1]) if gathered else None,  # by the engine's gate probe
-        "batch": D.mixed_evidence(facts.steps, a.tag, [r.request for r in rows]).to_dict(),
+        "batch": judge.mixed_evidence(facts.steps, a.tag, [r.request for r in rows]).to_dict(),
         "diverged": [r.request.index for r in rows if not r.result.passed],
         "duration_s": round(a.seconds, 3),
     }
@@ -512,9 +515,9 @@ def outcome(report: LoraReport, options: Options) -> Outcome:
     from opsctl.checks.registry import Outcome
 
     warnings = tuple(report.warnings)
-    if report.verdict == D.PASS:
+    if report.verdict == judge.PASS:
         return Outcome(warnings=warnings)
-    if report.verdict == D.FAIL:
+    if report.verdict == judge.FAIL:
         failed = CheckFailed(
             "diag lora failed: " + "; ".join(report.reasons or ["see report"])[:600]
         )
@@ -534,7 +537,9 @@ COLUMNS = ("case", "adapter", "request", "status", "detail")
 
 
 def table_rows(
-    single: Sequence[D.SingleResult], rows: Sequence[D.MixedRow], parts: Sequence[DS.PartSupport]
+    single: Sequence[judge.SingleResult],
+    rows: Sequence[judge.MixedRow],
+    parts: Sequence[judge_support.PartSupport],
 ) -> tuple[tuple[str, ...], ...]:
     """The rows of the results table: support per part, single adapters, mixed requests."""
     out = [(f"support: {p.part}", "-", "-", p.status, p.detail) for p in parts]

@@ -16,7 +16,7 @@ from opsctl.checks.target import EngineSpec, Target, UrlTarget
 from opsctl.domain.check_registry import GENERATIVE
 from opsctl.errors import BadInput
 from opsctl.suite.lora import collect as collect
-from opsctl.suite.lora import judge as D
+from opsctl.suite.lora import judge
 
 DEFAULT_MODEL = "tiny-llama"
 PROBES = frozenset({"batch", "lora", "gate"})
@@ -125,7 +125,7 @@ def lora_spec(
     spec: EngineSpec, adapters: list[Adapter], images: int, options: Options
 ) -> EngineSpec:
     """The engine the check starts: ``spec`` plus LoRA, the probes and room for the batch."""
-    rank = D.lora_rank([a.rank or 8 for a in adapters])
+    rank = judge.lora_rank([a.rank or 8 for a in adapters])
     args = [
         "--enable-lora",
         "--max-loras",
@@ -140,7 +140,7 @@ def lora_spec(
         args += ["--enable-tower-connector-lora", "--mm-processor-cache-gb", "0"]
     if images > 1:
         args += ["--limit-mm-per-prompt", json.dumps({"image": images})]
-    mixed = len(D.plan_mixed([a.name for a in adapters], images))
+    mixed = len(judge.plan_mixed([a.name for a in adapters], images))
     return spec.with_defaults(
         DEFAULT_MODEL,
         extra_args=(*spec.extra_args, *args),

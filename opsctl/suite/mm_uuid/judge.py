@@ -172,8 +172,7 @@ def observe(
 ) -> list[Observation]:
     """One Observation per item sent in ONE request, matched to the probe's records by position.
 
-    One Observation per item sent in ONE request; every item the probe recorded is
-    matched to the item sent at the same position (never to "any new record").
+    Never matched to "any new record".
     """
     record = reply.record
     recorded = record.identifiers if record is not None else ()
@@ -219,8 +218,7 @@ def image_refusal(reply: ChatReply, first: bool, url: str, model_hint: str) -> B
 def probe_state(entries: Sequence[tuple[str, str]]) -> tuple[bool, str]:
     """(applied, why) of the mm_uuid probe from its engine-core ledger entries; newest counts.
 
-    (applied, why) from the engine-core ledger entries of the mm_uuid probe, as
-    (status, detail) pairs, oldest first: the newest one counts.
+    The entries come as (status, detail) pairs, oldest first.
     """
     if not entries:
         return False, "no engine-core ledger entry for mm_uuid_probe"
@@ -231,8 +229,8 @@ def probe_state(entries: Sequence[tuple[str, str]]) -> tuple[bool, str]:
 def engine_mode(info: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
     """(mode, settings) from the engine's own engine_info event (caches-off or caches-on).
 
-    (mode, settings) from the engine's own engine_info event: caches-off is prefix
-    caching off AND no multimodal processor cache; unknown without the event.
+    caches-off is prefix caching off AND no multimodal processor cache; unknown without
+    the event.
     """
     if info is None:
         return "unknown", {}

@@ -42,18 +42,18 @@ from opsctl.domain import probe_evidence as pe
 from opsctl.domain.findings import Finding, verdict
 from opsctl.domain.knobs import warning as knob_warning
 from opsctl.errors import BadInput, CheckFailed
-from opsctl.suite.mm_uuid import judge as D
+from opsctl.suite.mm_uuid import judge
 
 if TYPE_CHECKING:
     from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
 
 SCHEMA = "diag.mm_uuid/2"  # 2: platform is a name or null, platform_note
 TITLE = "diag mm-uuid"
-DEFAULT_MODEL = D.DEFAULT_MODEL
+DEFAULT_MODEL = judge.DEFAULT_MODEL
 PROBE = "mm_uuid"
 CACHE_ARGS: dict[str, tuple[str, ...]] = {
-    D.CACHES_OFF: ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"),
-    D.CACHES_ON: ("--enable-prefix-caching", "--mm-processor-cache-gb", "4"),
+    judge.CACHES_OFF: ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"),
+    judge.CACHES_ON: ("--enable-prefix-caching", "--mm-processor-cache-gb", "4"),
 }
 
 
@@ -62,14 +62,14 @@ class Options:
     """The UUID prefix, the modes to open engines in, the run directory and the waits."""
 
     uuid_prefix: str = "opsctl"  # prefix of the explicit UUIDs sent
-    modes: tuple[str, ...] = D.MODES  # engines to open for an EngineSpec target
+    modes: tuple[str, ...] = judge.MODES  # engines to open for an EngineSpec target
     run_dir: Path | None = None  # a UrlTarget's run directory, when not found by URL
     timeout: float = 120.0  # seconds to wait for each HTTP answer (OpsTimeout past it)
     record_wait: float = 5.0  # seconds to wait for the probe's record of a request
 
     def __post_init__(self) -> None:
         if not self.modes or any(m not in CACHE_ARGS for m in self.modes):
-            raise ValueError(f"modes are {D.MODES}, not {self.modes!r}")
+            raise ValueError(f"modes are {judge.MODES}, not {self.modes!r}")
         if not self.uuid_prefix or any(c.isspace() for c in self.uuid_prefix):
             raise ValueError("uuid_prefix must be a non-empty string without spaces")
         if not self.timeout > 0 or self.record_wait < 0:
@@ -111,8 +111,8 @@ class ItemResult(ev.CaseResult):
 class _State:
     """What the check has seen so far (one check run)."""
 
-    observations: list[D.Observation] = field(default_factory=list)
-    reuse: list[D.Observation] = field(default_factory=list)
+    observations: list[judge.Observation] = field(default_factory=list)
+    reuse: list[judge.Observation] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     images_per_request: int = 1
 
@@ -156,10 +156,10 @@ def run(
         _check_url(target, options, progress, session, state)
     else:
         _check_engines(target, options, progress, session, state)
-    found = [*D.findings(state.observations, state.reuse), *probe_findings(state.runs)]
+    found = [*judge.findings(state.observations, state.reuse), *probe_findings(state.runs)]
     v = verdict(found)
     rows = tuple(tuple(r) for r in table_rows(state.observations))
-    progress(ev.Finished(v, D.summary(state.observations), rows=rows))
+    progress(ev.Finished(v, judge.summary(state.observations), rows=rows))
     return MmUuidReport(v, _document(state, options, found, v))
 
 
@@ -192,7 +192,7 @@ def _document(state: _State, options: Options, found: list, v: str) -> dict[str,
         uuid_prefix=options.uuid_prefix,
         images_per_request=state.images_per_request,
         items=[
-            {**o.to_dict(), "verdict": D.judge_item(o)[0], "why": D.judge_item(o)[1]}
+            {**o.to_dict(), "verdict": judge.judge_item(o)[0], "why": judge.judge_item(o)[1]}
             for o in state.observations
         ],
         reuse=[o.to_dict() for o in state.reuse],
@@ -222,13 +222,13 @@ def _check_url(
                 f"no opsctl run directory found for {live.url}",
                 hint="start the engine with opsctl (OPSCTL_PROBES=mm_uuid) or pass --run RUN",
             )
-        applied, why = D.probe_state(collect.probe_entries(run_dir))
+        applied, why = judge.probe_state(collect.probe_entries(run_dir))
         if not applied:
             raise BadInput(
                 f"the mm_uuid engine probe is not active on {live.url} ({why})",
                 hint="start the engine with OPSCTL_PROBES=mm_uuid in its environment",
             )
-        mode, settings = D.engine_mode(collect.engine_info(run_dir))
+        mode, settings = judge.engine_mode(collect.engine_info(run_dir))
         _alert_knobs(run_dir, progress)
         _check_mode(live.url, run_dir, live.api_key, mode, options, progress, state)
         state.runs.append(
@@ -263,10 +263,10 @@ def _check_engines(
         with opened(engine, session, progress, label=f"diag-mm-uuid-{mode}") as live:
             assert live.run_dir is not None  # an engine opsctl started has one
             _alert_knobs(live.run_dir, progress)
-            applied, why = D.probe_state(collect.probe_entries(live.run_dir))
+            applied, why = judge.probe_state(collect.probe_entries(live.run_dir))
             if not applied:
                 raise CheckFailed(f"the mm_uuid engine probe did not apply ({why})")
-            seen_mode, settings = D.engine_mode(collect.engine_info(live.run_dir))
+            seen_mode, settings = judge.engine_mode(collect.engine_info(live.run_dir))
             _check_mode(live.url, live.run_dir, live.api_key, mode, options, progress, state)
             state.runs.append(
                 {
@@ -293,23 +293,23 @@ def _check_mode(
     with collect.ChatSender(url, run_dir, options.timeout, api_key, options.record_wait) as sender:
         per_request = images_per_request(sender.served_model())
         state.images_per_request = per_request
-        for case in D.default_cases(options.uuid_prefix):
-            for group in D.batches(case.items, per_request):
+        for case in judge.default_cases(options.uuid_prefix):
+            for group in judge.batches(case.items, per_request):
                 reply = sender.send([item for _, item in group])
-                refusal = D.image_refusal(reply, not state.observations, url, DEFAULT_MODEL)
+                refusal = judge.image_refusal(reply, not state.observations, url, DEFAULT_MODEL)
                 if refusal is not None:
                     raise refusal
-                observed = D.observe(mode, case.name, group, reply)
+                observed = judge.observe(mode, case.name, group, reply)
                 state.observations.extend(observed)
                 progress(ev.Phase(f"{mode}: {case.name}"))
                 rows = tuple(tuple(r) for r in table_rows(state.observations))
                 progress(ev.Table(tuple(TABLE_COLUMNS), rows))
                 for o in observed:
                     progress(_item_result(o))
-        reuse = D.reuse_case(options.uuid_prefix)
+        reuse = judge.reuse_case(options.uuid_prefix)
         for i, item in enumerate(reuse.items):
             # one request per item: the point is what a LATER request gets for the UUID
-            (o,) = D.observe(mode, reuse.name, [(i, item)], sender.send([item]))
+            (o,) = judge.observe(mode, reuse.name, [(i, item)], sender.send([item]))
             state.reuse.append(o)
             progress(ev.Phase(f"{mode}: UUID reuse"))
             progress(
@@ -320,8 +320,8 @@ def _check_mode(
             )
 
 
-def _item_result(o: D.Observation) -> ItemResult:
-    v, why = D.judge_item(o)
+def _item_result(o: judge.Observation) -> ItemResult:
+    v, why = judge.judge_item(o)
     return ItemResult(f"[{o.mode}] {o.case} #{o.index}", v, why, o.sent, o.identifier, o.kind)
 
 
@@ -334,7 +334,7 @@ def shared_engine(spec: EngineSpec, planning: Planning, options: None) -> Engine
     """For a multimodal model the engine certify's checks share is the caches-off one."""
     if not planning.subject.multimodal:
         return spec
-    return mode_spec(spec, D.CACHES_OFF, planning.subject.model or "")
+    return mode_spec(spec, judge.CACHES_OFF, planning.subject.model or "")
 
 
 def engines(planning: Planning, options: None) -> Need:
@@ -342,7 +342,7 @@ def engines(planning: Planning, options: None) -> Need:
     from opsctl.checks.registry import Need
 
     model = planning.subject.model or ""
-    return Need(planning.common, tuple(mode_spec(planning.common, m, model) for m in D.MODES))
+    return Need(planning.common, tuple(mode_spec(planning.common, m, model) for m in judge.MODES))
 
 
 def on_server(server: ServerRef, progress: ev.Progress) -> MmUuidReport:
@@ -382,18 +382,18 @@ TABLE_COLUMNS = [
 ]
 
 
-def table_rows(observations: list[D.Observation]) -> list[list[str]]:
+def table_rows(observations: list[judge.Observation]) -> list[list[str]]:
     """The rows of the results table, one per observation, its verdict last."""
     rows = []
     for o in observations:
-        v, _ = D.judge_item(o)
+        v, _ = judge.judge_item(o)
         rows.append(
             [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, v.upper()]
         )
     return rows
 
 
-def reuse_rows(observations: list[D.Observation]) -> list[list[str]]:
+def reuse_rows(observations: list[judge.Observation]) -> list[list[str]]:
     """The rows of the reuse table, one per observation, its output last."""
     return [
         [o.mode, o.case, str(o.index), o.color, o.sent, _show(o.identifier), o.kind, repr(o.output)]

@@ -1,8 +1,7 @@
 """`diag usage`: engine inputs of /score and /rerank requests, and their reported ``usage``.
 
-`diag usage`: which engine inputs a /score or /rerank request produces, and whether
-the reported ``usage`` matches an independent count of them. Pure: no I/O; the token
-counts are collected first (opsctl.collectors.scoring) and come in as numbers.
+The reported ``usage`` is held to an independent count of those inputs. Pure: no I/O;
+the token counts are collected first (opsctl.collectors.scoring) and come in as numbers.
 
 Engine inputs, as vLLM 0.32 builds them (vllm/entrypoints/pooling/scoring/io_processor.py):
 - cross-encoder: one input per document, ``tokenizer(text=query, text_pair=document)``

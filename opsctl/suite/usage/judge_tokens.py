@@ -1,7 +1,6 @@
 """Token counts of `diag usage` engine inputs, from the server's /tokenize.
 
-How many tokens a `diag usage` engine input has, from the server's /tokenize: which
-texts to ask for, and the pair template that joins a query and a document.
+Which texts to ask for, and the pair template that joins a query and a document.
 
 A pair's special tokens depend on the tokenizer: BERT builds ``[CLS] q [SEP] d [SEP]``,
 RoBERTa / XLM-R build ``<s> q </s></s> d </s>``. The template is inferred from the
@@ -43,8 +42,8 @@ class PairTemplate:
     def count(self, query_tokens: int, document_tokens: int) -> int:
         """Length of ``tokenizer(text=q, text_pair=d)`` from the two texts' own lengths.
 
-        Length of ``tokenizer(text=q, text_pair=d)``: both texts are tokenized alone
-        (without specials) and joined by the template's special tokens.
+        Both texts are tokenized alone (without specials) and joined by the template's
+        special tokens.
         """
         return query_tokens + document_tokens + self.specials
 
@@ -96,8 +95,7 @@ def remote_parts(
 ) -> tuple[int | None, ...]:
     """Each input's count from /tokenize ``lengths``; None for a pair of unknown template.
 
-    Each input's count from /tokenize ``lengths`` (keyed as :func:`tokenize_requests`
-    asks); None for a pair when the template is unknown.
+    ``lengths`` keyed as :func:`tokenize_requests` asks.
     """
     out: list[int | None] = []
     for x in inputs:

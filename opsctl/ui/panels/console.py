@@ -1,10 +1,9 @@
 """The console's fleet view: the fleet table's columns and cells, the filter, the header.
 
-The columns of the fleet table and one endpoint's cells (``COLUMNS``, ``row_cells``: the
-TUI's view of opsctl.console.columns, the one declaration ``--once``'s table reads too),
-the filter (``matches``) and the header line with counts by state (``header_text``,
-``FleetHeader``). The table widget itself, a Line API widget over a row model, is
-``opsctl.ui.panels.fleet_table.FleetTable``.
+``COLUMNS`` and ``row_cells`` are the TUI's view of opsctl.console.columns, the one
+declaration ``--once``'s table reads too; the filter is ``matches``, the header (counts by
+state) ``header_text`` and ``FleetHeader``. The table widget itself, a Line API widget over
+a row model, is ``opsctl.ui.panels.fleet_table.FleetTable``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Drill-in panels of one endpoint: its state, figures, latency, sparklines and local details.
 
-State and engine info, figures, latency percentiles, sparklines over the last 10 minutes,
-and (local endpoints) the process tree, Engram tables, patch ledger and log tail (serve's
-panels, reused).
+The sparklines cover the last 10 minutes; a local endpoint's details (process tree,
+Engram tables, patch ledger, log tail) are serve's panels, reused.
 """
 
 from __future__ import annotations

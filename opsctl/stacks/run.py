@@ -1,9 +1,8 @@
 """`opsctl stacks` as a library call: where every process of a local vLLM server waits.
 
-The Python stacks of every process of a local vLLM
-server (API server, EngineCore, workers), each labelled with its role, taken without
-stopping the engine (opsctl.collectors.stacks), with identical stacks grouped and one
-line per process naming where it waits (opsctl.domain.stacks).
+Each process (API server, EngineCore, workers) is labelled with its role; its stacks
+are taken without stopping the engine (opsctl.stacks.collect), and identical stacks are
+grouped (opsctl.stacks.judge).
 
 ``run(target, Options, progress) -> Report`` (schema ``opsctl.stacks/2``). ``target`` is
 a URL (this node's only), an opsctl run (its directory or its name under the runs
@@ -12,7 +11,7 @@ host: stacks are local only; a pid that is not vLLM) is BadInput (exit 2); a run
 has finished, or a URL no local process serves, is EngineUnreachable (exit 3).
 
 The stacks are taken twice, ``interval`` apart, and judged by
-opsctl.domain.stack_verdict: verdict ``pass`` (exit 0: idle or working), ``stuck`` (a
+opsctl.stacks.judge_verdict: verdict ``pass`` (exit 0: idle or working), ``stuck`` (a
 process stopped or stuck, or ranks held in a collective: the headline names the culprit
 and the frame the others wait in), ``incomplete`` (a process could not be read and
 nothing read is stuck: nothing is cleared), ``fail`` (nothing could be read); each exits
@@ -30,9 +29,8 @@ from pathlib import Path
 
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
-from opsctl.domain import stack_verdict as verdicts
-from opsctl.domain import stacks as dom
 from opsctl.errors import BadInput, EngineUnreachable
+from opsctl.stacks import judge, judge_verdict
 
 TITLE = "stacks"
 MERGED = "stacks.merge/1"
@@ -147,8 +145,8 @@ def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ig
     """The stacks of every process of ``target``'s server tree; see the module doc."""
     from dataclasses import replace
 
-    from opsctl.collectors.stacks import take
     from opsctl.output import document
+    from opsctl.stacks.collect import take
 
     progress(ev.Started(TITLE, target))
     pid, run_dir = resolve(target)
@@ -162,9 +160,9 @@ def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ig
     )
     procs = [replace(p, host=host) for p in procs]
     seconds = round(time.monotonic() - t0, 3)
-    found = verdicts.diagnose(procs)
+    found = judge_verdict.diagnose(procs)
     doc = document(
-        dom.SCHEMA,
+        judge.SCHEMA,
         target=target,
         host=host,
         pid=pid,
@@ -174,7 +172,7 @@ def run(target: str, options: Options = Options(), progress: ev.Progress = ev.ig
         interval=options.interval,
         **found.fields(),
         processes=[p.to_dict() for p in procs],
-        groups=[g.to_dict() for g in dom.group(procs)],
+        groups=[g.to_dict() for g in judge.group(procs)],
     )
     lines = tuple((p.verdict(),) for p in procs)
     progress(ev.Finished(found.verdict, found.headline, lines))
@@ -194,17 +192,17 @@ def merge(files: list[str], progress: ev.Progress = ev.ignore) -> Report:
     progress(ev.Started(TITLE, ", ".join(files)))
     docs = [(f, load_json_object(Path(f))) for f in files]
     try:
-        procs, reports = verdicts.merge(docs)
+        procs, reports = judge_verdict.merge(docs)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    found = verdicts.diagnose(procs)
+    found = judge_verdict.diagnose(procs)
     doc = document(
         MERGED,
         reports=reports,
         hosts=sorted({r["host"] for r in reports}),
         **found.fields(),
         processes=[p.to_dict() for p in procs],
-        groups=[g.to_dict() for g in dom.group(procs)],
+        groups=[g.to_dict() for g in judge.group(procs)],
     )
     progress(ev.Finished(found.verdict, found.headline, ()))
     return Report(found.verdict, doc)

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from opsctl.domain import ranks
-from opsctl.domain.stacks import SCHEMA, ProcessStacks, collective, is_idle, where
+from opsctl.domain.records import record
+from opsctl.stacks.judge import SCHEMA, ProcessStacks, collective, is_idle, where
 
 PASS, STUCK, INCOMPLETE, FAIL = "pass", "stuck", "incomplete", "fail"
 VERDICTS = (PASS, STUCK, INCOMPLETE, FAIL)
@@ -114,13 +115,7 @@ class Finding:
 
     def to_dict(self) -> dict:
         """The finding as the ``stacks`` document holds it."""
-        return {
-            "host": self.host,
-            "role": self.role,
-            "pid": self.pid,
-            "status": self.status,
-            "line": self.line,
-        }
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)

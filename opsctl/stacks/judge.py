@@ -1,8 +1,7 @@
 """Stacks of a vLLM server's processes (``opsctl stacks``), pure: parse, group, judge.
 
-Stacks of a vLLM server's processes (``opsctl stacks``): parse what faulthandler or
-py-spy gave, group identical stacks across processes, and say in one line per process
-where it waits. Pure: no I/O.
+Parsing reads what faulthandler or py-spy gave; grouping joins identical stacks across
+processes; judging says in one line per process where it waits. No I/O.
 
 A frame is (function, file, line); a thread's frames go innermost first, as both tools
 print them. The line names the main thread's innermost frame that is not in the
@@ -14,7 +13,7 @@ collective and the frame that called it: ``waits in all_reduce (.../cpu_communic
 (collective) under forward (.../vocab_parallel_embedding.py:562)``.
 
 The verdict over all processes (which rank is stuck, which wait for it) is
-:mod:`opsctl.domain.stack_verdict`'s.
+:mod:`opsctl.stacks.judge_verdict`'s.
 """
 
 from __future__ import annotations
@@ -190,7 +189,7 @@ class ProcessStacks:
 def is_native(f: Frame) -> bool:
     """Whether a frame is a C frame of a native dump (py-spy --native).
 
-    A C frame of a native dump (py-spy --native): its file is a shared library, a C
+    Its file is a shared library, a C
     source or an executable (a statically linked libpython), not Python's ``.py`` nor
     ``<string>``/``<frozen ...>``.
     """

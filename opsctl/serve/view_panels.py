@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, ProgressBar, Sparkline, Static
 
-from opsctl.collectors.serve import ServeSnapshot
 from opsctl.output import human_bytes
+from opsctl.serve.collect import ServeSnapshot
 
 STATE_STYLE = {
     "starting": "yellow",

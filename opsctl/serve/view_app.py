@@ -16,8 +16,8 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header
 
-from opsctl.collectors.serve import ServeSnapshot
-from opsctl.ui.panels.serve import LedgerPanel, LogPanel, MetricsPanel, ProcessPanel, StatePanel
+from opsctl.serve.collect import ServeSnapshot
+from opsctl.serve.view_panels import LedgerPanel, LogPanel, MetricsPanel, ProcessPanel, StatePanel
 
 PANELS = (StatePanel, ProcessPanel, MetricsPanel, LedgerPanel, LogPanel)
 
@@ -124,7 +124,7 @@ def build_serve_app(
 
 def replay_source(path: Path) -> Callable[[], ServeSnapshot]:
     """A source that replays recorded JSONL snapshots (then repeats the last one)."""
-    from opsctl.collectors.serve import from_dict
+    from opsctl.serve.collect import from_dict
 
     snaps = [from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
     state = {"i": 0}
@@ -148,19 +148,19 @@ def run_dashboard(
     """
     import os
 
-    from opsctl.collectors.serve import ServeCollector
-    from opsctl.domain import serve_state
     from opsctl.errors import OpsTimeout
+    from opsctl.serve import judge_state
+    from opsctl.serve.collect import ServeCollector
     from opsctl.ui import runner
 
     collector = ServeCollector(server)
     record = os.environ.get("OPSCTL_RECORD_SNAPSHOTS")
 
     def until(snap: ServeSnapshot) -> int | None:
-        if snap.state == serve_state.DEAD:
+        if snap.state == judge_state.DEAD:
             return 1
         if (
-            snap.state != serve_state.READY
+            snap.state != judge_state.READY
             and server.healthy_at is None
             and time.time() - server.started_at > timeout
         ):

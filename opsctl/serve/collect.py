@@ -16,9 +16,9 @@ import httpx
 from opsctl.collectors import http, ledger
 from opsctl.collectors.metrics import MetricsSnapshot, fetch_metrics
 from opsctl.collectors.processes import ProcessTree, snapshot_tree
-from opsctl.domain import serve_state
 from opsctl.domain.metrics import KeyMetrics, key_metrics
 from opsctl.domain.serverlog import LoadProgress, decisive_lines, load_progress
+from opsctl.serve import judge_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +114,8 @@ class ServeCollector:
                 self.prev_metrics = cur
         if exit_code is None or not self.death:
             s.track()  # also notes the API server's end, once
-        state = serve_state.derive_state(exit_code, healthy, progress, self.stopping)
-        self._first_death(healthy, dead=state == serve_state.DEAD)
+        state = judge_state.derive_state(exit_code, healthy, progress, self.stopping)
+        self._first_death(healthy, dead=state == judge_state.DEAD)
         records = ledger.read_records(s.run_dir)
         return ServeSnapshot(
             taken_at=time.time(),
@@ -131,7 +131,7 @@ class ServeCollector:
             metrics=metrics,
             ledger=ledger.entries(records),
             log_tail=tuple(quiet_tail(log, 12)),
-            death_reason=tuple(decisive_lines(log)) if state == serve_state.DEAD else (),
+            death_reason=tuple(decisive_lines(log)) if state == judge_state.DEAD else (),
             test_knobs=ledger.test_knobs(records),
             first_death=self.death,
         )

@@ -15,7 +15,7 @@ Used by ``opsctl stacks``.
 - A process that is not Python (a compiler a worker runs) is not read: nothing to read.
 
 :func:`take` takes them twice, ``interval`` apart, and returns the second take with each
-main thread marked moved or not and asleep or not (opsctl.domain.stack_verdict.settle):
+main thread marked moved or not and asleep or not (opsctl.stacks.judge_verdict.settle):
 one take cannot tell a rank that is stuck from one that is passing through.
 """
 
@@ -34,8 +34,8 @@ import psutil
 
 from opsctl.collectors.ledger import read_records
 from opsctl.collectors.processes import STOPPED, members
-from opsctl.domain.stack_verdict import settle
-from opsctl.domain.stacks import ProcessStacks, parse_faulthandler, parse_pyspy
+from opsctl.stacks.judge import ProcessStacks, parse_faulthandler, parse_pyspy
+from opsctl.stacks.judge_verdict import settle
 
 PROBE = "stack_dump"
 SIGNAL = signal.SIGUSR2

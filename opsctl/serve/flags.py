@@ -1,7 +1,7 @@
 """`opsctl serve [MODEL] [-- extra vLLM args]`: start, supervise and stop a vLLM server.
 
 Typer only: options are checked here (exposure rules in opsctl.domain.exposure), the
-work is opsctl.engine.supervise.serve, the dashboard opsctl.ui.serve_app."""
+work is opsctl.engine.supervise.serve, the dashboard opsctl.serve.view_app."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def serve(
         output.warn(f"TEST KNOBS requested for this engine: {knobs}")
     dashboard = None
     if output.want_tui(tui, as_json):
-        from opsctl.ui.serve_app import run_dashboard as dashboard
+        from opsctl.serve.view_app import run_dashboard as dashboard
     req = supervise.ServeRequest(
         model, load_format, host, port, timeout, tuple(extra), api_key, knobs,
         eager=eager or "--enforce-eager" in extra, single_process=single_process,

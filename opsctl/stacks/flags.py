@@ -1,6 +1,6 @@
 """`opsctl stacks TARGET`: where each process of a local vLLM server waits, which rank is stuck.
 
-`opsctl stacks --merge A.json B.json`: one verdict over several hosts' reports. Thin: options -> opsctl.checks.stacks -> emit (opsctl.ui.render_stacks)."""
+`opsctl stacks --merge A.json B.json`: one verdict over several hosts' reports. Thin: options -> opsctl.stacks.run -> emit (opsctl.stacks.view)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The Python stacks of every process of a local vLLM server, labelled by rank,
         taken twice; one line naming the stuck rank and the frame the others wait in."""
-        from opsctl.checks import stacks as check
         from opsctl.output import emit
-        from opsctl.ui.render_stacks import render
+        from opsctl.stacks import run as check
+        from opsctl.stacks.view import render
 
         if merge:
             report = check.merge(targets)
