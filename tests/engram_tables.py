@@ -50,6 +50,19 @@ def unique_prefix(tag: str = "t") -> str:
 VLLM_BLOCK = 32  # vLLM 0.32 ParallelEngramEmbedding(block_size=32)
 
 
+@contextlib.contextmanager
+def orphan_segment(prefix: str, data: bytes) -> Iterator[str]:
+    """A /dev/shm file ``{prefix}orphan`` holding ``data``; removed on exit if still there."""
+    orphan = f"/dev/shm/{prefix}orphan"
+    try:
+        with open(orphan, "wb") as fh:
+            fh.write(data)
+        yield orphan
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+
+
 def fill(path: str, rows: int, dim: int, block: int = VLLM_BLOCK) -> int:
     weight = rows * dim
     total = weight + weight // block

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from engram_tables import planting, shared_table, unique_prefix, write_byte
+from engram_tables import orphan_segment, planting, shared_table, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
@@ -186,41 +186,35 @@ def test_inspect_pid_filter_does_not_call_other_processes_tables_orphans():
 
 def test_clean_dry_run_then_yes():
     prefix = unique_prefix("clicln")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
-        with shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t:
-            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
-            assert r.exit_code == 0, r.stderr
+    with (
+        orphan_segment(prefix, b"\0" * 100) as orphan,
+        shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t,
+    ):
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [os.path.basename(orphan)]
+        assert doc["mapped"] == [t.name] and doc["removed"] == []
+        assert os.path.exists(orphan)
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
+        doc = json.loads(r.stdout)
+        if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
+            assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
+            r = invoke(
+                "engram",
+                "clean",
+                "--prefix",
+                prefix,
+                "--min-age",
+                "0",
+                "--yes",
+                "--force",
+                "--json",
+            )
             doc = json.loads(r.stdout)
-            assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [
-                os.path.basename(orphan)
-            ]
-            assert doc["mapped"] == [t.name] and doc["removed"] == []
-            assert os.path.exists(orphan)
-            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
-            doc = json.loads(r.stdout)
-            if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
-                assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
-                r = invoke(
-                    "engram",
-                    "clean",
-                    "--prefix",
-                    prefix,
-                    "--min-age",
-                    "0",
-                    "--yes",
-                    "--force",
-                    "--json",
-                )
-                doc = json.loads(r.stdout)
-            assert r.exit_code == 0, r.stderr
-            assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
-            assert os.path.exists(t.path)
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
+        assert r.exit_code == 0, r.stderr
+        assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
+        assert os.path.exists(t.path)
 
 
 def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch):
@@ -237,10 +231,7 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
 
     monkeypatch.setattr(shm, "scan_mappings", scan)
     prefix = unique_prefix("clideny")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with orphan_segment(prefix, b"\0" * 100) as orphan:
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
         assert r.exit_code == 1 and os.path.exists(orphan)
         doc = json.loads(r.stdout)
@@ -255,9 +246,6 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
         assert not os.path.exists(orphan)
         r = invoke("engram", "clean", "--prefix", prefix, "--force")
         assert r.exit_code == 2 and len(error_lines(r)) == 1
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 def test_clean_rejects_foreign_prefix():
@@ -398,17 +386,11 @@ def test_clean_refuses_when_some_fds_are_unreadable(monkeypatch):
 
     monkeypatch.setattr(shm, "read_fds", read_fds)
     prefix = unique_prefix("clifd")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with orphan_segment(prefix, b"\0" * 100) as orphan:
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
         doc = json.loads(r.stdout)
         assert r.exit_code == 1 and os.path.exists(orphan) and doc["removed"] == []
         assert os.getppid() in doc["unchecked_pids"] and "--force" in doc["refused"]
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 def test_inspect_says_each_finding_once_on_stdout_and_none_on_stderr():
@@ -461,16 +443,10 @@ def test_clean_min_age_is_a_duration(value, seconds):
 
 def test_clean_orphan_fields_carry_units():
     prefix = unique_prefix("clifields")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with orphan_segment(prefix, b"\0" * 100):
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
         (o,) = json.loads(r.stdout)["orphans"]
         assert o["size_bytes"] == 100 and o["age_s"] >= 0 and not {"size", "age"} & set(o)
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 @pytest.mark.parametrize("command", ["inspect", "plan", "clean"])
