@@ -51,16 +51,16 @@ VLLM_BLOCK = 32  # vLLM 0.32 ParallelEngramEmbedding(block_size=32)
 
 
 @contextlib.contextmanager
-def orphan_segment(prefix: str, data: bytes) -> Iterator[str]:
-    """A /dev/shm file ``{prefix}orphan`` holding ``data``; removed on exit if still there."""
-    orphan = f"/dev/shm/{prefix}orphan"
+def shm_file(name: str, data: bytes) -> Iterator[str]:
+    """The file /dev/shm/``name`` holding ``data``; removed on exit if still there."""
+    path = f"/dev/shm/{name}"
     try:
-        with open(orphan, "wb") as fh:
+        with open(path, "wb") as fh:
             fh.write(data)
-        yield orphan
+        yield path
     finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def fill(path: str, rows: int, dim: int, block: int = VLLM_BLOCK) -> int:

@@ -16,7 +16,7 @@ import os
 import random
 
 import pytest
-from engram_tables import orphan_segment, shared_table, unique_prefix, write_byte
+from engram_tables import shared_table, shm_file, unique_prefix, write_byte
 
 from opsctl.suite.engram import collect as col
 from opsctl.suite.engram import collect_clean as clean_col
@@ -395,7 +395,7 @@ def test_check_clean_dry_run_then_yes():
     from opsctl.suite.engram import run_tables as engram
 
     prefix = unique_prefix("chkcln")
-    with orphan_segment(prefix, b"\x38" * 4096) as orphan:
+    with shm_file(f"{prefix}orphan", b"\x38" * 4096) as orphan:
         dry = engram.clean(engram.CleanOptions(prefix=prefix, min_age=0))
         assert dry.verdict == "pass" and dry.to_dict()["dry_run"] and os.path.exists(orphan)
         assert [o["name"] for o in dry.to_dict()["orphans"]] == [os.path.basename(orphan)]
