@@ -34,15 +34,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import threading
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fidelity import Case
 from engine_patches import knobs
+from tests.standins.base import serving
 
 NUDGE_MARKER = "-bs"  # in every BS=N request id (tag ...-bs<N>), never in BS=1's (alone)
 MM_PREFIX = "fid"
@@ -169,14 +169,8 @@ class _Inflating(BaseHTTPRequestHandler):
 def inflating_proxy(upstream: str) -> Iterator[str]:
     """A proxy on 127.0.0.1 in front of ``upstream`` that inflates usage by one token."""
     handler = type("Inflating", (_Inflating,), {"upstream": upstream.rstrip("/")})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as url:
+        yield url
 
 
 _USAGE: dict[str, list[str]] = {}  # variant -> verdicts (both variants share one engine)
