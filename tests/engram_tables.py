@@ -63,6 +63,20 @@ def shm_file(name: str, data: bytes) -> Iterator[str]:
             os.unlink(path)
 
 
+def deny_fds(monkeypatch, pid: int) -> None:
+    """Make ``pid``'s /proc/PID/fd unreadable to opsctl's shm scan (CI runs as root)."""
+    from opsctl.collectors import shm
+
+    real = shm.read_fds
+
+    def read_fds(p, *a, **kw):
+        if p == pid:
+            raise PermissionError(13, "Permission denied")
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(shm, "read_fds", read_fds)
+
+
 def fill(path: str, rows: int, dim: int, block: int = VLLM_BLOCK) -> int:
     weight = rows * dim
     total = weight + weight // block

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from engram_tables import planting, shared_table, shm_file, unique_prefix, write_byte
+from engram_tables import deny_fds, planting, shared_table, shm_file, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
@@ -358,16 +358,7 @@ def test_clean_bad_min_age_exit_2(value):
 
 def test_clean_refuses_when_some_fds_are_unreadable(monkeypatch):
     """Unreadable /proc/PID/fd counts like unreadable maps: --yes keeps everything."""
-    from opsctl.collectors import shm
-
-    real = shm.read_fds
-
-    def read_fds(pid, *a, **kw):
-        if pid == os.getppid():
-            raise PermissionError(13, "Permission denied")
-        return real(pid, *a, **kw)
-
-    monkeypatch.setattr(shm, "read_fds", read_fds)
+    deny_fds(monkeypatch, os.getppid())
     prefix = unique_prefix("clifd")
     with shm_file(f"{prefix}orphan", b"\0" * 100) as orphan:
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
