@@ -29,7 +29,7 @@ from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
 from opsctl.suite.mm_uuid import run as mm_uuid
 from opsctl.suite.mm_uuid.run import CACHE_ARGS, model_args
-from tests.opsctl_json import opsctl_json
+from tests.opsctl_run import opsctl_json
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("mm-uuid-rewrite")]
 CANARY = "canary-all-0"

@@ -25,7 +25,7 @@ from opsctl.cli import app
 from opsctl.embedded import catalog
 from opsctl.suite.usage import judge as U
 from opsctl.suite.usage import run as usage
-from tests.opsctl_json import opsctl_json
+from tests.opsctl_run import opsctl_json
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-embed")]
 
