@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import tempfile
 import threading
@@ -29,7 +28,6 @@ import httpx
 
 from tests.prometheus_fixture import LogTail, _stop, find_binary, start_on_free_port
 
-BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 MISSING = (
     "Alertmanager is not installed ({binary} missing): run `make prometheus` as root "
     "(apt-get install -y prometheus-alertmanager) or set OPSCTL_ALERTMANAGER"
@@ -37,7 +35,9 @@ MISSING = (
 
 
 def binary() -> str:
-    return find_binary(BINARY, "alertmanager", MISSING)
+    return find_binary(
+        "OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager", "alertmanager", MISSING
+    )
 
 
 @dataclass(frozen=True, slots=True)

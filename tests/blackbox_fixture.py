@@ -11,7 +11,6 @@ exporter is missing: a CI that runs these tests must have it."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ import httpx
 from opsctl.domain.alert_rules import CANARY_MODULE
 from tests.prometheus_fixture import LogTail, _stop, find_binary, start_on_free_port
 
-BINARY = os.environ.get("OPSCTL_BLACKBOX", "/usr/bin/prometheus-blackbox-exporter")
 MISSING = (
     "the blackbox exporter is not installed ({binary} missing): run `make prometheus` as "
     "root (apt-get install -y prometheus-blackbox-exporter) or set OPSCTL_BLACKBOX"
@@ -32,7 +30,9 @@ MISSING = (
 
 def binary() -> str:
     """The exporter's binary, or a test failure saying how to install it."""
-    return find_binary(BINARY, "blackbox_exporter", MISSING)
+    return find_binary(
+        "OPSCTL_BLACKBOX", "/usr/bin/prometheus-blackbox-exporter", "blackbox_exporter", MISSING
+    )
 
 
 @dataclass

@@ -32,7 +32,6 @@ import pytest
 
 from opsctl.engine.server import free_port
 
-BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
 MISSING = (
     "Prometheus is not installed ({binary} missing): run `make prometheus` as root "
     "(apt-get install -y prometheus) or set OPSCTL_PROMETHEUS to a prometheus binary"
@@ -73,8 +72,10 @@ class PromServer(LogTail):
         return r.json()["data"]["alerts"]
 
 
-def find_binary(path: str, name: str, missing: str) -> str:
-    """``path`` when executable, else ``name`` on PATH, else a test failure (``missing``)."""
+def find_binary(env: str, default: str, name: str, missing: str) -> str:
+    """$``env`` (else ``default``) when executable, else ``name`` on PATH, else a test
+    failure (``missing``)."""
+    path = os.environ.get(env, default)
     found = path if os.access(path, os.X_OK) else shutil.which(name)
     if not found:
         pytest.fail(missing.format(binary=path), pytrace=False)
@@ -83,7 +84,7 @@ def find_binary(path: str, name: str, missing: str) -> str:
 
 def binary() -> str:
     """The prometheus binary, or a test failure saying how to install it."""
-    return find_binary(BINARY, "prometheus", MISSING)
+    return find_binary("OPSCTL_PROMETHEUS", "/usr/bin/prometheus", "prometheus", MISSING)
 
 
 def _hostports(urls: list[str]) -> list[str]:
