@@ -75,9 +75,6 @@ ROLES = {
 }
 # a feature's room: its files by role, as a check folder's (opsctl/<room>/<role>*.py)
 ROOMS = ("opsctl.stacks", "opsctl.serve")
-# the console's room: judge*/view* by role, its other files the console layer
-CONSOLE = "opsctl.console"
-CONSOLE_ROLES = {"judge": "domain", "view": "ui"}
 # pure modules of engine_patches that opsctl's domain shares with the engine
 PURE_ENGINE_MODULES = {"engine_patches.knobs", "engine_patches.connectors.injection"}
 
@@ -124,6 +121,11 @@ def role_layer(module: str, folder: str, init: str) -> str:
     name = module[len(folder) + 1 :].split(".")[0]
     role = next((r for r in ROLES if name.startswith(r)), None)
     return ROLES[role] if role else f"no role ({name}: name it {', '.join(ROLES)})"
+
+
+# the console's room: judge*/view* by role, its other files the console layer
+CONSOLE = "opsctl.console"
+CONSOLE_ROLES = {"judge": "domain", "view": "ui"}
 
 
 def console_layer(module: str) -> str:
