@@ -51,7 +51,7 @@ bench: install
 check: install
 	$(BIN)/ruff check opsctl engine_patches tests benchmarks
 	$(BIN)/ruff format --check opsctl engine_patches tests benchmarks
-	$(BIN)/mypy opsctl/domain opsctl/suite/*/judge*.py opsctl/stacks/judge*.py opsctl/serve/judge*.py engine_patches
+	$(BIN)/mypy opsctl/domain opsctl/suite/*/judge*.py opsctl/stacks/judge*.py opsctl/serve/judge*.py opsctl/console/judge*.py engine_patches
 
 # docs/reference.md from every command's --help, and the README's pictures (docs/screens/)
 docs: install

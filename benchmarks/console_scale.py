@@ -73,8 +73,8 @@ def p95(xs: list[float]) -> float | None:
 def make_source(urls: list[str], interval: float, prom_url: str | None):
     from opsctl.console import targets
     from opsctl.console.direct import DirectScrapeSource
+    from opsctl.console.judge_state import Settings
     from opsctl.console.prometheus import PrometheusSource
-    from opsctl.domain.console_state import Settings
 
     settings = Settings(interval_s=interval)
     if prom_url:
@@ -189,9 +189,10 @@ class Profiler:
 
 PARTS = (  # (part, path fragments), first match wins
     ("parsing /metrics", ("opsctl/domain/metrics", "prometheus_client/")),
-    ("figures, histogram maths", ("opsctl/domain/console.py", "opsctl/domain/advisor")),
-    ("state tracking", ("opsctl/domain/console_state", "opsctl/console/")),
-    ("rendering (Textual, Rich, opsctl.ui)", ("textual/", "rich/", "opsctl/ui/")),
+    ("figures, histogram maths", ("opsctl/console/judge.py", "opsctl/console/judge_advisor")),
+    ("rendering (Textual, Rich, opsctl.ui)",
+     ("textual/", "rich/", "opsctl/ui/", "opsctl/console/view_")),
+    ("state tracking", ("opsctl/console/judge_state", "opsctl/console/")),
     ("HTTP client (httpx, httpcore, h11, anyio)", ("httpx/", "httpcore/", "h11/", "anyio/",
                                                    "sniffio/", "ssl.py", "socket.py")),
     ("event loop (asyncio, selectors)", ("asyncio/", "selectors.py", "threading.py")),
@@ -234,7 +235,7 @@ def child(
     itself over ``duration`` after a warm-up (first polls; a Prometheus period is 5 s)."""
     import asyncio
 
-    from opsctl.ui.console_app import build_console_app
+    from opsctl.console.view_app import build_console_app
 
     src = make_source(urls, interval, prom_url)
     sampler = Sampler(src, urls[-1], bool(prom_url))
@@ -284,9 +285,9 @@ def render_row(n: int, ticks: int = 40) -> dict:
 
     from textual.app import App
 
-    from opsctl.domain import console as c
-    from opsctl.domain.console_state import EndpointTracker, Settings
-    from opsctl.ui.panels.fleet_table import FleetTable
+    from opsctl.console import judge as c
+    from opsctl.console.judge_state import EndpointTracker, Settings
+    from opsctl.console.view_fleet_table import FleetTable
 
     base = []
     for i in range(n):

@@ -202,7 +202,7 @@ def idle(url: str, seconds: float, every: float) -> list:
 
     from opsctl.console import targets
     from opsctl.console.direct import DirectScrapeSource
-    from opsctl.domain.console_state import Settings
+    from opsctl.console.judge_state import Settings
 
     src = DirectScrapeSource(targets.from_urls([url]), discover=False, settings=Settings())
     src.start()

@@ -263,8 +263,9 @@ def record(out_dir: Path, stall_window: float = 3.0) -> None:
     restarted a moment before): `python -m tests.prometheus_fixture`."""
     import json
 
-    from opsctl.domain import prom, prom_view
-    from opsctl.domain.console_state import Settings
+    from opsctl.console import judge_prom as prom
+    from opsctl.console import judge_prom_view as prom_view
+    from opsctl.console.judge_state import Settings
     from tests.standins.vllm_server import StandInFleet
 
     settings = Settings(interval_s=1.0, stall_window_s=stall_window)

@@ -41,7 +41,7 @@ async def settle(pilot) -> None:
 
 
 async def console_svg() -> str:
-    from opsctl.ui.console_app import build_console_app
+    from opsctl.console.view_app import build_console_app
     from tests.standins.vllm_server import MODES
     from tests.ui.test_console_app import StaticSource
 

@@ -3,7 +3,7 @@
 The checks are those of ``opsctl certify URL``; each target has its own deadline.
 
 ``resolve(listed, api_key, environ) -> [FleetTarget]`` turns the targets file's and the
-command line's targets (:class:`opsctl.domain.console.Target`) into the fleet: a name
+command line's targets (:class:`opsctl.console.judge.Target`) into the fleet: a name
 given twice, one server listed twice or an ``api_key_env`` variable that is not set is
 BadInput (exit 2, before anything runs or is written).
 

@@ -3,7 +3,7 @@
 ``run(UrlTarget, Options, progress, session) -> Report`` (schema ``status/3``) polls the
 server once with the console's collector (:func:`opsctl.collectors.scrape.scrape_once`:
 /health and /metrics, then /version, /v1/models and /server_info, each under its own
-deadline) and decides with the console's domain (:mod:`opsctl.domain.console`): the
+deadline) and decides with the console's domain (:mod:`opsctl.console.judge`): the
 endpoint state and its reason, and the key figures of that one /metrics body (rates need
 two scrapes: ``opsctl console --once`` has them). The target's ``api_key`` is sent as a
 bearer token. Status only looks at a running server, so it never uses ``session``.
@@ -83,7 +83,7 @@ def run(
 ) -> Report:
     """The health, state and key metrics of the server at ``target``."""
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.console_state import (
+    from opsctl.console.judge_state import (
         BUSY,
         READY,
         STALLED,
@@ -231,8 +231,8 @@ def _flat_for(scrape, base: str, target: UrlTarget, options: Options) -> float |
 
 def _engines_of(scrape) -> tuple:
     """The scrape's data-parallel engines: busy or ready by their gauges; () without."""
-    from opsctl.domain.console import engine_readings
-    from opsctl.domain.console_state import EngineProgress, judge_engines
+    from opsctl.console.judge import engine_readings
+    from opsctl.console.judge_state import EngineProgress, judge_engines
 
     if scrape.samples is None:
         return ()
@@ -242,11 +242,11 @@ def _engines_of(scrape) -> tuple:
 def _judge_engines(scrape, local, base: str, target: UrlTarget, options: Options, progress):
     """(state, reason, engines) of a server of several data-parallel engines.
 
-    Each engine by the console's rule (opsctl.domain.console_state.judge_engines): the
+    Each engine by the console's rule (opsctl.console.judge_state.judge_engines): the
     busy ones watched a scrape a second until each moved or the stall window passed flat
     (stalled); then the idle ones, whose gauges cannot vouch for them, each get a canary
     sent to it alone (``X-data-parallel-rank``). The server is stalled when any engine is."""
-    from opsctl.domain.console_state import decide, engine_canaries, with_stopped
+    from opsctl.console.judge_state import decide, engine_canaries, with_stopped
 
     engines = _engines_of(scrape)
     if any(e.running for e in engines):
@@ -274,8 +274,8 @@ def _watch_engines(scrape, base: str, target: UrlTarget, options: Options):
     import time
 
     from opsctl.collectors.scrape import scrape_once
-    from opsctl.domain.console import engine_readings
-    from opsctl.domain.console_state import EngineProgress, engine_points, judge_engines
+    from opsctl.console.judge import engine_readings
+    from opsctl.console.judge_state import EngineProgress, engine_points, judge_engines
 
     memory = EngineProgress()
     memory.feed(engine_points(scrape.samples, scrape.finished_at))
@@ -329,7 +329,7 @@ def _local(pid: int | None):
     """The server's stopped processes (they make it stalled), as a LocalState; None
     when none is stopped or there is no local process."""
     from opsctl.collectors.processes import stopped_members
-    from opsctl.domain.console import LocalState
+    from opsctl.console.judge import LocalState
 
     stopped = stopped_members(pid) if pid else ()
     # only stopped processes add to what HTTP says (a server not answering stays
@@ -390,7 +390,7 @@ def _platform(url: str, server_info: Any) -> str | None:
 
 def _metrics(samples: Any) -> dict[str, Any]:
     """The figures one /metrics body gives (gauges, totals, lifetime latencies)."""
-    from opsctl.domain.console import figures
+    from opsctl.console.judge import figures
 
     f = figures(samples, None, None, None)
     ttft = f.latency.get("ttft")

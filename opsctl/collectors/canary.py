@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import httpx
 
 from opsctl.collectors.http import client
+from opsctl.console.judge import Canary
 from opsctl.domain.alert_rules import CANARY_BODY
-from opsctl.domain.console import Canary
 
 PROMPT = CANARY_BODY["prompt"]  # the blackbox exporter's canary sends the same body
 # vLLM's header that sends a request to one data-parallel engine (a router injects it;

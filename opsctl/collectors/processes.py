@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from opsctl.console.judge import ProcRole
 from opsctl.domain import ranks
-from opsctl.domain.console import ProcRole
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ import time
 import httpx
 
 from opsctl.collectors import fastget, http
+from opsctl.console.judge import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain import metrics, metrics_fast
-from opsctl.domain.console import EngineInfo, HttpStatus, ModelInfo, Scrape
 from opsctl.domain.metrics import MetricSamples, parse_samples
 
 AUTH_STATUSES = (401, 403)

@@ -17,7 +17,7 @@ from opsctl.commands.options import (
     json_option,
 )
 from opsctl.console import taps as tp
-from opsctl.domain.console_state import CANARY_HELP
+from opsctl.console.judge_state import CANARY_HELP
 
 EPILOG = epilog(
     "opsctl console",
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         generation, engine steps and KV cache flat for --stall-window, even with /health
         200), rates, latencies, process roles."""
         from opsctl.console import fleet
-        from opsctl.domain.console_state import Settings
+        from opsctl.console.judge_state import Settings
 
         fleet.check_combination(urls or [], targets_file, prometheus, job)
         if not once and not as_json:
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _live(source, interval: float, readonly: bool, record: Path | None, api_key) -> None:
-    from opsctl.ui.console_app import build_console_app, run_console
+    from opsctl.console.view_app import build_console_app, run_console
 
     source.start()
     try:

@@ -16,7 +16,7 @@ from opsctl.commands.options import (
     duration_option,
     json_option,
 )
-from opsctl.domain.console_state import CANARY_HELP
+from opsctl.console.judge_state import CANARY_HELP
 
 _CANARY_TIMEOUT = duration_option("10s", "--canary-timeout", help=CANARY_HELP)
 _NO_CANARY = typer.Option(False, "--no-canary", help="send no canary request")

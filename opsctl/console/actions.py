@@ -1,6 +1,6 @@
 """What an operator does from the console, as library calls with no UI.
 
-The Textual side is opsctl.ui.console_actions: run a check on an endpoint, vLLM admin
+The Textual side is opsctl.console.view_actions: run a check on an endpoint, vLLM admin
 calls, reap orphaned engines, a forensics bundle. Servers are started and stopped by
 :mod:`opsctl.console.servers`.
 
@@ -27,9 +27,9 @@ from typing import Any
 
 from opsctl.checks import events as ev
 from opsctl.collectors import jsonfile
+from opsctl.console.judge import EndpointView
 from opsctl.domain import admin_routes as adm
 from opsctl.domain import check_registry as reg
-from opsctl.domain.console import EndpointView
 from opsctl.errors import BadInput
 
 # ---- which checks apply ------------------------------------------------------------------

@@ -12,9 +12,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from opsctl.console import judge_advisor as advisor
+from opsctl.console.judge import EndpointView, FleetSnapshot
 from opsctl.console.source import FleetSource, WrappedSource
-from opsctl.domain import advisor
-from opsctl.domain.console import EndpointView, FleetSnapshot
 
 LEDGER_EVERY_S = 5.0
 FAILED = "failed"  # engine_patches.patch.FAILED (not imported: it runs inside vLLM)

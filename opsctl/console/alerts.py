@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import httpx
 
-from opsctl.domain import prom
+from opsctl.console import judge_prom as prom
+from opsctl.console.judge import EndpointView
 from opsctl.domain.alert_rules import FiredAlert, firing_for, parse_alerts
-from opsctl.domain.console import EndpointView
 
 ALERTS_PATH = "/api/v1/alerts"
 

@@ -3,7 +3,7 @@
 Each :class:`FleetColumn` is a key, a header and how its cell is made from an
 ``EndpointView`` and the row's :class:`Row` (the moment, the poll interval, the row's
 check note, the surface it is drawn on, the host's GPUs). The TUI's fleet table
-(``opsctl.ui.panels.console.COLUMNS``/``row_cells``, ``opsctl.ui.panels.fleet_table``)
+(``opsctl.console.view_panel.COLUMNS``/``row_cells``, ``opsctl.console.view_fleet_table``)
 shows every column of :data:`FLEET_TABLE` in its order; ``--once``'s table
 (``opsctl.console.report.render_plain``) shows those :data:`ONCE_KEYS` names, in that
 order. Both add :data:`GPU` last on a host with a GPU. A new column is one entry here
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from opsctl.console import judge_requests as rq
+from opsctl.console.judge import EndpointView
 from opsctl.console.render_advice import alerts_cell, gpu_row_cell, reason_cell
-from opsctl.domain import requests as rq
-from opsctl.domain.console import EndpointView
 from opsctl.domain.gpu import HostGpus
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from opsctl.collectors import scrape as scrape_mod
 from opsctl.console import discovery, targets
+from opsctl.console.judge import DEAD, STARTING, UNREACHABLE, FleetSnapshot, Target
+from opsctl.console.judge_state import EndpointTracker, Settings
 from opsctl.console.source import EMPTY_HINT, LoopThreadSource
-from opsctl.domain.console import DEAD, STARTING, UNREACHABLE, FleetSnapshot, Target
-from opsctl.domain.console_state import EndpointTracker, Settings
 
 INFO_EVERY_S = 60.0  # /version, /v1/models, /server_info
 ROLES_EVERY_S = 5.0  # process roles of local endpoints

@@ -14,7 +14,7 @@ import psutil
 
 from opsctl.collectors import deaths
 from opsctl.collectors.processes import process_roles, stopped_members
-from opsctl.domain.console import LocalState, Target
+from opsctl.console.judge import LocalState, Target
 from opsctl.domain.serverlog import decisive_lines, load_progress
 from opsctl.domain.urls import loopback_port
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opsctl.collectors.gpu import GpuFeed
+from opsctl.console.judge import FleetSnapshot
 from opsctl.console.source import FleetSource, WrappedSource
-from opsctl.domain.console import FleetSnapshot
 
 
 class GpuSource(WrappedSource):

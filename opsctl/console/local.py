@@ -13,7 +13,7 @@ from pathlib import Path
 
 from opsctl.collectors import ledger
 from opsctl.collectors.processes import ProcessTree, snapshot_tree
-from opsctl.domain.console import Target
+from opsctl.console.judge import Target
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 The file is named by ``--log URL=FILE`` or by ``log = "FILE"`` on a target of the
 targets file; the server's row and drill-in then show what an opsctl run's do: the load
-phase, the decisive error lines, the quiet tail (opsctl.domain.logview).
+phase, the decisive error lines, the quiet tail (opsctl.console.judge_logview).
 
 :class:`LogTail` holds at most WINDOW bytes of the file's end: the first read seeks to
 the end minus WINDOW, later reads take only what was appended (and when more than
@@ -13,7 +13,7 @@ missing or unreadable file is a reason shown on the row, never an error; the fil
 looked for again on every read.
 
 :class:`LoggedSource` wraps a FleetSource: every view whose server has a log carries
-its :class:`~opsctl.domain.logview.LogFacts` (re-read at most every READ_EVERY_S); a
+its :class:`~opsctl.console.judge_logview.LogFacts` (re-read at most every READ_EVERY_S); a
 dead or unreachable server's reason gets the log's decisive lines, as an opsctl run's
 does."""
 
@@ -23,9 +23,9 @@ import os
 import time
 from dataclasses import replace
 
+from opsctl.console import judge_logview as logview
+from opsctl.console.judge import DEAD, UNREACHABLE, EndpointView, FleetSnapshot
 from opsctl.console.source import FleetSource, WrappedSource
-from opsctl.domain import logview
-from opsctl.domain.console import DEAD, UNREACHABLE, EndpointView, FleetSnapshot
 from opsctl.errors import BadInput
 
 WINDOW = 128 * 1024

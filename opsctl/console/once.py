@@ -6,16 +6,16 @@ one interval (two scrapes: rates need two) for an idle or progressing fleet, and
 only while some endpoint is undecided (requests running, generation not seen moving):
 until it moves (busy) or the stall window has passed (stalled). The deadline covers
 the window plus a slow scrape; what is still undecided then is stalled
-(opsctl.domain.console_state.settle_undecided)."""
+(opsctl.console.judge_state.settle_undecided)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 
+from opsctl.console.judge import FleetSnapshot
+from opsctl.console.judge_state import Settings, settle_undecided, undecided
 from opsctl.console.source import FleetSource
-from opsctl.domain.console import FleetSnapshot
-from opsctl.domain.console_state import Settings, settle_undecided, undecided
 
 CHECK_EVERY_S = 0.05  # how often the collected views are looked at (no I/O: a lock)
 
@@ -77,7 +77,7 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
         return snap
     from concurrent.futures import ThreadPoolExecutor
 
-    from opsctl.domain.console_state import canary_engines
+    from opsctl.console.judge_state import canary_engines
 
     todo = [v for v in snap.endpoints if v.info.models and (_whole(v) or canary_engines(v))]
     if not todo:
@@ -92,7 +92,7 @@ def canaried(snap: FleetSnapshot, source: FleetSource, settings: Settings) -> Fl
 
 def _whole(v) -> bool:
     """A ready server of one engine: the canary goes to the server as a whole."""
-    from opsctl.domain.console_state import READY
+    from opsctl.console.judge_state import READY
 
     return v.state == READY and len(v.engines) < 2
 
@@ -100,7 +100,7 @@ def _whole(v) -> bool:
 def _canary(v, timeout: float, api_key: str | None):
     """The view of ``v`` after its canary (one per idle engine on a DP server)."""
     from opsctl.collectors.canary import send, send_each
-    from opsctl.domain.console_state import canary_engines, judge_canary, judge_engine_canaries
+    from opsctl.console.judge_state import canary_engines, judge_canary, judge_engine_canaries
 
     model = v.info.models[0].id
     if _whole(v):

@@ -13,7 +13,7 @@ each under the source's timeout. The latency percentiles (the queries that cost
 Prometheus most) run apart, every LATENCY_EVERY_S or four times what they took,
 whichever is longer, and a poll uses the latest that came back. A poll that takes long stretches the period
 (at least twice the last poll), so a slow Prometheus is not piled on. Parsing and
-decisions are pure (opsctl.domain.prom, prom_view). When Prometheus does not answer, the
+decisions are pure (opsctl.console.judge_prom, prom_view). When Prometheus does not answer, the
 rows keep their last data (their age grows) and the hint says why."""
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ import time
 import httpx
 
 from opsctl.console import alerts as prom_alerts
+from opsctl.console import judge_prom as prom
+from opsctl.console import judge_prom_view as prom_view
+from opsctl.console.judge import FleetSnapshot
+from opsctl.console.judge_state import Settings
 from opsctl.console.source import LoopThreadSource
 from opsctl.console.targets import normalise_url
-from opsctl.domain import prom, prom_view
 from opsctl.domain.alert_rules import CANARY_JOB
-from opsctl.domain.console import FleetSnapshot
-from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput, EngineUnreachable
 
 LATENCY_EVERY_S = 15.0  # percentiles are over the 60 s latency window anyway

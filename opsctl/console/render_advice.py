@@ -1,6 +1,6 @@
 """The console's text of findings, GPUs and alerts: row cells and drill-in lines.
 
-The domain (opsctl.domain.advisor, opsctl.domain.gpu, opsctl.domain.alert_rules) returns
+The domain (opsctl.console.judge_advisor, opsctl.domain.gpu, opsctl.domain.alert_rules) returns
 findings, readings and alerts as data; this module words them for the table's cells, the
 drill-in and ``--once``'s text.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from opsctl.domain.advisor import findings, ordered
-from opsctl.domain.console import EndpointView
-from opsctl.domain.endpoint_notes import FiredAlert
+from opsctl.console.judge import EndpointView
+from opsctl.console.judge_advisor import findings, ordered
+from opsctl.console.judge_endpoint_notes import FiredAlert
 from opsctl.domain.gpu import NO_GPU, GpuDevice, HostGpus, shown_reason
 
 

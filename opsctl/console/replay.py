@@ -24,8 +24,8 @@ from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.console.judge import EndpointView, FleetSnapshot
 from opsctl.console.source import SourceDefaults
-from opsctl.domain.console import EndpointView, FleetSnapshot
 from opsctl.errors import BadInput
 
 SCHEMA = "opsctl.console-record/1"

@@ -10,7 +10,7 @@ had not been seen generating); an endpoint that answers HTTP but is not vLLM has
 reason "not a vLLM server (...)".
 
 opsctl.console/3 (from /2): per endpoint ``findings``, the advisor's findings
-(opsctl.domain.advisor; most severe first): ``code``, ``severity``, ``message``,
+(opsctl.console.judge_advisor; most severe first): ``code``, ``severity``, ``message``,
 ``figures`` (what triggered it; ``window_s`` the window it was taken over) and ``next``
 (the command to run next). Per endpoint ``gpus``: the GPUs its local processes use
 (opsctl.domain.gpu.device_dict: util, memory, temperature, power, fan, clocks, and
@@ -51,11 +51,12 @@ from dataclasses import asdict
 from typing import Any
 
 from opsctl.console import columns
-from opsctl.domain import advisor, logview
+from opsctl.console import judge_advisor as advisor
+from opsctl.console import judge_logview as logview
+from opsctl.console import judge_requests as rq
+from opsctl.console.judge import EndpointView, FleetSnapshot
+from opsctl.console.judge_state import state_counts, verdict
 from opsctl.domain import gpu as gpu_view
-from opsctl.domain import requests as rq
-from opsctl.domain.console import EndpointView, FleetSnapshot
-from opsctl.domain.console_state import state_counts, verdict
 
 SCHEMA = "console/4"
 

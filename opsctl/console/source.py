@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
 
-from opsctl.domain.console import FleetSnapshot, Target
-from opsctl.domain.console_state import EndpointTracker, Settings
+from opsctl.console.judge import FleetSnapshot, Target
+from opsctl.console.judge_state import EndpointTracker, Settings
 
 START_HINT = (
     "start one with `opsctl serve` in another terminal, "

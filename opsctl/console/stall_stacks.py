@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from opsctl.domain.console import STALLED, EndpointView
+from opsctl.console.judge import STALLED, EndpointView
 
 AT_STALL = "at the stall"
 ON_DEMAND = "on demand"

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from opsctl.domain.console import SOURCES, Target
+from opsctl.console.judge import SOURCES, Target
 from opsctl.errors import BadInput
 
 

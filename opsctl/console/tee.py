@@ -6,7 +6,7 @@ Clients talk to LISTEN (loopback: the CLI refuses another address; the library's
 ``parse_tee(any_address=True)`` allows one); every request is relayed
 to URL as it is, and the response back as it arrives: bytes are written to the client
 chunk by chunk (a stream is never buffered). While the bytes pass, a
-:class:`~opsctl.domain.requests.StreamCounter` reads the SSE events (time to first
+:class:`~opsctl.console.judge_requests.StreamCounter` reads the SSE events (time to first
 content, chunks, the final usage chunk); a JSON response's ``usage`` is read at its end.
 A client that goes away mid-response is noticed by a read on its connection that
 returns EOF or fails (a client that closes with bytes still unread sends a reset, not
@@ -17,7 +17,7 @@ which makes vLLM abort the request (its running count drops).
 The proxy runs its own asyncio loop on a daemon thread (asyncio streams + h11 for
 HTTP/1.1, httpx to the server), so neither the console's scrape loop nor the TUI can
 slow it. :class:`TeedSource` wraps a FleetSource: every view of the tee's server carries
-the tee's :class:`~opsctl.domain.requests.RequestsView`."""
+the tee's :class:`~opsctl.console.judge_requests.RequestsView`."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from dataclasses import replace
 import h11
 import httpx
 
+from opsctl.console import judge_requests as rq
+from opsctl.console.judge import FleetSnapshot
 from opsctl.console.source import FleetSource, WrappedSource
 from opsctl.console.tee_records import RequestLog, TeeSpec, _Live
-from opsctl.domain import requests as rq
-from opsctl.domain.console import FleetSnapshot
 from opsctl.errors import BadInput
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

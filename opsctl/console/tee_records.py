@@ -2,8 +2,8 @@
 
 A request in flight is a mutable :class:`_Live` that the loop thread of the proxy
 (opsctl.console.tee) writes; :class:`RequestLog` keeps them and the
-finished ones (frozen :class:`~opsctl.domain.requests.RequestRecord`, the newest RECENT)
-behind a lock, and gives the console a frozen :class:`~opsctl.domain.requests.RequestsView`."""
+finished ones (frozen :class:`~opsctl.console.judge_requests.RequestRecord`, the newest RECENT)
+behind a lock, and gives the console a frozen :class:`~opsctl.console.judge_requests.RequestsView`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from opsctl.domain import requests as rq
+from opsctl.console import judge_requests as rq
 
 RECENT = 200  # finished requests kept
 

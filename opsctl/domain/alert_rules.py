@@ -4,7 +4,7 @@ Windows, thresholds, alert names, severities, summaries and runbook commands, an
 built from them.
 
 The console reads its own stall window and restart hold from here too
-(opsctl.domain.console_state.Settings defaults), so the console and the alerts cannot drift.
+(opsctl.console.judge_state.Settings defaults), so the console and the alerts cannot drift.
 
 The stall alert is the console's rule (EndpointTracker, prom_view.PromEndpoint: one
 ``Progress`` per data-parallel engine) in PromQL, per ``job, instance, engine``: each
@@ -37,11 +37,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from opsctl.domain.endpoint_notes import FiredAlert
-from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, REQUEST_SUCCESS, RUNNING, STEPS, WAITING
+from opsctl.console.judge_endpoint_notes import FiredAlert
 
 # the counters whose going back is a restart, and the start time: the console's own
-from opsctl.domain.prom import RESET_COUNTERS, START_TIME
+from opsctl.console.judge_prom import RESET_COUNTERS, START_TIME
+from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, REQUEST_SUCCESS, RUNNING, STEPS, WAITING
 
 # ---- windows and thresholds (the console reads the first two) -------------------------------
 STALL_WINDOW_S = 10.0  # generation, steps and KV flat this long, requests running = stalled
@@ -49,7 +49,7 @@ RESTART_HOLD_S = 10.0  # a counter that went back within this long = restarted
 RATE_WINDOW_S = 60.0  # rates, ratios and quantiles of the alerts
 RESTART_LOOP_WINDOW_S = 900.0  # restarts counted over 15 minutes ...
 RESTART_LOOP_COUNT = 3  # ... this many is a loop
-# the console advisor's findings (opsctl.domain.advisor) read these two, so a finding on
+# the console advisor's findings (opsctl.console.judge_advisor) read these two, so a finding on
 # a console row and its alert mean the same (kv_preemption = VllmKvCacheSaturated,
 # request_errors = VllmRequestErrors), over RATE_WINDOW_S = the console's latency window
 KV_PREEMPTION_MIN_PER_S = 0.05  # preemptions/s: the KV cache is full (vllmstat's threshold)
@@ -154,7 +154,7 @@ def restarts_expr(job: str | None, window_s: float) -> str:
     """Restarts per vLLM endpoint over ``window_s``: the most any restart signal saw.
 
     The signals are the console's: counters that went back, process start-time changes. One
-    restart moves them all, so the most, not the sum (opsctl.domain.prom.figures_parts).
+    restart moves them all, so the most, not the sum (opsctl.console.judge_prom.figures_parts).
     """
     sel, w = selector(job), dur(window_s)
     terms = [(m, f"resets({m}{sel}[{w}])") for m in RESET_COUNTERS]

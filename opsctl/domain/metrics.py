@@ -141,7 +141,7 @@ _WANTED = (
     "vllm:prefix_cache_",
     CACHE_CONFIG_INFO,
     *(f"{h}_" for h in LATENCY_HISTOGRAMS.values()),
-    # the advisor (opsctl.domain.advisor): request lengths, speculative decoding
+    # the advisor (opsctl.console.judge_advisor): request lengths, speculative decoding
     f"{PROMPT_LEN}_",
     f"{GEN_LEN}_",
     "vllm:spec_decode_num_",

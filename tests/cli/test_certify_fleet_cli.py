@@ -200,7 +200,7 @@ def test_library_call_bounded_concurrency_and_deadline_frees_the_slot():
 
 
 def test_resolve_keys_from_env_and_api_key_for_the_rest():
-    from opsctl.domain.console import Target
+    from opsctl.console.judge import Target
 
     listed = [
         Target(name="a", url="http://127.0.0.1:1", source="targets", api_key_env="K1"),

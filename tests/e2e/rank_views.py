@@ -22,8 +22,8 @@ from opsctl.cli import app
 from opsctl.collectors import ledger
 from opsctl.collectors.processes import snapshot_tree
 from opsctl.console import discovery
-from opsctl.domain.console import Target
-from opsctl.domain.console_state import DEAD, decide
+from opsctl.console.judge import Target
+from opsctl.console.judge_state import DEAD, decide
 from opsctl.domain.ranks import parse_title
 from tests.conftest import OPSCTL
 from tests.expect import expected as expected_verdicts

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.checks.target import EngineSpec
-from opsctl.domain.advisor import SHARES_MIN_FINISHED
+from opsctl.console.judge_advisor import SHARES_MIN_FINISHED
 from opsctl.domain.metrics import PREEMPTIONS, REQUEST_SUCCESS, RUNNING, parse_samples
 from tests.waiting import wait_until
 

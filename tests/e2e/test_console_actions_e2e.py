@@ -16,10 +16,10 @@ from textual.widgets import Input
 from opsctl import paths
 from opsctl.console import discovery
 from opsctl.console.direct import DirectScrapeSource
-from opsctl.domain.console_state import Settings
-from opsctl.ui.console_app import DetailScreen, build_console_app
-from opsctl.ui.console_checks import ChecksScreen
-from opsctl.ui.console_modals import ConfirmScreen, StartServerScreen
+from opsctl.console.judge_state import Settings
+from opsctl.console.view_app import DetailScreen, build_console_app
+from opsctl.console.view_checks import ChecksScreen
+from opsctl.console.view_modals import ConfirmScreen, StartServerScreen
 from opsctl.ui.panels.diag import DiagPanel
 from tests.ui.test_console_actions import COL, command, select, wait_for
 

@@ -20,7 +20,7 @@ import pytest
 
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
-from opsctl.domain.console_state import Settings
+from opsctl.console.judge_state import Settings
 from tests.conftest import OPSCTL, two_engines
 from tests.engine_cores import ClosedLoad, Cores, wait_fresh
 from tests.unit.test_console_collect import validate
@@ -268,7 +268,7 @@ async def test_the_console_takes_a_stalled_engines_stacks_once_and_on_demand(eng
     (not on every tick), its drill-in shows them with the one-line verdict naming the
     stopped EngineCore, and `t` takes them again on demand. Resumed, it is ready again."""
     from opsctl.console.stall_stacks import AT_STALL, ON_DEMAND
-    from opsctl.ui.console_app import DetailScreen, build_console_app
+    from opsctl.console.view_app import DetailScreen, build_console_app
     from tests.ui.test_console_actions import select, wait_for
 
     ours, _ = engines

@@ -58,9 +58,9 @@ import pytest
 
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.domain import alert_rules
-from opsctl.domain.console_state import Settings
 from opsctl.domain.metrics import GEN_TOKENS, KV_USAGE, PROMPT_TOKENS, RUNNING, WAITING
 from tests.alertmanager_fixture import Webhook, running_alertmanager
 from tests.blackbox_fixture import running_blackbox

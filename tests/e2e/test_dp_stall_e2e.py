@@ -49,8 +49,8 @@ from opsctl.checks.target import EngineSpec
 from opsctl.collectors.ledger import read_records
 from opsctl.console import discovery, targets
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.prometheus import PrometheusSource
-from opsctl.domain.console_state import Settings
 from tests.conftest import OPSCTL
 from tests.e2e import rank_views
 from tests.engine_cores import Cores

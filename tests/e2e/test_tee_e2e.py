@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from opsctl.checks.target import EngineSpec
-from opsctl.domain import requests as rq
+from opsctl.console import judge_requests as rq
 from opsctl.domain.metrics import GEN_TOKENS, RUNNING, parse_samples
 from opsctl.engine.server import free_port
 from tests.waiting import wait_until
@@ -60,7 +60,7 @@ def console(engine):
     from opsctl.console import taps as tp
     from opsctl.console import targets as tg
     from opsctl.console.direct import DirectScrapeSource
-    from opsctl.domain.console_state import Settings
+    from opsctl.console.judge_state import Settings
 
     taps = tp.parse(f"127.0.0.1:{free_port()}={engine.url}", None)
     static = tg.from_urls(tp.with_urls([], taps))

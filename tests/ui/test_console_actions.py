@@ -14,11 +14,11 @@ from textual.widgets import OptionList
 
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
-from opsctl.domain.console_state import Settings
-from opsctl.ui.console_app import ConsoleApp, DetailScreen, HelpScreen, build_console_app
-from opsctl.ui.console_checks import ChecksScreen
-from opsctl.ui.console_modals import ConfirmScreen, PickScreen
-from opsctl.ui.console_screens import HELP
+from opsctl.console.judge_state import Settings
+from opsctl.console.view_app import ConsoleApp, DetailScreen, HelpScreen, build_console_app
+from opsctl.console.view_checks import ChecksScreen
+from opsctl.console.view_modals import ConfirmScreen, PickScreen
+from opsctl.console.view_screens import HELP
 from opsctl.ui.panels.diag import DiagPanel
 from tests.standins.admin import admin_server
 from tests.standins.completions import completions_server
@@ -232,7 +232,7 @@ async def test_two_checks_at_once_panel_row_and_drill_in():
             src.close()
 
 
-COL = [k for k, _ in __import__("opsctl.ui.panels.console", fromlist=["COLUMNS"]).COLUMNS].index(
+COL = [k for k, _ in __import__("opsctl.console.view_panel", fromlist=["COLUMNS"]).COLUMNS].index(
     "check"
 )
 

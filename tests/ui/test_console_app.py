@@ -9,15 +9,15 @@ import time
 
 import pytest
 
+from opsctl.console import judge as c
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import EndpointTracker, Settings
 from opsctl.console.local import collect_detail
-from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker, Settings
+from opsctl.console.view_app import DetailScreen, HelpScreen, build_console_app
+from opsctl.console.view_detail import LatencyTable
 from opsctl.domain.metrics import parse_samples
 from opsctl.serve.view_panels import ProcessPanel
-from opsctl.ui.console_app import DetailScreen, HelpScreen, build_console_app
-from opsctl.ui.panels.console_detail import LatencyTable
 from tests.standins.fleet_source import FixedSource
 from tests.standins.vllm_server import MODES, Endpoint, StandInFleet, answer
 

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from opsctl.cli import app as cli
+from opsctl.console import judge as c
 from opsctl.console.actions import CheckChoice, CheckJob
+from opsctl.console.judge_state import EndpointTracker, Settings
 from opsctl.console.replay import ReplaySource
-from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker, Settings
-from opsctl.ui.console_app import DetailScreen, build_console_app
+from opsctl.console.view_app import DetailScreen, build_console_app
 from tests.standins.vllm_server import MODES, Endpoint
 from tests.ui.test_console_app import StaticSource
 

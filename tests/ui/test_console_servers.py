@@ -16,13 +16,13 @@ from textual.widgets import Input, OptionList
 
 from opsctl.console import direct, discovery
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.servers import RESTART_FOREIGN
-from opsctl.domain.console_state import Settings
+from opsctl.console.view_app import BUNDLE_NOTE, DetailScreen, build_console_app
+from opsctl.console.view_checks import ChecksScreen
+from opsctl.console.view_modals import ConfirmScreen, PickScreen, StartServerScreen
 from opsctl.engine.model import ResolvedModel
 from opsctl.engine.server import LaunchOptions
-from opsctl.ui.console_app import BUNDLE_NOTE, DetailScreen, build_console_app
-from opsctl.ui.console_checks import ChecksScreen
-from opsctl.ui.console_modals import ConfirmScreen, PickScreen, StartServerScreen
 from tests.standins.admin import StandInEngine
 from tests.ui.test_console_actions import COL, command, logged, pick, select, wait_for
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 import pytest
 from textual.app import App, ComposeResult
 
-from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker, Settings
-from opsctl.ui.console_app import build_console_app
-from opsctl.ui.panels.fleet_table import FleetTable
+from opsctl.console import judge as c
+from opsctl.console.judge_state import EndpointTracker, Settings
+from opsctl.console.view_app import build_console_app
+from opsctl.console.view_fleet_table import FleetTable
 from tests.standins.vllm_server import MODES
 
 

@@ -4,7 +4,7 @@ width repaints its own row alone; tests/ui/test_fleet_table_updates.py)."""
 
 from __future__ import annotations
 
-from opsctl.ui.panels.fleet_table import FleetTable
+from opsctl.console.view_fleet_table import FleetTable
 
 
 def test_a_column_is_measured_again_only_when_a_wider_cell_appears() -> None:

@@ -1,4 +1,4 @@
-"""The advisor's rules (opsctl.domain.advisor), each at its boundary: the figures that
+"""The advisor's rules (opsctl.console.judge_advisor), each at its boundary: the figures that
 trigger it and the ones just short of it; windows from scrapes (an old event ages out);
 the order, the row marker and the JSON shape."""
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from opsctl.console import judge as c
+from opsctl.console import judge_advisor as a
 from opsctl.console import render_advice as text
-from opsctl.domain import advisor as a
-from opsctl.domain import console as c
 from opsctl.domain.gpu import GpuDevice
 from opsctl.domain.metrics import (
     PREEMPTIONS,

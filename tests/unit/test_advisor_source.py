@@ -11,14 +11,14 @@ from dataclasses import replace
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from opsctl.console import judge as c
+from opsctl.console import judge_advisor as a
 from opsctl.console import render_advice as text
 from opsctl.console.advice import AdvisedSource, advised, ledger_facts
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.source import SourceDefaults
 from opsctl.console.targets import from_urls
-from opsctl.domain import advisor as a
-from opsctl.domain import console as c
-from opsctl.domain.console_state import Settings
 from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until
 
@@ -115,8 +115,8 @@ def test_reason_cell_and_drill_in_lines():
 
 
 def test_console_row_filter_and_drill_in_show_the_findings():
-    from opsctl.ui.panels.console import COLUMNS, matches, row_cells
-    from opsctl.ui.panels.console_detail import summary_text
+    from opsctl.console.view_detail import summary_text
+    from opsctl.console.view_panel import COLUMNS, matches, row_cells
 
     w = a.Window(window_s=4.0, scrapes=5, preemptions=2.0)
     v = replace(_view(), findings=a.window_findings(_view(), w))

@@ -10,10 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from opsctl.cli import app
+from opsctl.console.judge_state import Settings
 from opsctl.console.render_advice import alerts_cell
+from opsctl.console.view_drill_in import alert_lines
 from opsctl.domain import alert_rules as ar
-from opsctl.domain.console_state import Settings
-from opsctl.ui.render_drill_in import alert_lines
 
 
 def test_the_console_reads_its_stall_window_and_restart_hold_from_the_rules():

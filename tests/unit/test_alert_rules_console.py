@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 
+from opsctl.console.judge_state import Settings
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.console.report import document
+from opsctl.console.view_detail import summary_text
+from opsctl.console.view_panel import row_cells
 from opsctl.domain.alert_rules import rules_yaml
-from opsctl.domain.console_state import Settings
-from opsctl.ui.panels.console import row_cells
-from opsctl.ui.panels.console_detail import summary_text
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
 from tests.standins.vllm_server import StandInFleet
 from tests.waiting import wait_until

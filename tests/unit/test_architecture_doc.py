@@ -19,7 +19,7 @@ HELD = {  # name in the doc -> the file that must define it
     "FLEET_TABLE": "opsctl/console/columns.py",
     "ONCE_KEYS": "opsctl/console/columns.py",
     "EngineServer": "opsctl/engine/server.py",
-    "EndpointView": "opsctl/domain/console.py",
+    "EndpointView": "opsctl/console/judge.py",
     "Report": "opsctl/checks/report.py",
     "run_app": "opsctl/ui/runner.py",
     "run_with_progress": "opsctl/ui/progress.py",

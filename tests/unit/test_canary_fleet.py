@@ -21,9 +21,10 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.collectors import canary as canary_collector
+from opsctl.console import judge as c
+from opsctl.console import judge_prom as prom
+from opsctl.console import judge_prom_view as prom_view
 from opsctl.domain import alert_rules as ar
-from opsctl.domain import console as c
-from opsctl.domain import prom, prom_view
 from tests.blackbox_fixture import running_blackbox
 from tests.prometheus_fixture import running_prometheus
 from tests.standins.vllm_server import Endpoint

@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from opsctl.checks import registry as parts
 from opsctl.checks.target import UrlTarget
+from opsctl.console import judge as c
+from opsctl.console.judge_state import EndpointTracker
 from opsctl.domain import certify as cert
 from opsctl.domain import check_registry as reg
-from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker
 from tests.standins.completions import Behaviour, completions_server
 
 ROOT = Path(__file__).resolve().parents[2]

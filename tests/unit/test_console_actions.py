@@ -15,12 +15,12 @@ import pytest
 from opsctl.checks import events as ev
 from opsctl.checks.report import Report
 from opsctl.console import actions as act
+from opsctl.console import judge as c
 from opsctl.console import verbs
+from opsctl.console.judge_state import EndpointTracker
 from opsctl.console.replay import Recorder, ReplaySource, decode, encode
 from opsctl.domain import admin_routes as adm
-from opsctl.domain import console as c
 from opsctl.domain.check_registry import GENERATIVE
-from opsctl.domain.console_state import EndpointTracker
 from opsctl.errors import BadInput
 
 ARCHS = {

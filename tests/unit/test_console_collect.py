@@ -17,7 +17,7 @@ from opsctl.cli import app
 from opsctl.collectors.scrape import scrape_once
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
-from opsctl.domain.console_state import Settings
+from opsctl.console.judge_state import Settings
 from tests.conftest import OPSCTL
 from tests.standins.vllm_server import KEY, StandInFleet
 from tests.waiting import wait_until
@@ -248,7 +248,7 @@ def test_a_discovered_endpoint_that_discovery_no_longer_finds_is_dropped(monkeyp
     """A run stopped in order (meta.json stopped_at) is no longer discovered: its row goes
     away instead of reading 'dead' for ever; an endpoint given as an argument stays."""
     from opsctl.console import direct
-    from opsctl.domain.console import Target
+    from opsctl.console.judge import Target
 
     monkeypatch.setattr(direct, "DISCOVER_EVERY_S", 0.1)
     with StandInFleet(["healthy", "healthy"]) as fleet:

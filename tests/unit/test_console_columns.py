@@ -19,8 +19,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from opsctl.domain import requests as rq
-from opsctl.domain.console import (
+from opsctl.console import judge_requests as rq
+from opsctl.console.judge import (
     BUSY,
     DEAD,
     READY,
@@ -37,7 +37,7 @@ from opsctl.domain.console import (
     Quantiles,
     Target,
 )
-from opsctl.domain.endpoint_notes import Advice, FiredAlert
+from opsctl.console.judge_endpoint_notes import Advice, FiredAlert
 from opsctl.domain.gpu import GpuDevice, GpuProcess, HostGpus
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "console" / "fleet_table.golden"
@@ -127,8 +127,8 @@ NO_GPU_HOST = HostGpus(NOW, None, (), "no GPU")
 def rendered() -> str:
     """Every surface's bytes, one section each."""
     from opsctl.console.report import render_plain
+    from opsctl.console.view_panel import row_cells
     from opsctl.output import PIPE_WIDTH, PlainConsole
-    from opsctl.ui.panels.console import row_cells
 
     views = fleet()
     out = ["== TUI cells (row_cells)"]

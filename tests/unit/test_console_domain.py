@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.domain import console as c
-from opsctl.domain.console_state import (
+from opsctl.console import judge as c
+from opsctl.console.judge_state import (
     NO_ENDPOINT,
     EndpointTracker,
     Settings,
@@ -309,7 +309,7 @@ def test_an_endpoint_still_undecided_after_the_window_is_settled_as_stalled():
 def test_a_stall_names_the_requests_waiting_by_reason():
     """vLLM's waiting-by-reason (#56640): requests the scheduler skips (LoRA budget, KV
     transfer, blocked) are named in a stall's reason, next to those waiting for capacity."""
-    from opsctl.domain.console_state import waiting_text
+    from opsctl.console.judge_state import waiting_text
     from opsctl.domain.metrics import WAITING, WAITING_BY_REASON, MetricSamples
 
     by = {"capacity": 1.0, "deferred": 2.0}

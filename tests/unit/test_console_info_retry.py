@@ -11,8 +11,8 @@ import json
 import httpx
 
 from opsctl.collectors import scrape
-from opsctl.domain.console import EngineInfo, ModelInfo
-from opsctl.domain.console_state import merge_info
+from opsctl.console.judge import EngineInfo, ModelInfo
+from opsctl.console.judge_state import merge_info
 
 MODELS = {"data": [{"id": "tiny-llama", "max_model_len": 256, "root": "/m"}]}
 

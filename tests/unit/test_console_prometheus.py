@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.console import judge_prom as prom
+from opsctl.console import judge_prom_view as prom_view
+from opsctl.console.judge import Quantiles, Scrape, Target
+from opsctl.console.judge_prom import InstanceData, PromTarget
+from opsctl.console.judge_state import EndpointTracker, Settings
 from opsctl.console.report import document, endpoint_dict
-from opsctl.domain import prom, prom_view
-from opsctl.domain.console import Quantiles, Scrape, Target
-from opsctl.domain.console_state import EndpointTracker, Settings
 from opsctl.domain.metrics import (
     GEN_TOKENS,
     KV_USAGE,
@@ -22,7 +24,6 @@ from opsctl.domain.metrics import (
     STEPS,
     MetricSamples,
 )
-from opsctl.domain.prom import InstanceData, PromTarget
 from opsctl.engine.server import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -196,7 +197,7 @@ def test_recorded_figures_match_the_stand_in_bodies():
 
 def test_json_document_has_the_direct_sources_fields():
     eps = recorded_views()
-    from opsctl.domain.console import FleetSnapshot
+    from opsctl.console.judge import FleetSnapshot
 
     snap = FleetSnapshot(1.0, tuple(ep.view for ep in eps.values()), 1.0, "prometheus")
     doc = document(snap)
@@ -301,7 +302,7 @@ SEQUENCES = {
 @pytest.mark.parametrize("name", list(SEQUENCES))
 @pytest.mark.parametrize("window", [2.0, 4.5])
 def test_progress_rule_equals_the_direct_trackers(name, window):
-    from opsctl.domain.console import HttpStatus
+    from opsctl.console.judge import HttpStatus
 
     settings = Settings(interval_s=1.0, stall_window_s=window)
     tracker = EndpointTracker(Target("x", "http://x:1", "argument"), settings)

@@ -14,8 +14,8 @@ import pytest
 
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.prometheus import PrometheusSource
-from opsctl.domain.console_state import Settings
 from opsctl.errors import BadInput
 from tests.conftest import OPSCTL
 from tests.prometheus_fixture import prometheus  # noqa: F401 (the fixture)
@@ -141,7 +141,7 @@ def anyio_backend():
 
 @pytest.mark.anyio
 async def test_the_console_app_reads_the_prometheus_source(both):
-    from opsctl.ui.console_app import DetailScreen, build_console_app
+    from opsctl.console.view_app import DetailScreen, build_console_app
 
     fleet, _, via_prom, _ = both
     app = build_console_app(via_prom, interval=0.5)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from opsctl.console import discovery, targets
-from opsctl.domain.console import Target
+from opsctl.console.judge import Target
 from opsctl.errors import BadInput
 
 

@@ -18,8 +18,8 @@ import pytest
 from opsctl.checks import bundle, patches
 from opsctl.collectors import deaths
 from opsctl.console import discovery
-from opsctl.domain.console import Target
-from opsctl.domain.console_state import DEAD, decide
+from opsctl.console.judge import Target
+from opsctl.console.judge_state import DEAD, decide
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deaths"
 CASES = {

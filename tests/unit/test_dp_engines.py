@@ -22,11 +22,11 @@ import pytest
 
 from opsctl.checks import status
 from opsctl.checks.target import UrlTarget
-from opsctl.console.render_advice import engine_lines, engines_cell, reason_cell
-from opsctl.console.report import document
-from opsctl.domain import advisor, prom, prom_view
-from opsctl.domain import console as c
-from opsctl.domain.console_state import (
+from opsctl.console import judge as c
+from opsctl.console import judge_advisor as advisor
+from opsctl.console import judge_prom as prom
+from opsctl.console import judge_prom_view as prom_view
+from opsctl.console.judge_state import (
     EndpointTracker,
     Settings,
     canary_engines,
@@ -35,6 +35,8 @@ from opsctl.domain.console_state import (
     settle_undecided,
     undecided,
 )
+from opsctl.console.render_advice import engine_lines, engines_cell, reason_cell
+from opsctl.console.report import document
 from opsctl.domain.metrics import parse_samples
 from opsctl.domain.metrics_fast import parse_samples_fast
 from tests.standins.base import StandInVllm, serving

@@ -14,13 +14,13 @@ import pytest
 from opsctl.console.advice import AdvisedSource
 from opsctl.console.direct import DirectScrapeSource
 from opsctl.console.gpus import GpuSource
+from opsctl.console.judge import FleetSnapshot, Target
+from opsctl.console.judge_state import Settings
 from opsctl.console.logsource import LoggedSource
 from opsctl.console.prometheus import PrometheusSource
 from opsctl.console.replay import ReplaySource
 from opsctl.console.source import FleetSource, SourceDefaults, WrappedSource
 from opsctl.console.tee import TeedSource
-from opsctl.domain.console import FleetSnapshot, Target
-from opsctl.domain.console_state import Settings
 
 MEMBERS = sorted(
     {*FleetSource.__annotations__, *(m for m in vars(FleetSource) if not m.startswith("_"))}

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from opsctl.collectors import gpu as col
-from opsctl.console.render_advice import gpu_row_cell as row_cell
-from opsctl.console.source import SourceDefaults
-from opsctl.domain.console import (
+from opsctl.console.judge import (
     READY,
     EndpointView,
     EngineInfo,
@@ -26,6 +24,8 @@ from opsctl.domain.console import (
     ProcRole,
     Target,
 )
+from opsctl.console.render_advice import gpu_row_cell as row_cell
+from opsctl.console.source import SourceDefaults
 from opsctl.domain.gpu import HostGpus, host_from_raw
 from tests.waiting import wait_until
 
@@ -282,8 +282,8 @@ def hot_host(temp_c: float) -> HostGpus:
 @pytest.mark.parametrize(("temp_c", "fires"), [(90.0, True), (60.0, False)])
 def test_the_advisor_behind_gpu_source_sees_the_gpus(temp_c, fires):
     """The console wraps GpuSource inside the advisor: gpu_thermal reads the GPUs."""
+    from opsctl.console import judge_advisor as advisor
     from opsctl.console.gpus import GpuSource, advised
-    from opsctl.domain import advisor
 
     inner = Fixed(view("http://127.0.0.1:8000", (ProcRole(10, "EngineCore"),)))
     inner.settings = types.SimpleNamespace(interval_s=0.2)
@@ -303,7 +303,7 @@ def test_the_advisor_behind_gpu_source_sees_the_gpus(temp_c, fires):
 
 def test_importing_the_collector_and_the_console_does_not_load_pynvml():
     code = (
-        "import sys, opsctl.collectors.gpu, opsctl.ui.console_app, opsctl.console.once; "
+        "import sys, opsctl.collectors.gpu, opsctl.console.view_app, opsctl.console.once; "
         "print('pynvml' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -12,7 +12,7 @@ from pathlib import Path
 from textual.widgets import Static
 
 from opsctl.collectors.gpu import GpuFeed
-from opsctl.domain.console import (
+from opsctl.console.judge import (
     BUSY,
     EndpointView,
     EngineInfo,
@@ -23,8 +23,8 @@ from opsctl.domain.console import (
     ProcRole,
     Target,
 )
+from opsctl.console.view_app import DetailScreen, build_console_app
 from opsctl.domain.gpu import HostGpus, host_from_raw
-from opsctl.ui.console_app import DetailScreen, build_console_app
 from tests.standins.fleet_source import FixedSource
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "console" / "serve"

@@ -16,7 +16,7 @@ import json
 from itertools import pairwise
 from pathlib import Path
 
-from opsctl.domain.console_state import Progress
+from opsctl.console.judge_state import Progress
 from tests.cli.test_json_schemas import validate
 
 RUN = Path(__file__).resolve().parents[1] / "data" / "gpu" / "2026-12-05" / "prefill"

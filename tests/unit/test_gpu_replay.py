@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.console.judge import ProcRole
 from opsctl.console.render_advice import gpu_detail_lines as detail_lines
 from opsctl.console.render_advice import short
-from opsctl.domain.console import ProcRole
 from opsctl.domain.gpu import (
     device_dict,
     endpoint_gpu_bytes,

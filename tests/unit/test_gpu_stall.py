@@ -11,10 +11,10 @@ from pathlib import Path
 
 import jsonschema
 
+from opsctl.console.judge import STALLED, Target
+from opsctl.console.judge_state import EndpointTracker
 from opsctl.console.report import endpoint_dict
 from opsctl.domain import gpu
-from opsctl.domain.console import STALLED, Target
-from opsctl.domain.console_state import EndpointTracker
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schemas" / "opsctl.console-4.schema.json"
 

@@ -20,6 +20,8 @@
   check;
 - a feature that is no check is a room of its own (opsctl/stacks/, opsctl/serve/), its
   files by the same roles, its ``__init__.py`` pure (domain).
+- the console (opsctl/console/) is a room whose files without a role are the console
+  layer: its ``judge*.py`` files are domain, its ``view*.py`` files ui.
 Also: no star imports, no import cycle anywhere in opsctl or engine_patches (every import
 counts, also one inside a function), no function
 over 80 lines, no command module (opsctl/commands/, a check folder's or a room's
@@ -94,6 +96,8 @@ def layer(module: str) -> str:
         return "entry"
     if module == SUITE or module.startswith(SUITE + "."):
         return suite_layer(module)
+    if module.startswith(CONSOLE + "."):
+        return console_layer(module)
     room = next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
     if room:
         return role_layer(module, room, "domain")
@@ -117,6 +121,17 @@ def role_layer(module: str, folder: str, init: str) -> str:
     name = module[len(folder) + 1 :].split(".")[0]
     role = next((r for r in ROLES if name.startswith(r)), None)
     return ROLES[role] if role else f"no role ({name}: name it {', '.join(ROLES)})"
+
+
+# the console's room: judge*/view* by role, its other files the console layer
+CONSOLE = "opsctl.console"
+CONSOLE_ROLES = {"judge": "domain", "view": "ui"}
+
+
+def console_layer(module: str) -> str:
+    """A file of the console's room: its role's layer, else the console layer."""
+    name = module.split(".")[2]
+    return next((CONSOLE_ROLES[r] for r in CONSOLE_ROLES if name.startswith(r)), "console")
 
 
 def imports(path: Path, module: str, root: Path = ROOT) -> Iterator[tuple[str, int, bool, bool]]:
@@ -396,3 +411,22 @@ def test_the_engram_room_holds_each_file_to_its_role(tmp_path, monkeypatch):
         "opsctl/suite/engram/judge_plan.py:1 imports psutil (domain may not import psutil)"
     ]
     assert violations_of("opsctl.suite.engram.collect", room_dir / "collect.py") == []
+
+
+def test_the_console_room_holds_each_file_to_its_role(tmp_path, monkeypatch):
+    """opsctl/console/ is the console: its judge files are held to the domain's rules (a
+    judge file that imported httpx would break them), its view files to the ui's, the
+    rest (sources, trackers, actions) to the console layer's."""
+    room = {m.rpartition(".")[2]: layer(m) for m in ALL if m.startswith("opsctl.console.")}
+    assert room["judge"] == room["judge_state"] == room["judge_advisor"] == "domain", room
+    assert room["view_app"] == room["view_panel"] == "ui", room
+    assert room["source"] == room["actions"] == room["columns"] == "console", room
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "opsctl" / "console").mkdir(parents=True)
+    found = {}
+    for name in ("judge_state", "direct"):  # the same httpx import, two layers
+        path = tmp_path / "opsctl" / "console" / f"{name}.py"
+        path.write_text("import httpx\n")
+        found[name] = violations_of(f"opsctl.console.{name}", path)
+    httpx_in_judge = "opsctl/console/judge_state.py:1 imports httpx (domain may not import httpx)"
+    assert found == {"judge_state": [httpx_in_judge], "direct": []}

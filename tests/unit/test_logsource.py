@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from opsctl.console import logsource, targets
+from opsctl.console.judge import Target
 from opsctl.console.logsource import LoggedSource, LogTail, parse_log_option
 from opsctl.console.source import SourceDefaults
-from opsctl.domain.console import Target
 from opsctl.errors import BadInput
 
 DATA = Path(__file__).resolve().parents[1] / "data/serverlogs"
@@ -125,7 +125,7 @@ def test_log_option_and_targets_file(tmp_path):
 
 class _Source(SourceDefaults):
     def __init__(self, views):
-        from opsctl.domain.console import FleetSnapshot
+        from opsctl.console.judge import FleetSnapshot
 
         self.snap = FleetSnapshot(0.0, tuple(views), 1.0)
 
@@ -134,7 +134,7 @@ class _Source(SourceDefaults):
 
 
 def _view(target: Target, state: str, reason: str | None):
-    from opsctl.domain.console import EndpointView, EngineInfo, Figures
+    from opsctl.console.judge import EndpointView, EngineInfo, Figures
 
     return EndpointView(target, state, reason, Figures(), EngineInfo(), None, None, None,
                         None, 0, 0, None)  # fmt: skip

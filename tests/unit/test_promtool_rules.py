@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from opsctl.console.judge_prom_view import Progress
 from opsctl.domain import alert_rules
-from opsctl.domain.prom_view import Progress
 
 PROMTOOL = os.environ.get("OPSCTL_PROMTOOL", "/usr/bin/promtool")
 JOB = "vllm"
@@ -299,7 +299,7 @@ def random_run(rng: random.Random, n: int) -> tuple[list[float], list[float]]:
 def test_the_stall_alert_agrees_with_the_console_rule_on_the_same_series(promtool, tmp_path):
     """Every second of several runs: the alert fires (no --for) exactly when the console's
     rule calls the endpoint stalled; both read alert_rules.STALL_WINDOW_S."""
-    from opsctl.domain.console_state import Settings
+    from opsctl.console.judge_state import Settings
 
     assert Settings().stall_window_s == alert_rules.STALL_WINDOW_S
     rng = random.Random(27)
@@ -350,8 +350,8 @@ def dp_series(instance: str, engines: dict[str, tuple[list[float], ...]]) -> lis
 def console_engines_stalled(engines: dict[str, tuple[list[float], ...]]) -> list[set[str]]:
     """The console's verdict at each scrape (t = index seconds): the engines it calls
     stalled, by the per-engine rule both sources run (EngineProgress + judge_engines)."""
-    from opsctl.domain.console import EngineView
-    from opsctl.domain.console_state import EngineProgress, judge_engines
+    from opsctl.console.judge import EngineView
+    from opsctl.console.judge_state import EngineProgress, judge_engines
 
     p = EngineProgress()
     n = len(next(iter(engines.values()))[0])

@@ -25,9 +25,9 @@ from opsctl.collectors.processes import (
     stopped_members,
     tree_order,
 )
+from opsctl.console.judge import ProcRole
+from opsctl.console.judge_state import stopped_reason
 from opsctl.domain import ranks
-from opsctl.domain.console import ProcRole
-from opsctl.domain.console_state import stopped_reason
 from opsctl.domain.gpu import device_dict, endpoint_gpus, host_from_raw
 from tests.waiting import wait_until
 

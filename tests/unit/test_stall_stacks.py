@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+from opsctl.console import judge as c
+from opsctl.console.judge_state import EndpointTracker
 from opsctl.console.stall_stacks import AT_STALL, ON_DEMAND, StallStacks, target_of
-from opsctl.domain import console as c
-from opsctl.domain.console_state import EndpointTracker
 from opsctl.stacks.judge_verdict import diagnose, headline_of
 from tests.waiting import wait_until
 

@@ -11,8 +11,8 @@ import time
 from opsctl.checks import status
 from opsctl.checks.target import UrlTarget
 from opsctl.collectors.canary import send
-from opsctl.domain import console as c
-from opsctl.domain.console_state import decide, judge_canary
+from opsctl.console import judge as c
+from opsctl.console.judge_state import decide, judge_canary
 from tests.standins.base import StandInVllm, serving
 from tests.unit.test_console_domain import body, scrape
 

@@ -1,4 +1,4 @@
-"""The tee's pure parts (opsctl.domain.requests) and its LISTEN=URL parsing."""
+"""The tee's pure parts (opsctl.console.judge_requests) and its LISTEN=URL parsing."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from opsctl.console import judge_requests as rq
 from opsctl.console.columns import tee_cell
 from opsctl.console.tee import parse_tee
-from opsctl.domain import requests as rq
+from opsctl.console.view_drill_in import requests_lines
 from opsctl.errors import BadInput
-from opsctl.ui.render_drill_in import requests_lines
 
 
 def sse(*chunks: dict | str) -> bytes:
@@ -167,10 +167,10 @@ def test_parse_tee_other_address_when_allowed():
 
 
 def test_row_and_drill_in_show_the_tee_and_the_log():
-    from opsctl.domain.console import EndpointView, EngineInfo, Figures, Target
-    from opsctl.domain.logview import facts
-    from opsctl.ui.panels.console import row_cells
-    from opsctl.ui.panels.console_detail import summary_text
+    from opsctl.console.judge import EndpointView, EngineInfo, Figures, Target
+    from opsctl.console.judge_logview import facts
+    from opsctl.console.view_detail import summary_text
+    from opsctl.console.view_panel import row_cells
 
     live = record(id=2, status=None, in_flight=True, stream=True, duration_s=1.0)
     reqs = rq.RequestsView("http://127.0.0.1:1", "http://127.0.0.1:2", False, (live,),
@@ -195,9 +195,9 @@ def test_row_and_drill_in_show_the_tee_and_the_log():
 def test_a_recording_replays_the_requests_and_the_log():
     """console --record/--replay: the tee's records and the log facts come back as
     they were (the replay decodes by the dataclasses' type hints)."""
+    from opsctl.console.judge import EndpointView, EngineInfo, Figures, FleetSnapshot, Target
+    from opsctl.console.judge_logview import facts
     from opsctl.console.replay import decode, encode
-    from opsctl.domain.console import EndpointView, EngineInfo, Figures, FleetSnapshot, Target
-    from opsctl.domain.logview import facts
 
     reqs = rq.RequestsView("l", "u", True, (record(id=2, status=None, in_flight=True),),
                            (record(status=rq.DISCONNECTED, prompt="p"),), 2, 0, 1)  # fmt: skip

@@ -16,8 +16,8 @@ import threading
 import httpx
 import pytest
 
+from opsctl.console import judge_requests as rq
 from opsctl.console.tee import TeeProxy, parse_tee
-from opsctl.domain import requests as rq
 from opsctl.engine.server import free_port
 from opsctl.errors import BadInput
 from tests.standins.base import StandInVllm, serving

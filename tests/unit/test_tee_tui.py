@@ -14,10 +14,10 @@ import pytest
 
 from opsctl.console import targets
 from opsctl.console.direct import DirectScrapeSource
+from opsctl.console.judge_state import Settings
 from opsctl.console.taps import tapped
-from opsctl.domain.console_state import Settings
+from opsctl.console.view_app import DetailScreen, build_console_app
 from opsctl.engine.server import free_port
-from opsctl.ui.console_app import DetailScreen, build_console_app
 from tests.standins.vllm_server import StandInFleet
 
 LOG = Path(__file__).resolve().parents[1] / "data/serverlogs/vllm-0.32-no-such-arch-death.log"

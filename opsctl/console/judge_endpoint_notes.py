@@ -1,6 +1,6 @@
 """What the console attaches to an endpoint: advisor advice and Prometheus alerts (data).
 
-A leaf module: opsctl.domain.console types its views with these, and the advisor and
+A leaf module: opsctl.console.judge types its views with these, and the advisor and
 alert_rules, which read that module, make them.
 """
 

@@ -1,14 +1,14 @@
 """The console's drill-in text of alerts, tee requests and logs.
 
-The domain holds the facts (:mod:`opsctl.domain.alert_rules`, :mod:`opsctl.domain.requests`,
-:mod:`opsctl.domain.logview`); this writes them for the drill-in panel.
+The domain holds the facts (:mod:`opsctl.domain.alert_rules`, :mod:`opsctl.console.judge_requests`,
+:mod:`opsctl.console.judge_logview`); this writes them for the drill-in panel.
 """
 
 from __future__ import annotations
 
-from opsctl.domain import requests as rq
-from opsctl.domain.endpoint_notes import FiredAlert
-from opsctl.domain.logview import LogFacts
+from opsctl.console import judge_requests as rq
+from opsctl.console.judge_endpoint_notes import FiredAlert
+from opsctl.console.judge_logview import LogFacts
 
 
 def alert_lines(alerts: tuple[FiredAlert, ...]) -> list[str]:

@@ -14,10 +14,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from opsctl.console.actions import CheckJob
+from opsctl.console.judge import DEAD, EndpointView
 from opsctl.console.local import LocalDetail
-from opsctl.domain.console import DEAD, EndpointView
-from opsctl.serve.view_panels import LedgerPanel, LogPanel, ProcessPanel
-from opsctl.ui.panels.console_detail import (
+from opsctl.console.view_detail import (
     EngramPanel,
     LatencyTable,
     SparkPanel,
@@ -25,6 +24,7 @@ from opsctl.ui.panels.console_detail import (
     server_info_text,
     summary_text,
 )
+from opsctl.serve.view_panels import LedgerPanel, LogPanel, ProcessPanel
 
 HELP = """\
 [b]opsctl console[/b]: keys

@@ -1,12 +1,12 @@
 """Prometheus answers -> the console's EndpointViews (pure), as the direct source's.
 
 The same states as the direct source by construction: the state comes from
-opsctl.domain.console_state.decide, fed what Prometheus knows (the scrape health of
+opsctl.console.judge_state.decide, fed what Prometheus knows (the scrape health of
 /metrics and, when Prometheus also scrapes /health, of /health; running requests; the
 stall rule replayed on Prometheus's raw samples by :class:`Progress`, which is
 EndpointTracker's rule; restarts from ``resets()``/``changes()``).
 
-Figures mirror opsctl.domain.console.figures: gauges and totals summed per endpoint,
+Figures mirror opsctl.console.judge.figures: gauges and totals summed per endpoint,
 rates from ``rate()`` over the rate window, interval ratios (prefix hits, tokens per
 step, prompt sources) from ``increase()`` over it, else lifetime; percentiles from
 ``histogram_quantile()`` over the latency window where it saw requests, else lifetime."""
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opsctl.domain.console import (
+from opsctl.console.judge import (
     RATES,
     RESET_COUNTERS,
     EndpointView,
@@ -36,7 +36,16 @@ from opsctl.domain.console import (
     kv_tokens_of,
     tokens_per_step,
 )
-from opsctl.domain.console_state import (
+from opsctl.console.judge_prom import (
+    ENGINE_TAGS,
+    QNAMES,
+    EnginePoints,
+    InstanceData,
+    Probe,
+    PromTarget,
+    Windows,
+)
+from opsctl.console.judge_state import (
     READY,
     EngineProgress,
     History,
@@ -48,22 +57,13 @@ from opsctl.domain.console_state import (
     judge_engines,
 )
 from opsctl.domain.metrics import LATENCY_HISTOGRAMS, RUNNING, MetricSamples
-from opsctl.domain.prom import (
-    ENGINE_TAGS,
-    QNAMES,
-    EnginePoints,
-    InstanceData,
-    Probe,
-    PromTarget,
-    Windows,
-)
 
 SOURCE = "prometheus"
 _STATUS = re.compile(r"server returned HTTP status (\d{3})")
 
 
 def kv_tokens(d: InstanceData) -> tuple[int | None, int | None]:
-    """KV capacity and used tokens of one endpoint (opsctl.domain.console.kv_tokens_of).
+    """KV capacity and used tokens of one endpoint (opsctl.console.judge.kv_tokens_of).
 
     ``kv`` is the engines' mean usage; each engine has the cache cache_config_info gives."""
     engines = len(d.labelled.get("e.kv", {})) or int(d.get("engines") or 0) or 1
@@ -95,7 +95,7 @@ def engine_readings(d: InstanceData) -> list[EngineView]:
 def latency(d: InstanceData) -> tuple[dict[str, Quantiles], str]:
     """Per histogram the window's figures where it saw requests, else the lifetime's.
 
-    The basis rule of opsctl.domain.console.latency_figures."""
+    The basis rule of opsctl.console.judge.latency_figures."""
     out: dict[str, Quantiles] = {}
     basis = "none"
     for short in LATENCY_HISTOGRAMS:
@@ -288,7 +288,7 @@ def with_probe(view: EndpointView, probe: Probe | None, job: str) -> EndpointVie
     """``view`` after the blackbox canary's last probe of it (scrape job ``job``).
 
     A ready endpoint (idle by its gauges, /health 200) whose probe got no answer in time
-    is stalled, as console --once's own canary judges (opsctl.domain.console_state
+    is stalled, as console --once's own canary judges (opsctl.console.judge_state
     .judge_canary): an engine stopped while idle shows no other sign. A probe answered
     with an error status, or that could not connect, leaves it as it was (the engine answered: inconclusive; the
     alert VllmCanaryFailed still fires on it); so does a success, or no probe."""

@@ -1,6 +1,6 @@
 """Prometheus HTTP API (pure): the PromQL the console sends and the parsing of answers.
 
-JSON documents in, frozen values out; no I/O. opsctl.domain.prom_view turns the
+JSON documents in, frozen values out; no I/O. opsctl.console.judge_prom_view turns the
 parsed values into the console's views.
 
 One poll is three requests (ten with the latency ones), each serving every endpoint at
@@ -18,7 +18,7 @@ once:
   one union per latency histogram: ``histogram_quantile()`` over the latency window where
   it saw requests, else over the server's lifetime;
 - one range selector (raw samples of running, generation tokens, engine steps over the
-  stall window plus two scrapes) for the stall rule of opsctl.domain.console_state."""
+  stall window plus two scrapes) for the stall rule of opsctl.console.judge_state."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from opsctl.console.judge import QUANTILES, RATES, RESET_COUNTERS
 from opsctl.domain import metrics as vm
-from opsctl.domain.console import QUANTILES, RATES, RESET_COUNTERS
 from opsctl.domain.metrics import Point
 
 TAG = "opsctl_q"

@@ -1,6 +1,6 @@
 """The console's fleet table (``FleetTable``): a Line API widget over a row model.
 
-The model: per endpoint URL its cells (strings, ``opsctl.ui.panels.console.row_cells``),
+The model: per endpoint URL its cells (strings, ``opsctl.console.view_panel.row_cells``),
 the row order (sorted by one column's key), the cursor. A tick updates the model and
 repaints only the lines on screen whose text changed; an unchanged tick touches nothing,
 a row off screen costs nothing until it is scrolled to, a column only ever grows (then
@@ -25,9 +25,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from opsctl.console.columns import GPU, Row, has_gpus
-from opsctl.domain.console import EndpointView
+from opsctl.console.judge import EndpointView
+from opsctl.console.view_panel import COLUMNS, STATE_STYLE, row_cells
 from opsctl.domain.gpu import HostGpus
-from opsctl.ui.panels.console import COLUMNS, STATE_STYLE, row_cells
 
 
 def sort_value(cell: str):

@@ -1,6 +1,6 @@
 """Per-endpoint state machine of the console (pure: scrapes in, frozen views out).
 
-Local process states come in too. See opsctl.domain.console for the states and the data
+Local process states come in too. See opsctl.console.judge for the states and the data
 types."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from opsctl.domain import alert_rules
-from opsctl.domain.console import (
+from opsctl.console.judge import (
     BUSY,
     DEAD,
     READY,
@@ -33,6 +32,7 @@ from opsctl.domain.console import (
     is_vllm,
     went_back,
 )
+from opsctl.domain import alert_rules
 from opsctl.domain.metrics import (
     RUNNING,
     WAITING,
@@ -602,7 +602,7 @@ def verdict(
 
     With endpoints the operator named, the verdict is about those: discovered servers
     are shown, not judged."""
-    from opsctl.domain.console import REACHABLE
+    from opsctl.console.judge import REACHABLE
 
     if any(v.target.source in GIVEN for v in views):
         views = [v for v in views if v.target.source in GIVEN]

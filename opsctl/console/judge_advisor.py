@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from opsctl.console.judge import RESTARTED, STALLED, UNAUTHORIZED, EndpointView
+from opsctl.console.judge_endpoint_notes import Advice
 from opsctl.domain import knobs
 from opsctl.domain.alert_rules import ERROR_RATIO as REQUEST_ERRORS_MIN_FRACTION
 from opsctl.domain.alert_rules import KV_PREEMPTION_MIN_PER_S
-from opsctl.domain.console import RESTARTED, STALLED, UNAUTHORIZED, EndpointView
-from opsctl.domain.endpoint_notes import Advice
 from opsctl.domain.findings import FAIL, INFO, WARNING
 from opsctl.domain.metrics import (
     CACHE_CONFIG_INFO,

@@ -6,7 +6,7 @@ the UI thread only renders what they report.
 
 Every action is refused under ``--readonly`` (and in a replay); stop, restart, reaping
 and the admin calls that change a server (reset_prefix_cache, sleep, pause, ...) ask
-first in a :class:`~opsctl.ui.console_modals.ConfirmScreen`.
+first in a :class:`~opsctl.console.view_modals.ConfirmScreen`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from textual.message import Message
 from opsctl.console import actions as act
 from opsctl.console import servers as console_servers
 from opsctl.console import verbs
+from opsctl.console.judge import EndpointView
+from opsctl.console.view_checks import ChecksScreen
+from opsctl.console.view_modals import ConfirmScreen, PickScreen, StartServerScreen
 from opsctl.domain import admin_routes as adm
-from opsctl.domain.console import EndpointView
 from opsctl.errors import OpsctlError
-from opsctl.ui.console_checks import ChecksScreen
-from opsctl.ui.console_modals import ConfirmScreen, PickScreen, StartServerScreen
 
 
 class JobEvent(Message):

@@ -14,14 +14,14 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
 from opsctl.console.columns import age_text, fmt
+from opsctl.console.judge import EndpointView
 from opsctl.console.local import LocalDetail
 from opsctl.console.render_advice import detail_lines as advisor_detail_lines
 from opsctl.console.render_advice import engine_lines, gpu_detail_lines
-from opsctl.domain.console import EndpointView
+from opsctl.console.view_drill_in import alert_lines, log_lines, requests_lines
+from opsctl.console.view_panel import STATE_STYLE
 from opsctl.domain.gpu import shown_reason
 from opsctl.output import human_bytes
-from opsctl.ui.panels.console import STATE_STYLE
-from opsctl.ui.render_drill_in import alert_lines, log_lines, requests_lines
 
 LATENCY_ROWS = (
     ("ttft", "TTFT"),

@@ -6,7 +6,7 @@ on screen that changed; the drill-in reads local details in a worker thread, onl
 it is open. ``build_console_app`` is the one factory (CLI and tests); ``run_console``
 runs it under the engine lifetime policy.
 
-Actions (checks, servers, admin calls, reaping, bundles; opsctl.ui.console_actions)
+Actions (checks, servers, admin calls, reaping, bundles; opsctl.console.view_actions)
 run in worker threads; a check's result stays on its endpoint's row (column "check")
 and in the drill-in. With ``record`` every frame (snapshot + row notes) is written as
 JSONL (opsctl.console.replay); a replay source adds step and speed keys and no actions.
@@ -31,17 +31,17 @@ from textual.widgets import Footer, Input
 
 from opsctl.collectors.gpu import GpuFeed
 from opsctl.console.actions import Jobs
+from opsctl.console.judge import DEAD, FleetSnapshot
 from opsctl.console.local import LocalDetail, collect_detail
 from opsctl.console.servers import ServerManager
 from opsctl.console.source import FleetSource
 from opsctl.console.stall_stacks import StallStacks
-from opsctl.domain.console import DEAD, FleetSnapshot
-from opsctl.ui.console_actions import ActionsMixin, JobEvent, ServerChanged
-from opsctl.ui.console_checks import ChecksScreen
-from opsctl.ui.console_screens import DetailScreen, HelpScreen, actions_text
-from opsctl.ui.panels.console import COLUMNS, FleetHeader, header_text, matches
-from opsctl.ui.panels.console_detail import SPARKS
-from opsctl.ui.panels.fleet_table import FleetTable
+from opsctl.console.view_actions import ActionsMixin, JobEvent, ServerChanged
+from opsctl.console.view_checks import ChecksScreen
+from opsctl.console.view_detail import SPARKS
+from opsctl.console.view_fleet_table import FleetTable
+from opsctl.console.view_panel import COLUMNS, FleetHeader, header_text, matches
+from opsctl.console.view_screens import DetailScreen, HelpScreen, actions_text
 
 __all__ = ["ConsoleApp", "DetailScreen", "HelpScreen", "build_console_app", "run_console"]
 REPLAY_ACTIONS = {"step_forward", "step_back", "faster", "slower"}

@@ -3,7 +3,7 @@
 ``COLUMNS`` and ``row_cells`` are the TUI's view of opsctl.console.columns, the one
 declaration ``--once``'s table reads too; the filter is ``matches``, the header (counts by
 state) ``header_text`` and ``FleetHeader``. The table widget itself, a Line API widget over
-a row model, is ``opsctl.ui.panels.fleet_table.FleetTable``.
+a row model, is ``opsctl.console.view_fleet_table.FleetTable``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from opsctl.console.columns import FLEET_TABLE, Row, cells
-from opsctl.domain.advisor import findings as advisor_findings
-from opsctl.domain.console import EndpointView, FleetSnapshot
-from opsctl.domain.console_state import state_counts
+from opsctl.console.judge import EndpointView, FleetSnapshot
+from opsctl.console.judge_advisor import findings as advisor_findings
+from opsctl.console.judge_state import state_counts
 
 STATE_STYLE = {
     "starting": "yellow",

@@ -19,9 +19,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.domain.endpoint_notes import Advice, FiredAlert
+from opsctl.console.judge_endpoint_notes import Advice, FiredAlert
+from opsctl.console.judge_logview import LogFacts  # runtime: the replay decodes by type hints
+from opsctl.console.judge_requests import RequestsView
 from opsctl.domain.gpu import GpuDevice, HostGpus
-from opsctl.domain.logview import LogFacts  # runtime: the replay decodes by type hints
 from opsctl.domain.metrics import (
     GEN_TOKENS,
     KV_USAGE,
@@ -42,7 +43,6 @@ from opsctl.domain.metrics import (
     bucket_delta,
     histogram_quantile,
 )
-from opsctl.domain.requests import RequestsView
 
 STARTING, READY, BUSY, STALLED = "starting", "ready", "busy", "stalled"
 DEAD, UNREACHABLE, UNAUTHORIZED, RESTARTED = "dead", "unreachable", "unauthorized", "restarted"
@@ -221,7 +221,7 @@ class EngineView:
     """One data-parallel engine of an endpoint (vLLM's ``engine`` label) judged on its own.
 
     Its state (ready, busy, stalled) by the stall rule over its own series, so one
-    engine that stalls among healthy ones is seen (opsctl.domain.console_state)."""
+    engine that stalls among healthy ones is seen (opsctl.console.judge_state)."""
 
     engine: str  # the engine label: "0", "1", ... (a series without one is engine "0")
     role: str  # the EngineCore it is: EngineCore (one engine), EngineCore_DP1, ...
@@ -298,14 +298,14 @@ class EndpointView:
     # the GPUs any of the endpoint's local processes use (opsctl.domain.gpu.GpuDevice,
     # processes narrowed to this endpoint's, with roles); () when none or unknown
     gpus: tuple[GpuDevice, ...] = ()
-    # the advisor's findings from this endpoint's window of figures (opsctl.domain.advisor;
+    # the advisor's findings from this endpoint's window of figures (opsctl.console.judge_advisor;
     # the state's findings are added when shown: advisor.findings(view))
     findings: tuple[Advice, ...] = ()
     # the live requests of a tee proxy in front of this server (console --tee;
-    # opsctl.domain.requests.RequestsView), None without one
+    # opsctl.console.judge_requests.RequestsView), None without one
     requests: RequestsView | None = None
     # a log file tailed for this server (console --log / targets 'log';
-    # opsctl.domain.logview.LogFacts), None without one
+    # opsctl.console.judge_logview.LogFacts), None without one
     log: LogFacts | None = None
     # the alerts firing for this endpoint in Prometheus (console --prometheus; opsctl
     # .domain.alert_rules.FiredAlert, most severe first); () for other sources
@@ -483,7 +483,7 @@ def engine_readings(
     """Each engine's figures of one scrape (rates since ``prev``), its state not judged yet.
 
     The gauges and the generation and step rates of every engine label in ``cur``
-    (opsctl.domain.console_state judges them)."""
+    (opsctl.console.judge_state judges them)."""
     now = cur.by_engine()
     n = len(now)
     out = []
