@@ -34,15 +34,14 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import threading
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fidelity import Case
 from engine_patches import knobs
+from tests.standins.base import JSONHandler, serving
 
 NUDGE_MARKER = "-bs"  # in every BS=N request id (tag ...-bs<N>), never in BS=1's (alone)
 MM_PREFIX = "fid"
@@ -126,13 +125,10 @@ def mm_uuid(knob: tuple[tuple[str, str], ...]):
 # ---- usage -----------------------------------------------------------------------------------
 
 
-class _Inflating(BaseHTTPRequestHandler):
+class _Inflating(JSONHandler):
     """A stand-in proxy: forwards everything, adds one token to /score and /rerank usage."""
 
     upstream = ""
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
 
     def do_GET(self) -> None:
         self._forward("GET", None)
@@ -158,25 +154,15 @@ class _Inflating(BaseHTTPRequestHandler):
                 if isinstance(usage.get(key), int):
                     usage[key] += 1
             data = json.dumps(doc).encode()
-        self.send_response(r.status_code)
-        self.send_header("Content-Type", r.headers.get("content-type", "application/json"))
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send_bytes(r.status_code, data, r.headers.get("content-type", "application/json"))
 
 
 @contextlib.contextmanager
 def inflating_proxy(upstream: str) -> Iterator[str]:
     """A proxy on 127.0.0.1 in front of ``upstream`` that inflates usage by one token."""
     handler = type("Inflating", (_Inflating,), {"upstream": upstream.rstrip("/")})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as url:
+        yield url
 
 
 _USAGE: dict[str, list[str]] = {}  # variant -> verdicts (both variants share one engine)

@@ -28,6 +28,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.opsctl_run import read_event
+
 SHM = Path("/dev/shm")
 
 
@@ -35,16 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def read_event(proc: subprocess.Popen, deadline: float) -> dict:
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line:
-            return json.loads(line)
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited {proc.returncode}: {proc.stderr.read()[-500:]}")
-    raise TimeoutError("no event from opsctl serve")
 
 
 def alive(procs: list[psutil.Process]) -> list[int]:
@@ -79,7 +72,7 @@ def cycle(i: int, load_format: str) -> dict:
         text=True,
     )
     try:
-        ready = read_event(proc, time.monotonic() + 400)
+        ready = read_event(proc, 400)
         ready_s = time.monotonic() - t_start
         root = psutil.Process(ready["pid"])
         tree = [root, *root.children(recursive=True)]
@@ -89,7 +82,7 @@ def cycle(i: int, load_format: str) -> dict:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
         wall_stop = time.monotonic() - t_sig
-        stopped = read_event(proc, time.monotonic() + 5)
+        stopped = read_event(proc, 5)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -154,6 +155,50 @@ def hang_case(server, trigger: Path, busy: bool, url: str, model: str) -> dict:
     return case
 
 
+def run_engine(
+    server,
+    doc: dict,
+    out: Path,
+    ready_timeout: float,
+    body: Callable[[float], None],
+    keep_dir: Path,
+    keep: tuple[str, ...],
+    before_stop: tuple[Path, ...] = (),
+) -> bool:
+    """Start ``server``, run ``body(t0)`` on it, stop it; False when anything raised.
+
+    OUT records the engine's ready time, run dir, an error and its traceback, the stop and
+    the seconds; ``keep`` (run-dir folders) and server.log's tail are copied to ``keep_dir``.
+    ``before_stop``: trigger files removed before the engine is stopped."""
+    t0 = time.monotonic()
+    try:
+        server.start()
+        server.wait_healthy(ready_timeout)
+        doc["engine_ready_s"] = round(time.monotonic() - t0, 1)
+        doc["run_dir"] = str(server.run_dir)
+        body(t0)
+        return True
+    except Exception as exc:
+        doc["error"] = repr(exc)
+        doc["tb"] = traceback.format_exc()
+        return False
+    finally:
+        for path in before_stop:
+            path.unlink(missing_ok=True)
+        rep = server.stop()
+        doc["stop"] = {"seconds": rep.seconds, "leftover_pids": rep.leftover_pids}
+        doc["seconds"] = round(time.monotonic() - t0, 1)
+        out.write_text(json.dumps(doc, indent=1))
+        if server.run_dir is not None:
+            keep_dir.mkdir(exist_ok=True)
+            for sub in keep:
+                if (server.run_dir / sub).is_dir():
+                    shutil.copytree(server.run_dir / sub, keep_dir / sub, dirs_exist_ok=True)
+            log = server.run_dir / "server.log"
+            if log.is_file():
+                (keep_dir / "server.log").write_bytes(log.read_bytes()[-2_000_000:])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -176,13 +221,9 @@ def main() -> int:
         knobs={knobs.HANG_GPU: str(gpu_t), knobs.HANG_STEP: str(host_t)},
     )
     server = EngineServer(opts)
-    ok = True
-    t0 = time.monotonic()
-    try:
-        server.start()
-        server.wait_healthy(min(300.0, a.budget - 120))
-        doc["engine_ready_s"] = round(time.monotonic() - t0, 1)
-        doc["run_dir"] = str(server.run_dir)
+    failed: list[str] = []
+
+    def cases(t0: float) -> None:
         doc["url"] = server.url
         doc["baseline"] = cli("console", "--once", "--json", "--no-discover", server.url)
         out.write_text(json.dumps(doc, indent=1))
@@ -193,30 +234,23 @@ def main() -> int:
             try:
                 doc["cases"][name] = hang_case(server, trigger, busy, server.url, "tiny-llama")
             except Exception as exc:
-                ok = False
+                failed.append(name)
                 doc["cases"][name] = {"error": repr(exc), "tb": traceback.format_exc()}
             out.write_text(json.dumps(doc, indent=1))
-    except Exception as exc:
-        ok = False
-        doc["error"] = repr(exc)
-        doc["tb"] = traceback.format_exc()
-    finally:
-        gpu_t.unlink(missing_ok=True)
-        host_t.unlink(missing_ok=True)
-        rep = server.stop()
-        doc["stop"] = {"seconds": rep.seconds, "leftover_pids": rep.leftover_pids}
-        doc["seconds"] = round(time.monotonic() - t0, 1)
-        out.write_text(json.dumps(doc, indent=1))
-        if server.run_dir is not None:
-            dest = out.parent / "hang-run"
-            dest.mkdir(exist_ok=True)
-            for sub in ("ledger", "events", "stacks"):
-                if (server.run_dir / sub).is_dir():
-                    shutil.copytree(server.run_dir / sub, dest / sub, dirs_exist_ok=True)
-            log = server.run_dir / "server.log"
-            if log.is_file():
-                (dest / "server.log").write_bytes(log.read_bytes()[-2_000_000:])
-            shutil.rmtree(hold, ignore_errors=True)
+
+    ran = run_engine(
+        server,
+        doc,
+        out,
+        min(300.0, a.budget - 120),
+        cases,
+        out.parent / "hang-run",
+        ("ledger", "events", "stacks"),
+        before_stop=(gpu_t, host_t),
+    )
+    ok = ran and not failed
+    if server.run_dir is not None:
+        shutil.rmtree(hold, ignore_errors=True)
     print(json.dumps({k: v for k, v in doc.items() if k != "cases"}, default=str)[:1500])
     for name, c in doc["cases"].items():
         con = (c.get("console") or {}).get("doc") or {}

@@ -33,13 +33,12 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hang_gpu import cli, engine_util, nvml_util
+from hang_gpu import cli, engine_util, nvml_util, run_engine
 
 # (max model length, tokens per step, calibration prompt, config): the H200's, and
 # --small for a dry run of the script on a CPU machine (test_prefill_e2e's engine)
@@ -185,34 +184,16 @@ def main() -> int:
     )
     doc["step_tokens"] = STEP_TOKENS
     server = EngineServer(opts)
-    ok = True
-    t0 = time.monotonic()
-    try:
-        server.start()
-        server.wait_healthy(min(360.0, a.budget - 100))
-        doc["engine_ready_s"] = round(time.monotonic() - t0, 1)
-        doc["run_dir"] = str(server.run_dir)
+
+    def prefill(t0: float) -> None:
         out.write_text(json.dumps(doc, indent=1))
         prefill_case(server, min(a.seconds, a.budget - (time.monotonic() - t0) - 60), doc)
-    except Exception as exc:
-        ok = False
-        doc["error"] = repr(exc)
-        doc["tb"] = traceback.format_exc()
-    finally:
-        rep = server.stop()
-        doc["stop"] = {"seconds": rep.seconds, "leftover_pids": rep.leftover_pids}
-        doc["seconds"] = round(time.monotonic() - t0, 1)
-        out.write_text(json.dumps(doc, indent=1))
-        if server.run_dir is not None:
-            dest = out.parent / "prefill-run"
-            dest.mkdir(exist_ok=True)
-            for sub in ("ledger", "events"):
-                if (server.run_dir / sub).is_dir():
-                    shutil.copytree(server.run_dir / sub, dest / sub, dirs_exist_ok=True)
-            log = server.run_dir / "server.log"
-            if log.is_file():
-                (dest / "server.log").write_bytes(log.read_bytes()[-2_000_000:])
-        shutil.rmtree(work, ignore_errors=True)
+
+    ok = run_engine(
+        server, doc, out, min(360.0, a.budget - 100), prefill, out.parent / "prefill-run",
+        ("ledger", "events"),
+    )  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
     con = ((doc.get("console") or {}).get("doc") or {}).get("endpoints") or [{}]
     st = (doc.get("status") or {}).get("doc") or {}
     tl = [x for x in doc.get("timeline", []) if "error" not in x]

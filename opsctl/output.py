@@ -139,6 +139,18 @@ def emit(doc: dict[str, Any], *, as_json: bool, render: Callable[[Console], None
         render(stdout_console())
 
 
+def emit_report(report: Any, *, as_json: bool, render: Callable[[Console, dict], None]) -> None:
+    """``emit`` a report's document, then exit 1 on its ``failure``, else say its ``hint``."""
+    from opsctl.errors import CheckFailed
+
+    doc = report.to_dict()
+    emit(doc, as_json=as_json, render=lambda console: render(console, doc))
+    if report.failure:
+        raise CheckFailed(report.failure)
+    if report.hint:
+        info(report.hint)
+
+
 ERROR_SCHEMA = "error/1"
 ERROR_STATES = {1: "failed", 3: "unreachable", 4: "timeout", 130: "interrupted"}
 

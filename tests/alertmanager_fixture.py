@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -27,12 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
-import pytest
 
-from opsctl.engine.server import free_port
-from tests.prometheus_fixture import LogTail, _stop, _wait_ready
+from tests.prometheus_fixture import LogTail, _stop, find_binary, start_on_free_port
 
-BINARY = os.environ.get("OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 MISSING = (
     "Alertmanager is not installed ({binary} missing): run `make prometheus` as root "
     "(apt-get install -y prometheus-alertmanager) or set OPSCTL_ALERTMANAGER"
@@ -40,10 +35,9 @@ MISSING = (
 
 
 def binary() -> str:
-    found = BINARY if os.access(BINARY, os.X_OK) else shutil.which("alertmanager")
-    if not found:
-        pytest.fail(MISSING.format(binary=BINARY), pytrace=False)
-    return found
+    return find_binary(
+        "OPSCTL_ALERTMANAGER", "/usr/bin/prometheus-alertmanager", "alertmanager", MISSING
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,24 +133,20 @@ def running_alertmanager(webhook_url: str, timeout: float = 60.0) -> Iterator[Am
         config = workdir / "alertmanager.yml"
         config.write_text(config_text(webhook_url))
         log_path = workdir / "alertmanager.log"
-        for _ in range(3):  # a free port may be taken between the probe and the bind
-            port = free_port()
-            cmd = [
+        proc, url = start_on_free_port(
+            "alertmanager",
+            lambda port: [
                 exe,
                 f"--config.file={config}",
                 f"--storage.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--cluster.listen-address=",
                 "--log.level=warn",
-            ]
-            with log_path.open("ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-            url = f"http://127.0.0.1:{port}"
-            if _wait_ready(proc, url, timeout):
-                break
-            _stop(proc)
-        else:
-            raise RuntimeError(f"alertmanager did not start: {log_path.read_text()[-2000:]}")
+            ],
+            log_path,
+            workdir,
+            timeout,
+        )
         try:
             yield AmServer(proc, url, log_path)
         finally:

@@ -11,8 +11,6 @@ exporter is missing: a CI that runs these tests must have it."""
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,13 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from opsctl.domain.alert_rules import CANARY_MODULE
-from opsctl.engine.server import free_port
-from tests.prometheus_fixture import LogTail, _stop, _wait_ready
+from tests.prometheus_fixture import LogTail, _stop, find_binary, start_on_free_port
 
-BINARY = os.environ.get("OPSCTL_BLACKBOX", "/usr/bin/prometheus-blackbox-exporter")
 MISSING = (
     "the blackbox exporter is not installed ({binary} missing): run `make prometheus` as "
     "root (apt-get install -y prometheus-blackbox-exporter) or set OPSCTL_BLACKBOX"
@@ -35,10 +30,9 @@ MISSING = (
 
 def binary() -> str:
     """The exporter's binary, or a test failure saying how to install it."""
-    found = BINARY if os.access(BINARY, os.X_OK) else shutil.which("blackbox_exporter")
-    if not found:
-        pytest.fail(MISSING.format(binary=BINARY), pytrace=False)
-    return found
+    return find_binary(
+        "OPSCTL_BLACKBOX", "/usr/bin/prometheus-blackbox-exporter", "blackbox_exporter", MISSING
+    )
 
 
 @dataclass
@@ -74,17 +68,13 @@ def running_blackbox(config: Path) -> Iterator[BlackboxServer]:
     assert check.returncode == 0, check.stdout + check.stderr
     with tempfile.TemporaryDirectory(prefix="opsctl-blackbox-") as tmp:
         log_path = Path(tmp) / "blackbox.log"
-        for _ in range(3):  # a free port may be taken between the probe and the bind
-            port = free_port()
-            cmd = [exe, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}"]
-            with log_path.open("ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-            url = f"http://127.0.0.1:{port}"
-            if _wait_ready(proc, url, 60.0):
-                break
-            _stop(proc)
-        else:
-            raise RuntimeError(f"blackbox exporter did not start: {log_path.read_text()[-2000:]}")
+        proc, url = start_on_free_port(
+            "blackbox exporter",
+            lambda port: [exe, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}"],
+            log_path,
+            Path(tmp),
+            60.0,
+        )
         try:
             yield BlackboxServer(proc, url, log_path)
         finally:

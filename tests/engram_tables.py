@@ -50,6 +50,33 @@ def unique_prefix(tag: str = "t") -> str:
 VLLM_BLOCK = 32  # vLLM 0.32 ParallelEngramEmbedding(block_size=32)
 
 
+@contextlib.contextmanager
+def shm_file(name: str, data: bytes) -> Iterator[str]:
+    """The file /dev/shm/``name`` holding ``data``; removed on exit if still there."""
+    path = f"/dev/shm/{name}"
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+        yield path
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def deny_fds(monkeypatch, pid: int) -> None:
+    """Make ``pid``'s /proc/PID/fd unreadable to opsctl's shm scan (CI runs as root)."""
+    from opsctl.collectors import shm
+
+    real = shm.read_fds
+
+    def read_fds(p, *a, **kw):
+        if p == pid:
+            raise PermissionError(13, "Permission denied")
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(shm, "read_fds", read_fds)
+
+
 def fill(path: str, rows: int, dim: int, block: int = VLLM_BLOCK) -> int:
     weight = rows * dim
     total = weight + weight // block

@@ -32,7 +32,6 @@ import pytest
 
 from opsctl.engine.server import free_port
 
-BINARY = os.environ.get("OPSCTL_PROMETHEUS", "/usr/bin/prometheus")
 MISSING = (
     "Prometheus is not installed ({binary} missing): run `make prometheus` as root "
     "(apt-get install -y prometheus) or set OPSCTL_PROMETHEUS to a prometheus binary"
@@ -73,12 +72,19 @@ class PromServer(LogTail):
         return r.json()["data"]["alerts"]
 
 
+def find_binary(env: str, default: str, name: str, missing: str) -> str:
+    """$``env`` (else ``default``) when executable, else ``name`` on PATH, else a test
+    failure (``missing``)."""
+    path = os.environ.get(env, default)
+    found = path if os.access(path, os.X_OK) else shutil.which(name)
+    if not found:
+        pytest.fail(missing.format(binary=path), pytrace=False)
+    return found
+
+
 def binary() -> str:
     """The prometheus binary, or a test failure saying how to install it."""
-    found = BINARY if os.access(BINARY, os.X_OK) else shutil.which("prometheus")
-    if not found:
-        pytest.fail(MISSING.format(binary=BINARY), pytrace=False)
-    return found
+    return find_binary("OPSCTL_PROMETHEUS", "/usr/bin/prometheus", "prometheus", MISSING)
 
 
 def _hostports(urls: list[str]) -> list[str]:
@@ -123,26 +129,37 @@ def config_text(
     return json.dumps(doc, indent=1)
 
 
-def _start(workdir: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    exe = binary()
+def start_on_free_port(
+    what: str, cmd_for: Callable[[int], list[str]], log_path: Path, cwd: Path, timeout: float
+) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd_for(port)`` on a free 127.0.0.1 port until it answers /-/ready (3 tries)."""
     for _ in range(3):  # a free port may be taken between the probe and the bind
         port = free_port()
-        cmd = [
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(cmd_for(port), stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+        url = f"http://127.0.0.1:{port}"
+        if _wait_ready(proc, url, timeout):
+            return proc, url
+        _stop(proc)
+    raise RuntimeError(f"{what} did not start: {log_path.read_text(errors='replace')[-2000:]}")
+
+
+def _start(workdir: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    exe = binary()
+    return start_on_free_port(
+        "prometheus",
+        lambda port: [
             exe,
             f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=1h",
             "--log.level=warn",
-        ]
-        log = log_path.open("ab")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-        log.close()
-        url = f"http://127.0.0.1:{port}"
-        if _wait_ready(proc, url, 60.0):
-            return proc, url
-        _stop(proc)
-    raise RuntimeError(f"prometheus did not start: {log_path.read_text(errors='replace')[-2000:]}")
+        ],
+        log_path,
+        workdir,
+        60.0,
+    )
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> bool:

@@ -150,10 +150,6 @@ class Counter(Event):
     name: str
     value: float
 
-    def snapshot(self) -> dict[str, Any]:
-        """The panel fields this event sets: none."""
-        return {}
-
 
 @dataclass(frozen=True, slots=True)
 class Finished(Event):

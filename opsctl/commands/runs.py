@@ -124,19 +124,12 @@ def clean_cmd(
     """``runs clean``: reap orphaned engines, free their segments, prune runs (help: CLEAN_HELP)."""
     from opsctl import output
     from opsctl.checks import runs
-    from opsctl.errors import CheckFailed
     from opsctl.ui.render_runs import render_clean
 
     opts = runs.CleanOptions(
         older_than=older_than, min_age=min_age, grace=grace, yes=yes, shm=with_shm, force=force
     )
-    report = runs.clean(opts)
-    doc = report.to_dict()
-    output.emit(doc, as_json=as_json, render=lambda console: render_clean(console, doc))
-    if report.failure:
-        raise CheckFailed(report.failure)
-    if report.hint:
-        output.info(report.hint)
+    output.emit_report(runs.clean(opts), as_json=as_json, render=render_clean)
 
 
 def bundle_cmd(

@@ -4,12 +4,13 @@ own prefix (tests/engram_tables.py); no engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import pytest
-from engram_tables import planting, shared_table, unique_prefix, write_byte
+from engram_tables import deny_fds, planting, shared_table, shm_file, unique_prefix, write_byte
 from typer.testing import CliRunner
 
 from opsctl.cli import app
@@ -186,41 +187,35 @@ def test_inspect_pid_filter_does_not_call_other_processes_tables_orphans():
 
 def test_clean_dry_run_then_yes():
     prefix = unique_prefix("clicln")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
-        with shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t:
-            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
-            assert r.exit_code == 0, r.stderr
+    with (
+        shm_file(f"{prefix}orphan", b"\0" * 100) as orphan,
+        shared_table(prefix, mappers=1, unlink=False, suffix="busy") as t,
+    ):
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [os.path.basename(orphan)]
+        assert doc["mapped"] == [t.name] and doc["removed"] == []
+        assert os.path.exists(orphan)
+        r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
+        doc = json.loads(r.stdout)
+        if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
+            assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
+            r = invoke(
+                "engram",
+                "clean",
+                "--prefix",
+                prefix,
+                "--min-age",
+                "0",
+                "--yes",
+                "--force",
+                "--json",
+            )
             doc = json.loads(r.stdout)
-            assert doc["dry_run"] and [o["name"] for o in doc["orphans"]] == [
-                os.path.basename(orphan)
-            ]
-            assert doc["mapped"] == [t.name] and doc["removed"] == []
-            assert os.path.exists(orphan)
-            r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
-            doc = json.loads(r.stdout)
-            if doc["unchecked_pids"]:  # e.g. a sandbox's PID 1 denies even root: refused
-                assert r.exit_code == 1 and doc["removed"] == [] and os.path.exists(orphan)
-                r = invoke(
-                    "engram",
-                    "clean",
-                    "--prefix",
-                    prefix,
-                    "--min-age",
-                    "0",
-                    "--yes",
-                    "--force",
-                    "--json",
-                )
-                doc = json.loads(r.stdout)
-            assert r.exit_code == 0, r.stderr
-            assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
-            assert os.path.exists(t.path)
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
+        assert r.exit_code == 0, r.stderr
+        assert doc["removed"] == [os.path.basename(orphan)] and not os.path.exists(orphan)
+        assert os.path.exists(t.path)
 
 
 def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch):
@@ -237,10 +232,7 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
 
     monkeypatch.setattr(shm, "scan_mappings", scan)
     prefix = unique_prefix("clideny")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with shm_file(f"{prefix}orphan", b"\0" * 100) as orphan:
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
         assert r.exit_code == 1 and os.path.exists(orphan)
         doc = json.loads(r.stdout)
@@ -255,9 +247,6 @@ def test_clean_refuses_while_some_maps_are_unreadable_unless_forced(monkeypatch)
         assert not os.path.exists(orphan)
         r = invoke("engram", "clean", "--prefix", prefix, "--force")
         assert r.exit_code == 2 and len(error_lines(r)) == 1
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 def test_clean_rejects_foreign_prefix():
@@ -275,7 +264,9 @@ sys.stdin.readline()
 """
 
 
-def hold_open(path: str):
+@contextlib.contextmanager
+def held_open(path: str):
+    """A child process holding ``path`` open (not mapped) until the block ends."""
     import subprocess
     import sys
 
@@ -285,8 +276,13 @@ def hold_open(path: str):
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert child.stdout is not None and child.stdout.readline().startswith("ready")
-    return child
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("ready")
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
 
 
 def wait_age(path: str, seconds: float, timeout: float = 30) -> None:
@@ -312,11 +308,7 @@ def clean_yes(prefix: str, *args: str):
 
 def test_clean_keeps_a_table_held_open_but_not_mapped():
     prefix = unique_prefix("cliopen")
-    path = f"/dev/shm/{prefix}opened"
-    with open(path, "wb") as fh:
-        fh.write(b"\x38" * 4096)
-    child = hold_open(path)
-    try:
+    with shm_file(f"{prefix}opened", b"\x38" * 4096) as path, held_open(path) as child:
         r, doc = clean_yes(prefix, "--min-age", "0")
         assert r.exit_code == 0, r.stderr
         assert doc["open"] == [os.path.basename(path)] and doc["mapped"] == []
@@ -328,41 +320,23 @@ def test_clean_keeps_a_table_held_open_but_not_mapped():
         r, doc = clean_yes(prefix, "--min-age", "0")
         assert r.exit_code == 0 and doc["removed"] == [os.path.basename(path)]
         assert not os.path.exists(path)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-        if os.path.exists(path):
-            os.unlink(path)
 
 
 def test_clean_keeps_a_table_held_open_after_unlink_and_relink_by_inode():
     """Matching is by device + inode: a descriptor on an unlinked table ("(deleted)")
     does not hold a new file of the same name."""
     prefix = unique_prefix("cliino")
-    path = f"/dev/shm/{prefix}t"
-    with open(path, "wb") as fh:
-        fh.write(b"\x38" * 4096)
-    child = hold_open(path)
-    try:
+    with shm_file(f"{prefix}t", b"\x38" * 4096) as path, held_open(path):
         os.unlink(path)
         with open(path, "wb") as fh:  # same name, new inode, nobody holds it
             fh.write(b"\x38" * 4096)
         r, doc = clean_yes(prefix, "--min-age", "0")
         assert r.exit_code == 0 and doc["removed"] == [os.path.basename(path)]
-    finally:
-        child.kill()
-        child.wait(10)
-        if os.path.exists(path):
-            os.unlink(path)
 
 
 def test_clean_keeps_a_table_younger_than_the_minimum_age_then_removes_it_old():
     prefix = unique_prefix("cliyoung")
-    path = f"/dev/shm/{prefix}fresh"
-    try:
-        with open(path, "wb") as fh:
-            fh.write(b"\x38" * 4096)
+    with shm_file(f"{prefix}fresh", b"\x38" * 4096) as path:
         r, doc = clean_yes(prefix)  # default minimum age: 60 s
         assert r.exit_code == 0, r.stderr
         assert doc["min_age_s"] == 60 and doc["orphans"] == [] and doc["removed"] == []
@@ -372,9 +346,6 @@ def test_clean_keeps_a_table_younger_than_the_minimum_age_then_removes_it_old():
         r, doc = clean_yes(prefix, "--min-age", "1s")  # old, unmapped, not open: removed
         assert r.exit_code == 0, r.stderr
         assert doc["removed"] == [os.path.basename(path)] and not os.path.exists(path)
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "5w", ""])
@@ -387,28 +358,13 @@ def test_clean_bad_min_age_exit_2(value):
 
 def test_clean_refuses_when_some_fds_are_unreadable(monkeypatch):
     """Unreadable /proc/PID/fd counts like unreadable maps: --yes keeps everything."""
-    from opsctl.collectors import shm
-
-    real = shm.read_fds
-
-    def read_fds(pid, *a, **kw):
-        if pid == os.getppid():
-            raise PermissionError(13, "Permission denied")
-        return real(pid, *a, **kw)
-
-    monkeypatch.setattr(shm, "read_fds", read_fds)
+    deny_fds(monkeypatch, os.getppid())
     prefix = unique_prefix("clifd")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with shm_file(f"{prefix}orphan", b"\0" * 100) as orphan:
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--yes", "--json")
         doc = json.loads(r.stdout)
         assert r.exit_code == 1 and os.path.exists(orphan) and doc["removed"] == []
         assert os.getppid() in doc["unchecked_pids"] and "--force" in doc["refused"]
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 def test_inspect_says_each_finding_once_on_stdout_and_none_on_stderr():
@@ -461,16 +417,10 @@ def test_clean_min_age_is_a_duration(value, seconds):
 
 def test_clean_orphan_fields_carry_units():
     prefix = unique_prefix("clifields")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\0" * 100)
+    with shm_file(f"{prefix}orphan", b"\0" * 100):
         r = invoke("engram", "clean", "--prefix", prefix, "--min-age", "0", "--json")
         (o,) = json.loads(r.stdout)["orphans"]
         assert o["size_bytes"] == 100 and o["age_s"] >= 0 and not {"size", "age"} & set(o)
-    finally:
-        if os.path.exists(orphan):
-            os.unlink(orphan)
 
 
 @pytest.mark.parametrize("command", ["inspect", "plan", "clean"])

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from opsctl.cli import app
 from opsctl.collectors import shm
 from opsctl.suite.shutdown.collect import still_alive
+from tests.engram_tables import deny_fds
 from tests.standins.cli_result import error_lines
 
 runner = CliRunner()
@@ -438,14 +439,7 @@ def test_check_clean_refuses_segments_while_some_processes_are_unreadable(
 
     seg = shm_root / "psm_leak"
     seg.write_bytes(b"\1" * 4096)
-    real = shm.read_fds
-
-    def read_fds(pid, *a, **kw):
-        if pid == os.getpid():
-            raise PermissionError(13, "Permission denied")
-        return real(pid, *a, **kw)
-
-    monkeypatch.setattr(shm, "read_fds", read_fds)
+    deny_fds(monkeypatch, os.getpid())
     report = runs.clean(runs.CleanOptions(yes=True, shm=True, min_age=0))
     s = report.to_dict()["shm"]
     assert report.verdict == "fail" and seg.exists() and s["kept"] == ["psm_leak"]

@@ -58,11 +58,7 @@ def inflating_proxy(upstream: str) -> Iterator[str]:
                 doc["usage"]["prompt_tokens"] += INFLATE
                 doc["usage"]["total_tokens"] += INFLATE
                 data = json.dumps(doc).encode()
-            self.send_response(r.status_code)
-            self.send_header("Content-Type", r.headers.get("content-type", "application/json"))
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send_bytes(r.status_code, data, r.headers.get("content-type", "application/json"))
 
         def do_GET(self) -> None:
             self._forward("GET")

@@ -16,7 +16,7 @@ import os
 import random
 
 import pytest
-from engram_tables import shared_table, unique_prefix, write_byte
+from engram_tables import shared_table, shm_file, unique_prefix, write_byte
 
 from opsctl.suite.engram import collect as col
 from opsctl.suite.engram import collect_clean as clean_col
@@ -395,10 +395,7 @@ def test_check_clean_dry_run_then_yes():
     from opsctl.suite.engram import run_tables as engram
 
     prefix = unique_prefix("chkcln")
-    orphan = f"/dev/shm/{prefix}orphan"
-    try:
-        with open(orphan, "wb") as fh:
-            fh.write(b"\x38" * 4096)
+    with shm_file(f"{prefix}orphan", b"\x38" * 4096) as orphan:
         dry = engram.clean(engram.CleanOptions(prefix=prefix, min_age=0))
         assert dry.verdict == "pass" and dry.to_dict()["dry_run"] and os.path.exists(orphan)
         assert [o["name"] for o in dry.to_dict()["orphans"]] == [os.path.basename(orphan)]
@@ -409,6 +406,3 @@ def test_check_clean_dry_run_then_yes():
         assert done.verdict == "pass" and done.failure is None and done.hint is None
         assert done.to_dict()["removed"] == [os.path.basename(orphan)]
         assert not os.path.exists(orphan)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(orphan)

@@ -261,10 +261,8 @@ def test_hybrid_report_renders_for_the_terminal(hybrid):
     )
 
 
-def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):
-    rc, doc, err = hybrid_no_patch
-    assert rc == 1
-    assert doc["patch"]["status"] == "skipped"
+def assert_died_unpatched(doc: dict, err: str) -> None:
+    """Every recovery patch off: the engine died in the inject phase, and the fail says so."""
     assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}  # all three off
     assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
     assert doc["verdict"] == "fail"
@@ -273,3 +271,10 @@ def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):
         for line in doc["engine_death"] or []
     )
     assert "engine died" in err
+
+
+def test_hybrid_without_patch_reports_engine_death(hybrid_no_patch):
+    rc, doc, err = hybrid_no_patch
+    assert rc == 1
+    assert doc["patch"]["status"] == "skipped"
+    assert_died_unpatched(doc, err)

@@ -19,7 +19,8 @@ import pytest
 from opsctl.collectors import engine_tmp
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL
-from tests.e2e.test_serve_e2e import gone, left_in, read_event, served
+from tests.e2e.test_serve_e2e import gone, left_in, served
+from tests.opsctl_run import read_event
 from tests.standins.shm_watch import TreeShm
 from tests.waiting import wait_until
 

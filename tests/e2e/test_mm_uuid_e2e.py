@@ -17,8 +17,6 @@ images per prompt). Three engine starts in this module:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from opsctl.cli import app
 from opsctl.collectors.ledger import entries, read_events, read_records
 from opsctl.suite.mm_uuid import run as mm_uuid
 from opsctl.suite.mm_uuid.run import CACHE_ARGS, model_args
+from tests.opsctl_run import opsctl_json
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("mm-uuid-rewrite")]
 CANARY = "canary-all-0"
@@ -39,14 +38,7 @@ MODEL = "tiny-vlm-multi"
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "opsctl", "diag", "mm-uuid", "--model", MODEL, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return opsctl_json("diag", "mm-uuid", "--model", MODEL, "--json", timeout=1200)
 
 
 @pytest.fixture(scope="module")

@@ -132,6 +132,13 @@ def assert_culprit_and_waiter(doc: dict, roles: dict, status: str) -> None:
     assert f"; Worker_TP0 (pid {roles['Worker_TP0']}) waits in " in doc["headline"]
 
 
+def answers_again(load: ClosedLoad, url: str, held: int, what: str) -> None:
+    """The load at ``url`` moves past ``held`` answers, then stops with no request failed."""
+    wait_until(lambda: load.done[url] > held, 300, what)
+    load.stop(300)
+    assert load.failed == []
+
+
 def test_the_knob_is_armed_in_both_workers_only(tp2):
     server, _trigger, roles = tp2
     assert {"EngineCore", "Worker_TP0", "Worker_TP1"} <= set(roles), roles
@@ -199,9 +206,7 @@ def test_a_worker_stopped_under_load_is_named_and_its_peer_waits_in_the_collecti
         assert load.done[server.url] == held and load.failed == []  # held, not failed
     finally:
         os.kill(roles["Worker_TP1"], signal.SIGCONT)
-    wait_until(lambda: load.done[server.url] > held, 300, "answers again once continued")
-    load.stop(300)
-    assert load.failed == []
+    answers_again(load, server.url, held, "answers again once continued")
     print(
         f"\nMEASURED sigstop Worker_TP1: console --once stalled after {console_s:.1f} s "
         f"(reason: {e['reason']}); opsctl stacks verdict in {stacks_s:.1f} s: {st['headline']}"
@@ -233,9 +238,7 @@ def test_the_rank_held_before_the_all_reduce_is_named_with_the_frame_its_peer_wa
         assert held == 0 and load.failed == []  # the first step of the load never ended
     finally:
         trigger.unlink(missing_ok=True)
-    wait_until(lambda: load.done[server.url] > held, 300, "answers again once released")
-    load.stop(300)
-    assert load.failed == []
+    answers_again(load, server.url, held, "answers again once released")
     print(
         f"\nMEASURED knob TP1 before the all-reduce: console --once stalled after "
         f"{console_s:.1f} s (reason: {e['reason']}); opsctl stacks verdict in {stacks_s:.1f} s: "

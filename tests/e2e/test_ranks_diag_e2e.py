@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_kv_fail import OPSCTL, SAME_THREADS, diag
+from tests.e2e.test_kv_fail import OPSCTL, SAME_THREADS, assert_died_unpatched, diag
 from tests.e2e.test_serve_e2e import gone, left_in, run_watched
 
 pytestmark = pytest.mark.engine
@@ -105,11 +105,4 @@ def test_its_stop_leaves_no_rank_no_segment_and_keeps_the_operators_binding(patc
 def test_unpatched_tp2_shows_the_engine_death(unpatched):
     rc, doc, err = unpatched
     assert rc == 1, err[-3000:]
-    assert {p["status"] for p in doc["recovery_patches"]} == {"skipped"}
-    assert doc["engine_alive"] is False and doc["died_in_phase"] == "inject"
-    assert doc["verdict"] == "fail"
-    assert any(
-        "RuntimeError" in line or "EngineDead" in line or "KV cache groups" in line
-        for line in doc["engine_death"] or []
-    )
-    assert "engine died" in err
+    assert_died_unpatched(doc, err)

@@ -24,6 +24,7 @@ from opsctl.collectors.ledger import read_events, read_records
 from opsctl.collectors.processes import classify
 from opsctl.engine.server import free_port
 from tests.conftest import OPSCTL, running_engine
+from tests.opsctl_run import read_event
 from tests.standins.shm_watch import TreeShm
 from tests.waiting import wait_until
 
@@ -38,17 +39,6 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         text=True,
         env=dict(os.environ) if env is None else env,
     )
-
-
-def read_event(proc: subprocess.Popen, timeout: float = 400) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if line:
-            return json.loads(line)
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-    raise AssertionError("no event from serve")
 
 
 def json_documents(text: str) -> list:

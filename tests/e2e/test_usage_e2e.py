@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -27,6 +25,7 @@ from opsctl.cli import app
 from opsctl.embedded import catalog
 from opsctl.suite.usage import judge as U
 from opsctl.suite.usage import run as usage
+from tests.opsctl_run import opsctl_json
 
 pytestmark = [pytest.mark.engine, pytest.mark.pool("tiny-embed")]
 
@@ -39,25 +38,16 @@ def local_tokenizer(name: str):
 
 @pytest.fixture(scope="module")
 def reranker_report() -> dict:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "opsctl",
-            "diag",
-            "usage",
-            "--model",
-            "tiny-reranker",
-            "--load-format",
-            "dummy",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    return opsctl_json(
+        "diag",
+        "usage",
+        "--model",
+        "tiny-reranker",
+        "--load-format",
+        "dummy",
+        "--json",
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -130,17 +130,22 @@ def test_missing_stored_block_is_reported(setup):
     assert conn.get_block_ids_with_load_errors() == {1, 2}
 
 
-def test_scheduler_side_matches_stored_prefix(setup):
-    vllm_config, kv_cache_config, tmp = setup
-    conn = FaultInjectingConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
-    tokens = list(range(10, 10 + 2 * BS + 3))
-    req = Request(
+def request_a(tokens: list[int]) -> Request:
+    """Request "a" over ``tokens``, two tokens to generate."""
+    return Request(
         request_id="a",
         prompt_token_ids=tokens,
         sampling_params=SamplingParams(max_tokens=2),
         pooling_params=None,
         mm_features=None,
     )
+
+
+def test_scheduler_side_matches_stored_prefix(setup):
+    vllm_config, kv_cache_config, tmp = setup
+    conn = FaultInjectingConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    tokens = list(range(10, 10 + 2 * BS + 3))
+    req = request_a(tokens)
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
     folder = tmp / "store" / prefix_key(tokens[: 2 * BS]) / "rank0"
     folder.mkdir(parents=True)
@@ -209,13 +214,7 @@ def test_each_tp_rank_keeps_its_own_part_and_all_fail_the_same_blocks(setup, mon
     sched = FaultInjectingConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
     tokens = list(range(10, 10 + 2 * BS + 3))
     key = prefix_key(tokens[: 2 * BS])
-    req = Request(
-        request_id="a",
-        prompt_token_ids=tokens,
-        sampling_params=SamplingParams(max_tokens=2),
-        pooling_params=None,
-        mm_features=None,
-    )
+    req = request_a(tokens)
     store = Transfer("r1", key, ([1, 2], [3, 4]), 0, 2 * BS)
     for n, conn in enumerate(workers):
         assert sched.get_num_new_matched_tokens(req, 0) == (0, False)  # not every rank yet

@@ -26,6 +26,7 @@ from engine_patches.patches import batch_probe as bp
 from engine_patches.registry import APPLIED, SKIPPED
 from opsctl.collectors.ledger import read_events
 from tests.standins.patch_env import clean_patch_env
+from tests.wheel_sources import release_sources
 
 
 class StandInV2Runner:
@@ -246,14 +247,7 @@ def v2_runner_methods(source: str) -> dict[str, ast.FunctionDef]:
 @pytest.mark.wheels
 @pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
 def test_v2_targets_resolve_in_release_sources(version) -> None:
-    from opsctl.collectors.vllm_sources import WheelSources, fetch_wheel
-
-    wheel = WheelSources(fetch_wheel(version))
-    try:
-        source = wheel.read(bp.V2_MODULE)
-        sampler_init = wheel.read("vllm.v1.worker.gpu.input_batch")
-    finally:
-        wheel.close()
+    source, sampler_init = release_sources(version, bp.V2_MODULE, "vllm.v1.worker.gpu.input_batch")
     assert source is not None, f"{bp.V2_MODULE} missing in {version}"
     methods = v2_runner_methods(source)
     for name, params in V2_METHODS.items():

@@ -19,6 +19,7 @@ from engine_patches.patches import lora_swap_probe as P
 from engine_patches.registry import APPLIED
 from opsctl.collectors.ledger import read_events
 from tests.standins.patch_env import clean_patch_env
+from tests.wheel_sources import release_sources
 
 
 @pytest.fixture(autouse=True)
@@ -127,15 +128,9 @@ def _functions(tree: ast.AST) -> dict[str, ast.FunctionDef]:
 @pytest.mark.wheels
 @pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
 def test_v2_lora_targets_resolve_in_release_sources(version) -> None:
-    from opsctl.collectors.vllm_sources import WheelSources, fetch_wheel
-
-    wheel = WheelSources(fetch_wheel(version))
-    try:
-        runner = wheel.read(P.V2_RUNNER)
-        lora = wheel.read(P.V2_LORA)
-        mm = wheel.read("vllm.v1.worker.gpu.mm.lora")
-    finally:
-        wheel.close()
+    runner, lora, mm = release_sources(
+        version, P.V2_RUNNER, P.V2_LORA, "vllm.v1.worker.gpu.mm.lora"
+    )
     assert runner and lora and mm, version
     assert "from vllm.v1.worker.gpu.mm.lora import set_active_mm_loras" in runner
     fn = _functions(ast.parse(mm))["set_active_mm_loras"]

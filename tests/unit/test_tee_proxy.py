@@ -93,6 +93,17 @@ def tee(upstream):
         proxy.close()
 
 
+@contextlib.contextmanager
+def streamed(tee):
+    """A streaming completion through ``tee``, open while the block runs."""
+    body = {"model": "base", "prompt": "x", "stream": True}
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
+    ):
+        yield r
+
+
 def test_json_request_relayed_and_recorded_with_usage_and_adapter(tee, upstream):
     _, u = upstream
     with httpx.Client(base_url=tee.spec.listen_url, timeout=10) as c:
@@ -123,11 +134,7 @@ def test_json_request_relayed_and_recorded_with_usage_and_adapter(tee, upstream)
 
 def test_stream_is_passed_through_unbuffered_then_completed(tee, upstream):
     _, u = upstream
-    body = {"model": "base", "prompt": "x", "stream": True}
-    with (
-        httpx.Client(timeout=10) as c,
-        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
-    ):
+    with streamed(tee) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data:")  # arrives while the server holds the rest
         live = tee.view()
@@ -144,11 +151,7 @@ def test_stream_is_passed_through_unbuffered_then_completed(tee, upstream):
 
 def test_client_gone_mid_stream_closes_the_upstream(tee, upstream):
     _, u = upstream
-    body = {"model": "base", "prompt": "x", "stream": True}
-    with (
-        httpx.Client(timeout=10) as c,
-        c.stream("POST", tee.spec.listen_url + "/v1/completions", json=body) as r,
-    ):
+    with streamed(tee) as r:
         assert next(r.iter_lines()).startswith("data:")
     # the client closed; the tee notices it while the server is silent
     v = wait_until(lambda: (x := tee.view()).recent and x, 10, "the record of the request")

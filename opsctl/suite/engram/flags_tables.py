@@ -148,13 +148,7 @@ def register(app: typer.Typer) -> None:
 def _finish(report, as_json: bool, render) -> None:
     """Warnings (stderr), the result (stdout, once), then exit 1 on a failure, else the hint."""
     from opsctl import output
-    from opsctl.errors import CheckFailed
 
     for line in report.warnings:
         output.warn(line)
-    doc = report.to_dict()
-    output.emit(doc, as_json=as_json, render=lambda console: render(console, doc))
-    if report.failure:
-        raise CheckFailed(report.failure)
-    if report.hint:
-        output.info(report.hint)
+    output.emit_report(report, as_json=as_json, render=render)
