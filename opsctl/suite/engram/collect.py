@@ -350,8 +350,7 @@ def verify_table(
 ) -> tuple[judge.LayoutDecision, VerifyResult]:
     """Decide a table's layout and verify its fill in ``mode``, by the first reader that works.
 
-    Decide the layout (reading the boundary bytes when the size fits several block
-    sizes) and verify the fill in ``mode``, through the first reader that works."""
+    The boundary bytes are read when the size fits several block sizes."""
     failures: list[Exception] = [size_error] if size_error is not None else []
     if size:
         for cand in _open_readers(path, linked, devkey, inode, mappers, size, access):

@@ -185,8 +185,8 @@ def _fmt(v: object) -> str:
 def prompt_index(req_id: str, tag: str) -> int | None:
     """Which prompt an engine request id belongs to, or None.
 
-    Which prompt an engine request id belongs to: ``...<tag>-g<start>-<hex8>-<i>-...``
-    (one request carrying a group of prompts) or ``...<tag>-p<i>-...`` (one per prompt).
+    Ids read ``...<tag>-g<start>-<hex8>-<i>-...`` (one request carrying a group of
+    prompts) or ``...<tag>-p<i>-...`` (one per prompt).
     """
     m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
     if m:
@@ -379,9 +379,8 @@ FAILED_RUN_PLATFORM_NOTE = "the engine of this mode did not run the comparison"
 def platform_of(engine_info: Mapping | None, probe_init: Mapping | None) -> str | None:
     """The platform (a device name) the engine's own records name, or None.
 
-    The platform (a device name) the engine's own records name: engine_info, else the
-    batch probe's init record; None when neither names one (a report's ``platform`` is
-    then null, with a ``platform_note``).
+    engine_info first, else the batch probe's init record; with neither, a report's
+    ``platform`` is null, with a ``platform_note``.
     """
     return plat.first((engine_info or {}).get("platform"), (probe_init or {}).get("platform"))
 
