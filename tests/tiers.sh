@@ -42,15 +42,13 @@ VLLM=(-m pytest -x -q -m "not engine" "${VLLM_TESTS[@]}")
 # the engine tests on $ENGINE_WORKERS xdist workers, each with its own engine lock (one
 # engine at a time per worker; tests/conftest.py), a module (or the modules sharing a
 # pooled engine) one unit, the longest units first (tests/engine_pool.py, COSTS): an
-# engine mostly runs on one core (single-process engines get one OMP thread), but waits
-# too (stall windows, alert timers, drains): with two workers the 2 cores were about a
-# quarter idle (the tier took 1.45x as long beside a 2-loop CPU hog, not 2x), so three
-# workers (ENGINE_WORKERS=2: one worker less, slower; ENGINE_WORKERS=1: one engine at a
-# time, about 5 minutes slower than two. The two failures seen
+# engine mostly runs on one core (single-process engines get one OMP thread), so two
+# workers keep both cores busy
+# (ENGINE_WORKERS=1: one engine at a time, about 5 minutes slower. The two failures seen
 # with two workers were understood and fixed: the tee test's own client closed its
 # stream early (a dropped iterator), and on a busy host diag invariance judged a BS=8
 # that formed only 5 together, which it now sends again)
-ENGINE_WORKERS=${ENGINE_WORKERS:-3}
+ENGINE_WORKERS=${ENGINE_WORKERS:-2}
 ENGINE=(-m pytest -x -q -m engine -n "$ENGINE_WORKERS" --dist loadgroup --no-loadscope-reorder
         --timeout=1800 --durations=25 tests)
 
