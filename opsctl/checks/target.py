@@ -14,10 +14,15 @@ an argument such as ``--no-enable-prefix-caching``) makes a separate engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from opsctl.domain.rank_flags import RankArgs
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +144,9 @@ def parse_knobs(values: list[str] | None, *, url: str | None = None) -> dict[str
     return out
 
 
-def rank_args(tp: int | None, dp: int | None, extra=(), *, url: str | None = None):
+def rank_args(
+    tp: int | None, dp: int | None, extra: Sequence[str] = (), *, url: str | None = None
+) -> RankArgs:
     """``--tp``/``--dp`` and vLLM's own rank flags among ``extra``: one ``RankArgs``.
 
     Unset ranks are 1. BadInput: ranks for a URL, a rank given both ways or twice, a size
@@ -157,7 +164,7 @@ def rank_args(tp: int | None, dp: int | None, extra=(), *, url: str | None = Non
         raise BadInput(str(exc)) from None
 
 
-def refuse_ranks(model: str | None, tp: int, dp: int, extra=()) -> None:
+def refuse_ranks(model: str | None, tp: int, dp: int, extra: Sequence[str] = ()) -> None:
     """BadInput now, before anything starts, for ranks vLLM or this machine would refuse.
 
     A tensor-parallel size the model's heads do not divide, a data-parallel option vLLM

@@ -184,7 +184,9 @@ def skipped(check: str, reason: str) -> CheckResult:
     return CheckResult(check, SKIPPED, reason=reason)
 
 
-def errored(check: str, message: str, seconds: float, timed_out: bool, engines=()) -> CheckResult:
+def errored(
+    check: str, message: str, seconds: float, timed_out: bool, engines: Sequence[int] = ()
+) -> CheckResult:
     """The result of a check that crashed or timed out: one FAIL finding with the message."""
     code = f"{check}.timeout" if timed_out else f"{check}.error"
     finding = Finding(FAIL, code, message)
@@ -209,7 +211,9 @@ def not_reached(message: str, seconds: float, state: str = UNREACHABLE) -> list[
     return [first, *(skipped(c, why) for c in certify_checks() if c != LIVENESS)]
 
 
-def judged(check: str, doc: Mapping[str, Any], seconds: float, engines=()) -> CheckResult:
+def judged(
+    check: str, doc: Mapping[str, Any], seconds: float, engines: Sequence[int] = ()
+) -> CheckResult:
     """A finished check: its verdict and findings from its own JSON document."""
     verdict = str(doc.get("verdict") or PASS)
     findings = findings_of(check, doc)

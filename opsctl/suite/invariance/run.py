@@ -65,6 +65,8 @@ from opsctl.suite.invariance import judge_images as img
 from opsctl.suite.invariance import run_images as mm
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from opsctl.checks.registry import CertifyContext, Need, Outcome, Planning, ServerRef
 
 PINNED = (
@@ -656,7 +658,7 @@ def _calibrated_summary(
     return replace(summary, verdict=verdict, reasons=tuple(reasons), comparison=comparison)
 
 
-def probe_findings(run_dir, *, images: bool) -> list[fd.Finding]:
+def probe_findings(run_dir: Path | None, *, images: bool) -> list[fd.Finding]:
     """What the engine's ledger says of the probes this check reads.
 
     The probes: batch; with images also mm_uuid. Each could not hook (fails the run) or

@@ -68,6 +68,8 @@ from opsctl.suite.lora.run_plan import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from opsctl.checks.registry import Outcome
 
 TITLE = "diag lora"
@@ -425,7 +427,7 @@ def calibrated(
     )
 
 
-def with_probe_findings(found: judge.Findings, run_dir) -> judge.Findings:
+def with_probe_findings(found: judge.Findings, run_dir: Path | None) -> judge.Findings:
     """``found`` with what the engine's ledger says of the probes this check reads.
 
     The probes are lora and batch: a probe that could not hook leaves the check unverified
