@@ -10,7 +10,7 @@ names the run, phase and prompt (``<tag>-p<index>-...``; the engine's batch prob
 server logs show it) and a unique ``cache_salt`` so no two requests share prefix-cache
 blocks even on a server where prefix caching is on.
 
-Returns frozen :class:`opsctl.suite.invariance.judge.Generated` values; a request error is a
+Returns frozen :class:`opsctl.domain.generation.Generated` values; a request error is a
 value with ``error`` set, never an exception. Every client carries the server's API key
 (``api_key``, opsctl.collectors.http); the one-shot look-ups (served_model, ...) raise
 the typed "authentication required" error on 401/403.
@@ -30,8 +30,8 @@ import httpx
 
 from opsctl.collectors import http
 from opsctl.collectors.metrics import fetch_metrics
+from opsctl.domain.generation import Generated, TokenKey
 from opsctl.domain.metrics import GEN_TOKENS, RUNNING, STEPS
-from opsctl.suite.invariance.judge import Generated, TokenKey
 
 TOKEN_ID_PREFIX = "token_id:"
 

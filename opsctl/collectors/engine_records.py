@@ -31,7 +31,7 @@ import psutil
 from opsctl import paths
 from opsctl.collectors import http, ledger
 from opsctl.domain import platform as plat
-from opsctl.suite.invariance.judge_engine import prompt_index
+from opsctl.domain.generation import prompt_index
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,10 +192,14 @@ class Load:
             t.join(70)
 
 
-def check_first_death(death: dict, victim: str, pid: int, others: set[str]) -> None:
+def check_first_death(
+    death: dict, victim: str, pid: int, others: set[str], api_exit: int | None
+) -> None:
     """``death`` names ``victim`` first, killed by SIGKILL, and what each other rank did;
     it is valid as serve's events carry it (opsctl.serve/3: rank_died's body, stopped's
-    ``first_death``)."""
+    ``first_death``). ``api_exit``: the API server's exit code as its parent saw it (0 on
+    an idle host; under a CPU hog vLLM's teardown once ended it otherwise, and the fate
+    must say what it was)."""
     validator = jsonschema.Draft7Validator(json.loads(SERVE_SCHEMA.read_text()))
     validator.validate({"schema": "opsctl.serve/3", "event": "rank_died", **death})
     assert death["role"] == victim and death["pid"] == pid, death
@@ -207,7 +211,9 @@ def check_first_death(death: dict, victim: str, pid: int, others: set[str]) -> N
     for role in others:
         # a worker of the dead engine may outlive the API server a moment (seen: DP)
         assert fates[role]["fate"] in ("exited", "gone", "alive"), fates[role]
-    assert fates["APIServer"]["fate"] == "exited" and fates["APIServer"]["exitcode"] == 0
+    assert api_exit is not None, "the server was seen torn down"
+    assert fates["APIServer"]["fate"] == "exited", fates["APIServer"]
+    assert fates["APIServer"]["exitcode"] == api_exit, (fates["APIServer"], api_exit)
     assert fates["APIServer"]["after_s"] >= 0
     assert death["summary"].startswith(f"{victim} (pid {pid}) died first: killed by SIGKILL")
 

@@ -482,7 +482,7 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
     assert death is not None
     rank_views.check_first_death(death.to_dict(), "EngineCore_DP1", pid,
                                  {"EngineCore_DP0", "Worker_DP0", "Worker_DP1", "DPCoordinator",
-                                  "APIServer"})  # fmt: skip
+                                  "APIServer"}, server.server.exited())  # fmt: skip
     rank_views.check_views_of_the_dead_run(
         Path(server.run_dir), server.server.pid, "EngineCore_DP1", tmp_path, server.url
     )

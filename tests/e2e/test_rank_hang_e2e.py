@@ -309,7 +309,8 @@ def test_sigkill_of_worker_tp1_under_load_is_named_first(tp2, tmp_path):
     death = supervise.first_death(server)
     assert death is not None
     rank_views.check_first_death(death.to_dict(), "Worker_TP1", victim,
-                                 {"EngineCore", "Worker_TP0", "APIServer"})  # fmt: skip
+                                 {"EngineCore", "Worker_TP0", "APIServer"},
+                                 server.exited())  # fmt: skip
     core = {f["role"]: f for f in death.to_dict()["others"]}["EngineCore"]
     assert core["fate"] in ("exited", "gone"), core  # the EngineCore died with its worker
     said = str(supervise.died_error(server))

@@ -21,26 +21,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsctl.domain.generation import Generated, TokenKey
 from opsctl.domain.records import record
 
 IDENTICAL, WITHIN_ATOL, DIVERGED, ERROR = "identical", "within_atol", "diverged", "error"
 PASSING = (IDENTICAL, WITHIN_ATOL)
-
-TokenKey = int | str  # a token id, or the token string when the server gave no ids
-
-
-@dataclass(frozen=True, slots=True)
-class Generated:
-    """One completion as the server returned it (already parsed, not yet validated)."""
-
-    token_ids: tuple[TokenKey, ...] = ()
-    logprobs: tuple[float | None, ...] = ()
-    top_logprobs: tuple[dict[TokenKey, float] | None, ...] = ()
-    finish_reason: str | None = None
-    outputs: int = 1  # number of choices the server returned
-    error: str | None = None  # request error (HTTP status, exception, bad JSON)
-    has_logprobs: bool = True  # the response carried a logprobs object at all
-    prompt_tokens: int | None = None  # usage.prompt_tokens (chat requests with images)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opsctl.domain import platform as plat
+from opsctl.domain.generation import prompt_index
 from opsctl.domain.records import record
 
 if TYPE_CHECKING:
@@ -180,19 +181,6 @@ def _fmt(v: object) -> str:
 
 
 # ---- the batch that formed ------------------------------------------------------------
-
-
-def prompt_index(req_id: str, tag: str) -> int | None:
-    """Which prompt an engine request id belongs to, or None.
-
-    Ids read ``...<tag>-g<start>-<hex8>-<i>-...`` (one request carrying a group of
-    prompts) or ``...<tag>-p<i>-...`` (one per prompt).
-    """
-    m = re.search(re.escape(tag) + r"-g(\d+)-[0-9a-f]{8}-(\d+)", req_id)
-    if m:
-        return int(m[1]) + int(m[2])
-    m = re.search(re.escape(tag) + r"-p(\d+)-", req_id)
-    return int(m[1]) if m else None
 
 
 @dataclass(frozen=True, slots=True)
