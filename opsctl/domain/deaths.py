@@ -290,6 +290,18 @@ def ends_of(
     return out
 
 
+# vLLM's rank processes from the leaves up: a worker's end fails its EngineCore's executor
+# at once, while an EngineCore's end leaves its workers running for seconds (their
+# "Parent process exited" wait; measured on 0.32): of ranks first seen gone in one look,
+# with no exit code to tell them apart, the leaf went first
+_LEAF_FIRST = {ranks.WORKER: 0, ranks.ENGINE_CORE: 1, ranks.COORDINATOR: 2, ranks.API_SERVER: 3}
+
+
+def _leaf_order(role: str) -> int:
+    rank = ranks.parse_title(role)
+    return _LEAF_FIRST.get(rank.kind, 4) if rank is not None else 4
+
+
 def first_death(
     exits: Iterable[Mapping],
     roles: Mapping[int, str],
@@ -317,7 +329,7 @@ def first_death(
         ranked.append((end, role))
     if not ranked:
         return None
-    ranked.sort(key=lambda er: (er[0].time, _likely_cause(er[0].exitcode)))
+    ranked.sort(key=lambda er: (er[0].time, _likely_cause(er[0].exitcode), _leaf_order(er[1])))
     first, role = ranked[0]
     others = [
         Fate(

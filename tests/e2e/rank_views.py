@@ -203,8 +203,12 @@ def check_first_death(
     validator = jsonschema.Draft7Validator(json.loads(SERVE_SCHEMA.read_text()))
     validator.validate({"schema": "opsctl.serve/3", "event": "rank_died", **death})
     assert death["role"] == victim and death["pid"] == pid, death
-    assert death["exitcode"] == -9 and death["signal"] == "SIGKILL", death
-    assert OOM in death["cause"] and death["seen_by"] == "parent", death
+    if death["seen_by"] == "parent":  # its vLLM parent recorded the exit: the signal
+        assert death["exitcode"] == -9 and death["signal"] == "SIGKILL", death
+        assert OOM in death["cause"], death
+    else:  # beside a CPU hog the parent once failed before recording it: said as unknown
+        assert death["seen_by"] == "seen gone" and death["exitcode"] is None, death
+        assert death["cause"] == "gone (exit code not seen)", death
     assert death["last_lines"], "the killed rank's last log lines"
     fates = {f["role"]: f for f in death["others"]}
     assert others <= set(fates), (others, fates)  # what every other rank did is said
@@ -215,13 +219,14 @@ def check_first_death(
     assert fates["APIServer"]["fate"] == "exited", fates["APIServer"]
     assert fates["APIServer"]["exitcode"] == api_exit, (fates["APIServer"], api_exit)
     assert fates["APIServer"]["after_s"] >= 0
-    assert death["summary"].startswith(f"{victim} (pid {pid}) died first: killed by SIGKILL")
+    assert death["summary"].startswith(f"{victim} (pid {pid}) died first: {death['cause']}")
 
 
 def check_views_of_the_dead_run(
-    run_dir: Path, api_pid: int, victim: str, tmp: Path, url: str
+    run_dir: Path, api_pid: int, victim: str, tmp: Path, url: str, cause: str = "killed by SIGKILL"
 ) -> None:
-    """The console's dead reason, `opsctl status` and the run's bundle name the first death."""
+    """The console's dead reason, `opsctl status` and the run's bundle name the first death
+    (``cause``: how it died, as the first death says it)."""
     from opsctl.checks import status
     from opsctl.checks.target import UrlTarget
 
@@ -233,7 +238,7 @@ def check_views_of_the_dead_run(
     assert local is not None and not local.alive
     assert local.first_death and local.first_death.startswith(f"{victim} (pid "), local
     state, reason = decide(None, local, None, False)
-    assert state == DEAD and f"{victim} (pid " in reason and "SIGKILL" in reason, reason
+    assert state == DEAD and f"{victim} (pid " in reason and cause.split(" (")[0] in reason, reason
     out = tmp / "b.tar.gz"
     doc = bundle.bundle(bundle.Options(run=str(run_dir), out=out, fetch=False)).to_dict()
     assert doc["first_death"].startswith(f"{victim} (pid "), doc["first_death"]

@@ -484,5 +484,10 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
                                  {"EngineCore_DP0", "Worker_DP0", "Worker_DP1", "DPCoordinator",
                                   "APIServer"}, server.server.exited())  # fmt: skip
     rank_views.check_views_of_the_dead_run(
-        Path(server.run_dir), server.server.pid, "EngineCore_DP1", tmp_path, server.url
+        Path(server.run_dir),
+        server.server.pid,
+        "EngineCore_DP1",
+        tmp_path,
+        server.url,
+        death.to_dict()["cause"],
     )

@@ -163,3 +163,26 @@ def test_ends_seen_at_one_moment_put_the_kill_first():
     ]
     d = deaths.first_death(exits, {5229: "Worker_TP0", 5230: "Worker_TP1"})
     assert d is not None and d.role == "Worker_TP1" and d.others[0].role == "Worker_TP0"
+
+
+def test_a_worker_and_its_engine_core_seen_gone_in_one_look_name_the_worker_first():
+    """Beside a CPU hog (CI's 2 busy cores), SIGKILL of Worker_TP1: its EngineCore failed
+    ("Executor failed") before vLLM's monitor thread recorded the worker's exit, and one
+    look of opsctl found both gone with no exit code. The worker is named first (its end
+    fails the EngineCore at once; an EngineCore's end leaves its workers alive for
+    seconds, as Worker_TP0 was), and what is not known is said: exit code not seen."""
+    roles = {18072: "APIServer", 18313: "EngineCore", 18345: "Worker_TP0",
+             18346: "Worker_TP1"}  # fmt: skip
+    seen = T0 + 0.5
+    for order in ({18313: seen, 18346: seen}, {18346: seen, 18313: seen}):
+        d = deaths.first_death([], roles, gone=order, api=(18072, 0, seen + 1.2),
+                               alive=(18345,), log="")  # fmt: skip
+        assert d is not None
+        assert (d.role, d.pid, d.exitcode, d.seen_by) == ("Worker_TP1", 18346, None, "seen gone")
+        assert d.cause == "gone (exit code not seen)"
+        fates = {f.role: (f.fate, f.exitcode, f.after_s) for f in d.others}
+        assert fates == {
+            "EngineCore": ("gone", None, 0.0),
+            "APIServer": ("exited", 0, 1.2),
+            "Worker_TP0": ("alive", None, None),
+        }
