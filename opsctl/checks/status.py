@@ -306,7 +306,6 @@ def server_pid(url: str) -> int | None:
 
     Its opsctl run's, else the one listening on its port; None for another host's server
     or none found."""
-    import json
 
     from opsctl.collectors.processes import listening_pid
     from opsctl.collectors.runs import find_run_dir
@@ -315,13 +314,9 @@ def server_pid(url: str) -> int | None:
     port = loopback_port(url)
     if not port:
         return None
-    run = find_run_dir(url)
-    pid = None
-    if run is not None:
-        try:
-            pid = json.loads((run / "meta.json").read_text()).get("pid")
-        except (OSError, ValueError):
-            pid = None
+    from opsctl.collectors.jsonfile import run_meta
+
+    pid = run_meta(find_run_dir(url)).get("pid")
     return pid if isinstance(pid, int) else listening_pid(port)
 
 

@@ -30,6 +30,7 @@ import psutil
 from engine_patches import knobs
 from opsctl import paths
 from opsctl.collectors import engine_tmp, http, shm
+from opsctl.collectors.jsonfile import json_object
 from opsctl.domain import deaths, ranks, serverlog
 from opsctl.engine import lifetime
 from opsctl.engine.model import ResolvedModel
@@ -506,10 +507,7 @@ class EngineServer:
     def _write_meta(self, **extra) -> None:
         assert self.run_dir is not None
         meta_path = self.run_dir / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            meta = {}
+        meta = json_object(meta_path)
         meta.update(
             {
                 "url": self.url,

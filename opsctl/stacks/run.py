@@ -129,14 +129,12 @@ def resolve(target: str) -> tuple[int, Path | None]:
 
 
 def _run_of(pid: int) -> Path | None:
+    from opsctl.collectors.jsonfile import json_object
     from opsctl.paths import runs_dir
 
     for meta_path in runs_dir().glob("*/meta.json"):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta, dict) and meta.get("pid") == pid and not meta.get("stopped_at"):
+        meta = json_object(meta_path)
+        if meta.get("pid") == pid and not meta.get("stopped_at"):
             return meta_path.parent
     return None
 
