@@ -25,6 +25,7 @@ ONLY=${3:-}
 # a test that adds one of them to the fast tier belongs here
 VLLM_TESTS=(tests/patches tests/unit/test_registry.py tests/unit/test_lora_adapters.py
             tests/unit/test_engine_layout.py tests/unit/test_mm_uuid_probe.py
+            tests/unit/test_engine_tmp.py::test_torch_finds_its_shared_precompiled_headers_through_the_private_tmpdir
             tests/e2e/test_models_extra.py
             tests/unit/test_embedded_idefics3.py  # transformers' AutoProcessor
             tests/unit/test_preflight_registry.py  # registry.apply_all imports vLLM

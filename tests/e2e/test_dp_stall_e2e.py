@@ -62,7 +62,7 @@ POOL = "dp2-stall"
 pytestmark = [pytest.mark.engine, pytest.mark.pool(POOL)]
 RUNNING = "vllm:num_requests_running"
 GEN = "vllm:generation_tokens_total"
-LONG = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 480, "ignore_eos": True}
+LONG = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 240, "ignore_eos": True}
 SHORT = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
 ALERT = "VllmEngineStalled"
 RANKS = ["APIServer", "DPCoordinator", "EngineCore_DP0", "Worker_DP0", "EngineCore_DP1",
@@ -400,10 +400,14 @@ def test_a_hung_dp_engine_is_read_from_its_own_metrics_in_every_view(server, pro
         print(f"\nDP-HANG alert firing for engine 1 {time.time() - hung_at:.1f} s after the hang")
     finally:
         dp1_of(hold).unlink(missing_ok=True)
-    wait_until(lambda: direct(url)[0] == 0, 180, "released: healthy again")
+    # released: the held requests answer (engine 1 steps again), then the drained server
+    # reads healthy. Not the other way round: with the 16 clients still sending, engine
+    # 1's catch-up, engine 0's steps beside it and the API server take both cores, and
+    # one `console --once` spent a minute importing (measured)
     one.halt()
     zero.halt()
     assert one.errors == zero.errors == [] and set(one.answers) == {200}
+    wait_until(lambda: direct(url)[0] == 0, 180, "released: healthy again")
 
 
 # ---- (c) hung while idle: the canary sent to that engine alone -------------------------------------
@@ -446,6 +450,8 @@ def test_a_killed_dp_engine_is_named_dead_until_the_server_is_gone(server, prom,
         server.server.track()  # as serve's supervision has, every second since ready
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
+        for clients in load:  # no new requests: on a dead server each would fail at once,
+            clients.stop.set()  # and 16 closed loops of failures take a core from the views
 
         def look() -> bool:
             server.server.track()  # what serve's supervision does while it serves

@@ -13,8 +13,10 @@ from opsctl.collectors import engine_tmp
 
 
 @pytest.fixture
-def tmpdir_env(short_tmp, monkeypatch):
+def tmpdir_env(short_tmp, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(short_tmp))
+    # torch's compile cache, which create() makes when missing: not in the TMPDIR watched
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     yield short_tmp
     tempfile.tempdir = None
@@ -35,6 +37,31 @@ def test_made_in_tmpdir_and_removed_with_what_vllm_left_in_it(tmp_path, tmpdir_e
     assert engine_tmp.remove(d, run) is None
     assert list(tmpdir_env.iterdir()) == []
     assert engine_tmp.remove(d, run) is None  # already gone: fine
+
+
+def test_torch_finds_its_shared_precompiled_headers_through_the_private_tmpdir(
+    tmp_path, tmpdir_env, monkeypatch
+):
+    """torch puts inductor's precompiled headers under $TMPDIR/torchinductor_<user>
+    whatever TORCHINDUCTOR_CACHE_DIR says: in the engine's private $TMPDIR that name leads
+    to the shared cache (else each engine rebuilt them), and removing the directory
+    leaves the cache and its headers alone."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    shared = tmp_path / "inductor"
+    run = tmp_path / "r1"
+    d = engine_tmp.create(run)
+    env = engine_tmp.engine_env(d)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(shared)
+    monkeypatch.setenv("TMPDIR", env["TMPDIR"])
+    monkeypatch.setattr(tempfile, "tempdir", None)  # as the engine reads it
+    headers = Path(default_cache_dir()) / "precompiled_headers"  # torch's _HEADER_DIR
+    headers.mkdir()
+    (headers / "h.gch").write_text("x")
+    assert (shared / "precompiled_headers" / "h.gch").read_text() == "x"
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert engine_tmp.remove(d, run) is None and not d.exists()
+    assert (shared / "precompiled_headers" / "h.gch").read_text() == "x"
 
 
 def test_never_removes_what_it_did_not_make_for_this_run(tmp_path, tmpdir_env):
