@@ -53,6 +53,9 @@ _COLLECTIVE = (
 )
 # vLLM's message queues live beside the communicators but are how work arrives, not collectives
 _NOT_COLLECTIVE = ("shm_broadcast.py", "shm_object_storage.py")
+# decorators' wrappers between a collective and its caller, e.g. torch's deprecated
+# ``_all_gather_base`` (typing_extensions' ``deprecated``): the caller is the frame past them
+_WRAPPER = ("/typing_extensions.py", "/functools.py", "/contextlib.py", "/warnings.py")
 _DISPATCH = ("/torch/_ops.py", "/torch/_library/")  # an op's dispatch above its caller
 
 
@@ -239,7 +242,7 @@ def collective(frames: Sequence[Frame]) -> tuple[Frame, Frame | None] | None:
     None unless the thread's innermost Python frame (past an op's dispatch) is in a
     collective. The collective frame is the innermost one (the communicator's call that
     waits for the other ranks); the caller is the first frame outside the collective code
-    (the layer whose forward runs it)."""
+    and the decorators' wrappers around it (the layer whose forward runs it)."""
     python = [f for f in frames if not is_native(f)]
     i = 0
     while i < len(python) and any(d in python[i].file for d in _DISPATCH):
@@ -247,7 +250,9 @@ def collective(frames: Sequence[Frame]) -> tuple[Frame, Frame | None] | None:
     if i >= len(python) or not is_collective(python[i]):
         return None
     j = i
-    while j + 1 < len(python) and is_collective(python[j + 1]):
+    while j + 1 < len(python) and (
+        is_collective(python[j + 1]) or any(w in python[j + 1].file for w in _WRAPPER)
+    ):
         j += 1
     return python[i], (python[j + 1] if j + 1 < len(python) else None)
 

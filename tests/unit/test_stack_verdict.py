@@ -94,6 +94,24 @@ def test_a_collective_is_named_with_the_layer_that_called_it():
     assert where(native) == COLLECTIVE_LINE
 
 
+def test_a_decorators_wrapper_inside_the_collective_is_not_its_caller():
+    """Beside a CPU hog, Worker_TP1 was stopped in the LM head's embedding, and Worker_TP0
+    waited in the logits' all-gather: torch's deprecated ``_all_gather_base`` runs through
+    typing_extensions' ``deprecated`` wrapper, which was named as the caller."""
+    logits = f("_gather_logits", "vllm/model_executor/layers/logits_processor.py", 92)
+    gather = (
+        f("_all_gather_base", "torch/distributed/distributed_c10d.py", 4394),
+        f("wrapper", "typing_extensions.py", 3140),
+        f("all_gather", "vllm/distributed/device_communicators/base_device_communicator.py", 120),
+        f("all_gather", "vllm/distributed/parallel_state.py", 800),
+        f("tensor_model_parallel_all_gather", "vllm/distributed/communication_op.py", 20),
+        logits,
+        *MODEL,
+    )
+    assert collective(gather) == (gather[0], logits)
+    assert where(gather).endswith(" (collective) under " + logits.short())
+
+
 def test_the_rank_that_hangs_before_the_collective_is_the_culprit():
     d = V.diagnose(server(proc(11, "Worker_TP0", IN_ALL_REDUCE, "running", asleep=False),
                           proc(12, "Worker_TP1", PLANTED)))  # fmt: skip
