@@ -220,6 +220,11 @@ def test_serve_real_weights_default_mode_varied_greedy_output_and_ctrl_c():
         info = read_events(Path(ready["run_dir"]), "engine_info")[-1]
         assert info["enforce_eager"] is False, info
         assert info["compilation_mode"] and "NONE" not in info["compilation_mode"], info
+        # vLLM's AOT compile cache: saved by a first start of this config, loaded by the
+        # next (aot_cache_load); never the failed load vLLM 0.32 logs on CPU without it
+        log = (Path(ready["run_dir"]) / "server.log").read_text()
+        assert "Compiling model again due to a load failure" not in log
+        assert "saved AOT compiled function" in log or "Directly load AOT compilation" in log
 
         def greedy(**extra):
             body = {

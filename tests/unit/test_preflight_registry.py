@@ -82,6 +82,7 @@ def test_every_real_patch_declares_what_a_preflight_needs():
         assert patch.kind in ("patch", "probe"), patch.name
     fixes = {p.name for p in catalog.patches() if p.upstream is not None}
     assert fixes == {
+        "aot_cache_load",
         "dummy_constant_fill",
         "kv_hybrid_recompute",
         "kv_async_inflight",
