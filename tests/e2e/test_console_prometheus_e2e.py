@@ -18,8 +18,9 @@ Agreement lines (AGREE ...) are printed: run with -s to see them.
 
 Then, on the same two servers (after the agreement test: its token totals count from the
 engines' start), opsctl's stall alert end to end: Debian's `prometheus` scraping both every
-second and loading the rules `opsctl rules --job vllm` writes at its DEFAULT settings
-(--for 1m; stall window 10 s), Debian's `prometheus-alertmanager` routing to a webhook
+second and loading the rules `opsctl rules --job vllm --for 15s` writes (the default
+stall window, 10 s; the default --for 1m is proven in simulated time by promtool,
+tests/unit/test_promtool_rules.py, and would hold this module a minute longer), Debian's `prometheus-alertmanager` routing to a webhook
 receiver in this test (tests/alertmanager_fixture.py). Both servers serve streaming
 completions with long max_tokens (closed loop). One server's EngineCore is SIGSTOPped with
 requests in flight: exactly that server's VllmEngineStalled reaches the receiver (never the
@@ -78,6 +79,7 @@ FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_t
 METRICS = (RUNNING, WAITING, KV_USAGE, GEN_TOKENS, PROMPT_TOKENS)
 STREAM = {**BODY, "max_tokens": 400, "stream": True}  # the alert test's load
 ALERT = "VllmEngineStalled"
+FOR_S = 15.0  # the alert test's --for: a busy server would need 25 s of flat generation
 
 
 @pytest.fixture(scope="module")
@@ -314,12 +316,13 @@ def test_sigstop_fires_exactly_that_servers_stall_alert_and_sigcont_resolves_it(
     inst_a, inst_b = urlsplit(a.url).netloc, urlsplit(b.url).netloc
     rules = tmp_path / "opsctl-rules.yml"
     r = subprocess.run(
-        [sys.executable, "-m", "opsctl", "rules", "--job", "vllm", "--out", str(rules)],
+        [sys.executable, "-m", "opsctl", "rules", "--job", "vllm", "--for", f"{FOR_S:g}s",
+         "--out", str(rules)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     core_a = next(p.pid for p in discovery.process_roles(a.pid) if p.role == "EngineCore")
-    for_s = alert_rules.DEFAULT_FOR_S
+    for_s = FOR_S
     with (
         Webhook() as hook,
         running_alertmanager(hook.url) as am,
@@ -347,7 +350,7 @@ def test_sigstop_fires_exactly_that_servers_stall_alert_and_sigcont_resolves_it(
                              lambda: (hook.notifications, am.log_text()))  # fmt: skip
             received_at = got[0][0]
             print(
-                f"\nSTALL-ALERT default rules (stall window {alert_rules.STALL_WINDOW_S:g} s, "
+                f"\nSTALL-ALERT rules (stall window {alert_rules.STALL_WINDOW_S:g} s, "
                 f"--for {for_s:g} s), scrape/evaluation {SCRAPE_S:g} s: SIGSTOP->pending "
                 f"(Prometheus activeAt {pending['activeAt']}), SIGSTOP->firing seen "
                 f"{fired_at - stopped_at:.1f} s, SIGSTOP->receiver {received_at - stopped_at:.1f} s"

@@ -225,6 +225,23 @@ def fleet_tests() -> list[dict]:
     return [{"interval": "1s", "input_series": inputs, "alert_rule_test": alert_checks}]
 
 
+def test_the_default_rules_fire_the_stall_alert_a_minute_after_the_stall_window(promtool, tmp_path):
+    """`opsctl rules` as written by default (--for 1m): a server whose generation stops at
+    t=20 is stalled from t=30 (the 10 s window) and its alert fires at t=90, not before; a
+    busy healthy server beside it never. (The e2e test drives a real SIGSTOP through
+    Prometheus and Alertmanager with --for 5s; this is the default's timing.)"""
+    n = 100
+    stopped = [min(i, 20) * 10.0 for i in range(n)]
+    inputs = server("stalled:1", n, [2.0] * n, stopped) + server(
+        "busy:1", n, [3.0] * n, ramp(n, 25)
+    )
+    stall_at = 20 + int(alert_rules.STALL_WINDOW_S)
+    fires_at = stall_at + int(alert_rules.DEFAULT_FOR_S)
+    at = checks(fires_at - 2, {}) + checks(fires_at + 1, {"VllmEngineStalled": ["stalled:1"]})
+    tests = [{"interval": "1s", "input_series": inputs, "alert_rule_test": at}]
+    promtool_test(promtool, tmp_path, alert_rules.rules_yaml(JOB), tests)
+
+
 def test_each_alert_fires_and_idle_busy_drained_stay_silent(promtool, tmp_path):
     rules = alert_rules.rules_yaml(JOB, for_s=5)
     promtool_test(promtool, tmp_path, rules, fleet_tests())
