@@ -10,19 +10,29 @@ on its own). The rendezvous file stays in the engine's private ``TMPDIR`` for th
 run, so that directory names the run's segments: opsctl's stop and the API server of an
 engine whose owner died remove them with :func:`remove`.
 
+The same removal takes vLLM's message-queue ring buffers (``shm_broadcast``'s
+``psm_*`` segments between an EngineCore and its workers) that the API server found its
+engine's processes mapping (:func:`ring_buffers`) when its owner died. Their creator
+unlinks them in vLLM's orderly shutdown; when the engine's processes kill themselves
+before it ends (the owner watchdog's deadline, on a loaded host) nobody else would: seen
+after SIGKILL of opsctl serve --tp 2 beside a busy test tier.
+
 A segment is removed only when no live process maps it or holds it open (read from
 /proc, like ``opsctl.collectors.shm``'s rule). Pure standard library: it runs inside vLLM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
+from collections.abc import Iterable
 
 SHM = "/dev/shm"
 IDENT_PREFIX = "vllm_dist_"
 MARK = "-cpushm"
+RING_PREFIX = "psm_"  # multiprocessing.shared_memory's names: vLLM's ring buffers
 
 
 def idents(tmp_dir: str | os.PathLike[str] | None) -> list[str]:
@@ -49,34 +59,49 @@ def names(run_idents: list[str], root: str = SHM) -> list[str]:
     )
 
 
-def holders(paths: set[str]) -> set[str]:
-    """Those of ``paths`` some live process maps or holds open."""
+def _mapped_or_open(pid: int | str) -> set[str]:
+    """The files process ``pid`` maps or holds open (empty when it is gone)."""
     found: set[str] = set()
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    path = line.rstrip("\n").removesuffix(" (deleted)").partition(" /")[2]
-                    if path and "/" + path in paths:
-                        found.add("/" + path)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target in paths:
-                    found.add(target)
-        except OSError:
-            continue
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.rstrip("\n").removesuffix(" (deleted)").partition(" /")[2]
+                if path:
+                    found.add("/" + path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return found
 
 
+def ring_buffers(pids: list[int], root: str = SHM) -> set[str]:
+    """The ``psm_*`` segments in ``root`` that the processes ``pids`` map or hold open."""
+    prefix = os.path.join(root, RING_PREFIX)
+    return {path for pid in pids for path in _mapped_or_open(pid) if path.startswith(prefix)}
+
+
+def holders(paths: set[str]) -> set[str]:
+    """Those of ``paths`` some live process maps or holds open."""
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    return {path for pid in pids for path in _mapped_or_open(pid) & paths}
+
+
 def remove(
-    tmp_dir: str | os.PathLike[str] | None, root: str = SHM, wait: float = 0.0
+    tmp_dir: str | os.PathLike[str] | None,
+    root: str = SHM,
+    wait: float = 0.0,
+    extra: Iterable[str] = (),
 ) -> tuple[list[str], list[str]]:
-    """Remove the run's segments that nothing holds; (removed, kept).
+    """Remove the run's segments (and the paths ``extra``) that nothing holds; (removed,
+    kept).
 
     Waits up to ``wait`` seconds for the processes still holding one to let go (ranks
     being stopped)."""
     found = names(idents(tmp_dir), root)
-    paths = {os.path.join(root, n) for n in found}
+    paths = {os.path.join(root, n) for n in found} | set(extra)
     deadline = time.monotonic() + wait
     held = holders(paths)
     while held and time.monotonic() < deadline:

@@ -18,7 +18,11 @@ When the owner is gone:
   ranks share (``engine_patches.run_segments``: named after the rendezvous file in that
   directory, never unlinked by vLLM), once no process holds them (its ranks get
   ``SEGMENTS_WAIT`` seconds to let go; before the process group's SIGKILL the rest of
-  the group is killed first).
+  the group is killed first). With them go vLLM's ring buffers (``psm_*``) that the
+  engine's processes mapped when the owner was found gone: the processes that made them
+  unlink them in vLLM's shutdown, unless their own deadline killed them first. At exit
+  the API server waits for its ranks up to their deadline (``KILL_AFTER`` after the owner
+  was found gone, then ``KILLED_WAIT``), so none of these outlives it.
 
 A zombie owner counts as gone: it can no longer clean up.
 
@@ -49,6 +53,8 @@ KILLED_WAIT = 2.0  # after SIGKILL of its group: for the kernel to reap the mapp
 
 _started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
 _recorded_in: int | None = None
+_gone_at: float | None = None  # monotonic time the API server found its owner gone
+_rings: set[str] = set()  # the ring buffers its engine's processes mapped then
 
 
 def recorded() -> bool:
@@ -80,14 +86,35 @@ def owner_alive(pid: int, ticks: int) -> bool:
     return fields is not None and fields[0] != b"Z" and int(fields[19]) == ticks
 
 
+def _group_but_me() -> list[int]:
+    """The other processes of this process group (the API server's: its engine)."""
+    me, group, found = os.getpid(), os.getpgid(0), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == group:
+                    found.append(int(entry))
+    return found
+
+
+def _note_gone() -> None:
+    """The owner is gone (API server): when, and the ring buffers its engine maps now."""
+    global _gone_at
+    if _gone_at is None:
+        _gone_at = time.monotonic()
+    with contextlib.suppress(Exception):
+        _rings.update(run_segments.ring_buffers(_group_but_me()))
+
+
 def _remove_tmp(wait: float = 0.0) -> None:
-    """The run's rank segments (named in the private TMPDIR), then that directory.
+    """The run's rank segments (named in the private TMPDIR) and the ring buffers noted
+    when the owner was found gone, then that directory.
 
     Waits up to ``wait`` seconds for ranks still holding a segment to let go."""
     with contextlib.suppress(Exception):
-        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait)
+        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait, extra=_rings)
         if removed or kept:
-            print(f"[opsctl] rank segments removed {removed}, kept (held) {kept}", flush=True)
+            print(f"[opsctl] shm segments removed {removed}, kept (held) {kept}", flush=True)
     why = private_tmp.remove_own()
     if why:
         print(f"[opsctl] {why}", flush=True)
@@ -98,17 +125,18 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
     private TMPDIR and its ranks' segments. (While the owner lives, its stop removes
     them and reports on them.)"""
     if os.getpid() == me and not owner_alive(pid, ticks):
-        _remove_tmp(wait=SEGMENTS_WAIT)
+        _note_gone()  # a parent-death signal may stop it before the watchdog looked
+        assert _gone_at is not None
+        # the ranks end by vLLM's shutdown or by their own watchdog's SIGKILL
+        deadline = _gone_at + KILL_AFTER + KILLED_WAIT
+        _remove_tmp(wait=max(SEGMENTS_WAIT, deadline - time.monotonic()))
 
 
 def _kill_the_rest_of_my_group() -> None:
     """SIGKILL every other process of this process group (the API server's: its engine)."""
-    me, group = os.getpid(), os.getpgid(0)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            with contextlib.suppress(OSError):
-                if os.getpgid(int(entry)) == group:
-                    os.kill(int(entry), signal.SIGKILL)
+    for pid in _group_but_me():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -126,6 +154,7 @@ def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
 
 def _on_owner_gone(role: str) -> None:
     if role == "api_server":
+        _note_gone()
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(KILL_AFTER)  # vLLM's orderly shutdown had its chance
     if role == "api_server":

@@ -106,7 +106,7 @@ def test_a_tmpdir_too_long_for_vllm_sockets_falls_back_to_slash_tmp(tmp_path, mo
 
 
 def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
-    tmp_path, tmpdir_env
+    tmp_path, tmpdir_env, monkeypatch
 ):
     """After SIGKILL of opsctl, nobody but the engine's API server is left to remove the
     directory: its exit hook does, once the owner is gone (a zombie counts as gone),
@@ -121,6 +121,8 @@ def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
     d = engine_tmp.create(run)
     env = {"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(d)}
     os.environ.update(env)  # monkeypatch (tmpdir_env) restores TMPDIR
+    monkeypatch.setattr(watchdog, "_gone_at", None)
+    monkeypatch.setattr(watchdog, "_rings", set())
     try:
         me = os.getpid()
         watchdog._at_exit(me, watchdog.start_ticks(me), me)  # owner alive: kept
@@ -136,6 +138,56 @@ def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
         owner.wait(10)
     finally:
         os.environ.pop("OPSCTL_RUN_DIR", None)
+
+
+RING_MAKER = """
+import sys
+from multiprocessing import resource_tracker, shared_memory
+rings = [shared_memory.SharedMemory(name=n, create=True, size=4096) for n in sys.argv[1:]]
+for ring in rings:  # as in an engine whose resource tracker died with it: no unlink
+    resource_tracker.unregister(ring._name, "shared_memory")
+print("made", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypatch):
+    """SIGKILL of opsctl, then the ranks kill themselves before vLLM's shutdown unlinks
+    their ring buffers (seen: two psm_ segments left by a TP=2 engine on a loaded host).
+    The API server notes the psm_ segments its process group maps when it finds the owner
+    gone; its exit removes them once nothing holds them, and keeps one still held."""
+    import signal
+    import subprocess
+    import sys
+
+    from engine_patches import watchdog
+
+    monkeypatch.setattr(watchdog, "_gone_at", None)
+    monkeypatch.setattr(watchdog, "_rings", set())
+    monkeypatch.delenv("OPSCTL_RUN_DIR", raising=False)  # no private TMPDIR to remove
+    tag = os.urandom(4).hex()
+    dead, held = f"psm_opsctl_test_{tag}_a", f"psm_opsctl_test_{tag}_b"
+    paths = [f"/dev/shm/{dead}", f"/dev/shm/{held}"]
+    rank = subprocess.Popen(  # a rank: in this process group, as in the engine's
+        [sys.executable, "-c", RING_MAKER, dead, held], stdin=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert rank.stdout.readline() == "made\n"
+        watchdog._note_gone()
+        assert set(paths) <= watchdog._rings
+        with open(paths[1], "rb"):  # another process still holds this one
+            rank.send_signal(signal.SIGKILL)
+            rank.wait(30)
+            assert all(os.path.exists(p) for p in paths)  # nobody unlinked them
+            watchdog._remove_tmp(wait=0.5)
+            assert not os.path.exists(paths[0]) and os.path.exists(paths[1])
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
 
 
 def test_the_engine_never_removes_a_tmpdir_opsctl_did_not_make_for_its_run(tmp_path, tmpdir_env):
