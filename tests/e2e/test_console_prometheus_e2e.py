@@ -72,7 +72,7 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 SCRAPE_S = 1.0
-N_CLIENTS, MAX_TOKENS, MAX_SEQS = 32, 480, 4  # per server: 4 run, the others wait
+N_CLIENTS, MAX_TOKENS, MAX_SEQS = 32, 120, 4  # per server: 4 run, the others wait
 BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 FIELDS = ("running", "waiting", "kv_usage", "generation_tokens_total", "prompt_tokens_total")
 # the same figures, as Prometheus stores them
@@ -257,7 +257,7 @@ def test_prometheus_and_direct_agree_on_two_real_servers(engines):
             load.stop(600)
             assert load.failed == [] and all(load.done.values()), load.done
             drained = converge(urls, via_prom, direct, server, "drained")
-            for u, (*_, figs) in drained.items():  # every answer carried its 480 tokens
+            for u, (*_, figs) in drained.items():  # every answer carried its MAX_TOKENS
                 f = dict(zip(FIELDS, figs, strict=True))
                 assert f["generation_tokens_total"] == load.done[u] * MAX_TOKENS, (u, f, load.done)
             wait_until(lambda: _states(via_prom) == [dict.fromkeys(urls, "ready")], 30, "ready")
