@@ -95,10 +95,9 @@ def remove(
     wait: float = 0.0,
     extra: Iterable[str] = (),
 ) -> tuple[list[str], list[str]]:
-    """Remove the run's segments (and the paths ``extra``) that nothing holds; (removed,
-    kept).
+    """Remove the run's segments and the paths ``extra`` that nothing holds.
 
-    Waits up to ``wait`` seconds for the processes still holding one to let go (ranks
+    Returns (removed, kept). Waits up to ``wait`` seconds for the processes still holding one to let go (ranks
     being stopped)."""
     found = names(idents(tmp_dir), root)
     paths = {os.path.join(root, n) for n in found} | set(extra)
