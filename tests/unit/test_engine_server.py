@@ -307,3 +307,32 @@ def test_segments_made_while_the_stop_waits_are_removed_after_sigkill(tmp_path, 
     finally:
         for name in ours():
             (shm.SHM / name).unlink(missing_ok=True)
+
+
+def test_the_first_death_has_the_api_servers_exit_code_though_another_call_reaped_it(
+    tmp_path, monkeypatch
+):
+    """Beside a CPU hog (TP=2, Worker_TP1 SIGKILLed) the API server exited between the
+    last track() and the caller's exited(), which reaped it: the verdict said its exit code
+    was never seen ("gone"). first_death() notes the end itself."""
+    from opsctl.engine import server as srv
+    from opsctl.engine.model import ResolvedModel
+    from opsctl.engine.server import LaunchOptions
+
+    monkeypatch.delenv("OPSCTL_ENGINE_LOCK", raising=False)
+    gate = tmp_path / "exit-now"
+    waits = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)"
+    monkeypatch.setattr(srv, "build_argv", lambda opts, p: [sys.executable, "-c", waits])
+    model = ResolvedModel("tiny-llama", tmp_path, "decoder", True, {})
+    server = srv.EngineServer(LaunchOptions(model=model, run_dir=tmp_path / "run"))
+    try:
+        server.start()
+        server.track()  # while it runs, as supervision does every second
+        assert server.exited() is None
+        gate.write_text("")
+        wait_until(lambda: server.exited() is not None, 60, "the stand-in's exit")
+        death = server.first_death()
+        assert death is not None and death.role == "APIServer", death
+        assert death.exitcode == 0 and death.cause == "exited with code 0", death.to_dict()
+    finally:
+        server.stop(grace=2.0)
