@@ -97,13 +97,15 @@ def _group_but_me() -> list[int]:
     return found
 
 
-def _note_gone() -> None:
-    """The owner is gone (API server): when, and the ring buffers its engine maps now."""
+def _note_gone() -> float:
+    """The owner is gone (API server): note the ring buffers its engine maps now; the
+    monotonic time it was first found gone."""
     global _gone_at
     if _gone_at is None:
         _gone_at = time.monotonic()
     with contextlib.suppress(Exception):
         _rings.update(run_segments.ring_buffers(_group_but_me()))
+    return _gone_at
 
 
 def _remove_tmp(wait: float = 0.0) -> None:
@@ -125,10 +127,9 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
     private TMPDIR and its ranks' segments. (While the owner lives, its stop removes
     them and reports on them.)"""
     if os.getpid() == me and not owner_alive(pid, ticks):
-        _note_gone()  # a parent-death signal may stop it before the watchdog looked
-        assert _gone_at is not None
-        # the ranks end by vLLM's shutdown or by their own watchdog's SIGKILL
-        deadline = _gone_at + KILL_AFTER + KILLED_WAIT
+        # a parent-death signal may stop it before the watchdog looked; the ranks end by
+        # vLLM's shutdown or by their own watchdog's SIGKILL
+        deadline = _note_gone() + KILL_AFTER + KILLED_WAIT
         _remove_tmp(wait=max(SEGMENTS_WAIT, deadline - time.monotonic()))
 
 

@@ -65,12 +65,17 @@ def _torch_callable():
     return getattr(aot_compile_types, TORCH_CALLABLE, None)
 
 
+def _ours(cls) -> bool:
+    """Whether ``cls``'s own ``finalize_loading`` is this patch's."""
+    return getattr(vars(cls).get("finalize_loading"), MARK, False)
+
+
 def apply() -> Outcome:
     """Give torch's bundled AOT callable a ``finalize_loading``, unless nothing needs it."""
     cls = _torch_callable()
     if cls is None:
         return Outcome(SKIPPED, f"torch has no {TORCH_CALLABLE}")
-    if getattr(vars(cls).get("finalize_loading"), MARK, False):
+    if _ours(cls):
         return Outcome(APPLIED, "already applied in this process")
     if "finalize_loading" in dir(cls):
         return Outcome(UPSTREAM, f"torch's {TORCH_CALLABLE} has finalize_loading")
@@ -84,7 +89,7 @@ def apply() -> Outcome:
 def revert() -> None:
     """Undo the patch in this process (tests)."""
     cls = _torch_callable()
-    if cls is not None and getattr(vars(cls).get("finalize_loading"), MARK, False):
+    if cls is not None and _ours(cls):
         del cls.finalize_loading
 
 

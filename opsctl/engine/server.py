@@ -841,8 +841,8 @@ class EngineServer:
             return None
         from opsctl.collectors import deaths as death_files
 
-        # the API server's end, though its exit was reaped elsewhere (exited()) after the
-        # last track(): without it the verdict said its exit code was never seen
+        # the API server's end when it came after the last track() (a caller's exited()
+        # saw it first): without it the verdict said its exit code was never seen
         self._note_ends()
         ends = self.ends
         code, when = ends.api_exit if ends.api_exit else (None, None)
