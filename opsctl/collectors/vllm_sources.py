@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -126,7 +128,11 @@ def cached_wheel(version: str, cache: Path | None = None) -> Path | None:
 def fetch_wheel(
     version: str, cache: Path | None = None, log: Callable[[str], None] = lambda _: None
 ) -> Path:
-    """``vllm==version``'s wheel: cached, or downloaded into the cache once."""
+    """``vllm==version``'s wheel: cached, or downloaded into the cache once.
+
+    pip writes into a private directory of the cache and the whole wheel is then renamed
+    into place, so a reader beside the download (another opsctl, another test) never
+    takes a half-written file for the cached wheel."""
     if not VERSION_RE.match(version):
         raise BadInput(f"{version!r} is not a vLLM version (like 0.33.0) or a wheel file")
     folder = cache or wheels_dir()
@@ -135,23 +141,27 @@ def fetch_wheel(
         return hit
     folder.mkdir(parents=True, exist_ok=True)
     log(f"downloading vllm=={version} (no dependencies) into {folder}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-    cmd += ["--disable-pip-version-check", "-q", f"vllm=={version}", "-d", str(folder)]
-    try:
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise CheckFailed(
-            f"pip download vllm=={version} took over {DOWNLOAD_TIMEOUT_S:.0f} s"
-        ) from None
-    hit = cached_wheel(version, folder)
-    if done.returncode != 0 or hit is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        if "No matching distribution" in (done.stderr or ""):
-            raise BadInput(f"no vLLM {version} wheel on the package index", hint=tail[0])
-        raise CheckFailed(f"pip download vllm=={version} failed: {tail[0]}")
-    return hit
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as private:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+        cmd += ["--disable-pip-version-check", "-q", f"vllm=={version}", "-d", private]
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(
+                f"pip download vllm=={version} took over {DOWNLOAD_TIMEOUT_S:.0f} s"
+            ) from None
+        got = cached_wheel(version, Path(private))
+        if done.returncode != 0 or got is None:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            if "No matching distribution" in (done.stderr or ""):
+                raise BadInput(f"no vLLM {version} wheel on the package index", hint=tail[0])
+            raise CheckFailed(f"pip download vllm=={version} failed: {tail[0]}")
+        # the same file system: one rename; a download beside this one renames the same
+        # bytes onto the same name
+        os.replace(got, folder / got.name)
+    return folder / got.name
 
 
 def open_sources(source: str | Path | None, cache: Path | None = None, log=lambda _: None):

@@ -4,6 +4,7 @@ the release's version comes from the wheel's METADATA."""
 
 from __future__ import annotations
 
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -92,3 +93,31 @@ def test_package_modules_and_absent_modules(tmp_path):
     assert isinstance(reader, WheelSources) and reader.version is None
     assert D.extract(reader.read("vllm.pkg"), "f") == "def f():\n    return 1\n"
     assert reader.read("vllm.missing") is None
+
+
+def test_a_reader_beside_a_download_never_takes_the_half_written_wheel(tmp_path, monkeypatch):
+    """fetch_wheel's download lands whole: while pip is still writing, another reader
+    of the cache (a second opsctl, a test on another worker) finds no wheel and would
+    download its own, never a half-written file (seen: a fresh clone's two fast-tier
+    halves, one reading 0.33.0's wheel while the other still fetched it)."""
+    from opsctl.collectors import vllm_sources
+
+    cache = tmp_path / "wheels"
+    whole = make_wheel(tmp_path, "0.33.0", lambda _m, text: text).read_bytes()
+    seen: list[object] = []
+
+    def pip_download(cmd, **_kw):  # writes the wheel where -d says, in two halves
+        dest = Path(cmd[cmd.index("-d") + 1]) / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+        with open(dest, "wb") as f:
+            f.write(whole[: len(whole) // 2])
+            f.flush()
+            seen.append(vllm_sources.cached_wheel("0.33.0", cache))  # the reader beside
+            f.write(whole[len(whole) // 2 :])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(vllm_sources.subprocess, "run", pip_download)
+    got = vllm_sources.fetch_wheel("0.33.0", cache)
+    assert seen == [None]  # mid-download the cache held no wheel
+    assert got == cache / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert got.read_bytes() == whole and WheelSources(got).version == "0.33.0"
+    assert [p.name for p in cache.iterdir()] == [got.name]  # the private directory is gone
