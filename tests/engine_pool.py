@@ -89,21 +89,22 @@ SPECS: dict[str, Callable[[], EngineSpec]] = {
 }
 
 
-# Seconds an engine module took (setup + tests, fresh clone fc7 of stop 23 and the new
-# modules' first runs; rounded): only the ORDER of the engine tier uses them, so that the
-# two xdist workers start with the longest units and end together. A module not listed
+# Seconds an engine module took (setup + tests; fresh clone fc7 of stop 23 and the new
+# modules' first runs, the eleven longest from an engine tier of 2026-12-07; rounded):
+# only the ORDER of the engine tier uses them, so that the two xdist workers start with
+# the longest units and end together. A module not listed
 # counts as DEFAULT_COST.
 COSTS: dict[str, float] = {
-    "test_lora_e2e.py": 200,
-    "test_serve_e2e.py": 160,
-    "test_lifetime_e2e.py": 130,
-    "test_kv_fail.py": 130,
+    "test_lora_e2e.py": 245,
+    "test_serve_e2e.py": 170,
+    "test_lifetime_e2e.py": 115,
+    "test_kv_fail.py": 140,
     "test_certify_e2e.py": 100,
     "test_invariance_modes_e2e.py": 70,
-    "test_console_e2e.py": 90,
-    "test_console_prometheus_e2e.py": 170,  # with the stall alert (was test_alerts_e2e)
+    "test_console_e2e.py": 95,
+    "test_console_prometheus_e2e.py": 135,  # with the stall alert (was test_alerts_e2e)
     # the tier's one DP=2 engine: views and checks read, SIGSTOP, hang, idle hang, SIGKILL
-    "test_dp_stall_e2e.py": 480,
+    "test_dp_stall_e2e.py": 260,
     "test_mm_uuid_e2e.py": 75,
     "test_invariance_images_e2e.py": 55,
     "test_console_actions_e2e.py": 55,
@@ -115,12 +116,12 @@ COSTS: dict[str, float] = {
     "test_invariance_no_logprobs_e2e.py": 15,
     "test_certify_cli.py": 15,
     # the tier's one TP=2 engine: views and checks read, then stop, knob, no py-spy, kill
-    "test_rank_hang_e2e.py": 240,
-    "test_stacks_merge_e2e.py": 90,  # a TP=2 server over two nodes (bare multi-node)
+    "test_rank_hang_e2e.py": 115,
+    "test_stacks_merge_e2e.py": 80,  # a TP=2 server over two nodes (bare multi-node)
     # issue 44 (ranks): a TP=2 and a DP=2 serve SIGKILLed once their ranks exist; two
     # TP=2 kv-fail runs
-    "test_ranks_lifetime_e2e.py": 140,
-    "test_ranks_diag_e2e.py": 130,
+    "test_ranks_lifetime_e2e.py": 110,
+    "test_ranks_diag_e2e.py": 105,
 }
 DEFAULT_COST = 60.0
 

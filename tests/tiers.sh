@@ -6,9 +6,9 @@
 #      deadlines; a broken tree fails here;
 #   2. the engine tests on two workers, one engine at a time on each (see ENGINE);
 #      the run ends with its engine starts and their seconds.
-# Each stops at its first failure (-x). TIERS=parallel runs the two tiers side by side
-# (about 2 minutes less; seen flaky on 2 busy cores: timing-sensitive console tests
-# beside real engines and a CPU hog), so it is not the default.
+# Each stops at its first failure (-x). TIERS=parallel runs the two tiers side by side;
+# not the default: in a fresh clone of 2026-12-07 the fast tier took 461 s beside the
+# engine tests (183 s alone) and a timing-sensitive status test failed there.
 # Python may write its bytecode caches here even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE): every xdist worker and every `python -m opsctl` a test
 # starts would otherwise compile opsctl and re-write the asserts of ~180 test modules
@@ -16,7 +16,7 @@
 set -u
 unset PYTHONDONTWRITEBYTECODE
 PY=${1:?usage: tests/tiers.sh PYTHON [WORKERS] [fast]}
-WORKERS=${2:-4}
+WORKERS=${2:-6}
 ONLY=${3:-}
 # the tests that import torch, transformers or vLLM (in the module or in the test): one
 # process pays the ~10 s import once, instead of every xdist worker that gets one of them
@@ -45,7 +45,9 @@ VLLM=(-m pytest -x -q -m "not engine" "${VLLM_TESTS[@]}")
 # pooled engine) one unit, the longest units first (tests/engine_pool.py, COSTS): an
 # engine mostly runs on one core (single-process engines get one OMP thread), so two
 # workers keep both cores busy
-# (ENGINE_WORKERS=1: one engine at a time, about 5 minutes slower. The two failures seen
+# (ENGINE_WORKERS=3 was slower on 2 cores, 2026-12-07: three engines starting at once
+# took twice as long each, and serve's 2nd-SIGTERM test missed its 8 s bound.
+# ENGINE_WORKERS=1: one engine at a time, about 5 minutes slower. The two failures seen
 # with two workers were understood and fixed: the tee test's own client closed its
 # stream early (a dropped iterator), and on a busy host diag invariance judged a BS=8
 # that formed only 5 together, which it now sends again)
