@@ -12,7 +12,8 @@ engine whose owner died remove them with :func:`remove`.
 
 The same removal takes vLLM's message-queue ring buffers (``shm_broadcast``'s
 ``psm_*`` segments between an EngineCore and its workers) that the API server found its
-engine's processes mapping (:func:`ring_buffers`) when its owner died. Their creator
+engine's processes mapping (:func:`mapped_segments`, with the ranks' cpushm segments)
+when its owner died. Their creator
 unlinks them in vLLM's orderly shutdown; when the engine's processes kill themselves
 before it ends (the owner watchdog's deadline, on a loaded host) nobody else would: seen
 after SIGKILL of opsctl serve --tp 2 beside a busy test tier.
@@ -77,10 +78,21 @@ def _mapped_or_open(pid: int | str) -> set[str]:
     return found
 
 
-def ring_buffers(pids: list[int], root: str = SHM) -> set[str]:
-    """The ``psm_*`` segments in ``root`` that the processes ``pids`` map or hold open."""
-    prefix = os.path.join(root, RING_PREFIX)
-    return {path for pid in pids for path in _mapped_or_open(pid) if path.startswith(prefix)}
+def mapped_segments(pids: list[int], root: str = SHM) -> set[str]:
+    """The ``psm_*`` ring buffers and the ``vllm_dist_*-cpushm_*`` segments in ``root``
+    that the processes ``pids`` map or hold open.
+
+    Read while the ranks live: the rendezvous file that :func:`idents` reads may be gone
+    by the time the segments can be removed (torch's FileStore deletes it when its last
+    user closes it: seen beside a CPU hog, the TP ranks' shutdown removed it before the
+    API server looked, and both cpushm segments stayed)."""
+    rings, dist = os.path.join(root, RING_PREFIX), os.path.join(root, IDENT_PREFIX)
+    return {
+        path
+        for pid in pids
+        for path in _mapped_or_open(pid)
+        if path.startswith(rings) or (path.startswith(dist) and MARK in path)
+    }
 
 
 def holders(paths: set[str]) -> set[str]:

@@ -104,7 +104,7 @@ def _note_gone() -> float:
     if _gone_at is None:
         _gone_at = time.monotonic()
     with contextlib.suppress(Exception):
-        _rings.update(run_segments.ring_buffers(_group_but_me()))
+        _rings.update(run_segments.mapped_segments(_group_but_me()))
     return _gone_at
 
 

@@ -154,8 +154,9 @@ sys.stdin.read()
 def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypatch):
     """SIGKILL of opsctl, then the ranks kill themselves before vLLM's shutdown unlinks
     their ring buffers (seen: two psm_ segments left by a TP=2 engine on a loaded host).
-    The API server notes the psm_ segments its process group maps when it finds the owner
-    gone; its exit removes them once nothing holds them, and keeps one still held."""
+    The API server notes the psm_ and cpushm segments its process group maps when it
+    finds the owner gone; its exit removes them once nothing holds them, and keeps one
+    still held."""
     import signal
     import subprocess
     import sys
@@ -167,9 +168,12 @@ def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypat
     monkeypatch.delenv("OPSCTL_RUN_DIR", raising=False)  # no private TMPDIR to remove
     tag = os.urandom(4).hex()
     dead, held = f"psm_opsctl_test_{tag}_a", f"psm_opsctl_test_{tag}_b"
-    paths = [f"/dev/shm/{dead}", f"/dev/shm/{held}"]
+    # a TP rank's cpushm segment whose rendezvous file is already gone (no private
+    # TMPDIR names it): found by its mapping alone
+    cpushm = f"vllm_dist_opsctltest{tag}-tp:0-[0-1]-cpushm_1"
+    paths = [f"/dev/shm/{dead}", f"/dev/shm/{held}", f"/dev/shm/{cpushm}"]
     rank = subprocess.Popen(  # a rank: in this process group, as in the engine's
-        [sys.executable, "-c", RING_MAKER, dead, held], stdin=subprocess.PIPE, text=True,
+        [sys.executable, "-c", RING_MAKER, dead, held, cpushm], stdin=subprocess.PIPE, text=True,
         stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -182,6 +186,7 @@ def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypat
             assert all(os.path.exists(p) for p in paths)  # nobody unlinked them
             watchdog._remove_tmp(wait=0.5)
             assert not os.path.exists(paths[0]) and os.path.exists(paths[1])
+            assert not os.path.exists(paths[2])
     finally:
         if rank.poll() is None:
             rank.kill()
