@@ -79,9 +79,9 @@ def _mapped_or_open(pid: int | str) -> set[str]:
 
 
 def mapped_segments(pids: list[int], root: str = SHM) -> set[str]:
-    """The ``psm_*`` ring buffers and the ``vllm_dist_*-cpushm_*`` segments in ``root``
-    that the processes ``pids`` map or hold open.
+    """The run's segments that the processes ``pids`` map or hold open.
 
+    In ``root``: the ``psm_*`` ring buffers and the ``vllm_dist_*-cpushm_*`` segments.
     Read while the ranks live: the rendezvous file that :func:`idents` reads may be gone
     by the time the segments can be removed (torch's FileStore deletes it when its last
     user closes it: seen beside a CPU hog, the TP ranks' shutdown removed it before the
