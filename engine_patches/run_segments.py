@@ -12,11 +12,11 @@ engine whose owner died remove them with :func:`remove`.
 
 The same removal takes vLLM's message-queue ring buffers (``shm_broadcast``'s
 ``psm_*`` segments between an EngineCore and its workers) that the API server found its
-engine's processes mapping (:func:`mapped_segments`, with the ranks' cpushm segments)
-when its owner died. Their creator
-unlinks them in vLLM's orderly shutdown; when the engine's processes kill themselves
-before it ends (the owner watchdog's deadline, on a loaded host) nobody else would: seen
-after SIGKILL of opsctl serve --tp 2 beside a busy test tier.
+engine's processes mapping (:func:`mapped_segments`, which notes the ranks' cpushm
+segments too) when its owner died. Their creator unlinks them in vLLM's orderly
+shutdown; when the engine's processes kill themselves before it ends (the owner
+watchdog's deadline, on a loaded host) nobody else would: seen after SIGKILL of opsctl
+serve --tp 2 beside a busy test tier.
 
 A segment is removed only when no live process maps it or holds it open (read from
 /proc, like ``opsctl.collectors.shm``'s rule). Pure standard library: it runs inside vLLM.

@@ -18,9 +18,10 @@ When the owner is gone:
   ranks share (``engine_patches.run_segments``: named after the rendezvous file in that
   directory, never unlinked by vLLM), once no process holds them (its ranks get
   ``SEGMENTS_WAIT`` seconds to let go; before the process group's SIGKILL the rest of
-  the group is killed first). With them go vLLM's ring buffers (``psm_*``) that the
-  engine's processes mapped when the owner was found gone: the processes that made them
-  unlink them in vLLM's shutdown, unless their own deadline killed them first. At exit
+  the group is killed first). With them go vLLM's ring buffers (``psm_*``) and the
+  ranks' cpushm segments that the engine's processes mapped when the owner was found
+  gone (the rendezvous file may be gone by then): the processes that made the ring
+  buffers unlink them in vLLM's shutdown, unless their own deadline killed them first. At exit
   the API server waits for its ranks up to their deadline (``KILL_AFTER`` after the owner
   was found gone, then ``KILLED_WAIT``), so none of these outlives it.
 
@@ -54,7 +55,7 @@ KILLED_WAIT = 2.0  # after SIGKILL of its group: for the kernel to reap the mapp
 _started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
 _recorded_in: int | None = None
 _gone_at: float | None = None  # monotonic time the API server found its owner gone
-_rings: set[str] = set()  # the ring buffers its engine's processes mapped then
+_noted: set[str] = set()  # the segments its engine's processes mapped then
 
 
 def recorded() -> bool:
@@ -98,23 +99,23 @@ def _group_but_me() -> list[int]:
 
 
 def _note_gone() -> float:
-    """The owner is gone (API server): note the ring buffers its engine maps now; the
+    """The owner is gone (API server): note the segments its engine maps now; the
     monotonic time it was first found gone."""
     global _gone_at
     if _gone_at is None:
         _gone_at = time.monotonic()
     with contextlib.suppress(Exception):
-        _rings.update(run_segments.mapped_segments(_group_but_me()))
+        _noted.update(run_segments.mapped_segments(_group_but_me()))
     return _gone_at
 
 
 def _remove_tmp(wait: float = 0.0) -> None:
-    """The run's rank segments (named in the private TMPDIR) and the ring buffers noted
+    """The run's rank segments (named in the private TMPDIR) and the segments noted
     when the owner was found gone, then that directory.
 
     Waits up to ``wait`` seconds for ranks still holding a segment to let go."""
     with contextlib.suppress(Exception):
-        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait, extra=_rings)
+        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait, extra=_noted)
         if removed or kept:
             print(f"[opsctl] shm segments removed {removed}, kept (held) {kept}", flush=True)
     why = private_tmp.remove_own()

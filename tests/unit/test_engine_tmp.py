@@ -122,7 +122,7 @@ def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
     env = {"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(d)}
     os.environ.update(env)  # monkeypatch (tmpdir_env) restores TMPDIR
     monkeypatch.setattr(watchdog, "_gone_at", None)
-    monkeypatch.setattr(watchdog, "_rings", set())
+    monkeypatch.setattr(watchdog, "_noted", set())
     try:
         me = os.getpid()
         watchdog._at_exit(me, watchdog.start_ticks(me), me)  # owner alive: kept
@@ -164,7 +164,7 @@ def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypat
     from engine_patches import watchdog
 
     monkeypatch.setattr(watchdog, "_gone_at", None)
-    monkeypatch.setattr(watchdog, "_rings", set())
+    monkeypatch.setattr(watchdog, "_noted", set())
     monkeypatch.delenv("OPSCTL_RUN_DIR", raising=False)  # no private TMPDIR to remove
     tag = os.urandom(4).hex()
     dead, held = f"psm_opsctl_test_{tag}_a", f"psm_opsctl_test_{tag}_b"
@@ -179,7 +179,7 @@ def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypat
     try:
         assert rank.stdout.readline() == "made\n"
         watchdog._note_gone()
-        assert set(paths) <= watchdog._rings
+        assert set(paths) <= watchdog._noted
         with open(paths[1], "rb"):  # another process still holds this one
             rank.send_signal(signal.SIGKILL)
             rank.wait(30)
