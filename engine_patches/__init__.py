@@ -5,9 +5,11 @@ Registered through the ``vllm.general_plugins`` entry point, so vLLM calls
 possibly more than once. It is inert unless ``OPSCTL_RUN_DIR`` is set (opsctl sets it
 for engines it starts), so installing opsctl never changes other vLLM deployments.
 
-In each process it first starts the owner watchdog (``engine_patches.watchdog``: the
-process stops itself when the opsctl process that started the engine is gone), then
-applies the patches (``engine_patches.registry``).
+In each process it first writes down from then on the shared-memory segments the process
+makes (``engine_patches.run_segments.record_made``: whoever removes the run last finds
+them), starts the owner watchdog (``engine_patches.watchdog``: the process stops itself
+when the opsctl process that started the engine is gone), then applies the patches
+(``engine_patches.registry``).
 
 This package must never import opsctl.ui, textual or typer: it runs inside vLLM.
 """
@@ -39,10 +41,11 @@ def register() -> None:
         _FORK_HOOK_IN = os.getpid()
         os.register_at_fork(after_in_child=_after_fork_in_child)
     try:
-        from engine_patches import watchdog
+        from engine_patches import run_segments, watchdog
         from engine_patches.registry import process_role, record_event
 
         role = process_role()
+        run_segments.record_made()  # what its run made, for whoever removes it last
         if watchdog.start(role) and not watchdog.recorded():
             record_event(
                 "lifetime", {"event": "owner_watch", "role": role, "owner": watchdog.watching()}

@@ -18,6 +18,14 @@ shutdown; when the engine's processes kill themselves before it ends (the owner
 watchdog's deadline, on a loaded host) nobody else would: seen after SIGKILL of opsctl
 serve --tp 2 beside a busy test tier.
 
+Exactly which ring buffers a run made is written down as they are made: in every
+process of the engine, :func:`record_made` wraps ``multiprocessing.shared_memory``'s
+constructor, and each segment it creates leaves an empty file of its name in
+``<private TMPDIR>/.opsctl-shm`` (:func:`made`). That is what finds a ring buffer made
+after the owner died and before vLLM's own deadline killed its maker: seen beside a busy
+test tier, an EngineCore of ``serve --dp 2`` still starting made two after the API server
+had last looked at what its engine mapped.
+
 A segment is removed only when no live process maps it or holds it open (read from
 /proc, like ``opsctl.collectors.shm``'s rule). Pure standard library: it runs inside vLLM.
 """
@@ -34,6 +42,7 @@ SHM = "/dev/shm"
 IDENT_PREFIX = "vllm_dist_"
 MARK = "-cpushm"
 RING_PREFIX = "psm_"  # multiprocessing.shared_memory's names: vLLM's ring buffers
+MADE = ".opsctl-shm"  # in the run's private TMPDIR: one empty file per segment it made
 
 
 def idents(tmp_dir: str | os.PathLike[str] | None) -> list[str]:
@@ -58,6 +67,62 @@ def names(run_idents: list[str], root: str = SHM) -> list[str]:
     return sorted(
         n for n in present if MARK in n and any(n.startswith(f"{i}-") for i in run_idents)
     )
+
+
+def made(tmp_dir: str | os.PathLike[str] | None, root: str = SHM) -> list[str]:
+    """The segments in ``root`` that the run of this private TMPDIR wrote down as made.
+
+    Written down by :func:`record_made`; those gone from ``root`` are left out."""
+    if not tmp_dir:
+        return []
+    try:
+        recorded = os.listdir(os.path.join(tmp_dir, MADE))
+    except OSError:
+        return []
+    return sorted(n for n in recorded if os.path.lexists(os.path.join(root, n)))
+
+
+def run_names(tmp_dir: str | os.PathLike[str] | None, root: str = SHM) -> list[str]:
+    """Every segment in ``root`` of the run whose private TMPDIR is ``tmp_dir``.
+
+    Its ranks' (named after its rendezvous) and those it wrote down as made."""
+    return sorted(set(names(idents(tmp_dir), root)) | set(made(tmp_dir, root)))
+
+
+def note_made(name: str, tmp_dir: str | None) -> None:
+    """Write down that this run made the segment ``name`` (never fails)."""
+    if not tmp_dir or not name or "/" in name or name in (".", ".."):
+        return
+    with contextlib.suppress(OSError):
+        folder = os.path.join(tmp_dir, MADE)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, name), "a"):
+            pass
+
+
+def record_made() -> bool:
+    """In an engine process: write down each shared-memory segment it makes from now on.
+
+    Wraps ``multiprocessing.shared_memory.SharedMemory``; the record goes into the
+    private TMPDIR of the process's run, read when the segment is made (a forked child
+    keeps the wrapper). True once it is in place."""
+    from multiprocessing import shared_memory
+
+    from engine_patches import private_tmp
+
+    cls = shared_memory.SharedMemory
+    if getattr(cls.__init__, "opsctl_records", False):
+        return True
+    original = cls.__init__
+
+    def __init__(self, name=None, create=False, size=0, **kwargs):
+        original(self, name, create, size, **kwargs)
+        if create:
+            note_made(self.name, private_tmp.own_dir())
+
+    __init__.opsctl_records = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return True
 
 
 def _mapped_or_open(pid: int | str) -> set[str]:
@@ -95,10 +160,29 @@ def mapped_segments(pids: list[int], root: str = SHM) -> set[str]:
     }
 
 
-def holders(paths: set[str]) -> set[str]:
-    """Those of ``paths`` some live process maps or holds open."""
-    pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    return {path for pid in pids for path in _mapped_or_open(pid) & paths}
+def holders(paths: set[str], but: int | None = None) -> set[str]:
+    """Those of ``paths`` some live process (other than ``but``) maps or holds open."""
+    return set(who_holds(paths, but))
+
+
+def who_holds(paths: set[str], but: int | None = None) -> dict[str, list[str]]:
+    """Map each held path of ``paths`` to its holders, as ``"PID (name)"``.
+
+    Holders: live processes (other than ``but``) that map it or hold it open. What the
+    API server prints when it has to keep a segment."""
+    found: dict[str, list[str]] = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != but):
+        held = _mapped_or_open(pid) & paths
+        if not held:
+            continue
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+                name = fh.read().strip()
+        except OSError:
+            name = "?"
+        for path in held:
+            found.setdefault(path, []).append(f"{pid} ({name})")
+    return found
 
 
 def remove(
@@ -106,18 +190,19 @@ def remove(
     root: str = SHM,
     wait: float = 0.0,
     extra: Iterable[str] = (),
+    but: int | None = None,
 ) -> tuple[list[str], list[str]]:
     """Remove the run's segments and the paths ``extra`` that nothing holds.
 
-    Returns (removed, kept). Waits up to ``wait`` seconds for the processes still holding one to let go (ranks
-    being stopped)."""
-    found = names(idents(tmp_dir), root)
-    paths = {os.path.join(root, n) for n in found} | set(extra)
+    Returns (removed, kept). Waits up to ``wait`` seconds for the processes still
+    holding one to let go (ranks being stopped). What process ``but`` holds counts as
+    free (the API server removing them on its way out)."""
+    paths = {os.path.join(root, n) for n in run_names(tmp_dir, root)} | set(extra)
     deadline = time.monotonic() + wait
-    held = holders(paths)
+    held = holders(paths, but)
     while held and time.monotonic() < deadline:
         time.sleep(0.1)
-        held = holders(paths)
+        held = holders(paths, but)
     removed, kept = [], []
     for path in sorted(paths):
         try:

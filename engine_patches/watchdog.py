@@ -9,21 +9,23 @@ another process (different start time), so pid reuse cannot keep an orphan alive
 When the owner is gone:
 - the API server sends itself SIGTERM at once: vLLM's own shutdown stops EngineCore and
   workers and its resource tracker unlinks the shared-memory ring buffers;
-- every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (and
-  the API server its whole process group), whatever state vLLM's shutdown is in;
+- every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (the
+  API server first the rest of its process group, then, after the removal below, the
+  whole group), whatever state vLLM's shutdown is in;
 - the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
   opsctl and normally removed by its stop) on its way out: at exit when its owner is
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
-  before the SIGKILL of its process group; and first the /dev/shm segments vLLM's CPU
-  ranks share (``engine_patches.run_segments``: named after the rendezvous file in that
-  directory, never unlinked by vLLM), once no process holds them (its ranks get
-  ``SEGMENTS_WAIT`` seconds to let go; before the process group's SIGKILL the rest of
-  the group is killed first). With them go vLLM's ring buffers (``psm_*``) and the
-  ranks' cpushm segments that the engine's processes mapped when the owner was found
-  gone (the rendezvous file may be gone by then): the processes that made the ring
-  buffers unlink them in vLLM's shutdown, unless their own deadline killed them first. At exit
-  the API server waits for its ranks up to their deadline (``KILL_AFTER`` after the owner
-  was found gone, then ``KILLED_WAIT``), so none of these outlives it.
+  after the SIGKILL of the rest of its group; and first the /dev/shm segments vLLM's
+  CPU ranks share (``engine_patches.run_segments``: named after the rendezvous file in
+  that directory, never unlinked by vLLM), once no process holds them. With them go
+  vLLM's ring buffers (``psm_*``) the run's processes wrote down as made, and every
+  segment the engine's processes mapped when the owner was found gone and again before
+  they were killed (the rendezvous file may be gone by then): the processes that made
+  the ring buffers unlink them in vLLM's shutdown, unless a deadline killed them first
+  (vLLM's own, 5 s after its SIGTERM, or ours). Either way the API server waits for its ranks to let go up to
+  ``KILLED_WAIT`` after their deadline (at exit at least ``SEGMENTS_WAIT``), one removal
+  at a time, so none of these outlives it; a segment still held then is kept, and the
+  server log names its holders.
 
 A zombie owner counts as gone: it can no longer clean up.
 
@@ -50,12 +52,13 @@ OWNER_START = "OPSCTL_OWNER_START"
 PERIOD = 0.5
 KILL_AFTER = 8.0
 SEGMENTS_WAIT = 5.0  # at exit: the most the API server waits for its ranks to let go
-KILLED_WAIT = 2.0  # after SIGKILL of its group: for the kernel to reap the mappings
+KILLED_WAIT = 5.0  # after SIGKILL of the rest of its group: for their mappings to go
 
 _started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
 _recorded_in: int | None = None
 _gone_at: float | None = None  # monotonic time the API server found its owner gone
 _noted: set[str] = set()  # the segments its engine's processes mapped then
+_removal = threading.Lock()  # one removal at a time: the exit hook's or the watchdog's
 
 
 def recorded() -> bool:
@@ -109,18 +112,34 @@ def _note_gone() -> float:
     return _gone_at
 
 
-def _remove_tmp(wait: float = 0.0) -> None:
+def _remove_tmp(until: float) -> None:
     """The run's rank segments (named in the private TMPDIR) and the segments noted
     when the owner was found gone, then that directory.
 
-    Waits up to ``wait`` seconds for ranks still holding a segment to let go."""
-    with contextlib.suppress(Exception):
-        removed, kept = run_segments.remove(private_tmp.own_dir(), wait=wait, extra=_noted)
-        if removed or kept:
-            print(f"[opsctl] shm segments removed {removed}, kept (held) {kept}", flush=True)
-    why = private_tmp.remove_own()
-    if why:
-        print(f"[opsctl] {why}", flush=True)
+    Waits until the monotonic time ``until`` for ranks still holding a segment to let
+    go, and for the other thread's removal to end (past it, removes beside it)."""
+    got = _removal.acquire(timeout=max(0.0, until - time.monotonic()))
+    try:
+        with contextlib.suppress(Exception):
+            removed, kept = run_segments.remove(
+                private_tmp.own_dir(),
+                wait=max(0.0, until - time.monotonic()),
+                extra=_noted,
+                but=os.getpid(),  # it is on its way out: what it maps goes with it
+            )
+            if removed or kept:
+                print(f"[opsctl] shm segments removed {removed}, kept (held) {kept}", flush=True)
+            if kept:  # say who holds them: the line to read when one is left
+                held = run_segments.who_holds(
+                    {os.path.join(run_segments.SHM, n) for n in kept}, os.getpid()
+                )
+                print(f"[opsctl] held by {held}", flush=True)
+        why = private_tmp.remove_own()
+        if why:
+            print(f"[opsctl] {why}", flush=True)
+    finally:
+        if got:
+            _removal.release()
 
 
 def _at_exit(pid: int, ticks: int, me: int) -> None:
@@ -131,7 +150,7 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
         # a parent-death signal may stop it before the watchdog looked; the ranks end by
         # vLLM's shutdown or by their own watchdog's SIGKILL
         deadline = _note_gone() + KILL_AFTER + KILLED_WAIT
-        _remove_tmp(wait=max(SEGMENTS_WAIT, deadline - time.monotonic()))
+        _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, deadline))
 
 
 def _kill_the_rest_of_my_group() -> None:
@@ -160,9 +179,12 @@ def _on_owner_gone(role: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(KILL_AFTER)  # vLLM's orderly shutdown had its chance
     if role == "api_server":
-        _kill_the_rest_of_my_group()  # then their segments are held by nobody
-        _remove_tmp(wait=KILLED_WAIT)
-        with contextlib.suppress(OSError):
+        _note_gone()  # with what ranks still starting then have mapped since
+        _kill_the_rest_of_my_group()  # then their segments are soon held by nobody
+        # not the whole group yet: this process removes them first, however long the
+        # exit hook's removal (the other thread) still had to wait
+        _remove_tmp(until=time.monotonic() + KILLED_WAIT)
+        with contextlib.suppress(OSError):  # and whatever was forked meanwhile
             os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -345,9 +345,10 @@ def remove_unheld(
 
 
 def rank_segments(tmp_dir: Path | str | None, root: Path = SHM) -> set[str]:
-    """The segments vLLM's CPU ranks made for the engine whose private TMPDIR is ``tmp_dir``.
+    """The /dev/shm segments of the engine whose private TMPDIR is ``tmp_dir``.
 
-    Named after the rendezvous file in that directory (``engine_patches.run_segments``)."""
+    Its CPU ranks' (named after the rendezvous file in that directory) and the ring
+    buffers its processes wrote down there as made (``engine_patches.run_segments``)."""
     from engine_patches import run_segments
 
-    return set(run_segments.names(run_segments.idents(tmp_dir), str(root)))
+    return set(run_segments.run_names(tmp_dir, str(root)))

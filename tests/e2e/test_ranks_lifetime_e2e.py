@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -76,7 +77,8 @@ def every_rank(proc, layout: str) -> dict[int, str] | None:
 def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig):
     env = {**os.environ, "TMPDIR": str(short_tmp)}
     env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # opsctl derives it from the CPUs
-    args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(free_port()))
+    port = free_port()
+    args = ("tiny-llama", "--load-format", "dummy", "--eager", "--port", str(port))
     with served(*args, f"--{layout}", "2", env=env) as proc:
         found = wait_until(
             lambda: every_rank(proc, layout), START_S, f"every {layout} rank", proc.poll
@@ -84,14 +86,23 @@ def test_a_signal_to_serve_leaves_no_rank_and_no_segment(short_tmp, layout, sig)
         pids = tree(proc.pid)[1:]  # the engine's processes (not opsctl)
         engine = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
         try:
-            _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp)
+            _signal_and_judge(proc, layout, sig, found, pids, short_tmp, port)
         finally:  # a failed test leaves no orphan (psutil never signals a reused pid)
             for p in engine:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
 
 
-def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
+def _said(port: int) -> str:
+    """What opsctl's engine plugin said in the server log of the run on ``port``."""
+    runs = sorted((Path(os.environ["OPSCTL_HOME"]) / "runs").glob(f"*-serve-*-{port}"))
+    if not runs:
+        return "(no run directory)"
+    log = (runs[-1] / "server.log").read_text(errors="replace").splitlines()
+    return "\n".join(line for line in log if line.startswith("[opsctl]"))
+
+
+def _signal_and_judge(proc, layout, sig, found, pids, short_tmp, port) -> None:
     """Signal opsctl once every rank runs; nothing of the engine may be left."""
     held = set(proc.shm.names())
     t0 = time.monotonic()
@@ -100,5 +111,6 @@ def _signal_and_judge(proc, layout, sig, env, found, pids, short_tmp) -> None:
     wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit")
     print(f"{layout} {sig.name}: every rank gone {time.monotonic() - t0:.1f} s after it")
     assert rc == -signal.SIGKILL
-    assert proc.shm.left() == set(), f"held {sorted(held)}, left {proc.shm.left()}"
+    left = proc.shm.left()
+    assert left == set(), f"held {sorted(held)}, left {left}; the engine said:\n{_said(port)}"
     assert left_in(short_tmp) == []

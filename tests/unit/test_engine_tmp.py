@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -151,12 +153,20 @@ sys.stdin.read()
 """
 
 
-def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypatch):
+HOLDER = """
+import sys
+held = open(sys.argv[1], "rb")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypatch, capsys):
     """SIGKILL of opsctl, then the ranks kill themselves before vLLM's shutdown unlinks
     their ring buffers (seen: two psm_ segments left by a TP=2 engine on a loaded host).
     The API server notes the psm_ and cpushm segments its process group maps when it
     finds the owner gone; its exit removes them once nothing holds them, and keeps one
-    still held."""
+    still held, and names its holder in the server log."""
     import signal
     import subprocess
     import sys
@@ -176,23 +186,66 @@ def test_the_api_server_removes_the_ring_buffers_its_dead_ranks_mapped(monkeypat
         [sys.executable, "-c", RING_MAKER, dead, held, cpushm], stdin=subprocess.PIPE, text=True,
         stdout=subprocess.PIPE,
     )  # fmt: skip
+    holder = rank
     try:
         assert rank.stdout.readline() == "made\n"
         watchdog._note_gone()
         assert set(paths) <= watchdog._noted
-        with open(paths[1], "rb"):  # another process still holds this one
+        holder = subprocess.Popen(  # another process still holds this one
+            [sys.executable, "-c", HOLDER, paths[1]], stdin=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        with open(paths[0], "rb"):  # the API server's own: goes with it, so counts as free
+            assert holder.stdout.readline() == "held\n"
             rank.send_signal(signal.SIGKILL)
             rank.wait(30)
             assert all(os.path.exists(p) for p in paths)  # nobody unlinked them
-            watchdog._remove_tmp(wait=0.5)
-            assert not os.path.exists(paths[0]) and os.path.exists(paths[1])
-            assert not os.path.exists(paths[2])
+            watchdog._remove_tmp(until=time.monotonic() + 0.5)
+        assert not os.path.exists(paths[0]) and os.path.exists(paths[1])
+        assert not os.path.exists(paths[2])
+        said = capsys.readouterr().out
+        assert f"kept (held) ['{held}']" in said
+        assert f"[opsctl] held by {{'{paths[1]}': ['{holder.pid} (python" in said
+        holder.stdin.close()
+        holder.wait(30)
     finally:
-        if rank.poll() is None:
-            rank.kill()
+        for proc in (rank, holder):
+            if proc.poll() is None:
+                proc.kill()
         for p in paths:
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_one_removal_at_a_time_and_none_waits_past_its_deadline(monkeypatch):
+    """The exit hook (main thread) and the watchdog (its thread) never remove side by
+    side while the other's removal is within its deadline: the watchdog's SIGKILL of the
+    group would cut the other short. Past the deadline it removes anyway."""
+    import threading
+
+    from engine_patches import watchdog
+
+    monkeypatch.delenv("OPSCTL_RUN_DIR", raising=False)
+    path = f"/dev/shm/psm_opsctl_test_{os.urandom(4).hex()}"
+    monkeypatch.setattr(watchdog, "_noted", {path})
+    with open(path, "wb"):
+        pass
+    try:
+        with watchdog._removal:  # the other thread's removal runs
+            late = threading.Thread(target=watchdog._remove_tmp, args=(time.monotonic() + 60,))
+            late.start()
+            late.join(0.5)
+            assert late.is_alive() and os.path.exists(path)  # it waits its turn
+        late.join(30)
+        assert not late.is_alive() and not os.path.exists(path)
+        with open(path, "wb"):
+            pass
+        with watchdog._removal:  # the other's removal runs past the deadline: beside it
+            watchdog._remove_tmp(until=time.monotonic() + 0.2)
+            assert not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def test_the_engine_never_removes_a_tmpdir_opsctl_did_not_make_for_its_run(tmp_path, tmpdir_env):
@@ -208,3 +261,71 @@ def test_the_engine_never_removes_a_tmpdir_opsctl_did_not_make_for_its_run(tmp_p
     assert private_tmp.remove_own({"TMPDIR": str(mine)}) is None and mine.is_dir()
     assert private_tmp.remove_own({"OPSCTL_RUN_DIR": str(run), "TMPDIR": str(mine)}) is None
     assert not mine.exists()
+
+
+MAKER = """
+import os, sys
+from multiprocessing import resource_tracker, shared_memory
+from engine_patches import run_segments
+
+def untracked(seg):  # as in the engine once its group is killed: no tracker unlinks it
+    resource_tracker.unregister(seg._name, "shared_memory")
+    return seg
+
+assert run_segments.record_made() and run_segments.record_made()  # once, however asked
+made = untracked(shared_memory.SharedMemory(create=True, size=4096))
+other = untracked(shared_memory.SharedMemory(name=sys.argv[1]))  # opened, not made
+pid = os.fork()
+if pid == 0:  # a forked child (the EngineCore on one GPU) keeps the wrapper
+    child = untracked(shared_memory.SharedMemory(create=True, size=4096))
+    print(child.name, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(made.name, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_segments_a_run_makes_are_written_down_and_removed_with_it(tmp_path, tmpdir_env):
+    """Every segment an engine process creates through multiprocessing.shared_memory
+    (vLLM's ring buffers) is written down in its private TMPDIR as it is made, so the
+    last one out removes it even when nobody saw it mapped (an EngineCore that made two
+    after its owner died, then was killed by vLLM's deadline). Killed without unlinking
+    anything: the removal finds and removes both, and not a segment it only opened."""
+    import signal
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    from engine_patches import run_segments
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    d = engine_tmp.create(run)
+    theirs = shared_memory.SharedMemory(create=True, size=4096)  # someone else's
+    env = {**os.environ, **engine_tmp.engine_env(d), "OPSCTL_RUN_DIR": str(run)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    maker = subprocess.Popen(
+        [sys.executable, "-c", MAKER, theirs.name], env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    mine: list[str] = []
+    try:
+        mine = [maker.stdout.readline().strip(), maker.stdout.readline().strip()]
+        assert all(n.startswith("psm_") for n in mine), mine
+        assert run_segments.made(d) == sorted(mine)
+        assert sorted(run_segments.run_names(d)) == sorted(mine)
+        maker.send_signal(signal.SIGKILL)  # no unlink, no resource tracker's goodbye
+        maker.wait(30)
+        removed, kept = run_segments.remove(d, wait=5)
+        assert sorted(removed) == sorted(mine) and kept == []
+        assert os.path.exists(f"/dev/shm/{theirs.name}")
+    finally:
+        if maker.poll() is None:
+            maker.kill()
+        for n in mine:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{n}")
+        theirs.close()
+        theirs.unlink()
+        engine_tmp.remove(d, run)
