@@ -112,6 +112,28 @@ def test_a_runs_rank_segments_are_named_by_its_rendezvous_file(tmp_path):
     assert Path(tmp / ident).exists()  # the rendezvous file is the TMPDIR's to remove
 
 
+def test_opsctls_stop_takes_the_ring_buffers_its_run_wrote_down_as_made(tmp_path):
+    """opsctl's stop removes what its run wrote down as made (a ring buffer made after
+    its last look at what the engine maps), beside the ranks' segments; a recorded
+    segment already unlinked, or someone else's, is not the run's."""
+    from opsctl.collectors import shm as shm_collector
+
+    tmp, shm = tmp_path / "opsctl-eng-x", tmp_path / "shm"
+    (tmp / run_segments.MADE).mkdir(parents=True)
+    shm.mkdir()
+    ident = "vllm_dist_0123abcd"
+    (tmp / ident).write_text("")
+    for name in ("psm_made", "psm_unlinked_since"):
+        (tmp / run_segments.MADE / name).write_text("")
+    for name in ("psm_made", "psm_someone_elses", f"{ident}-tp:0-[0-1]-cpushm_0"):
+        (shm / name).write_bytes(b"x")
+    want = {"psm_made", f"{ident}-tp:0-[0-1]-cpushm_0"}
+    assert shm_collector.rank_segments(tmp, shm) == want
+    assert run_segments.made(tmp, str(shm)) == ["psm_made"]
+    assert sorted(run_segments.remove(tmp, str(shm))[0]) == sorted(want)
+    assert [p.name for p in shm.iterdir()] == ["psm_someone_elses"]
+
+
 def test_invariances_own_engine_keeps_the_ranks_and_the_batch_probe():
     """`diag invariance --model tiny-llama --tp 2` (run on a real TP=2 engine once; the
     tier no longer starts it): the isolated engine of each mode keeps both ranks in vLLM's
