@@ -44,6 +44,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 from engine_patches import knobs, private_tmp, run_segments
 
@@ -150,7 +151,28 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
         # a parent-death signal may stop it before the watchdog looked; the ranks end by
         # vLLM's shutdown or by their own watchdog's SIGKILL
         deadline = _note_gone() + KILL_AFTER + KILLED_WAIT
-        _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, deadline))
+        with _deaf():
+            _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, deadline))
+
+
+@contextlib.contextmanager
+def _deaf() -> Iterator[None]:
+    """Ignore SIGTERM, SIGINT and SIGHUP for a while (main thread), then listen again.
+
+    The exit hook's removal must not be cut short by the watchdog's own SIGTERM (sent
+    when it finds the owner gone after a parent-death signal began the exit): vLLM's
+    handler raises KeyboardInterrupt in whatever runs, and the ranks' cpushm segments
+    stayed (seen beside the CPU hog). The watchdog's SIGKILL still bounds it."""
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            old[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
 
 
 def _kill_the_rest_of_my_group() -> None:

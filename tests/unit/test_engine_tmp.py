@@ -329,3 +329,58 @@ def test_the_segments_a_run_makes_are_written_down_and_removed_with_it(tmp_path,
         theirs.close()
         theirs.unlink()
         engine_tmp.remove(d, run)
+
+
+EXITING = """
+import os, signal, subprocess, sys, threading
+from engine_patches import watchdog
+
+def vllms(signum, frame):  # vLLM's API server: SIGTERM raises wherever the main thread is
+    raise KeyboardInterrupt("terminated")
+
+signal.signal(signal.SIGTERM, vllms)
+path = sys.argv[1]
+holder = subprocess.Popen(  # a rank that still holds its segment for a moment
+    [sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); print('held', flush=True); "
+     "sys.stdin.read()", path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline() == "held\\n"
+watchdog._noted.add(path)
+
+def watchdog_finds_the_owner_gone():
+    while not watchdog._removal.locked():  # the exit hook's removal waits on the rank
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # what the watchdog sends when it finds it gone
+    holder.stdin.close()  # then the rank lets go
+
+threading.Thread(target=watchdog_finds_the_owner_gone, daemon=True).start()
+watchdog._at_exit(os.getpid(), 0, os.getpid())  # owner "gone": start ticks 0 never match
+holder.wait(30)
+print("removed" if not os.path.exists(path) else "left", flush=True)
+assert signal.getsignal(signal.SIGTERM) is vllms  # listening again after it
+"""
+
+
+def test_the_exit_hooks_removal_is_not_cut_short_by_a_sigterm(monkeypatch):
+    """The API server's exit began (the parent-death signal), its removal waits for a
+    rank to let go, and the watchdog's own SIGTERM arrives: vLLM's handler would raise
+    KeyboardInterrupt in the middle of it (seen beside the CPU hog: both cpushm segments
+    of serve --tp 2 stayed). The removal ends its work, then the handler is back."""
+    import subprocess
+    import sys
+
+    path = f"/dev/shm/psm_opsctl_test_{os.urandom(4).hex()}"
+    with open(path, "wb"):
+        pass
+    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", EXITING, path], env=env, capture_output=True, text=True,
+            timeout=60, start_new_session=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.splitlines()[-1] == "removed"
+        assert not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
