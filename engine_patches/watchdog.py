@@ -17,7 +17,8 @@ When the owner is gone:
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
   after the SIGKILL of the rest of its group; and first the /dev/shm segments vLLM's
   CPU ranks share (``engine_patches.run_segments``: named after the rendezvous file in
-  that directory, never unlinked by vLLM), once no process holds them. With them go
+  that directory, or one seen there while the owner lived; never unlinked by vLLM),
+  once no process holds them. With them go
   vLLM's ring buffers (``psm_*``) the run's processes wrote down as made, and every
   segment the engine's processes mapped when the owner was found gone and again before
   they were killed (the rendezvous file may be gone by then): the processes that made
@@ -59,6 +60,7 @@ _started_in: int | None = None  # pid of the process whose watchdog runs (fork-s
 _recorded_in: int | None = None
 _gone_at: float | None = None  # monotonic time the API server found its owner gone
 _noted: set[str] = set()  # the segments its engine's processes mapped then
+_idents: set[str] = set()  # rendezvous idents seen in its private TMPDIR while the owner lived
 _removal = threading.Lock()  # one removal at a time: the exit hook's or the watchdog's
 
 
@@ -122,10 +124,11 @@ def _remove_tmp(until: float) -> None:
     got = _removal.acquire(timeout=max(0.0, until - time.monotonic()))
     try:
         with contextlib.suppress(Exception):
+            seen = run_segments.names(sorted(_idents))  # their files may be gone by now
             removed, kept = run_segments.remove(
                 private_tmp.own_dir(),
                 wait=max(0.0, until - time.monotonic()),
-                extra=_noted,
+                extra=_noted | {os.path.join(run_segments.SHM, n) for n in seen},
                 but=os.getpid(),  # it is on its way out: what it maps goes with it
             )
             if removed or kept:
@@ -211,9 +214,20 @@ def _on_owner_gone(role: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _run(pid: int, ticks: int, role: str) -> None:
+def _watch_owner(pid: int, ticks: int, role: str) -> None:
+    """Return once the owner is gone. The API server remembers meanwhile the rendezvous
+    idents in its private TMPDIR (a listing every ``PERIOD``): torch's FileStore deletes
+    that file in an orderly shutdown of the ranks, which can end before the owner's
+    death is seen, and the ranks' cpushm segments are named after it."""
+    tmp = private_tmp.own_dir() if role == "api_server" else None
     while owner_alive(pid, ticks):
+        if tmp:
+            _idents.update(run_segments.idents(tmp))
         time.sleep(PERIOD)
+
+
+def _run(pid: int, ticks: int, role: str) -> None:
+    _watch_owner(pid, ticks, role)
     print(
         f"[opsctl] owner process {pid} is gone: stopping this {role} process",
         flush=True,

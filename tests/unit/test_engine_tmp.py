@@ -384,3 +384,53 @@ def test_the_exit_hooks_removal_is_not_cut_short_by_a_sigterm(monkeypatch):
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_the_api_server_remembers_the_rendezvous_its_ranks_named_segments_after(
+    tmp_path, tmpdir_env, monkeypatch
+):
+    """While its owner lives, the API server's watchdog remembers the rendezvous idents
+    in its private TMPDIR. torch's FileStore deletes the file when the ranks shut down in
+    order, which can end before the owner's death is seen: the ranks' cpushm segments,
+    named after it, are still removed."""
+    import subprocess
+    import sys
+    import threading
+
+    from engine_patches import watchdog
+    from tests.waiting import wait_until
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    d = engine_tmp.create(run)
+    monkeypatch.setenv("TMPDIR", str(d))
+    monkeypatch.setenv("OPSCTL_RUN_DIR", str(run))
+    monkeypatch.setattr(watchdog, "_idents", set())
+    monkeypatch.setattr(watchdog, "_noted", set())
+    ident = f"vllm_dist_opsctltest{os.urandom(4).hex()}"
+    seg = f"/dev/shm/{ident}-tp:0-[0-1]-cpushm_0"
+    owner = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        ticks = wait_until(lambda: watchdog.start_ticks(owner.pid), 10, "the owner's stat")
+        watch = threading.Thread(
+            target=watchdog._watch_owner, args=(owner.pid, ticks, "api_server")
+        )
+        watch.start()
+        (d / ident).write_text("")  # the ranks' rendezvous, then their segment
+        with open(seg, "wb"):
+            pass
+        wait_until(lambda: ident in watchdog._idents, 30, "the ident remembered")
+        (d / ident).unlink()  # FileStore's goodbye in the ranks' orderly shutdown
+        owner.stdin.close()
+        owner.wait(30)
+        watch.join(30)
+        assert not watch.is_alive()
+        watchdog._remove_tmp(until=time.monotonic() + 1)
+        assert not os.path.exists(seg) and not d.exists()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        if os.path.exists(seg):
+            os.unlink(seg)
+        engine_tmp.remove(d, run)
