@@ -160,9 +160,19 @@ def mapped_segments(pids: list[int], root: str = SHM) -> set[str]:
     }
 
 
+def _holding(paths: set[str], but: int | None) -> dict[str, set[str]]:
+    """Each live process (other than ``but``) -> those of ``paths`` it maps or holds open."""
+    found = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != but):
+        held = _mapped_or_open(pid) & paths
+        if held:
+            found[pid] = held
+    return found
+
+
 def holders(paths: set[str], but: int | None = None) -> set[str]:
     """Those of ``paths`` some live process (other than ``but``) maps or holds open."""
-    return set(who_holds(paths, but))
+    return {path for held in _holding(paths, but).values() for path in held}
 
 
 def who_holds(paths: set[str], but: int | None = None) -> dict[str, list[str]]:
@@ -171,10 +181,7 @@ def who_holds(paths: set[str], but: int | None = None) -> dict[str, list[str]]:
     Holders: live processes (other than ``but``) that map it or hold it open. What the
     API server prints when it has to keep a segment."""
     found: dict[str, list[str]] = {}
-    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != but):
-        held = _mapped_or_open(pid) & paths
-        if not held:
-            continue
+    for pid, held in _holding(paths, but).items():
         try:
             with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
                 name = fh.read().strip()

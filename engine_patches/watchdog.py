@@ -18,15 +18,15 @@ When the owner is gone:
   after the SIGKILL of the rest of its group; and first the /dev/shm segments vLLM's
   CPU ranks share (``engine_patches.run_segments``: named after the rendezvous file in
   that directory, or one seen there while the owner lived; never unlinked by vLLM),
-  once no process holds them. With them go
-  vLLM's ring buffers (``psm_*``) the run's processes wrote down as made, and every
-  segment the engine's processes mapped when the owner was found gone and again before
-  they were killed (the rendezvous file may be gone by then): the processes that made
-  the ring buffers unlink them in vLLM's shutdown, unless a deadline killed them first
-  (vLLM's own, 5 s after its SIGTERM, or ours). Either way the API server waits for its ranks to let go up to
-  ``KILLED_WAIT`` after their deadline (at exit at least ``SEGMENTS_WAIT``), one removal
-  at a time, so none of these outlives it; a segment still held then is kept, and the
-  server log names its holders.
+  once no process holds them. With them go vLLM's ring buffers (``psm_*``) the run's
+  processes wrote down as made, and every segment the engine's processes mapped when
+  the owner was found gone and again before they were killed (the rendezvous file may
+  be gone by then): the processes that made the ring buffers unlink them in vLLM's
+  shutdown, unless a deadline killed them first (vLLM's own, 5 s after its SIGTERM, or
+  ours). Either way the API server waits for its ranks to let go up to ``KILLED_WAIT``
+  after their deadline (at exit at least ``SEGMENTS_WAIT``), one removal at a time, so
+  none of these outlives it; a segment still held then is kept, and the server log
+  names its holders.
 
 A zombie owner counts as gone: it can no longer clean up.
 
