@@ -11,7 +11,9 @@ When the owner is gone:
   workers and its resource tracker unlinks the shared-memory ring buffers;
 - every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (the
   API server first the rest of its process group, then, after the removal below, the
-  whole group), whatever state vLLM's shutdown is in;
+  whole group), whatever state vLLM's shutdown is in; once the API server's exit hook
+  ran, its interpreter finalizes and this thread is stopped for good, so the hook kills
+  the ranks still running then and the kernel's alarm bounds the rest of its exit;
 - the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
   opsctl and normally removed by its stop) on its way out: at exit when its owner is
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
@@ -55,6 +57,7 @@ PERIOD = 0.5
 KILL_AFTER = 8.0
 SEGMENTS_WAIT = 5.0  # at exit: the most the API server waits for its ranks to let go
 KILLED_WAIT = 5.0  # after SIGKILL of the rest of its group: for their mappings to go
+EXIT_BOUND = 5  # s: after the API server's exit hook, the most the rest of its exit takes
 
 _started_in: int | None = None  # pid of the process whose watchdog runs (fork-safe)
 _recorded_in: int | None = None
@@ -148,14 +151,65 @@ def _remove_tmp(until: float) -> None:
 
 def _at_exit(pid: int, ticks: int, me: int) -> None:
     """The API server exits while its owner is gone: nobody else will remove its
-    private TMPDIR and its ranks' segments. (While the owner lives, its stop removes
-    them and reports on them.)"""
+    private TMPDIR and its ranks' segments, nor end a rank still running. (While the
+    owner lives, its stop does all that and reports on it.)
+
+    Past this hook the watchdog thread no longer bounds this process nor its ranks: a
+    daemon thread stops for good once the interpreter finalizes. So ranks still running
+    when their own watchdog would have killed them (vLLM's shutdown or theirs can hang
+    the same way) are killed here, and the rest of this process's exit is bounded."""
     if os.getpid() == me and not owner_alive(pid, ticks):
         # a parent-death signal may stop it before the watchdog looked; the ranks end by
-        # vLLM's shutdown or by their own watchdog's SIGKILL
-        deadline = _note_gone() + KILL_AFTER + KILLED_WAIT
+        # vLLM's shutdown, by their own watchdog's SIGKILL or by ours
+        kill_at = _note_gone() + KILL_AFTER
         with _deaf():
-            _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, deadline))
+            _end_the_rest(kill_at)
+            _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, kill_at + KILLED_WAIT))
+        _bound_the_exit()
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z"
+
+
+def _resource_tracker() -> int | None:
+    """The pid of the resource tracker this process started, if any. It exits by itself
+    once every process of the engine is gone (its pipe closes), after unlinking what was
+    registered with it and never unlinked: it is left to do that."""
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        return resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
+    return None
+
+
+def _end_the_rest(kill_at: float) -> list[int]:
+    """Wait until the monotonic time ``kill_at`` for the rest of this process group (its
+    ranks; not the resource tracker) to end, then SIGKILL what still runs; the pids
+    killed. Their mappings are noted first: the removal after it takes those segments."""
+    spared = {_resource_tracker()}
+    while True:
+        left = [p for p in _group_but_me() if p not in spared and _running(p)]
+        if not left or time.monotonic() >= kill_at:
+            break
+        time.sleep(0.1)
+    if left:
+        _note_gone()
+        for p in left:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        print(f"[opsctl] killed the ranks still running after its exit began: {left}", flush=True)
+    return left
+
+
+def _bound_the_exit() -> None:
+    """The rest of this process's exit (other exit hooks, the interpreter's finalization,
+    C++ destructors) gets ``EXIT_BOUND`` seconds: then the kernel ends it (SIGALRM, its
+    default action), however stuck it is."""
+    with contextlib.suppress(ValueError, OSError):  # not the main thread
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(EXIT_BOUND)
 
 
 @contextlib.contextmanager

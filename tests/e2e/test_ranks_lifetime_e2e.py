@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -102,13 +104,35 @@ def _said(port: int) -> str:
     return "\n".join(line for line in log if line.startswith("[opsctl]"))
 
 
+def _survivors(pids) -> str:
+    """Each engine process still running (not a zombie): what it is and where it waits
+    (py-spy's dump of its Python stacks), for the failure message."""
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            head = f"{pid} {p.status()} ppid {p.ppid()} {' '.join(p.cmdline())[:160]}"
+        except psutil.Error:
+            continue
+        spy = Path(sys.executable).with_name("py-spy")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            dump = subprocess.run(
+                [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+            )
+            head += "\n" + (dump.stdout or dump.stderr)
+        out.append(head)
+    return "\n".join(out)
+
+
 def _signal_and_judge(proc, layout, sig, found, pids, short_tmp, port) -> None:
     """Signal opsctl once every rank runs; nothing of the engine may be left."""
     held = set(proc.shm.names())
     t0 = time.monotonic()
     proc.send_signal(sig)
     rc = proc.wait(120)  # stop: polite phase, SIGTERMs, SIGKILL and its wait (30 s)
-    wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit")
+    wait_until(lambda: gone(pids), 20, f"{layout} ranks {found} to exit", lambda: _survivors(pids))
     print(f"{layout} {sig.name}: every rank gone {time.monotonic() - t0:.1f} s after it")
     assert rc == -signal.SIGKILL
     left = proc.shm.left()

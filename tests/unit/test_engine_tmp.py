@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -125,18 +126,25 @@ def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
     os.environ.update(env)  # monkeypatch (tmpdir_env) restores TMPDIR
     monkeypatch.setattr(watchdog, "_gone_at", None)
     monkeypatch.setattr(watchdog, "_noted", set())
+    # here the "API server" is pytest: its group's other processes are not ranks, and no
+    # alarm may end it (tests/unit/test_engine_tmp.py's LAST_WORDS judges both for real)
+    ends: list[str] = []
+    monkeypatch.setattr(watchdog, "_end_the_rest", lambda kill_at: ends.append("rest"))
+    monkeypatch.setattr(watchdog, "_bound_the_exit", lambda: ends.append("bound"))
     try:
         me = os.getpid()
         watchdog._at_exit(me, watchdog.start_ticks(me), me)  # owner alive: kept
-        assert d.is_dir()
+        assert d.is_dir() and ends == []
         owner = subprocess.Popen([sys.executable, "-c", "pass"])
         ticks = wait_until(lambda: watchdog.start_ticks(owner.pid), 10, "the owner's stat")
         wait_until(lambda: not watchdog.owner_alive(owner.pid, ticks), 30, "a zombie owner")
         assert watchdog.start_ticks(owner.pid) == ticks  # not reaped yet: a zombie
         watchdog._at_exit(owner.pid, ticks, me + 1)  # another process's hook (a fork)
         assert d.is_dir()
+        assert ends == []
         watchdog._at_exit(owner.pid, ticks, me)
         assert not d.exists() and list(tmpdir_env.iterdir()) == []
+        assert ends == ["rest", "bound"]
         owner.wait(10)
     finally:
         os.environ.pop("OPSCTL_RUN_DIR", None)
@@ -340,9 +348,11 @@ def vllms(signum, frame):  # vLLM's API server: SIGTERM raises wherever the main
 
 signal.signal(signal.SIGTERM, vllms)
 path = sys.argv[1]
-holder = subprocess.Popen(  # a rank that still holds its segment for a moment
+holder = subprocess.Popen(  # a process that still holds the segment for a moment (not of
+    # this group: the exit hook would wait for a rank to end, and then kill it, first)
     [sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); print('held', flush=True); "
-     "sys.stdin.read()", path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+     "sys.stdin.read()", path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    start_new_session=True)
 assert holder.stdout.readline() == "held\\n"
 watchdog._noted.add(path)
 
@@ -384,6 +394,59 @@ def test_the_exit_hooks_removal_is_not_cut_short_by_a_sigterm(monkeypatch):
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+LAST_WORDS = """
+import signal, subprocess, sys, time
+from multiprocessing import shared_memory
+from engine_patches import watchdog
+
+watchdog.KILL_AFTER = 1.0
+ring = shared_memory.SharedMemory(create=True, size=4096)  # starts the resource tracker
+ring.close()
+ring.unlink()
+stuck = subprocess.Popen(  # a rank whose own watchdog stopped with its finalization
+    [sys.executable, "-c", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+     "print('up', flush=True); signal.pause()"], stdout=subprocess.PIPE, text=True)
+assert stuck.stdout.readline() == "up\\n"
+done = subprocess.Popen([sys.executable, "-c", "pass"])  # a rank vLLM's shutdown ended
+done.wait()
+print("pids", stuck.pid, done.pid, watchdog._resource_tracker(), flush=True)
+watchdog._at_exit(1, 0, watchdog.os.getpid())  # owner "gone": start ticks 0 never match
+print("stuck rank", stuck.wait(10), flush=True)
+time.sleep(120)  # the rest of the exit hangs (a destructor, a join)
+"""
+
+
+def test_the_exit_hook_ends_ranks_still_running_and_bounds_the_rest_of_the_exit():
+    """CI: after SIGKILL of `opsctl serve --tp 2` mid-start, its engine outlived it by
+    over 20 s. A daemon thread stops for good once its interpreter finalizes, so past the
+    exit hook the watchdog's SIGKILLs no longer bound the API server nor its ranks. The
+    hook kills each rank still running at its own watchdog's deadline (not one vLLM's
+    shutdown ended, not the resource tracker), then the kernel's alarm ends the server."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    server = subprocess.Popen(
+        [sys.executable, "-c", LAST_WORDS], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = server.communicate(timeout=60)
+    finally:  # a failure leaves no "rank" behind: the session is the server's group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert server.returncode == -signal.SIGALRM, (server.returncode, err[-2000:])
+    lines = out.splitlines()
+    stuck, ended, tracker = (int(x) for x in lines[0].split()[1:])
+    assert tracker > 0 and tracker not in (stuck, ended)
+    assert lines[1:] == [
+        f"[opsctl] killed the ranks still running after its exit began: [{stuck}]",
+        f"stuck rank {-signal.SIGKILL}",
+    ]
 
 
 def test_the_api_server_remembers_the_rendezvous_its_ranks_named_segments_after(
