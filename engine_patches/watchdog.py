@@ -11,9 +11,10 @@ When the owner is gone:
   workers and its resource tracker unlinks the shared-memory ring buffers;
 - every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (the
   API server first the rest of its process group, then, after the removal below, the
-  whole group), whatever state vLLM's shutdown is in; once the API server's exit hook
-  ran, its interpreter finalizes and this thread is stopped for good, so the hook kills
-  the ranks still running then and the kernel's alarm bounds the rest of its exit;
+  whole group), whatever state vLLM's shutdown is in; this thread stops for good once
+  its interpreter finalizes (after the exit hooks), so the API server's exit hook waits
+  for its ranks to end, kills those still running at that deadline, and arms the
+  kernel's alarm for the rest of its exit;
 - the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
   opsctl and normally removed by its stop) on its way out: at exit when its owner is
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -154,18 +156,21 @@ def _at_exit(pid: int, ticks: int, me: int) -> None:
     private TMPDIR and its ranks' segments, nor end a rank still running. (While the
     owner lives, its stop does all that and reports on it.)
 
-    Past this hook the watchdog thread no longer bounds this process nor its ranks: a
-    daemon thread stops for good once the interpreter finalizes. So ranks still running
-    when their own watchdog would have killed them (vLLM's shutdown or theirs can hang
-    the same way) are killed here, and the rest of this process's exit is bounded."""
+    The watchdog thread still runs while exit hooks run, but stops for good once the
+    interpreter finalizes after them (a daemon thread), and so does each rank's. So the
+    hook waits for the ranks to end, and kills those still running when their own
+    watchdog would have (vLLM's shutdown can hang past that): an exit that went fast
+    leaves no rank behind. And it bounds the rest of this process's exit."""
     if os.getpid() == me and not owner_alive(pid, ticks):
         # a parent-death signal may stop it before the watchdog looked; the ranks end by
         # vLLM's shutdown, by their own watchdog's SIGKILL or by ours
         kill_at = _note_gone() + KILL_AFTER
-        with _deaf():
-            _end_the_rest(kill_at)
-            _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, kill_at + KILLED_WAIT))
-        _bound_the_exit()
+        try:
+            with _deaf():
+                _end_the_rest(kill_at)
+                _remove_tmp(until=max(time.monotonic() + SEGMENTS_WAIT, kill_at + KILLED_WAIT))
+        finally:
+            _bound_the_exit(kill_at + KILLED_WAIT)
 
 
 def _running(pid: int) -> bool:
@@ -173,22 +178,31 @@ def _running(pid: int) -> bool:
     return fields is not None and fields[0] != b"Z"
 
 
-def _resource_tracker() -> int | None:
-    """The pid of the resource tracker this process started, if any. It exits by itself
-    once every process of the engine is gone (its pipe closes), after unlinking what was
-    registered with it and never unlinked: it is left to do that."""
+def _helpers() -> set[int]:
+    """The resource tracker and forkserver this process started, if any: they exit by
+    themselves once every process of the engine is gone (their pipe closes); the tracker
+    unlinks then what was registered with it and never unlinked."""
+    found = set()
     with contextlib.suppress(Exception):
         from multiprocessing import resource_tracker
 
-        return resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
-    return None
+        found.add(resource_tracker._resource_tracker._pid)  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        from multiprocessing import forkserver
+
+        found.add(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+    return {p for p in found if isinstance(p, int)}
 
 
 def _end_the_rest(kill_at: float) -> list[int]:
     """Wait until the monotonic time ``kill_at`` for the rest of this process group (its
-    ranks; not the resource tracker) to end, then SIGKILL what still runs; the pids
-    killed. Their mappings are noted first: the removal after it takes those segments."""
-    spared = {_resource_tracker()}
+    ranks; not its multiprocessing helpers) to end, then SIGKILL what still runs; the
+    pids killed. Their mappings are noted first: the removal after it takes those
+    segments. Only in a group leader (opsctl starts the API server in a session of its
+    own): never another group's processes."""
+    if os.getpgid(0) != os.getpid():
+        return []
+    spared = _helpers()
     while True:
         left = [p for p in _group_but_me() if p not in spared and _running(p)]
         if not left or time.monotonic() >= kill_at:
@@ -203,13 +217,15 @@ def _end_the_rest(kill_at: float) -> list[int]:
     return left
 
 
-def _bound_the_exit() -> None:
+def _bound_the_exit(deadline: float) -> None:
     """The rest of this process's exit (other exit hooks, the interpreter's finalization,
-    C++ destructors) gets ``EXIT_BOUND`` seconds: then the kernel ends it (SIGALRM, its
-    default action), however stuck it is."""
+    C++ destructors) ends at the monotonic time ``deadline``, at the latest
+    ``EXIT_BOUND`` seconds from now, and at least 1 s from now: then the kernel ends it
+    (SIGALRM, its default action), however stuck it is."""
+    left = min(float(EXIT_BOUND), deadline - time.monotonic())
     with contextlib.suppress(ValueError, OSError):  # not the main thread
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(EXIT_BOUND)
+        signal.alarm(max(1, math.ceil(left)))
 
 
 @contextlib.contextmanager

@@ -119,7 +119,7 @@ def _survivors(pids) -> str:
         spy = Path(sys.executable).with_name("py-spy")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             dump = subprocess.run(
-                [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+                [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=10
             )
             head += "\n" + (dump.stdout or dump.stderr)
         out.append(head)

@@ -130,7 +130,7 @@ def test_the_engine_removes_its_own_private_tmpdir_only_when_its_owner_is_gone(
     # alarm may end it (tests/unit/test_engine_tmp.py's LAST_WORDS judges both for real)
     ends: list[str] = []
     monkeypatch.setattr(watchdog, "_end_the_rest", lambda kill_at: ends.append("rest"))
-    monkeypatch.setattr(watchdog, "_bound_the_exit", lambda: ends.append("bound"))
+    monkeypatch.setattr(watchdog, "_bound_the_exit", lambda deadline: ends.append("bound"))
     try:
         me = os.getpid()
         watchdog._at_exit(me, watchdog.start_ticks(me), me)  # owner alive: kept
@@ -347,6 +347,7 @@ def vllms(signum, frame):  # vLLM's API server: SIGTERM raises wherever the main
     raise KeyboardInterrupt("terminated")
 
 signal.signal(signal.SIGTERM, vllms)
+watchdog._bound_the_exit = lambda deadline: None  # this script judges the removal only
 path = sys.argv[1]
 holder = subprocess.Popen(  # a process that still holds the segment for a moment (not of
     # this group: the exit hook would wait for a rank to end, and then kill it, first)
@@ -409,10 +410,12 @@ stuck = subprocess.Popen(  # a rank whose own watchdog stopped with its finaliza
     [sys.executable, "-c", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
      "print('up', flush=True); signal.pause()"], stdout=subprocess.PIPE, text=True)
 assert stuck.stdout.readline() == "up\\n"
-done = subprocess.Popen([sys.executable, "-c", "pass"])  # a rank vLLM's shutdown ended
-done.wait()
-print("pids", stuck.pid, done.pid, watchdog._resource_tracker(), flush=True)
-watchdog._at_exit(1, 0, watchdog.os.getpid())  # owner "gone": start ticks 0 never match
+done = subprocess.Popen([sys.executable, "-c", "pass"])  # a rank vLLM's shutdown ended:
+while watchdog._running(done.pid):  # a zombie until multiprocessing joins it (after us)
+    time.sleep(0.05)
+(tracker,) = watchdog._helpers()
+print("pids", stuck.pid, done.pid, tracker, flush=True)
+watchdog._at_exit(1, -1, watchdog.os.getpid())  # owner "gone": start ticks -1 never match
 print("stuck rank", stuck.wait(10), flush=True)
 time.sleep(120)  # the rest of the exit hangs (a destructor, a join)
 """
