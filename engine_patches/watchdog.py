@@ -9,12 +9,13 @@ another process (different start time), so pid reuse cannot keep an orphan alive
 When the owner is gone:
 - the API server sends itself SIGTERM at once: vLLM's own shutdown stops EngineCore and
   workers and its resource tracker unlinks the shared-memory ring buffers;
-- every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself (the
-  API server first the rest of its process group, then, after the removal below, the
-  whole group), whatever state vLLM's shutdown is in; this thread stops for good once
-  its interpreter finalizes (after the exit hooks), so the API server's exit hook waits
-  for its ranks to end, kills those still running at that deadline, and arms the
-  kernel's alarm for the rest of its exit;
+- every process that is still alive ``KILL_AFTER`` seconds later SIGKILLs itself
+  (the API server first the rest of its process group but its resource tracker, which
+  exits by itself once the rest is gone and unlinks what was registered with it; then,
+  after the removal below, itself), whatever state vLLM's shutdown is in;
+- this thread stops for good once its interpreter finalizes (after the exit hooks), so
+  the API server's exit hook waits for its ranks to end, kills those still running at
+  that deadline, and arms the kernel's alarm for the rest of its exit;
 - the API server removes the engine's private ``TMPDIR`` (vLLM's IPC sockets, made by
   opsctl and normally removed by its stop) on its way out: at exit when its owner is
   gone (whichever signal stopped it: the watchdog's or the parent-death signal), or
@@ -249,10 +250,18 @@ def _deaf() -> Iterator[None]:
 
 
 def _kill_the_rest_of_my_group() -> None:
-    """SIGKILL every other process of this process group (the API server's: its engine)."""
+    """SIGKILL every other process of this process group (the API server's: its engine)
+    but its multiprocessing helpers (``_helpers``): they exit by themselves once the rest
+    is gone, the resource tracker after unlinking what was registered with it and never
+    unlinked (vLLM's executor lock, a named semaphore, was left in /dev/shm when the
+    tracker died by this SIGKILL). Only in a group leader: never another group."""
+    if os.getpgid(0) != os.getpid():
+        return
+    spared = _helpers()
     for pid in _group_but_me():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        if pid not in spared:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -279,8 +288,7 @@ def _on_owner_gone(role: str) -> None:
         # not the whole group yet: this process removes them first, however long the
         # exit hook's removal (the other thread) still had to wait
         _remove_tmp(until=time.monotonic() + KILLED_WAIT)
-        with contextlib.suppress(OSError):  # and whatever was forked meanwhile
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+        _kill_the_rest_of_my_group()  # and whatever was forked meanwhile
     os.kill(os.getpid(), signal.SIGKILL)
 
 

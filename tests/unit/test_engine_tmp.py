@@ -452,6 +452,53 @@ def test_the_exit_hook_ends_ranks_still_running_and_bounds_the_rest_of_the_exit(
     ]
 
 
+TRACKER_KEPT = """
+import multiprocessing, os, subprocess, sys
+from engine_patches import watchdog
+
+# vLLM's executor lock: a named semaphore in /dev/shm, registered with the tracker
+lock = multiprocessing.get_context("spawn").Lock()
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+(tracker,) = watchdog._helpers()
+print(lock._semlock.name, rank.pid, tracker, flush=True)
+watchdog._kill_the_rest_of_my_group()
+print("rank", rank.wait(10), flush=True)
+os._exit(0)  # as by the server's own SIGKILL: no finalizer of its own unlinks the lock
+"""
+
+
+def test_the_watchdog_spares_the_resource_tracker_which_unlinks_what_the_engine_left():
+    """A fresh clone beside the CPU hog: vLLM's executor lock (``sem.mp-*``) stayed in
+    /dev/shm after SIGKILL of `serve --tp 2`: the watchdog's SIGKILL of the API server's
+    group took its resource tracker too, which unlinks such leftovers once the last
+    process of the engine is gone. The ranks are killed, the tracker is left to do it."""
+    import subprocess
+    import sys
+
+    from tests.waiting import wait_until
+
+    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    server = subprocess.Popen(
+        [sys.executable, "-c", TRACKER_KEPT], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    sem = None
+    try:
+        out, err = server.communicate(timeout=60)
+        assert server.returncode == 0, err[-2000:]
+        name, _, tracker = out.splitlines()[0].split()
+        sem = Path(f"/dev/shm/sem.{name.lstrip('/')}")
+        assert out.splitlines()[1] == f"rank {-signal.SIGKILL}"
+        wait_until(lambda: not sem.exists(), 30, f"the tracker ({tracker}) to unlink {sem}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        if sem is not None:
+            with contextlib.suppress(FileNotFoundError):
+                sem.unlink()
+
+
 def test_the_api_server_remembers_the_rendezvous_its_ranks_named_segments_after(
     tmp_path, tmpdir_env, monkeypatch
 ):
