@@ -8,6 +8,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -397,6 +398,30 @@ def test_the_exit_hooks_removal_is_not_cut_short_by_a_sigterm(monkeypatch):
             os.unlink(path)
 
 
+@contextlib.contextmanager
+def as_api_server(script: str) -> Iterator[tuple[int, str, str]]:
+    """Run ``script`` (with engine_patches importable) as opsctl runs an API server: in
+    a session of its own, whose group is its engine; (exit code, stdout, stderr) once it
+    ended. Leaving the block kills what is left of that group: a failure leaves no
+    process behind."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    server = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = server.communicate(timeout=60)
+        yield server.returncode, out, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 LAST_WORDS = """
 import signal, subprocess, sys, time
 from multiprocessing import shared_memory
@@ -427,22 +452,8 @@ def test_the_exit_hook_ends_ranks_still_running_and_bounds_the_rest_of_the_exit(
     exit hook the watchdog's SIGKILLs no longer bound the API server nor its ranks. The
     hook kills each rank still running at its own watchdog's deadline (not one vLLM's
     shutdown ended, not the resource tracker), then the kernel's alarm ends the server."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    server = subprocess.Popen(
-        [sys.executable, "-c", LAST_WORDS], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = server.communicate(timeout=60)
-    finally:  # a failure leaves no "rank" behind: the session is the server's group
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-    assert server.returncode == -signal.SIGALRM, (server.returncode, err[-2000:])
+    with as_api_server(LAST_WORDS) as (code, out, err):
+        assert code == -signal.SIGALRM, (code, err[-2000:])
     lines = out.splitlines()
     stuck, ended, tracker = (int(x) for x in lines[0].split()[1:])
     assert tracker > 0 and tracker not in (stuck, ended)
@@ -472,28 +483,18 @@ def test_the_watchdog_spares_the_resource_tracker_which_unlinks_what_the_engine_
     /dev/shm after SIGKILL of `serve --tp 2`: the watchdog's SIGKILL of the API server's
     group took its resource tracker too, which unlinks such leftovers once the last
     process of the engine is gone. The ranks are killed, the tracker is left to do it."""
-    import subprocess
-    import sys
-
     from tests.waiting import wait_until
 
-    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    server = subprocess.Popen(
-        [sys.executable, "-c", TRACKER_KEPT], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
     sem = None
     try:
-        out, err = server.communicate(timeout=60)
-        assert server.returncode == 0, err[-2000:]
-        name, _, tracker = out.splitlines()[0].split()
-        sem = Path(f"/dev/shm/sem.{name.lstrip('/')}")
-        assert out.splitlines()[1] == f"rank {-signal.SIGKILL}"
-        wait_until(lambda: not sem.exists(), 30, f"the tracker ({tracker}) to unlink {sem}")
+        with as_api_server(TRACKER_KEPT) as (code, out, err):
+            assert code == 0, err[-2000:]
+            name, _, tracker = out.splitlines()[0].split()
+            sem = Path(f"/dev/shm/sem.{name.lstrip('/')}")
+            assert out.splitlines()[1] == f"rank {-signal.SIGKILL}"
+            # before the session is killed: the tracker unlinks it once the rest is gone
+            wait_until(lambda: not sem.exists(), 30, f"the tracker ({tracker}) to unlink {sem}")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
         if sem is not None:
             with contextlib.suppress(FileNotFoundError):
                 sem.unlink()
