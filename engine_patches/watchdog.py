@@ -196,24 +196,17 @@ def _helpers() -> set[int]:
 
 
 def _end_the_rest(kill_at: float) -> list[int]:
-    """Wait until the monotonic time ``kill_at`` for the rest of this process group (its
-    ranks; not its multiprocessing helpers) to end, then SIGKILL what still runs; the
-    pids killed. Their mappings are noted first: the removal after it takes those
-    segments. Only in a group leader (opsctl starts the API server in a session of its
-    own): never another group's processes."""
-    if os.getpgid(0) != os.getpid():
-        return []
-    spared = _helpers()
+    """Wait until the monotonic time ``kill_at`` for the rest of this process group
+    (``_the_rest``: its ranks) to end, then SIGKILL what still runs; the pids killed.
+    Their mappings are noted first: the removal after it takes those segments."""
     while True:
-        left = [p for p in _group_but_me() if p not in spared and _running(p)]
+        left = [p for p in _the_rest() if _running(p)]
         if not left or time.monotonic() >= kill_at:
             break
         time.sleep(0.1)
     if left:
         _note_gone()
-        for p in left:
-            with contextlib.suppress(OSError):
-                os.kill(p, signal.SIGKILL)
+        _kill(left)
         print(f"[opsctl] killed the ranks still running after its exit began: {left}", flush=True)
     return left
 
@@ -249,19 +242,28 @@ def _deaf() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def _kill_the_rest_of_my_group() -> None:
-    """SIGKILL every other process of this process group (the API server's: its engine)
-    but its multiprocessing helpers (``_helpers``): they exit by themselves once the rest
-    is gone, the resource tracker after unlinking what was registered with it and never
-    unlinked (vLLM's executor lock, a named semaphore, was left in /dev/shm when the
-    tracker died by this SIGKILL). Only in a group leader: never another group."""
+def _the_rest() -> list[int]:
+    """The other processes of this process group (the API server's: its engine) but its
+    multiprocessing helpers (``_helpers``): they exit by themselves once the rest is gone,
+    the resource tracker after unlinking what was registered with it and never unlinked
+    (vLLM's executor lock, a named semaphore, was left in /dev/shm when the tracker died
+    by the watchdog's SIGKILL). None unless this process leads its group (opsctl starts
+    the API server in a session of its own): never another group's processes."""
     if os.getpgid(0) != os.getpid():
-        return
+        return []
     spared = _helpers()
-    for pid in _group_but_me():
-        if pid not in spared:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    return [pid for pid in _group_but_me() if pid not in spared]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _kill_the_rest_of_my_group() -> None:
+    """SIGKILL the rest of this process group (``_the_rest``)."""
+    _kill(_the_rest())
 
 
 def watching(env: dict[str, str] | None = None) -> tuple[int, int] | None:

@@ -340,6 +340,30 @@ def test_the_segments_a_run_makes_are_written_down_and_removed_with_it(tmp_path,
         engine_tmp.remove(d, run)
 
 
+@contextlib.contextmanager
+def as_api_server(script: str, *args: str) -> Iterator[tuple[int, str, str]]:
+    """Run ``script`` with ``args`` (engine_patches importable) as opsctl runs an API
+    server: in a session of its own, whose group is its engine; (exit code, stdout,
+    stderr) once it ended. Leaving the block kills what is left of that group: a failure
+    leaves no process behind."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    server = subprocess.Popen(
+        [sys.executable, "-c", script, *args], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = server.communicate(timeout=60)
+        yield server.returncode, out, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 EXITING = """
 import os, signal, subprocess, sys, threading
 from engine_patches import watchdog
@@ -377,49 +401,17 @@ def test_the_exit_hooks_removal_is_not_cut_short_by_a_sigterm(monkeypatch):
     rank to let go, and the watchdog's own SIGTERM arrives: vLLM's handler would raise
     KeyboardInterrupt in the middle of it (seen beside the CPU hog: both cpushm segments
     of serve --tp 2 stayed). The removal ends its work, then the handler is back."""
-    import subprocess
-    import sys
-
     path = f"/dev/shm/psm_opsctl_test_{os.urandom(4).hex()}"
     with open(path, "wb"):
         pass
-    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", EXITING, path], env=env, capture_output=True, text=True,
-            timeout=60, start_new_session=True,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.splitlines()[-1] == "removed"
+        with as_api_server(EXITING, path) as (code, out, err):
+            assert code == 0, err[-2000:]
+        assert out.splitlines()[-1] == "removed"
         assert not os.path.exists(path)
     finally:
         if os.path.exists(path):
             os.unlink(path)
-
-
-@contextlib.contextmanager
-def as_api_server(script: str) -> Iterator[tuple[int, str, str]]:
-    """Run ``script`` (with engine_patches importable) as opsctl runs an API server: in
-    a session of its own, whose group is its engine; (exit code, stdout, stderr) once it
-    ended. Leaving the block kills what is left of that group: a failure leaves no
-    process behind."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "OPSCTL_RUN_DIR"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    server = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = server.communicate(timeout=60)
-        yield server.returncode, out, err
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 LAST_WORDS = """
